@@ -1,0 +1,46 @@
+"""pykernel: GPU kernels in typed Python, lowered through LLVM's NVPTX backend to PTX, and run
+on CUDA through cuda-python or on the CPU target.
+
+    import pykernel as pk
+    from pykernel import f32, i32, Ptr
+
+    @pk.kernel
+    def saxpy(n: i32, a: f32, x: Ptr[f32, "ro"], y: Ptr[f32]):
+        i = pk.block_idx.x * pk.block_dim.x + pk.thread_idx.x
+        if i < n:
+            y[i] = a * x[i] + y[i]
+"""
+from .errors import KernelRuntimeError, KernelSourceError, LaunchError, UnsupportedArchError
+from .kernel import DeviceFunction, Kernel, func, kernel
+from .lower.context import Options
+from .targets import SUPPORTED_ARCHS
+from .types import (Const, Ptr, ReadOnly, bf16, bool_, dtype, f16, f32, f64, i8, i16, i32, i64,
+                    u8, u16, u32, u64)
+from .intrinsics.thread import (all_sync, any_sync, ballot, block_dim, block_idx, grid_dim,
+                                lane_id, shfl_down, shfl_idx, shfl_up, shfl_xor, syncthreads,
+                                thread_idx, threadfence, warp_size)
+from .intrinsics.core import (atomic_add, atomic_cas, atomic_exch, atomic_max, atomic_min,
+                              bitcast, dynamic_shared, load_vec, local_array, pack_f16x2,
+                              shared_array, static_range, store_vec, unpack_f16x2)
+
+__version__ = "0.1.0"
+
+try:  # the math library and low-level intrinsics are optional until built
+    from .intrinsics.mathfns import (ceil, cos, erf, exp, exp2, fast, floor, fma, log, log2,
+                                     rsqrt, sin, sqrt, tanh)
+    from .intrinsics.lowlevel import asm, dp4a, mma_m16n8k16_bf16, mma_m16n8k16_f16, \
+        mma_m16n8k32_s8
+except ImportError:  # pragma: no cover
+    pass
+
+try:
+    from .runtime import (Array, Event, Graph, Stream, capture_graph, current_device, empty,
+                          full, get_device, gpu_available, set_device, synchronize, to_device,
+                          zeros)
+except ImportError:  # pragma: no cover - runtime being built
+    pass
+
+
+def compile(kernel_obj, arch: str = "sm_90", **spec):
+    """Compile one specialization: returns an object with .ptx, .entry, .params, .shared_bytes."""
+    return kernel_obj.compile(arch, **spec)

@@ -1,0 +1,113 @@
+"""The ops interface the model code is written against: one forward pass, several backends.
+
+Input to a backend: raw GGUF tensors (`TensorInfo`: ggml type, numpy-order shape, raw bytes) and
+activations it created itself. Output: opaque activation handles; only `to_host` returns numpy.
+The numpy backend dequantizes weights to float32 once; a GPU ("kernels") backend keeps them in
+their GGUF block format on the device and runs quantized GEMV/GEMM, with the same signatures.
+
+Activation shapes, by convention (n = tokens in the step):
+    x: (n, n_embd)      q: (n, n_head * head_dim)      k, v: (n, n_head_kv * head_dim[_v])
+Weights are matrices of shape (out_features, in_features); `matmul(x, w)` is x @ w.T.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Sequence
+
+import numpy as np
+
+from llm.config import RopeParams
+from llm.gguf_file import TensorInfo
+
+Act = Any       # a backend's activation (numpy array on the CPU, device buffer on the GPU)
+Weight = Any    # a backend's weight handle
+
+
+class KVCache(ABC):
+    """Preallocated keys and values for `n_ctx` positions of every layer."""
+    n_ctx: int
+    n_layer: int
+
+    @property
+    @abstractmethod
+    def nbytes(self) -> int: ...
+
+
+class Backend(ABC):
+    name: str = "abstract"
+
+    # --- weights (called once at load) -------------------------------------------------------
+    @abstractmethod
+    def matrix(self, parts: Sequence[TensorInfo]) -> Weight:
+        """Rows of `parts` stacked into one (sum of out_features, in_features) matrix, so fused
+        projections (q|k|v, gate|up) take one matmul. Parts may have different GGUF types."""
+
+    @abstractmethod
+    def vector(self, parts: Sequence[TensorInfo]) -> Weight:
+        """Norm weights / biases, concatenated (1-D, float32)."""
+
+    @abstractmethod
+    def embedding(self, table: TensorInfo) -> Weight:
+        """Token (or position) embedding table (n_rows, n_embd) for row lookups. May share
+        storage with `matrix([table])` when the output projection is tied to it."""
+
+    @abstractmethod
+    def kv_cache(self, n_layer: int, n_ctx: int, n_head_kv: int, head_dim: int,
+                 head_dim_v: int) -> KVCache: ...
+
+    # --- ops ---------------------------------------------------------------------------------
+    @abstractmethod
+    def embed(self, table: Weight, ids: np.ndarray, scale: float = 1.0) -> Act:
+        """Rows `ids` of the table, times `scale` -> (n, n_embd)."""
+
+    @abstractmethod
+    def matmul(self, x: Act, w: Weight, bias: Weight | None = None) -> Act:
+        """x (n, in) @ w.T (+ bias) -> (n, out)."""
+
+    @abstractmethod
+    def split(self, x: Act, sizes: Sequence[int]) -> list[Act]:
+        """Column blocks of x (n, sum(sizes)), in order: separates fused projections."""
+
+    @abstractmethod
+    def add(self, a: Act, b: Act) -> Act:
+        """a + b (the residual); may reuse a's storage."""
+
+    @abstractmethod
+    def rms_norm(self, x: Act, w: Weight, eps: float, group: int = 0) -> Act:
+        """x / sqrt(mean(x^2) + eps) * w over each row, or over each `group` columns (per-head
+        q/k norm when group = head_dim; w then has `group` entries)."""
+
+    @abstractmethod
+    def layer_norm(self, x: Act, w: Weight, b: Weight, eps: float) -> Act: ...
+
+    @abstractmethod
+    def rope(self, x: Act, positions: np.ndarray, head_dim: int, params: RopeParams,
+             freq_factors: Weight | None = None) -> Act:
+        """Rotate the first n_rot dims of every head of x (n, heads * head_dim) by position."""
+
+    @abstractmethod
+    def attention(self, q: Act, k: Act, v: Act, cache: KVCache, layer: int, start: int,
+                  scale: float, window: int = 0) -> Act:
+        """Write k, v at positions start..start+n-1 of layer's cache, then causal attention of q
+        over positions 0..start+n-1 (only the last `window` positions when window > 0) with
+        grouped KV heads -> (n, n_head * head_dim_v)."""
+
+    @abstractmethod
+    def swiglu(self, gate: Act, up: Act) -> Act:
+        """silu(gate) * up."""
+
+    @abstractmethod
+    def geglu_tanh(self, gate: Act, up: Act) -> Act:
+        """gelu_tanh(gate) * up."""
+
+    @abstractmethod
+    def gelu(self, x: Act) -> Act:
+        """gelu with the tanh approximation (what ggml_gelu computes)."""
+
+    @abstractmethod
+    def last_row(self, x: Act) -> Act:
+        """x[-1:] (decode only needs the last position's logits)."""
+
+    @abstractmethod
+    def to_host(self, x: Act) -> np.ndarray:
+        """float32 numpy copy (or view) of an activation."""

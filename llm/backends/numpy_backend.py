@@ -1,0 +1,211 @@
+"""The CPU reference backend: `Backend` ops in float32 numpy.
+
+Input: GGUF tensors, dequantized once at load to float32 (out_features, in_features) arrays, and
+activations as float32 ndarrays. Output: float32 ndarrays. Matmuls go to BLAS (x @ w.T, a GEMV at
+decode); the KV cache is one preallocated (n_head_kv, n_ctx, head_dim) array per layer so a
+decode step reads contiguous rows per head.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from llm.backends.act_quant import activation_kind, round_trip
+from llm.backends.base import Backend, KVCache
+from llm.backends.dequant import dequantize
+from llm.config import RopeParams
+from llm.gguf_file import TensorInfo
+
+GELU_COEF_A = 0.044715
+SQRT_2_OVER_PI = 0.7978845608028654
+
+
+class NumpyKVCache(KVCache):
+    def __init__(self, n_layer, n_ctx, n_head_kv, head_dim, head_dim_v):
+        self.n_layer, self.n_ctx, self.n_head_kv = n_layer, n_ctx, n_head_kv
+        self.head_dim, self.head_dim_v = head_dim, head_dim_v
+        # np.zeros maps untouched pages lazily: memory is committed as positions get written
+        self.k = [np.zeros((n_head_kv, n_ctx, head_dim), np.float32) for _ in range(n_layer)]
+        self.v = [np.zeros((n_head_kv, n_ctx, head_dim_v), np.float32) for _ in range(n_layer)]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
+
+
+class QuantActMatrix:
+    """A float32 matrix whose inputs are rounded the way llama.cpp's CPU backend quantizes
+    activations for the parts' GGUF types; `segments` are (first row, end row, kind)."""
+
+    def __init__(self, w: np.ndarray, segments: list[tuple[int, int, str | None]]):
+        self.w, self.segments = w, segments
+
+    def matmul(self, x: np.ndarray) -> np.ndarray:
+        outs = [round_trip(x, kind) @ self.w[lo:hi].T for lo, hi, kind in self.segments]
+        return outs[0] if len(outs) == 1 else np.concatenate(outs, axis=1)
+
+
+class NumpyBackend(Backend):
+    """float32 reference. `quantized_activations=True` emulates llama.cpp's CPU arithmetic
+    (activations quantized per weight type) instead of computing in float32."""
+    name = "numpy"
+
+    def __init__(self, quantized_activations: bool = False):
+        self.quantized_activations = quantized_activations
+        self._dequantized: dict[str, np.ndarray] = {}
+        self._rope_cache: tuple | None = None
+
+    # --- weights -----------------------------------------------------------------------------
+    def _f32(self, t: TensorInfo) -> np.ndarray:
+        if t.name not in self._dequantized:  # shared between a tied embedding and output
+            self._dequantized[t.name] = dequantize(t.data, t.ggml_type, t.shape)
+        return self._dequantized[t.name]
+
+    def matrix(self, parts: Sequence[TensorInfo]):
+        mats = [self._f32(t) for t in parts]
+        w = mats[0] if len(mats) == 1 else np.ascontiguousarray(np.concatenate(mats, axis=0))
+        if not self.quantized_activations:
+            return w
+        segments, row = [], 0
+        for t, m in zip(parts, mats):
+            kind = activation_kind(t.ggml_type)
+            if segments and segments[-1][2] == kind:
+                segments[-1] = (segments[-1][0], row + m.shape[0], kind)
+            else:
+                segments.append((row, row + m.shape[0], kind))
+            row += m.shape[0]
+        return QuantActMatrix(w, segments)
+
+    def vector(self, parts: Sequence[TensorInfo]) -> np.ndarray:
+        vecs = [self._f32(t).reshape(-1) for t in parts]
+        return vecs[0] if len(vecs) == 1 else np.concatenate(vecs)
+
+    def embedding(self, table: TensorInfo) -> np.ndarray:
+        return self._f32(table)
+
+    def kv_cache(self, n_layer, n_ctx, n_head_kv, head_dim, head_dim_v) -> NumpyKVCache:
+        return NumpyKVCache(n_layer, n_ctx, n_head_kv, head_dim, head_dim_v)
+
+    # --- ops ---------------------------------------------------------------------------------
+    def embed(self, table, ids, scale=1.0):
+        x = table[np.asarray(ids, dtype=np.int64)]
+        if scale != 1.0:
+            x *= np.float32(scale)
+        return x
+
+    def matmul(self, x, w, bias=None):
+        if isinstance(w, QuantActMatrix):
+            y = w.matmul(x)
+        else:
+            y = (w @ x[0])[None, :] if x.shape[0] == 1 else x @ w.T  # GEMV at decode
+        if bias is not None:
+            y += bias
+        return y
+
+    def split(self, x, sizes):
+        bounds = np.cumsum(sizes)[:-1]
+        return np.split(x, bounds, axis=1)
+
+    def add(self, a, b):
+        a += b
+        return a
+
+    def rms_norm(self, x, w, eps, group=0):
+        rows = x.reshape(x.shape[0], -1, group) if group else x
+        mean_sq = np.mean(np.square(rows), axis=-1, keepdims=True)
+        out = rows / np.sqrt(mean_sq + np.float32(eps))
+        out *= w
+        return out.reshape(x.shape)
+
+    def layer_norm(self, x, w, b, eps):
+        centered = x - x.mean(axis=-1, keepdims=True)
+        var = np.mean(np.square(centered), axis=-1, keepdims=True)
+        out = centered / np.sqrt(var + np.float32(eps))
+        out *= w
+        out += b
+        return out
+
+    def _rope_tables(self, positions, params: RopeParams, freq_factors):
+        key = (positions.tobytes(), params, id(freq_factors))
+        if self._rope_cache is None or self._rope_cache[0] != key:
+            half = params.n_rot // 2
+            inv_freq = params.base ** (-np.arange(half, dtype=np.float64) * 2.0 / params.n_rot)
+            if freq_factors is not None:
+                inv_freq = inv_freq / freq_factors.astype(np.float64)
+            theta = (positions.astype(np.float64) * params.freq_scale)[:, None] * inv_freq
+            tables = (np.cos(theta).astype(np.float32)[:, None, :],
+                      np.sin(theta).astype(np.float32)[:, None, :])
+            self._rope_cache = (key, tables)
+        return self._rope_cache[1]
+
+    def rope(self, x, positions, head_dim, params, freq_factors=None):
+        n = x.shape[0]
+        heads = x.reshape(n, -1, head_dim)  # (n, n_heads, head_dim); rotated in place
+        cos, sin = self._rope_tables(positions, params, freq_factors)
+        half = params.n_rot // 2
+        if params.neox:   # pairs (i, i + n_rot/2)
+            a, b = heads[..., :half], heads[..., half:params.n_rot]
+        else:             # pairs (2i, 2i+1)
+            a, b = heads[..., 0:params.n_rot:2], heads[..., 1:params.n_rot:2]
+        a_rot = a * cos - b * sin
+        b[...] = a * sin + b * cos
+        a[...] = a_rot
+        return heads.reshape(n, -1)
+
+    def attention(self, q, k, v, cache: NumpyKVCache, layer, start, scale, window=0):
+        n, end = q.shape[0], start + q.shape[0]
+        n_kv, d, dv = cache.n_head_kv, cache.head_dim, cache.head_dim_v
+        k_cache, v_cache = cache.k[layer], cache.v[layer]
+        k_cache[:, start:end] = k.reshape(n, n_kv, d).transpose(1, 0, 2)
+        v_cache[:, start:end] = v.reshape(n, n_kv, dv).transpose(1, 0, 2)
+        group = q.shape[1] // d // n_kv
+        first = max(0, start - window + 1) if window else 0  # oldest key any query here sees
+        keys, values = k_cache[:, first:end], v_cache[:, first:end]
+        # (n_kv, group * n, d): the query heads sharing one KV head are batched together
+        qh = q.reshape(n, n_kv, group, d).transpose(1, 2, 0, 3).reshape(n_kv, group * n, d)
+        scores = qh @ keys.transpose(0, 2, 1)
+        scores *= np.float32(scale)
+        if n > 1 or window:
+            q_pos = np.arange(start, end)[:, None]
+            k_pos = np.arange(first, end)[None, :]
+            hidden = k_pos > q_pos
+            if window:
+                hidden |= q_pos - k_pos >= window
+            scores.reshape(n_kv, group, n, -1)[:, :, hidden] = -np.inf
+        scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(axis=-1, keepdims=True)
+        out = scores @ values  # (n_kv, group * n, dv)
+        return out.reshape(n_kv, group, n, dv).transpose(2, 0, 1, 3).reshape(n, -1)
+
+    def swiglu(self, gate, up):
+        out = np.negative(gate)
+        np.exp(out, out=out)
+        out += 1.0
+        np.divide(gate, out, out=out)
+        out *= up
+        return out
+
+    def gelu(self, x):
+        inner = x * x
+        inner *= np.float32(GELU_COEF_A)
+        inner += 1.0
+        inner *= x
+        inner *= np.float32(SQRT_2_OVER_PI)
+        np.tanh(inner, out=inner)
+        inner += 1.0
+        inner *= x
+        inner *= np.float32(0.5)
+        return inner
+
+    def geglu_tanh(self, gate, up):
+        out = self.gelu(gate)
+        out *= up
+        return out
+
+    def last_row(self, x):
+        return x[-1:]
+
+    def to_host(self, x):
+        return np.asarray(x, dtype=np.float32)

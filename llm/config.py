@@ -1,0 +1,129 @@
+"""GGUF metadata -> `ModelConfig`: the hyperparameters of one model, per architecture.
+
+Input: a `GGUFFile`. Output: a frozen dataclass with the shapes, RoPE and normalization
+parameters the forward pass needs. Keys are `{arch}.*` as llama.cpp writes them; an absent
+required key or an unsupported architecture is a `GGUFError` naming the key.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from llm.gguf_file import GGUFError, GGUFFile
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "gpt2")
+GEMMA3_SLIDING_ROPE_BASE = 10000.0
+GEMMA3_SLIDING_PERIOD = 6   # layers il with il % 6 < 5 use the sliding window
+
+
+@dataclass(frozen=True)
+class RopeParams:
+    """Rotary embedding of the first `n_rot` dims of each head; `neox` pairs i with i + n_rot/2,
+    otherwise adjacent pairs (2i, 2i+1)."""
+    n_rot: int
+    base: float
+    neox: bool
+    freq_scale: float = 1.0          # linear scaling: positions multiplied by this
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int                    # key/query head size
+    head_dim_v: int                  # value head size
+    n_ff: int
+    n_vocab: int
+    n_ctx_train: int
+    eps: float                       # RMSNorm or LayerNorm epsilon
+    rope: RopeParams | None          # None: learned absolute positions (gpt2)
+    rope_local: RopeParams | None = None   # sliding-window layers' RoPE (gemma3)
+    attn_scale: float = 0.0          # multiplies q.k; 1/sqrt(head_dim) unless the model says
+    sliding_window: int = 0          # 0: none
+    sliding_layers: tuple[bool, ...] = field(default=())
+    embed_scale: float = 1.0         # token embeddings multiplied by this (gemma3: sqrt(n_embd))
+
+    def layer_rope(self, layer: int) -> RopeParams | None:
+        if self.sliding_layers and self.sliding_layers[layer] and self.rope_local is not None:
+            return self.rope_local
+        return self.rope
+
+    def layer_window(self, layer: int) -> int:
+        return self.sliding_window if self.sliding_layers and self.sliding_layers[layer] else 0
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """float32 K and V for every layer."""
+        return 4 * self.n_layer * self.n_head_kv * (self.head_dim + self.head_dim_v)
+
+
+def _positive(g: GGUFFile, key: str, default=None) -> int:
+    value = g.require(key, int) if default is None else g.get(key, default, int)
+    if value <= 0:
+        raise GGUFError(g.path, f"key {key!r}", f"expected a positive integer, got {value}")
+    return value
+
+
+def _n_vocab(g: GGUFFile, arch: str) -> int:
+    if f"{arch}.vocab_size" in g.metadata:
+        return _positive(g, f"{arch}.vocab_size")
+    tokens = g.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, list) and tokens:
+        return len(tokens)
+    return g.tensor("token_embd.weight").shape[0]
+
+
+def _rope(g: GGUFFile, arch: str, head_dim: int, neox: bool) -> RopeParams:
+    n_rot = _positive(g, f"{arch}.rope.dimension_count", head_dim)
+    if n_rot > head_dim or n_rot % 2:
+        raise GGUFError(g.path, f"key '{arch}.rope.dimension_count'",
+                        f"expected an even number <= head size {head_dim}, got {n_rot}")
+    base = g.get(f"{arch}.rope.freq_base", 10000.0, float)
+    scale = 1.0
+    scaling_type = g.get(f"{arch}.rope.scaling.type", "none", str)
+    factor = g.get(f"{arch}.rope.scaling.factor", 0.0, float)
+    if scaling_type == "linear" and factor > 0:
+        scale = 1.0 / factor
+    elif scaling_type not in ("none", "linear"):
+        raise GGUFError(g.path, f"key '{arch}.rope.scaling.type'",
+                        f"RoPE scaling {scaling_type!r} is not supported (none or linear)")
+    return RopeParams(n_rot=n_rot, base=base, neox=neox, freq_scale=scale)
+
+
+def load_config(g: GGUFFile) -> ModelConfig:
+    """Hyperparameters of the model in `g`; GGUFError for unsupported or incomplete files."""
+    arch = g.architecture
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise GGUFError(g.path, "key 'general.architecture'", f"architecture {arch!r} is not "
+                        f"supported (expected one of {', '.join(SUPPORTED_ARCHITECTURES)})")
+    n_embd = _positive(g, f"{arch}.embedding_length")
+    n_head = _positive(g, f"{arch}.attention.head_count")
+    n_head_kv = _positive(g, f"{arch}.attention.head_count_kv", n_head)
+    if n_head % n_head_kv:
+        raise GGUFError(g.path, f"key '{arch}.attention.head_count_kv'",
+                        f"expected a divisor of head_count {n_head}, got {n_head_kv}")
+    head_dim = _positive(g, f"{arch}.attention.key_length", max(n_embd // n_head, 1))
+    head_dim_v = _positive(g, f"{arch}.attention.value_length", head_dim)
+    norm_key = "layer_norm_epsilon" if arch == "gpt2" else "layer_norm_rms_epsilon"
+    common = dict(
+        arch=arch, n_layer=_positive(g, f"{arch}.block_count"), n_embd=n_embd, n_head=n_head,
+        n_head_kv=n_head_kv, head_dim=head_dim, head_dim_v=head_dim_v,
+        n_ff=_positive(g, f"{arch}.feed_forward_length"), n_vocab=_n_vocab(g, arch),
+        n_ctx_train=_positive(g, f"{arch}.context_length"),
+        eps=g.require(f"{arch}.attention.{norm_key}", float),
+        attn_scale=1.0 / math.sqrt(head_dim),
+    )
+    if arch == "gpt2":
+        return ModelConfig(**common, rope=None)
+    rope = _rope(g, arch, head_dim, neox=arch != "llama")
+    if arch != "gemma3":
+        return ModelConfig(**common, rope=rope)
+    n_layer = common["n_layer"]
+    sliding = tuple(il % GEMMA3_SLIDING_PERIOD < GEMMA3_SLIDING_PERIOD - 1 for il in range(n_layer))
+    local = RopeParams(n_rot=rope.n_rot, base=GEMMA3_SLIDING_ROPE_BASE, neox=True)
+    return ModelConfig(**common, rope=rope, rope_local=local,
+                       sliding_window=_positive(g, "gemma3.attention.sliding_window"),
+                       sliding_layers=sliding, embed_scale=math.sqrt(n_embd))

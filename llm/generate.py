@@ -1,0 +1,157 @@
+"""Token generation: prompt ids -> streamed text pieces, with a KV cache kept across calls.
+
+`Session` owns one preallocated KV cache and the ids it holds; a new prompt that starts with the
+cached ids only runs the new suffix (chat turns reuse the history). `stream` prefills, samples
+until max_tokens, an end-of-generation token, a stop string or a full context, and yields valid
+UTF-8 text; text that could be the start of a stop string is held back until it is decided.
+`GenerationStats` records token counts, timings and why generation stopped.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from llm.sampling import Sampler
+
+PREFILL_CHUNK = 256  # tokens per prefill step: bounds the (heads, n, n_ctx) attention scores
+
+
+class ContextError(ValueError):
+    """The prompt (plus at least one generated token) does not fit the context."""
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0        # ids run through the model for the prompt (after reuse)
+    prompt_seconds: float = 0.0
+    generated_tokens: int = 0
+    decode_steps: int = 0         # forward passes after the prompt (the first token needs none)
+    decode_seconds: float = 0.0
+    stop_reason: str = ""         # "max_tokens", "eog", "stop_string", "context"
+
+    @property
+    def prompt_tps(self) -> float:
+        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        return self.decode_steps / self.decode_seconds if self.decode_seconds else 0.0
+
+
+class Session:
+    """One sequence in one KV cache of `n_ctx` positions."""
+
+    def __init__(self, transformer, backend, n_ctx: int):
+        cfg = transformer.cfg
+        self.transformer, self.backend, self.n_ctx = transformer, backend, n_ctx
+        self.cache = backend.kv_cache(cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim,
+                                      cfg.head_dim_v)
+        self.tokens: list[int] = []
+
+    def reset(self) -> None:
+        self.tokens = []
+
+    def prefill(self, ids: Sequence[int]) -> tuple[np.ndarray, int]:
+        """Make the cache hold exactly `ids`; returns (last position's logits, ids computed)."""
+        ids = [int(i) for i in ids]
+        if not ids:
+            raise ValueError("cannot run an empty prompt (no tokens)")
+        if len(ids) > self.n_ctx:
+            raise ContextError(f"the prompt has {len(ids)} tokens but the context holds "
+                               f"{self.n_ctx}; shorten the prompt or raise the context (--ctx)")
+        reuse = 0
+        for a, b in zip(self.tokens, ids[:-1]):  # the last id is always recomputed for logits
+            if a != b:
+                break
+            reuse += 1
+        self.tokens = self.tokens[:reuse]
+        logits = None
+        for start in range(reuse, len(ids), PREFILL_CHUNK):
+            chunk = np.asarray(ids[start:start + PREFILL_CHUNK], dtype=np.int64)
+            logits = self.transformer.forward(chunk, start, self.cache)
+            self.tokens.extend(int(i) for i in chunk)
+        return self.backend.to_host(logits)[-1], len(ids) - reuse
+
+    def step(self, token: int) -> np.ndarray:
+        """Append one token; returns the logits after it."""
+        if len(self.tokens) >= self.n_ctx:
+            raise ContextError(f"the context of {self.n_ctx} tokens is full")
+        logits = self.transformer.forward(np.asarray([token], dtype=np.int64),
+                                          len(self.tokens), self.cache)
+        self.tokens.append(int(token))
+        return self.backend.to_host(logits)[-1]
+
+
+class _StopMatcher:
+    """Holds back text that may begin a stop string; reports where a stop string starts."""
+
+    def __init__(self, stops: Sequence[str]):
+        self.stops = [s for s in stops if s]
+        self.pending = ""
+
+    def push(self, text: str) -> tuple[str, bool]:
+        """Returns (text safe to emit, stopped)."""
+        self.pending += text
+        hits = [self.pending.find(s) for s in self.stops]
+        hits = [h for h in hits if h >= 0]
+        if hits:
+            out, self.pending = self.pending[:min(hits)], ""
+            return out, True
+        hold = 0
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(self.pending)), hold, -1):
+                if self.pending.endswith(s[:n]):
+                    hold = n
+                    break
+        cut = len(self.pending) - hold
+        out, self.pending = self.pending[:cut], self.pending[cut:]
+        return out, False
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+def stream(session: Session, tokenizer, prompt_ids: Sequence[int], sampler: Sampler,
+           max_tokens: int, stop: Sequence[str] = (), stats: GenerationStats | None = None,
+           ) -> Iterator[str]:
+    """Generate after `prompt_ids`, yielding text pieces as soon as they are final."""
+    stats = stats if stats is not None else GenerationStats()
+    if len(prompt_ids) >= session.n_ctx:
+        raise ContextError(f"the prompt has {len(prompt_ids)} tokens but the context holds "
+                           f"{session.n_ctx} (one more is needed to generate); shorten the "
+                           f"prompt or raise the context (--ctx)")
+    t0 = time.perf_counter()
+    logits, stats.prompt_tokens = session.prefill(prompt_ids)
+    stats.prompt_seconds = time.perf_counter() - t0
+    decoder, matcher = tokenizer.stream_decoder(), _StopMatcher(stop)
+    history, t0, stats.stop_reason = list(prompt_ids), time.perf_counter(), "max_tokens"
+    for n in range(max_tokens):
+        token = sampler.sample(logits, history)
+        if tokenizer.is_eog(token):
+            stats.stop_reason = "eog"
+            break
+        history.append(token)
+        stats.generated_tokens = n + 1
+        text, stopped = matcher.push(decoder.add(token))
+        if text:
+            yield text
+        if stopped:
+            stats.stop_reason = "stop_string"
+            break
+        if n + 1 == max_tokens:
+            break
+        if len(session.tokens) >= session.n_ctx:
+            stats.stop_reason = "context"
+            break
+        logits = session.step(token)
+        stats.decode_steps += 1
+    stats.decode_seconds = time.perf_counter() - t0
+    if stats.stop_reason != "stop_string":
+        tail, _ = matcher.push(decoder.flush())
+        tail += matcher.flush()
+        if tail:
+            yield tail

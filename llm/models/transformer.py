@@ -1,0 +1,71 @@
+"""One decoder-only transformer for every supported architecture, written against `Backend` ops.
+
+Input: token ids of one step, their start position and a KV cache. Output: logits (backend
+activation) for every position or only the last. Architectures differ by `ArchSpec` switches
+(norm kind, FFN kind, q/k norm, post-norms, learned positions) and `ModelConfig` values (RoPE
+per layer, sliding window, embedding scale), never by a second copy of this loop.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from llm.backends.base import Backend, KVCache
+from llm.config import ModelConfig
+from llm.models.archs import ArchSpec
+from llm.models.weights import LayerWeights, ModelWeights, Norm
+
+
+class Transformer:
+    def __init__(self, cfg: ModelConfig, spec: ArchSpec, weights: ModelWeights, backend: Backend):
+        self.cfg, self.spec, self.w, self.backend = cfg, spec, weights, backend
+        q, k = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
+        self._qkv_sizes = (q, k, cfg.n_head_kv * cfg.head_dim_v)
+
+    def _norm(self, x, norm: Norm):
+        if self.spec.norm == "layer":
+            return self.backend.layer_norm(x, norm.weight, norm.bias, self.cfg.eps)
+        return self.backend.rms_norm(x, norm.weight, self.cfg.eps)
+
+    def _attention(self, h, lw: LayerWeights, il: int, positions, start: int, cache: KVCache):
+        b, cfg = self.backend, self.cfg
+        q, k, v = b.split(b.matmul(h, lw.qkv, lw.qkv_bias), self._qkv_sizes)
+        if lw.q_norm is not None:
+            q = b.rms_norm(q, lw.q_norm, cfg.eps, group=cfg.head_dim)
+            k = b.rms_norm(k, lw.k_norm, cfg.eps, group=cfg.head_dim)
+        rope = cfg.layer_rope(il)
+        if rope is not None:
+            q = b.rope(q, positions, cfg.head_dim, rope, self.w.rope_freqs)
+            k = b.rope(k, positions, cfg.head_dim, rope, self.w.rope_freqs)
+        out = b.attention(q, k, v, cache, il, start, cfg.attn_scale, cfg.layer_window(il))
+        return b.matmul(out, lw.attn_out, lw.attn_out_bias)
+
+    def _ffn(self, h, lw: LayerWeights):
+        b = self.backend
+        up = b.matmul(h, lw.gate_up, lw.gate_up_bias)
+        if self.spec.ffn == "gelu":
+            act = b.gelu(up)
+        else:
+            gate, up = b.split(up, (self.cfg.n_ff, self.cfg.n_ff))
+            act = b.swiglu(gate, up) if self.spec.ffn == "swiglu" else b.geglu_tanh(gate, up)
+        return b.matmul(act, lw.down, lw.down_bias)
+
+    def forward(self, ids: np.ndarray, start: int, cache: KVCache, all_logits: bool = False):
+        """Logits (n, n_vocab) for ids at positions start..start+n-1, or (1, n_vocab) for the
+        last one; the step's keys and values are written into `cache`."""
+        b, w, cfg = self.backend, self.w, self.cfg
+        positions = np.arange(start, start + len(ids), dtype=np.int64)
+        x = b.embed(w.token_embd, ids, cfg.embed_scale)
+        if w.position_embd is not None:
+            x = b.add(x, b.embed(w.position_embd, positions))
+        for il, lw in enumerate(w.layers):
+            h = self._attention(self._norm(x, lw.attn_norm), lw, il, positions, start, cache)
+            if lw.post_attn_norm is not None:
+                h = self._norm(h, lw.post_attn_norm)
+            x = b.add(x, h)
+            h = self._ffn(self._norm(x, lw.ffn_norm), lw)
+            if lw.post_ffw_norm is not None:
+                h = self._norm(h, lw.post_ffw_norm)
+            x = b.add(x, h)
+        if not all_logits:
+            x = b.last_row(x)
+        return b.matmul(self._norm(x, w.output_norm), w.output)

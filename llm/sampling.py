@@ -1,0 +1,93 @@
+"""Next-token choice: logits (n_vocab,) + recent tokens -> one token id.
+
+The chain follows llama.cpp's default order: repetition/frequency/presence penalties over the
+last `repeat_last_n` tokens -> top-k -> top-p (nucleus, on temperature-1 probabilities) -> min-p
+-> temperature -> a draw from the seeded generator. `temperature <= 0` is greedy (argmax after
+the penalties). The same seed and inputs give the same tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 0.8
+    top_k: int = 40              # <= 0: off
+    top_p: float = 0.95          # >= 1: off
+    min_p: float = 0.05          # <= 0: off
+    repeat_penalty: float = 1.0  # 1: off; > 1 discourages tokens seen in the window
+    repeat_last_n: int = 64      # penalty window; -1: the whole history, 0: off
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None      # None: fresh entropy
+
+    def validate(self) -> None:
+        checks = [
+            (self.temperature >= 0, "temperature must be >= 0"),
+            (self.top_p > 0, "top_p must be > 0 (>= 1 turns it off)"),
+            (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
+            (self.repeat_penalty > 0, "repeat_penalty must be > 0"),
+            (self.repeat_last_n >= -1, "repeat_last_n must be >= -1"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(f"invalid sampling parameter: {message}")
+
+
+def apply_penalties(logits: np.ndarray, history: Sequence[int], p: SamplingParams) -> np.ndarray:
+    """A copy of logits with llama.cpp's penalties for tokens in the last-n window."""
+    logits = np.array(logits, dtype=np.float32)
+    window = list(history) if p.repeat_last_n == -1 else list(history)[-p.repeat_last_n:]
+    if p.repeat_last_n == 0 or not window:
+        return logits
+    if p.repeat_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0:
+        return logits
+    ids, counts = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
+    chosen = logits[ids]
+    chosen = np.where(chosen > 0, chosen / p.repeat_penalty, chosen * p.repeat_penalty)
+    chosen -= counts * np.float32(p.frequency_penalty) + np.float32(p.presence_penalty)
+    logits[ids] = chosen
+    return logits
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+def candidates(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """(token ids, probabilities) left after top-k, top-p and min-p and the temperature, most
+    likely first. Assumes temperature > 0."""
+    n = logits.shape[0]
+    if 0 < p.top_k < n:
+        ids = np.argpartition(-logits, p.top_k - 1)[:p.top_k]
+    else:
+        ids = np.arange(n)
+    ids = ids[np.argsort(-logits[ids], kind="stable")]
+    kept = logits[ids].astype(np.float64)
+    if p.top_p < 1.0:
+        probs = _softmax(kept)
+        keep = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)  # first prefix with mass >= p
+        ids, kept = ids[:keep], kept[:keep]
+    if p.min_p > 0.0:
+        keep = kept >= kept[0] + np.log(p.min_p)  # prob >= min_p * max prob
+        ids, kept = ids[keep], kept[keep]
+    return ids, _softmax(kept / p.temperature)
+
+
+class Sampler:
+    def __init__(self, params: SamplingParams | None = None):
+        self.params = params or SamplingParams()
+        self.params.validate()
+        self.rng = np.random.default_rng(self.params.seed)
+
+    def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+        logits = apply_penalties(logits, history, self.params)
+        if self.params.temperature <= 0:
+            return int(np.argmax(logits))
+        ids, probs = candidates(logits, self.params)
+        return int(ids[self.rng.choice(len(ids), p=probs)])

@@ -1,0 +1,151 @@
+"""The compile pipeline, one line per stage:
+
+    parse(fn)                          -> FunctionAST       (frontend/parse.py)
+    lower(FunctionAST, spec, target)   -> llvmlite ir.Module (lower/, types checked as it lowers)
+    verify(ir.Module)                  -> llvm ModuleRef     (llvmlite.binding)
+    target.emit(ModuleRef, options)    -> PTX text | host machine code (targets/)
+
+`compile_kernel` adds the two caches (memory, then disk for PTX)."""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+from llvmlite import ir
+
+from . import cache
+from .frontend.parse import FunctionAST, parse
+from .lower.codegen import FunctionLowering
+from .lower.context import KernelContext, Options
+from .lower.values import ConstValue, PtrValue, TypeValue, Value
+from .signature import concrete_params
+from .targets import get_target
+from .types import PtrType, ScalarType
+
+
+@dataclass(frozen=True)
+class ParamABI:
+    name: str
+    kind: str            # "ptr" | "scalar"
+    dtype: object        # numpy dtype (pointee for ptr), "bfloat16" for bf16
+    size: int
+    align: int
+    readonly: bool = False
+    type_name: str = ""  # DSL spelling: "Ptr[f32]", "i32"
+
+
+@dataclass
+class CompiledKernel:
+    name: str
+    entry: str
+    target: str
+    arch: str
+    params: list
+    shared_bytes: int
+    cache_key: str
+    ptx: str = ""
+    llvm_ir: str = ""
+    sites: list = field(default_factory=list)
+    uses: frozenset = frozenset()
+    min_arch: str = "sm_75"
+    source_hash: str = ""
+    cpu: object = None           # CPU target: the JIT-compiled entry (targets/cpu.py)
+
+
+def lower(fast: FunctionAST, params, spec: dict, target, options: Options, entry: str):
+    """Stage 2: the kernel body as LLVM IR in a module for `target`."""
+    module = ir.Module(name=fast.name)
+    module.triple, module.data_layout = target.triple, target.datalayout
+    fn, values, raw_args = target.create_kernel(module, entry, params, options)
+    ctx = KernelContext(module, fn, target, options, fast.name)
+    ctx.entry = fn.append_basic_block("entry")
+    ctx.builder = ir.IRBuilder(ctx.entry)
+    body = target.begin_body(ctx)
+    ctx.target_data["body"] = body
+    ctx.exit_block = ctx.append_block("exit")
+    ctx.builder.position_at_end(body)
+    if options.lineinfo and target.name == "nvptx":
+        from .lower.debuginfo import DebugInfo
+        ctx._debug = DebugInfo(module, fn, fast)
+    bindings = dict(spec_bindings(spec))
+    for k, ((pname, pty), raw) in enumerate(zip(params, raw_args)):
+        if isinstance(pty, PtrType):
+            bindings[pname] = PtrValue(pty, raw, ("param", k))
+        else:
+            bindings[pname] = Value(pty, raw if pty.kind != "bool" else
+                                    ctx.builder.icmp_unsigned("!=", raw,
+                                                              ir.Constant(raw.type, 0)))
+    fl = FunctionLowering(fast, ctx, {})
+    for name, val in bindings.items():     # scalars become mutable variables
+        if isinstance(val, (Value, PtrValue)):
+            fl.assign_name(name, val, fast.tree)
+        else:
+            fl.vars[name] = val
+    fl.body(fast.tree.body)
+    if not ctx.builder.block.is_terminated:
+        ctx.builder.branch(ctx.exit_block)
+    target.finish_kernel(ctx)
+    if ctx._debug is not None:
+        ctx._debug.finalize()
+    return module, ctx
+
+
+def spec_bindings(spec: dict):
+    for name, value in spec.items():
+        yield name, TypeValue(value) if isinstance(value, ScalarType) else ConstValue(value)
+
+
+def verify(module: ir.Module):
+    import llvmlite.binding as llvm
+    try:
+        ref = llvm.parse_assembly(str(module))
+        ref.verify()
+    except RuntimeError as exc:  # a compiler bug, not a user error: say so plainly
+        raise RuntimeError(f"pykernel produced invalid LLVM IR for '{module.name}' (a pykernel "
+                           f"bug; please report it): {exc}") from None
+    return ref
+
+
+def param_abi(params) -> list[ParamABI]:
+    out = []
+    for name, ty in params:
+        if isinstance(ty, PtrType):
+            out.append(ParamABI(name, "ptr", ty.elem.np_dtype, 8, 8, ty.readonly, repr(ty)))
+        else:
+            out.append(ParamABI(name, "scalar", ty.np_dtype, ty.nbytes, ty.nbytes, False,
+                                ty.name))
+    return out
+
+
+def entry_name(name: str, spec: dict) -> str:
+    if not spec:
+        return name
+    parts = [f"{k}_{getattr(v, 'name', v)}" for k, v in sorted(spec.items())]
+    safe = "".join(c if c.isalnum() else "_" for c in "__".join(parts))
+    return f"{name}__{safe}"
+
+
+def compile_kernel(kernel, arch: str, spec: dict, options: Options) -> CompiledKernel:
+    key = cache.kernel_key(kernel, arch, spec, options)
+    hit = cache.lookup(key, arch)
+    if hit is not None:
+        return hit
+    fast = parse(kernel.fn)                                    # stage 1
+    target = get_target(arch)
+    params = concrete_params(kernel.params, spec)
+    entry = entry_name(fast.name, spec)
+    module, ctx = lower(fast, params, spec, target, options, entry)   # stage 2
+    ref = verify(module)                                       # stage 3
+    compiled = CompiledKernel(
+        name=fast.name, entry=entry, target=target.name, arch=arch, params=param_abi(params),
+        shared_bytes=ctx.shared_bytes, cache_key=key, llvm_ir=str(module), sites=ctx.sites,
+        uses=frozenset(ctx.uses), min_arch=f"sm_{ctx.min_arch[0]}", source_hash=fast.source_hash)
+    if target.name == "nvptx":
+        compiled.ptx = target.emit(ref, options)               # stage 4
+    else:
+        compiled.cpu = target.emit(ref, options, ctx)
+    cache.store(key, arch, compiled)
+    return compiled
+
+
+__all__ = ["CompiledKernel", "ParamABI", "compile_kernel", "lower", "parse", "ast"]

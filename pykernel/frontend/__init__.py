@@ -1,0 +1,1 @@
+"""Frontend: Python source -> FunctionAST (parse.py)."""

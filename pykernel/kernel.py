@@ -1,0 +1,102 @@
+"""`@pk.kernel` and `@pk.func`: the user-facing objects. A Kernel compiles one specialization
+per (arch, Const values, dtypes) and launches numba-style: `kernel[grid, block](*args)`."""
+from __future__ import annotations
+
+import functools
+import inspect
+
+from .lower.context import Options
+from .signature import normalize_const, read_signature, type_var_name
+from .types import from_numpy
+
+
+class DeviceFunction:
+    """A @pk.func: inlined into the kernels that call it."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.name = fn.__name__
+        functools.update_wrapper(self, fn)
+        self._parsed = None
+        self._annotations = None
+
+    def parsed(self):
+        if self._parsed is None:
+            from .frontend.parse import parse
+            self._parsed = parse(self.fn)
+        return self._parsed
+
+    def annotations(self) -> dict:
+        if self._annotations is None:
+            self._annotations = inspect.get_annotations(self.fn, eval_str=True)
+        return self._annotations
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"@pk.func '{self.name}' can only be called from a kernel or another "
+                           "@pk.func")
+
+
+class Kernel:
+    def __init__(self, fn, options: Options):
+        self.fn, self.name, self.options = fn, fn.__name__, options
+        functools.update_wrapper(self, fn)
+        self.params = read_signature(fn)
+        self.runtime_params = [p for p in self.params if p.kind in ("scalar", "ptr")]
+        self.const_params = [p for p in self.params if p.kind in ("const", "dtype")]
+        self._launch_cache = {}
+
+    # --- compilation ---------------------------------------------------------------------------
+    def spec_from_kwargs(self, kwargs: dict) -> dict:
+        spec = {}
+        known = {p.name: p for p in self.const_params}
+        typevars = {type_var_name(getattr(p.ann, "elem", p.ann)) for p in self.runtime_params}
+        typevars.discard(None)
+        for name, value in kwargs.items():
+            if name in known:
+                spec[name] = normalize_const(known[name], value)
+            elif name in typevars:
+                spec[name] = from_numpy(value)
+            else:
+                raise TypeError(f"{self.name}: unknown compile-time argument '{name}' (Const "
+                                f"parameters: {', '.join(known) or 'none'})")
+        missing = [p.name for p in self.const_params if p.name not in spec]
+        if missing:
+            raise TypeError(f"{self.name}: missing compile-time argument(s): "
+                            f"{', '.join(missing)}")
+        return spec
+
+    def compile(self, arch: str = "sm_90", options: Options | None = None, **spec_kwargs):
+        from .compiler import compile_kernel
+        return compile_kernel(self, arch, self.spec_from_kwargs(spec_kwargs),
+                              options or self.options)
+
+    def ptx(self, arch: str = "sm_90", **spec_kwargs) -> str:
+        return self.compile(arch, **spec_kwargs).ptx
+
+    def llvm_ir(self, arch: str = "sm_90", **spec_kwargs) -> str:
+        return self.compile(arch, **spec_kwargs).llvm_ir
+
+    # --- launch --------------------------------------------------------------------------------
+    def __getitem__(self, config):
+        from .launch import Launcher
+        return Launcher(self, config)
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError(f"kernel '{self.name}' needs a launch configuration: "
+                        f"{self.name}[blocks, threads](...)")
+
+    def __repr__(self):
+        return f"<pykernel kernel {self.name}>"
+
+
+def kernel(fn=None, *, debug: bool = False, bounds_check: bool = False, lineinfo: bool = True):
+    """Decorator: `@pk.kernel` or `@pk.kernel(debug=True)`."""
+    options = Options(debug=debug, bounds_check=bounds_check, lineinfo=lineinfo)
+    if fn is None:
+        return lambda f: Kernel(f, options)
+    return Kernel(fn, options)
+
+
+def func(fn):
+    """Decorator: a device function, callable from kernels (inlined)."""
+    return DeviceFunction(fn)

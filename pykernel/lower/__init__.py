@@ -1,0 +1,1 @@
+"""Lowering: a parsed kernel + specialization -> llvmlite ir.Module for one target."""

@@ -1,0 +1,108 @@
+"""Call lowering: casts `f32(x)`, builtins min/max/abs, `pk.*` intrinsics and @pk.func calls."""
+from __future__ import annotations
+
+import builtins
+
+from llvmlite import ir
+
+from ..types import ScalarType, bool_, f32
+from . import ops
+from .codegen import describe
+from .values import ConstValue, GlobalRef, PtrValue, TypeValue, Value
+
+
+def lower_call_node(fl, node):
+    fn = fl.expr(node.func)
+    if isinstance(fn, TypeValue):
+        return lower_cast(fl, fn.ty, node)
+    if not isinstance(fn, GlobalRef):
+        raise fl.error(node.func, f"{describe(fn)} is not callable")
+    obj = fn.obj
+    from ..intrinsics.base import Intrinsic
+    if isinstance(obj, Intrinsic):
+        return obj.lower_call(fl, node)
+    from ..kernel import DeviceFunction, Kernel
+    if isinstance(obj, DeviceFunction):
+        from .functions import inline_call
+        return inline_call(fl, obj, node)
+    if obj in (builtins.min, builtins.max):
+        return lower_minmax(fl, node, obj is builtins.max)
+    if obj is builtins.abs:
+        return lower_abs(fl, node)
+    if obj is builtins.range:
+        raise fl.error(node, "range() can only be used as the iterable of a for loop")
+    if isinstance(obj, Kernel):
+        raise fl.error(node, f"kernel '{obj.name}' cannot be called from device code",
+                       hint="make the shared code a @pk.func")
+    name = getattr(obj, "__name__", repr(obj))
+    raise fl.error(node, f"cannot call Python function '{name}' from a kernel",
+                   hint="decorate it with @pk.func to make it a device function"
+                   if callable(obj) else None)
+
+
+def positional(fl, node, count, name):
+    if node.keywords or len(node.args) not in (count if isinstance(count, tuple) else (count,)):
+        raise fl.error(node, f"{name} takes {count} positional argument(s)")
+    return [fl.expr(a) for a in node.args]
+
+
+def lower_cast(fl, ty: ScalarType, node):
+    (val,) = positional(fl, node, 1, f"{ty}()")
+    if isinstance(val, ConstValue):
+        if not isinstance(val.value, (bool, int, float)):
+            raise fl.error(node, f"cannot convert {val.value!r} to {ty}")
+        if ty.is_int and isinstance(val.value, float):
+            val = ConstValue(int(val.value))
+        return Value(ty, ops.const_ir(ty, val.value if ty is not bool_ else bool(val.value)))
+    if not isinstance(val, Value):
+        raise fl.error(node.args[0], f"cannot convert {describe(val)} to {ty}",
+                       hint="pk.bitcast reinterprets bits" if isinstance(val, PtrValue) else None)
+    return Value(ty, ops.cast(fl.b, val.ty, ty, val.ir))
+
+
+def lower_minmax(fl, node, is_max):
+    from .expressions import unify
+    if node.keywords or len(node.args) < 2:
+        raise fl.error(node, f"{'max' if is_max else 'min'}() takes two or more arguments")
+    acc = fl.expr(node.args[0])
+    for arg in node.args[1:]:
+        other = fl.expr(arg)
+        if isinstance(acc, ConstValue) and isinstance(other, ConstValue):
+            acc = ConstValue((max if is_max else min)(acc.value, other.value))
+            continue
+        x, y, ty = unify(fl, acc, other, node)
+        acc = Value(ty, minmax_ir(fl, ty, x.ir, y.ir, is_max))
+    return acc
+
+
+def minmax_ir(fl, ty, x, y, is_max):
+    b = fl.b
+    if ty.is_float:
+        if ops.is_half(ty):
+            r = minmax_ir(fl, f32,
+                          ops.to_f32(b, ty, x), ops.to_f32(b, ty, y), is_max)
+            return ops.from_f32(b, ty, r)
+        fn = fl.ctx.intrinsic_decl("llvm.maxnum" if is_max else "llvm.minnum", ty.llvm)
+        return b.call(fn, [x, y])
+    cmp = (b.icmp_signed if ty.is_signed else b.icmp_unsigned)(">" if is_max else "<", x, y)
+    return b.select(cmp, x, y)
+
+
+def lower_abs(fl, node):
+    (val,) = positional(fl, node, 1, "abs()")
+    if isinstance(val, ConstValue):
+        return ConstValue(abs(val.value))
+    if not isinstance(val, Value):
+        raise fl.error(node, f"abs() of {describe(val)}")
+    b = fl.b
+    if val.ty.is_float:
+        if ops.is_half(val.ty):
+            f = ops.to_f32(b, val.ty, val.ir)
+            fn = fl.ctx.intrinsic_decl("llvm.fabs", ir.FloatType())
+            return Value(val.ty, ops.from_f32(b, val.ty, b.call(fn, [f])))
+        fn = fl.ctx.intrinsic_decl("llvm.fabs", val.ty.llvm)
+        return Value(val.ty, b.call(fn, [val.ir]))
+    if not val.ty.is_signed:
+        return val
+    neg = b.icmp_signed("<", val.ir, ir.Constant(val.ty.llvm, 0))
+    return Value(val.ty, b.select(neg, b.neg(val.ir), val.ir))

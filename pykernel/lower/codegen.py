@@ -1,0 +1,210 @@
+"""The lowering visitor: a FunctionAST + specialization -> LLVM IR in the target's kernel
+function. Types are inferred while lowering (each variable keeps its first type); compile-time
+values (literals, Const parameters) fold, so a Const `if` lowers only the taken branch."""
+from __future__ import annotations
+
+import ast
+import builtins
+
+from llvmlite import ir
+
+from ..errors import KernelSourceError
+from ..types import ArrayType, PtrType, ScalarType, bool_, f32
+from . import ops
+from .values import ArrayValue, ConstValue, GlobalRef, PtrValue, TupleValue, TypeValue, Value
+
+UNSUPPORTED = {
+    ast.List: "lists", ast.ListComp: "list comprehensions", ast.Dict: "dicts",
+    ast.DictComp: "dict comprehensions", ast.Set: "sets", ast.SetComp: "set comprehensions",
+    ast.GeneratorExp: "generator expressions", ast.Lambda: "lambdas", ast.ClassDef: "classes",
+    ast.FunctionDef: "nested functions", ast.Try: "try/except", ast.With: "with statements",
+    ast.Yield: "generators (yield)", ast.YieldFrom: "generators (yield from)",
+    ast.Await: "await", ast.Global: "global statements", ast.Nonlocal: "nonlocal statements",
+    ast.Delete: "del", ast.Import: "imports", ast.ImportFrom: "imports", ast.Raise: "raise",
+    ast.JoinedStr: "f-strings", ast.Starred: "starred expressions", ast.NamedExpr: ":=",
+    ast.AsyncFunctionDef: "async functions", ast.Match: "match statements",
+}
+if hasattr(ast, "TryStar"):
+    UNSUPPORTED[ast.TryStar] = "try/except*"
+
+
+class LoopTarget:
+    def __init__(self, cont: ir.Block, brk: ir.Block):
+        self.cont, self.brk = cont, brk
+
+
+class FunctionLowering:
+    """Lowers one function body. Kernels own the LLVM function; @pk.func bodies are inlined
+    into their caller by a child FunctionLowering that shares builder, target and function."""
+
+    def __init__(self, fast, ctx, bindings: dict, parent=None):
+        from .statements import STATEMENTS
+        from .expressions import EXPRESSIONS
+        self.fast, self.ctx = fast, ctx               # ctx: KernelContext (target, builder, ...)
+        self.vars: dict[str, object] = {}             # name -> ("slot", alloca, type) | value
+        self.vars.update(bindings)
+        self.loops: list[LoopTarget] = []
+        self.parent = parent
+        self.return_block = None                      # inlined funcs: where `return` goes
+        self.return_slots = None
+        self._stmt_table, self._expr_table = STATEMENTS, EXPRESSIONS
+
+    # --- dispatch: the one choke point for errors ----------------------------------------------
+    @property
+    def b(self) -> ir.IRBuilder:
+        return self.ctx.builder
+
+    def error(self, node, message, hint=None) -> KernelSourceError:
+        return self.fast.error(node, message, hint)
+
+    def stmt(self, node):
+        handler = self._stmt_table.get(type(node))
+        if handler is None:
+            raise self.unsupported(node)
+        self.ctx.set_location(self, node)
+        try:
+            handler(self, node)
+        except ops.TypeMismatch as exc:
+            raise self.error(node, str(exc), exc.hint) from None
+
+    def expr(self, node):
+        handler = self._expr_table.get(type(node))
+        if handler is None:
+            raise self.unsupported(node)
+        try:
+            return handler(self, node)
+        except ops.TypeMismatch as exc:
+            raise self.error(node, str(exc), exc.hint) from None
+
+    def unsupported(self, node) -> KernelSourceError:
+        what = UNSUPPORTED.get(type(node), type(node).__name__)
+        return self.error(node, f"{what} are not supported in kernels"
+                          if what.endswith("s") and what[0].islower() else
+                          f"{what} is not supported in kernels")
+
+    def body(self, stmts):
+        for s in stmts:
+            if self.b.block.is_terminated:
+                # Code after return/break/continue is unreachable: keep it out of the IR.
+                self.ctx.new_block("dead")
+            self.stmt(s)
+
+    # --- names ---------------------------------------------------------------------------------
+    def lookup(self, name: str, node):
+        if name in self.vars:
+            entry = self.vars[name]
+            if isinstance(entry, tuple) and entry[0] == "slot":
+                _, slot, ty = entry
+                if isinstance(ty, PtrType):
+                    return PtrValue(ty, self.b.load(slot), self.ctx.origins.get(id(slot)))
+                raw = self.b.load(slot)
+                return Value(ty, self.from_storage(ty, raw))
+            return entry
+        for scope in (self.fast.closure, self.fast.globals):
+            if name in scope:
+                return self.wrap_global(scope[name], node)
+        if hasattr(builtins, name):
+            return GlobalRef(getattr(builtins, name))
+        raise self.error(node, f"name '{name}' is not defined")
+
+    def wrap_global(self, obj, node):
+        if isinstance(obj, bool) or isinstance(obj, (int, float)):
+            return ConstValue(obj)
+        if isinstance(obj, ScalarType):
+            return TypeValue(obj)
+        return GlobalRef(obj)
+
+    @staticmethod
+    def from_storage(ty, raw):
+        return raw  # bools are stored as i1 in slots; memory loads handle i8 separately
+
+    def assign_name(self, name: str, val, node):
+        """Bind `name` to a value: first assignment fixes the variable's type."""
+        if isinstance(val, (ConstValue,)):
+            existing = self.vars.get(name)
+            if isinstance(existing, tuple):
+                val = self.coerce(val, existing[2], node)
+            elif existing is None or isinstance(existing, ConstValue):
+                val = self.materialize(val, node)
+        if isinstance(val, (TupleValue, TypeValue, GlobalRef, ArrayValue)):
+            if name in self.vars and isinstance(self.vars[name], tuple):
+                raise self.error(node, f"'{name}' holds a scalar; cannot rebind it to "
+                                 f"{type(val).__name__}")
+            self.vars[name] = val
+            return
+        ty = val.ty
+        entry = self.vars.get(name)
+        if not (isinstance(entry, tuple) and entry[0] == "slot"):
+            if entry is not None and not isinstance(entry, (ConstValue,)):
+                raise self.error(node, f"cannot assign to '{name}' here")
+            slot = self.ctx.alloca(ty.llvm if isinstance(ty, ScalarType)
+                                   else self.ctx.ptr_llvm(ty), name)
+            entry = ("slot", slot, ty)
+            self.vars[name] = entry
+            if isinstance(val, PtrValue):
+                self.ctx.origins[id(slot)] = val.origin
+        _, slot, declared = entry
+        if declared != ty:
+            raise self.error(node, f"'{name}' was first assigned a {declared}; cannot assign a "
+                             f"{ty} (a variable keeps one type)",
+                             hint=f"convert explicitly, e.g. {declared}(...)"
+                             if isinstance(declared, ScalarType) else None)
+        self.b.store(val.ir, slot)
+
+    # --- conversions ---------------------------------------------------------------------------
+    def materialize(self, val, node):
+        """A runtime Value for a compile-time constant (int -> i32/i64, float -> f32)."""
+        if isinstance(val, ConstValue):
+            if not isinstance(val.value, (bool, int, float)):
+                raise self.error(node, f"a {type(val.value).__name__} cannot be used as a "
+                                 f"value in a kernel")
+            ty = ops.literal_type(val.value)
+            return Value(ty, ops.const_ir(ty, val.value))
+        return val
+
+    def coerce(self, val, ty, node):
+        """Make `val` a runtime value of type `ty`: literals adapt, runtime values must match."""
+        if isinstance(val, ConstValue):
+            if isinstance(ty, ScalarType):
+                return Value(ty, ops.const_ir(ty, val.value))
+            raise self.error(node, f"expected a {ty}, got the constant {val.value!r}")
+        if isinstance(val, Value) and isinstance(ty, ScalarType):
+            if val.ty != ty:
+                raise self.error(node, f"expected {ty}, got {val.ty}",
+                                 hint=f"convert explicitly, e.g. {ty}(...)")
+            return val
+        if isinstance(val, PtrValue) and isinstance(ty, PtrType):
+            if val.ty.elem != ty.elem or val.ty.space != ty.space:
+                raise self.error(node, f"expected {ty}, got {val.ty}")
+            return val
+        raise self.error(node, f"expected {ty}, got {describe(val)}")
+
+    def truth(self, val, node):
+        """An i1 for a condition (ints and floats test != 0, as in C)."""
+        val = self.materialize(val, node)
+        if not isinstance(val, Value):
+            raise self.error(node, f"{describe(val)} cannot be used as a condition")
+        if val.ty is bool_:
+            return val.ir
+        return ops.cast(self.b, val.ty, bool_, val.ir)
+
+
+def describe(val) -> str:
+    if isinstance(val, Value):
+        return str(val.ty)
+    if isinstance(val, PtrValue):
+        return str(val.ty)
+    if isinstance(val, ConstValue):
+        return f"constant {val.value!r}"
+    if isinstance(val, TupleValue):
+        return f"tuple of {len(val.items)}"
+    if isinstance(val, ArrayValue):
+        return f"{val.ty.space} array {val.ty.elem}{list(val.ty.shape)}"
+    if isinstance(val, TypeValue):
+        return f"type {val.ty}"
+    if isinstance(val, GlobalRef):
+        return f"Python object {val.obj!r}"
+    return type(val).__name__
+
+
+__all__ = ["FunctionLowering", "LoopTarget", "describe", "ArrayType", "f32"]

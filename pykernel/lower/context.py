@@ -1,0 +1,121 @@
+"""Per-kernel lowering state shared by the kernel body and every inlined device function:
+the LLVM function and builder, the target, options, error sites and debug locations."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llvmlite import ir
+
+from ..types import PtrType
+
+
+@dataclass(frozen=True)
+class Options:
+    """Compile options: part of the cache key."""
+    debug: bool = False          # compile `assert` statements in
+    bounds_check: bool = False   # check Ptr indexing on the GPU (always on for the CPU target)
+    lineinfo: bool = True        # .loc directives so profilers map PTX to Python lines
+    opt_level: int = 3
+
+
+@dataclass
+class Site:
+    """A source location that a runtime check can report (kernel name + file:line:col)."""
+    kind: str
+    file: str
+    line: int
+    col: int
+    text: str
+
+    def describe(self) -> str:
+        return f"{self.file}:{self.line}:{self.col + 1}: {self.kind}\n    {self.text.strip()}"
+
+
+@dataclass
+class KernelContext:
+    module: ir.Module
+    function: ir.Function
+    target: object
+    options: Options
+    kernel_name: str
+    builder: ir.IRBuilder = None
+    entry: ir.Block = None
+    exit_block: ir.Block = None
+    sites: list = field(default_factory=list)
+    origins: dict = field(default_factory=dict)
+    call_stack: list = field(default_factory=list)
+    shared: list = field(default_factory=list)        # (name, ArrayType, offset) static shared
+    shared_bytes: int = 0
+    uses: set = field(default_factory=set)            # features used: "barrier", "warp", ...
+    min_arch: tuple = (75, "")                        # (sm number, instruction that needs it)
+    target_data: dict = field(default_factory=dict)   # per-target scratch (e.g. CPU params)
+    _decls: dict = field(default_factory=dict)
+    _debug: object = None
+
+    def append_block(self, name: str) -> ir.Block:
+        return self.function.append_basic_block(name)
+
+    def new_block(self, name: str) -> ir.Block:
+        bb = self.append_block(name)
+        self.builder.position_at_end(bb)
+        return bb
+
+    def alloca(self, ty: ir.Type, name: str = "") -> ir.AllocaInstr:
+        """Stack slots live in the entry block so LLVM promotes them to registers."""
+        b = ir.IRBuilder(self.entry)
+        if self.entry.is_terminated:
+            b.position_before(self.entry.terminator)
+        return b.alloca(ty, name=name)
+
+    def ptr_llvm(self, ty: PtrType) -> ir.Type:
+        return self.target.pointer_type(ty)
+
+    def intrinsic_decl(self, name: str, *types: ir.Type, ret: ir.Type = None,
+                       args: tuple = None) -> ir.Function:
+        """Declare an LLVM intrinsic once: overloaded ones get the type suffix (llvm.floor.f32)."""
+        suffix = "".join("." + _mangle(t) for t in types)
+        full = name + suffix if not name.startswith("llvm.nvvm") else name
+        fn = self.module.globals.get(full)
+        if fn is None:
+            ret_ty = ret or types[0]
+            arg_tys = args if args is not None else ((types[0],) * _arity(name))
+            fn = ir.Function(self.module, ir.FunctionType(ret_ty, arg_tys), full)
+        return fn
+
+    def site(self, fl, node, kind: str) -> int:
+        err = fl.fast.error(node, kind)
+        self.sites.append(Site(kind, err.file, err.line, err.col, err.source_line))
+        return len(self.sites) - 1
+
+    def require_arch(self, sm: int, what: str, fl, node):
+        """Instructions the target arch lacks are compile errors naming the minimum arch."""
+        arch = self.target.sm
+        if arch is not None and arch < sm:
+            from ..errors import UnsupportedArchError
+            err = fl.fast.error(node, f"{what} needs sm_{sm} or newer; compiling for "
+                                f"sm_{arch}", hint=f"compile with arch='sm_{sm}' or newer")
+            raise UnsupportedArchError(err.message, err.file, err.line, err.col, err.end_col,
+                                       err.source_line, err.hint) from None
+        if sm > self.min_arch[0]:
+            self.min_arch = (sm, what)
+
+    def set_location(self, fl, node):
+        if self._debug is not None:
+            self._debug.set_location(self.builder, fl.fast, node)
+
+
+def _mangle(t: ir.Type) -> str:
+    if isinstance(t, ir.FloatType):
+        return "f32"
+    if isinstance(t, ir.DoubleType):
+        return "f64"
+    if isinstance(t, ir.HalfType):
+        return "f16"
+    if isinstance(t, ir.IntType):
+        return f"i{t.width}"
+    raise TypeError(t)
+
+
+def _arity(name: str) -> int:
+    return {"llvm.fma": 3, "llvm.minnum": 2, "llvm.maxnum": 2, "llvm.copysign": 2,
+            "llvm.pow": 2}.get(name, 1)

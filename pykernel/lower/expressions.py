@@ -1,0 +1,276 @@
+"""Expression lowering: literals, names, arithmetic, comparisons (chained), short-circuit
+and/or/not, conditional expressions, attribute access, subscripts, tuples and calls."""
+from __future__ import annotations
+
+import ast
+import operator
+
+from llvmlite import ir
+
+from ..types import ScalarType, bool_
+from . import ops
+from .codegen import describe
+from .values import ConstValue, GlobalRef, PtrValue, TupleValue, TypeValue, Value
+
+PY_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+             ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+             ast.Pow: operator.pow, ast.LShift: operator.lshift, ast.RShift: operator.rshift,
+             ast.BitAnd: operator.and_, ast.BitOr: operator.or_, ast.BitXor: operator.xor}
+PY_CMPS = {ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
+           ast.Eq: operator.eq, ast.NotEq: operator.ne}
+
+
+def lower_constant(fl, node: ast.Constant):
+    if isinstance(node.value, (bool, int, float)):
+        return ConstValue(node.value)
+    if isinstance(node.value, str):
+        return ConstValue(node.value)       # only meaningful as an intrinsic argument
+    raise fl.error(node, f"{type(node.value).__name__} constants are not supported in kernels")
+
+
+def lower_name(fl, node: ast.Name):
+    return fl.lookup(node.id, node)
+
+
+def unify(fl, a, b, node):
+    """Bring two operands to one runtime type; literals adapt, mixed runtime types are errors."""
+    if isinstance(a, ConstValue) and isinstance(b, Value):
+        return fl.coerce(a, b.ty, node), b, b.ty
+    if isinstance(b, ConstValue) and isinstance(a, Value):
+        return a, fl.coerce(b, a.ty, node), a.ty
+    a, b = fl.materialize(a, node), fl.materialize(b, node)
+    if not isinstance(a, Value) or not isinstance(b, Value):
+        raise fl.error(node, f"cannot combine {describe(a)} and {describe(b)}")
+    if a.ty != b.ty:
+        raise ops.TypeMismatch(f"operands have different types: {a.ty} and {b.ty}",
+                               hint=f"convert explicitly, e.g. {a.ty}(...) or {b.ty}(...)")
+    return a, b, a.ty
+
+
+def binop_values(fl, op, a, b, node):
+    op = type(op)
+    if isinstance(a, ConstValue) and isinstance(b, ConstValue):
+        try:
+            return ConstValue(PY_BINOPS[op](a.value, b.value))
+        except (ZeroDivisionError, TypeError, KeyError) as exc:
+            raise fl.error(node, f"cannot fold constant expression: {exc}") from None
+    if isinstance(a, PtrValue) and op in (ast.Add, ast.Sub):
+        return ptr_offset(fl, a, b, op, node)
+    if op is ast.Pow:
+        return power(fl, a, b, node)
+    x, y, ty = unify(fl, a, b, node)
+    if ty.is_float:
+        res = ops.float_binop(fl.b, op, ty, x.ir, y.ir, lambda t, v: floor_value(fl, t, v))
+    elif ty is bool_ and op in (ast.BitAnd, ast.BitOr, ast.BitXor):
+        res = ops.int_binop(fl.b, op, ty, x.ir, y.ir)
+    elif ty.is_int:
+        res = ops.int_binop(fl.b, op, ty, x.ir, y.ir)
+    else:
+        raise ops.TypeMismatch(f"cannot {ops.OP_NAMES.get(op, op.__name__)} {ty} values")
+    return Value(ty, res)
+
+
+def floor_value(fl, ty, v):
+    fn = fl.ctx.intrinsic_decl("llvm.floor", ty.llvm)
+    return fl.b.call(fn, [v])
+
+
+def power(fl, a, b, node):
+    if not (isinstance(b, ConstValue) and isinstance(b.value, int) and 0 <= b.value <= 16):
+        raise fl.error(node, "** needs a small non-negative integer literal exponent",
+                       hint="use pk.exp2/pk.log2 for general powers")
+    a = fl.materialize(a, node)
+    result = None
+    for _ in range(b.value):
+        result = a if result is None else binop_values(fl, ast.Mult(), result, a, node)
+    return result if result is not None else fl.coerce(ConstValue(1), a.ty, node)
+
+
+def ptr_offset(fl, p: PtrValue, k, op, node):
+    k = fl.materialize(k, node)
+    if not isinstance(k, Value) or not k.ty.is_int:
+        raise fl.error(node, f"pointer offset must be an integer, got {describe(k)}")
+    idx = ops.index_to_i64(fl.b, k.ty, k.ir)
+    if op is ast.Sub:
+        idx = fl.b.neg(idx)
+    return PtrValue(p.ty, fl.b.gep(p.ir, [idx]), p.origin)
+
+
+def lower_binop(fl, node: ast.BinOp):
+    return binop_values(fl, node.op, fl.expr(node.left), fl.expr(node.right), node)
+
+
+def lower_unaryop(fl, node: ast.UnaryOp):
+    v = fl.expr(node.operand)
+    if isinstance(v, ConstValue):
+        fold = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Not: operator.not_,
+                ast.Invert: operator.invert}[type(node.op)]
+        return ConstValue(fold(v.value))
+    if isinstance(node.op, ast.Not):
+        return Value(bool_, fl.b.not_(fl.truth(v, node.operand)))
+    v = fl.materialize(v, node)
+    if not isinstance(v, Value):
+        raise fl.error(node, f"unary operator on {describe(v)}")
+    if isinstance(node.op, ast.UAdd):
+        return v
+    if isinstance(node.op, ast.USub):
+        if v.ty.is_float:
+            if ops.is_half(v.ty):
+                return Value(v.ty, ops.from_f32(fl.b, v.ty, fl.b.fneg(ops.to_f32(fl.b, v.ty,
+                                                                                v.ir))))
+            return Value(v.ty, fl.b.fneg(v.ir))
+        return Value(v.ty, fl.b.neg(v.ir))
+    if not v.ty.is_int and v.ty is not bool_:
+        raise fl.error(node, f"~ needs an integer, got {v.ty}")
+    return Value(v.ty, fl.b.not_(v.ir))
+
+
+def lower_boolop(fl, node: ast.BoolOp):
+    """Short-circuit `and`/`or`: later operands run only when needed."""
+    is_and = isinstance(node.op, ast.And)
+    first = fl.expr(node.values[0])
+    if isinstance(first, ConstValue):
+        if bool(first.value) != is_and:   # `False and ...`, `True or ...`
+            return ConstValue(bool(first.value))
+        rest = node.values[1:]
+        if len(rest) == 1:
+            v = fl.expr(rest[0])
+            return ConstValue(bool(v.value)) if isinstance(v, ConstValue) else \
+                Value(bool_, fl.truth(v, rest[0]))
+        return lower_boolop(fl, ast.BoolOp(op=node.op, values=rest))
+    end_bb = fl.ctx.append_block("bool.end")
+    incoming = []
+    pred = fl.truth(first, node.values[0])
+    for value_node in node.values[1:]:
+        next_bb = fl.ctx.append_block("bool.next")
+        incoming.append((pred, fl.b.block))
+        if is_and:
+            fl.b.cbranch(pred, next_bb, end_bb)
+        else:
+            fl.b.cbranch(pred, end_bb, next_bb)
+        fl.b.position_at_end(next_bb)
+        pred = fl.truth(fl.expr(value_node), value_node)
+    incoming.append((pred, fl.b.block))
+    fl.b.branch(end_bb)
+    fl.b.position_at_end(end_bb)
+    phi = fl.b.phi(ir.IntType(1))
+    for val, bb in incoming:
+        phi.add_incoming(val, bb)
+    return Value(bool_, phi)
+
+
+def compare_values(fl, op, a, b, node):
+    if isinstance(a, ConstValue) and isinstance(b, ConstValue):
+        return ConstValue(PY_CMPS[type(op)](a.value, b.value))
+    x, y, ty = unify(fl, a, b, node)
+    return Value(bool_, ops.compare(fl.b, type(op), ty, x.ir, y.ir))
+
+
+def lower_compare(fl, node: ast.Compare):
+    """`a < b < c` is `a < b and b < c` with b evaluated once (short-circuit)."""
+    left = fl.expr(node.left)
+    result = None
+    for op, right_node in zip(node.ops, node.comparators):
+        if type(op) not in PY_CMPS:
+            raise fl.error(node, f"comparison '{type(op).__name__}' is not supported in kernels")
+        right = fl.expr(right_node)
+        cur = compare_values(fl, op, left, right, node)
+        result = cur if result is None else and_values(fl, result, cur, node)
+        left = right
+    return result
+
+
+def and_values(fl, a, b, node):
+    if isinstance(a, ConstValue) and isinstance(b, ConstValue):
+        return ConstValue(a.value and b.value)
+    return Value(bool_, fl.b.and_(fl.truth(a, node), fl.truth(b, node)))
+
+
+def lower_ifexp(fl, node: ast.IfExp):
+    cond = fl.expr(node.test)
+    if isinstance(cond, ConstValue):
+        return fl.expr(node.body if cond.value else node.orelse)
+    pred = fl.truth(cond, node.test)
+    then_bb, else_bb = fl.ctx.append_block("sel.then"), fl.ctx.append_block("sel.else")
+    end_bb = fl.ctx.append_block("sel.end")
+    fl.b.cbranch(pred, then_bb, else_bb)
+    fl.b.position_at_end(then_bb)
+    a = fl.expr(node.body)
+    then_end = fl.b.block
+    fl.b.position_at_end(else_bb)
+    c = fl.expr(node.orelse)
+    else_end = fl.b.block
+    # Types: literals adapt to the other branch.
+    if isinstance(a, ConstValue) and not isinstance(c, ConstValue):
+        fl.b.position_at_end(then_end)
+        a = fl.coerce(a, c.ty, node.body)
+    elif isinstance(c, ConstValue) and not isinstance(a, ConstValue):
+        fl.b.position_at_end(else_end)
+        c = fl.coerce(c, a.ty, node.orelse)
+    else:
+        fl.b.position_at_end(then_end)
+        a = fl.materialize(a, node.body)
+        fl.b.position_at_end(else_end)
+        c = fl.materialize(c, node.orelse)
+    if type(a) is not type(c) or a.ty != c.ty:
+        raise fl.error(node, f"branches of the conditional expression differ: {describe(a)} "
+                       f"and {describe(c)}")
+    fl.b.position_at_end(then_end)
+    fl.b.branch(end_bb)
+    fl.b.position_at_end(else_end)
+    fl.b.branch(end_bb)
+    fl.b.position_at_end(end_bb)
+    phi = fl.b.phi(a.ir.type)
+    phi.add_incoming(a.ir, then_end)
+    phi.add_incoming(c.ir, else_end)
+    return type(a)(a.ty, phi) if isinstance(a, Value) else PtrValue(a.ty, phi, a.origin)
+
+
+def lower_attribute(fl, node: ast.Attribute):
+    base = fl.expr(node.value)
+    if isinstance(base, GlobalRef):
+        obj = base.obj
+        lower_attr = getattr(obj, "lower_attr", None)
+        if lower_attr is not None:
+            return lower_attr(fl, node.attr, node)
+        if not hasattr(obj, node.attr):
+            raise fl.error(node, f"{getattr(obj, '__name__', obj)!s} has no attribute "
+                           f"'{node.attr}'")
+        return fl.wrap_global(getattr(obj, node.attr), node)
+    if isinstance(base, TypeValue) and node.attr in ("bits", "nbytes"):
+        return ConstValue(getattr(base.ty, node.attr))
+    raise fl.error(node, f"{describe(base)} has no attribute '{node.attr}'")
+
+
+def lower_tuple(fl, node: ast.Tuple):
+    return TupleValue(tuple(fl.expr(e) for e in node.elts))
+
+
+def lower_subscript(fl, node: ast.Subscript):
+    base = fl.expr(node.value)
+    if isinstance(base, TupleValue):
+        idx = fl.expr(node.slice)
+        if not isinstance(idx, ConstValue) or not isinstance(idx.value, int):
+            raise fl.error(node.slice, "tuples are indexed with compile-time integers")
+        try:
+            return base.items[idx.value]
+        except IndexError:
+            raise fl.error(node.slice, f"tuple index {idx.value} out of range "
+                           f"(size {len(base.items)})") from None
+    from .memory import load_subscript
+    return load_subscript(fl, node, None, base)
+
+
+def lower_call(fl, node: ast.Call):
+    from .calls import lower_call_node
+    return lower_call_node(fl, node)
+
+
+EXPRESSIONS = {
+    ast.Constant: lower_constant, ast.Name: lower_name, ast.BinOp: lower_binop,
+    ast.UnaryOp: lower_unaryop, ast.BoolOp: lower_boolop, ast.Compare: lower_compare,
+    ast.IfExp: lower_ifexp, ast.Attribute: lower_attribute, ast.Tuple: lower_tuple,
+    ast.Subscript: lower_subscript, ast.Call: lower_call,
+}
+
+__all__ = ["EXPRESSIONS", "binop_values", "unify", "ScalarType"]

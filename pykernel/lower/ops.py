@@ -1,0 +1,218 @@
+"""Scalar operations with C semantics for ints (Python floor semantics for // and % on signed
+ints), IEEE floats, f16/bf16 computed in f32 and rounded back, and explicit casts."""
+from __future__ import annotations
+
+import ast
+
+from llvmlite import ir
+
+from ..types import INT_RANGES, ScalarType, bf16, bool_, common_int_literal_type, f16, f32, i64
+
+F32 = ir.FloatType()
+I32 = ir.IntType(32)
+
+
+class TypeMismatch(Exception):
+    """Raised by helpers here; the lowering turns it into a KernelSourceError at the node."""
+
+    def __init__(self, message, hint=None):
+        super().__init__(message)
+        self.hint = hint
+
+
+def literal_type(value) -> ScalarType:
+    if isinstance(value, bool):
+        return bool_
+    if isinstance(value, int):
+        return common_int_literal_type(value)
+    if isinstance(value, float):
+        return f32
+    raise TypeMismatch(f"a {type(value).__name__} value cannot be used in a kernel")
+
+
+def const_ir(ty: ScalarType, value) -> ir.Constant:
+    """An LLVM constant of DSL type `ty` for a Python value (checked to fit)."""
+    if ty.kind == "bool":
+        return ir.Constant(ir.IntType(1), int(bool(value)))
+    if ty.is_int:
+        if isinstance(value, float):
+            raise TypeMismatch(f"float literal {value!r} used where {ty} is expected",
+                               hint=f"convert explicitly, e.g. {ty}({value!r})")
+        lo, hi = INT_RANGES[ty.name]
+        v = int(value)
+        if not lo <= v <= hi:
+            raise TypeMismatch(f"literal {v} does not fit in {ty} (range {lo}..{hi})")
+        return ir.Constant(ty.llvm, v & ((1 << ty.bits) - 1))
+    if ty is bf16:
+        import numpy as np
+        bits = int(np.array(float(value), np.float32).view(np.uint32))
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 if (bits & 0x7FFFFFFF) <= 0x7F800000 \
+            else 0x7FC0
+        return ir.Constant(ir.IntType(16), bits & 0xFFFF)
+    return ir.Constant(ty.llvm, float(value))
+
+
+# --- f16 / bf16: stored as their own type, computed in f32 ------------------------------------
+
+def to_f32(b: ir.IRBuilder, ty: ScalarType, v):
+    if ty is f32:
+        return v
+    if ty is bf16:
+        wide = b.shl(b.zext(v, I32), ir.Constant(I32, 16))
+        return b.bitcast(wide, F32)
+    return b.fpext(v, F32) if ty.bits < 32 else b.fptrunc(v, F32)
+
+
+def from_f32(b: ir.IRBuilder, ty: ScalarType, v):
+    if ty is f32:
+        return v
+    if ty is bf16:  # round to nearest even; NaN stays a quiet NaN
+        bits = b.bitcast(v, I32)
+        lsb = b.and_(b.lshr(bits, ir.Constant(I32, 16)), ir.Constant(I32, 1))
+        rounded = b.add(b.add(bits, ir.Constant(I32, 0x7FFF)), lsb)
+        is_nan = b.fcmp_unordered("uno", v, v)
+        out = b.select(is_nan, ir.Constant(I32, 0x7FC00000), rounded)
+        return b.trunc(b.lshr(out, ir.Constant(I32, 16)), ir.IntType(16))
+    return b.fptrunc(v, ty.llvm) if ty.bits < 32 else b.fpext(v, ty.llvm)
+
+
+def is_half(ty: ScalarType) -> bool:
+    return ty is f16 or ty is bf16
+
+
+# --- casts --------------------------------------------------------------------------------------
+
+def cast(b: ir.IRBuilder, src: ScalarType, dst: ScalarType, v):
+    """Explicit conversion `dst(v)`: C semantics (float->int truncates toward zero)."""
+    if src is dst:
+        return v
+    if dst.kind == "bool":
+        if src.is_float:
+            return b.fcmp_unordered("une", to_f32(b, src, v) if is_half(src) else v,
+                                    ir.Constant(F32 if is_half(src) else src.llvm, 0.0))
+        return b.icmp_unsigned("!=", v, ir.Constant(src.llvm, 0))
+    if src.kind == "bool":
+        if dst.is_float:
+            return cast(b, f32, dst, b.uitofp(v, F32))
+        return b.zext(v, dst.llvm)
+    if src.is_int and dst.is_int:
+        if dst.bits < src.bits:
+            return b.trunc(v, dst.llvm)
+        if dst.bits > src.bits:
+            return b.sext(v, dst.llvm) if src.is_signed else b.zext(v, dst.llvm)
+        return v
+    if src.is_int and dst.is_float:
+        mid = dst if not is_half(dst) else f32
+        conv = b.sitofp(v, mid.llvm) if src.is_signed else b.uitofp(v, mid.llvm)
+        return from_f32(b, dst, conv) if is_half(dst) else conv
+    if src.is_float and dst.is_int:
+        fv = to_f32(b, src, v) if is_half(src) else v
+        return b.fptosi(fv, dst.llvm) if dst.is_signed else b.fptoui(fv, dst.llvm)
+    # float -> float
+    if is_half(src) and is_half(dst):
+        return from_f32(b, dst, to_f32(b, src, v))
+    if is_half(src):
+        return cast(b, f32, dst, to_f32(b, src, v))
+    if is_half(dst):
+        return from_f32(b, dst, cast(b, src, f32, v))
+    return b.fpext(v, dst.llvm) if dst.bits > src.bits else b.fptrunc(v, dst.llvm)
+
+
+# --- arithmetic ---------------------------------------------------------------------------------
+
+OP_NAMES = {ast.Add: "add", ast.Sub: "subtract", ast.Mult: "multiply", ast.Div: "divide",
+            ast.FloorDiv: "floor-divide", ast.Mod: "take the remainder of", ast.Pow: "raise",
+            ast.LShift: "shift", ast.RShift: "shift", ast.BitAnd: "and", ast.BitOr: "or",
+            ast.BitXor: "xor"}
+
+
+def int_binop(b: ir.IRBuilder, op, ty: ScalarType, x, y):
+    signed = ty.is_signed
+    if op is ast.Add:
+        return b.add(x, y)
+    if op is ast.Sub:
+        return b.sub(x, y)
+    if op is ast.Mult:
+        return b.mul(x, y)
+    if op is ast.FloorDiv:
+        if not signed:
+            return b.udiv(x, y)
+        q, r = b.sdiv(x, y), b.srem(x, y)
+        zero = ir.Constant(ty.llvm, 0)
+        adjust = b.and_(b.icmp_signed("!=", r, zero),
+                        b.icmp_signed("!=", b.icmp_signed("<", r, zero),
+                                      b.icmp_signed("<", y, zero)))
+        return b.sub(q, b.zext(adjust, ty.llvm))
+    if op is ast.Mod:
+        if not signed:
+            return b.urem(x, y)
+        r = b.srem(x, y)
+        zero = ir.Constant(ty.llvm, 0)
+        adjust = b.and_(b.icmp_signed("!=", r, zero),
+                        b.icmp_signed("!=", b.icmp_signed("<", r, zero),
+                                      b.icmp_signed("<", y, zero)))
+        return b.select(adjust, b.add(r, y), r)
+    if op is ast.LShift:
+        return b.shl(x, y)
+    if op is ast.RShift:
+        return b.ashr(x, y) if signed else b.lshr(x, y)
+    if op is ast.BitAnd:
+        return b.and_(x, y)
+    if op is ast.BitOr:
+        return b.or_(x, y)
+    if op is ast.BitXor:
+        return b.xor(x, y)
+    if op is ast.Div:
+        raise TypeMismatch(f"'/' on integers ({ty}) is not defined in kernels",
+                           hint="use // for integer division, or convert: f32(a) / f32(b)")
+    raise TypeMismatch(f"operator {op.__name__} is not supported on {ty}")
+
+
+def float_binop(b: ir.IRBuilder, op, ty: ScalarType, x, y, floor_fn):
+    if is_half(ty):
+        r = float_binop(b, op, f32, to_f32(b, ty, x), to_f32(b, ty, y), floor_fn)
+        return from_f32(b, ty, r)
+    if op is ast.Add:
+        return b.fadd(x, y)
+    if op is ast.Sub:
+        return b.fsub(x, y)
+    if op is ast.Mult:
+        return b.fmul(x, y)
+    if op is ast.Div:
+        return b.fdiv(x, y)
+    if op is ast.FloorDiv:
+        return floor_fn(ty, b.fdiv(x, y))
+    if op is ast.Mod:  # Python: result has the sign of the divisor
+        return b.fsub(x, b.fmul(floor_fn(ty, b.fdiv(x, y)), y))
+    raise TypeMismatch(f"operator {OP_NAMES.get(op, op.__name__)} is not defined on {ty}",
+                       hint="bit operations need integers: use pk.bitcast(x, u32)")
+
+
+CMP_OPS = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
+
+
+def compare(b: ir.IRBuilder, op, ty: ScalarType, x, y):
+    sym = CMP_OPS.get(op)
+    if sym is None:
+        raise TypeMismatch(f"comparison {op.__name__} is not supported in kernels")
+    if ty.is_float:
+        if is_half(ty):
+            x, y = to_f32(b, ty, x), to_f32(b, ty, y)
+        if sym == "!=":
+            return b.fcmp_unordered("!=", x, y)
+        return b.fcmp_ordered(sym, x, y)
+    if ty.is_signed:
+        return b.icmp_signed(sym, x, y)
+    return b.icmp_unsigned(sym, x, y)
+
+
+def index_to_i64(b: ir.IRBuilder, ty: ScalarType, v):
+    if not ty.is_int:
+        raise TypeMismatch(f"an index must be an integer, got {ty}")
+    if ty.bits == 64:
+        return v
+    return b.sext(v, ir.IntType(64)) if ty.is_signed else b.zext(v, ir.IntType(64))
+
+
+__all__ = ["TypeMismatch", "cast", "compare", "const_ir", "float_binop", "int_binop",
+           "literal_type", "to_f32", "from_f32", "is_half", "index_to_i64", "i64"]

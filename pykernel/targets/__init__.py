@@ -1,0 +1,13 @@
+"""Targets: everything target-specific (address spaces, special registers, barriers, warp
+operations, emission). `get_target("sm_90")` or `get_target("cpu")`."""
+from __future__ import annotations
+
+SUPPORTED_ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120")
+
+
+def get_target(arch: str):
+    if arch in ("cpu", "host"):
+        from .cpu import CPUTarget
+        return CPUTarget()
+    from .nvptx import NVPTXTarget
+    return NVPTXTarget(arch)

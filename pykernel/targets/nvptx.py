@@ -1,0 +1,164 @@
+"""The NVPTX target: kernels as `ptx_kernel` functions with global pointers in addrspace(1),
+shared memory in addrspace(3), special registers and warp operations as NVVM intrinsics, and
+emission through LLVM's NVPTX backend (llvmlite) to PTX text."""
+from __future__ import annotations
+
+from llvmlite import ir
+
+from ..errors import KernelSourceError
+from ..types import PtrType, ScalarType
+from . import SUPPORTED_ARCHS
+
+I32, I64 = ir.IntType(32), ir.IntType(64)
+ADDRSPACE = {"global": 1, "shared": 3, "local": 0}
+# PTX ISA version per arch: the oldest that supports it (LLVM aborts on a mismatch).
+PTX_VERSION = {75: 78, 80: 78, 86: 78, 89: 78, 90: 78, 100: 86, 120: 87}
+SREG = {"thread_idx": "tid", "block_idx": "ctaid", "block_dim": "ntid", "grid_dim": "nctaid"}
+
+
+class NVPTXTarget:
+    name = "nvptx"
+    triple = "nvptx64-nvidia-cuda"
+    datalayout = "e-i64:64-i128:128-v16:16-v32:32-n16:32:64"
+
+    def __init__(self, arch: str = "sm_90"):
+        if arch not in SUPPORTED_ARCHS:
+            raise ValueError(f"unsupported arch {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}")
+        self.arch, self.sm = arch, int(arch[3:])
+
+    # --- function shape ------------------------------------------------------------------------
+    def pointer_type(self, ty: PtrType) -> ir.Type:
+        return ir.PointerType(ty.elem.storage, addrspace=ADDRSPACE[ty.space])
+
+    def create_kernel(self, module, name, params, options):
+        """params: list of (name, PtrType | ScalarType). Returns (function, [ir values])."""
+        types = [self.pointer_type(t) if isinstance(t, PtrType) else t.storage
+                 for _, t in params]
+        fn = ir.Function(module, ir.FunctionType(ir.VoidType(), types), name)
+        fn.calling_convention = "ptx_kernel"
+        for arg, (pname, t) in zip(fn.args, params):
+            arg.name = pname
+            if isinstance(t, PtrType) and t.readonly:
+                arg.add_attribute("noalias")
+        values = [a if not (isinstance(t, ScalarType) and t.kind == "bool")
+                  else None for a, (_, t) in zip(fn.args, params)]
+        return fn, values, list(fn.args)
+
+    def begin_body(self, ctx):
+        return ctx.append_block("body")
+
+    def finish_kernel(self, ctx):
+        ir.IRBuilder(ctx.exit_block).ret_void()
+        ir.IRBuilder(ctx.entry).branch(ctx.target_data["body"])
+
+    # --- registers and synchronisation -------------------------------------------------------
+    def special_register(self, ctx, which, axis):
+        name = "llvm.nvvm.read.ptx.sreg." + ("laneid" if which == "lane_id"
+                                              else f"{SREG[which]}.{axis}")
+        return ctx.builder.call(ctx.intrinsic_decl(name, ret=I32, args=()), [])
+
+    def barrier(self, ctx, site):
+        ctx.builder.call(ctx.intrinsic_decl("llvm.nvvm.barrier0", ret=ir.VoidType(), args=()),
+                         [])
+
+    def fence(self, ctx):
+        ctx.builder.call(ctx.intrinsic_decl("llvm.nvvm.membar.gl", ret=ir.VoidType(),
+                                            args=()), [])
+
+    def shuffle(self, ctx, kind, word, lane, mask, site):
+        # clamp operand: 31 for bfly/down/idx (c = 0x1f), 0 for up (segment mask 0).
+        clamp = ir.Constant(I32, 0 if kind == "up" else 31)
+        fn = ctx.intrinsic_decl(f"llvm.nvvm.shfl.sync.{kind}.i32", ret=I32,
+                                args=(I32, I32, I32, I32))
+        return ctx.builder.call(fn, [mask, word, lane, clamp])
+
+    def vote(self, ctx, kind, pred, mask, site):
+        name = {"ballot": "llvm.nvvm.vote.ballot.sync", "any_sync": "llvm.nvvm.vote.any.sync",
+                "all_sync": "llvm.nvvm.vote.all.sync"}[kind]
+        ret = I32 if kind == "ballot" else ir.IntType(1)
+        fn = ctx.intrinsic_decl(name, ret=ret, args=(I32, ir.IntType(1)))
+        return ctx.builder.call(fn, [mask, pred])
+
+    # --- memory --------------------------------------------------------------------------------
+    def shared_array(self, ctx, aty):
+        gv = ir.GlobalVariable(ctx.module, ir.ArrayType(aty.elem.storage, aty.count),
+                               ctx.module.get_unique_name("shared"), addrspace=3)
+        gv.align = 16
+        gv.linkage = "internal"
+        gv.initializer = ir.Constant(gv.value_type, ir.Undefined)
+        ctx.shared_bytes = (ctx.shared_bytes + 15) // 16 * 16 + aty.count * aty.elem.nbytes
+        zero = ir.Constant(I32, 0)
+        return ctx.builder.gep(gv, [zero, zero])
+
+    def dynamic_shared(self, ctx, elem):
+        gv = ctx.module.globals.get("__pk_dynamic_shared")
+        if gv is None:
+            gv = ir.GlobalVariable(ctx.module, ir.ArrayType(ir.IntType(8), 0),
+                                   "__pk_dynamic_shared", addrspace=3)
+            gv.align = 16
+            gv.linkage = "external"
+        ptr = ctx.builder.bitcast(gv, ir.PointerType(elem.storage, addrspace=3))
+        return ptr, None
+
+    def check_address(self, ctx, ptr, elem, origin, site):
+        return ptr   # GPU bounds checks: see docs/language.md (debug option, CPU target)
+
+    def load(self, ctx, ptr, elem, readonly):
+        inst = ctx.builder.load(ptr, align=elem.nbytes)
+        if readonly:   # read-only global data: ld.global.nc
+            inst.set_metadata("invariant.load", ctx.module.add_metadata([]))
+        return inst
+
+    def store(self, ctx, ptr, raw, elem):
+        ctx.builder.store(raw, ptr, align=elem.nbytes)
+
+    def load_vector(self, ctx, addr, vec_ty, site):
+        vptr = ctx.builder.bitcast(addr.ptr, ir.PointerType(vec_ty, addrspace=addr.ptr.type
+                                                            .addrspace))
+        inst = ctx.builder.load(vptr, align=vec_ty.count * addr.elem.nbytes)
+        if addr.readonly:
+            inst.set_metadata("invariant.load", ctx.module.add_metadata([]))
+        return inst
+
+    def store_vector(self, ctx, addr, vec, site):
+        vptr = ctx.builder.bitcast(addr.ptr, ir.PointerType(vec.type, addrspace=addr.ptr.type
+                                                            .addrspace))
+        ctx.builder.store(vec, vptr, align=vec.type.count * addr.elem.nbytes)
+
+    def atomic(self, ctx, op, ptr, vals, elem):
+        b = ctx.builder
+        if op == "cas":
+            pair = b.cmpxchg(ptr, vals[0], vals[1], "monotonic", "monotonic")
+            return b.extract_value(pair, 0)
+        rmw = {"add": "fadd" if elem.is_float else "add", "exch": "xchg",
+               "max": "fmax" if elem.is_float else ("max" if elem.is_signed else "umax"),
+               "min": "fmin" if elem.is_float else ("min" if elem.is_signed else "umin")}[op]
+        return b.atomic_rmw(rmw, ptr, vals[0], "monotonic")
+
+    def assert_fail(self, ctx, site):
+        ctx.builder.call(ctx.intrinsic_decl("llvm.trap", ret=ir.VoidType(), args=()), [])
+        ctx.builder.unreachable()
+
+    # --- emission ------------------------------------------------------------------------------
+    def emit(self, llvm_module, options) -> str:
+        import llvmlite.binding as llvm
+        _init_nvptx()
+        target = llvm.Target.from_triple(self.triple)
+        tm = target.create_target_machine(cpu=self.arch, features=f"+ptx{PTX_VERSION[self.sm]}",
+                                          opt=options.opt_level, codemodel="default")
+        return tm.emit_assembly(llvm_module)
+
+
+_NVPTX_READY = False
+
+
+def _init_nvptx():
+    global _NVPTX_READY
+    if not _NVPTX_READY:
+        import llvmlite.binding as llvm
+        llvm.initialize_all_targets()
+        llvm.initialize_all_asmprinters()
+        _NVPTX_READY = True
+
+
+__all__ = ["NVPTXTarget", "KernelSourceError"]

@@ -1,0 +1,175 @@
+"""numpy reference codecs for the GGUF tensor formats, bit-exact with ggml's reference quantizers.
+
+    quantize(x, "Q6_K")       float32 (rows, n) or (n,)       -> uint8 (rows, row_bytes)
+    dequantize(raw, "Q6_K", n) uint8 (rows, row_bytes) or flat -> float32 (rows, n)
+    quantize_q8_1(x)          float32 (rows, n)               -> uint8 (rows, n//32*36)
+    row_bytes("Q6_K", n), block_size("Q6_K") -> (elements, bytes)
+
+Type names are ggml's (formats.py). Quantizers reproduce ggml's `quantize_row_*_ref` (no
+importance matrix): gguf-py's where it is bit-exact (BF16, Q4_0/1, Q5_0/1, Q8_0), our ports for
+the K-quants and Q1_0. Dequantizers are gguf-py's, plus Q1_0 and Q8_1 here.
+"""
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from gguf import quants as gguf_quants
+
+from . import reference_kquants as kq
+from .formats import QuantFormat, get_format
+from .reference_numerics import F32, roundf, seq_sum, to_f16
+
+_KQUANTS = {"Q2_K": kq.quantize_q2_k, "Q3_K": kq.quantize_q3_k, "Q4_K": kq.quantize_q4_k,
+            "Q5_K": kq.quantize_q5_k, "Q6_K": kq.quantize_q6_k}
+_GGUF_QUANTIZE = ("BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+# Super-blocks per call of a K-quant port: big enough to amortise numpy's per-call cost, small
+# enough that the (n, B) temporaries stay in cache.
+_KQUANT_CHUNK = 1024
+_MAX_THREADS = 8
+
+
+def block_size(type_name: str) -> tuple[int, int]:
+    """(elements, bytes) of one block of `type_name`."""
+    fmt = get_format(type_name)
+    return fmt.block_elems, fmt.block_bytes
+
+
+def row_bytes(type_name: str, n: int) -> int:
+    """Bytes of one row of n elements; ValueError if n is not a whole number of blocks."""
+    fmt = get_format(type_name)
+    _check_row_length(fmt, n)
+    return n // fmt.block_elems * fmt.block_bytes
+
+
+def _check_row_length(fmt: QuantFormat, n: int) -> None:
+    if n <= 0 or n % fmt.block_elems:
+        raise ValueError(f"{fmt.name}: row length {n} is not a positive multiple of the "
+                         f"{fmt.name} block size ({fmt.block_elems} elements)")
+
+
+def _as_rows(x: np.ndarray, fmt: QuantFormat) -> np.ndarray:
+    x = np.asarray(x)
+    if x.ndim == 1:
+        x = x[None, :]
+    if x.ndim != 2:
+        raise ValueError(f"{fmt.name}: expected a float32 array (rows, n) or (n,), "
+                         f"got shape {x.shape}")
+    _check_row_length(fmt, x.shape[1])
+    return np.ascontiguousarray(x, dtype=F32)
+
+
+def quantize(x: np.ndarray, type_name: str) -> np.ndarray:
+    """Quantize rows of float32 to ggml `type_name` blocks: uint8 (rows, row_bytes)."""
+    fmt = get_format(type_name)
+    rows = _as_rows(x, fmt)
+    n_rows, n = rows.shape
+    blocks = rows.reshape(-1, fmt.block_elems)
+    if fmt.name == "F32":
+        out = blocks.view(np.uint8)
+    elif fmt.name == "F16":
+        out = to_f16(blocks).view(np.uint8)
+    elif fmt.name == "Q8_1":
+        out = _quantize_q8_1_blocks(blocks)
+    elif fmt.name == "Q1_0":
+        out = _quantize_q1_0_blocks(blocks)
+    elif fmt.name in _KQUANTS:
+        out = _in_chunks(_KQUANTS[fmt.name], blocks, fmt.block_bytes)
+    elif fmt.name in _GGUF_QUANTIZE:
+        out = gguf_quants.quantize(rows, fmt.ggml_type)
+    else:
+        raise ValueError(f"{fmt.name}: no reference quantizer for this type")
+    return np.ascontiguousarray(out).reshape(n_rows, n // fmt.block_elems * fmt.block_bytes)
+
+
+def _in_chunks(quantize_blocks, blocks: np.ndarray, nbytes: int) -> np.ndarray:
+    """Run a block quantizer over chunks of blocks on a few threads (numpy releases the GIL)."""
+    out = np.empty((blocks.shape[0], nbytes), dtype=np.uint8)
+
+    def run(start: int) -> None:
+        stop = start + _KQUANT_CHUNK
+        out[start:stop] = quantize_blocks(blocks[start:stop])
+
+    starts = range(0, blocks.shape[0], _KQUANT_CHUNK)
+    workers = min(len(starts), os.cpu_count() or 1, _MAX_THREADS)
+    if workers <= 1:
+        for start in starts:
+            run(start)
+    else:
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(run, starts))
+    return out
+
+
+def dequantize(raw, type_name: str, n: int) -> np.ndarray:
+    """Decode ggml `type_name` rows of n elements: float32 (rows, n).
+
+    raw: uint8 (rows, row_bytes), or flat bytes / 1-D uint8 holding whole rows back to back.
+    """
+    fmt = get_format(type_name)
+    per_row = row_bytes(type_name, n)
+    data = _as_byte_rows(raw, fmt, n, per_row)
+    blocks = data.reshape(-1, fmt.block_bytes)
+    if fmt.name == "Q1_0":
+        values = _dequantize_q1_0_blocks(blocks)
+    elif fmt.name == "Q8_1":
+        values = _dequantize_q8_1_blocks(blocks)
+    else:
+        values = gguf_quants.dequantize(blocks, fmt.ggml_type)
+    return np.ascontiguousarray(values, dtype=F32).reshape(data.shape[0], n)
+
+
+def _as_byte_rows(raw, fmt: QuantFormat, n: int, per_row: int) -> np.ndarray:
+    if isinstance(raw, (bytes, bytearray, memoryview)):
+        raw = np.frombuffer(raw, dtype=np.uint8)
+    raw = np.asarray(raw)
+    if raw.dtype != np.uint8:
+        raise ValueError(f"{fmt.name}: expected uint8 block bytes, got dtype {raw.dtype}")
+    if raw.ndim == 2 and raw.shape[1] != per_row:
+        raise ValueError(f"{fmt.name}: a row of {n} elements takes {per_row} bytes, "
+                         f"got rows of {raw.shape[1]} bytes")
+    if raw.ndim not in (1, 2) or raw.size == 0 or raw.size % per_row:
+        raise ValueError(f"{fmt.name}: expected a whole number of {per_row}-byte rows "
+                         f"({n} elements each), got {raw.size} bytes in shape {raw.shape}")
+    return np.ascontiguousarray(raw).reshape(-1, per_row)
+
+
+def quantize_q8_1(x: np.ndarray) -> np.ndarray:
+    """Activations to Q8_1 as llama.cpp's CUDA quantize_q8_1 does: uint8 (rows, n//32*36).
+
+    Per 32-block: d = amax/127, q = roundf(x/d) (0 when amax == 0), s = sum(x) summed as the
+    warp's butterfly (halves 16, 8, 4, 2, 1); d and s stored as f16.
+    """
+    return quantize(x, "Q8_1")
+
+
+def _quantize_q8_1_blocks(blocks: np.ndarray) -> np.ndarray:
+    amax = np.abs(blocks).max(axis=1)
+    total = blocks
+    while total.shape[1] > 1:
+        half = total.shape[1] // 2
+        total = total[:, :half] + total[:, half:]
+    d = amax / F32(127)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(amax[:, None] == 0, F32(0), roundf(blocks / d[:, None]))
+    header = np.stack([to_f16(d), to_f16(total[:, 0])], axis=1).view(np.uint8)
+    return np.concatenate([header, q.astype(np.int8).view(np.uint8)], axis=1)
+
+
+def _dequantize_q8_1_blocks(blocks: np.ndarray) -> np.ndarray:
+    d = blocks[:, :2].copy().view(np.float16).astype(F32)
+    return d * blocks[:, 4:].view(np.int8).astype(F32)
+
+
+def _quantize_q1_0_blocks(blocks: np.ndarray) -> np.ndarray:
+    """Q1_0 (18 B per 128): d = fp16(sum|x| / 128) summed in order; bit j set when x[j] >= 0."""
+    d = seq_sum(np.abs(blocks).T) / F32(blocks.shape[1])
+    bits = np.packbits(blocks >= 0, axis=1, bitorder="little")
+    return np.concatenate([to_f16(d)[:, None].view(np.uint8), bits], axis=1)
+
+
+def _dequantize_q1_0_blocks(blocks: np.ndarray) -> np.ndarray:
+    d = blocks[:, :2].copy().view(np.float16).astype(F32)
+    bits = np.unpackbits(blocks[:, 2:], axis=1, bitorder="little").astype(bool)
+    return np.where(bits, d, -d)
