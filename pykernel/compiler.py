@@ -56,11 +56,13 @@ def lower(fast: FunctionAST, params, spec: dict, target, options: Options, entry
     """Stage 2: the kernel body as LLVM IR in a module for `target`."""
     module = ir.Module(name=fast.name)
     module.triple, module.data_layout = target.triple, target.datalayout
-    fn, values, raw_args = target.create_kernel(module, entry, params, options)
+    fn, _, raw_args = target.create_kernel(module, entry, params, options)
     ctx = KernelContext(module, fn, target, options, fast.name)
     ctx.entry = fn.append_basic_block("entry")
     ctx.builder = ir.IRBuilder(ctx.entry)
+    ctx.target_data["params"] = params
     body = target.begin_body(ctx)
+    raw_args = ctx.target_data.get("param_values", raw_args)
     ctx.target_data["body"] = body
     ctx.exit_block = ctx.append_block("exit")
     ctx.builder.position_at_end(body)

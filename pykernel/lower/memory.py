@@ -41,8 +41,7 @@ def _index(fl, node, base):
                 raise fl.error(part, f"index must be an integer, got {describe(idx)}")
             i = ops.index_to_i64(fl.b, idx.ty, idx.ir)
             flat = i if flat is None else fl.b.add(fl.b.mul(flat, ir.Constant(I64, extent)), i)
-        origin = ("array", base.ty.count, base.ty.space)
-        return Address(fl.b.gep(base.ir, [flat]), base.ty.elem, False, origin, node)
+        return Address(fl.b.gep(base.ir, [flat]), base.ty.elem, False, base.origin, node)
     raise fl.error(node.value, f"{describe(base)} cannot be indexed")
 
 

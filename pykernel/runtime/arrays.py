@@ -161,28 +161,28 @@ class Array:
     # -- views ------------------------------------------------------------------------------
     def __getitem__(self, index) -> "Array":
         """Basic indexing that stays contiguous: ints, then at most one slice with step 1,
-        then only full slices, e.g. a[3], a[2:5], a[1, 4:8], a[2, :, :]."""
+        then only full slices, e.g. a[3], a[2:5], a[1, 4:8], a[2, 1:3, :]."""
         index = index if isinstance(index, tuple) else (index,)
         if len(index) > len(self._shape):
             raise IndexError(f"too many indices ({len(index)}) for a {self.ndim}-d array")
         offset, shape, strides = 0, list(self._shape), _c_strides(self._shape)
-        partial_slice_seen = False
+        slice_seen = False  # after any slice only full slices keep the view contiguous
         for axis, item in enumerate(index):
             extent = self._shape[axis]
             if isinstance(item, slice):
                 start, stop, step = item.indices(extent)
                 if step != 1:
                     raise IndexError("device array views support step 1 only")
-                full = start == 0 and stop == extent
-                if partial_slice_seen and not full:
+                if slice_seen and not (start == 0 and stop == extent):
                     raise IndexError("this index would give a non-contiguous view; "
                                      "copy through .numpy() instead")
-                partial_slice_seen = partial_slice_seen or not full
+                slice_seen = True
                 shape[axis] = max(0, stop - start)
                 offset += start * strides[axis]
             else:
-                if partial_slice_seen:
-                    raise IndexError("an integer index after a slice gives a non-contiguous view")
+                if slice_seen:
+                    raise IndexError("an integer index after a slice gives a non-contiguous "
+                                     "view; copy through .numpy() instead")
                 position = operator.index(item)
                 if not -extent <= position < extent:
                     raise IndexError(f"index {position} is out of bounds for axis {axis} "
@@ -236,16 +236,18 @@ class Array:
         return dlpack.KDL_CPU, 0
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
-        """A legacy DLPack capsule (all current consumers accept it). Work on our streams is
-        ordered before the consumer's legacy-default-stream work, so `stream` needs nothing."""
+        """A DLPack capsule: versioned (writable) when the consumer passes max_version >= 1,
+        else legacy. Work on pykernel's blocking streams is ordered before the consumer's
+        legacy-default-stream work, so `stream` needs nothing."""
         if copy:
             raise BufferError("__dlpack__(copy=True) is not supported; use .numpy()")
         device_type, device_id = self.__dlpack_device__()
         if dl_device is not None and tuple(dl_device) != (device_type, device_id):
             raise BufferError(f"__dlpack__: array lives on {(device_type, device_id)}, "
                               f"consumer asked for {tuple(dl_device)}")
+        versioned = max_version is not None and tuple(max_version) >= (1, 0)
         return dlpack.export_capsule(self._ptr, self._shape, self._dtype, device_type,
-                                     device_id, self)
+                                     device_id, self, versioned)
 
     def __array__(self, dtype=None, copy=None):
         if self._device_kind != "cpu":

@@ -3,6 +3,7 @@ the pointer, shape, strides, dtype and device out of any object's `__dlpack__` c
 
 Input: raw pointers and numpy dtypes (export); an object with `__dlpack__` (import).
 Output: a PyCapsule that numpy/torch/cupy consume (export); a `DLPackView` (import).
+The capsule name is a C string that must outlive the capsule: module-level bytes constants.
 
 Layouts (dlpack.h, ABI-stable since v0.6):
     DLDevice  { int32 device_type; int32 device_id }
@@ -68,6 +69,7 @@ _capsule_valid_raw = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_c
 _capsule_get_raw = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(
     ("PyCapsule_GetPointer", _api))
 
+_LEGACY_NAME, _VERSIONED_NAME = b"dltensor", b"dltensor_versioned"
 # address of an exported DLManagedTensor -> (struct, shape array, owner): keeps all alive
 # until the consumer calls the deleter (or the capsule dies unconsumed).
 _LIVE: dict[int, tuple] = {}
@@ -81,8 +83,9 @@ _DELETER = _Deleter(_release)
 
 
 def _destroy_capsule(capsule_address):
-    if _capsule_valid_raw(capsule_address, b"dltensor"):  # never consumed: we still own it
-        _release(_capsule_get_raw(capsule_address, b"dltensor"))
+    for name in (b"dltensor", b"dltensor_versioned"):  # still this name: never consumed
+        if _capsule_valid_raw(capsule_address, name):
+            _release(_capsule_get_raw(capsule_address, name))
 
 
 _CAPSULE_DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_destroy_capsule)
@@ -112,12 +115,15 @@ def dtype_from_dl(code: int, bits: int, lanes: int):
 
 
 def export_capsule(ptr: int, shape: tuple, dtype, device_type: int, device_id: int,
-                   owner) -> object:
-    """A legacy "dltensor" capsule over C-contiguous memory at `ptr`; `owner` stays alive
-    until the consumer releases the tensor."""
+                   owner, versioned: bool = False) -> object:
+    """A DLPack capsule over C-contiguous, writable memory at `ptr`; `owner` stays alive until
+    the consumer releases the tensor. `versioned` gives a DLPack 1.0 "dltensor_versioned"
+    capsule (consumers treat legacy capsules as read-only)."""
     ndim = len(shape)
     shape_array = (ctypes.c_int64 * max(ndim, 1))(*shape)
-    managed = _DLManagedTensor()
+    managed = _DLManagedTensorVersioned() if versioned else _DLManagedTensor()
+    if versioned:
+        managed.major, managed.minor, managed.flags = 1, 0, 0
     tensor = managed.dl_tensor
     tensor.data = ptr or None
     tensor.device = _DLDevice(device_type, device_id)
@@ -130,7 +136,8 @@ def export_capsule(ptr: int, shape: tuple, dtype, device_type: int, device_id: i
     managed.deleter = _DELETER
     address = ctypes.addressof(managed)
     _LIVE[address] = (managed, shape_array, owner)
-    return _capsule_new(address, b"dltensor", ctypes.cast(_CAPSULE_DESTRUCTOR, ctypes.c_void_p))
+    name = _VERSIONED_NAME if versioned else _LEGACY_NAME
+    return _capsule_new(address, name, ctypes.cast(_CAPSULE_DESTRUCTOR, ctypes.c_void_p))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,69 @@
+"""`kernel[grid, block, stream, shared_bytes](*args)`: split Const/dtype arguments from runtime
+ones, pick (or compile) the specialization for the current device, and launch it."""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import LaunchError
+from .signature import type_var_name
+from .types import from_numpy
+
+
+def _dim3(value, what, kernel_name):
+    if isinstance(value, (int, np.integer)):
+        value = (int(value),)
+    if not isinstance(value, tuple) or not 1 <= len(value) <= 3 or \
+            not all(isinstance(v, (int, np.integer)) and v >= 1 for v in value):
+        raise LaunchError(f"{kernel_name}: {what} must be a positive int or a tuple of 1-3 "
+                          f"positive ints, got {value!r}")
+    return tuple(int(v) for v in value) + (1,) * (3 - len(value))
+
+
+class Launcher:
+    def __init__(self, kernel, config):
+        if not isinstance(config, tuple):
+            config = (config,)
+        if not 2 <= len(config) <= 4:
+            raise LaunchError(f"{kernel.name}[...] takes grid, block[, stream[, shared_bytes]]")
+        self.kernel = kernel
+        self.grid = _dim3(config[0], "grid", kernel.name)
+        self.block = _dim3(config[1], "block", kernel.name)
+        self.stream = config[2] if len(config) > 2 else None
+        self.shared_bytes = int(config[3]) if len(config) > 3 else 0
+
+    def __call__(self, *args, **kwargs):
+        k = self.kernel
+        names = [p.name for p in k.params]
+        if len(args) > len(names):
+            raise LaunchError(f"{k.name}(): takes {len(names)} arguments "
+                              f"({', '.join(names)}), got {len(args)}")
+        bound = dict(zip(names, args))
+        for key, value in kwargs.items():
+            if key not in names:
+                raise LaunchError(f"{k.name}(): unknown parameter '{key}'")
+            if key in bound:
+                raise LaunchError(f"{k.name}(): parameter '{key}' given twice")
+            bound[key] = value
+        missing = [n for n in names if n not in bound]
+        if missing:
+            raise LaunchError(f"{k.name}(): missing argument(s) {', '.join(missing)}")
+        spec_kwargs = {p.name: bound[p.name] for p in k.const_params}
+        for p in k.runtime_params:   # infer type variables from array arguments
+            tv = type_var_name(getattr(p.ann, "elem", None)) if p.kind == "ptr" else None
+            if tv is not None and tv not in spec_kwargs:
+                dtype = getattr(bound[p.name], "dtype", None)
+                if dtype is None:
+                    raise LaunchError(f"{k.name}(): parameter '{p.name}' needs an array to "
+                                      f"infer its element type {tv}")
+                spec_kwargs[tv] = from_numpy(dtype)
+        runtime_args = tuple(bound[p.name] for p in k.runtime_params)
+        from .runtime.device import current_device
+        device = current_device()
+        key = (device.arch, tuple(sorted((n, getattr(v, "name", v))
+                                         for n, v in spec_kwargs.items())))
+        compiled = k._launch_cache.get(key)
+        if compiled is None:
+            compiled = k.compile(device.arch, **spec_kwargs)
+            k._launch_cache[key] = compiled
+        device.launch(compiled, self.grid, self.block, runtime_args, stream=self.stream,
+                      shared_bytes=self.shared_bytes)

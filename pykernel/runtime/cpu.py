@@ -1,0 +1,133 @@
+"""The CPU device: runs kernels compiled by the CPU target (targets/cpu.py) on host threads.
+Blocks of the grid are split between worker threads (ctypes releases the GIL during the call);
+each worker has its own context (shared memory, warp-exchange slots, coroutine handles, error
+record). Errors found by the generated code (out-of-bounds access, divergent barriers, failed
+asserts) are raised as KernelRuntimeError naming the kernel and the source line."""
+from __future__ import annotations
+
+import ctypes
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ..errors import KernelRuntimeError
+from ..targets import cpu_abi as abi
+from .device import register_device_kind
+from .packer import ArgPacker
+
+_ENTRY = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                          ctypes.c_int64)
+MAX_THREADS_PER_BLOCK = 1024
+
+
+class _Worker:
+    """One worker thread's launch context and buffers (grown on demand, reused)."""
+
+    def __init__(self):
+        self.ctx = np.zeros(abi.CTX_SLOTS, np.int64)
+        self.scratch = np.zeros(64, np.uint8)
+        self.buffers = {}
+
+    def buffer(self, name, nbytes):
+        buf = self.buffers.get(name)
+        if buf is None or buf.nbytes < nbytes:
+            buf = np.zeros(max(nbytes, 64), np.uint8)
+            self.buffers[name] = buf
+        return buf.ctypes.data
+
+
+class CpuDevice:
+    kind = "cpu"
+    arch = "cpu"
+    name = "host CPU (pykernel CPU target)"
+    ordinal = 0
+
+    def __init__(self, ordinal: int = 0):
+        self.workers_n = max(1, min(int(os.environ.get("PYKERNEL_CPU_THREADS", 0)) or
+                                    (os.cpu_count() or 1), 8))
+        self._workers = [_Worker() for _ in range(self.workers_n)]
+        self._pool = ThreadPoolExecutor(self.workers_n) if self.workers_n > 1 else None
+        self._packers = {}
+        self._entries = {}
+
+    def __repr__(self):
+        return "<pykernel device cpu>"
+
+    def synchronize(self):
+        pass  # launches are synchronous on the CPU
+
+    def launch(self, compiled, grid, block, args, stream=None, shared_bytes=0):
+        packer = self._packers.get(compiled.cache_key)
+        if packer is None:
+            packer = self._packers[compiled.cache_key] = ArgPacker(compiled, "cpu")
+        args_addr = packer.pack(args)
+        extents = np.zeros(2 * max(1, len(args)), np.int64)
+        for k, ext in enumerate(packer.pointer_extents(args)):
+            if ext is not None:
+                extents[2 * k], extents[2 * k + 1] = ext
+        nthreads = block[0] * block[1] * block[2]
+        if nthreads > MAX_THREADS_PER_BLOCK or min(block) < 1 or min(grid) < 1:
+            raise KernelRuntimeError(f"{compiled.name}: invalid launch grid={grid} "
+                                     f"block={block} (at most 1024 threads per block)")
+        entry = self._entry(compiled)
+        nblocks = grid[0] * grid[1] * grid[2]
+        chunks = self._chunks(nblocks, compiled.cpu.coroutine, nthreads)
+        contexts = [self._prepare(w, compiled, grid, block, shared_bytes, extents)
+                    for w in self._workers[:len(chunks)]]
+        if len(chunks) == 1:
+            entry(args_addr, contexts[0], chunks[0][0], chunks[0][1])
+        else:
+            futures = [self._pool.submit(entry, args_addr, c, lo, hi)
+                       for c, (lo, hi) in zip(contexts, chunks)]
+            for f in futures:
+                f.result()
+        for w in self._workers[:len(chunks)]:
+            if w.ctx[abi.ERROR_CODE]:
+                raise self._error(compiled, w.ctx)
+
+    def _entry(self, compiled):
+        fn = self._entries.get(compiled.cache_key)
+        if fn is None:
+            fn = self._entries[compiled.cache_key] = _ENTRY(compiled.cpu.address)
+        return fn
+
+    def _chunks(self, nblocks, coroutine, nthreads):
+        work = nblocks * nthreads * (20 if coroutine else 1)
+        n = self.workers_n if work >= 20000 else 1
+        n = min(n, nblocks)
+        step = -(-nblocks // n)
+        return [(lo, min(nblocks, lo + step)) for lo in range(0, nblocks, step)]
+
+    def _prepare(self, w, compiled, grid, block, dyn_bytes, extents):
+        nthreads = block[0] * block[1] * block[2]
+        dyn = (int(dyn_bytes) + 15) // 16 * 16
+        c = w.ctx
+        c[:] = 0
+        c[abi.GRID:abi.GRID + 3] = grid
+        c[abi.BLOCK:abi.BLOCK + 3] = block
+        c[abi.SHARED_PTR] = w.buffer("shared", dyn + compiled.cpu.shared_bytes + 16)
+        c[abi.DYN_BYTES] = dyn
+        c[abi.SCRATCH_PTR] = w.scratch.ctypes.data
+        w.extents = extents
+        c[abi.EXTENTS_PTR] = extents.ctypes.data
+        c[abi.EXCHANGE_PTR] = w.buffer("exchange", 16 * nthreads)
+        c[abi.STATE_PTR] = w.buffer("state", 4 * nthreads)
+        c[abi.HANDLES_PTR] = w.buffer("handles", 8 * nthreads)
+        return c.ctypes.data
+
+    def _error(self, compiled, ctx) -> KernelRuntimeError:
+        code, site = int(ctx[abi.ERROR_CODE]), int(ctx[abi.ERROR_SITE])
+        what = abi.ERRORS.get(code, f"error {code}")
+        where = compiled.sites[site].describe() if 0 <= site < len(compiled.sites) else ""
+        detail = ""
+        if code == 1:
+            detail = (f" (byte offset {int(ctx[abi.ERROR_VALUE])} from the start of the array, "
+                      f"thread {int(ctx[abi.ERROR_THREAD])} of block {int(ctx[abi.ERROR_BLOCK])})")
+        return KernelRuntimeError(f"kernel '{compiled.name}': {what}{detail}\n{where}")
+
+    # memory operations: host memory (arrays.HostMemory is used when absent)
+    memory = None
+
+
+register_device_kind("cpu", CpuDevice)

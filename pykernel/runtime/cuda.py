@@ -1,0 +1,320 @@
+"""The CUDA device, on cuda-python: cuda.core for the device, context, PTX loading, streams,
+events and graphs; cuda.bindings.driver for what cuda.core lacks or makes slow (raw launch,
+synchronous allocation, memcpy, function attributes, JIT error logs).
+
+Input: CompiledKernel objects (.ptx, .entry, .params, .shared_bytes, .cache_key), launch
+geometry and runtime arguments.
+Output: kernels running on the GPU; CUDA errors mapped to KernelRuntimeError/LaunchError naming
+the kernel; allocation failures naming bytes asked and free.
+
+Launch path (per call): cache lookup by cache_key -> ArgPacker.pack (writes the preallocated
+parameter buffer) -> cuLaunchKernel with the prebuilt void*[] of field addresses.
+"""
+from __future__ import annotations
+
+import os
+from collections import deque
+
+from cuda.bindings import driver as cu
+from cuda.core import Device as CoreDevice
+from cuda.core import ObjectCode
+
+from ..errors import KernelRuntimeError, LaunchError
+from .device import register_device_kind
+from .packer import ArgPacker
+
+_KERNEL_FAULTS = {700, 702, 710, 714, 715, 716, 717, 718, 719}  # sticky: context is lost
+_OUT_OF_MEMORY = 2
+_DEFAULT_SHARED_LIMIT = 48 * 1024
+_MAX_DYNAMIC_SHARED = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+_MAX_THREADS = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
+_NUM_REGS = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS
+_launch_kernel = cu.cuLaunchKernel
+
+
+class CudaError(KernelRuntimeError):
+    """A CUDA driver call failed; `.code` is the CUresult's name."""
+
+    def __init__(self, message: str, code: str = ""):
+        super().__init__(message)
+        self.code = code
+
+
+class DeviceOutOfMemory(CudaError, MemoryError):
+    """Device allocation failed; the message gives bytes asked and bytes free."""
+
+
+def error_text(err) -> str:
+    """'CUDA_ERROR_ILLEGAL_ADDRESS (an illegal memory access was encountered)'."""
+    try:
+        name = cu.cuGetErrorName(err)[1].decode()
+        description = cu.cuGetErrorString(err)[1].decode()
+        return f"{name} ({description})"
+    except Exception:
+        return f"CUresult {int(err)}"
+
+
+def check(result, what: str):
+    """Unwrap a cuda.bindings result tuple, raising CudaError that says what was attempted."""
+    err = result[0]
+    if err:
+        raise CudaError(f"{what} failed: {error_text(err)}", error_text(err).split(" ")[0])
+    return result[1] if len(result) == 2 else result[1:]
+
+
+def _jit_error_log(ptx: bytes) -> str:
+    """Load the PTX once more through cuModuleLoadDataEx only to collect ptxas's error log."""
+    size = 1 << 16
+    log = bytearray(size)
+    options = [cu.CUjit_option.CU_JIT_ERROR_LOG_BUFFER,
+               cu.CUjit_option.CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES]
+    try:
+        err, module = cu.cuModuleLoadDataEx(ptx, len(options), options, [log, size])
+    except Exception as exc:  # the log is a courtesy: never hide the original error
+        return f"(could not collect the JIT log: {exc})"
+    if not err:
+        cu.cuModuleUnload(module)
+        return ""
+    return bytes(log).split(b"\0", 1)[0].decode(errors="replace").strip()
+
+
+class _DeviceAllocation:
+    """Owns one cuMemAlloc block; freed when the last Array view referencing it dies."""
+    __slots__ = ("ptr", "nbytes", "__weakref__")
+
+    def __init__(self, ptr: int, nbytes: int):
+        self.ptr, self.nbytes = ptr, nbytes
+
+    def __del__(self):
+        try:
+            cu.cuMemFree(self.ptr)
+        except Exception:  # interpreter shutdown or a lost context: nothing left to free
+            pass
+
+
+class CudaMemory:
+    """Synchronous allocation and copies on the legacy default stream: ordered with every
+    launch on pykernel's (blocking) streams, and safe during relaxed graph capture."""
+    kind = "cuda"
+
+    def __init__(self, device: "CudaDevice"):
+        self._device = device
+
+    def alloc(self, nbytes: int):
+        self._device.activate()
+        err, ptr = cu.cuMemAlloc(nbytes)
+        if err:
+            raise self._allocation_error(err, nbytes)
+        allocation = _DeviceAllocation(int(ptr), nbytes)
+        return allocation, allocation.ptr
+
+    def _allocation_error(self, err, nbytes: int) -> CudaError:
+        device = self._device
+        if int(err) != _OUT_OF_MEMORY:
+            return CudaError(f"cuMemAlloc of {nbytes} bytes on {device} failed: "
+                             f"{error_text(err)}", error_text(err).split(" ")[0])
+        free, total = cu.cuMemGetInfo()[1:]
+        return DeviceOutOfMemory(
+            f"out of GPU memory on {device}: asked for {nbytes} bytes ({nbytes / 2**20:.1f} "
+            f"MiB), {int(free)} bytes ({int(free) / 2**20:.1f} MiB) free of "
+            f"{int(total) / 2**30:.1f} GiB", "CUDA_ERROR_OUT_OF_MEMORY")
+
+    def upload(self, dst: int, host) -> None:
+        self._device.activate()
+        check(cu.cuMemcpyHtoD(dst, host.ctypes.data, host.nbytes), "copy host -> device")
+
+    def download(self, host, src: int) -> None:
+        self._device.activate()
+        err = cu.cuMemcpyDtoH(host.ctypes.data, src, host.nbytes)[0]
+        if err:
+            raise self._device.fault_error(err, "while copying device -> host")
+
+    def copy(self, dst: int, src: int, nbytes: int) -> None:
+        self._device.activate()
+        check(cu.cuMemcpyDtoD(dst, src, nbytes), "copy device -> device")
+
+    def memset(self, dst: int, byte: int, nbytes: int) -> None:
+        self._device.activate()
+        check(cu.cuMemsetD8(dst, byte, nbytes), "memset")
+
+
+class _LoadedKernel:
+    __slots__ = ("name", "func", "packer", "params_address", "dynamic_shared_limit",
+                 "static_shared", "code")
+
+    def __init__(self, name, func, packer, dynamic_shared_limit, static_shared, code):
+        self.name, self.func, self.packer = name, func, packer
+        self.params_address = packer.params_address
+        self.dynamic_shared_limit = dynamic_shared_limit
+        self.static_shared = static_shared
+        self.code = code  # the cuda.core ObjectCode: keeps the module loaded
+
+
+def _function_of(handle):
+    """cuda.core loads through the library API (CUkernel); attributes need a CUfunction."""
+    if isinstance(handle, cu.CUkernel):
+        return check(cu.cuKernelGetFunction(handle), "cuKernelGetFunction")
+    return handle
+
+
+class CudaDevice:
+    """One GPU. `launch` is the hot path; everything else is setup or error reporting."""
+    kind = "cuda"
+
+    def __init__(self, ordinal: int = 0):
+        self.ordinal = ordinal
+        self.core = CoreDevice(ordinal)
+        self.core.set_current()
+        self._context = check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        major, minor = self.core.compute_capability
+        self.arch = f"sm_{major}{minor}"
+        self.name = self.core.name
+        props = self.core.properties
+        self.max_shared_optin = props.max_shared_memory_per_block_optin
+        self.max_threads_per_block = props.max_threads_per_block
+        self.max_grid = (props.max_grid_dim_x, props.max_grid_dim_y, props.max_grid_dim_z)
+        self.memory = CudaMemory(self)
+        self.sync_launches = os.environ.get("PYKERNEL_SYNC_LAUNCH", "") not in ("", "0")
+        self._kernels: dict[str, _LoadedKernel] = {}
+        self._recent: deque[str] = deque(maxlen=16)
+        self._launch_handle = cu.CUstream(0)  # legacy default stream; a capture redirects it
+        self._capture = None                  # the GraphCapture recording launches, if any
+
+    def __repr__(self) -> str:
+        return f"cuda:{self.ordinal} ({self.name}, {self.arch})"
+
+    def activate(self) -> None:
+        """Make this device's context current on the calling thread (cheap when it is)."""
+        current = cu.cuCtxGetCurrent()[1]
+        if int(current) != int(self._context):
+            check(cu.cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
+
+    # -- launch -----------------------------------------------------------------------------
+    def launch(self, compiled, grid, block, args, stream=None, shared_bytes=0):
+        kernel = self._kernels.get(compiled.cache_key)
+        if kernel is None:
+            kernel = self.load(compiled)
+        kernel.packer.pack(args)
+        if shared_bytes > kernel.dynamic_shared_limit:
+            self._raise_shared_limit(kernel, shared_bytes)
+        handle = self._launch_handle if stream is None else _stream_handle(stream)
+        self._recent.append(kernel.name)
+        try:
+            (err,) = _launch_kernel(kernel.func, grid[0], grid[1], grid[2], block[0], block[1],
+                                    block[2], shared_bytes, handle, kernel.params_address, 0)
+        except (OverflowError, TypeError) as exc:
+            raise LaunchError(f"{kernel.name}[grid={tuple(grid)}, block={tuple(block)}, "
+                              f"shared={shared_bytes}]: invalid launch geometry ({exc})") from None
+        if err:
+            self._launch_failed(err, kernel, grid, block, shared_bytes)
+        if self._capture is not None:
+            self._capture.record(kernel, grid, block, shared_bytes, handle, args)
+        elif self.sync_launches:
+            self._synchronize_after(kernel, handle)
+
+    def load(self, compiled) -> _LoadedKernel:
+        """Load the kernel's PTX once per device (keyed by compiled.cache_key)."""
+        target = getattr(compiled, "target", "nvptx")
+        if target != "nvptx":
+            raise LaunchError(f"{compiled.name}(): compiled for target {target!r}; the cuda "
+                              "device runs nvptx code")
+        self.activate()
+        ptx = compiled.ptx.encode() if isinstance(compiled.ptx, str) else compiled.ptx
+        try:
+            code = ObjectCode.from_ptx(ptx, name=compiled.name)
+            func = _function_of(code.get_kernel(compiled.entry).handle)
+        except Exception as exc:
+            log = _jit_error_log(ptx)
+            raise KernelRuntimeError(
+                f"kernel '{compiled.name}' (entry {compiled.entry}, PTX for "
+                f"{getattr(compiled, 'arch', '?')}): the CUDA driver could not load it on "
+                f"{self}: {exc}" + (f"\nptxas log:\n{log}" if log else "")) from None
+        limit = check(cu.cuFuncGetAttribute(_MAX_DYNAMIC_SHARED, func), "cuFuncGetAttribute")
+        kernel = _LoadedKernel(compiled.name, func, ArgPacker(compiled, "cuda", self.ordinal),
+                               limit, getattr(compiled, "shared_bytes", 0), code)
+        self._kernels[compiled.cache_key] = kernel
+        return kernel
+
+    def _raise_shared_limit(self, kernel, shared_bytes: int):
+        """Opt in to > 48 KiB of dynamic shared memory, or explain why it cannot fit."""
+        total = kernel.static_shared + shared_bytes
+        if total > self.max_shared_optin:
+            raise LaunchError(f"{kernel.name}(): needs {total} bytes of shared memory per block "
+                              f"({kernel.static_shared} static + {shared_bytes} dynamic); "
+                              f"{self} allows at most {self.max_shared_optin}")
+        check(cu.cuFuncSetAttribute(kernel.func, _MAX_DYNAMIC_SHARED, shared_bytes),
+              f"{kernel.name}: setting max dynamic shared memory to {shared_bytes}")
+        kernel.dynamic_shared_limit = shared_bytes
+
+    def _launch_failed(self, err, kernel, grid, block, shared_bytes):
+        code = int(err)
+        if code in _KERNEL_FAULTS:  # reported by this call, caused by an earlier kernel
+            self._recent.pop()
+            raise self.fault_error(err, f"before launching '{kernel.name}'")
+        where = (f"{kernel.name}[grid={tuple(grid)}, block={tuple(block)}, "
+                 f"shared={shared_bytes}]")
+        threads = block[0] * block[1] * block[2]
+        max_threads = check(cu.cuFuncGetAttribute(_MAX_THREADS, kernel.func), "attribute")
+        if threads > max_threads:
+            registers = check(cu.cuFuncGetAttribute(_NUM_REGS, kernel.func), "attribute")
+            raise LaunchError(f"{where}: {threads} threads per block, this kernel allows at "
+                              f"most {max_threads} ({registers} registers per thread)")
+        if min(*grid, *block) <= 0 or any(g > m for g, m in zip(grid, self.max_grid)):
+            raise LaunchError(f"{where}: grid and block extents must be >= 1 and the grid at "
+                              f"most {self.max_grid}")
+        raise CudaError(f"launching {where} failed: {error_text(err)}",
+                        error_text(err).split(" ")[0])
+
+    # -- synchronization and errors ---------------------------------------------------------
+    def synchronize(self) -> None:
+        """Wait for all work on this device; a failed kernel raises here, with its name."""
+        self.activate()
+        (err,) = cu.cuCtxSynchronize()
+        if err:
+            raise self.fault_error(err, "at synchronize")
+        self._recent.clear()
+
+    def synchronize_stream(self, handle) -> None:
+        (err,) = cu.cuStreamSynchronize(handle)
+        if err:
+            raise self.fault_error(err, "at stream synchronize")
+
+    def _synchronize_after(self, kernel, handle):
+        (err,) = cu.cuStreamSynchronize(handle)
+        if err:
+            raise KernelRuntimeError(f"kernel '{kernel.name}' failed: {error_text(err)}"
+                                     + _LOST_CONTEXT * (int(err) in _KERNEL_FAULTS))
+        self._recent.clear()
+
+    def fault_error(self, err, when: str) -> KernelRuntimeError:
+        """The error for a kernel that failed asynchronously, naming the likely culprit."""
+        names = list(self._recent)
+        if not names:
+            culprit = "no pykernel launch is pending (the failing work came from elsewhere)"
+        else:
+            culprit = (f"most likely kernel '{names[-1]}'; launched since the last "
+                       f"synchronize, oldest first: {', '.join(names)}. Set "
+                       "PYKERNEL_SYNC_LAUNCH=1 to synchronize after each launch and name the "
+                       "kernel exactly")
+        fatal = _LOST_CONTEXT if int(err) in _KERNEL_FAULTS else ""
+        return CudaError(f"CUDA error {when}: {error_text(err)}: {culprit}.{fatal}",
+                         error_text(err).split(" ")[0])
+
+
+_LOST_CONTEXT = " The CUDA context is now unusable: restart the process."
+
+
+def _stream_handle(stream):
+    """pykernel Stream (fast), or anything speaking the __cuda_stream__ protocol, or an int."""
+    handle = getattr(stream, "_launch_handle", None)
+    if handle is not None:
+        return handle
+    if hasattr(stream, "__cuda_stream__"):
+        return cu.CUstream(stream.__cuda_stream__()[1])
+    if isinstance(stream, int):
+        return cu.CUstream(stream)
+    raise LaunchError(f"stream must be a pk.Stream (or expose __cuda_stream__), got "
+                      f"{type(stream).__name__}")
+
+
+register_device_kind("cuda", CudaDevice)

@@ -1,0 +1,27 @@
+"""The CPU target's calling convention, shared by its code generator and its runtime.
+
+Entry point: `void entry(i8* args, i64* ctx, i64 block_begin, i64 block_end)` runs blocks
+[begin, end) of the grid. `args` is the packed parameter buffer (each parameter at its
+alignment, pointers as 8-byte addresses). `ctx` is an array of i64 slots, one per worker thread:
+"""
+GRID = 0            # 0..2 grid dims x, y, z
+BLOCK = 3           # 3..5 block dims x, y, z
+SHARED_PTR = 6      # this worker's shared-memory buffer (dynamic part first, then static)
+DYN_BYTES = 7       # dynamic shared bytes, rounded up to 16
+ERROR_CODE = 8      # 0 = ok; see ERRORS
+ERROR_SITE = 9      # index into CompiledKernel.sites
+ERROR_VALUE = 10    # offending byte offset / other detail
+ERROR_THREAD = 11   # linear thread index in the block
+SCRATCH_PTR = 12    # 64 zero bytes that out-of-bounds accesses are redirected to
+EXTENTS_PTR = 13    # i64[2 * nparams]: (address, nbytes) of each pointer parameter
+EXCHANGE_PTR = 14   # i64[2 * block_threads]: warp-exchange slots (two alternating halves)
+STATE_PTR = 15      # i32[block_threads]: why each thread is suspended
+HANDLES_PTR = 16    # i8*[block_threads]: coroutine handles
+ERROR_BLOCK = 17    # linear block index of the first error
+CTX_SLOTS = 18
+
+# Thread states written before each suspension: (kind << 24) | site
+RUNNING, AT_BARRIER, AT_WARP_OP, FINISHED = 0, 1, 2, 3
+
+ERRORS = {1: "out-of-bounds memory access", 2: "syncthreads() reached in divergent control flow",
+          3: "warp operation reached in divergent control flow", 4: "assertion failed"}

@@ -1,0 +1,202 @@
+"""CPU-target lowering of the thread model, memory and warp operations (mixed into CPUTarget).
+Warp operations exchange values through per-block slots: each lane writes its value, all lanes
+of the warp suspend (a warp-scoped barrier), then each reads its source lane's slot. Two
+alternating halves of the slot array make one barrier per operation enough."""
+from __future__ import annotations
+
+from llvmlite import ir
+
+from . import cpu_abi as abi
+
+I64, I32, I1 = ir.IntType(64), ir.IntType(32), ir.IntType(1)
+I8P = ir.IntType(8).as_pointer()
+
+
+class CPUOps:
+    # --- registers -----------------------------------------------------------------------------
+    def special_register(self, ctx, which, axis):
+        td, b = ctx.target_data, ctx.builder
+        k = "xyz".index(axis) if axis else 0
+        if which == "thread_idx":
+            return td["tid"][k]
+        if which == "block_idx":
+            return td["bid"][k]
+        if which == "lane_id":
+            return b.and_(td["tlin"], ir.Constant(I32, 31))
+        slot = (abi.BLOCK if which == "block_dim" else abi.GRID) + k
+        return b.trunc(self.ctx_slot(ctx, slot), I32)
+
+    def block_threads(self, ctx):
+        b = ctx.builder
+        n = self.ctx_slot(ctx, abi.BLOCK)
+        for k in (1, 2):
+            n = b.mul(n, self.ctx_slot(ctx, abi.BLOCK + k))
+        return b.trunc(n, I32)
+
+    # --- synchronisation -----------------------------------------------------------------------
+    def barrier(self, ctx, site):
+        self.suspend(ctx, abi.AT_BARRIER, site)
+
+    def fence(self, ctx):
+        ctx.builder.fence("seq_cst")
+
+    def _exchange(self, ctx, word_i64, site):
+        """Publish this lane's word, wait for the warp; returns (slots base, half offset)."""
+        b, td = ctx.builder, ctx.target_data
+        counter = td.get("warp_counter")
+        if counter is None:
+            counter = ctx.alloca(I32, "warp.ops")
+            ir.IRBuilder(ctx.entry).store(ir.Constant(I32, 0), counter)
+            td["warp_counter"] = counter
+        k = b.load(counter)
+        b.store(b.add(k, ir.Constant(I32, 1)), counter)
+        nt = self.block_threads(ctx)
+        half = b.mul(b.and_(k, ir.Constant(I32, 1)), nt)
+        slots = b.inttoptr(self.ctx_slot(ctx, abi.EXCHANGE_PTR), I64.as_pointer())
+        b.store(word_i64, b.gep(slots, [b.add(half, td["tlin"])]))
+        self.suspend(ctx, abi.AT_WARP_OP, site)
+        return slots, half, nt
+
+    def shuffle(self, ctx, kind, word, lane_arg, mask, site):
+        b, td = ctx.builder, ctx.target_data
+        slots, half, nt = self._exchange(ctx, b.zext(word, I64), site)
+        tlin = td["tlin"]
+        lane = b.and_(tlin, ir.Constant(I32, 31))
+        base = b.sub(tlin, lane)
+        if kind == "bfly":
+            src = b.xor(lane, lane_arg)
+        elif kind == "down":
+            src = b.add(lane, lane_arg)
+        elif kind == "up":
+            src = b.sub(lane, lane_arg)
+        else:
+            src = b.and_(lane_arg, ir.Constant(I32, 31))
+        # Out-of-range sources (past the warp, or past the block's last thread) keep their own
+        # value, as on the GPU.
+        in_warp = b.and_(b.icmp_signed(">=", src, ir.Constant(I32, 0)),
+                         b.icmp_signed("<", src, ir.Constant(I32, 32)))
+        src_t = b.add(base, src)
+        ok = b.and_(in_warp, b.icmp_signed("<", src_t, nt))
+        src_t = b.select(ok, src_t, tlin)
+        return b.trunc(b.load(b.gep(slots, [b.add(half, src_t)])), I32)
+
+    def vote(self, ctx, kind, pred, mask, site):
+        b, td = ctx.builder, ctx.target_data
+        slots, half, nt = self._exchange(ctx, b.zext(pred, I64), site)
+        tlin = td["tlin"]
+        base = b.sub(tlin, b.and_(tlin, ir.Constant(I32, 31)))
+        ballot = ir.Constant(I32, 0)
+        for lane in range(32):   # unrolled: 32 loads, no loop blocks needed
+            t = b.add(base, ir.Constant(I32, lane))
+            live = b.icmp_signed("<", t, nt)
+            safe = b.select(live, t, tlin)
+            bit = b.trunc(b.load(b.gep(slots, [b.add(half, safe)])), I1)
+            bit = b.and_(bit, live)
+            ballot = b.or_(ballot, b.shl(b.zext(bit, I32), ir.Constant(I32, lane)))
+        if kind == "ballot":
+            return ballot
+        if kind == "any_sync":
+            return b.icmp_unsigned("!=", ballot, ir.Constant(I32, 0))
+        live_mask = self._live_mask(ctx, base, nt)
+        return b.icmp_unsigned("==", ballot, live_mask)
+
+    def _live_mask(self, ctx, base, nt):
+        b = ctx.builder
+        count = b.sub(nt, base)
+        full = b.icmp_signed(">=", count, ir.Constant(I32, 32))
+        partial = b.sub(b.shl(ir.Constant(I32, 1), count), ir.Constant(I32, 1))
+        return b.select(full, ir.Constant(I32, 0xFFFFFFFF), partial)
+
+    # --- shared memory -------------------------------------------------------------------------
+    def shared_array(self, ctx, aty):
+        b = ctx.builder
+        offset = (ctx.shared_bytes + 15) // 16 * 16
+        ctx.shared_bytes = offset + aty.count * aty.elem.nbytes
+        base = b.add(self.ctx_slot(ctx, abi.SHARED_PTR), self.ctx_slot(ctx, abi.DYN_BYTES))
+        addr = b.add(base, ir.Constant(I64, offset))
+        return b.inttoptr(addr, aty.elem.storage.as_pointer())
+
+    def dynamic_shared(self, ctx, elem):
+        b = ctx.builder
+        ptr = b.inttoptr(self.ctx_slot(ctx, abi.SHARED_PTR), elem.storage.as_pointer())
+        return ptr, self.ctx_slot(ctx, abi.DYN_BYTES)
+
+    # --- checked memory access -----------------------------------------------------------------
+    def check_address(self, ctx, ptr, elem, origin, site, nbytes=None):
+        if origin is None:
+            return ptr
+        b = ctx.builder
+        addr = b.ptrtoint(ptr, I64)
+        lo, hi = self._extent(ctx, origin)
+        size = ir.Constant(I64, nbytes or elem.nbytes)
+        ok = b.and_(b.icmp_unsigned(">=", addr, lo),
+                    b.icmp_unsigned("<=", b.add(addr, size), hi))
+        bad_bb, ok_bb = ctx.append_block("oob"), ctx.append_block("inbounds")
+        entry_bb = b.block
+        b.cbranch(ok, ok_bb, bad_bb)
+        b.position_at_end(bad_bb)
+        self.fail(ctx, 1, site, b.sub(addr, lo))
+        scratch = b.inttoptr(self.ctx_slot(ctx, abi.SCRATCH_PTR), ptr.type)
+        bad_end = b.block
+        b.branch(ok_bb)
+        b.position_at_end(ok_bb)
+        phi = b.phi(ptr.type)
+        phi.add_incoming(ptr, entry_bb)
+        phi.add_incoming(scratch, bad_end)
+        return phi
+
+    def _extent(self, ctx, origin):
+        b = ctx.builder
+        kind = origin[0]
+        if kind == "param":
+            ext = b.inttoptr(self.ctx_slot(ctx, abi.EXTENTS_PTR), I64.as_pointer())
+            lo = b.load(b.gep(ext, [ir.Constant(I64, 2 * origin[1])]))
+            n = b.load(b.gep(ext, [ir.Constant(I64, 2 * origin[1] + 1)]))
+            return lo, b.add(lo, n)
+        lo = b.ptrtoint(origin[1], I64)
+        n = origin[2] if not isinstance(origin[2], int) else ir.Constant(I64, origin[2])
+        return lo, b.add(lo, n)
+
+    def fail(self, ctx, code, site, value):
+        """Record the first error of this worker (kernel keeps running on scratch memory)."""
+        b = ctx.builder
+        base = ctx.target_data["ctx"]
+        slot = b.gep(base, [ir.Constant(I64, abi.ERROR_CODE)])
+        first = b.icmp_signed("==", b.load(slot), ir.Constant(I64, 0))
+        with b.if_then(first):
+            b.store(ir.Constant(I64, code), slot)
+            b.store(ir.Constant(I64, site), b.gep(base, [ir.Constant(I64, abi.ERROR_SITE)]))
+            b.store(value, b.gep(base, [ir.Constant(I64, abi.ERROR_VALUE)]))
+            b.store(b.zext(ctx.target_data["tlin"], I64),
+                    b.gep(base, [ir.Constant(I64, abi.ERROR_THREAD)]))
+
+    def load(self, ctx, ptr, elem, readonly):
+        return ctx.builder.load(ptr, align=elem.nbytes)
+
+    def store(self, ctx, ptr, raw, elem):
+        ctx.builder.store(raw, ptr, align=elem.nbytes)
+
+    def load_vector(self, ctx, addr, vec_ty, site):
+        ptr = self.check_address(ctx, addr.ptr, addr.elem, addr.origin, site,
+                                 vec_ty.count * addr.elem.nbytes)
+        b = ctx.builder
+        return b.load(b.bitcast(ptr, vec_ty.as_pointer()), align=addr.elem.nbytes)
+
+    def store_vector(self, ctx, addr, vec, site):
+        ptr = self.check_address(ctx, addr.ptr, addr.elem, addr.origin, site,
+                                 vec.type.count * addr.elem.nbytes)
+        b = ctx.builder
+        b.store(vec, b.bitcast(ptr, vec.type.as_pointer()), align=addr.elem.nbytes)
+
+    def atomic(self, ctx, op, ptr, vals, elem):
+        b = ctx.builder
+        if op == "cas":
+            return b.extract_value(b.cmpxchg(ptr, vals[0], vals[1], "seq_cst", "seq_cst"), 0)
+        rmw = {"add": "fadd" if elem.is_float else "add", "exch": "xchg",
+               "max": "fmax" if elem.is_float else ("max" if elem.is_signed else "umax"),
+               "min": "fmin" if elem.is_float else ("min" if elem.is_signed else "umin")}[op]
+        return b.atomic_rmw(rmw, ptr, vals[0], "seq_cst")
+
+    def assert_fail(self, ctx, site):
+        self.fail(ctx, 4, site, ir.Constant(I64, 0))
+        ctx.builder.branch(ctx.exit_block)

@@ -1,0 +1,250 @@
+"""The CPU target's entry point: runs blocks [begin, end) of the grid. Without
+synchronisation, threads are a plain loop. With it, each thread is a coroutine and a scheduler
+resumes them: first every lane of a warp until all reach the same warp operation (or leave
+the warp phase), then every warp until all threads reach the same barrier or finish. A
+thread at a different barrier, or a warp split between a warp operation and a barrier, is
+reported as divergence instead of hanging."""
+from __future__ import annotations
+
+import re
+
+from llvmlite import ir
+
+from . import cpu_abi as abi
+
+I64, I32, I8, I1 = ir.IntType(64), ir.IntType(32), ir.IntType(8), ir.IntType(1)
+I8P = I8.as_pointer()
+
+
+def coro_decls(module):
+    """Coroutine intrinsics. llvmlite has no `token` type, so the IR uses placeholder
+    declarations (token values typed i8*) that `patch_coroutine_text` rewrites."""
+    def decl(name, ret, args):
+        fn = module.globals.get(name)
+        return fn if fn is not None else ir.Function(module, ir.FunctionType(ret, args), name)
+    return {
+        "id": decl("__pk_coro_id", I8P, []),
+        "size": decl("llvm.coro.size.i64", I64, []),
+        "begin": decl("__pk_coro_begin", I8P, [I8P, I8P]),
+        "suspend": decl("__pk_coro_suspend", I8, [I1]),
+        "coro_free": decl("__pk_coro_free", I8P, [I8P, I8P]),
+        "end": decl("__pk_coro_end", ir.VoidType(), [I8P, I1]),
+        "resume": decl("llvm.coro.resume", ir.VoidType(), [I8P]),
+        "destroy": decl("llvm.coro.destroy", ir.VoidType(), [I8P]),
+        "malloc": decl("malloc", I8P, [I64]),
+        "free": decl("free", ir.VoidType(), [I8P]),
+    }
+
+
+_PLACEHOLDER_DECLS = re.compile(r'^declare .*@"__pk_coro_\w+"\(.*\)\s*$', re.M)
+_REAL_DECLS = """
+declare token @llvm.coro.id(i32, ptr, ptr, ptr)
+declare ptr @llvm.coro.begin(token, ptr)
+declare i8 @llvm.coro.suspend(token, i1)
+declare ptr @llvm.coro.free(token, ptr)
+declare void @llvm.coro.end(ptr, i1, token)
+"""
+
+
+def patch_coroutine_text(text: str) -> str:
+    text = _PLACEHOLDER_DECLS.sub("", text)
+    text = re.sub(r'call (?:i8\*|ptr) @"__pk_coro_id"\(\)',
+                  "call token @llvm.coro.id(i32 0, ptr null, ptr null, ptr null)", text)
+    text = re.sub(r'call (?:i8\*|ptr) @"__pk_coro_begin"\((?:i8\*|ptr) ',
+                  "call ptr @llvm.coro.begin(token ", text)
+    text = re.sub(r'call (?:i8\*|ptr) @"__pk_coro_free"\((?:i8\*|ptr) ',
+                  "call ptr @llvm.coro.free(token ", text)
+    text = re.sub(r'call i8 @"__pk_coro_suspend"\(',
+                  "call i8 @llvm.coro.suspend(token none, ", text)
+    text = re.sub(r'call void @"__pk_coro_end"\(([^)]*)\)',
+                  r"call void @llvm.coro.end(\1, token none)", text)
+    return text + _REAL_DECLS
+
+
+class Loop:
+    """`for i in range(start, stop)` in IR: `with Loop(b, start, stop) as i: ...`."""
+
+    def __init__(self, b: ir.IRBuilder, start, stop, name="i"):
+        self.b, self.start, self.stop, self.name = b, start, stop, name
+
+    def __enter__(self):
+        b, fn = self.b, self.b.function
+        self.pre = b.block
+        self.cond = fn.append_basic_block(self.name + ".cond")
+        self.body = fn.append_basic_block(self.name + ".body")
+        self.end = fn.append_basic_block(self.name + ".end")
+        b.branch(self.cond)
+        b.position_at_end(self.cond)
+        self.phi = b.phi(self.start.type, self.name)
+        self.phi.add_incoming(self.start, self.pre)
+        b.cbranch(b.icmp_signed("<", self.phi, self.stop), self.body, self.end)
+        b.position_at_end(self.body)
+        return self.phi
+
+    def __exit__(self, *exc):
+        b = self.b
+        if not b.block.is_terminated:
+            nxt = b.add(self.phi, ir.Constant(self.phi.type, 1))
+            self.phi.add_incoming(nxt, b.block)
+            b.branch(self.cond)
+        b.position_at_end(self.end)
+        return False
+
+
+class Entry:
+    def __init__(self, fn, ctx_ptr):
+        self.fn, self.ctx_ptr = fn, ctx_ptr
+
+    def slot(self, b, k):
+        return b.load(b.gep(self.ctx_ptr, [ir.Constant(I64, k)]))
+
+    def ptr(self, b, k, ty):
+        return b.inttoptr(self.slot(b, k), ty.as_pointer())
+
+
+def build_entry(ctx, target):
+    module, thread_fn = ctx.module, ctx.function
+    name = thread_fn.name[: -len(".thread")]
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I8P, I64.as_pointer(), I64, I64]),
+                     name)
+    args_ptr, ctx_ptr, begin, end = fn.args
+    ctx.target_data["entry_name"] = name
+    e = Entry(fn, ctx_ptr)
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    dims = [e.slot(b, abi.GRID + k) for k in range(3)]
+    bdims = [e.slot(b, abi.BLOCK + k) for k in range(3)]
+    nt = b.mul(b.mul(bdims[0], bdims[1]), bdims[2])
+    coroutine = bool(ctx.target_data.get("coroutine"))
+    with Loop(b, begin, end, "blk") as blk:
+        bx = b.trunc(b.urem(blk, dims[0]), I32)
+        by = b.trunc(b.urem(b.udiv(blk, dims[0]), dims[1]), I32)
+        bz = b.trunc(b.udiv(blk, b.mul(dims[0], dims[1])), I32)
+        with Loop(b, ir.Constant(I64, 0), nt, "t") as t:
+            tx = b.trunc(b.urem(t, bdims[0]), I32)
+            ty = b.trunc(b.urem(b.udiv(t, bdims[0]), bdims[1]), I32)
+            tz = b.trunc(b.udiv(t, b.mul(bdims[0], bdims[1])), I32)
+            h = b.call(thread_fn, [args_ptr, ctx_ptr, tx, ty, tz, bx, by, bz, b.trunc(t, I32)])
+            if coroutine:
+                handles = e.ptr(b, abi.HANDLES_PTR, I8P)
+                b.store(h, b.gep(handles, [t]))
+                b.store(ir.Constant(I32, 0), b.gep(e.ptr(b, abi.STATE_PTR, I32), [t]))
+        if coroutine:
+            b.call(scheduler(module), [ctx_ptr, nt])
+            d = coro_decls(module)
+            with Loop(b, ir.Constant(I64, 0), nt, "d") as t:
+                b.call(d["destroy"], [b.load(b.gep(e.ptr(b, abi.HANDLES_PTR, I8P), [t]))])
+        err = b.icmp_signed("!=", e.slot(b, abi.ERROR_CODE), ir.Constant(I64, 0))
+        with b.if_then(err):
+            b.store(blk, b.gep(ctx_ptr, [ir.Constant(I64, abi.ERROR_BLOCK)]))
+            b.ret_void()
+    b.ret_void()
+
+
+def scheduler(module):
+    """`void __pk_schedule(i64* ctx, i64 nthreads)`: run one block's coroutines to the end."""
+    fn = module.globals.get("__pk_schedule")
+    if fn is not None:
+        return fn
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64.as_pointer(), I64]),
+                     "__pk_schedule")
+    fn.linkage = "internal"
+    ctx_ptr, nt = fn.args
+    e, d = Entry(fn, ctx_ptr), coro_decls(module)
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    handles, state = e.ptr(b, abi.HANDLES_PTR, I8P), e.ptr(b, abi.STATE_PTR, I32)
+    nwarps = b.udiv(b.add(nt, ir.Constant(I64, 31)), ir.Constant(I64, 32))
+    phase = fn.append_basic_block("phase")
+    b.branch(phase)
+    b.position_at_end(phase)
+    with Loop(b, ir.Constant(I64, 0), nwarps, "w") as w:
+        lo = b.mul(w, ir.Constant(I64, 32))
+        hi = b.select(b.icmp_signed("<", b.add(lo, ir.Constant(I64, 32)), nt),
+                      b.add(lo, ir.Constant(I64, 32)), nt)
+        run_warp(b, fn, e, d, handles, state, lo, hi)
+    # Every thread is at a barrier or finished: check they agree, release them, repeat.
+    first, mismatch, waiting = scan(b, state, ir.Constant(I64, 0), nt, abi.AT_BARRIER)
+    done_bb, check_bb = fn.append_basic_block("done"), fn.append_basic_block("check")
+    b.cbranch(b.icmp_signed("==", waiting, ir.Constant(I64, 0)), done_bb, check_bb)
+    b.position_at_end(check_bb)
+    bad_bb, release_bb = fn.append_basic_block("diverged"), fn.append_basic_block("release")
+    b.cbranch(mismatch, bad_bb, release_bb)
+    b.position_at_end(bad_bb)
+    record_error(b, ctx_ptr, 2, first)
+    b.ret_void()
+    b.position_at_end(release_bb)
+    release(b, state, ir.Constant(I64, 0), nt, abi.AT_BARRIER)
+    b.branch(phase)
+    b.position_at_end(done_bb)
+    b.ret_void()
+    return fn
+
+
+def run_warp(b, fn, e, d, handles, state, lo, hi):
+    again = fn.append_basic_block("warp.again")
+    b.branch(again)
+    b.position_at_end(again)
+    with Loop(b, lo, hi, "lane") as t:
+        s = b.load(b.gep(state, [t]))
+        with b.if_then(b.icmp_signed("==", s, ir.Constant(I32, abi.RUNNING))):
+            b.call(d["resume"], [b.load(b.gep(handles, [t]))])
+    first, mismatch, at_warp = scan(b, state, lo, hi, abi.AT_WARP_OP)
+    _, _, at_barrier = scan(b, state, lo, hi, abi.AT_BARRIER)
+    exit_bb, more_bb = fn.append_basic_block("warp.exit"), fn.append_basic_block("warp.more")
+    b.cbranch(b.icmp_signed("==", at_warp, ir.Constant(I64, 0)), exit_bb, more_bb)
+    b.position_at_end(more_bb)
+    split = b.or_(mismatch, b.icmp_signed("!=", at_barrier, ir.Constant(I64, 0)))
+    bad_bb, ok_bb = fn.append_basic_block("warp.diverged"), fn.append_basic_block("warp.ok")
+    b.cbranch(split, bad_bb, ok_bb)
+    b.position_at_end(bad_bb)
+    record_error(b, e.ctx_ptr, 3, first)
+    b.ret_void()
+    b.position_at_end(ok_bb)
+    release(b, state, lo, hi, abi.AT_WARP_OP)
+    b.branch(again)
+    b.position_at_end(exit_bb)
+
+
+def scan(b, state, lo, hi, kind):
+    """Over threads [lo, hi) in `kind`: (first site, any site differs, count)."""
+    fn = b.function
+    site_slot = _entry_alloca(fn, I64)
+    bad_slot = _entry_alloca(fn, I1)
+    count_slot = _entry_alloca(fn, I64)
+    b.store(ir.Constant(I64, -1), site_slot)
+    b.store(ir.Constant(I1, 0), bad_slot)
+    b.store(ir.Constant(I64, 0), count_slot)
+    with Loop(b, lo, hi, "scan") as t:
+        s = b.load(b.gep(state, [t]))
+        with b.if_then(b.icmp_unsigned("==", b.lshr(s, ir.Constant(I32, 24)),
+                                       ir.Constant(I32, kind))):
+            site = b.zext(b.and_(s, ir.Constant(I32, 0xFFFFFF)), I64)
+            prev = b.load(site_slot)
+            unset = b.icmp_signed("==", prev, ir.Constant(I64, -1))
+            b.store(b.select(unset, site, prev), site_slot)
+            differs = b.and_(b.not_(unset), b.icmp_signed("!=", prev, site))
+            b.store(b.or_(b.load(bad_slot), differs), bad_slot)
+            b.store(b.add(b.load(count_slot), ir.Constant(I64, 1)), count_slot)
+    return b.load(site_slot), b.load(bad_slot), b.load(count_slot)
+
+
+def release(b, state, lo, hi, kind):
+    with Loop(b, lo, hi, "rel") as t:
+        p = b.gep(state, [t])
+        s = b.load(p)
+        with b.if_then(b.icmp_unsigned("==", b.lshr(s, ir.Constant(I32, 24)),
+                                       ir.Constant(I32, kind))):
+            b.store(ir.Constant(I32, abi.RUNNING), p)
+
+
+def record_error(b, ctx_ptr, code, site):
+    slot = b.gep(ctx_ptr, [ir.Constant(I64, abi.ERROR_CODE)])
+    with b.if_then(b.icmp_signed("==", b.load(slot), ir.Constant(I64, 0))):
+        b.store(ir.Constant(I64, code), slot)
+        b.store(site, b.gep(ctx_ptr, [ir.Constant(I64, abi.ERROR_SITE)]))
+
+
+def _entry_alloca(fn, ty):
+    entry = fn.entry_basic_block
+    b = ir.IRBuilder(entry)
+    b.position_at_start(entry)
+    return b.alloca(ty)
