@@ -26,3 +26,32 @@ def pytest_runtest_makereport(item, call):
         seeds = [v for k, v in item.user_properties if k == "seed"]
         if seeds:
             report.sections.append(("seed", f"replay with PYKERNEL_SEED={seeds[0]}"))
+
+
+def _gpu_usable() -> bool:
+    try:
+        import pykernel as pk
+        return pk.gpu_available()
+    except Exception:
+        return False
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request):
+    """Runs the test body once on the CPU target and once on CUDA (skipped without a GPU)."""
+    import pykernel as pk
+    if request.param == "cuda" and not _gpu_usable():
+        pytest.skip("no usable CUDA GPU (driver or device missing)")
+    previous = pk.current_device()
+    dev = pk.set_device(request.param)
+    yield dev
+    pk.set_device(previous)
+
+
+def pytest_collection_modifyitems(config, items):
+    if _gpu_usable():
+        return
+    skip = pytest.mark.skip(reason="no usable CUDA GPU (driver or device missing)")
+    for item in items:
+        if "gpu" in item.keywords and "device" not in getattr(item, "fixturenames", ()):
+            item.add_marker(skip)

@@ -111,7 +111,7 @@ class CpuDevice:
         c[abi.SCRATCH_PTR] = w.scratch.ctypes.data
         w.extents = extents
         c[abi.EXTENTS_PTR] = extents.ctypes.data
-        c[abi.EXCHANGE_PTR] = w.buffer("exchange", 16 * nthreads)
+        c[abi.EXCHANGE_PTR] = w.buffer("exchange", 2 * 16 * 8 * nthreads)
         c[abi.STATE_PTR] = w.buffer("state", 4 * nthreads)
         c[abi.HANDLES_PTR] = w.buffer("handles", 8 * nthreads)
         return c.ctypes.data

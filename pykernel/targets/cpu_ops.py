@@ -40,8 +40,10 @@ class CPUOps:
     def fence(self, ctx):
         ctx.builder.fence("seq_cst")
 
-    def _exchange(self, ctx, word_i64, site):
-        """Publish this lane's word, wait for the warp; returns (slots base, half offset)."""
+    SLOT_WORDS = 16   # words each lane can publish per warp operation (mma needs 10)
+
+    def exchange_words(self, ctx, words, site):
+        """Publish this lane's words, wait for the warp; returns (slots, half, nthreads)."""
         b, td = ctx.builder, ctx.target_data
         counter = td.get("warp_counter")
         if counter is None:
@@ -53,9 +55,20 @@ class CPUOps:
         nt = self.block_threads(ctx)
         half = b.mul(b.and_(k, ir.Constant(I32, 1)), nt)
         slots = b.inttoptr(self.ctx_slot(ctx, abi.EXCHANGE_PTR), I64.as_pointer())
-        b.store(word_i64, b.gep(slots, [b.add(half, td["tlin"])]))
+        mine = b.mul(b.add(half, td["tlin"]), ir.Constant(I32, self.SLOT_WORDS))
+        for w, word in enumerate(words):
+            b.store(word, b.gep(slots, [b.add(mine, ir.Constant(I32, w))]))
         self.suspend(ctx, abi.AT_WARP_OP, site)
         return slots, half, nt
+
+    def fetch_word(self, ctx, slots, half, thread, w):
+        b = ctx.builder
+        idx = b.add(b.mul(b.add(half, thread), ir.Constant(I32, self.SLOT_WORDS)),
+                    ir.Constant(I32, w))
+        return b.trunc(b.load(b.gep(slots, [idx])), I32)
+
+    def _exchange(self, ctx, word_i64, site):
+        return self.exchange_words(ctx, [word_i64], site)
 
     def shuffle(self, ctx, kind, word, lane_arg, mask, site):
         b, td = ctx.builder, ctx.target_data
@@ -78,7 +91,7 @@ class CPUOps:
         src_t = b.add(base, src)
         ok = b.and_(in_warp, b.icmp_signed("<", src_t, nt))
         src_t = b.select(ok, src_t, tlin)
-        return b.trunc(b.load(b.gep(slots, [b.add(half, src_t)])), I32)
+        return self.fetch_word(ctx, slots, half, src_t, 0)
 
     def vote(self, ctx, kind, pred, mask, site):
         b, td = ctx.builder, ctx.target_data
@@ -90,7 +103,7 @@ class CPUOps:
             t = b.add(base, ir.Constant(I32, lane))
             live = b.icmp_signed("<", t, nt)
             safe = b.select(live, t, tlin)
-            bit = b.trunc(b.load(b.gep(slots, [b.add(half, safe)])), I1)
+            bit = b.trunc(self.fetch_word(ctx, slots, half, safe, 0), I1)
             bit = b.and_(bit, live)
             ballot = b.or_(ballot, b.shl(b.zext(bit, I32), ir.Constant(I32, lane)))
         if kind == "ballot":

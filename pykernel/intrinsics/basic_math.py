@@ -1,0 +1,72 @@
+"""Math that maps to one LLVM intrinsic / PTX instruction: sqrt (sqrt.rn), floor (cvt.rmi),
+ceil (cvt.rpi), fma (fma.rn), trunc/round. f16/bf16 inputs compute in f32 and round back."""
+from __future__ import annotations
+
+from ..lower import ops
+from ..lower.codegen import describe
+from ..lower.values import ConstValue, Value
+from ..types import f32, f64
+from .base import args_of, intrinsic
+
+
+def float_args(fl, node, name, count):
+    args, _ = args_of(fl, node, count, name)
+    runtime = [a for a in args if isinstance(a, Value)]
+    ty = runtime[0].ty if runtime else f32
+    out = []
+    for a in args:
+        v = fl.coerce(a, ty, node) if isinstance(a, ConstValue) else a
+        if not isinstance(v, Value) or not v.ty.is_float or v.ty != ty:
+            raise fl.error(node, f"pk.{name} needs float arguments of one type, got "
+                           f"{describe(v)}", hint="convert explicitly, e.g. f32(x)")
+        out.append(v)
+    return out, ty
+
+
+def compute_type(ty):
+    return ty if ty in (f32, f64) else f32
+
+
+def llvm_unary(llvm_name):
+    def lower(fl, node):
+        (x,), ty = float_args(fl, node, lower.name, 1)
+        ct = compute_type(ty)
+        v = ops.cast(fl.b, ty, ct, x.ir)
+        r = fl.b.call(fl.ctx.intrinsic_decl(llvm_name, ct.llvm), [v])
+        return Value(ty, ops.cast(fl.b, ct, ty, r))
+    return lower
+
+
+def _make(name, llvm_name, doc):
+    fn = llvm_unary(llvm_name)
+    fn.name = name
+    fn.__doc__ = doc
+    return intrinsic(name)(fn)
+
+
+sqrt = _make("sqrt", "llvm.sqrt", "Correctly rounded square root: `sqrt.rn.f32` (0 ulp).")
+floor = _make("floor", "llvm.floor", "Round toward -inf: `cvt.rmi.f32.f32` (exact).")
+ceil = _make("ceil", "llvm.ceil", "Round toward +inf: `cvt.rpi.f32.f32` (exact).")
+trunc = _make("trunc", "llvm.trunc", "Round toward zero: `cvt.rzi.f32.f32` (exact).")
+rint = _make("rint", "llvm.rint", "Round to nearest even: `cvt.rni.f32.f32` (exact).")
+
+
+@intrinsic("fma")
+def fma(fl, node):
+    """Fused multiply-add a*b+c with one rounding: `fma.rn.f32` (0 ulp)."""
+    (a, b, c), ty = float_args(fl, node, "fma", 3)
+    ct = compute_type(ty)
+    vals = [ops.cast(fl.b, ty, ct, v.ir) for v in (a, b, c)]
+    r = fl.b.call(fl.ctx.intrinsic_decl("llvm.fma", ct.llvm), vals)
+    return Value(ty, ops.cast(fl.b, ct, ty, r))
+
+
+@intrinsic("rsqrt")
+def rsqrt(fl, node):
+    """1/sqrt(x) from two correctly rounded operations (<= 1 ulp)."""
+    (x,), ty = float_args(fl, node, "rsqrt", 1)
+    ct = compute_type(ty)
+    v = ops.cast(fl.b, ty, ct, x.ir)
+    s = fl.b.call(fl.ctx.intrinsic_decl("llvm.sqrt", ct.llvm), [v])
+    r = fl.b.fdiv(ops.const_ir(ct, 1.0), s)
+    return Value(ty, ops.cast(fl.b, ct, ty, r))

@@ -1,0 +1,175 @@
+"""Low-level intrinsics: dp4a (4-way int8 dot product), tensor-core mma.sync tiles, and
+`pk.asm` inline PTX. mma is warp-collective: on the CPU target the 32 lanes publish their
+fragments through the warp-exchange slots and each lane computes its own outputs exactly."""
+from __future__ import annotations
+
+from llvmlite import ir
+
+from ..lower.codegen import describe
+from ..lower.values import ConstValue, TupleValue, TypeValue, Value
+from ..types import f32, i32, u32
+from .base import intrinsic
+
+I32, I64, I8, F32 = ir.IntType(32), ir.IntType(64), ir.IntType(8), ir.FloatType()
+
+
+@intrinsic("dp4a")
+def dp4a(fl, node):
+    """`pk.dp4a(a, b, c)`: c + sum of the 4 byte products of a and b (`dp4a.s32.s32` for i32
+    operands, `.u32` for u32; mixed signedness allowed). Result i32 (u32 if both unsigned)."""
+    if len(node.args) != 3 or node.keywords:
+        raise fl.error(node, "pk.dp4a(a, b, c) takes 3 arguments")
+    a, b_, c = (fl.expr(x) for x in node.args)
+    vals = []
+    for v in (a, b_):
+        v = v if not isinstance(v, ConstValue) else fl.coerce(v, i32, node)
+        if not isinstance(v, Value) or v.ty not in (i32, u32):
+            raise fl.error(node, f"pk.dp4a operands are i32 (signed bytes) or u32 (unsigned "
+                           f"bytes), got {describe(v)}")
+        vals.append(v)
+    out_ty = u32 if all(v.ty is u32 for v in vals) else i32
+    c = fl.coerce(c, out_ty, node) if not (isinstance(c, Value) and c.ty in (i32, u32)) else c
+    signs = ["s" if v.ty is i32 else "u" for v in vals]
+    b = fl.b
+    if fl.ctx.target.name == "nvptx":
+        fn = fl.ctx.intrinsic_decl(f"llvm.nvvm.idp4a.{signs[0]}.{signs[1]}", ret=I32,
+                                   args=(I32, I32, I32))
+        return Value(out_ty, b.call(fn, [vals[0].ir, vals[1].ir, c.ir]))
+    acc = c.ir
+    for k in range(4):
+        parts = []
+        for v, s in zip(vals, signs):
+            byte = b.trunc(b.lshr(v.ir, ir.Constant(I32, 8 * k)), I8)
+            parts.append(b.sext(byte, I32) if s == "s" else b.zext(byte, I32))
+        acc = b.add(acc, b.mul(parts[0], parts[1]))
+    return Value(out_ty, acc)
+
+
+# mma fragment layouts (PTX ISA, "Matrix fragments for mma.m16n8k16/k32"): lane = 4*group+tig
+MMA = {
+    "f16": ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", 16, 2, f32),
+    "bf16": ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", 16, 2, f32),
+    "s8": ("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32", 32, 4, i32),
+}
+
+
+def _mma(kind):
+    instr, ksize, per_reg, acc_ty = MMA[kind]
+
+    def lower(fl, node):
+        if len(node.args) != 10 or node.keywords:
+            raise fl.error(node, f"pk.mma_{kind} takes 10 arguments: a0..a3, b0, b1, c0..c3")
+        fl.ctx.require_arch(80, f"mma.sync m16n8k{ksize} ({kind})", fl, node)
+        args = [fl.expr(x) for x in node.args]
+        regs = [fl.coerce(v, u32, node) for v in args[:6]]
+        accs = [fl.coerce(v, acc_ty, node) for v in args[6:]]
+        fl.ctx.uses.add("warp")
+        if fl.ctx.target.name == "nvptx":
+            outs = _mma_ptx(fl, instr, regs, accs, acc_ty)
+        else:
+            site = fl.ctx.site(fl, node, f"mma {kind}")
+            outs = _mma_cpu(fl, kind, ksize, per_reg, regs, accs, acc_ty, site)
+        return TupleValue(tuple(Value(acc_ty, o) for o in outs))
+    lower.__doc__ = (f"`d0..d3 = pk.mma_{'m16n8k32_s8' if kind == 's8' else 'm16n8k16_' + kind}"
+                     f"(a0..a3, b0, b1, c0..c3)`: one `{instr}` (sm_80+).")
+    return lower
+
+
+def _mma_ptx(fl, instr, regs, accs, acc_ty):
+    ct = "f" if acc_ty is f32 else "r"
+    acc_llvm = F32 if acc_ty is f32 else I32
+    ret = ir.LiteralStructType([acc_llvm] * 4)
+    fnty = ir.FunctionType(ret, [I32] * 6 + [acc_llvm] * 4)
+    text = f"{instr} {{$0,$1,$2,$3}}, {{$4,$5,$6,$7}}, {{$8,$9}}, {{$10,$11,$12,$13}};"
+    cons = ",".join([f"={ct}"] * 4 + ["r"] * 6 + [ct] * 4)
+    res = fl.b.asm(fnty, text, cons, [r.ir for r in regs] + [a.ir for a in accs], True)
+    return [fl.b.extract_value(res, k) for k in range(4)]
+
+
+def _element(fl, kind, word):
+    """One packed element of a register as an f32 (f16/bf16) or i32 (s8) value."""
+    return word
+
+
+def _mma_cpu(fl, kind, ksize, per_reg, regs, accs, acc_ty, site):
+    from ..lower import ops
+    from ..types import bf16, f16
+    target, b = fl.ctx.target, fl.b
+    words = [b.zext(r.ir, I64) for r in regs]
+    words += [b.zext(b.bitcast(a.ir, I32) if acc_ty is f32 else a.ir, I64) for a in accs]
+    slots, half, nt = target.exchange_words(fl.ctx, words, site)
+    tlin = fl.ctx.target_data["tlin"]
+    lane = b.and_(tlin, ir.Constant(I32, 31))
+    base = b.sub(tlin, lane)
+    group, tig = b.lshr(lane, ir.Constant(I32, 2)), b.and_(lane, ir.Constant(I32, 3))
+    bits = 32 // per_reg
+
+    def fetch(src_lane, w, part):
+        raw = target.fetch_word(fl.ctx, slots, half, b.add(base, src_lane), w)
+        piece = b.trunc(b.lshr(raw, ir.Constant(I32, bits * part)), ir.IntType(bits))
+        if kind == "s8":
+            return b.sext(piece, I32)
+        return ops.to_f32(b, f16 if kind == "f16" else bf16,
+                          b.bitcast(piece, ir.HalfType()) if kind == "f16" else piece)
+
+    sub = ksize // 2          # k columns held by registers 0/1 of A (then 2/3)
+    outs = []
+    for k_out in range(4):    # c0, c1: row=group; c2, c3: row=group+8; col = 2*tig + k_out%2
+        row_hi = k_out >= 2
+        col = b.add(b.mul(tig, ir.Constant(I32, 2)), ir.Constant(I32, k_out % 2))
+        acc = b.bitcast(b.trunc(words[6 + k_out], I32), F32) if acc_ty is f32 else \
+            b.trunc(words[6 + k_out], I32)
+        for k in range(ksize):
+            a_lane = b.add(b.mul(group, ir.Constant(I32, 4)),
+                           ir.Constant(I32, (k % sub) // per_reg))
+            a_reg = int(row_hi) + 2 * (k >= sub)
+            b_lane = b.add(b.mul(col, ir.Constant(I32, 4)), ir.Constant(I32, (k % sub) // per_reg))
+            b_reg = 4 + (k >= sub)
+            x = fetch(a_lane, a_reg, k % per_reg)
+            y = fetch(b_lane, b_reg, k % per_reg)
+            acc = b.fadd(acc, b.fmul(x, y)) if acc_ty is f32 else b.add(acc, b.mul(x, y))
+        outs.append(acc)
+    return outs
+
+
+mma_m16n8k16_f16 = intrinsic("mma_m16n8k16_f16")(_mma("f16"))
+mma_m16n8k16_bf16 = intrinsic("mma_m16n8k16_bf16")(_mma("bf16"))
+mma_m16n8k32_s8 = intrinsic("mma_m16n8k32_s8")(_mma("s8"))
+
+
+@intrinsic("asm")
+def asm(fl, node):
+    """`pk.asm("add.s32 $0, $1, $2;", "=r,r,r", i32, a, b)`: inline PTX (GPU only). The result
+    type is a scalar type, a tuple of types, or None; constraints follow LLVM's syntax."""
+    if len(node.args) < 3:
+        raise fl.error(node, "pk.asm(template, constraints, result_type, *args)")
+    template, cons, rtype = (fl.expr(x) for x in node.args[:3])
+    if not (isinstance(template, ConstValue) and isinstance(template.value, str) and
+            isinstance(cons, ConstValue) and isinstance(cons.value, str)):
+        raise fl.error(node, "pk.asm needs a literal PTX template and constraint string")
+    if fl.ctx.target.name != "nvptx":
+        raise fl.error(node, "pk.asm (inline PTX) has no CPU-target equivalent",
+                       hint="guard it with a Const flag, or use intrinsics that run everywhere")
+    args = [fl.materialize(fl.expr(x), node) for x in node.args[3:]]
+    for a in args:
+        if not isinstance(a, Value):
+            raise fl.error(node, f"pk.asm operands must be scalars, got {describe(a)}")
+    rtypes = _result_types(fl, node, rtype)
+    llvm_ret = ir.VoidType() if not rtypes else rtypes[0].llvm if len(rtypes) == 1 else \
+        ir.LiteralStructType([t.llvm for t in rtypes])
+    fnty = ir.FunctionType(llvm_ret, [a.ir.type for a in args])
+    res = fl.b.asm(fnty, template.value, cons.value, [a.ir for a in args], True)
+    if not rtypes:
+        return ConstValue(None)
+    if len(rtypes) == 1:
+        return Value(rtypes[0], res)
+    return TupleValue(tuple(Value(t, fl.b.extract_value(res, k)) for k, t in enumerate(rtypes)))
+
+
+def _result_types(fl, node, rtype):
+    if isinstance(rtype, ConstValue) and rtype.value is None:
+        return []
+    items = rtype.items if isinstance(rtype, TupleValue) else (rtype,)
+    if not all(isinstance(t, TypeValue) for t in items):
+        raise fl.error(node, "pk.asm result type must be a scalar type, a tuple of them, or None")
+    return [t.ty for t in items]

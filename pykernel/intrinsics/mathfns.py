@@ -1,0 +1,105 @@
+"""`pk.exp exp2 log log2 tanh erf sin cos` (accurate, implemented in pykernel: mathlib.py),
+`pk.sqrt rsqrt floor ceil fma` (one instruction each: basic_math.py) and `pk.fast.*`, the
+`.approx` PTX instructions (ex2.approx, lg2.approx, rsqrt.approx, sin/cos.approx,
+tanh.approx). On the CPU target pk.fast.* computes the accurate functions."""
+from __future__ import annotations
+
+import ast
+
+from llvmlite import ir
+
+from .. import mathlib
+from ..lower import ops
+from ..lower.functions import inline_call
+from ..lower.values import Value
+from ..types import f32
+from .base import intrinsic
+from .basic_math import ceil, float_args, floor, fma, rint, rsqrt, sqrt, trunc
+
+__all__ = ["ceil", "floor", "fma", "rint", "rsqrt", "sqrt", "trunc", "exp", "exp2", "log",
+           "log2", "tanh", "erf", "sin", "cos", "fast"]
+
+
+def call_f32(fl, node, dfunc, x: Value) -> Value:
+    """Inline an f32 mathlib function on x (f16/bf16 computed in f32 and rounded back)."""
+    xv = Value(f32, ops.cast(fl.b, x.ty, f32, x.ir))
+    holder = f"__pk_math_arg{len(fl.ctx.sites)}_{id(node)}"
+    fl.vars[holder] = xv
+    call = ast.Call(func=ast.Name(id="__fn__", ctx=ast.Load()),
+                    args=[ast.Name(id=holder, ctx=ast.Load())], keywords=[])
+    ast.copy_location(call, node)
+    for sub in ast.walk(call):
+        ast.copy_location(sub, node)
+    r = inline_call(fl, dfunc, call)
+    fl.vars.pop(holder, None)
+    return Value(x.ty, ops.cast(fl.b, f32, x.ty, r.ir))
+
+
+def accurate(name):
+    dfunc = getattr(mathlib, name)
+
+    def lower(fl, node):
+        (x,), ty = float_args(fl, node, name, 1)
+        if ty.bits == 64:
+            raise fl.error(node, f"pk.{name} is implemented for f32 (and f16/bf16) only",
+                           hint="convert: pk.%s(f32(x))" % name)
+        return call_f32(fl, node, dfunc, x)
+    lower.__doc__ = f"Accurate {name} (see mathlib.py for the error bound)."
+    return intrinsic(name)(lower)
+
+
+exp, exp2, log, log2 = accurate("exp"), accurate("exp2"), accurate("log"), accurate("log2")
+tanh, erf, sin, cos = accurate("tanh"), accurate("erf"), accurate("sin"), accurate("cos")
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+# name -> (PTX instruction, NVVM intrinsic or None for inline asm, pre-scale, post-scale)
+FAST = {"exp2": ("ex2.approx.ftz.f32", "llvm.nvvm.ex2.approx.ftz.f", 1.0, 1.0),
+        "exp": ("ex2.approx.ftz.f32", "llvm.nvvm.ex2.approx.ftz.f", LOG2E, 1.0),
+        "log2": ("lg2.approx.ftz.f32", "llvm.nvvm.lg2.approx.ftz.f", 1.0, 1.0),
+        "log": ("lg2.approx.ftz.f32", "llvm.nvvm.lg2.approx.ftz.f", 1.0, LN2),
+        "rsqrt": ("rsqrt.approx.ftz.f32", "llvm.nvvm.rsqrt.approx.ftz.f", 1.0, 1.0),
+        "sqrt": ("sqrt.approx.ftz.f32", "llvm.nvvm.sqrt.approx.ftz.f", 1.0, 1.0),
+        "sin": ("sin.approx.ftz.f32", "llvm.nvvm.sin.approx.ftz.f", 1.0, 1.0),
+        "cos": ("cos.approx.ftz.f32", "llvm.nvvm.cos.approx.ftz.f", 1.0, 1.0),
+        "tanh": ("tanh.approx.f32", None, 1.0, 1.0)}
+ACCURATE = {"exp2": exp2, "exp": exp, "log2": log2, "log": log, "rsqrt": rsqrt, "sqrt": sqrt,
+            "sin": sin, "cos": cos, "tanh": tanh}
+
+
+def fast_fn(name):
+    instr, nvvm, pre, post = FAST[name]
+
+    def lower(fl, node):
+        if fl.ctx.target.name != "nvptx":
+            return ACCURATE[name].lower_call(fl, node)
+        (x,), ty = float_args(fl, node, f"fast.{name}", 1)
+        b = fl.b
+        v = ops.cast(b, ty, f32, x.ir)
+        if pre != 1.0:
+            v = b.fmul(v, ir.Constant(ir.FloatType(), pre))
+        fnty = ir.FunctionType(ir.FloatType(), [ir.FloatType()])
+        if nvvm is not None:
+            r = b.call(fl.ctx.intrinsic_decl(nvvm, ret=ir.FloatType(), args=(ir.FloatType(),)),
+                       [v])
+        else:
+            r = b.asm(fnty, f"{instr} $0, $1;", "=f,f", [v], False)
+        if post != 1.0:
+            r = b.fmul(r, ir.Constant(ir.FloatType(), post))
+        return Value(ty, ops.cast(b, f32, ty, r))
+    lower.__doc__ = f"Approximate {name}: `{instr}` (accurate version on the CPU target)."
+    return intrinsic(f"fast.{name}")(lower)
+
+
+class FastMath:
+    """`pk.fast.exp2(x)` etc.: the PTX `.approx` instructions."""
+
+    def __init__(self):
+        for name in FAST:
+            setattr(self, name, fast_fn(name))
+
+    def __repr__(self):
+        return "pk.fast"
+
+
+fast = FastMath()
