@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from llvmlite import ir
 
 from . import cache
+from .errors import KernelSourceError
 from .frontend.parse import FunctionAST, parse
 from .lower.codegen import FunctionLowering
 from .lower.context import KernelContext, Options
@@ -136,7 +137,11 @@ def compile_kernel(kernel, arch: str, spec: dict, options: Options) -> CompiledK
     target = get_target(arch)
     params = concrete_params(kernel.params, spec)
     entry = entry_name(fast.name, spec)
-    module, ctx = lower(fast, params, spec, target, options, entry)   # stage 2
+    try:
+        module, ctx = lower(fast, params, spec, target, options, entry)   # stage 2
+    except KernelSourceError as err:
+        # The one choke point: users see the compiler-style message, not our frames.
+        raise err.with_traceback(None) from None
     ref = verify(module)                                       # stage 3
     compiled = CompiledKernel(
         name=fast.name, entry=entry, target=target.name, arch=arch, params=param_abi(params),

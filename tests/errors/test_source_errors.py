@@ -1,0 +1,168 @@
+"""Kernel source errors: printed like a compiler (absolute file:line:col, the line, a caret
+under the node, a hint), one exception type, and no compiler internals in the message."""
+import os
+import traceback
+
+import pytest
+
+import pykernel as pk
+from pykernel import Const, Ptr, f32, i32
+
+THIS_FILE = os.path.abspath(__file__)
+
+
+def line_of(marker: str) -> int:
+    with open(THIS_FILE) as f:
+        for n, line in enumerate(f, 1):
+            if marker in line and "line_of(" not in line:
+                return n
+    raise AssertionError(marker)
+
+
+@pk.kernel
+def mixes_types(x: Ptr[f32], n: i32):
+    y = x[0] + n  # MARK-mix
+    x[0] = y
+
+
+@pk.kernel
+def uses_list(x: Ptr[f32]):
+    vals = [1.0, 2.0]  # MARK-list
+    x[0] = vals[0]
+
+
+@pk.kernel
+def unknown_name(x: Ptr[f32]):
+    x[0] = undefined_thing  # noqa: F821  MARK-name
+
+
+@pk.kernel
+def int_division(x: Ptr[i32], n: i32):
+    x[0] = n / 2  # MARK-div
+
+
+@pk.kernel
+def retype(x: Ptr[f32], n: i32):
+    v = n
+    v = x[0]  # MARK-retype
+    x[1] = f32(v)
+
+
+@pk.kernel
+def try_block(x: Ptr[f32]):
+    try:  # MARK-try
+        x[0] = 1.0
+    except Exception:
+        pass
+
+
+@pk.func
+def recursive(n: i32) -> i32:
+    return recursive(n - 1)  # MARK-rec
+
+
+@pk.kernel
+def calls_recursive(x: Ptr[i32]):
+    x[0] = recursive(3)
+
+
+@pk.kernel
+def store_readonly(x: Ptr[f32, "ro"]):
+    x[0] = 1.0  # MARK-ro
+
+
+@pk.kernel
+def static_needs_const(x: Ptr[f32], n: i32):
+    for i in pk.static_range(n):  # MARK-static
+        x[i] = 0.0
+
+
+@pk.kernel
+def literal_too_big(x: Ptr[i32]):
+    x[0] = pk.bitcast(f32(1.0), i32) + 5000000000  # MARK-big
+
+
+CASES = [
+    (mixes_types, "MARK-mix", "operands have different types: f32 and i32", "x[0] + n",
+     "convert explicitly"),
+    (uses_list, "MARK-list", "lists are not supported in kernels", "[1.0, 2.0]", None),
+    (unknown_name, "MARK-name", "name 'undefined_thing' is not defined", "undefined_thing", None),
+    (int_division, "MARK-div", "'/' on integers", "n / 2", "use //"),
+    (retype, "MARK-retype", "a variable keeps one type", "v", None),
+    (try_block, "MARK-try", "try/except is not supported", "try:", None),
+    (calls_recursive, "MARK-rec", "recursive call of 'recursive'", "recursive(n - 1)", None),
+    (store_readonly, "MARK-ro", "read-only pointer", "x[0]", None),
+    (static_needs_const, "MARK-static", "compile-time integer", "pk.static_range(n)", None),
+    (literal_too_big, "MARK-big", "does not fit in i32", None, None),
+]
+
+
+@pytest.mark.parametrize("kernel,marker,message,underlined,hint", CASES,
+                         ids=[c[1] for c in CASES])
+def test_error_format(kernel, marker, message, underlined, hint):
+    with pytest.raises(pk.KernelSourceError) as info:
+        kernel.ptx("sm_90")
+    err = info.value
+    text = str(err)
+    line = line_of(marker)
+    assert err.file == THIS_FILE
+    assert err.line == line, text
+    first = text.splitlines()[0]
+    assert first.startswith(f"{THIS_FILE}:{line}:{err.col + 1}: error: "), first
+    assert message in first, text
+    src_line, caret_line = text.splitlines()[1:3]
+    assert marker in src_line
+    if underlined is not None:
+        # the caret sits under the offending node and the underline covers it
+        start = caret_line.index("^")
+        width = len(caret_line.strip())
+        assert src_line[start:start + width].startswith(underlined[:width]), (src_line, caret_line)
+    if hint:
+        assert f"hint: {hint}" in text
+    # No compiler internals: the exception is raised `from None` at the choke point.
+    assert err.__cause__ is None and err.__suppress_context__
+    assert "pykernel/lower" not in text and "Traceback" not in text
+
+
+def test_error_is_raised_without_internal_frames_in_message():
+    try:
+        mixes_types.ptx("sm_80")
+    except pk.KernelSourceError as err:
+        rendered = "".join(traceback.format_exception_only(type(err), err))
+        assert "codegen.py" not in rendered and "llvmlite" not in rendered
+
+
+def test_unsupported_arch_is_an_error_not_an_abort():
+    @pk.kernel
+    def mma_kernel(out: Ptr[f32]):
+        d0, d1, d2, d3 = pk.mma_m16n8k16_f16(0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0)
+        out[0] = d0
+    with pytest.raises(pk.UnsupportedArchError) as info:
+        mma_kernel.ptx("sm_75")
+    assert "needs sm_80" in str(info.value)
+    assert "sm_80" in mma_kernel.ptx("sm_80")
+
+
+def test_unknown_arch_rejected():
+    @pk.kernel
+    def k(out: Ptr[f32]):
+        out[0] = 1.0
+    with pytest.raises(ValueError, match="unsupported arch"):
+        k.ptx("sm_61")
+
+
+def test_missing_annotation_is_reported():
+    def body(x, n: i32):
+        pass
+    with pytest.raises(TypeError, match="parameter 'x' needs a type annotation"):
+        pk.kernel(body)
+
+
+def test_const_arguments_checked():
+    @pk.kernel
+    def k(out: Ptr[f32], N: Const[int]):
+        out[0] = f32(N)
+    with pytest.raises(TypeError, match="missing compile-time argument"):
+        k.ptx("sm_90")
+    with pytest.raises(TypeError, match="unknown compile-time argument"):
+        k.ptx("sm_90", N=3, M=4)
