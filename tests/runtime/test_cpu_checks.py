@@ -1,0 +1,106 @@
+"""Runtime checks on the CPU target: out-of-bounds accesses, barriers in divergent control
+flow and failed asserts raise KernelRuntimeError naming the kernel and source line (never a
+segfault or a hang); launch arguments are checked against the signature."""
+import numpy as np
+import pytest
+
+import pykernel as pk
+from pykernel import Const, Ptr, f32, i32, u32
+
+
+@pytest.fixture(autouse=True)
+def cpu():
+    previous = pk.current_device()
+    pk.set_device("cpu")
+    yield
+    pk.set_device(previous)
+
+
+@pk.kernel
+def reads_past_end(x: Ptr[f32], out: Ptr[f32], n: i32):
+    i = pk.thread_idx.x
+    out[i] = x[i + n]          # OOB-LINE
+
+
+@pk.kernel
+def writes_shared_past_end(out: Ptr[f32]):
+    buf = pk.shared_array(f32, 8)
+    t = pk.thread_idx.x
+    buf[t] = 1.0               # SHARED-LINE
+    out[0] = buf[0]
+
+
+@pk.kernel
+def divergent_barrier(out: Ptr[f32]):
+    t = pk.thread_idx.x
+    if t < 16:
+        pk.syncthreads()       # BARRIER-A
+    else:
+        pk.syncthreads()       # BARRIER-B
+    out[t] = 1.0
+
+
+@pk.kernel(debug=True)
+def checked(out: Ptr[i32], n: i32):
+    t = pk.thread_idx.x
+    assert t < n               # ASSERT-LINE
+    out[t] = t
+
+
+def test_out_of_bounds_read_reports_kernel_and_line():
+    x, out = pk.zeros(8, np.float32), pk.zeros(8, np.float32)
+    with pytest.raises(pk.KernelRuntimeError) as info:
+        reads_past_end[1, 8](x, out, 4)
+    text = str(info.value)
+    assert "reads_past_end" in text and "out-of-bounds" in text and "OOB-LINE" in text
+
+
+def test_in_bounds_access_is_fine():
+    x, out = pk.to_device(np.arange(8, dtype=np.float32)), pk.zeros(4, np.float32)
+    reads_past_end[1, 4](x, out, 4)
+    assert list(out.numpy()) == [4, 5, 6, 7]
+
+
+def test_out_of_bounds_shared_write():
+    with pytest.raises(pk.KernelRuntimeError, match="SHARED-LINE"):
+        writes_shared_past_end[1, 16](pk.zeros(1, np.float32))
+
+
+def test_divergent_barrier_is_diagnosed_not_hung():
+    with pytest.raises(pk.KernelRuntimeError) as info:
+        divergent_barrier[1, 32](pk.zeros(32, np.float32))
+    assert "divergent" in str(info.value) and "divergent_barrier" in str(info.value)
+
+
+def test_assert_in_debug_mode():
+    out = pk.zeros(32, np.int32)
+    checked[1, 32](out, 32)
+    with pytest.raises(pk.KernelRuntimeError, match="ASSERT-LINE"):
+        checked[1, 32](out, 10)
+
+
+@pk.kernel
+def typed(x: Ptr[f32], n: i32, k: u32, scale: f32, BLOCK: Const[int]):
+    x[0] = scale
+
+
+def test_launch_argument_errors_name_kernel_parameter_expected_given():
+    x = pk.zeros(4, np.float32)
+    with pytest.raises(pk.LaunchError, match=r"typed\(\).*'x'.*float32.*float64"):
+        typed[1, 1](pk.zeros(4, np.float64), 1, 1, 1.0, 32)
+    with pytest.raises(pk.LaunchError, match=r"'k'"):
+        typed[1, 1](x, 1, -1, 1.0, 32)           # -1 does not fit u32
+    with pytest.raises(pk.LaunchError, match=r"'n'"):
+        typed[1, 1](x, 2**40, 1, 1.0, 32)        # does not fit i32
+    with pytest.raises(pk.LaunchError, match="missing"):
+        typed[1, 1](x, 1, 1)
+    with pytest.raises(pk.LaunchError):
+        typed[0, 1](x, 1, 1, 1.0, 32)            # empty grid
+
+
+def test_const_parameters_by_keyword_make_specialisations():
+    x = pk.zeros(4, np.float32)
+    typed[1, 1](x, 1, 1, 2.5, BLOCK=64)
+    typed[1, 1](x=x, n=1, k=1, scale=3.5, BLOCK=128)
+    assert x.numpy()[0] == 3.5
+    assert len(typed._launch_cache) >= 2
