@@ -26,6 +26,29 @@ CHATML_TEMPLATE = (
 )
 
 
+# Gemma has no system role: a system message is folded into the first user turn
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% set ns = namespace(system='') %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{% set ns.system = message['content'] + '\n\n' %}"
+    "{% else %}"
+    "{{ '<start_of_turn>' + ('model' if message['role'] == 'assistant' else message['role'])"
+    " + '\n' + ns.system + message['content'] + '<end_of_turn>\n' }}"
+    "{% set ns.system = '' %}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+
+FALLBACK_TEMPLATES = {"gemma3": GEMMA_TEMPLATE}
+
+
+def fallback_template(arch: str) -> str:
+    """The template for a model whose file has none: its family's format, else ChatML."""
+    return FALLBACK_TEMPLATES.get(arch, CHATML_TEMPLATE)
+
+
 class ChatTemplateError(ValueError):
     """The chat template could not be rendered (bad syntax, unsafe code, or raise_exception)."""
 
@@ -42,9 +65,17 @@ def _strftime_now(fmt: str) -> str:
     return datetime.datetime.now().strftime(fmt)
 
 
+class _StrictSandbox(ImmutableSandboxedEnvironment):
+    """Unsafe attribute access raises instead of quietly rendering as empty, so a probing
+    template is reported rather than half-rendered."""
+
+    def unsafe_undefined(self, obj, attribute):
+        raise jinja2.exceptions.SecurityError(
+            f"access to attribute {attribute!r} of a {type(obj).__name__} object is unsafe")
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        undefined=jinja2.Undefined)
+    env = _StrictSandbox(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.Undefined)
     env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now)
     env.filters["tojson"] = _tojson
     return env

@@ -79,13 +79,13 @@ class _Cursor:
         self.pos += n
         return values[0] if len(values) == 1 else values
 
-    def string(self, what: str) -> str:
+    def string(self, what: str, errors: str = "strict") -> str:
         n = self.unpack("<Q", what)
         self.need(n, what)
         raw = self.buf[self.pos:self.pos + n]
         self.pos += n
         try:
-            return raw.decode("utf-8")
+            return raw.decode("utf-8", errors)
         except UnicodeDecodeError:
             raise GGUFError(self.path, what, "expected a UTF-8 string") from None
 
@@ -103,8 +103,10 @@ def _value_type(raw: int, path, key: str) -> GGUFValueType:
         raise GGUFError(path, f"key {key!r}", f"unknown value type {raw}") from None
 
 
-def _read_value(cur: _Cursor, vtype: GGUFValueType, key: str):
+def _read_value(cur: _Cursor, vtype: GGUFValueType, key: str, types: list):
+    """The value at the cursor; appends its GGUF type (and element type) to `types`."""
     what = f"key {key!r}"
+    types.append(vtype)
     if vtype in _SCALAR_DTYPES:
         dtype = _SCALAR_DTYPES[vtype]
         value = cur.array(dtype, 1, what)[0]
@@ -114,6 +116,7 @@ def _read_value(cur: _Cursor, vtype: GGUFValueType, key: str):
     if vtype != GGUFValueType.ARRAY:
         raise GGUFError(cur.path, what, f"unsupported value type {vtype.name}")
     item_type = _value_type(cur.unpack("<I", what), cur.path, key)
+    types.append(item_type)
     count = cur.unpack("<Q", what)
     if item_type in _SCALAR_DTYPES:
         values = cur.array(_SCALAR_DTYPES[item_type], count, what)
@@ -121,19 +124,22 @@ def _read_value(cur: _Cursor, vtype: GGUFValueType, key: str):
     if item_type != GGUFValueType.STRING:
         raise GGUFError(cur.path, what, f"arrays of {item_type.name} are not supported")
     cur.need(count * 8, what)  # each string has at least its 8-byte length
-    return [cur.string(f"{what}[{i}]") for i in range(count)]
+    # token texts need not be valid UTF-8: surrogateescape keeps their bytes recoverable
+    return [cur.string(f"{what}[{i}]", "surrogateescape") for i in range(count)]
 
 
-def _read_metadata(cur: _Cursor, kv_count: int) -> dict:
+def _read_metadata(cur: _Cursor, kv_count: int) -> tuple[dict, dict]:
+    """(key -> value, key -> [GGUFValueType, element type for arrays])."""
     cur.need(kv_count * 12, "metadata")  # key length (8) + value type (4) at least per entry
-    metadata = {}
+    metadata, value_types = {}, {}
     for index in range(kv_count):
         key = cur.string(f"metadata entry {index} key")
         vtype = _value_type(cur.unpack("<I", f"key {key!r}"), cur.path, key)
         if key in metadata:
             raise GGUFError(cur.path, f"key {key!r}", "appears twice; keys must be unique")
-        metadata[key] = _read_value(cur, vtype, key)
-    return metadata
+        value_types[key] = []
+        metadata[key] = _read_value(cur, vtype, key, value_types[key])
+    return metadata, value_types
 
 
 def _read_tensor_infos(cur: _Cursor, count: int) -> list[tuple]:
@@ -210,7 +216,7 @@ class GGUFFile:
             raise GGUFError(self.path, "header version", f"expected one of {SUPPORTED_VERSIONS},"
                             f" got {self.version}")
         tensor_count, kv_count = cur.unpack("<QQ", "header counts")
-        self.metadata = _read_metadata(cur, kv_count)
+        self.metadata, self.value_types = _read_metadata(cur, kv_count)
         infos = _read_tensor_infos(cur, tensor_count)
         self.alignment = _alignment(self.metadata, self.path)
         data_start = -(-cur.pos // self.alignment) * self.alignment

@@ -7,12 +7,14 @@ decode step reads contiguous rows per head.
 """
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import numpy as np
 
 from llm.backends.act_quant import activation_kind, round_trip
 from llm.backends.base import Backend, KVCache
+from llm.backends.blas_threads import set_threads
 from llm.backends.dequant import dequantize
 from llm.config import RopeParams
 from llm.gguf_file import TensorInfo
@@ -51,8 +53,14 @@ class NumpyBackend(Backend):
     (activations quantized per weight type) instead of computing in float32."""
     name = "numpy"
 
-    def __init__(self, quantized_activations: bool = False):
+    def __init__(self, quantized_activations: bool = False, threads: int | None = None,
+                 decode_threads: int = 1):
         self.quantized_activations = quantized_activations
+        # BLAS threads for prefill GEMMs and for decode GEMVs (see blas_threads for why 1)
+        env_threads = os.environ.get("PYKERNEL_THREADS")
+        self.threads = threads or (int(env_threads) if env_threads else os.cpu_count() or 1)
+        self.decode_threads = decode_threads
+        self._blas_threads = None
         self._dequantized: dict[str, np.ndarray] = {}
         self._rope_cache: tuple | None = None
 
@@ -94,7 +102,13 @@ class NumpyBackend(Backend):
             x *= np.float32(scale)
         return x
 
+    def _use_threads(self, n: int) -> None:
+        if self._blas_threads != n:
+            set_threads(n)
+            self._blas_threads = n
+
     def matmul(self, x, w, bias=None):
+        self._use_threads(self.decode_threads if x.shape[0] == 1 else self.threads)
         if isinstance(w, QuantActMatrix):
             y = w.matmul(x)
         else:

@@ -139,12 +139,17 @@ class CudaMemory:
 
 
 class _LoadedKernel:
-    __slots__ = ("name", "func", "packer", "params_address", "dynamic_shared_limit",
-                 "static_shared", "code")
+    __slots__ = ("name", "func", "packer", "pack", "params_address", "kernel_params", "extra",
+                 "dynamic_shared_limit", "static_shared", "code")
 
-    def __init__(self, name, func, packer, dynamic_shared_limit, static_shared, code):
-        self.name, self.func, self.packer = name, func, packer
+    def __init__(self, name, func, packer, dynamic_shared_limit, static_shared, code,
+                 param_buffer: bool):
+        self.name, self.func, self.packer, self.pack = name, func, packer, packer.pack
         self.params_address = packer.params_address
+        # cuLaunchKernel takes either kernelParams (void*[] of field addresses) or `extra`
+        # (the whole buffer); exactly one is non-NULL
+        self.kernel_params = 0 if param_buffer else packer.params_address
+        self.extra = packer.extra_address if param_buffer else 0
         self.dynamic_shared_limit = dynamic_shared_limit
         self.static_shared = static_shared
         self.code = code  # the cuda.core ObjectCode: keeps the module loaded
@@ -161,8 +166,11 @@ class CudaDevice:
     """One GPU. `launch` is the hot path; everything else is setup or error reporting."""
     kind = "cuda"
 
-    def __init__(self, ordinal: int = 0):
+    def __init__(self, ordinal: int = 0, param_buffer: bool | None = None):
         self.ordinal = ordinal
+        if param_buffer is None:
+            param_buffer = os.environ.get("PYKERNEL_PARAM_BUFFER", "") not in ("", "0")
+        self.param_buffer = param_buffer  # pass arguments through `extra` (one buffer)
         self.core = CoreDevice(ordinal)
         self.core.set_current()
         self._context = check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
@@ -194,14 +202,15 @@ class CudaDevice:
         kernel = self._kernels.get(compiled.cache_key)
         if kernel is None:
             kernel = self.load(compiled)
-        kernel.packer.pack(args)
+        kernel.pack(args)
         if shared_bytes > kernel.dynamic_shared_limit:
             self._raise_shared_limit(kernel, shared_bytes)
         handle = self._launch_handle if stream is None else _stream_handle(stream)
         self._recent.append(kernel.name)
         try:
             (err,) = _launch_kernel(kernel.func, grid[0], grid[1], grid[2], block[0], block[1],
-                                    block[2], shared_bytes, handle, kernel.params_address, 0)
+                                    block[2], shared_bytes, handle, kernel.kernel_params,
+                                    kernel.extra)
         except (OverflowError, TypeError) as exc:
             raise LaunchError(f"{kernel.name}[grid={tuple(grid)}, block={tuple(block)}, "
                               f"shared={shared_bytes}]: invalid launch geometry ({exc})") from None
@@ -231,7 +240,8 @@ class CudaDevice:
                 f"{self}: {exc}" + (f"\nptxas log:\n{log}" if log else "")) from None
         limit = check(cu.cuFuncGetAttribute(_MAX_DYNAMIC_SHARED, func), "cuFuncGetAttribute")
         kernel = _LoadedKernel(compiled.name, func, ArgPacker(compiled, "cuda", self.ordinal),
-                               limit, getattr(compiled, "shared_bytes", 0), code)
+                               limit, getattr(compiled, "shared_bytes", 0), code,
+                               self.param_buffer)
         self._kernels[compiled.cache_key] = kernel
         return kernel
 

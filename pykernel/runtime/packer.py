@@ -4,12 +4,14 @@ Input: a CompiledKernel (duck-typed: .name, .params = [ParamABI(name, kind, dtyp
 readonly)]) and the device kind; per launch, the runtime arguments in parameter order.
 Output: `pack(args)` writes every argument into one preallocated buffer laid out per the ABI
 (each parameter at its alignment) and returns the buffer's address; `params_address` is a
-prebuilt `void*[]` pointing at each field (CUDA's kernelParams).
+prebuilt `void*[]` pointing at each field (CUDA's kernelParams) and `extra_address` the
+equivalent `extra` array handing the driver the whole buffer.
 
-Fast path: one `struct.Struct.pack_into` writes all fields (cheaper than comparing fields to
-skip unchanged ones); only pointer, bool and bf16 parameters run a Python converter. Any
-failure re-checks argument by argument to raise a LaunchError naming kernel, parameter,
-expected and given.
+Fast path: a `pack` function generated per signature (like Triton's binder): inline checks
+for our arrays, then one `struct.Struct.pack_into` writing all fields (cheaper than comparing
+fields to skip unchanged ones). Anything else goes through the converters, and any failure
+re-checks argument by argument to raise a LaunchError naming kernel, parameter, expected and
+given.
 """
 from __future__ import annotations
 
@@ -37,6 +39,8 @@ def dtype_name(dtype) -> str:
 
 
 def type_label(param) -> str:
+    if getattr(param, "type_name", None):  # the compiler's spelling, e.g. 'Ptr[f32, "ro"]'
+        return param.type_name
     dsl = _DSL_NAME.get(dtype_name(param.dtype), dtype_name(param.dtype))
     return f"Ptr[{dsl}]" if param.kind == "ptr" else dsl
 
@@ -87,23 +91,17 @@ class ArgPacker:
         self._pointers = (ctypes.c_void_p * max(1, len(offsets)))(
             *[self.address + o for o in offsets])
         self.params_address = ctypes.addressof(self._pointers) if offsets else 0
-        self._converters = [(i, _converter(self, p)) for i, p in enumerate(self.params)
-                            if p.kind == "ptr" or dtype_name(p.dtype) in ("bool", "bfloat16")]
+        # cuLaunchKernel's `extra` alternative: {BUFFER_POINTER, address, BUFFER_SIZE, &size, END}
+        self._size_field = ctypes.c_size_t(self.size)
+        self._extra = (ctypes.c_void_p * 5)(1, self.address, 2,
+                                            ctypes.addressof(self._size_field), 0)
+        self.extra_address = ctypes.addressof(self._extra)
         self._count = len(self.params)
+        self.pack = _generate_pack(self)
 
-    def pack(self, args) -> int:
+    def pack(self, args) -> int:  # replaced per instance by the generated function
         """Check and write `args`; returns the buffer address (CPU entry point's argument)."""
-        if len(args) != self._count:
-            self._raise_count(args)
-        values = list(args)
-        for index, convert in self._converters:
-            values[index] = convert(values[index])
-        try:
-            self._struct.pack_into(self._storage, self._base, *values)
-        except (struct.error, TypeError, ValueError, OverflowError):
-            self._diagnose_scalars(args)
-            raise
-        return self.address
+        raise NotImplementedError
 
     def unpack(self) -> tuple:
         """The raw field values last packed (pointers as ints, bf16 as bits): for tests."""
@@ -121,6 +119,9 @@ class ArgPacker:
         return LaunchError(message + (f"; {hint}" if hint else ""))
 
     def _raise_count(self, args):
+        if len(args) == self._count:  # right count but not unpackable: not a sequence
+            raise LaunchError(f"{self.kernel_name}(): arguments must be a tuple, got "
+                              f"{type(args).__name__}")
         names = ", ".join(p.name for p in self.params)
         raise LaunchError(f"{self.kernel_name}(): expects {self._count} runtime arguments "
                           f"({names}), got {len(args)}")
@@ -129,6 +130,40 @@ class ArgPacker:
         for param, value in zip(self.params, args):
             if param.kind != "ptr":
                 _check_scalar(self, param, value)
+
+
+def _generate_pack(packer):
+    """Build `pack(args)` for this signature, unrolled: a tuple unpack, an inline fast check
+    per pointer (our Array of the right dtype and device), a converter call for bool/bf16, and
+    one pack_into. Generated from the ABI alone (names are a0, a1, ...), so no user text is
+    evaluated; any argument the inline checks do not accept goes to the precise converters."""
+    names = [f"a{i}" for i in range(len(packer.params))]
+    scope = {"Array": Array, "struct_error": struct.error, "packer": packer,
+             "pack_into": packer._struct.pack_into, "storage": packer._storage,
+             "base": packer._base, "address": packer.address, "kind": packer.device_kind}
+    lines = ["def pack(args):"]
+    if names:
+        lines += ["    try:", f"        {', '.join(names)}, = args",
+                  "    except (ValueError, TypeError):", "        packer._raise_count(args)"]
+    else:
+        lines += ["    if len(args):", "        packer._raise_count(args)"]
+    for name, param in zip(names, packer.params):
+        if param.kind == "ptr":
+            scope[f"D{name}"] = _accepted_dtypes(param)[0]
+            scope[f"C{name}"] = _converter(packer, param)
+            lines += [f"    if type({name}) is Array and {name}._dtype is D{name} and "
+                      f"{name}._device_kind == kind:",
+                      f"        {name} = {name}._ptr", "    else:",
+                      f"        {name} = C{name}({name})"]
+        elif dtype_name(param.dtype) in ("bool", "bfloat16"):
+            scope[f"C{name}"] = _converter(packer, param)
+            lines.append(f"    {name} = C{name}({name})")
+    lines += ["    try:", f"        pack_into(storage, base, {', '.join(names)})",
+              "    except (struct_error, TypeError, ValueError, OverflowError):",
+              "        packer._diagnose_scalars(args)", "        raise",
+              "    return address"]
+    exec(compile("\n".join(lines), f"<pack {packer.kernel_name}>", "exec"), scope)
+    return scope["pack"]
 
 
 def _scalar_format(param) -> str:

@@ -11,23 +11,20 @@ the K-quants and Q1_0. Dequantizers are gguf-py's, plus Q1_0 and Q8_1 here.
 """
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 from gguf import quants as gguf_quants
 
 from . import reference_kquants as kq
 from .formats import QuantFormat, get_format
+from .reference_legacy import quantize_legacy
 from .reference_numerics import F32, roundf, seq_sum, to_f16
 
 _KQUANTS = {"Q2_K": kq.quantize_q2_k, "Q3_K": kq.quantize_q3_k, "Q4_K": kq.quantize_q4_k,
             "Q5_K": kq.quantize_q5_k, "Q6_K": kq.quantize_q6_k}
-_GGUF_QUANTIZE = ("BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+_LEGACY = ("BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 # Super-blocks per call of a K-quant port: big enough to amortise numpy's per-call cost, small
 # enough that the (n, B) temporaries stay in cache.
 _KQUANT_CHUNK = 1024
-_MAX_THREADS = 8
 
 
 def block_size(type_name: str) -> tuple[int, int]:
@@ -64,7 +61,13 @@ def quantize(x: np.ndarray, type_name: str) -> np.ndarray:
     """Quantize rows of float32 to ggml `type_name` blocks: uint8 (rows, row_bytes)."""
     fmt = get_format(type_name)
     rows = _as_rows(x, fmt)
-    n_rows, n = rows.shape
+    # overflow to inf/nan is ggml's behaviour too (f16 scales of huge values): no warnings
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        out = _quantize_rows(rows, fmt)
+    return np.ascontiguousarray(out).reshape(rows.shape[0], -1)
+
+
+def _quantize_rows(rows: np.ndarray, fmt: QuantFormat) -> np.ndarray:
     blocks = rows.reshape(-1, fmt.block_elems)
     if fmt.name == "F32":
         out = blocks.view(np.uint8)
@@ -76,29 +79,18 @@ def quantize(x: np.ndarray, type_name: str) -> np.ndarray:
         out = _quantize_q1_0_blocks(blocks)
     elif fmt.name in _KQUANTS:
         out = _in_chunks(_KQUANTS[fmt.name], blocks, fmt.block_bytes)
-    elif fmt.name in _GGUF_QUANTIZE:
-        out = gguf_quants.quantize(rows, fmt.ggml_type)
+    elif fmt.name in _LEGACY:
+        out = quantize_legacy(rows, fmt.name)
     else:
         raise ValueError(f"{fmt.name}: no reference quantizer for this type")
-    return np.ascontiguousarray(out).reshape(n_rows, n // fmt.block_elems * fmt.block_bytes)
+    return out
 
 
 def _in_chunks(quantize_blocks, blocks: np.ndarray, nbytes: int) -> np.ndarray:
-    """Run a block quantizer over chunks of blocks on a few threads (numpy releases the GIL)."""
     out = np.empty((blocks.shape[0], nbytes), dtype=np.uint8)
-
-    def run(start: int) -> None:
+    for start in range(0, blocks.shape[0], _KQUANT_CHUNK):
         stop = start + _KQUANT_CHUNK
         out[start:stop] = quantize_blocks(blocks[start:stop])
-
-    starts = range(0, blocks.shape[0], _KQUANT_CHUNK)
-    workers = min(len(starts), os.cpu_count() or 1, _MAX_THREADS)
-    if workers <= 1:
-        for start in starts:
-            run(start)
-    else:
-        with ThreadPoolExecutor(workers) as pool:
-            list(pool.map(run, starts))
     return out
 
 
@@ -110,13 +102,13 @@ def dequantize(raw, type_name: str, n: int) -> np.ndarray:
     fmt = get_format(type_name)
     per_row = row_bytes(type_name, n)
     data = _as_byte_rows(raw, fmt, n, per_row)
-    blocks = data.reshape(-1, fmt.block_bytes)
-    if fmt.name == "Q1_0":
-        values = _dequantize_q1_0_blocks(blocks)
-    elif fmt.name == "Q8_1":
-        values = _dequantize_q8_1_blocks(blocks)
-    else:
-        values = gguf_quants.dequantize(blocks, fmt.ggml_type)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if fmt.name == "Q1_0":
+            values = _dequantize_q1_0_blocks(data.reshape(-1, fmt.block_bytes))
+        elif fmt.name == "Q8_1":
+            values = _dequantize_q8_1_blocks(data.reshape(-1, fmt.block_bytes))
+        else:  # whole rows: gguf-py works on groups of rows, so blocks-as-rows would be slow
+            values = gguf_quants.dequantize(data, fmt.ggml_type)
     return np.ascontiguousarray(values, dtype=F32).reshape(data.shape[0], n)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .reference_numerics import F32, f16_round, nearest_int, seq_sum, to_f16
+from .reference_numerics import F32, f16_round, first_absmax, nearest_int, seq_sum, to_f16
 from .reference_search import (GROUP_MAX_EPS, make_q3_quants, make_qkx2_quants,
                                make_qx_quants)
 
@@ -27,12 +27,6 @@ def _positive_max(v: np.ndarray) -> np.ndarray:
     """C's `m = 0; if (v[j] > m) m = v[j];` over the last axis (NaN never wins, -0 stays +0)."""
     largest = np.fmax.reduce(v, axis=-1, initial=F32(0)).astype(F32)
     return np.where(largest > 0, largest, F32(0))
-
-
-def _first_absmax(v: np.ndarray) -> np.ndarray:
-    """C's `if (fabsf(v[j]) > amax) { amax = fabsf(v[j]); max = v[j]; }`: signed value, first one."""
-    first = np.argmax(np.abs(v), axis=-1)
-    return np.take_along_axis(v, first[:, None], axis=-1)[:, 0]
 
 
 def _requantize(x, d, offset, lo: int, hi: int, levels):
@@ -105,7 +99,8 @@ def quantize_q4_k(xb: np.ndarray) -> np.ndarray:
 
 
 def quantize_q5_k(xb: np.ndarray) -> np.ndarray:
-    """Q5_K (176 B): d | dmin | scales[12] | qh[32] | qs[128]; 5th bit of chunk c in qh bits 2c, 2c+1."""
+    """Q5_K (176 B): d | dmin | scales[12] | qh[32] | qs[128]; chunk c's 5th bits in qh bits
+    2c (low nibbles) and 2c+1 (high nibbles)."""
     d, dmin, scale_bytes, levels = _qkx_superblock(xb, 31, -0.5, 15)
     q = levels.reshape(-1, 4, 2, 32).astype(np.uint8)
     qs = ((q[:, :, 0] & 0xF) | ((q[:, :, 1] & 0xF) << 4)).reshape(-1, 128)
@@ -141,7 +136,7 @@ def quantize_q3_k(xb: np.ndarray) -> np.ndarray:
     nb = xb.shape[0]
     scales, levels = make_q3_quants(_subblocks(xb, 16), 4)
     scales = scales.reshape(nb, 16)
-    max_scale = _first_absmax(scales)
+    max_scale = first_absmax(scales, axis=1)[1]
     has_scale = max_scale != 0
     with np.errstate(divide="ignore", invalid="ignore"):
         iscale = F32(-32) / max_scale
@@ -173,7 +168,7 @@ def quantize_q6_k(xb: np.ndarray) -> np.ndarray:
     nb = xb.shape[0]
     scales, levels = make_qx_quants(_subblocks(xb, 16), 32)
     scales = scales.reshape(nb, 16)
-    max_scale = _first_absmax(scales)
+    max_scale = first_absmax(scales, axis=1)[1]
     live = np.abs(max_scale) >= GROUP_MAX_EPS
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         iscale = F32(-128) / max_scale

@@ -41,6 +41,20 @@ def within_round_range(bound: np.ndarray) -> bool:
     return bool(np.all(bound < F32(4.0e6)))  # NaN bounds compare False: take the exact path
 
 
+def first_absmax(v: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """C's `amax = 0; if (fabsf(v[i]) > amax) { amax = fabsf(v[i]); max = v[i]; }` along axis.
+
+    Returns (amax, max): the largest magnitude and the signed value that first reached it, both
+    +0 when no |v| exceeds 0; NaN never wins a C comparison, so it is skipped.
+    """
+    mags = np.abs(v)
+    mags = np.where(np.isnan(mags), F32(0), mags)
+    first = np.expand_dims(np.argmax(mags, axis=axis), axis)
+    amax = np.take_along_axis(mags, first, axis=axis).squeeze(axis)
+    signed = np.take_along_axis(v, first, axis=axis).squeeze(axis)
+    return amax, np.where(amax > 0, signed, F32(0))
+
+
 def roundf(v: np.ndarray) -> np.ndarray:
     """C roundf: round half away from zero, as float32.
 

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from .reference_numerics import F32, nearest_int, round_clip, seq_sum, within_round_range
+from .reference_numerics import (F32, first_absmax, nearest_int, round_clip, seq_sum,
+                                 within_round_range)
 
 GROUP_MAX_EPS = F32(1e-15)  # ggml: a group whose max |x| is below this is treated as all zero
 
 
 def make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float,
                      nstep: int, use_mad: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Weighted search for an affine (scale, -min) fit with levels 0..nmax; returns (scale, the_min, L).
+    """Weighted search for an affine fit x ~ scale*L - the_min, L in 0..nmax; returns
+    (scale, the_min, L).
 
     x, w: (n, B). Tries the plain max-min scale, then nstep+1 scales
     (rmin + rdelta*is + nmax)/(max - min), each followed by a least-squares refit of scale and min
@@ -58,7 +60,8 @@ def make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelt
             best_error = np.where(better, error, best_error)
             scale = np.where(better, this_scale, scale)
             lo = np.where(better, this_min, lo)
-        levels = _levels(best_iscale, x, best_lo, nmax, _fast(best_iscale, x_min, hi, best_lo, flat))
+        fast = _fast(best_iscale, x_min, hi, best_lo, flat)
+        levels = _levels(best_iscale, x, best_lo, nmax, fast)
     scale = np.where(flat, F32(0), scale)
     levels = np.where(flat, F32(0), levels)
     return scale, -lo, levels.astype(np.uint8)
@@ -82,22 +85,14 @@ def _fit_error(scale, levels, lo, x, w, use_mad: bool) -> np.ndarray:
     return seq_sum(np.multiply(w, diff, out=diff))
 
 
-def _signed_absmax(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(max |x|, the x with that magnitude, first one on ties) per sub-block."""
-    ax = np.abs(x)
-    first = np.argmax(ax, axis=0)
-    cols = np.arange(x.shape[1])
-    return ax[first, cols], x[first, cols]
-
-
 def make_qx_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric scale search with weights x^2 (ggml rmse_type 1, no importance); returns (scale, L).
+    """Symmetric scale search, weights x^2 (ggml rmse_type 1, no importance); returns (scale, L).
 
     x: (n, B). Levels are in [-nmax, nmax-1], returned offset by +nmax as uint8. Starts from
     -nmax/max (max = signed value of largest magnitude) and tries 18 nearby scales
     -(nmax + 0.1*is)/max, keeping the least-squares best.
     """
-    amax, vmax = _signed_absmax(x)
+    amax, vmax = first_absmax(x, axis=0)
     zero = amax < GROUP_MAX_EPS
     weight = x * x
     wx = weight * x
@@ -132,7 +127,7 @@ def make_q3_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
 
     x: (n, B); L in [0, 2*nmax) as uint8 (level + nmax).
     """
-    amax, vmax = _signed_absmax(x)
+    amax, vmax = first_absmax(x, axis=0)
     zero = amax < GROUP_MAX_EPS
     weight = x * x
     wx = weight * x

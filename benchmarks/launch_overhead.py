@@ -1,0 +1,143 @@
+"""Host-side launch overhead of a 6-argument kernel (3 pointers, 3 scalars) on the CUDA device.
+
+Input: none (needs a GPU). Output: a table of microseconds per launch, median and best of
+BATCHES batches, for: the raw cuLaunchKernel floor (prebuilt params, nothing checked; with
+kernelParams and with one `extra` buffer), cuda.core's `launch` with pre-converted arguments,
+the packer alone, pykernel's `device.launch` (checks and packs every argument; both parameter
+passing modes), a replayed CUDA graph (per captured kernel), and the compiler's
+`kernel[grid, block](...)` launcher.
+
+Only the launch calls are timed; each batch (shorter than the driver's launch queue) is followed
+by an untimed synchronize, so GPU execution time never leaks into the figures.
+
+    python3 benchmarks/launch_overhead.py
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import pykernel as pk  # noqa: E402
+from pykernel.runtime import arrays as ar  # noqa: E402
+from pykernel.runtime import device as dv  # noqa: E402
+from pykernel.runtime.cuda import CudaDevice  # noqa: E402
+from pykernel.runtime.graphs import capture_graph  # noqa: E402
+from pykernel.runtime.streams import Stream  # noqa: E402
+from tests.runtime.ptx_kernels import six  # noqa: E402
+
+BATCH, BATCHES, N = 200, 60, 128
+
+
+def per_launch_us(launch_once, synchronize) -> tuple[float, float]:
+    samples = []
+    for _ in range(BATCHES):
+        start = time.perf_counter()
+        for _ in range(BATCH):
+            launch_once()
+        samples.append((time.perf_counter() - start) / BATCH * 1e6)
+        synchronize()
+    return statistics.median(samples), min(samples)
+
+
+def bench_raw(gpu, kernel, args, param_buffer=False):
+    from cuda.bindings import driver as cu
+    loaded = gpu.load(kernel)
+    loaded.packer.pack(args)
+    func, stream, launch = loaded.func, cu.CUstream(0), cu.cuLaunchKernel
+    if param_buffer:
+        extra = loaded.packer.extra_address
+        return lambda: launch(func, 1, 1, 1, N, 1, 1, 0, stream, 0, extra)
+    params = loaded.params_address
+    return lambda: launch(func, 1, 1, 1, N, 1, 1, 0, stream, params, 0)
+
+
+def bench_cuda_core(gpu, kernel, args):
+    from cuda.core import LaunchConfig, launch
+    core_kernel = gpu.load(kernel).code.get_kernel("six")
+    n, a, b, x, y, out = args
+    converted = (np.uint32(n), np.float32(a), np.float32(b), np.uint64(x.ptr),
+                 np.uint64(y.ptr), np.uint64(out.ptr))
+    config, stream = LaunchConfig(grid=1, block=N), gpu.core.default_stream
+    return lambda: launch(stream, config, core_kernel, *converted)
+
+
+def bench_pack_only(gpu, kernel, args):
+    packer = gpu.load(kernel).packer
+    return lambda: packer.pack(args)
+
+
+def bench_pykernel(gpu, kernel, args):
+    grid, block = (1, 1, 1), (N, 1, 1)
+    return lambda: gpu.launch(kernel, grid, block, args)
+
+
+def bench_graph_replay(gpu, kernel, args):
+    """A graph of BATCH captured launches, replayed: reported per captured kernel."""
+    stream = Stream(gpu)
+    with capture_graph(stream) as graph:
+        for _ in range(BATCH):
+            gpu.launch(kernel, (1, 1, 1), (N, 1, 1), args)
+    replays = iter(range(1 << 30))
+
+    def replay_or_skip():  # one replay per BATCH calls keeps the per-launch figure comparable
+        if next(replays) % BATCH == 0:
+            graph.replay()
+    return replay_or_skip
+
+
+def bench_dsl(gpu, args):
+    """The compiler's `kernel[grid, block](...)` launcher."""
+    @pk.kernel
+    def six(n: pk.i32, a: pk.f32, b: pk.f32, x: pk.Ptr[pk.f32], y: pk.Ptr[pk.f32],
+            out: pk.Ptr[pk.f32]):
+        i = pk.block_idx.x * pk.block_dim.x + pk.thread_idx.x
+        if i < n:
+            out[i] = a * x[i] + b * y[i]
+    six[1, N](*args)
+    return lambda: six[1, N](*args)
+
+
+def main() -> None:
+    if not dv.gpu_available():
+        sys.exit("launch_overhead: no usable CUDA GPU")
+    gpu = dv.set_device("cuda")
+    kernel = six()  # what the compiler would hand the runtime (duck-typed CompiledKernel)
+    x, y = ar.full(N, 1.0, device=gpu), ar.full(N, 2.0, device=gpu)
+    out = ar.zeros(N, device=gpu)
+    args = (N, 3.0, 0.5, x, y, out)
+    gpu.launch(kernel, (1, 1, 1), (N, 1, 1), args)
+    assert np.allclose(out.numpy(), 4.0), "six-argument kernel computed a wrong result"
+    print(f"device: {gpu}; {BATCHES} batches of {BATCH} launches; microseconds per launch")
+    print(f"{'path':58s} {'median':>8s} {'best':>8s}")
+    buffered = CudaDevice(gpu.ordinal, param_buffer=True)
+    paths = [("raw cuLaunchKernel, prebuilt params (floor)", lambda: bench_raw(gpu, kernel, args)),
+             ("raw cuLaunchKernel, one param buffer via `extra`",
+              lambda: bench_raw(gpu, kernel, args, param_buffer=True)),
+             ("cuda.core launch(), pre-converted args", lambda: bench_cuda_core(gpu, kernel, args)),
+             ("ArgPacker.pack alone (check + pack 6 args, no launch)",
+              lambda: bench_pack_only(gpu, kernel, args)),
+             ("pykernel device.launch (check + pack 6 args)",
+              lambda: bench_pykernel(gpu, kernel, args)),
+             ("pykernel device.launch, param buffer (PYKERNEL_PARAM_BUFFER=1)",
+              lambda: bench_pykernel(buffered, kernel, args)),
+             ("graph replay, per captured kernel", lambda: bench_graph_replay(gpu, kernel, args)),
+             ("pykernel kernel[grid, block](...) (compiler's launcher)",
+              lambda: bench_dsl(gpu, args))]
+    for label, make in paths:
+        try:
+            launch_once = make()
+        except Exception as exc:  # a path that is not available yet is reported, not fatal
+            print(f"{label:58s} unavailable: {type(exc).__name__}: {str(exc)[:80]}")
+            continue
+        median, best = per_launch_us(launch_once, gpu.synchronize)
+        print(f"{label:58s} {median:8.2f} {best:8.2f}")
+
+
+if __name__ == "__main__":
+    main()

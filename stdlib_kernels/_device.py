@@ -1,0 +1,93 @@
+"""Device helpers (@pk.func, inlined) shared by the core kernels: warp and block reductions.
+
+Block reductions take a shared scratch array of at least 32 f32 (one slot per warp) and return
+the reduced value to every thread; they start with a barrier so one scratch array can be reused
+by consecutive reductions. Every thread of the block must call them (no divergent calls).
+"""
+import pykernel as pk
+from pykernel import Const, f32, i32
+
+NEG_INF = float("-inf")
+
+
+@pk.func
+def warp_sum(v: f32) -> f32:
+    for k in pk.static_range(5):
+        v += pk.shfl_xor(v, 16 >> k)
+    return v
+
+
+@pk.func
+def warp_max(v: f32) -> f32:
+    for k in pk.static_range(5):
+        v = max(v, pk.shfl_xor(v, 16 >> k))
+    return v
+
+
+@pk.func
+def block_sum(v: f32, scratch) -> f32:
+    v = warp_sum(v)
+    lane = pk.lane_id()
+    nwarps = (pk.block_dim.x + 31) // 32
+    pk.syncthreads()
+    if lane == 0:
+        scratch[pk.thread_idx.x // 32] = v
+    pk.syncthreads()
+    total = f32(0.0)
+    if lane < nwarps:
+        total = scratch[lane]
+    return warp_sum(total)
+
+
+@pk.func
+def block_max(v: f32, scratch) -> f32:
+    v = warp_max(v)
+    lane = pk.lane_id()
+    nwarps = (pk.block_dim.x + 31) // 32
+    pk.syncthreads()
+    if lane == 0:
+        scratch[pk.thread_idx.x // 32] = v
+    pk.syncthreads()
+    best = f32(NEG_INF)
+    if lane < nwarps:
+        best = scratch[lane]
+    return warp_max(best)
+
+
+@pk.func
+def load4(p, c: i32, n: i32, VEC: Const[int]):
+    """Elements c..c+3 of row `p` as f32 (0 past n). VEC == 4: one 16/8-byte vector load
+    (c a multiple of 4, n too, row aligned); else scalar loads with a bound check each."""
+    if VEC == 4:
+        a, b, d, e = pk.load_vec(p, c, 4)
+        return f32(a), f32(b), f32(d), f32(e)
+    else:
+        a = f32(0.0)
+        b = f32(0.0)
+        d = f32(0.0)
+        e = f32(0.0)
+        if c < n:
+            a = f32(p[c])
+        if c + 1 < n:
+            b = f32(p[c + 1])
+        if c + 2 < n:
+            d = f32(p[c + 2])
+        if c + 3 < n:
+            e = f32(p[c + 3])
+        return a, b, d, e
+
+
+@pk.func
+def store4(p, c: i32, n: i32, a: f32, b: f32, d: f32, e: f32, VEC: Const[int], T: Const[pk.dtype]):
+    """Store elements c..c+3 of row `p` (converted to T), the same way load4 reads them."""
+    if VEC == 4:
+        pk.store_vec(p, c, (T(a), T(b), T(d), T(e)))
+    else:
+        if c < n:
+            p[c] = T(a)
+        if c + 1 < n:
+            p[c + 1] = T(b)
+        if c + 2 < n:
+            p[c + 2] = T(d)
+        if c + 3 < n:
+            p[c + 3] = T(e)

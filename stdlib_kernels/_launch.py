@@ -1,0 +1,102 @@
+"""Launch plumbing shared by the core kernels: argument coercion, output allocation, vector-width
+and block-size choices, and a launch path that skips the generic `kernel[grid, block]` binder.
+
+Input: kernels, launch geometry, runtime arguments in parameter order and the compile-time
+specialization as a tuple of (name, value) pairs. Output: the launch on the current device.
+A specialization is compiled once per (kernel, arch, spec) and kept in `_COMPILED`, so a
+repeated call costs a dict lookup plus the device's argument packing and launch.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from pykernel.runtime.arrays import Array, empty, to_device
+from pykernel.runtime.device import current_device
+
+_COMPILED: dict = {}
+VEC = 4           # elements per vector load (16 bytes of f32, 8 of f16)
+MAX_THREADS = 1024
+
+
+def launch(kernel, grid, block, args, spec: tuple, stream=None, shared_bytes: int = 0):
+    """Launch `kernel` with runtime `args` (parameter order) and Const/dtype values `spec`."""
+    device = current_device()
+    key = (kernel, device.arch, spec)
+    compiled = _COMPILED.get(key)
+    if compiled is None:
+        compiled = _COMPILED[key] = kernel.compile(device.arch, **dict(spec))
+    grid = grid if isinstance(grid, tuple) else (grid, 1, 1)
+    block = block if isinstance(block, tuple) else (block, 1, 1)
+    device.launch(compiled, grid, block, args, stream=stream, shared_bytes=shared_bytes)
+
+
+def as_array(value, name: str, dtype=None) -> Array:
+    """A device array for `value`: Arrays pass through (dtype checked), numpy is uploaded."""
+    if isinstance(value, Array):
+        if dtype is not None and value.dtype != np.dtype(dtype):
+            raise TypeError(f"{name}: expected dtype {np.dtype(dtype)}, got {value.dtype}")
+        if value.device is not current_device():
+            raise ValueError(f"{name}: array lives on {value.device!r}, the current device is "
+                             f"{current_device()!r}")
+        return value
+    host = np.asarray(value)
+    if dtype is not None:
+        host = host.astype(dtype, copy=False)
+    return to_device(host)
+
+
+def output(out, name: str, shape: tuple, dtype) -> Array:
+    """`out` checked against (shape, dtype), or a new array when `out` is None."""
+    dtype = np.dtype(dtype)
+    if out is None:
+        return empty(shape, dtype)
+    if not isinstance(out, Array):
+        raise TypeError(f"{name}: out= must be a pykernel Array, got {type(out).__name__}")
+    if tuple(out.shape) != tuple(shape) or out.dtype != dtype:
+        raise ValueError(f"{name}: out= is {out.shape} {out.dtype}, expected {shape} {dtype}")
+    return out
+
+
+def vector_width(n: int, *arrays) -> int:
+    """VEC when every row of n elements starts on a VEC-element boundary of each array."""
+    if n % VEC:
+        return 1
+    for a in arrays:
+        if a is not None and a.ptr % (VEC * a.itemsize):
+            return 1
+    return VEC
+
+
+def threads_for(items: int, cap: int = MAX_THREADS) -> int:
+    """A power of two >= items (one item per thread), at least a warp, at most `cap`."""
+    threads = 32
+    while threads < items and threads < cap:
+        threads *= 2
+    return threads
+
+
+def rows_and_length(x: Array, name: str) -> tuple[int, int]:
+    """(rows, n) for an array whose last axis is the row (1-D = one row)."""
+    if x.ndim == 0:
+        raise ValueError(f"{name}: expected at least a 1-D array, got a scalar")
+    n = x.shape[-1]
+    if n == 0 or x.size == 0:
+        raise ValueError(f"{name}: empty rows (shape {x.shape})")
+    return x.size // n, n
+
+
+_DUMMIES: dict = {}
+
+
+def dummy(dtype) -> Array:
+    """A small array standing in for an absent optional pointer (never read: a Const flag
+    compiles the access out)."""
+    device = current_device()
+    key = (device, np.dtype(dtype))
+    if key not in _DUMMIES:
+        _DUMMIES[key] = to_device(np.zeros(VEC, dtype))
+    return _DUMMIES[key]
+
+
+def either(value, fallback):
+    return fallback if value is None else value

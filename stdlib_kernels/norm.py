@@ -1,0 +1,148 @@
+"""RMSNorm (optionally fused with a residual add and the weight multiply), per-head RMSNorm and
+LayerNorm, one thread block per row, with numpy references.
+
+Input: x (rows, n) or any shape whose last axis is normalized (f32 or f16), weight (n,) f32,
+bias (n,) f32 (LayerNorm), residual like x. Output: a new array like x (or `out=`); with a
+residual, `sum_out` receives x + residual (the updated residual stream).
+
+Exact math: sums in f32 with a tree reduction, 1/sqrt correctly rounded; relative error vs a
+float64 reference is below 1e-5. Rows whose 16-byte alignment allows it use vector loads.
+`out` may alias x; `sum_out` may alias x or residual (each thread rereads only what it wrote).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import pykernel as pk
+from pykernel import Const, Ptr, f32, i32, i64
+
+from . import _launch as L
+from ._device import block_sum, load4, store4
+
+
+@pk.kernel
+def rmsnorm_rows(x: Ptr["T", "ro"], residual: Ptr["T", "ro"], weight: Ptr[f32, "ro"],
+                 out: Ptr["T"], sum_out: Ptr["T"], n: i32, eps: f32,
+                 HAS_RES: Const[bool], HAS_W: Const[bool], VEC: Const[int], T: Const[pk.dtype]):
+    scratch = pk.shared_array(f32, 32)
+    base = i64(pk.block_idx.x) * i64(n)
+    xr = x + base
+    sr = sum_out + base
+    step = pk.block_dim.x * 4
+    ss = f32(0.0)
+    for c in range(pk.thread_idx.x * 4, n, step):   # pass 1: sum of squares of x (+ r)
+        a, b, d, e = load4(xr, c, n, VEC)
+        if HAS_RES:
+            ra, rb, rd, re = load4(residual + base, c, n, VEC)
+            a, b, d, e = a + ra, b + rb, d + rd, e + re
+            store4(sr, c, n, a, b, d, e, VEC, T)
+        ss += a * a + b * b + d * d + e * e
+    scale = 1.0 / pk.sqrt(block_sum(ss, scratch) / f32(n) + eps)
+    for c in range(pk.thread_idx.x * 4, n, step):   # pass 2: rows are in L1/L2 by now
+        if HAS_RES:
+            a, b, d, e = load4(sr, c, n, VEC)
+        else:
+            a, b, d, e = load4(xr, c, n, VEC)
+        a, b, d, e = a * scale, b * scale, d * scale, e * scale
+        if HAS_W:
+            wa, wb, wd, we = load4(weight, c, n, VEC)
+            a, b, d, e = a * wa, b * wb, d * wd, e * we
+        store4(out + base, c, n, a, b, d, e, VEC, T)
+
+
+@pk.kernel
+def layernorm_rows(x: Ptr["T", "ro"], weight: Ptr[f32, "ro"], bias: Ptr[f32, "ro"],
+                   out: Ptr["T"], n: i32, eps: f32, HAS_W: Const[bool], HAS_B: Const[bool],
+                   VEC: Const[int], T: Const[pk.dtype]):
+    scratch = pk.shared_array(f32, 32)
+    xr = x + i64(pk.block_idx.x) * i64(n)
+    step = pk.block_dim.x * 4
+    s = f32(0.0)
+    for c in range(pk.thread_idx.x * 4, n, step):
+        a, b, d, e = load4(xr, c, n, VEC)
+        s += (a + b) + (d + e)
+    mean = block_sum(s, scratch) / f32(n)
+    sq = f32(0.0)
+    for c in range(pk.thread_idx.x * 4, n, step):   # two-pass variance: no cancellation
+        a, b, d, e = load4(xr, c, n, VEC)
+        a, b, d, e = a - mean, b - mean, d - mean, e - mean
+        live = n - c   # padding lanes of a partial chunk loaded 0: they must add nothing
+        sq += a * a + (b * b if live > 1 else 0.0) + (d * d if live > 2 else 0.0) + \
+            (e * e if live > 3 else 0.0)
+    rstd = 1.0 / pk.sqrt(block_sum(sq, scratch) / f32(n) + eps)
+    for c in range(pk.thread_idx.x * 4, n, step):
+        a, b, d, e = load4(xr, c, n, VEC)
+        a, b, d, e = (a - mean) * rstd, (b - mean) * rstd, (d - mean) * rstd, (e - mean) * rstd
+        if HAS_W:
+            wa, wb, wd, we = load4(weight, c, n, VEC)
+            a, b, d, e = a * wa, b * wb, d * wd, e * we
+        if HAS_B:
+            ba, bb, bd, be = load4(bias, c, n, VEC)
+            a, b, d, e = a + ba, b + bb, d + bd, e + be
+        store4(out + i64(pk.block_idx.x) * i64(n), c, n, a, b, d, e, VEC, T)
+
+
+def _spec(vec, dtype, **flags) -> tuple:
+    return tuple(sorted(flags.items())) + (("VEC", vec), ("T", np.dtype(dtype)))
+
+
+def rmsnorm(x, weight=None, eps: float = 1e-6, *, residual=None, out=None, sum_out=None,
+            stream=None):
+    """RMSNorm over the last axis: x / sqrt(mean(x^2) + eps) * weight.
+
+    With `residual`, normalizes h = x + residual and writes h to `sum_out` (new array if None;
+    returns (out, sum_out)). Per-head norm: pass x shaped (..., heads, head_dim) and a
+    (head_dim,) weight: every head is one row."""
+    x = L.as_array(x, "rmsnorm: x")
+    if x.dtype not in (np.float32, np.float16):
+        raise TypeError(f"rmsnorm: x must be float32 or float16, got {x.dtype}")
+    rows, n = L.rows_and_length(x, "rmsnorm: x")
+    w = None if weight is None else L.as_array(weight, "rmsnorm: weight", np.float32)
+    if w is not None and w.size != n:
+        raise ValueError(f"rmsnorm: weight has {w.size} elements, rows have {n}")
+    r = None if residual is None else L.as_array(residual, "rmsnorm: residual", x.dtype)
+    if r is not None and r.shape != x.shape:
+        raise ValueError(f"rmsnorm: residual shape {r.shape} != x shape {x.shape}")
+    out = L.output(out, "rmsnorm", x.shape, x.dtype)
+    s = None if r is None else L.output(sum_out, "rmsnorm sum_out", x.shape, x.dtype)
+    vec = L.vector_width(n, x, w, r, out, s)
+    args = (x, L.either(r, x), L.either(w, L.dummy(np.float32)), out, L.either(s, out), n, eps)
+    spec = _spec(vec, x.dtype, HAS_RES=r is not None, HAS_W=w is not None)
+    L.launch(rmsnorm_rows, rows, L.threads_for(-(-n // 4)), args, spec, stream)
+    return out if r is None else (out, s)
+
+
+def layernorm(x, weight=None, bias=None, eps: float = 1e-5, *, out=None, stream=None):
+    """LayerNorm over the last axis: (x - mean) / sqrt(var + eps) * weight + bias."""
+    x = L.as_array(x, "layernorm: x")
+    if x.dtype not in (np.float32, np.float16):
+        raise TypeError(f"layernorm: x must be float32 or float16, got {x.dtype}")
+    rows, n = L.rows_and_length(x, "layernorm: x")
+    w = None if weight is None else L.as_array(weight, "layernorm: weight", np.float32)
+    b = None if bias is None else L.as_array(bias, "layernorm: bias", np.float32)
+    for name, p in (("weight", w), ("bias", b)):
+        if p is not None and p.size != n:
+            raise ValueError(f"layernorm: {name} has {p.size} elements, rows have {n}")
+    out = L.output(out, "layernorm", x.shape, x.dtype)
+    vec = L.vector_width(n, x, w, b, out)
+    none = L.dummy(np.float32)
+    args = (x, L.either(w, none), L.either(b, none), out, n, eps)
+    spec = _spec(vec, x.dtype, HAS_W=w is not None, HAS_B=b is not None)
+    L.launch(layernorm_rows, rows, L.threads_for(-(-n // 4)), args, spec, stream)
+    return out
+
+
+def rmsnorm_reference(x, weight=None, eps=1e-6, residual=None):
+    """float64 numpy RMSNorm (and the residual sum when `residual` is given)."""
+    h = np.asarray(x, np.float64) + (0 if residual is None else np.asarray(residual, np.float64))
+    y = h / np.sqrt(np.mean(h * h, axis=-1, keepdims=True) + eps)
+    y = y if weight is None else y * np.asarray(weight, np.float64)
+    return y if residual is None else (y, h)
+
+
+def layernorm_reference(x, weight=None, bias=None, eps=1e-5):
+    x = np.asarray(x, np.float64)
+    mean = x.mean(axis=-1, keepdims=True)
+    y = (x - mean) / np.sqrt(((x - mean) ** 2).mean(axis=-1, keepdims=True) + eps)
+    y = y if weight is None else y * np.asarray(weight, np.float64)
+    return y if bias is None else y + np.asarray(bias, np.float64)

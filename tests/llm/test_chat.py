@@ -1,0 +1,94 @@
+"""Chat templates: real templates render as the model expects, hostile templates are stopped with
+a ChatTemplateError, helpers templates rely on exist, fallbacks cover files without a template."""
+import pytest
+from gguf import GGUFValueType
+
+import llm
+from llm.chat import CHATML_TEMPLATE, ChatTemplateError, render
+from tests.llm.gguf_helpers import TINY_LLAMA, rewrite
+
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+
+MALICIOUS = [
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "{{ cycler.__init__.__globals__.os.popen('echo pwned').read() }}",
+    "{{ messages.__class__.__base__.__subclasses__() }}",
+    "{% set x = messages.append({'role': 'x', 'content': 'y'}) %}{{ messages }}",
+    "{{ raise_exception.__globals__ }}",
+    "{{ self.__init__.__globals__.__builtins__.__import__('os').system('true') }}",
+]
+
+
+def test_chatml_rendering():
+    text = render(None, MESSAGES)
+    assert text == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                    "<|im_start|>assistant\n")
+    assert not render(CHATML_TEMPLATE, MESSAGES, add_generation_prompt=False).endswith(
+        "assistant\n")
+
+
+@pytest.mark.parametrize("template", MALICIOUS)
+def test_malicious_templates_fail_safely(template, tmp_path):
+    marker = tmp_path / "pwned"
+    with pytest.raises(ChatTemplateError) as info:
+        render(template.replace("echo pwned", f"touch {marker}"), MESSAGES, source="evil.gguf")
+    assert "evil.gguf" in str(info.value)
+    assert not marker.exists()
+
+
+def test_template_helpers():
+    tpl = ("{% if messages[0]['role'] != 'user' %}{{ raise_exception('first must be user') }}"
+           "{% endif %}{{ strftime_now('%Y') }}")
+    with pytest.raises(ChatTemplateError, match="first must be user"):
+        render(tpl, MESSAGES)
+    assert render(tpl, MESSAGES[1:]).isdigit()
+    assert render("{{ messages | tojson }}", MESSAGES[1:]) == '[{"role": "user", "content": "Hi"}]'
+    assert render("{{ bos_token }}|{{ eos_token }}", [], bos_token="<s>", eos_token="</s>") == \
+        "<s>|</s>"
+
+
+@pytest.mark.parametrize("template", ["{% for %}", "{{ messages[10]['x'] + 1 }}",
+                                      "{{ 1 / 0 }}", "{% for i in range(10**9) %}x{% endfor %}"])
+def test_broken_templates(template):
+    with pytest.raises(ChatTemplateError):
+        render(template, MESSAGES)
+
+
+def test_runaway_output_is_capped():
+    tpl = "{% for i in range(100000) %}{% for j in range(100) %}xxxxxxxxxx{% endfor %}{% endfor %}"
+    with pytest.raises(ChatTemplateError, match="exceeds"):
+        render(tpl, MESSAGES)
+
+
+def test_bad_messages():
+    with pytest.raises(ValueError, match="message 0"):
+        render(None, [{"role": "user"}])
+
+
+def test_model_uses_its_template_and_fallback(tmp_path):
+    tiny = llm.load(TINY_LLAMA, n_ctx=64)
+    assert tiny.chat_template == CHATML_TEMPLATE  # the tiny file has none
+    custom = rewrite(TINY_LLAMA, tmp_path / "tpl.gguf", set_keys={
+        "tokenizer.chat_template": ("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}"
+                                    "{% endfor %}", GGUFValueType.STRING)})
+    model = llm.load(custom, n_ctx=64)
+    assert model.chat_prompt(MESSAGES) == "[system]Be brief.[user]Hi"
+    ids = model.chat_ids(MESSAGES)
+    assert ids[0] == model.tokenizer.bos_id and ids[1] != model.tokenizer.bos_id
+    reply = model.chat(MESSAGES, max_tokens=5, temperature=0)
+    assert isinstance(reply, str)
+
+
+def test_hostile_template_in_gguf(tmp_path):
+    path = rewrite(TINY_LLAMA, tmp_path / "evil.gguf", set_keys={
+        "tokenizer.chat_template": (MALICIOUS[0], GGUFValueType.STRING)})
+    model = llm.load(path, n_ctx=64)
+    with pytest.raises(ChatTemplateError, match="evil.gguf"):
+        model.chat(MESSAGES, max_tokens=2)
+
+
+def test_gemma_fallback_folds_system_into_user():
+    from llm.chat import fallback_template
+    text = render(fallback_template("gemma3"), MESSAGES, bos_token="<bos>")
+    assert text == ("<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n"
+                    "<start_of_turn>model\n")

@@ -1,0 +1,121 @@
+"""The generation loop: max tokens, end-of-generation ids, stop strings (held back, never leaked),
+context limits, prefix reuse, seeds, UTF-8 streaming. A scripted transformer makes the token
+sequence exact; the real tiny model checks the same paths end to end."""
+import numpy as np
+import pytest
+
+import llm
+from llm.backends.numpy_backend import NumpyBackend
+from llm.generate import ContextError, GenerationStats, Session, stream
+from llm.sampling import Sampler, SamplingParams
+from tests.llm.gguf_helpers import TINY_LLAMA
+
+
+class ScriptedTransformer:
+    """Predicts script[k] after the k-th position past the prompt (one-hot logits), then `end`."""
+
+    def __init__(self, cfg, script, prompt_len, end=262):
+        self.cfg, self.script, self.prompt_len, self.end = cfg, script, prompt_len, end
+        self.forwarded = 0
+
+    def forward(self, ids, start, cache, all_logits=False):
+        self.forwarded += len(ids)
+        k = start + len(ids) - self.prompt_len
+        logits = np.zeros((1, self.cfg.n_vocab), dtype=np.float32)
+        logits[0, self.script[k] if k < len(self.script) else self.end] = 10.0
+        return logits
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return llm.load(TINY_LLAMA, n_ctx=64)
+
+
+def run_script(tiny, script, prompt, n_ctx=64, **kw):
+    fake = ScriptedTransformer(tiny.config, script, len(prompt))
+    session = Session(fake, NumpyBackend(), n_ctx)
+    stats = GenerationStats()
+    greedy = Sampler(SamplingParams(temperature=0))
+    pieces = list(stream(session, tiny.tokenizer, prompt, greedy, stats=stats, **kw))
+    return pieces, stats, fake
+
+
+def text_ids(tiny, text):
+    return tiny.tokenizer.encode(text, add_special=False)
+
+
+def test_max_tokens(tiny):
+    script = text_ids(tiny, "hello world hello world")
+    pieces, stats, _ = run_script(tiny, script, [261, 104], max_tokens=5)
+    assert stats.generated_tokens == 5 and stats.stop_reason == "max_tokens"
+    assert "".join(pieces) == tiny.tokenizer.decode(script[:5])
+
+
+def test_stops_at_end_of_generation_token(tiny):
+    script = text_ids(tiny, "hello") + [tiny.tokenizer.eos_id] + text_ids(tiny, " world")
+    pieces, stats, _ = run_script(tiny, script, [261], max_tokens=50)
+    assert "".join(pieces) == "hello" and stats.stop_reason == "eog"
+
+
+def test_stop_string_across_tokens_is_never_leaked(tiny):
+    script = text_ids(tiny, "hello world, more text")
+    pieces, stats, _ = run_script(tiny, script, [261], max_tokens=50, stop=["o w", "zzz"])
+    assert "".join(pieces) == "hell" and stats.stop_reason == "stop_string"
+    assert all("o" not in p for p in pieces[1:]), pieces  # 'o' was held until decided
+    pieces, stats, _ = run_script(tiny, script, [261], max_tokens=50, stop=["o x"])
+    assert "".join(pieces) == "hello world, more text"  # held-back prefix released at the end
+
+
+def test_prompt_longer_than_context(tiny):
+    with pytest.raises(ContextError, match="prompt has 10 tokens but the context holds 8"):
+        run_script(tiny, [104], [104] * 10, n_ctx=8, max_tokens=4)
+    with pytest.raises(ContextError, match="context"):
+        list(tiny.generate([104] * 80, max_tokens=2))
+
+
+def test_generation_stops_when_context_is_full(tiny):
+    script = text_ids(tiny, "hello world hello world")
+    pieces, stats, _ = run_script(tiny, script, [261, 104], n_ctx=6, max_tokens=50)
+    assert stats.stop_reason == "context" and stats.generated_tokens == 5
+
+
+def test_prefix_reuse_runs_only_new_tokens(tiny):
+    fake = ScriptedTransformer(tiny.config, [104] * 10, 4)
+    session = Session(fake, NumpyBackend(), 32)
+    assert session.prefill([261, 104, 105, 106])[1] == 4
+    assert session.prefill([261, 104, 105, 106, 107, 108])[1] == 2
+    assert session.prefill([261, 104, 99])[1] == 1     # diverges: recomputes from there
+    assert session.tokens == [261, 104, 99]
+    assert fake.forwarded == 7
+
+
+def test_utf8_is_whole_in_every_piece(tiny):
+    script = text_ids(tiny, "é€😀 ok")
+    pieces, _, _ = run_script(tiny, script, [261], max_tokens=50)
+    assert "".join(pieces) == "é€😀 ok" and all("\ufffd" not in p for p in pieces)
+
+
+def test_seed_reproducible_on_real_model(tiny):
+    opts = dict(max_tokens=24, temperature=1.2, top_k=0, top_p=1.0, min_p=0.0)
+    a = "".join(tiny.generate("hello", seed=3, **opts))
+    b = "".join(tiny.generate("hello", seed=3, **opts))
+    c = "".join(tiny.generate("hello", seed=4, **opts))
+    assert a == b and a != c
+
+
+def test_generate_stats_and_greedy_matches_logits(tiny):
+    stats = GenerationStats()
+    ids = tiny.tokenizer.encode("or he will")
+    out = "".join(tiny.generate(ids, max_tokens=6, temperature=0, stats=stats))
+    expected = []
+    for _ in range(stats.generated_tokens):
+        expected.append(int(np.argmax(tiny.logits(ids + expected)[-1])))
+    assert tiny.tokenizer.decode(expected) == out
+    assert stats.prompt_tokens >= 1 and stats.prompt_seconds > 0
+
+
+def test_logits_rejects_bad_ids(tiny):
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        tiny.logits([1, 5000])
+    with pytest.raises(ValueError, match="at least one"):
+        tiny.logits([])

@@ -1,0 +1,96 @@
+"""Sampling chain: each filter against a direct computation, penalties, seeds, distribution."""
+import numpy as np
+import pytest
+
+from llm.sampling import Sampler, SamplingParams, apply_penalties, candidates
+
+OFF = dict(top_k=0, top_p=1.0, min_p=0.0)
+
+
+def test_greedy_is_argmax(rng):
+    logits = rng.standard_normal(1000).astype(np.float32)
+    for seed in range(3):
+        assert Sampler(SamplingParams(temperature=0, seed=seed)).sample(logits) == np.argmax(logits)
+
+
+def test_top_k_keeps_the_k_largest(rng):
+    logits = rng.standard_normal(500).astype(np.float32)
+    ids, probs = candidates(logits, SamplingParams(temperature=1.0, top_k=7, top_p=1.0, min_p=0))
+    assert set(ids.tolist()) == set(np.argsort(-logits)[:7].tolist())
+    assert np.isclose(probs.sum(), 1.0) and np.all(np.diff(probs) <= 1e-12)
+
+
+def test_top_p_keeps_smallest_prefix_reaching_p(rng):
+    logits = rng.standard_normal(300).astype(np.float32) * 3
+    p = 0.6
+    ids, _ = candidates(logits, SamplingParams(temperature=1.0, **{**OFF, "top_p": p}))
+    order = np.argsort(-logits, kind="stable")
+    full = np.exp(logits[order] - logits.max())
+    full /= full.sum()
+    cum = np.cumsum(full)
+    expected = int(np.argmax(cum >= p)) + 1
+    assert ids.tolist() == order[:expected].tolist()
+    assert cum[expected - 2] < p <= cum[expected - 1] + 1e-9
+
+
+def test_min_p_drops_tokens_below_fraction_of_best(rng):
+    logits = rng.standard_normal(300).astype(np.float32) * 2
+    ids, _ = candidates(logits, SamplingParams(temperature=1.0, **{**OFF, "min_p": 0.2}))
+    probs = np.exp(logits - logits.max())
+    assert set(ids.tolist()) == set(np.nonzero(probs >= 0.2)[0].tolist())
+
+
+def test_temperature_scales_distribution(rng):
+    logits = rng.standard_normal(50).astype(np.float32)
+    for temp in (0.5, 2.0):
+        ids, probs = candidates(logits, SamplingParams(temperature=temp, **OFF))
+        ref = np.exp((logits[ids] - logits.max()) / temp)
+        assert np.allclose(probs, ref / ref.sum(), rtol=1e-6)
+
+
+def test_repeat_presence_frequency_penalties():
+    logits = np.array([2.0, -1.0, 3.0, 0.5, 1.0], dtype=np.float32)
+    history = [0, 1, 1, 4, 3]
+    out = apply_penalties(logits, history, SamplingParams(
+        repeat_penalty=2.0, repeat_last_n=3, presence_penalty=0.5, frequency_penalty=0.25))
+    # window = [1, 4, 3]: positive logits divided, negative multiplied, then the other penalties
+    assert out[0] == 2.0 and out[2] == 3.0  # outside the window / never seen
+    assert out[1] == pytest.approx(-1.0 * 2 - 0.25 - 0.5)
+    assert out[4] == pytest.approx(1.0 / 2 - 0.25 - 0.5)
+    assert out[3] == pytest.approx(0.5 / 2 - 0.25 - 0.5)
+    whole = apply_penalties(logits, history, SamplingParams(repeat_penalty=2.0, repeat_last_n=-1))
+    assert whole[0] == 1.0 and whole[2] == 3.0
+    assert np.array_equal(apply_penalties(logits, history, SamplingParams(
+        repeat_penalty=2.0, repeat_last_n=0)), logits)
+
+
+def test_penalty_changes_greedy_choice():
+    logits = np.array([1.0, 0.9, 0.1], dtype=np.float32)
+    sampler = Sampler(SamplingParams(temperature=0, repeat_penalty=1.5))
+    assert sampler.sample(logits, history=[]) == 0
+    assert sampler.sample(logits, history=[0]) == 1
+
+
+def test_seed_reproducible_and_different_seeds_differ(rng):
+    logits = rng.standard_normal(2000).astype(np.float32)
+
+    def draws(seed):
+        sampler = Sampler(SamplingParams(seed=seed, temperature=1.5, **OFF))
+        return [sampler.sample(logits) for _ in range(40)]
+
+    assert draws(11) == draws(11)
+    assert draws(11) != draws(12)
+
+
+def test_draws_follow_the_distribution(seed):
+    logits = np.log(np.array([0.5, 0.3, 0.2], dtype=np.float32))
+    sampler = Sampler(SamplingParams(temperature=1.0, seed=seed, **OFF))
+    counts = np.bincount([sampler.sample(logits) for _ in range(6000)], minlength=3) / 6000
+    assert np.allclose(counts, [0.5, 0.3, 0.2], atol=0.03), f"seed {seed}: {counts}"
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(min_p=2),
+                                 dict(repeat_penalty=0), dict(repeat_last_n=-2)])
+def test_invalid_parameters(bad):
+    with pytest.raises(ValueError, match="invalid sampling parameter"):
+        Sampler(SamplingParams(**bad))
