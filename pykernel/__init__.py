@@ -10,6 +10,7 @@ on CUDA through cuda-python or on the CPU target.
         if i < n:
             y[i] = a * x[i] + y[i]
 """
+from . import cache as _cache  # noqa: F401  (light; keeps warm kernel loads fast)
 from .errors import KernelRuntimeError, KernelSourceError, LaunchError, UnsupportedArchError
 from .kernel import DeviceFunction, Kernel, func, kernel
 from .lower.context import Options

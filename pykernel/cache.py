@@ -4,12 +4,10 @@ the specialization, arch, options and the compiler's own source. Disk writes are
 (temp file + rename) so concurrent processes are safe; a corrupt entry is recompiled."""
 from __future__ import annotations
 
-import ast
 import hashlib
-import inspect
 import json
+import marshal
 import os
-import tempfile
 import types
 from pathlib import Path
 
@@ -21,13 +19,14 @@ def compiler_fingerprint() -> str:
     """Hash of the compiler's own source files: a changed compiler never reuses old PTX."""
     global _FINGERPRINT
     if _FINGERPRINT is None:
+        # (name, size, mtime) of every compiler source file: a stat per file, no reads.
         h = hashlib.sha256()
         root = Path(__file__).parent
         for path in sorted(root.rglob("*.py")):
             if "runtime" in path.parts:
                 continue
-            h.update(path.name.encode())
-            h.update(path.read_bytes())
+            st = path.stat()
+            h.update(f"{path.relative_to(root)}:{st.st_size}:{st.st_mtime_ns}".encode())
         _FINGERPRINT = h.hexdigest()
     return _FINGERPRINT
 
@@ -38,31 +37,40 @@ def cache_dir() -> Path:
 
 
 def _dependencies(fn, h, seen):
+    """Hash a function's code object (bytecode, constants, names, line table, file) and, through
+    the names it uses, every @pk.func it reaches and the global constants it reads. Marshalling
+    code objects is microseconds; re-reading and tokenizing source would cost tens of ms."""
     from .kernel import DeviceFunction
-    try:
-        src = inspect.getsource(fn)
-    except (OSError, TypeError):
-        src = repr(fn)
-    h.update(src.encode())
-    try:
-        tree = ast.parse(__import__("textwrap").dedent(src))
-    except SyntaxError:
-        return
-    scope = dict(fn.__globals__)
+    code = fn.__code__
+    h.update(marshal.dumps(code))
+    scope = fn.__globals__
+    closure = {}
     if fn.__closure__:
-        scope.update(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__)))
-    for node in ast.walk(tree):
-        obj = None
-        if isinstance(node, ast.Name) and node.id in scope:
-            obj = scope[node.id]
-        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
-                isinstance(scope.get(node.value.id), types.ModuleType):
-            obj = getattr(scope[node.value.id], node.attr, None)
-        if isinstance(obj, DeviceFunction) and id(obj) not in seen:
-            seen.add(id(obj))
-            _dependencies(obj.fn, h, seen)
-        elif isinstance(obj, (bool, int, float, str)):
-            h.update(f"{getattr(node, 'id', getattr(node, 'attr', ''))}={obj!r}".encode())
+        closure = dict(zip(code.co_freevars, (c.cell_contents for c in fn.__closure__)))
+    names = set(_all_names(code))
+    for name in sorted(names):
+        obj = closure.get(name, scope.get(name, _MISSING))
+        candidates = [(name, obj)]
+        if isinstance(obj, types.ModuleType):
+            candidates = [(f"{name}.{a}", getattr(obj, a, None)) for a in sorted(names)
+                          if hasattr(obj, a)]
+        for label, value in candidates:
+            if isinstance(value, DeviceFunction) and id(value) not in seen:
+                seen.add(id(value))
+                _dependencies(value.fn, h, seen)
+            elif isinstance(value, (bool, int, float, str)):
+                h.update(f"{label}={value!r}".encode())
+
+
+_MISSING = object()
+
+
+def _all_names(code):
+    yield from code.co_names
+    yield from code.co_freevars
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _all_names(const)
 
 
 def kernel_key(kernel, arch, spec, options) -> str:
@@ -98,6 +106,7 @@ def _store_disk(key, compiled):
         meta["uses"] = sorted(compiled.uses)
         meta["ptx_sha256"] = hashlib.sha256(compiled.ptx.encode()).hexdigest()
         payload = json.dumps(meta) + "\n" + compiled.ptx
+        import tempfile
         fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
         with os.fdopen(fd, "w") as f:
             f.write(payload)
@@ -107,8 +116,8 @@ def _store_disk(key, compiled):
 
 
 def _load_disk(key):
-    from .compiler import CompiledKernel, ParamABI
-    from .lower.context import Site
+    from .compiled import CompiledKernel, ParamABI
+    from .compiled import Site
     import numpy as np
     path = cache_dir() / f"{key}.ptxcache"
     try:

@@ -9,11 +9,10 @@
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass, field
-
 from llvmlite import ir
 
 from . import cache
+from .compiled import CompiledKernel, ParamABI
 from .errors import KernelSourceError
 from .frontend.parse import FunctionAST, parse
 from .lower.codegen import FunctionLowering
@@ -22,35 +21,6 @@ from .lower.values import ConstValue, PtrValue, TypeValue, Value
 from .signature import concrete_params
 from .targets import get_target
 from .types import PtrType, ScalarType
-
-
-@dataclass(frozen=True)
-class ParamABI:
-    name: str
-    kind: str            # "ptr" | "scalar"
-    dtype: object        # numpy dtype (pointee for ptr), "bfloat16" for bf16
-    size: int
-    align: int
-    readonly: bool = False
-    type_name: str = ""  # DSL spelling: "Ptr[f32]", "i32"
-
-
-@dataclass
-class CompiledKernel:
-    name: str
-    entry: str
-    target: str
-    arch: str
-    params: list
-    shared_bytes: int
-    cache_key: str
-    ptx: str = ""
-    llvm_ir: str = ""
-    sites: list = field(default_factory=list)
-    uses: frozenset = frozenset()
-    min_arch: str = "sm_75"
-    source_hash: str = ""
-    cpu: object = None           # CPU target: the JIT-compiled entry (targets/cpu.py)
 
 
 def lower(fast: FunctionAST, params, spec: dict, target, options: Options, entry: str):
@@ -128,8 +98,9 @@ def entry_name(name: str, spec: dict) -> str:
     return f"{name}__{safe}"
 
 
-def compile_kernel(kernel, arch: str, spec: dict, options: Options) -> CompiledKernel:
-    key = cache.kernel_key(kernel, arch, spec, options)
+def compile_kernel(kernel, arch: str, spec: dict, options: Options,
+                   key: str | None = None) -> CompiledKernel:
+    key = key or cache.kernel_key(kernel, arch, spec, options)
     hit = cache.lookup(key, arch)
     if hit is not None:
         return hit

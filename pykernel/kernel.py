@@ -66,9 +66,14 @@ class Kernel:
         return spec
 
     def compile(self, arch: str = "sm_90", options: Options | None = None, **spec_kwargs):
+        from . import cache
+        spec, options = self.spec_from_kwargs(spec_kwargs), options or self.options
+        key = cache.kernel_key(self, arch, spec, options)
+        hit = cache.lookup(key, arch)        # warm path: no compiler or LLVM import
+        if hit is not None:
+            return hit
         from .compiler import compile_kernel
-        return compile_kernel(self, arch, self.spec_from_kwargs(spec_kwargs),
-                              options or self.options)
+        return compile_kernel(self, arch, spec, options, key)
 
     def ptx(self, arch: str = "sm_90", **spec_kwargs) -> str:
         return self.compile(arch, **spec_kwargs).ptx

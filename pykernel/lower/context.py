@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from llvmlite import ir
 
+from ..compiled import Site
 from ..types import PtrType
 
 
@@ -16,19 +17,6 @@ class Options:
     bounds_check: bool = False   # check Ptr indexing on the GPU (always on for the CPU target)
     lineinfo: bool = True        # .loc directives so profilers map PTX to Python lines
     opt_level: int = 3
-
-
-@dataclass
-class Site:
-    """A source location that a runtime check can report (kernel name + file:line:col)."""
-    kind: str
-    file: str
-    line: int
-    col: int
-    text: str
-
-    def describe(self) -> str:
-        return f"{self.file}:{self.line}:{self.col + 1}: {self.kind}\n    {self.text.strip()}"
 
 
 @dataclass
