@@ -44,4 +44,5 @@ class CompiledKernel:
     uses: frozenset = frozenset()
     min_arch: str = "sm_75"
     source_hash: str = ""
+    hidden_extents: int = 0      # bounds_check on the GPU: trailing __nbytes_* parameters
     cpu: object = None           # CPU target: the JIT-compiled entry (targets/cpu.py)

@@ -20,7 +20,7 @@ from .lower.context import KernelContext, Options
 from .lower.values import ConstValue, PtrValue, TypeValue, Value
 from .signature import concrete_params
 from .targets import get_target
-from .types import PtrType, ScalarType
+from .types import PtrType, ScalarType, i64
 
 
 def lower(fast: FunctionAST, params, spec: dict, target, options: Options, entry: str):
@@ -107,6 +107,10 @@ def compile_kernel(kernel, arch: str, spec: dict, options: Options,
     fast = parse(kernel.fn)                                    # stage 1
     target = get_target(arch)
     params = concrete_params(kernel.params, spec)
+    if options.bounds_check and target.name == "nvptx":
+        # Hidden trailing parameters: the byte size of each pointer argument (the launcher
+        # appends them), so generated code can check every access.
+        params = params + [(f"__nbytes_{n}", i64) for n, t in params if isinstance(t, PtrType)]
     entry = entry_name(fast.name, spec)
     try:
         module, ctx = lower(fast, params, spec, target, options, entry)   # stage 2
@@ -116,7 +120,8 @@ def compile_kernel(kernel, arch: str, spec: dict, options: Options,
     ref = verify(module)                                       # stage 3
     compiled = CompiledKernel(
         name=fast.name, entry=entry, target=target.name, arch=arch, params=param_abi(params),
-        shared_bytes=ctx.shared_bytes, cache_key=key, llvm_ir=str(module), sites=ctx.sites,
+        shared_bytes=ctx.shared_bytes, cache_key=key,
+        hidden_extents=sum(1 for n, _ in params if n.startswith("__nbytes_")), llvm_ir=str(module), sites=ctx.sites,
         uses=frozenset(ctx.uses), min_arch=f"sm_{ctx.min_arch[0]}", source_hash=fast.source_hash)
     if target.name == "nvptx":
         compiled.ptx = target.emit(ref, options)               # stage 4

@@ -65,5 +65,18 @@ class Launcher:
         if compiled is None:
             compiled = k.compile(device.arch, **spec_kwargs)
             k._launch_cache[key] = compiled
+        if compiled.hidden_extents:
+            runtime_args += tuple(_nbytes(k, a) for p, a in zip(k.runtime_params, runtime_args)
+                                  if p.kind == "ptr")
         device.launch(compiled, self.grid, self.block, runtime_args, stream=self.stream,
                       shared_bytes=self.shared_bytes)
+
+
+def _nbytes(kernel, value) -> int:
+    nbytes = getattr(value, "nbytes", None)
+    if nbytes is None and hasattr(value, "__cuda_array_interface__"):
+        cai = value.__cuda_array_interface__
+        nbytes = int(np.prod(cai["shape"])) * np.dtype(cai["typestr"]).itemsize
+    if nbytes is None:
+        raise LaunchError(f"{kernel.name}(): bounds checks need arrays with a known size")
+    return int(nbytes)

@@ -100,8 +100,57 @@ class NVPTXTarget:
         ptr = ctx.builder.bitcast(gv, ir.PointerType(elem.storage, addrspace=3))
         return ptr, None
 
-    def check_address(self, ctx, ptr, elem, origin, site):
-        return ptr   # GPU bounds checks: see docs/language.md (debug option, CPU target)
+    def check_address(self, ctx, ptr, elem, origin, site, nbytes=None):
+        """With bounds_check: trap (after printing kernel, file:line and the offset) on an
+        access outside the pointer argument or shared/local array it derives from."""
+        if not ctx.options.bounds_check or origin is None:
+            return ptr
+        b = ctx.builder
+        extent = self._extent(ctx, origin)
+        if extent is None:
+            return ptr
+        base, size = extent
+        offset = b.sub(b.ptrtoint(ptr, I64), b.ptrtoint(base, I64))
+        end = b.add(offset, ir.Constant(I64, nbytes or elem.nbytes))
+        bad = b.or_(b.icmp_signed("<", offset, ir.Constant(I64, 0)),
+                    b.icmp_signed(">", end, size))
+        with b.if_then(bad, likely=False):
+            self._report_oob(ctx, site, offset, size)
+        return ptr
+
+    def _extent(self, ctx, origin):
+        if origin[0] == "param":
+            k = origin[1]
+            names = [p[0] for p in ctx.target_data["params"]]
+            ptr_names = [n for n, t in ctx.target_data["params"] if isinstance(t, PtrType)]
+            hidden = "__nbytes_" + names[k]
+            if hidden not in names:
+                return None
+            args = ctx.function.args
+            return args[k], args[names.index(hidden)]
+        if origin[0] == "array" and isinstance(origin[2], int):
+            return origin[1], ir.Constant(I64, origin[2])
+        return None
+
+    def _report_oob(self, ctx, site, offset, size):
+        b, m = ctx.builder, ctx.module
+        where = ctx.sites[site]
+        text = (f"pykernel: kernel '{ctx.kernel_name}': {where.kind} at {where.file}:"
+                f"{where.line}:{where.col + 1} (byte offset %lld, size %lld)\n\0")
+        data = bytearray(text.encode())
+        fmt = ir.GlobalVariable(m, ir.ArrayType(ir.IntType(8), len(data)),
+                                m.get_unique_name("oobfmt"), addrspace=1)
+        fmt.global_constant, fmt.linkage = True, "internal"
+        fmt.initializer = ir.Constant(ir.ArrayType(ir.IntType(8), len(data)), data)
+        i8p = ir.IntType(8).as_pointer()
+        vprintf = m.globals.get("vprintf") or ir.Function(
+            m, ir.FunctionType(I32, [i8p, i8p]), "vprintf")
+        argbuf = ctx.alloca(ir.LiteralStructType([I64, I64]), "oob.args")
+        b.store(offset, b.gep(argbuf, [ir.Constant(I32, 0), ir.Constant(I32, 0)]))
+        b.store(size, b.gep(argbuf, [ir.Constant(I32, 0), ir.Constant(I32, 1)]))
+        fmt_ptr = b.addrspacecast(b.gep(fmt, [ir.Constant(I32, 0), ir.Constant(I32, 0)]), i8p)
+        b.call(vprintf, [fmt_ptr, b.bitcast(argbuf, i8p)])
+        b.call(ctx.intrinsic_decl("llvm.trap", ret=ir.VoidType(), args=()), [])
 
     def load(self, ctx, ptr, elem, readonly):
         inst = ctx.builder.load(ptr, align=elem.nbytes)
@@ -113,6 +162,8 @@ class NVPTXTarget:
         ctx.builder.store(raw, ptr, align=elem.nbytes)
 
     def load_vector(self, ctx, addr, vec_ty, site):
+        self.check_address(ctx, addr.ptr, addr.elem, addr.origin, site,
+                           vec_ty.count * addr.elem.nbytes)
         vptr = ctx.builder.bitcast(addr.ptr, ir.PointerType(vec_ty, addrspace=addr.ptr.type
                                                             .addrspace))
         inst = ctx.builder.load(vptr, align=vec_ty.count * addr.elem.nbytes)
@@ -121,6 +172,8 @@ class NVPTXTarget:
         return inst
 
     def store_vector(self, ctx, addr, vec, site):
+        self.check_address(ctx, addr.ptr, addr.elem, addr.origin, site,
+                           vec.type.count * addr.elem.nbytes)
         vptr = ctx.builder.bitcast(addr.ptr, ir.PointerType(vec.type, addrspace=addr.ptr.type
                                                             .addrspace))
         ctx.builder.store(vec, vptr, align=vec.type.count * addr.elem.nbytes)
