@@ -56,6 +56,15 @@ class Session:
 
     def prefill(self, ids: Sequence[int]) -> tuple[np.ndarray, int]:
         """Make the cache hold exactly `ids`; returns (last position's logits, ids computed)."""
+        logits, computed = self.prefill_act(ids)
+        return self.backend.to_host(logits)[-1], computed
+
+    def step(self, token: int) -> np.ndarray:
+        """Append one token; returns the logits after it."""
+        return self.backend.to_host(self.step_act(token))[-1]
+
+    def prefill_act(self, ids: Sequence[int]):
+        """prefill, with the logits left as a backend activation (1, n_vocab)."""
         ids = [int(i) for i in ids]
         if not ids:
             raise ValueError("cannot run an empty prompt (no tokens)")
@@ -73,16 +82,16 @@ class Session:
             chunk = np.asarray(ids[start:start + PREFILL_CHUNK], dtype=np.int64)
             logits = self.transformer.forward(chunk, start, self.cache)
             self.tokens.extend(int(i) for i in chunk)
-        return self.backend.to_host(logits)[-1], len(ids) - reuse
+        return logits, len(ids) - reuse
 
-    def step(self, token: int) -> np.ndarray:
-        """Append one token; returns the logits after it."""
+    def step_act(self, token: int):
+        """step, with the logits left as a backend activation (1, n_vocab)."""
         if len(self.tokens) >= self.n_ctx:
             raise ContextError(f"the context of {self.n_ctx} tokens is full")
         logits = self.transformer.forward(np.asarray([token], dtype=np.int64),
                                           len(self.tokens), self.cache)
         self.tokens.append(int(token))
-        return self.backend.to_host(logits)[-1]
+        return logits
 
 
 class _StopMatcher:
@@ -125,12 +134,12 @@ def stream(session: Session, tokenizer, prompt_ids: Sequence[int], sampler: Samp
                            f"{session.n_ctx} (one more is needed to generate); shorten the "
                            f"prompt or raise the context (--ctx)")
     t0 = time.perf_counter()
-    logits, stats.prompt_tokens = session.prefill(prompt_ids)
+    logits, stats.prompt_tokens = session.prefill_act(prompt_ids)
     stats.prompt_seconds = time.perf_counter() - t0
     decoder, matcher = tokenizer.stream_decoder(), _StopMatcher(stop)
     history, t0, stats.stop_reason = list(prompt_ids), time.perf_counter(), "max_tokens"
     for n in range(max_tokens):
-        token = sampler.sample(logits, history)
+        token = session.backend.sample(logits, sampler, history)
         if tokenizer.is_eog(token):
             stats.stop_reason = "eog"
             break
@@ -147,7 +156,7 @@ def stream(session: Session, tokenizer, prompt_ids: Sequence[int], sampler: Samp
         if len(session.tokens) >= session.n_ctx:
             stats.stop_reason = "context"
             break
-        logits = session.step(token)
+        logits = session.step_act(token)
         stats.decode_steps += 1
     stats.decode_seconds = time.perf_counter() - t0
     if stats.stop_reason != "stop_string":

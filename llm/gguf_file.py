@@ -79,13 +79,13 @@ class _Cursor:
         self.pos += n
         return values[0] if len(values) == 1 else values
 
-    def string(self, what: str, errors: str = "strict") -> str:
+    def string(self, what: str) -> str:
         n = self.unpack("<Q", what)
         self.need(n, what)
         raw = self.buf[self.pos:self.pos + n]
         self.pos += n
         try:
-            return raw.decode("utf-8", errors)
+            return raw.decode("utf-8")
         except UnicodeDecodeError:
             raise GGUFError(self.path, what, "expected a UTF-8 string") from None
 
@@ -124,8 +124,28 @@ def _read_value(cur: _Cursor, vtype: GGUFValueType, key: str, types: list):
     if item_type != GGUFValueType.STRING:
         raise GGUFError(cur.path, what, f"arrays of {item_type.name} are not supported")
     cur.need(count * 8, what)  # each string has at least its 8-byte length
-    # token texts need not be valid UTF-8: surrogateescape keeps their bytes recoverable
-    return [cur.string(f"{what}[{i}]", "surrogateescape") for i in range(count)]
+    return _string_array(cur, count, what)
+
+
+def _string_array(cur: _Cursor, count: int, what: str) -> list[str]:
+    """`count` length-prefixed strings; the hot loop of vocabularies (262k entries), kept lean.
+    Token texts need not be valid UTF-8: surrogateescape keeps their bytes recoverable."""
+    buf, pos, size, unpack = cur.buf, cur.pos, cur.size, struct.Struct("<Q").unpack_from
+    out = []
+    append = out.append
+    for index in range(count):
+        if pos + 8 > size:
+            cur.pos = pos
+            cur.need(8, f"{what}[{index}]")
+        (n,) = unpack(buf, pos)
+        end = pos + 8 + n
+        if end > size:
+            cur.pos = pos + 8
+            cur.need(n, f"{what}[{index}]")
+        append(buf[pos + 8:end].decode("utf-8", "surrogateescape"))
+        pos = end
+    cur.pos = pos
+    return out
 
 
 def _read_metadata(cur: _Cursor, kv_count: int) -> tuple[dict, dict]:

@@ -176,6 +176,9 @@ def load(model: str | os.PathLike = "smollm2", device: str = "cpu", backend: str
     spec = ARCH_SPECS[config.arch]
     transformer = Transformer(config, spec, load_weights(gguf, config, spec, backend_impl),
                               backend_impl)
+    if backend_impl.name == "kernels":  # decode steps replay a captured device graph
+        from llm.backends.kernels_graph import wrap
+        transformer = wrap(transformer)
     n_ctx, note = choose_context(config, n_ctx)
     return Model(path, gguf, config, transformer, tokenizer, backend_impl, n_ctx, note,
                  time.perf_counter() - t0)

@@ -111,3 +111,8 @@ class Backend(ABC):
     @abstractmethod
     def to_host(self, x: Act) -> np.ndarray:
         """float32 numpy copy (or view) of an activation."""
+
+    def sample(self, logits: Act, sampler, history) -> int:
+        """Next token from the last row of `logits` (a backend may sample on its device and
+        transfer only the id; this default copies the logits to the host)."""
+        return sampler.sample(self.to_host(logits)[-1], history)

@@ -57,20 +57,27 @@ def _q8_0(blocks: np.ndarray, out: np.ndarray) -> None:
 _FAST = {Q.Q4_0: _q4_0, Q.Q4_1: _q4_1, Q.Q5_0: _q5_0, Q.Q8_0: _q8_0}
 
 
-def dequantize(raw: np.ndarray, ggml_type: Q, shape: tuple[int, ...]) -> np.ndarray:
-    """uint8 bytes of one tensor -> float32 array of `shape` (numpy order)."""
-    if ggml_type == Q.F32:
+def dequantize(raw: np.ndarray, ggml_type: Q, shape: tuple[int, ...],
+               out: np.ndarray | None = None) -> np.ndarray:
+    """uint8 bytes of one tensor -> float32 array of `shape` (numpy order), written into `out`
+    (a C-contiguous float32 array of that shape) when given. F32 without `out` is a view."""
+    if ggml_type == Q.F32 and out is None:
         return raw.view(np.float32).reshape(shape)
-    if ggml_type == Q.F16:
-        return raw.view(np.float16).astype(np.float32).reshape(shape)
+    if out is None:
+        out = np.empty(shape, dtype=np.float32)
+    if out.dtype != np.float32 or not out.flags.c_contiguous or out.shape != tuple(shape):
+        raise ValueError(f"dequantize needs a C-contiguous float32 output of shape {shape}")
     block, block_bytes = GGML_QUANT_SIZES[ggml_type]
     fast = _FAST.get(ggml_type)
-    if fast is None:
+    if ggml_type in (Q.F32, Q.F16):
+        out[...] = raw.view(np.float32 if ggml_type == Q.F32 else np.float16).reshape(shape)
+    elif fast is None:
         rows = raw.reshape(-1, shape[-1] // block * block_bytes)
-        return quants.dequantize(rows, ggml_type).astype(np.float32, copy=False).reshape(shape)
-    blocks = raw.reshape(-1, block_bytes)
-    out = np.empty((blocks.shape[0], block), dtype=np.float32)
-    for start in range(0, blocks.shape[0], CHUNK_BLOCKS):
-        stop = start + CHUNK_BLOCKS
-        fast(blocks[start:stop], out[start:stop])
-    return out.reshape(shape)
+        out[...] = quants.dequantize(rows, ggml_type).reshape(shape)
+    else:
+        blocks = raw.reshape(-1, block_bytes)
+        flat = out.reshape(-1, block)
+        for start in range(0, blocks.shape[0], CHUNK_BLOCKS):
+            stop = start + CHUNK_BLOCKS
+            fast(blocks[start:stop], flat[start:stop])
+    return out

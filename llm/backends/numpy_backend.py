@@ -71,18 +71,24 @@ class NumpyBackend(Backend):
         return self._dequantized[t.name]
 
     def matrix(self, parts: Sequence[TensorInfo]):
-        mats = [self._f32(t) for t in parts]
-        w = mats[0] if len(mats) == 1 else np.ascontiguousarray(np.concatenate(mats, axis=0))
+        if len(parts) == 1:
+            w = self._f32(parts[0])
+        else:  # dequantize each part straight into its rows of the fused matrix
+            w = np.empty((sum(t.shape[0] for t in parts), parts[0].shape[1]), np.float32)
+            row = 0
+            for t in parts:
+                dequantize(t.data, t.ggml_type, t.shape, out=w[row:row + t.shape[0]])
+                row += t.shape[0]
         if not self.quantized_activations:
             return w
         segments, row = [], 0
-        for t, m in zip(parts, mats):
+        for t in parts:
             kind = activation_kind(t.ggml_type)
             if segments and segments[-1][2] == kind:
-                segments[-1] = (segments[-1][0], row + m.shape[0], kind)
+                segments[-1] = (segments[-1][0], row + t.shape[0], kind)
             else:
-                segments.append((row, row + m.shape[0], kind))
-            row += m.shape[0]
+                segments.append((row, row + t.shape[0], kind))
+            row += t.shape[0]
         return QuantActMatrix(w, segments)
 
     def vector(self, parts: Sequence[TensorInfo]) -> np.ndarray:
@@ -118,8 +124,11 @@ class NumpyBackend(Backend):
         return y
 
     def split(self, x, sizes):
-        bounds = np.cumsum(sizes)[:-1]
-        return np.split(x, bounds, axis=1)
+        out, col = [], 0
+        for size in sizes:
+            out.append(x[:, col:col + size])
+            col += size
+        return out
 
     def add(self, a, b):
         a += b

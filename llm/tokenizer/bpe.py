@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+from itertools import chain
 
 from .pretokenize import Splitter, byte_encode
 from .vocab import Vocab
@@ -32,11 +33,7 @@ class BpeEncoder:
         self.word_ids = functools.lru_cache(maxsize=cache_size)(self._word_ids)
 
     def encode(self, text: str) -> list[int]:
-        out: list[int] = []
-        word_ids = self.word_ids
-        for word in self.splitter.split(text):
-            out.extend(word_ids(word))
-        return out
+        return list(chain.from_iterable(map(self.word_ids, self.splitter.split(text))))
 
     def _word_ids(self, word: str) -> tuple[int, ...]:
         encoded = byte_encode(word)

@@ -101,35 +101,45 @@ class Splitter:
     """Applies one pre-tokenizer's regex list to text fragments."""
 
     def __init__(self, regex_set: str):
-        self.patterns = [regex.compile(expr) for expr in REGEXES[regex_set]]
+        # Each regex is wrapped in one capturing group so that regex.split() returns the
+        # matches together with the text between them, in C (none of our regexes captures).
+        self.stages = [(regex.compile(f"({expr})"), _names_non_ascii(expr))
+                       for expr in REGEXES[regex_set]]
 
     def split(self, text: str) -> list[str]:
-        # llama.cpp hands the regexes a copy of the text in which every non-ASCII whitespace
-        # character reads as U+000B (std::regex's \s knows only ASCII); that matters where a
-        # character class names such a character (DeepSeek's U+3000). Same length, so the
-        # match offsets found in the copy cut the original text.
-        shadow = text.translate(_NON_ASCII_SPACE_TO_VT) if not text.isascii() else text
-        spans = [(0, len(text))]
-        for pattern in self.patterns:
-            spans = [span for start, end in spans
-                     for span in _split_keep_all(pattern, shadow, start, end)]
-        return [text[start:end] for start, end in spans]
+        pieces = [text]
+        for pattern, shadowed in self.stages:
+            out: list[str] = []
+            for piece in pieces:
+                if shadowed and not piece.isascii():
+                    out.extend(_split_shadowed(pattern, piece))
+                else:
+                    out.extend(filter(None, pattern.split(piece)))
+            pieces = out
+        return pieces
 
 
-def _split_keep_all(pattern: regex.Pattern, text: str, start: int, end: int) -> list:
-    """Spans of pattern's matches in text[start:end] plus the unmatched spans between them."""
+def _names_non_ascii(expr: str) -> bool:
+    return not expr.isascii() or "\\u" in expr or "\\U" in expr or "\\x" in expr
+
+
+def _split_shadowed(pattern: regex.Pattern, piece: str) -> list[str]:
+    """Split as llama.cpp does for a regex naming non-ASCII characters itself: it matches
+    against a copy of the text where every non-ASCII whitespace reads as U+000B (so DeepSeek's
+    CJK range U+0800-U+4E00 does not take U+3000). Same length, so the offsets cut the piece."""
+    shadow = piece.translate(_NON_ASCII_SPACE_TO_VT)
     out = []
-    pos = start
-    for match in pattern.finditer(text, start, end):
-        m_start, m_end = match.span()
-        if m_start == m_end:
+    pos = 0
+    for match in pattern.finditer(shadow):
+        start, end = match.span()
+        if start == end:
             continue
-        if m_start > pos:
-            out.append((pos, m_start))
-        out.append((m_start, m_end))
-        pos = m_end
-    if pos < end:
-        out.append((pos, end))
+        if start > pos:
+            out.append(piece[pos:start])
+        out.append(piece[start:end])
+        pos = end
+    if pos < len(piece):
+        out.append(piece[pos:])
     return out
 
 

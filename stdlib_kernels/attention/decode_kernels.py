@@ -43,12 +43,11 @@ def fast_exp2(x: f32) -> f32:
 def decode_partial(q: Ptr[f32, "ro"], k_cache: Ptr["T", "ro"], v_cache: Ptr["T", "ro"],
                    lens: Ptr[i32, "ro"], lens_stride: i32, len_add: i32, len_step: i32,
                    cache_z_stride: i64, max_len: i32, n_head: i32, n_kv_head: i32,
-                   q_scale: f32, softcap: f32, window: i32,
+                   q_scale: f32, softcap: f32, window: i32, direct: i32,
                    out: Ptr[f32], part_o: Ptr[f32], part_ml: Ptr[f32],
                    D: Const[int], GB: Const[int], NWARPS: Const[int], U: Const[int],
                    L: Const[int], LOG2L: Const[int], LOG2KPW: Const[int], CH: Const[int],
-                   NCH: Const[int], SOFTCAP: Const[int], DIRECT: Const[int],
-                   T: Const[pk.dtype]):
+                   NCH: Const[int], T: Const[pk.dtype]):
     lane = pk.lane_id()
     warp = pk.thread_idx.x // 32
     row = lane // L                          # which key of the warp's KPW keys
@@ -81,7 +80,8 @@ def decode_partial(q: Ptr[f32, "ro"], k_cache: Ptr["T", "ro"], v_cache: Ptr["T",
                 acc[(g * NCH + j) * CH + e] = 0.0
                 qv[(g * NCH + j) * CH + e] = 0.0
                 if c * CH < D:
-                    qv[(g * NCH + j) * CH + e] = q[(z * n_head + h0 + g) * D + c * CH + e] * q_scale
+                    q_index = (z * n_head + h0 + g) * D + c * CH + e
+                    qv[(g * NCH + j) * CH + e] = q[q_index] * q_scale
 
     kreg = pk.local_array(f32, U * NCH * CH)
     vreg = pk.local_array(f32, U * NCH * CH)
@@ -110,7 +110,7 @@ def decode_partial(q: Ptr[f32, "ro"], k_cache: Ptr["T", "ro"], v_cache: Ptr["T",
                         part += qv[(g * NCH + j) * CH + e] * kreg[(u * NCH + j) * CH + e]
                 for r in pk.static_range(LOG2L):
                     part += pk.shfl_xor(part, (L >> 1) >> r)
-                if SOFTCAP:
+                if softcap > 0.0:
                     part = softcap * pk.tanh(part / softcap) * LOG2E
                 s[u * GB + g] = part if visible else MASKED
         for g in pk.static_range(GB):
@@ -173,7 +173,7 @@ def decode_partial(q: Ptr[f32, "ro"], k_cache: Ptr["T", "ro"], v_cache: Ptr["T",
             total += sm_den[w * GB + g] * weight
             o += sm_acc[(w * GB + g) * D + d] * weight
         head_row = z * n_head + h0 + g
-        if DIRECT:
+        if direct != 0:
             out[head_row * D + d] = o / total
         else:
             part_o[(head_row * n_splits + split) * D + d] = o

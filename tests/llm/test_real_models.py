@@ -72,3 +72,22 @@ def test_greedy_generation_follows_llama_cpp(loaded):
             got.append(int(np.argmax(logits)))
             logits = session.step(got[-1])
         assert got == expected, case["prompt"]
+
+
+def test_chat_prompt_and_reply(loaded):
+    model, gold, _ = loaded
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    prompt = model.chat_prompt(messages)
+    if model.config.arch == "llama":  # SmolLM2's own template, with its default system prompt
+        assert prompt == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, "
+                          "trained by Hugging Face<|im_end|>\n<|im_start|>user\nWhat is the "
+                          "capital of France?<|im_end|>\n<|im_start|>assistant\n")
+        ids = model.chat_ids(messages)
+        assert ids[0] == model.tokenizer.encode("<|im_start|>", parse_special=True)[0]
+        reply = model.chat(messages, max_tokens=24, temperature=0)
+        assert "Paris" in reply and model.last_stats.stop_reason == "eog"
+    else:  # the Gemma file has no template: the built-in Gemma turn format
+        assert prompt.startswith("<bos><start_of_turn>user\nWhat is")
+        assert prompt.endswith("<end_of_turn>\n<start_of_turn>model\n")
+        ids = model.chat_ids(messages)
+        assert ids.count(model.tokenizer.bos_id) == 1

@@ -137,3 +137,48 @@ def read_vocab_tests(gguf_path: Path) -> list[tuple[str, list[int]]]:
     if len(texts) != len(out_lines):
         raise ValueError(f"{gguf_path}: {len(texts)} inputs but {len(out_lines)} outputs")
     return [(text, [int(t) for t in line.split()]) for text, line in zip(texts, out_lines)]
+
+
+def write_vocab_gguf(path: Path, metadata: dict) -> Path:
+    """A vocab-only GGUF file holding exactly the given metadata.
+
+    metadata: key -> value; str, bool, int (written UINT32), float, or a list of str / int
+    (INT32) / float (FLOAT32). A (value, GGUFValueType) pair forces a scalar's type.
+    """
+    from gguf import GGUFValueType, GGUFWriter
+
+    writer = GGUFWriter(str(path), "llama")
+    # GGUFWriter writes general.architecture itself; the tokenizer never reads it.
+    for key, value in metadata.items():
+        if isinstance(value, tuple):
+            writer.add_key_value(key, value[0], value[1])
+        elif isinstance(value, list):
+            sample = value[0] if value else ""
+            sub = (GGUFValueType.STRING if isinstance(sample, str) else
+                   GGUFValueType.FLOAT32 if isinstance(sample, float) else GGUFValueType.INT32)
+            writer.add_key_value(key, value, GGUFValueType.ARRAY, sub_type=sub)
+        elif isinstance(value, bool):
+            writer.add_key_value(key, value, GGUFValueType.BOOL)
+        elif isinstance(value, int):
+            writer.add_key_value(key, value, GGUFValueType.UINT32)
+        elif isinstance(value, float):
+            writer.add_key_value(key, value, GGUFValueType.FLOAT32)
+        else:
+            writer.add_key_value(key, value, GGUFValueType.STRING)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def byte_level_vocab(merges: list[str], extra_tokens: list[str] = ()) -> list[str]:
+    """GPT-2 byte-level vocab: the 256 byte characters in byte order, the merge results, extras."""
+    from llm.tokenizer.pretokenize import BYTE_TO_CHAR
+
+    tokens = list(BYTE_TO_CHAR)
+    for merge in merges:
+        merged = merge.replace(" ", "", 1)
+        if merged not in tokens:
+            tokens.append(merged)
+    return tokens + [t for t in extra_tokens if t not in tokens]
