@@ -1,6 +1,6 @@
 """The `pykernel` command line: compiler commands (build, ptx, ir, check, selftest) and the
-LLM runner's commands (run, chat, tokenize, info, bench, quantize, synth), which the `llm`
-package registers through `llm.cli.register(subparsers)`."""
+LLM runner's commands (run, chat, tokenize, info from llm.cli; bench, synth from llm.cli_bench;
+quantize from stdlib_kernels.quant.cli), each registered through `register(subparsers)`."""
 from __future__ import annotations
 
 import argparse
@@ -16,15 +16,20 @@ def _compiler_commands(sub) -> None:
 
 
 def _runner_commands(sub) -> None:
-    try:
-        from llm import cli as llm_cli
-    except ImportError:
-        return
-    llm_cli.register(sub)
+    # Each module contributes subcommands through register(subparsers).
+    for module_name in ("llm.cli", "llm.cli_bench", "stdlib_kernels.quant.cli"):
+        try:
+            module = __import__(module_name, fromlist=["register"])
+        except ImportError:
+            continue
+        register = getattr(module, "register", None)
+        if register is not None:
+            register(sub)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pykernel", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="pykernel", description="pykernel: GPU kernels in Python, and a GGUF LLM runner.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _compiler_commands(sub)
     _runner_commands(sub)
