@@ -16,17 +16,22 @@ _FINGERPRINT = None
 
 
 def compiler_fingerprint() -> str:
-    """Hash of the compiler's own source files: a changed compiler never reuses old PTX."""
+    """The compiler's identity: its version and the (path, size, mtime) of its source files
+    (one stat per file, no reads), so a changed compiler never reuses old PTX."""
     global _FINGERPRINT
     if _FINGERPRINT is None:
-        # (name, size, mtime) of every compiler source file: a stat per file, no reads.
-        h = hashlib.sha256()
-        root = Path(__file__).parent
-        for path in sorted(root.rglob("*.py")):
-            if "runtime" in path.parts:
-                continue
-            st = path.stat()
-            h.update(f"{path.relative_to(root)}:{st.st_size}:{st.st_mtime_ns}".encode())
+        from . import __version__
+        h = hashlib.sha256(__version__.encode())
+        stack = [os.path.dirname(os.path.abspath(__file__))]
+        while stack:
+            folder = stack.pop()
+            with os.scandir(folder) as entries:
+                for e in sorted(entries, key=lambda e: e.name):
+                    if e.is_dir() and e.name not in ("runtime", "__pycache__"):
+                        stack.append(e.path)
+                    elif e.name.endswith(".py"):
+                        st = e.stat()
+                        h.update(f"{e.path}:{st.st_size}:{st.st_mtime_ns}".encode())
         _FINGERPRINT = h.hexdigest()
     return _FINGERPRINT
 
