@@ -19,7 +19,6 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "llm"))
 
 from llm.tokenizer import Tokenizer  # noqa: E402
 
@@ -85,7 +84,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.vocab is None:
-        import tokenizer_data
+        from tests.llm import tokenizer_data
         args.vocab = tokenizer_data.smollm2_path()
     tok = Tokenizer.from_gguf(args.vocab)
     rng = np.random.default_rng(args.seed)

@@ -35,5 +35,9 @@ def create_backend(device: str = "cpu", backend: str | None = None, **options) -
             raise BackendUnavailable(
                 f"the 'kernels' backend (device={device!r}) is not available in this build yet; "
                 "use device='cpu', backend='numpy'") from None
-        return module.create(device=device, **options)
+        try:
+            return module.create(device=device, **options)
+        except RuntimeError as exc:  # e.g. no usable GPU / driver on this machine
+            raise BackendUnavailable(f"the 'kernels' backend cannot run on {device!r}: "
+                                     f"{exc}") from exc
     raise ValueError(f"unknown backend {name!r} (expected 'numpy' or 'kernels')")

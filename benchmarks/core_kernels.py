@@ -1,0 +1,163 @@
+"""Core kernels (issue 4) on the GPU: achieved bandwidth as a fraction of the measured copy
+bandwidth at hidden 576/2048/4096/8192 and batch 1 / 512, microseconds per kernel at batch 1,
+and sampling latency at real vocabulary sizes.
+
+Input: none (needs a GPU; `--quick` runs fewer shapes). Output: a markdown table on stdout.
+Method: each case rotates over enough buffer sets to exceed 200 MB (> the 50 MB L2), so the
+batch-512 figures are HBM figures; R launches are captured in a CUDA graph and the replay is
+timed with events, so the time per kernel excludes Python launch overhead (reported apart as
+"host us": one plain launch, back to back, which bounds a non-graph decode loop).
+Bytes counted: every input read once and every output written once.
+
+    python3 benchmarks/core_kernels.py
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import pykernel as pk  # noqa: E402
+import stdlib_kernels as sk  # noqa: E402
+
+ROTATE_BYTES = 200 << 20
+LAUNCHES = 200
+HIDDEN = (576, 2048, 4096, 8192)
+BATCHES = (1, 512)
+
+
+def copy_bandwidth() -> float:
+    """bytes/s of a device-to-device memcpy of 1 GiB (read + write counted)."""
+    n = 1 << 28
+    a, b = pk.empty(n, np.float32), pk.empty(n, np.float32)
+    memory = pk.current_device().memory
+    memory.copy(b.ptr, a.ptr, a.nbytes)
+    start, end = pk.Event(), pk.Event()
+    start.record()
+    for _ in range(10):
+        memory.copy(b.ptr, a.ptr, a.nbytes)
+    end.record()
+    end.synchronize()
+    return 2 * a.nbytes * 10 / (start.elapsed_ms(end) * 1e-3)
+
+
+def time_graph(calls) -> float:
+    """Seconds per call: LAUNCHES calls (cycling over `calls`) captured and replayed."""
+    stream = pk.Stream()
+    for call in calls:
+        call()
+    pk.synchronize()
+    with pk.capture_graph(stream) as graph:
+        for i in range(LAUNCHES):
+            calls[i % len(calls)]()
+    graph.replay(stream)
+    stream.synchronize()
+    start, end = pk.Event(), pk.Event()
+    start.record(stream)
+    for _ in range(5):
+        graph.replay(stream)
+    end.record(stream)
+    end.synchronize()
+    return start.elapsed_ms(end) * 1e-3 / (5 * LAUNCHES)
+
+
+def time_host(call) -> float:
+    for _ in range(20):
+        call()
+    pk.synchronize()
+    t = time.perf_counter()
+    for _ in range(200):
+        call()
+    pk.synchronize()
+    return (time.perf_counter() - t) / 200
+
+
+def cases(batch: int, hidden: int, rng):
+    """(name, make(set) -> call, bytes moved per call) per kernel."""
+    shape = (batch, hidden)
+    f32 = lambda: pk.to_device(rng.standard_normal(shape).astype(np.float32))  # noqa: E731
+    w = pk.to_device(rng.standard_normal(hidden).astype(np.float32))
+    row = batch * hidden * 4
+
+    def rms():
+        x, o = f32(), f32()
+        return lambda: sk.rmsnorm(x, w, 1e-6, out=o)
+
+    def rms_res():
+        x, r, o = f32(), f32(), f32()
+        return lambda: sk.rmsnorm(x, w, 1e-6, residual=r, out=o, sum_out=r)
+
+    def soft():
+        x, o = f32(), f32()
+        return lambda: sk.softmax(x, 0.125, out=o)
+
+    def swiglu():
+        g, u, o = f32(), f32(), f32()
+        return lambda: sk.silu_mul(g, u, out=o)
+
+    def add():
+        a, b, o = f32(), f32(), f32()
+        return lambda: sk.add(a, b, out=o)
+
+    def to_f16():
+        a, o = f32(), pk.empty(shape, np.float16)
+        return lambda: sk.convert(a, np.float16, out=o)
+
+    def layer():
+        x, o = f32(), f32()
+        return lambda: sk.layernorm(x, w, w, 1e-5, out=o)
+
+    return [("rmsnorm", rms, 2 * row + hidden * 4),
+            ("rmsnorm+residual", rms_res, 4 * row + hidden * 4),
+            ("layernorm", layer, 2 * row + 2 * hidden * 4),
+            ("softmax", soft, 2 * row), ("silu_mul", swiglu, 3 * row),
+            ("add", add, 3 * row), ("convert f32->f16", to_f16, row + row // 2)]
+
+
+def sampling_rows(rng):
+    rows = []
+    for vocab in (32000, 151936, 262144):
+        logits = pk.to_device(rng.standard_normal(vocab).astype(np.float32))
+        u, tok = pk.to_device(np.array([0.37], np.float32)), pk.empty(1, np.int32)
+        for label, kw in [("argmax", dict(temperature=0.0)),
+                          ("sample t=0.8", dict(temperature=0.8)),
+                          ("sample k40 p0.95 minp0.05", dict(temperature=0.8, top_k=40,
+                                                              top_p=0.95, min_p=0.05))]:
+            call = lambda kw=kw: sk.sample(logits, u, out=tok, **kw)  # noqa: E731
+            rows.append((label, vocab, time_graph([call]) * 1e6, time_host(call) * 1e6))
+    return rows
+
+
+def main() -> None:
+    if not pk.gpu_available():
+        sys.exit("core_kernels: no usable CUDA GPU")
+    pk.set_device("cuda")
+    rng = np.random.default_rng(0)
+    copy_bw = copy_bandwidth()
+    dev = pk.current_device()
+    print(f"device: {dev}; memcpy D2D bandwidth {copy_bw / 1e12:.2f} TB/s\n")
+    print("| kernel | hidden | batch | us/kernel (graph) | host us/launch | GB/s | % of copy |")
+    print("|---|---|---|---|---|---|---|")
+    hidden = HIDDEN[:2] if "--quick" in sys.argv else HIDDEN
+    for name_index in range(7):
+        for h in hidden:
+            for batch in BATCHES:
+                name, make, nbytes = cases(batch, h, rng)[name_index]
+                sets = max(1, min(64, ROTATE_BYTES // nbytes))
+                calls = [make() for _ in range(sets)]
+                seconds = time_graph(calls)
+                host = time_host(calls[0]) * 1e6 if batch == 1 else float("nan")
+                bw = nbytes / seconds
+                print(f"| {name} | {h} | {batch} | {seconds * 1e6:.2f} | {host:.1f} | "
+                      f"{bw / 1e9:.0f} | {100 * bw / copy_bw:.0f}% |", flush=True)
+    print("\n| sampler | vocab | us/kernel (graph) | host us/launch |\n|---|---|---|---|")
+    for label, vocab, g, hst in sampling_rows(rng):
+        print(f"| {label} | {vocab} | {g:.1f} | {hst:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,312 @@
+"""The "kernels" backend: the `Backend` ops run as pykernel kernels, on the GPU or the CPU target.
+
+Input: GGUF tensors (uploaded once in their block format), token ids and positions of a step.
+Output: device activations; `to_host` is the only device->host copy of activations.
+Activations live in a per-forward arena (the same buffers every step of a given size, so a
+decode step captured as a graph replays on them); the KV cache is preallocated per layer as
+(n_head_kv, n_ctx, head_dim) in f16 (cuda) or f32 (cpu). Fusions: RoPE + KV-cache write (one
+launch for q and k), residual add in the GEMV epilogue, gate/up GEMV with SwiGLU/GeGLU in its
+epilogue (see kernels_lazy). Decode graphs: kernels_graph.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+import pykernel as pk
+from llm.backends import kernels_extra as X
+from llm.backends import kernels_weights as W
+from llm.backends.base import Backend
+from llm.backends.kernels_lazy import Cols, GluHalf, PendingGlu, PendingMatmul, Roped
+from llm.backends.kernels_memory import Arena, DeviceMemory, KernelsKVCache
+from llm.config import RopeParams
+from llm.gguf_file import TensorInfo
+from stdlib_kernels import activation as activation_rows
+from stdlib_kernels import embedding as embedding_rows
+from stdlib_kernels import glu as glu_rows
+from stdlib_kernels import layernorm, rmsnorm, rope_kv_cache
+from stdlib_kernels import rope as rope_rows
+from stdlib_kernels.attention import decode as D
+
+
+class DeviceTable:
+    """An embedding table: raw GGUF rows (vocab, row_bytes) uint8 of `type_name`."""
+
+    def __init__(self, raw, type_name: str, n: int, role: str):
+        self.raw, self.type_name, self.n, self.role = raw, type_name, n, role
+
+
+class KernelsBackend(Backend):
+    name = "kernels"
+
+    def __init__(self, device: str = "cuda", activations: str = "q8_1", kv_dtype=None,
+                 graphs: bool = True, gemv: bool | None = None):
+        if activations not in ("q8_1", "f32"):
+            raise ValueError(f"activations must be 'q8_1' or 'f32', got {activations!r}")
+        self.device = pk.set_device(device) if device == "cuda" else pk.get_device("cpu")
+        pk.set_device(self.device)
+        self.activations = activations
+        default_kv = np.float16 if self.device.kind == "cuda" else np.float32
+        self.kv_dtype = np.dtype(kv_dtype or default_kv)
+        self.memory = DeviceMemory(self.device)
+        self.weights = W.WeightStore(self.memory.upload)
+        self.use_graphs = graphs
+        # stdlib's warp-per-row GEMV on the GPU; on the CPU target kernels_extra.matmul, whose
+        # threads never synchronise (same arithmetic, ~100x faster there)
+        self.gemv = self.device.kind == "cuda" if gemv is None else gemv
+        self.prefill_arena, self.decode_arena = Arena(self.memory), Arena(self.memory)
+        self.arena = self.prefill_arena
+        self._step = None           # (ids, positions, start) device arrays of the running step
+        self.stream = pk.Stream(self.device) if self.device.kind == "cuda" else None
+
+    # --- weights -----------------------------------------------------------------------------
+    def matrix(self, parts: Sequence[TensorInfo]):
+        return self.weights.matrix(parts)
+
+    def vector(self, parts: Sequence[TensorInfo]):
+        host = np.concatenate([_f32_vector(t) for t in parts])
+        return self.memory.upload(host, "+".join(t.name for t in parts))
+
+    def embedding(self, table: TensorInfo):
+        role = "position" if table.name.startswith("position") else "token"
+        return DeviceTable(self.weights.raw(table), table.ggml_type.name, table.shape[-1], role)
+
+    def kv_cache(self, n_layer, n_ctx, n_head_kv, head_dim, head_dim_v) -> KernelsKVCache:
+        if head_dim_v != head_dim:
+            raise ValueError(f"kernels backend: value head size {head_dim_v} != key head size "
+                             f"{head_dim} is not supported")
+        cache = KernelsKVCache(self.memory, n_layer, n_ctx, n_head_kv, head_dim, self.kv_dtype,
+                               self.weights.nbytes)
+        return cache
+
+    # --- step inputs -------------------------------------------------------------------------
+    def begin_step(self, ids, start: int, device_io=None) -> None:
+        """Inputs of one forward: host ids/start uploaded, or (decode graphs) read from
+        device_io = [token, position] (int32, on the device)."""
+        n = len(ids)
+        if device_io is not None:
+            self.arena = self.decode_arena
+            self.arena.reset()
+            self._step = (device_io[0:1], device_io[1:2], device_io[1:2])
+            return
+        self.arena = self.prefill_arena
+        self.arena.reset()
+        host = np.concatenate([np.asarray(ids, np.int32).reshape(-1),
+                               np.arange(start, start + n, dtype=np.int32)])
+        buf = self.arena.take((2 * n,), np.int32)
+        buf.copy_from(host)
+        self._step = (buf[0:n], buf[n:2 * n], buf[n:n + 1])
+
+    def end_step(self) -> None:
+        self._step = None
+
+    def _positions(self, positions) -> tuple:
+        """(device positions, device start) for this step's tokens."""
+        if self._step is not None and self._step[1].size == len(positions):
+            return self._step[1], self._step[2]
+        host = np.asarray(positions, np.int32).reshape(-1)
+        buf = self.arena.take((len(host),), np.int32)
+        buf.copy_from(host)
+        return buf, buf[0:1]
+
+    # --- ops ---------------------------------------------------------------------------------
+    def embed(self, table: DeviceTable, ids, scale=1.0):
+        n = len(ids)
+        if table.role == "position":
+            dev_ids = self._positions(ids)[0]
+        elif self._step is not None and self._step[0].size == n:
+            dev_ids = self._step[0]
+        else:
+            self.arena.reset()
+            dev_ids = self.arena.take((n,), np.int32)
+            dev_ids.copy_from(np.asarray(ids, np.int32).reshape(-1))
+        out = self.arena.take((n, table.n), np.float32)
+        t = table.type_name
+        if t in ("F32", "F16"):
+            typed = table.raw.reshape(-1).view(np.float32 if t == "F32" else np.float16)
+            embedding_rows(typed.reshape(-1, table.n), dev_ids, scale=scale, out=out)
+        else:  # quantized rows: dequantized on the fly (one row per token, any GGUF type)
+            X.embed_rows(table.raw, t, dev_ids, out, scale)
+        return out
+
+    def matmul(self, x, w, bias=None):
+        x = self.materialize(x)
+        if bias is None and self.gemv and w.is_glu_pair():
+            return PendingGlu(x, w)
+        return PendingMatmul(x, w, bias)
+
+    def _run_matmul(self, p: PendingMatmul, res=None):
+        x, w = p.x, p.w
+        n = x.shape[0]
+        in_place = self.gemv and res is not None and n <= 8 and len(w.groups) == 1
+        out = res if in_place else self.arena.take((n, w.n_out), np.float32)  # y may alias res
+        W.matmul(x, w, out, self._q8(x, w), self._scratch, res=res, gemv=self.gemv)
+        if p.bias is not None:
+            X.bias(out, p.bias)
+        return out
+
+    def _q8(self, x, w):
+        if not W.needs_q8_1(w, self.activations):
+            return None
+        xq = self.arena.take(W.q8_buffer_shape(x.shape[0], x.shape[1]), np.uint8)
+        W.quantize_activations(x, xq)
+        return xq
+
+    def _scratch(self, shape):
+        return self.arena.take(shape, np.float32)
+
+    def split(self, x, sizes):
+        if isinstance(x, PendingGlu) and tuple(sizes) == x.w.part_rows:
+            return [GluHalf(x, 0), GluHalf(x, 1)]
+        x = self.materialize(x)
+        n, out, off = x.shape[0], [], 0
+        for width in sizes:
+            if n == 1:
+                out.append(x.reshape(-1)[off:off + width].reshape(1, width))
+            else:
+                out.append(Cols(x, off, width))
+            off += width
+        return out
+
+    def add(self, a, b):
+        a = self.materialize(a)
+        if isinstance(b, PendingMatmul) and b.bias is None:
+            return self._run_matmul(b, res=a)
+        X.add(a, self.materialize(b))
+        return a
+
+    def rms_norm(self, x, w, eps, group=0):
+        x = self.materialize(x)
+        n = x.shape[0]
+        out = self.arena.take(x.shape, np.float32)
+        if group:
+            rmsnorm(x.reshape(n, -1, group), w, eps, out=out.reshape(n, -1, group))
+        else:
+            rmsnorm(x, w, eps, out=out)
+        return out
+
+    def layer_norm(self, x, w, b, eps):
+        x = self.materialize(x)
+        out = self.arena.take(x.shape, np.float32)
+        return layernorm(x, w, b, eps, out=out)
+
+    def rope(self, x, positions, head_dim, params: RopeParams, freq_factors=None):
+        if params.freq_scale != 1.0:
+            raise ValueError("kernels backend: linear RoPE scaling (freq_scale "
+                             f"{params.freq_scale}) is not supported")
+        self._rope_positions = positions
+        return Roped(x, head_dim, params, freq_factors)
+
+    def _apply_rope(self, r: Roped):
+        x = self._contiguous(r.x)
+        n = x.shape[0]
+        pos, _ = self._positions(self._rope_positions)
+        p = r.params
+        x3 = x.reshape(n, -1, r.head_dim)
+        rope_rows(x3, pos, p.base, "neox" if p.neox else "normal", rot_dim=p.n_rot,
+               freq_factors=r.freq_factors, out=x3)
+        return x
+
+    def attention(self, q, k, v, cache: KernelsKVCache, layer, start, scale, window=0):
+        d = cache.head_dim
+        k_cache, v_cache = cache.k[layer], cache.v[layer]
+        fused = isinstance(q, Roped) and isinstance(k, Roped) and q.params == k.params
+        qa = self._contiguous(q.x if fused else self.materialize(q))
+        ka = self._contiguous(k.x if fused else self.materialize(k))
+        va = self._contiguous(v)
+        n = qa.shape[0]
+        positions, start_dev = self._positions(np.arange(start, start + n))
+        q3 = qa.reshape(n, -1, d)
+        if fused:
+            p = q.params
+            rope_kv_cache(ka.reshape(n, -1, d), va.reshape(n, -1, d), k_cache, v_cache,
+                            positions, p.base, "neox" if p.neox else "normal", q=q3,
+                            rot_dim=p.n_rot, freq_factors=q.freq_factors)
+        else:
+            X.store_kv(ka, va, k_cache, v_cache, start_dev)
+        out = self.arena.take((n, qa.shape[1]), np.float32)
+        if d in D.HEAD_DIMS:
+            self._stdlib_attention(q3, k_cache, v_cache, start_dev, out.reshape(n, -1, d),
+                                   scale, window, cache)
+        else:
+            X.attention(qa, k_cache, v_cache, out, start_dev, q3.shape[1], scale, window)
+        return out
+
+    def _stdlib_attention(self, q3, k_cache, v_cache, start_dev, out3, scale, window, cache):
+        if q3.shape[0] == 1:   # decode: kv_len = position + 1, split over the context
+            D.launch_decode(q3, k_cache, v_cache, start_dev, out3, scale, window=window or None,
+                            len_add=1, workspace=cache.workspace(q3.shape[1]))
+        else:                  # prefill: query z sees start + z + 1 keys of the shared cache
+            D.launch_decode(q3, k_cache, v_cache, start_dev, out3, scale, window=window or None,
+                            len_add=1, len_step=1, lens_stride=0, share_cache=True)
+
+    def _glu(self, gate, up, act: str):
+        if isinstance(gate, GluHalf) and isinstance(up, GluHalf) and gate.pending is up.pending \
+                and (gate.index, up.index) == (0, 1):
+            p = gate.pending
+            out = self.arena.take((p.x.shape[0], p.w.part_rows[0]), np.float32)
+            W.glu(p.x, p.w, out, self._q8(p.x, p.w), "swiglu" if act == "silu" else "geglu",
+                  self._scratch)
+            return out
+        g, u = self._contiguous(gate), self._contiguous(up)
+        out = self.arena.take(g.shape, np.float32)
+        return glu_rows(g, u, act, out=out)
+
+    def swiglu(self, gate, up):
+        return self._glu(gate, up, "silu")
+
+    def geglu_tanh(self, gate, up):
+        return self._glu(gate, up, "gelu_tanh")
+
+    def gelu(self, x):
+        x = self.materialize(x)
+        return activation_rows(x, "gelu_tanh", out=self.arena.take(x.shape, np.float32))
+
+    def last_row(self, x):
+        x = self.materialize(x)
+        return x[x.shape[0] - 1:]
+
+    def to_host(self, x):
+        return self.materialize(x).numpy()
+
+    # --- deferred values -----------------------------------------------------------------------
+    def materialize(self, x):
+        """A contiguous f32 device array for any activation (launching what was deferred)."""
+        if isinstance(x, PendingMatmul):
+            return self._run_matmul(x)
+        if isinstance(x, PendingGlu):
+            return self._run_matmul(PendingMatmul(x.x, x.w, None))
+        if isinstance(x, GluHalf):
+            full = self.materialize(x.pending)
+            half = x.pending.w.part_rows[0]
+            return self._contiguous(Cols(full, half * x.index, half)
+                                    if full.shape[0] > 1 else
+                                    full.reshape(-1)[half * x.index:half * (x.index + 1)]
+                                    .reshape(1, half))
+        if isinstance(x, Roped):
+            return self._apply_rope(x)
+        return self._contiguous(x)
+
+    def _contiguous(self, x):
+        if isinstance(x, Cols):
+            n = x.src.shape[0]
+            out = self.arena.take((n, x.width), np.float32)
+            X.columns(x.src, out, n, x.width, x.off, 0)
+            return out
+        if isinstance(x, (PendingMatmul, PendingGlu, GluHalf, Roped)):
+            return self.materialize(x)
+        return x
+
+    def memory_report(self) -> dict:
+        return self.memory.report(self.weights.nbytes,
+                                  self.prefill_arena.nbytes + self.decode_arena.nbytes)
+
+
+def _f32_vector(t: TensorInfo) -> np.ndarray:
+    from llm.backends.dequant import dequantize
+    return dequantize(t.data, t.ggml_type, t.shape).reshape(-1).astype(np.float32)
+
+
+def create(device: str = "cuda", **options) -> KernelsBackend:
+    return KernelsBackend(device=device, **options)

@@ -1,0 +1,242 @@
+"""Small pykernel kernels the kernels backend needs beyond stdlib_kernels' public entry points.
+
+Input: device arrays (pykernel Arrays, f32 activations unless said). Output: results written
+into preallocated arrays (nothing allocated, so every launch can sit in a captured CUDA graph).
+
+    attention_rows   causal attention of any head size (stdlib's decode kernel covers 64..256;
+                     the tiny CI models use 16), the start position read from device memory
+    kv_store         K/V rows into the cache at their positions (models without RoPE: gpt2)
+    add_into         a += b                      add_bias    rows of y += bias
+    copy_cols        a block of columns from one row-major array to another
+    argmax_next      greedy id of the last logits row -> io[0]; io[1] (the position) += 1,
+                     so a replayed decode graph feeds itself
+    embed_generic    embedding rows of any GGUF type (stdlib's embedding covers five types)
+    matmul_rows      y = x @ W.T, one thread per output element, no barriers or shuffles: the
+                     CPU target runs it as plain compiled loops (stdlib's GEMV, built for the
+                     GPU, runs a coroutine per thread there and takes ~25 s per tiny forward);
+                     Q8 mode reads Q8_1 activations (the values llama.cpp's quantized path sees)
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import pykernel as pk
+from pykernel import Const, Ptr, f32, i32, i64, u8
+from stdlib_kernels import _launch as L
+from stdlib_kernels._device import warp_sum
+from stdlib_kernels.quant.dequant_kernels import CODES, dequantize_one, load_half
+from stdlib_kernels.quant.formats import get_format
+
+MAX_HEAD_DIM = 256
+NEG_INIT = -1.0e30  # running max before any key: finite, so exp(m_old - m_new) is never NaN
+
+
+@pk.kernel
+def attention_rows(q: Ptr[f32, "ro"], k_cache: Ptr["C", "ro"], v_cache: Ptr["C", "ro"],
+                   out: Ptr[f32], start: Ptr[i32, "ro"], n_head: i32, n_kv: i32, max_len: i32,
+                   scale: f32, window: i32, D: Const[int], NPL: Const[int], C: Const[pk.dtype]):
+    # grid (tokens, n_head), one warp per query head; lane owns dims lane + 32 * j (j < NPL).
+    # Caches (n_kv, max_len, D); query t sits at position start[0] + t and sees keys
+    # [max(0, pos - window + 1) if window else 0, pos].
+    t = pk.block_idx.x
+    h = pk.block_idx.y
+    lane = pk.lane_id()
+    kvh = h // (n_head // n_kv)
+    pos = start[0] + t
+    lo = 0
+    if window > 0:
+        lo = max(0, pos - window + 1)
+    row = (i64(t) * i64(n_head) + i64(h)) * i64(D)
+    qv = pk.local_array(f32, NPL)
+    acc = pk.local_array(f32, NPL)
+    for j in pk.static_range(NPL):
+        qv[j] = 0.0
+        acc[j] = 0.0
+        if lane + 32 * j < D:
+            qv[j] = q[row + i64(lane + 32 * j)] * scale
+    base = i64(kvh) * i64(max_len) * i64(D)
+    m = f32(NEG_INIT)
+    denom = f32(0.0)
+    for key in range(lo, pos + 1):
+        krow = base + i64(key) * i64(D)
+        s = f32(0.0)
+        for j in pk.static_range(NPL):
+            if lane + 32 * j < D:
+                s += qv[j] * f32(k_cache[krow + i64(lane + 32 * j)])
+        s = warp_sum(s)
+        m_new = max(m, s)
+        corr = pk.exp(m - m_new)
+        p = pk.exp(s - m_new)
+        denom = denom * corr + p
+        for j in pk.static_range(NPL):
+            if lane + 32 * j < D:
+                acc[j] = acc[j] * corr + p * f32(v_cache[krow + i64(lane + 32 * j)])
+        m = m_new
+    for j in pk.static_range(NPL):
+        if lane + 32 * j < D:
+            out[row + i64(lane + 32 * j)] = acc[j] / denom
+
+
+@pk.kernel
+def kv_store(k: Ptr[f32, "ro"], v: Ptr[f32, "ro"], k_cache: Ptr["C"], v_cache: Ptr["C"],
+             start: Ptr[i32, "ro"], n_kv: i32, max_len: i32, D: i32, C: Const[pk.dtype]):
+    # grid (tokens, n_kv): row t of k/v (n_kv heads of D) -> caches[head, start[0] + t]
+    t = pk.block_idx.x
+    h = pk.block_idx.y
+    pos = start[0] + t
+    if pos >= 0 and pos < max_len:
+        src = (i64(t) * i64(n_kv) + i64(h)) * i64(D)
+        dst = (i64(h) * i64(max_len) + i64(pos)) * i64(D)
+        for d in range(pk.thread_idx.x, D, pk.block_dim.x):
+            k_cache[dst + i64(d)] = C(k[src + i64(d)])
+            v_cache[dst + i64(d)] = C(v[src + i64(d)])
+
+
+@pk.kernel
+def add_into(a: Ptr[f32], b: Ptr[f32, "ro"], n: i32):
+    i = pk.block_idx.x * pk.block_dim.x + pk.thread_idx.x
+    if i < n:
+        a[i] = a[i] + b[i]
+
+
+@pk.kernel
+def add_bias(y: Ptr[f32], bias: Ptr[f32, "ro"], total: i32, width: i32):
+    i = pk.block_idx.x * pk.block_dim.x + pk.thread_idx.x
+    if i < total:
+        y[i] = y[i] + bias[i % width]
+
+
+@pk.kernel
+def copy_cols(src: Ptr[f32, "ro"], dst: Ptr[f32], width: i32, src_stride: i32, src_off: i32,
+              dst_stride: i32, dst_off: i32):
+    # grid (rows): dst[r, dst_off + c] = src[r, src_off + c] for c < width
+    r = i64(pk.block_idx.x)
+    for c in range(pk.thread_idx.x, width, pk.block_dim.x):
+        dst[r * i64(dst_stride) + i64(dst_off + c)] = src[r * i64(src_stride) + i64(src_off + c)]
+
+
+@pk.kernel
+def argmax_next(x: Ptr[f32, "ro"], io: Ptr[i32], n: i32, ADVANCE: Const[bool]):
+    # one block of 1024 threads; ties go to the lowest index (numpy's argmax rule)
+    best_v = pk.shared_array(f32, 32)
+    best_i = pk.shared_array(i32, 32)
+    tid = pk.thread_idx.x
+    v = f32(-3.0e38)
+    idx = i32(n)
+    for c in range(tid, n, pk.block_dim.x):
+        xc = x[c]
+        if xc > v:
+            v = xc
+            idx = c
+    for k in pk.static_range(5):
+        ov = pk.shfl_xor(v, 16 >> k)
+        oi = pk.shfl_xor(idx, 16 >> k)
+        if ov > v or (ov == v and oi < idx):
+            v = ov
+            idx = oi
+    if pk.lane_id() == 0:
+        best_v[tid // 32] = v
+        best_i[tid // 32] = idx
+    pk.syncthreads()
+    if tid == 0:
+        for w in range(1, pk.block_dim.x // 32):
+            if best_v[w] > v or (best_v[w] == v and best_i[w] < idx):
+                v = best_v[w]
+                idx = best_i[w]
+        io[0] = idx
+        if ADVANCE:
+            io[1] = io[1] + 1
+
+
+@pk.kernel
+def embed_generic(table: Ptr[u8, "ro"], ids: Ptr[i32, "ro"], out: Ptr[f32], n: i32,
+                  row_bytes: i32, scale: f32, FMT: Const[int], BE: Const[int], BB: Const[int]):
+    # grid (tokens): out[t] = dequantized row ids[t] of the table, times scale
+    t = pk.block_idx.x
+    src = table + i64(ids[t]) * i64(row_bytes)
+    for c in range(pk.thread_idx.x, n, pk.block_dim.x):
+        out[i64(t) * i64(n) + i64(c)] = dequantize_one(src + (c // BE) * BB, c % BE, FMT) * scale
+
+
+@pk.kernel
+def matmul_rows(w: Ptr[u8, "ro"], x: Ptr[f32, "ro"], xq: Ptr[u8, "ro"], y: Ptr[f32], rows: i32,
+                k: i32, row_bytes: i32, y_stride: i32, y_off: i32, FMT: Const[int],
+                BE: Const[int], BB: Const[int], Q8: Const[bool]):
+    # grid (row blocks, tokens): y[t, y_off + r] = sum_c W[r, c] * x[t, c]
+    r = pk.block_idx.x * pk.block_dim.x + pk.thread_idx.x
+    t = pk.block_idx.y
+    if r < rows:
+        wrow = w + i64(r) * i64(row_bytes)
+        xrow = xq + i64(t) * i64(k // 32 * 36)   # Q8_1 block (36 B): d:f16 | s:f16 | qs:i8[32]
+        acc = f32(0.0)
+        for c in range(k):
+            wv = dequantize_one(wrow + (c // BE) * BB, c % BE, FMT)
+            if Q8:
+                blk = xrow + (c // 32) * 36
+                q = i32(blk[4 + c % 32])
+                q = q - 256 if q > 127 else q
+                acc += wv * (load_half(blk, 0) * f32(q))
+            else:
+                acc += wv * x[i64(t) * i64(k) + i64(c)]
+        y[i64(t) * i64(y_stride) + i64(y_off + r)] = acc
+
+
+# --- launch wrappers ----------------------------------------------------------------------------
+def attention(q, k_cache, v_cache, out, start, n_head: int, scale: float, window: int,
+              stream=None) -> None:
+    """q/out (tokens, n_head * D) f32; caches (n_kv, max_len, D); start: device int32 [pos]."""
+    n_kv, max_len, d = k_cache.shape
+    if d > MAX_HEAD_DIM:
+        raise ValueError(f"attention: head size {d} > {MAX_HEAD_DIM} is not supported")
+    tokens = q.shape[0]
+    args = (q, k_cache, v_cache, out, start, n_head, n_kv, max_len, scale, window)
+    spec = (("D", d), ("NPL", -(-d // 32)), ("C", k_cache.dtype))
+    L.launch(attention_rows, (tokens, n_head, 1), 32, args, spec, stream)
+
+
+def store_kv(k, v, k_cache, v_cache, start, stream=None) -> None:
+    n_kv, max_len, d = k_cache.shape
+    args = (k, v, k_cache, v_cache, start, n_kv, max_len, d)
+    L.launch(kv_store, (k.shape[0], n_kv, 1), L.threads_for(d, 256), args,
+             (("C", k_cache.dtype),), stream)
+
+
+def add(a, b, stream=None) -> None:
+    n = a.size
+    L.launch(add_into, -(-n // 256), 256, (a, b, n), (), stream)
+
+
+def bias(y, b, stream=None) -> None:
+    total = y.size
+    L.launch(add_bias, -(-total // 256), 256, (y, b, total, b.size), (), stream)
+
+
+def columns(src, dst, rows: int, width: int, src_off: int, dst_off: int, stream=None) -> None:
+    """dst[:, dst_off:dst_off+width] = src[:, src_off:src_off+width] (row-major, f32)."""
+    args = (src, dst, width, src.shape[-1], src_off, dst.shape[-1], dst_off)
+    L.launch(copy_cols, rows, L.threads_for(width, 256), args, (), stream)
+
+
+def argmax_into(x, io, advance: bool, stream=None) -> None:
+    """io[0] = argmax of the f32 row x (n,); io[1] += 1 when `advance`."""
+    L.launch(argmax_next, 1, 1024, (x, io, x.size), (("ADVANCE", advance),), stream)
+
+
+def embed_rows(table, type_name: str, ids, out, scale: float, stream=None) -> None:
+    """out (tokens, n) = rows ids of a uint8 (vocab, row_bytes) table of GGUF type type_name."""
+    fmt = get_format(type_name)
+    n = out.shape[-1]
+    args = (table, ids, out, n, table.shape[-1], scale)
+    spec = (("FMT", CODES[type_name]), ("BE", fmt.block_elems), ("BB", fmt.block_bytes))
+    L.launch(embed_generic, out.shape[0], L.threads_for(n, 256), args, spec, stream)
+
+
+def matmul(w, type_name: str, x, xq, y, rows: int, y_off: int, stream=None) -> None:
+    """y[:, y_off:y_off+rows] = x @ W.T for W uint8 (rows, row_bytes) of type_name; x (n, k)
+    f32, or xq (n, k/32*36) Q8_1 bytes when given."""
+    fmt = get_format(type_name)
+    n, k = x.shape
+    args = (w, x, L.dummy(np.uint8) if xq is None else xq, y, rows, k, w.shape[-1], y.shape[-1], y_off)
+    spec = (("FMT", CODES[type_name]), ("BE", fmt.block_elems), ("BB", fmt.block_bytes),
+            ("Q8", xq is not None))
+    L.launch(matmul_rows, (-(-rows // 64), n, 1), 64, args, spec, stream)

@@ -1,0 +1,52 @@
+"""Deferred activations of the kernels backend: how ops that the model code calls one at a time
+end up as fused launches.
+
+Input: what an op returns before its consumer is known. Output: the consumer either fuses it
+(attention takes `Roped` q/k -> one RoPE + KV-cache write launch; `add` takes a `PendingMatmul` ->
+the residual add in the GEMV's epilogue; `swiglu` takes two `GluHalf` -> gate/up GEMV with SwiGLU
+in its epilogue) or calls `materialize` for a plain contiguous device array.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from llm.config import RopeParams
+
+
+@dataclass
+class Cols:
+    """Columns [off, off + width) of a row-major (n, total) array with n > 1 (not contiguous)."""
+    src: Any
+    off: int
+    width: int
+
+
+@dataclass
+class Roped:
+    """x (n, heads * head_dim) to be rotated by RoPE at the step's positions."""
+    x: Any
+    head_dim: int
+    params: RopeParams
+    freq_factors: Any
+
+
+@dataclass
+class PendingMatmul:
+    """x @ w.T (+ bias), not yet launched."""
+    x: Any
+    w: Any
+    bias: Any
+
+
+@dataclass
+class PendingGlu:
+    """x @ [gate; up].T whose halves only feed a gated activation."""
+    x: Any
+    w: Any
+
+
+@dataclass
+class GluHalf:
+    pending: PendingGlu
+    index: int  # 0: gate, 1: up

@@ -1,0 +1,138 @@
+"""Device memory of the kernels backend: uploads with out-of-memory errors people can act on,
+the activation arena, the KV cache, and the memory report.
+
+Input: host arrays to upload, shapes to allocate. Output: device arrays; `GPUMemoryError` (a
+MemoryError) saying how much the model weights and the KV cache need and how much is free.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import pykernel as pk
+from llm.backends.base import KVCache
+
+MIB = 2 ** 20
+
+
+class GPUMemoryError(MemoryError):
+    """Not enough device memory for the model's weights, its KV cache or its activations."""
+
+
+def _free_total(device) -> tuple[int, int] | None:
+    if device.kind != "cuda":
+        return None
+    from cuda.bindings import driver as cu
+    device.activate()
+    err, free, total = cu.cuMemGetInfo()
+    return (int(free), int(total)) if not int(err) else None
+
+
+class DeviceMemory:
+    def __init__(self, device):
+        self.device = device
+        self.kv_bytes = 0
+
+    def allocate(self, shape, dtype, what: str, context: str = "") -> pk.Array:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        try:
+            return pk.empty(shape, dtype, self.device)
+        except MemoryError:
+            raise GPUMemoryError(self._message(what, nbytes, context)) from None
+
+    def upload(self, host: np.ndarray, what: str) -> pk.Array:
+        out = self.allocate(host.shape, host.dtype, f"tensor {what!r}",
+                            "the model's weights are uploaded in their GGUF format")
+        out.copy_from(np.ascontiguousarray(host))
+        return out
+
+    def _message(self, what: str, nbytes: int, context: str) -> str:
+        free_total = _free_total(self.device)
+        where = "" if free_total is None else \
+            f"; {free_total[0] / MIB:.0f} MiB free of {free_total[1] / MIB:.0f} MiB"
+        return (f"out of {self.device.kind} memory allocating {what} ({nbytes / MIB:.1f} MiB)"
+                f"{where}. {context}".rstrip() + " Use a smaller context (--ctx / n_ctx=), a "
+                "smaller quantization, or a device with more memory.")
+
+    def report(self, weight_bytes: int, activation_bytes: int) -> dict:
+        report = {"weights": weight_bytes, "kv_cache": self.kv_bytes,
+                  "activations": activation_bytes}
+        report["total"] = sum(report.values())
+        free_total = _free_total(self.device)
+        if free_total is not None:
+            report["device_free"], report["device_total"] = free_total
+        return report
+
+
+def format_report(report: dict) -> str:
+    parts = [f"{k} {v / MIB:.1f} MiB" for k, v in report.items()]
+    return "device memory: " + ", ".join(parts)
+
+
+class Arena:
+    """Activation buffers handed out in call order and reused by the next forward of the same
+    shape sequence (`reset` starts a forward). A slot only grows (a new, larger allocation)."""
+
+    def __init__(self, memory: DeviceMemory):
+        self.memory = memory
+        self.slots: list[pk.Array] = []
+        self.next = 0
+
+    def reset(self) -> None:
+        self.next = 0
+
+    def take(self, shape, dtype) -> pk.Array:
+        shape = tuple(int(s) for s in shape)
+        nbytes = max(1, int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
+        if self.next == len(self.slots):
+            self.slots.append(self._alloc(nbytes))
+        elif self.slots[self.next].nbytes < nbytes:
+            self.slots[self.next] = self._alloc(nbytes)
+        slot = self.slots[self.next]
+        self.next += 1
+        return slot[:nbytes].view(dtype).reshape(shape)
+
+    def _alloc(self, nbytes: int) -> pk.Array:
+        nbytes = -(-nbytes // 256) * 256   # keeps every view 16-byte aligned for vector loads
+        return self.memory.allocate((nbytes,), np.uint8, "activations",
+                                    "Activations grow with the prefill chunk size.")
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.slots)
+
+
+class KernelsKVCache(KVCache):
+    """K and V per layer: (n_head_kv, n_ctx, head_dim) of `dtype`, allocated up front."""
+
+    def __init__(self, memory: DeviceMemory, n_layer, n_ctx, n_head_kv, head_dim, dtype,
+                 weight_bytes: int):
+        self.n_layer, self.n_ctx, self.n_head_kv = n_layer, n_ctx, n_head_kv
+        self.head_dim, self.head_dim_v, self.dtype = head_dim, head_dim, np.dtype(dtype)
+        shape = (n_head_kv, n_ctx, head_dim)
+        total = 2 * n_layer * int(np.prod(shape)) * self.dtype.itemsize
+        context = (f"The KV cache for {n_ctx} tokens needs {total / MIB:.1f} MiB in all "
+                   f"({n_layer} layers x K and V of {shape} {self.dtype}); the model's weights "
+                   f"take {weight_bytes / MIB:.1f} MiB.")
+        self.k, self.v = [], []
+        for il in range(n_layer):
+            self.k.append(memory.allocate(shape, self.dtype, f"KV cache layer {il} K", context))
+            self.v.append(memory.allocate(shape, self.dtype, f"KV cache layer {il} V", context))
+        self.k_bytes = total
+        memory.kv_bytes += total
+        self._workspaces: dict = {}
+        self.graph = None     # set by kernels_graph: the captured decode step on this cache
+
+    @property
+    def nbytes(self) -> int:
+        return self.k_bytes
+
+    def workspace(self, n_head: int):
+        """Split partials of the decode attention, sized for the whole context."""
+        from stdlib_kernels.attention import decode as D
+        if n_head not in self._workspaces:
+            cfg = D.default_config(n_head // self.n_head_kv, self.head_dim)
+            blocks = self.n_head_kv * (n_head // self.n_head_kv // cfg.heads_per_block)
+            splits = D.plan_splits(self.n_ctx, blocks)
+            self._workspaces[n_head] = D.DecodeWorkspace.allocate(1, n_head, self.head_dim,
+                                                                  splits)
+        return self._workspaces[n_head]

@@ -1,0 +1,186 @@
+"""GGUF weights on the device in their own block format, and the matmul that reads them.
+
+Input: `TensorInfo`s (raw GGUF bytes, ggml type, numpy-order shape). Output: `DeviceMatrix`
+(row groups of one GGUF type each, uploaded once as uint8 (rows, row_bytes), no f32 expansion)
+and `matmul(x, w, out)` = x @ W.T written into a preallocated `out`, through stdlib_kernels'
+quantized GEMV for up to 8 tokens (DP4A on Q8_1 activations for Q4_0/Q4_1/Q8_0/Q4_K/Q6_K,
+float32 activations for the other types) and their f16 tensor-core GEMM for prefill batches.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+import pykernel as pk
+from llm.gguf_file import TensorInfo
+from stdlib_kernels import glu_fused
+from stdlib_kernels.quant.gemm import gemm_into
+from stdlib_kernels.quant.gemv import Q8_1_TYPES, gemv_f32_into, gemv_q8_into, weight_words
+from stdlib_kernels.quant.gemv_kernels import MAX_BATCH
+from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1_into
+
+from llm.backends import kernels_extra as X
+
+
+@dataclass
+class RowGroup:
+    """Consecutive output rows stored in one GGUF type: raw (rows, row_bytes) uint8."""
+    type_name: str
+    rows: int
+    row_off: int
+    raw: pk.Array
+    words: pk.Array = field(repr=False)
+
+
+@dataclass
+class DeviceMatrix:
+    n_in: int
+    n_out: int
+    groups: list[RowGroup]
+    part_names: tuple[str, ...]
+    part_rows: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(g.raw.nbytes for g in self.groups)
+
+    def is_glu_pair(self) -> bool:
+        """gate|up of one type: the GEMV can apply SwiGLU/GeGLU in its epilogue."""
+        names = self.part_names
+        return (len(names) == 2 and names[0].endswith("ffn_gate.weight")
+                and names[1].endswith("ffn_up.weight") and len(self.groups) == 1)
+
+
+class WeightStore:
+    """Uploads tensors once (a tied output projection shares the embedding's bytes) and counts
+    the device bytes they take. `upload` is the device's allocation + copy."""
+
+    def __init__(self, upload: Callable[[np.ndarray, str], pk.Array]):
+        self.upload = upload
+        self.by_name: dict[str, pk.Array] = {}
+        self.nbytes = 0
+
+    def raw(self, t: TensorInfo) -> pk.Array:
+        if t.name not in self.by_name:
+            rows = int(np.prod(t.shape[:-1], dtype=np.int64)) if len(t.shape) > 1 else 1
+            host = np.asarray(t.data).reshape(rows, -1)
+            self.by_name[t.name] = self.upload(host, t.name)
+            self.nbytes += host.nbytes
+        return self.by_name[t.name]
+
+    def matrix(self, parts: Sequence[TensorInfo]) -> DeviceMatrix:
+        n_in = parts[0].shape[-1]
+        groups: list[list[TensorInfo]] = []
+        for t in parts:
+            if t.shape[-1] != n_in:
+                raise ValueError(f"tensor {t.name!r}: {t.shape[-1]} columns, expected {n_in} "
+                                 f"like {parts[0].name!r}")
+            if groups and groups[-1][0].ggml_type == t.ggml_type:
+                groups[-1].append(t)
+            else:
+                groups.append([t])
+        out, row = [], 0
+        for group in groups:
+            type_name = group[0].ggml_type.name
+            if len(group) == 1:
+                raw = self.raw(group[0])
+            else:  # stacked rows of one type: one buffer, so one GEMV covers them
+                host = np.concatenate([np.asarray(t.data).reshape(t.shape[0], -1) for t in group])
+                raw = self.upload(host, "+".join(t.name for t in group))
+                self.nbytes += host.nbytes
+            words, rows = weight_words(raw, type_name, n_in)
+            out.append(RowGroup(type_name, rows, row, raw, words))
+            row += rows
+        return DeviceMatrix(n_in, row, out, tuple(t.name for t in parts),
+                            tuple(t.shape[0] for t in parts))
+
+
+def uses_q8_1(type_name: str, n_in: int, activations: str) -> bool:
+    return activations == "q8_1" and type_name in Q8_1_TYPES and n_in % 32 == 0
+
+
+def needs_q8_1(w: DeviceMatrix, activations: str) -> bool:
+    """Whether any row group of w reads Q8_1 activations."""
+    return any(uses_q8_1(g.type_name, w.n_in, activations) for g in w.groups)
+
+
+def quantize_activations(x, xq) -> None:
+    """x (n, k) f32 -> xq (n, q8_1_bytes(k)) uint8."""
+    quantize_q8_1_into(x, xq)
+
+
+def q8_buffer_shape(n: int, k: int) -> tuple[int, int]:
+    return (n, q8_1_bytes(k))
+
+
+def gemv_rows(g: RowGroup, n_in: int, x, xq, y, mode=None, w2: RowGroup | None = None,
+              res=None) -> None:
+    """y (n, g.rows) = x @ W_g.T (epilogue `mode`), n <= 8 tokens in one GEMV launch."""
+    n = x.shape[0]
+    w2w = None if w2 is None else w2.words
+    if xq is not None:
+        gemv_q8_into(g.words, g.type_name, xq, y, g.rows, n_in, n, w2=w2w, res=res, mode=mode)
+    else:
+        gemv_f32_into(g.words, g.type_name, x, y, g.rows, n_in, n, w2=w2w, res=res, mode=mode)
+
+
+def group_matmul(g: RowGroup, n_in: int, x, xq, y) -> None:
+    """y (n, g.rows) = x @ W_g.T: GEMV up to 8 tokens, tensor-core GEMM above."""
+    if x.shape[0] <= MAX_BATCH:
+        gemv_rows(g, n_in, x, xq, y)
+    else:
+        gemm_into(g.words, g.type_name, x, y, g.rows, n_in, x.shape[0])
+
+
+def matmul(x, w: DeviceMatrix, out, xq, scratch: Callable, res=None, gemv=True) -> None:
+    """out (n, w.n_out) = x @ W.T (+ res). `out` may be `res` when n <= 8 and W has one row
+    group (the residual add then happens in the GEMV's store). xq: x as Q8_1, or None.
+    scratch(shape) -> a preallocated f32 array. gemv=False: kernels_extra's
+    one-thread-per-output matmul (the fast choice on the CPU target), same activations."""
+    n = x.shape[0]
+    if not gemv:
+        for g in w.groups:
+            X.matmul(g.raw, g.type_name, x, xq if xq is not None and _q8(g, w) else None, out,
+                     g.rows, g.row_off)
+    elif len(w.groups) == 1 and n <= MAX_BATCH:
+        g = w.groups[0]
+        gemv_rows(g, w.n_in, x, xq if xq is not None and _q8(g, w) else None, out,
+                  None if res is None else "residual", res=res)
+        return
+    else:
+        for g in w.groups:
+            gq = xq if xq is not None and _q8(g, w) else None
+            if len(w.groups) == 1:
+                group_matmul(g, w.n_in, x, gq, out)
+            elif n == 1:  # one row: the group's columns are contiguous
+                flat = out.reshape(-1)[g.row_off:g.row_off + g.rows].reshape(1, g.rows)
+                gemv_rows(g, w.n_in, x, gq, flat)
+            else:
+                tmp = scratch((n, g.rows))
+                group_matmul(g, w.n_in, x, gq, tmp)
+                X.columns(tmp, out, n, g.rows, 0, g.row_off)
+    if res is not None:
+        X.add(out, res)
+
+
+def glu(x, w: DeviceMatrix, out, xq, act: str, scratch: Callable) -> None:
+    """out (n, n_ff) = act(x @ W_gate.T) * (x @ W_up.T): one GEMV with the activation in its
+    epilogue up to 8 tokens; above, the GEMM of gate|up then one activation launch."""
+    g = w.groups[0]
+    half = w.part_rows[0]
+    gq = xq if xq is not None and _q8(g, w) else None
+    if x.shape[0] > MAX_BATCH:
+        both = scratch((x.shape[0], 2 * half))
+        group_matmul(g, w.n_in, x, gq, both)
+        glu_fused(both, "silu" if act == "swiglu" else "gelu_tanh", out=out)
+        return
+    per_row = g.raw.shape[1] * g.raw.itemsize // g.words.itemsize
+    gate = RowGroup(g.type_name, half, 0, g.raw, g.words[:half * per_row])
+    up = RowGroup(g.type_name, half, half, g.raw, g.words[half * per_row:])
+    gemv_rows(gate, w.n_in, x, gq, out, act, w2=up)
+
+
+def _q8(g: RowGroup, w: DeviceMatrix) -> bool:
+    return uses_q8_1(g.type_name, w.n_in, "q8_1")

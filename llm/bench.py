@@ -1,0 +1,113 @@
+"""`pykernel bench`: prompt-processing and decode speed of a GGUF model, llama-bench style.
+
+Input: a model (path or name), prompt length p, generated tokens n, repetitions r, device and
+backend. Output: a markdown table (model, size, params, backend, test, t/s +- stdev) like
+llama-bench's. ppP = one forward pass over P random tokens on an empty cache (time to the
+last logits on the host); tgN = N greedy decode steps from an empty cache (on the kernels
+backend: replays of the captured decode graph, reading each token id back). One untimed
+warm-up run compiles kernels and captures the graph.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+import llm
+
+GIB = 2 ** 30
+
+
+@dataclass
+class BenchResult:
+    test: str
+    tokens_per_second: list[float]
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.tokens_per_second)
+
+    @property
+    def stdev(self) -> float:
+        t = self.tokens_per_second
+        return statistics.stdev(t) if len(t) > 1 else 0.0
+
+
+def _sync(model) -> None:
+    device = getattr(model.backend, "device", None)
+    if device is not None:
+        import pykernel as pk
+        pk.synchronize(device)
+
+
+def prompt_speed(model, cache, ids: np.ndarray) -> float:
+    _sync(model)
+    t0 = time.perf_counter()
+    model.backend.to_host(model.transformer.forward(ids, 0, cache))
+    return len(ids) / (time.perf_counter() - t0)
+
+
+def decode_speed(model, cache, n: int, first: int) -> float:
+    t = model.transformer
+    _sync(model)
+    t0 = time.perf_counter()
+    if hasattr(t, "greedy") and model.backend.use_graphs:
+        t.greedy(first, 0, cache, n)
+    else:
+        token = first
+        for pos in range(n):
+            token = int(np.argmax(model.backend.to_host(t.forward(np.array([token]), pos,
+                                                                  cache))[-1]))
+    return n / (time.perf_counter() - t0)
+
+
+def run_bench(model, p: int = 512, n: int = 128, r: int = 3, seed: int = 0) -> list[BenchResult]:
+    cfg = model.config
+    cache = model.backend.kv_cache(cfg.n_layer, max(p, n) + 1, cfg.n_head_kv, cfg.head_dim,
+                                   cfg.head_dim_v)
+    ids = np.random.default_rng(seed).integers(0, cfg.n_vocab - 2, p)
+    results = []
+    if p > 0:
+        prompt_speed(model, cache, ids)                      # warm-up: compile, allocate
+        results.append(BenchResult(f"pp{p}", [prompt_speed(model, cache, ids)
+                                              for _ in range(r)]))
+    if n > 0:
+        decode_speed(model, cache, min(n, 4), int(ids[0]) if p else 1)   # warm-up + capture
+        results.append(BenchResult(f"tg{n}", [decode_speed(model, cache, n, int(ids[0]) if p
+                                                           else 1) for _ in range(r)]))
+    return results
+
+
+def model_size(model) -> tuple[int, int]:
+    """(bytes of tensor data, parameters) of the model file."""
+    tensors = model.gguf.tensors.values()
+    return sum(t.n_bytes for t in tensors), sum(t.n_elements for t in tensors)
+
+
+def table(model, backend_label: str, results: list[BenchResult]) -> str:
+    size, params = model_size(model)
+    name = model.gguf.get("general.name", model.path.name if hasattr(model.path, "name")
+                          else str(model.path))
+    rows = ["| model | size | params | backend | test | t/s |",
+            "| --- | ---: | ---: | --- | ---: | ---: |"]
+    size_text = f"{size / GIB:.2f} GiB" if size >= GIB else f"{size / 2**20:.2f} MiB"
+    params_text = f"{params / 1e9:.2f} B" if params >= 1e9 else f"{params / 1e6:.2f} M"
+    for res in results:
+        rows.append(f"| {name} | {size_text} | {params_text} | {backend_label} "
+                    f"| {res.test} | {res.mean:.2f} ± {res.stdev:.2f} |")
+    return "\n".join(rows)
+
+
+def bench(model_path, p=512, n=128, r=3, device="cuda", backend=None, **options) -> str:
+    model = llm.load(model_path, device=device, backend=backend, n_ctx=max(p, n) + 1,
+                     progress=False, **options)
+    results = run_bench(model, p, n, r)
+    label = f"pykernel {model.backend.name} ({device})"
+    out = table(model, label, results)
+    report = getattr(model.backend, "memory_report", None)
+    if report is not None:
+        from llm.backends.kernels_memory import format_report
+        out += "\n\n" + format_report(report())
+    return out

@@ -1,0 +1,53 @@
+"""`pykernel bench` and `pykernel synth` subcommands (registered by pykernel.cli through
+`register(subparsers)`)."""
+from __future__ import annotations
+
+import sys
+import time
+
+
+def cmd_bench(args) -> int:
+    from llm.bench import bench
+    device = args.device
+    if device is None:
+        import pykernel as pk
+        device = "cuda" if pk.gpu_available() else "cpu"
+    options = {"graphs": False} if args.no_graphs else {}
+    print(bench(args.model, p=args.p, n=args.n, r=args.r, device=device, backend=args.backend,
+                **options))
+    return 0
+
+
+def cmd_synth(args) -> int:
+    from llm.synth import write_synthetic
+    t0 = time.perf_counter()
+    path = write_synthetic(args.shape, args.type, args.output, seed=args.seed)
+    size = path.stat().st_size
+    print(f"wrote {path} ({size / 2**30:.2f} GiB) in {time.perf_counter() - t0:.1f} s",
+          file=sys.stderr)
+    return 0
+
+
+def register(sub) -> None:
+    """Add bench and synth to the `pykernel` subparsers."""
+    from llm.synth import FILE_TYPES, SHAPES
+    bench = sub.add_parser("bench", help="prompt and decode tokens/s of a model (llama-bench "
+                                         "style markdown table)")
+    bench.add_argument("model", help="GGUF path or model name")
+    bench.add_argument("-p", type=int, default=512, help="prompt tokens (default 512)")
+    bench.add_argument("-n", type=int, default=128, help="generated tokens (default 128)")
+    bench.add_argument("-r", type=int, default=3, help="repetitions (default 3)")
+    bench.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                       help="default: cuda when a GPU is present")
+    bench.add_argument("--backend", choices=("numpy", "kernels"), default=None)
+    bench.add_argument("--no-graphs", action="store_true",
+                       help="kernels backend: launch decode steps one kernel at a time")
+    bench.set_defaults(func=cmd_bench)
+
+    synth = sub.add_parser("synth", help="write a synthetic GGUF model of a real shape "
+                                         "(random weights in a real quantization layout)")
+    synth.add_argument("--shape", required=True, choices=sorted(SHAPES))
+    synth.add_argument("--type", required=True, choices=sorted(FILE_TYPES))
+    synth.add_argument("-o", "--output", required=True, help="output .gguf path")
+    synth.add_argument("--seed", type=int, default=0)
+    synth.set_defaults(func=cmd_synth)

@@ -1,0 +1,198 @@
+"""Synthetic GGUF models of real shapes, for benchmarks without downloads.
+
+Input: a shape name (llama-8b, qwen2-1.5b, smollm2-135m), a file type (Q4_K_M, Q4_0, Q4_1) and an
+output path. Output: a GGUF file that both this runner and llama.cpp load: real hyperparameters,
+a synthetic byte-level BPE vocabulary of the real size (256 byte tokens, merged tokens with their
+merges, two control tokens), and random weights written directly as valid blocks of each
+tensor's quantization layout (random quant bytes, small finite f16 scales). Speed does not
+depend on weight values, so no float weights are generated or quantized. The Q4_K_M per-tensor
+mix follows llama.cpp's rules: output (or a tied token_embd) Q6_K; attn_v and ffn_down Q6_K in
+the `use_more_bits` layers (first and last eighth, every third in between), Q4_K elsewhere.
+Q4_0 / Q4_1: every matrix in that type, output Q6_K. Norms and biases are F32.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFWriter
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q, TokenType
+
+FILE_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q4_K_M": 15}   # llama_ftype values (general.file_type)
+
+
+@dataclass(frozen=True)
+class Shape:
+    arch: str
+    n_embd: int
+    n_ff: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    n_vocab: int
+    n_ctx: int
+    rope_base: float
+    eps: float
+    tied: bool
+    qkv_bias: bool
+    pre: str
+
+
+SHAPES = {
+    "llama-8b": Shape("llama", 4096, 14336, 32, 32, 8, 128256, 8192, 500000.0, 1e-5, False,
+                      False, "llama-bpe"),
+    "qwen2-1.5b": Shape("qwen2", 1536, 8960, 28, 12, 2, 151936, 32768, 1000000.0, 1e-6, True,
+                        True, "qwen2"),
+    "smollm2-135m": Shape("llama", 576, 1536, 30, 9, 3, 49152, 8192, 100000.0, 1e-5, True,
+                          False, "smollm"),
+}
+
+# byte offsets of the f16 scale fields in each block (the rest are quant bits: any byte is valid)
+_SCALE_FIELDS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q8_0: (0,), Q.Q4_K: (0, 2), Q.Q6_K: (208,)}
+
+
+def use_more_bits(i_layer: int, n_layer: int) -> bool:
+    return i_layer < n_layer // 8 or i_layer >= 7 * n_layer // 8 or \
+        (i_layer - n_layer // 8) % 3 == 2
+
+
+def tensor_type(name: str, il: int, n_layer: int, file_type: str, cols: int = 256) -> Q:
+    """The GGUF type of a weight matrix in a `file_type` file (llama.cpp's choices; Q8_0 where
+    rows are not whole 256-element K-quant blocks)."""
+    if name in ("output", "token_embd_tied"):
+        return Q.Q6_K if cols % 256 == 0 else Q.Q8_0
+    if file_type != "Q4_K_M":
+        return Q[file_type]
+    if name in ("attn_v", "ffn_down") and use_more_bits(il, n_layer):
+        return Q.Q6_K
+    return Q.Q4_K
+
+
+def random_blocks(rng: np.random.Generator, qtype: Q, rows: int, cols: int) -> np.ndarray:
+    """uint8 (rows, row_bytes): random quant bytes, f16 scales in [0.002, 0.004)."""
+    elems, nbytes = GGML_QUANT_SIZES[qtype]
+    n_blocks = rows * cols // elems
+    blocks = np.frombuffer(rng.bytes(n_blocks * nbytes), np.uint8).reshape(n_blocks, nbytes)
+    blocks = blocks.copy()
+    for off in _SCALE_FIELDS[qtype]:
+        scales = (0.002 + 0.002 * rng.random(n_blocks, np.float32)).astype(np.float16)
+        blocks[:, off:off + 2] = scales.view(np.uint8).reshape(n_blocks, 2)
+    return blocks.reshape(rows, cols // elems * nbytes)
+
+
+def _byte_tokens() -> list[str]:
+    """GPT-2's byte -> printable unicode map, in byte order."""
+    keep = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    extra = iter(range(256, 512))
+    return [chr(b) if b in keep else chr(next(extra)) for b in range(256)]
+
+
+def synthetic_vocab(n_vocab: int, seed: int = 0) -> tuple[list[str], list[int], list[str]]:
+    """(tokens, token types, merges): bytes, then merged pairs, then <|bos|> and <|eos|>."""
+    rng = np.random.default_rng(seed)
+    tokens = _byte_tokens()
+    seen, merges = set(tokens), []
+    letters = tokens[65:91] + tokens[97:123]          # merged tokens start from letters
+    target = n_vocab - 2
+    while len(tokens) < target:
+        pool = letters if len(tokens) < 2048 else tokens
+        for a, b in zip(rng.choice(len(pool), 4096), rng.choice(len(letters), 4096)):
+            new = pool[a] + letters[b]
+            if new not in seen and len(tokens) < target:
+                seen.add(new)
+                tokens.append(new)
+                merges.append(f"{pool[a]} {letters[b]}")
+    types = [int(TokenType.NORMAL)] * len(tokens) + [int(TokenType.CONTROL)] * 2
+    return tokens + ["<|bos|>", "<|eos|>"], types, merges
+
+
+def _metadata(w: GGUFWriter, s: Shape, shape_name: str, file_type: str) -> None:
+    a = s.arch
+    w.add_name(f"synthetic {shape_name} {file_type}")
+    w.add_uint32("general.file_type", FILE_TYPES[file_type])
+    w.add_uint32(f"{a}.block_count", s.n_layer)
+    w.add_uint32(f"{a}.context_length", s.n_ctx)
+    w.add_uint32(f"{a}.embedding_length", s.n_embd)
+    w.add_uint32(f"{a}.feed_forward_length", s.n_ff)
+    w.add_uint32(f"{a}.attention.head_count", s.n_head)
+    w.add_uint32(f"{a}.attention.head_count_kv", s.n_head_kv)
+    w.add_float32(f"{a}.rope.freq_base", s.rope_base)
+    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", s.eps)
+    w.add_uint32(f"{a}.rope.dimension_count", s.n_embd // s.n_head)
+    w.add_uint32(f"{a}.vocab_size", s.n_vocab)
+    tokens, types, merges = synthetic_vocab(s.n_vocab)
+    w.add_string("tokenizer.ggml.model", "gpt2")
+    w.add_string("tokenizer.ggml.pre", s.pre)
+    w.add_array("tokenizer.ggml.tokens", tokens)
+    w.add_array("tokenizer.ggml.token_type", types)
+    w.add_array("tokenizer.ggml.merges", merges)
+    w.add_uint32("tokenizer.ggml.bos_token_id", s.n_vocab - 2)
+    w.add_uint32("tokenizer.ggml.eos_token_id", s.n_vocab - 1)
+    w.add_bool("tokenizer.ggml.add_bos_token", False)
+
+
+def tensor_plan(s: Shape, file_type: str) -> list[tuple[str, Q, tuple[int, int]]]:
+    """(name, type, numpy shape (rows, cols)) of every tensor, in file order."""
+    hd = s.n_embd // s.n_head
+    kv = s.n_head_kv * hd
+    e = s.n_embd
+    embd_type = tensor_type("token_embd_tied" if s.tied else "token_embd", 0, s.n_layer,
+                            file_type, e)
+    plan = [("token_embd.weight", embd_type, (s.n_vocab, e)),
+            ("output_norm.weight", Q.F32, (1, e))]
+    if not s.tied:
+        plan.append(("output.weight", tensor_type("output", 0, s.n_layer, file_type, e),
+                     (s.n_vocab, e)))
+    for il in range(s.n_layer):
+        p = f"blk.{il}."
+
+        def mat(name, rows, cols, il=il, p=p):
+            return (p + name + ".weight", tensor_type(name, il, s.n_layer, file_type),
+                    (rows, cols))
+        plan += [(p + "attn_norm.weight", Q.F32, (1, e)), mat("attn_q", e, e),
+                 mat("attn_k", kv, e), mat("attn_v", kv, e), mat("attn_output", e, e),
+                 (p + "ffn_norm.weight", Q.F32, (1, e)), mat("ffn_gate", s.n_ff, e),
+                 mat("ffn_up", s.n_ff, e), mat("ffn_down", e, s.n_ff)]
+        if s.qkv_bias:
+            plan += [(p + "attn_q.bias", Q.F32, (1, e)), (p + "attn_k.bias", Q.F32, (1, kv)),
+                     (p + "attn_v.bias", Q.F32, (1, kv))]
+    return plan
+
+
+def _tensor_bytes(rng, qtype: Q, shape: tuple[int, int], name: str) -> np.ndarray:
+    if qtype == Q.F32:
+        base = 1.0 if name.endswith("norm.weight") else 0.0
+        return (base + 0.02 * rng.standard_normal(shape[1])).astype(np.float32)
+    return random_blocks(rng, qtype, *shape)
+
+
+def write_synthetic(shape_name: str, file_type: str, path, seed: int = 0) -> Path:
+    """Write the synthetic model; returns its path. Streams tensors (peak memory ~ one tensor)."""
+    if shape_name not in SHAPES:
+        raise ValueError(f"unknown shape {shape_name!r} (expected one of {', '.join(SHAPES)})")
+    if file_type not in FILE_TYPES:
+        raise ValueError(f"unknown type {file_type!r} (expected one of {', '.join(FILE_TYPES)})")
+    s, path = SHAPES[shape_name], Path(path)
+    if file_type == "Q4_K_M" and (s.n_embd % 256 or s.n_ff % 256):
+        raise ValueError(f"{shape_name}: rows of {s.n_embd}/{s.n_ff} are not whole 256-element "
+                         "K-quant blocks; use Q4_0 or Q4_1")
+    plan = tensor_plan(s, file_type)
+    w = GGUFWriter(path, s.arch)
+    _metadata(w, s, shape_name, file_type)
+    for name, qtype, (rows, cols) in plan:
+        elems, nbytes = GGML_QUANT_SIZES[qtype]
+        size = rows * cols // elems * nbytes
+        if qtype == Q.F32:
+            w.add_tensor_info(name, (cols,), np.dtype(np.float32), size)
+        else:
+            w.add_tensor_info(name, (rows, cols // elems * nbytes), np.dtype(np.uint8), size,
+                              raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    rng = np.random.default_rng(seed)
+    for name, qtype, shape in plan:
+        w.write_tensor_data(_tensor_bytes(rng, qtype, shape, name))
+    w.close()
+    return path

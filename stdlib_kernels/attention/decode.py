@@ -1,0 +1,145 @@
+"""Host side of decode attention: picks the kernel configuration and launches it.
+
+Input: device arrays (pykernel Arrays): q (n_seq, n_head, D) f32, K/V caches
+(n_seq, n_kv_head, max_len, D) or (n_kv_head, max_len, D) in f16 or f32, kv lengths as a device
+int32 array; an output (n_seq, n_head, D) f32 and a `DecodeWorkspace` for the split partials.
+Output: the attention result written into `out` (nothing is allocated per call when the
+caller passes `workspace`, so the launches can be captured in a CUDA graph).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+import pykernel as pk
+
+from .decode_kernels import LOG2E, combine_splits, decode_partial
+
+HEAD_DIMS = (64, 80, 96, 128, 256)
+MIN_KEYS_PER_SPLIT = 64      # below this a split's fixed cost outweighs its parallelism
+MAX_HEADS_PER_BLOCK = 8      # query heads sharing one block's K/V reads (register budget)
+SHARED_LIMIT = 48 * 1024     # static shared memory of the cross-warp merge
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Compile-time shape of decode_partial (see decode_kernels' docstring)."""
+    heads_per_block: int     # GB
+    warps: int = 4           # NWARPS
+    unroll: int = 4          # U: keys per row group per iteration (loads in flight)
+
+
+@dataclass
+class DecodeWorkspace:
+    """Preallocated split partials: o (n_seq, n_head, n_splits, D), ml (..., n_splits, 2)."""
+    part_o: pk.Array
+    part_ml: pk.Array
+    n_splits: int
+
+    @classmethod
+    def allocate(cls, n_seq: int, n_head: int, head_dim: int, n_splits: int, device=None):
+        part_o = pk.empty((n_seq, n_head, n_splits, head_dim), np.float32, device)
+        part_ml = pk.empty((n_seq, n_head, n_splits, 2), np.float32, device)
+        return cls(part_o, part_ml, n_splits)
+
+
+def heads_per_block(group: int) -> int:
+    """Largest divisor of the GQA group size that fits the register budget."""
+    return max(d for d in range(1, min(group, MAX_HEADS_PER_BLOCK) + 1) if group % d == 0)
+
+
+def default_config(group: int, head_dim: int, device=None) -> DecodeConfig:
+    """GPU: up to 8 heads per block, 4 warps, 4 keys in flight per row group. CPU target: the
+    smallest kernel (compile time of unrolled code dominates there, not speed)."""
+    device = device or pk.current_device()
+    if device.kind == "cpu":
+        return DecodeConfig(heads_per_block=1, warps=2, unroll=1)
+    gb = heads_per_block(group)
+    warps = 4
+    while warps > 1 and warps * gb * head_dim * 4 > SHARED_LIMIT:
+        warps //= 2
+    return DecodeConfig(heads_per_block=gb, warps=warps)
+
+
+def multiprocessors(device=None) -> int:
+    device = device or pk.current_device()
+    core = getattr(device, "core", None)
+    if core is not None:
+        return int(core.properties.multiprocessor_count)
+    return 2  # cpu target: few splits keep the coroutine scheduler fast
+
+
+def plan_splits(max_kv_len: int, blocks_per_split: int, device=None) -> int:
+    """Splits for a key range of up to max_kv_len: enough blocks for ~4 per multiprocessor,
+    but no split shorter than MIN_KEYS_PER_SPLIT keys."""
+    target = 4 * multiprocessors(device)
+    wanted = max(1, math.ceil(target / max(1, blocks_per_split)))
+    return max(1, min(wanted, math.ceil(max_kv_len / MIN_KEYS_PER_SPLIT)))
+
+
+def _lane_layout(head_dim: int, itemsize: int) -> dict:
+    """L lanes per key row, NCH 16-byte chunks per lane of CH elements each."""
+    ch = 16 // itemsize
+    if head_dim % ch:
+        raise ValueError(f"attention: head_dim {head_dim} must be a multiple of {ch} "
+                         f"(16-byte rows of {itemsize}-byte elements)")
+    chunks = head_dim // ch
+    lanes = min(32, 1 << (chunks - 1).bit_length())
+    return dict(L=lanes, LOG2L=lanes.bit_length() - 1, LOG2KPW=(32 // lanes).bit_length() - 1,
+                CH=ch, NCH=-(-chunks // lanes))
+
+
+def check_decode_shapes(q, k_cache, v_cache):
+    if q.ndim != 3 or q.dtype != np.float32:
+        raise ValueError(f"attention.decode: q must be (n_seq, n_head, head_dim) float32, got "
+                         f"{q.shape} {q.dtype}")
+    if k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
+        raise ValueError(f"attention.decode: k_cache {k_cache.shape} {k_cache.dtype} and v_cache "
+                         f"{v_cache.shape} {v_cache.dtype} must match")
+    if k_cache.dtype not in (np.float16, np.float32) or k_cache.ndim not in (3, 4):
+        raise ValueError(f"attention.decode: caches must be (n_kv_head, max_len, head_dim) or "
+                         f"(n_seq, n_kv_head, max_len, head_dim) float16/float32, got "
+                         f"{k_cache.shape} {k_cache.dtype}")
+    n_seq, n_head, head_dim = q.shape
+    n_kv_head, _, cache_dim = k_cache.shape[-3:]
+    if cache_dim != head_dim or n_head % n_kv_head:
+        raise ValueError(f"attention.decode: q {q.shape} does not fit caches {k_cache.shape} "
+                         f"(same head_dim, n_head a multiple of n_kv_head)")
+    if k_cache.ndim == 4 and k_cache.shape[0] != n_seq:
+        raise ValueError(f"attention.decode: caches hold {k_cache.shape[0]} sequences, q {n_seq}")
+
+
+def launch_decode(q, k_cache, v_cache, lens, out, scale: float, *, window=None, softcap=None,
+                  len_add: int = 0, len_step: int = 0, lens_stride: int = 1,
+                  workspace: DecodeWorkspace | None = None, config: DecodeConfig | None = None,
+                  stream=None, share_cache: bool = False):
+    """Attention of each q row z against its cache, kv_len(z) = lens[z * lens_stride] +
+    len_add + z * len_step (the query sits at position kv_len - 1). share_cache: all rows read
+    one (n_kv_head, max_len, D) cache (prefill fallback). Without a workspace, or with one of
+    one split, the kernel writes `out` directly; otherwise partials + combine_splits."""
+    check_decode_shapes(q, k_cache, v_cache)
+    n_seq, n_head, head_dim = q.shape
+    n_kv_head, max_len = k_cache.shape[-3], k_cache.shape[-2]
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"attention.decode: head_dim {head_dim} not in {HEAD_DIMS}")
+    config = config or default_config(n_head // n_kv_head, head_dim)
+    n_sub = n_head // n_kv_head // config.heads_per_block
+    n_splits = workspace.n_splits if workspace is not None else 1
+    z_stride = 0 if (share_cache or k_cache.ndim == 3) else n_kv_head * max_len * head_dim
+    use_softcap = softcap is not None and softcap > 0
+    q_scale = float(scale) if use_softcap else float(scale) * LOG2E
+    direct = n_splits == 1
+    part_o = out if direct else workspace.part_o
+    part_ml = out if direct else workspace.part_ml
+    layout = _lane_layout(head_dim, k_cache.dtype.itemsize)
+    decode_partial[(n_splits, n_kv_head * n_sub, n_seq), 32 * config.warps, stream](
+        q, k_cache, v_cache, lens, lens_stride, len_add, len_step, z_stride, max_len, n_head,
+        n_kv_head, q_scale, float(softcap) if use_softcap else 0.0, int(window or 0),
+        int(direct), out, part_o, part_ml, D=head_dim, GB=config.heads_per_block,
+        NWARPS=config.warps, U=config.unroll, T=k_cache.dtype, **layout)
+    if not direct:
+        combine_splits[(n_seq * n_head,), min(128, head_dim), stream](
+            workspace.part_o, workspace.part_ml, out, n_splits, D=head_dim)
+    return out

@@ -1,0 +1,142 @@
+"""Decode GEMV on GGUF weights: host API over gemv_kernels.py.
+
+    gemv(raw, "Q4_K", x) -> y                 raw uint8 (rows, row_bytes); x (n,) or (batch, n)
+                                              float32, batch <= 8; y float32 (rows,) / (batch, rows)
+    gemv_glu(gate, up, type, x, act="swiglu") -> act(gate x) * (up x), one launch
+    gemv_residual(raw, type, x, res)         -> W x + res
+    gemv_q8_into / gemv_f32_into              preallocated outputs, no allocation, no host sync
+
+`activations="q8_1"` (default; llama.cpp's path) quantizes x once per call and uses DP4A for
+the types in Q8_1_TYPES; other types, and `activations="f32"`, use float32 activations.
+Results are device arrays (pk.Array) on the current device.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import pykernel as pk
+
+from . import gemv_kernels as gk
+from .formats import get_format
+from .q8_1 import q8_1_bytes, quantize_q8_1_into
+
+WARPS = 4
+# type -> items per block of the DP4A path (dot_q8.py)
+Q8_1_TYPES = {"Q4_0": 1, "Q4_1": 1, "Q8_0": 1, "Q4_K": 8, "Q6_K": 8}
+F32_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K",
+             "Q4_K", "Q5_K", "Q6_K", "Q1_0")
+MODES = {None: gk.MODE_PLAIN, "residual": gk.MODE_RESIDUAL, "swiglu": gk.MODE_SWIGLU,
+         "geglu": gk.MODE_GEGLU}
+
+
+def word_dtype(type_name: str):
+    """u32 where every block is 4-byte aligned, else u16 (all GGUF blocks are 2-byte aligned)."""
+    return np.uint32 if get_format(type_name).block_bytes % 4 == 0 else np.uint16
+
+
+def weight_words(raw, type_name: str, n: int):
+    """Device weight rows (rows, row_bytes) as a flat word view for the kernels (no copy)."""
+    fmt = get_format(type_name)
+    if type_name not in F32_TYPES:
+        raise ValueError(f"gemv: no GEMV kernel for {type_name}; supported: {F32_TYPES}")
+    if n <= 0 or n % max(fmt.block_elems, 8) or n % 8:
+        raise ValueError(f"gemv {type_name}: row length {n} must be a positive multiple of "
+                         f"{max(fmt.block_elems, 8)}")
+    if isinstance(raw, np.ndarray):
+        raw = pk.to_device(np.ascontiguousarray(raw))
+    per_row = n // fmt.block_elems * fmt.block_bytes
+    if raw.dtype != np.uint8 or raw.ndim != 2 or raw.shape[1] != per_row:
+        raise ValueError(f"gemv {type_name}: weights must be uint8 (rows, {per_row}) for rows "
+                         f"of {n} elements, got {raw.dtype} {tuple(raw.shape)}")
+    if raw.ptr % 16:
+        raise ValueError(f"gemv {type_name}: weight buffer must be 16-byte aligned")
+    return raw.reshape(-1).view(word_dtype(type_name)), raw.shape[0]
+
+
+def _check_out(y, batch: int, rows: int, what: str):
+    if y.dtype != np.float32 or y.size != batch * rows:
+        raise ValueError(f"{what}: output must be float32 with {batch}x{rows} elements, got "
+                         f"{y.dtype} {tuple(y.shape)}")
+
+
+def gemv_q8_into(w, type_name, xq, y, rows, n, batch=1, *, w2=None, res=None, mode=None,
+                 stream=None, warps=WARPS):
+    """y (batch, rows) = W @ x from Q8_1 activations xq (batch, n//32*36 bytes); w/w2 from
+    weight_words. mode: None, "residual" (res (batch, rows), may be y), "swiglu", "geglu"."""
+    items = Q8_1_TYPES[type_name]
+    if not 1 <= batch <= gk.MAX_BATCH:
+        raise ValueError(f"gemv: batch {batch} outside 1..{gk.MAX_BATCH}; use quant.matmul")
+    _check_out(y, batch, rows, "gemv")
+    fmt = get_format(type_name)
+    words = xq.reshape(-1).view(np.uint32)
+    ww = w.itemsize
+    gk.gemv_q8_kernel[rows, warps * 32, stream](
+        w, w if w2 is None else w2, words, y if res is None else res, y, rows,
+        n // fmt.block_elems * fmt.block_bytes // ww, n // fmt.block_elems,
+        q8_1_bytes(n) // 4, int(fmt.ggml_type), w.dtype, items, warps, batch, MODES[mode])
+
+
+def gemv_f32_into(w, type_name, x, y, rows, n, batch=1, *, w2=None, res=None, mode=None,
+                  stream=None, warps=WARPS):
+    """As gemv_q8_into with float32 activations x (batch, n)."""
+    if not 1 <= batch <= gk.MAX_BATCH:
+        raise ValueError(f"gemv: batch {batch} outside 1..{gk.MAX_BATCH}; use quant.matmul")
+    _check_out(y, batch, rows, "gemv")
+    fmt = get_format(type_name)
+    gk.gemv_f32_kernel[rows, warps * 32, stream](
+        w, w if w2 is None else w2, x.reshape(-1), y if res is None else res, y, rows,
+        n // fmt.block_elems * fmt.block_bytes // w.itemsize, n, int(fmt.ggml_type), w.dtype,
+        warps, batch, MODES[mode])
+
+
+def _activations(x):
+    if isinstance(x, np.ndarray):
+        x = pk.to_device(np.ascontiguousarray(x, dtype=np.float32))
+    if x.dtype != np.float32 or x.ndim not in (1, 2):
+        raise ValueError(f"gemv: activations must be float32 (n,) or (batch, n), got {x.dtype} "
+                         f"{tuple(x.shape)}")
+    return x
+
+
+def _run(raws, type_name, x, mode, res, activations):
+    x = _activations(x)
+    n = x.shape[-1]
+    batch = x.shape[0] if x.ndim == 2 else 1
+    w, rows = weight_words(raws[0], type_name, n)
+    w2 = None
+    if len(raws) > 1:
+        w2, rows2 = weight_words(raws[1], type_name, n)
+        if rows2 != rows:
+            raise ValueError(f"gemv_glu: gate has {rows} rows, up has {rows2}")
+    y = pk.empty((batch, rows) if x.ndim == 2 else (rows,), np.float32)
+    if res is not None:
+        res = _activations(res)
+        if res.size != y.size:
+            raise ValueError(f"gemv_residual: residual has shape {tuple(res.shape)}, output "
+                             f"{tuple(y.shape)}")
+    if activations == "q8_1" and type_name in Q8_1_TYPES and n % 32 == 0:
+        xq = pk.empty((batch, q8_1_bytes(n)), np.uint8)
+        quantize_q8_1_into(x, xq)
+        gemv_q8_into(w, type_name, xq, y, rows, n, batch, w2=w2, res=res, mode=mode)
+    elif activations in ("q8_1", "f32"):
+        gemv_f32_into(w, type_name, x, y, rows, n, batch, w2=w2, res=res, mode=mode)
+    else:
+        raise ValueError(f"gemv: activations must be 'q8_1' or 'f32', got {activations!r}")
+    return y
+
+
+def gemv(raw, type_name: str, x, activations: str = "q8_1"):
+    """y = W @ x for GGUF rows raw (rows, row_bytes); x (n,) or (batch <= 8, n)."""
+    return _run((raw,), type_name, x, None, None, activations)
+
+
+def gemv_glu(gate, up, type_name: str, x, act: str = "swiglu", activations: str = "q8_1"):
+    """act(gate @ x) * (up @ x) in one launch; act "swiglu" (silu) or "geglu" (gelu tanh)."""
+    if act not in ("swiglu", "geglu"):
+        raise ValueError(f"gemv_glu: act must be 'swiglu' or 'geglu', got {act!r}")
+    return _run((gate, up), type_name, x, act, None, activations)
+
+
+def gemv_residual(raw, type_name: str, x, res, activations: str = "q8_1"):
+    """W @ x + res (the residual add fused into the GEMV's store)."""
+    return _run((raw,), type_name, x, "residual", res, activations)

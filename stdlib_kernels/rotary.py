@@ -1,0 +1,183 @@
+"""Rotary position embeddings (RoPE), normal (adjacent pairs, llama) and NEOX (pairs i and
+i + rot_dim/2; qwen2/qwen3/gemma3), and the fused "RoPE q, RoPE k and write k, v into the KV
+cache" kernel used by the decode step, with numpy references.
+
+Input: x (tokens, heads, head_dim) f32/f16; positions (tokens,) int32 on the device (read by
+the kernel, so a captured CUDA graph replays with new positions); theta (the frequency base,
+per call: Gemma 3 uses two); rot_dim (rotate the first rot_dim dims, copy the rest);
+freq_factors (rot_dim/2,) f32 dividing each frequency (Llama 3.1 `rope_freqs`).
+KV cache: (n_kv_head, max_len, head_dim) f32 or f16; token t's k, v go to slot
+positions[t] + pos_offset (slots outside [0, max_len) are skipped, not written).
+
+Angle for pair i at position p: p * theta^(-2i/rot_dim) / freq_factor[i], computed in f32 as
+llama.cpp does, so its absolute error grows like p * 2^-24 rad; sin/cos are the accurate ones.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+import pykernel as pk
+from pykernel import Const, Ptr, f32, i32, i64
+
+from . import _launch as L
+
+
+@pk.func
+def rope_angle(pos: i32, i: i32, rot_dim: i32, log2_base: f32, ff, HAS_FF: Const[bool]) -> f32:
+    inv_freq = pk.exp2(f32(-2 * i) / f32(rot_dim) * log2_base)
+    theta = f32(pos) * inv_freq
+    if HAS_FF:
+        theta = theta / ff[i]
+    return theta
+
+
+@pk.func
+def pair_dims(i: i32, rot_dim: i32, NEOX: Const[bool]):
+    if NEOX:
+        return i, i + rot_dim // 2
+    else:
+        return 2 * i, 2 * i + 1
+
+
+@pk.func
+def rope_head(src, dst, pos: i32, head_dim: i32, rot_dim: i32, log2_base: f32, ff,
+              HAS_FF: Const[bool], NEOX: Const[bool], T: Const[pk.dtype]):
+    """Rotate one head (src -> dst, may alias); dims >= rot_dim are copied."""
+    for i in range(pk.thread_idx.x, rot_dim // 2, pk.block_dim.x):
+        d0, d1 = pair_dims(i, rot_dim, NEOX)
+        theta = rope_angle(pos, i, rot_dim, log2_base, ff, HAS_FF)
+        c = pk.cos(theta)
+        s = pk.sin(theta)
+        x0 = f32(src[d0])
+        x1 = f32(src[d1])
+        dst[d0] = T(x0 * c - x1 * s)
+        dst[d1] = T(x0 * s + x1 * c)
+    for d in range(rot_dim + pk.thread_idx.x, head_dim, pk.block_dim.x):
+        dst[d] = T(f32(src[d]))
+
+
+@pk.kernel
+def rope_heads(x: Ptr["T", "ro"], out: Ptr["T"], positions: Ptr[i32, "ro"], ff: Ptr[f32, "ro"],
+               heads: i32, head_dim: i32, rot_dim: i32, pos_offset: i32, log2_base: f32,
+               HAS_FF: Const[bool], NEOX: Const[bool], T: Const[pk.dtype]):
+    # grid (tokens, heads): one block per head of one token
+    t = pk.block_idx.x
+    base = (i64(t) * i64(heads) + i64(pk.block_idx.y)) * i64(head_dim)
+    pos = positions[t] + pos_offset
+    rope_head(x + base, out + base, pos, head_dim, rot_dim, log2_base, ff, HAS_FF, NEOX, T)
+
+
+@pk.kernel
+def rope_qkv_cache(q: Ptr["T"], k: Ptr["T", "ro"], v: Ptr["T", "ro"], cache_k: Ptr["C"],
+                   cache_v: Ptr["C"], positions: Ptr[i32, "ro"], ff: Ptr[f32, "ro"],
+                   q_heads: i32, kv_heads: i32, head_dim: i32, rot_dim: i32, max_len: i32,
+                   pos_offset: i32, log2_base: f32, HAS_Q: Const[bool], HAS_FF: Const[bool],
+                   NEOX: Const[bool], T: Const[pk.dtype], C: Const[pk.dtype]):
+    # grid (tokens, q_heads + kv_heads): blocks y < q_heads rotate q in place, the others
+    # rotate one k head into the cache and copy the matching v head
+    t = pk.block_idx.x
+    h = pk.block_idx.y
+    pos = positions[t] + pos_offset
+    if h < q_heads:
+        if HAS_Q:
+            qb = q + (i64(t) * i64(q_heads) + i64(h)) * i64(head_dim)
+            rope_head(qb, qb, pos, head_dim, rot_dim, log2_base, ff, HAS_FF, NEOX, T)
+    elif pos >= 0 and pos < max_len:
+        kvh = h - q_heads
+        src = (i64(t) * i64(kv_heads) + i64(kvh)) * i64(head_dim)
+        dst = (i64(kvh) * i64(max_len) + i64(pos)) * i64(head_dim)
+        rope_head(k + src, cache_k + dst, pos, head_dim, rot_dim, log2_base, ff, HAS_FF,
+                  NEOX, C)
+        for d in range(pk.thread_idx.x, head_dim, pk.block_dim.x):
+            cache_v[dst + i64(d)] = C(f32(v[src + i64(d)]))
+
+
+def _check_heads(x, name: str) -> tuple[int, int, int]:
+    if x.ndim != 3:
+        raise ValueError(f"{name}: expected (tokens, heads, head_dim), got shape {x.shape}")
+    if x.dtype not in (np.float32, np.float16):
+        raise TypeError(f"{name}: expected float32 or float16, got {x.dtype}")
+    return x.shape
+
+
+def _common(positions, tokens, head_dim, rot_dim, freq_factors, style, name):
+    if style not in ("normal", "neox"):
+        raise ValueError(f"{name}: style must be 'normal' or 'neox', got {style!r}")
+    rot_dim = head_dim if rot_dim is None else int(rot_dim)
+    if rot_dim % 2 or not 0 < rot_dim <= head_dim:
+        raise ValueError(f"{name}: rot_dim must be even and in (0, {head_dim}], got {rot_dim}")
+    pos = L.as_array(positions, f"{name}: positions", np.int32)
+    if pos.size != tokens:
+        raise ValueError(f"{name}: {pos.size} positions for {tokens} tokens")
+    ff = L.dummy(np.float32) if freq_factors is None else \
+        L.as_array(freq_factors, f"{name}: freq_factors", np.float32)
+    if freq_factors is not None and ff.size < rot_dim // 2:
+        raise ValueError(f"{name}: freq_factors has {ff.size} entries, needs {rot_dim // 2}")
+    return pos, rot_dim, ff
+
+
+def rope(x, positions, theta: float = 10000.0, style: str = "normal", *, rot_dim=None,
+         freq_factors=None, pos_offset: int = 0, out=None, stream=None):
+    """RoPE over x (tokens, heads, head_dim); `out=x` rotates in place."""
+    x = L.as_array(x, "rope: x")
+    tokens, heads, head_dim = _check_heads(x, "rope: x")
+    pos, rot_dim, ff = _common(positions, tokens, head_dim, rot_dim, freq_factors, style,
+                               "rope")
+    out = L.output(out, "rope", x.shape, x.dtype)
+    args = (x, out, pos, ff, heads, head_dim, rot_dim, pos_offset, math.log2(theta))
+    spec = (("HAS_FF", freq_factors is not None), ("NEOX", style == "neox"),
+            ("T", x.dtype))
+    L.launch(rope_heads, (tokens, heads, 1), L.threads_for(rot_dim // 2, 256), args, spec,
+             stream)
+    return out
+
+
+def rope_kv_cache(k, v, cache_k, cache_v, positions, theta: float = 10000.0,
+                  style: str = "normal", *, q=None, rot_dim=None, freq_factors=None,
+                  pos_offset: int = 0, stream=None):
+    """One launch: RoPE q in place (if given), RoPE k into cache_k[:, pos] and copy v into
+    cache_v[:, pos] (pos = positions[t] + pos_offset). Caches: (n_kv_head, max_len, head_dim)."""
+    k, v = L.as_array(k, "rope_kv_cache: k"), L.as_array(v, "rope_kv_cache: v")
+    tokens, kv_heads, head_dim = _check_heads(k, "rope_kv_cache: k")
+    if v.shape != k.shape or v.dtype != k.dtype:
+        raise ValueError(f"rope_kv_cache: v is {v.shape} {v.dtype}, k is {k.shape} {k.dtype}")
+    for name, c in (("cache_k", cache_k), ("cache_v", cache_v)):
+        if c.ndim != 3 or c.shape[0] != kv_heads or c.shape[2] != head_dim or \
+                c.dtype not in (np.float32, np.float16) or c.dtype != cache_k.dtype:
+            raise ValueError(f"rope_kv_cache: {name} must be ({kv_heads}, max_len, {head_dim}) "
+                             f"float32/float16 like cache_k, got {c.shape} {c.dtype}")
+    q_heads = 0
+    if q is not None:
+        q = L.as_array(q, "rope_kv_cache: q", k.dtype)
+        qt, q_heads, qd = _check_heads(q, "rope_kv_cache: q")
+        if qt != tokens or qd != head_dim:
+            raise ValueError(f"rope_kv_cache: q shape {q.shape} does not match k {k.shape}")
+    pos, rot_dim, ff = _common(positions, tokens, head_dim, rot_dim, freq_factors, style,
+                               "rope_kv_cache")
+    args = (L.either(q, k), k, v, cache_k, cache_v, pos, ff, q_heads, kv_heads, head_dim,
+            rot_dim, cache_k.shape[1], pos_offset, math.log2(theta))
+    spec = (("HAS_Q", q is not None), ("HAS_FF", freq_factors is not None),
+            ("NEOX", style == "neox"), ("T", k.dtype), ("C", cache_k.dtype))
+    L.launch(rope_qkv_cache, (tokens, q_heads + kv_heads, 1), L.threads_for(head_dim, 256),
+             args, spec, stream)
+
+
+def rope_reference(x, positions, theta=10000.0, style="normal", rot_dim=None,
+                   freq_factors=None, pos_offset=0):
+    """float64 numpy RoPE of x (tokens, heads, head_dim)."""
+    x = np.asarray(x, np.float64)
+    head_dim = x.shape[-1]
+    rot_dim = head_dim if rot_dim is None else rot_dim
+    i = np.arange(rot_dim // 2)
+    inv_freq = theta ** (-2.0 * i / rot_dim)
+    if freq_factors is not None:
+        inv_freq = inv_freq / np.asarray(freq_factors, np.float64)[: rot_dim // 2]
+    angle = (np.asarray(positions, np.float64) + pos_offset)[:, None, None] * inv_freq
+    cos, sin = np.cos(angle), np.sin(angle)
+    d0, d1 = (i, i + rot_dim // 2) if style == "neox" else (2 * i, 2 * i + 1)
+    y = x.copy()
+    y[..., d0] = x[..., d0] * cos - x[..., d1] * sin
+    y[..., d1] = x[..., d0] * sin + x[..., d1] * cos
+    return y

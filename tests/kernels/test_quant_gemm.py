@@ -1,0 +1,68 @@
+"""Prefill GEMM on GGUF weights (f16 tensor cores) and the matmul dispatch, against float64
+dequantize(W) @ x. Both operands are rounded to f16 (relative 2^-11 each) and accumulated in
+f32, so |error| <= 2^-10 * sum_k |W[k]| |x[k]| (+ f32 accumulation) per output."""
+import numpy as np
+import pytest
+
+import pykernel as pk
+from stdlib_kernels.quant import reference as ref
+from stdlib_kernels.quant.gemm import gemm
+from stdlib_kernels.quant.matmul import matmul
+
+
+def make_weights(rng, type_name, rows, n):
+    w = rng.standard_normal((rows, n)).astype(np.float32)
+    if type_name == "F16":
+        return w.astype(np.float16).view(np.uint8)
+    return ref.quantize(w, type_name)
+
+
+def check(y, raw, type_name, x, seed):
+    W = ref.dequantize(raw, type_name, x.shape[1]).astype(np.float64)
+    x64 = x.astype(np.float64)
+    bound = 1.2e-3 * (np.abs(x64) @ np.abs(W).T) + 1e-30
+    err = np.abs(y - x64 @ W.T)
+    assert np.all(err <= bound), f"{type_name}: max err/bound {np.max(err / bound):.2f} " \
+                                 f"(seed {seed})"
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q8_0"])
+def test_gemm_partial_tiles(device, rng, seed, type_name):
+    # rows and tokens not multiples of the tile (16 on the CPU target, 128 on CUDA)
+    rows, n, tokens = (19, 256, 9) if device.kind == "cpu" else (130, 512, 137)
+    raw = make_weights(rng, type_name, rows, n)
+    x = rng.standard_normal((tokens, n)).astype(np.float32)
+    check(gemm(raw, type_name, x).numpy(), raw, type_name, x, seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("type_name", ["Q6_K", "Q4_0", "F16", "Q5_K", "Q2_K"])
+def test_gemm_more_types_gpu(rng, seed, type_name):
+    if not pk.gpu_available():
+        pytest.skip("no usable CUDA GPU")
+    previous = pk.current_device()
+    pk.set_device("cuda")
+    try:
+        raw = make_weights(rng, type_name, 200, 512)
+        x = rng.standard_normal((70, 512)).astype(np.float32)
+        check(gemm(raw, type_name, x).numpy(), raw, type_name, x, seed)
+    finally:
+        pk.set_device(previous)
+
+
+def test_matmul_dispatch(device, rng, seed):
+    raw = make_weights(rng, "Q8_0", 3, 32)
+    x = rng.standard_normal((9, 32)).astype(np.float32)     # 9 tokens: the GEMM
+    check(matmul(raw, "Q8_0", x).numpy(), raw, "Q8_0", x, seed)
+    y1 = matmul(raw, "Q8_0", x[0]).numpy()                  # one token: the DP4A GEMV
+    W = ref.dequantize(raw, "Q8_0", 32).astype(np.float64)
+    assert y1.shape == (3,)
+    assert np.allclose(y1, W @ x[0], rtol=0.05, atol=0.05 * np.abs(W).sum(1).max()), seed
+
+
+def test_gemm_rejects_bad_input(device, rng):
+    raw = make_weights(rng, "Q8_0", 2, 64)
+    with pytest.raises(ValueError, match="float32 \\(tokens, K\\)"):
+        gemm(raw, "Q8_0", np.zeros(64, np.float32))
+    with pytest.raises(ValueError, match="rows, 68"):
+        gemm(raw[:, :34], "Q8_0", np.zeros((2, 64), np.float32))

@@ -1,0 +1,124 @@
+"""Decode GEMV on GGUF weights (stdlib_kernels.quant.gemv) against float64 dequantize(W) @ x.
+
+Q8_1 path: the kernel must equal, to float32 rounding, its exact model
+    y = sum_k (W - O)[k] * xh[k] + sum_b O[b] * s[b]
+(xh = dequantized Q8_1 activations, s = their stored f16 sum(x), O = the weight offset a block
+applies through s: -8d for Q4_0, m for Q4_1, -dmin*m for Q4_K, 0 otherwise), and be within
+    sum_k |W - O|[k] |xh - x|[k] + sum_b |O[b]| |s[b] - sum_{k in b} x[k]|  (+ rounding)
+of the float64 product: the Q8_1 rounding bound documented in docs/stdlib.md.
+"""
+import numpy as np
+import pytest
+
+import pykernel as pk
+from stdlib_kernels.quant import reference as ref
+from stdlib_kernels.quant.gemv import F32_TYPES, Q8_1_TYPES, gemv, gemv_glu, gemv_residual
+from stdlib_kernels.quant.q8_1 import quantize_q8_1
+
+# bytes of a block holding quantized values: zeroing them leaves the offset the block applies
+# through Q8_1's s = sum(x) (the DP4A kernels of these types use s)
+OFFSET_BYTES = {"Q4_0": (2, 18), "Q4_1": (4, 20), "Q4_K": (16, 144)}
+
+
+def make_weights(rng, type_name, rows, n):
+    w = rng.standard_normal((rows, n)).astype(np.float32)
+    if type_name == "F32":
+        return w.view(np.uint8)
+    if type_name == "F16":
+        return w.astype(np.float16).view(np.uint8)
+    return ref.quantize(w, type_name)
+
+
+def row_len(type_name, blocks=1):
+    return max(ref.block_size(type_name)[0], 32) * blocks
+
+
+def offsets(raw, type_name, n):
+    """Per-element weight offset applied through s (see the module docstring), float64."""
+    if type_name not in OFFSET_BYTES:
+        return np.zeros((raw.shape[0], n))
+    elems, nbytes = ref.block_size(type_name)
+    blocks = raw.reshape(raw.shape[0], -1, nbytes).copy()
+    lo, hi = OFFSET_BYTES[type_name]
+    blocks[:, :, lo:hi] = 0
+    return ref.dequantize(blocks.reshape(raw.shape[0], -1), type_name, n).astype(np.float64)
+
+
+def check_q8_1(y, raw, type_name, x, seed):
+    n = x.shape[-1]
+    W = ref.dequantize(raw, type_name, n).astype(np.float64)
+    O = offsets(raw, type_name, n)
+    xq = ref.quantize_q8_1(x).reshape(x.shape[0], -1, 36)
+    xh = ref.dequantize(xq.reshape(x.shape[0], -1), "Q8_1", n).astype(np.float64)
+    s = xq[:, :, 2:4].copy().view(np.float16).astype(np.float64)[:, :, 0]   # (batch, n/32)
+    O32 = O[:, ::32]                                                         # (rows, n/32)
+    model = xh @ (W - O).T + s @ O32.T
+    scale = np.abs(xh) @ np.abs(W - O).T + np.abs(s) @ np.abs(O32).T
+    assert np.all(np.abs(y - model) <= 1e-5 * scale + 1e-30), \
+        f"{type_name}: GEMV differs from its Q8_1 model (seed {seed})"
+    x64 = x.astype(np.float64)
+    xsum = x64.reshape(x.shape[0], -1, 32).sum(axis=2)
+    bound = np.abs(xh - x64) @ np.abs(W - O).T + np.abs(s - xsum) @ np.abs(O32).T
+    assert np.all(np.abs(y - x64 @ W.T) <= bound + 2e-5 * scale + 1e-30), \
+        f"{type_name}: GEMV error exceeds the Q8_1 rounding bound (seed {seed})"
+
+
+def test_quantize_q8_1_bit_exact(device, rng, seed):
+    x = rng.standard_normal((3, 96)).astype(np.float32) * 10.0 ** rng.uniform(-3, 3, (3, 1))
+    x[1, :32] = 0.0
+    x[2, 32:64] = 0.5
+    x[0, :6] = [0.5, -0.5, 1.5, -2.5, 127.0, -127.0]
+    got = quantize_q8_1(x).numpy()
+    assert np.array_equal(got, ref.quantize_q8_1(x)), f"Q8_1 bytes differ (seed {seed})"
+
+
+@pytest.mark.parametrize("type_name", sorted(Q8_1_TYPES))
+def test_gemv_q8_1(device, rng, seed, type_name):
+    for rows, blocks, batch in ((3, 1, 1), (1, 2, 3)):   # K = one block, M = 1, batch > 1
+        n = row_len(type_name, blocks)
+        raw = make_weights(rng, type_name, rows, n)
+        x = rng.standard_normal((batch, n)).astype(np.float32)
+        y = gemv(raw, type_name, x).numpy()
+        check_q8_1(y, raw, type_name, x, seed)
+
+
+@pytest.mark.parametrize("type_name", F32_TYPES)
+def test_gemv_f32(device, rng, seed, type_name):
+    rows, n = 3, row_len(type_name)
+    raw = make_weights(rng, type_name, rows, n)
+    x = rng.standard_normal((2, n)).astype(np.float32)
+    y = gemv(raw, type_name, x, activations="f32").numpy()
+    W = ref.dequantize(raw, type_name, n).astype(np.float64)
+    scale = np.abs(x.astype(np.float64)) @ np.abs(W).T
+    assert np.all(np.abs(y - x @ W.T) <= 1e-5 * scale + 1e-30), f"{type_name} (seed {seed})"
+
+
+@pytest.mark.parametrize("type_name,activations", [("Q4_K", "q8_1"), ("Q5_K", "f32")])
+def test_gemv_fused(device, rng, seed, type_name, activations):
+    rows, n = 5, 256
+    gate, up = (make_weights(rng, type_name, rows, n) for _ in range(2))
+    x = rng.standard_normal((2, n)).astype(np.float32)
+    res = rng.standard_normal((2, rows)).astype(np.float32)
+    g = gemv(gate, type_name, x, activations=activations).numpy().astype(np.float64)
+    u = gemv(up, type_name, x, activations=activations).numpy().astype(np.float64)
+    swiglu = gemv_glu(gate, up, type_name, x, "swiglu", activations).numpy()
+    geglu = gemv_glu(gate, up, type_name, x, "geglu", activations).numpy()
+    added = gemv_residual(gate, type_name, x, res, activations).numpy()
+    gelu = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
+    tol = 1e-5 * (np.abs(g) + 1) * (np.abs(u) + 1)
+    assert np.all(np.abs(swiglu - g / (1 + np.exp(-g)) * u) <= tol), f"swiglu (seed {seed})"
+    assert np.all(np.abs(geglu - gelu * u) <= tol), f"geglu (seed {seed})"
+    assert np.all(np.abs(added - (g + res)) <= 1e-5 * (np.abs(g) + np.abs(res))), \
+        f"residual (seed {seed})"
+
+
+def test_gemv_rejects_bad_input(device, rng):
+    raw = make_weights(rng, "Q4_0", 2, 64)
+    with pytest.raises(ValueError, match="rows, 36"):
+        gemv(raw[:, :30], "Q4_0", np.zeros(64, np.float32))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        gemv(raw, "Q4_0", np.zeros(48, np.float32))
+    with pytest.raises(ValueError, match="batch 9"):
+        gemv(raw, "Q4_0", np.zeros((9, 64), np.float32))
+    with pytest.raises(ValueError, match="unknown quantization type"):
+        gemv(raw, "Q9_9", np.zeros(64, np.float32))

@@ -1,0 +1,76 @@
+"""RoPE (normal / NEOX, partial rotary dim, freq factors, offsets) and the fused
+RoPE + KV-cache write, vs float64 numpy references (CPU and GPU)."""
+import numpy as np
+import pytest
+
+import pykernel as pk
+from stdlib_kernels import rotary as R
+
+
+def angle_tol(positions):
+    # f32 angles: absolute error ~ position * 2^-24 (as in llama.cpp), plus rounding of x
+    return 4e-7 * (float(np.max(positions)) + 8) + 1e-6
+
+
+@pytest.mark.parametrize("style", ["normal", "neox"])
+@pytest.mark.parametrize("tokens,heads,head_dim,rot_dim,factors", [
+    (3, 4, 64, None, False), (2, 3, 10, 6, True), (1, 2, 128, 64, True), (5, 1, 2, None, False)])
+def test_rope_matches_reference(device, rng, seed, style, tokens, heads, head_dim, rot_dim,
+                                factors):
+    x = rng.standard_normal((tokens, heads, head_dim)).astype(np.float32)
+    pos = rng.integers(0, 300, tokens).astype(np.int32)
+    ff = rng.uniform(1, 8, (rot_dim or head_dim) // 2).astype(np.float32) if factors else None
+    theta = float(rng.choice([10000.0, 1e6]))
+    out = R.rope(x, pos, theta, style, rot_dim=rot_dim, freq_factors=ff, pos_offset=7,
+                 out=pk.full(x.shape, np.nan, np.float32)).numpy()
+    ref = R.rope_reference(x, pos, theta, style, rot_dim, ff, pos_offset=7)
+    err = np.max(np.abs(out - ref))
+    assert err < angle_tol(pos + 7), f"seed={seed} err {err}"
+    if rot_dim:
+        assert np.array_equal(out[..., rot_dim:], x[..., rot_dim:]), f"seed={seed}"
+
+
+def test_rope_in_place_f16(device, rng, seed):
+    x = rng.standard_normal((2, 3, 32)).astype(np.float16)
+    pos = np.array([0, 41], np.int32)
+    arr = pk.to_device(x)
+    R.rope(arr, pos, 10000.0, "neox", out=arr)
+    ref = R.rope_reference(x, pos, 10000.0, "neox")
+    assert np.allclose(arr.numpy(), ref, atol=3e-3), f"seed={seed}"
+    assert np.allclose(R.rope(x, np.zeros(2, np.int32)).numpy(), x), "position 0 is identity"
+
+
+@pytest.mark.parametrize("cache_dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("style", ["normal", "neox"])
+def test_rope_kv_cache_writes_slots(device, rng, seed, cache_dtype, style):
+    tokens, q_heads, kv_heads, head_dim, max_len = 3, 4, 2, 16, 40
+    q, k, v = (rng.standard_normal((tokens, h, head_dim)).astype(np.float32)
+               for h in (q_heads, kv_heads, kv_heads))
+    pos = np.array([5, 6, 39], np.int32)
+    positions = pk.to_device(pos)   # device array: a CUDA graph replays with new contents
+    ck = pk.full((kv_heads, max_len, head_dim), np.nan, cache_dtype)
+    cv = pk.full((kv_heads, max_len, head_dim), np.nan, cache_dtype)
+    qd = pk.to_device(q)
+    R.rope_kv_cache(k, v, ck, cv, positions, 5e5, style, q=qd, rot_dim=8)
+    tol = angle_tol(pos) + (2e-3 if cache_dtype == np.float16 else 0)
+    kr = R.rope_reference(k, pos, 5e5, style, 8)
+    ckn, cvn = ck.numpy(), cv.numpy()
+    for t, p in enumerate(pos):
+        assert np.max(np.abs(ckn[:, p] - kr[t])) < tol, f"seed={seed} token {t}"
+        assert np.allclose(cvn[:, p], v[t], atol=tol), f"seed={seed} token {t}"
+    untouched = np.delete(np.arange(max_len), pos)
+    assert np.isnan(ckn[:, untouched]).all() and np.isnan(cvn[:, untouched]).all()
+    assert np.max(np.abs(qd.numpy() - R.rope_reference(q, pos, 5e5, style, 8))) < tol
+    positions.copy_from(np.array([0, 1, 45], np.int32))   # slot 45 >= max_len: skipped
+    R.rope_kv_cache(k, v, ck, cv, positions, 5e5, style, rot_dim=8)
+    assert np.allclose(cv.numpy()[:, 1], v[1], atol=tol)
+
+
+def test_rope_errors(device):
+    x = np.zeros((2, 3, 8), np.float32)
+    with pytest.raises(ValueError, match="style"):
+        R.rope(x, np.zeros(2, np.int32), style="gptj")
+    with pytest.raises(ValueError, match="positions for 2 tokens"):
+        R.rope(x, np.zeros(3, np.int32))
+    with pytest.raises(ValueError, match="rot_dim"):
+        R.rope(x, np.zeros(2, np.int32), rot_dim=5)

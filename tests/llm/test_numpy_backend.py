@@ -1,0 +1,133 @@
+"""numpy backend pieces against direct definitions: dequantizers (bit-exact vs ggml's own output),
+activation-quantization emulation, RoPE, attention (causal, GQA, sliding window), norms and
+activations, on fresh random inputs with awkward sizes."""
+import math
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+
+from llm.backends.act_quant import round_trip
+from llm.backends.dequant import dequantize
+from llm.backends.numpy_backend import NumpyBackend
+from llm.config import RopeParams
+from tests.llm.gguf_helpers import GOLDEN
+
+ORACLE = np.load(GOLDEN / "ggml-quants-seed1.npz")
+TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_dequantize_bit_exact_vs_ggml(name):
+    raw, want = ORACLE[name], ORACLE[f"{name}_deq"]
+    got = dequantize(raw.reshape(-1), Q[name], want.shape)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), name
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q8_0"])
+def test_fast_paths_equal_gguf_on_random_bytes(name, rng):
+    # random bytes include any f16 scale (subnormal, inf, nan): compare bit patterns
+    qtype = Q[name]
+    block, size = quants.GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (45, 3 * size), dtype=np.uint8)
+    with np.errstate(all="ignore"):
+        want = quants.dequantize(raw, qtype)
+        got = dequantize(raw.reshape(-1), qtype, (45, 3 * block))
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_dequantize_into_fused_rows(rng):
+    x = rng.standard_normal((40, 64)).astype(np.float32)
+    raw = quants.quantize(x, Q.Q8_0)
+    fused = np.full((50, 64), np.nan, dtype=np.float32)
+    dequantize(raw.reshape(-1), Q.Q8_0, (40, 64), out=fused[10:])
+    assert np.array_equal(fused[10:], quants.dequantize(raw, Q.Q8_0))
+    assert np.isnan(fused[:10]).all()
+
+
+def test_q8_0_activation_round_trip_matches_gguf(rng):
+    x = (rng.standard_normal((7, 96)) * rng.uniform(0.01, 10, (7, 1))).astype(np.float32)
+    x[0, :32] = 0.0  # an all-zero block
+    want = quants.dequantize(quants.quantize(x, Q.Q8_0), Q.Q8_0)
+    assert np.array_equal(round_trip(x, "q8_0"), want)
+
+
+def test_q8_k_activation_round_trip(rng):
+    x = rng.standard_normal((3, 512)).astype(np.float32)
+    y = round_trip(x, "q8_k")
+    step = np.abs(x.reshape(3, 2, 256)).max(-1, keepdims=True) / 127
+    assert np.all(np.abs(y - x).reshape(3, 2, 256) <= step / 2 + 1e-6)
+    assert len(np.unique(y[0, :256] / step[0, 0])) <= 255
+
+
+def rope_reference(x, positions, head_dim, p: RopeParams):
+    out = x.copy().reshape(len(positions), -1, head_dim)
+    half = p.n_rot // 2
+    for t, pos in enumerate(positions):
+        for i in range(half):
+            theta = pos * p.freq_scale * p.base ** (-2 * i / p.n_rot)
+            a, b = (i, i + half) if p.neox else (2 * i, 2 * i + 1)
+            xa, xb = out[t, :, a].copy(), out[t, :, b].copy()
+            out[t, :, a] = xa * math.cos(theta) - xb * math.sin(theta)
+            out[t, :, b] = xa * math.sin(theta) + xb * math.cos(theta)
+    return out.reshape(x.shape)
+
+
+@pytest.mark.parametrize("neox", [False, True])
+@pytest.mark.parametrize("n_rot", [16, 10])
+def test_rope(rng, neox, n_rot):
+    params = RopeParams(n_rot=n_rot, base=10000.0, neox=neox, freq_scale=0.5)
+    x = rng.standard_normal((5, 3 * 16)).astype(np.float32)
+    positions = np.array([0, 1, 7, 100, 3001])
+    got = NumpyBackend().rope(x.copy(), positions, 16, params)
+    assert np.allclose(got, rope_reference(x, positions, 16, params), atol=2e-5)
+
+
+def attention_reference(q, keys, values, q_pos, n_kv, d, scale, window):
+    n, n_head = q.shape[0], q.shape[1] // d
+    out = np.zeros((n, n_head * d), dtype=np.float64)
+    for t in range(n):
+        for h in range(n_head):
+            kv = h // (n_head // n_kv)
+            allowed = [j for j in range(q_pos[t] + 1) if not window or q_pos[t] - j < window]
+            s = np.array([q[t, h * d:(h + 1) * d] @ keys[j, kv] for j in allowed]) * scale
+            w = np.exp(s - s.max())
+            w /= w.sum()
+            out[t, h * d:(h + 1) * d] = sum(wi * values[j, kv] for wi, j in zip(w, allowed))
+    return out
+
+
+@pytest.mark.parametrize("window", [0, 3])
+def test_attention_prefill_then_decode(rng, window):
+    n_head, n_kv, d, total = 6, 2, 8, 9
+    be = NumpyBackend()
+    cache = be.kv_cache(1, 16, n_kv, d, d)
+    q = rng.standard_normal((total, n_head * d)).astype(np.float32)
+    k = rng.standard_normal((total, n_kv * d)).astype(np.float32)
+    v = rng.standard_normal((total, n_kv * d)).astype(np.float32)
+    out_prefill = be.attention(q[:6], k[:6], v[:6], cache, 0, 0, 0.3, window)
+    out_steps = [be.attention(q[t:t + 1], k[t:t + 1], v[t:t + 1], cache, 0, t, 0.3, window)
+                 for t in range(6, total)]
+    got = np.concatenate([out_prefill, *out_steps])
+    want = attention_reference(q, k.reshape(total, n_kv, d), v.reshape(total, n_kv, d),
+                               np.arange(total), n_kv, d, 0.3, window)
+    assert np.allclose(got, want, atol=1e-5)
+
+
+def test_norms_and_activations(rng):
+    be = NumpyBackend()
+    x = rng.standard_normal((4, 48)).astype(np.float32)
+    w = rng.standard_normal(48).astype(np.float32)
+    b = rng.standard_normal(48).astype(np.float32)
+    rms = x / np.sqrt((x ** 2).mean(-1, keepdims=True) + 1e-6) * w
+    assert np.allclose(be.rms_norm(x, w, 1e-6), rms, atol=1e-5)
+    g = x.reshape(4, 3, 16)
+    heads = g / np.sqrt((g ** 2).mean(-1, keepdims=True) + 1e-6) * w[:16]
+    assert np.allclose(be.rms_norm(x, w[:16], 1e-6, group=16), heads.reshape(4, 48), atol=1e-5)
+    ln = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * w + b
+    assert np.allclose(be.layer_norm(x, w, b, 1e-5), ln, atol=1e-5)
+    gelu = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+    assert np.allclose(be.gelu(x), gelu, atol=1e-6)
+    assert np.allclose(be.swiglu(x, w[None]), x / (1 + np.exp(-x)) * w, atol=1e-6)
+    assert np.allclose(be.geglu_tanh(x, w[None]), gelu * w, atol=1e-6)
