@@ -28,7 +28,7 @@ __version__ = "0.1.0"
 
 try:  # the math library and low-level intrinsics are optional until built
     from .intrinsics.mathfns import (ceil, cos, erf, exp, exp2, fast, floor, fma, log, log2,
-                                     rsqrt, sin, sqrt, tanh)
+                                     rint, rsqrt, sin, sqrt, tanh, trunc)
     from .intrinsics.lowlevel import asm, dp4a, mma_m16n8k16_bf16, mma_m16n8k16_f16, \
         mma_m16n8k32_s8
 except ImportError:  # pragma: no cover

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import ast
 
-from ..types import ConstAnnotation, PtrAnnotation, ScalarType
+from ..types import ConstAnnotation, PtrAnnotation, PtrType, ScalarType
 from .codegen import FunctionLowering, describe
-from .values import ConstValue, PtrValue, TupleValue, TypeValue, Value
+from .values import ArrayValue, ConstValue, PtrValue, TupleValue, TypeValue, Value
 
 
 def bind_arguments(fl, dfunc, fast, node):
@@ -69,6 +69,8 @@ def bind_param(fl, child, arg_node, val, ann, node):
     if isinstance(ann, ScalarType):
         val = fl.coerce(val, ann, node)
     elif isinstance(ann, PtrAnnotation):
+        if isinstance(val, ArrayValue):      # shared/local arrays pass as pointers
+            val = PtrValue(PtrType(val.ty.elem, False, val.ty.space), val.ir, val.origin)
         if not isinstance(val, PtrValue):
             raise fl.error(node, f"argument '{name}' expects a pointer, got {describe(val)}")
     elif ann is not None and not isinstance(ann, str):

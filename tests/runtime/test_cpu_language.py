@@ -328,3 +328,33 @@ def test_i64(device):
     out = pk.zeros(100, np.int64)
     big_index[1, 128](out, 100)
     assert (out.numpy() == np.arange(100, dtype=np.int64) * 3000000000).all()
+
+
+@pk.func
+def fill_iota(buf: Ptr[f32], n: i32):
+    for i in range(n):
+        buf[i] = f32(i)
+
+
+A_FMT = 3
+B_FMT = 5
+
+
+@pk.kernel
+def arrays_to_funcs(out: Ptr[f32], FMT: Const[int]):
+    loc = pk.local_array(f32, 4)
+    sh = pk.shared_array(f32, 4)
+    fill_iota(loc, 4)
+    fill_iota(sh, 4)
+    if FMT == A_FMT or FMT == B_FMT:
+        out[0] = loc[3] + sh[2]
+    else:
+        out[0] = never_defined  # noqa: F821 (dead branch)
+    out[1] = pk.trunc(f32(-2.5)) + pk.rint(f32(2.5))
+
+
+def test_arrays_pass_to_pointer_params_and_const_or(device):
+    out = pk.full(2, np.nan, np.float32)
+    for fmt in (3, 5):
+        arrays_to_funcs[1, 1](out, fmt)
+        assert list(out.numpy()) == [5.0, 0.0]
