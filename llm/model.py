@@ -17,7 +17,7 @@ import numpy as np
 from llm import chat as chat_templates
 from llm.backends import create_backend
 from llm.config import ModelConfig, load_config
-from llm.generate import PREFILL_CHUNK, GenerationStats, Session, stream
+from llm.generate import PREFILL_CHUNK, ContextError, GenerationStats, Session, stream
 from llm.gguf_file import GGUFError, GGUFFile
 from llm.gguf_reader_view import MetadataReader
 from llm.model_files import resolve_model
@@ -71,6 +71,9 @@ class Model:
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """float32 (len(ids), n_vocab) logits of a fresh sequence."""
         ids = self._check_ids(ids)
+        if self.transformer.spec.learned_positions and len(ids) > self.config.n_ctx_train:
+            raise ContextError(f"{len(ids)} tokens exceed the {self.config.n_ctx_train} learned "
+                               f"positions of this {self.config.arch} model")
         cache = self.backend.kv_cache(self.config.n_layer, len(ids), self.config.n_head_kv,
                                       self.config.head_dim, self.config.head_dim_v)
         rows = []
@@ -179,6 +182,9 @@ def load(model: str | os.PathLike = "smollm2", device: str = "cpu", backend: str
     if backend_impl.name == "kernels":  # decode steps replay a captured device graph
         from llm.backends.kernels_graph import wrap
         transformer = wrap(transformer)
+    if spec.learned_positions and n_ctx is not None and n_ctx > config.n_ctx_train:
+        raise ContextError(f"context {n_ctx} exceeds the {config.n_ctx_train} learned positions "
+                           f"of this {config.arch} model")
     n_ctx, note = choose_context(config, n_ctx)
     return Model(path, gguf, config, transformer, tokenizer, backend_impl, n_ctx, note,
                  time.perf_counter() - t0)

@@ -18,6 +18,7 @@ from pykernel import Const, Ptr, f32, i32, i64
 
 from . import _launch as L
 from ._device import block_sum, load4, store4
+from ._rows import group_row, group_sum, row_geometry, unit_start
 
 
 @pk.kernel
@@ -82,8 +83,101 @@ def layernorm_rows(x: Ptr["T", "ro"], weight: Ptr[f32, "ro"], bias: Ptr[f32, "ro
         store4(out + i64(pk.block_idx.x) * i64(n), c, n, a, b, d, e, VEC, T)
 
 
+@pk.kernel
+def rmsnorm_regs(x: Ptr["T", "ro"], residual: Ptr["T", "ro"], weight: Ptr[f32, "ro"],
+                 out: Ptr["T"], sum_out: Ptr["T"], rows: i32, n: i32, eps: f32,
+                 HAS_RES: Const[bool], HAS_W: Const[bool], VEC: Const[int], CHUNKS: Const[int],
+                 GROUP: Const[int], T: Const[pk.dtype]):
+    scratch = pk.shared_array(f32, 32)
+    h = pk.local_array(f32, 4 * CHUNKS)   # this thread's units of the row (registers)
+    row, lane = group_row(GROUP)
+    if row >= rows:
+        return
+    base = i64(row) * i64(n)
+    ss = f32(0.0)
+    for j in pk.static_range(CHUNKS):
+        c = unit_start(j, lane, GROUP)
+        if c < n:
+            a, b, d, e = load4(x + base, c, n, VEC)
+            if HAS_RES:
+                ra, rb, rd, re = load4(residual + base, c, n, VEC)
+                a, b, d, e = a + ra, b + rb, d + rd, e + re
+                store4(sum_out + base, c, n, a, b, d, e, VEC, T)
+            h[4 * j] = a
+            h[4 * j + 1] = b
+            h[4 * j + 2] = d
+            h[4 * j + 3] = e
+            ss += a * a + b * b + d * d + e * e
+    scale = 1.0 / pk.sqrt(group_sum(ss, scratch, GROUP) / f32(n) + eps)
+    for j in pk.static_range(CHUNKS):
+        c = unit_start(j, lane, GROUP)
+        if c < n:
+            a, b, d, e = h[4 * j] * scale, h[4 * j + 1] * scale, h[4 * j + 2] * scale, \
+                h[4 * j + 3] * scale
+            if HAS_W:
+                wa, wb, wd, we = load4(weight, c, n, VEC)
+                a, b, d, e = a * wa, b * wb, d * wd, e * we
+            store4(out + base, c, n, a, b, d, e, VEC, T)
+
+
+@pk.kernel
+def layernorm_regs(x: Ptr["T", "ro"], weight: Ptr[f32, "ro"], bias: Ptr[f32, "ro"],
+                   out: Ptr["T"], rows: i32, n: i32, eps: f32, HAS_W: Const[bool],
+                   HAS_B: Const[bool], VEC: Const[int], CHUNKS: Const[int], GROUP: Const[int],
+                   T: Const[pk.dtype]):
+    scratch = pk.shared_array(f32, 32)
+    v = pk.local_array(f32, 4 * CHUNKS)
+    row, lane = group_row(GROUP)
+    if row >= rows:
+        return
+    base = i64(row) * i64(n)
+    s = f32(0.0)
+    for j in pk.static_range(CHUNKS):
+        c = unit_start(j, lane, GROUP)
+        if c < n:
+            a, b, d, e = load4(x + base, c, n, VEC)   # 0 past n: adds nothing to the sum
+            v[4 * j] = a
+            v[4 * j + 1] = b
+            v[4 * j + 2] = d
+            v[4 * j + 3] = e
+            s += (a + b) + (d + e)
+    mean = group_sum(s, scratch, GROUP) / f32(n)
+    sq = f32(0.0)
+    for j in pk.static_range(CHUNKS):   # two-pass variance from registers: no cancellation
+        c = unit_start(j, lane, GROUP)
+        for k in pk.static_range(4):
+            if c + k < n:
+                dev = v[4 * j + k] - mean
+                v[4 * j + k] = dev
+                sq += dev * dev
+    rstd = 1.0 / pk.sqrt(group_sum(sq, scratch, GROUP) / f32(n) + eps)
+    for j in pk.static_range(CHUNKS):
+        c = unit_start(j, lane, GROUP)
+        if c < n:
+            a, b, d, e = v[4 * j] * rstd, v[4 * j + 1] * rstd, v[4 * j + 2] * rstd, \
+                v[4 * j + 3] * rstd
+            if HAS_W:
+                wa, wb, wd, we = load4(weight, c, n, VEC)
+                a, b, d, e = a * wa, b * wb, d * wd, e * we
+            if HAS_B:
+                ba, bb, bd, be = load4(bias, c, n, VEC)
+                a, b, d, e = a + ba, b + bb, d + bd, e + be
+            store4(out + base, c, n, a, b, d, e, VEC, T)
+
+
 def _spec(vec, dtype, **flags) -> tuple:
     return tuple(sorted(flags.items())) + (("VEC", vec), ("T", np.dtype(dtype)))
+
+
+def _launch_rows(regs_kernel, loop_kernel, rows, n, args, spec, stream):
+    """Row in registers when it fits (args gain `rows` before n), else one block loops."""
+    geo = row_geometry(rows, n)
+    if geo is None:
+        L.launch(loop_kernel, rows, L.threads_for(-(-n // 4)), args, spec, stream)
+        return
+    regs_args = args[:-2] + (rows,) + args[-2:]
+    regs_spec = spec + (("CHUNKS", geo.chunks), ("GROUP", geo.group))
+    L.launch(regs_kernel, geo.grid, geo.block, regs_args, regs_spec, stream)
 
 
 def rmsnorm(x, weight=None, eps: float = 1e-6, *, residual=None, out=None, sum_out=None,
@@ -108,7 +202,7 @@ def rmsnorm(x, weight=None, eps: float = 1e-6, *, residual=None, out=None, sum_o
     vec = L.vector_width(n, x, w, r, out, s)
     args = (x, L.either(r, x), L.either(w, L.dummy(np.float32)), out, L.either(s, out), n, eps)
     spec = _spec(vec, x.dtype, HAS_RES=r is not None, HAS_W=w is not None)
-    L.launch(rmsnorm_rows, rows, L.threads_for(-(-n // 4)), args, spec, stream)
+    _launch_rows(rmsnorm_regs, rmsnorm_rows, rows, n, args, spec, stream)
     return out if r is None else (out, s)
 
 
@@ -128,7 +222,7 @@ def layernorm(x, weight=None, bias=None, eps: float = 1e-5, *, out=None, stream=
     none = L.dummy(np.float32)
     args = (x, L.either(w, none), L.either(b, none), out, n, eps)
     spec = _spec(vec, x.dtype, HAS_W=w is not None, HAS_B=b is not None)
-    L.launch(layernorm_rows, rows, L.threads_for(-(-n // 4)), args, spec, stream)
+    _launch_rows(layernorm_regs, layernorm_rows, rows, n, args, spec, stream)
     return out
 
 

@@ -17,7 +17,8 @@ import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, i64
 
 from . import _launch as L
-from ._device import NEG_INF, block_max, block_sum
+from ._device import NEG_INF, block_max, block_sum, load4, store4
+from ._rows import group_max, group_row, group_sum, row_geometry, unit_start
 
 
 @pk.func
@@ -62,6 +63,48 @@ def softmax_rows(x: Ptr[f32, "ro"], out: Ptr[f32], n: i32, scale: f32, softcap: 
         orow[c] = p
 
 
+@pk.kernel
+def softmax_regs(x: Ptr[f32, "ro"], out: Ptr[f32], rows: i32, n: i32, scale: f32,
+                 softcap: f32, q_len: i32, pos_offset: i32, CAUSAL: Const[bool],
+                 SOFTCAP: Const[bool], VEC: Const[int], CHUNKS: Const[int], GROUP: Const[int]):
+    scratch = pk.shared_array(f32, 32)
+    z = pk.local_array(f32, 4 * CHUNKS)   # logits, then exp(z - max), of this thread's units
+    row, lane = group_row(GROUP)
+    if row >= rows:
+        return
+    base = i64(row) * i64(n)
+    limit = row % q_len + pos_offset
+    m = f32(NEG_INF)
+    for j in pk.static_range(CHUNKS):
+        c = unit_start(j, lane, GROUP)
+        a, b, d, e = f32(NEG_INF), f32(NEG_INF), f32(NEG_INF), f32(NEG_INF)
+        if c < n:
+            a, b, d, e = load4(x + base, c, n, VEC)
+        z[4 * j] = logit(a, c, limit, scale, softcap, CAUSAL, SOFTCAP)
+        z[4 * j + 1] = logit(b, c + 1, limit, scale, softcap, CAUSAL, SOFTCAP)
+        z[4 * j + 2] = logit(d, c + 2, limit, scale, softcap, CAUSAL, SOFTCAP)
+        z[4 * j + 3] = logit(e, c + 3, limit, scale, softcap, CAUSAL, SOFTCAP)
+        for k in pk.static_range(4):
+            if c + k >= n:   # padding of a partial unit (loaded as 0) takes no part
+                z[4 * j + k] = f32(NEG_INF)
+            m = max(m, z[4 * j + k])
+    row_max = group_max(m, scratch, GROUP)
+    s = f32(0.0)
+    for j in pk.static_range(4 * CHUNKS):   # one exp per element, kept for the store
+        p = f32(0.0)
+        if z[j] > f32(NEG_INF):
+            p = pk.exp(z[j] - row_max)
+        z[j] = p
+        s += p
+    total = group_sum(s, scratch, GROUP)
+    inv = 0.0 if total == 0.0 else 1.0 / total
+    for j in pk.static_range(CHUNKS):
+        c = unit_start(j, lane, GROUP)
+        if c < n:
+            store4(out + base, c, n, z[4 * j] * inv, z[4 * j + 1] * inv, z[4 * j + 2] * inv,
+                   z[4 * j + 3] * inv, VEC, f32)
+
+
 def softmax(x, scale: float = 1.0, *, causal: bool = False, q_len=None, pos_offset=None,
             softcap: float = 0.0, out=None, stream=None):
     """Softmax over the last axis of scale * x (see the module docstring for mask/softcap)."""
@@ -74,7 +117,12 @@ def softmax(x, scale: float = 1.0, *, causal: bool = False, q_len=None, pos_offs
     out = L.output(out, "softmax", x.shape, np.float32)
     args = (x, out, n, scale, softcap if softcap > 0 else 1.0, q_len, pos_offset)
     spec = (("CAUSAL", bool(causal)), ("SOFTCAP", softcap > 0))
-    L.launch(softmax_rows, rows, L.threads_for(n, 1024), args, spec, stream)
+    geo = row_geometry(rows, n)
+    if geo is None:   # too long for registers: one block loops over the row twice
+        L.launch(softmax_rows, rows, L.threads_for(n, 1024), args, spec, stream)
+        return out
+    spec += (("VEC", L.vector_width(n, x, out)), ("CHUNKS", geo.chunks), ("GROUP", geo.group))
+    L.launch(softmax_regs, geo.grid, geo.block, args[:2] + (rows,) + args[2:], spec, stream)
     return out
 
 

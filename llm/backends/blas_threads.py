@@ -3,7 +3,7 @@
 Input: a thread count. Output: the previous count (or None when numpy's BLAS cannot be reached).
 Why: a decode step is a chain of small GEMVs; OpenBLAS's worker threads spin-wait between them,
 and on a 2-core machine with any other busy process the spinning makes decode ~10x slower (2 vs
-19 tok/s measured). The numpy backend runs GEMVs on one thread and prefill GEMMs on all cores.
+19 tok/s measured). The numpy backend therefore uses one BLAS thread unless told otherwise.
 OPENBLAS_NUM_THREADS only works before numpy loads, hence the library's own setter via ctypes.
 """
 from __future__ import annotations

@@ -27,7 +27,7 @@ from stdlib_kernels import embedding as embedding_rows
 from stdlib_kernels import glu as glu_rows
 from stdlib_kernels import layernorm, rmsnorm, rope_kv_cache
 from stdlib_kernels import rope as rope_rows
-from stdlib_kernels.attention import decode as D
+from stdlib_kernels.attention.decode import HEAD_DIMS, launch_decode
 
 
 class DeviceTable:
@@ -226,7 +226,7 @@ class KernelsBackend(Backend):
         else:
             X.store_kv(ka, va, k_cache, v_cache, start_dev)
         out = self.arena.take((n, qa.shape[1]), np.float32)
-        if d in D.HEAD_DIMS:
+        if d in HEAD_DIMS:
             self._stdlib_attention(q3, k_cache, v_cache, start_dev, out.reshape(n, -1, d),
                                    scale, window, cache)
         else:
@@ -235,10 +235,10 @@ class KernelsBackend(Backend):
 
     def _stdlib_attention(self, q3, k_cache, v_cache, start_dev, out3, scale, window, cache):
         if q3.shape[0] == 1:   # decode: kv_len = position + 1, split over the context
-            D.launch_decode(q3, k_cache, v_cache, start_dev, out3, scale, window=window or None,
+            launch_decode(q3, k_cache, v_cache, start_dev, out3, scale, window=window or None,
                             len_add=1, workspace=cache.workspace(q3.shape[1]))
         else:                  # prefill: query z sees start + z + 1 keys of the shared cache
-            D.launch_decode(q3, k_cache, v_cache, start_dev, out3, scale, window=window or None,
+            launch_decode(q3, k_cache, v_cache, start_dev, out3, scale, window=window or None,
                             len_add=1, len_step=1, lens_stride=0, share_cache=True)
 
     def _glu(self, gate, up, act: str):

@@ -128,11 +128,11 @@ class KernelsKVCache(KVCache):
 
     def workspace(self, n_head: int):
         """Split partials of the decode attention, sized for the whole context."""
-        from stdlib_kernels.attention import decode as D
+        from stdlib_kernels.attention.decode import DecodeWorkspace, default_config, plan_splits
         if n_head not in self._workspaces:
-            cfg = D.default_config(n_head // self.n_head_kv, self.head_dim)
+            cfg = default_config(n_head // self.n_head_kv, self.head_dim)
             blocks = self.n_head_kv * (n_head // self.n_head_kv // cfg.heads_per_block)
-            splits = D.plan_splits(self.n_ctx, blocks)
-            self._workspaces[n_head] = D.DecodeWorkspace.allocate(1, n_head, self.head_dim,
-                                                                  splits)
+            splits = plan_splits(self.n_ctx, blocks)
+            self._workspaces[n_head] = DecodeWorkspace.allocate(1, n_head, self.head_dim,
+                                                                splits)
         return self._workspaces[n_head]

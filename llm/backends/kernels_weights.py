@@ -127,9 +127,13 @@ def gemv_rows(g: RowGroup, n_in: int, x, xq, y, mode=None, w2: RowGroup | None =
 
 
 def group_matmul(g: RowGroup, n_in: int, x, xq, y) -> None:
-    """y (n, g.rows) = x @ W_g.T: GEMV up to 8 tokens, tensor-core GEMM above."""
-    if x.shape[0] <= MAX_BATCH:
-        gemv_rows(g, n_in, x, xq, y)
+    """y (n, g.rows) = x @ W_g.T: GEMV up to 8 tokens, the f16 tensor-core GEMM above (F32
+    weights keep the f32 GEMV, 8 tokens per launch: f16 would cost them ~1e-3 of precision)."""
+    n = x.shape[0]
+    if n <= MAX_BATCH or g.type_name == "F32":
+        for t0 in range(0, n, MAX_BATCH):
+            t1 = min(n, t0 + MAX_BATCH)
+            gemv_rows(g, n_in, x[t0:t1], None if xq is None else xq[t0:t1], y[t0:t1])
     else:
         gemm_into(g.words, g.type_name, x, y, g.rows, n_in, x.shape[0])
 

@@ -125,7 +125,7 @@ class Splitter:
 
 
 class _Stage:
-    """One regex. Wrapped in a capturing group, split() returns the matches together with the
+    r"""One regex. Wrapped in a capturing group, split() returns the matches together with the
     text between them, in C (none of our regexes captures anything itself)."""
 
     def __init__(self, expr: str):
@@ -154,7 +154,7 @@ _ASCII_CLASSES = {r"\p{L}": "A-Za-z", r"\p{N}": "0-9"}
 
 
 def _ascii_form(expr: str) -> str | None:
-    """expr with \p{L} and \p{N} spelled as ASCII ranges, or None if it uses other \p{..}."""
+    """expr with \\p{L} and \\p{N} as ASCII ranges, or None if it uses another \\p{..}."""
     if _names_non_ascii(expr):
         return None
     out, inside, i = [], False, 0

@@ -41,7 +41,8 @@ _TYPE_TO_ATTR = {1: int(TokenAttr.NORMAL), 2: int(TokenAttr.UNKNOWN), 3: int(Tok
 # Texts llama.cpp recognizes as end-of-turn / fill-in-the-middle tokens when no id names them
 # (in this priority order where a vocab holds several); each also becomes a control token.
 EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-             "<|end_of_text|>", "<EOT>", "_<EOT>", "<｜end▁of▁sentence｜>", "<end_of_utterance>")
+             "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>",
+             "<end_of_utterance>")
 EOM_TEXTS = ("<|eom_id|>",)
 FIM_TEXTS = {
     "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>",
@@ -55,9 +56,12 @@ FIM_TEXTS = {
     "fim_sep": ("<|file_sep|>",),
 }
 # Texts that end generation whatever their id (llama.cpp's special_eog_ids by text).
-EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-             "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>",
-             "<｜end▁of▁sentence｜>")
+EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>",
+             "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>",
+             "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>",
+             "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[")
+# gpt-oss chat markers that llama.cpp always renders (and splits out) as user-defined tokens.
+ALWAYS_RENDERED_TEXTS = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
 
 # Default special ids per tokenizer model before the metadata overrides them.
 _DEFAULT_IDS = {"llama": {"bos": 1, "eos": 2, "unk": 0}, "gpt2": {"bos": 11, "eos": 11}}
@@ -99,7 +103,8 @@ class _Meta:
             return default
         is_string = entry.type == GGUFValueType.STRING
         if (kind is str) != is_string or entry.type == GGUFValueType.ARRAY:
-            raise self.error(key, f"must be a {kind.__name__}, found {_type_name(entry)}")
+            expected = {str: "a string", int: "an integer", bool: "a boolean"}[kind]
+            raise self.error(key, f"must be {expected}, found {_type_name(entry)}")
         return kind(entry.value)
 
     def array(self, key: str, element_types: tuple, required: bool = False):
@@ -227,10 +232,27 @@ def _mark_special_texts(vocab: Vocab) -> None:
     eog = {lookup[t] for t in EOG_TEXTS if t in lookup}
     for token_id in eog:
         vocab.attrs[token_id] |= int(TokenAttr.CONTROL)
+    for text in ALWAYS_RENDERED_TEXTS:
+        if text in lookup:
+            vocab.attrs[lookup[text]] = int(TokenAttr.USER_DEFINED)
     for name in ("fim_pad", "fim_rep", "fim_sep", "eos", "eot", "eom"):
         if vocab.special[name] is not None:
             eog.add(vocab.special[name])
+    _drop_false_eog(vocab, eog)
     vocab.eog_ids = eog
+
+
+def _drop_false_eog(vocab: Vocab, eog: set[int]) -> None:
+    """llama.cpp's two exceptions: gpt-oss-like vocabs (<|call|> or <|calls|>, with <|return|>
+    or <|flush|>) use <|end|> mid-answer; Gemma-4/PLaMo-like ones have an ordinary </s>."""
+    texts = {vocab.tokens[i]: i for i in eog}
+    has_call = "<|call|>" in texts or "<|calls|>" in texts
+    if "<|end|>" in texts and has_call and ("<|return|>" in texts or "<|flush|>" in texts):
+        eog.discard(texts["<|end|>"])
+        vocab.attrs[texts["<|end|>"]] = int(TokenAttr.USER_DEFINED)
+    if "</s>" in texts and texts.keys() & {"<|tool_response>", "<|plamo:eos|>"}:
+        eog.discard(texts["</s>"])
+        vocab.attrs[texts["</s>"]] = int(TokenAttr.NORMAL)
 
 
 def _set_strip_attrs(meta: _Meta, vocab: Vocab) -> None:

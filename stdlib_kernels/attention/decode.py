@@ -91,6 +91,13 @@ def _lane_layout(head_dim: int, itemsize: int) -> dict:
                 CH=ch, NCH=-(-chunks // lanes))
 
 
+def decode_spec(head_dim: int, dtype, config: DecodeConfig) -> dict:
+    """The compile-time arguments of decode_partial (also used to precompile)."""
+    dtype = np.dtype(dtype)
+    return dict(D=head_dim, GB=config.heads_per_block, NWARPS=config.warps, U=config.unroll,
+                T=dtype, **_lane_layout(head_dim, dtype.itemsize))
+
+
 def check_decode_shapes(q, k_cache, v_cache):
     if q.ndim != 3 or q.dtype != np.float32:
         raise ValueError(f"attention.decode: q must be (n_seq, n_head, head_dim) float32, got "
@@ -133,12 +140,10 @@ def launch_decode(q, k_cache, v_cache, lens, out, scale: float, *, window=None, 
     direct = n_splits == 1
     part_o = out if direct else workspace.part_o
     part_ml = out if direct else workspace.part_ml
-    layout = _lane_layout(head_dim, k_cache.dtype.itemsize)
     decode_partial[(n_splits, n_kv_head * n_sub, n_seq), 32 * config.warps, stream](
         q, k_cache, v_cache, lens, lens_stride, len_add, len_step, z_stride, max_len, n_head,
         n_kv_head, q_scale, float(softcap) if use_softcap else 0.0, int(window or 0),
-        int(direct), out, part_o, part_ml, D=head_dim, GB=config.heads_per_block,
-        NWARPS=config.warps, U=config.unroll, T=k_cache.dtype, **layout)
+        int(direct), out, part_o, part_ml, **decode_spec(head_dim, k_cache.dtype, config))
     if not direct:
         combine_splits[(n_seq * n_head,), min(128, head_dim), stream](
             workspace.part_o, workspace.part_ml, out, n_splits, D=head_dim)

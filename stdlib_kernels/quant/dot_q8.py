@@ -175,3 +175,64 @@ def dot_q8_Q6_K(w: Ptr[u16, "ro"], wrow: i32, blk: i32, part: i32, xq: Ptr[u32, 
         dx, sx = act_scale(xq, x + 9 * g - 1 - 2 * i)
         r = r + sc * dx * f32(s)
     return half16(w, b + 104) * r
+
+
+@pk.func
+def shifted16(a: u32, b: u32) -> u32:
+    """The 4 bytes starting 2 bytes into a (a's high half, then b's low half): a funnel shift."""
+    return (a >> u32(16)) | (b << u32(16))
+
+
+# Q4_0 block pair (36 B = 9 u32; rows of an even number of blocks are 4-byte aligned):
+# word 0 = d0 | qs0[0:2], words 1-3 = qs0[2:14], word 4 = qs0[14:16] | d1, words 5-8 = qs1.
+# One item = two blocks, loaded as 9 u32 instead of 18 u16.
+@pk.func
+def dot_q8_Q4_0_pair(w: Ptr[u32, "ro"], wrow: i32, pair: i32, part: i32, xq: Ptr[u32, "ro"],
+                     xrow: i32) -> f32:
+    b = wrow + 9 * pair
+    w0 = w[b]
+    w1 = w[b + 1]
+    w2 = w[b + 2]
+    w3 = w[b + 3]
+    w4 = w[b + 4]
+    d0 = f32(pk.bitcast(u16(w0 & u32(0xFFFF)), f16))
+    d1 = f32(pk.bitcast(u16(w4 >> u32(16)), f16))
+    v0 = shifted16(w0, w1)
+    v1 = shifted16(w1, w2)
+    v2 = shifted16(w2, w3)
+    v3 = shifted16(w3, w4)
+    x = xrow + 18 * pair
+    dx0, sx0 = act_scale(xq, x)
+    dx1, sx1 = act_scale(xq, x + 9)
+    s0 = nibble_dot(v0, v1, v2, v3, xq, x + 1, 0, u32(0)) + \
+        nibble_dot(v0, v1, v2, v3, xq, x + 5, 0, u32(4))
+    u0 = w[b + 5]
+    u1 = w[b + 6]
+    u2 = w[b + 7]
+    u3 = w[b + 8]
+    s1 = nibble_dot(u0, u1, u2, u3, xq, x + 10, 0, u32(0)) + \
+        nibble_dot(u0, u1, u2, u3, xq, x + 14, 0, u32(4))
+    return d0 * (dx0 * f32(s0) - 8.0 * sx0) + d1 * (dx1 * f32(s1) - 8.0 * sx1)
+
+
+# Q8_0 block pair (68 B = 17 u32): word 0 = d0 | qs0[0:2], words 1-7 = qs0[2:30],
+# word 8 = qs0[30:32] | d1, words 9-16 = qs1. One item = two blocks.
+@pk.func
+def dot_q8_Q8_0_pair(w: Ptr[u32, "ro"], wrow: i32, pair: i32, part: i32, xq: Ptr[u32, "ro"],
+                     xrow: i32) -> f32:
+    b = wrow + 17 * pair
+    x = xrow + 18 * pair
+    s0 = i32(0)
+    prev = w[b]
+    d0 = f32(pk.bitcast(u16(prev & u32(0xFFFF)), f16))
+    for k in pk.static_range(8):
+        nxt = w[b + 1 + k]
+        s0 = pk.dp4a(pk.bitcast(shifted16(prev, nxt), i32), act(xq, x + 1 + k), s0)
+        prev = nxt
+    d1 = f32(pk.bitcast(u16(prev >> u32(16)), f16))
+    s1 = i32(0)
+    for k in pk.static_range(8):
+        s1 = pk.dp4a(pk.bitcast(w[b + 9 + k], i32), act(xq, x + 10 + k), s1)
+    dx0, sx0 = act_scale(xq, x)
+    dx1, sx1 = act_scale(xq, x + 9)
+    return d0 * dx0 * f32(s0) + d1 * dx1 * f32(s1)

@@ -23,6 +23,7 @@ from .q8_1 import q8_1_bytes, quantize_q8_1_into
 WARPS = 4
 # type -> items per block of the DP4A path (dot_q8.py)
 Q8_1_TYPES = {"Q4_0": 1, "Q4_1": 1, "Q8_0": 1, "Q4_K": 8, "Q6_K": 8}
+PAIR_TYPES = {"Q4_0": gk.Q4_0_PAIR, "Q8_0": gk.Q8_0_PAIR}
 F32_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K",
              "Q4_K", "Q5_K", "Q6_K", "Q1_0")
 MODES = {None: gk.MODE_PLAIN, "residual": gk.MODE_RESIDUAL, "swiglu": gk.MODE_SWIGLU,
@@ -69,11 +70,15 @@ def gemv_q8_into(w, type_name, xq, y, rows, n, batch=1, *, w2=None, res=None, mo
     _check_out(y, batch, rows, "gemv")
     fmt = get_format(type_name)
     words = xq.reshape(-1).view(np.uint32)
-    ww = w.itemsize
+    fmt_id, blocks = int(fmt.ggml_type), n // fmt.block_elems
+    if type_name in PAIR_TYPES and blocks % 2 == 0:   # 4-byte aligned rows: u32 block pairs
+        w = w.view(np.uint32)
+        w2 = None if w2 is None else w2.view(np.uint32)
+        fmt_id, blocks = PAIR_TYPES[type_name], blocks // 2
     gk.gemv_q8_kernel[rows, warps * 32, stream](
         w, w if w2 is None else w2, words, y if res is None else res, y, rows,
-        n // fmt.block_elems * fmt.block_bytes // ww, n // fmt.block_elems,
-        q8_1_bytes(n) // 4, int(fmt.ggml_type), w.dtype, items, warps, batch, MODES[mode])
+        n // fmt.block_elems * fmt.block_bytes // w.itemsize, blocks,
+        q8_1_bytes(n) // 4, fmt_id, w.dtype, items, warps, batch, MODES[mode])
 
 
 def gemv_f32_into(w, type_name, x, y, rows, n, batch=1, *, w2=None, res=None, mode=None,

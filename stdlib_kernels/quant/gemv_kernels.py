@@ -21,6 +21,8 @@ MAX_BATCH = 8
 # ggml type ids (gguf.GGMLQuantizationType) as plain ints: compile-time branch keys
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16, Q1_0 = 10, 11, 12, 13, 14, 30, 41
+# block-pair variants (rows of an even number of 2-byte-aligned blocks, read as u32 words)
+Q4_0_PAIR, Q8_0_PAIR = 1002, 1008
 MODE_PLAIN, MODE_RESIDUAL, MODE_SWIGLU, MODE_GEGLU = 0, 1, 2, 3
 
 
@@ -38,6 +40,10 @@ def item_dot_q8(FMT: Const[int], w: Ptr[u32, "ro"], wrow: i32, blk: i32, part: i
         r = q8.dot_q8_Q4_K(w, wrow, blk, part, xq, xrow)
     elif FMT == Q6_K:
         r = q8.dot_q8_Q6_K(w, wrow, blk, part, xq, xrow)
+    elif FMT == Q4_0_PAIR:
+        r = q8.dot_q8_Q4_0_pair(w, wrow, blk, part, xq, xrow)
+    elif FMT == Q8_0_PAIR:
+        r = q8.dot_q8_Q8_0_pair(w, wrow, blk, part, xq, xrow)
     return r
 
 

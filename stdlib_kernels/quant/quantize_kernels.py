@@ -26,7 +26,13 @@ def load_x(x, i: i32, BF16: Const[bool]) -> f32:
 
 @pk.func
 def nearest_int(v: f32) -> i32:
-    """ggml's nearest_int: round half to even via the 1.5*2^23 trick (same garbage when huge)."""
+    """ggml's nearest_int: round half to even via the 1.5*2^23 trick (same garbage when huge).
+
+    A NaN (inf*0 after an f16 scale overflowed) gives 0, as x86's default NaN does in ggml's C
+    code; the GPU's canonical NaN has other mantissa bits and would give 0x3FFFFF.
+    """
+    if v != v:
+        return 0
     return (pk.bitcast(v + 12582912.0, i32) & 0x7FFFFF) - 0x400000
 
 

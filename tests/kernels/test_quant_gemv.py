@@ -10,7 +10,6 @@ of the float64 product: the Q8_1 rounding bound documented in docs/stdlib.md.
 import numpy as np
 import pytest
 
-import pykernel as pk
 from stdlib_kernels.quant import reference as ref
 from stdlib_kernels.quant.gemv import F32_TYPES, Q8_1_TYPES, gemv, gemv_glu, gemv_residual
 from stdlib_kernels.quant.q8_1 import quantize_q8_1

@@ -119,3 +119,37 @@ def test_logits_rejects_bad_ids(tiny):
         tiny.logits([1, 5000])
     with pytest.raises(ValueError, match="at least one"):
         tiny.logits([])
+
+
+def test_context_defaults_to_training_context_capped_by_memory(tiny, monkeypatch):
+    from llm import model as model_module
+    cfg = tiny.config
+    assert model_module.choose_context(cfg, None)[0] == cfg.n_ctx_train  # 256: fits easily
+    huge = type(cfg)(**{**vars(cfg), "n_ctx_train": 1 << 24})
+    monkeypatch.setattr(model_module, "_available_memory", lambda: 64 << 20)
+    n_ctx, note = model_module.choose_context(huge, None)
+    assert n_ctx * cfg.kv_bytes_per_token <= (64 << 20) // 4 and n_ctx % 256 == 0
+    assert "capped" in note and str(n_ctx) in note
+    n_requested, note_requested = model_module.choose_context(huge, 1000)
+    assert n_requested == 1000 and "requested" in note_requested
+    with pytest.raises(ValueError, match="positive"):
+        model_module.choose_context(cfg, 0)
+    assert tiny.session().cache.nbytes == 64 * cfg.kv_bytes_per_token
+
+
+def test_learned_positions_bound_the_context():
+    gpt2 = llm.load(TINY_LLAMA.parent / "tiny-gpt2-f32.gguf", n_ctx=256)
+    with pytest.raises(ContextError, match="256 learned positions"):
+        gpt2.logits([100] * 257)
+    with pytest.raises(ContextError, match="learned positions"):
+        llm.load(TINY_LLAMA.parent / "tiny-gpt2-f32.gguf", n_ctx=300)
+
+
+def test_backend_choice_errors():
+    with pytest.raises(llm.BackendUnavailable, match="CPU only"):
+        llm.load(TINY_LLAMA, device="cuda", backend="numpy")
+    with pytest.raises(ValueError, match="unknown backend"):
+        llm.load(TINY_LLAMA, backend="torch")
+    with pytest.raises(ValueError, match="unknown device"):
+        llm.load(TINY_LLAMA, device="tpu")
+    assert isinstance(llm.BackendUnavailable("x"), NotImplementedError)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+import regex
 from tests.llm.tokenizer_data import byte_level_vocab, golden_dir, write_vocab_gguf
 
 from llm.tokenizer import Tokenizer
 from llm.tokenizer.bpe import merge_symbols
+from llm.tokenizer.pretokenize import FUSED, REGEXES, Splitter
 from llm.tokenizer.spm import SpmEncoder
 from llm.tokenizer.vocab import load_vocab
 
@@ -198,3 +200,69 @@ def test_truncated_or_foreign_files_raise_value_error(tmp_path):
             Tokenizer.from_gguf(path)
     with pytest.raises(ValueError, match="out of range"):
         Tokenizer.from_gguf(good).decode([10**6])
+
+
+def staged_reference(exprs, text):
+    """llama.cpp's splitting, written plainly: each regex splits every piece into its matches
+    and the gaps between them, seeing one piece at a time."""
+    pieces = [text]
+    for expr in exprs:
+        out = []
+        for piece in pieces:
+            pos = 0
+            for match in regex.finditer(expr, piece):
+                if match.start() > pos:
+                    out.append(piece[pos:match.start()])
+                out.append(match.group())
+                pos = match.end()
+            if pos < len(piece):
+                out.append(piece[pos:])
+        pieces = out
+    return pieces
+
+
+@pytest.mark.parametrize("regex_set", sorted(REGEXES))
+def test_fast_splitting_paths_match_the_staged_regexes(regex_set, rng, seed):
+    """The fused single regexes and the ASCII stdlib-re path against the plain staged split."""
+    ascii_alphabet = "aZ 09'sSl\t\n\r\x0b.,!?$+<=>^~|`-_\x1c"
+    unicode_alphabet = ascii_alphabet + "é漢٣\u00a0\u3000\u2028🙂\u0301"
+    fast = Splitter(regex_set)
+    for trial in range(150):
+        # (DeepSeek's regexes read non-ASCII whitespace differently on purpose: next test)
+        alphabet = ascii_alphabet if trial % 2 or "deepseek" in regex_set else unicode_alphabet
+        text = random_text(rng, int(rng.integers(1, 30)), alphabet)
+        assert fast.split(text) == staged_reference(REGEXES[regex_set], text), \
+            f"seed={seed} set={regex_set} text={text!r} fused={regex_set in FUSED}"
+
+
+def test_deepseek_cjk_range_does_not_take_non_ascii_whitespace():
+    # llama.cpp's regexes see U+3000 as U+000B, so the CJK range U+0800-U+4E00 stops at it.
+    assert Splitter("deepseek-coder").split("\u2192\u3000\u2192") == ["\u2192", "\u3000", "\u2192"]
+
+
+def test_end_of_generation_tokens_found_by_text(tmp_path):
+    extras = ["<|im_end|>", "</s>", "<|end|>", "<|return|>", "<|call|>", "<|channel|>"]
+    # (without an eos id, llama.cpp's BPE default eos 11 = "," would end generation too)
+    tok = Tokenizer.from_gguf(bpe_vocab_file(tmp_path, ["h i"], extras, [1] * len(extras),
+                                             **{"tokenizer.ggml.eos_token_id": 258}))
+    ids = {t: tok.vocab.token_to_id[t] for t in extras}
+    assert tok.eos_id == ids["</s>"]
+    assert tok.eot_id == ids["<|im_end|>"]
+    assert tok.eog_ids == {ids["<|im_end|>"], ids["</s>"], ids["<|return|>"], ids["<|call|>"]}
+    # normal-typed end tokens become control tokens: hidden with skip_special
+    assert tok.decode([ids["<|im_end|>"]], skip_special=True) == ""
+    # <|end|> is mid-answer in gpt-oss-like vocabs and, like <|channel|>, always split out
+    for text in ("<|end|>", "<|channel|>"):
+        assert tok.encode(f"hi{text}hi", add_special=False) == [256, ids[text], 256]
+
+
+def test_own_metadata_parser_agrees_with_gguf_reader(tmp_path):
+    from gguf import GGUFReader
+
+    for path in (TINY / "tiny-gpt2-f32.gguf",
+                 spm_vocab_file(tmp_path, ["▁", "▁h", "i"], [-1.0, -2.5, -3.0], False)):
+        ours, theirs = load_vocab(path), load_vocab(GGUFReader(path))
+        for name in ("path", "model", "pre", "tokens", "attrs", "token_to_id", "merges",
+                     "special", "add_bos", "add_eos", "add_space_prefix", "eog_ids"):
+            assert getattr(ours, name) == getattr(theirs, name), f"{path}: {name}"
+        assert (ours.scores == theirs.scores).all()

@@ -95,3 +95,12 @@ def test_phi3_rstrip_swallows_whitespace_after_special_tokens(vocab_dir):
     spaced = tok.encode("Hi<|end|>  \n there", parse_special=True)
     assert spaced == tok.encode("Hi<|end|>there", parse_special=True)
     assert tok.vocab.token_to_id["<|end|>"] in spaced
+
+
+def test_spm_prefixes_a_space_after_special_tokens(vocab_dir):
+    tok = Tokenizer.from_gguf(vocab_dir / "ggml-vocab-llama-spm.gguf")
+    hello = tok.encode("Hello", add_special=False)
+    assert tok.pieces(hello) == [" Hello"]
+    assert tok.encode("<s>Hello", add_special=False, parse_special=True) == [1] + hello
+    assert tok.encode("Hello") == [1] + hello
+    assert tok.decode(hello) == "Hello" and tok.decode([1] + hello) == "<s> Hello"

@@ -1,0 +1,217 @@
+"""Attention kernels on the GPU (issue 6): decode at 8B-class shapes (32 q heads, 8 KV heads,
+head_dim 128) and causal prefill, timed with CUDA events around replays of a captured CUDA graph
+(so Python launch cost is not measured).
+
+Decode: kv_len 128, 1024, 4096, 32768, f16 and f32 caches. Each captured launch reads its own
+copy of the cache, rotating over copies worth >= 256 MB so the 50-60 MB L2 cannot hold them:
+the figure is HBM bandwidth. Bytes counted: K and V rows read (2 * n_kv * kv_len * D * size);
+the fraction is against the device-to-device copy bandwidth measured here with torch (reads +
+writes), the issue's yardstick (~3.0 TB/s on the H100). A sweep of (warps, unroll, splits)
+picks the best configuration per length; the default configuration is reported too.
+Prefill: 512 and 4096 tokens at start 0, f16 cache, tensor-core path (and the SIMT path at 512);
+FLOPs = 4 * D * n_head * (visible query-key pairs), reported against 790 TFLOP/s dense bf16.
+
+    python3 benchmarks/attention.py [--precompile] [--out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import pykernel as pk  # noqa: E402
+from stdlib_kernels.attention.decode import (DecodeConfig, DecodeWorkspace,  # noqa: E402
+                                             decode_spec, default_config, heads_per_block,
+                                             launch_decode, plan_splits)
+from stdlib_kernels.attention.decode_kernels import combine_splits, decode_partial  # noqa: E402
+from stdlib_kernels.attention.prefill import launch_prefill  # noqa: E402
+from stdlib_kernels.attention.prefill_kernels import prefill_mma  # noqa: E402
+
+N_HEAD, N_KV, HEAD_DIM = 32, 8, 128
+MATRIX_TFLOPS = 790.0
+SWEEP = [DecodeConfig(4, 4, 4), DecodeConfig(4, 4, 2), DecodeConfig(4, 8, 2),
+         DecodeConfig(4, 2, 8), DecodeConfig(4, 8, 4)]
+
+
+def _compile_one(job):
+    kernel_name, arch, spec = job
+    kernel = {"decode_partial": decode_partial, "combine_splits": combine_splits,
+              "prefill_mma": prefill_mma}[kernel_name]
+    kernel.compile(arch, **spec)
+    return kernel_name
+
+
+def precompile(arch: str) -> None:
+    """Fill the disk cache in parallel with every specialization the GPU tests and this
+    benchmark use (compiling one at a time costs minutes of device time)."""
+    jobs = []
+    for d in (64, 80, 96, 128, 256):
+        for dtype in (np.float16, np.float32):
+            for group in (1, 3, 4, 8):
+                config = DecodeConfig(heads_per_block(group), 4 if d < 256 else 2)
+                jobs.append(("decode_partial", arch, decode_spec(d, dtype, config)))
+        jobs.append(("combine_splits", arch, dict(D=d)))
+        jobs.append(("prefill_mma", arch, dict(D=d, BN=32 if d > 128 else 64, NWARPS=4)))
+    for config in SWEEP:
+        for dtype in (np.float16, np.float32):
+            jobs.append(("decode_partial", arch, decode_spec(HEAD_DIM, dtype, config)))
+    jobs.append(("prefill_mma", arch, dict(D=HEAD_DIM, BN=32, NWARPS=4)))
+    start = time.perf_counter()
+    with concurrent.futures.ProcessPoolExecutor(max(1, (os.cpu_count() or 2) - 1)) as pool:
+        list(pool.map(_compile_one, jobs))
+    print(f"precompiled {len(jobs)} specializations in {time.perf_counter() - start:.1f} s")
+
+
+def copy_bandwidth() -> float:
+    import torch
+    x = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(20):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    return 2 * x.numel() * 20 / (time.perf_counter() - start)
+
+
+def time_graph(capture_fn, launches: int, replays: int = 5) -> float:
+    """Microseconds per launch: capture `launches` launches once, replay, time with events."""
+    stream = pk.Stream()
+    with pk.capture_graph(stream) as graph:
+        capture_fn(stream)
+    graph.replay(stream)
+    stream.synchronize()
+    start, end = pk.Event(), pk.Event()
+    start.record(stream)
+    for _ in range(replays):
+        graph.replay(stream)
+    end.record(stream)
+    return start.elapsed_ms(end) * 1e3 / (launches * replays)
+
+
+_CACHES = {}
+
+
+def decode_caches(kv_len: int, dtype) -> list:
+    """Copies of a random (K, V) cache worth >= 256 MB together (so L2 cannot hold them)."""
+    key = (kv_len, np.dtype(dtype).name)
+    if key not in _CACHES:
+        _CACHES.clear()
+        rng = np.random.default_rng(0)
+        shape = (N_KV, kv_len, HEAD_DIM)
+        first = (pk.to_device(rng.standard_normal(shape, np.float32).astype(dtype)),
+                 pk.to_device(rng.standard_normal(shape, np.float32).astype(dtype)))
+        copies = max(2, -(-(256 << 20) // (2 * first[0].nbytes)))
+        caches = [first] + [(pk.empty(shape, dtype).copy_from(first[0]),
+                             pk.empty(shape, dtype).copy_from(first[1]))
+                            for _ in range(copies - 1)]
+        _CACHES[key] = caches
+    return _CACHES[key]
+
+
+def bench_decode(kv_len: int, dtype, config: DecodeConfig, splits: int) -> float:
+    caches = decode_caches(kv_len, dtype)
+    rng = np.random.default_rng(1)
+    q = pk.to_device(rng.standard_normal((1, N_HEAD, HEAD_DIM)).astype(np.float32))
+    lens = pk.to_device(np.array([kv_len], np.int32))
+    out = pk.empty((1, N_HEAD, HEAD_DIM), np.float32)
+    ws = DecodeWorkspace.allocate(1, N_HEAD, HEAD_DIM, splits) if splits > 1 else None
+    launches = max(len(caches), 20)
+    launch_decode(q, *caches[0], lens, out, HEAD_DIM ** -0.5, workspace=ws, config=config)
+
+    def capture(stream):
+        for i in range(launches):
+            k, v = caches[i % len(caches)]
+            launch_decode(q, k, v, lens, out, HEAD_DIM ** -0.5, workspace=ws, config=config,
+                          stream=stream)
+    return time_graph(capture, launches)
+
+
+def decode_table(copy_bw: float) -> list[str]:
+    rows = ["| cache | kv_len | default config us | TB/s | % of copy | best us | TB/s | "
+            "% of copy | best (warps, unroll, splits) |", "|---" * 9 + "|"]
+    blocks = N_KV * (N_HEAD // N_KV // heads_per_block(N_HEAD // N_KV))
+    for dtype in (np.float16, np.float32):
+        for kv_len in (128, 1024, 4096, 32768):
+            nbytes = 2 * N_KV * kv_len * HEAD_DIM * np.dtype(dtype).itemsize
+            default_splits = plan_splits(kv_len, blocks)
+            default_us = bench_decode(kv_len, dtype, default_config(N_HEAD // N_KV, HEAD_DIM),
+                                      default_splits)
+            best = (default_us, "default")
+            for config in SWEEP:
+                for splits in sorted({max(1, default_splits // 2), default_splits,
+                                      min(2 * default_splits, max(1, kv_len // 32))}):
+                    us = bench_decode(kv_len, dtype, config, splits)
+                    best = min(best, (us, f"({config.warps}, {config.unroll}, {splits})"))
+            bw_d, bw_b = nbytes / default_us / 1e6, nbytes / best[0] / 1e6
+            rows.append(f"| {np.dtype(dtype).name} | {kv_len} | {default_us:.2f} | {bw_d:.2f} | "
+                        f"{100 * bw_d / copy_bw * 1e12:.0f}% | {best[0]:.2f} | {bw_b:.2f} | "
+                        f"{100 * bw_b / copy_bw * 1e12:.0f}% | {best[1]} |")
+            print(rows[-1], flush=True)
+    return rows
+
+
+def bench_prefill(tokens: int, path: str, block_keys=None) -> float:
+    rng = np.random.default_rng(0)
+    q = pk.to_device(rng.standard_normal((tokens, N_HEAD, HEAD_DIM)).astype(np.float32))
+    k = pk.to_device(rng.standard_normal((N_KV, tokens, HEAD_DIM)).astype(np.float16))
+    v = pk.to_device(rng.standard_normal((N_KV, tokens, HEAD_DIM)).astype(np.float16))
+    out = pk.empty((tokens, N_HEAD, HEAD_DIM), np.float32)
+    launches = 10
+
+    def capture(stream):
+        for _ in range(launches):
+            launch_prefill(q, k, v, out, 0, HEAD_DIM ** -0.5, path=path, stream=stream,
+                           block_keys=block_keys)
+    launch_prefill(q, k, v, out, 0, HEAD_DIM ** -0.5, path=path)   # allocations outside
+    return time_graph(capture, launches, replays=3)
+
+
+def prefill_table() -> list[str]:
+    rows = ["| tokens | path | ms | TFLOP/s | % of 790 |", "|---|---|---|---|---|"]
+    for tokens, path, bn in ((512, "mma", 64), (512, "mma", 32), (4096, "mma", 64),
+                             (4096, "mma", 32), (512, "simt", None)):
+        try:
+            us = bench_prefill(tokens, path, bn)
+        except Exception as exc:  # report and go on: one failure must not lose the table
+            rows.append(f"| {tokens} | {path} BN={bn} | failed: {exc} | | |")
+            continue
+        flops = 4 * HEAD_DIM * N_HEAD * tokens * (tokens + 1) / 2
+        tflops = flops / us / 1e6
+        rows.append(f"| {tokens} | {path}{f' BN={bn}' if bn else ''} | {us / 1e3:.3f} | "
+                    f"{tflops:.1f} | {100 * tflops / MATRIX_TFLOPS:.1f}% |")
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--precompile", action="store_true")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    pk.set_device("cuda")
+    device = pk.current_device()
+    if args.precompile:
+        precompile(device.arch)
+        return
+    copy_bw = copy_bandwidth()
+    lines = [f"device: {device.name} ({device.arch}), torch copy bandwidth "
+             f"{copy_bw / 1e12:.2f} TB/s (read + write)", ""]
+    lines += decode_table(copy_bw) + [""] + prefill_table()
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

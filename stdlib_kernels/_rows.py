@@ -1,0 +1,78 @@
+"""Row kernels that keep their row in registers: geometry choice and the device helpers.
+
+A row of n elements is read once, in "units" of 4 elements (one 16-byte f32 vector load when
+aligned), by a group of GROUP threads: unit j of a thread is j * GROUP + lane, so every pass
+over j is one coalesced access across the group. Each thread keeps its CHUNKS units in a
+`pk.local_array` indexed by compile-time constants (promoted to registers), reduces, then
+writes from registers: one read of x instead of two or three.
+
+GROUP == 32: one warp per row, several rows per block, warp-shuffle reductions only (short
+rows). GROUP > 32: one block per row, shuffles plus one shared-memory step.
+Input: n (row length). Output: `RowGeometry` (or None when a row does not fit: callers fall
+back to their looping kernels).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import pykernel as pk
+from pykernel import Const, f32, i32
+
+from ._device import block_max, block_sum, warp_max, warp_sum
+
+WARP_ROWS_PER_BLOCK = 4     # rows per 128-thread block when one warp handles a row
+MAX_CHUNKS = 8              # units (4 elements) per thread: 32 f32 registers of row data
+MAX_GROUP = 1024
+REGISTER_ROW_LIMIT = MAX_GROUP * MAX_CHUNKS * 4    # longer rows use the looping kernels
+
+
+class RowGeometry(NamedTuple):
+    group: int      # threads per row
+    chunks: int     # units of 4 elements per thread
+    grid: int
+    block: int
+
+
+def row_geometry(rows: int, n: int) -> RowGeometry | None:
+    """Threads per row and units per thread for rows of n elements (None: too long)."""
+    units = -(-n // 4)
+    if n > REGISTER_ROW_LIMIT:
+        return None
+    if units <= 32 * MAX_CHUNKS:
+        rows_per_block = WARP_ROWS_PER_BLOCK if rows > 1 else 1
+        return RowGeometry(32, -(-units // 32), -(-rows // rows_per_block), 32 * rows_per_block)
+    group = 64
+    while group * MAX_CHUNKS < units:
+        group *= 2
+    return RowGeometry(group, -(-units // group), rows, group)
+
+
+@pk.func
+def group_row(GROUP: Const[int]):
+    """(row, lane) of this thread: a warp per row when GROUP == 32, else the block's row."""
+    if GROUP == 32:
+        return pk.block_idx.x * (pk.block_dim.x // 32) + pk.thread_idx.x // 32, pk.lane_id()
+    else:
+        return pk.block_idx.x, pk.thread_idx.x
+
+
+@pk.func
+def group_sum(v: f32, scratch, GROUP: Const[int]) -> f32:
+    if GROUP == 32:
+        return warp_sum(v)
+    else:
+        return block_sum(v, scratch)
+
+
+@pk.func
+def group_max(v: f32, scratch, GROUP: Const[int]) -> f32:
+    if GROUP == 32:
+        return warp_max(v)
+    else:
+        return block_max(v, scratch)
+
+
+@pk.func
+def unit_start(j: i32, lane: i32, GROUP: Const[int]) -> i32:
+    """First element of this thread's unit j."""
+    return (j * GROUP + lane) * 4

@@ -1,0 +1,93 @@
+"""Host side of prefill attention: a block of new tokens attending (causally) to the KV cache,
+which already holds their own keys and values.
+
+Input: device arrays: q (tokens, n_head, D) f32 for positions start .. start + tokens - 1;
+K/V caches (n_kv_head, max_len, D) f16 or f32 holding positions 0 .. start + tokens - 1;
+a preallocated out (tokens, n_head, D) f32.
+Output: the attention result written into `out`.
+
+Paths: "mma" (prefill_kernels.prefill_mma: tensor cores, f16 cache, sm_80+) and "simt" (the
+decode kernel with one query row per token, kv_len = start + row + 1: any arch, f32 or f16
+cache, f32 arithmetic; it is also the reference-accurate path for f32 caches, since the mma
+path rounds Q, K, V and P to f16).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import pykernel as pk
+
+from .decode import HEAD_DIMS, launch_decode
+from .decode_kernels import LOG2E
+from .prefill_kernels import prefill_mma
+
+MMA_WARPS = 4
+
+
+_ZEROS = {}
+
+
+def _zero_length():
+    """A device int32 zero per device: the SIMT path passes start in len_add, so nothing is
+    allocated per call (the launch stays capturable in a CUDA graph)."""
+    device = pk.current_device()
+    if id(device) not in _ZEROS:
+        _ZEROS[id(device)] = (device, pk.zeros(1, np.int32))
+    return _ZEROS[id(device)][1]
+
+
+def mma_available(device=None) -> bool:
+    device = device or pk.current_device()
+    arch = getattr(device, "arch", "")
+    return device.kind == "cuda" and arch.startswith("sm_") and int(arch[3:]) >= 80
+
+
+def default_path(k_cache, device=None) -> str:
+    """Tensor cores for f16 caches on sm_80+; everything else takes the f32 SIMT path."""
+    return "mma" if k_cache.dtype == np.float16 and mma_available(device) else "simt"
+
+
+def _check_prefill_shapes(q, k_cache, v_cache, start: int):
+    if q.ndim != 3 or q.dtype != np.float32:
+        raise ValueError(f"attention.prefill: q must be (tokens, n_head, head_dim) float32, "
+                         f"got {q.shape} {q.dtype}")
+    if k_cache.ndim != 3 or k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
+        raise ValueError(f"attention.prefill: caches must both be (n_kv_head, max_len, "
+                         f"head_dim), got {k_cache.shape} {k_cache.dtype} and "
+                         f"{v_cache.shape} {v_cache.dtype}")
+    tokens, n_head, head_dim = q.shape
+    n_kv_head, max_len, cache_dim = k_cache.shape
+    if cache_dim != head_dim or n_head % n_kv_head or head_dim not in HEAD_DIMS:
+        raise ValueError(f"attention.prefill: q {q.shape} does not fit caches {k_cache.shape} "
+                         f"(same head_dim in {HEAD_DIMS}, n_head a multiple of n_kv_head)")
+    if start < 0 or start + tokens > max_len:
+        raise ValueError(f"attention.prefill: positions {start}..{start + tokens - 1} do not fit "
+                         f"a cache of max_len {max_len}")
+
+
+def launch_prefill(q, k_cache, v_cache, out, start: int, scale: float, *, window=None,
+                   softcap=None, path: str | None = None, stream=None, block_keys=None,
+                   warps: int = MMA_WARPS):
+    """Causal attention of q (positions start..) against cache rows 0 .. start + tokens - 1."""
+    _check_prefill_shapes(q, k_cache, v_cache, start)
+    path = path or default_path(k_cache)
+    tokens, n_head, head_dim = q.shape
+    if path == "simt":   # row z is a decode query at position start + z
+        return launch_decode(q, k_cache, v_cache, _zero_length(), out, scale, window=window,
+                             softcap=softcap, len_add=start + 1, len_step=1, lens_stride=0,
+                             stream=stream, share_cache=True)
+    if path != "mma" or k_cache.dtype != np.float16:
+        raise ValueError(f"attention.prefill: path {path!r} needs 'simt', or 'mma' with an f16 "
+                         f"cache (cache is {k_cache.dtype})")
+    n_kv_head, max_len, _ = k_cache.shape
+    use_softcap = softcap is not None and softcap > 0
+    q_scale = float(scale) if use_softcap else float(scale) * LOG2E
+    bn = block_keys or (32 if head_dim > 128 else 64)
+    rows = tokens * (n_head // n_kv_head)
+    grid = (-(-rows // (16 * warps)), n_kv_head)
+    shared = 2 * bn * (head_dim // 2 + 4) * 4
+    prefill_mma[grid, 32 * warps, stream, shared](
+        q, k_cache.view(np.uint32), v_cache.view(np.uint32), out, tokens, start, max_len,
+        n_head, n_kv_head, q_scale, float(softcap) if use_softcap else 0.0, int(window or 0),
+        D=head_dim, BN=bn, NWARPS=warps)
+    return out

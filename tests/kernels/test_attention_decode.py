@@ -1,0 +1,136 @@
+"""Decode attention (stdlib_kernels.attention) against the float64 numpy reference, on the CPU
+target and on CUDA: every head_dim, GQA ratios 1/3/4/8 and multi-query, f16 and f32 caches,
+sliding window and soft-capping, kv_len 1 and lengths off the tile, split-K with combine,
+batched sequences of different lengths, and graph replay with lengths read from the device."""
+import numpy as np
+import pytest
+
+import pykernel as pk
+from stdlib_kernels import attention
+from stdlib_kernels.attention.decode import DecodeWorkspace, launch_decode
+from stdlib_kernels.attention.reference import decode_reference, relative_l2
+
+TOLERANCE = {np.float16: 5e-3, np.float32: 1e-4}
+
+# (n_head, n_kv_head, head_dim, cache dtype, max kv_len, window, softcap, splits); kv_len and
+# max_len are drawn per run. Chosen so each head_dim, ratio, dtype and option appears.
+CASES = [
+    (4, 4, 64, np.float32, 40, None, None, 1),       # ratio 1
+    (6, 2, 80, np.float16, 70, None, None, 3),       # ratio 3, D not a power of two
+    (4, 1, 96, np.float32, 50, 16, None, 2),         # multi-query, sliding window
+    (8, 2, 128, np.float16, 90, None, 30.0, 4),      # ratio 4, softcap
+    (8, 1, 256, np.float16, 30, 7, 20.0, 2),         # ratio 8 (multi-query), both options
+    (2, 2, 128, np.float32, 1, None, None, 1),       # kv_len 1
+    (3, 1, 64, np.float16, 20, None, None, 5),       # more splits than some ranges need
+]
+
+
+def _random_problem(rng, n_head, n_kv_head, head_dim, dtype, max_kv, max_len=None):
+    kv_len = int(rng.integers(1, max_kv + 1))
+    max_len = max_len or kv_len + int(rng.integers(0, 9))
+    q = rng.standard_normal((n_head, head_dim)).astype(np.float32)
+    k = rng.standard_normal((n_kv_head, max_len, head_dim)).astype(dtype)
+    v = rng.standard_normal((n_kv_head, max_len, head_dim)).astype(dtype)
+    return q, k, v, kv_len
+
+
+def _check(actual, expected, dtype, seed, what):
+    err = relative_l2(actual, expected)
+    assert np.isfinite(actual).all() and err < TOLERANCE[dtype], \
+        f"{what}: relative L2 error {err:.3g} (seed {seed})"
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"h{c[0]}kv{c[1]}d{c[2]}")
+def test_decode_matches_reference(device, rng, seed, case):
+    n_head, n_kv_head, head_dim, dtype, max_kv, window, softcap, splits = case
+    q, k, v, kv_len = _random_problem(rng, n_head, n_kv_head, head_dim, dtype, max_kv)
+    scale = head_dim ** -0.5
+    out = pk.full((1, n_head, head_dim), np.nan, np.float32)
+    workspace = DecodeWorkspace.allocate(1, n_head, head_dim, splits) if splits > 1 else None
+    launch_decode(pk.to_device(q[None]), pk.to_device(k), pk.to_device(v),
+                  pk.to_device(np.array([kv_len], np.int32)), out, scale, window=window,
+                  softcap=softcap, workspace=workspace)
+    expected = decode_reference(q, k, v, kv_len, scale, window, softcap)
+    _check(out.numpy()[0], expected, dtype, seed, f"kv_len {kv_len} {case}")
+
+
+def test_decode_contract_api(device, rng, seed):
+    q, k, v, kv_len = _random_problem(rng, 8, 2, 64, np.float16, 100)
+    out = attention.decode(q, k, v, kv_len, 0.125, window=None, softcap=None)
+    assert out.shape == (8, 64) and isinstance(out, np.ndarray)
+    _check(out, decode_reference(q, k, v, kv_len, 0.125), np.float16, seed, "decode()")
+
+
+def test_batched_decode_different_lengths(device, rng, seed):
+    """Three sequences, one launch: a (n_seq, n_kv_head, max_len, D) cache and a length table."""
+    n_seq, n_head, n_kv_head, head_dim, max_len = 3, 4, 2, 64, 48
+    lens = np.array([1, 47, int(rng.integers(2, 48))], np.int32)
+    q = rng.standard_normal((n_seq, n_head, head_dim)).astype(np.float32)
+    k = rng.standard_normal((n_seq, n_kv_head, max_len, head_dim)).astype(np.float16)
+    v = rng.standard_normal((n_seq, n_kv_head, max_len, head_dim)).astype(np.float16)
+    out = pk.full((n_seq, n_head, head_dim), np.nan, np.float32)
+    workspace = DecodeWorkspace.allocate(n_seq, n_head, head_dim, 3)
+    launch_decode(pk.to_device(q), pk.to_device(k), pk.to_device(v), pk.to_device(lens), out,
+                  0.125, workspace=workspace)
+    got = out.numpy()
+    for s in range(n_seq):
+        _check(got[s], decode_reference(q[s], k[s], v[s], int(lens[s]), 0.125), np.float16,
+               seed, f"sequence {s} of length {lens[s]}")
+
+
+def test_graph_replay_reads_length_from_device(device, rng, seed):
+    """Captured once, replayed with new positions: kv_len is read from device memory."""
+    n_head, n_kv_head, head_dim, max_len = 4, 1, 64, 40
+    q = rng.standard_normal((n_head, head_dim)).astype(np.float32)
+    k = rng.standard_normal((n_kv_head, max_len, head_dim)).astype(np.float16)
+    v = rng.standard_normal((n_kv_head, max_len, head_dim)).astype(np.float16)
+    pos = pk.to_device(np.array([0], np.int32))      # position of the new token
+    q_dev, k_dev, v_dev = pk.to_device(q[None]), pk.to_device(k), pk.to_device(v)
+    out = pk.full((1, n_head, head_dim), np.nan, np.float32)
+    workspace = DecodeWorkspace.allocate(1, n_head, head_dim, 2)
+    stream = pk.Stream()
+    launch_decode(q_dev, k_dev, v_dev, pos, out, 0.125, len_add=1, window=9,
+                  workspace=workspace)                 # warm-up: load kernels before capture
+    with pk.capture_graph(stream) as graph:
+        launch_decode(q_dev, k_dev, v_dev, pos, out, 0.125, len_add=1, window=9,
+                      workspace=workspace, stream=stream)
+    for position in (0, 5, int(rng.integers(6, max_len))):
+        pos.copy_from(np.array([position], np.int32))
+        graph.replay(stream)
+        stream.synchronize()
+        expected = decode_reference(q, k, v, position + 1, 0.125, window=9)
+        _check(out.numpy()[0], expected, np.float16, seed, f"replay at position {position}")
+
+
+def test_bad_shapes_are_reported(device):
+    q = pk.zeros((1, 4, 64), np.float32)
+    k = pk.zeros((3, 16, 64), np.float16)
+    with pytest.raises(ValueError, match="n_head a multiple of n_kv_head"):
+        launch_decode(q, k, k, pk.zeros(1, np.int32), pk.zeros((1, 4, 64)), 1.0)
+    with pytest.raises(ValueError, match="kv_len 17"):
+        attention.decode(np.zeros((4, 64), np.float32), np.zeros((1, 16, 64), np.float16),
+                         np.zeros((1, 16, 64), np.float16), 17, 1.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 256])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("n_head,n_kv_head", [(8, 8), (12, 4), (16, 4), (32, 4), (4, 1)])
+def test_gpu_decode_all_shapes(rng, seed, head_dim, dtype, n_head, n_kv_head):
+    pk.set_device("cuda")
+    for window, softcap in ((None, None), (300, 50.0)):
+        q, k, v, kv_len = _random_problem(rng, n_head, n_kv_head, head_dim, dtype, 1500)
+        out = attention.decode(q, k, v, kv_len, head_dim ** -0.5, window, softcap)
+        expected = decode_reference(q, k, v, kv_len, head_dim ** -0.5, window, softcap)
+        _check(out, expected, dtype, seed, f"kv_len {kv_len} window {window} cap {softcap}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_gpu_decode_long_context(rng, seed, dtype):
+    pk.set_device("cuda")
+    q, k, v, _ = _random_problem(rng, 32, 8, 128, dtype, 1, max_len=8192)
+    for kv_len in (8192, 8192 - int(rng.integers(1, 200))):
+        out = attention.decode(q, k, v, kv_len, 128 ** -0.5)
+        _check(out, decode_reference(q, k, v, kv_len, 128 ** -0.5), dtype, seed,
+               f"long context {kv_len}")

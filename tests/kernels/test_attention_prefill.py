@@ -1,0 +1,114 @@
+"""Prefill attention (stdlib_kernels.attention) against the float64 numpy reference: the SIMT
+path (any arch, f32 or f16 cache) on the CPU target and CUDA, the tensor-core path (mma
+emulated exactly on the CPU target; the smallest tile there, since its compile is slow) and,
+on the GPU, every head_dim and GQA ratio with window and softcap on and off."""
+import numpy as np
+import pytest
+
+import pykernel as pk
+from stdlib_kernels import attention
+from stdlib_kernels.attention.prefill import launch_prefill
+from stdlib_kernels.attention.reference import attention_reference, relative_l2
+
+TOLERANCE = {np.float16: 5e-3, np.float32: 1e-4}
+
+
+def _problem(rng, tokens, start, n_head, n_kv_head, head_dim, dtype, spare=3):
+    max_len = start + tokens + spare
+    q = rng.standard_normal((tokens, n_head, head_dim)).astype(np.float32)
+    k = rng.standard_normal((n_kv_head, max_len, head_dim)).astype(dtype)
+    v = rng.standard_normal((n_kv_head, max_len, head_dim)).astype(dtype)
+    return q, k, v
+
+
+def _expected(q, k, v, start, scale, window, softcap):
+    kv_tokens = start + q.shape[0]
+    return attention_reference(q, k[:, :kv_tokens].transpose(1, 0, 2),
+                               v[:, :kv_tokens].transpose(1, 0, 2), scale, window, softcap)
+
+
+def _run(q, k, v, start, scale, window, softcap, path, **kw):
+    out = pk.full(q.shape, np.nan, np.float32)
+    launch_prefill(pk.to_device(q), pk.to_device(k), pk.to_device(v), out, start, scale,
+                   window=window, softcap=softcap, path=path, **kw)
+    return out.numpy()
+
+
+def _check(actual, expected, dtype, seed, what):
+    err = relative_l2(actual, expected)
+    assert np.isfinite(actual).all() and err < TOLERANCE[dtype], \
+        f"{what}: relative L2 error {err:.3g} (seed {seed})"
+
+
+# (tokens, start, n_head, n_kv_head, head_dim, dtype, window, softcap)
+SIMT_CASES = [
+    (7, 0, 4, 4, 64, np.float32, None, None),
+    (5, 11, 6, 2, 80, np.float16, 6, None),
+    (6, 3, 4, 1, 96, np.float32, None, 10.0),
+    (4, 9, 8, 1, 128, np.float16, 5, 30.0),
+    (3, 2, 8, 2, 256, np.float32, None, None),
+]
+
+
+@pytest.mark.parametrize("case", SIMT_CASES, ids=lambda c: f"t{c[0]}d{c[4]}")
+def test_prefill_simt_matches_reference(device, rng, seed, case):
+    tokens, start, n_head, n_kv_head, head_dim, dtype, window, softcap = case
+    q, k, v = _problem(rng, tokens, start, n_head, n_kv_head, head_dim, dtype)
+    scale = head_dim ** -0.5
+    got = _run(q, k, v, start, scale, window, softcap, "simt")
+    _check(got, _expected(q, k, v, start, scale, window, softcap), dtype, seed, str(case))
+
+
+@pytest.mark.parametrize("window,softcap", [(None, None), (5, 8.0)])
+def test_prefill_mma_matches_reference(device, rng, seed, window, softcap):
+    """Tensor-core path; 19 rows per head group straddle the 16-row tiles, 27 keys the 16-key
+    tile. On the CPU target the mma is emulated bit-exactly (one warp, 16-key tiles)."""
+    tokens, start = 19, 8
+    q, k, v = _problem(rng, tokens, start, 2, 1, 64, np.float16)
+    kw = dict(warps=1, block_keys=16) if device.kind == "cpu" else {}
+    got = _run(q, k, v, start, 0.125, window, softcap, "mma", **kw)
+    _check(got, _expected(q, k, v, start, 0.125, window, softcap), np.float16, seed, "mma")
+
+
+def test_prefill_contract_api(device, rng, seed):
+    tokens, kv_tokens = 5, 12
+    q = rng.standard_normal((tokens, 4, 64)).astype(np.float32)
+    k = rng.standard_normal((kv_tokens, 2, 64)).astype(np.float32)
+    v = rng.standard_normal((kv_tokens, 2, 64)).astype(np.float32)
+    got = attention.prefill(q, k, v, 0.125, path="simt")
+    assert got.shape == (tokens, 4, 64)
+    _check(got, attention_reference(q, k, v, 0.125), np.float32, seed, "prefill()")
+
+
+def test_prefill_rejects_bad_input(device):
+    q = pk.zeros((4, 4, 64), np.float32)
+    cache = pk.zeros((2, 8, 64), np.float16)
+    with pytest.raises(ValueError, match="do not fit a cache of max_len 8"):
+        launch_prefill(q, cache, cache, pk.zeros((4, 4, 64)), 5, 1.0)
+    with pytest.raises(ValueError, match="f16 cache"):
+        launch_prefill(q, pk.zeros((2, 8, 64)), pk.zeros((2, 8, 64)), pk.zeros((4, 4, 64)), 0,
+                       1.0, path="mma")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 256])
+@pytest.mark.parametrize("n_head,n_kv_head", [(8, 8), (12, 4), (16, 2), (4, 1)])
+def test_gpu_prefill_mma_all_shapes(rng, seed, head_dim, n_head, n_kv_head):
+    pk.set_device("cuda")
+    for tokens, start, window, softcap in ((77, 0, None, None), (130, 301, 64, 50.0)):
+        q, k, v = _problem(rng, tokens, start, n_head, n_kv_head, head_dim, np.float16)
+        scale = head_dim ** -0.5
+        got = _run(q, k, v, start, scale, window, softcap, "mma")
+        _check(got, _expected(q, k, v, start, scale, window, softcap), np.float16, seed,
+               f"tokens {tokens} start {start} window {window} softcap {softcap}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_gpu_prefill_long_simt_and_mma(rng, seed, dtype):
+    pk.set_device("cuda")
+    q, k, v = _problem(rng, 512, 1500, 8, 2, 128, dtype)
+    expected = _expected(q, k, v, 1500, 128 ** -0.5, None, None)
+    for path in ("simt", "mma") if dtype == np.float16 else ("simt",):
+        got = _run(q, k, v, 1500, 128 ** -0.5, None, None, path)
+        _check(got, expected, dtype, seed, f"512 tokens after 1500, {path}")

@@ -1,0 +1,127 @@
+"""The kernels backend on the CPU target: llama.cpp's logits for the tiny models, agreement with
+the numpy backend, graph-replayed decode equal to prefill; `pykernel synth` files read back by
+gguf-py; the `pykernel bench` table format."""
+import json
+import re
+
+import numpy as np
+import pytest
+from gguf import GGUFReader
+from gguf.constants import GGMLQuantizationType as Q
+
+import llm
+from llm.bench import BenchResult, table
+from llm.synth import SHAPES, tensor_plan, write_synthetic
+from tests.llm.gguf_helpers import TINY
+
+CASES = json.loads((TINY / "tiny-logits.json").read_text())
+F32_TOL = 1e-3      # measured ~1e-6 (llama, qwen2, qwen3), ~3e-4 (gpt2: ggml's f16 GELU table)
+Q8_0_TOL = 2e-2     # measured ~2.5e-7: Q8_1 activations hold the values llama.cpp's Q8_0 ones do
+NUMPY_TOL = 1e-5    # f32 models: same arithmetic up to summation order
+
+
+def rel_l2(a, b) -> float:
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {name: llm.load(TINY / name, device="cpu", backend="kernels", n_ctx=64,
+                           progress=False) for name in CASES}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_logits_match_llama_cpp_and_numpy(models, name):
+    model = models[name]
+    reference = llm.load(TINY / name, device="cpu", backend="numpy", n_ctx=64, progress=False)
+    tol = Q8_0_TOL if "q8_0" in name else F32_TOL
+    for case in CASES[name]:
+        logits = model.logits(case["tokens"])
+        err = rel_l2(logits, np.asarray(case["logits"], np.float32))
+        assert err < tol, f"{name} {case['text']!r}: relative L2 vs llama.cpp {err:.2e}"
+        if "q8_0" not in name:   # the numpy backend keeps f32 activations there
+            numpy_err = rel_l2(logits, reference.logits(case["tokens"]))
+            assert numpy_err < NUMPY_TOL, f"{name}: vs numpy backend {numpy_err:.2e}"
+
+
+@pytest.mark.parametrize("name", ["tiny-llama-q8_0.gguf", "tiny-gpt2-f32.gguf",
+                                  "tiny-qwen3-f32.gguf"])
+def test_graph_decode_equals_prefill(models, name):
+    """Token by token through the captured decode step gives the prefill's logits."""
+    model = models[name]
+    ids = CASES[name][1]["tokens"]
+    full = model.logits(ids)
+    session = model.session()
+    session.reset()
+    steps = [session.prefill(ids[:2])[0]] + [session.step(t) for t in ids[2:]]
+    assert model.session().cache.graph is not None, "decode did not use a captured graph"
+    assert rel_l2(np.stack(steps), full[1:]) < 1e-5
+
+
+def test_greedy_on_device_matches_host_argmax(models):
+    model = models["tiny-qwen2-f32.gguf"]
+    cfg = model.config
+    ids = CASES["tiny-qwen2-f32.gguf"][0]["tokens"]
+    cache = model.backend.kv_cache(cfg.n_layer, 32, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v)
+    picked = model.transformer.greedy(ids[0], 0, cache, 6)
+    expected, context = [], [ids[0]]
+    for _ in range(6):   # host reference: prefill the context, argmax of the last row
+        expected.append(int(np.argmax(model.logits(context)[-1])))
+        context.append(expected[-1])
+    assert picked == expected
+
+
+def test_stdlib_gemv_path_on_cpu_target():
+    """The GPU's GEMV (DP4A on Q8_1 activations) also runs here, on two tokens."""
+    name = "tiny-llama-q8_0.gguf"
+    model = llm.load(TINY / name, device="cpu", backend="kernels", n_ctx=16, gemv=True,
+                     progress=False)
+    case = CASES[name][0]
+    err = rel_l2(model.logits(case["tokens"][:2]), np.asarray(case["logits"][:2], np.float32))
+    assert err < Q8_0_TOL, f"GEMV path: relative L2 vs llama.cpp {err:.2e}"
+
+
+def test_memory_report(models):
+    report = models["tiny-llama-f32.gguf"].backend.memory_report()
+    assert report["weights"] > 0 and report["total"] >= report["weights"]
+
+
+def test_synth_reads_back_with_gguf_py(tmp_path):
+    path = write_synthetic("smollm2-135m", "Q4_1", tmp_path / "s.gguf")
+    reader = GGUFReader(path)
+    shape = SHAPES["smollm2-135m"]
+    got = {t.name: (Q(t.tensor_type), tuple(int(d) for d in reversed(t.shape.tolist())))
+           for t in reader.tensors}
+    plan = tensor_plan(shape, "Q4_1")
+    assert len(got) == len(plan)
+    for name, qtype, (rows, cols) in plan:
+        expected_shape = (cols,) if rows == 1 else (rows, cols)
+        assert got[name] == (qtype, expected_shape), name
+    assert got["blk.0.attn_q.weight"][0] == Q.Q4_1
+    tokens = reader.fields["tokenizer.ggml.tokens"]
+    assert len(tokens.data) == shape.n_vocab
+    model = llm.load(path, device="cpu", n_ctx=8, progress=False)
+    ids = model.tokenizer.encode("hello world")
+    assert model.tokenizer.decode(ids) == "hello world"
+    assert np.isfinite(model.logits(ids[:2])).all()
+
+
+def test_q4_k_m_mix_follows_llama_cpp():
+    plan = {name: qtype for name, qtype, _ in tensor_plan(SHAPES["llama-8b"], "Q4_K_M")}
+    assert plan["output.weight"] == Q.Q6_K and plan["token_embd.weight"] == Q.Q4_K
+    six = [il for il in range(32) if plan[f"blk.{il}.ffn_down.weight"] == Q.Q6_K]
+    assert six == [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31]
+    assert all(plan[f"blk.{il}.attn_v.weight"] == Q.Q6_K for il in six)
+    assert plan["blk.5.attn_q.weight"] == Q.Q4_K and plan["blk.5.attn_v.weight"] == Q.Q4_K
+
+
+def test_bench_table_format(models):
+    model = models["tiny-llama-f32.gguf"]
+    out = table(model, "pykernel kernels (cpu)",
+                [BenchResult("pp512", [100.0, 110.0, 120.0]), BenchResult("tg128", [50.0])])
+    lines = out.splitlines()
+    assert lines[0] == "| model | size | params | backend | test | t/s |"
+    row = re.compile(r"^\| .+ \| [\d.]+ (MiB|GiB) \| [\d.]+ (M|B) \| pykernel kernels \(cpu\) "
+                     r"\| (pp512|tg128) \| [\d.]+ ± [\d.]+ \|$")
+    assert all(row.match(line) for line in lines[2:]), out
+    assert "| pp512 | 110.00 ± 10.00 |" in out and "| tg128 | 50.00 ± 0.00 |" in out
