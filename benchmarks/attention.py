@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import multiprocessing
+import subprocess
 import os
 import sys
 import time
@@ -63,9 +65,27 @@ def precompile(arch: str) -> None:
             jobs.append(("decode_partial", arch, decode_spec(HEAD_DIM, dtype, config)))
     jobs.append(("prefill_mma", arch, dict(D=HEAD_DIM, BN=32, NWARPS=4)))
     start = time.perf_counter()
-    with concurrent.futures.ProcessPoolExecutor(max(1, (os.cpu_count() or 2) - 1)) as pool:
+    workers = max(1, (os.cpu_count() or 2) - 1)
+    spawn = multiprocessing.get_context("spawn")        # children never inherit a CUDA context
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=spawn) as pool:
         list(pool.map(_compile_one, jobs))
     print(f"precompiled {len(jobs)} specializations in {time.perf_counter() - start:.1f} s")
+
+
+def ptxas_report(arch: str, folder: str) -> None:
+    """Registers and spills of the benchmarked kernels (ptxas -v), for tuning."""
+    os.makedirs(folder, exist_ok=True)
+    kernels = {"decode_f16": (decode_partial, decode_spec(HEAD_DIM, np.float16,
+                                                          default_config(4, HEAD_DIM))),
+               "prefill_bn64": (prefill_mma, dict(D=HEAD_DIM, BN=64, NWARPS=4)),
+               "prefill_bn32": (prefill_mma, dict(D=HEAD_DIM, BN=32, NWARPS=4))}
+    for name, (kernel, spec) in kernels.items():
+        path = os.path.join(folder, name + ".ptx")
+        with open(path, "w") as f:
+            f.write(kernel.compile(arch, **spec).ptx)
+        result = subprocess.run(["ptxas", f"-arch={arch}", "-v", path, "-o", "/dev/null"],
+                                capture_output=True, text=True)
+        print(name, (result.stdout + result.stderr).strip().replace("\n", " | "))
 
 
 def copy_bandwidth() -> float:
@@ -196,12 +216,17 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--precompile", action="store_true")
     parser.add_argument("--out")
+    parser.add_argument("--arch", default="sm_90", help="for --precompile / --ptxas")
+    parser.add_argument("--ptxas", metavar="FOLDER", help="write PTX there, print ptxas -v")
     args = parser.parse_args()
+    if args.precompile or args.ptxas:
+        if args.precompile:
+            precompile(args.arch)
+        if args.ptxas:
+            ptxas_report(args.arch, args.ptxas)
+        return
     pk.set_device("cuda")
     device = pk.current_device()
-    if args.precompile:
-        precompile(device.arch)
-        return
     copy_bw = copy_bandwidth()
     lines = [f"device: {device.name} ({device.arch}), torch copy bandwidth "
              f"{copy_bw / 1e12:.2f} TB/s (read + write)", ""]

@@ -2,7 +2,7 @@
 
 Usage: python3 benchmarks/tokenizer_throughput.py [VOCAB.gguf] [--mb 1.0] [--seed 0]
 Default vocab: SmolLM2-135M-Instruct (fetched into the model cache like the tests do).
-Prints MB/s for a cold word cache (first pass) and a warm one (second pass over new text),
+Prints MB/s for a first text (empty word cache) and a second one (cache warm from the first),
 from this process's CPU time (the per-core number; other load on the machine does not count)
 and from wall-clock time.
 The text mixes Zipf-distributed common words with random made-up words, numbers, punctuation,
@@ -90,7 +90,8 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     n_bytes = int(args.mb * 1e6)
     first, second = generate_text(n_bytes, rng), generate_text(n_bytes, rng)
-    for label, text in (("cold word cache", first), ("warm word cache", second)):
+    for label, text in (("text 1, empty word cache", first),
+                        ("text 2, cache holds text 1's words", second)):
         wall, cpu, n_ids = measure(tok, text)
         mb = len(text.encode("utf-8")) / 1e6
         print(f"{label}: {mb:.2f} MB -> {n_ids} tokens; CPU {cpu:.3f} s = {mb / cpu:.2f} MB/s "

@@ -62,6 +62,8 @@ class Tokenizer:
     # ---- encode ------------------------------------------------------------------------
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Token ids of text; add_special adds BOS/EOS where the vocab asks for them."""
+        if not isinstance(text, str):
+            raise TypeError(f"encode() takes a str, not {type(text).__name__}")
         fragments = self._special.partition(text, parse_special)
         ids: list[int] = []
         if add_special and self.vocab.add_bos:

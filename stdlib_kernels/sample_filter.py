@@ -1,0 +1,241 @@
+"""The filtered sampler (top-k / top-p / min-p, then temperature) in two multi-block launches;
+see sample_kernels.py for the scheme and sampling.py for the semantics.
+
+sample_hist: x (n,) -> hist (4096 i32, left zeroed), blk_max/blk_sum per block, and params
+[M, Z, B] (global max, sum of exp(x - M) over all logits, lowest bin B with at most
+CANDIDATES logits at or above it; B = 4096 when even the top bin holds more).
+sample_pick: params -> candidates (value, index) of the logits in bins >= B, then in its last
+block the thresholds, the survivors sorted by index, and the draws: out[0:n_draws].
+"""
+import pykernel as pk
+from pykernel import Const, Ptr, f32, i32, i64, u32
+
+from ._device import NEG_INF, block_max, block_sum
+from ._select import block_scan, last_block_done, order_key, radix_select, search_cum
+from .sample_full import draw_full
+from .sample_kernels import CANDIDATES, HIST_BINS, PASS_THREADS, unit_values
+
+BINS_PER_THREAD = HIST_BINS // PASS_THREADS
+
+
+@pk.kernel
+def sample_hist(x: Ptr[f32, "ro"], n: i32, blk_max: Ptr[f32], blk_sum: Ptr[f32],
+                hist: Ptr[i32], params: Ptr[f32], counter: Ptr[i32], VEC: Const[int],
+                UNITS: Const[int]):
+    scratch = pk.shared_array(f32, 32)
+    flag = pk.shared_array(i32, 1)
+    counts = pk.shared_array(i32, HIST_BINS)
+    tops = pk.shared_array(f32, PASS_THREADS)
+    scan_tmp = pk.shared_array(f32, PASS_THREADS)
+    vals = pk.local_array(f32, 4 * UNITS)
+    tid = pk.thread_idx.x
+    for k in range(tid, HIST_BINS, pk.block_dim.x):
+        counts[k] = 0
+    span = pk.block_idx.x * (4 * UNITS * pk.block_dim.x)
+    m = f32(NEG_INF)
+    for j in pk.static_range(UNITS):
+        c = span + (j * pk.block_dim.x + tid) * 4
+        nan = f32(0.0) / f32(0.0)
+        a, b, d, e = nan, nan, nan, nan
+        if c < n:
+            a, b, d, e = unit_values(x, c, n, VEC)
+        vals[4 * j] = a
+        vals[4 * j + 1] = b
+        vals[4 * j + 2] = d
+        vals[4 * j + 3] = e
+        for k in pk.static_range(4):
+            if vals[4 * j + k] == vals[4 * j + k]:
+                m = max(m, vals[4 * j + k])
+    pk.syncthreads()
+    m = block_max(m, scratch)
+    s = f32(0.0)
+    for k in pk.static_range(4 * UNITS):
+        v = vals[k]
+        if v == v:
+            pk.atomic_add(counts, i32(order_key(v) >> u32(20)), 1)
+            if m > f32(NEG_INF):
+                s += pk.exp(v - m)
+    s = block_sum(s, scratch)   # starts with a barrier: the histogram is complete after it
+    for k in range(tid, HIST_BINS, pk.block_dim.x):
+        if counts[k] > 0:
+            pk.atomic_add(hist, k, counts[k])
+    if tid == 0:
+        blk_max[pk.block_idx.x] = m
+        blk_sum[pk.block_idx.x] = s
+    if last_block_done(counter, 0, pk.grid_dim.x, flag):
+        merge_hist(hist, params, blk_max, blk_sum, tops, scan_tmp, scratch)
+
+
+@pk.func
+def merge_hist(hist, params, blk_max, blk_sum, tops, scan_tmp, scratch):
+    """Last block of sample_hist: global max and mass, the candidate bin; zeroes hist."""
+    tid = pk.thread_idx.x
+    blocks = pk.grid_dim.x
+    gm = f32(NEG_INF)
+    for b in range(tid, blocks, pk.block_dim.x):
+        gm = max(gm, blk_max[b])
+    gm = block_max(gm, scratch)
+    z = f32(0.0)
+    for b in range(tid, blocks, pk.block_dim.x):
+        if blk_max[b] > f32(NEG_INF):
+            z += blk_sum[b] * pk.exp(blk_max[b] - gm)
+    z = block_sum(z, scratch)
+    # thread t owns bins 4095 - 16t down to 4080 - 16t: a prefix over t counts from the top
+    top_bin = HIST_BINS - 1 - BINS_PER_THREAD * tid
+    own = f32(0.0)
+    for k in pk.static_range(BINS_PER_THREAD):
+        own += f32(hist[top_bin - k])
+    tops[tid] = own
+    pk.syncthreads()
+    block_scan(tops, pk.block_dim.x, scan_tmp)
+    cum = tops[tid] - own
+    lowest = f32(HIST_BINS)
+    for k in pk.static_range(BINS_PER_THREAD):
+        cum += f32(hist[top_bin - k])
+        if cum <= f32(CANDIDATES):
+            lowest = f32(top_bin - k)
+    lowest = -block_max(-lowest, scratch)
+    for k in pk.static_range(BINS_PER_THREAD):
+        hist[top_bin - k] = 0
+    if tid == 0:
+        params[0] = gm
+        params[1] = z
+        params[2] = lowest
+
+
+@pk.kernel
+def sample_pick(x: Ptr[f32, "ro"], u: Ptr[f32, "ro"], out: Ptr[i32], n_draws: i32, n: i32,
+                top_k: i32, top_p: f32, min_p: f32, inv_temp: f32, params: Ptr[f32],
+                cand_v: Ptr[f32], cand_i: Ptr[i32], counters: Ptr[i32], VEC: Const[int]):
+    scratch = pk.shared_array(f32, 32)
+    flag = pk.shared_array(i32, 1)
+    local = pk.shared_array(i32, 2)   # this block's candidate count, then its base
+    cv = pk.shared_array(f32, CANDIDATES)
+    ci = pk.shared_array(i32, CANDIDATES)
+    sw = pk.shared_array(f32, CANDIDATES)
+    si = pk.shared_array(i32, CANDIDATES)
+    hist = pk.shared_array(f32, 256)
+    bcast = pk.shared_array(f32, 2)
+    tid = pk.thread_idx.x
+    if tid == 0:
+        local[0] = 0
+    pk.syncthreads()
+    bound = u32(i32(params[2]))
+    c = (pk.block_idx.x * pk.block_dim.x + tid) * 4
+    nan = f32(0.0) / f32(0.0)
+    a, b, d, e = nan, nan, nan, nan
+    if c < n:
+        a, b, d, e = unit_values(x, c, n, VEC)
+    sa = claim(a, bound, local)
+    sb = claim(b, bound, local)
+    sd = claim(d, bound, local)
+    se = claim(e, bound, local)
+    pk.syncthreads()
+    if tid == 0:
+        local[1] = pk.atomic_add(counters, 1, local[0])
+    pk.syncthreads()
+    base = local[1]
+    put(cand_v, cand_i, base + sa, a, c)
+    put(cand_v, cand_i, base + sb, b, c + 1)
+    put(cand_v, cand_i, base + sd, d, c + 2)
+    put(cand_v, cand_i, base + se, e, c + 3)
+    if not last_block_done(counters, 0, pk.grid_dim.x, flag):
+        return
+    total = counters[1]
+    pk.syncthreads()
+    if tid == 0:
+        counters[1] = 0
+    ok = total <= CANDIDATES and bound < u32(HIST_BINS)
+    count = min(total, CANDIDATES)
+    for k in range(tid, count, pk.block_dim.x):
+        cv[k] = cand_v[k]
+        ci[k] = cand_i[k]
+    pk.syncthreads()
+    m = params[0]
+    floor, ok = candidate_floor(cv, count, ok, bound << u32(20), n, m, params[1], top_k, top_p,
+                                min_p, hist, bcast, scratch)
+    kept = 0
+    if ok:
+        kept = gather_survivors(cv, ci, count, floor, m, inv_temp, sw, si, local)
+    if kept == 0:   # the candidates cannot decide: exact single-block pass over all logits
+        draw_full(x, u, out, n_draws, n, top_k, top_p, min_p, inv_temp, scratch, sw)
+        return
+    for k in range(tid, kept, pk.block_dim.x):   # indices are distinct: rank = sorted slot
+        rank = 0
+        for j in range(0, kept):
+            if si[j] < si[k]:
+                rank += 1
+        cv[rank] = sw[k]
+        ci[rank] = si[k]
+    pk.syncthreads()
+    block_scan(cv, kept, sw)
+    for k in range(tid, n_draws, pk.block_dim.x):
+        out[k] = ci[search_cum(cv, kept, u[k] * cv[kept - 1])]
+
+
+@pk.func
+def claim(v: f32, bound: u32, local) -> i32:
+    """A slot in this block's candidate list when v's bin is >= bound, else -1."""
+    slot = -1
+    if v == v and (order_key(v) >> u32(20)) >= bound:
+        slot = pk.atomic_add(local, 0, 1)
+    return slot
+
+
+@pk.func
+def put(cand_v, cand_i, slot: i32, v: f32, index: i32):
+    if slot >= 0 and slot < CANDIDATES and v == v:
+        cand_v[slot] = v
+        cand_i[slot] = index
+
+
+@pk.func
+def candidate_floor(cv, count: i32, ok: bool, low_key: u32, n: i32, m: f32, z_all: f32,
+                    top_k: i32, top_p: f32, min_p: f32, hist, bcast, scratch):
+    """(key threshold, valid): valid when every logit at or above the threshold is a
+    candidate (all have key >= low_key, the candidates' bin bound) and the filters' inputs
+    (the k-th largest, the top-p mass) were computable from the candidates alone."""
+    floor = u32(0)
+    top_k_on = top_k > 0 and top_k < n
+    if ok and top_k_on:
+        if count < top_k:
+            ok = False
+        else:
+            floor = radix_select(cv, count, floor, f32(top_k), m, False, hist, bcast)
+    min_key = u32(0)
+    if min_p > 0.0:
+        min_key = order_key(m + pk.log(min_p))
+    if ok and top_p < 1.0:
+        have = f32(0.0)
+        for k in range(pk.thread_idx.x, count, pk.block_dim.x):
+            if order_key(cv[k]) >= floor:
+                have += pk.exp(cv[k] - m)
+        have = block_sum(have, scratch)
+        z = have if top_k_on else z_all
+        if have >= top_p * z:
+            floor = max(floor, radix_select(cv, count, floor, top_p * z, m, True, hist, bcast))
+        elif min_key < low_key:   # top-p's cut lies below the candidates; min-p's too
+            ok = False
+    floor = max(floor, min_key)
+    if floor < low_key:
+        ok = False
+    return floor, ok
+
+
+@pk.func
+def gather_survivors(cv, ci, count: i32, floor: u32, m: f32, inv_temp: f32, sw, si,
+                     local) -> i32:
+    """Candidates with key >= floor -> (si: index, sw: weight exp((v - m) / T)), unordered."""
+    pk.syncthreads()
+    if pk.thread_idx.x == 0:
+        local[0] = 0
+    pk.syncthreads()
+    for k in range(pk.thread_idx.x, count, pk.block_dim.x):
+        if order_key(cv[k]) >= floor:
+            slot = pk.atomic_add(local, 0, 1)
+            si[slot] = ci[k]
+            sw[slot] = pk.exp((cv[k] - m) * inv_temp)
+    pk.syncthreads()
+    kept = local[0]
+    pk.syncthreads()
+    return kept

@@ -1,0 +1,185 @@
+"""Multi-block sampling kernels (the wrappers are in sampling.py).
+
+Blocks of PASS_THREADS threads each read a span of 4 * UNITS * PASS_THREADS logits once; the
+block that finishes last (atomic ticket, see _select.last_block_done) merges the per-block
+results, so one launch covers a whole vocabulary:
+- argmax_blocks: per-block (value, index), merged by the last block (per row: grid.y = rows).
+- sample_temp (temperature only): per-block max m_b and weights exp((x - m_b) / T), an
+  inclusive prefix over the block's 4-element units (global `unit_cum`, block-local scale);
+  the last block rescales the block sums to the global max, prefix-sums them, and each draw
+  binary-searches block -> unit -> element (first cumulative weight > u * total).
+- sample_hist + sample_pick (any of top-k/top-p/min-p): pass 1 builds a 4096-bin histogram of
+  the top 12 bits of the order keys and the global max M; its last block picks the lowest bin
+  B such that at most CANDIDATES logits lie in bins >= B. Pass 2 compacts those logits into a
+  candidate list; its last block (SAMPLE_THREADS threads) finds the thresholds by radix select
+  on the candidates, sorts the survivors by index and draws. When the survivors might lie
+  outside the candidates (ties or flat logits at the top-k cut, top-p alone reaching deep into
+  the vocabulary), that block runs the exact single-block algorithm (draw_full) instead.
+Scratch buffers (workspace in sampling.py) are reset by the kernels that use them, so the
+launches replay in a CUDA graph.
+"""
+import pykernel as pk
+from pykernel import Const, Ptr, f32, i32, i64
+
+from ._device import NEG_INF, block_max, load4
+from ._select import BIG_INDEX, better, block_argmax, block_scan, last_block_done, search_cum
+
+PASS_THREADS = 256
+SAMPLE_THREADS = 1024
+CANDIDATES = 2048
+HIST_BINS = 4096       # order key >> 20
+MAX_BLOCKS = 1024
+
+
+@pk.func
+def unit_values(xr, c: i32, n: i32, VEC: Const[int]):
+    """Elements c..c+3 as f32; those past n read as NaN (never chosen, no weight)."""
+    a, b, d, e = load4(xr, c, n, VEC)
+    nan = f32(0.0) / f32(0.0)
+    return (a if c < n else nan, b if c + 1 < n else nan, d if c + 2 < n else nan,
+            e if c + 3 < n else nan)
+
+
+@pk.kernel
+def argmax_blocks(x: Ptr[f32, "ro"], out: Ptr[i32], part_v: Ptr[f32], part_i: Ptr[i32],
+                  counter: Ptr[i32], n: i32, VEC: Const[int], UNITS: Const[int]):
+    sv = pk.shared_array(f32, 32)
+    si = pk.shared_array(i32, 32)
+    flag = pk.shared_array(i32, 1)
+    row = pk.block_idx.y
+    blocks = pk.grid_dim.x
+    xr = x + i64(row) * i64(n)
+    span = pk.block_idx.x * (4 * UNITS * pk.block_dim.x)
+    bv = f32(NEG_INF)
+    bi = i32(BIG_INDEX)
+    for j in pk.static_range(UNITS):
+        c = span + (j * pk.block_dim.x + pk.thread_idx.x) * 4
+        if c < n:
+            a, b, d, e = unit_values(xr, c, n, VEC)
+            if better(a, c, bv, bi):   # NaN compares false: never taken
+                bv, bi = a, c
+            if better(b, c + 1, bv, bi):
+                bv, bi = b, c + 1
+            if better(d, c + 2, bv, bi):
+                bv, bi = d, c + 2
+            if better(e, c + 3, bv, bi):
+                bv, bi = e, c + 3
+    bv, bi = block_argmax(bv, bi, sv, si)
+    slot = row * blocks + pk.block_idx.x
+    if pk.thread_idx.x == 0:
+        part_v[slot] = bv
+        part_i[slot] = bi
+    if blocks == 1:
+        if pk.thread_idx.x == 0:
+            out[row] = bi
+        return
+    if not last_block_done(counter, row, blocks, flag):
+        return
+    bv = f32(NEG_INF)
+    bi = i32(BIG_INDEX)
+    for k in range(pk.thread_idx.x, blocks, pk.block_dim.x):
+        v = part_v[row * blocks + k]
+        i = part_i[row * blocks + k]
+        if better(v, i, bv, bi):
+            bv, bi = v, i
+    bv, bi = block_argmax(bv, bi, sv, si)
+    if pk.thread_idx.x == 0:
+        out[row] = bi
+
+
+@pk.func
+def weight(v: f32, m: f32, inv_temp: f32) -> f32:
+    """exp((v - m) / T); 0 for NaN or an all-(-inf) block."""
+    w = f32(0.0)
+    if v == v and m > f32(NEG_INF):
+        w = pk.exp((v - m) * inv_temp)
+    return w
+
+
+@pk.kernel
+def sample_temp(x: Ptr[f32, "ro"], u: Ptr[f32, "ro"], out: Ptr[i32], n_draws: i32, n: i32,
+                inv_temp: f32, blk_max: Ptr[f32], blk_sum: Ptr[f32], unit_cum: Ptr[f32],
+                counter: Ptr[i32], VEC: Const[int], UNITS: Const[int]):
+    scratch = pk.shared_array(f32, 32)
+    flag = pk.shared_array(i32, 1)
+    tmp = pk.shared_array(f32, PASS_THREADS)
+    cum = pk.shared_array(f32, MAX_BLOCKS * 4)   # units of this block, then block sums
+    vals = pk.local_array(f32, 4 * UNITS)
+    tid = pk.thread_idx.x
+    units = UNITS * pk.block_dim.x
+    span = pk.block_idx.x * 4 * units
+    m = f32(NEG_INF)
+    for j in pk.static_range(UNITS):
+        c = span + (j * pk.block_dim.x + tid) * 4
+        a, b, d, e = f32(NEG_INF), f32(NEG_INF), f32(NEG_INF), f32(NEG_INF)
+        if c < n:
+            a, b, d, e = unit_values(x, c, n, VEC)
+        vals[4 * j] = a
+        vals[4 * j + 1] = b
+        vals[4 * j + 2] = d
+        vals[4 * j + 3] = e
+        for k in pk.static_range(4):
+            if vals[4 * j + k] == vals[4 * j + k]:
+                m = max(m, vals[4 * j + k])
+    m = block_max(m, scratch)
+    for j in pk.static_range(UNITS):
+        cum[j * pk.block_dim.x + tid] = (
+            weight(vals[4 * j], m, inv_temp) + weight(vals[4 * j + 1], m, inv_temp)) + (
+            weight(vals[4 * j + 2], m, inv_temp) + weight(vals[4 * j + 3], m, inv_temp))
+    pk.syncthreads()
+    block_scan(cum, units, tmp)
+    for k in range(tid, units, pk.block_dim.x):
+        unit_cum[pk.block_idx.x * units + k] = cum[k]
+    if tid == 0:
+        blk_max[pk.block_idx.x] = m
+        blk_sum[pk.block_idx.x] = cum[units - 1]
+    if not last_block_done(counter, 0, pk.grid_dim.x, flag):
+        return
+    blocks = pk.grid_dim.x
+    gm = f32(NEG_INF)
+    for b in range(tid, blocks, pk.block_dim.x):
+        gm = max(gm, blk_max[b])
+    gm = block_max(gm, scratch)
+    for b in range(tid, blocks, pk.block_dim.x):
+        cum[b] = blk_sum[b] * weight(blk_max[b], gm, inv_temp)
+    pk.syncthreads()
+    block_scan(cum, blocks, tmp)
+    for d in range(tid, n_draws, pk.block_dim.x):
+        out[d] = draw_temp(x, u[d] * cum[blocks - 1], cum, blocks, gm, inv_temp, blk_max,
+                           unit_cum, units, n, VEC)
+
+
+@pk.func
+def draw_temp(x, target: f32, cum, blocks: i32, gm: f32, inv_temp: f32, blk_max, unit_cum,
+              units: i32, n: i32, VEC: Const[int]) -> i32:
+    """Block, then unit, then element whose cumulative weight first exceeds target."""
+    b = search_cum(cum, blocks, target)
+    start = f32(0.0)
+    if b > 0:
+        start = cum[b - 1]
+    m = blk_max[b]
+    scale = weight(m, gm, inv_temp)
+    r = f32(0.0)
+    if scale > 0.0:
+        r = (target - start) / scale   # in the block's own (max m) weight units
+    ucum = unit_cum + i64(b) * i64(units)
+    k = search_cum(ucum, units, r)
+    acc = f32(0.0)
+    if k > 0:
+        acc = ucum[k - 1]
+    c = b * 4 * units + k * 4
+    nan = f32(0.0) / f32(0.0)
+    a, bb, d, e = nan, nan, nan, nan
+    if c < n:
+        a, bb, d, e = unit_values(x, c, n, VEC)
+    pick = -1
+    last = c
+    for q in pk.static_range(4):
+        v = a if q == 0 else (bb if q == 1 else (d if q == 2 else e))
+        w = weight(v, m, inv_temp)
+        if w > 0.0:
+            last = c + q
+            acc += w
+            if pick < 0 and acc > r:
+                pick = c + q
+    return pick if pick >= 0 else last   # rounding pushed r past the unit: its last weight
