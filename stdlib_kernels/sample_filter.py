@@ -8,7 +8,7 @@ sample_pick: params -> candidates (value, index) of the logits in bins >= B, the
 block the thresholds, the survivors sorted by index, and the draws: out[0:n_draws].
 """
 import pykernel as pk
-from pykernel import Const, Ptr, f32, i32, i64, u32
+from pykernel import Const, Ptr, bool_, f32, i32, u32
 
 from ._device import NEG_INF, block_max, block_sum
 from ._select import block_scan, last_block_done, order_key, radix_select, search_cum
@@ -190,7 +190,7 @@ def put(cand_v, cand_i, slot: i32, v: f32, index: i32):
 
 
 @pk.func
-def candidate_floor(cv, count: i32, ok: bool, low_key: u32, n: i32, m: f32, z_all: f32,
+def candidate_floor(cv, count: i32, ok: bool_, low_key: u32, n: i32, m: f32, z_all: f32,
                     top_k: i32, top_p: f32, min_p: f32, hist, bcast, scratch):
     """(key threshold, valid): valid when every logit at or above the threshold is a
     candidate (all have key >= low_key, the candidates' bin bound) and the filters' inputs

@@ -137,15 +137,15 @@ def sample_temp(x: Ptr[f32, "ro"], u: Ptr[f32, "ro"], out: Ptr[i32], n_draws: i3
         return
     blocks = pk.grid_dim.x
     gm = f32(NEG_INF)
-    for b in range(tid, blocks, pk.block_dim.x):
-        gm = max(gm, blk_max[b])
+    for k in range(tid, blocks, pk.block_dim.x):
+        gm = max(gm, blk_max[k])
     gm = block_max(gm, scratch)
-    for b in range(tid, blocks, pk.block_dim.x):
-        cum[b] = blk_sum[b] * weight(blk_max[b], gm, inv_temp)
+    for k in range(tid, blocks, pk.block_dim.x):
+        cum[k] = blk_sum[k] * weight(blk_max[k], gm, inv_temp)
     pk.syncthreads()
     block_scan(cum, blocks, tmp)
-    for d in range(tid, n_draws, pk.block_dim.x):
-        out[d] = draw_temp(x, u[d] * cum[blocks - 1], cum, blocks, gm, inv_temp, blk_max,
+    for q in range(tid, n_draws, pk.block_dim.x):
+        out[q] = draw_temp(x, u[q] * cum[blocks - 1], cum, blocks, gm, inv_temp, blk_max,
                            unit_cum, units, n, VEC)
 
 

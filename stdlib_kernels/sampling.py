@@ -11,80 +11,69 @@ temperature -> draw. Argmax ties go to the lowest index; NaN logits are never ch
 top-k keeps logits >= the k-th largest (ties at that value are all kept); top-p keeps the
 largest logits whose softmax mass (over the top-k survivors, temperature 1) first reaches p;
 min-p keeps p_i >= min_p * p_max; the draw picks, in index order, the first survivor whose
-cumulative weight exp((x - max) / T) exceeds u * total. Thresholds are found by a 32-step
-bisection over the logits' order-preserving u32 keys (no sort), in one block of 1024 threads.
+cumulative weight exp((x - max) / T) exceeds u * total (rounding past the end: the last token
+with positive weight). Kernels: sample_kernels.py / sample_filter.py (multi-block, one launch
+for argmax and temperature-only, two for the filters); scratch buffers come from a workspace
+per (device, stream), allocated on first use: call once before capturing a CUDA graph.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 import pykernel as pk
-from pykernel import Const, Ptr, f32, i32, i64, u32
+from pykernel import Ptr, f32, i32
+
+from pykernel.runtime.arrays import Array
+from pykernel.runtime.device import current_device
 
 from . import _launch as L
-from ._device import NEG_INF, block_max, block_sum
+from . import sample_kernels as K
+from .sample_filter import sample_hist, sample_pick
 
-SAMPLE_THREADS = 1024
-BIG_INDEX = 2**31 - 1
-
-
-@pk.func
-def order_key(x: f32) -> u32:
-    """u32 whose unsigned order is the float order (NaN excluded by callers)."""
-    bits = pk.bitcast(x, u32)
-    return bits ^ (u32(0xFFFFFFFF) if (bits >> 31) == u32(1) else u32(0x80000000))
-
-
-@pk.func
-def better(v: f32, i: i32, bv: f32, bi: i32) -> bool:
-    return v > bv or (v == bv and i < bi)
-
-
-@pk.func
-def block_argmax(v: f32, i: i32, sv, si) -> i32:
-    for k in pk.static_range(5):
-        ov = pk.shfl_xor(v, 16 >> k)
-        oi = pk.shfl_xor(i, 16 >> k)
-        if better(ov, oi, v, i):
-            v = ov
-            i = oi
-    lane = pk.lane_id()
-    pk.syncthreads()
-    if lane == 0:
-        sv[pk.thread_idx.x // 32] = v
-        si[pk.thread_idx.x // 32] = i
-    pk.syncthreads()
-    v = f32(NEG_INF)
-    i = i32(2147483647)
-    if lane < (pk.block_dim.x + 31) // 32:
-        v = sv[lane]
-        i = si[lane]
-    for k in pk.static_range(5):
-        ov = pk.shfl_xor(v, 16 >> k)
-        oi = pk.shfl_xor(i, 16 >> k)
-        if better(ov, oi, v, i):
-            v = ov
-            i = oi
-    return i
+@dataclass
+class _Workspace:
+    """Device scratch of the multi-block samplers, grown on demand (counters and histogram
+    start zeroed; the kernels leave them zeroed)."""
+    counters: Array       # i32: last-block tickets (argmax: one per row) and candidate count
+    hist: Array           # i32 (HIST_BINS,)
+    blk_max: Array        # f32 per block (argmax: part values, rows * blocks)
+    blk_sum: Array        # f32 per block
+    part_i: Array         # i32 argmax indices, rows * blocks
+    unit_cum: Array       # f32 per 4-element unit (temperature-only draw)
+    params: Array         # f32 [max, mass, candidate bin]
+    cand_v: Array         # f32 (CANDIDATES,)
+    cand_i: Array         # i32 (CANDIDATES,)
 
 
-@pk.kernel
-def argmax_rows(x: Ptr[f32, "ro"], out: Ptr[i32], n: i32):
-    sv = pk.shared_array(f32, 32)
-    si = pk.shared_array(i32, 32)
-    xr = x + i64(pk.block_idx.x) * i64(n)
-    bv = f32(NEG_INF)
-    bi = i32(2147483647)
-    for c in range(pk.thread_idx.x, n, pk.block_dim.x):
-        v = xr[c]
-        if better(v, c, bv, bi):   # NaN compares false: never taken
-            bv = v
-            bi = c
-    best = block_argmax(bv, bi, sv, si)
-    if pk.thread_idx.x == 0:
-        out[pk.block_idx.x] = best
+_WORKSPACES: dict = {}
+
+
+def _workspace(blocks: int, units: int, stream, tickets: int = 1) -> _Workspace:
+    key = (id(current_device()), id(stream))
+    ws = _WORKSPACES.get(key)
+    if ws is None or ws.blk_max.size < blocks or ws.unit_cum.size < units or \
+            ws.counters.size < tickets + 1:
+        blocks, units = max(blocks, 1024), max(units, 1 << 16)
+        ws = _WORKSPACES[key] = _Workspace(
+            pk.zeros(max(tickets + 1, 4), np.int32), pk.zeros(K.HIST_BINS, np.int32),
+            pk.empty(blocks, np.float32), pk.empty(blocks, np.float32),
+            pk.empty(blocks, np.int32), pk.empty(units, np.float32), pk.zeros(4, np.float32),
+            pk.empty(K.CANDIDATES, np.float32), pk.empty(K.CANDIDATES, np.int32))
+    return ws
+
+
+def _units_per_thread(n: int) -> int:
+    """Units (4 logits) per thread so that a row takes at most MAX_BLOCKS blocks."""
+    units = 2
+    while -(-n // (4 * units * K.PASS_THREADS)) > K.MAX_BLOCKS:
+        units *= 2
+    if units > 16:
+        raise ValueError(f"sampling: rows of {n} logits are too long (at most "
+                         f"{16 * 4 * K.PASS_THREADS * K.MAX_BLOCKS})")
+    return units
 
 
 @pk.kernel
@@ -107,100 +96,18 @@ def penalties_row(logits: Ptr[f32], history: Ptr[i32, "ro"], n_hist: i32, vocab:
             logits[tok] = v - f32(count) * frequency - presence
 
 
-@pk.func
-def mass_at_least(x, n: i32, key: u32, floor: u32, m: f32, WEIGHTED: Const[bool],
-                  scratch) -> f32:
-    """Count (or softmax weight exp(x - m)) of logits whose key is >= key and >= floor."""
-    acc = f32(0.0)
-    for c in range(pk.thread_idx.x, n, pk.block_dim.x):
-        v = x[c]
-        k = order_key(v)
-        if v == v and k >= key and k >= floor:
-            if WEIGHTED:
-                acc += pk.exp(v - m)
-            else:
-                acc += 1.0
-    return block_sum(acc, scratch)
-
-
-@pk.func
-def select_key(x, n: i32, floor: u32, target: f32, m: f32, WEIGHTED: Const[bool],
-               scratch) -> u32:
-    """Largest key t with mass_at_least(t) >= target (MSB-first bisection, 32 passes)."""
-    prefix = u32(0)
-    for b in range(31, -1, -1):
-        cand = prefix | (u32(1) << u32(b))
-        if mass_at_least(x, n, cand, floor, m, WEIGHTED, scratch) >= target:
-            prefix = cand
-    return prefix
-
-
-@pk.kernel
-def sample_row(x: Ptr[f32, "ro"], u: Ptr[f32, "ro"], out: Ptr[i32], n_draws: i32, n: i32,
-               top_k: i32, top_p: f32, min_p: f32, inv_temp: f32):
-    scratch = pk.shared_array(f32, 32)
-    sums = pk.shared_array(f32, 1024)
-    tid = pk.thread_idx.x
-    m = f32(NEG_INF)
-    for c in range(tid, n, pk.block_dim.x):
-        m = max(m, x[c])
-    m = block_max(m, scratch)
-    floor = u32(0)
-    if top_k > 0 and top_k < n:
-        floor = select_key(x, n, floor, f32(top_k), m, False, scratch)
-    if top_p < 1.0:
-        z = mass_at_least(x, n, floor, floor, m, True, scratch)
-        floor = max(floor, select_key(x, n, floor, top_p * z, m, True, scratch))
-    if min_p > 0.0:
-        floor = max(floor, order_key(m + pk.log(min_p)))
-    # draw: contiguous chunks per thread, block prefix over chunk weights, owner walks its chunk
-    chunk = (n + pk.block_dim.x - 1) // pk.block_dim.x
-    lo = min(n, tid * chunk)
-    hi = min(n, lo + chunk)
-    w = f32(0.0)
-    for c in range(lo, hi):
-        v = x[c]
-        if v == v and order_key(v) >= floor:
-            w += pk.exp((v - m) * inv_temp)
-    sums[tid] = w
-    pk.syncthreads()
-    if tid == 0:   # serial exclusive scan of <= 1024 partial sums: negligible next to the passes
-        run = f32(0.0)
-        last = 0
-        for t in range(0, pk.block_dim.x):
-            s = sums[t]
-            sums[t] = run
-            run += s
-            if s > 0.0:
-                last = t
-        scratch[0] = run
-        scratch[1] = f32(last)
-    pk.syncthreads()
-    start = sums[tid]
-    is_last = tid == i32(scratch[1])
-    for d in range(n_draws):   # draws share the thresholds and the prefix sums
-        target = u[d] * scratch[0]
-        if w > 0.0 and start <= target and (target < start + w or is_last):
-            acc = start
-            pick = -1
-            last_kept = lo
-            for c in range(lo, hi):
-                v = x[c]
-                if v == v and order_key(v) >= floor:
-                    last_kept = c
-                    acc += pk.exp((v - m) * inv_temp)
-                    if pick < 0 and acc > target:
-                        pick = c
-            out[d] = pick if pick >= 0 else last_kept   # rounding pushed target past the end
-
-
 def argmax(x, *, out=None, stream=None):
-    """Index of the largest value of each row (lowest index on ties, NaN never chosen):
-    x (rows, n) or (n,) f32 -> int32 (rows,)."""
+    """Index of the largest value of each row (lowest index on ties, NaN never chosen; an
+    all-NaN row gives 2**31 - 1): x (rows, n) or (n,) f32 -> int32 (rows,)."""
     x = L.as_array(x, "argmax: x", np.float32)
     rows, n = L.rows_and_length(x, "argmax: x")
     out = L.output(out, "argmax", (rows,), np.int32)
-    L.launch(argmax_rows, rows, L.threads_for(n, 1024), (x, out, n), (), stream)
+    units = _units_per_thread(n)
+    blocks = -(-n // (4 * units * K.PASS_THREADS))
+    ws = _workspace(rows * blocks, 0, stream, tickets=rows)
+    args = (x, out, ws.blk_max, ws.part_i, ws.counters, n)
+    spec = (("VEC", L.vector_width(n, x)), ("UNITS", units))
+    L.launch(K.argmax_blocks, (blocks, rows, 1), K.PASS_THREADS, args, spec, stream)
     return out
 
 
@@ -231,9 +138,24 @@ def sample(logits, u, *, temperature: float = 1.0, top_k: int = 0, top_p: float 
     out = L.output(out, "sample", (u.size,), np.int32)
     if temperature <= 0:
         return argmax(logits, out=out, stream=stream)
-    args = (logits, u, out, u.size, logits.size, int(top_k), float(top_p), float(min_p),
-            1.0 / temperature)
-    L.launch(sample_row, 1, SAMPLE_THREADS, args, (), stream)
+    n = logits.size
+    units = _units_per_thread(n)
+    blocks = -(-n // (4 * units * K.PASS_THREADS))
+    ws = _workspace(blocks, blocks * units * K.PASS_THREADS, stream)
+    vec = L.vector_width(n, logits)
+    if (0 < top_k < n) or top_p < 1.0 or min_p > 0.0:
+        args = (logits, n, ws.blk_max, ws.blk_sum, ws.hist, ws.params, ws.counters)
+        L.launch(sample_hist, blocks, K.PASS_THREADS, args, (("VEC", vec), ("UNITS", units)),
+                 stream)
+        args = (logits, u, out, u.size, n, int(top_k), float(top_p), float(min_p),
+                1.0 / temperature, ws.params, ws.cand_v, ws.cand_i, ws.counters)
+        L.launch(sample_pick, -(-n // (4 * K.SAMPLE_THREADS)), K.SAMPLE_THREADS, args,
+                 (("VEC", vec),), stream)
+        return out
+    args = (logits, u, out, u.size, n, 1.0 / temperature, ws.blk_max, ws.blk_sum, ws.unit_cum,
+            ws.counters)
+    L.launch(K.sample_temp, blocks, K.PASS_THREADS, args, (("VEC", vec), ("UNITS", units)),
+             stream)
     return out
 
 

@@ -56,3 +56,39 @@ def set_threads(n: int) -> int | None:
     if previous != n:
         fns[0](int(n))
     return previous
+
+
+class ThreadChooser:
+    """Picks the BLAS thread count with the lowest measured cost (seconds per unit of work),
+    re-trying the other counts now and then, so decode uses both cores on an idle machine and
+    falls back to one when spinning workers would collide with another busy process."""
+
+    def __init__(self, candidates: tuple[int, ...], explore_every: int = 200, trial: int = 12):
+        self.candidates = candidates
+        self.explore_every, self.trial = explore_every, trial
+        self.cost: dict[int, float | None] = {c: None for c in candidates}
+        self.calls = 0
+        self.trying: int | None = None
+        self.trial_left = 0
+
+    def pick(self) -> int:
+        untried = [c for c in self.candidates if self.cost[c] is None]
+        if untried:
+            return untried[0]
+        best = min(self.candidates, key=lambda c: self.cost[c])
+        if self.trial_left > 0:
+            return self.trying
+        self.calls += 1
+        if len(self.candidates) > 1 and self.calls % self.explore_every == 0:
+            others = [c for c in self.candidates if c != best]
+            self.trying = others[(self.calls // self.explore_every) % len(others)]
+            self.trial_left = self.trial
+            return self.trying
+        return best
+
+    def record(self, threads: int, seconds: float, work: float) -> None:
+        if self.trial_left > 0 and threads == self.trying:
+            self.trial_left -= 1
+        cost = seconds / max(work, 1.0)
+        old = self.cost[threads]
+        self.cost[threads] = cost if old is None else 0.8 * old + 0.2 * cost

@@ -8,13 +8,14 @@ decode step reads contiguous rows per head.
 from __future__ import annotations
 
 import os
+import time
 from typing import Sequence
 
 import numpy as np
 
 from llm.backends.act_quant import activation_kind, round_trip
 from llm.backends.base import Backend, KVCache
-from llm.backends.blas_threads import set_threads
+from llm.backends.blas_threads import ThreadChooser, set_threads
 from llm.backends.dequant import dequantize
 from llm.config import RopeParams
 from llm.gguf_file import TensorInfo
@@ -53,15 +54,14 @@ class NumpyBackend(Backend):
     (activations quantized per weight type) instead of computing in float32."""
     name = "numpy"
 
-    def __init__(self, quantized_activations: bool = False, threads: int | None = None,
-                 decode_threads: int = 1):
+    def __init__(self, quantized_activations: bool = False, threads: int | None = None):
         self.quantized_activations = quantized_activations
-        # BLAS threads for prefill GEMMs and for decode GEMVs. One by default: OpenBLAS's
-        # spinning workers collapse when any other process wants a core (prefill 62 -> 9 tok/s
-        # measured on 2 cores under load); PYKERNEL_THREADS=N opts in to N for prefill.
+        # BLAS threads: fixed when given (argument or PYKERNEL_THREADS), else chosen by measured
+        # speed per matmul shape class (decode GEMV / prefill GEMM); see blas_threads for why.
         env_threads = os.environ.get("PYKERNEL_THREADS")
-        self.threads = threads or (int(env_threads) if env_threads else 1)
-        self.decode_threads = decode_threads
+        fixed = threads or (int(env_threads) if env_threads else None)
+        candidates = (fixed,) if fixed else tuple(sorted({1, os.cpu_count() or 1}))
+        self._choosers = {kind: ThreadChooser(candidates) for kind in ("gemv", "gemm")}
         self._blas_threads = None
         self._dequantized: dict[str, np.ndarray] = {}
         self._rope_cache: tuple | None = None
@@ -116,11 +116,17 @@ class NumpyBackend(Backend):
             self._blas_threads = n
 
     def matmul(self, x, w, bias=None):
-        self._use_threads(self.decode_threads if x.shape[0] == 1 else self.threads)
+        n = x.shape[0]
+        chooser = self._choosers["gemv" if n == 1 else "gemm"]
+        threads = chooser.pick()
+        self._use_threads(threads)
+        t0 = time.perf_counter()
         if isinstance(w, QuantActMatrix):
             y = w.matmul(x)
         else:
-            y = (w @ x[0])[None, :] if x.shape[0] == 1 else x @ w.T  # GEMV at decode
+            y = (w @ x[0])[None, :] if n == 1 else x @ w.T  # GEMV at decode
+        chooser.record(threads, time.perf_counter() - t0, n * (w.w if isinstance(
+            w, QuantActMatrix) else w).size)
         if bias is not None:
             y += bias
         return y
