@@ -37,8 +37,14 @@ def compiler_fingerprint() -> str:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("PYKERNEL_CACHE_DIR",
-                               os.path.join(os.path.expanduser("~"), ".cache", "pykernel")))
+    """$PYKERNEL_CACHE_DIR, else $PYKERNEL_CACHE/ptx (the runner keeps models beside it in
+    $PYKERNEL_CACHE/models), else ~/.cache/pykernel/ptx."""
+    explicit = os.environ.get("PYKERNEL_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    root = os.environ.get("PYKERNEL_CACHE", os.path.join(os.path.expanduser("~"), ".cache",
+                                                         "pykernel"))
+    return Path(root) / "ptx"
 
 
 def _dependencies(fn, h, seen):
