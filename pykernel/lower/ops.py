@@ -126,6 +126,14 @@ OP_NAMES = {ast.Add: "add", ast.Sub: "subtract", ast.Mult: "multiply", ast.Div: 
             ast.BitXor: "xor"}
 
 
+def _floor_adjust(b, ty, r, y):
+    """C's truncating division differs from Python's floor division exactly when the
+    remainder is non-zero and its sign differs from the divisor's."""
+    zero = ir.Constant(ty.llvm, 0)
+    return b.and_(b.icmp_signed("!=", r, zero),
+                  b.icmp_signed("!=", b.icmp_signed("<", r, zero), b.icmp_signed("<", y, zero)))
+
+
 def int_binop(b: ir.IRBuilder, op, ty: ScalarType, x, y):
     signed = ty.is_signed
     if op is ast.Add:
@@ -137,21 +145,13 @@ def int_binop(b: ir.IRBuilder, op, ty: ScalarType, x, y):
     if op is ast.FloorDiv:
         if not signed:
             return b.udiv(x, y)
-        q, r = b.sdiv(x, y), b.srem(x, y)
-        zero = ir.Constant(ty.llvm, 0)
-        adjust = b.and_(b.icmp_signed("!=", r, zero),
-                        b.icmp_signed("!=", b.icmp_signed("<", r, zero),
-                                      b.icmp_signed("<", y, zero)))
-        return b.sub(q, b.zext(adjust, ty.llvm))
+        r = b.srem(x, y)
+        return b.sub(b.sdiv(x, y), b.zext(_floor_adjust(b, ty, r, y), ty.llvm))
     if op is ast.Mod:
         if not signed:
             return b.urem(x, y)
         r = b.srem(x, y)
-        zero = ir.Constant(ty.llvm, 0)
-        adjust = b.and_(b.icmp_signed("!=", r, zero),
-                        b.icmp_signed("!=", b.icmp_signed("<", r, zero),
-                                      b.icmp_signed("<", y, zero)))
-        return b.select(adjust, b.add(r, y), r)
+        return b.select(_floor_adjust(b, ty, r, y), b.add(r, y), r)
     if op is ast.LShift:
         return b.shl(x, y)
     if op is ast.RShift:
