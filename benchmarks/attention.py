@@ -29,16 +29,18 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pykernel as pk  # noqa: E402
 from stdlib_kernels.attention.decode import (DecodeConfig, DecodeWorkspace,  # noqa: E402
-                                             decode_spec, default_config, heads_per_block,
+                                             decode_spec, gpu_config,
+                                             heads_per_block,
                                              launch_decode, plan_splits)
 from stdlib_kernels.attention.decode_kernels import combine_splits, decode_partial  # noqa: E402
-from stdlib_kernels.attention.prefill import launch_prefill  # noqa: E402
+from stdlib_kernels.attention.prefill import default_block_keys, launch_prefill  # noqa: E402
 from stdlib_kernels.attention.prefill_kernels import prefill_mma  # noqa: E402
 
 N_HEAD, N_KV, HEAD_DIM = 32, 8, 128
 MATRIX_TFLOPS = 790.0
 SWEEP = [DecodeConfig(4, 4, 4), DecodeConfig(4, 4, 2), DecodeConfig(4, 8, 2),
-         DecodeConfig(4, 2, 8), DecodeConfig(4, 8, 4)]
+         DecodeConfig(4, 2, 8), DecodeConfig(4, 4, 8), DecodeConfig(4, 4, 4, 8),
+         DecodeConfig(4, 4, 2, 8), DecodeConfig(4, 8, 2, 8)]
 
 
 def _compile_one(job):
@@ -56,14 +58,14 @@ def precompile(arch: str) -> None:
     for d in (64, 80, 96, 128, 256):
         for dtype in (np.float16, np.float32):
             for group in (1, 3, 4, 8):
-                config = DecodeConfig(heads_per_block(group), 4 if d < 256 else 2)
+                config = gpu_config(group, d)
                 jobs.append(("decode_partial", arch, decode_spec(d, dtype, config)))
         jobs.append(("combine_splits", arch, dict(D=d)))
-        jobs.append(("prefill_mma", arch, dict(D=d, BN=32 if d > 128 else 64, NWARPS=4)))
+        jobs.append(("prefill_mma", arch, dict(D=d, BN=default_block_keys(d), NWARPS=4)))
     for config in SWEEP:
         for dtype in (np.float16, np.float32):
             jobs.append(("decode_partial", arch, decode_spec(HEAD_DIM, dtype, config)))
-    jobs.append(("prefill_mma", arch, dict(D=HEAD_DIM, BN=32, NWARPS=4)))
+    jobs.append(("prefill_mma", arch, dict(D=HEAD_DIM, BN=64, NWARPS=4)))
     start = time.perf_counter()
     workers = max(1, (os.cpu_count() or 2) - 1)
     spawn = multiprocessing.get_context("spawn")        # children never inherit a CUDA context
@@ -76,7 +78,7 @@ def ptxas_report(arch: str, folder: str) -> None:
     """Registers and spills of the benchmarked kernels (ptxas -v), for tuning."""
     os.makedirs(folder, exist_ok=True)
     kernels = {"decode_f16": (decode_partial, decode_spec(HEAD_DIM, np.float16,
-                                                          default_config(4, HEAD_DIM))),
+                                                          gpu_config(4, HEAD_DIM))),
                "prefill_bn64": (prefill_mma, dict(D=HEAD_DIM, BN=64, NWARPS=4)),
                "prefill_bn32": (prefill_mma, dict(D=HEAD_DIM, BN=32, NWARPS=4))}
     for name, (kernel, spec) in kernels.items():
@@ -157,20 +159,21 @@ def bench_decode(kv_len: int, dtype, config: DecodeConfig, splits: int) -> float
 
 def decode_table(copy_bw: float) -> list[str]:
     rows = ["| cache | kv_len | default config us | TB/s | % of copy | best us | TB/s | "
-            "% of copy | best (warps, unroll, splits) |", "|---" * 9 + "|"]
+            "% of copy | best (warps, unroll, max lanes, splits) |", "|---" * 9 + "|"]
     blocks = N_KV * (N_HEAD // N_KV // heads_per_block(N_HEAD // N_KV))
     for dtype in (np.float16, np.float32):
         for kv_len in (128, 1024, 4096, 32768):
             nbytes = 2 * N_KV * kv_len * HEAD_DIM * np.dtype(dtype).itemsize
             default_splits = plan_splits(kv_len, blocks)
-            default_us = bench_decode(kv_len, dtype, default_config(N_HEAD // N_KV, HEAD_DIM),
+            default_us = bench_decode(kv_len, dtype, gpu_config(N_HEAD // N_KV, HEAD_DIM),
                                       default_splits)
             best = (default_us, "default")
             for config in SWEEP:
                 for splits in sorted({max(1, default_splits // 2), default_splits,
                                       min(2 * default_splits, max(1, kv_len // 32))}):
                     us = bench_decode(kv_len, dtype, config, splits)
-                    best = min(best, (us, f"({config.warps}, {config.unroll}, {splits})"))
+                    label = f"({config.warps}, {config.unroll}, {config.lanes}, {splits})"
+                    best = min(best, (us, label))
             bw_d, bw_b = nbytes / default_us / 1e6, nbytes / best[0] / 1e6
             rows.append(f"| {np.dtype(dtype).name} | {kv_len} | {default_us:.2f} | {bw_d:.2f} | "
                         f"{100 * bw_d / copy_bw * 1e12:.0f}% | {best[0]:.2f} | {bw_b:.2f} | "

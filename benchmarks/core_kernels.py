@@ -79,7 +79,8 @@ def time_host(call) -> float:
 def cases(batch: int, hidden: int, rng):
     """(name, make(set) -> call, bytes moved per call) per kernel."""
     shape = (batch, hidden)
-    f32 = lambda: pk.to_device(rng.standard_normal(shape).astype(np.float32))  # noqa: E731
+    host = rng.standard_normal(shape).astype(np.float32)   # one host array, fresh device copies
+    f32 = lambda: pk.to_device(host)  # noqa: E731
     w = pk.to_device(rng.standard_normal(hidden).astype(np.float32))
     row = batch * hidden * 4
 
@@ -118,15 +119,35 @@ def cases(batch: int, hidden: int, rng):
             ("add", add, 3 * row), ("convert f32->f16", to_f16, row + row // 2)]
 
 
+SAMPLERS = [("argmax", dict(temperature=0.0)), ("sample t=0.8", dict(temperature=0.8)),
+            ("sample k40 p0.95 minp0.05", dict(temperature=0.8, top_k=40, top_p=0.95,
+                                                min_p=0.05)),
+            ("sample k40", dict(temperature=0.8, top_k=40)),
+            ("sample minp0.05", dict(temperature=0.8, min_p=0.05)),
+            ("sample p0.95 alone (exact fallback)", dict(temperature=0.8, top_p=0.95))]
+
+
+def check_samplers(host, logits, u, tok) -> None:
+    """Sanity on the device before timing: greedy and top_k=1 equal numpy's argmax, and a
+    filtered draw lands in the top 40."""
+    best = int(np.argmax(host))
+    got = [int(sk.argmax(logits).numpy()[0]), int(sk.sample(logits, u, top_k=1).numpy()[0])]
+    top40 = set(np.argsort(-host)[:40].tolist())
+    drawn = int(sk.sample(logits, u, temperature=0.8, top_k=40, top_p=0.95,
+                          min_p=0.05).numpy()[0])
+    if got != [best, best] or drawn not in top40:
+        sys.exit(f"core_kernels: sampler mismatch at vocab {host.size}: {got} vs {best}, "
+                 f"draw {drawn}")
+
+
 def sampling_rows(rng):
     rows = []
     for vocab in (32000, 151936, 262144):
-        logits = pk.to_device(rng.standard_normal(vocab).astype(np.float32))
+        host = (rng.standard_normal(vocab) * 3).astype(np.float32)
+        logits = pk.to_device(host)
         u, tok = pk.to_device(np.array([0.37], np.float32)), pk.empty(1, np.int32)
-        for label, kw in [("argmax", dict(temperature=0.0)),
-                          ("sample t=0.8", dict(temperature=0.8)),
-                          ("sample k40 p0.95 minp0.05", dict(temperature=0.8, top_k=40,
-                                                              top_p=0.95, min_p=0.05))]:
+        check_samplers(host, logits, u, tok)
+        for label, kw in SAMPLERS:
             call = lambda kw=kw: sk.sample(logits, u, out=tok, **kw)  # noqa: E731
             rows.append((label, vocab, time_graph([call]) * 1e6, time_host(call) * 1e6))
     return rows

@@ -9,13 +9,14 @@ the 50 MB L2 several times: every GEMV streams its weights from HBM. Weights are
 the right layout (speed does not depend on the values). Copy bandwidth = 2 x bytes / time of a
 16-byte-vector copy kernel over 1 GiB.
 
-    python3 benchmarks/quant_matmul.py [--quick]
+    python3 benchmarks/quant_matmul.py [--budget SECONDS]   (sweeps stop early to fit)
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -25,9 +26,11 @@ import pykernel as pk  # noqa: E402
 from pykernel import Ptr, f32, i32  # noqa: E402
 from stdlib_kernels.quant.formats import get_format  # noqa: E402
 from stdlib_kernels.quant.gemm import gemm_into  # noqa: E402
-from stdlib_kernels.quant.gemv import (gemv_f32_into, gemv_q8_into,  # noqa: E402
-                                       weight_words)
+from stdlib_kernels.quant.gemv import (GemvConfig, gemv_f32_into,  # noqa: E402
+                                       gemv_q8_into, weight_words)
 from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1_into  # noqa: E402
+from stdlib_kernels.quant.rmsnorm_q8_1 import rmsnorm_q8_1_into  # noqa: E402
+from stdlib_kernels.norm import rmsnorm  # noqa: E402
 
 M, K, TOKENS = 4096, 14336, 512
 LLAMA_CPP_H200_US = {"Q4_0": 14.5, "Q4_1": 11.7, "Q8_0": 22.9, "Q4_K": 15.7, "Q6_K": 24.1,
@@ -86,7 +89,9 @@ def random_weights(type_name: str, rows: int, k: int, count: int, rng):
     return out[:count], rows * per_row
 
 
-def bench_gemv(type_name: str, path: str, warps: int, rng, batch: int = 1):
+def bench_gemv(type_name: str, path: str, config, rng, batch: int = 1, with_quantize=False):
+    """Seconds per GEMV (plus the Q8_1 quantization of x when with_quantize, as llama.cpp's
+    figures include it) and the weight bytes it streams."""
     fmt = get_format(type_name)
     nbytes = M * (K // fmt.block_elems * fmt.block_bytes)
     weights, _ = random_weights(type_name, M, K, max(2, -(-4 * L2_BYTES // nbytes)), rng)
@@ -100,9 +105,11 @@ def bench_gemv(type_name: str, path: str, warps: int, rng, batch: int = 1):
         for r in range(reps):
             w = weights[r % len(weights)]
             if path == "q8_1":
-                gemv_q8_into(w, type_name, xq, y, M, K, batch, stream=stream, warps=warps)
+                if with_quantize:
+                    quantize_q8_1_into(x, xq, stream=stream)
+                gemv_q8_into(w, type_name, xq, y, M, K, batch, stream=stream, config=config)
             else:
-                gemv_f32_into(w, type_name, x, y, M, K, batch, stream=stream, warps=warps)
+                gemv_f32_into(w, type_name, x, y, M, K, batch, stream=stream, config=config)
     seconds = time_graph(run) / reps
     return seconds, nbytes
 
@@ -117,56 +124,117 @@ def bench_quantize(rng) -> float:
     return time_graph(run) / 50
 
 
-def bench_gemm(type_name: str, rng):
+def bench_gemm(type_name: str, rng, warps=None):
     weights, _ = random_weights(type_name, M, K, 1, rng)
     x = pk.to_device(rng.standard_normal((TOKENS, K)).astype(np.float32))
     y = pk.empty((TOKENS, M), np.float32)
 
     def run(stream):
         for _ in range(3):
-            gemm_into(weights[0], type_name, x, y, M, K, TOKENS, stream=stream)
+            gemm_into(weights[0], type_name, x, y, M, K, TOKENS, stream=stream, warps=warps)
     seconds = time_graph(run, replays=3) / 3
     return seconds, 2.0 * M * K * TOKENS / seconds / 1e12
 
 
+def bench_rmsnorm_q8_1(rng, n: int = 4096):
+    """Fused RMSNorm + Q8_1 quantize vs the two launches it replaces, one decode row."""
+    x = pk.to_device(rng.standard_normal((1, n)).astype(np.float32))
+    wt = pk.to_device(rng.standard_normal(n).astype(np.float32))
+    normed = pk.empty((1, n), np.float32)
+    xq = pk.empty((1, q8_1_bytes(n)), np.uint8)
+
+    def fused(stream):
+        for _ in range(50):
+            rmsnorm_q8_1_into(x, wt, 1e-5, xq, stream=stream)
+
+    def separate(stream):
+        for _ in range(50):
+            rmsnorm(x, wt, 1e-5, out=normed, stream=stream)
+            quantize_q8_1_into(normed, xq, stream=stream)
+    return time_graph(fused) / 50, time_graph(separate) / 50
+
+
+SWEEP = [GemvConfig(4, 1, 1, 1), GemvConfig(4, 1, 1, 2), GemvConfig(4, 1, 1, 4),
+         GemvConfig(4, 1, 2, 1), GemvConfig(4, 1, 2, 2), GemvConfig(4, 2, 1, 2),
+         GemvConfig(4, 4, 1, 2), GemvConfig(8, 1, 1, 2), GemvConfig(4, 1, 4, 1)]
+SHORT_SWEEP = [GemvConfig(4, 1, 1, 2), GemvConfig(4, 1, 2, 1), GemvConfig(4, 2, 1, 2)]
+BATCH_SWEEP = [GemvConfig(4, 1, 1, 1), GemvConfig(4, 1, 1, 2), GemvConfig(4, 1, 2, 1),
+               GemvConfig(4, 2, 1, 1)]
+TARGET_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K", "Q1_0")
+NEW_TYPES = ("Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K")
+
+
+def sweep_gemv(rng, copy, deadline, results):
+    print("\n| type | path | config (warps, split, rows, unroll) | us | GB/s | % copy | "
+          "llama.cpp H200 us |")
+    print("|---|---|---|---|---|---|---|")
+    best = {}
+    cases = [(t, "q8_1", SWEEP) for t in TARGET_TYPES] + \
+        [(t, "q8_1", SHORT_SWEEP) for t in NEW_TYPES] + [("F16", "f32", [None])]
+    for type_name, path, configs in cases:
+        for config in configs:
+            if time.time() > deadline:
+                return best
+            sec, nbytes = bench_gemv(type_name, path, config, rng)
+            gbps = nbytes / sec / 1e9
+            results["gemv"].append(dict(type=type_name, path=path, config=config, us=sec * 1e6,
+                                        GBps=gbps))
+            if type_name not in best or sec < best[type_name][0]:
+                best[type_name] = (sec, config)
+            print(f"| {type_name} | {path} | {tuple(config or ())} | {sec * 1e6:.1f} | "
+                  f"{gbps:.0f} | {100 * gbps / copy:.0f} | "
+                  f"{LLAMA_CPP_H200_US.get(type_name, '')} |", flush=True)
+    return best
+
+
 def main():
-    quick = "--quick" in sys.argv
+    budget = float(sys.argv[sys.argv.index("--budget") + 1]) if "--budget" in sys.argv else 1e9
+    deadline = time.time() + budget
     pk.set_device("cuda")
     rng = np.random.default_rng(0)
-    results = {"copy_GBps": copy_bandwidth() / 1e9}
+    results = {"copy_GBps": copy_bandwidth() / 1e9, "gemv": [], "gemm": []}
     copy = results["copy_GBps"]
     print(f"copy bandwidth: {copy:.0f} GB/s (2 x bytes / time, 1 GiB)")
     results["q8_1_quantize_us"] = bench_quantize(rng) * 1e6
     print(f"quantize_q8_1 of {K} values: {results['q8_1_quantize_us']:.2f} us")
-    print("\n| type | path | warps/row | us | GB/s | % copy | llama.cpp H200 us |")
-    print("|---|---|---|---|---|---|---|")
-    gemv_rows = []
-    cases = [(t, "q8_1") for t in ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")] + \
-        [(t, "f32") for t in (("Q1_0",) if quick else ("Q4_K", "Q1_0", "Q8_0", "F16"))]
-    for type_name, path in cases:
-        for warps in ((4, 8) if quick else (2, 4, 8)):
-            sec, nbytes = bench_gemv(type_name, path, warps, rng)
-            gbps = nbytes / sec / 1e9
-            gemv_rows.append(dict(type=type_name, path=path, warps=warps, us=sec * 1e6,
-                                  GBps=gbps))
-            print(f"| {type_name} | {path} | {warps} | {sec * 1e6:.1f} | {gbps:.0f} | "
-                  f"{100 * gbps / copy:.0f} | {LLAMA_CPP_H200_US.get(type_name, '')} |",
-                  flush=True)
-    results["gemv"] = gemv_rows
-    print("\nbatched GEMV (q8_1, 4 warps):")
+    fused, separate = bench_rmsnorm_q8_1(rng)
+    results["rmsnorm_q8_1_us"] = {"fused": fused * 1e6, "separate": separate * 1e6}
+    print(f"rmsnorm + quantize_q8_1 (n=4096): fused {fused * 1e6:.2f} us, "
+          f"two launches {separate * 1e6:.2f} us")
+    best = sweep_gemv(rng, copy, deadline - 90, results)
+    save(results)
+    print("\nbest config + the Q8_1 quantization in the same graph (llama.cpp's figures include "
+          "it):")
+    for type_name, (sec, config) in best.items():
+        if type_name in TARGET_TYPES and time.time() < deadline - 70:
+            both, _ = bench_gemv(type_name, "q8_1", config, rng, with_quantize=True)
+            results[f"gemv_{type_name}_with_quantize_us"] = both * 1e6
+            print(f"  {type_name} {tuple(config)}: {sec * 1e6:.1f} us, with quantize "
+                  f"{both * 1e6:.1f} us", flush=True)
+    print("\nbatched Q4_K GEMV:")
     for batch in (2, 4, 8):
-        sec, nbytes = bench_gemv("Q4_K", "q8_1", 4, rng, batch=batch)
-        results[f"gemv_Q4_K_batch{batch}_us"] = sec * 1e6
-        print(f"  Q4_K batch {batch}: {sec * 1e6:.1f} us ({nbytes / sec / 1e9:.0f} GB/s)")
-    print(f"\n| GEMM type | m x n x k | us | TFLOPS |  (llama.cpp q4_K: 348 us, 173 TFLOPS)")
-    print("|---|---|---|---|")
-    gemm_rows = []
-    for type_name in ("Q4_K",) if quick else ("Q4_K", "Q6_K", "Q4_0", "Q8_0", "F16"):
-        sec, tflops = bench_gemm(type_name, rng)
-        gemm_rows.append(dict(type=type_name, us=sec * 1e6, TFLOPS=tflops))
-        print(f"| {type_name} | {M} x {TOKENS} x {K} | {sec * 1e6:.0f} | {tflops:.1f} |",
-              flush=True)
-    results["gemm"] = gemm_rows
+        for config in BATCH_SWEEP:
+            if time.time() < deadline - 40:
+                sec, nbytes = bench_gemv("Q4_K", "q8_1", config, rng, batch=batch)
+                results["gemv"].append(dict(type="Q4_K", batch=batch, config=config,
+                                            us=sec * 1e6))
+                print(f"  batch {batch} {tuple(config)}: {sec * 1e6:.1f} us "
+                      f"({nbytes / sec / 1e9:.0f} GB/s)", flush=True)
+    save(results)
+    print("\n| GEMM type | warps | m x n x k | us | TFLOPS |  (llama.cpp q4_K: 348 us, 173 TFLOPS)")
+    print("|---|---|---|---|---|")
+    for type_name, warps in (("Q4_K", (2, 4)), ("Q4_K", (4, 2)), ("Q4_K", (2, 2)),
+                             ("Q6_K", (2, 4)), ("Q8_0", (2, 4))):
+        if time.time() < deadline:
+            sec, tflops = bench_gemm(type_name, rng, warps)
+            results["gemm"].append(dict(type=type_name, warps=warps, us=sec * 1e6,
+                                        TFLOPS=tflops))
+            print(f"| {type_name} | {warps} | {M} x {TOKENS} x {K} | {sec * 1e6:.0f} | "
+                  f"{tflops:.1f} |", flush=True)
+    save(results)
+
+
+def save(results):
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "quant_matmul.json"), "w") as f:
             json.dump(results, f, indent=1)

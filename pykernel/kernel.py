@@ -94,9 +94,11 @@ class Kernel:
         return f"<pykernel kernel {self.name}>"
 
 
-def kernel(fn=None, *, debug: bool = False, bounds_check: bool = False, lineinfo: bool = True):
-    """Decorator: `@pk.kernel` or `@pk.kernel(debug=True)`."""
-    options = Options(debug=debug, bounds_check=bounds_check, lineinfo=lineinfo)
+def kernel(fn=None, *, debug: bool = False, bounds_check: bool = False, lineinfo: bool = True,
+           fp_contract: bool = False):
+    """Decorator: `@pk.kernel` or `@pk.kernel(debug=True, bounds_check=True, fp_contract=True)`."""
+    options = Options(debug=debug, bounds_check=bounds_check, lineinfo=lineinfo,
+                      fp_contract=fp_contract)
     if fn is None:
         return lambda f: Kernel(f, options)
     return Kernel(fn, options)

@@ -24,6 +24,9 @@ WARP_ROWS_PER_BLOCK = 4     # rows per 128-thread block when one warp handles a 
 MAX_CHUNKS = 8              # units (4 elements) per thread: 32 f32 registers of row data
 MAX_GROUP = 1024
 REGISTER_ROW_LIMIT = MAX_GROUP * MAX_CHUNKS * 4    # longer rows use the looping kernels
+# Below this many rows a row gets as many threads as it has units (up to 1024): at batch 1
+# the H200 ran 64-256 threads x 8 units slower than 1024 threads x 1 unit (latency bound).
+FEW_ROWS = 64
 
 
 class RowGeometry(NamedTuple):
@@ -33,18 +36,23 @@ class RowGeometry(NamedTuple):
     block: int
 
 
-def row_geometry(rows: int, n: int) -> RowGeometry | None:
-    """Threads per row and units per thread for rows of n elements (None: too long)."""
+def row_geometry(rows: int, n: int, max_chunks: int | None = None) -> RowGeometry | None:
+    """Threads per row and units per thread for rows of n elements (None: too long).
+    `max_chunks` (default MAX_CHUNKS) trades registers per thread for threads per row: more
+    threads hide more latency where a kernel does more arithmetic per element."""
+    max_chunks = MAX_CHUNKS if max_chunks is None else min(max_chunks, MAX_CHUNKS)
+    if rows < FEW_ROWS:   # a few rows (decode): spread each over up to 1024 threads
+        max_chunks = 1
     units = -(-n // 4)
     if n > REGISTER_ROW_LIMIT:
         return None
-    if units <= 32 * MAX_CHUNKS:
+    if units <= 32 * max_chunks:
         rows_per_block = WARP_ROWS_PER_BLOCK if rows > 1 else 1
         return RowGeometry(32, -(-units // 32), -(-rows // rows_per_block), 32 * rows_per_block)
     group = 64
-    while group * MAX_CHUNKS < units:
+    while group * max_chunks < units and group < MAX_GROUP:
         group *= 2
-    return RowGeometry(group, -(-units // group), rows, group)
+    return RowGeometry(group, -(-units // group), rows, group)   # <= MAX_CHUNKS: n fits
 
 
 @pk.func

@@ -5,7 +5,7 @@ a cumulative-weight search and a radix select over keys held in shared memory.
 Every helper that synchronizes must be called by all threads of the block.
 """
 import pykernel as pk
-from pykernel import Const, f32, i32, u32, u64
+from pykernel import Const, bool_, f32, i32, u32, u64
 
 from ._device import NEG_INF
 
@@ -187,3 +187,26 @@ def pick_digit(hist, above: f32, target: f32):
         if 8 * lane + 7 - b > top:
             above_top += hist[8 * lane + 7 - b]
     return top, pk.shfl_idx(above_top, top // 8)
+
+
+@pk.func
+def popcount(v: u32) -> i32:
+    v = v - ((v >> u32(1)) & u32(0x55555555))
+    v = (v & u32(0x33333333)) + ((v >> u32(2)) & u32(0x33333333))
+    v = (v + (v >> u32(4))) & u32(0x0F0F0F0F)
+    return i32((v * u32(0x01010101)) >> u32(24))
+
+
+@pk.func
+def warp_slot(take: bool_, counter, index: i32) -> i32:
+    """A slot from counter[index] (atomic add) for each lane with `take`, else -1: one
+    atomic per warp instead of one per lane (a shared counter hit by every lane serializes).
+    All 32 lanes of the warp must call it together."""
+    mask = pk.ballot(take)
+    lane = pk.lane_id()
+    base = 0
+    if lane == 0 and mask != u32(0):
+        base = pk.atomic_add(counter, index, popcount(mask))
+    base = pk.shfl_idx(base, 0)
+    below = popcount(mask & ((u32(1) << u32(lane)) - u32(1)))
+    return base + below if take else -1

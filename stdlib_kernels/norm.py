@@ -1,5 +1,6 @@
 """RMSNorm (optionally fused with a residual add and the weight multiply), per-head RMSNorm and
-LayerNorm, one thread block per row, with numpy references.
+LayerNorm, with numpy references. Rows up to 32768 elements stay in registers (one read of x;
+layout in _rows.py: a warp or a block per row); longer rows loop in one block per row.
 
 Input: x (rows, n) or any shape whose last axis is normalized (f32 or f16), weight (n,) f32,
 bias (n,) f32 (LayerNorm), residual like x. Output: a new array like x (or `out=`); with a
@@ -7,7 +8,9 @@ residual, `sum_out` receives x + residual (the updated residual stream).
 
 Exact math: sums in f32 with a tree reduction, 1/sqrt correctly rounded; relative error vs a
 float64 reference is below 1e-5. Rows whose 16-byte alignment allows it use vector loads.
-`out` may alias x; `sum_out` may alias x or residual (each thread rereads only what it wrote).
+`out` may alias x; `sum_out` may alias x or residual (each element is read, then written, by
+the same thread). RMSNorm with a weight computes (h * w) * scale, LayerNorm ((x - mean) *
+rstd) * w + b.
 """
 from __future__ import annotations
 
@@ -95,29 +98,31 @@ def rmsnorm_regs(x: Ptr["T", "ro"], residual: Ptr["T", "ro"], weight: Ptr[f32, "
         return
     base = i64(row) * i64(n)
     ss = f32(0.0)
-    for j in pk.static_range(CHUNKS):
+    for j in pk.static_range(CHUNKS):   # every load before any store (out may alias x)
         c = unit_start(j, lane, GROUP)
         if c < n:
             a, b, d, e = load4(x + base, c, n, VEC)
             if HAS_RES:
                 ra, rb, rd, re = load4(residual + base, c, n, VEC)
                 a, b, d, e = a + ra, b + rb, d + rd, e + re
+            ss += a * a + b * b + d * d + e * e
+            if HAS_W:   # fold the weight in now: (h * w) * scale, one array of registers
+                wa, wb, wd, we = load4(weight, c, n, VEC)
+                if HAS_RES:
+                    store4(sum_out + base, c, n, a, b, d, e, VEC, T)
+                a, b, d, e = a * wa, b * wb, d * wd, e * we
+            elif HAS_RES:
                 store4(sum_out + base, c, n, a, b, d, e, VEC, T)
             h[4 * j] = a
             h[4 * j + 1] = b
             h[4 * j + 2] = d
             h[4 * j + 3] = e
-            ss += a * a + b * b + d * d + e * e
     scale = 1.0 / pk.sqrt(group_sum(ss, scratch, GROUP) / f32(n) + eps)
     for j in pk.static_range(CHUNKS):
         c = unit_start(j, lane, GROUP)
         if c < n:
-            a, b, d, e = h[4 * j] * scale, h[4 * j + 1] * scale, h[4 * j + 2] * scale, \
-                h[4 * j + 3] * scale
-            if HAS_W:
-                wa, wb, wd, we = load4(weight, c, n, VEC)
-                a, b, d, e = a * wa, b * wb, d * wd, e * we
-            store4(out + base, c, n, a, b, d, e, VEC, T)
+            store4(out + base, c, n, h[4 * j] * scale, h[4 * j + 1] * scale,
+                   h[4 * j + 2] * scale, h[4 * j + 3] * scale, VEC, T)
 
 
 @pk.kernel
@@ -169,9 +174,9 @@ def _spec(vec, dtype, **flags) -> tuple:
     return tuple(sorted(flags.items())) + (("VEC", vec), ("T", np.dtype(dtype)))
 
 
-def _launch_rows(regs_kernel, loop_kernel, rows, n, args, spec, stream):
+def _launch_rows(regs_kernel, loop_kernel, rows, n, args, spec, stream, max_chunks=None):
     """Row in registers when it fits (args gain `rows` before n), else one block loops."""
-    geo = row_geometry(rows, n)
+    geo = row_geometry(rows, n, max_chunks)
     if geo is None:
         L.launch(loop_kernel, rows, L.threads_for(-(-n // 4)), args, spec, stream)
         return
@@ -222,7 +227,10 @@ def layernorm(x, weight=None, bias=None, eps: float = 1e-5, *, out=None, stream=
     none = L.dummy(np.float32)
     args = (x, L.either(w, none), L.either(b, none), out, n, eps)
     spec = _spec(vec, x.dtype, HAS_W=w is not None, HAS_B=b is not None)
-    _launch_rows(layernorm_regs, layernorm_rows, rows, n, args, spec, stream)
+    # 4 units per thread up to 4096 elements, 8 above: the faster of the two measured on the
+    # H200 at each hidden size (benchmarks/RESULTS.md, core kernels geometry sweep)
+    _launch_rows(layernorm_regs, layernorm_rows, rows, n, args, spec, stream,
+                 4 if n <= 4096 else 8)
     return out
 
 

@@ -1,5 +1,5 @@
 """Row softmax: stable (max-subtracted), any row length, optional scale, causal mask and
-soft-capping, one thread block per row, with a numpy reference.
+soft-capping, with a numpy reference.
 
 Input: x (rows, n) f32 (any shape; the last axis is the row). Output: (rows, n) f32 (or `out=`,
 which may alias x). Each logit becomes z = x * scale, then cap * tanh(z / cap) when softcap > 0.
@@ -7,7 +7,9 @@ Causal mask: row r is query q = r % q_len at absolute position q + pos_offset; c
 when c <= q + pos_offset (defaults: q_len = rows, pos_offset = n - q_len, i.e. queries are the
 last q_len of n keys). A fully masked row is written as zeros.
 Exact math (accurate exp/tanh): relative error below 1e-5 vs float64.
-Pass 1 keeps a per-thread running (max, sum of exp) pair, merged across the block; pass 2 writes.
+Rows up to 32768 elements stay in registers (_rows.py layout): one read, max, one exp per
+element, sum, scaled store. Longer rows: one block loops twice, keeping a per-thread running
+(max, sum of exp) pair in the first pass.
 """
 from __future__ import annotations
 
@@ -19,6 +21,10 @@ from pykernel import Const, Ptr, f32, i32, i64
 from . import _launch as L
 from ._device import NEG_INF, block_max, block_sum, load4, store4
 from ._rows import group_max, group_row, group_sum, row_geometry, unit_start
+
+# 4 units per thread: measured faster than 8 at every H200 shape (exp-heavy: more threads
+# per row hide more latency; benchmarks/RESULTS.md, core kernels geometry sweep)
+SOFTMAX_CHUNKS = 4
 
 
 @pk.func
@@ -117,7 +123,7 @@ def softmax(x, scale: float = 1.0, *, causal: bool = False, q_len=None, pos_offs
     out = L.output(out, "softmax", x.shape, np.float32)
     args = (x, out, n, scale, softcap if softcap > 0 else 1.0, q_len, pos_offset)
     spec = (("CAUSAL", bool(causal)), ("SOFTCAP", softcap > 0))
-    geo = row_geometry(rows, n)
+    geo = row_geometry(rows, n, SOFTMAX_CHUNKS)
     if geo is None:   # too long for registers: one block loops over the row twice
         L.launch(softmax_rows, rows, L.threads_for(n, 1024), args, spec, stream)
         return out

@@ -11,7 +11,8 @@ import pykernel as pk
 from pykernel import Const, Ptr, bool_, f32, i32, u32
 
 from ._device import NEG_INF, block_max, block_sum
-from ._select import block_scan, last_block_done, order_key, radix_select, search_cum
+from ._select import (block_scan, last_block_done, order_key, radix_select, search_cum,
+                      warp_slot)
 from .sample_full import draw_full
 from .sample_kernels import CANDIDATES, HIST_BINS, PASS_THREADS, unit_values
 
@@ -19,9 +20,9 @@ BINS_PER_THREAD = HIST_BINS // PASS_THREADS
 
 
 @pk.kernel
-def sample_hist(x: Ptr[f32, "ro"], n: i32, blk_max: Ptr[f32], blk_sum: Ptr[f32],
-                hist: Ptr[i32], params: Ptr[f32], counter: Ptr[i32], VEC: Const[int],
-                UNITS: Const[int]):
+def sample_hist(x: Ptr[f32, "ro"], n: i32, top_k: i32, min_p: f32, blk_max: Ptr[f32],
+                blk_sum: Ptr[f32], hist: Ptr[i32], params: Ptr[f32], counter: Ptr[i32],
+                VEC: Const[int], UNITS: Const[int]):
     scratch = pk.shared_array(f32, 32)
     flag = pk.shared_array(i32, 1)
     counts = pk.shared_array(i32, HIST_BINS)
@@ -63,12 +64,15 @@ def sample_hist(x: Ptr[f32, "ro"], n: i32, blk_max: Ptr[f32], blk_sum: Ptr[f32],
         blk_max[pk.block_idx.x] = m
         blk_sum[pk.block_idx.x] = s
     if last_block_done(counter, 0, pk.grid_dim.x, flag):
-        merge_hist(hist, params, blk_max, blk_sum, tops, scan_tmp, scratch)
+        merge_hist(hist, params, blk_max, blk_sum, top_k, min_p, tops, scan_tmp, scratch)
 
 
 @pk.func
-def merge_hist(hist, params, blk_max, blk_sum, tops, scan_tmp, scratch):
-    """Last block of sample_hist: global max and mass, the candidate bin; zeroes hist."""
+def merge_hist(hist, params, blk_max, blk_sum, top_k: i32, min_p: f32, tops, scan_tmp,
+               scratch):
+    """Last block of sample_hist: global max and mass, the candidate bin; zeroes hist.
+    The bin is the one holding the k-th largest logit (top-k on), else min-p's threshold
+    (min-p on), but never below the lowest bin that keeps <= CANDIDATES logits."""
     tid = pk.thread_idx.x
     blocks = pk.grid_dim.x
     gm = f32(NEG_INF)
@@ -89,18 +93,27 @@ def merge_hist(hist, params, blk_max, blk_sum, tops, scan_tmp, scratch):
     pk.syncthreads()
     block_scan(tops, pk.block_dim.x, scan_tmp)
     cum = tops[tid] - own
-    lowest = f32(HIST_BINS)
+    lowest = f32(HIST_BINS)   # lowest bin with <= CANDIDATES logits at or above it
+    kth = f32(-1.0)           # bin of the k-th largest logit
     for k in pk.static_range(BINS_PER_THREAD):
         cum += f32(hist[top_bin - k])
         if cum <= f32(CANDIDATES):
             lowest = f32(top_bin - k)
+        if kth < 0.0 and cum >= f32(top_k):
+            kth = f32(top_bin - k)
     lowest = -block_max(-lowest, scratch)
+    kth = block_max(kth, scratch)
     for k in pk.static_range(BINS_PER_THREAD):
         hist[top_bin - k] = 0
+    wanted = lowest
+    if top_k > 0:
+        wanted = max(kth, 0.0)
+    elif min_p > 0.0:
+        wanted = f32(i32(order_key(gm + pk.log(min_p)) >> u32(20)))
     if tid == 0:
         params[0] = gm
         params[1] = z
-        params[2] = lowest
+        params[2] = max(wanted, lowest)
 
 
 @pk.kernel
@@ -135,10 +148,10 @@ def sample_pick(x: Ptr[f32, "ro"], u: Ptr[f32, "ro"], out: Ptr[i32], n_draws: i3
         local[1] = pk.atomic_add(counters, 1, local[0])
     pk.syncthreads()
     base = local[1]
-    put(cand_v, cand_i, base + sa, a, c)
-    put(cand_v, cand_i, base + sb, b, c + 1)
-    put(cand_v, cand_i, base + sd, d, c + 2)
-    put(cand_v, cand_i, base + se, e, c + 3)
+    put(cand_v, cand_i, base, sa, a, c)
+    put(cand_v, cand_i, base, sb, b, c + 1)
+    put(cand_v, cand_i, base, sd, d, c + 2)
+    put(cand_v, cand_i, base, se, e, c + 3)
     if not last_block_done(counters, 0, pk.grid_dim.x, flag):
         return
     total = counters[1]
@@ -176,17 +189,14 @@ def sample_pick(x: Ptr[f32, "ro"], u: Ptr[f32, "ro"], out: Ptr[i32], n_draws: i3
 @pk.func
 def claim(v: f32, bound: u32, local) -> i32:
     """A slot in this block's candidate list when v's bin is >= bound, else -1."""
-    slot = -1
-    if v == v and (order_key(v) >> u32(20)) >= bound:
-        slot = pk.atomic_add(local, 0, 1)
-    return slot
+    return warp_slot(v == v and (order_key(v) >> u32(20)) >= bound, local, 0)
 
 
 @pk.func
-def put(cand_v, cand_i, slot: i32, v: f32, index: i32):
-    if slot >= 0 and slot < CANDIDATES and v == v:
-        cand_v[slot] = v
-        cand_i[slot] = index
+def put(cand_v, cand_i, base: i32, slot: i32, v: f32, index: i32):
+    if slot >= 0 and base + slot < CANDIDATES:
+        cand_v[base + slot] = v
+        cand_i[base + slot] = index
 
 
 @pk.func
@@ -230,11 +240,15 @@ def gather_survivors(cv, ci, count: i32, floor: u32, m: f32, inv_temp: f32, sw, 
     if pk.thread_idx.x == 0:
         local[0] = 0
     pk.syncthreads()
-    for k in range(pk.thread_idx.x, count, pk.block_dim.x):
-        if order_key(cv[k]) >= floor:
-            slot = pk.atomic_add(local, 0, 1)
+    for first in range(0, count, pk.block_dim.x):   # same trip count on every lane
+        k = first + pk.thread_idx.x
+        v = f32(0.0)
+        if k < count:
+            v = cv[k]
+        slot = warp_slot(k < count and order_key(v) >= floor, local, 0)
+        if slot >= 0:
             si[slot] = ci[k]
-            sw[slot] = pk.exp((cv[k] - m) * inv_temp)
+            sw[slot] = pk.exp((v - m) * inv_temp)
     pk.syncthreads()
     kept = local[0]
     pk.syncthreads()

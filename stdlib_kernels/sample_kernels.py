@@ -9,8 +9,10 @@ results, so one launch covers a whole vocabulary:
   the last block rescales the block sums to the global max, prefix-sums them, and each draw
   binary-searches block -> unit -> element (first cumulative weight > u * total).
 - sample_hist + sample_pick (any of top-k/top-p/min-p): pass 1 builds a 4096-bin histogram of
-  the top 12 bits of the order keys and the global max M; its last block picks the lowest bin
-  B such that at most CANDIDATES logits lie in bins >= B. Pass 2 compacts those logits into a
+  the top 12 bits of the order keys and the global max M; its last block picks a bin B: the
+  bin of the k-th largest logit (top-k on), else of min-p's threshold (min-p on), else the
+  lowest bin with at most CANDIDATES logits at or above it, and never below that lowest bin.
+  Pass 2 compacts the logits in bins >= B into a
   candidate list; its last block (SAMPLE_THREADS threads) finds the thresholds by radix select
   on the candidates, sorts the survivors by index and draws. When the survivors might lie
   outside the candidates (ties or flat logits at the top-k cut, top-p alone reaching deep into

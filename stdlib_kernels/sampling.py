@@ -144,7 +144,9 @@ def sample(logits, u, *, temperature: float = 1.0, top_k: int = 0, top_p: float 
     ws = _workspace(blocks, blocks * units * K.PASS_THREADS, stream)
     vec = L.vector_width(n, logits)
     if (0 < top_k < n) or top_p < 1.0 or min_p > 0.0:
-        args = (logits, n, ws.blk_max, ws.blk_sum, ws.hist, ws.params, ws.counters)
+        k_on = int(top_k) if 0 < top_k < n else 0
+        args = (logits, n, k_on, float(min_p), ws.blk_max, ws.blk_sum, ws.hist, ws.params,
+                ws.counters)
         L.launch(sample_hist, blocks, K.PASS_THREADS, args, (("VEC", vec), ("UNITS", units)),
                  stream)
         args = (logits, u, out, u.size, n, int(top_k), float(top_p), float(min_p),

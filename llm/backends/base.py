@@ -35,6 +35,9 @@ class KVCache(ABC):
 
 class Backend(ABC):
     name: str = "abstract"
+    # True: the model may call rope() once on the adjacent q|k columns (fewer calls); False:
+    # rope() is called on q and on k separately (a backend may fuse each with the KV write)
+    rope_qk_together: bool = False
 
     # --- weights (called once at load) -------------------------------------------------------
     @abstractmethod
@@ -56,6 +59,12 @@ class Backend(ABC):
                  head_dim_v: int) -> KVCache: ...
 
     # --- ops ---------------------------------------------------------------------------------
+    def begin_forward(self, n_tokens: int) -> None:
+        """Called by the model before each forward pass of n_tokens (default: nothing)."""
+
+    def end_forward(self) -> None:
+        """Called by the model after each forward pass, logits computed (default: nothing)."""
+
     @abstractmethod
     def embed(self, table: Weight, ids: np.ndarray, scale: float = 1.0) -> Act:
         """Rows `ids` of the table, times `scale` -> (n, n_embd)."""

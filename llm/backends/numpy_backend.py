@@ -53,15 +53,19 @@ class NumpyBackend(Backend):
     """float32 reference. `quantized_activations=True` emulates llama.cpp's CPU arithmetic
     (activations quantized per weight type) instead of computing in float32."""
     name = "numpy"
+    rope_qk_together = True
 
     def __init__(self, quantized_activations: bool = False, threads: int | None = None):
         self.quantized_activations = quantized_activations
-        # BLAS threads: fixed when given (argument or PYKERNEL_THREADS), else chosen by measured
-        # speed per matmul shape class (decode GEMV / prefill GEMM); see blas_threads for why.
+        # BLAS threads: fixed when given (argument or PYKERNEL_THREADS), else chosen per forward
+        # pass by measured seconds per token, separately for decode (1 token) and prefill; the
+        # whole pass is timed because spinning BLAS workers slow what runs between matmuls too.
         env_threads = os.environ.get("PYKERNEL_THREADS")
         fixed = threads or (int(env_threads) if env_threads else None)
         candidates = (fixed,) if fixed else tuple(sorted({1, os.cpu_count() or 1}))
-        self._choosers = {kind: ThreadChooser(candidates) for kind in ("gemv", "gemm")}
+        self._choosers = {"decode": ThreadChooser(candidates, explore_every=48, trial=2),
+                          "prefill": ThreadChooser(candidates, explore_every=12, trial=1)}
+        self._pass = None  # (chooser kind, threads, start time, tokens) of the running pass
         self._blas_threads = None
         self._dequantized: dict[str, np.ndarray] = {}
         self._rope_cache: tuple | None = None
@@ -115,18 +119,23 @@ class NumpyBackend(Backend):
             set_threads(n)
             self._blas_threads = n
 
-    def matmul(self, x, w, bias=None):
-        n = x.shape[0]
-        chooser = self._choosers["gemv" if n == 1 else "gemm"]
-        threads = chooser.pick()
+    def begin_forward(self, n_tokens):
+        kind = "decode" if n_tokens == 1 else "prefill"
+        threads = self._choosers[kind].pick()
         self._use_threads(threads)
-        t0 = time.perf_counter()
+        self._pass = (kind, threads, time.perf_counter(), n_tokens)
+
+    def end_forward(self):
+        if self._pass is not None:
+            kind, threads, start, n_tokens = self._pass
+            self._choosers[kind].record(threads, time.perf_counter() - start, n_tokens)
+            self._pass = None
+
+    def matmul(self, x, w, bias=None):
         if isinstance(w, QuantActMatrix):
             y = w.matmul(x)
         else:
-            y = (w @ x[0])[None, :] if n == 1 else x @ w.T  # GEMV at decode
-        chooser.record(threads, time.perf_counter() - t0, n * (w.w if isinstance(
-            w, QuantActMatrix) else w).size)
+            y = (w @ x[0])[None, :] if x.shape[0] == 1 else x @ w.T  # GEMV at decode
         if bias is not None:
             y += bias
         return y

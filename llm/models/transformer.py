@@ -28,14 +28,22 @@ class Transformer:
 
     def _attention(self, h, lw: LayerWeights, il: int, positions, start: int, cache: KVCache):
         b, cfg = self.backend, self.cfg
-        q, k, v = b.split(b.matmul(h, lw.qkv, lw.qkv_bias), self._qkv_sizes)
-        if lw.q_norm is not None:
-            q = b.rms_norm(q, lw.q_norm, cfg.eps, group=cfg.head_dim)
-            k = b.rms_norm(k, lw.k_norm, cfg.eps, group=cfg.head_dim)
+        qkv = b.matmul(h, lw.qkv, lw.qkv_bias)
         rope = cfg.layer_rope(il)
-        if rope is not None:
-            q = b.rope(q, positions, cfg.head_dim, rope, self.w.rope_freqs)
-            k = b.rope(k, positions, cfg.head_dim, rope, self.w.rope_freqs)
+        q_size, k_size, v_size = self._qkv_sizes
+        if lw.q_norm is None and rope is not None and b.rope_qk_together:
+            # q and k are adjacent columns with the same head size: rotate them in one call
+            qk, v = b.split(qkv, (q_size + k_size, v_size))
+            qk = b.rope(qk, positions, cfg.head_dim, rope, self.w.rope_freqs)
+            q, k = b.split(qk, (q_size, k_size))
+        else:
+            q, k, v = b.split(qkv, self._qkv_sizes)
+            if lw.q_norm is not None:
+                q = b.rms_norm(q, lw.q_norm, cfg.eps, group=cfg.head_dim)
+                k = b.rms_norm(k, lw.k_norm, cfg.eps, group=cfg.head_dim)
+            if rope is not None:
+                q = b.rope(q, positions, cfg.head_dim, rope, self.w.rope_freqs)
+                k = b.rope(k, positions, cfg.head_dim, rope, self.w.rope_freqs)
         out = b.attention(q, k, v, cache, il, start, cfg.attn_scale, cfg.layer_window(il))
         return b.matmul(out, lw.attn_out, lw.attn_out_bias)
 
@@ -53,6 +61,7 @@ class Transformer:
         """Logits (n, n_vocab) for ids at positions start..start+n-1, or (1, n_vocab) for the
         last one; the step's keys and values are written into `cache`."""
         b, w, cfg = self.backend, self.w, self.cfg
+        b.begin_forward(len(ids))
         positions = np.arange(start, start + len(ids), dtype=np.int64)
         x = b.embed(w.token_embd, ids, cfg.embed_scale)
         if w.position_embd is not None:
@@ -68,4 +77,6 @@ class Transformer:
             x = b.add(x, h)
         if not all_logits:
             x = b.last_row(x)
-        return b.matmul(self._norm(x, w.output_norm), w.output)
+        logits = b.matmul(self._norm(x, w.output_norm), w.output)
+        b.end_forward()
+        return logits

@@ -47,6 +47,7 @@ class FunctionLowering:
         self.parent = parent
         self.return_block = None                      # inlined funcs: where `return` goes
         self.return_slots = None
+        self.single_assigned = _single_assignments(fast.tree)
         self._stmt_table, self._expr_table = STATEMENTS, EXPRESSIONS
 
     # --- dispatch: the one choke point for errors ----------------------------------------------
@@ -122,6 +123,12 @@ class FunctionLowering:
         """Bind `name` to a value: first assignment fixes the variable's type."""
         if isinstance(val, (ConstValue,)):
             existing = self.vars.get(name)
+            if existing is None and name in self.single_assigned and \
+                    isinstance(val.value, (bool, int, float)):
+                # Assigned once from compile-time values (e.g. `NCH = D // 32` with D a Const):
+                # stays a compile-time constant, usable in static_range / shared_array sizes.
+                self.vars[name] = val
+                return
             if isinstance(existing, tuple):
                 val = self.coerce(val, existing[2], node)
             elif existing is None or isinstance(existing, ConstValue):
@@ -187,6 +194,25 @@ class FunctionLowering:
         if val.ty is bool_:
             return val.ir
         return ops.cast(self.b, val.ty, bool_, val.ir)
+
+
+def _single_assignments(tree) -> set:
+    """Names bound exactly once in the function body, by a plain `name = ...` (not augmented,
+    not a loop variable, not a tuple target)."""
+    import ast as _ast
+    counts: dict = {}
+    for node in _ast.walk(tree):
+        targets = []
+        if isinstance(node, _ast.Assign):
+            for t in node.targets:
+                targets += [t.id] if isinstance(t, _ast.Name) else \
+                    [n.id for n in _ast.walk(t) if isinstance(n, _ast.Name)] * 2
+        elif isinstance(node, (_ast.AugAssign, _ast.AnnAssign, _ast.For)):
+            t = node.target
+            targets += [n.id for n in _ast.walk(t) if isinstance(n, _ast.Name)] * 2
+        for name in targets:
+            counts[name] = counts.get(name, 0) + 1
+    return {name for name, c in counts.items() if c == 1}
 
 
 def describe(val) -> str:

@@ -16,6 +16,7 @@ class Options:
     debug: bool = False          # compile `assert` statements in
     bounds_check: bool = False   # check Ptr indexing on the GPU (always on for the CPU target)
     lineinfo: bool = True        # .loc directives so profilers map PTX to Python lines
+    fp_contract: bool = False    # allow a*b+c -> fma (one rounding; results then differ by ulps)
     opt_level: int = 3
 
 

@@ -60,7 +60,8 @@ def binop_values(fl, op, a, b, node):
         return power(fl, a, b, node)
     x, y, ty = unify(fl, a, b, node)
     if ty.is_float:
-        res = ops.float_binop(fl.b, op, ty, x.ir, y.ir, lambda t, v: floor_value(fl, t, v))
+        res = ops.float_binop(fl.b, op, ty, x.ir, y.ir, lambda t, v: floor_value(fl, t, v),
+                              fl.ctx.options.fp_contract)
     elif ty is bool_ and op in (ast.BitAnd, ast.BitOr, ast.BitXor):
         res = ops.int_binop(fl.b, op, ty, x.ir, y.ir)
     elif ty.is_int:

@@ -168,16 +168,18 @@ def int_binop(b: ir.IRBuilder, op, ty: ScalarType, x, y):
     raise TypeMismatch(f"operator {op.__name__} is not supported on {ty}")
 
 
-def float_binop(b: ir.IRBuilder, op, ty: ScalarType, x, y, floor_fn):
+def float_binop(b: ir.IRBuilder, op, ty: ScalarType, x, y, floor_fn, contract=False):
+    """IEEE arithmetic; `contract` lets LLVM fuse a*b+c into one fma (fp_contract option)."""
     if is_half(ty):
-        r = float_binop(b, op, f32, to_f32(b, ty, x), to_f32(b, ty, y), floor_fn)
+        r = float_binop(b, op, f32, to_f32(b, ty, x), to_f32(b, ty, y), floor_fn, contract)
         return from_f32(b, ty, r)
+    flags = ("contract",) if contract else ()
     if op is ast.Add:
-        return b.fadd(x, y)
+        return b.fadd(x, y, flags=flags)
     if op is ast.Sub:
-        return b.fsub(x, y)
+        return b.fsub(x, y, flags=flags)
     if op is ast.Mult:
-        return b.fmul(x, y)
+        return b.fmul(x, y, flags=flags)
     if op is ast.Div:
         return b.fdiv(x, y)
     if op is ast.FloorDiv:

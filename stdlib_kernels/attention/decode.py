@@ -28,7 +28,9 @@ class DecodeConfig:
     """Compile-time shape of decode_partial (see decode_kernels' docstring)."""
     heads_per_block: int     # GB
     warps: int = 4           # NWARPS
-    unroll: int = 4          # U: keys per row group per iteration (loads in flight)
+    unroll: int = 2          # U: keys per row group per iteration (2 beat 4 on the H200:
+                             # 180 -> fewer registers, more warps in flight)
+    lanes: int = 32          # at most this many lanes share one key row (fewer: less shuffling)
 
 
 @dataclass
@@ -51,11 +53,16 @@ def heads_per_block(group: int) -> int:
 
 
 def default_config(group: int, head_dim: int, device=None) -> DecodeConfig:
-    """GPU: up to 8 heads per block, 4 warps, 4 keys in flight per row group. CPU target: the
-    smallest kernel (compile time of unrolled code dominates there, not speed)."""
+    """CPU target: the smallest kernel (compile time of unrolled code dominates there)."""
     device = device or pk.current_device()
     if device.kind == "cpu":
         return DecodeConfig(heads_per_block=1, warps=2, unroll=1)
+    return gpu_config(group, head_dim)
+
+
+def gpu_config(group: int, head_dim: int) -> DecodeConfig:
+    """Up to 8 heads per block, 4 warps (fewer if the merge buffer outgrows shared memory),
+    2 keys per row group per pipeline stage (benchmarks/RESULTS.md, "Attention")."""
     gb = heads_per_block(group)
     warps = 4
     while warps > 1 and warps * gb * head_dim * 4 > SHARED_LIMIT:
@@ -72,21 +79,22 @@ def multiprocessors(device=None) -> int:
 
 
 def plan_splits(max_kv_len: int, blocks_per_split: int, device=None) -> int:
-    """Splits for a key range of up to max_kv_len: enough blocks for ~4 per multiprocessor,
-    but no split shorter than MIN_KEYS_PER_SPLIT keys."""
-    target = 4 * multiprocessors(device)
+    """Splits for a key range of up to max_kv_len: enough blocks for ~2 per multiprocessor
+    (the H200 sweep: 33 splits beat 66 at 4096 and 32768 keys), but no split shorter than
+    MIN_KEYS_PER_SPLIT keys."""
+    target = 2 * multiprocessors(device)
     wanted = max(1, math.ceil(target / max(1, blocks_per_split)))
     return max(1, min(wanted, math.ceil(max_kv_len / MIN_KEYS_PER_SPLIT)))
 
 
-def _lane_layout(head_dim: int, itemsize: int) -> dict:
+def _lane_layout(head_dim: int, itemsize: int, max_lanes: int = 32) -> dict:
     """L lanes per key row, NCH 16-byte chunks per lane of CH elements each."""
     ch = 16 // itemsize
     if head_dim % ch:
         raise ValueError(f"attention: head_dim {head_dim} must be a multiple of {ch} "
                          f"(16-byte rows of {itemsize}-byte elements)")
     chunks = head_dim // ch
-    lanes = min(32, 1 << (chunks - 1).bit_length())
+    lanes = min(max_lanes, 1 << (chunks - 1).bit_length())
     return dict(L=lanes, LOG2L=lanes.bit_length() - 1, LOG2KPW=(32 // lanes).bit_length() - 1,
                 CH=ch, NCH=-(-chunks // lanes))
 
@@ -95,7 +103,8 @@ def decode_spec(head_dim: int, dtype, config: DecodeConfig) -> dict:
     """The compile-time arguments of decode_partial (also used to precompile)."""
     dtype = np.dtype(dtype)
     return dict(D=head_dim, GB=config.heads_per_block, NWARPS=config.warps, U=config.unroll,
-                T=dtype, **_lane_layout(head_dim, dtype.itemsize))
+                HALF=int(dtype == np.float16),
+                **_lane_layout(head_dim, dtype.itemsize, config.lanes))
 
 
 def check_decode_shapes(q, k_cache, v_cache):
@@ -131,7 +140,7 @@ def launch_decode(q, k_cache, v_cache, lens, out, scale: float, *, window=None, 
     n_kv_head, max_len = k_cache.shape[-3], k_cache.shape[-2]
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"attention.decode: head_dim {head_dim} not in {HEAD_DIMS}")
-    config = config or default_config(n_head // n_kv_head, head_dim)
+    config = config or default_config(n_head // n_kv_head, head_dim, q.device)
     n_sub = n_head // n_kv_head // config.heads_per_block
     n_splits = workspace.n_splits if workspace is not None else 1
     z_stride = 0 if (share_cache or k_cache.ndim == 3) else n_kv_head * max_len * head_dim
@@ -141,9 +150,9 @@ def launch_decode(q, k_cache, v_cache, lens, out, scale: float, *, window=None, 
     part_o = out if direct else workspace.part_o
     part_ml = out if direct else workspace.part_ml
     decode_partial[(n_splits, n_kv_head * n_sub, n_seq), 32 * config.warps, stream](
-        q, k_cache, v_cache, lens, lens_stride, len_add, len_step, z_stride, max_len, n_head,
-        n_kv_head, q_scale, float(softcap) if use_softcap else 0.0, int(window or 0),
-        int(direct), out, part_o, part_ml, **decode_spec(head_dim, k_cache.dtype, config))
+        q, k_cache.view(np.uint32), v_cache.view(np.uint32), lens, lens_stride, len_add,
+        len_step, z_stride, max_len, n_head, n_kv_head, q_scale,
+        float(softcap) if use_softcap else 0.0, int(window or 0), int(direct), out, part_o, part_ml, **decode_spec(head_dim, k_cache.dtype, config))
     if not direct:
         combine_splits[(n_seq * n_head,), min(128, head_dim), stream](
             workspace.part_o, workspace.part_ml, out, n_splits, D=head_dim)

@@ -1,10 +1,10 @@
 """Decode attention kernels (flash-decoding): one query token per "row" z against a KV cache.
 
-Input: q (n_z, n_head, D) f32; K/V caches of element type T (f16 or f32), head-major:
-(n_kv_head, max_len, D) per z, consecutive z `cache_z_stride` elements apart (0 when every z
-shares one cache, as the prefill fallback does); kv_len(z) = lens[z * lens_stride] + len_add +
-z * len_step, read from device memory so a CUDA graph replays with new lengths.
-Output: either the normalised result out (n_z, n_head, D) f32 (DIRECT, one split), or per split
+Input: q (n_z, n_head, D) f32; K/V caches of f16 (HALF=1) or f32 elements viewed as u32 words,
+head-major: (n_kv_head, max_len, D) per z, consecutive z `cache_z_stride` elements apart (0 when
+every z shares one cache, as the prefill fallback does); kv_len(z) = lens[z * lens_stride] +
+len_add + z * len_step, read from device memory so a CUDA graph replays with new lengths.
+Output: either the normalised result out (n_z, n_head, D) f32 (direct, one split), or per split
 the unnormalised partial sum part_o (n_z, n_head, n_splits, D) with its running max and
 denominator part_ml (n_z, n_head, n_splits, 2), reduced by `combine_splits`.
 
@@ -13,9 +13,11 @@ heads and one contiguous slice of the key range, so each K/V row is read once fo
 Inside a warp, L lanes share one key row: lane li reads 16-byte chunks li, li + L, ... (NCH per
 lane, CH elements each), so a warp reads KPW = 32 / L consecutive rows = contiguous memory.
 Scores are kept in the log2 domain (q pre-scaled by scale * log2(e)) so exp2 is one instruction.
+Register arrays are indexed only with compile-time indices (static_range) so they stay in
+registers; the kernel body is long for that reason.
 """
 import pykernel as pk
-from pykernel import Const, Ptr, f32, i32, i64
+from pykernel import Const, Ptr, f32, i32, i64, u32
 
 NEG_INIT = -1.0e30   # running max before any key: finite, so exp2(m_old - m_new) is never NaN
 MASKED = -3.0e38     # score of a key outside the visible range: exp2(MASKED - m) == 0
@@ -40,14 +42,14 @@ def fast_exp2(x: f32) -> f32:
 
 
 @pk.kernel
-def decode_partial(q: Ptr[f32, "ro"], k_cache: Ptr["T", "ro"], v_cache: Ptr["T", "ro"],
+def decode_partial(q: Ptr[f32, "ro"], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro"],
                    lens: Ptr[i32, "ro"], lens_stride: i32, len_add: i32, len_step: i32,
                    cache_z_stride: i64, max_len: i32, n_head: i32, n_kv_head: i32,
                    q_scale: f32, softcap: f32, window: i32, direct: i32,
                    out: Ptr[f32], part_o: Ptr[f32], part_ml: Ptr[f32],
                    D: Const[int], GB: Const[int], NWARPS: Const[int], U: Const[int],
                    L: Const[int], LOG2L: Const[int], LOG2KPW: Const[int], CH: Const[int],
-                   NCH: Const[int], T: Const[pk.dtype]):
+                   NCH: Const[int], HALF: Const[int]):
     lane = pk.lane_id()
     warp = pk.thread_idx.x // 32
     row = lane // L                          # which key of the warp's KPW keys
@@ -61,7 +63,8 @@ def decode_partial(q: Ptr[f32, "ro"], k_cache: Ptr["T", "ro"], v_cache: Ptr["T",
     h0 = kvh * group + (pk.block_idx.y % n_sub) * GB
     kv_len = lens[z * lens_stride] + len_add + z * len_step
     k0, k1 = visible_range(kv_len, window, split, n_splits)
-    base_off = i64(z) * cache_z_stride + i64(kvh) * i64(max_len) * i64(D)
+    base_elems = i64(z) * cache_z_stride + i64(kvh) * i64(max_len) * i64(D)
+    base_off = base_elems * (2 - HALF) // 2  # in u32 words
     kp = k_cache + base_off
     vp = v_cache + base_off
 
@@ -83,52 +86,78 @@ def decode_partial(q: Ptr[f32, "ro"], k_cache: Ptr["T", "ro"], v_cache: Ptr["T",
                     q_index = (z * n_head + h0 + g) * D + c * CH + e
                     qv[(g * NCH + j) * CH + e] = q[q_index] * q_scale
 
-    kreg = pk.local_array(f32, U * NCH * CH)
-    vreg = pk.local_array(f32, U * NCH * CH)
+    # software pipeline: the loads of the next U keys per row group are in flight while the
+    # current ones are scored and accumulated (the pass with base < first only issues loads)
+    kn = pk.local_array(u32, U * NCH * 4)    # raw 16-byte chunks: next keys
+    vn = pk.local_array(u32, U * NCH * 4)
+    kf = pk.local_array(f32, U * NCH * CH)   # current keys, converted
+    vf = pk.local_array(f32, U * NCH * CH)
     s = pk.local_array(f32, U * GB)
-    for base in range(k0 + warp * (U << LOG2KPW), k1, NWARPS * (U << LOG2KPW)):
-        for u in pk.static_range(U):
-            key = min(base + (u << LOG2KPW) + row, k1 - 1)   # clamped: masked below
-            for j in pk.static_range(NCH):
-                c = j * L + li
-                if c * CH < D:
-                    kv = pk.load_vec(kp, key * D + c * CH, CH)
-                    vv = pk.load_vec(vp, key * D + c * CH, CH)
-                    for e in pk.static_range(CH):
-                        kreg[(u * NCH + j) * CH + e] = f32(kv[e])
-                        vreg[(u * NCH + j) * CH + e] = f32(vv[e])
-                else:
-                    for e in pk.static_range(CH):
-                        kreg[(u * NCH + j) * CH + e] = 0.0
-                        vreg[(u * NCH + j) * CH + e] = 0.0
-        for u in pk.static_range(U):
-            visible = base + (u << LOG2KPW) + row < k1
-            for g in pk.static_range(GB):
-                part = f32(0.0)
+    for i in pk.static_range(U * NCH * 4):
+        kn[i] = u32(0)
+        vn[i] = u32(0)
+    stride = NWARPS * (U << LOG2KPW)
+    first = k0 + warp * (U << LOG2KPW)
+    base = first - stride
+    while base < k1:
+        for i in pk.static_range(U * NCH * 4):
+            word = kn[i]
+            vword = vn[i]
+            if HALF:
+                k_lo, k_hi = pk.unpack_f16x2(word)
+                v_lo, v_hi = pk.unpack_f16x2(vword)
+                kf[2 * i] = k_lo
+                kf[2 * i + 1] = k_hi
+                vf[2 * i] = v_lo
+                vf[2 * i + 1] = v_hi
+            else:
+                kf[i] = pk.bitcast(word, f32)
+                vf[i] = pk.bitcast(vword, f32)
+        nxt = base + stride
+        if nxt < k1:
+            for u in pk.static_range(U):
+                key = min(nxt + (u << LOG2KPW) + row, k1 - 1)   # clamped: masked later
                 for j in pk.static_range(NCH):
-                    for e in pk.static_range(CH):
-                        part += qv[(g * NCH + j) * CH + e] * kreg[(u * NCH + j) * CH + e]
-                for r in pk.static_range(LOG2L):
-                    part += pk.shfl_xor(part, (L >> 1) >> r)
-                if softcap > 0.0:
-                    part = softcap * pk.tanh(part / softcap) * LOG2E
-                s[u * GB + g] = part if visible else MASKED
-        for g in pk.static_range(GB):
-            m_new = m[g]
+                    c = j * L + li
+                    if c * CH < D:
+                        at = key * (D * (2 - HALF) // 2) + c * 4
+                        kw = pk.load_vec(kp, at, 4)
+                        vw = pk.load_vec(vp, at, 4)
+                        for w in pk.static_range(4):
+                            kn[(u * NCH + j) * 4 + w] = kw[w]
+                            vn[(u * NCH + j) * 4 + w] = vw[w]
+                    else:
+                        for w in pk.static_range(4):
+                            kn[(u * NCH + j) * 4 + w] = u32(0)
+                            vn[(u * NCH + j) * 4 + w] = u32(0)
+        if base >= first:
             for u in pk.static_range(U):
-                m_new = max(m_new, s[u * GB + g])
-            corr = fast_exp2(m[g] - m_new)
-            m[g] = m_new
-            den[g] = den[g] * corr
-            for u in pk.static_range(U):
-                s[u * GB + g] = fast_exp2(s[u * GB + g] - m_new)
-                den[g] += s[u * GB + g]
-            for j in pk.static_range(NCH):
-                for e in pk.static_range(CH):
-                    a = acc[(g * NCH + j) * CH + e] * corr
+                visible = base + (u << LOG2KPW) + row < k1
+                for g in pk.static_range(GB):
+                    part = f32(0.0)
+                    for i in pk.static_range(NCH * CH):
+                        part = pk.fma(qv[g * NCH * CH + i], kf[u * NCH * CH + i], part)
+                    for r in pk.static_range(LOG2L):
+                        part += pk.shfl_xor(part, (L >> 1) >> r)
+                    if softcap > 0.0:
+                        part = softcap * pk.tanh(part / softcap) * LOG2E
+                    s[u * GB + g] = part if visible else MASKED
+            for g in pk.static_range(GB):
+                m_new = m[g]
+                for u in pk.static_range(U):
+                    m_new = max(m_new, s[u * GB + g])
+                corr = fast_exp2(m[g] - m_new)
+                m[g] = m_new
+                den[g] = den[g] * corr
+                for u in pk.static_range(U):
+                    s[u * GB + g] = fast_exp2(s[u * GB + g] - m_new)
+                    den[g] += s[u * GB + g]
+                for i in pk.static_range(NCH * CH):
+                    a = acc[g * NCH * CH + i] * corr
                     for u in pk.static_range(U):
-                        a += s[u * GB + g] * vreg[(u * NCH + j) * CH + e]
-                    acc[(g * NCH + j) * CH + e] = a
+                        a = pk.fma(s[u * GB + g], vf[u * NCH * CH + i], a)
+                    acc[g * NCH * CH + i] = a
+        base = nxt
 
     # merge the KPW row groups of the warp (lanes L, 2L, ... apart)
     for r in pk.static_range(LOG2KPW):

@@ -7,14 +7,15 @@ Output: out (tokens, n_head, D) f32.
 
 Work split: grid (row blocks, n_kv_head). A block's 16 * NWARPS rows are (token, head) pairs
 of one KV head's query group (row r -> token r // group, head r % group), so the group shares
-every K/V tile. Per KV tile of BN keys: the block stages K and V (row-major, rows padded by 4
-words so fragment reads hit 32 distinct banks) in shared memory; each warp computes its 16 x BN
+every K/V tile. Per KV tile of BN keys: the block stages K (row-major) and V (transposed, so a
+B fragment of P V is one 32-bit word) in shared memory, rows padded by 4 words so fragment reads
+hit 32 distinct banks; each warp computes its 16 x BN
 scores with mma, masks and soft-caps them, updates its online softmax (log2 domain), reuses the
 score accumulators as the A fragments of P and accumulates P V into 16 x D in registers.
 No tokens x tokens matrix is ever stored.
 """
 import pykernel as pk
-from pykernel import Const, Ptr, f32, i32, i64, u32
+from pykernel import Const, Ptr, f16, f32, i32, i64, u16, u32
 
 from .decode_kernels import LOG2E, MASKED, NEG_INIT
 
@@ -27,23 +28,17 @@ def masked_score(s: f32, key: i32, pos: i32, window: i32, softcap: f32) -> f32:
     return s if visible else MASKED
 
 
-@pk.func
-def v_pair(vs: Ptr[u32], word: i32, row_words: i32, shift: u32) -> u32:
-    """f16x2 of V[k][d], V[k+1][d] from two row-major rows (d's half of word selected by shift)."""
-    lo = (vs[word] >> shift) & u32(0xFFFF)
-    hi = (vs[word + row_words] >> shift) & u32(0xFFFF)
-    return lo | (hi << u32(16))
-
-
 @pk.kernel
 def prefill_mma(q: Ptr[f32, "ro"], k32: Ptr[u32, "ro"], v32: Ptr[u32, "ro"], out: Ptr[f32],
                 tokens: i32, start: i32, max_len: i32, n_head: i32, n_kv_head: i32,
                 q_scale: f32, softcap: f32, window: i32,
                 D: Const[int], BN: Const[int], NWARPS: Const[int]):
-    RS = D // 2 + 4                                    # shared row stride in words
+    RS = D // 2 + 4                         # K row stride in words (D + 8 halves)
+    VS = BN // 2 + 4                        # V^T row stride in words (BN + 8 halves)
     smem = pk.dynamic_shared(u32)
-    ks = smem
-    vs = smem + BN * (D // 2 + 4)
+    ks = smem                               # K tile, row-major (key, d)
+    vt = smem + BN * (D // 2 + 4)           # V tile transposed (d, key): B fragments are words
+    vt16 = pk.dynamic_shared(f16) + 2 * BN * (D // 2 + 4)
     tid = pk.thread_idx.x
     lane = pk.lane_id()
     g = lane // 4
@@ -86,72 +81,101 @@ def prefill_mma(q: Ptr[f32, "ro"], k32: Ptr[u32, "ro"], v32: Ptr[u32, "ro"], out
     l_b = f32(0.0)
     sacc = pk.local_array(f32, BN // 2)                 # 16 x BN scores: BN/8 n-tiles x 4
 
-    for kt in range(kv_lo, kv_hi, BN):
-        pk.syncthreads()                                # the previous tile is consumed
-        for idx in range(tid, BN * (D // 8), NWARPS * 32):
-            rr = idx // (D // 8)
-            cw = (idx % (D // 8)) * 4
-            src = cache + i64(min(kt + rr, kv_hi - 1)) * i64(D // 2) + i64(cw)
-            pk.store_vec(ks, rr * RS + cw, pk.load_vec(k32, src, 4))
-            pk.store_vec(vs, rr * RS + cw, pk.load_vec(v32, src, 4))
-        pk.syncthreads()
-        for nt in pk.static_range(BN // 8):
-            c0 = f32(0.0)
-            c1 = f32(0.0)
-            c2 = f32(0.0)
-            c3 = f32(0.0)
-            for kstep in pk.static_range(D // 16):
-                word = (nt * 8 + g) * RS + kstep * 8 + t
-                c0, c1, c2, c3 = pk.mma_m16n8k16_f16(
-                    qf[kstep * 4], qf[kstep * 4 + 1], qf[kstep * 4 + 2], qf[kstep * 4 + 3],
-                    ks[word], ks[word + 4], c0, c1, c2, c3)
-            key = kt + nt * 8 + 2 * t
-            sacc[nt * 4] = masked_score(c0, key, pos_a, window, softcap)
-            sacc[nt * 4 + 1] = masked_score(c1, key + 1, pos_a, window, softcap)
-            sacc[nt * 4 + 2] = masked_score(c2, key, pos_b, window, softcap)
-            sacc[nt * 4 + 3] = masked_score(c3, key + 1, pos_b, window, softcap)
-        mx_a = m_a
-        mx_b = m_b
-        for nt in pk.static_range(BN // 8):
-            mx_a = max(mx_a, max(sacc[nt * 4], sacc[nt * 4 + 1]))
-            mx_b = max(mx_b, max(sacc[nt * 4 + 2], sacc[nt * 4 + 3]))
-        for r in pk.static_range(2):                     # the 4 lanes of a quad share a row
-            mx_a = max(mx_a, pk.shfl_xor(mx_a, 1 << r))
-            mx_b = max(mx_b, pk.shfl_xor(mx_b, 1 << r))
-        corr_a = pk.fast.exp2(m_a - mx_a)
-        corr_b = pk.fast.exp2(m_b - mx_b)
-        m_a = mx_a
-        m_b = mx_b
-        l_a *= corr_a
-        l_b *= corr_b
-        for nt in pk.static_range(BN // 8):
-            for e in pk.static_range(2):
-                sacc[nt * 4 + e] = pk.fast.exp2(sacc[nt * 4 + e] - mx_a)
-                l_a += sacc[nt * 4 + e]
-                sacc[nt * 4 + 2 + e] = pk.fast.exp2(sacc[nt * 4 + 2 + e] - mx_b)
-                l_b += sacc[nt * 4 + 2 + e]
-        for dt in pk.static_range(D // 8):
-            oacc[dt * 4] *= corr_a
-            oacc[dt * 4 + 1] *= corr_a
-            oacc[dt * 4 + 2] *= corr_b
-            oacc[dt * 4 + 3] *= corr_b
-        for kk in pk.static_range(BN // 16):
-            p0 = pk.pack_f16x2(sacc[kk * 8], sacc[kk * 8 + 1])
-            p1 = pk.pack_f16x2(sacc[kk * 8 + 2], sacc[kk * 8 + 3])
-            p2 = pk.pack_f16x2(sacc[kk * 8 + 4], sacc[kk * 8 + 5])
-            p3 = pk.pack_f16x2(sacc[kk * 8 + 6], sacc[kk * 8 + 7])
-            shift = u32((g % 2) * 16)
+    # software pipeline: tile kt's K/V wait in registers (loaded during the previous tile's
+    # compute), go to shared memory, then the next tile's loads are issued before computing
+    # CHUNKS = BN * (D // 8) // (NWARPS * 32): 16-byte chunks per thread per tile (spelled out
+    # where a compile-time value is needed)
+    kreg = pk.local_array(u32, BN * (D // 8) // (NWARPS * 32) * 4)
+    vreg = pk.local_array(u32, BN * (D // 8) // (NWARPS * 32) * 4)
+    kt = kv_lo - BN
+    while kt < kv_hi:
+        if kt >= kv_lo:
+            pk.syncthreads()                            # the previous tile is consumed
+            for i in pk.static_range(BN * (D // 8) // (NWARPS * 32)):
+                idx = tid + i * (NWARPS * 32)
+                rr = idx // (D // 8)
+                cw = (idx % (D // 8)) * 4
+                for w in pk.static_range(4):
+                    ks[rr * RS + cw + w] = kreg[i * 4 + w]
+                rr = idx % BN
+                cw = (idx // BN) * 4
+                for w in pk.static_range(4):
+                    d = 2 * (cw + w)
+                    pair = vreg[i * 4 + w]
+                    vt16[d * (BN + 8) + rr] = pk.bitcast(u16(pair & u32(0xFFFF)), f16)
+                    vt16[(d + 1) * (BN + 8) + rr] = pk.bitcast(u16(pair >> u32(16)), f16)
+            pk.syncthreads()
+        nxt = kt + BN
+        if nxt < kv_hi:
+            for i in pk.static_range(BN * (D // 8) // (NWARPS * 32)):
+                idx = tid + i * (NWARPS * 32)
+                rr = idx // (D // 8)                    # K: a warp reads whole rows (coalesced)
+                src = i64(min(nxt + rr, kv_hi - 1)) * i64(D // 2) + i64((idx % (D // 8)) * 4)
+                kw = pk.load_vec(k32, cache + src, 4)
+                rr = idx % BN                           # V: consecutive keys per warp, so the
+                src = i64(min(nxt + rr, kv_hi - 1)) * i64(D // 2) + i64((idx // BN) * 4)
+                vw = pk.load_vec(v32, cache + src, 4)   # transposed 16-bit stores don't collide
+                for w in pk.static_range(4):
+                    kreg[i * 4 + w] = kw[w]
+                    vreg[i * 4 + w] = vw[w]
+        if kt >= kv_lo:
+            for nt in pk.static_range(BN // 8):
+                c0 = f32(0.0)
+                c1 = f32(0.0)
+                c2 = f32(0.0)
+                c3 = f32(0.0)
+                for kstep in pk.static_range(D // 16):
+                    word = (nt * 8 + g) * RS + kstep * 8 + t
+                    c0, c1, c2, c3 = pk.mma_m16n8k16_f16(
+                        qf[kstep * 4], qf[kstep * 4 + 1], qf[kstep * 4 + 2], qf[kstep * 4 + 3],
+                        ks[word], ks[word + 4], c0, c1, c2, c3)
+                key = kt + nt * 8 + 2 * t
+                sacc[nt * 4] = masked_score(c0, key, pos_a, window, softcap)
+                sacc[nt * 4 + 1] = masked_score(c1, key + 1, pos_a, window, softcap)
+                sacc[nt * 4 + 2] = masked_score(c2, key, pos_b, window, softcap)
+                sacc[nt * 4 + 3] = masked_score(c3, key + 1, pos_b, window, softcap)
+            mx_a = m_a
+            mx_b = m_b
+            for nt in pk.static_range(BN // 8):
+                mx_a = max(mx_a, max(sacc[nt * 4], sacc[nt * 4 + 1]))
+                mx_b = max(mx_b, max(sacc[nt * 4 + 2], sacc[nt * 4 + 3]))
+            for r in pk.static_range(2):                     # the 4 lanes of a quad share a row
+                mx_a = max(mx_a, pk.shfl_xor(mx_a, 1 << r))
+                mx_b = max(mx_b, pk.shfl_xor(mx_b, 1 << r))
+            corr_a = pk.fast.exp2(m_a - mx_a)
+            corr_b = pk.fast.exp2(m_b - mx_b)
+            m_a = mx_a
+            m_b = mx_b
+            l_a *= corr_a
+            l_b *= corr_b
+            for nt in pk.static_range(BN // 8):
+                for e in pk.static_range(2):
+                    sacc[nt * 4 + e] = pk.fast.exp2(sacc[nt * 4 + e] - mx_a)
+                    l_a += sacc[nt * 4 + e]
+                    sacc[nt * 4 + 2 + e] = pk.fast.exp2(sacc[nt * 4 + 2 + e] - mx_b)
+                    l_b += sacc[nt * 4 + 2 + e]
             for dt in pk.static_range(D // 8):
-                word = (kk * 16 + 2 * t) * RS + dt * 4 + g // 2
-                b0 = v_pair(vs, word, RS, shift)
-                b1 = v_pair(vs, word + 8 * RS, RS, shift)
-                d0, d1, d2, d3 = pk.mma_m16n8k16_f16(p0, p1, p2, p3, b0, b1, oacc[dt * 4],
-                                                     oacc[dt * 4 + 1], oacc[dt * 4 + 2],
-                                                     oacc[dt * 4 + 3])
-                oacc[dt * 4] = d0
-                oacc[dt * 4 + 1] = d1
-                oacc[dt * 4 + 2] = d2
-                oacc[dt * 4 + 3] = d3
+                oacc[dt * 4] *= corr_a
+                oacc[dt * 4 + 1] *= corr_a
+                oacc[dt * 4 + 2] *= corr_b
+                oacc[dt * 4 + 3] *= corr_b
+            for kk in pk.static_range(BN // 16):
+                p0 = pk.pack_f16x2(sacc[kk * 8], sacc[kk * 8 + 1])
+                p1 = pk.pack_f16x2(sacc[kk * 8 + 2], sacc[kk * 8 + 3])
+                p2 = pk.pack_f16x2(sacc[kk * 8 + 4], sacc[kk * 8 + 5])
+                p3 = pk.pack_f16x2(sacc[kk * 8 + 6], sacc[kk * 8 + 7])
+                for dt in pk.static_range(D // 8):
+                    word = (dt * 8 + g) * VS + kk * 8 + t
+                    b0 = vt[word]
+                    b1 = vt[word + 4]
+                    d0, d1, d2, d3 = pk.mma_m16n8k16_f16(p0, p1, p2, p3, b0, b1, oacc[dt * 4],
+                                                         oacc[dt * 4 + 1], oacc[dt * 4 + 2],
+                                                         oacc[dt * 4 + 3])
+                    oacc[dt * 4] = d0
+                    oacc[dt * 4 + 1] = d1
+                    oacc[dt * 4 + 2] = d2
+                    oacc[dt * 4 + 3] = d3
+        kt = nxt
 
     for r in pk.static_range(2):
         l_a += pk.shfl_xor(l_a, 1 << r)

@@ -12,6 +12,8 @@ Results are device arrays (pk.Array) on the current device.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 import pykernel as pk
@@ -20,10 +22,36 @@ from . import gemv_kernels as gk
 from .formats import get_format
 from .q8_1 import q8_1_bytes, quantize_q8_1_into
 
-WARPS = 4
-# type -> items per block of the DP4A path (dot_q8.py)
-Q8_1_TYPES = {"Q4_0": 1, "Q4_1": 1, "Q8_0": 1, "Q4_K": 8, "Q6_K": 8}
+# type -> items per block of the DP4A path (dot_q8.py, dot_q8_k.py)
+Q8_1_TYPES = {"Q4_0": 1, "Q4_1": 1, "Q5_0": 1, "Q5_1": 1, "Q8_0": 1, "Q1_0": 4, "Q2_K": 4,
+              "Q3_K": 4, "Q4_K": 8, "Q5_K": 8, "Q6_K": 8}
 PAIR_TYPES = {"Q4_0": gk.Q4_0_PAIR, "Q8_0": gk.Q8_0_PAIR}
+
+
+class GemvConfig(NamedTuple):
+    """Launch shape: `warps` per thread block; `split` warps share each row group (> 1 adds a
+    shared-memory reduction); `rows` output rows per group; `unroll` items per thread per loop
+    trip (their loads in flight together)."""
+    warps: int = 4
+    split: int = 1
+    rows: int = 1
+    unroll: int = 2
+
+
+DEFAULT_CONFIG = GemvConfig()
+# measured on an H200 at m=4096, k=14336 (benchmarks/quant_matmul.py); key (type, batch > 1)
+TUNED_CONFIGS: dict = {}
+F32_CONFIG = GemvConfig(warps=4, split=4, rows=1, unroll=1)
+
+
+# the CPU target emulates every thread: unrolled trips only cost it compile time
+CPU_CONFIG = GemvConfig(warps=4, split=1, rows=1, unroll=1)
+
+
+def gemv_config(type_name: str, batch: int) -> GemvConfig:
+    if pk.current_device().kind == "cpu":
+        return CPU_CONFIG
+    return TUNED_CONFIGS.get((type_name, batch > 1), DEFAULT_CONFIG)
 F32_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K",
              "Q4_K", "Q5_K", "Q6_K", "Q1_0")
 MODES = {None: gk.MODE_PLAIN, "residual": gk.MODE_RESIDUAL, "swiglu": gk.MODE_SWIGLU,
@@ -61,7 +89,7 @@ def _check_out(y, batch: int, rows: int, what: str):
 
 
 def gemv_q8_into(w, type_name, xq, y, rows, n, batch=1, *, w2=None, res=None, mode=None,
-                 stream=None, warps=WARPS):
+                 stream=None, config: GemvConfig | None = None):
     """y (batch, rows) = W @ x from Q8_1 activations xq (batch, n//32*36 bytes); w/w2 from
     weight_words. mode: None, "residual" (res (batch, rows), may be y), "swiglu", "geglu"."""
     items = Q8_1_TYPES[type_name]
@@ -75,23 +103,28 @@ def gemv_q8_into(w, type_name, xq, y, rows, n, batch=1, *, w2=None, res=None, mo
         w = w.view(np.uint32)
         w2 = None if w2 is None else w2.view(np.uint32)
         fmt_id, blocks = PAIR_TYPES[type_name], blocks // 2
-    gk.gemv_q8_kernel[rows, warps * 32, stream](
+    c = config or gemv_config(type_name, batch)
+    per_block = c.warps // c.split * c.rows
+    gk.gemv_q8_kernel[(rows + per_block - 1) // per_block, c.warps * 32, stream](
         w, w if w2 is None else w2, words, y if res is None else res, y, rows,
         n // fmt.block_elems * fmt.block_bytes // w.itemsize, blocks,
-        q8_1_bytes(n) // 4, fmt_id, w.dtype, items, warps, batch, MODES[mode])
+        q8_1_bytes(n) // 4, fmt_id, w.dtype, items, c.warps, batch, MODES[mode], c.rows,
+        c.split, c.unroll)
 
 
 def gemv_f32_into(w, type_name, x, y, rows, n, batch=1, *, w2=None, res=None, mode=None,
-                  stream=None, warps=WARPS):
+                  stream=None, config: GemvConfig | None = None):
     """As gemv_q8_into with float32 activations x (batch, n)."""
     if not 1 <= batch <= gk.MAX_BATCH:
         raise ValueError(f"gemv: batch {batch} outside 1..{gk.MAX_BATCH}; use quant.matmul")
     _check_out(y, batch, rows, "gemv")
     fmt = get_format(type_name)
-    gk.gemv_f32_kernel[rows, warps * 32, stream](
+    c = config or F32_CONFIG
+    per_block = c.warps // c.split
+    gk.gemv_f32_kernel[(rows + per_block - 1) // per_block, c.warps * 32, stream](
         w, w if w2 is None else w2, x.reshape(-1), y if res is None else res, y, rows,
         n // fmt.block_elems * fmt.block_bytes // w.itemsize, n, int(fmt.ggml_type), w.dtype,
-        warps, batch, MODES[mode])
+        c.warps, batch, MODES[mode], c.split)
 
 
 def _activations(x):

@@ -1,10 +1,14 @@
 """Decode GEMV kernels on GGUF weight rows: y[b, r] = sum_k W[r, k] * x[b, k] for 1..8 tokens.
 
-    gemv_q8_kernel   x as Q8_1 (q8_1.py), DP4A integer dot products (dot_q8.py)
+    gemv_q8_kernel   x as Q8_1 (q8_1.py), DP4A integer dot products (dot_q8.py, dot_q8_k.py)
     gemv_f32_kernel  x as float32, weights decoded to f32 eight at a time (decode8.py)
 
-Grid: one thread block per output row, WARPS warps stride over the row's items (16..32 bytes of
-weights each), then a warp-shuffle + shared-memory reduction. MODE fuses the epilogue:
+Grid: a thread block of WARPS warps holds WARPS / KW row groups; each group of KW warps computes
+ROWS output rows, its threads striding over the rows' items (16..36 bytes of weights each),
+UNROLL items per loop trip with no bounds checks inside the trip (so all their loads are in
+flight together). Each weight item is loaded once and applied to every token (BATCH
+accumulators per row in registers). Reduction: warp shuffles, plus shared memory when KW > 1.
+Rows past the end are clamped for the loads and not stored. MODE fuses the epilogue:
 0 plain, 1 y = Wx + res (residual add; res may alias y), 2 y = silu(Wx) * (W2 x) (SwiGLU gate/up
 in one launch), 3 y = gelu_tanh(Wx) * (W2 x) (GeGLU). Shapes: w/w2 (rows, row_words), x or xq
 (BATCH, ...), res/y (BATCH, rows).
@@ -16,6 +20,7 @@ from pykernel import Const, Ptr, f32, i32, u32
 
 from . import decode8_k as d8
 from . import dot_q8 as q8
+from . import dot_q8_k as q8k
 
 MAX_BATCH = 8
 # ggml type ids (gguf.GGMLQuantizationType) as plain ints: compile-time branch keys
@@ -27,24 +32,81 @@ MODE_PLAIN, MODE_RESIDUAL, MODE_SWIGLU, MODE_GEGLU = 0, 1, 2, 3
 
 
 @pk.func
-def item_dot_q8(FMT: Const[int], w: Ptr[u32, "ro"], wrow: i32, blk: i32, part: i32,
-                xq: Ptr[u32, "ro"], xrow: i32) -> f32:
-    r = f32(0.0)
+def item_dot_q8(FMT: Const[int], w, wrow: i32, blk: i32, part: i32,
+                xq, xstride: i32, acc, a0: i32, BATCH: Const[int]):
+    """acc[a0 + bt] += item `part` of block `blk` (row at word wrow) . token bt's Q8_1 row."""
     if FMT == Q4_0:
-        r = q8.dot_q8_Q4_0(w, wrow, blk, part, xq, xrow)
-    elif FMT == Q4_1:
-        r = q8.dot_q8_Q4_1(w, wrow, blk, part, xq, xrow)
-    elif FMT == Q8_0:
-        r = q8.dot_q8_Q8_0(w, wrow, blk, part, xq, xrow)
-    elif FMT == Q4_K:
-        r = q8.dot_q8_Q4_K(w, wrow, blk, part, xq, xrow)
-    elif FMT == Q6_K:
-        r = q8.dot_q8_Q6_K(w, wrow, blk, part, xq, xrow)
+        q8.dot_q8_Q4_0(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
     elif FMT == Q4_0_PAIR:
-        r = q8.dot_q8_Q4_0_pair(w, wrow, blk, part, xq, xrow)
+        q8.dot_q8_Q4_0_pair(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
+    elif FMT == Q4_1:
+        q8.dot_q8_Q4_1(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
+    elif FMT == Q5_0:
+        q8.dot_q8_Q5_0(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
+    elif FMT == Q5_1:
+        q8.dot_q8_Q5_1(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
+    elif FMT == Q8_0:
+        q8.dot_q8_Q8_0(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
     elif FMT == Q8_0_PAIR:
-        r = q8.dot_q8_Q8_0_pair(w, wrow, blk, part, xq, xrow)
-    return r
+        q8.dot_q8_Q8_0_pair(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
+    elif FMT == Q1_0:
+        q8.dot_q8_Q1_0(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
+    elif FMT == Q2_K:
+        q8k.dot_q8_Q2_K(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
+    elif FMT == Q3_K:
+        q8k.dot_q8_Q3_K(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
+    elif FMT == Q4_K:
+        q8k.dot_q8_Q4_K(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
+    elif FMT == Q5_K:
+        q8k.dot_q8_Q5_K(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
+    else:  # Q6_K
+        q8k.dot_q8_Q6_K(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
+
+
+@pk.func
+def rows_item_q8(FMT: Const[int], w, w2, wrows, it: i32,
+                 xq, xstride: i32, acc, ITEMS: Const[int], ROWS: Const[int],
+                 BATCH: Const[int], MODE: Const[int]):
+    """Item `it` of each of the group's ROWS rows (and of W2's rows in the GLU modes)."""
+    blk = it // ITEMS
+    part = it % ITEMS
+    for ri in pk.static_range(ROWS):
+        item_dot_q8(FMT, w, wrows[ri], blk, part, xq, xstride, acc, ri * BATCH, BATCH)
+        if MODE >= MODE_SWIGLU:
+            item_dot_q8(FMT, w2, wrows[ri], blk, part, xq, xstride, acc, (ROWS + ri) * BATCH,
+                        BATCH)
+
+
+@pk.kernel
+def gemv_q8_kernel(w: Ptr["WT", "ro"], w2: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], res: Ptr[f32],
+                   y: Ptr[f32], rows: i32, row_words: i32, nblocks: i32, xq_words: i32,
+                   FMT: Const[int], WT: Const[pk.dtype], ITEMS: Const[int], WARPS: Const[int],
+                   BATCH: Const[int], MODE: Const[int], ROWS: Const[int], KW: Const[int],
+                   UNROLL: Const[int]):
+    acc = pk.local_array(f32, 2 * ROWS * BATCH)   # [0, ROWS*BATCH): W x; then W2 x (GLU)
+    for a in pk.static_range(2 * ROWS * BATCH):
+        acc[a] = 0.0
+    row0 = group_first_row(ROWS, WARPS, KW)
+    wrows = pk.local_array(i32, ROWS)
+    for ri in pk.static_range(ROWS):
+        wrows[ri] = min(row0 + ri, rows - 1) * row_words
+    nitems = nblocks * ITEMS
+    stride = 32 * KW
+    it = pk.thread_idx.x % stride
+    while it + (UNROLL - 1) * stride < nitems:   # whole trips: UNROLL items, no bounds checks
+        for u in pk.static_range(UNROLL):
+            rows_item_q8(FMT, w, w2, wrows, it + u * stride, xq, xq_words, acc, ITEMS, ROWS,
+                         BATCH, MODE)
+        it += UNROLL * stride
+    while it < nitems:
+        rows_item_q8(FMT, w, w2, wrows, it, xq, xq_words, acc, ITEMS, ROWS, BATCH, MODE)
+        it += stride
+    reduce_and_store(acc, res, y, rows, row0, WARPS, KW, ROWS, BATCH, MODE)
+
+
+@pk.func
+def group_first_row(ROWS: Const[int], WARPS: Const[int], KW: Const[int]) -> i32:
+    return (pk.block_idx.x * (WARPS // KW) + pk.thread_idx.x // (32 * KW)) * ROWS
 
 
 @pk.func
@@ -67,62 +129,48 @@ def epilogue(v: f32, v2: f32, res: Ptr[f32], y: Ptr[f32], idx: i32, MODE: Const[
         y[idx] = 0.5 * v * (1.0 + pk.tanh(inner)) * v2
 
 
-@pk.kernel
-def gemv_q8_kernel(w: Ptr["WT", "ro"], w2: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], res: Ptr[f32],
-                   y: Ptr[f32], rows: i32, row_words: i32, nblocks: i32, xq_words: i32,
-                   FMT: Const[int], WT: Const[pk.dtype], ITEMS: Const[int], WARPS: Const[int],
-                   BATCH: Const[int], MODE: Const[int]):
-    row = pk.block_idx.x
-    tid = pk.thread_idx.x
-    acc = pk.local_array(f32, 16)   # [0, 8): W x per token, [8, 16): W2 x (GLU modes)
-    for bt in pk.static_range(16):
-        acc[bt] = 0.0
-    wrow = row * row_words
-    for it in range(tid, nblocks * ITEMS, WARPS * 32):
-        blk = it // ITEMS
-        part = it % ITEMS
-        for bt in pk.static_range(BATCH):
-            acc[bt] += item_dot_q8(FMT, w, wrow, blk, part, xq, bt * xq_words)
-            if MODE >= MODE_SWIGLU:
-                acc[8 + bt] += item_dot_q8(FMT, w2, wrow, blk, part, xq, bt * xq_words)
-    reduce_and_store(acc, res, y, rows, row, WARPS, BATCH, MODE)
-
-
 @pk.func
-def reduce_and_store(acc, res: Ptr[f32], y: Ptr[f32], rows: i32, row: i32,
-                     WARPS: Const[int], BATCH: Const[int], MODE: Const[int]):
+def reduce_and_store(acc, res: Ptr[f32], y: Ptr[f32], rows: i32, row0: i32, WARPS: Const[int],
+                     KW: Const[int], ROWS: Const[int], BATCH: Const[int], MODE: Const[int]):
+    """Sum each accumulator over the group's threads; lane a of the group's first warp stores
+    output a (row row0 + a / BATCH, token a % BATCH), so the stores are spread over lanes."""
     tid = pk.thread_idx.x
-    red = pk.shared_array(f32, WARPS * 16)
-    for bt in pk.static_range(BATCH):
-        v = warp_sum(acc[bt])
-        v2 = f32(0.0)
+    lane = tid % 32
+    for a in pk.static_range(ROWS * BATCH):
+        acc[a] = warp_sum(acc[a])
         if MODE >= MODE_SWIGLU:
-            v2 = warp_sum(acc[8 + bt])
-        if tid % 32 == 0:
-            red[(tid // 32) * 16 + bt] = v
-            red[(tid // 32) * 16 + 8 + bt] = v2
-    pk.syncthreads()
-    if tid < BATCH:
-        t = f32(0.0)
-        t2 = f32(0.0)
-        for k in pk.static_range(WARPS):
-            t += red[k * 16 + tid]
-            t2 += red[k * 16 + 8 + tid]
-        epilogue(t, t2, res, y, tid * rows + row, MODE)
+            acc[ROWS * BATCH + a] = warp_sum(acc[ROWS * BATCH + a])
+    if KW > 1:
+        red = pk.shared_array(f32, WARPS * 2 * ROWS * BATCH)
+        if lane == 0:
+            for a in pk.static_range(2 * ROWS * BATCH):
+                red[(tid // 32) * 2 * ROWS * BATCH + a] = acc[a]
+        pk.syncthreads()
+        first = (tid // 32) - (tid // 32) % KW
+        for a in pk.static_range(2 * ROWS * BATCH):
+            t = f32(0.0)
+            for k in pk.static_range(KW):
+                t += red[(first + k) * 2 * ROWS * BATCH + a]
+            acc[a] = t
+    if (tid // 32) % KW == 0:
+        for a in pk.static_range(ROWS * BATCH):
+            r = row0 + a // BATCH
+            if lane == a % 32 and r < rows:
+                epilogue(acc[a], acc[ROWS * BATCH + a], res, y, (a % BATCH) * rows + r, MODE)
 
 
 @pk.kernel
 def gemv_f32_kernel(w: Ptr["WT", "ro"], w2: Ptr["WT", "ro"], x: Ptr[f32, "ro"], res: Ptr[f32],
                     y: Ptr[f32], rows: i32, row_words: i32, n: i32,
                     FMT: Const[int], WT: Const[pk.dtype], WARPS: Const[int],
-                    BATCH: Const[int], MODE: Const[int]):
-    row = pk.block_idx.x
-    tid = pk.thread_idx.x
-    acc = pk.local_array(f32, 16)
-    for bt in pk.static_range(16):
+                    BATCH: Const[int], MODE: Const[int], KW: Const[int]):
+    # one row per group of KW warps; eight weights decoded per step, applied to every token
+    acc = pk.local_array(f32, 2 * BATCH)
+    for bt in pk.static_range(2 * BATCH):
         acc[bt] = 0.0
-    wrow = row * row_words
-    for g in range(tid, n // 8, WARPS * 32):
+    row = group_first_row(1, WARPS, KW)
+    wrow = min(row, rows - 1) * row_words
+    for g in range(pk.thread_idx.x % (32 * KW), n // 8, 32 * KW):
         k = g * 8
         v0, v1, v2, v3, v4, v5, v6, v7 = d8.decode8(FMT, w, wrow, k)
         u0, u1, u2, u3, u4, u5, u6, u7 = v0, v1, v2, v3, v4, v5, v6, v7
@@ -134,6 +182,6 @@ def gemv_f32_kernel(w: Ptr["WT", "ro"], w2: Ptr["WT", "ro"], x: Ptr[f32, "ro"], 
             acc[bt] += (v0 * a0 + v1 * a1 + v2 * a2 + v3 * a3) + \
                 (v4 * a4 + v5 * a5 + v6 * a6 + v7 * a7)
             if MODE >= MODE_SWIGLU:
-                acc[8 + bt] += (u0 * a0 + u1 * a1 + u2 * a2 + u3 * a3) + \
+                acc[BATCH + bt] += (u0 * a0 + u1 * a1 + u2 * a2 + u3 * a3) + \
                     (u4 * a4 + u5 * a5 + u6 * a6 + u7 * a7)
-    reduce_and_store(acc, res, y, rows, row, WARPS, BATCH, MODE)
+    reduce_and_store(acc, res, y, rows, row, WARPS, KW, 1, BATCH, MODE)

@@ -31,32 +31,37 @@ def round_half_away(v: f32) -> f32:
     return -t if v < 0.0 else t
 
 
+@pk.func
+def store_q8_1_block(v: f32, lane: i32, out: Ptr[u32], block: i32):
+    """Warp-collective: lane l holds value l of Q8_1 block `block`; writes its 9 words."""
+    amax = abs(v)
+    total = v
+    for step in pk.static_range(5):
+        amax = max(amax, pk.shfl_xor(amax, 16 >> step))
+        total = total + pk.shfl_xor(total, 16 >> step)
+    d = amax / 127.0
+    q = i32(0)
+    if amax != 0.0:
+        q = i32(round_half_away(v / d))
+    # gather four neighbouring int8 into one word: lane 4i writes word 1 + i
+    byte = u32(q) & u32(0xFF)
+    b1 = pk.shfl_down(byte, 1)
+    b2 = pk.shfl_down(byte, 2)
+    b3 = pk.shfl_down(byte, 3)
+    word = byte | (b1 << u32(8)) | (b2 << u32(16)) | (b3 << u32(24))
+    base = block * 9
+    if lane % 4 == 0:
+        out[base + 1 + lane // 4] = word
+    if lane == 0:
+        out[base] = pk.pack_f16x2(d, total)
+
+
 @pk.kernel
 def q8_1_quantize_kernel(x: Ptr[f32, "ro"], out: Ptr[u32], nblocks: i32, WARPS: Const[int]):
     block = pk.block_idx.x * WARPS + pk.thread_idx.x // 32
     lane = pk.lane_id()
     if block < nblocks:
-        v = x[block * 32 + lane]
-        amax = abs(v)
-        total = v
-        for step in pk.static_range(5):
-            amax = max(amax, pk.shfl_xor(amax, 16 >> step))
-            total = total + pk.shfl_xor(total, 16 >> step)
-        d = amax / 127.0
-        q = i32(0)
-        if amax != 0.0:
-            q = i32(round_half_away(v / d))
-        # gather four neighbouring int8 into one word: lane 4i writes word 1 + i
-        byte = u32(q) & u32(0xFF)
-        b1 = pk.shfl_down(byte, 1)
-        b2 = pk.shfl_down(byte, 2)
-        b3 = pk.shfl_down(byte, 3)
-        word = byte | (b1 << u32(8)) | (b2 << u32(16)) | (b3 << u32(24))
-        base = block * 9
-        if lane % 4 == 0:
-            out[base + 1 + lane // 4] = word
-        if lane == 0:
-            out[base] = pk.pack_f16x2(d, total)
+        store_q8_1_block(x[block * 32 + lane], lane, out, block)
 
 
 def q8_1_bytes(n: int) -> int:

@@ -134,3 +134,23 @@ def test_gpu_decode_long_context(rng, seed, dtype):
         out = attention.decode(q, k, v, kv_len, 128 ** -0.5)
         _check(out, decode_reference(q, k, v, kv_len, 128 ** -0.5), dtype, seed,
                f"long context {kv_len}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_gpu_decode_benchmarked_configs(rng, seed, dtype):
+    """Every configuration the benchmark sweeps computes the same attention."""
+    from benchmarks.attention import SWEEP
+    pk.set_device("cuda")
+    q, k, v, _ = _random_problem(rng, 32, 8, 128, dtype, 1, max_len=3000)
+    kv_len = int(rng.integers(2000, 3001))
+    expected = decode_reference(q, k, v, kv_len, 128 ** -0.5)
+    q_dev, k_dev, v_dev = pk.to_device(q[None]), pk.to_device(k), pk.to_device(v)
+    lens = pk.to_device(np.array([kv_len], np.int32))
+    for config in SWEEP:
+        for splits in (1, 7, 40):
+            out = pk.full((1, 32, 128), np.nan, np.float32)
+            workspace = DecodeWorkspace.allocate(1, 32, 128, splits) if splits > 1 else None
+            launch_decode(q_dev, k_dev, v_dev, lens, out, 128 ** -0.5, workspace=workspace,
+                          config=config)
+            _check(out.numpy()[0], expected, dtype, seed, f"{config} splits {splits}")

@@ -5,7 +5,9 @@ import pytest
 import pykernel as pk
 from stdlib_kernels import norm
 
-SHAPES = [(3, 64), (5, 1), (2, 45), (1, 4099), (2, 8192), (1, 20000), (6, 576), (1, 40000)]
+# >= 64 rows take the multi-unit register layouts (_rows.FEW_ROWS); fewer rows, 1 unit/thread
+SHAPES = [(3, 64), (5, 1), (2, 45), (1, 4099), (2, 8192), (1, 20000), (6, 576), (1, 40000),
+          (64, 576), (70, 45), (64, 2052)]
 
 
 def rel_err(got, ref):
@@ -25,7 +27,8 @@ def test_rmsnorm_matches_reference(device, rng, seed, shape):
     assert err < 1e-5, f"seed={seed} shape={shape} rel err {err}"
 
 
-@pytest.mark.parametrize("shape", [(3, 64), (2, 45), (1, 4099), (5, 2048), (1, 40000)])
+@pytest.mark.parametrize("shape", [(3, 64), (2, 45), (1, 4099), (5, 2048), (1, 40000),
+                                   (64, 2048), (65, 1001)])
 def test_rmsnorm_fused_residual_writes_sum(device, rng, seed, shape):
     x, r = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
     w = rng.standard_normal(shape[-1]).astype(np.float32)
@@ -68,7 +71,8 @@ def test_rmsnorm_unaligned_view_uses_scalar_path(device, rng, seed):
     assert rel_err(out, norm.rmsnorm_reference(x.numpy(), None, 1e-5)) < 1e-5, f"seed={seed}"
 
 
-@pytest.mark.parametrize("shape", [(3, 64), (5, 1), (2, 45), (1, 4099), (9, 576), (1, 40000)])
+@pytest.mark.parametrize("shape", [(3, 64), (5, 1), (2, 45), (1, 4099), (9, 576), (1, 40000),
+                                   (64, 4096), (66, 1002)])
 def test_layernorm_matches_reference(device, rng, seed, shape):
     x = (rng.standard_normal(shape) * 2 + 5).astype(np.float32)   # offset: cancellation test
     w, b = (rng.standard_normal(shape[-1]).astype(np.float32) for _ in range(2))

@@ -11,12 +11,16 @@ import numpy as np
 import pytest
 
 from stdlib_kernels.quant import reference as ref
-from stdlib_kernels.quant.gemv import F32_TYPES, Q8_1_TYPES, gemv, gemv_glu, gemv_residual
+import pykernel as pk
+from stdlib_kernels.quant.gemv import (F32_TYPES, Q8_1_TYPES, GemvConfig, gemv, gemv_glu,
+                                       gemv_q8_into, gemv_residual, weight_words)
 from stdlib_kernels.quant.q8_1 import quantize_q8_1
+from stdlib_kernels.quant.rmsnorm_q8_1 import rmsnorm_q8_1
 
 # bytes of a block holding quantized values: zeroing them leaves the offset the block applies
 # through Q8_1's s = sum(x) (the DP4A kernels of these types use s)
-OFFSET_BYTES = {"Q4_0": (2, 18), "Q4_1": (4, 20), "Q4_K": (16, 144)}
+OFFSET_BYTES = {"Q4_0": (2, 18), "Q4_1": (4, 20), "Q5_0": (2, 22), "Q5_1": (4, 24),
+                "Q1_0": (2, 18), "Q4_K": (16, 144), "Q5_K": (16, 176)}
 
 
 def make_weights(rng, type_name, rows, n):
@@ -73,12 +77,26 @@ def test_quantize_q8_1_bit_exact(device, rng, seed):
 
 @pytest.mark.parametrize("type_name", sorted(Q8_1_TYPES))
 def test_gemv_q8_1(device, rng, seed, type_name):
-    for rows, blocks, batch in ((3, 1, 1), (1, 2, 3)):   # K = one block, M = 1, batch > 1
+    # K = one block, M = 1; one batch size per type (each BATCH is a separate compile)
+    for rows, blocks in ((3, 1), (1, 2)):
         n = row_len(type_name, blocks)
         raw = make_weights(rng, type_name, rows, n)
-        x = rng.standard_normal((batch, n)).astype(np.float32)
+        x = rng.standard_normal((2, n)).astype(np.float32)
         y = gemv(raw, type_name, x).numpy()
         check_q8_1(y, raw, type_name, x, seed)
+
+
+@pytest.mark.parametrize("config", [GemvConfig(warps=4, split=2, rows=2, unroll=2),
+                                    GemvConfig(warps=2, split=1, rows=3, unroll=3)])
+def test_gemv_q8_1_launch_shapes(device, rng, seed, config):
+    # the GPU's shapes: unrolled trips plus a remainder, rows not a multiple of the block's rows
+    rows, n = 7, 256 * 17
+    raw = make_weights(rng, "Q4_K", rows, n)
+    x = rng.standard_normal((1, n)).astype(np.float32)
+    xq = quantize_q8_1(x)
+    y = pk.full((1, rows), np.nan, np.float32)
+    gemv_q8_into(weight_words(raw, "Q4_K", n)[0], "Q4_K", xq, y, rows, n, config=config)
+    check_q8_1(y.numpy(), raw, "Q4_K", x, seed)
 
 
 @pytest.mark.parametrize("type_name", F32_TYPES)
@@ -121,3 +139,16 @@ def test_gemv_rejects_bad_input(device, rng):
         gemv(raw, "Q4_0", np.zeros((9, 64), np.float32))
     with pytest.raises(ValueError, match="unknown quantization type"):
         gemv(raw, "Q9_9", np.zeros(64, np.float32))
+
+
+def test_rmsnorm_q8_1_fused(device, rng, seed):
+    x = rng.standard_normal((3, 96)).astype(np.float32) * 10.0 ** rng.uniform(-3, 3, (3, 1))
+    weight = rng.standard_normal(96).astype(np.float32)
+    xq, out = rmsnorm_q8_1(x, weight, 1e-5)
+    x64 = x.astype(np.float64)
+    want = x64 / np.sqrt((x64 ** 2).mean(axis=1, keepdims=True) + 1e-5) * weight
+    assert np.allclose(out.numpy(), want, rtol=2e-6, atol=0), f"rmsnorm values (seed {seed})"
+    # the Q8_1 bytes are exactly those of the normalized f32 values the kernel produced
+    assert np.array_equal(xq.numpy(), ref.quantize_q8_1(out.numpy())), f"Q8_1 (seed {seed})"
+    with pytest.raises(ValueError, match="multiple of 32"):
+        rmsnorm_q8_1(np.zeros((1, 40), np.float32))

@@ -73,3 +73,70 @@ def test_u_edges(device):
     logits = np.array([0.0, 1.0, -np.inf, 2.0], np.float32)
     got = S.sample(logits, np.array([0.0, 0.9999999], np.float32)).numpy()
     assert got[0] == 0 and got[1] == 3
+
+
+def pooled_chi_square(counts, probs, draws):
+    """(chi2, dof) with every bin expecting < 5 draws pooled into one bin."""
+    expected = probs * draws
+    big = expected >= 5
+    exp_bins = np.append(expected[big], expected[~big].sum())
+    got_bins = np.append(counts[big], counts[~big].sum())
+    keep = exp_bins > 0
+    chi2 = float(np.sum((got_bins[keep] - exp_bins[keep]) ** 2 / exp_bins[keep]))
+    return chi2, max(int(keep.sum()) - 1, 1)
+
+
+def hot_logits(rng, vocab, hot=60):
+    """`hot` tokens spread over the vocabulary carry the mass; the rest sit ~40 nats below."""
+    x = (rng.standard_normal(vocab) - 40.0).astype(np.float32)
+    x[rng.choice(vocab, hot, replace=False)] = rng.standard_normal(hot) * 1.5
+    return x
+
+
+BIG_VOCAB = [dict(temperature=0.9), dict(temperature=0.7, top_k=20),
+             dict(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05), dict(min_p=0.1),
+             dict(top_p=0.8)]
+
+
+@pytest.mark.parametrize("vocab", [9001, 12288])
+@pytest.mark.parametrize("kw", BIG_VOCAB)
+def test_sampler_distribution_many_blocks(device, rng, seed, vocab, kw):
+    logits = hot_logits(rng, vocab)
+    probs = S.filtered_probs_reference(logits, **kw)
+    draws = 8000
+    u = np.random.default_rng(99).random(draws).astype(np.float32)
+    got = S.sample(logits, u, **kw, out=pk.full(draws, -1, np.int32)).numpy()
+    assert got.min() >= 0 and np.all(probs[got] > 0), f"seed={seed} {kw}: drew a filtered token"
+    chi2, dof = pooled_chi_square(np.bincount(got, minlength=vocab), probs, draws)
+    assert chi2 < dof + 6 * np.sqrt(2 * dof) + 10, f"seed={seed} {kw}: chi2 {chi2} dof {dof}"
+
+
+@pytest.mark.parametrize("ties,kw", [(True, dict(top_k=3)), (True, dict(top_p=0.5)),
+                                     (True, dict(top_k=50, min_p=0.2)),
+                                     (False, dict(top_p=0.95, temperature=0.5)),
+                                     (False, dict(min_p=0.01)),
+                                     (False, dict(top_p=0.3, min_p=0.001))])
+def test_sampler_beyond_candidate_list(device, rng, seed, ties, kw):
+    # 3000 tied maxima (all kept by top-k's tie rule), or top-p over a flat vocabulary: more
+    # survivors than the candidate list holds (the exact whole-vocabulary path decides), or
+    # thresholds right at the candidate bound
+    logits = (rng.standard_normal(7000) * (0.3 if ties else 1.0)).astype(np.float32)
+    if ties:
+        logits[rng.choice(7000, 3000, replace=False)] = 2.0
+    probs = S.filtered_probs_reference(logits, **kw)
+    draws = 3000
+    u = np.random.default_rng(7).random(draws).astype(np.float32)
+    got = S.sample(logits, u, **kw).numpy()
+    assert got.min() >= 0 and np.all(probs[got] > 0), f"seed={seed} {kw}: drew a filtered token"
+    chi2, dof = pooled_chi_square(np.bincount(got, minlength=logits.size), probs, draws)
+    assert chi2 < dof + 6 * np.sqrt(2 * dof) + 10, f"seed={seed} {kw}: chi2 {chi2} dof {dof}"
+
+
+def test_argmax_ties_across_blocks_and_rows(device, rng, seed):
+    x = rng.standard_normal((3, 20000)).astype(np.float32)
+    x[0, [19999, 15000, 4097]] = 9.0      # lowest index wins across blocks
+    x[1, :] = np.nan
+    x[1, 12345] = -1.0                    # NaN never chosen
+    x[2, 2048:4096] = 7.0
+    got = S.argmax(x).numpy()
+    assert got.tolist() == [4097, 12345, 2048], f"seed={seed}: {got}"

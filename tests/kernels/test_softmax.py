@@ -13,7 +13,9 @@ def check(got, ref, seed, what):
         f"seed={seed} {what}: max rel err {err.max()}"
 
 
-@pytest.mark.parametrize("shape", [(3, 64), (5, 1), (2, 45), (1, 4099), (2, 20000), (7, 576), (1, 40000)])
+# >= 64 rows take the multi-unit register layouts (_rows.FEW_ROWS)
+@pytest.mark.parametrize("shape", [(3, 64), (5, 1), (2, 45), (1, 4099), (2, 20000), (7, 576),
+                                   (1, 40000), (64, 576), (64, 3001), (96, 8192)])
 def test_softmax_rows(device, rng, seed, shape):
     x = (rng.standard_normal(shape) * 4).astype(np.float32)
     out = S.softmax(x, 0.7, out=pk.full(shape, np.nan, np.float32)).numpy()
@@ -43,3 +45,13 @@ def test_softcap(device, rng, seed):
     check(out, S.softmax_reference(x, 1.0, softcap=30.0), seed, "softcap")
     out = S.softmax(x, 0.25, causal=True, softcap=5.0).numpy()
     check(out, S.softmax_reference(x, 0.25, True, softcap=5.0), seed, "softcap+causal")
+
+
+def test_causal_softcap_many_rows(device, rng, seed):
+    # >= 64 rows: several 4-element units per thread, partial last unit (n = 301)
+    x = (rng.standard_normal((64, 301)) * 20).astype(np.float32)
+    out = S.softmax(x, 0.3, causal=True, q_len=16, pos_offset=200, softcap=8.0,
+                    out=pk.full(x.shape, np.nan, np.float32)).numpy()
+    ref = S.softmax_reference(x, 0.3, True, 16, 200, softcap=8.0)
+    check(out, ref, seed, "causal+softcap many rows")
+    assert np.array_equal(out == 0, ref == 0), f"seed={seed}: masked entries differ"

@@ -131,3 +131,26 @@ def test_norms_and_activations(rng):
     assert np.allclose(be.gelu(x), gelu, atol=1e-6)
     assert np.allclose(be.swiglu(x, w[None]), x / (1 + np.exp(-x)) * w, atol=1e-6)
     assert np.allclose(be.geglu_tanh(x, w[None]), gelu * w, atol=1e-6)
+
+
+def test_thread_chooser_prefers_measured_faster_count():
+    from llm.backends.blas_threads import ThreadChooser, get_threads, set_threads
+    chooser = ThreadChooser((1, 2), explore_every=10, trial=2)
+    speed = {1: 1.0, 2: 0.5}                      # two threads twice as fast
+    picks = []
+    for _ in range(60):
+        t = chooser.pick()
+        picks.append(t)
+        chooser.record(t, speed[t] * 100, 100)
+    assert picks[:2] == [1, 2] and picks[-30:].count(2) >= 24, picks  # 1 is re-tried rarely
+    speed[2] = 20.0                               # another process arrives: two threads collapse
+    for _ in range(60):
+        t = chooser.pick()
+        picks.append(t)
+        chooser.record(t, speed[t] * 100, 100)
+    tail = picks[-40:]
+    assert tail.count(1) >= 32, tail              # back on one thread, with rare re-tries of 2
+    previous = set_threads(1)
+    if previous is not None:                      # numpy's OpenBLAS is reachable here
+        assert get_threads() == 1
+        set_threads(previous)

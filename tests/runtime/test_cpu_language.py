@@ -358,3 +358,37 @@ def test_arrays_pass_to_pointer_params_and_const_or(device):
     for fmt in (3, 5):
         arrays_to_funcs[1, 1](out, fmt)
         assert list(out.numpy()) == [5.0, 0.0]
+
+
+@pk.kernel
+def const_locals(out: Ptr[f32], D: Const[int]):
+    NCH = (D // 8 + 3) // 4                        # assigned once from Consts: compile-time
+    buf = pk.shared_array(f32, NCH * 32)
+    t = pk.thread_idx.x
+    for k in pk.static_range(NCH):
+        buf[k * 32 + t] = f32(k)
+    pk.syncthreads()
+    out[t] = buf[(NCH - 1) * 32 + t]
+
+
+def test_single_assignment_of_consts_stays_compile_time(device):
+    out = pk.full(32, np.nan, np.float32)
+    const_locals[1, 32](out, 128)                  # NCH = (16 + 3) // 4 = 4
+    assert (out.numpy() == 3.0).all()
+
+
+@pk.kernel(fp_contract=True)
+def contracted(x: Ptr[f32], out: Ptr[f32]):
+    t = pk.thread_idx.x
+    out[t] = x[t] * x[t] + 1.0
+
+
+def test_fp_contract_fuses_multiply_add():
+    assert "fma.rn.f32" in contracted.ptx("sm_90")
+    assert "fma.rn.f32" not in KERNEL_WITHOUT_CONTRACT.ptx("sm_90")
+
+
+@pk.kernel
+def KERNEL_WITHOUT_CONTRACT(x: Ptr[f32], out: Ptr[f32]):
+    t = pk.thread_idx.x
+    out[t] = x[t] * x[t] + 1.0
