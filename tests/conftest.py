@@ -6,7 +6,7 @@ import sys
 # Tests import with --import-mode=importlib (test files in different folders may share a
 # basename); helper modules next to tests (e.g. tests/llm/tokenizer_data.py) are found here.
 _HERE = os.path.dirname(os.path.abspath(__file__))
-for _sub in ("llm", "kernels", "runtime"):
+for _sub in ("", "llm", "kernels", "runtime"):
     _path = os.path.join(_HERE, _sub)
     if _path not in sys.path:
         sys.path.insert(0, _path)

@@ -9,7 +9,9 @@ import pykernel as pk
 from stdlib_kernels.quant import dequantize, quantize
 from stdlib_kernels.quant import reference as ref
 
-GOLDEN = os.environ.get("PYKERNEL_QUANT_GOLDEN", "/work/shared/golden/ggml-quants-seed1.npz")
+from shared_data import GOLDEN as _GOLDEN_DIR
+
+GOLDEN = os.environ.get("PYKERNEL_QUANT_GOLDEN", str(_GOLDEN_DIR / "ggml-quants-seed1.npz"))
 LEGACY = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q1_0"]
 KQUANTS = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 FLOATS = ["F32", "F16", "BF16"]

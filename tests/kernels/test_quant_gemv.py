@@ -86,8 +86,8 @@ def test_gemv_q8_1(device, rng, seed, type_name):
         check_q8_1(y, raw, type_name, x, seed)
 
 
-@pytest.mark.parametrize("config", [GemvConfig(warps=4, split=2, rows=2, unroll=2),
-                                    GemvConfig(warps=2, split=1, rows=3, unroll=3)])
+@pytest.mark.parametrize("config", [GemvConfig(warps=4, split=2, rows=2, unroll=2, widen=2),
+                                    GemvConfig(warps=2, split=1, rows=3, unroll=3, widen=4)])
 def test_gemv_q8_1_launch_shapes(device, rng, seed, config):
     # the GPU's shapes: unrolled trips plus a remainder, rows not a multiple of the block's rows
     rows, n = 7, 256 * 17

@@ -9,7 +9,9 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from stdlib_kernels.quant import FORMATS, reference as ref
 from stdlib_kernels.quant.reference_numerics import F32, nearest_int, round_clip
 
-GOLDEN = "/work/shared/golden/ggml-quants-seed1.npz"
+from shared_data import GOLDEN as _GOLDEN_DIR, require
+
+GOLDEN = _GOLDEN_DIR / "ggml-quants-seed1.npz"
 GOLDEN_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
                 "Q1_0"]
 ALL_TYPES = ["F32", "F16", "BF16", "Q8_1"] + GOLDEN_TYPES
@@ -23,7 +25,7 @@ RMS_BOUND = {"F32": 0.0, "F16": 1e-3, "BF16": 4e-3, "Q8_0": 0.01, "Q8_1": 0.01, 
 
 @pytest.fixture(scope="module")
 def golden():
-    return np.load(GOLDEN)
+    return np.load(require(GOLDEN))
 
 
 def _row_len(type_name: str, blocks: int = 4) -> int:

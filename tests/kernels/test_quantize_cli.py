@@ -8,7 +8,9 @@ from pykernel.cli import main as pykernel_main
 from stdlib_kernels.quant import reference as ref
 from stdlib_kernels.quant.cli import choose_type, fit_to_row, use_more_bits
 
-TINY = "/work/shared/golden/tiny/tiny-llama-f32.gguf"
+from shared_data import GOLDEN, require
+
+TINY = str(GOLDEN / "tiny" / "tiny-llama-f32.gguf")
 
 
 def test_llama_cpp_type_rules():
@@ -46,6 +48,7 @@ def _check_tensors_match(src_path, out_path, want_types):
 
 def test_quantize_tiny_llama_q8_0_loads_in_runner(tmp_path, capsys):
     out_path = tmp_path / "tiny-q8_0.gguf"
+    require(TINY)
     assert pykernel_main(["quantize", TINY, str(out_path), "--type", "Q8_0",
                           "--backend", "numpy"]) == 0
     assert "elements/s" in capsys.readouterr().err
