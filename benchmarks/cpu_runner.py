@@ -24,8 +24,10 @@ import llm  # noqa: E402
 
 
 def bench_model(name: str, n_prompt: int, n_decode: int, reps: int) -> dict:
+    path = llm.resolve_model(name)  # fetched first if needed: not part of the load time
+    size = os.path.getsize(path)
     t0 = time.perf_counter()
-    model = llm.load(name, n_ctx=n_prompt + n_decode + 8)
+    model = llm.load(path, n_ctx=n_prompt + n_decode + 8)
     load_s = time.perf_counter() - t0
     rng = np.random.default_rng(0)
     prompt = rng.integers(100, model.config.n_vocab - 100, n_prompt).tolist()
@@ -41,8 +43,7 @@ def bench_model(name: str, n_prompt: int, n_decode: int, reps: int) -> dict:
         for _ in range(n_decode):
             token = int(np.argmax(session.step(token)))
         tg.append(n_decode / (time.perf_counter() - t0))
-    return dict(name=name, path=model.path, load=load_s, pp=pp, tg=tg,
-                size=os.path.getsize(model.path))
+    return dict(name=name, path=path, load=load_s, pp=pp, tg=tg, size=size)
 
 
 def fmt(values: list[float]) -> str:

@@ -154,12 +154,14 @@ def bench_rmsnorm_q8_1(rng, n: int = 4096):
     return time_graph(fused) / 50, time_graph(separate) / 50
 
 
-SWEEP = [GemvConfig(4, 1, 1, 1), GemvConfig(4, 1, 1, 2), GemvConfig(4, 1, 1, 4),
-         GemvConfig(4, 1, 2, 1), GemvConfig(4, 1, 2, 2), GemvConfig(4, 2, 1, 2),
-         GemvConfig(4, 4, 1, 2), GemvConfig(8, 1, 1, 2), GemvConfig(4, 1, 4, 1)]
-SHORT_SWEEP = [GemvConfig(4, 1, 1, 2), GemvConfig(4, 1, 2, 1), GemvConfig(4, 2, 1, 2)]
-BATCH_SWEEP = [GemvConfig(4, 1, 1, 1), GemvConfig(4, 1, 1, 2), GemvConfig(4, 1, 2, 1),
-               GemvConfig(4, 2, 1, 1)]
+def configs(warps=(4,), splits=(1, 2, 4), rows=(1, 2), unrolls=(1, 2), widens=(1, 2, 4)):
+    return [GemvConfig(w, k, r, u, v) for w in warps for k in splits if k <= w for r in rows
+            for u in unrolls for v in widens]
+
+
+SWEEP = configs() + configs(warps=(8,), splits=(2, 8), unrolls=(1,))
+SHORT_SWEEP = configs(unrolls=(1,), splits=(1, 2))
+BATCH_SWEEP = configs(splits=(1, 2), rows=(1, 2, 4), unrolls=(1,), widens=(1, 2))
 TARGET_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K", "Q1_0")
 NEW_TYPES = ("Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K")
 
@@ -201,7 +203,10 @@ def main():
     results["rmsnorm_q8_1_us"] = {"fused": fused * 1e6, "separate": separate * 1e6}
     print(f"rmsnorm + quantize_q8_1 (n=4096): fused {fused * 1e6:.2f} us, "
           f"two launches {separate * 1e6:.2f} us")
-    best = sweep_gemv(rng, copy, deadline - 90, results)
+    best = sweep_gemv(rng, copy, deadline - 100, results)
+    results["best"] = {t: (sec * 1e6, config) for t, (sec, config) in best.items()}
+    print("\nbest per type:", {t: (round(us, 1), tuple(c or ()))
+                               for t, (us, c) in results["best"].items()})
     save(results)
     print("\nbest config + the Q8_1 quantization in the same graph (llama.cpp's figures include "
           "it):")
@@ -211,7 +216,7 @@ def main():
             results[f"gemv_{type_name}_with_quantize_us"] = both * 1e6
             print(f"  {type_name} {tuple(config)}: {sec * 1e6:.1f} us, with quantize "
                   f"{both * 1e6:.1f} us", flush=True)
-    print("\nbatched Q4_K GEMV:")
+    print("\nbatched Q4_K GEMV (config: warps, split, rows, unroll, widen):")
     for batch in (2, 4, 8):
         for config in BATCH_SWEEP:
             if time.time() < deadline - 40:

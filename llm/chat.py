@@ -103,8 +103,9 @@ def render(template: str | None, messages: Sequence[dict], add_generation_prompt
     try:
         compiled = _environment().from_string(template or CHATML_TEMPLATE)
         pieces, size = [], 0
-        for piece in compiled.generate(messages=messages, add_generation_prompt=add_generation_prompt,
-                                       bos_token=bos_token, eos_token=eos_token, tools=None):
+        variables = dict(messages=messages, add_generation_prompt=add_generation_prompt,
+                         bos_token=bos_token, eos_token=eos_token, tools=None)
+        for piece in compiled.generate(**variables):
             size += len(piece)
             if size > MAX_RENDERED_CHARS:
                 raise ChatTemplateError(f"{source}: output exceeds {MAX_RENDERED_CHARS} characters")

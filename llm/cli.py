@@ -25,7 +25,8 @@ def _add_model_args(p, with_device: bool = True) -> None:
                    help=f"GGUF path or model name ({', '.join(model_names())}; default "
                         f"{DEFAULT_MODEL})")
     if with_device:
-        p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+        p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                       help="auto: cuda when a GPU and the kernels backend are usable, else cpu")
         p.add_argument("--backend", choices=("numpy", "kernels"), default=None,
                        help="default: numpy on cpu, kernels on cuda")
         p.add_argument("--ctx", type=int, default=None,
@@ -98,10 +99,18 @@ def _guarded(fn):
 
 def _load(args):
     from llm.model import load
-    model = load(args.model, device=args.device, backend=args.backend, n_ctx=args.ctx)
+    device, model = args.device, None
+    if device == "auto":
+        try:
+            model = load(args.model, device="cuda", backend=args.backend, n_ctx=args.ctx)
+            device = "cuda"
+        except BackendUnavailable:
+            device = "cpu"
+    if model is None:
+        model = load(args.model, device=device, backend=args.backend, n_ctx=args.ctx)
     cfg = model.config
     print(f"model: {model.path} ({cfg.arch}, {cfg.n_layer} layers, {cfg.n_embd} wide, "
-          f"{model.backend.name} backend on {args.device}; loaded in {model.load_seconds:.2f} s)",
+          f"{model.backend.name} backend on {device}; loaded in {model.load_seconds:.2f} s)",
           file=sys.stderr)
     print(model.context_note, file=sys.stderr)
     return model

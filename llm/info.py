@@ -21,7 +21,8 @@ def _format_value(value, full: bool) -> str:
     if isinstance(value, np.ndarray):
         if full or value.size <= SHORT_ARRAY:
             return f"[{', '.join(str(v) for v in value.tolist())}]"
-        return f"[{value.dtype} array of {value.size}: {', '.join(map(str, value[:4].tolist()))}, ...]"
+        head = ", ".join(map(str, value[:4].tolist()))
+        return f"[{value.dtype} array of {value.size}: {head}, ...]"
     if isinstance(value, list):
         if full or len(value) <= SHORT_ARRAY:
             return repr(value)

@@ -67,10 +67,12 @@ class ThreadChooser:
 
     MAX_BACKOFF = 64
 
-    def __init__(self, candidates: tuple[int, ...], explore_every: int = 48, trial: int = 2):
+    def __init__(self, candidates: tuple[int, ...], explore_every: int = 48, trial: int = 3,
+                 warmup: int = 3):
         self.candidates = candidates
-        self.explore_every, self.trial = explore_every, trial
+        self.explore_every, self.trial, self.warmup = explore_every, trial, warmup
         self.cost: dict[int, float | None] = {c: None for c in candidates}
+        self.samples = {c: 0 for c in candidates}
         self.backoff = 1
         self.until_explore = explore_every
         self.trying: int | None = None
@@ -80,9 +82,10 @@ class ThreadChooser:
         return min(self.candidates, key=lambda c: self.cost[c])
 
     def pick(self) -> int:
-        untried = [c for c in self.candidates if self.cost[c] is None]
+        # warm-up: every count gets a few samples (a first call after a switch is often slow)
+        untried = [c for c in self.candidates if self.samples[c] < self.warmup]
         if untried:
-            return untried[0]
+            return min(untried, key=lambda c: self.samples[c])
         if self.trial_left > 0:
             return self.trying
         self.until_explore -= 1
@@ -95,6 +98,7 @@ class ThreadChooser:
 
     def record(self, threads: int, seconds: float, work: float) -> None:
         cost = seconds / max(work, 1.0)
+        self.samples[threads] += 1
         old = self.cost[threads]
         self.cost[threads] = cost if old is None else 0.7 * old + 0.3 * cost
         if self.trial_left > 0 and threads == self.trying:

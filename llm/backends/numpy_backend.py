@@ -7,6 +7,7 @@ decode step reads contiguous rows per head.
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import Sequence
@@ -63,8 +64,9 @@ class NumpyBackend(Backend):
         env_threads = os.environ.get("PYKERNEL_THREADS")
         fixed = threads or (int(env_threads) if env_threads else None)
         candidates = (fixed,) if fixed else tuple(sorted({1, os.cpu_count() or 1}))
-        self._choosers = {"decode": ThreadChooser(candidates, explore_every=48, trial=2),
-                          "prefill": ThreadChooser(candidates, explore_every=12, trial=1)}
+        self._choosers = {"decode": ThreadChooser(candidates, explore_every=48, trial=3),
+                          "prefill": ThreadChooser(candidates, explore_every=12, trial=1,
+                                                   warmup=1)}
         self._pass = None  # (chooser kind, threads, start time, tokens) of the running pass
         self._blas_threads = None
         self._dequantized: dict[str, np.ndarray] = {}
@@ -152,8 +154,11 @@ class NumpyBackend(Backend):
         return a
 
     def rms_norm(self, x, w, eps, group=0):
+        if not group and x.shape[0] == 1:  # decode: one dot product, one fused scale
+            mean_sq = float(np.dot(x[0], x[0])) / x.shape[1]
+            return x * (w * np.float32(1.0 / math.sqrt(mean_sq + eps)))
         rows = x.reshape(x.shape[0], -1, group) if group else x
-        mean_sq = np.square(rows).sum(axis=-1, keepdims=True)
+        mean_sq = np.einsum("...i,...i->...", rows, rows)[..., None]
         mean_sq *= np.float32(1.0 / rows.shape[-1])
         mean_sq += np.float32(eps)
         out = rows / np.sqrt(mean_sq)

@@ -31,19 +31,24 @@ PAIR_TYPES = {"Q4_0": gk.Q4_0_PAIR, "Q8_0": gk.Q8_0_PAIR}
 class GemvConfig(NamedTuple):
     """Launch shape: `warps` per thread block; `split` warps share each row group (> 1 adds a
     shared-memory reduction); `rows` output rows per group; `unroll` items per thread per loop
-    trip (their loads in flight together)."""
+    trip (their loads in flight together); `widen` consecutive items per thread visit (used
+    only when it divides the row's item count)."""
     warps: int = 4
     split: int = 1
     rows: int = 1
     unroll: int = 2
+    widen: int = 1
 
 
-DEFAULT_CONFIG = GemvConfig()
-# measured on an H200 at m=4096, k=14336 (benchmarks/quant_matmul.py); key (type, batch > 1)
-TUNED_CONFIGS: dict = {}
+G = GemvConfig
+# best of a 48-shape sweep per type, H200, m=4096 k=14336, batch 1 (benchmarks/RESULTS.md)
+TUNED_CONFIGS = {"Q4_0": G(4, 1, 2, 1, 1), "Q4_1": G(8, 8, 2, 1, 1), "Q8_0": G(4, 4, 2, 2, 1),
+                 "Q4_K": G(8, 2, 2, 1, 2), "Q6_K": G(8, 8, 2, 1, 1), "Q1_0": G(4, 4, 2, 1, 1),
+                 "Q2_K": G(4, 1, 2, 1, 1), "Q5_K": G(4, 2, 2, 1, 2)}
+DEFAULT_CONFIG = G(4, 2, 2, 1, 1)   # best for Q5_0, Q5_1, Q3_K; a safe shape for the rest
+# batch > 1: measured on Q4_K (2, 4, 8 tokens); 4 rows per group reuse each activation load
+BATCH_CONFIGS = ((3, G(4, 2, 4, 1, 2)), (5, G(4, 2, 4, 1, 1)), (8, G(4, 1, 4, 1, 2)))
 F32_CONFIG = GemvConfig(warps=4, split=4, rows=1, unroll=1)
-
-
 # the CPU target emulates every thread: unrolled trips only cost it compile time
 CPU_CONFIG = GemvConfig(warps=4, split=1, rows=1, unroll=1)
 
@@ -51,7 +56,11 @@ CPU_CONFIG = GemvConfig(warps=4, split=1, rows=1, unroll=1)
 def gemv_config(type_name: str, batch: int) -> GemvConfig:
     if pk.current_device().kind == "cpu":
         return CPU_CONFIG
-    return TUNED_CONFIGS.get((type_name, batch > 1), DEFAULT_CONFIG)
+    if batch > 1:
+        return next(c for most, c in BATCH_CONFIGS if batch <= most)
+    return TUNED_CONFIGS.get(type_name, DEFAULT_CONFIG)
+
+
 F32_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K",
              "Q4_K", "Q5_K", "Q6_K", "Q1_0")
 MODES = {None: gk.MODE_PLAIN, "residual": gk.MODE_RESIDUAL, "swiglu": gk.MODE_SWIGLU,
@@ -104,12 +113,13 @@ def gemv_q8_into(w, type_name, xq, y, rows, n, batch=1, *, w2=None, res=None, mo
         w2 = None if w2 is None else w2.view(np.uint32)
         fmt_id, blocks = PAIR_TYPES[type_name], blocks // 2
     c = config or gemv_config(type_name, batch)
+    widen = c.widen if (blocks * items) % c.widen == 0 else 1
     per_block = c.warps // c.split * c.rows
     gk.gemv_q8_kernel[(rows + per_block - 1) // per_block, c.warps * 32, stream](
         w, w if w2 is None else w2, words, y if res is None else res, y, rows,
         n // fmt.block_elems * fmt.block_bytes // w.itemsize, blocks,
         q8_1_bytes(n) // 4, fmt_id, w.dtype, items, c.warps, batch, MODES[mode], c.rows,
-        c.split, c.unroll)
+        c.split, c.unroll, widen)
 
 
 def gemv_f32_into(w, type_name, x, y, rows, n, batch=1, *, w2=None, res=None, mode=None,

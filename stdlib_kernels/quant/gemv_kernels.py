@@ -4,8 +4,8 @@
     gemv_f32_kernel  x as float32, weights decoded to f32 eight at a time (decode8.py)
 
 Grid: a thread block of WARPS warps holds WARPS / KW row groups; each group of KW warps computes
-ROWS output rows, its threads striding over the rows' items (16..36 bytes of weights each),
-UNROLL items per loop trip with no bounds checks inside the trip (so all their loads are in
+ROWS output rows, its threads striding over the rows' items (16..36 bytes of weights each;
+WIDEN consecutive items per thread visit), UNROLL visits per loop trip with no bounds checks inside the trip (so all their loads are in
 flight together). Each weight item is loaded once and applied to every token (BATCH
 accumulators per row in registers). Reduction: warp shuffles, plus shared memory when KW > 1.
 Rows past the end are clamped for the loads and not stored. MODE fuses the epilogue:
@@ -66,15 +66,17 @@ def item_dot_q8(FMT: Const[int], w, wrow: i32, blk: i32, part: i32,
 @pk.func
 def rows_item_q8(FMT: Const[int], w, w2, wrows, it: i32,
                  xq, xstride: i32, acc, ITEMS: Const[int], ROWS: Const[int],
-                 BATCH: Const[int], MODE: Const[int]):
-    """Item `it` of each of the group's ROWS rows (and of W2's rows in the GLU modes)."""
-    blk = it // ITEMS
-    part = it % ITEMS
-    for ri in pk.static_range(ROWS):
-        item_dot_q8(FMT, w, wrows[ri], blk, part, xq, xstride, acc, ri * BATCH, BATCH)
-        if MODE >= MODE_SWIGLU:
-            item_dot_q8(FMT, w2, wrows[ri], blk, part, xq, xstride, acc, (ROWS + ri) * BATCH,
-                        BATCH)
+                 BATCH: Const[int], MODE: Const[int], WIDEN: Const[int]):
+    """Wide item `it` (WIDEN consecutive items) of each of the group's ROWS rows (and of W2's
+    rows in the GLU modes)."""
+    for v in pk.static_range(WIDEN):
+        blk = (it * WIDEN + v) // ITEMS
+        part = (it * WIDEN + v) % ITEMS
+        for ri in pk.static_range(ROWS):
+            item_dot_q8(FMT, w, wrows[ri], blk, part, xq, xstride, acc, ri * BATCH, BATCH)
+            if MODE >= MODE_SWIGLU:
+                item_dot_q8(FMT, w2, wrows[ri], blk, part, xq, xstride, acc,
+                            (ROWS + ri) * BATCH, BATCH)
 
 
 @pk.kernel
@@ -82,7 +84,7 @@ def gemv_q8_kernel(w: Ptr["WT", "ro"], w2: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], 
                    y: Ptr[f32], rows: i32, row_words: i32, nblocks: i32, xq_words: i32,
                    FMT: Const[int], WT: Const[pk.dtype], ITEMS: Const[int], WARPS: Const[int],
                    BATCH: Const[int], MODE: Const[int], ROWS: Const[int], KW: Const[int],
-                   UNROLL: Const[int]):
+                   UNROLL: Const[int], WIDEN: Const[int]):
     acc = pk.local_array(f32, 2 * ROWS * BATCH)   # [0, ROWS*BATCH): W x; then W2 x (GLU)
     for a in pk.static_range(2 * ROWS * BATCH):
         acc[a] = 0.0
@@ -90,16 +92,16 @@ def gemv_q8_kernel(w: Ptr["WT", "ro"], w2: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], 
     wrows = pk.local_array(i32, ROWS)
     for ri in pk.static_range(ROWS):
         wrows[ri] = min(row0 + ri, rows - 1) * row_words
-    nitems = nblocks * ITEMS
+    nitems = nblocks * ITEMS // WIDEN   # the host checks that WIDEN divides it
     stride = 32 * KW
     it = pk.thread_idx.x % stride
     while it + (UNROLL - 1) * stride < nitems:   # whole trips: UNROLL items, no bounds checks
         for u in pk.static_range(UNROLL):
             rows_item_q8(FMT, w, w2, wrows, it + u * stride, xq, xq_words, acc, ITEMS, ROWS,
-                         BATCH, MODE)
+                         BATCH, MODE, WIDEN)
         it += UNROLL * stride
     while it < nitems:
-        rows_item_q8(FMT, w, w2, wrows, it, xq, xq_words, acc, ITEMS, ROWS, BATCH, MODE)
+        rows_item_q8(FMT, w, w2, wrows, it, xq, xq_words, acc, ITEMS, ROWS, BATCH, MODE, WIDEN)
         it += stride
     reduce_and_store(acc, res, y, rows, row0, WARPS, KW, ROWS, BATCH, MODE)
 

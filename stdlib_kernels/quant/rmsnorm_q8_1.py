@@ -6,10 +6,10 @@ quantize for the DP4A GEMV" in one launch.
         out (optional, float32 like x) also receives the normalized values.
     rmsnorm_q8_1(x, weight, eps) -> (xq, out)          allocating wrapper (numpy or device x)
 
-One 256-thread block per row: pass 1 sums squares (f32, warp shuffles + shared memory) and forms
-rstd = 1 / sqrt(mean + eps) (correctly rounded sqrt, like stdlib_kernels.norm); pass 2 has each
-warp normalize 32-value blocks (row re-read from L1/L2) and quantize them exactly as
-q8_1.quantize_q8_1 does. The sum order differs from norm.rmsnorm's, so values agree with it to
+One 1024-thread block per row; warp w loads Q8_1 blocks w, w + 32, ... of the row into
+registers, the block sums squares (f32, warp shuffles + shared memory) into
+rstd = 1 / sqrt(mean + eps) (correctly rounded sqrt, like stdlib_kernels.norm), and each warp
+normalizes and quantizes its blocks exactly as q8_1.quantize_q8_1 does. The sum order differs from norm.rmsnorm's, so values agree with it to
 f32 rounding (not bit for bit); Q8_1 bytes of a value on a rounding boundary can differ by one.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pykernel import Const, Ptr, f32, i32, u32
 
 from .q8_1 import Q8_1_BLOCK_BYTES, q8_1_bytes, store_q8_1_block
 
-THREADS = 256
+THREADS = 1024
 
 
 @pk.func
@@ -33,33 +33,40 @@ def warp_sum(v: f32) -> f32:
 
 @pk.kernel
 def rmsnorm_q8_1_kernel(x: Ptr[f32, "ro"], weight: Ptr[f32, "ro"], xq: Ptr[u32], out: Ptr[f32],
-                        n: i32, eps: f32, HAS_W: Const[bool], HAS_OUT: Const[bool]):
+                        n: i32, eps: f32, HAS_W: Const[bool], HAS_OUT: Const[bool],
+                        CHUNKS: Const[int]):
+    # warp wp holds Q8_1 blocks wp, wp + 32, ... (lane l = value l): the row is read once,
+    # kept in registers, and each block is quantized by the warp that loaded it
     scratch = pk.shared_array(f32, THREADS // 32)
     tid = pk.thread_idx.x
     lane = tid % 32
+    wp = tid // 32
     row = pk.block_idx.x
-    xr = x + row * n
+    nblocks = n // 32
+    vals = pk.local_array(f32, CHUNKS)
     ss = f32(0.0)
-    for c in range(tid, n, THREADS):
-        v = xr[c]
-        ss += v * v
+    for ch in pk.static_range(CHUNKS):
+        blk = wp + ch * (THREADS // 32)
+        vals[ch] = 0.0
+        if blk < nblocks:
+            vals[ch] = x[row * n + blk * 32 + lane]
+        ss += vals[ch] * vals[ch]
     ss = warp_sum(ss)
     if lane == 0:
-        scratch[tid // 32] = ss
+        scratch[wp] = ss
     pk.syncthreads()
-    total = f32(0.0)
-    for k in pk.static_range(THREADS // 32):
-        total += scratch[k]
+    total = warp_sum(scratch[lane])
     scale = 1.0 / pk.sqrt(total / f32(n) + eps)
-    nblocks = n // 32
-    for blk in range(tid // 32, nblocks, THREADS // 32):
-        c = blk * 32 + lane
-        v = xr[c] * scale
-        if HAS_W:
-            v = v * weight[c]
-        if HAS_OUT:
-            out[row * n + c] = v
-        store_q8_1_block(v, lane, xq, row * nblocks + blk)
+    for ch in pk.static_range(CHUNKS):
+        blk = wp + ch * (THREADS // 32)
+        if blk < nblocks:
+            c = blk * 32 + lane
+            v = vals[ch] * scale
+            if HAS_W:
+                v = v * weight[c]
+            if HAS_OUT:
+                out[row * n + c] = v
+            store_q8_1_block(v, lane, xq, row * nblocks + blk)
 
 
 def rmsnorm_q8_1_into(x, weight, eps: float, xq, out=None, stream=None) -> None:
@@ -83,7 +90,7 @@ def rmsnorm_q8_1_into(x, weight, eps: float, xq, out=None, stream=None) -> None:
     flat = x.reshape(-1)
     rmsnorm_q8_1_kernel[rows, THREADS, stream](
         flat, flat if weight is None else weight, words, flat if out is None else out.reshape(-1),
-        n, float(eps), weight is not None, out is not None)
+        n, float(eps), weight is not None, out is not None, -(-n // (32 * THREADS)))
 
 
 def rmsnorm_q8_1(x, weight=None, eps: float = 1e-6):

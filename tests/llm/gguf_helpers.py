@@ -6,13 +6,21 @@ import struct
 from pathlib import Path
 
 import numpy as np
+import pytest
 from gguf import GGUFValueType, GGUFWriter
 
 from llm.gguf_file import GGUFFile
+from tests.shared_data import GOLDEN, require
 
-GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden"  # ../shared from the repo
 TINY = GOLDEN / "tiny"
 TINY_LLAMA = TINY / "tiny-llama-f32.gguf"
+
+
+def require_for_module(path: Path) -> None:
+    """Skip the whole test module, with the reason, when oracle data is absent."""
+    if not Path(path).exists():
+        pytest.skip(f"oracle data {path} not present (needs ../shared beside the checkout)",
+                    allow_module_level=True)
 
 
 def rewrite(src: Path, dst: Path, set_keys: dict | None = None, drop_keys=(),
@@ -69,5 +77,5 @@ def patch(path: Path, offset: int, fmt: str, *values) -> None:
     Path(path).write_bytes(bytes(data))
 
 
-__all__ = ["GGUFValueType", "GOLDEN", "TINY", "TINY_LLAMA", "key_value_offset", "patch", "rewrite",
-           "tensor_info_offset"]
+__all__ = ["GGUFValueType", "GOLDEN", "TINY", "TINY_LLAMA", "key_value_offset", "patch", "require",
+           "require_for_module", "rewrite", "tensor_info_offset"]

@@ -5,7 +5,7 @@ from gguf import GGUFValueType
 
 import llm
 from llm.chat import CHATML_TEMPLATE, ChatTemplateError, render
-from tests.llm.gguf_helpers import TINY_LLAMA, rewrite
+from tests.llm.gguf_helpers import TINY_LLAMA, require, rewrite
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
 
@@ -66,7 +66,7 @@ def test_bad_messages():
 
 
 def test_model_uses_its_template_and_fallback(tmp_path):
-    tiny = llm.load(TINY_LLAMA, n_ctx=64)
+    tiny = llm.load(require(TINY_LLAMA), n_ctx=64)
     assert tiny.chat_template == CHATML_TEMPLATE  # the tiny file has none
     custom = rewrite(TINY_LLAMA, tmp_path / "tpl.gguf", set_keys={
         "tokenizer.chat_template": ("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}"
@@ -80,7 +80,7 @@ def test_model_uses_its_template_and_fallback(tmp_path):
 
 
 def test_hostile_template_in_gguf(tmp_path):
-    path = rewrite(TINY_LLAMA, tmp_path / "evil.gguf", set_keys={
+    path = rewrite(require(TINY_LLAMA), tmp_path / "evil.gguf", set_keys={
         "tokenizer.chat_template": (MALICIOUS[0], GGUFValueType.STRING)})
     model = llm.load(path, n_ctx=64)
     with pytest.raises(ChatTemplateError, match="evil.gguf"):

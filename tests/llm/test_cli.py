@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.llm.gguf_helpers import TINY, TINY_LLAMA
+from tests.llm.gguf_helpers import TINY, TINY_LLAMA, require_for_module
+
+require_for_module(TINY_LLAMA)
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,9 @@ import llm
 from llm.backends.numpy_backend import NumpyBackend
 from llm.generate import ContextError, GenerationStats, Session, stream
 from llm.sampling import Sampler, SamplingParams
-from tests.llm.gguf_helpers import TINY_LLAMA
+from tests.llm.gguf_helpers import TINY_LLAMA, require_for_module
+
+require_for_module(TINY_LLAMA)
 
 
 class ScriptedTransformer:

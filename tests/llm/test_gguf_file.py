@@ -10,7 +10,9 @@ import llm
 from llm.gguf_file import GGUFError, GGUFFile
 from llm.gguf_reader_view import MetadataReader
 from tests.llm.gguf_helpers import (TINY, TINY_LLAMA, key_value_offset, patch, rewrite,
-                                    tensor_info_offset)
+                                    require_for_module, tensor_info_offset)
+
+require_for_module(TINY_LLAMA)
 
 TINY_FILES = sorted(TINY.glob("*.gguf"))
 
@@ -155,13 +157,14 @@ def test_missing_tensor(tmp_path):
 
 def test_wrong_shape(tmp_path, rng):
     bad = rng.standard_normal((48, 64)).astype(np.float32)
-    path = rewrite(TINY_LLAMA, tmp_path / "shape.gguf", tensors={"blk.0.attn_q.weight": (bad, None)})
+    path = rewrite(TINY_LLAMA, tmp_path / "shape.gguf",
+                   tensors={"blk.0.attn_q.weight": (bad, None)})
     err = _load_error(path)
     assert "blk.0.attn_q.weight" in err.what
     assert "expected shape (64, 64)" in err.expected and "(48, 64)" in err.expected
 
 
-def test_unsupported_but_known_tensor_type_for_blocks(tmp_path):
+def test_row_length_not_a_multiple_of_the_block(tmp_path):
     # Q8_0 needs ne0 % 32 == 0: a 64 x 20 raw tensor declared with ne0 = 20 is invalid
     raw = np.zeros((64, 20), dtype=np.float32)
     path = rewrite(TINY_LLAMA, tmp_path / "block.gguf",

@@ -12,15 +12,15 @@ from llm.backends.act_quant import round_trip
 from llm.backends.dequant import dequantize
 from llm.backends.numpy_backend import NumpyBackend
 from llm.config import RopeParams
-from tests.llm.gguf_helpers import GOLDEN
+from tests.llm.gguf_helpers import GOLDEN, require
 
-ORACLE = np.load(GOLDEN / "ggml-quants-seed1.npz")
 TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 
 
 @pytest.mark.parametrize("name", TYPES)
 def test_dequantize_bit_exact_vs_ggml(name):
-    raw, want = ORACLE[name], ORACLE[f"{name}_deq"]
+    oracle = np.load(require(GOLDEN / "ggml-quants-seed1.npz"))
+    raw, want = oracle[name], oracle[f"{name}_deq"]
     got = dequantize(raw.reshape(-1), Q[name], want.shape)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), name
 

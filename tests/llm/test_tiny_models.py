@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 import llm
-from tests.llm.gguf_helpers import TINY
+from tests.llm.gguf_helpers import TINY, require_for_module
 
+require_for_module(TINY / "tiny-logits.json")
 CASES = json.loads((TINY / "tiny-logits.json").read_text())
 F32_TOL = 1e-3      # measured: ~1e-6 (llama, qwen2, qwen3), ~3e-4 (gpt2: ggml's f16 GELU table)
 Q8_0_TOL = 2e-2     # with llama.cpp's activation quantization emulated (measured ~2.5e-7)
