@@ -158,7 +158,16 @@ def cmd_run(args) -> int:
     sys.stdout.write("\n")
     sys.stdout.flush()
     _print_stats(stats)
+    _print_memory(model)
     return 0
+
+
+def _print_memory(model) -> None:
+    """GPU backends report what the weights, KV cache and activations take on the device."""
+    report = getattr(model.backend, "memory_report", None)
+    if report is not None:
+        from llm.backends.kernels_memory import format_report
+        print(format_report(report()), file=sys.stderr)
 
 
 @_guarded
