@@ -9,7 +9,7 @@ timed with events, so the time per kernel excludes Python launch overhead (repor
 "host us": one plain launch, back to back, which bounds a non-graph decode loop).
 Bytes counted: every input read once and every output written once.
 
-    python3 benchmarks/core_kernels.py
+    python3 benchmarks/core_kernels.py [--quick] [--no-sampling]
 """
 from __future__ import annotations
 
@@ -175,6 +175,8 @@ def main() -> None:
                 bw = nbytes / seconds
                 print(f"| {name} | {h} | {batch} | {seconds * 1e6:.2f} | {host:.1f} | "
                       f"{bw / 1e9:.0f} | {100 * bw / copy_bw:.0f}% |", flush=True)
+    if "--no-sampling" in sys.argv:
+        return
     print("\n| sampler | vocab | us/kernel (graph) | host us/launch |\n|---|---|---|---|")
     for label, vocab, g, hst in sampling_rows(rng):
         print(f"| {label} | {vocab} | {g:.1f} | {hst:.1f} |", flush=True)

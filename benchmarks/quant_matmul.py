@@ -10,6 +10,7 @@ the right layout (speed does not depend on the values). Copy bandwidth = 2 x byt
 16-byte-vector copy kernel over 1 GiB.
 
     python3 benchmarks/quant_matmul.py [--budget SECONDS]   (sweeps stop early to fit)
+    python3 benchmarks/quant_matmul.py --gemm-only          (prefill GEMM: int8 vs f16 only)
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import pykernel as pk  # noqa: E402
 from pykernel import Ptr, f32, i32  # noqa: E402
 from stdlib_kernels.quant.formats import get_format  # noqa: E402
 from stdlib_kernels.quant.gemm import gemm_into  # noqa: E402
+from stdlib_kernels.quant.gemm_q8 import Q8GemmTiles, gemm_q8_into  # noqa: E402
 from stdlib_kernels.quant.gemv import (GemvConfig, gemv_f32_into,  # noqa: E402
                                        gemv_q8_into, weight_words)
 from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1_into  # noqa: E402
@@ -136,6 +138,49 @@ def bench_gemm(type_name: str, rng, warps=None):
     return seconds, 2.0 * M * K * TOKENS / seconds / 1e12
 
 
+def bench_gemm_q8(type_name: str, rng, tiles, with_quantize=False):
+    """Seconds per int8 GEMM (plus the Q8_1 quantization of the 512 x K activations when
+    with_quantize: the whole prefill matmul) and its TFLOPS."""
+    weights, _ = random_weights(type_name, M, K, 1, rng)
+    x = pk.to_device(rng.standard_normal((TOKENS, K)).astype(np.float32))
+    xq = pk.empty((TOKENS, q8_1_bytes(K)), np.uint8)
+    quantize_q8_1_into(x, xq)
+    y = pk.empty((TOKENS, M), np.float32)
+
+    def run(stream):
+        for _ in range(3):
+            if with_quantize:
+                quantize_q8_1_into(x, xq, stream=stream)
+            gemm_q8_into(weights[0], type_name, xq, y, M, K, TOKENS, stream=stream, tiles=tiles)
+    seconds = time_graph(run, replays=3) / 3
+    return seconds, 2.0 * M * K * TOKENS / seconds / 1e12
+
+
+Q8_TILES = (Q8GemmTiles(2, 4, 4, 2, 4), Q8GemmTiles(4, 4, 2, 4, 4), Q8GemmTiles(2, 4, 2, 4, 4))
+
+
+def compare_gemm(rng, results):
+    """int8 (several tiles) against f16 tensor-core GEMM per type, m=4096 n=512 k=14336."""
+    print("\n| type | path | tiles | us | TFLOPS | + Q8_1 quantize us |  (llama.cpp q4_K: 348 us)")
+    print("|---|---|---|---|---|---|")
+    for type_name in ("Q4_K", "Q4_0", "Q8_0", "Q6_K"):
+        sec, tflops = bench_gemm(type_name, rng, (2, 4))
+        results["gemm"].append(dict(type=type_name, path="f16", us=sec * 1e6, TFLOPS=tflops))
+        print(f"| {type_name} | f16 | (2, 4) | {sec * 1e6:.0f} | {tflops:.1f} | |", flush=True)
+        for tiles in Q8_TILES:
+            try:
+                sec, tflops = bench_gemm_q8(type_name, rng, tiles)
+                both, _ = bench_gemm_q8(type_name, rng, tiles, with_quantize=True)
+            except Exception as e:   # e.g. a tile shape over the shared-memory limit
+                print(f"| {type_name} | int8 | {tuple(tiles)} | failed: {e} |", flush=True)
+                continue
+            results["gemm"].append(dict(type=type_name, path="int8", tiles=tiles,
+                                        us=sec * 1e6, TFLOPS=tflops, with_quantize_us=both * 1e6))
+            print(f"| {type_name} | int8 | {tuple(tiles)} | {sec * 1e6:.0f} | {tflops:.1f} | "
+                  f"{both * 1e6:.0f} |", flush=True)
+        save(results)
+
+
 def bench_rmsnorm_q8_1(rng, n: int = 4096):
     """Fused RMSNorm + Q8_1 quantize vs the two launches it replaces, one decode row."""
     x = pk.to_device(rng.standard_normal((1, n)).astype(np.float32))
@@ -194,6 +239,10 @@ def main():
     deadline = time.time() + budget
     pk.set_device("cuda")
     rng = np.random.default_rng(0)
+    if "--gemm-only" in sys.argv:
+        results = {"gemm": []}
+        compare_gemm(rng, results)
+        return
     results = {"copy_GBps": copy_bandwidth() / 1e9, "gemv": [], "gemm": []}
     copy = results["copy_GBps"]
     print(f"copy bandwidth: {copy:.0f} GB/s (2 x bytes / time, 1 GiB)")

@@ -75,6 +75,19 @@ def threads_for(items: int, cap: int = MAX_THREADS) -> int:
     return threads
 
 
+# Elementwise kernels take up to `max_units` 4-element units per thread (all loaded before any
+# is used) where memory bandwidth matters; one unit (the most threads) for a few rows.
+FEW_ROWS = 64
+
+
+def elementwise_geometry(rows: int, n: int, max_units: int) -> tuple[int, int, tuple]:
+    """(units per thread, threads per block, grid) for grid x = row, y = column chunk."""
+    units = -(-n // 4)
+    per_thread = 1 if rows < FEW_ROWS else min(max_units, -(-units // 32))
+    threads = threads_for(-(-units // per_thread), 256)
+    return per_thread, threads, (rows, -(-units // (per_thread * threads)), 1)
+
+
 def rows_and_length(x: Array, name: str) -> tuple[int, int]:
     """(rows, n) for an array whose last axis is the row (1-D = one row)."""
     if x.ndim == 0:

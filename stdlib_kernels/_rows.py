@@ -6,6 +6,11 @@ over j is one coalesced access across the group. Each thread keeps its CHUNKS un
 `pk.local_array` indexed by compile-time constants (promoted to registers), reduces, then
 writes from registers: one read of x instead of two or three.
 
+Loads are unconditional (`load_unit`): a unit past the row's end re-reads the row's last unit
+and is zeroed by a select, so a thread issues all its loads before using any. Loads guarded by
+`if c < n` compiled to one branch per unit, each waiting for its load before the next was
+issued: CHUNKS memory latencies in a row instead of one.
+
 GROUP == 32: one warp per row, several rows per block, warp-shuffle reductions only (short
 rows). GROUP > 32: one block per row, shuffles plus one shared-memory step.
 Input: n (row length). Output: `RowGeometry` (or None when a row does not fit: callers fall
@@ -18,7 +23,7 @@ from typing import NamedTuple
 import pykernel as pk
 from pykernel import Const, f32, i32
 
-from ._device import block_max, block_sum, warp_max, warp_sum
+from ._device import block_max, block_sum, load4, warp_max, warp_sum
 
 WARP_ROWS_PER_BLOCK = 4     # rows per 128-thread block when one warp handles a row
 MAX_CHUNKS = 8              # units (4 elements) per thread: 32 f32 registers of row data
@@ -84,3 +89,17 @@ def group_max(v: f32, scratch, GROUP: Const[int]) -> f32:
 def unit_start(j: i32, lane: i32, GROUP: Const[int]) -> i32:
     """First element of this thread's unit j."""
     return (j * GROUP + lane) * 4
+
+
+@pk.func
+def load_unit(p, c: i32, n: i32, VEC: Const[int]):
+    """Elements c..c+3 of row `p` as f32, zeros past n. VEC == 4 (n a multiple of 4): one vector
+    load from min(c, n - 4), never inside a branch, so the compiler can issue every unit's load
+    back to back. Otherwise load4's bounds-checked scalar loads (the unaligned fallback)."""
+    if VEC == 4:
+        a, b, d, e = pk.load_vec(p, min(c, n - 4), 4)
+        live = c < n
+        return (f32(a) if live else f32(0.0), f32(b) if live else f32(0.0),
+                f32(d) if live else f32(0.0), f32(e) if live else f32(0.0))
+    else:
+        return load4(p, c, n, VEC)

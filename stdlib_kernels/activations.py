@@ -4,7 +4,7 @@
 Input: gate (rows, n) [and up (rows, n)] f32/f16, or one fused (rows, 2n) tensor holding gate
 then up in each row (`glu_fused`). Output: (rows, n) like gate (or `out=`).
 Exact math (accurate exp/tanh/erf, no .approx): relative error below ~1e-6 vs float64.
-Grid: x = row, y = chunk of 4 * threads columns, so no per-element division.
+Grid: x = row, y = chunk of UNITS * 4 * threads columns, so no per-element division.
 """
 from __future__ import annotations
 
@@ -16,18 +16,23 @@ import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, i64
 
 from . import _launch as L
-from ._device import load4, store4
+from ._device import exp_nonpositive, store4
+from ._rows import load_unit
 
 SILU, GELU_TANH, GELU_ERF = 0, 1, 2
 _ACTS = {"silu": SILU, "gelu_tanh": GELU_TANH, "gelu_erf": GELU_ERF}
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 RSQRT_2 = 1.0 / math.sqrt(2.0)
+# units of 4 elements per thread: 1 was the fastest for silu_mul at every batch-512 size on the
+# H200 (the math needs the threads to hide latency; benchmarks/RESULTS.md, core sweep)
+GLU_UNITS = 1
 
 
 @pk.func
 def activate(x: f32, ACT: Const[int]) -> f32:
-    if ACT == 0:
-        return x / (1.0 + pk.exp(-x))
+    if ACT == 0:   # x * sigmoid(x) from t = e**-|x| (never overflows, no range branches)
+        t = exp_nonpositive(-abs(x))
+        return (x if x >= 0.0 else x * t) / (1.0 + t)
     elif ACT == 1:
         return 0.5 * x * (1.0 + pk.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
     else:
@@ -37,26 +42,37 @@ def activate(x: f32, ACT: Const[int]) -> f32:
 @pk.kernel
 def glu_rows(gate: Ptr["T", "ro"], up: Ptr["T", "ro"], out: Ptr["T"], n: i32, gate_stride: i32,
              up_stride: i32, ACT: Const[int], GATED: Const[bool], VEC: Const[int],
-             T: Const[pk.dtype]):
+             UNITS: Const[int], T: Const[pk.dtype]):
+    # a thread's UNITS units are block_dim apart (coalesced); every load precedes any math
     row = i64(pk.block_idx.x)
-    c = (pk.block_idx.y * pk.block_dim.x + pk.thread_idx.x) * 4
-    if c < n:
-        a, b, d, e = load4(gate + row * i64(gate_stride), c, n, VEC)
-        a, b, d, e = activate(a, ACT), activate(b, ACT), activate(d, ACT), activate(e, ACT)
+    first = pk.block_idx.y * pk.block_dim.x * UNITS + pk.thread_idx.x
+    g = pk.local_array(f32, 4 * UNITS)
+    w = pk.local_array(f32, 4 * UNITS)
+    for u in pk.static_range(UNITS):
+        c = (first + u * pk.block_dim.x) * 4
+        g[4 * u], g[4 * u + 1], g[4 * u + 2], g[4 * u + 3] = load_unit(
+            gate + row * i64(gate_stride), c, n, VEC)
         if GATED:
-            ua, ub, ud, ue = load4(up + row * i64(up_stride), c, n, VEC)
-            a, b, d, e = a * ua, b * ub, d * ud, e * ue
-        store4(out + row * i64(n), c, n, a, b, d, e, VEC, T)
+            w[4 * u], w[4 * u + 1], w[4 * u + 2], w[4 * u + 3] = load_unit(
+                up + row * i64(up_stride), c, n, VEC)
+    for u in pk.static_range(UNITS):
+        c = (first + u * pk.block_dim.x) * 4
+        a, b, d, e = activate(g[4 * u], ACT), activate(g[4 * u + 1], ACT), \
+            activate(g[4 * u + 2], ACT), activate(g[4 * u + 3], ACT)
+        if GATED:
+            a, b, d, e = a * w[4 * u], b * w[4 * u + 1], d * w[4 * u + 2], e * w[4 * u + 3]
+        if c < n:
+            store4(out + row * i64(n), c, n, a, b, d, e, VEC, T)
 
 
 def _launch_glu(gate, up, out, n, rows, gate_stride, up_stride, act, stream):
     vec = L.vector_width(n, gate, up, out)
     if gate_stride % 4 or (up is not None and up_stride % 4):
         vec = 1
-    threads = L.threads_for(-(-n // 4), 256)
-    grid = (rows, -(-n // (4 * threads)), 1)
+    units, threads, grid = L.elementwise_geometry(rows, n, GLU_UNITS)
     args = (gate, L.either(up, gate), out, n, gate_stride, up_stride)
-    spec = (("ACT", _ACTS[act]), ("GATED", up is not None), ("VEC", vec), ("T", gate.dtype))
+    spec = (("ACT", _ACTS[act]), ("GATED", up is not None), ("VEC", vec), ("UNITS", units),
+            ("T", gate.dtype))
     L.launch(glu_rows, grid, threads, args, spec, stream)
     return out
 

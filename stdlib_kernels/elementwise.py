@@ -14,28 +14,42 @@ import pykernel as pk
 from pykernel import Const, Ptr, bf16, f32, i32, i64, u16, u32
 
 from . import _launch as L
-from ._device import load4, store4
+from ._device import store4
+from ._rows import load_unit
 
 ADD, MUL, NONE = 0, 1, 2
+# units of 4 elements per thread at batch >= 64: 4 was the fastest (or tied) for add and
+# f32->f16 on the H200 (benchmarks/RESULTS.md, core sweep)
+BINARY_UNITS = 4
 
 
 @pk.kernel
 def binary_rows(a: Ptr["TA", "ro"], b: Ptr["TB", "ro"], out: Ptr["TO"], n: i32, b_stride: i32,
-                alpha: f32, OP: Const[int], VEC: Const[int], TA: Const[pk.dtype],
-                TB: Const[pk.dtype], TO: Const[pk.dtype]):
-    # grid: x = row, y = chunk of 4 * threads columns; b_stride 0 broadcasts one row of b
+                alpha: f32, OP: Const[int], VEC: Const[int], UNITS: Const[int],
+                TA: Const[pk.dtype], TB: Const[pk.dtype], TO: Const[pk.dtype]):
+    # grid: x = row, y = chunk of UNITS * 4 * threads columns; b_stride 0 broadcasts one row
+    # of b. A thread's units are block_dim apart (each pass coalesced) and all load first.
     row = i64(pk.block_idx.x)
-    c = (pk.block_idx.y * pk.block_dim.x + pk.thread_idx.x) * 4
-    if c < n:
-        x0, x1, x2, x3 = load4(a + row * i64(n), c, n, VEC)
+    first = pk.block_idx.y * pk.block_dim.x * UNITS + pk.thread_idx.x
+    v = pk.local_array(f32, 4 * UNITS)
+    for u in pk.static_range(UNITS):
+        x0, x1, x2, x3 = load_unit(a + row * i64(n), (first + u * pk.block_dim.x) * 4, n, VEC)
         if OP == 0 or OP == 1:
-            y0, y1, y2, y3 = load4(b + row * i64(b_stride), c, n, VEC)
+            y0, y1, y2, y3 = load_unit(b + row * i64(b_stride), (first + u * pk.block_dim.x) * 4,
+                                       n, VEC)
             if OP == 0:
                 x0, x1, x2, x3 = x0 + y0, x1 + y1, x2 + y2, x3 + y3
             else:
                 x0, x1, x2, x3 = x0 * y0, x1 * y1, x2 * y2, x3 * y3
-        x0, x1, x2, x3 = x0 * alpha, x1 * alpha, x2 * alpha, x3 * alpha
-        store4(out + row * i64(n), c, n, x0, x1, x2, x3, VEC, TO)
+        v[4 * u] = x0 * alpha
+        v[4 * u + 1] = x1 * alpha
+        v[4 * u + 2] = x2 * alpha
+        v[4 * u + 3] = x3 * alpha
+    for u in pk.static_range(UNITS):
+        c = (first + u * pk.block_dim.x) * 4
+        if c < n:
+            store4(out + row * i64(n), c, n, v[4 * u], v[4 * u + 1], v[4 * u + 2],
+                   v[4 * u + 3], VEC, TO)
 
 
 @pk.kernel
@@ -69,10 +83,10 @@ def _binary(a, b, op: int, alpha: float, out, dtype, name: str, stream):
                              f"got {b.shape}")
     out = L.output(out, name, a.shape, a.dtype if dtype is None else dtype)
     vec = L.vector_width(n, a, b, out)
-    threads = L.threads_for(-(-n // 4), 256)
-    grid = (rows, -(-n // (4 * threads)), 1)
+    units, threads, grid = L.elementwise_geometry(rows, n, BINARY_UNITS)
     bb = L.either(b, a)
-    spec = (("OP", op), ("VEC", vec), ("TA", a.dtype), ("TB", bb.dtype), ("TO", out.dtype))
+    spec = (("OP", op), ("VEC", vec), ("UNITS", units), ("TA", a.dtype), ("TB", bb.dtype),
+            ("TO", out.dtype))
     L.launch(binary_rows, grid, threads, (a, bb, out, n, b_stride, alpha), spec, stream)
     return out
 

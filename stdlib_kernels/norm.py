@@ -9,7 +9,7 @@ residual, `sum_out` receives x + residual (the updated residual stream).
 Exact math: sums in f32 with a tree reduction, 1/sqrt correctly rounded; relative error vs a
 float64 reference is below 1e-5. Rows whose 16-byte alignment allows it use vector loads.
 `out` may alias x; `sum_out` may alias x or residual (each element is read, then written, by
-the same thread). RMSNorm with a weight computes (h * w) * scale, LayerNorm ((x - mean) *
+the same thread). RMSNorm with a weight computes (h * scale) * w, LayerNorm ((x - mean) *
 rstd) * w + b.
 """
 from __future__ import annotations
@@ -21,7 +21,12 @@ from pykernel import Const, Ptr, f32, i32, i64
 
 from . import _launch as L
 from ._device import block_sum, load4, store4
-from ._rows import group_row, group_sum, row_geometry, unit_start
+from ._rows import group_row, group_sum, load_unit, row_geometry, unit_start
+
+# 4-element units per thread (cap): with every load issued up front, 4 beat 8 and 16 for
+# both norms at batch 512, hidden 2048-8192, on the H200 (benchmarks/RESULTS.md, core sweep)
+RMSNORM_CHUNKS = 4
+LAYERNORM_CHUNKS = 4
 
 
 @pk.kernel
@@ -97,32 +102,36 @@ def rmsnorm_regs(x: Ptr["T", "ro"], residual: Ptr["T", "ro"], weight: Ptr[f32, "
     if row >= rows:
         return
     base = i64(row) * i64(n)
-    ss = f32(0.0)
     for j in pk.static_range(CHUNKS):   # every load before any store (out may alias x)
-        c = unit_start(j, lane, GROUP)
-        if c < n:
-            a, b, d, e = load4(x + base, c, n, VEC)
-            if HAS_RES:
-                ra, rb, rd, re = load4(residual + base, c, n, VEC)
-                a, b, d, e = a + ra, b + rb, d + rd, e + re
-            ss += a * a + b * b + d * d + e * e
-            if HAS_W:   # fold the weight in now: (h * w) * scale, one array of registers
-                wa, wb, wd, we = load4(weight, c, n, VEC)
-                if HAS_RES:
-                    store4(sum_out + base, c, n, a, b, d, e, VEC, T)
-                a, b, d, e = a * wa, b * wb, d * wd, e * we
-            elif HAS_RES:
-                store4(sum_out + base, c, n, a, b, d, e, VEC, T)
-            h[4 * j] = a
-            h[4 * j + 1] = b
-            h[4 * j + 2] = d
-            h[4 * j + 3] = e
+        a, b, d, e = load_unit(x + base, unit_start(j, lane, GROUP), n, VEC)
+        if HAS_RES:
+            ra, rb, rd, re = load_unit(residual + base, unit_start(j, lane, GROUP), n, VEC)
+            a, b, d, e = a + ra, b + rb, d + rd, e + re
+        h[4 * j] = a
+        h[4 * j + 1] = b
+        h[4 * j + 2] = d
+        h[4 * j + 3] = e
+    ss = f32(0.0)
+    for j in pk.static_range(4 * CHUNKS):   # padding past n was loaded as 0: adds nothing
+        ss += h[j] * h[j]
+    if HAS_RES:
+        for j in pk.static_range(CHUNKS):
+            c = unit_start(j, lane, GROUP)
+            if c < n:
+                store4(sum_out + base, c, n, h[4 * j], h[4 * j + 1], h[4 * j + 2],
+                       h[4 * j + 3], VEC, T)
     scale = 1.0 / pk.sqrt(group_sum(ss, scratch, GROUP) / f32(n) + eps)
+    # the weight (L2-resident, shared by all rows) is read after the reduction, so only x's
+    # registers are live while x's loads are in flight
     for j in pk.static_range(CHUNKS):
         c = unit_start(j, lane, GROUP)
+        a, b, d, e = h[4 * j] * scale, h[4 * j + 1] * scale, h[4 * j + 2] * scale, \
+            h[4 * j + 3] * scale
+        if HAS_W:
+            wa, wb, wd, we = load_unit(weight, c, n, VEC)
+            a, b, d, e = a * wa, b * wb, d * wd, e * we
         if c < n:
-            store4(out + base, c, n, h[4 * j] * scale, h[4 * j + 1] * scale,
-                   h[4 * j + 2] * scale, h[4 * j + 3] * scale, VEC, T)
+            store4(out + base, c, n, a, b, d, e, VEC, T)
 
 
 @pk.kernel
@@ -137,36 +146,33 @@ def layernorm_regs(x: Ptr["T", "ro"], weight: Ptr[f32, "ro"], bias: Ptr[f32, "ro
         return
     base = i64(row) * i64(n)
     s = f32(0.0)
-    for j in pk.static_range(CHUNKS):
-        c = unit_start(j, lane, GROUP)
-        if c < n:
-            a, b, d, e = load4(x + base, c, n, VEC)   # 0 past n: adds nothing to the sum
-            v[4 * j] = a
-            v[4 * j + 1] = b
-            v[4 * j + 2] = d
-            v[4 * j + 3] = e
-            s += (a + b) + (d + e)
+    for j in pk.static_range(CHUNKS):   # all loads first: one memory latency, not CHUNKS
+        a, b, d, e = load_unit(x + base, unit_start(j, lane, GROUP), n, VEC)   # 0 past n
+        v[4 * j] = a
+        v[4 * j + 1] = b
+        v[4 * j + 2] = d
+        v[4 * j + 3] = e
+        s += (a + b) + (d + e)
     mean = group_sum(s, scratch, GROUP) / f32(n)
     sq = f32(0.0)
     for j in pk.static_range(CHUNKS):   # two-pass variance from registers: no cancellation
         c = unit_start(j, lane, GROUP)
         for k in pk.static_range(4):
-            if c + k < n:
-                dev = v[4 * j + k] - mean
-                v[4 * j + k] = dev
-                sq += dev * dev
+            dev = v[4 * j + k] - mean if c + k < n else f32(0.0)   # padding adds nothing
+            v[4 * j + k] = dev
+            sq += dev * dev
     rstd = 1.0 / pk.sqrt(group_sum(sq, scratch, GROUP) / f32(n) + eps)
     for j in pk.static_range(CHUNKS):
         c = unit_start(j, lane, GROUP)
+        a, b, d, e = v[4 * j] * rstd, v[4 * j + 1] * rstd, v[4 * j + 2] * rstd, \
+            v[4 * j + 3] * rstd
+        if HAS_W:
+            wa, wb, wd, we = load_unit(weight, c, n, VEC)
+            a, b, d, e = a * wa, b * wb, d * wd, e * we
+        if HAS_B:
+            ba, bb, bd, be = load_unit(bias, c, n, VEC)
+            a, b, d, e = a + ba, b + bb, d + bd, e + be
         if c < n:
-            a, b, d, e = v[4 * j] * rstd, v[4 * j + 1] * rstd, v[4 * j + 2] * rstd, \
-                v[4 * j + 3] * rstd
-            if HAS_W:
-                wa, wb, wd, we = load4(weight, c, n, VEC)
-                a, b, d, e = a * wa, b * wb, d * wd, e * we
-            if HAS_B:
-                ba, bb, bd, be = load4(bias, c, n, VEC)
-                a, b, d, e = a + ba, b + bb, d + bd, e + be
             store4(out + base, c, n, a, b, d, e, VEC, T)
 
 
@@ -207,7 +213,7 @@ def rmsnorm(x, weight=None, eps: float = 1e-6, *, residual=None, out=None, sum_o
     vec = L.vector_width(n, x, w, r, out, s)
     args = (x, L.either(r, x), L.either(w, L.dummy(np.float32)), out, L.either(s, out), n, eps)
     spec = _spec(vec, x.dtype, HAS_RES=r is not None, HAS_W=w is not None)
-    _launch_rows(rmsnorm_regs, rmsnorm_rows, rows, n, args, spec, stream)
+    _launch_rows(rmsnorm_regs, rmsnorm_rows, rows, n, args, spec, stream, RMSNORM_CHUNKS)
     return out if r is None else (out, s)
 
 
@@ -227,10 +233,7 @@ def layernorm(x, weight=None, bias=None, eps: float = 1e-5, *, out=None, stream=
     none = L.dummy(np.float32)
     args = (x, L.either(w, none), L.either(b, none), out, n, eps)
     spec = _spec(vec, x.dtype, HAS_W=w is not None, HAS_B=b is not None)
-    # 4 units per thread up to 4096 elements, 8 above: the faster of the two measured on the
-    # H200 at each hidden size (benchmarks/RESULTS.md, core kernels geometry sweep)
-    _launch_rows(layernorm_regs, layernorm_rows, rows, n, args, spec, stream,
-                 4 if n <= 4096 else 8)
+    _launch_rows(layernorm_regs, layernorm_rows, rows, n, args, spec, stream, LAYERNORM_CHUNKS)
     return out
 
 

@@ -8,7 +8,8 @@ when c <= q + pos_offset (defaults: q_len = rows, pos_offset = n - q_len, i.e. q
 last q_len of n keys). A fully masked row is written as zeros.
 Exact math (accurate exp/tanh): relative error below 1e-5 vs float64.
 Rows up to 32768 elements stay in registers (_rows.py layout): one read, max, one exp per
-element, sum, scaled store. Longer rows: one block loops twice, keeping a per-thread running
+element (branch-free, for arguments <= 0; below e**-87 ~ 1.6e-38 it flushes to 0), sum, scaled
+store. Longer rows: one block loops twice, keeping a per-thread running
 (max, sum of exp) pair in the first pass.
 """
 from __future__ import annotations
@@ -19,8 +20,8 @@ import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, i64
 
 from . import _launch as L
-from ._device import NEG_INF, block_max, block_sum, load4, store4
-from ._rows import group_max, group_row, group_sum, row_geometry, unit_start
+from ._device import NEG_INF, block_max, block_sum, exp_nonpositive, store4
+from ._rows import group_max, group_row, group_sum, load_unit, row_geometry, unit_start
 
 # 4 units per thread: measured faster than 8 at every H200 shape (exp-heavy: more threads
 # per row hide more latency; benchmarks/RESULTS.md, core kernels geometry sweep)
@@ -80,26 +81,23 @@ def softmax_regs(x: Ptr[f32, "ro"], out: Ptr[f32], rows: i32, n: i32, scale: f32
         return
     base = i64(row) * i64(n)
     limit = row % q_len + pos_offset
+    for j in pk.static_range(CHUNKS):   # all loads first: one memory latency, not CHUNKS
+        a, b, d, e = load_unit(x + base, unit_start(j, lane, GROUP), n, VEC)
+        z[4 * j] = a
+        z[4 * j + 1] = b
+        z[4 * j + 2] = d
+        z[4 * j + 3] = e
     m = f32(NEG_INF)
-    for j in pk.static_range(CHUNKS):
-        c = unit_start(j, lane, GROUP)
-        a, b, d, e = f32(NEG_INF), f32(NEG_INF), f32(NEG_INF), f32(NEG_INF)
-        if c < n:
-            a, b, d, e = load4(x + base, c, n, VEC)
-        z[4 * j] = logit(a, c, limit, scale, softcap, CAUSAL, SOFTCAP)
-        z[4 * j + 1] = logit(b, c + 1, limit, scale, softcap, CAUSAL, SOFTCAP)
-        z[4 * j + 2] = logit(d, c + 2, limit, scale, softcap, CAUSAL, SOFTCAP)
-        z[4 * j + 3] = logit(e, c + 3, limit, scale, softcap, CAUSAL, SOFTCAP)
-        for k in pk.static_range(4):
-            if c + k >= n:   # padding of a partial unit (loaded as 0) takes no part
-                z[4 * j + k] = f32(NEG_INF)
-            m = max(m, z[4 * j + k])
+    for j in pk.static_range(4 * CHUNKS):
+        c = unit_start(j // 4, lane, GROUP) + j % 4
+        v = logit(z[j], c, limit, scale, softcap, CAUSAL, SOFTCAP)
+        v = v if c < n else f32(NEG_INF)   # padding of a partial unit takes no part
+        z[j] = v
+        m = max(m, v)
     row_max = group_max(m, scratch, GROUP)
     s = f32(0.0)
     for j in pk.static_range(4 * CHUNKS):   # one exp per element, kept for the store
-        p = f32(0.0)
-        if z[j] > f32(NEG_INF):
-            p = pk.exp(z[j] - row_max)
+        p = exp_nonpositive(z[j] - row_max)   # a fully masked row: -inf - -inf = NaN -> 0
         z[j] = p
         s += p
     total = group_sum(s, scratch, GROUP)

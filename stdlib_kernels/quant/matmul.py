@@ -5,18 +5,31 @@
     matmul_into(w, type, x, y, rows, n, tokens, xq=None)   preallocated (runner): no allocation
 
 Up to GEMV_MAX_TOKENS tokens use the DP4A GEMV (Q8_1 activations where the type has a DP4A
-kernel, else f32 activations); more use the f16 tensor-core GEMM.
+kernel, else f32 activations). More tokens use a tensor-core GEMM: the int8 one (gemm_q8.py, Q8_1
+activations) for the types in INT8_PREFILL_TYPES, where it measured faster than the f16 one
+(benchmarks/RESULTS.md), when a Q8_1 workspace xq is given; else the f16 GEMM (gemm.py).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .gemm import gemm, gemm_into
+from .gemm_q8 import INT8_GEMM_TYPES, gemm_q8, gemm_q8_into
 from .gemv import Q8_1_TYPES, gemv, gemv_f32_into, gemv_q8_into
 from .gemv_kernels import MAX_BATCH
 from .q8_1 import quantize_q8_1_into
 
 GEMV_MAX_TOKENS = MAX_BATCH
+# int8 GEMM faster than f16 on the H200 at m=4096 n=512 k=14336 (benchmarks/RESULTS.md:
+# Q4_0 701 vs 1064 us, Q8_0 517 vs 1093 us; Q4_K 1197 vs 1126 and Q6_K 1219 vs 1059 stay f16)
+INT8_PREFILL_TYPES = frozenset({"Q4_0", "Q8_0"}) & frozenset(INT8_GEMM_TYPES)
+
+
+def prefill_path(type_name: str, n: int, xq=None) -> str:
+    """"int8" or "f16": the GEMM that matmul / matmul_into use for more than 8 tokens."""
+    if type_name in INT8_PREFILL_TYPES and n % 32 == 0 and xq is not None:
+        return "int8"
+    return "f16"
 
 
 def matmul(raw, type_name: str, x):
@@ -24,21 +37,26 @@ def matmul(raw, type_name: str, x):
     tokens = 1 if np.ndim(x) == 1 or getattr(x, "ndim", 1) == 1 else x.shape[0]
     if tokens <= GEMV_MAX_TOKENS:
         return gemv(raw, type_name, x)
+    if prefill_path(type_name, x.shape[1], xq=True) == "int8":
+        return gemm_q8(raw, type_name, x)
     return gemm(raw, type_name, x)
 
 
 def matmul_into(w, type_name: str, x, y, rows: int, n: int, tokens: int, xq=None,
                 stream=None) -> None:
     """y (tokens, rows) = x (tokens, n) @ W^T with w from gemv.weight_words. xq: a Q8_1
-    workspace (tokens, n//32*36 bytes) for the DP4A GEMV; quantized here from x."""
+    workspace (tokens, n//32*36 bytes) for the DP4A GEMV and the int8 GEMM; quantized here."""
     if tokens <= GEMV_MAX_TOKENS:
         if type_name in Q8_1_TYPES and xq is not None:
             quantize_q8_1_into(x, xq, stream=stream)
             gemv_q8_into(w, type_name, xq, y, rows, n, tokens, stream=stream)
         else:
             gemv_f32_into(w, type_name, x, y, rows, n, tokens, stream=stream)
+    elif prefill_path(type_name, n, xq) == "int8":
+        quantize_q8_1_into(x, xq, stream=stream)
+        gemm_q8_into(w, type_name, xq, y, rows, n, tokens, stream=stream)
     else:
         gemm_into(w, type_name, x, y, rows, n, tokens, stream=stream)
 
 
-__all__ = ["matmul", "matmul_into", "GEMV_MAX_TOKENS"]
+__all__ = ["matmul", "matmul_into", "prefill_path", "GEMV_MAX_TOKENS", "INT8_PREFILL_TYPES"]

@@ -14,7 +14,9 @@ def check(got, ref, seed, what):
         f"seed={seed} {what}: max err {np.max(np.abs(got - ref))}"
 
 
-@pytest.mark.parametrize("shape", [(3, 64), (5, 1), (2, 45), (1, 4099)])
+# >= 64 rows: several 4-element units per thread (_launch.elementwise_geometry), with a
+# partial last block (2052) and the unaligned scalar path (45)
+@pytest.mark.parametrize("shape", [(3, 64), (5, 1), (2, 45), (1, 4099), (64, 2052), (70, 45)])
 @pytest.mark.parametrize("act", ACTS)
 def test_gated_and_plain(device, rng, seed, shape, act):
     g = (rng.standard_normal(shape) * 4).astype(np.float32)
@@ -43,8 +45,10 @@ def test_named_wrappers_and_f16(device, rng, seed):
                        rtol=2e-3, atol=2e-3), f"seed={seed}"
 
 
-def test_extreme_inputs_stay_finite(device):
-    x = np.array([[-100.0, -30.0, 0.0, 30.0, 100.0]], np.float32)
+@pytest.mark.parametrize("rows", [1, 64])
+def test_extreme_inputs_stay_finite(device, rows):
+    x = np.tile(np.array([[-100.0, -87.5, -30.0, -1e-30, 0.0, 1e-30, 30.0, 87.5, 100.0, 3e38]],
+                         np.float32), (rows, 1))
     for act in ACTS:
         out = A.activation(x, act).numpy()
         assert np.all(np.isfinite(out)), act

@@ -6,7 +6,9 @@ import pykernel as pk
 from stdlib_kernels import elementwise as E
 
 
-@pytest.mark.parametrize("shape", [(3, 64), (5, 1), (2, 45), (1, 4099)])
+# >= 64 rows: several 4-element units per thread (_launch.elementwise_geometry), with a
+# partial last block (2052) and the unaligned scalar path (45)
+@pytest.mark.parametrize("shape", [(3, 64), (5, 1), (2, 45), (1, 4099), (64, 2052), (70, 45)])
 def test_binary_ops_exact(device, rng, seed, shape):
     a, b = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
     nan = lambda: pk.full(shape, np.nan, np.float32)  # noqa: E731
@@ -26,10 +28,10 @@ def test_in_place_add(device, rng, seed):
     assert np.array_equal(arr.numpy(), a + b), f"seed={seed}"
 
 
-@pytest.mark.parametrize("n", [1, 45, 4099])
-def test_f16_conversions(device, rng, seed, n):
-    x = (rng.standard_normal((2, n)) * 100).astype(np.float32)
-    h = E.convert(x, np.float16, out=pk.full((2, n), np.nan, np.float16)).numpy()
+@pytest.mark.parametrize("rows,n", [(2, 1), (2, 45), (2, 4099), (64, 1028)])
+def test_f16_conversions(device, rng, seed, rows, n):
+    x = (rng.standard_normal((rows, n)) * 100).astype(np.float32)
+    h = E.convert(x, np.float16, out=pk.full((rows, n), np.nan, np.float16)).numpy()
     assert np.array_equal(h, x.astype(np.float16)), f"seed={seed}"
     back = E.convert(h, np.float32).numpy()
     assert np.array_equal(back, h.astype(np.float32)), f"seed={seed}"

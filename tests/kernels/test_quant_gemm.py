@@ -51,11 +51,12 @@ def test_gemm_more_types_gpu(rng, seed, type_name):
 
 
 def test_matmul_dispatch(device, rng, seed):
-    raw = make_weights(rng, "Q8_0", 3, 32)
-    x = rng.standard_normal((9, 32)).astype(np.float32)     # 9 tokens: the GEMM
-    check(matmul(raw, "Q8_0", x).numpy(), raw, "Q8_0", x, seed)
-    y1 = matmul(raw, "Q8_0", x[0]).numpy()                  # one token: the DP4A GEMV
-    W = ref.dequantize(raw, "Q8_0", 32).astype(np.float64)
+    # Q4_1 has no int8 GEMM: 9 tokens take the f16 GEMM (int8 dispatch: test_quant_gemm_q8.py)
+    raw = make_weights(rng, "Q4_1", 3, 32)
+    x = rng.standard_normal((9, 32)).astype(np.float32)
+    check(matmul(raw, "Q4_1", x).numpy(), raw, "Q4_1", x, seed)
+    y1 = matmul(raw, "Q4_1", x[0]).numpy()                  # one token: the DP4A GEMV
+    W = ref.dequantize(raw, "Q4_1", 32).astype(np.float64)
     assert y1.shape == (3,)
     assert np.allclose(y1, W @ x[0], rtol=0.05, atol=0.05 * np.abs(W).sum(1).max()), seed
 

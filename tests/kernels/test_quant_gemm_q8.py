@@ -1,0 +1,127 @@
+"""Int8 tensor-core prefill GEMM (stdlib_kernels.quant.gemm_q8) against float64 references.
+
+The kernel must equal, to float32 accumulation rounding, its exact model
+    y = xh @ (W - O)^T + s @ O32^T
+(xh = the dequantized Q8_1 activations, s = their stored f16 block sums, O = the weight offset a
+block applies through s: -dmin*m for Q4_K, 0 for Q4_0/Q8_0/Q6_K whose offsets are exact int8),
+and be within the Q8_1 rounding bound of the float64 product dequantize(W) @ x:
+    |y - x W^T| <= |xh - x| @ |W - O|^T + |s - sum_b x| @ |O32|^T  (+ 2e-5 of the magnitude)
+"""
+import numpy as np
+import pytest
+
+import pykernel as pk
+from stdlib_kernels.quant import reference as ref
+from stdlib_kernels.quant.gemm_q8 import INT8_GEMM_TYPES, Q8GemmTiles, gemm_q8, gemm_q8_into
+from stdlib_kernels.quant.matmul import matmul, matmul_into, prefill_path
+from stdlib_kernels.quant.gemv import weight_words
+from stdlib_kernels.quant.q8_1 import q8_1_bytes
+
+TYPES = sorted(INT8_GEMM_TYPES)
+
+
+def make_weights(rng, type_name, rows, n):
+    return ref.quantize(rng.standard_normal((rows, n)).astype(np.float32), type_name)
+
+
+def weight_offsets(raw, type_name, n):
+    """Q4_K: dequantized with the quants zeroed = -dmin*m per element; else zeros."""
+    if type_name != "Q4_K":
+        return np.zeros((raw.shape[0], n))
+    blocks = raw.reshape(raw.shape[0], -1, 144).copy()
+    blocks[:, :, 16:] = 0
+    return ref.dequantize(blocks.reshape(raw.shape[0], -1), "Q4_K", n).astype(np.float64)
+
+
+def check(y, raw, type_name, x, seed):
+    n = x.shape[1]
+    W = ref.dequantize(raw, type_name, n).astype(np.float64)
+    O = weight_offsets(raw, type_name, n)
+    xq = ref.quantize_q8_1(x).reshape(x.shape[0], -1, 36)
+    xh = ref.dequantize(xq.reshape(x.shape[0], -1), "Q8_1", n).astype(np.float64)
+    s = xq[:, :, 2:4].copy().view(np.float16).astype(np.float64)[:, :, 0]
+    O32 = O[:, ::32]
+    scale = np.abs(xh) @ np.abs(W - O).T + np.abs(s) @ np.abs(O32).T
+    model = xh @ (W - O).T + s @ O32.T
+    assert y.shape == model.shape, (y.shape, model.shape)
+    assert np.all(np.abs(y - model) <= 1e-5 * scale + 1e-30), \
+        f"{type_name}: int8 GEMM differs from its Q8_1 model, max " \
+        f"{np.max(np.abs(y - model) / (scale + 1e-30)):.2e} of the magnitude (seed {seed})"
+    x64 = x.astype(np.float64)
+    xsum = x64.reshape(x.shape[0], -1, 32).sum(axis=2)
+    bound = np.abs(xh - x64) @ np.abs(W - O).T + np.abs(s - xsum) @ np.abs(O32).T
+    assert np.all(np.abs(y - x64 @ W.T) <= bound + 2e-5 * scale + 1e-30), \
+        f"{type_name}: int8 GEMM error exceeds the Q8_1 rounding bound (seed {seed})"
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_gemm_q8_awkward_shapes(device, rng, seed, type_name):
+    # rows and tokens not multiples of the tile (16 x 16 on the CPU target, 64..128 x 128 on CUDA);
+    # K = one super-block on the CPU target (two K steps of its 64-wide tiles)
+    rows, n, tokens = (19, 256, 9) if device.kind == "cpu" else (130, 768, 77)
+    raw = make_weights(rng, type_name, rows, n)
+    x = rng.standard_normal((tokens, n)).astype(np.float32)
+    check(gemm_q8(raw, type_name, x).numpy(), raw, type_name, x, seed)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q8_0"])
+def test_gemm_q8_one_block(device, rng, seed, type_name):
+    # K = one 32-value block: the K step shrinks to it; one token row per tile edge
+    raw = make_weights(rng, type_name, 17, 32)
+    x = (rng.standard_normal((17, 32)) * 100).astype(np.float32)
+    check(gemm_q8(raw, type_name, x, Q8GemmTiles(1, 2, 1, 1, 4)).numpy(), raw, type_name, x,
+          seed)
+
+
+def test_gemm_q8_zero_and_odd_activations(device, rng, seed):
+    # all-zero token (Q8_1 d = 0) next to large and tiny rows; a 2-warp tile shape
+    raw = make_weights(rng, "Q4_K", 8, 256)
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    x[0] = 0.0
+    x[1] *= 1e3   # Q8_1's f16 block sum s overflows past 65504 (as in llama.cpp)
+    x[2] *= 1e-4
+    check(gemm_q8(raw, "Q4_K", x, Q8GemmTiles(1, 1, 1, 2, 2)).numpy(), raw, "Q4_K", x, seed)
+
+
+def test_matmul_into_int8_prefill(device, rng, seed):
+    # the runner's entry point: with a Q8_1 workspace, more than 8 tokens take the int8 GEMM
+    # on CUDA where it is the faster path (prefill_path), with the same result contract
+    rows, n, tokens = 5, 256, 12
+    raw = make_weights(rng, "Q4_0", rows, n)
+    x = rng.standard_normal((tokens, n)).astype(np.float32)
+    w, _ = weight_words(pk.to_device(raw), "Q4_0", n)
+    y = pk.full((tokens, rows), np.nan, np.float32)
+    xq = pk.empty((tokens, q8_1_bytes(n)), np.uint8)
+    matmul_into(w, "Q4_0", pk.to_device(x), y, rows, n, tokens, xq=xq)
+    if prefill_path("Q4_0", n, xq) == "int8":
+        check(y.numpy(), raw, "Q4_0", x, seed)
+    else:   # f16 path: its own tolerance (test_quant_gemm.py)
+        W = ref.dequantize(raw, "Q4_0", n).astype(np.float64)
+        ref_y = x.astype(np.float64) @ W.T
+        assert np.all(np.abs(y.numpy() - ref_y) <=
+                      1.2e-3 * (np.abs(x) @ np.abs(W).T) + 1e-30), seed
+
+
+def test_matmul_int8_prefill(device, rng, seed):
+    raw = make_weights(rng, "Q8_0", 3, 64)
+    x = rng.standard_normal((9, 64)).astype(np.float32)     # 9 tokens: a GEMM
+    y = matmul(raw, "Q8_0", x).numpy()
+    if prefill_path("Q8_0", 64, xq=True) == "int8":
+        check(y, raw, "Q8_0", x, seed)
+    else:
+        W = ref.dequantize(raw, "Q8_0", 64).astype(np.float64)
+        assert np.all(np.abs(y - x.astype(np.float64) @ W.T) <=
+                      1.2e-3 * (np.abs(x) @ np.abs(W).T) + 1e-30), seed
+
+
+def test_gemm_q8_rejects_bad_input(device, rng):
+    raw = make_weights(rng, "Q4_1", 2, 64)
+    with pytest.raises(ValueError, match="no int8 GEMM for Q4_1"):
+        gemm_q8(raw, "Q4_1", np.zeros((2, 64), np.float32))
+    raw = make_weights(rng, "Q8_0", 2, 64)
+    w, _ = weight_words(pk.to_device(raw), "Q8_0", 64)
+    y = pk.empty((3, 2), np.float32)
+    with pytest.raises(ValueError, match="Q8_1 activations must hold 3 x 72"):
+        gemm_q8_into(w, "Q8_0", pk.empty((2, 72), np.uint8), y, 2, 64, 3)
+    with pytest.raises(ValueError, match="float32 \\(tokens, K\\)"):
+        gemm_q8(raw, "Q8_0", np.zeros(64, np.float32))
