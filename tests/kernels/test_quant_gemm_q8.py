@@ -12,7 +12,8 @@ import pytest
 
 import pykernel as pk
 from stdlib_kernels.quant import reference as ref
-from stdlib_kernels.quant.gemm_q8 import INT8_GEMM_TYPES, Q8GemmTiles, gemm_q8, gemm_q8_into
+from stdlib_kernels.quant.gemm_q8 import (INT8_GEMM_TYPES, TUNED_TILES, Q8GemmTiles, gemm_q8,
+                                          gemm_q8_into)
 from stdlib_kernels.quant.matmul import matmul, matmul_into, prefill_path
 from stdlib_kernels.quant.gemv import weight_words
 from stdlib_kernels.quant.q8_1 import q8_1_bytes
@@ -62,6 +63,14 @@ def test_gemm_q8_awkward_shapes(device, rng, seed, type_name):
     raw = make_weights(rng, type_name, rows, n)
     x = rng.standard_normal((tokens, n)).astype(np.float32)
     check(gemm_q8(raw, type_name, x).numpy(), raw, type_name, x, seed)
+
+
+@pytest.mark.slow
+def test_gemm_q8_dispatched_tile_shape(device, rng, seed):
+    # the 8-warp 64 x 128 tile matmul uses for Q4_0 on CUDA (~20 s on the CPU target)
+    raw = make_weights(rng, "Q4_0", 67, 256)
+    x = rng.standard_normal((20, 256)).astype(np.float32)
+    check(gemm_q8(raw, "Q4_0", x, TUNED_TILES["Q4_0"]).numpy(), raw, "Q4_0", x, seed)
 
 
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q8_0"])
