@@ -17,8 +17,10 @@ import pykernel as pk
 from llm.gguf_file import TensorInfo
 from stdlib_kernels import glu_fused
 from stdlib_kernels.quant.gemm import gemm_into
+from stdlib_kernels.quant.gemm_q8 import gemm_q8_into
 from stdlib_kernels.quant.gemv import Q8_1_TYPES, gemv_f32_into, gemv_q8_into, weight_words
 from stdlib_kernels.quant.gemv_kernels import MAX_BATCH
+from stdlib_kernels.quant.matmul import prefill_path
 from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1_into
 
 from llm.backends import kernels_extra as X
@@ -127,13 +129,17 @@ def gemv_rows(g: RowGroup, n_in: int, x, xq, y, mode=None, w2: RowGroup | None =
 
 
 def group_matmul(g: RowGroup, n_in: int, x, xq, y) -> None:
-    """y (n, g.rows) = x @ W_g.T: GEMV up to 8 tokens, the f16 tensor-core GEMM above (F32
-    weights keep the f32 GEMV, 8 tokens per launch: f16 would cost them ~1e-3 of precision)."""
+    """y (n, g.rows) = x @ W_g.T: GEMV up to 8 tokens; above, the int8 tensor-core GEMM on the
+    Q8_1 activations where it is the faster one (Q4_0, Q8_0: stdlib's prefill_path), else the
+    f16 tensor-core GEMM (F32 weights keep the f32 GEMV, 8 tokens per launch: f16 would cost
+    them ~1e-3 of precision)."""
     n = x.shape[0]
     if n <= MAX_BATCH or g.type_name == "F32":
         for t0 in range(0, n, MAX_BATCH):
             t1 = min(n, t0 + MAX_BATCH)
             gemv_rows(g, n_in, x[t0:t1], None if xq is None else xq[t0:t1], y[t0:t1])
+    elif xq is not None and prefill_path(g.type_name, n_in, xq) == "int8":
+        gemm_q8_into(g.words, g.type_name, xq, y, g.rows, n_in, n)
     else:
         gemm_into(g.words, g.type_name, x, y, g.rows, n_in, x.shape[0])
 
