@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 
+from .errors import KernelSourceError
 from .lower.context import Options
 from .signature import normalize_const, read_signature, type_var_name
 from .types import from_numpy
@@ -40,7 +41,10 @@ class Kernel:
     def __init__(self, fn, options: Options):
         self.fn, self.name, self.options = fn, fn.__name__, options
         functools.update_wrapper(self, fn)
-        self.params = read_signature(fn)
+        try:
+            self.params = read_signature(fn)
+        except KernelSourceError as err:
+            raise err.with_traceback(None) from None
         self.runtime_params = [p for p in self.params if p.kind in ("scalar", "ptr")]
         self.const_params = [p for p in self.params if p.kind in ("const", "dtype")]
         self._launch_cache = {}

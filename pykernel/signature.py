@@ -2,6 +2,7 @@
 and the binding of launch/compile arguments to one specialization."""
 from __future__ import annotations
 
+import ast
 import inspect
 import typing
 from dataclasses import dataclass
@@ -16,7 +17,27 @@ class Param:
     ann: object            # ScalarType | PtrAnnotation | ConstAnnotation | TypeVar
 
 
+def _reject_parameter_tricks(fn) -> None:
+    """Kernels take plain positional-or-keyword parameters: no *args, **kwargs, keyword-only,
+    positional-only or default values (the launch ABI is the ordered parameter list)."""
+    bad = {inspect.Parameter.VAR_POSITIONAL: "*args", inspect.Parameter.VAR_KEYWORD: "**kwargs",
+           inspect.Parameter.KEYWORD_ONLY: "keyword-only parameters",
+           inspect.Parameter.POSITIONAL_ONLY: "positional-only parameters"}
+    for p in inspect.signature(fn).parameters.values():
+        what = bad.get(p.kind) or ("default values" if p.default is not p.empty else None)
+        if what:
+            from .frontend.parse import parse
+            fast = parse(fn)
+            node = next((a for a in ast.walk(fast.tree.args) if isinstance(a, ast.arg)
+                         and a.arg == p.name), fast.tree)
+            raise fast.error(node, f"{what} are not supported in kernel signatures "
+                             f"(parameter '{p.name}')",
+                             hint="list every parameter positionally; use Const[...] for "
+                                  "compile-time options")
+
+
 def read_signature(fn) -> list[Param]:
+    _reject_parameter_tricks(fn)
     try:
         anns = inspect.get_annotations(fn, eval_str=True)
     except Exception as exc:  # a bad annotation is a source error the user must see

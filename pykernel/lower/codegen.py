@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import builtins
 
+import numpy as np
 from llvmlite import ir
 
 from ..errors import KernelSourceError
@@ -103,12 +104,21 @@ class FunctionLowering:
             return entry
         for scope in (self.fast.closure, self.fast.globals):
             if name in scope:
-                return self.wrap_global(scope[name], node)
+                obj = scope[name]
+                if isinstance(obj, (list, dict, set, bytearray, np.ndarray)) or (
+                        hasattr(obj, "__dlpack__") and not isinstance(obj, np.generic)):
+                    raise self.error(node, f"'{name}' is a Python {type(obj).__name__}: kernels "
+                                     "cannot read mutable Python objects",
+                                     hint="pass the data as a Ptr argument (pk.to_device), or "
+                                          "a value as a Const parameter")
+                return self.wrap_global(obj, node)
         if hasattr(builtins, name):
             return GlobalRef(getattr(builtins, name))
         raise self.error(node, f"name '{name}' is not defined")
 
     def wrap_global(self, obj, node):
+        if isinstance(obj, np.generic) and isinstance(obj, (np.integer, np.floating, np.bool_)):
+            obj = obj.item()                    # numpy scalars are constants like Python ones
         if isinstance(obj, bool) or isinstance(obj, (int, float)):
             return ConstValue(obj)
         if isinstance(obj, ScalarType):

@@ -166,3 +166,27 @@ def test_const_arguments_checked():
         k.ptx("sm_90")
     with pytest.raises(TypeError, match="unknown compile-time argument"):
         k.ptx("sm_90", N=3, M=4)
+
+
+def test_closure_over_mutable_python_object_is_rejected():
+    data = [1.0, 2.0]
+
+    @pk.kernel
+    def reads_list(x: Ptr[f32]):
+        x[0] = data[0]
+    with pytest.raises(pk.KernelSourceError, match="'data' is a Python list") as info:
+        reads_list.ptx("sm_90")
+    assert "hint: pass the data as a Ptr argument" in str(info.value)
+
+
+def test_keyword_only_and_varargs_parameters_are_rejected():
+    def kw_only(x: Ptr[f32], *, n: i32):
+        pass
+
+    def var_args(x: Ptr[f32], *rest):
+        pass
+    with pytest.raises(pk.KernelSourceError, match="keyword-only parameters") as info:
+        pk.kernel(kw_only)
+    assert info.value.line == kw_only.__code__.co_firstlineno
+    with pytest.raises(pk.KernelSourceError, match=r"\*args"):
+        pk.kernel(var_args)
