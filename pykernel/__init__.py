@@ -26,6 +26,9 @@ from .intrinsics.core import (atomic_add, atomic_cas, atomic_exch, atomic_max, a
 
 __version__ = "0.1.0"
 
+inf = float("inf")       # usable inside kernels as compile-time constants: pk.inf, -pk.inf
+nan = float("nan")
+
 try:  # the math library and low-level intrinsics are optional until built
     from .intrinsics.mathfns import (ceil, cos, erf, exp, exp2, fast, floor, fma, log, log2,
                                      rint, rsqrt, sin, sqrt, tanh, trunc)

@@ -392,3 +392,19 @@ def test_fp_contract_fuses_multiply_add():
 def KERNEL_WITHOUT_CONTRACT(x: Ptr[f32], out: Ptr[f32]):
     t = pk.thread_idx.x
     out[t] = x[t] * x[t] + 1.0
+
+
+@pk.kernel
+def infinities(out: Ptr[f32]):
+    m = -pk.inf
+    m = max(m, f32(3.0))
+    out[0] = m
+    out[1] = pk.inf
+    out[2] = pk.nan
+
+
+def test_inf_and_nan_constants(device):
+    out = pk.zeros(3, np.float32)
+    infinities[1, 1](out)
+    got = out.numpy()
+    assert got[0] == 3.0 and np.isposinf(got[1]) and np.isnan(got[2])
