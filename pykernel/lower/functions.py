@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from ..types import ConstAnnotation, PtrAnnotation, PtrType, ScalarType
+from ..types import ConstAnnotation, PtrAnnotation, PtrType, ScalarType, bool_
 from .codegen import FunctionLowering, describe
 from .values import ArrayValue, ConstValue, PtrValue, TupleValue, TypeValue, Value
 
@@ -61,6 +61,8 @@ def inline_call(fl, dfunc, node):
 
 def bind_param(fl, child, arg_node, val, ann, node):
     name = arg_node.arg
+    if ann is bool:                       # Python's bool reads as the DSL's bool_
+        ann = bool_
     if isinstance(ann, ConstAnnotation):
         if not isinstance(val, (ConstValue, TypeValue)):
             raise fl.error(node, f"argument '{name}' must be a compile-time constant")

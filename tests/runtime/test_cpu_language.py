@@ -408,3 +408,19 @@ def test_inf_and_nan_constants(device):
     infinities[1, 1](out)
     got = out.numpy()
     assert got[0] == 3.0 and np.isposinf(got[1]) and np.isnan(got[2])
+
+
+@pk.func
+def pick(flag: bool, a: f32, b: f32) -> f32:
+    return a if flag else b
+
+
+@pk.kernel
+def uses_bool_param(out: Ptr[f32]):
+    out[0] = pick(pk.thread_idx.x == 0, 1.0, 2.0)
+
+
+def test_python_bool_annotation_on_device_function(device):
+    out = pk.zeros(1, np.float32)
+    uses_bool_param[1, 1](out)
+    assert out.numpy()[0] == 1.0
