@@ -6,12 +6,14 @@ Decode: kv_len 128, 1024, 4096, 32768, f16 and f32 caches. Each captured launch 
 copy of the cache, rotating over copies worth >= 256 MB so the 50-60 MB L2 cannot hold them:
 the figure is HBM bandwidth. Bytes counted: K and V rows read (2 * n_kv * kv_len * D * size);
 the fraction is against the device-to-device copy bandwidth measured here with torch (reads +
-writes), the issue's yardstick (~3.0 TB/s on the H100). A sweep of (warps, unroll, splits)
-picks the best configuration per length; the default configuration is reported too.
+writes), the issue's yardstick (~3.0 TB/s on the H100). Reported per length: the default
+configuration in two launches (split kernel + combine kernel) and in one (the last split block
+combines), and at >= 4096 keys the best of a sweep over (warps, keys per row group, lanes per
+key row) x splits.
 Prefill: 512 and 4096 tokens at start 0, f16 cache, tensor-core path (and the SIMT path at 512);
 FLOPs = 4 * D * n_head * (visible query-key pairs), reported against 790 TFLOP/s dense bf16.
 
-    python3 benchmarks/attention.py [--precompile] [--out FILE]
+    python3 benchmarks/attention.py [--precompile] [--decode-only] [--ptxas DIR] [--out FILE]
 """
 from __future__ import annotations
 
@@ -38,9 +40,9 @@ from stdlib_kernels.attention.prefill_kernels import prefill_mma  # noqa: E402
 
 N_HEAD, N_KV, HEAD_DIM = 32, 8, 128
 MATRIX_TFLOPS = 790.0
-SWEEP = [DecodeConfig(4, 4, 4), DecodeConfig(4, 4, 2), DecodeConfig(4, 8, 2),
-         DecodeConfig(4, 2, 8), DecodeConfig(4, 4, 8), DecodeConfig(4, 4, 4, 8),
+SWEEP = [DecodeConfig(4, 4, 2), DecodeConfig(4, 8, 2), DecodeConfig(4, 4, 4),
          DecodeConfig(4, 4, 2, 8), DecodeConfig(4, 8, 2, 8)]
+SWEEP_BLOCKS_PER_SM = (2, 3, 4, 6)
 
 
 def _compile_one(job):
@@ -51,7 +53,7 @@ def _compile_one(job):
     return kernel_name
 
 
-def precompile(arch: str) -> None:
+def precompile(arch: str, decode_only: bool = False) -> None:
     """Fill the disk cache in parallel with every specialization the GPU tests and this
     benchmark use (compiling one at a time costs minutes of device time)."""
     jobs = []
@@ -61,11 +63,14 @@ def precompile(arch: str) -> None:
                 config = gpu_config(group, d)
                 jobs.append(("decode_partial", arch, decode_spec(d, dtype, config)))
         jobs.append(("combine_splits", arch, dict(D=d)))
-        jobs.append(("prefill_mma", arch, dict(D=d, BN=default_block_keys(d), NWARPS=4)))
-    for config in SWEEP:
+        if not decode_only:
+            jobs.append(("prefill_mma", arch, dict(D=d, BN=default_block_keys(d), NWARPS=4)))
+    for config in SWEEP + [gpu_config(N_HEAD // N_KV, HEAD_DIM)]:
         for dtype in (np.float16, np.float32):
-            jobs.append(("decode_partial", arch, decode_spec(HEAD_DIM, dtype, config)))
-    jobs.append(("prefill_mma", arch, dict(D=HEAD_DIM, BN=64, NWARPS=4)))
+            for fused in (True, False):
+                jobs.append(("decode_partial", arch, decode_spec(HEAD_DIM, dtype, config, fused)))
+    if not decode_only:
+        jobs.append(("prefill_mma", arch, dict(D=HEAD_DIM, BN=64, NWARPS=4)))
     start = time.perf_counter()
     workers = max(1, (os.cpu_count() or 2) - 1)
     spawn = multiprocessing.get_context("spawn")        # children never inherit a CUDA context
@@ -78,6 +83,8 @@ def ptxas_report(arch: str, folder: str) -> None:
     """Registers and spills of the benchmarked kernels (ptxas -v), for tuning."""
     os.makedirs(folder, exist_ok=True)
     kernels = {"decode_f16": (decode_partial, decode_spec(HEAD_DIM, np.float16,
+                                                          gpu_config(4, HEAD_DIM))),
+               "decode_f32": (decode_partial, decode_spec(HEAD_DIM, np.float32,
                                                           gpu_config(4, HEAD_DIM))),
                "prefill_bn64": (prefill_mma, dict(D=HEAD_DIM, BN=64, NWARPS=4)),
                "prefill_bn32": (prefill_mma, dict(D=HEAD_DIM, BN=32, NWARPS=4))}
@@ -139,13 +146,17 @@ def decode_caches(kv_len: int, dtype) -> list:
     return _CACHES[key]
 
 
-def bench_decode(kv_len: int, dtype, config: DecodeConfig, splits: int) -> float:
+def bench_decode(kv_len: int, dtype, config: DecodeConfig, splits: int,
+                 fused: bool = False) -> float:
+    """fused=True: the one-launch variant (the last split block combines)."""
     caches = decode_caches(kv_len, dtype)
     rng = np.random.default_rng(1)
     q = pk.to_device(rng.standard_normal((1, N_HEAD, HEAD_DIM)).astype(np.float32))
     lens = pk.to_device(np.array([kv_len], np.int32))
     out = pk.empty((1, N_HEAD, HEAD_DIM), np.float32)
-    ws = DecodeWorkspace.allocate(1, N_HEAD, HEAD_DIM, splits) if splits > 1 else None
+    ws = None
+    if splits > 1:
+        ws = DecodeWorkspace.allocate(1, N_HEAD, HEAD_DIM, splits, fused=fused)
     launches = max(len(caches), 20)
     launch_decode(q, *caches[0], lens, out, HEAD_DIM ** -0.5, workspace=ws, config=config)
 
@@ -157,27 +168,40 @@ def bench_decode(kv_len: int, dtype, config: DecodeConfig, splits: int) -> float
     return time_graph(capture, launches)
 
 
+def _row(dtype, kv_len, label, us, copy_bw) -> str:
+    nbytes = 2 * N_KV * kv_len * HEAD_DIM * np.dtype(dtype).itemsize
+    bw = nbytes / us / 1e6
+    return (f"| {np.dtype(dtype).name} | {kv_len} | {label} | {us:.2f} | {bw:.2f} | "
+            f"{100 * bw / copy_bw * 1e12:.0f}% |")
+
+
 def decode_table(copy_bw: float) -> list[str]:
-    rows = ["| cache | kv_len | default config us | TB/s | % of copy | best us | TB/s | "
-            "% of copy | best (warps, unroll, max lanes, splits) |", "|---" * 9 + "|"]
+    """Per (cache, kv_len): the default (two launches), the same configuration in one launch,
+    and at >= 4096 keys the best two-launch point of SWEEP x SWEEP_BLOCKS_PER_SM (labels:
+    warps, keys per row group, max lanes per row, splits)."""
+    rows = ["| cache | kv_len | variant | us | TB/s | % of copy |", "|---" * 6 + "|"]
     blocks = N_KV * (N_HEAD // N_KV // heads_per_block(N_HEAD // N_KV))
+    default = gpu_config(N_HEAD // N_KV, HEAD_DIM)
     for dtype in (np.float16, np.float32):
         for kv_len in (128, 1024, 4096, 32768):
-            nbytes = 2 * N_KV * kv_len * HEAD_DIM * np.dtype(dtype).itemsize
-            default_splits = plan_splits(kv_len, blocks)
-            default_us = bench_decode(kv_len, dtype, gpu_config(N_HEAD // N_KV, HEAD_DIM),
-                                      default_splits)
-            best = (default_us, "default")
+            splits = plan_splits(kv_len, blocks)
+            for label, fused in (("default, two launches", False), ("default, one launch", True)):
+                us = bench_decode(kv_len, dtype, default, splits, fused)
+                rows.append(_row(dtype, kv_len, f"{label} ({default.warps}, {default.unroll}, "
+                                 f"{default.lanes}, {splits})", us, copy_bw))
+                print(rows[-1], flush=True)
+            if kv_len < 4096:
+                continue
+            best = None
             for config in SWEEP:
-                for splits in sorted({max(1, default_splits // 2), default_splits,
-                                      min(2 * default_splits, max(1, kv_len // 32))}):
-                    us = bench_decode(kv_len, dtype, config, splits)
-                    label = f"({config.warps}, {config.unroll}, {config.lanes}, {splits})"
-                    best = min(best, (us, label))
-            bw_d, bw_b = nbytes / default_us / 1e6, nbytes / best[0] / 1e6
-            rows.append(f"| {np.dtype(dtype).name} | {kv_len} | {default_us:.2f} | {bw_d:.2f} | "
-                        f"{100 * bw_d / copy_bw * 1e12:.0f}% | {best[0]:.2f} | {bw_b:.2f} | "
-                        f"{100 * bw_b / copy_bw * 1e12:.0f}% | {best[1]} |")
+                for per_sm in SWEEP_BLOCKS_PER_SM:
+                    n = plan_splits(kv_len, blocks, blocks_per_sm=per_sm)
+                    us = bench_decode(kv_len, dtype, config, n)
+                    label = f"({config.warps}, {config.unroll}, {config.lanes}, {n})"
+                    print(f"  sweep {np.dtype(dtype).name} {kv_len} {label}: {us:.2f} us",
+                          flush=True)
+                    best = min(best or (us, label), (us, label))
+            rows.append(_row(dtype, kv_len, f"best two launches {best[1]}", best[0], copy_bw))
             print(rows[-1], flush=True)
     return rows
 
@@ -221,10 +245,11 @@ def main():
     parser.add_argument("--out")
     parser.add_argument("--arch", default="sm_90", help="for --precompile / --ptxas")
     parser.add_argument("--ptxas", metavar="FOLDER", help="write PTX there, print ptxas -v")
+    parser.add_argument("--decode-only", action="store_true", help="skip the prefill table")
     args = parser.parse_args()
     if args.precompile or args.ptxas:
         if args.precompile:
-            precompile(args.arch)
+            precompile(args.arch, args.decode_only)
         if args.ptxas:
             ptxas_report(args.arch, args.ptxas)
         return
@@ -233,7 +258,9 @@ def main():
     copy_bw = copy_bandwidth()
     lines = [f"device: {device.name} ({device.arch}), torch copy bandwidth "
              f"{copy_bw / 1e12:.2f} TB/s (read + write)", ""]
-    lines += decode_table(copy_bw) + [""] + prefill_table()
+    lines += decode_table(copy_bw)
+    if not args.decode_only:
+        lines += [""] + prefill_table()
     text = "\n".join(lines)
     print(text)
     if args.out:

@@ -5,8 +5,10 @@ Output: device activations; `to_host` is the only device->host copy of activatio
 Activations live in a per-forward arena (the same buffers every step of a given size, so a
 decode step captured as a graph replays on them); the KV cache is preallocated per layer as
 (n_head_kv, n_ctx, head_dim) in f16 (cuda) or f32 (cpu). Fusions: RoPE + KV-cache write (one
-launch for q and k), residual add in the GEMV epilogue, gate/up GEMV with SwiGLU/GeGLU in its
-epilogue (see kernels_lazy). Decode graphs: kernels_graph.
+launch for q and k), residual add and bias in the GEMV epilogue, gate/up GEMV with SwiGLU/GeGLU
+in its epilogue, RMSNorm + the Q8_1 quantization of its GEMV's input in one launch (see
+kernels_lazy). Decode graphs: kernels_graph (`direct_attention`: decode attention in one split,
+no combine launch).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import pykernel as pk
 from llm.backends import kernels_extra as X
 from llm.backends import kernels_weights as W
 from llm.backends.base import Backend
-from llm.backends.kernels_lazy import Cols, GluHalf, PendingGlu, PendingMatmul, Roped
+from llm.backends.kernels_lazy import Cols, GluHalf, Normed, PendingGlu, PendingMatmul, Roped
 from llm.backends.kernels_memory import Arena, DeviceMemory, KernelsKVCache
 from llm.config import RopeParams
 from llm.gguf_file import TensorInfo
@@ -28,6 +30,8 @@ from stdlib_kernels import glu as glu_rows
 from stdlib_kernels import layernorm, rmsnorm, rope_kv_cache
 from stdlib_kernels import rope as rope_rows
 from stdlib_kernels.attention.decode import HEAD_DIMS, launch_decode
+from stdlib_kernels.quant.gemv_kernels import MAX_BATCH
+from stdlib_kernels.quant.rmsnorm_q8_1 import rmsnorm_q8_1_into
 
 
 class DeviceTable:
@@ -58,6 +62,7 @@ class KernelsBackend(Backend):
         self.prefill_arena, self.decode_arena = Arena(self.memory), Arena(self.memory)
         self.arena = self.prefill_arena
         self._step = None           # (ids, positions, start) device arrays of the running step
+        self.direct_attention = False   # decode attention without splits (short contexts)
         self.stream = pk.Stream(self.device) if self.device.kind == "cuda" else None
 
     # --- weights -----------------------------------------------------------------------------
@@ -131,24 +136,46 @@ class KernelsBackend(Backend):
         return out
 
     def matmul(self, x, w, bias=None):
+        xq = None
+        if isinstance(x, Normed):
+            x, xq = self._norm_for(x, w)
         x = self.materialize(x)
         if bias is None and self.gemv and w.is_glu_pair():
-            return PendingGlu(x, w)
-        return PendingMatmul(x, w, bias)
+            return PendingGlu(x, w, xq)
+        return PendingMatmul(x, w, bias, xq)
+
+    def _norm_for(self, p: Normed, w):
+        """(f32 input, Q8_1 input or None) of a GEMV reading RMSNorm(p.x): one fused launch
+        when w reads Q8_1 activations. The f32 values are written only when a row group or the
+        prefill GEMM reads them; otherwise the returned f32 array is p.x, for its shape only
+        (every Q8_1 path reads xq alone)."""
+        if not W.needs_q8_1(w, self.activations) or p.x.shape[-1] % 32:
+            return self._rms_norm_now(p), None
+        n = p.x.shape[0]
+        xq = self.arena.take(W.q8_buffer_shape(n, p.x.shape[1]), np.uint8)
+        keep_f32 = not W.all_q8_1(w, self.activations) or (self.gemv and n > MAX_BATCH)
+        out = self.arena.take(p.x.shape, np.float32) if keep_f32 else None
+        rmsnorm_q8_1_into(p.x, p.weight, p.eps, xq, out)
+        return (out if keep_f32 else p.x), xq
 
     def _run_matmul(self, p: PendingMatmul, res=None):
         x, w = p.x, p.w
         n = x.shape[0]
-        in_place = self.gemv and res is not None and n <= 8 and len(w.groups) == 1
+        one_launch_per_group = self.gemv and (n == 1 or (n <= MAX_BATCH and len(w.groups) == 1))
+        in_place = one_launch_per_group and res is not None
         out = res if in_place else self.arena.take((n, w.n_out), np.float32)  # y may alias res
-        W.matmul(x, w, out, self._q8(x, w), self._scratch, res=res, gemv=self.gemv)
-        if p.bias is not None:
+        # one token: the bias is the GEMV epilogue's "residual" (y = W x + bias, no launch)
+        fold_bias = p.bias is not None and res is None and n == 1 and self.gemv
+        if fold_bias:
+            res = p.bias.reshape(1, w.n_out)
+        W.matmul(x, w, out, self._q8(x, w, p.xq), self._scratch, res=res, gemv=self.gemv)
+        if p.bias is not None and not fold_bias:
             X.bias(out, p.bias)
         return out
 
-    def _q8(self, x, w):
-        if not W.needs_q8_1(w, self.activations):
-            return None
+    def _q8(self, x, w, xq=None):
+        if xq is not None or not W.needs_q8_1(w, self.activations):
+            return xq
         xq = self.arena.take(W.q8_buffer_shape(x.shape[0], x.shape[1]), np.uint8)
         W.quantize_activations(x, xq)
         return xq
@@ -179,12 +206,15 @@ class KernelsBackend(Backend):
     def rms_norm(self, x, w, eps, group=0):
         x = self.materialize(x)
         n = x.shape[0]
+        if not group:   # deferred: a Q8_1 GEMV consumer fuses it with the quantization
+            return Normed(x, w, eps)
         out = self.arena.take(x.shape, np.float32)
-        if group:
-            rmsnorm(x.reshape(n, -1, group), w, eps, out=out.reshape(n, -1, group))
-        else:
-            rmsnorm(x, w, eps, out=out)
+        rmsnorm(x.reshape(n, -1, group), w, eps, out=out.reshape(n, -1, group))
         return out
+
+    def _rms_norm_now(self, p: Normed):
+        out = self.arena.take(p.x.shape, np.float32)
+        return rmsnorm(p.x, p.weight, p.eps, out=out)
 
     def layer_norm(self, x, w, b, eps):
         x = self.materialize(x)
@@ -235,8 +265,9 @@ class KernelsBackend(Backend):
 
     def _stdlib_attention(self, q3, k_cache, v_cache, start_dev, out3, scale, window, cache):
         if q3.shape[0] == 1:   # decode: kv_len = position + 1, split over the context
+            workspace = None if self.direct_attention else cache.workspace(q3.shape[1])
             launch_decode(q3, k_cache, v_cache, start_dev, out3, scale, window=window or None,
-                            len_add=1, workspace=cache.workspace(q3.shape[1]))
+                            len_add=1, workspace=workspace)
         else:                  # prefill: query z sees start + z + 1 keys of the shared cache
             launch_decode(q3, k_cache, v_cache, start_dev, out3, scale, window=window or None,
                             len_add=1, len_step=1, lens_stride=0, share_cache=True)
@@ -246,7 +277,7 @@ class KernelsBackend(Backend):
                 and (gate.index, up.index) == (0, 1):
             p = gate.pending
             out = self.arena.take((p.x.shape[0], p.w.part_rows[0]), np.float32)
-            W.glu(p.x, p.w, out, self._q8(p.x, p.w), "swiglu" if act == "silu" else "geglu",
+            W.glu(p.x, p.w, out, self._q8(p.x, p.w, p.xq), "swiglu" if act == "silu" else "geglu",
                   self._scratch)
             return out
         g, u = self._contiguous(gate), self._contiguous(up)
@@ -276,7 +307,9 @@ class KernelsBackend(Backend):
         if isinstance(x, PendingMatmul):
             return self._run_matmul(x)
         if isinstance(x, PendingGlu):
-            return self._run_matmul(PendingMatmul(x.x, x.w, None))
+            return self._run_matmul(PendingMatmul(x.x, x.w, None, x.xq))
+        if isinstance(x, Normed):
+            return self._rms_norm_now(x)
         if isinstance(x, GluHalf):
             full = self.materialize(x.pending)
             half = x.pending.w.part_rows[0]
@@ -294,7 +327,7 @@ class KernelsBackend(Backend):
             out = self.arena.take((n, x.width), np.float32)
             X.columns(x.src, out, n, x.width, x.off, 0)
             return out
-        if isinstance(x, (PendingMatmul, PendingGlu, GluHalf, Roped)):
+        if isinstance(x, (PendingMatmul, PendingGlu, GluHalf, Roped, Normed)):
             return self.materialize(x)
         return x
 

@@ -6,7 +6,10 @@ array) of each step. The graph reads the token and its position from a 2-int dev
 `io = [token, position]`, so a step is one 8-byte host-to-device copy, the replay, and the
 caller's device-to-host copy; its last launch writes the greedy next token into io[0] and
 advances io[1], so `greedy` decodes with no host-to-device copy at all and reads 4 bytes per
-token. On the CPU target a "graph" is the recorded launch list (same code path, run in CI).
+token. Two graphs per cache: positions below SHORT_CONTEXT run decode attention in one split per
+head (no partials, no combine launch: a short context gives too little work to split), later
+positions the split attention sized for the whole cache. Both read and advance the same `io`.
+On the CPU target a "graph" is the recorded launch list (same code path, run in CI).
 """
 from __future__ import annotations
 
@@ -17,9 +20,16 @@ from llm.backends import kernels_extra as X
 from llm.models.transformer import Transformer
 
 
+SHORT_CONTEXT = 256   # positions below it: decode attention without splits
+
+
 class DecodeGraph:
     def __init__(self, graph, logits, io):
         self.graph, self.logits, self.io = graph, logits, io
+
+
+def _short(pos: int) -> bool:
+    return pos < SHORT_CONTEXT
 
 
 class GraphedTransformer(Transformer):
@@ -38,39 +48,48 @@ class GraphedTransformer(Transformer):
         finally:
             b.end_step()
 
-    def _record(self, io, cache):
+    def _record(self, io, cache, short: bool):
         """The device-input forward of one token plus the greedy pick; returns its logits."""
         b = self.backend
         b.begin_step([0], 0, device_io=io)
+        b.direct_attention = short
         try:
             logits = b.materialize(super().forward(np.zeros(1, np.int64), 0, cache))
             X.argmax_into(logits.reshape(-1), io, advance=True)
         finally:
+            b.direct_attention = False
             b.end_step()
         return logits
 
     def decode_step(self, token: int, pos: int, cache):
         """Logits (1, n_vocab) after `token` at position `pos` (written into the cache)."""
-        step = cache.graph
-        if step is not None:
+        graphs = cache.graphs
+        if _short(pos) in graphs:
+            step = graphs[_short(pos)]
             step.io.copy_from(np.array([token, pos], np.int32))
             step.graph.replay()
+            cache.graph = step
             return step.logits
-        io = pk.to_device(np.array([token, pos], np.int32))
-        logits = self._record(io, cache)   # runs the step: kernels compiled, buffers allocated
-        with pk.capture_graph(self.backend.stream) as graph:
-            self._record(io, cache)        # recorded, not run: the same launches and buffers
-        cache.graph = DecodeGraph(graph, logits, io)
+        io = cache.graph.io if cache.graph is not None else pk.to_device(np.zeros(2, np.int32))
+        io.copy_from(np.array([token, pos], np.int32))
+        logits = self._record(io, cache, _short(pos))  # runs the step: kernels compiled,
+        with pk.capture_graph(self.backend.stream) as graph:  # buffers allocated
+            self._record(io, cache, _short(pos))      # recorded, not run: same launches, buffers
+        cache.graph = graphs[_short(pos)] = DecodeGraph(graph, logits, io)
         return logits
 
     def greedy(self, first_token: int, pos: int, cache, n: int) -> list[int]:
         """n greedy tokens after `first_token` at `pos` (one 4-byte read per token)."""
         self.decode_step(first_token, pos, cache)
-        step = cache.graph
-        out = [int(step.io[0:1].numpy()[0])]
-        for _ in range(n - 1):
-            step.graph.replay()
-            out.append(int(step.io[0:1].numpy()[0]))
+        io = cache.graph.io
+        out = [int(io[0:1].numpy()[0])]
+        for i in range(1, n):
+            step = cache.graphs.get(_short(pos + i))
+            if step is None:               # first step past SHORT_CONTEXT: capture that graph
+                self.decode_step(out[-1], pos + i, cache)
+            else:
+                step.graph.replay()
+            out.append(int(io[0:1].numpy()[0]))
         return out
 
 

@@ -4,7 +4,8 @@ end up as fused launches.
 Input: what an op returns before its consumer is known. Output: the consumer either fuses it
 (attention takes `Roped` q/k -> one RoPE + KV-cache write launch; `add` takes a `PendingMatmul` ->
 the residual add in the GEMV's epilogue; `swiglu` takes two `GluHalf` -> gate/up GEMV with SwiGLU
-in its epilogue) or calls `materialize` for a plain contiguous device array.
+in its epilogue; `matmul` takes a `Normed` -> RMSNorm and the Q8_1 quantization its GEMV reads in
+one launch) or calls `materialize` for a plain contiguous device array.
 """
 from __future__ import annotations
 
@@ -32,11 +33,21 @@ class Roped:
 
 
 @dataclass
+class Normed:
+    """RMSNorm(x) * weight (rows of x), not yet launched."""
+    x: Any
+    weight: Any
+    eps: float
+
+
+@dataclass
 class PendingMatmul:
-    """x @ w.T (+ bias), not yet launched."""
+    """x @ w.T (+ bias), not yet launched. xq: x already quantized to Q8_1 (by the fused
+    RMSNorm), or None."""
     x: Any
     w: Any
     bias: Any
+    xq: Any = None
 
 
 @dataclass
@@ -44,6 +55,7 @@ class PendingGlu:
     """x @ [gate; up].T whose halves only feed a gated activation."""
     x: Any
     w: Any
+    xq: Any = None
 
 
 @dataclass

@@ -121,6 +121,7 @@ class KernelsKVCache(KVCache):
         memory.kv_bytes += total
         self._workspaces: dict = {}
         self.graph = None     # set by kernels_graph: the captured decode step on this cache
+        self.graphs: dict = {}  # kernels_graph: its decode graphs (short/long context)
 
     @property
     def nbytes(self) -> int:

@@ -108,6 +108,11 @@ def needs_q8_1(w: DeviceMatrix, activations: str) -> bool:
     return any(uses_q8_1(g.type_name, w.n_in, activations) for g in w.groups)
 
 
+def all_q8_1(w: DeviceMatrix, activations: str) -> bool:
+    """Whether every row group of w reads Q8_1 activations (none reads the f32 ones)."""
+    return all(uses_q8_1(g.type_name, w.n_in, activations) for g in w.groups)
+
+
 def quantize_activations(x, xq) -> None:
     """x (n, k) f32 -> xq (n, q8_1_bytes(k)) uint8."""
     quantize_q8_1_into(x, xq)
@@ -145,8 +150,9 @@ def group_matmul(g: RowGroup, n_in: int, x, xq, y) -> None:
 
 
 def matmul(x, w: DeviceMatrix, out, xq, scratch: Callable, res=None, gemv=True) -> None:
-    """out (n, w.n_out) = x @ W.T (+ res). `out` may be `res` when n <= 8 and W has one row
-    group (the residual add then happens in the GEMV's store). xq: x as Q8_1, or None.
+    """out (n, w.n_out) = x @ W.T (+ res). With the GEMV, res is added in its store (one launch
+    per row group) when n == 1, or n <= 8 and W has one row group; `out` may then be `res`.
+    xq: x as Q8_1, or None.
     scratch(shape) -> a preallocated f32 array. gemv=False: kernels_extra's
     one-thread-per-output matmul (the fast choice on the CPU target), same activations."""
     n = x.shape[0]
@@ -165,13 +171,16 @@ def matmul(x, w: DeviceMatrix, out, xq, scratch: Callable, res=None, gemv=True) 
             if len(w.groups) == 1:
                 group_matmul(g, w.n_in, x, gq, out)
             elif n == 1:  # one row: the group's columns are contiguous
-                flat = out.reshape(-1)[g.row_off:g.row_off + g.rows].reshape(1, g.rows)
-                gemv_rows(g, w.n_in, x, gq, flat)
+                cols = slice(g.row_off, g.row_off + g.rows)
+                flat = out.reshape(-1)[cols].reshape(1, g.rows)
+                flat_res = None if res is None else res.reshape(-1)[cols].reshape(1, g.rows)
+                gemv_rows(g, w.n_in, x, gq, flat, None if res is None else "residual",
+                          res=flat_res)
             else:
                 tmp = scratch((n, g.rows))
                 group_matmul(g, w.n_in, x, gq, tmp)
                 X.columns(tmp, out, n, g.rows, 0, g.row_off)
-    if res is not None:
+    if res is not None and not (gemv and n == 1):
         X.add(out, res)
 
 

@@ -35,16 +35,24 @@ class DecodeConfig:
 
 @dataclass
 class DecodeWorkspace:
-    """Preallocated split partials: o (n_seq, n_head, n_splits, D), ml (..., n_splits, 2)."""
+    """Preallocated split partials: o (n_seq, n_head, n_splits, D), ml (..., n_splits, 2).
+    counters None (the default): two launches, split kernel + combine_splits. With fused=True,
+    zeroed per-(sequence, head group) arrival counters: one launch whose last split block per
+    head group combines (it resets its counter, so graph replays reuse them). The one-launch
+    form measured slower on the H200 (benchmarks/RESULTS.md, "Attention"): that last block
+    reads every split's partials alone, a serial chain of loads longer than a launch."""
     part_o: pk.Array
     part_ml: pk.Array
     n_splits: int
+    counters: pk.Array | None = None
 
     @classmethod
-    def allocate(cls, n_seq: int, n_head: int, head_dim: int, n_splits: int, device=None):
+    def allocate(cls, n_seq: int, n_head: int, head_dim: int, n_splits: int, device=None,
+                 fused: bool = False):
         part_o = pk.empty((n_seq, n_head, n_splits, head_dim), np.float32, device)
         part_ml = pk.empty((n_seq, n_head, n_splits, 2), np.float32, device)
-        return cls(part_o, part_ml, n_splits)
+        counters = pk.zeros((n_seq * n_head,), np.int32, device) if fused else None
+        return cls(part_o, part_ml, n_splits, counters)
 
 
 def heads_per_block(group: int) -> int:
@@ -78,11 +86,14 @@ def multiprocessors(device=None) -> int:
     return 2  # cpu target: few splits keep the coroutine scheduler fast
 
 
-def plan_splits(max_kv_len: int, blocks_per_split: int, device=None) -> int:
-    """Splits for a key range of up to max_kv_len: enough blocks for ~2 per multiprocessor
-    (the H200 sweep: 33 splits beat 66 at 4096 and 32768 keys), but no split shorter than
-    MIN_KEYS_PER_SPLIT keys."""
-    target = 2 * multiprocessors(device)
+BLOCKS_PER_SM = 2            # split blocks per multiprocessor (benchmarks/RESULTS.md)
+
+
+def plan_splits(max_kv_len: int, blocks_per_split: int, device=None,
+                blocks_per_sm: int = BLOCKS_PER_SM) -> int:
+    """Splits for a key range of up to max_kv_len: enough blocks for blocks_per_sm per
+    multiprocessor, but no split shorter than MIN_KEYS_PER_SPLIT keys."""
+    target = blocks_per_sm * multiprocessors(device)
     wanted = max(1, math.ceil(target / max(1, blocks_per_split)))
     return max(1, min(wanted, math.ceil(max_kv_len / MIN_KEYS_PER_SPLIT)))
 
@@ -99,11 +110,12 @@ def _lane_layout(head_dim: int, itemsize: int, max_lanes: int = 32) -> dict:
                 CH=ch, NCH=-(-chunks // lanes))
 
 
-def decode_spec(head_dim: int, dtype, config: DecodeConfig) -> dict:
-    """The compile-time arguments of decode_partial (also used to precompile)."""
+def decode_spec(head_dim: int, dtype, config: DecodeConfig, fused: bool = False) -> dict:
+    """The compile-time arguments of decode_partial (also used to precompile); fused=True
+    only for workspaces with counters (the one-launch variant)."""
     dtype = np.dtype(dtype)
     return dict(D=head_dim, GB=config.heads_per_block, NWARPS=config.warps, U=config.unroll,
-                HALF=int(dtype == np.float16),
+                HALF=int(dtype == np.float16), FUSED=int(fused),
                 **_lane_layout(head_dim, dtype.itemsize, config.lanes))
 
 
@@ -134,7 +146,8 @@ def launch_decode(q, k_cache, v_cache, lens, out, scale: float, *, window=None, 
     """Attention of each q row z against its cache, kv_len(z) = lens[z * lens_stride] +
     len_add + z * len_step (the query sits at position kv_len - 1). share_cache: all rows read
     one (n_kv_head, max_len, D) cache (prefill fallback). Without a workspace, or with one of
-    one split, the kernel writes `out` directly; otherwise partials + combine_splits."""
+    one split, the kernel writes `out` directly; otherwise it writes partials and, with the
+    workspace's counters, its last block per head group combines them (else combine_splits)."""
     check_decode_shapes(q, k_cache, v_cache)
     n_seq, n_head, head_dim = q.shape
     n_kv_head, max_len = k_cache.shape[-3], k_cache.shape[-2]
@@ -149,11 +162,15 @@ def launch_decode(q, k_cache, v_cache, lens, out, scale: float, *, window=None, 
     direct = n_splits == 1
     part_o = out if direct else workspace.part_o
     part_ml = out if direct else workspace.part_ml
+    has_counters = workspace is not None and workspace.counters is not None
+    fused = not direct and has_counters
+    counters = workspace.counters if has_counters else lens   # not read unless fused
     decode_partial[(n_splits, n_kv_head * n_sub, n_seq), 32 * config.warps, stream](
         q, k_cache.view(np.uint32), v_cache.view(np.uint32), lens, lens_stride, len_add,
         len_step, z_stride, max_len, n_head, n_kv_head, q_scale,
-        float(softcap) if use_softcap else 0.0, int(window or 0), int(direct), out, part_o, part_ml, **decode_spec(head_dim, k_cache.dtype, config))
-    if not direct:
+        float(softcap) if use_softcap else 0.0, int(window or 0), int(direct), out, part_o,
+        part_ml, counters, **decode_spec(head_dim, k_cache.dtype, config, has_counters))
+    if not direct and not fused:
         combine_splits[(n_seq * n_head,), min(128, head_dim), stream](
             workspace.part_o, workspace.part_ml, out, n_splits, D=head_dim)
     return out

@@ -6,7 +6,9 @@ every z shares one cache, as the prefill fallback does); kv_len(z) = lens[z * le
 len_add + z * len_step, read from device memory so a CUDA graph replays with new lengths.
 Output: either the normalised result out (n_z, n_head, D) f32 (direct, one split), or per split
 the unnormalised partial sum part_o (n_z, n_head, n_splits, D) with its running max and
-denominator part_ml (n_z, n_head, n_splits, 2), reduced by `combine_splits`.
+denominator part_ml (n_z, n_head, n_splits, 2). The split blocks of one head group count
+themselves on `counters` (one int32 per (z, head group), zero between launches); with FUSED the
+last one to finish combines the partials into out (one launch), else `combine_splits` does.
 
 Work split: grid (n_splits, n_kv_head * n_sub, n_z); a block owns one KV head, GB of its query
 heads and one contiguous slice of the key range, so each K/V row is read once for GB heads.
@@ -18,6 +20,8 @@ registers; the kernel body is long for that reason.
 """
 import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, i64, u32
+
+from .._select import last_block_done
 
 NEG_INIT = -1.0e30   # running max before any key: finite, so exp2(m_old - m_new) is never NaN
 MASKED = -3.0e38     # score of a key outside the visible range: exp2(MASKED - m) == 0
@@ -46,10 +50,10 @@ def decode_partial(q: Ptr[f32, "ro"], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32,
                    lens: Ptr[i32, "ro"], lens_stride: i32, len_add: i32, len_step: i32,
                    cache_z_stride: i64, max_len: i32, n_head: i32, n_kv_head: i32,
                    q_scale: f32, softcap: f32, window: i32, direct: i32,
-                   out: Ptr[f32], part_o: Ptr[f32], part_ml: Ptr[f32],
+                   out: Ptr[f32], part_o: Ptr[f32], part_ml: Ptr[f32], counters: Ptr[i32],
                    D: Const[int], GB: Const[int], NWARPS: Const[int], U: Const[int],
                    L: Const[int], LOG2L: Const[int], LOG2KPW: Const[int], CH: Const[int],
-                   NCH: Const[int], HALF: Const[int]):
+                   NCH: Const[int], HALF: Const[int], FUSED: Const[int]):
     lane = pk.lane_id()
     warp = pk.thread_idx.x // 32
     row = lane // L                          # which key of the warp's KPW keys
@@ -209,24 +213,38 @@ def decode_partial(q: Ptr[f32, "ro"], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32,
             if d == 0:
                 part_ml[(head_row * n_splits + split) * 2] = m_all
                 part_ml[(head_row * n_splits + split) * 2 + 1] = total
+    if FUSED:
+        # the block that finishes its head group last combines every split of it, so one
+        # launch does the whole attention (no second kernel's launch latency)
+        if direct == 0:
+            done = pk.shared_array(i32, 1)
+            if last_block_done(counters, z * pk.grid_dim.y + pk.block_idx.y, n_splits, done):
+                combine_rows(part_o, part_ml, out, z * n_head + h0, GB, n_splits, D)
 
 
-@pk.kernel
-def combine_splits(part_o: Ptr[f32, "ro"], part_ml: Ptr[f32, "ro"], out: Ptr[f32],
-                   n_splits: i32, D: Const[int]):
-    """One block per (z, head) row: out = sum_s o_s 2^(m_s - M) / sum_s l_s 2^(m_s - M)."""
-    head_row = pk.block_idx.x
-    ml = head_row * n_splits * 2
-    m_all = f32(NEG_INIT)
-    for sp in range(n_splits):
-        m_all = max(m_all, part_ml[ml + 2 * sp])
-    total = f32(0.0)
-    for sp in range(n_splits):
-        total += part_ml[ml + 2 * sp + 1] * fast_exp2(part_ml[ml + 2 * sp] - m_all)
-    inv = 1.0 / total
-    for d in range(pk.thread_idx.x, D, pk.block_dim.x):
+@pk.func
+def combine_rows(part_o, part_ml, out, row0: i32, rows: i32, n_splits: i32, D: i32):
+    """Rows row0 .. row0 + rows - 1 of out, the block's threads striding over (row, d):
+    out = sum_s o_s 2^(m_s - M) / sum_s l_s 2^(m_s - M). part_o/part_ml are written by other
+    blocks of this launch, so they are read with coherent (not read-only cache) loads."""
+    for t in range(pk.thread_idx.x, rows * D, pk.block_dim.x):
+        head_row = row0 + t // D
+        d = t % D
+        ml = head_row * n_splits * 2
+        m_all = f32(NEG_INIT)
+        for sp in range(n_splits):
+            m_all = max(m_all, part_ml[ml + 2 * sp])
+        total = f32(0.0)
         o = f32(0.0)
         for sp in range(n_splits):
             weight = fast_exp2(part_ml[ml + 2 * sp] - m_all)
+            total += part_ml[ml + 2 * sp + 1] * weight
             o += part_o[(head_row * n_splits + sp) * D + d] * weight
-        out[head_row * D + d] = o * inv
+        out[head_row * D + d] = o / total
+
+
+@pk.kernel
+def combine_splits(part_o: Ptr[f32], part_ml: Ptr[f32], out: Ptr[f32], n_splits: i32,
+                   D: Const[int]):
+    """Two-launch variant (a workspace without counters): one block per (z, head) row."""
+    combine_rows(part_o, part_ml, out, pk.block_idx.x, 1, n_splits, D)

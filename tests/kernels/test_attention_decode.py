@@ -54,6 +54,23 @@ def test_decode_matches_reference(device, rng, seed, case):
     _check(out.numpy()[0], expected, dtype, seed, f"kv_len {kv_len} {case}")
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["one_launch", "two_launches"])
+def test_split_combine_variants(device, rng, seed, fused):
+    """The last-block combine (counters) and the separate combine kernel agree with the
+    reference, twice in a row: the last block must leave its counter at zero."""
+    q, k, v, _ = _random_problem(rng, 8, 2, 64, np.float32, 1, max_len=60)
+    q_dev, k_dev, v_dev = pk.to_device(q[None]), pk.to_device(k), pk.to_device(v)
+    workspace = DecodeWorkspace.allocate(1, 8, 64, 4, fused=fused)
+    for kv_len in (int(rng.integers(20, 61)), int(rng.integers(1, 20))):
+        out = pk.full((1, 8, 64), np.nan, np.float32)
+        launch_decode(q_dev, k_dev, v_dev, pk.to_device(np.array([kv_len], np.int32)), out,
+                      0.125, workspace=workspace)
+        _check(out.numpy()[0], decode_reference(q, k, v, kv_len, 0.125), np.float32, seed,
+               f"fused={fused} kv_len {kv_len}")
+        if fused:
+            assert not workspace.counters.numpy().any(), f"counters not reset (seed {seed})"
+
+
 def test_decode_contract_api(device, rng, seed):
     q, k, v, kv_len = _random_problem(rng, 8, 2, 64, np.float16, 100)
     out = attention.decode(q, k, v, kv_len, 0.125, window=None, softcap=None)

@@ -58,17 +58,49 @@ def test_graph_decode_equals_prefill(models, name):
     assert rel_l2(np.stack(steps), full[1:]) < 1e-5
 
 
-def test_greedy_on_device_matches_host_argmax(models):
+@pytest.mark.parametrize("short_context", [256, 3])
+def test_greedy_on_device_matches_host_argmax(models, monkeypatch, short_context):
+    """short_context 3: the greedy run crosses from the short-context graph to the split one."""
+    from llm.backends import kernels_graph
+    monkeypatch.setattr(kernels_graph, "SHORT_CONTEXT", short_context)
     model = models["tiny-qwen2-f32.gguf"]
     cfg = model.config
     ids = CASES["tiny-qwen2-f32.gguf"][0]["tokens"]
     cache = model.backend.kv_cache(cfg.n_layer, 32, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v)
     picked = model.transformer.greedy(ids[0], 0, cache, 6)
+    assert len(cache.graphs) == (2 if short_context < 6 else 1)
     expected, context = [], [ids[0]]
     for _ in range(6):   # host reference: prefill the context, argmax of the last row
         expected.append(int(np.argmax(model.logits(context)[-1])))
         context.append(expected[-1])
     assert picked == expected
+
+
+def test_decode_graph_fusions_on_gemv_path():
+    """The GPU's decode graph (GEMV path) on the CPU target: qwen2's q/k/v bias sits in the
+    GEMV epilogue and every RMSNorm feeding a Q8_1 GEMV is fused with its quantization; the
+    step still gives the numpy backend's logits."""
+    counts = {}
+    for name in ("tiny-qwen2-f32.gguf", "tiny-llama-q8_0.gguf"):
+        model = llm.load(TINY / name, device="cpu", backend="kernels", n_ctx=8, gemv=True,
+                         progress=False)
+        ids = CASES[name][0]["tokens"][:3]
+        session = model.session()
+        session.reset()
+        session.prefill(ids[:2])
+        step = session.step(ids[2])
+        reference = llm.load(TINY / name, device="cpu", backend="numpy", n_ctx=8, progress=False)
+        tol = Q8_0_TOL if "q8_0" in name else NUMPY_TOL
+        err = rel_l2(step, reference.logits(ids)[-1])
+        assert err < tol, f"{name}: decode step vs numpy backend {err:.2e}"
+        launches = [launch.name for launch in session.cache.graph.graph.launches]
+        counts[name] = {k: launches.count(k) for k in set(launches)}
+    n_layer = 2
+    assert "add_bias" not in counts["tiny-qwen2-f32.gguf"], counts
+    llama = counts["tiny-llama-q8_0.gguf"]
+    assert "rmsnorm_regs" not in llama and llama["rmsnorm_q8_1_kernel"] == 2 * n_layer + 1, llama
+    # left: the Q8_1 inputs of the attention-output and down GEMVs
+    assert llama["q8_1_quantize_kernel"] == 2 * n_layer, llama
 
 
 def test_stdlib_gemv_path_on_cpu_target():
