@@ -14,9 +14,9 @@ Words repeat a lot in real text, so word -> ids goes through an LRU cache.
 from __future__ import annotations
 
 import functools
-import heapq
 from itertools import chain
 
+from .merge import merge_adjacent
 from .pretokenize import Splitter, byte_encode
 from .vocab import Vocab
 
@@ -57,34 +57,4 @@ class BpeEncoder:
 
 def merge_symbols(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
     """Apply BPE merges: lowest rank first, leftmost first among equal ranks."""
-    n = len(symbols)
-    if n < 2:
-        return symbols
-    next_index = list(range(1, n + 1))
-    next_index[-1] = -1
-    prev_index = list(range(-1, n - 1))
-    heap = []
-    for i in range(n - 1):
-        rank = ranks.get((symbols[i], symbols[i + 1]))
-        if rank is not None:
-            heap.append((rank, i, symbols[i] + symbols[i + 1]))
-    heapq.heapify(heap)
-    alive: list[str | None] = list(symbols)
-    while heap:
-        _, left, merged = heapq.heappop(heap)
-        right = next_index[left]
-        # An entry is stale once either side has changed since it was pushed.
-        if alive[left] is None or right < 0 or alive[left] + alive[right] != merged:
-            continue
-        alive[left] = merged
-        alive[right] = None
-        next_index[left] = next_index[right]
-        if next_index[left] >= 0:
-            prev_index[next_index[left]] = left
-        for a in (prev_index[left], left):
-            b = next_index[a] if a >= 0 else -1
-            if a >= 0 and b >= 0:
-                rank = ranks.get((alive[a], alive[b]))
-                if rank is not None:
-                    heapq.heappush(heap, (rank, a, alive[a] + alive[b]))
-    return [s for s in alive if s is not None]
+    return merge_adjacent(symbols, lambda a, b: ranks.get((a, b)))

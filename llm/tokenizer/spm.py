@@ -9,8 +9,7 @@ characters can be: every merge makes a token) becomes one <0xXX> byte token per 
 """
 from __future__ import annotations
 
-import heapq
-
+from .merge import merge_adjacent
 from .vocab import Vocab
 
 
@@ -34,40 +33,12 @@ class SpmEncoder:
         return out
 
     def _merge(self, symbols: list[str]) -> list[str]:
-        n = len(symbols)
-        if n < 2:
-            return symbols
-        next_index = list(range(1, n + 1))
-        next_index[-1] = -1
-        prev_index = list(range(-1, n - 1))
-        alive: list[str | None] = list(symbols)
-        heap: list = []
-        for i in range(n - 1):
-            self._push(heap, i, symbols[i], symbols[i + 1])
-        heapq.heapify(heap)
-        while heap:
-            _, left, merged = heapq.heappop(heap)
-            right = next_index[left]
-            # Stale once either side has changed since the entry was pushed.
-            if alive[left] is None or right < 0 or alive[left] + alive[right] != merged:
-                continue
-            alive[left] = merged
-            alive[right] = None
-            next_index[left] = next_index[right]
-            if next_index[left] >= 0:
-                prev_index[next_index[left]] = left
-            before, after = prev_index[left], next_index[left]
-            if before >= 0:
-                self._push(heap, before, alive[before], merged, heapq.heappush)
-            if after >= 0:
-                self._push(heap, left, merged, alive[after], heapq.heappush)
-        return [s for s in alive if s is not None]
+        return merge_adjacent(symbols, self._priority)
 
-    def _push(self, heap: list, left: int, a: str, b: str, push=list.append) -> None:
+    def _priority(self, a: str, b: str):
         token_id = self.token_to_id.get(a + b)
-        if token_id is not None:
-            # Max-heap on score via negation; equal scores pop the leftmost pair first.
-            push(heap, (-self.scores[token_id], left, a + b))
+        # Highest score first (negated for the min-heap); ties pop the leftmost pair.
+        return None if token_id is None else -self.scores[token_id]
 
     def byte_id(self, byte: int) -> int:
         token_id = self._byte_ids.get(byte)
