@@ -7,7 +7,7 @@ from llvmlite import ir
 from ..types import ArrayType, PtrType, ScalarType, f16, f32, f64, i32, u32, u64
 from ..lower import ops
 from ..lower.codegen import describe
-from ..lower.memory import element_pointer, load, store
+from ..lower.memory import element_pointer
 from ..lower.values import ArrayValue, ConstValue, PtrValue, TupleValue, TypeValue, Value
 from .base import args_of, intrinsic
 
@@ -53,8 +53,8 @@ def local_array(fl, node):
     elem, shape = _type_and_shape(fl, node, "local_array")
     aty = ArrayType(elem, shape, "local")
     slot = fl.ctx.alloca(ir.ArrayType(elem.storage, aty.count), "local")
-    ptr = fl.b.bitcast(slot, ir.PointerType(elem.storage)) if False else \
-        fl.b.gep(slot, [ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), 0)])
+    zero = ir.Constant(ir.IntType(32), 0)
+    ptr = fl.b.gep(slot, [zero, zero])
     return ArrayValue(aty, ptr, ("array", ptr, aty.count * elem.nbytes))
 
 
@@ -185,5 +185,3 @@ atomic_max = _atomic("max")
 atomic_min = _atomic("min")
 atomic_exch = _atomic("exch")
 atomic_cas = _atomic("cas")
-
-__all__ = ["load", "store"]

@@ -86,11 +86,6 @@ def _mma_ptx(fl, instr, regs, accs, acc_ty):
     return [fl.b.extract_value(res, k) for k in range(4)]
 
 
-def _element(fl, kind, word):
-    """One packed element of a register as an f32 (f16/bf16) or i32 (s8) value."""
-    return word
-
-
 def _mma_cpu(fl, kind, ksize, per_reg, regs, accs, acc_ty, site):
     from ..lower import ops
     from ..types import bf16, f16

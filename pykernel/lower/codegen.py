@@ -10,7 +10,7 @@ import numpy as np
 from llvmlite import ir
 
 from ..errors import KernelSourceError
-from ..types import ArrayType, PtrType, ScalarType, bool_, f32
+from ..types import PtrType, ScalarType, bool_
 from . import ops
 from .values import ArrayValue, ConstValue, GlobalRef, PtrValue, TupleValue, TypeValue, Value
 
@@ -100,7 +100,7 @@ class FunctionLowering:
                 if isinstance(ty, PtrType):
                     return PtrValue(ty, self.b.load(slot), self.ctx.origins.get(id(slot)))
                 raw = self.b.load(slot)
-                return Value(ty, self.from_storage(ty, raw))
+                return Value(ty, raw)
             return entry
         for scope in (self.fast.closure, self.fast.globals):
             if name in scope:
@@ -124,10 +124,6 @@ class FunctionLowering:
         if isinstance(obj, ScalarType):
             return TypeValue(obj)
         return GlobalRef(obj)
-
-    @staticmethod
-    def from_storage(ty, raw):
-        return raw  # bools are stored as i1 in slots; memory loads handle i8 separately
 
     def assign_name(self, name: str, val, node):
         """Bind `name` to a value: first assignment fixes the variable's type."""
@@ -241,6 +237,3 @@ def describe(val) -> str:
     if isinstance(val, GlobalRef):
         return f"Python object {val.obj!r}"
     return type(val).__name__
-
-
-__all__ = ["FunctionLowering", "LoopTarget", "describe", "ArrayType", "f32"]

@@ -7,7 +7,7 @@ import operator
 
 from llvmlite import ir
 
-from ..types import ScalarType, bool_
+from ..types import bool_
 from . import ops
 from .codegen import describe
 from .values import ConstValue, GlobalRef, PtrValue, TupleValue, TypeValue, Value
@@ -273,5 +273,3 @@ EXPRESSIONS = {
     ast.IfExp: lower_ifexp, ast.Attribute: lower_attribute, ast.Tuple: lower_tuple,
     ast.Subscript: lower_subscript, ast.Call: lower_call,
 }
-
-__all__ = ["EXPRESSIONS", "binop_values", "unify", "ScalarType"]

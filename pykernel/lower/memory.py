@@ -10,7 +10,7 @@ from llvmlite import ir
 from ..types import ScalarType, bool_
 from . import ops
 from .codegen import describe
-from .values import ArrayValue, ConstValue, PtrValue, Value
+from .values import ArrayValue, PtrValue, Value
 
 I64 = ir.IntType(64)
 
@@ -90,7 +90,3 @@ def element_pointer(fl, node, base_node, index_node) -> Address:
     ast.copy_location(fake, node)
     fake.end_lineno, fake.end_col_offset = node.end_lineno, node.end_col_offset
     return _index(fl, fake, base)
-
-
-__all__ = ["Address", "ConstValue", "element_pointer", "load", "load_subscript", "store",
-           "store_subscript", "subscript_address"]

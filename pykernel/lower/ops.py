@@ -6,7 +6,7 @@ import ast
 
 from llvmlite import ir
 
-from ..types import INT_RANGES, ScalarType, bf16, bool_, common_int_literal_type, f16, f32, i64
+from ..types import INT_RANGES, ScalarType, bf16, bool_, common_int_literal_type, f16, f32
 
 F32 = ir.FloatType()
 I32 = ir.IntType(32)
@@ -214,7 +214,3 @@ def index_to_i64(b: ir.IRBuilder, ty: ScalarType, v):
     if ty.bits == 64:
         return v
     return b.sext(v, ir.IntType(64)) if ty.is_signed else b.zext(v, ir.IntType(64))
-
-
-__all__ = ["TypeMismatch", "cast", "compare", "const_ir", "float_binop", "int_binop",
-           "literal_type", "to_f32", "from_f32", "is_half", "index_to_i64", "i64"]

@@ -5,9 +5,9 @@ import ast
 
 from llvmlite import ir
 
-from ..types import PtrType, ScalarType, SCALARS
+from ..types import SCALARS, ScalarType
 from .codegen import LoopTarget, describe
-from .values import ArrayValue, ConstValue, GlobalRef, PtrValue, TupleValue, Value
+from .values import ConstValue, GlobalRef, TupleValue, Value
 
 
 def lower_assign(fl, node: ast.Assign):
@@ -279,5 +279,3 @@ STATEMENTS = {
     ast.Continue: lower_continue, ast.Return: lower_return, ast.Pass: lambda fl, n: None,
     ast.Expr: lower_expr_stmt, ast.Assert: lower_assert,
 }
-
-__all__ = ["STATEMENTS", "PtrType", "PtrValue", "ArrayValue"]

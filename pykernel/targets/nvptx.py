@@ -122,7 +122,6 @@ class NVPTXTarget:
         if origin[0] == "param":
             k = origin[1]
             names = [p[0] for p in ctx.target_data["params"]]
-            ptr_names = [n for n, t in ctx.target_data["params"] if isinstance(t, PtrType)]
             hidden = "__nbytes_" + names[k]
             if hidden not in names:
                 return None
