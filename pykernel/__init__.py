@@ -18,6 +18,7 @@ from .targets import SUPPORTED_ARCHS
 from .types import (Const, Ptr, ReadOnly, bf16, bool_, dtype, f16, f32, f64, i8, i16, i32, i64,
                     u8, u16, u32, u64)
 from .intrinsics.thread import (all_sync, any_sync, ballot, block_dim, block_idx, grid_dim,
+                                grid_dependency_wait, launch_dependents,
                                 lane_id, shfl_down, shfl_idx, shfl_up, shfl_xor, syncthreads,
                                 thread_idx, threadfence, warp_size)
 from .intrinsics.core import (atomic_add, atomic_cas, atomic_exch, atomic_max, atomic_min,

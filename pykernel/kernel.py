@@ -99,10 +99,20 @@ class Kernel:
 
 
 def kernel(fn=None, *, debug: bool = False, bounds_check: bool = False, lineinfo: bool = True,
-           fp_contract: bool = False):
-    """Decorator: `@pk.kernel` or `@pk.kernel(debug=True, bounds_check=True, fp_contract=True)`."""
+           fp_contract: bool = False, max_threads: int = 0, min_blocks: int = 0,
+           pdl: bool = True):
+    """Decorator: `@pk.kernel` or `@pk.kernel(debug=True, bounds_check=True, fp_contract=True,
+    max_threads=256, min_blocks=2, pdl=False)` (options: docs/language.md, "Kernel options")."""
+    if not (isinstance(max_threads, int) and 0 <= max_threads <= 1024):
+        raise ValueError(f"max_threads must be an int in 1..1024 (0 = no bound), got {max_threads!r}")
+    if not (isinstance(min_blocks, int) and min_blocks >= 0):
+        raise ValueError(f"min_blocks must be a non-negative int, got {min_blocks!r}")
+    if min_blocks and not max_threads:
+        raise ValueError("min_blocks needs max_threads: the blocks-per-SM bound is computed "
+                         "for a known block size")
     options = Options(debug=debug, bounds_check=bounds_check, lineinfo=lineinfo,
-                      fp_contract=fp_contract)
+                      fp_contract=fp_contract, max_threads=max_threads, min_blocks=min_blocks,
+                      pdl=bool(pdl))
     if fn is None:
         return lambda f: Kernel(f, options)
     return Kernel(fn, options)

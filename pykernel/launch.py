@@ -30,6 +30,11 @@ class Launcher:
         self.block = _dim3(config[1], "block", kernel.name)
         self.stream = config[2] if len(config) > 2 else None
         self.shared_bytes = int(config[3]) if len(config) > 3 else 0
+        limit, threads = kernel.options.max_threads, self.block[0] * self.block[1] * self.block[2]
+        if limit and threads > limit:
+            raise LaunchError(f"{kernel.name}[grid={self.grid}, block={self.block}]: {threads} "
+                              f"threads per block, but the kernel is declared with "
+                              f"max_threads={limit}")
 
     def __call__(self, *args, **kwargs):
         k = self.kernel

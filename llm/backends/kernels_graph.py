@@ -10,8 +10,12 @@ token. Two graphs per cache: positions below SHORT_CONTEXT run decode attention 
 head (no partials, no combine launch: a short context gives too little work to split), later
 positions the split attention sized for the whole cache. Both read and advance the same `io`.
 On the CPU target a "graph" is the recorded launch list (same code path, run in CI).
+On sm_90+ the graphs are captured with programmatic dependent launch (each kernel's launch
+overlaps its predecessor's tail); PYKERNEL_PDL=0 captures plain edges, for comparison.
 """
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
@@ -21,6 +25,7 @@ from llm.models.transformer import Transformer
 
 
 SHORT_CONTEXT = 256   # positions below it: decode attention without splits
+PDL = os.environ.get("PYKERNEL_PDL", "1") not in ("", "0")
 
 
 class DecodeGraph:
@@ -73,7 +78,7 @@ class GraphedTransformer(Transformer):
         io = cache.graph.io if cache.graph is not None else pk.to_device(np.zeros(2, np.int32))
         io.copy_from(np.array([token, pos], np.int32))
         logits = self._record(io, cache, _short(pos))  # runs the step: kernels compiled,
-        with pk.capture_graph(self.backend.stream) as graph:  # buffers allocated
+        with pk.capture_graph(self.backend.stream, pdl=PDL) as graph:  # buffers allocated
             self._record(io, cache, _short(pos))      # recorded, not run: same launches, buffers
         cache.graph = graphs[_short(pos)] = DecodeGraph(graph, logits, io)
         return logits

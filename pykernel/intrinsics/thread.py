@@ -58,6 +58,34 @@ def threadfence(fl, node):
     return ConstValue(None)
 
 
+@intrinsic("grid_dependency_wait")
+def grid_dependency_wait(fl, node):
+    """Wait until the previous kernel in the stream has finished and its writes are visible
+    (`griddepcontrol.wait`, sm_90+; nothing on older GPUs and on the CPU target). Only
+    meaningful in a kernel launched with PDL (pk.capture_graph(pdl=True)): code before it may
+    run while the previous kernel is still running, so it must not read what that kernel
+    writes or write what it reads (loading weights is the intended use)."""
+    return _pdl_statement(fl, node, "grid_dependency_wait")
+
+
+@intrinsic("launch_dependents")
+def launch_dependents(fl, node):
+    """Let the next kernel in the stream start launching now (`griddepcontrol.launch_dependents`,
+    sm_90+; nothing elsewhere). Without it a kernel triggers after its body. Early triggers pay
+    in kernels of one wave; the next kernel still waits for this one to finish before it reads
+    anything (its own prologue), so the position never affects results."""
+    return _pdl_statement(fl, node, "launch_dependents")
+
+
+def _pdl_statement(fl, node, name):
+    args_of(fl, node, 0, name)
+    fl.ctx.uses.add(name)
+    emit = getattr(fl.ctx.target, name, None)
+    if emit is not None:
+        emit(fl.ctx)
+    return ConstValue(None)
+
+
 def _mask(fl, kwargs, node):
     mask = kwargs.get("mask", ConstValue(0xFFFFFFFF))
     return fl.coerce(mask, u32, node).ir

@@ -18,6 +18,9 @@ class Options:
     lineinfo: bool = True        # .loc directives so profilers map PTX to Python lines
     fp_contract: bool = False    # allow a*b+c -> fma (one rounding; results then differ by ulps)
     opt_level: int = 3
+    max_threads: int = 0         # launch bound: at most this many threads per block (.maxntid)
+    min_blocks: int = 0          # with max_threads: keep this many blocks per SM (.minnctapersm)
+    pdl: bool = True             # sm_90+: may start early under programmatic dependent launch
 
 
 @dataclass

@@ -140,10 +140,10 @@ class CudaMemory:
 
 class _LoadedKernel:
     __slots__ = ("name", "func", "packer", "pack", "params_address", "kernel_params", "extra",
-                 "dynamic_shared_limit", "static_shared", "code")
+                 "dynamic_shared_limit", "static_shared", "code", "launch_config")
 
     def __init__(self, name, func, packer, dynamic_shared_limit, static_shared, code,
-                 param_buffer: bool):
+                 param_buffer: bool, pdl: bool = False):
         self.name, self.func, self.packer, self.pack = name, func, packer, packer.pack
         self.params_address = packer.params_address
         # cuLaunchKernel takes either kernelParams (void*[] of field addresses) or `extra`
@@ -153,6 +153,27 @@ class _LoadedKernel:
         self.dynamic_shared_limit = dynamic_shared_limit
         self.static_shared = static_shared
         self.code = code  # the cuda.core ObjectCode: keeps the module loaded
+        # PDL-capable kernels (they wait for their predecessor in their own prologue) go
+        # through cuLaunchKernelEx with programmatic stream serialization when a capture
+        # asks for it (capture_graph(pdl=True))
+        self.launch_config = _pdl_config() if pdl else None
+
+
+def _pdl_config():
+    attribute = cu.CUlaunchAttribute()
+    attribute.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attribute.value.programmaticStreamSerializationAllowed = 1
+    config = cu.CUlaunchConfig()
+    config.attrs, config.numAttrs = [attribute], 1
+    return config
+
+
+def _launch_pdl(kernel, grid, block, shared_bytes, handle):
+    config = kernel.launch_config
+    config.gridDimX, config.gridDimY, config.gridDimZ = grid
+    config.blockDimX, config.blockDimY, config.blockDimZ = block
+    config.sharedMemBytes, config.hStream = shared_bytes, handle
+    return cu.cuLaunchKernelEx(config, kernel.func, kernel.kernel_params, kernel.extra)
 
 
 def _function_of(handle):
@@ -187,6 +208,7 @@ class CudaDevice:
         self._recent: deque[str] = deque(maxlen=16)
         self._launch_handle = cu.CUstream(0)  # legacy default stream; a capture redirects it
         self._capture = None                  # the GraphCapture recording launches, if any
+        self.programmatic_launch = False      # launch PDL-capable kernels with PDL (graphs.py)
 
     def __repr__(self) -> str:
         return f"cuda:{self.ordinal} ({self.name}, {self.arch})"
@@ -208,9 +230,12 @@ class CudaDevice:
         handle = self._launch_handle if stream is None else _stream_handle(stream)
         self._recent.append(kernel.name)
         try:
-            (err,) = _launch_kernel(kernel.func, grid[0], grid[1], grid[2], block[0], block[1],
-                                    block[2], shared_bytes, handle, kernel.kernel_params,
-                                    kernel.extra)
+            if kernel.launch_config is None or not self.programmatic_launch:
+                (err,) = _launch_kernel(kernel.func, grid[0], grid[1], grid[2], block[0],
+                                        block[1], block[2], shared_bytes, handle,
+                                        kernel.kernel_params, kernel.extra)
+            else:
+                (err,) = _launch_pdl(kernel, grid, block, shared_bytes, handle)
         except (OverflowError, TypeError) as exc:
             raise LaunchError(f"{kernel.name}[grid={tuple(grid)}, block={tuple(block)}, "
                               f"shared={shared_bytes}]: invalid launch geometry ({exc})") from None
@@ -241,7 +266,7 @@ class CudaDevice:
         limit = check(cu.cuFuncGetAttribute(_MAX_DYNAMIC_SHARED, func), "cuFuncGetAttribute")
         kernel = _LoadedKernel(compiled.name, func, ArgPacker(compiled, "cuda", self.ordinal),
                                limit, getattr(compiled, "shared_bytes", 0), code,
-                               self.param_buffer)
+                               self.param_buffer, "pdl" in getattr(compiled, "uses", ()))
         self._kernels[compiled.cache_key] = kernel
         return kernel
 

@@ -11,6 +11,9 @@ graph; `update_kernel_args` rewrites one kernel node of the instantiated graph
 (cuGraphExecKernelNodeSetParams), so a decode step is captured once and replayed per token.
 Arguments read from device memory (e.g. a position in a 1-element array) need no update.
 cpu: the launches are recorded in a list and replayed by calling the device again.
+`capture_graph(stream, pdl=True)` (cuda, sm_90+): kernel-to-kernel edges become programmatic
+(PDL): each kernel's blocks start launching while its predecessor drains and wait in their
+prologue (`griddepcontrol.wait`) for its results, hiding most of the launch gap.
 
 Input: a Stream (cuda: default a fresh one) and the launches made inside the `with` block.
 Output: a Graph with .launches (names, geometry, args), .replay(), .update_kernel_args().
@@ -106,13 +109,13 @@ class Graph:
 
 
 @contextmanager
-def capture_graph(stream: Stream | None = None):
+def capture_graph(stream: Stream | None = None, pdl: bool = False):
     """Record the launches of the `with` block into a Graph (see the module docstring)."""
     device = stream.device if stream is not None else current_device()
     stream = stream or Stream(device)
     graph = Graph(device, stream)
     if device.kind == "cuda":
-        with _cuda_capture(device, stream, graph):
+        with _cuda_capture(device, stream, graph, pdl):
             yield graph
     else:
         with _host_capture(device, graph):
@@ -120,7 +123,7 @@ def capture_graph(stream: Stream | None = None):
 
 
 @contextmanager
-def _cuda_capture(device, stream: Stream, graph: Graph):
+def _cuda_capture(device, stream: Stream, graph: Graph, pdl: bool):
     if device._capture is not None:
         raise RuntimeError("capture_graph: a capture is already in progress on this device")
     builder = stream._core.create_graph_builder()
@@ -129,11 +132,13 @@ def _cuda_capture(device, stream: Stream, graph: Graph):
     saved = device._launch_handle, stream._launch_handle
     device._launch_handle = stream._launch_handle = capture_handle
     device._capture = graph
+    device.programmatic_launch = pdl
     try:
         yield graph
     finally:
         device._launch_handle, stream._launch_handle = saved
         device._capture = None
+        device.programmatic_launch = False
         builder.end_building()  # also on error: leaves the stream out of capture mode
     graph._builder = builder
     graph._exec = builder.complete()

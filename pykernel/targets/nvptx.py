@@ -42,7 +42,19 @@ class NVPTXTarget:
                 arg.add_attribute("noalias")
         values = [a if not (isinstance(t, ScalarType) and t.kind == "bool")
                   else None for a, (_, t) in zip(fn.args, params)]
+        self._launch_bounds(module, fn, options)
         return fn, values, list(fn.args)
+
+    @staticmethod
+    def _launch_bounds(module, fn, options):
+        """.maxntid / .minnctapersm: ptxas budgets registers so min_blocks blocks of
+        max_threads threads fit on one SM (CUDA's __launch_bounds__)."""
+        bounds = [("maxntidx", options.max_threads), ("minctasm", options.min_blocks)]
+        for key, value in bounds:
+            if value:
+                module.add_named_metadata("nvvm.annotations",
+                                          [fn, ir.MetaDataString(module, key),
+                                           ir.Constant(I32, value)])
 
     def begin_body(self, ctx):
         return ctx.append_block("body")
@@ -50,6 +62,34 @@ class NVPTXTarget:
     def finish_kernel(self, ctx):
         ir.IRBuilder(ctx.exit_block).ret_void()
         ir.IRBuilder(ctx.entry).branch(ctx.target_data["body"])
+        if ctx.options.pdl and self.sm >= 90:
+            self._pdl_prologue(ctx)
+
+    def _pdl_prologue(self, ctx):
+        """Programmatic dependent launch. Wait for the previous kernel's results at entry
+        unless the body placed `pk.grid_dependency_wait()` itself; let the next kernel start
+        launching once this one's blocks are done with their work (before the exit's memory
+        flush) unless the body placed `pk.launch_dependents()` itself. Triggering at entry
+        was measured faster for one-wave kernels but slower for multi-wave ones (waiting
+        blocks take the slots of the last wave): benchmarks/RESULTS.md."""
+        ctx.uses.add("pdl")
+        body = ctx.target_data["body"]
+        if "grid_dependency_wait" not in ctx.uses:
+            builder = ir.IRBuilder(body)
+            builder.position_at_start(body)
+            _asm_statement(builder, "griddepcontrol.wait;")
+        if "launch_dependents" not in ctx.uses:
+            builder = ir.IRBuilder(ctx.exit_block)
+            builder.position_before(ctx.exit_block.instructions[-1])
+            _asm_statement(builder, "griddepcontrol.launch_dependents;")
+
+    def grid_dependency_wait(self, ctx):
+        if self.sm >= 90:
+            _asm_statement(ctx.builder, "griddepcontrol.wait;")
+
+    def launch_dependents(self, ctx):
+        if self.sm >= 90:
+            _asm_statement(ctx.builder, "griddepcontrol.launch_dependents;")
 
     # --- registers and synchronisation -------------------------------------------------------
     def special_register(self, ctx, which, axis):
@@ -214,3 +254,10 @@ def _init_nvptx():
 
 
 __all__ = ["NVPTXTarget", "KernelSourceError"]
+
+
+def _asm_statement(builder, text: str):
+    """A side-effecting PTX statement that also orders memory (a compiler barrier)."""
+    asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text, "~{memory}",
+                       side_effect=True)
+    builder.call(asm, [])
