@@ -77,6 +77,7 @@ def rope_qkv_cache(q: Ptr["T"], k: Ptr["T", "ro"], v: Ptr["T", "ro"], cache_k: P
                    NEOX: Const[bool], T: Const[pk.dtype], C: Const[pk.dtype]):
     # grid (tokens, q_heads + kv_heads): blocks y < q_heads rotate q in place, the others
     # rotate one k head into the cache and copy the matching v head
+    pk.launch_dependents()   # decode: one short wave, let the next kernel launch now
     t = pk.block_idx.x
     h = pk.block_idx.y
     pos = positions[t] + pos_offset

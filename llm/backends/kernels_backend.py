@@ -30,8 +30,11 @@ from stdlib_kernels import glu as glu_rows
 from stdlib_kernels import layernorm, rmsnorm, rope_kv_cache
 from stdlib_kernels import rope as rope_rows
 from stdlib_kernels.attention.decode import HEAD_DIMS, launch_decode
+from stdlib_kernels.attention.prefill import launch_prefill, mma_available
 from stdlib_kernels.quant.gemv_kernels import MAX_BATCH
 from stdlib_kernels.quant.rmsnorm_q8_1 import rmsnorm_q8_1_into
+
+TENSOR_CORE_PREFILL = True   # False: prefill attention on the SIMT kernel (tests compare both)
 
 
 class DeviceTable:
@@ -257,20 +260,29 @@ class KernelsBackend(Backend):
             X.store_kv(ka, va, k_cache, v_cache, start_dev)
         out = self.arena.take((n, qa.shape[1]), np.float32)
         if d in HEAD_DIMS:
-            self._stdlib_attention(q3, k_cache, v_cache, start_dev, out.reshape(n, -1, d),
-                                   scale, window, cache)
+            self._stdlib_attention(q3, k_cache, v_cache, start, start_dev,
+                                   out.reshape(n, -1, d), scale, window, cache)
         else:
             X.attention(qa, k_cache, v_cache, out, start_dev, q3.shape[1], scale, window)
         return out
 
-    def _stdlib_attention(self, q3, k_cache, v_cache, start_dev, out3, scale, window, cache):
+    def _stdlib_attention(self, q3, k_cache, v_cache, start, start_dev, out3, scale, window,
+                          cache):
         if q3.shape[0] == 1:   # decode: kv_len = position + 1, split over the context
             workspace = None if self.direct_attention else cache.workspace(q3.shape[1])
             launch_decode(q3, k_cache, v_cache, start_dev, out3, scale, window=window or None,
                             len_add=1, workspace=workspace)
+        elif self._tensor_core_prefill(k_cache):   # Q, K, V, P rounded to f16 like llama.cpp's
+            launch_prefill(q3, k_cache, v_cache, out3, start, scale, window=window or None)
         else:                  # prefill: query z sees start + z + 1 keys of the shared cache
             launch_decode(q3, k_cache, v_cache, start_dev, out3, scale, window=window or None,
                             len_add=1, len_step=1, lens_stride=0, share_cache=True)
+
+    def _tensor_core_prefill(self, k_cache) -> bool:
+        """Flash attention on tensor cores for prefill: f16 cache, sm_80+, and the llama.cpp-like
+        Q8_1 activation mode (activations="f32" keeps the f32 SIMT path, the accurate one)."""
+        return (TENSOR_CORE_PREFILL and self.activations == "q8_1"
+                and k_cache.dtype == np.float16 and mma_available(self.device))
 
     def _glu(self, gate, up, act: str):
         if isinstance(gate, GluHalf) and isinstance(up, GluHalf) and gate.pending is up.pending \

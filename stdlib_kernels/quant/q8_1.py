@@ -58,6 +58,7 @@ def store_q8_1_block(v: f32, lane: i32, out: Ptr[u32], block: i32):
 
 @pk.kernel
 def q8_1_quantize_kernel(x: Ptr[f32, "ro"], out: Ptr[u32], nblocks: i32, WARPS: Const[int]):
+    pk.launch_dependents()   # decode: one short wave, let the next kernel launch now
     block = pk.block_idx.x * WARPS + pk.thread_idx.x // 32
     lane = pk.lane_id()
     if block < nblocks:

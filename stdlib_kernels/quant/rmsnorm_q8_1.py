@@ -37,6 +37,7 @@ def rmsnorm_q8_1_kernel(x: Ptr[f32, "ro"], weight: Ptr[f32, "ro"], xq: Ptr[u32],
                         CHUNKS: Const[int]):
     # warp wp holds Q8_1 blocks wp, wp + 32, ... (lane l = value l): the row is read once,
     # kept in registers, and each block is quantized by the warp that loaded it
+    pk.launch_dependents()   # decode: one block, let the next kernel launch now
     scratch = pk.shared_array(f32, THREADS // 32)
     tid = pk.thread_idx.x
     lane = tid % 32

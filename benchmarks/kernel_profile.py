@@ -1,0 +1,92 @@
+"""Where the runner's GPU time goes: per-kernel time of one prefill and one (eager) decode step.
+
+Input: a GGUF model path (e.g. a `pykernel synth` file), -p prompt tokens. Output: two
+markdown tables (prefill, decode step), one row per kernel name: launches, total us, share.
+Method: every launch is bracketed by two CUDA events recorded on the launch's own stream
+(a wrapper around CudaDevice.launch); the figures are event-to-event GPU times, so each
+includes that launch's own start-up (~1-2 us) and excludes the gaps between launches. Decode is
+run eagerly (not from the graph), so its per-kernel figures are upper bounds of the graph's.
+
+    python3 benchmarks/kernel_profile.py MODEL.gguf [-p 512]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import defaultdict
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import pykernel as pk  # noqa: E402
+import llm  # noqa: E402
+from pykernel.runtime.cuda import CudaDevice, _stream_handle  # noqa: E402
+
+
+class LaunchTimer:
+    """Context manager: records (name, start event, end event) around every CUDA launch."""
+
+    def __init__(self):
+        self.records = []
+
+    def __enter__(self):
+        from cuda.bindings import driver as cu
+        original = CudaDevice.launch
+        records = self.records
+
+        def timed(device, compiled, grid, block, args, stream=None, shared_bytes=0):
+            handle = device._launch_handle if stream is None else _stream_handle(stream)
+            start, end = (cu.cuEventCreate(0)[1] for _ in range(2))
+            cu.cuEventRecord(start, handle)
+            original(device, compiled, grid, block, args, stream, shared_bytes)
+            cu.cuEventRecord(end, handle)
+            records.append((compiled.name, start, end))
+
+        self._original, CudaDevice.launch = original, timed
+        return self
+
+    def __exit__(self, *exc):
+        CudaDevice.launch = self._original
+
+    def table(self) -> str:
+        from cuda.bindings import driver as cu
+        pk.synchronize()
+        totals, counts = defaultdict(float), defaultdict(int)
+        for name, start, end in self.records:
+            totals[name] += cu.cuEventElapsedTime(start, end)[1] * 1e3
+            counts[name] += 1
+            cu.cuEventDestroy(start)
+            cu.cuEventDestroy(end)
+        whole = sum(totals.values())
+        rows = ["| kernel | launches | total us | share |", "|---|---|---|---|"]
+        for name in sorted(totals, key=totals.get, reverse=True):
+            rows.append(f"| {name} | {counts[name]} | {totals[name]:.1f} | "
+                        f"{100 * totals[name] / whole:.1f}% |")
+        rows.append(f"| all | {sum(counts.values())} | {whole:.1f} | 100% |")
+        return "\n".join(rows)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("-p", type=int, default=512)
+    args = parser.parse_args()
+    model = llm.load(args.model, device="cuda", n_ctx=args.p + 8, progress=False)
+    cfg, t = model.config, model.transformer
+    cache = model.backend.kv_cache(cfg.n_layer, args.p + 8, cfg.n_head_kv, cfg.head_dim,
+                                   cfg.head_dim_v)
+    ids = np.random.default_rng(0).integers(0, cfg.n_vocab - 2, args.p)
+    model.backend.use_graphs = False    # profile the decode step's launches one by one
+    model.backend.to_host(t.forward(ids, 0, cache))         # warm-up: compile, allocate
+    model.backend.to_host(t.forward(ids[:1], args.p, cache))
+    for title, run in (("prefill of %d tokens" % args.p, lambda: t.forward(ids, 0, cache)),
+                       ("one decode step (eager)", lambda: t.forward(ids[:1], args.p, cache))):
+        with LaunchTimer() as timer:
+            model.backend.to_host(run())
+        print(f"\n{os.path.basename(args.model)}: {title}\n\n{timer.table()}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

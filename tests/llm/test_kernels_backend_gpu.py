@@ -1,0 +1,58 @@
+"""The kernels backend on a real GPU with its production settings (f16 KV cache, Q8_1
+activations, tensor-core flash attention for prefill): llama.cpp's logits for the tiny models,
+and agreement with the accurate path (f32 activations, SIMT attention)."""
+import json
+
+import numpy as np
+import pytest
+
+import llm
+from pykernel.runtime import device as dv
+from tests.llm.gguf_helpers import TINY
+
+pytestmark = pytest.mark.gpu
+CASES = json.loads((TINY / "tiny-logits.json").read_text())
+F16_TOL = 1e-2   # f16 cache and f16 Q/K/V/P in the attention; gpt2 ~3e-4 from its GELU table
+
+
+def rel_l2(a, b) -> float:
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def gpu():
+    if not dv.gpu_available():
+        pytest.skip("no usable CUDA GPU (driver missing or no device)")
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_production_settings_match_llama_cpp(name):
+    fast = llm.load(TINY / name, device="cuda", n_ctx=64, progress=False)
+    accurate = llm.load(TINY / name, device="cuda", n_ctx=64, progress=False,
+                        activations="f32", kv_dtype=np.float32)
+    for case in CASES[name]:
+        logits = fast.logits(case["tokens"])
+        err = rel_l2(logits, np.asarray(case["logits"], np.float32))
+        assert err < F16_TOL + (2e-2 if "q8_0" in name else 0), \
+            f"{name} {case['text']!r}: relative L2 vs llama.cpp {err:.2e}"
+        gap = rel_l2(logits, accurate.logits(case["tokens"]))
+        assert gap < F16_TOL + (3e-2 if "q8_0" in name else 0), \
+            f"{name}: vs the accurate path {gap:.2e}"
+
+
+def test_tensor_core_prefill_attention_matches_simt(tmp_path, monkeypatch):
+    """A model with head_dim 64 (SmolLM2's shape, random weights): prefill through the
+    tensor-core flash attention vs the SIMT kernel, and vs token-by-token graph decode."""
+    from llm.backends import kernels_backend
+    from llm.synth import write_synthetic
+    path = write_synthetic("smollm2-135m", "Q4_1", tmp_path / "smol.gguf")
+    ids = list(np.random.default_rng(1).integers(0, 49000, 96))
+    model = llm.load(path, device="cuda", n_ctx=128, progress=False)
+    fast = model.logits(ids)
+    monkeypatch.setattr(kernels_backend, "TENSOR_CORE_PREFILL", False)
+    simt = model.logits(ids)
+    assert rel_l2(fast, simt) < 5e-3, f"mma vs simt prefill: {rel_l2(fast, simt):.2e}"
+    session = model.session()
+    session.reset()
+    steps = [session.prefill(ids[:80])[0]] + [session.step(t) for t in ids[80:-1]]
+    assert rel_l2(np.stack(steps), simt[79:-1]) < 5e-3
