@@ -9,9 +9,11 @@ import pytest
 import llm
 from pykernel.runtime import device as dv
 from tests.llm.gguf_helpers import TINY
+from tests.shared_data import require
 
 pytestmark = pytest.mark.gpu
-CASES = json.loads((TINY / "tiny-logits.json").read_text())
+TINY_MODELS = ["tiny-gpt2-f32.gguf", "tiny-llama-f32.gguf", "tiny-llama-q8_0.gguf",
+               "tiny-qwen2-f32.gguf", "tiny-qwen3-f32.gguf"]
 F16_TOL = 1e-2   # f16 cache and f16 Q/K/V/P in the attention; gpt2 ~3e-4 from its GELU table
 
 
@@ -25,12 +27,13 @@ def gpu():
         pytest.skip("no usable CUDA GPU (driver missing or no device)")
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", TINY_MODELS)
 def test_production_settings_match_llama_cpp(name):
+    cases = json.loads(require(TINY / "tiny-logits.json").read_text())[name]
     fast = llm.load(TINY / name, device="cuda", n_ctx=64, progress=False)
     accurate = llm.load(TINY / name, device="cuda", n_ctx=64, progress=False,
                         activations="f32", kv_dtype=np.float32)
-    for case in CASES[name]:
+    for case in cases:
         logits = fast.logits(case["tokens"])
         err = rel_l2(logits, np.asarray(case["logits"], np.float32))
         assert err < F16_TOL + (2e-2 if "q8_0" in name else 0), \
