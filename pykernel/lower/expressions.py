@@ -163,6 +163,12 @@ def lower_boolop(fl, node: ast.BoolOp):
 def compare_values(fl, op, a, b, node):
     if isinstance(a, ConstValue) and isinstance(b, ConstValue):
         return ConstValue(PY_CMPS[type(op)](a.value, b.value))
+    if isinstance(a, TypeValue) or isinstance(b, TypeValue):   # `if T == f16:` in generics
+        if not (isinstance(a, TypeValue) and isinstance(b, TypeValue)
+                and type(op) in (ast.Eq, ast.NotEq)):
+            raise fl.error(node, f"types compare only with == or != against another type, "
+                                 f"not {describe(a)} and {describe(b)}")
+        return ConstValue(PY_CMPS[type(op)](a.ty, b.ty))
     x, y, ty = unify(fl, a, b, node)
     return Value(bool_, ops.compare(fl.b, type(op), ty, x.ir, y.ir))
 

@@ -2,9 +2,10 @@
 
 Input: `raw` uint8 (rows, row_bytes) holding whole blocks (layouts in formats.py).
 Output: `out` (rows, n) of f32 or f16 (f16 = the f32 value rounded to nearest even).
-One thread per output element: consecutive threads write consecutive elements (coalesced
-stores) and read the few header/scale/quant bytes of their block, which neighbouring threads
-share through the L1 cache. Products follow ggml's dequantize_row_* order, e.g. Q4_K is
+`dequantize_rows8`: each thread decodes 8 consecutive elements of one block (the block header
+loaded once, 16-byte stores); used whenever rows are whole multiples of 8 elements, i.e. for
+every quantized format. `dequantize_rows`: one thread per element (float rows of any length).
+Neighbouring threads share their block's bytes through the L1 cache. Products follow ggml's dequantize_row_* order, e.g. Q4_K is
 `(d*sc)*q - (dmin*m)` in float32, so the results match ggml's bits.
 """
 from __future__ import annotations
@@ -208,3 +209,28 @@ def dequantize_rows(raw: Ptr[u8, "ro"], out: Ptr["T"], total: i32, n: i32, row_b
         col = e - row * n
         block = raw + row * row_bytes + (col // BLOCK_ELEMS) * BLOCK_BYTES
         out[e] = T(dequantize_one(block, col % BLOCK_ELEMS, FMT))
+
+
+@pk.kernel
+def dequantize_rows8(raw: Ptr[u8, "ro"], out: Ptr["T"], total: i32, n: i32, row_bytes: i32,
+                     FMT: Const[int], BLOCK_ELEMS: Const[int], BLOCK_BYTES: Const[int],
+                     T: Const[pk.dtype]):
+    """Elements 8t .. 8t+7 per thread (n a multiple of 8; blocks hold a multiple of 8 or 1)."""
+    e = (pk.block_idx.x * pk.block_dim.x + pk.thread_idx.x) * 8
+    if e < total:
+        row = e // n
+        col = e - row * n
+        base = raw + row * row_bytes
+        v = pk.local_array(f32, 8)
+        for k in pk.static_range(8):
+            if BLOCK_ELEMS == 1:
+                v[k] = dequantize_one(base + (col + k) * BLOCK_BYTES, 0, FMT)
+            else:
+                v[k] = dequantize_one(base + (col // BLOCK_ELEMS) * BLOCK_BYTES,
+                                      col % BLOCK_ELEMS + k, FMT)
+        if T == f32:
+            pk.store_vec(out, e, (v[0], v[1], v[2], v[3]))
+            pk.store_vec(out, e + 4, (v[4], v[5], v[6], v[7]))
+        else:
+            pk.store_vec(out, e, (T(v[0]), T(v[1]), T(v[2]), T(v[3]), T(v[4]), T(v[5]),
+                                  T(v[6]), T(v[7])))

@@ -17,7 +17,7 @@ import numpy as np
 
 import pykernel as pk
 
-from .dequant_kernels import CODES, dequantize_rows
+from .dequant_kernels import CODES, dequantize_rows, dequantize_rows8
 from .formats import QuantFormat, get_format
 from .quantize_kernels import convert_floats, quantize_blocks32, quantize_q1_0
 from .quantize_kquant_kernels import quantize_kquant
@@ -146,7 +146,8 @@ def dequantize(raw, type_name: str, n: int, dtype=np.float32):
     for start in range(0, rows.shape[0], step):
         stop = min(rows.shape[0], start + step)
         total = (stop - start) * n
-        dequantize_rows[(total + 255) // 256, 256](
+        kernel, per_thread = (dequantize_rows8, 8) if n % 8 == 0 else (dequantize_rows, 1)
+        kernel[(total // per_thread + 255) // 256, 256](
             rows[start:stop].reshape(-1), out[start:stop].reshape(-1), total, n, per_row,
             CODES[fmt.name], fmt.block_elems, fmt.block_bytes, dtype)
     return out.numpy() if is_numpy else out

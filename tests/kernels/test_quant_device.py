@@ -106,10 +106,11 @@ def test_quantize_half_and_bfloat16_inputs(device, rng, seed, fmt):
 
 
 @pytest.mark.parametrize("fmt", FLOATS)
-def test_dequantize_float_formats(device, rng, seed, fmt):
-    x = _random_rows(rng, 3, 64)
+@pytest.mark.parametrize("n", [64, 37])   # 37: the one-element-per-thread kernel
+def test_dequantize_float_formats(device, rng, seed, fmt, n):
+    x = _random_rows(rng, 3, n)
     raw = ref.quantize(x, fmt)
-    assert _same_bits(dequantize(raw, fmt, 64), ref.dequantize(raw, fmt, 64)), f"seed {seed}"
+    assert _same_bits(dequantize(raw, fmt, n), ref.dequantize(raw, fmt, n)), f"seed {seed}"
 
 
 def test_device_arrays_stay_on_device(device, rng):

@@ -156,6 +156,35 @@ def test_dtype_generic_and_const(device, rng, dtype):
 
 
 @pk.kernel
+def type_switch(out: Ptr["T"], T: Const[pk.dtype]):
+    if T == f16:                                    # compile-time: the other branch is dropped
+        out[pk.thread_idx.x] = T(1.0)
+    elif T != f32:
+        out[pk.thread_idx.x] = T(3.0)
+    else:
+        out[pk.thread_idx.x] = T(2.0)
+
+
+@pytest.mark.parametrize("dtype, want", [(np.float16, 1.0), (np.float32, 2.0),
+                                         (np.float64, 3.0)])
+def test_dtype_comparison_is_compile_time(device, dtype, want):
+    if device == "cuda" and dtype == np.float64:
+        pytest.skip("f64 output is covered on the CPU target")
+    out = pk.full(4, np.nan, dtype)
+    type_switch[1, 4](out, dtype)
+    np.testing.assert_array_equal(out.numpy(), np.full(4, want, dtype))
+
+
+def test_dtype_ordering_is_an_error():
+    @pk.kernel
+    def bad(out: Ptr["T"], T: Const[pk.dtype]):
+        if T < f32:
+            out[0] = T(1.0)
+    with pytest.raises(pk.KernelSourceError, match="types compare only with == or !="):
+        bad.compile("sm_90", T=np.float16)
+
+
+@pk.kernel
 def block_reduce(x: Ptr[f32, "ro"], out: Ptr[f32], n: i32, BLOCK: Const[int]):
     buf = pk.shared_array(f32, BLOCK)
     tid = pk.thread_idx.x
