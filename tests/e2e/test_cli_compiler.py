@@ -72,3 +72,10 @@ def test_source_error_is_printed_like_a_compiler(tmp_path):
     assert proc.returncode == 1
     assert f"{bad}:6:12: error: operands have different types" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_python_dash_m_pykernel_is_the_command():
+    proc = subprocess.run([sys.executable, "-m", "pykernel", "--help"], capture_output=True,
+                          text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "synth" in proc.stdout and "build" in proc.stdout
