@@ -23,6 +23,7 @@ from .intrinsics.thread import (all_sync, any_sync, ballot, block_dim, block_idx
                                 thread_idx, threadfence, warp_size)
 from .intrinsics.core import (atomic_add, atomic_cas, atomic_exch, atomic_max, atomic_min,
                               bitcast, dynamic_shared, load_vec, local_array, pack_f16x2,
+                              prefetch_l2,
                               shared_array, static_range, store_vec, unpack_f16x2)
 
 __version__ = "0.1.0"

@@ -134,6 +134,21 @@ def load_vec(fl, node):
         ir.IntType(32), k))) for k in range(n)))
 
 
+@intrinsic("prefetch_l2")
+def prefetch_l2(fl, node):
+    """`pk.prefetch_l2(p, i)`: bring the 128-byte line holding p[i] into L2
+    (`prefetch.global.L2`; nothing on the CPU target). A hint: it returns nothing, never
+    faults, and never changes results; with `pk.grid_dependency_wait()` after it, weights
+    stream in while the previous kernel finishes."""
+    if len(node.args) != 2:
+        raise fl.error(node, "pk.prefetch_l2(ptr, index) takes 2 arguments")
+    addr = element_pointer(fl, node, node.args[0], node.args[1])
+    emit = getattr(fl.ctx.target, "prefetch_l2", None)
+    if emit is not None:
+        emit(fl.ctx, addr.ptr)
+    return ConstValue(None)
+
+
 @intrinsic("store_vec")
 def store_vec(fl, node):
     """`pk.store_vec(p, i, (a, b, c, d))`: one 16-byte `st.global.v4`."""

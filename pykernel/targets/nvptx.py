@@ -87,6 +87,13 @@ class NVPTXTarget:
         if self.sm >= 90:
             _asm_statement(ctx.builder, "griddepcontrol.wait;")
 
+    def prefetch_l2(self, ctx, ptr):
+        if ptr.type.addrspace != ADDRSPACE["global"]:
+            return   # shared/local memory: nothing to prefetch
+        asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [I64]), "prefetch.global.L2 [$0];",
+                           "l", side_effect=True)
+        ctx.builder.call(asm, [ctx.builder.ptrtoint(ptr, I64)])
+
     def launch_dependents(self, ctx):
         if self.sm >= 90:
             _asm_statement(ctx.builder, "griddepcontrol.launch_dependents;")

@@ -32,6 +32,7 @@ def step(x: Ptr[f32, "ro"], y: Ptr[f32], n: i32):
 def step_early(w: Ptr[f32, "ro"], x: Ptr[f32, "ro"], y: Ptr[f32], n: i32):
     """y = w * x: w is constant, so it is loaded before waiting for the previous kernel."""
     i = pk.block_idx.x * pk.block_dim.x + pk.thread_idx.x
+    pk.prefetch_l2(w, min(i + 32, n - 1))
     scale = w[min(i, n - 1)]
     pk.grid_dependency_wait()
     if i < n:
@@ -100,6 +101,8 @@ def test_explicit_wait_and_trigger_stay_where_written():
     wait = lines.index("griddepcontrol.wait;")
     loads = [k for k, ln in enumerate(lines) if ln.startswith("ld.global")]
     assert loads[0] < wait < loads[1], lines   # w loaded before the wait, x after it
+    prefetch = [k for k, ln in enumerate(lines) if ln.startswith("prefetch.global.L2")]
+    assert len(prefetch) == 1 and prefetch[0] < wait, lines
     assert lines.count("griddepcontrol.wait;") == 1
 
 
