@@ -6,10 +6,16 @@ Input: none (needs a GPU; `--quick` runs fewer shapes). Output: a markdown table
 Method: each case rotates over enough buffer sets to exceed 200 MB (> the 50 MB L2), so the
 batch-512 figures are HBM figures; R launches are captured in a CUDA graph and the replay is
 timed with events, so the time per kernel excludes Python launch overhead (reported apart as
-"host us": one plain launch, back to back, which bounds a non-graph decode loop).
-Bytes counted: every input read once and every output written once.
+"host us": one plain launch, back to back, which bounds a non-graph decode loop). The "pdl"
+columns time the same launches captured with `pk.capture_graph(stream, pdl=True)`
+(programmatic dependent launch: each kernel launches while its predecessor drains).
+Bytes counted: every input read once and every output written once. "copy f32" is a plain
+read-and-write kernel (convert to the same dtype): the ceiling for a kernel moving 2 arrays.
 
-    python3 benchmarks/core_kernels.py [--quick] [--no-sampling]
+    python3 benchmarks/core_kernels.py [--quick] [--no-sampling] [--configs SWEEP.json]
+
+`--configs` first applies the settings saved by `core_sweep.py --save` (instead of the
+modules' defaults).
 """
 from __future__ import annotations
 
@@ -45,13 +51,32 @@ def copy_bandwidth() -> float:
     return 2 * a.nbytes * 10 / (start.elapsed_ms(end) * 1e-3)
 
 
-def time_graph(calls) -> float:
+def memcpy_seconds(nbytes: int) -> float:
+    """Seconds per device-to-device memcpy moving `nbytes` (half read, half written), 100
+    back to back over rotated buffers (> L2), timed with events."""
+    half = nbytes // 2
+    sets = max(2, ROTATE_BYTES // nbytes)
+    bufs = [(pk.empty(half, np.uint8), pk.empty(half, np.uint8)) for _ in range(sets)]
+    memory = pk.current_device().memory
+    for a, b in bufs:
+        memory.copy(b.ptr, a.ptr, half)
+    start, end = pk.Event(), pk.Event()
+    start.record()
+    for i in range(100):
+        a, b = bufs[i % sets]
+        memory.copy(b.ptr, a.ptr, half)
+    end.record()
+    end.synchronize()
+    return start.elapsed_ms(end) * 1e-3 / 100
+
+
+def time_graph(calls, pdl: bool = False) -> float:
     """Seconds per call: LAUNCHES calls (cycling over `calls`) captured and replayed."""
     stream = pk.Stream()
     for call in calls:
         call()
     pk.synchronize()
-    with pk.capture_graph(stream) as graph:
+    with pk.capture_graph(stream, pdl=pdl) as graph:
         for i in range(LAUNCHES):
             calls[i % len(calls)]()
     graph.replay(stream)
@@ -112,11 +137,16 @@ def cases(batch: int, hidden: int, rng):
         x, o = f32(), f32()
         return lambda: sk.layernorm(x, w, w, 1e-5, out=o)
 
+    def copy():
+        a, o = f32(), f32()
+        return lambda: sk.convert(a, np.float32, out=o)
+
     return [("rmsnorm", rms, 2 * row + hidden * 4),
             ("rmsnorm+residual", rms_res, 4 * row + hidden * 4),
             ("layernorm", layer, 2 * row + 2 * hidden * 4),
             ("softmax", soft, 2 * row), ("silu_mul", swiglu, 3 * row),
-            ("add", add, 3 * row), ("convert f32->f16", to_f16, row + row // 2)]
+            ("add", add, 3 * row), ("convert f32->f16", to_f16, row + row // 2),
+            ("copy f32", copy, 2 * row)]
 
 
 SAMPLERS = [("argmax", dict(temperature=0.0)), ("sample t=0.8", dict(temperature=0.8)),
@@ -157,24 +187,35 @@ def main() -> None:
     if not pk.gpu_available():
         sys.exit("core_kernels: no usable CUDA GPU")
     pk.set_device("cuda")
+    if "--configs" in sys.argv:
+        from core_sweep import apply_saved
+        apply_saved(sys.argv[sys.argv.index("--configs") + 1])
     rng = np.random.default_rng(0)
     copy_bw = copy_bandwidth()
     dev = pk.current_device()
-    print(f"device: {dev}; memcpy D2D bandwidth {copy_bw / 1e12:.2f} TB/s\n")
-    print("| kernel | hidden | batch | us/kernel (graph) | host us/launch | GB/s | % of copy |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"device: {dev}; memcpy D2D bandwidth {copy_bw / 1e12:.2f} TB/s")
+    for h in HIDDEN[1:]:   # the same bytes as a 2-array kernel at batch 512 (not in a graph)
+        nbytes = 2 * 512 * h * 4
+        t = memcpy_seconds(nbytes)
+        print(f"memcpy moving {nbytes >> 20} MB (512 x {h} f32 read + written): "
+              f"{t * 1e6:.2f} us, {100 * nbytes / t / copy_bw:.0f}% of copy")
+    print()
+    print("| kernel | hidden | batch | us/kernel (graph) | host us/launch | GB/s | % of copy "
+          "| us (pdl graph) | % of copy (pdl) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     hidden = HIDDEN[:2] if "--quick" in sys.argv else HIDDEN
-    for name_index in range(7):
+    for name_index in range(len(cases(1, 64, rng))):
         for h in hidden:
             for batch in BATCHES:
                 name, make, nbytes = cases(batch, h, rng)[name_index]
                 sets = max(1, min(64, ROTATE_BYTES // nbytes))
                 calls = [make() for _ in range(sets)]
-                seconds = time_graph(calls)
+                seconds, pdl = time_graph(calls), time_graph(calls, pdl=True)
                 host = time_host(calls[0]) * 1e6 if batch == 1 else float("nan")
                 bw = nbytes / seconds
                 print(f"| {name} | {h} | {batch} | {seconds * 1e6:.2f} | {host:.1f} | "
-                      f"{bw / 1e9:.0f} | {100 * bw / copy_bw:.0f}% |", flush=True)
+                      f"{bw / 1e9:.0f} | {100 * bw / copy_bw:.0f}% | {pdl * 1e6:.2f} | "
+                      f"{100 * nbytes / pdl / copy_bw:.0f}% |", flush=True)
     if "--no-sampling" in sys.argv:
         return
     print("\n| sampler | vocab | us/kernel (graph) | host us/launch |\n|---|---|---|---|")

@@ -8,6 +8,8 @@ repeated call costs a dict lookup plus the device's argument packing and launch.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from pykernel.runtime.arrays import Array, empty, to_device
@@ -18,16 +20,35 @@ VEC = 4           # elements per vector load (16 bytes of f32, 8 of f16)
 MAX_THREADS = 1024
 
 
-def launch(kernel, grid, block, args, spec: tuple, stream=None, shared_bytes: int = 0):
-    """Launch `kernel` with runtime `args` (parameter order) and Const/dtype values `spec`."""
+def launch(kernel, grid, block, args, spec: tuple, stream=None, shared_bytes: int = 0,
+           bounds: tuple[int, int] | None = None):
+    """Launch `kernel` with runtime `args` (parameter order) and Const/dtype values `spec`.
+    `bounds` = (max_threads, min_blocks): launch bounds for this specialization (ptxas then
+    keeps registers low enough for min_blocks blocks of max_threads threads per SM)."""
     device = current_device()
-    key = (kernel, device.arch, spec)
+    key = (kernel, device.arch, spec, bounds)
     compiled = _COMPILED.get(key)
     if compiled is None:
-        compiled = _COMPILED[key] = kernel.compile(device.arch, **dict(spec))
+        options = None if bounds is None else dataclasses.replace(
+            kernel.options, max_threads=bounds[0], min_blocks=bounds[1])
+        compiled = _COMPILED[key] = kernel.compile(device.arch, options, **dict(spec))
     grid = grid if isinstance(grid, tuple) else (grid, 1, 1)
     block = block if isinstance(block, tuple) else (block, 1, 1)
     device.launch(compiled, grid, block, args, stream=stream, shared_bytes=shared_bytes)
+
+
+_SM_COUNTS: dict = {}
+CPU_MULTIPROCESSORS = 132   # the CPU target picks the same geometry as an H100/H200
+
+
+def multiprocessors() -> int:
+    """Streaming multiprocessors of the current device (CPU_MULTIPROCESSORS on the CPU)."""
+    device = current_device()
+    if device not in _SM_COUNTS:
+        core = getattr(device, "core", None)
+        _SM_COUNTS[device] = (CPU_MULTIPROCESSORS if core is None
+                              else int(core.properties.multiprocessor_count))
+    return _SM_COUNTS[device]
 
 
 def as_array(value, name: str, dtype=None) -> Array:

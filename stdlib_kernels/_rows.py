@@ -12,9 +12,13 @@ and is zeroed by a select, so a thread issues all its loads before using any. Lo
 issued: CHUNKS memory latencies in a row instead of one.
 
 GROUP == 32: one warp per row, several rows per block, warp-shuffle reductions only (short
-rows). GROUP > 32: one block per row, shuffles plus one shared-memory step.
-Input: n (row length). Output: `RowGeometry` (or None when a row does not fit: callers fall
-back to their looping kernels).
+rows). GROUP > 32: `rows_per_block` rows of GROUP threads each per block; a row's reduction is
+warp shuffles plus one shared-memory step over the row's own warps. Threads of a block past the
+last row work on the last row and store nothing, so every thread reaches every barrier.
+Launch bounds (`RowConfig.bounded`): max_threads = the block, min_blocks = the blocks each SM
+must hold for the whole grid to be resident at once, so ptxas caps registers to allow it.
+Input: rows, n (row length), a RowConfig. Output: `RowGeometry` (or None when a row does not
+fit: callers fall back to their looping kernels).
 """
 from __future__ import annotations
 
@@ -23,15 +27,35 @@ from typing import NamedTuple
 import pykernel as pk
 from pykernel import Const, f32, i32
 
-from ._device import block_max, block_sum, load4, warp_max, warp_sum
+from . import _launch as L
+from ._device import NEG_INF, load4, warp_max, warp_sum
 
 WARP_ROWS_PER_BLOCK = 4     # rows per 128-thread block when one warp handles a row
-MAX_CHUNKS = 8              # units (4 elements) per thread: 32 f32 registers of row data
+MAX_CHUNKS = 16             # units (4 elements) per thread: 64 f32 registers of row data
 MAX_GROUP = 1024
-REGISTER_ROW_LIMIT = MAX_GROUP * MAX_CHUNKS * 4    # longer rows use the looping kernels
+# blocks of several rows stay within 256 threads: launchable at any register count (<= 255)
+MAX_SHARED_BLOCK = 256
+REGISTER_ROW_LIMIT = MAX_GROUP * 8 * 4    # longer rows use the looping kernels
 # Below this many rows a row gets as many threads as it has units (up to 1024): at batch 1
 # the H200 ran 64-256 threads x 8 units slower than 1024 threads x 1 unit (latency bound).
 FEW_ROWS = 64
+THREADS_PER_SM = 2048       # sm_80..sm_90 resident-thread limit
+BLOCKS_PER_SM = 32
+
+
+class RowConfig(NamedTuple):
+    chunks: int = 4           # at most this many units per thread (more threads per row below)
+    rows_per_block: int = 1   # rows sharing a block when a row takes more than a warp
+    bounded: bool = False     # launch bounds that make the whole grid one resident wave
+    weight_early: bool = False   # norms: load weight/bias with x (else after the reduction)
+
+
+def config_for(table, n: int) -> RowConfig:
+    """The RowConfig of `table` ((max_n, RowConfig) pairs, ascending) for rows of n."""
+    for max_n, config in table:
+        if n <= max_n:
+            return config
+    return table[-1][1]
 
 
 class RowGeometry(NamedTuple):
@@ -39,50 +63,89 @@ class RowGeometry(NamedTuple):
     chunks: int     # units of 4 elements per thread
     grid: int
     block: int
+    bounds: tuple[int, int] | None   # (max_threads, min_blocks) for _launch.launch
+
+    def spec(self) -> tuple:
+        """The kernels' geometry Const values: CHUNKS, GROUP, RPB (rows per block)."""
+        return (("CHUNKS", self.chunks), ("GROUP", self.group),
+                ("RPB", self.block // self.group))
 
 
-def row_geometry(rows: int, n: int, max_chunks: int | None = None) -> RowGeometry | None:
-    """Threads per row and units per thread for rows of n elements (None: too long).
-    `max_chunks` (default MAX_CHUNKS) trades registers per thread for threads per row: more
-    threads hide more latency where a kernel does more arithmetic per element."""
-    max_chunks = MAX_CHUNKS if max_chunks is None else min(max_chunks, MAX_CHUNKS)
+def row_geometry(rows: int, n: int, config: RowConfig = RowConfig()) -> RowGeometry | None:
+    """Threads per row, units per thread and blocks for rows of n elements (None: too long).
+    Fewer chunks trade registers per thread for threads per row: more threads hide more
+    latency where a kernel does more arithmetic per element."""
+    max_chunks = min(config.chunks, MAX_CHUNKS)
+    rows_per_block = config.rows_per_block
     if rows < FEW_ROWS:   # a few rows (decode): spread each over up to 1024 threads
-        max_chunks = 1
+        max_chunks, rows_per_block = 1, 1
     units = -(-n // 4)
     if n > REGISTER_ROW_LIMIT:
         return None
     if units <= 32 * max_chunks:
+        group = 32
         rows_per_block = WARP_ROWS_PER_BLOCK if rows > 1 else 1
-        return RowGeometry(32, -(-units // 32), -(-rows // rows_per_block), 32 * rows_per_block)
-    group = 64
-    while group * max_chunks < units and group < MAX_GROUP:
-        group *= 2
-    return RowGeometry(group, -(-units // group), rows, group)   # <= MAX_CHUNKS: n fits
+    else:
+        group = 64
+        while group * max_chunks < units and group < MAX_GROUP:
+            group *= 2
+        rows_per_block = max(1, min(rows_per_block, MAX_SHARED_BLOCK // group))
+    grid = -(-rows // rows_per_block)
+    block = group * rows_per_block
+    return RowGeometry(group, -(-units // group), grid, block,
+                       one_wave_bounds(grid, block) if config.bounded else None)
+
+
+def one_wave_bounds(grid: int, block: int) -> tuple[int, int] | None:
+    """(block, blocks per SM) when that many blocks can be resident on every SM, else None."""
+    per_sm = -(-grid // L.multiprocessors())
+    if per_sm * block > THREADS_PER_SM or per_sm > BLOCKS_PER_SM:
+        return None
+    return block, per_sm
 
 
 @pk.func
-def group_row(GROUP: Const[int]):
-    """(row, lane) of this thread: a warp per row when GROUP == 32, else the block's row."""
-    if GROUP == 32:
-        return pk.block_idx.x * (pk.block_dim.x // 32) + pk.thread_idx.x // 32, pk.lane_id()
+def group_row(rows: i32, GROUP: Const[int], RPB: Const[int]):
+    """(row, lane, live) of this thread: GROUP threads per row, RPB rows per block. Past the
+    last row `row` is the last row and `live` False (it loads and reduces, stores nothing)."""
+    if RPB == 1:   # grid == rows: every thread is live, no index arithmetic
+        return pk.block_idx.x, pk.thread_idx.x, True
     else:
-        return pk.block_idx.x, pk.thread_idx.x
+        row = pk.block_idx.x * RPB + pk.thread_idx.x // GROUP
+        return min(row, rows - 1), pk.thread_idx.x % GROUP, row < rows
 
 
 @pk.func
 def group_sum(v: f32, scratch, GROUP: Const[int]) -> f32:
-    if GROUP == 32:
-        return warp_sum(v)
-    else:
-        return block_sum(v, scratch)
+    """Sum over the GROUP threads of this thread's row (every thread of the block calls it;
+    `scratch` holds >= 32 f32). Starts with a barrier, so consecutive calls may share it."""
+    v = warp_sum(v)
+    if GROUP > 32:
+        pk.syncthreads()
+        if pk.lane_id() == 0:
+            scratch[pk.thread_idx.x // 32] = v
+        pk.syncthreads()
+        part = f32(0.0)
+        if pk.lane_id() < GROUP // 32:
+            part = scratch[(pk.thread_idx.x // GROUP) * (GROUP // 32) + pk.lane_id()]
+        v = warp_sum(part)
+    return v
 
 
 @pk.func
 def group_max(v: f32, scratch, GROUP: Const[int]) -> f32:
-    if GROUP == 32:
-        return warp_max(v)
-    else:
-        return block_max(v, scratch)
+    """Maximum over the GROUP threads of this thread's row (see group_sum)."""
+    v = warp_max(v)
+    if GROUP > 32:
+        pk.syncthreads()
+        if pk.lane_id() == 0:
+            scratch[pk.thread_idx.x // 32] = v
+        pk.syncthreads()
+        part = f32(NEG_INF)
+        if pk.lane_id() < GROUP // 32:
+            part = scratch[(pk.thread_idx.x // GROUP) * (GROUP // 32) + pk.lane_id()]
+        v = warp_max(part)
+    return v
 
 
 @pk.func

@@ -21,6 +21,9 @@ ADD, MUL, NONE = 0, 1, 2
 # units of 4 elements per thread at batch >= 64: 4 was the fastest (or tied) for add and
 # f32->f16 on the H200 (benchmarks/RESULTS.md, core sweep)
 BINARY_UNITS = 4
+# f32 <-> f16 with 8-element units (16-byte f16 accesses) at most this many per thread;
+# 0 = convert through binary_rows (4-element units). 4 was the fastest on the H200, by ~1%.
+CONVERT8_UNITS = 4
 
 
 @pk.kernel
@@ -50,6 +53,46 @@ def binary_rows(a: Ptr["TA", "ro"], b: Ptr["TB", "ro"], out: Ptr["TO"], n: i32, 
         if c < n:
             store4(out + row * i64(n), c, n, v[4 * u], v[4 * u + 1], v[4 * u + 2],
                    v[4 * u + 3], VEC, TO)
+
+
+@pk.func
+def load8(p, c: i32, WIDE: Const[bool]):
+    """Elements c..c+7 as f32: two 16-byte loads of f32 (WIDE) or one of f16."""
+    if WIDE:
+        a, b, d, e = pk.load_vec(p, c, 4)
+        f, g, h, k = pk.load_vec(p, c + 4, 4)
+        return f32(a), f32(b), f32(d), f32(e), f32(f), f32(g), f32(h), f32(k)
+    else:
+        a, b, d, e, f, g, h, k = pk.load_vec(p, c, 8)
+        return f32(a), f32(b), f32(d), f32(e), f32(f), f32(g), f32(h), f32(k)
+
+
+@pk.kernel
+def convert_rows8(x: Ptr["TA", "ro"], out: Ptr["TO"], n: i32, UNITS: Const[int],
+                  TA: Const[pk.dtype], TO: Const[pk.dtype], WIDE_IN: Const[bool]):
+    # f32 <-> f16 in units of 8 elements (n a multiple of 8, rows 16-byte aligned), so the
+    # f16 side moves 16 bytes per access too; grid as binary_rows. Loads are clamped to the
+    # row's last unit (never in a branch), stores guarded.
+    row = i64(pk.block_idx.x)
+    first = pk.block_idx.y * pk.block_dim.x * UNITS + pk.thread_idx.x
+    v = pk.local_array(f32, 8 * UNITS)
+    for u in pk.static_range(UNITS):
+        c = min((first + u * pk.block_dim.x) * 8, n - 8)
+        v[8 * u], v[8 * u + 1], v[8 * u + 2], v[8 * u + 3], v[8 * u + 4], v[8 * u + 5], \
+            v[8 * u + 6], v[8 * u + 7] = load8(x + row * i64(n), c, WIDE_IN)
+    for u in pk.static_range(UNITS):
+        c = (first + u * pk.block_dim.x) * 8
+        if c < n:
+            o = out + row * i64(n)
+            if WIDE_IN:   # f32 -> f16: one 16-byte store
+                pk.store_vec(o, c, (TO(v[8 * u]), TO(v[8 * u + 1]), TO(v[8 * u + 2]),
+                                    TO(v[8 * u + 3]), TO(v[8 * u + 4]), TO(v[8 * u + 5]),
+                                    TO(v[8 * u + 6]), TO(v[8 * u + 7])))
+            else:
+                pk.store_vec(o, c, (TO(v[8 * u]), TO(v[8 * u + 1]), TO(v[8 * u + 2]),
+                                    TO(v[8 * u + 3])))
+                pk.store_vec(o, c + 4, (TO(v[8 * u + 4]), TO(v[8 * u + 5]),
+                                        TO(v[8 * u + 6]), TO(v[8 * u + 7])))
 
 
 @pk.kernel
@@ -110,7 +153,20 @@ def convert(a, dtype, *, out=None, stream=None):
     uint16 bf16 bit patterns from float32, and `from_bf16` goes back."""
     if dtype in ("bfloat16", "bf16"):
         return to_bf16(a, out=out, stream=stream)
-    return _binary(a, None, NONE, 1.0, out, np.dtype(dtype), "convert", stream)
+    a = L.as_array(a, "convert: a")
+    dtype = np.dtype(dtype)
+    pair = {a.dtype, dtype}
+    if CONVERT8_UNITS and pair == {np.dtype(np.float32), np.dtype(np.float16)}:
+        rows, n = L.rows_and_length(a, "convert: a")
+        out = L.output(out, "convert", a.shape, dtype)
+        if n % 8 == 0 and a.ptr % 16 == 0 and out.ptr % 16 == 0:
+            # n // 2 "elements" of 4 = n / 8 units of 8
+            units, threads, grid = L.elementwise_geometry(rows, n // 2, CONVERT8_UNITS)
+            spec = (("UNITS", units), ("TA", a.dtype), ("TO", dtype),
+                    ("WIDE_IN", a.dtype == np.float32))
+            L.launch(convert_rows8, grid, threads, (a, out, n), spec, stream)
+            return out
+    return _binary(a, None, NONE, 1.0, out, dtype, "convert", stream)
 
 
 def _flat_launch(kernel, x, out, stream):

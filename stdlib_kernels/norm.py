@@ -21,12 +21,22 @@ from pykernel import Const, Ptr, f32, i32, i64
 
 from . import _launch as L
 from ._device import block_sum, load4, store4
-from ._rows import group_row, group_sum, load_unit, row_geometry, unit_start
+from ._rows import (RowConfig, config_for, group_row, group_sum, load_unit, row_geometry,
+                    unit_start)
 
-# 4-element units per thread (cap): with every load issued up front, 4 beat 8 and 16 for
-# both norms at batch 512, hidden 2048-8192, on the H200 (benchmarks/RESULTS.md, core sweep)
-RMSNORM_CHUNKS = 4
-LAYERNORM_CHUNKS = 4
+# Geometry at >= 64 rows, ((largest n, config), ...): the first entry whose n is >= the row
+# length applies. From the H200 sweep at 512 rows (benchmarks/RESULTS.md, core kernels): 2
+# units/thread (more threads per row) up to 2048-4096; at 8192 one-wave launch bounds (all
+# 512 rows resident: 2 waves without them cost ~10%); weight loaded with x where it won.
+RMSNORM = ((2048, RowConfig(chunks=2, weight_early=True)),
+           (4096, RowConfig(chunks=2, bounded=True, weight_early=True)),
+           (1 << 30, RowConfig(chunks=4, bounded=True)))
+RMSNORM_RESIDUAL = ((2048, RowConfig(chunks=2)),     # with a residual: 4 arrays, not 2
+                    (4096, RowConfig(chunks=4, weight_early=True)),
+                    (1 << 30, RowConfig(chunks=8, bounded=True)))
+LAYERNORM = ((2048, RowConfig(chunks=2, weight_early=True)),
+             (4096, RowConfig(chunks=4)),
+             (1 << 30, RowConfig(chunks=8, bounded=True)))
 
 
 @pk.kernel
@@ -91,68 +101,79 @@ def layernorm_rows(x: Ptr["T", "ro"], weight: Ptr[f32, "ro"], bias: Ptr[f32, "ro
         store4(out + i64(pk.block_idx.x) * i64(n), c, n, a, b, d, e, VEC, T)
 
 
+@pk.func
+def load_params(p, dst, c: i32, j: i32, n: i32, VEC: Const[int]):
+    """Weight or bias unit j (elements c..c+3) into dst[4j..4j+3]."""
+    dst[4 * j], dst[4 * j + 1], dst[4 * j + 2], dst[4 * j + 3] = load_unit(p, c, n, VEC)
+
+
 @pk.kernel
 def rmsnorm_regs(x: Ptr["T", "ro"], residual: Ptr["T", "ro"], weight: Ptr[f32, "ro"],
                  out: Ptr["T"], sum_out: Ptr["T"], rows: i32, n: i32, eps: f32,
-                 HAS_RES: Const[bool], HAS_W: Const[bool], VEC: Const[int], CHUNKS: Const[int],
-                 GROUP: Const[int], T: Const[pk.dtype]):
+                 HAS_RES: Const[bool], HAS_W: Const[bool], W_EARLY: Const[bool],
+                 VEC: Const[int], CHUNKS: Const[int], GROUP: Const[int], RPB: Const[int],
+                 T: Const[pk.dtype]):
     scratch = pk.shared_array(f32, 32)
     h = pk.local_array(f32, 4 * CHUNKS)   # this thread's units of the row (registers)
-    row, lane = group_row(GROUP)
-    if row >= rows:
-        return
+    w = pk.local_array(f32, 4 * CHUNKS)   # W_EARLY: the weight's units, loaded with x's
+    row, lane, live = group_row(rows, GROUP, RPB)
     base = i64(row) * i64(n)
     for j in pk.static_range(CHUNKS):   # every load before any store (out may alias x)
-        a, b, d, e = load_unit(x + base, unit_start(j, lane, GROUP), n, VEC)
+        c = unit_start(j, lane, GROUP)
+        a, b, d, e = load_unit(x + base, c, n, VEC)
         if HAS_RES:
-            ra, rb, rd, re = load_unit(residual + base, unit_start(j, lane, GROUP), n, VEC)
+            ra, rb, rd, re = load_unit(residual + base, c, n, VEC)
             a, b, d, e = a + ra, b + rb, d + rd, e + re
-        h[4 * j] = a
-        h[4 * j + 1] = b
-        h[4 * j + 2] = d
-        h[4 * j + 3] = e
+        h[4 * j], h[4 * j + 1], h[4 * j + 2], h[4 * j + 3] = a, b, d, e
+        if HAS_W and W_EARLY:
+            load_params(weight, w, c, j, n, VEC)
     ss = f32(0.0)
     for j in pk.static_range(4 * CHUNKS):   # padding past n was loaded as 0: adds nothing
         ss += h[j] * h[j]
     if HAS_RES:
         for j in pk.static_range(CHUNKS):
             c = unit_start(j, lane, GROUP)
-            if c < n:
+            if live and c < n:
                 store4(sum_out + base, c, n, h[4 * j], h[4 * j + 1], h[4 * j + 2],
                        h[4 * j + 3], VEC, T)
     scale = 1.0 / pk.sqrt(group_sum(ss, scratch, GROUP) / f32(n) + eps)
-    # the weight (L2-resident, shared by all rows) is read after the reduction, so only x's
-    # registers are live while x's loads are in flight
+    # without W_EARLY the weight (L2-resident, shared by all rows) is read after the
+    # reduction, so only x's registers are live while x's loads are in flight
     for j in pk.static_range(CHUNKS):
         c = unit_start(j, lane, GROUP)
+        if HAS_W and not W_EARLY:
+            load_params(weight, w, c, j, n, VEC)
         a, b, d, e = h[4 * j] * scale, h[4 * j + 1] * scale, h[4 * j + 2] * scale, \
             h[4 * j + 3] * scale
         if HAS_W:
-            wa, wb, wd, we = load_unit(weight, c, n, VEC)
-            a, b, d, e = a * wa, b * wb, d * wd, e * we
-        if c < n:
+            a, b, d, e = a * w[4 * j], b * w[4 * j + 1], d * w[4 * j + 2], e * w[4 * j + 3]
+        if live and c < n:
             store4(out + base, c, n, a, b, d, e, VEC, T)
 
 
 @pk.kernel
 def layernorm_regs(x: Ptr["T", "ro"], weight: Ptr[f32, "ro"], bias: Ptr[f32, "ro"],
                    out: Ptr["T"], rows: i32, n: i32, eps: f32, HAS_W: Const[bool],
-                   HAS_B: Const[bool], VEC: Const[int], CHUNKS: Const[int], GROUP: Const[int],
+                   HAS_B: Const[bool], W_EARLY: Const[bool], VEC: Const[int],
+                   CHUNKS: Const[int], GROUP: Const[int], RPB: Const[int],
                    T: Const[pk.dtype]):
     scratch = pk.shared_array(f32, 32)
     v = pk.local_array(f32, 4 * CHUNKS)
-    row, lane = group_row(GROUP)
-    if row >= rows:
-        return
+    w = pk.local_array(f32, 4 * CHUNKS)
+    bb = pk.local_array(f32, 4 * CHUNKS)
+    row, lane, live = group_row(rows, GROUP, RPB)
     base = i64(row) * i64(n)
     s = f32(0.0)
     for j in pk.static_range(CHUNKS):   # all loads first: one memory latency, not CHUNKS
-        a, b, d, e = load_unit(x + base, unit_start(j, lane, GROUP), n, VEC)   # 0 past n
-        v[4 * j] = a
-        v[4 * j + 1] = b
-        v[4 * j + 2] = d
-        v[4 * j + 3] = e
+        c = unit_start(j, lane, GROUP)
+        a, b, d, e = load_unit(x + base, c, n, VEC)   # 0 past n
+        v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3] = a, b, d, e
         s += (a + b) + (d + e)
+        if W_EARLY:
+            if HAS_W:
+                load_params(weight, w, c, j, n, VEC)
+            if HAS_B:
+                load_params(bias, bb, c, j, n, VEC)
     mean = group_sum(s, scratch, GROUP) / f32(n)
     sq = f32(0.0)
     for j in pk.static_range(CHUNKS):   # two-pass variance from registers: no cancellation
@@ -164,15 +185,18 @@ def layernorm_regs(x: Ptr["T", "ro"], weight: Ptr[f32, "ro"], bias: Ptr[f32, "ro
     rstd = 1.0 / pk.sqrt(group_sum(sq, scratch, GROUP) / f32(n) + eps)
     for j in pk.static_range(CHUNKS):
         c = unit_start(j, lane, GROUP)
+        if not W_EARLY:
+            if HAS_W:
+                load_params(weight, w, c, j, n, VEC)
+            if HAS_B:
+                load_params(bias, bb, c, j, n, VEC)
         a, b, d, e = v[4 * j] * rstd, v[4 * j + 1] * rstd, v[4 * j + 2] * rstd, \
             v[4 * j + 3] * rstd
         if HAS_W:
-            wa, wb, wd, we = load_unit(weight, c, n, VEC)
-            a, b, d, e = a * wa, b * wb, d * wd, e * we
+            a, b, d, e = a * w[4 * j], b * w[4 * j + 1], d * w[4 * j + 2], e * w[4 * j + 3]
         if HAS_B:
-            ba, bb, bd, be = load_unit(bias, c, n, VEC)
-            a, b, d, e = a + ba, b + bb, d + bd, e + be
-        if c < n:
+            a, b, d, e = a + bb[4 * j], b + bb[4 * j + 1], d + bb[4 * j + 2], e + bb[4 * j + 3]
+        if live and c < n:
             store4(out + base, c, n, a, b, d, e, VEC, T)
 
 
@@ -180,15 +204,17 @@ def _spec(vec, dtype, **flags) -> tuple:
     return tuple(sorted(flags.items())) + (("VEC", vec), ("T", np.dtype(dtype)))
 
 
-def _launch_rows(regs_kernel, loop_kernel, rows, n, args, spec, stream, max_chunks=None):
+def _launch_rows(regs_kernel, loop_kernel, rows, n, args, spec, stream, table):
     """Row in registers when it fits (args gain `rows` before n), else one block loops."""
-    geo = row_geometry(rows, n, max_chunks)
+    config = config_for(table, n)
+    geo = row_geometry(rows, n, config)
     if geo is None:
         L.launch(loop_kernel, rows, L.threads_for(-(-n // 4)), args, spec, stream)
         return
     regs_args = args[:-2] + (rows,) + args[-2:]
-    regs_spec = spec + (("CHUNKS", geo.chunks), ("GROUP", geo.group))
-    L.launch(regs_kernel, geo.grid, geo.block, regs_args, regs_spec, stream)
+    regs_spec = spec + (("W_EARLY", config.weight_early),) + geo.spec()
+    L.launch(regs_kernel, geo.grid, geo.block, regs_args, regs_spec, stream,
+             bounds=geo.bounds)
 
 
 def rmsnorm(x, weight=None, eps: float = 1e-6, *, residual=None, out=None, sum_out=None,
@@ -213,7 +239,8 @@ def rmsnorm(x, weight=None, eps: float = 1e-6, *, residual=None, out=None, sum_o
     vec = L.vector_width(n, x, w, r, out, s)
     args = (x, L.either(r, x), L.either(w, L.dummy(np.float32)), out, L.either(s, out), n, eps)
     spec = _spec(vec, x.dtype, HAS_RES=r is not None, HAS_W=w is not None)
-    _launch_rows(rmsnorm_regs, rmsnorm_rows, rows, n, args, spec, stream, RMSNORM_CHUNKS)
+    _launch_rows(rmsnorm_regs, rmsnorm_rows, rows, n, args, spec, stream,
+                 RMSNORM if r is None else RMSNORM_RESIDUAL)
     return out if r is None else (out, s)
 
 
@@ -233,7 +260,8 @@ def layernorm(x, weight=None, bias=None, eps: float = 1e-5, *, out=None, stream=
     none = L.dummy(np.float32)
     args = (x, L.either(w, none), L.either(b, none), out, n, eps)
     spec = _spec(vec, x.dtype, HAS_W=w is not None, HAS_B=b is not None)
-    _launch_rows(layernorm_regs, layernorm_rows, rows, n, args, spec, stream, LAYERNORM_CHUNKS)
+    _launch_rows(layernorm_regs, layernorm_rows, rows, n, args, spec, stream,
+                 LAYERNORM)
     return out
 
 

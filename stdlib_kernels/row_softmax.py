@@ -21,11 +21,12 @@ from pykernel import Const, Ptr, f32, i32, i64
 
 from . import _launch as L
 from ._device import NEG_INF, block_max, block_sum, exp_nonpositive, store4
-from ._rows import group_max, group_row, group_sum, load_unit, row_geometry, unit_start
+from ._rows import (RowConfig, config_for, group_max, group_row, group_sum, load_unit,
+                    row_geometry, unit_start)
 
-# 4 units per thread: measured faster than 8 at every H200 shape (exp-heavy: more threads
-# per row hide more latency; benchmarks/RESULTS.md, core kernels geometry sweep)
-SOFTMAX_CHUNKS = 4
+# Geometry at >= 64 rows, ((largest n, config), ...) as in norm.py: the H200 sweep's fastest
+# at 512 rows (benchmarks/RESULTS.md); launch bounds measured slower for softmax
+SOFTMAX = ((4096, RowConfig(chunks=2)), (1 << 30, RowConfig(chunks=4)))
 
 
 @pk.func
@@ -73,12 +74,11 @@ def softmax_rows(x: Ptr[f32, "ro"], out: Ptr[f32], n: i32, scale: f32, softcap: 
 @pk.kernel
 def softmax_regs(x: Ptr[f32, "ro"], out: Ptr[f32], rows: i32, n: i32, scale: f32,
                  softcap: f32, q_len: i32, pos_offset: i32, CAUSAL: Const[bool],
-                 SOFTCAP: Const[bool], VEC: Const[int], CHUNKS: Const[int], GROUP: Const[int]):
+                 SOFTCAP: Const[bool], VEC: Const[int], CHUNKS: Const[int], GROUP: Const[int],
+                 RPB: Const[int]):
     scratch = pk.shared_array(f32, 32)
     z = pk.local_array(f32, 4 * CHUNKS)   # logits, then exp(z - max), of this thread's units
-    row, lane = group_row(GROUP)
-    if row >= rows:
-        return
+    row, lane, live = group_row(rows, GROUP, RPB)
     base = i64(row) * i64(n)
     limit = row % q_len + pos_offset
     for j in pk.static_range(CHUNKS):   # all loads first: one memory latency, not CHUNKS
@@ -104,7 +104,7 @@ def softmax_regs(x: Ptr[f32, "ro"], out: Ptr[f32], rows: i32, n: i32, scale: f32
     inv = 0.0 if total == 0.0 else 1.0 / total
     for j in pk.static_range(CHUNKS):
         c = unit_start(j, lane, GROUP)
-        if c < n:
+        if live and c < n:
             store4(out + base, c, n, z[4 * j] * inv, z[4 * j + 1] * inv, z[4 * j + 2] * inv,
                    z[4 * j + 3] * inv, VEC, f32)
 
@@ -121,12 +121,13 @@ def softmax(x, scale: float = 1.0, *, causal: bool = False, q_len=None, pos_offs
     out = L.output(out, "softmax", x.shape, np.float32)
     args = (x, out, n, scale, softcap if softcap > 0 else 1.0, q_len, pos_offset)
     spec = (("CAUSAL", bool(causal)), ("SOFTCAP", softcap > 0))
-    geo = row_geometry(rows, n, SOFTMAX_CHUNKS)
+    geo = row_geometry(rows, n, config_for(SOFTMAX, n))
     if geo is None:   # too long for registers: one block loops over the row twice
         L.launch(softmax_rows, rows, L.threads_for(n, 1024), args, spec, stream)
         return out
-    spec += (("VEC", L.vector_width(n, x, out)), ("CHUNKS", geo.chunks), ("GROUP", geo.group))
-    L.launch(softmax_regs, geo.grid, geo.block, args[:2] + (rows,) + args[2:], spec, stream)
+    spec += (("VEC", L.vector_width(n, x, out)),) + geo.spec()
+    L.launch(softmax_regs, geo.grid, geo.block, args[:2] + (rows,) + args[2:], spec, stream,
+             bounds=geo.bounds)
     return out
 
 

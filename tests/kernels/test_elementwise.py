@@ -28,7 +28,8 @@ def test_in_place_add(device, rng, seed):
     assert np.array_equal(arr.numpy(), a + b), f"seed={seed}"
 
 
-@pytest.mark.parametrize("rows,n", [(2, 1), (2, 45), (2, 4099), (64, 1028)])
+# n % 8 == 0: 8-element units (convert_rows8), with a partial last block (64 x 1032)
+@pytest.mark.parametrize("rows,n", [(2, 1), (2, 45), (2, 4099), (64, 1028), (3, 64), (64, 1032)])
 def test_f16_conversions(device, rng, seed, rows, n):
     x = (rng.standard_normal((rows, n)) * 100).astype(np.float32)
     h = E.convert(x, np.float16, out=pk.full((rows, n), np.nan, np.float16)).numpy()

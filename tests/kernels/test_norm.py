@@ -1,9 +1,15 @@
 """RMSNorm / per-head RMSNorm / LayerNorm kernels vs float64 numpy references (CPU and GPU)."""
+import dataclasses
+import re
+import shutil
+import subprocess
+
 import numpy as np
 import pytest
 
 import pykernel as pk
 from stdlib_kernels import norm
+from stdlib_kernels._rows import RowConfig, row_geometry
 
 # >= 64 rows take the multi-unit register layouts (_rows.FEW_ROWS); fewer rows, 1 unit/thread
 SHAPES = [(3, 64), (5, 1), (2, 45), (1, 4099), (2, 8192), (1, 20000), (6, 576), (1, 40000),
@@ -86,3 +92,47 @@ def test_norm_errors_name_the_argument(device):
         norm.rmsnorm(np.zeros((2, 4), np.float32), np.zeros(3, np.float32))
     with pytest.raises(TypeError, match="float32 or float16"):
         norm.layernorm(np.zeros((2, 4), np.int32))
+
+
+# geometry variants the benchmark sweeps (_rows.RowConfig): several rows per block with a
+# partial last block (67 rows), one-wave launch bounds, weight/bias loaded with x
+CONFIGS = [RowConfig(2, 4, True, True), RowConfig(4, 2, False, False),
+           RowConfig(1, 8, False, True)]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
+def test_norm_geometry_variants(device, rng, seed, config, monkeypatch):
+    monkeypatch.setattr(norm, "RMSNORM_RESIDUAL", ((1 << 30, config),))
+    monkeypatch.setattr(norm, "LAYERNORM", ((1 << 30, config),))
+    shape = (67, 1000)
+    x, r = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+    w, b = (rng.standard_normal(shape[-1]).astype(np.float32) for _ in range(2))
+    out, h = norm.rmsnorm(x, w, 1e-6, residual=r, out=poisoned(shape), sum_out=poisoned(shape))
+    ref, ref_h = norm.rmsnorm_reference(x, w, 1e-6, residual=r)
+    assert rel_err(out.numpy(), ref) < 1e-5 and rel_err(h.numpy(), ref_h) < 1e-6, \
+        f"seed={seed} {config}"
+    odd = (70, 1002)   # n % 4 != 0: scalar loads, partial last unit
+    x = (rng.standard_normal(odd) * 2 + 5).astype(np.float32)
+    w, b = (rng.standard_normal(odd[-1]).astype(np.float32) for _ in range(2))
+    err = rel_err(norm.layernorm(x, w, b, 1e-5, out=poisoned(odd)).numpy(),
+                  norm.layernorm_reference(x, w, b, 1e-5))
+    assert err < 1e-5, f"seed={seed} {config} layernorm rel err {err}"
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas (CUDA toolkit) not installed")
+def test_one_wave_bounds_cap_registers(tmp_path):
+    """512 rows of 8192 with 4 units/thread: 512-thread blocks, 4 per SM on 132 SMs, so
+    ptxas must fit rmsnorm in 65536 / (4 * 512) = 32 registers (unbounded it takes ~40)."""
+    geo = row_geometry(512, 8192, RowConfig(4, 1, True))
+    assert geo.bounds == (512, 4), geo
+    options = dataclasses.replace(norm.rmsnorm_regs.options, max_threads=512, min_blocks=4)
+    ptx = norm.rmsnorm_regs.compile("sm_90", options, HAS_RES=False, HAS_W=True,
+                                    W_EARLY=False, VEC=4, T=np.float32, **dict(geo.spec())).ptx
+    assert ".maxntid 512" in ptx and ".minnctapersm 4" in ptx
+    src = tmp_path / "k.ptx"
+    src.write_text(ptx)
+    proc = subprocess.run(["ptxas", "-v", "-arch=sm_90", str(src), "-o",
+                           str(tmp_path / "k.cubin")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    registers = int(re.search(r"Used (\d+) registers", proc.stderr).group(1))
+    assert registers <= 32 and "0 bytes spill stores" in proc.stderr, proc.stderr

@@ -4,6 +4,7 @@ import pytest
 
 import pykernel as pk
 from stdlib_kernels import row_softmax as S
+from stdlib_kernels._rows import RowConfig
 
 
 def check(got, ref, seed, what):
@@ -55,3 +56,13 @@ def test_causal_softcap_many_rows(device, rng, seed):
     ref = S.softmax_reference(x, 0.3, True, 16, 200, softcap=8.0)
     check(out, ref, seed, "causal+softcap many rows")
     assert np.array_equal(out == 0, ref == 0), f"seed={seed}: masked entries differ"
+
+
+@pytest.mark.parametrize("config", [RowConfig(2, 4, True), RowConfig(1, 8)], ids=str)
+def test_softmax_geometry_variants(device, rng, seed, config, monkeypatch):
+    """Several rows per block with a partial last block (67 rows), launch bounds, causal."""
+    monkeypatch.setattr(S, "SOFTMAX", ((1 << 30, config),))
+    x = (rng.standard_normal((67, 1000)) * 4).astype(np.float32)
+    out = S.softmax(x, 0.7, causal=True, q_len=32, pos_offset=900,
+                    out=pk.full(x.shape, np.nan, np.float32)).numpy()
+    check(out, S.softmax_reference(x, 0.7, True, 32, 900), seed, f"softmax {config}")
