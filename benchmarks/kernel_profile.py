@@ -1,13 +1,15 @@
-"""Where the runner's GPU time goes: per-kernel time of one prefill and one (eager) decode step.
+"""Where the runner's GPU time goes: per-kernel time of one prefill and of decode steps.
 
-Input: a GGUF model path (e.g. a `pykernel synth` file), -p prompt tokens. Output: two
-markdown tables (prefill, decode step), one row per kernel name: launches, total us, share.
-Method: every launch is bracketed by two CUDA events recorded on the launch's own stream
-(a wrapper around CudaDevice.launch); the figures are event-to-event GPU times, so each
-includes that launch's own start-up (~1-2 us) and excludes the gaps between launches. Decode is
-run eagerly (not from the graph), so its per-kernel figures are upper bounds of the graph's.
+Input: a GGUF model path (e.g. a `pykernel synth` file), -p prompt tokens. Output: markdown
+tables, one row per kernel name: launches, total us, share.
+Default method: every launch is bracketed by two CUDA events recorded on the launch's own
+stream (a wrapper around CudaDevice.launch); the figures are event-to-event GPU times, so each
+includes that launch's own start-up (~1-2 us). `--cupti` instead traces with torch.profiler
+(CUPTI kernel records: device time of each kernel, also inside replayed CUDA graphs) and times
+the real decode graph: its replays' wall time against the sum of its kernels' times gives the
+gaps between kernels.
 
-    python3 benchmarks/kernel_profile.py MODEL.gguf [-p 512]
+    python3 benchmarks/kernel_profile.py MODEL.gguf [-p 512] [--cupti]
 """
 from __future__ import annotations
 
@@ -68,11 +70,67 @@ class LaunchTimer:
         return "\n".join(rows)
 
 
+def cupti_table(run, reps: int) -> str:
+    """Kernel device times of `reps` calls of run(), traced by CUPTI through torch.profiler."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.init()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            run()
+        pk.synchronize()
+    totals, counts = defaultdict(float), defaultdict(int)
+    for event in prof.events():
+        if event.device_type.name == "CUDA":
+            totals[event.name] += event.device_time_total / reps
+            counts[event.name] += 1
+    whole = sum(totals.values())
+    rows = ["| kernel | launches per call | us per call | share |", "|---|---|---|---|"]
+    for name in sorted(totals, key=totals.get, reverse=True)[:25]:
+        rows.append(f"| {name[:60]} | {counts[name] / reps:g} | {totals[name]:.1f} | "
+                    f"{100 * totals[name] / whole:.1f}% |")
+    rows.append(f"| all kernels | {sum(counts.values()) / reps:g} | {whole:.1f} | 100% |")
+    return "\n".join(rows)
+
+
+def graph_decode_profile(model, args):
+    """The captured decode graph (greedy, from an empty cache): wall time per token and the
+    device time of its kernels."""
+    t = model.transformer
+    cfg = model.config
+    cache = model.backend.kv_cache(cfg.n_layer, 160, cfg.n_head_kv, cfg.head_dim,
+                                   cfg.head_dim_v)
+    t.greedy(1, 0, cache, 4)                           # capture
+    step = cache.graph
+    start, end = pk.Event(), pk.Event()
+    pk.synchronize()
+    start.record(model.backend.stream)
+    for _ in range(100):
+        step.graph.replay()
+    end.record(model.backend.stream)
+    wall = start.elapsed_ms(end) * 1e3 / 100
+    table = cupti_table(step.graph.replay, 20)
+    print(f"\n{os.path.basename(args.model)}: decode graph replay, {wall:.1f} us per token "
+          f"(GPU wall)\n\n{table}", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
     parser.add_argument("-p", type=int, default=512)
+    parser.add_argument("--cupti", action="store_true")
     args = parser.parse_args()
+    if args.cupti:
+        model = llm.load(args.model, device="cuda", n_ctx=max(args.p, 160) + 8, progress=False)
+        graph_decode_profile(model, args)
+        cfg, t = model.config, model.transformer
+        cache = model.backend.kv_cache(cfg.n_layer, args.p + 8, cfg.n_head_kv, cfg.head_dim,
+                                       cfg.head_dim_v)
+        ids = np.random.default_rng(0).integers(0, cfg.n_vocab - 2, args.p)
+        prefill = lambda: model.backend.to_host(t.forward(ids, 0, cache))  # noqa: E731
+        prefill()
+        print(f"\nprefill of {args.p} tokens\n\n{cupti_table(prefill, 3)}", flush=True)
+        return
     model = llm.load(args.model, device="cuda", n_ctx=args.p + 8, progress=False)
     cfg, t = model.config, model.transformer
     cache = model.backend.kv_cache(cfg.n_layer, args.p + 8, cfg.n_head_kv, cfg.head_dim,
