@@ -31,20 +31,12 @@ __version__ = "0.1.0"
 inf = float("inf")       # usable inside kernels as compile-time constants: pk.inf, -pk.inf
 nan = float("nan")
 
-try:  # the math library and low-level intrinsics are optional until built
-    from .intrinsics.mathfns import (ceil, cos, erf, exp, exp2, fast, floor, fma, log, log2,
-                                     rint, rsqrt, sin, sqrt, tanh, trunc)
-    from .intrinsics.lowlevel import asm, dp4a, mma_m16n8k16_bf16, mma_m16n8k16_f16, \
-        mma_m16n8k32_s8
-except ImportError:  # pragma: no cover
-    pass
-
-try:
-    from .runtime import (Array, Event, Graph, Stream, capture_graph, current_device, empty,
-                          full, get_device, gpu_available, set_device, synchronize, to_device,
-                          zeros)
-except ImportError:  # pragma: no cover - runtime being built
-    pass
+from .intrinsics.mathfns import (ceil, cos, erf, exp, exp2, fast, floor, fma, log, log2, rint,
+                                 rsqrt, sin, sqrt, tanh, trunc)
+from .intrinsics.lowlevel import asm, dp4a, mma_m16n8k16_bf16, mma_m16n8k16_f16, mma_m16n8k32_s8
+from .runtime import (Array, Event, Graph, Stream, capture_graph, current_device, empty, full,
+                      get_device, gpu_available, pinned_empty, set_device, synchronize, to_device,
+                      zeros)
 
 
 def compile(kernel_obj, arch: str = "sm_90", **spec):

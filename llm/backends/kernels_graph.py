@@ -84,18 +84,52 @@ class GraphedTransformer(Transformer):
         return logits
 
     def greedy(self, first_token: int, pos: int, cache, n: int) -> list[int]:
-        """n greedy tokens after `first_token` at `pos` (one 4-byte read per token)."""
+        """n greedy tokens after `first_token` at `pos`. The argmax kernel feeds each step's
+        token to the next one on the device, so on cuda step i + 1 is queued before the host
+        reads token i (a 4-byte asynchronous copy into pinned memory): the GPU never waits
+        for the host's read-back."""
         self.decode_step(first_token, pos, cache)
         io = cache.graph.io
         out = [int(io[0:1].numpy()[0])]
+        if self.backend.device.kind != "cuda":
+            for i in range(1, n):
+                self._replay_or_capture(out[-1], pos + i, cache)
+                out.append(int(io[0:1].numpy()[0]))
+            return out
+        slots = [pk.pinned_empty(1, np.int32) for _ in range(2)]
+        events = [pk.Event(), pk.Event()]
+        stream = self.backend.stream
+        pending = None   # the step whose token is in flight to the host
         for i in range(1, n):
             step = cache.graphs.get(_short(pos + i))
-            if step is None:               # first step past SHORT_CONTEXT: capture that graph
+            if step is None:      # first step past SHORT_CONTEXT: drain, capture synchronously
+                if pending is not None:
+                    out.append(self._read(slots, events, pending))
+                    pending = None
                 self.decode_step(out[-1], pos + i, cache)
-            else:
-                step.graph.replay()
-            out.append(int(io[0:1].numpy()[0]))
+                out.append(int(io[0:1].numpy()[0]))
+                continue
+            step.graph.replay(stream)
+            io[0:1].copy_to_host_async(slots[i % 2], stream)
+            events[i % 2].record(stream)
+            if pending is not None:
+                out.append(self._read(slots, events, pending))
+            pending = i
+        if pending is not None:
+            out.append(self._read(slots, events, pending))
         return out
+
+    @staticmethod
+    def _read(slots, events, i: int) -> int:
+        events[i % 2].synchronize()
+        return int(slots[i % 2][0])
+
+    def _replay_or_capture(self, token: int, pos: int, cache) -> None:
+        step = cache.graphs.get(_short(pos))
+        if step is None:
+            self.decode_step(token, pos, cache)
+        else:
+            step.graph.replay()
 
 
 def wrap(transformer: Transformer) -> GraphedTransformer:

@@ -4,12 +4,13 @@ Input: the user's choice of device (or PYKERNEL_DEVICE / GPU detection) and host
 Output: the public runtime API that pykernel/__init__.py re-exports; `current_device().launch`
 is what the kernel launcher calls. See docs/runtime.md.
 """
-from .arrays import Array, empty, full, to_device, zeros
+from .arrays import Array, empty, full, pinned_empty, to_device, zeros
 from .device import (current_device, get_device, gpu_available, register_device_kind,
                      set_device, synchronize)
 from .graphs import Graph, capture_graph
 from .streams import Event, Stream
 
 __all__ = ["set_device", "current_device", "get_device", "to_device", "empty", "zeros", "full",
-           "Array", "Stream", "Event", "capture_graph", "Graph", "synchronize", "gpu_available",
+           "pinned_empty", "Array", "Stream", "Event", "capture_graph", "Graph", "synchronize",
+           "gpu_available",
            "register_device_kind"]

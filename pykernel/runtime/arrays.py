@@ -45,8 +45,36 @@ class HostMemory:
     def memset(self, dst: int, byte: int, nbytes: int) -> None:
         ctypes.memset(dst, byte, nbytes)
 
+    def alloc_pinned(self, nbytes: int):
+        return self.alloc(nbytes)
+
+    def download_async(self, host: np.ndarray, src: int, stream) -> None:
+        self.download(host, src)
+
 
 HOST_MEMORY = HostMemory()
+
+
+class _HostBuffer:
+    """Owner of page-locked (or plain) host memory, exposed to numpy as a byte array."""
+
+    def __init__(self, owner, address: int, nbytes: int):
+        self._owner = owner
+        self.__array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
+                                    "data": (address, False), "version": 3}
+
+
+def pinned_empty(shape, dtype, device=None) -> np.ndarray:
+    """A host numpy array in page-locked memory on cuda (device-to-host copies into it can run
+    asynchronously: `Array.copy_to_host_async`), a plain aligned one on the cpu device. The
+    memory is freed when the array (and every view of it) is gone."""
+    device = device or current_device()
+    dtype = np.dtype(dtype)
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    nbytes = max(1, math.prod(shape) * dtype.itemsize)
+    owner, address = memory_of(device).alloc_pinned(nbytes)
+    raw = np.asarray(_HostBuffer(owner, address, nbytes))
+    return raw[:math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
 
 
 def memory_of(device):
@@ -119,6 +147,21 @@ class Array:
         if out.nbytes:
             memory_of(self._device).download(out, self._ptr)
         return out
+
+    def copy_to_host_async(self, host: np.ndarray, stream=None) -> np.ndarray:
+        """Copy into `host` (same shape and dtype; from `pinned_empty` for a truly
+        asynchronous copy) in stream order on `stream` (None: the default stream); record an
+        Event after it and synchronize that before reading `host`. On the cpu device the copy
+        is immediate."""
+        if not isinstance(host, np.ndarray):
+            raise TypeError(f"copy_to_host_async: host must be a numpy array, got "
+                            f"{type(host).__name__}")
+        self._check_same_layout(host.shape, host.dtype, "host array")
+        if not host.flags.c_contiguous:
+            raise ValueError("copy_to_host_async: host array must be C-contiguous")
+        if self.nbytes:
+            memory_of(self._device).download_async(host, self._ptr, stream)
+        return host
 
     def copy_from(self, source) -> "Array":
         """Copy a numpy array or an Array of the same shape and dtype into this array."""

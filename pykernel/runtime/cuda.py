@@ -133,6 +133,18 @@ class CudaMemory:
         self._device.activate()
         check(cu.cuMemcpyDtoD(dst, src, nbytes), "copy device -> device")
 
+    def alloc_pinned(self, nbytes: int):
+        """Page-locked host memory: -> (owner freeing it when collected, address)."""
+        self._device.activate()
+        address = int(check(cu.cuMemHostAlloc(nbytes, 0), f"cuMemHostAlloc of {nbytes} bytes"))
+        return _PinnedAllocation(address), address
+
+    def download_async(self, host, src: int, stream) -> None:
+        handle = self._device._launch_handle if stream is None else _stream_handle(stream)
+        err = cu.cuMemcpyDtoHAsync(host.ctypes.data, src, host.nbytes, handle)[0]
+        if err:
+            raise self._device.fault_error(err, "while copying device -> host")
+
     def memset(self, dst: int, byte: int, nbytes: int) -> None:
         self._device.activate()
         check(cu.cuMemsetD8(dst, byte, nbytes), "memset")
@@ -174,6 +186,17 @@ def _launch_pdl(kernel, grid, block, shared_bytes, handle):
     config.blockDimX, config.blockDimY, config.blockDimZ = block
     config.sharedMemBytes, config.hStream = shared_bytes, handle
     return cu.cuLaunchKernelEx(config, kernel.func, kernel.kernel_params, kernel.extra)
+
+
+class _PinnedAllocation:
+    def __init__(self, address: int):
+        self.address = address
+
+    def __del__(self):
+        try:
+            cu.cuMemFreeHost(self.address)
+        except Exception:   # interpreter shutdown: the driver may be gone already
+            pass
 
 
 def _function_of(handle):

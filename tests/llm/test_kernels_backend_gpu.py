@@ -59,3 +59,23 @@ def test_tensor_core_prefill_attention_matches_simt(tmp_path, monkeypatch):
     session.reset()
     steps = [session.prefill(ids[:80])[0]] + [session.step(t) for t in ids[80:-1]]
     assert rel_l2(np.stack(steps), simt[79:-1]) < 5e-3
+
+
+@pytest.mark.parametrize("short_context", [256, 5])
+def test_pipelined_greedy_matches_step_by_step(tmp_path, monkeypatch, short_context):
+    """greedy() queues step i + 1 before reading token i back; the tokens must be those of
+    one-step-at-a-time decoding (short_context 5: it crosses to the split-attention graph)."""
+    from llm.backends import kernels_graph
+    from llm.synth import write_synthetic
+    monkeypatch.setattr(kernels_graph, "SHORT_CONTEXT", short_context)
+    path = write_synthetic("smollm2-135m", "Q4_1", tmp_path / "smol.gguf")
+    model = llm.load(path, device="cuda", n_ctx=64, progress=False)
+    cfg = model.config
+    cache = model.backend.kv_cache(cfg.n_layer, 32, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v)
+    picked = model.transformer.greedy(7, 0, cache, 12)
+    session = model.session()
+    session.reset()
+    expected = [int(np.argmax(session.prefill([7])[0]))]
+    for _ in range(11):
+        expected.append(int(np.argmax(session.step(expected[-1]))))
+    assert picked == expected
