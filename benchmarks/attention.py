@@ -6,10 +6,12 @@ Decode: kv_len 128, 1024, 4096, 32768, f16 and f32 caches. Each captured launch 
 copy of the cache, rotating over copies worth >= 256 MB so the 50-60 MB L2 cannot hold them:
 the figure is HBM bandwidth. Bytes counted: K and V rows read (2 * n_kv * kv_len * D * size);
 the fraction is against the device-to-device copy bandwidth measured here with torch (reads +
-writes), the issue's yardstick (~3.0 TB/s on the H100). Reported per length: the default
-configuration in two launches (split kernel + combine kernel) and in one (the last split block
-combines), and at >= 4096 keys the best of a sweep over (warps, keys per row group, lanes per
-key row) x splits.
+writes), the issue's yardstick (~3.0 TB/s on the H100); a torch read-only reduction's bandwidth
+is printed too. Reported per length: the default (gpu_config, plan_splits, DEFAULT_FUSED: what
+the runner launches) and the best of a sweep over SWEEP configurations (warps, keys per row
+group U, register-ring stages P, max lanes per key row) x split counts filling 2..6 blocks per
+multiprocessor x {two launches (split kernel + combine kernel), one launch (the last split
+block of each head group combines)}; every sweep point is printed.
 Prefill: 512 and 4096 tokens at start 0, f16 cache, tensor-core path (and the SIMT path at 512);
 FLOPs = 4 * D * n_head * (visible query-key pairs), reported against 790 TFLOP/s dense bf16.
 
@@ -30,19 +32,25 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pykernel as pk  # noqa: E402
-from stdlib_kernels.attention.decode import (DecodeConfig, DecodeWorkspace,  # noqa: E402
-                                             decode_spec, gpu_config,
-                                             heads_per_block,
-                                             launch_decode, plan_splits)
-from stdlib_kernels.attention.decode_kernels import combine_splits, decode_partial  # noqa: E402
+from stdlib_kernels.attention.decode import (DEFAULT_FUSED, DecodeConfig,  # noqa: E402
+                                             DecodeWorkspace, combine_spec, decode_spec,
+                                             gpu_config, heads_per_block, launch_decode,
+                                             multiprocessors, plan_splits)
+from stdlib_kernels.attention.decode_combine import combine_splits  # noqa: E402
+from stdlib_kernels.attention.decode_kernels import decode_partial  # noqa: E402
 from stdlib_kernels.attention.prefill import default_block_keys, launch_prefill  # noqa: E402
 from stdlib_kernels.attention.prefill_kernels import prefill_mma  # noqa: E402
 
 N_HEAD, N_KV, HEAD_DIM = 32, 8, 128
 MATRIX_TFLOPS = 790.0
-SWEEP = [DecodeConfig(4, 4, 2), DecodeConfig(4, 8, 2), DecodeConfig(4, 4, 4),
-         DecodeConfig(4, 4, 2, 8), DecodeConfig(4, 8, 2, 8)]
-SWEEP_BLOCKS_PER_SM = (2, 3, 4, 6)
+# (heads per block, warps, keys per row group U, max lanes per row, ring stages P)
+SWEEP = {"float16": [DecodeConfig(4, 4, 1, 32, 2), DecodeConfig(4, 4, 2, 32, 2),
+                     DecodeConfig(4, 4, 1, 32, 3), DecodeConfig(2, 4, 1, 32, 2),
+                     DecodeConfig(2, 4, 2, 32, 2)],
+         "float32": [DecodeConfig(4, 4, 2, 32, 2), DecodeConfig(4, 8, 1, 32, 4),
+                     DecodeConfig(4, 4, 1, 32, 2), DecodeConfig(2, 4, 1, 32, 2),
+                     DecodeConfig(2, 4, 2, 32, 2)]}
+SWEEP_BLOCKS_PER_SM = (2, 3, 4, 5, 6)
 
 
 def _compile_one(job):
@@ -60,13 +68,14 @@ def precompile(arch: str, decode_only: bool = False) -> None:
     for d in (64, 80, 96, 128, 256):
         for dtype in (np.float16, np.float32):
             for group in (1, 3, 4, 8):
-                config = gpu_config(group, d)
-                jobs.append(("decode_partial", arch, decode_spec(d, dtype, config)))
-        jobs.append(("combine_splits", arch, dict(D=d)))
+                config = gpu_config(group, d, dtype)
+                for fused in (True, False):
+                    jobs.append(("decode_partial", arch, decode_spec(d, dtype, config, fused)))
+        jobs.append(("combine_splits", arch, combine_spec(d)))
         if not decode_only:
             jobs.append(("prefill_mma", arch, dict(D=d, BN=default_block_keys(d), NWARPS=4)))
-    for config in SWEEP + [gpu_config(N_HEAD // N_KV, HEAD_DIM)]:
-        for dtype in (np.float16, np.float32):
+    for dtype in (np.float16, np.float32):
+        for config in SWEEP[np.dtype(dtype).name]:
             for fused in (True, False):
                 jobs.append(("decode_partial", arch, decode_spec(HEAD_DIM, dtype, config, fused)))
     if not decode_only:
@@ -82,12 +91,11 @@ def precompile(arch: str, decode_only: bool = False) -> None:
 def ptxas_report(arch: str, folder: str) -> None:
     """Registers and spills of the benchmarked kernels (ptxas -v), for tuning."""
     os.makedirs(folder, exist_ok=True)
-    kernels = {"decode_f16": (decode_partial, decode_spec(HEAD_DIM, np.float16,
-                                                          gpu_config(4, HEAD_DIM))),
-               "decode_f32": (decode_partial, decode_spec(HEAD_DIM, np.float32,
-                                                          gpu_config(4, HEAD_DIM))),
-               "prefill_bn64": (prefill_mma, dict(D=HEAD_DIM, BN=64, NWARPS=4)),
-               "prefill_bn32": (prefill_mma, dict(D=HEAD_DIM, BN=32, NWARPS=4))}
+    kernels = {f"decode_{np.dtype(t).name}_{c.heads_per_block}h{c.warps}w_U{c.unroll}_P{c.stages}":
+               (decode_partial, decode_spec(HEAD_DIM, t, c)) for t in (np.float16, np.float32)
+               for c in SWEEP[np.dtype(t).name]}
+    kernels.update({"prefill_bn64": (prefill_mma, dict(D=HEAD_DIM, BN=64, NWARPS=4)),
+                    "prefill_bn32": (prefill_mma, dict(D=HEAD_DIM, BN=32, NWARPS=4))})
     for name, (kernel, spec) in kernels.items():
         path = os.path.join(folder, name + ".ptx")
         with open(path, "w") as f:
@@ -109,6 +117,19 @@ def copy_bandwidth() -> float:
         y.copy_(x)
     torch.cuda.synchronize()
     return 2 * x.numel() * 20 / (time.perf_counter() - start)
+
+
+def read_bandwidth() -> float:
+    import torch
+    x = torch.ones(1 << 28, dtype=torch.float32, device="cuda")
+    for _ in range(3):
+        x.sum()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(20):
+        x.sum()
+    torch.cuda.synchronize()
+    return 4 * x.numel() * 20 / (time.perf_counter() - start)
 
 
 def time_graph(capture_fn, launches: int, replays: int = 5) -> float:
@@ -175,33 +196,46 @@ def _row(dtype, kv_len, label, us, copy_bw) -> str:
             f"{100 * bw / copy_bw * 1e12:.0f}% |")
 
 
+def sweep_splits(blocks: int, sms: int) -> list[int]:
+    """Split counts whose blocks fill SWEEP_BLOCKS_PER_SM blocks per multiprocessor."""
+    return sorted({max(1, per_sm * sms // blocks) for per_sm in SWEEP_BLOCKS_PER_SM})
+
+
+def _label(config: DecodeConfig, splits: int, fused: bool) -> str:
+    launches = "one launch" if fused else "two launches"
+    return (f"{launches} ({config.heads_per_block}h, {config.warps}w, U{config.unroll}, "
+            f"P{config.stages}, {config.lanes}L, {splits} splits)")
+
+
 def decode_table(copy_bw: float) -> list[str]:
-    """Per (cache, kv_len): the default (two launches), the same configuration in one launch,
-    and at >= 4096 keys the best two-launch point of SWEEP x SWEEP_BLOCKS_PER_SM (labels:
-    warps, keys per row group, max lanes per row, splits)."""
+    """Per (cache, kv_len): the default (gpu_config + plan_splits, as the runner launches it)
+    and the best point of SWEEP x split counts x {one, two launches} (labels: heads per block,
+    warps, keys per row group U, ring stages P, max lanes per row, splits)."""
     rows = ["| cache | kv_len | variant | us | TB/s | % of copy |", "|---" * 6 + "|"]
     blocks = N_KV * (N_HEAD // N_KV // heads_per_block(N_HEAD // N_KV))
-    default = gpu_config(N_HEAD // N_KV, HEAD_DIM)
+    sms = multiprocessors()
     for dtype in (np.float16, np.float32):
+        default = gpu_config(N_HEAD // N_KV, HEAD_DIM, dtype)
         for kv_len in (128, 1024, 4096, 32768):
             splits = plan_splits(kv_len, blocks)
-            for label, fused in (("default, two launches", False), ("default, one launch", True)):
-                us = bench_decode(kv_len, dtype, default, splits, fused)
-                rows.append(_row(dtype, kv_len, f"{label} ({default.warps}, {default.unroll}, "
-                                 f"{default.lanes}, {splits})", us, copy_bw))
-                print(rows[-1], flush=True)
-            if kv_len < 4096:
-                continue
+            fused = DEFAULT_FUSED
+            us = bench_decode(kv_len, dtype, default, splits, fused)
+            rows.append(_row(dtype, kv_len, "default " + _label(default, splits, fused), us,
+                             copy_bw))
+            print(rows[-1], flush=True)
             best = None
-            for config in SWEEP:
-                for per_sm in SWEEP_BLOCKS_PER_SM:
-                    n = plan_splits(kv_len, blocks, blocks_per_sm=per_sm)
-                    us = bench_decode(kv_len, dtype, config, n)
-                    label = f"({config.warps}, {config.unroll}, {config.lanes}, {n})"
-                    print(f"  sweep {np.dtype(dtype).name} {kv_len} {label}: {us:.2f} us",
-                          flush=True)
-                    best = min(best or (us, label), (us, label))
-            rows.append(_row(dtype, kv_len, f"best two launches {best[1]}", best[0], copy_bw))
+            for config in SWEEP[np.dtype(dtype).name]:
+                config_blocks = N_KV * (N_HEAD // N_KV // config.heads_per_block)
+                for n in sweep_splits(config_blocks, sms):
+                    for fused in (False, True):
+                        if n == 1 and fused:
+                            continue
+                        us = bench_decode(kv_len, dtype, config, n, fused)
+                        label = _label(config, n, fused)
+                        print(f"  sweep {np.dtype(dtype).name} {kv_len} {label}: {us:.2f} us",
+                              flush=True)
+                        best = min(best or (us, label), (us, label))
+            rows.append(_row(dtype, kv_len, "best " + best[1], best[0], copy_bw))
             print(rows[-1], flush=True)
     return rows
 
@@ -257,7 +291,8 @@ def main():
     device = pk.current_device()
     copy_bw = copy_bandwidth()
     lines = [f"device: {device.name} ({device.arch}), torch copy bandwidth "
-             f"{copy_bw / 1e12:.2f} TB/s (read + write)", ""]
+             f"{copy_bw / 1e12:.2f} TB/s (read + write), read-only (sum) "
+             f"{read_bandwidth() / 1e12:.2f} TB/s", ""]
     lines += decode_table(copy_bw)
     if not args.decode_only:
         lines += [""] + prefill_table()

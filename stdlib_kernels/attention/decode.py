@@ -15,12 +15,16 @@ import numpy as np
 
 import pykernel as pk
 
-from .decode_kernels import LOG2E, combine_splits, decode_partial
+from .decode_combine import COMBINE_UNROLL, MAX_SPLITS, combine_geometry, combine_splits
+from .decode_kernels import LOG2E, decode_partial
 
 HEAD_DIMS = (64, 80, 96, 128, 256)
-MIN_KEYS_PER_SPLIT = 64      # below this a split's fixed cost outweighs its parallelism
-MAX_HEADS_PER_BLOCK = 8      # query heads sharing one block's K/V reads (register budget)
+STAGES = 2                   # ring depth of gpu_config: deeper rings measured no faster
+MIN_KEYS_PER_SPLIT = 8       # below this a split's fixed cost outweighs its parallelism
+MAX_HEADS_PER_BLOCK = 4      # query heads sharing one block's K/V reads: more would cut the
+                             # blocks per SM that BLOCKS_PER_SM assumes (registers)
 SHARED_LIMIT = 48 * 1024     # static shared memory of the cross-warp merge
+DEFAULT_FUSED = False        # workspaces combine in the last split block (one launch)
 
 
 @dataclass(frozen=True)
@@ -28,19 +32,20 @@ class DecodeConfig:
     """Compile-time shape of decode_partial (see decode_kernels' docstring)."""
     heads_per_block: int     # GB
     warps: int = 4           # NWARPS
-    unroll: int = 2          # U: keys per row group per iteration (2 beat 4 on the H200:
-                             # 180 -> fewer registers, more warps in flight)
+    unroll: int = 2          # U: keys per row group per stage (gpu_config: 1 for f16, 2 f32;
+                             # each costs ~20 registers, i.e. blocks per SM)
     lanes: int = 32          # at most this many lanes share one key row (fewer: less shuffling)
+    stages: int = 2          # P: stages in the register ring (P - 1 in flight while one scores)
 
 
 @dataclass
 class DecodeWorkspace:
     """Preallocated split partials: o (n_seq, n_head, n_splits, D), ml (..., n_splits, 2).
-    counters None (the default): two launches, split kernel + combine_splits. With fused=True,
-    zeroed per-(sequence, head group) arrival counters: one launch whose last split block per
-    head group combines (it resets its counter, so graph replays reuse them). The one-launch
-    form measured slower on the H200 (benchmarks/RESULTS.md, "Attention"): that last block
-    reads every split's partials alone, a serial chain of loads longer than a launch."""
+    counters None (DEFAULT_FUSED False): two launches, split kernel + combine_splits. With
+    fused=True, zeroed per-(sequence, head group) arrival counters: one launch whose last split
+    block per head group combines (it resets its counter, so graph replays reuse them). Both
+    use the parallel combine; on the H200 one launch measured within ~1 us of two, slightly
+    behind at most lengths (benchmarks/RESULTS.md, "Attention")."""
     part_o: pk.Array
     part_ml: pk.Array
     n_splits: int
@@ -48,7 +53,10 @@ class DecodeWorkspace:
 
     @classmethod
     def allocate(cls, n_seq: int, n_head: int, head_dim: int, n_splits: int, device=None,
-                 fused: bool = False):
+                 fused: bool | None = None):
+        fused = DEFAULT_FUSED if fused is None else fused
+        if not 1 <= n_splits <= MAX_SPLITS:
+            raise ValueError(f"attention.decode: {n_splits} splits, expected 1..{MAX_SPLITS}")
         part_o = pk.empty((n_seq, n_head, n_splits, head_dim), np.float32, device)
         part_ml = pk.empty((n_seq, n_head, n_splits, 2), np.float32, device)
         counters = pk.zeros((n_seq * n_head,), np.int32, device) if fused else None
@@ -60,22 +68,32 @@ def heads_per_block(group: int) -> int:
     return max(d for d in range(1, min(group, MAX_HEADS_PER_BLOCK) + 1) if group % d == 0)
 
 
-def default_config(group: int, head_dim: int, device=None) -> DecodeConfig:
+def default_config(group: int, head_dim: int, device=None, dtype=np.float16) -> DecodeConfig:
     """CPU target: the smallest kernel (compile time of unrolled code dominates there)."""
     device = device or pk.current_device()
     if device.kind == "cpu":
         return DecodeConfig(heads_per_block=1, warps=2, unroll=1)
-    return gpu_config(group, head_dim)
+    return gpu_config(group, head_dim, dtype)
 
 
-def gpu_config(group: int, head_dim: int) -> DecodeConfig:
-    """Up to 8 heads per block, 4 warps (fewer if the merge buffer outgrows shared memory),
-    2 keys per row group per pipeline stage (benchmarks/RESULTS.md, "Attention")."""
+def shared_bytes(config: DecodeConfig, head_dim: int) -> int:
+    """Static shared memory of decode_partial with FUSED (the larger form): the cross-warp
+    merge buffers plus the last block's combine buffers."""
+    gb, threads = config.heads_per_block, 32 * config.warps
+    merge = (config.warps * gb * (head_dim + 2)) * 4
+    return merge + (gb * MAX_SPLITS + gb + threads * 4) * 4 + 4
+
+
+def gpu_config(group: int, head_dim: int, dtype=np.float16) -> DecodeConfig:
+    """Up to 4 heads per block, 4 warps (fewer if shared memory would overflow), a ring of
+    STAGES stages of one key per row group (f16) or two (f32: half the rows per warp, so the
+    per-stage softmax work is spread over as many keys) (benchmarks/RESULTS.md, "Attention")."""
     gb = heads_per_block(group)
-    warps = 4
-    while warps > 1 and warps * gb * head_dim * 4 > SHARED_LIMIT:
-        warps //= 2
-    return DecodeConfig(heads_per_block=gb, warps=warps)
+    unroll = 1 if np.dtype(dtype) == np.float16 else 2
+    config = DecodeConfig(heads_per_block=gb, warps=4, unroll=unroll, stages=STAGES)
+    while config.warps > 1 and shared_bytes(config, head_dim) > SHARED_LIMIT:
+        config = DecodeConfig(gb, config.warps // 2, config.unroll, stages=config.stages)
+    return config
 
 
 def multiprocessors(device=None) -> int:
@@ -86,16 +104,17 @@ def multiprocessors(device=None) -> int:
     return 2  # cpu target: few splits keep the coroutine scheduler fast
 
 
-BLOCKS_PER_SM = 2            # split blocks per multiprocessor (benchmarks/RESULTS.md)
+BLOCKS_PER_SM = 4            # split blocks per multiprocessor (benchmarks/RESULTS.md)
 
 
 def plan_splits(max_kv_len: int, blocks_per_split: int, device=None,
                 blocks_per_sm: int = BLOCKS_PER_SM) -> int:
-    """Splits for a key range of up to max_kv_len: enough blocks for blocks_per_sm per
-    multiprocessor, but no split shorter than MIN_KEYS_PER_SPLIT keys."""
+    """Splits for a key range of up to max_kv_len: as many blocks as fit blocks_per_sm per
+    multiprocessor in one wave (rounded down: a few blocks of a second wave would double the
+    time), but no split shorter than MIN_KEYS_PER_SPLIT keys."""
     target = blocks_per_sm * multiprocessors(device)
-    wanted = max(1, math.ceil(target / max(1, blocks_per_split)))
-    return max(1, min(wanted, math.ceil(max_kv_len / MIN_KEYS_PER_SPLIT)))
+    wanted = max(1, target // max(1, blocks_per_split))
+    return max(1, min(wanted, math.ceil(max_kv_len / MIN_KEYS_PER_SPLIT), MAX_SPLITS))
 
 
 def _lane_layout(head_dim: int, itemsize: int, max_lanes: int = 32) -> dict:
@@ -115,8 +134,18 @@ def decode_spec(head_dim: int, dtype, config: DecodeConfig, fused: bool = False)
     only for workspaces with counters (the one-launch variant)."""
     dtype = np.dtype(dtype)
     return dict(D=head_dim, GB=config.heads_per_block, NWARPS=config.warps, U=config.unroll,
-                HALF=int(dtype == np.float16), FUSED=int(fused),
+                P=config.stages, HALF=int(dtype == np.float16), FUSED=int(fused),
+                MAXS=MAX_SPLITS, UNR=COMBINE_UNROLL,
+                **combine_geometry(config.heads_per_block, head_dim, 32 * config.warps),
                 **_lane_layout(head_dim, dtype.itemsize, config.lanes))
+
+
+COMBINE_WARPS = 4            # combine_splits: 128 threads per (z, head) row
+
+
+def combine_spec(head_dim: int) -> dict:
+    return dict(D=head_dim, NWARPS=COMBINE_WARPS, MAXS=MAX_SPLITS, UNR=COMBINE_UNROLL,
+                **combine_geometry(1, head_dim, 32 * COMBINE_WARPS))
 
 
 def check_decode_shapes(q, k_cache, v_cache):
@@ -153,9 +182,12 @@ def launch_decode(q, k_cache, v_cache, lens, out, scale: float, *, window=None, 
     n_kv_head, max_len = k_cache.shape[-3], k_cache.shape[-2]
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"attention.decode: head_dim {head_dim} not in {HEAD_DIMS}")
-    config = config or default_config(n_head // n_kv_head, head_dim, q.device)
+    config = config or default_config(n_head // n_kv_head, head_dim, q.device, k_cache.dtype)
     n_sub = n_head // n_kv_head // config.heads_per_block
     n_splits = workspace.n_splits if workspace is not None else 1
+    if workspace is not None and workspace.part_o.shape != (n_seq, n_head, n_splits, head_dim):
+        raise ValueError(f"attention.decode: workspace partials {workspace.part_o.shape} do not "
+                         f"fit q {q.shape} with {n_splits} splits")
     z_stride = 0 if (share_cache or k_cache.ndim == 3) else n_kv_head * max_len * head_dim
     use_softcap = softcap is not None and softcap > 0
     q_scale = float(scale) if use_softcap else float(scale) * LOG2E
@@ -171,6 +203,6 @@ def launch_decode(q, k_cache, v_cache, lens, out, scale: float, *, window=None, 
         float(softcap) if use_softcap else 0.0, int(window or 0), int(direct), out, part_o,
         part_ml, counters, **decode_spec(head_dim, k_cache.dtype, config, has_counters))
     if not direct and not fused:
-        combine_splits[(n_seq * n_head,), min(128, head_dim), stream](
-            workspace.part_o, workspace.part_ml, out, n_splits, D=head_dim)
+        combine_splits[(n_seq * n_head,), 32 * COMBINE_WARPS, stream](
+            workspace.part_o, workspace.part_ml, out, n_splits, **combine_spec(head_dim))
     return out

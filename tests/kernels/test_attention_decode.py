@@ -7,7 +7,8 @@ import pytest
 
 import pykernel as pk
 from stdlib_kernels import attention
-from stdlib_kernels.attention.decode import DecodeWorkspace, launch_decode
+from stdlib_kernels.attention.decode import (DecodeConfig, DecodeWorkspace, gpu_config,
+                                             launch_decode)
 from stdlib_kernels.attention.reference import decode_reference, relative_l2
 
 TOLERANCE = {np.float16: 5e-3, np.float32: 1e-4}
@@ -69,6 +70,25 @@ def test_split_combine_variants(device, rng, seed, fused):
                f"fused={fused} kv_len {kv_len}")
         if fused:
             assert not workspace.counters.numpy().any(), f"counters not reset (seed {seed})"
+
+
+# GPU-like configurations on every device (kept to two: CPU compile time of unrolled code):
+# 2 heads per block with the last block combining (f16), 2 keys per row group (f32); both a
+# 3-stage register ring that wraps several times per split and at most 16 lanes per key row
+DEEP_RING = [(np.float16, DecodeConfig(2, 2, 1, 16, 3), True),
+             (np.float32, DecodeConfig(1, 2, 2, 16, 3), False)]
+
+
+@pytest.mark.parametrize("dtype,config,fused", DEEP_RING, ids=["f16_fused", "f32_two"])
+def test_deep_ring_config(device, rng, seed, dtype, config, fused):
+    q, k, v, kv_len = _random_problem(rng, 4, 2, 64, dtype, 60)
+    out = pk.full((1, 4, 64), np.nan, np.float32)
+    workspace = DecodeWorkspace.allocate(1, 4, 64, 2, fused=fused)
+    launch_decode(pk.to_device(q[None]), pk.to_device(k), pk.to_device(v),
+                  pk.to_device(np.array([kv_len], np.int32)), out, 0.125, workspace=workspace,
+                  config=config)
+    _check(out.numpy()[0], decode_reference(q, k, v, kv_len, 0.125), dtype, seed,
+           f"kv_len {kv_len} {config} fused {fused}")
 
 
 def test_decode_contract_api(device, rng, seed):
@@ -156,7 +176,8 @@ def test_gpu_decode_long_context(rng, seed, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
 def test_gpu_decode_benchmarked_configs(rng, seed, dtype):
-    """Every configuration the benchmark sweeps computes the same attention."""
+    """Every configuration the benchmark sweeps computes the same attention, in one launch and
+    in two, with the default configuration among them."""
     from benchmarks.attention import SWEEP
     pk.set_device("cuda")
     q, k, v, _ = _random_problem(rng, 32, 8, 128, dtype, 1, max_len=3000)
@@ -164,10 +185,12 @@ def test_gpu_decode_benchmarked_configs(rng, seed, dtype):
     expected = decode_reference(q, k, v, kv_len, 128 ** -0.5)
     q_dev, k_dev, v_dev = pk.to_device(q[None]), pk.to_device(k), pk.to_device(v)
     lens = pk.to_device(np.array([kv_len], np.int32))
-    for config in SWEEP:
-        for splits in (1, 7, 40):
+    for config in SWEEP[np.dtype(dtype).name] + [gpu_config(4, 128, dtype)]:
+        for splits, fused in ((1, False), (7, False), (40, False), (7, True), (66, True)):
             out = pk.full((1, 32, 128), np.nan, np.float32)
-            workspace = DecodeWorkspace.allocate(1, 32, 128, splits) if splits > 1 else None
+            workspace = (DecodeWorkspace.allocate(1, 32, 128, splits, fused=fused)
+                         if splits > 1 else None)
             launch_decode(q_dev, k_dev, v_dev, lens, out, 128 ** -0.5, workspace=workspace,
                           config=config)
-            _check(out.numpy()[0], expected, dtype, seed, f"{config} splits {splits}")
+            _check(out.numpy()[0], expected, dtype, seed,
+                   f"{config} splits {splits} fused {fused}")
