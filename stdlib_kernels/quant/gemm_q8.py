@@ -13,9 +13,10 @@ the result into f32 accumulators: acc += d_w d_x isum (Q4_K also acc -= dmin m s
 16-value scales per block cost two mma with the other half of A zeroed.
 Tiles: Q8GemmTiles(mi, ni, wm, wn, kb): wm x wn warps, each 16 mi rows x 8 ni tokens, K step
 32 kb (halved until it divides K); TUNED_TILES per type (64 x 128 or 128 x 128, K step 128, fits
-the 48 KB of static shared memory). Several resident blocks per SM overlap one block's loads
-with another's mma; there is no explicit double buffering yet. Measured against the f16 GEMM in
-benchmarks/RESULTS.md: faster for Q4_0 and Q8_0, slower for Q4_K and Q6_K (matmul.py picks).
+the 48 KB of static shared memory), no explicit double buffering. Q4_K and Q6_K go to the
+pipelined super-block kernel of gemm_q8_k.py (2.5x faster on the H200) unless Q8GemmTiles are
+passed: this file's per-block version of them stays as the reference it is checked against
+(tests, benchmarks/quant_gemm.py). Measured in benchmarks/RESULTS.md; matmul.py picks the paths.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from pykernel import Const, Ptr, f32, i32, u32
 from .decode8 import Q4_0, Q4_K, Q6_K, Q8_0, scale_min_k4
 from .dot_q8 import LOW_NIBBLES, half16, pair16
 from .gemm import store_c
+from .gemm_q8_k import KQUANT_GEMM_TYPES, Q8KTiles, gemm_q8k_into
 from .gemv import weight_words
 from .q8_1 import Q8_1_WORDS, q8_1_bytes, quantize_q8_1_into
 
@@ -249,9 +251,10 @@ def default_tiles(type_name: str) -> Q8GemmTiles:
 
 
 def gemm_q8_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, stream=None,
-                 tiles: Q8GemmTiles | None = None) -> None:
+                 tiles: Q8GemmTiles | Q8KTiles | None = None) -> None:
     """y (tokens, rows) = X @ W^T with X given as Q8_1 rows xq (tokens, q8_1_bytes(K)) and w
-    from gemv.weight_words. No allocation, no host sync."""
+    from gemv.weight_words. No allocation, no host sync. Q4_K / Q6_K go to the pipelined
+    super-block kernel (gemm_q8_k.py) unless Q8GemmTiles ask for this file's kernel."""
     if type_name not in INT8_GEMM_TYPES:
         raise ValueError(f"gemm_q8: no int8 GEMM for {type_name}; supported: "
                          f"{sorted(INT8_GEMM_TYPES)}")
@@ -263,6 +266,10 @@ def gemm_q8_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, strea
     if xq.nbytes != tokens * q8_1_bytes(K):
         raise ValueError(f"gemm_q8: Q8_1 activations must hold {tokens} x {q8_1_bytes(K)} "
                          f"bytes, got {xq.nbytes}")
+    if type_name in KQUANT_GEMM_TYPES and not isinstance(tiles, Q8GemmTiles) and \
+            w.ptr % 16 == 0 and xq.ptr % 16 == 0:
+        gemm_q8k_into(w, type_name, xq, y, rows, K, tokens, stream=stream, tiles=tiles)
+        return
     t = tiles or default_tiles(type_name)
     kb = t.kb
     while (K // 32) % kb:
@@ -281,7 +288,7 @@ def gemm_q8_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, strea
                                           t.wn, kb)
 
 
-def gemm_q8(raw, type_name: str, x, tiles: Q8GemmTiles | None = None):
+def gemm_q8(raw, type_name: str, x, tiles: Q8GemmTiles | Q8KTiles | None = None):
     """Y (tokens, rows) = X (tokens, K) @ dequantize(W)^T, X quantized to Q8_1 here."""
     if isinstance(x, np.ndarray):
         x = pk.to_device(np.ascontiguousarray(x, dtype=np.float32))

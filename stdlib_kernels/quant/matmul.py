@@ -6,8 +6,9 @@
 
 Up to GEMV_MAX_TOKENS tokens use the DP4A GEMV (Q8_1 activations where the type has a DP4A
 kernel, else f32 activations). More tokens use a tensor-core GEMM: the int8 one (gemm_q8.py, Q8_1
-activations) for the types in INT8_PREFILL_TYPES, where it measured faster than the f16 one
-(benchmarks/RESULTS.md), when a Q8_1 workspace xq is given; else the f16 GEMM (gemm.py).
+activations; Q4_K / Q6_K through gemm_q8_k.py) for the types in INT8_PREFILL_TYPES, where it
+measured faster than the f16 one (benchmarks/RESULTS.md), when a Q8_1 workspace xq is given;
+else the f16 GEMM (gemm.py).
 """
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from .q8_1 import quantize_q8_1_into
 
 GEMV_MAX_TOKENS = MAX_BATCH
 # int8 GEMM faster than f16 on the H200 at m=4096 n=512 k=14336 (benchmarks/RESULTS.md:
-# Q4_0 701 vs 1064 us, Q8_0 517 vs 1093 us; Q4_K 1197 vs 1126 and Q6_K 1219 vs 1059 stay f16)
-INT8_PREFILL_TYPES = frozenset({"Q4_0", "Q8_0"}) & frozenset(INT8_GEMM_TYPES)
+# Q4_0 701 vs 1064 us, Q8_0 517 vs 1093 us, Q4_K 442 vs 1132 us, Q6_K 494 vs 1069 us)
+INT8_PREFILL_TYPES = frozenset({"Q4_0", "Q8_0", "Q4_K", "Q6_K"}) & frozenset(INT8_GEMM_TYPES)
 
 
 def prefill_path(type_name: str, n: int, xq=None) -> str:

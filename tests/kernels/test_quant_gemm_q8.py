@@ -14,6 +14,7 @@ import pykernel as pk
 from stdlib_kernels.quant import reference as ref
 from stdlib_kernels.quant.gemm_q8 import (INT8_GEMM_TYPES, TUNED_TILES, Q8GemmTiles, gemm_q8,
                                           gemm_q8_into)
+from stdlib_kernels.quant.gemm_q8_k import TUNED_KTILES, Q8KTiles, gemm_q8k_into
 from stdlib_kernels.quant.matmul import matmul, matmul_into, prefill_path
 from stdlib_kernels.quant.gemv import weight_words
 from stdlib_kernels.quant.q8_1 import q8_1_bytes
@@ -82,14 +83,47 @@ def test_gemm_q8_one_block(device, rng, seed, type_name):
           seed)
 
 
-def test_gemm_q8_zero_and_odd_activations(device, rng, seed):
-    # all-zero token (Q8_1 d = 0) next to large and tiny rows; a 2-warp tile shape
+@pytest.mark.parametrize("tiles", [Q8GemmTiles(1, 1, 1, 2, 2), None])
+def test_gemm_q8_zero_and_odd_activations(device, rng, seed, tiles):
+    # all-zero token (Q8_1 d = 0) next to large and tiny rows; the per-block kernel with a
+    # 2-warp tile shape, then the K-quant super-block kernel (gemm_q8_k.py)
     raw = make_weights(rng, "Q4_K", 8, 256)
     x = rng.standard_normal((3, 256)).astype(np.float32)
     x[0] = 0.0
     x[1] *= 1e3   # Q8_1's f16 block sum s overflows past 65504 (as in llama.cpp)
     x[2] *= 1e-4
-    check(gemm_q8(raw, "Q4_K", x, Q8GemmTiles(1, 1, 1, 2, 2)).numpy(), raw, "Q4_K", x, seed)
+    check(gemm_q8(raw, "Q4_K", x, tiles).numpy(), raw, "Q4_K", x, seed)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
+def test_gemm_q8k_pipeline_wraps(device, rng, seed, type_name):
+    # the super-block kernel: 3 K steps through 3 stages (every buffer and both scale buffers
+    # reused), odd rows x odd super-blocks (Q6_K: row starts alternate between 0 and 2 bytes
+    # past a word; the buffer ends mid-word), partial row and token tiles
+    rows, n, tokens = (17, 768, 11) if device.kind == "cpu" else (133, 2816, 203)
+    raw = make_weights(rng, type_name, rows, n)
+    x = rng.standard_normal((tokens, n)).astype(np.float32)
+    check(gemm_q8(raw, type_name, x).numpy(), raw, type_name, x, seed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
+def test_gemm_q8k_four_stages_two_warps(device, rng, seed, type_name):
+    # 4 stages (a wait depth of 1) and warps tiling both ways (~40 s on the CPU target)
+    raw = make_weights(rng, type_name, 35, 1280)
+    x = rng.standard_normal((21, 1280)).astype(np.float32)
+    check(gemm_q8(raw, type_name, x, Q8KTiles(1, 1, 2, 1, 4)).numpy(), raw, type_name, x, seed)
+    check(gemm_q8(raw, type_name, x, Q8KTiles(1, 1, 1, 2, 3)).numpy(), raw, type_name, x, seed)
+
+
+def test_gemm_q8k_tuned_tiles_on_gpu(device, rng, seed):
+    # the tile shapes matmul uses on CUDA (skipped work on the CPU target: 256-thread blocks)
+    if device.kind == "cpu":
+        return
+    for type_name, tiles in TUNED_KTILES.items():
+        raw = make_weights(rng, type_name, 300, 1024)
+        x = rng.standard_normal((150, 1024)).astype(np.float32)
+        check(gemm_q8(raw, type_name, x, tiles).numpy(), raw, type_name, x, seed)
 
 
 def test_matmul_into_int8_prefill(device, rng, seed):
@@ -134,3 +168,11 @@ def test_gemm_q8_rejects_bad_input(device, rng):
         gemm_q8_into(w, "Q8_0", pk.empty((2, 72), np.uint8), y, 2, 64, 3)
     with pytest.raises(ValueError, match="float32 \\(tokens, K\\)"):
         gemm_q8(raw, "Q8_0", np.zeros(64, np.float32))
+    raw = make_weights(rng, "Q6_K", 2, 256)
+    w, _ = weight_words(pk.to_device(raw), "Q6_K", 256)
+    with pytest.raises(ValueError, match="Q6_K: weights must be uint16 words of 3 rows"):
+        gemm_q8k_into(w, "Q6_K", pk.zeros((2, 288), np.uint8), pk.empty((2, 3), np.float32),
+                      3, 256, 2)
+    with pytest.raises(ValueError, match="K = 288 must be a positive multiple of 256"):
+        gemm_q8k_into(w, "Q6_K", pk.zeros((2, 324), np.uint8), pk.empty((2, 2), np.float32),
+                      2, 288, 2)

@@ -1,0 +1,164 @@
+"""Prefill GEMM for the K-quants on the GPU: m=4096 rows, n=512 tokens, k=14336 (issue 5).
+
+Input: none (needs a CUDA GPU). Output: a markdown table on stdout, raw numbers as JSON at
+$OUT/quant_gemm.json when $OUT is set.
+
+    python3 benchmarks/quant_gemm.py [--types Q4_K,Q6_K] [--quick]
+
+Rows: the f16 tensor-core GEMM (gemm.py), the per-32-block int8 GEMM (gemm_q8.py, its tuned
+tiles: the "before"), and the super-block int8 GEMM (gemm_q8_k.py) over a sweep of tile shapes
+Q8KTiles(mi, ni, wm, wn, stages). Each launch is replayed from a CUDA graph and timed with CUDA
+events (weights 33 MB for Q4_K: they fit the 50 MB L2 across replays, as in llama.cpp's
+test-backend-ops figure this is compared with). Every int8 result is compared with the
+per-block kernel's on the same Q8_1 input (max difference relative to max |y|) so that a fast
+but wrong configuration shows up. Weights are random bytes with finite f16 scales.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import pykernel as pk  # noqa: E402
+from stdlib_kernels.quant.formats import get_format  # noqa: E402
+from stdlib_kernels.quant.gemm import gemm_into  # noqa: E402
+from stdlib_kernels.quant.gemm_q8 import TUNED_TILES, gemm_q8_into  # noqa: E402
+from stdlib_kernels.quant.gemm_q8_k import Q8KTiles  # noqa: E402
+from stdlib_kernels.quant.gemv import weight_words  # noqa: E402
+from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1_into  # noqa: E402
+
+M, K, TOKENS = 4096, 14336, 512
+FLOP = 2.0 * M * K * TOKENS
+T = Q8KTiles
+SWEEP = {"Q4_K": (T(4, 4, 2, 4, 3), T(4, 2, 2, 8, 3), T(2, 4, 4, 4, 3), T(2, 8, 4, 2, 3),
+                  T(4, 2, 2, 4, 3), T(2, 4, 2, 4, 3), T(4, 2, 2, 4, 4), T(2, 4, 2, 2, 3)),
+         "Q6_K": (T(2, 8, 4, 2, 3), T(1, 8, 8, 2, 3), T(4, 4, 2, 4, 3), T(2, 4, 4, 4, 3),
+                  T(2, 4, 4, 2, 3), T(2, 4, 2, 4, 3), T(2, 4, 2, 2, 3))}
+SCALE_BYTES = {"Q4_K": (0, 4), "Q6_K": (208, 2)}   # f16 d (and dmin) inside each block
+
+
+def random_weights(type_name: str, rows: int, k: int, rng):
+    """Random quants with f16 scales drawn from N(0, 0.01) (random bytes could be NaN/inf)."""
+    fmt = get_format(type_name)
+    raw = np.frombuffer(rng.bytes(rows * k // fmt.block_elems * fmt.block_bytes),
+                        np.uint8).reshape(rows, -1, fmt.block_bytes).copy()
+    at, size = SCALE_BYTES[type_name]
+    halves = (rng.standard_normal(raw.shape[:2] + (size // 2,)) * 0.01).astype(np.float16)
+    raw[:, :, at:at + size] = halves.view(np.uint8).reshape(raw.shape[:2] + (size,))
+    return weight_words(pk.to_device(raw.reshape(rows, -1)), type_name, k)[0]
+
+
+def time_graph(launch_all, replays: int = 5) -> float:
+    stream = pk.Stream()
+    launch_all(stream)
+    with pk.capture_graph(stream) as graph:
+        launch_all(None)
+    graph.replay(stream)
+    start, end = pk.Event(), pk.Event()
+    start.record(stream)
+    for _ in range(replays):
+        graph.replay(stream)
+    end.record(stream)
+    return start.elapsed_ms(end) / 1e3 / replays
+
+
+def timed(launch, reps: int = 3) -> float:
+    def run(stream):
+        for _ in range(reps):
+            launch(stream)
+    return time_graph(run) / reps
+
+
+def warm(jobs):
+    """Worker: compile (and load) each (type, tiles) once on a tiny problem."""
+    pk.set_device("cuda")
+    rng = np.random.default_rng(1)
+    for type_name, tiles in jobs:
+        w = random_weights(type_name, 4, 256, rng)
+        xq = pk.zeros((4, q8_1_bytes(256)), np.uint8)
+        gemm_q8_into(w, type_name, xq, pk.empty((4, 4), np.float32), 4, 256, 4, tiles=tiles)
+    pk.synchronize()
+    return len(jobs)
+
+
+def precompile(types, sweep):
+    import multiprocessing as mp
+    jobs = [(t, tiles) for t in types for tiles in (TUNED_TILES[t],) + sweep[t]]
+    chunks = [jobs[i::12] for i in range(12)]
+    with mp.get_context("spawn").Pool(12) as pool:
+        pool.map(warm, [c for c in chunks if c])
+
+
+def bench_type(type_name: str, sweep, rng, results):
+    w = random_weights(type_name, M, K, rng)
+    x = pk.to_device(rng.standard_normal((TOKENS, K)).astype(np.float32))
+    xq = pk.empty((TOKENS, q8_1_bytes(K)), np.uint8)
+    quantize_q8_1_into(x, xq)
+    y = pk.empty((TOKENS, M), np.float32)
+    sec = timed(lambda s: gemm_into(w, type_name, x, y, M, K, TOKENS, stream=s, warps=(2, 4)))
+    row(results, type_name, "f16 GEMM", (2, 4), sec, None)
+    before = TUNED_TILES[type_name]
+    sec = timed(lambda s: gemm_q8_into(w, type_name, xq, y, M, K, TOKENS, stream=s,
+                                       tiles=before))
+    ref = y.numpy().astype(np.float64)
+    row(results, type_name, "int8 per-block (before)", tuple(before), sec, 0.0)
+    for tiles in sweep[type_name]:
+        try:
+            y.fill(np.nan)
+            sec = timed(lambda s: gemm_q8_into(w, type_name, xq, y, M, K, TOKENS, stream=s,
+                                               tiles=tiles))
+        except Exception as e:   # e.g. over the shared-memory limit
+            print(f"| {type_name} | int8 super-block | {tuple(tiles)} | failed: {e} |")
+            continue
+        diff = float(np.nanmax(np.abs(y.numpy() - ref)) / np.abs(ref).max())
+        if np.isnan(y.numpy()).any():
+            diff = float("nan")
+        row(results, type_name, "int8 super-block", tuple(tiles), sec, diff)
+    best = min((r for r in results if r["type"] == type_name and r["path"] == "int8 super-block"
+                and r["rel_diff"] is not None and r["rel_diff"] < 1e-4),
+               key=lambda r: r["us"], default=None)
+    if best:
+        tiles = Q8KTiles(*best["tiles"])
+        sec = timed(lambda s: (quantize_q8_1_into(x, xq, stream=s),
+                               gemm_q8_into(w, type_name, xq, y, M, K, TOKENS, stream=s,
+                                            tiles=tiles)))
+        print(f"| {type_name} | best + Q8_1 quantize | {tuple(tiles)} | {sec * 1e6:.0f} | "
+              f"{FLOP / sec / 1e12:.1f} | |", flush=True)
+        best["with_quantize_us"] = sec * 1e6
+
+
+def row(results, type_name, path, tiles, sec, diff):
+    results.append(dict(type=type_name, path=path, tiles=list(tiles), us=sec * 1e6,
+                        TFLOPS=FLOP / sec / 1e12, rel_diff=diff))
+    d = "" if diff is None else f"{diff:.1e}"
+    print(f"| {type_name} | {path} | {tuple(tiles)} | {sec * 1e6:.0f} | "
+          f"{FLOP / sec / 1e12:.1f} | {d} |", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--types", default="Q4_K,Q6_K")
+    ap.add_argument("--quick", action="store_true", help="only the first two tile shapes")
+    args = ap.parse_args()
+    types = args.types.split(",")
+    sweep = {t: v[:2] for t, v in SWEEP.items()} if args.quick else SWEEP
+    precompile(types, sweep)
+    pk.set_device("cuda")
+    rng = np.random.default_rng(0)
+    print(f"m={M} n={TOKENS} k={K}; llama.cpp q4_K: 348 us (173 TFLOPS)")
+    print("| type | path | tiles | us | TFLOPS | max diff / max y |\n|---|---|---|---|---|---|")
+    results = []
+    for type_name in types:
+        bench_type(type_name, sweep, rng, results)
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "quant_gemm.json"), "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,230 @@
+"""Int8 tensor-core prefill GEMM for the K-quants (Q4_K, Q6_K): Y[t, r] = sum_k W[r, k] X[t, k].
+
+    gemm_q8k_into(w, type, xq, y, rows, K, tokens, tiles=None)   xq = Q8_1 rows (q8_1.py)
+
+Same arithmetic as gemm_q8.py (llama.cpp's mmq: int8 `mma` per 32-value block, scaled into f32
+accumulators: acc += d_w d_x isum, Q4_K also acc -= dmin m s_x), organised for the 256-value
+super-blocks. One K step = one super-block. Each step's raw bytes (the BM weight rows' super-
+blocks, the BN tokens' 8 Q8_1 blocks) are copied unchanged into a shared-memory stage with
+16-byte `cp.async` (Q6_K's 210-byte blocks are only 2-byte aligned: 4-byte copies of the aligned
+words around them), STAGES deep, so the copies of later steps overlap the mma of this one. Once
+a step has landed, one pass of the whole block turns its 6-bit scales (and the activations'
+(d, s)) into floats in shared memory, one step ahead of its use; the warps then build the int8
+A fragments straight from the raw quants (Q4_K: a shift and a mask; Q6_K: low nibbles | high
+bits - 32) and run the mma (Q6_K: `mma.m16n8k16` per 16-value half on CUDA, so both halves'
+scales apply; two zero-padded k32 mma on the CPU target). One barrier per K step.
+Shared memory: see gemm_q8_k_parts.py (200 KB for 128 x 128 tiles, 3 stages; dynamic).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+import pykernel as pk
+from pykernel import Const, Ptr, f32, i32, u32, u64
+
+from .. import _launch as L
+from .decode8 import Q4_K, Q6_K
+from .gemm import store_c
+from .gemv import word_dtype
+from .gemm_q8_k_parts import (B_STRIDE, Q4K_WORDS, Q6K_SPAN, a_fragment, commit, issue_stage,
+                              q6k_shift, scale_pass, shared_bytes, stage_words, wait_pending)
+from .q8_1 import q8_1_bytes
+
+KQUANT_GEMM_TYPES = {"Q4_K": Q4_K, "Q6_K": Q6_K}
+
+
+class Q8KTiles(NamedTuple):
+    mi: int = 4      # m16 tiles per warp (weight rows)
+    ni: int = 4      # n8 tiles per warp (tokens)
+    wm: int = 2      # warps along rows
+    wn: int = 4      # warps along tokens
+    stages: int = 3  # shared-memory stages (3 or 4: the scale pass runs one step ahead)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return 16 * self.mi * self.wm, 8 * self.ni * self.wn
+
+
+# fastest shapes of two sweeps on the H200 at m=4096 n=512 k=14336 (benchmarks/RESULTS.md):
+# Q4_K 442 us with 128 x 128 tiles of 64 x 32 warp tiles; Q6_K 494 us with 32 x 64 warp tiles
+TUNED_KTILES = {"Q4_K": Q8KTiles(4, 4, 2, 4, 3), "Q6_K": Q8KTiles(2, 8, 4, 2, 3)}
+CPU_KTILES = Q8KTiles(1, 1, 1, 1, 3)       # 16 x 8, one warp: the CPU target emulates threads
+
+
+@pk.func
+def mma_halves(GPU: Const[int], a0: u32, a1: u32, a2: u32, a3: u32, b0: u32, b1: u32):
+    """Integer products of k 0..15 and of k 16..31 of a k32 fragment pair, separately."""
+    if GPU == 1:
+        p0, p1, p2, p3 = pk.asm(
+            "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {$0,$1,$2,$3}, {$4,$5}, {$6}, "
+            "{$7,$7,$7,$7};", "=r,=r,=r,=r,r,r,r,r", (i32, i32, i32, i32), a0, a1, b0, 0)
+        q0, q1, q2, q3 = pk.asm(
+            "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {$0,$1,$2,$3}, {$4,$5}, {$6}, "
+            "{$7,$7,$7,$7};", "=r,=r,=r,=r,r,r,r,r", (i32, i32, i32, i32), a2, a3, b1, 0)
+        return p0, p1, p2, p3, q0, q1, q2, q3
+    else:
+        p0, p1, p2, p3 = pk.mma_m16n8k32_s8(a0, a1, u32(0), u32(0), b0, b1, 0, 0, 0, 0)
+        q0, q1, q2, q3 = pk.mma_m16n8k32_s8(u32(0), u32(0), a2, a3, b0, b1, 0, 0, 0, 0)
+        return p0, p1, p2, p3, q0, q1, q2, q3
+
+
+@pk.func
+def fold(acc: f32, scale: f32, isum: i32, m: f32, xsum: f32) -> f32:
+    """acc + scale * isum - m * xsum as two fma (the PTX carries .rn: nothing fuses on its own)."""
+    return pk.fma(scale, f32(isum), pk.fma(-m, xsum, acc))
+
+
+@pk.func
+def fold2(acc: f32, dx: f32, s0: f32, p: i32, s1: f32, q: i32) -> f32:
+    """acc + dx (s0 p + s1 q): the two 16-value halves of a Q6_K block."""
+    return pk.fma(dx, pk.fma(s0, f32(p), s1 * f32(q)), acc)
+
+
+@pk.func
+def compute_stage(FMT: Const[int], GPU: Const[int], sm: Ptr[u32], smf: Ptr[f32], base: i32,
+                  sbase: i32, acc, rbase: i32, cbase: i32, g: i32, tg: i32, row0: i32,
+                  rows: i32, row_bytes: i32, sb: i32, MI: Const[int], NI: Const[int],
+                  BM: Const[int]):
+    """The warp's 16 MI x 8 NI tile over one landed super-block step. Fragment c_e of an m16n8
+    tile: row g + 8 (e // 2), token 2 tg + e % 2."""
+    AS = Q4K_WORDS if FMT == Q4_K else Q6K_SPAN
+    bbase = base + BM * AS
+    shift = pk.local_array(i32, 2 * MI)
+    for h in pk.static_range(2 * MI):
+        shift[h] = 0
+        if FMT == Q6_K:
+            shift[h] = q6k_shift(min(row0 + rbase + 8 * h + g, rows - 1), row_bytes, sb)
+    for kb in pk.static_range(8):
+        bq = pk.local_array(u32, 2 * NI)
+        dx = pk.local_array(f32, 2 * NI)
+        sx = pk.local_array(f32, 2 * NI)
+        for ni in pk.static_range(NI):
+            t = cbase + 8 * ni
+            bq[2 * ni] = sm[bbase + (t + g) * B_STRIDE + 9 * kb + 1 + tg]
+            bq[2 * ni + 1] = sm[bbase + (t + g) * B_STRIDE + 9 * kb + 5 + tg]
+            for e in pk.static_range(2):
+                d, s = pk.load_vec(smf, sbase + 16 * BM + 16 * (t + 2 * tg + e) + 2 * kb, 2)
+                dx[2 * ni + e] = d
+                sx[2 * ni + e] = s
+        for mi in pk.static_range(MI):
+            r = rbase + 16 * mi + g
+            a0, a2 = a_fragment(FMT, sm, base + r * AS, shift[2 * mi], kb, tg)
+            a1, a3 = a_fragment(FMT, sm, base + (r + 8) * AS, shift[2 * mi + 1], kb, tg)
+            u0, v0 = pk.load_vec(smf, sbase + 16 * r + 2 * kb, 2)
+            u8, v8 = pk.load_vec(smf, sbase + 16 * (r + 8) + 2 * kb, 2)
+            for ni in pk.static_range(NI):
+                i = 4 * (NI * mi + ni)
+                b0 = bq[2 * ni]
+                b1 = bq[2 * ni + 1]
+                if FMT == Q4_K:   # (u, v) = (d sc, dmin m)
+                    p0, p1, p2, p3 = pk.mma_m16n8k32_s8(a0, a1, a2, a3, b0, b1, 0, 0, 0, 0)
+                    acc[i] = fold(acc[i], u0 * dx[2 * ni], p0, v0, sx[2 * ni])
+                    acc[i + 1] = fold(acc[i + 1], u0 * dx[2 * ni + 1], p1, v0, sx[2 * ni + 1])
+                    acc[i + 2] = fold(acc[i + 2], u8 * dx[2 * ni], p2, v8, sx[2 * ni])
+                    acc[i + 3] = fold(acc[i + 3], u8 * dx[2 * ni + 1], p3, v8, sx[2 * ni + 1])
+                else:             # (u, v) = scales of the two 16-value halves
+                    p0, p1, p2, p3, q0, q1, q2, q3 = mma_halves(GPU, a0, a1, a2, a3, b0, b1)
+                    acc[i] = fold2(acc[i], dx[2 * ni], u0, p0, v0, q0)
+                    acc[i + 1] = fold2(acc[i + 1], dx[2 * ni + 1], u0, p1, v0, q1)
+                    acc[i + 2] = fold2(acc[i + 2], dx[2 * ni], u8, p2, v8, q2)
+                    acc[i + 3] = fold2(acc[i + 3], dx[2 * ni + 1], u8, p3, v8, q3)
+
+
+@pk.kernel
+def gemm_q8k_kernel(w: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], w_addr: u64,
+                    x_addr: u64, rows: i32, row_words: i32, K: i32, tokens: i32,
+                    FMT: Const[int], WT: Const[pk.dtype], ASYNC: Const[int], MI: Const[int],
+                    NI: Const[int], WM: Const[int], WN: Const[int], STAGES: Const[int]):
+    sm = pk.dynamic_shared(u32)
+    smf = pk.dynamic_shared(f32)
+    BM = 16 * MI * WM
+    BN = 8 * NI * WN
+    NT = 32 * WM * WN
+    SW = BM * (Q4K_WORDS if FMT == Q4_K else Q6K_SPAN) + BN * B_STRIDE
+    SCALES = STAGES * SW          # two scale buffers of 16 (BM + BN) floats follow the stages
+    tid = pk.thread_idx.x
+    lane = tid % 32
+    rbase = (tid // 32) % WM * 16 * MI
+    cbase = (tid // 32) // WM * 8 * NI
+    row0 = pk.block_idx.x * BM
+    tok0 = pk.block_idx.y * BN
+    xstride = K // 32 * 9
+    nsb = K // 256
+    row_bytes = row_words * (4 if FMT == Q4_K else 2)
+    acc = pk.local_array(f32, 4 * MI * NI)
+    for i in pk.static_range(4 * MI * NI):
+        acc[i] = 0.0
+    for s in pk.static_range(STAGES - 1):
+        if s < nsb:
+            issue_stage(FMT, ASYNC, sm, s * SW, w, xq, w_addr, x_addr, rows, row_words, tokens,
+                        xstride, row0, tok0, s, tid, BM, BN, NT)
+        commit(ASYNC)
+    wait_pending(ASYNC, STAGES - 2)
+    pk.syncthreads()
+    scale_pass(FMT, sm, smf, 0, SCALES, row0, rows, row_bytes, 0, tid, BM, BN, NT)
+    for sb in range(nsb):
+        wait_pending(ASYNC, STAGES - 3)   # step sb + 1 has landed (for its scale pass)
+        pk.syncthreads()                  # ... for every thread; step sb - 1 is finished
+        ahead = sb + STAGES - 1
+        if ahead < nsb:
+            issue_stage(FMT, ASYNC, sm, ahead % STAGES * SW, w, xq, w_addr, x_addr, rows,
+                        row_words, tokens, xstride, row0, tok0, ahead, tid, BM, BN, NT)
+        commit(ASYNC)
+        if sb + 1 < nsb:
+            scale_pass(FMT, sm, smf, (sb + 1) % STAGES * SW, SCALES + (sb + 1) % 2 * 16 *
+                       (BM + BN), row0, rows, row_bytes, sb + 1, tid, BM, BN, NT)
+        compute_stage(FMT, ASYNC, sm, smf, sb % STAGES * SW, SCALES + sb % 2 * 16 * (BM + BN),
+                      acc, rbase, cbase, lane // 4, lane % 4, row0, rows, row_bytes, sb, MI,
+                      NI, BM)
+    store_c(acc, y, rows, tokens, row0 + rbase + lane // 4, tok0 + cbase + 2 * (lane % 4), MI,
+            NI)
+
+
+def kquant_tiles_ok(t: Q8KTiles) -> bool:
+    return t.stages in (3, 4) and min(t) >= 1
+
+
+def gemm_q8k_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, stream=None,
+                  tiles: Q8KTiles | None = None) -> None:
+    """y (tokens, rows) = X @ W^T, X as Q8_1 rows xq (tokens, q8_1_bytes(K)), w from
+    gemv.weight_words (16-byte aligned), xq 16-byte aligned. No allocation, no host sync."""
+    if type_name not in KQUANT_GEMM_TYPES:
+        raise ValueError(f"gemm_q8k: {type_name} is not a K-quant with an int8 GEMM; supported: "
+                         f"{sorted(KQUANT_GEMM_TYPES)}")
+    if K <= 0 or K % 256:
+        raise ValueError(f"gemm_q8k {type_name}: K = {K} must be a positive multiple of 256")
+    if y.dtype != np.float32 or y.size != rows * tokens:
+        raise ValueError(f"gemm_q8k: output must be float32 ({tokens}, {rows}), got {y.dtype} "
+                         f"{tuple(y.shape)}")
+    if xq.nbytes != tokens * q8_1_bytes(K):
+        raise ValueError(f"gemm_q8k: Q8_1 activations must hold {tokens} x {q8_1_bytes(K)} "
+                         f"bytes, got {xq.nbytes}")
+    if w.ptr % 16 or xq.ptr % 16:
+        raise ValueError("gemm_q8k: weights and Q8_1 activations must be 16-byte aligned")
+    row_bytes = K // 256 * (144 if type_name == "Q4_K" else 210)
+    if w.dtype != word_dtype(type_name) or w.nbytes < rows * row_bytes:
+        raise ValueError(f"gemm_q8k {type_name}: weights must be {np.dtype(word_dtype(type_name))}"
+                         f" words of {rows} rows x {row_bytes} bytes (gemv.weight_words), got "
+                         f"{w.dtype} {w.nbytes} bytes")
+    gpu = pk.current_device().kind != "cpu"
+    t = tiles or (TUNED_KTILES[type_name] if gpu else CPU_KTILES)
+    if not kquant_tiles_ok(t):
+        raise ValueError(f"gemm_q8k: bad tiles {t} (stages must be 3 or 4)")
+    fmt = KQUANT_GEMM_TYPES[type_name]
+    bm, bn = t.shape
+    row_words = row_bytes // w.itemsize
+    words = xq.reshape(-1).view(np.uint32) if xq.dtype != np.uint32 else xq.reshape(-1)
+    grid = ((rows + bm - 1) // bm, (tokens + bn - 1) // bn, 1)
+    dyn = shared_bytes(fmt, bm, bn, t.stages)
+    threads = 32 * t.wm * t.wn
+    spec = (("FMT", fmt), ("WT", w.dtype), ("ASYNC", int(gpu)), ("MI", t.mi), ("NI", t.ni),
+            ("WM", t.wm), ("WN", t.wn), ("STAGES", t.stages))
+    # launch bounds (one block per SM): ptxas may use up to 65536 / threads registers
+    L.launch(gemm_q8k_kernel, grid, threads, (w, words, y, w.ptr if gpu else 0,
+             words.ptr if gpu else 0, rows, row_words, K, tokens), spec, stream, dyn,
+             bounds=(threads, 1) if gpu else None)
+
+
+__all__ = ["gemm_q8k_into", "Q8KTiles", "TUNED_KTILES", "KQUANT_GEMM_TYPES", "stage_words"]

@@ -1,0 +1,196 @@
+"""Device parts of the K-quant int8 GEMM (gemm_q8_k.py): staging copies, the per-stage scale
+pass and the int8 A fragments read from raw super-blocks in shared memory.
+
+Shared memory (u32 words), STAGES stage buffers then two scale buffers (parity of the stage):
+    stage s: A = BM rows x AS words (the rows' raw super-block at this K step),
+             B = BN tokens x B_STRIDE words (their 8 raw Q8_1 blocks: 72 words, 4 pad)
+    scales p: SA = BM rows x 16 f32 (Q4_K: (d*sc, dmin*m) per 32-block; Q6_K: d*sc per 16),
+              SB = BN tokens x 16 f32 ((d, s) per Q8_1 block)
+ASYNC = 1 (CUDA): copies are `cp.async` (inline PTX, addresses as u64 arguments), waited on with
+cp.async.wait_group; ASYNC = 0 (CPU target): the same copies as plain loads and stores.
+"""
+from __future__ import annotations
+
+import pykernel as pk
+from pykernel import Const, Ptr, f32, i32, u32, u64
+
+from .decode8 import Q4_K, scale_min_k4
+from .dot_q8 import LOW_NIBBLES
+
+B_STRIDE = 76          # 72 words of Q8_1 + 4: fragment rows g = 0..7 land in distinct bank quads
+Q4K_WORDS = 36         # Q4_K super-block (144 B): d | dmin | scales:12 B | qs:128 B
+Q6K_BYTES = 210        # Q6_K super-block: ql:128 B | qh:64 B | scales:i8[16] | d:f16
+Q6K_SPAN = 53          # aligned words covering a 2-byte-aligned Q6_K super-block
+
+
+def a_stride(fmt: int) -> int:
+    """Words per weight row of one stage (Q4_K 144 B rows: conflict-free fragment reads)."""
+    return Q4K_WORDS if fmt == Q4_K else Q6K_SPAN
+
+
+def stage_words(fmt: int, bm: int, bn: int) -> int:
+    return bm * a_stride(fmt) + bn * B_STRIDE
+
+
+def shared_bytes(fmt: int, bm: int, bn: int, stages: int) -> int:
+    return 4 * (stages * stage_words(fmt, bm, bn) + 2 * 16 * (bm + bn))
+
+
+@pk.func
+def copy16(ASYNC: Const[int], sm: Ptr[u32], dst: i32, src, src_word: i32, addr: u64):
+    """Words src[src_word .. +3] to sm[dst .. +3] (both 16-byte aligned)."""
+    if ASYNC == 1:
+        pk.asm("{ .reg .u32 s; mov.u32 s, __pk_dynamic_shared; add.u32 s, s, $1; "
+               "cp.async.cg.shared.global [s], [$2], 16; mov.u32 $0, 0; }", "=r,r,l,~{memory}",
+               u32, u32(4 * dst), addr + u64(4) * u64(src_word))
+    else:
+        a, b, c, d = pk.load_vec(src, src_word, 4)
+        pk.store_vec(sm, dst, (a, b, c, d))
+
+
+@pk.func
+def copy_q6k_word(ASYNC: Const[int], sm: Ptr[u32], dst: i32, w16, byte: u32, total: u32,
+                  addr: u64):
+    """The aligned word at byte `byte` of the Q6_K buffer (total bytes, 2-byte multiple) to
+    sm[dst]; a word running past the end gets only the bytes that exist (rest zero)."""
+    left = total - byte
+    if ASYNC == 1:
+        pk.asm("{ .reg .u32 s; mov.u32 s, __pk_dynamic_shared; add.u32 s, s, $1; "
+               "cp.async.ca.shared.global [s], [$2], 4, $3; mov.u32 $0, 0; }",
+               "=r,r,l,r,~{memory}", u32, u32(4 * dst), addr + u64(byte), min(left, u32(4)))
+    else:
+        h = i32(byte // u32(2))
+        v = u32(w16[h])
+        if left > u32(2):
+            v = v | (u32(w16[h + 1]) << u32(16))
+        sm[dst] = v
+
+
+@pk.func
+def commit(ASYNC: Const[int]):
+    if ASYNC == 1:
+        pk.asm("cp.async.commit_group; mov.u32 $0, 0;", "=r,~{memory}", u32)
+
+
+@pk.func
+def wait_pending(ASYNC: Const[int], N: Const[int]):
+    """Until at most N committed copy groups of this thread are still in flight."""
+    if ASYNC == 1:
+        if N == 0:
+            pk.asm("cp.async.wait_group 0; mov.u32 $0, 0;", "=r,~{memory}", u32)
+        elif N == 1:
+            pk.asm("cp.async.wait_group 1; mov.u32 $0, 0;", "=r,~{memory}", u32)
+        else:
+            pk.asm("cp.async.wait_group 2; mov.u32 $0, 0;", "=r,~{memory}", u32)
+
+
+@pk.func
+def q6k_shift(row: i32, row_bytes: i32, sb: i32) -> i32:
+    """Bytes (0 or 2) between a Q6_K super-block and the aligned word before it."""
+    return i32((u32(row) * u32(row_bytes) + u32(sb) * u32(Q6K_BYTES)) & u32(3))
+
+
+@pk.func
+def issue_stage(FMT: Const[int], ASYNC: Const[int], sm: Ptr[u32], base: i32, w, xq,
+                w_addr: u64, x_addr: u64, rows: i32, row_words: i32, tokens: i32,
+                xstride: i32, row0: i32, tok0: i32, sb: i32, tid: i32, BM: Const[int],
+                BN: Const[int], NT: Const[int]):
+    """Start copying K step sb (one super-block) of rows row0.. and tokens tok0.. into the stage
+    at word `base`. Rows and tokens past the end repeat the last one (never stored)."""
+    AS = Q4K_WORDS if FMT == Q4_K else Q6K_SPAN
+    if FMT == Q4_K:
+        for j in pk.static_range((BM * 9 + NT - 1) // NT):
+            i = tid + NT * j
+            if i < BM * 9:
+                r = i // 9
+                c = i % 9
+                src = min(row0 + r, rows - 1) * row_words + Q4K_WORDS * sb + 4 * c
+                copy16(ASYNC, sm, base + r * AS + 4 * c, w, src, w_addr)
+    else:   # row_words counts u16: row bytes = 2 row_words
+        total = u32(rows) * u32(2 * row_words)
+        for j in pk.static_range((BM * Q6K_SPAN + NT - 1) // NT):
+            i = tid + NT * j
+            if i < BM * Q6K_SPAN:
+                r = i // Q6K_SPAN
+                c = i % Q6K_SPAN
+                row = min(row0 + r, rows - 1)
+                start = u32(row) * u32(2 * row_words) + u32(sb) * u32(Q6K_BYTES)
+                byte = (start & u32(0xFFFFFFFC)) + u32(4 * c)
+                copy_q6k_word(ASYNC, sm, base + r * AS + c, w, byte, total, w_addr)
+    bbase = base + BM * AS
+    for j in pk.static_range((BN * 18 + NT - 1) // NT):
+        i = tid + NT * j
+        if i < BN * 18:
+            t = i // 18
+            c = i % 18
+            src = min(tok0 + t, tokens - 1) * xstride + 72 * sb + 4 * c
+            copy16(ASYNC, sm, bbase + t * B_STRIDE + 4 * c, xq, src, x_addr)
+
+
+@pk.func
+def byte_at(sm: Ptr[u32], base: i32, b: i32) -> u32:
+    return (sm[base + b // 4] >> u32(8 * (b % 4))) & u32(0xFF)
+
+
+@pk.func
+def word_at(sm: Ptr[u32], base: i32, b: i32) -> u32:
+    """Four bytes at an even byte offset b of the words at base (funnel shift of two words)."""
+    i = base + b // 4
+    pair = u64(sm[i]) | (u64(sm[i + 1]) << u64(32))
+    return u32((pair >> u64(8 * (b % 4))) & u64(0xFFFFFFFF))
+
+
+@pk.func
+def scale_pass(FMT: Const[int], sm: Ptr[u32], smf: Ptr[f32], base: i32, sbase: i32,
+               row0: i32, rows: i32, row_bytes: i32, sb: i32, tid: i32, BM: Const[int],
+               BN: Const[int], NT: Const[int]):
+    """Block scales of a landed stage as floats: SA (BM x 16) and SB (BN x 16) at sbase."""
+    AS = Q4K_WORDS if FMT == Q4_K else Q6K_SPAN
+    for j in pk.static_range((BM * 16 + NT - 1) // NT):
+        i = tid + NT * j
+        if i >= BM * 16:
+            break
+        r = i // 16
+        e = i % 16
+        a = base + r * AS
+        if FMT == Q4_K:    # e = 2 * block + (0: d * sc, 1: dmin * m)
+            sc, m = scale_min_k4(sm[a + 1], sm[a + 2], sm[a + 3], e // 2)
+            d, dmin = pk.unpack_f16x2(sm[a])
+            smf[sbase + i] = d * sc if e % 2 == 0 else dmin * m
+        else:              # e = 16-value group: i8 scale at byte 192 + e, d at byte 208
+            sh = q6k_shift(min(row0 + r, rows - 1), row_bytes, sb)
+            dbits = (sm[a + (sh + 208) // 4] >> u32(8 * ((sh + 208) % 4))) & u32(0xFFFF)
+            d, unused = pk.unpack_f16x2(dbits)
+            sc = i32(byte_at(sm, a, sh + 192 + e) << u32(24)) >> 24
+            smf[sbase + i] = d * f32(sc)
+    bbase = base + BM * AS
+    for j in pk.static_range((BN * 8 + NT - 1) // NT):
+        i = tid + NT * j
+        if i >= BN * 8:
+            break
+        t = i // 8
+        kb = i % 8
+        d, s = pk.unpack_f16x2(sm[bbase + t * B_STRIDE + 9 * kb])
+        pk.store_vec(smf, sbase + 16 * BM + 2 * i, (d, s))
+
+
+@pk.func
+def a_fragment(FMT: Const[int], sm: Ptr[u32], a: i32, sh: i32, kb: Const[int], tg: i32):
+    """(a0-or-a1 word, a2-or-a3 word) of one fragment row: int8 quants 32 kb + 4 tg .. +3 and
+    +16 of the row whose stage words start at a (Q6_K: super-block sh bytes in)."""
+    if FMT == Q4_K:   # qs byte 32 c + l holds value 64 c + l (low nibble) and 64 c + 32 + l
+        lo = sm[a + 4 + 8 * (kb // 2) + tg]
+        hi = sm[a + 8 + 8 * (kb // 2) + tg]
+        return (lo >> u32(4 * (kb % 2))) & u32(LOW_NIBBLES), \
+            (hi >> u32(4 * (kb % 2))) & u32(LOW_NIBBLES)
+    else:   # value o: ql byte 64 n + 32 (g % 2) + l nibble g // 2, qh byte 128 + 32 n + l bits 2 g
+        n = kb // 4
+        g = kb % 4
+        out = pk.local_array(u32, 2)
+        for h in pk.static_range(2):
+            ql = word_at(sm, a, sh + 64 * n + 32 * (g % 2) + 16 * h + 4 * tg)
+            qh = word_at(sm, a, sh + 128 + 32 * n + 16 * h + 4 * tg)
+            v = ((ql >> u32(4 * (g // 2))) & u32(LOW_NIBBLES)) | \
+                (((qh >> u32(2 * g)) & u32(0x03030303)) << u32(4))
+            out[h] = ((v | u32(0x80808080)) - u32(0x20202020)) ^ u32(0x80808080)
+        return out[0], out[1]
