@@ -3,6 +3,8 @@
 fragments through the warp-exchange slots and each lane computes its own outputs exactly."""
 from __future__ import annotations
 
+import ast
+
 from llvmlite import ir
 
 from ..lower.codegen import describe
@@ -138,7 +140,10 @@ def asm(fl, node):
     type is a scalar type, a tuple of types, or None; constraints follow LLVM's syntax."""
     if len(node.args) < 3:
         raise fl.error(node, "pk.asm(template, constraints, result_type, *args)")
-    template, cons, rtype = (fl.expr(x) for x in node.args[:3])
+    template, cons = (fl.expr(x) for x in node.args[:2])
+    result_node = node.args[2]
+    no_result = isinstance(result_node, ast.Constant) and result_node.value is None
+    rtype = ConstValue(None) if no_result else fl.expr(result_node)
     if not (isinstance(template, ConstValue) and isinstance(template.value, str) and
             isinstance(cons, ConstValue) and isinstance(cons.value, str)):
         raise fl.error(node, "pk.asm needs a literal PTX template and constraint string")
