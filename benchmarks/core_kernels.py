@@ -12,10 +12,14 @@ columns time the same launches captured with `pk.capture_graph(stream, pdl=True)
 Bytes counted: every input read once and every output written once. "copy f32" is a plain
 read-and-write kernel (convert to the same dtype): the ceiling for a kernel moving 2 arrays.
 
+Steady-state streaming: rmsnorm, softmax, layernorm and copy at 4096 x 8192 and 8192 x 4096
+f32 (the issue's numba anchor shape, 128 MB per array: one buffer set, never in L2).
+
     python3 benchmarks/core_kernels.py [--quick] [--no-sampling] [--configs SWEEP.json]
+                                       [--kernels NAME,NAME,...]
 
 `--configs` first applies the settings saved by `core_sweep.py --save` (instead of the
-modules' defaults).
+modules' defaults); `--kernels` times only the named rows of the main table.
 """
 from __future__ import annotations
 
@@ -183,6 +187,29 @@ def sampling_rows(rng):
     return rows
 
 
+ANCHOR_SHAPES = ((4096, 8192), (8192, 4096))
+ANCHOR_KERNELS = ("rmsnorm", "softmax", "layernorm", "copy f32")
+
+
+def time_case(batch: int, hidden: int, name: str, rng) -> tuple[float, float, int]:
+    """(plain graph seconds, pdl graph seconds, bytes) of kernel `name` at batch x hidden."""
+    _, make, nbytes = {c[0]: c for c in cases(batch, hidden, rng)}[name]
+    calls = [make() for _ in range(max(1, min(64, ROTATE_BYTES // nbytes)))]
+    return time_graph(calls), time_graph(calls, pdl=True), nbytes
+
+
+def anchor_table(rng, copy_bw: float) -> None:
+    """Large shapes, where a kernel's fixed start/drain cost is amortized over many waves."""
+    print("\n| kernel | rows x hidden | us/kernel (graph) | % of copy | us (pdl graph) "
+          "| % of copy (pdl) |\n|---|---|---|---|---|---|")
+    for rows, hidden in ANCHOR_SHAPES:
+        for name in ANCHOR_KERNELS:
+            plain, pdl, nbytes = time_case(rows, hidden, name, rng)
+            print(f"| {name} | {rows} x {hidden} | {plain * 1e6:.2f} | "
+                  f"{100 * nbytes / plain / copy_bw:.0f}% | {pdl * 1e6:.2f} | "
+                  f"{100 * nbytes / pdl / copy_bw:.0f}% |", flush=True)
+
+
 def main() -> None:
     if not pk.gpu_available():
         sys.exit("core_kernels: no usable CUDA GPU")
@@ -204,10 +231,13 @@ def main() -> None:
           "| us (pdl graph) | % of copy (pdl) |")
     print("|---|---|---|---|---|---|---|---|---|")
     hidden = HIDDEN[:2] if "--quick" in sys.argv else HIDDEN
-    for name_index in range(len(cases(1, 64, rng))):
+    names = [c[0] for c in cases(1, 64, rng)]
+    if "--kernels" in sys.argv:
+        names = sys.argv[sys.argv.index("--kernels") + 1].split(",")
+    for name in names:
         for h in hidden:
             for batch in BATCHES:
-                name, make, nbytes = cases(batch, h, rng)[name_index]
+                _, make, nbytes = {c[0]: c for c in cases(batch, h, rng)}[name]
                 sets = max(1, min(64, ROTATE_BYTES // nbytes))
                 calls = [make() for _ in range(sets)]
                 seconds, pdl = time_graph(calls), time_graph(calls, pdl=True)
@@ -216,6 +246,7 @@ def main() -> None:
                 print(f"| {name} | {h} | {batch} | {seconds * 1e6:.2f} | {host:.1f} | "
                       f"{bw / 1e9:.0f} | {100 * bw / copy_bw:.0f}% | {pdl * 1e6:.2f} | "
                       f"{100 * nbytes / pdl / copy_bw:.0f}% |", flush=True)
+    anchor_table(rng, copy_bw)
     if "--no-sampling" in sys.argv:
         return
     print("\n| sampler | vocab | us/kernel (graph) | host us/launch |\n|---|---|---|---|")

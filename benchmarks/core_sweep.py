@@ -12,8 +12,12 @@ combination of 2 / 4 / 8 / 16 units with those flags. Conversion f32 -> f16: 8-e
 (1 / 2 / 4 per thread) against the 4-element binary kernel (elementwise.CONVERT8_UNITS = 0).
 `--save PATH` writes the fastest settings as JSON, which `core_kernels.py --configs PATH`
 applies.
+`--reductions` instead times, at 512 x 2048/4096/8192 and 4096 x 8192, 8192 x 4096, each
+default setting with one-pass vs two-reduction softmax/layernorm ("1p"/"2p"), with and without
+launch bounds, and with and without `launch_dependents` at entry ("t", only where the grid is
+one wave), in a plain and a PDL graph; rmsnorm with and without "t".
 
-    python3 benchmarks/core_sweep.py [--save PATH]
+    python3 benchmarks/core_sweep.py [--save PATH | --reductions]
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ import core_kernels as ck  # noqa: E402
 
 import pykernel as pk  # noqa: E402
 from stdlib_kernels import elementwise, norm, row_softmax  # noqa: E402
-from stdlib_kernels._rows import RowConfig  # noqa: E402
+from stdlib_kernels._rows import RowConfig, config_for, row_geometry  # noqa: E402
 
 ROW_TABLES = {"rmsnorm": (norm, "RMSNORM"), "rmsnorm+residual": (norm, "RMSNORM_RESIDUAL"),
               "layernorm": (norm, "LAYERNORM"), "softmax": (row_softmax, "SOFTMAX")}
@@ -39,20 +43,21 @@ ALL_N = 1 << 30
 
 def label(c: RowConfig) -> str:
     return f"u{c.chunks} r{c.rows_per_block}" + ("b" if c.bounded else "") + \
-        ("w" if c.weight_early else "")
+        ("w" if c.weight_early else "") + (" 1p" if c.one_pass else " 2p") + \
+        (" t" if c.trigger else "")
 
 
-def calls_for(name: str, hidden: int, rng):
-    _, make, nbytes = {c[0]: c for c in ck.cases(512, hidden, rng)}[name]
+def calls_for(name: str, hidden: int, rng, rows: int = 512):
+    _, make, nbytes = {c[0]: c for c in ck.cases(rows, hidden, rng)}[name]
     return [make() for _ in range(max(1, min(64, ck.ROTATE_BYTES // nbytes)))], nbytes
 
 
-def time_config(module, attr: str, config: RowConfig, calls) -> float:
+def time_config(module, attr: str, config: RowConfig, calls, pdl: bool = False) -> float:
     """Seconds per kernel with `config` for every row length (inf: it did not launch)."""
     saved = getattr(module, attr)
     setattr(module, attr, ((ALL_N, config),))
     try:
-        return ck.time_graph(calls)
+        return ck.time_graph(calls, pdl=pdl)
     except pk.LaunchError as err:   # e.g. a block larger than its registers allow
         print(f"<!-- {config}: {err} -->")
         return float("inf")
@@ -119,11 +124,50 @@ def weight_cost(hidden: int, config: RowConfig, rng, copy_bw: float) -> None:
     print(f"| {hidden} | {label(config)} | " + " | ".join(cells) + " |", flush=True)
 
 
+REDUCTION_SHAPES = ((512, 2048), (512, 4096), (512, 8192), (4096, 8192), (8192, 4096))
+
+
+def reduction_variants(base: RowConfig, rows: int, hidden: int, passes: bool):
+    """`base` with one/two reductions (when `passes`), launch bounds off/on and the entry
+    trigger off/on, one config per distinct (reductions, bounds, effective trigger)."""
+    seen, variants = set(), []
+    for one_pass in (False, True) if passes else (base.one_pass,):
+        for bounded in dict.fromkeys((base.bounded, True)):
+            for trigger in (False, True):
+                config = base._replace(one_pass=one_pass, bounded=bounded, trigger=trigger)
+                geo = row_geometry(rows, hidden, config)
+                key = (one_pass, geo.bounds, geo.trigger)
+                if key not in seen:
+                    seen.add(key)
+                    variants.append(config._replace(trigger=geo.trigger))
+    return variants
+
+
+def sweep_reductions(rng, copy_bw: float) -> None:
+    print("| kernel | rows x hidden | setting | us (graph) | % of copy | us (pdl graph) | "
+          "% of copy (pdl) |\n|---|---|---|---|---|---|---|")
+    for name in ("softmax", "layernorm", "rmsnorm"):
+        module, attr = ROW_TABLES[name]
+        for rows, hidden in REDUCTION_SHAPES:
+            calls, nbytes = calls_for(name, hidden, rng, rows)
+            base = config_for(getattr(module, attr), hidden)
+            for config in reduction_variants(base, rows, hidden, name != "rmsnorm"):
+                plain = time_config(module, attr, config, calls)
+                pdl = time_config(module, attr, config, calls, pdl=True)
+                print(f"| {name} | {rows} x {hidden} | {label(config)} | {plain * 1e6:.2f} | "
+                      f"{100 * nbytes / plain / copy_bw:.0f}% | {pdl * 1e6:.2f} | "
+                      f"{100 * nbytes / pdl / copy_bw:.0f}% |", flush=True)
+            del calls
+
+
 def main() -> None:
     pk.set_device("cuda")
     rng = np.random.default_rng(0)
     copy_bw = ck.copy_bandwidth()
     print(f"device: {pk.current_device()}; copy {copy_bw / 1e12:.2f} TB/s\n")
+    if "--reductions" in sys.argv:
+        sweep_reductions(rng, copy_bw)
+        return
     print("| kernel | hidden | us per setting (u units/thread, r rows/block, b bounds, w weight "
           "early) | fastest |\n|---|---|---|---|")
     best = {(name, h): sweep_row_kernel(name, h, rng, copy_bw)

@@ -7,7 +7,10 @@ bias (n,) f32 (LayerNorm), residual like x. Output: a new array like x (or `out=
 residual, `sum_out` receives x + residual (the updated residual stream).
 
 Exact math: sums in f32 with a tree reduction, 1/sqrt correctly rounded; relative error vs a
-float64 reference is below 1e-5. Rows whose 16-byte alignment allows it use vector loads.
+float64 reference is below 1e-5. LayerNorm's variance is never sum/sum-of-squares: either the
+row mean first, then squared deviations (two reductions), or each thread's (count, mean, squared
+deviations) merged by Chan's formula in one reduction (`LAYERNORM`'s `one_pass`). Rows whose
+16-byte alignment allows it use vector loads.
 `out` may alias x; `sum_out` may alias x or residual (each element is read, then written, by
 the same thread). RMSNorm with a weight computes (h * scale) * w, LayerNorm ((x - mean) *
 rstd) * w + b.
@@ -21,8 +24,8 @@ from pykernel import Const, Ptr, f32, i32, i64
 
 from . import _launch as L
 from ._device import block_sum, load4, store4
-from ._rows import (RowConfig, config_for, group_row, group_sum, load_unit, row_geometry,
-                    unit_start)
+from ._rows import (RowConfig, config_for, group_mean_m2, group_row, group_sum, load_unit,
+                    one_pass, row_geometry, unit_start)
 
 # Geometry at >= 64 rows, ((largest n, config), ...): the first entry whose n is >= the row
 # length applies. From the H200 sweep at 512 rows (benchmarks/RESULTS.md, core kernels): 2
@@ -34,9 +37,11 @@ RMSNORM = ((2048, RowConfig(chunks=2, weight_early=True)),
 RMSNORM_RESIDUAL = ((2048, RowConfig(chunks=2)),     # with a residual: 4 arrays, not 2
                     (4096, RowConfig(chunks=4, weight_early=True)),
                     (1 << 30, RowConfig(chunks=8, bounded=True)))
+# layernorm above 4096: one reduction of (count, mean, M2) triples (10.97 -> 10.34 us at 512 x
+# 8192; the two-reduction kernel spills 12 bytes there); slower at 2048/4096 (RESULTS.md)
 LAYERNORM = ((2048, RowConfig(chunks=2, weight_early=True)),
              (4096, RowConfig(chunks=4)),
-             (1 << 30, RowConfig(chunks=8, bounded=True)))
+             (1 << 30, RowConfig(chunks=8, bounded=True, one_pass=True)))
 
 
 @pk.kernel
@@ -112,7 +117,9 @@ def rmsnorm_regs(x: Ptr["T", "ro"], residual: Ptr["T", "ro"], weight: Ptr[f32, "
                  out: Ptr["T"], sum_out: Ptr["T"], rows: i32, n: i32, eps: f32,
                  HAS_RES: Const[bool], HAS_W: Const[bool], W_EARLY: Const[bool],
                  VEC: Const[int], CHUNKS: Const[int], GROUP: Const[int], RPB: Const[int],
-                 T: Const[pk.dtype]):
+                 TRIGGER: Const[bool], T: Const[pk.dtype]):
+    if TRIGGER:   # the grid is one resident wave: let a PDL successor launch now
+        pk.launch_dependents()
     scratch = pk.shared_array(f32, 32)
     h = pk.local_array(f32, 4 * CHUNKS)   # this thread's units of the row (registers)
     w = pk.local_array(f32, 4 * CHUNKS)   # W_EARLY: the weight's units, loaded with x's
@@ -151,13 +158,51 @@ def rmsnorm_regs(x: Ptr["T", "ro"], residual: Ptr["T", "ro"], weight: Ptr[f32, "
             store4(out + base, c, n, a, b, d, e, VEC, T)
 
 
+@pk.func
+def row_mean_m2(v, s: f32, lane: i32, n: i32, scratch, CHUNKS: Const[int], GROUP: Const[int]):
+    """(mean, sum of squared deviations) of the row whose units this thread holds in v (0 past
+    n; s = their sum): the thread's own count, mean and squared deviations, then one
+    reduction of those triples (Chan's merge; one barrier)."""
+    count = f32(0.0)
+    for j in pk.static_range(CHUNKS):
+        count += f32(min(max(n - unit_start(j, lane, GROUP), 0), 4))
+    mean = s / count if count > 0.0 else f32(0.0)
+    q = f32(0.0)
+    for j in pk.static_range(CHUNKS):
+        c = unit_start(j, lane, GROUP)
+        for k in pk.static_range(4):
+            dev = v[4 * j + k] - mean if c + k < n else f32(0.0)   # padding adds nothing
+            q += dev * dev
+    return group_mean_m2(count, mean, q, scratch, GROUP)
+
+
+@pk.func
+def row_m2_two_pass(v, s: f32, lane: i32, n: i32, scratch, scratch2, CHUNKS: Const[int],
+                    GROUP: Const[int]) -> f32:
+    """The row's sum of squared deviations with the row sum reduced first, then the squared
+    deviations (two reductions, two barriers). Leaves x - mean in v (fewer live registers
+    than keeping x and the mean: 8 units spilled more without it)."""
+    mean = group_sum(s, scratch, GROUP) / f32(n)
+    q = f32(0.0)
+    for j in pk.static_range(CHUNKS):   # two-pass variance from registers: no cancellation
+        c = unit_start(j, lane, GROUP)
+        for k in pk.static_range(4):
+            dev = v[4 * j + k] - mean if c + k < n else f32(0.0)
+            v[4 * j + k] = dev
+            q += dev * dev
+    return group_sum(q, scratch2, GROUP)
+
+
 @pk.kernel
 def layernorm_regs(x: Ptr["T", "ro"], weight: Ptr[f32, "ro"], bias: Ptr[f32, "ro"],
                    out: Ptr["T"], rows: i32, n: i32, eps: f32, HAS_W: Const[bool],
-                   HAS_B: Const[bool], W_EARLY: Const[bool], VEC: Const[int],
-                   CHUNKS: Const[int], GROUP: Const[int], RPB: Const[int],
-                   T: Const[pk.dtype]):
-    scratch = pk.shared_array(f32, 32)
+                   HAS_B: Const[bool], ONE_PASS: Const[bool], W_EARLY: Const[bool],
+                   VEC: Const[int], CHUNKS: Const[int], GROUP: Const[int], RPB: Const[int],
+                   TRIGGER: Const[bool], T: Const[pk.dtype]):
+    if TRIGGER:   # the grid is one resident wave: let a PDL successor launch now
+        pk.launch_dependents()
+    scratch = pk.shared_array(f32, 96)
+    scratch2 = pk.shared_array(f32, 32)
     v = pk.local_array(f32, 4 * CHUNKS)
     w = pk.local_array(f32, 4 * CHUNKS)
     bb = pk.local_array(f32, 4 * CHUNKS)
@@ -174,15 +219,12 @@ def layernorm_regs(x: Ptr["T", "ro"], weight: Ptr[f32, "ro"], bias: Ptr[f32, "ro
                 load_params(weight, w, c, j, n, VEC)
             if HAS_B:
                 load_params(bias, bb, c, j, n, VEC)
-    mean = group_sum(s, scratch, GROUP) / f32(n)
-    sq = f32(0.0)
-    for j in pk.static_range(CHUNKS):   # two-pass variance from registers: no cancellation
-        c = unit_start(j, lane, GROUP)
-        for k in pk.static_range(4):
-            dev = v[4 * j + k] - mean if c + k < n else f32(0.0)   # padding adds nothing
-            v[4 * j + k] = dev
-            sq += dev * dev
-    rstd = 1.0 / pk.sqrt(group_sum(sq, scratch, GROUP) / f32(n) + eps)
+    if ONE_PASS:
+        mean, q = row_mean_m2(v, s, lane, n, scratch, CHUNKS, GROUP)
+    else:   # v holds x - mean already
+        q = row_m2_two_pass(v, s, lane, n, scratch, scratch2, CHUNKS, GROUP)
+        mean = f32(0.0)
+    rstd = 1.0 / pk.sqrt(q / f32(n) + eps)
     for j in pk.static_range(CHUNKS):
         c = unit_start(j, lane, GROUP)
         if not W_EARLY:
@@ -190,8 +232,8 @@ def layernorm_regs(x: Ptr["T", "ro"], weight: Ptr[f32, "ro"], bias: Ptr[f32, "ro
                 load_params(weight, w, c, j, n, VEC)
             if HAS_B:
                 load_params(bias, bb, c, j, n, VEC)
-        a, b, d, e = v[4 * j] * rstd, v[4 * j + 1] * rstd, v[4 * j + 2] * rstd, \
-            v[4 * j + 3] * rstd
+        a, b, d, e = (v[4 * j] - mean) * rstd, (v[4 * j + 1] - mean) * rstd, \
+            (v[4 * j + 2] - mean) * rstd, (v[4 * j + 3] - mean) * rstd
         if HAS_W:
             a, b, d, e = a * w[4 * j], b * w[4 * j + 1], d * w[4 * j + 2], e * w[4 * j + 3]
         if HAS_B:
@@ -213,6 +255,8 @@ def _launch_rows(regs_kernel, loop_kernel, rows, n, args, spec, stream, table):
         return
     regs_args = args[:-2] + (rows,) + args[-2:]
     regs_spec = spec + (("W_EARLY", config.weight_early),) + geo.spec()
+    if regs_kernel is layernorm_regs:
+        regs_spec += (("ONE_PASS", one_pass(config, rows)),)
     L.launch(regs_kernel, geo.grid, geo.block, regs_args, regs_spec, stream,
              bounds=geo.bounds)
 

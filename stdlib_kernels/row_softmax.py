@@ -9,8 +9,10 @@ last q_len of n keys). A fully masked row is written as zeros.
 Exact math (accurate exp/tanh): relative error below 1e-5 vs float64.
 Rows up to 32768 elements stay in registers (_rows.py layout): one read, max, one exp per
 element (branch-free, for arguments <= 0; below e**-87 ~ 1.6e-38 it flushes to 0), sum, scaled
-store. Longer rows: one block loops twice, keeping a per-thread running
-(max, sum of exp) pair in the first pass.
+store. `RowConfig.one_pass` instead reduces each thread's (max, sum of exp(x - its max)) pairs
+at once (one barrier); measured slower (the exp in every merge step), so no default uses it.
+Longer rows: one block loops twice, keeping a per-thread running (max, sum of exp) pair in the
+first pass.
 """
 from __future__ import annotations
 
@@ -21,11 +23,12 @@ from pykernel import Const, Ptr, f32, i32, i64
 
 from . import _launch as L
 from ._device import NEG_INF, block_max, block_sum, exp_nonpositive, store4
-from ._rows import (RowConfig, config_for, group_max, group_row, group_sum, load_unit,
-                    row_geometry, unit_start)
+from ._rows import (RowConfig, config_for, group_max, group_max_sum, group_row, group_sum,
+                    load_unit, one_pass, row_geometry, unit_start)
 
 # Geometry at >= 64 rows, ((largest n, config), ...) as in norm.py: the H200 sweep's fastest
-# at 512 rows (benchmarks/RESULTS.md); launch bounds measured slower for softmax
+# at 512 rows (benchmarks/RESULTS.md); launch bounds, one pass and the entry trigger measured
+# slower for softmax
 SOFTMAX = ((4096, RowConfig(chunks=2)), (1 << 30, RowConfig(chunks=4)))
 
 
@@ -71,13 +74,45 @@ def softmax_rows(x: Ptr[f32, "ro"], out: Ptr[f32], n: i32, scale: f32, softcap: 
         orow[c] = p
 
 
+@pk.func
+def one_pass_scale(z, m: f32, scratch, CHUNKS: Const[int], GROUP: Const[int]) -> f32:
+    """z: this thread's logits, m their max. Replaces z by exp(z - m) and returns the factor
+    exp(m - row max) / row sum that turns them into probabilities: one reduction of (max,
+    sum) pairs instead of a max and then a sum (one barrier instead of two)."""
+    s = f32(0.0)
+    for j in pk.static_range(4 * CHUNKS):
+        p = exp_nonpositive(z[j] - m)   # an all -inf thread: NaN -> 0
+        z[j] = p
+        s += p
+    row_max, total = group_max_sum(m, s, scratch, GROUP)
+    return 0.0 if total == 0.0 else exp_nonpositive(m - row_max) / total
+
+
+@pk.func
+def two_pass_scale(z, m: f32, scratch, scratch2, CHUNKS: Const[int],
+                   GROUP: Const[int]) -> f32:
+    """As one_pass_scale with the row max reduced first, then the sum of exp(z - row max)."""
+    row_max = group_max(m, scratch, GROUP)
+    s = f32(0.0)
+    for j in pk.static_range(4 * CHUNKS):   # one exp per element, kept for the store
+        p = exp_nonpositive(z[j] - row_max)   # a fully masked row: -inf - -inf = NaN -> 0
+        z[j] = p
+        s += p
+    total = group_sum(s, scratch2, GROUP)
+    return 0.0 if total == 0.0 else 1.0 / total
+
+
 @pk.kernel
 def softmax_regs(x: Ptr[f32, "ro"], out: Ptr[f32], rows: i32, n: i32, scale: f32,
                  softcap: f32, q_len: i32, pos_offset: i32, CAUSAL: Const[bool],
-                 SOFTCAP: Const[bool], VEC: Const[int], CHUNKS: Const[int], GROUP: Const[int],
-                 RPB: Const[int]):
-    scratch = pk.shared_array(f32, 32)
-    z = pk.local_array(f32, 4 * CHUNKS)   # logits, then exp(z - max), of this thread's units
+                 SOFTCAP: Const[bool], ONE_PASS: Const[bool], VEC: Const[int],
+                 CHUNKS: Const[int], GROUP: Const[int], RPB: Const[int],
+                 TRIGGER: Const[bool]):
+    if TRIGGER:   # the grid is one resident wave: let a PDL successor launch now
+        pk.launch_dependents()
+    scratch = pk.shared_array(f32, 64)
+    scratch2 = pk.shared_array(f32, 32)
+    z = pk.local_array(f32, 4 * CHUNKS)   # logits, then exps, of this thread's units
     row, lane, live = group_row(rows, GROUP, RPB)
     base = i64(row) * i64(n)
     limit = row % q_len + pos_offset
@@ -94,14 +129,10 @@ def softmax_regs(x: Ptr[f32, "ro"], out: Ptr[f32], rows: i32, n: i32, scale: f32
         v = v if c < n else f32(NEG_INF)   # padding of a partial unit takes no part
         z[j] = v
         m = max(m, v)
-    row_max = group_max(m, scratch, GROUP)
-    s = f32(0.0)
-    for j in pk.static_range(4 * CHUNKS):   # one exp per element, kept for the store
-        p = exp_nonpositive(z[j] - row_max)   # a fully masked row: -inf - -inf = NaN -> 0
-        z[j] = p
-        s += p
-    total = group_sum(s, scratch, GROUP)
-    inv = 0.0 if total == 0.0 else 1.0 / total
+    if ONE_PASS:
+        inv = one_pass_scale(z, m, scratch, CHUNKS, GROUP)
+    else:
+        inv = two_pass_scale(z, m, scratch, scratch2, CHUNKS, GROUP)
     for j in pk.static_range(CHUNKS):
         c = unit_start(j, lane, GROUP)
         if live and c < n:
@@ -121,11 +152,13 @@ def softmax(x, scale: float = 1.0, *, causal: bool = False, q_len=None, pos_offs
     out = L.output(out, "softmax", x.shape, np.float32)
     args = (x, out, n, scale, softcap if softcap > 0 else 1.0, q_len, pos_offset)
     spec = (("CAUSAL", bool(causal)), ("SOFTCAP", softcap > 0))
-    geo = row_geometry(rows, n, config_for(SOFTMAX, n))
+    config = config_for(SOFTMAX, n)
+    geo = row_geometry(rows, n, config)
     if geo is None:   # too long for registers: one block loops over the row twice
         L.launch(softmax_rows, rows, L.threads_for(n, 1024), args, spec, stream)
         return out
-    spec += (("VEC", L.vector_width(n, x, out)),) + geo.spec()
+    spec += (("ONE_PASS", one_pass(config, rows)), ("VEC", L.vector_width(n, x, out))) + \
+        geo.spec()
     L.launch(softmax_regs, geo.grid, geo.block, args[:2] + (rows,) + args[2:], spec, stream,
              bounds=geo.bounds)
     return out

@@ -77,8 +77,9 @@ def test_rmsnorm_unaligned_view_uses_scalar_path(device, rng, seed):
     assert rel_err(out, norm.rmsnorm_reference(x.numpy(), None, 1e-5)) < 1e-5, f"seed={seed}"
 
 
+# (3, 2050): 1024 threads for 513 units, so whole warps hold no element (count 0 in the merge)
 @pytest.mark.parametrize("shape", [(3, 64), (5, 1), (2, 45), (1, 4099), (9, 576), (1, 40000),
-                                   (64, 4096), (66, 1002)])
+                                   (64, 4096), (66, 1002), (3, 2050)])
 def test_layernorm_matches_reference(device, rng, seed, shape):
     x = (rng.standard_normal(shape) * 2 + 5).astype(np.float32)   # offset: cancellation test
     w, b = (rng.standard_normal(shape[-1]).astype(np.float32) for _ in range(2))
@@ -96,8 +97,12 @@ def test_norm_errors_name_the_argument(device):
 
 # geometry variants the benchmark sweeps (_rows.RowConfig): several rows per block with a
 # partial last block (67 rows), one-wave launch bounds, weight/bias loaded with x
-CONFIGS = [RowConfig(2, 4, True, True), RowConfig(4, 2, False, False),
-           RowConfig(1, 8, False, True)]
+# one_pass: layernorm's (count, mean, M2) triples in one reduction; trigger: launch_dependents
+# at entry where the grid is one wave
+CONFIGS = [RowConfig(2, 4, True, True, one_pass=True, trigger=True),
+           RowConfig(4, 2, False, False, one_pass=True, trigger=True),
+           RowConfig(1, 8, False, True, one_pass=True, trigger=True), RowConfig(2, 4, True, True),
+           RowConfig(4, 1, True, False)]
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=str)
@@ -136,3 +141,27 @@ def test_one_wave_bounds_cap_registers(tmp_path):
     assert proc.returncode == 0, proc.stderr
     registers = int(re.search(r"Used (\d+) registers", proc.stderr).group(1))
     assert registers <= 32 and "0 bytes spill stores" in proc.stderr, proc.stderr
+
+
+def test_trigger_only_for_one_wave_grids():
+    """launch_dependents at entry (TRIGGER) only where the whole grid is resident at once:
+    launch bounds that fit it on the SMs (132 on the CPU target), or fewer blocks than SMs."""
+    on = dict(trigger=True)
+    assert row_geometry(512, 8192, RowConfig(4, 1, True, **on)).trigger
+    assert not row_geometry(512, 8192, RowConfig(4, 1, False, **on)).trigger   # occupancy unknown
+    assert not row_geometry(4096, 8192, RowConfig(4, 1, True, **on)).trigger   # 32 blocks per SM
+    assert row_geometry(1, 4096, RowConfig(4, 1, False, **on)).trigger          # one block
+    assert not row_geometry(512, 8192, RowConfig(4, 1, True)).trigger   # off by default
+
+
+@pytest.mark.parametrize("trigger", [True, False])
+def test_trigger_placed_at_entry(trigger):
+    """TRIGGER moves griddepcontrol.launch_dependents before the body's first load; without
+    it the compiler's default trigger stays at the end (after the last store)."""
+    ptx = norm.rmsnorm_regs.compile("sm_90", None, HAS_RES=False, HAS_W=True, W_EARLY=False,
+                                    VEC=4, T=np.float32, CHUNKS=4, GROUP=512, RPB=1,
+                                    TRIGGER=trigger).ptx
+    launch, first_load, last_store = (ptx.index("griddepcontrol.launch_dependents"),
+                                      ptx.index("ld.global"), ptx.rindex("st.global"))
+    assert ptx.count("griddepcontrol.launch_dependents") == 1
+    assert (launch < first_load) if trigger else (launch > last_store), ptx[launch - 200:]

@@ -58,11 +58,31 @@ def test_causal_softcap_many_rows(device, rng, seed):
     assert np.array_equal(out == 0, ref == 0), f"seed={seed}: masked entries differ"
 
 
-@pytest.mark.parametrize("config", [RowConfig(2, 4, True), RowConfig(1, 8)], ids=str)
+# one_pass: (max, sum) pairs in one reduction; trigger: launch_dependents at entry
+VARIANTS = [RowConfig(2, 4, True, one_pass=True, trigger=True),
+            RowConfig(1, 8, one_pass=True, trigger=True), RowConfig(2, 4, True),
+            RowConfig(4, 1, True)]
+
+
+@pytest.mark.parametrize("config", VARIANTS, ids=str)
 def test_softmax_geometry_variants(device, rng, seed, config, monkeypatch):
-    """Several rows per block with a partial last block (67 rows), launch bounds, causal."""
+    """Several rows per block with a partial last block (67 rows), launch bounds, causal (some
+    threads hold only masked logits: their (max, sum) pair is (-inf, 0))."""
     monkeypatch.setattr(S, "SOFTMAX", ((1 << 30, config),))
     x = (rng.standard_normal((67, 1000)) * 4).astype(np.float32)
     out = S.softmax(x, 0.7, causal=True, q_len=32, pos_offset=900,
                     out=pk.full(x.shape, np.nan, np.float32)).numpy()
     check(out, S.softmax_reference(x, 0.7, True, 32, 900), seed, f"softmax {config}")
+
+
+@pytest.mark.parametrize("one_pass", [True, False])
+def test_softmax_far_apart_maxima(device, rng, seed, one_pass, monkeypatch):
+    """One logit 200 above the rest: other threads' sums are rescaled by exp(m - max), which
+    flushes to 0 (as the exact result's e**-200 does), and a row of -inf gives zeros."""
+    monkeypatch.setattr(S, "SOFTMAX", ((1 << 30, RowConfig(4, one_pass=one_pass)),))
+    x = (rng.standard_normal((64, 3001)) * 4).astype(np.float32)
+    x[:, 7] += 200.0
+    x[1] = -np.inf
+    out = S.softmax(x, 0.7, out=pk.full(x.shape, np.nan, np.float32)).numpy()
+    check(out, S.softmax_reference(x, 0.7), seed, f"far maxima one_pass={one_pass}")
+    assert np.all(out[1] == 0.0), f"seed={seed}: a row of -inf must give zeros"
