@@ -12,8 +12,9 @@ from gguf.constants import GGMLQuantizationType as Q
 import llm
 from llm.bench import BenchResult, table
 from llm.synth import SHAPES, tensor_plan, write_synthetic
-from tests.llm.gguf_helpers import TINY
+from tests.llm.gguf_helpers import TINY, require_for_module
 
+require_for_module(TINY / "tiny-logits.json")
 CASES = json.loads((TINY / "tiny-logits.json").read_text())
 F32_TOL = 1e-3      # measured ~1e-6 (llama, qwen2, qwen3), ~3e-4 (gpt2: ggml's f16 GELU table)
 Q8_0_TOL = 2e-2     # measured ~2.5e-7: Q8_1 activations hold the values llama.cpp's Q8_0 ones do
