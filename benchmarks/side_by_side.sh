@@ -3,6 +3,7 @@
 # Needs .llamacpp/ (made here by ../shared/bench/prepare_llamacpp.sh) and the wheels in .whl/.
 #   bash benchmarks/side_by_side.sh start    # llama.cpp build in the background + synth files
 #   bash benchmarks/side_by_side.sh finish   # wait for the build; llama-bench, then pykernel bench
+#   (OURS=0 ... finish: llama.cpp only)
 # Both phases must run on the same warm machine (the build lives in /tmp/llamacpp).
 # Flags are ANCHORS.md's: -ngl 99 -fa 1 -p 512 -n 128 -r 3; ours: pykernel bench -p 512 -n 128 -r 3.
 set -uo pipefail
@@ -23,6 +24,7 @@ case ${1:-} in
     for m in $MODELS; do
       f=$SYNTH/${m%%:*}-${m##*:}.gguf
       echo "== llama.cpp: $f"; bash .llamacpp/on_device.sh build-and-bench $f 2>&1 | grep '^|'
+      [ "${OURS:-1}" = 0 ] && continue
       echo "== pykernel: $f"; python3 -m pykernel bench $f -p 512 -n 128 -r 3 2>&1 | grep '^|'
     done ;;
   *) echo "usage: $0 start|finish"; exit 2 ;;
