@@ -1,4 +1,4 @@
-"""Quantized matmul on the GPU: decode GEMV (m=4096, k=14336) and prefill GEMM (n=512 tokens).
+"""Quantized matmul on the GPU: decode GEMV (m=4096, k=14336 and larger) and prefill GEMM (n=512).
 
 Input: none (needs a CUDA GPU). Output: a markdown table per part on stdout, and the raw numbers
 as JSON at $OUT/quant_matmul.json when $OUT is set.
@@ -9,8 +9,13 @@ the 50 MB L2 several times: every GEMV streams its weights from HBM. Weights are
 the right layout (speed does not depend on the values). Copy bandwidth = 2 x bytes / time of a
 16-byte-vector copy kernel over 1 GiB.
 
-    python3 benchmarks/quant_matmul.py [--budget SECONDS]   (sweeps stop early to fit)
+    python3 benchmarks/quant_matmul.py [--budget SECONDS]   (GEMV sweep; stops early to fit)
+    python3 benchmarks/quant_matmul.py --defaults           (GEMV: shipped defaults + before)
     python3 benchmarks/quant_matmul.py --gemm-only          (prefill GEMM: int8 vs f16 only)
+    ... --with-gemm                                         (GEMV, then the GEMM comparison)
+
+GEMV tables: every format at m=4096 k=14336 (the issue's shape, against llama.cpp's times) and
+at shapes whose weights exceed the L2 (m=128256 or 57344, k=4096), as % of copy bandwidth.
 """
 from __future__ import annotations
 
@@ -28,8 +33,11 @@ from pykernel import Ptr, f32, i32  # noqa: E402
 from stdlib_kernels.quant.formats import get_format  # noqa: E402
 from stdlib_kernels.quant.gemm import gemm_into  # noqa: E402
 from stdlib_kernels.quant.gemm_q8 import Q8GemmTiles, gemm_q8_into  # noqa: E402
-from stdlib_kernels.quant.gemv import (GemvConfig, gemv_f32_into,  # noqa: E402
-                                       gemv_q8_into, weight_words)
+from stdlib_kernels.quant.gemv import GemvConfig as G  # noqa: E402
+from stdlib_kernels.quant.gemv import gemv_q8_into, sm_count  # noqa: E402
+
+gemv_module = sys.modules["stdlib_kernels.quant.gemv"]   # (the package exports a function gemv)
+from stdlib_kernels.quant.gemv import weight_words  # noqa: E402
 from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1_into  # noqa: E402
 from stdlib_kernels.quant.rmsnorm_q8_1 import rmsnorm_q8_1_into  # noqa: E402
 from stdlib_kernels.norm import rmsnorm  # noqa: E402
@@ -78,11 +86,18 @@ def copy_bandwidth() -> float:
 _WEIGHTS = {}
 
 
+def default_for(type_name: str, k: int):
+    """The shipped batch-1 default on the GPU for rows of k values."""
+    table = gemv_module.TUNED_SHORT if k <= gemv_module.SHORT_ROW else gemv_module.TUNED_CONFIGS
+    return table.get(type_name, gemv_module.DEFAULT_CONFIG)
+
+
 def random_weights(type_name: str, rows: int, k: int, count: int, rng):
-    """count device weight buffers (cached per type); random bytes, finite values for F16."""
+    """count device weight buffers (cached per type and shape); random bytes, finite values
+    for F16."""
     fmt = get_format(type_name)
     per_row = k // fmt.block_elems * fmt.block_bytes
-    out = _WEIGHTS.setdefault(type_name, [])
+    out = _WEIGHTS.setdefault((type_name, rows, k), [])
     while len(out) < count:
         raw = np.frombuffer(rng.bytes(rows * per_row), np.uint8).reshape(rows, per_row)
         if type_name in ("F16", "BF16"):   # finite values: no NaN/inf slow paths
@@ -91,27 +106,26 @@ def random_weights(type_name: str, rows: int, k: int, count: int, rng):
     return out[:count], rows * per_row
 
 
-def bench_gemv(type_name: str, path: str, config, rng, batch: int = 1, with_quantize=False):
-    """Seconds per GEMV (plus the Q8_1 quantization of x when with_quantize, as llama.cpp's
-    figures include it) and the weight bytes it streams."""
+def bench_gemv(type_name: str, config, rng, batch: int = 1, with_quantize=False,
+               shape=(M, K)):
+    """Seconds per Q8_1 GEMV of an m x k matrix (plus the Q8_1 quantization of x when
+    with_quantize, as llama.cpp's figures include it) and the weight bytes it streams."""
+    m, k = shape
     fmt = get_format(type_name)
-    nbytes = M * (K // fmt.block_elems * fmt.block_bytes)
-    weights, _ = random_weights(type_name, M, K, max(2, -(-4 * L2_BYTES // nbytes)), rng)
-    x = pk.to_device(rng.standard_normal((batch, K)).astype(np.float32))
-    xq = pk.empty((batch, q8_1_bytes(K)), np.uint8)
+    nbytes = m * (k // fmt.block_elems * fmt.block_bytes)
+    weights, _ = random_weights(type_name, m, k, -(-4 * L2_BYTES // nbytes), rng)
+    x = pk.to_device(rng.standard_normal((batch, k)).astype(np.float32))
+    xq = pk.empty((batch, q8_1_bytes(k)), np.uint8)
     quantize_q8_1_into(x, xq)
-    y = pk.empty((batch, M), np.float32)
-    reps = 8 * len(weights)
+    y = pk.empty((batch, m), np.float32)
+    reps = max(4, 8 * len(weights))
 
     def run(stream):
         for r in range(reps):
-            w = weights[r % len(weights)]
-            if path == "q8_1":
-                if with_quantize:
-                    quantize_q8_1_into(x, xq, stream=stream)
-                gemv_q8_into(w, type_name, xq, y, M, K, batch, stream=stream, config=config)
-            else:
-                gemv_f32_into(w, type_name, x, y, M, K, batch, stream=stream, config=config)
+            if with_quantize:
+                quantize_q8_1_into(x, xq, stream=stream)
+            gemv_q8_into(weights[r % len(weights)], type_name, xq, y, m, k, batch,
+                         stream=stream, config=config)
     seconds = time_graph(run) / reps
     return seconds, nbytes
 
@@ -199,39 +213,140 @@ def bench_rmsnorm_q8_1(rng, n: int = 4096):
     return time_graph(fused) / 50, time_graph(separate) / 50
 
 
-def configs(warps=(4,), splits=(1, 2, 4), rows=(1, 2), unrolls=(1, 2), widens=(1, 2, 4)):
-    return [GemvConfig(w, k, r, u, v) for w in warps for k in splits if k <= w for r in rows
-            for u in unrolls for v in widens]
+# TUNED_CONFIGS before this round (x read from L1, one block per row group, Q6_K as u16 words)
+BEFORE = {"Q4_0": G(4, 1, 2, 1, 1), "Q4_1": G(8, 8, 2, 1, 1), "Q8_0": G(4, 4, 2, 2, 1),
+          "Q4_K": G(8, 2, 2, 1, 2), "Q6_K": G(8, 8, 2, 1, 1), "Q1_0": G(4, 4, 2, 1, 1),
+          "Q2_K": G(4, 1, 2, 1, 1), "Q5_K": G(4, 2, 2, 1, 2), "Q5_0": G(4, 2, 2, 1, 1),
+          "Q5_1": G(4, 2, 2, 1, 1), "Q3_K": G(4, 2, 2, 1, 1)}
+TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K", "Q1_0", "Q5_0", "Q5_1", "Q5_K", "Q2_K", "Q3_K")
+LONG, MID, BIG = (M, K), (57344, 4096), (128256, 4096)   # MID: 4 x ffn rows; BIG: llama-8B output
+# kernel variants (gemv.VARIANTS) and the launch shapes tried with them at k = 14336: Q6_K
+# "words" (u32 loads); Q2_K "wide" (128-value items, 16-byte activation loads); Q4_K "wide" (a
+# 64-value chunk per item, 8-byte loads); Q4_0/Q8_0 "vec" (8-byte activation loads)
+WIDE_TRIES = (G(4, 1, 1, 1, 1), G(4, 1, 2, 1, 1), G(4, 2, 2, 1, 1), G(4, 1, 4, 1, 1),
+              G(8, 2, 2, 1, 1), G(4, 2, 1, 1, 1), G(4, 1, 2, 2, 1), G(4, 4, 1, 1, 1),
+              G(8, 1, 2, 1, 1), G(4, 2, 4, 1, 1))
+TRIES = {("Q6_K", "words"): (G(8, 8, 2, 1, 1), G(4, 4, 2, 1, 1), G(4, 2, 2, 1, 1),
+                             G(4, 4, 1, 1, 1), G(4, 2, 4, 1, 1)),
+         ("Q2_K", "wide"): WIDE_TRIES,
+         ("Q4_K", "wide"): (G(8, 2, 2, 1, 1), G(8, 2, 2, 1, 2), G(4, 2, 2, 1, 1), G(4, 1, 2, 1, 1),
+                            G(4, 2, 2, 1, 2), G(4, 4, 2, 1, 1), G(8, 4, 2, 1, 1), G(4, 2, 4, 1, 1),
+                            G(4, 1, 2, 2, 1), G(8, 8, 2, 1, 1)),
+         ("Q4_0", "vec"): (G(4, 1, 2, 1, 1), G(4, 2, 2, 1, 1), G(4, 1, 1, 1, 1), G(4, 1, 2, 2, 1),
+                           G(8, 2, 2, 1, 1), G(4, 1, 4, 1, 1), G(4, 2, 4, 1, 1)),
+         ("Q8_0", "vec"): (G(4, 4, 4, 1, 1), G(4, 4, 2, 2, 1), G(4, 2, 4, 1, 1), G(4, 4, 2, 1, 1),
+                           G(8, 8, 2, 1, 1), G(4, 2, 2, 1, 1), G(8, 4, 4, 1, 1))}
 
 
-SWEEP = configs() + configs(warps=(8,), splits=(2, 8), unrolls=(1,))
-SHORT_SWEEP = configs(unrolls=(1,), splits=(1, 2))
-BATCH_SWEEP = configs(splits=(1, 2), rows=(1, 2, 4), unrolls=(1,), widens=(1, 2))
-TARGET_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K", "Q1_0")
-NEW_TYPES = ("Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K")
+def variant_of(type_name: str) -> str:
+    return gemv_module.VARIANT.get(type_name, "")
 
 
-def sweep_gemv(rng, copy, deadline, results):
-    print("\n| type | path | config (warps, split, rows, unroll) | us | GB/s | % copy | "
-          "llama.cpp H200 us |")
-    print("|---|---|---|---|---|---|---|")
-    best = {}
-    cases = [(t, "q8_1", SWEEP) for t in TARGET_TYPES] + \
-        [(t, "q8_1", SHORT_SWEEP) for t in NEW_TYPES] + [("F16", "f32", [None])]
-    for type_name, path, configs in cases:
-        for config in configs:
-            if time.time() > deadline:
-                return best
-            sec, nbytes = bench_gemv(type_name, path, config, rng)
-            gbps = nbytes / sec / 1e9
-            results["gemv"].append(dict(type=type_name, path=path, config=config, us=sec * 1e6,
-                                        GBps=gbps))
-            if type_name not in best or sec < best[type_name][0]:
-                best[type_name] = (sec, config)
-            print(f"| {type_name} | {path} | {tuple(config or ())} | {sec * 1e6:.1f} | "
-                  f"{gbps:.0f} | {100 * gbps / copy:.0f} | "
-                  f"{LLAMA_CPP_H200_US.get(type_name, '')} |", flush=True)
-    return best
+def default_entry(type_name: str, k: int):
+    """(type, shipped config, its kernel variant) for rows of k values."""
+    config = default_for(type_name, k)
+    return type_name, config, variant_of(type_name) if config.kernel is None else config.kernel
+
+
+def before_of(type_name: str):
+    return (type_name, BEFORE[type_name], "")
+
+
+def variant_tries():
+    return [(t, c, v) for (t, v), cs in TRIES.items() for c in cs]
+
+
+def short_candidates(type_name: str) -> list:
+    """Launch shapes for k = 4096 rows (a quarter of the items of k = 14336: fewer warps/row)."""
+    v = BEFORE[type_name].widen
+    return list(dict.fromkeys([BEFORE[type_name], G(4, 1, 1, 1, v), G(4, 1, 2, 1, v),
+                               G(4, 2, 2, 1, v), G(4, 2, 1, 1, v), G(4, 4, 2, 1, v),
+                               G(4, 2, 4, 1, v), G(4, 1, 2, 2, v), G(4, 2, 2, 2, v),
+                               G(8, 4, 2, 1, v)]))
+
+
+def plan_long():
+    """(type, config, kernel variant) at 4096 x 14336: before, shipped default, the variants."""
+    out = [before_of(t) for t in TYPES] + [default_entry(t, K) for t in TYPES]
+    return list(dict.fromkeys(out + variant_tries()))
+
+
+def plan_mid():
+    """k = 4096: the short-row shapes with each type's default kernel, and the before rows."""
+    out = [before_of(t) for t in TYPES] + [default_entry(t, 4096)
+                                           for t in TYPES]
+    out += [(t, c, variant_of(t)) for t in TYPES for c in short_candidates(t)]
+    return list(dict.fromkeys(out + [("Q6_K", c, "words") for c in TRIES[("Q6_K", "words")]]))
+
+
+def plan_defaults(k: int):
+    return [before_of(t) for t in TYPES] + [default_entry(t, k)
+                                            for t in TYPES]
+
+
+def bench_variant(type_name, config, variant, rng, shape, **kw):
+    """bench_gemv with the type's kernel variant (gemv.VARIANT) set to `variant`."""
+    saved = dict(gemv_module.VARIANT)
+    if type_name in saved:
+        gemv_module.VARIANT[type_name] = variant
+    try:
+        return bench_gemv(type_name, config, rng, shape=shape, **kw)
+    finally:
+        gemv_module.VARIANT.update(saved)
+
+
+def warm_jobs(jobs):
+    """Worker: launch each (type, config, kernel variant, k, batch) once on a 4-row matrix
+    (compiles the same specialization as the full shape, filling the disk PTX cache and the
+    driver's JIT cache)."""
+    pk.set_device("cuda")
+    rng = np.random.default_rng(1)
+    for type_name, config, variant, k, batch in jobs:
+        fmt = get_format(type_name)
+        raw = np.frombuffer(rng.bytes(4 * (k // fmt.block_elems * fmt.block_bytes)), np.uint8)
+        w = weight_words(pk.to_device(raw.reshape(4, -1)), type_name, k)[0]
+        xq = pk.zeros((batch, q8_1_bytes(k)), np.uint8)
+        if type_name in gemv_module.VARIANT:
+            gemv_module.VARIANT[type_name] = variant
+        gemv_q8_into(w, type_name, xq, pk.empty((batch, 4), np.float32), 4, k, batch,
+                     config=config)
+    pk.synchronize()
+    return len(jobs)
+
+
+def precompile(jobs, workers: int = 12):
+    """Compile every specialization the timing loop will launch in parallel processes first."""
+    import multiprocessing as mp
+    chunks = [jobs[i::workers] for i in range(workers)]
+    with mp.get_context("spawn").Pool(workers) as pool:
+        return sum(pool.map(warm_jobs, [c for c in chunks if c]))
+
+
+def gemv_row(results, copy, type_name, shape, config, variant, sec, nbytes):
+    gbps = nbytes / sec / 1e9
+    tag = ("before " if (type_name, config, variant) == before_of(type_name) else "") + \
+        ("default" if (type_name, config, variant) == default_entry(type_name, shape[1]) else "")
+    results["gemv"].append(dict(type=type_name, m=shape[0], k=shape[1], config=config,
+                                variant=variant, us=sec * 1e6, GBps=gbps, tag=tag))
+    print(f"| {type_name} | {shape[0]}x{shape[1]} | {tuple(config)} | {variant} | {tag} | "
+          f"{sec * 1e6:.1f} | {gbps:.0f} | {100 * gbps / copy:.0f} |", flush=True)
+
+
+def sweep(rng, copy, shape, plan, deadline, results):
+    """Time each (type, config, kernel variant) of plan at shape; returns {type: [(seconds,
+    config, variant)]} sorted, the fastest first."""
+    print("\n| type | m x k | config (warps, split, rows, unroll, widen, stage_x, per_sm) | "
+          "Q6_K kernel | tag | us | GB/s | % copy |\n|---|---|---|---|---|---|---|---|")
+    timed = {}
+    for type_name, config, variant in plan:
+        if time.time() > deadline:
+            break
+        sec, nbytes = bench_variant(type_name, config, variant, rng, shape)
+        gemv_row(results, copy, type_name, shape, config, variant, sec, nbytes)
+        timed.setdefault(type_name, []).append((sec, config, variant))
+    _WEIGHTS.clear()
+    save(results)
+    return {t: sorted(v) for t, v in timed.items()}
 
 
 def main():
@@ -243,49 +358,61 @@ def main():
         results = {"gemm": []}
         compare_gemm(rng, results)
         return
+    only_defaults = "--defaults" in sys.argv
+    long_plan = plan_defaults(K) if only_defaults else plan_long()
+    mid_plan = plan_defaults(4096) if only_defaults else plan_mid()
+    jobs = [(t, c, v, K, 1) for t, c, v in long_plan] + \
+        [(t, c, v, 4096, 1) for t, c, v in mid_plan] + \
+        [("Q4_K", gemv_module.gemv_config("Q4_K", b)._replace(kernel=v), v, K, b)
+         for b in (2, 4, 8) for v in ("wide", "")]
+    t0 = time.time()
+    print(f"precompiled {precompile(jobs)} launches in {time.time() - t0:.0f} s", flush=True)
+    if "--wait-for" in sys.argv:   # a file another job (e.g. the GPU tests) creates when done
+        flag = sys.argv[sys.argv.index("--wait-for") + 1]
+        while not os.path.exists(flag) and time.time() < t0 + 120:
+            time.sleep(0.5)
+        print(f"timing starts {time.time() - t0:.0f} s after the precompile began", flush=True)
     results = {"copy_GBps": copy_bandwidth() / 1e9, "gemv": [], "gemm": []}
     copy = results["copy_GBps"]
-    print(f"copy bandwidth: {copy:.0f} GB/s (2 x bytes / time, 1 GiB)")
+    print(f"copy bandwidth: {copy:.0f} GB/s (2 x bytes / time, 1 GiB); SMs: "
+          f"{sm_count('cuda', 0)}")
     results["q8_1_quantize_us"] = bench_quantize(rng) * 1e6
     print(f"quantize_q8_1 of {K} values: {results['q8_1_quantize_us']:.2f} us")
-    fused, separate = bench_rmsnorm_q8_1(rng)
-    results["rmsnorm_q8_1_us"] = {"fused": fused * 1e6, "separate": separate * 1e6}
-    print(f"rmsnorm + quantize_q8_1 (n=4096): fused {fused * 1e6:.2f} us, "
-          f"two launches {separate * 1e6:.2f} us")
-    best = sweep_gemv(rng, copy, deadline - 100, results)
-    results["best"] = {t: (sec * 1e6, config) for t, (sec, config) in best.items()}
-    print("\nbest per type:", {t: (round(us, 1), tuple(c or ()))
-                               for t, (us, c) in results["best"].items()})
+    sweep(rng, copy, LONG, long_plan, deadline - 80, results)
+    mid = sweep(rng, copy, MID, mid_plan, deadline - 45, results)
+    results["best_mid"] = {t: v[0] for t, v in mid.items()}
+    print("\nbest at k=4096:", {t: (round(v[0][0] * 1e6, 1), tuple(v[0][1]), v[0][2])
+                                for t, v in mid.items()}, flush=True)
+    big = [(t, c, var) for t, v in mid.items() for _, c, var in v[:2]]
+    big += [before_of(t) for t in TYPES] + [default_entry(t, 4096)
+                                            for t in TYPES]
+    sweep(rng, copy, BIG, list(dict.fromkeys(big)), deadline - 20, results)
+    print("\nbatched Q4_K GEMV (gemv.BATCH_CONFIGS), 4096 x 14336, chunk and 16-value items:")
+    for batch, variant in ((2, "wide"), (2, ""), (4, "wide"), (4, ""), (8, "wide"), (8, "")):
+        if time.time() < deadline - 15:
+            config = gemv_module.gemv_config("Q4_K", batch)._replace(kernel=variant)
+            sec, nbytes = bench_variant("Q4_K", config, variant, rng, LONG, batch=batch)
+            results["gemv"].append(dict(type="Q4_K", batch=batch, config=config,
+                                        variant=variant, us=sec * 1e6))
+            print(f"  batch {batch} {tuple(config)} {variant!r}: {sec * 1e6:.1f} us", flush=True)
+    print("\n4096 x 14336, shipped default, + the Q8_1 quantization in the same graph:")
+    for type_name in TYPES:
+        if time.time() > deadline:
+            break
+        config = default_for(type_name, K)
+        alone, _ = bench_gemv(type_name, config, rng, shape=LONG)
+        both, _ = bench_gemv(type_name, config, rng, shape=LONG, with_quantize=True)
+        results[f"default_{type_name}"] = dict(config=config, us=alone * 1e6,
+                                               with_quantize_us=both * 1e6)
+        print(f"  {type_name} {tuple(config)}: {alone * 1e6:.1f} us, with quantize "
+              f"{both * 1e6:.1f} us (llama.cpp {LLAMA_CPP_H200_US.get(type_name, '-')})",
+              flush=True)
     save(results)
-    print("\nbest config + the Q8_1 quantization in the same graph (llama.cpp's figures include "
-          "it):")
-    for type_name, (sec, config) in best.items():
-        if type_name in TARGET_TYPES and time.time() < deadline - 70:
-            both, _ = bench_gemv(type_name, "q8_1", config, rng, with_quantize=True)
-            results[f"gemv_{type_name}_with_quantize_us"] = both * 1e6
-            print(f"  {type_name} {tuple(config)}: {sec * 1e6:.1f} us, with quantize "
-                  f"{both * 1e6:.1f} us", flush=True)
-    print("\nbatched Q4_K GEMV (config: warps, split, rows, unroll, widen):")
-    for batch in (2, 4, 8):
-        for config in BATCH_SWEEP:
-            if time.time() < deadline - 40:
-                sec, nbytes = bench_gemv("Q4_K", "q8_1", config, rng, batch=batch)
-                results["gemv"].append(dict(type="Q4_K", batch=batch, config=config,
-                                            us=sec * 1e6))
-                print(f"  batch {batch} {tuple(config)}: {sec * 1e6:.1f} us "
-                      f"({nbytes / sec / 1e9:.0f} GB/s)", flush=True)
-    save(results)
-    print("\n| GEMM type | warps | m x n x k | us | TFLOPS |  (llama.cpp q4_K: 348 us, 173 TFLOPS)")
-    print("|---|---|---|---|---|")
-    for type_name, warps in (("Q4_K", (2, 4)), ("Q4_K", (4, 2)), ("Q4_K", (2, 2)),
-                             ("Q6_K", (2, 4)), ("Q8_0", (2, 4))):
-        if time.time() < deadline:
-            sec, tflops = bench_gemm(type_name, rng, warps)
-            results["gemm"].append(dict(type=type_name, warps=warps, us=sec * 1e6,
-                                        TFLOPS=tflops))
-            print(f"| {type_name} | {warps} | {M} x {TOKENS} x {K} | {sec * 1e6:.0f} | "
-                  f"{tflops:.1f} |", flush=True)
-    save(results)
+    if "--with-gemm" in sys.argv:
+        fused, separate = bench_rmsnorm_q8_1(rng)
+        print(f"rmsnorm + quantize_q8_1 (n=4096): fused {fused * 1e6:.2f} us, "
+              f"two launches {separate * 1e6:.2f} us")
+        compare_gemm(rng, results)
 
 
 def save(results):

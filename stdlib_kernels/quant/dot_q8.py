@@ -41,6 +41,26 @@ def act(xq: Ptr[u32, "ro"], i: i32) -> i32:
 
 
 @pk.func
+def act_copy(xq: Ptr[u32, "ro"], x: i32, a, WORDS: Const[int], VEC: Const[int]):
+    """a[0..WORDS) = xq[x..x+WORDS): VEC-word vector loads (x and WORDS multiples of VEC, the
+    row 4 VEC-byte aligned: the host checks), or scalar loads for VEC = 1. Consecutive Q8_1
+    blocks are 36 bytes apart, so 2 blocks start 8-byte aligned and 4 blocks 16-byte aligned."""
+    for v in pk.static_range(WORDS // VEC):
+        if VEC == 4:
+            a0, a1, a2, a3 = pk.load_vec(xq, x + 4 * v, 4)
+            a[4 * v] = a0
+            a[4 * v + 1] = a1
+            a[4 * v + 2] = a2
+            a[4 * v + 3] = a3
+        elif VEC == 2:
+            a0, a1 = pk.load_vec(xq, x + 2 * v, 2)
+            a[2 * v] = a0
+            a[2 * v + 1] = a1
+        else:
+            a[v] = xq[x + v]
+
+
+@pk.func
 def nibble_dot(v0: u32, v1: u32, v2: u32, v3: u32, xq: Ptr[u32, "ro"], lo: i32,
                shift: u32) -> i32:
     """sum over 16 values of ((v >> shift) & 15) * the int8 activations at words lo..lo+3."""
@@ -99,7 +119,7 @@ def dot_q8_Q4_0(w: Ptr[u16, "ro"], wrow: i32, blk: i32, part: i32, xq: Ptr[u32, 
 # word 0 = d0 | qs0[0:2], words 1-3 = qs0[2:14], word 4 = qs0[14:16] | d1, words 5-8 = qs1.
 @pk.func
 def dot_q8_Q4_0_pair(w: Ptr[u32, "ro"], wrow: i32, pair: i32, part: i32, xq: Ptr[u32, "ro"],
-                     xstride: i32, acc: Ptr[f32], a0: i32, BATCH: Const[int]):
+                     xstride: i32, acc: Ptr[f32], a0: i32, BATCH: Const[int], VEC: Const[int]):
     b = wrow + 9 * pair
     w0 = w[b]
     w1 = w[b + 1]
@@ -116,15 +136,27 @@ def dot_q8_Q4_0_pair(w: Ptr[u32, "ro"], wrow: i32, pair: i32, part: i32, xq: Ptr
     v1 = shifted16(w1, w2)
     v2 = shifted16(w2, w3)
     v3 = shifted16(w3, w4)
+    a = pk.local_array(u32, 18)   # the two Q8_1 blocks, when loaded by vectors
     for bt in pk.static_range(BATCH):
         x = bt * xstride + 18 * pair
-        dx0, sx0 = act_scale(xq, x)
-        dx1, sx1 = act_scale(xq, x + 9)
-        s0 = nibble_dot(v0, v1, v2, v3, xq, x + 1, u32(0)) + \
-            nibble_dot(v0, v1, v2, v3, xq, x + 5, u32(4))
-        s1 = nibble_dot(u0, u1, u2, u3, xq, x + 10, u32(0)) + \
-            nibble_dot(u0, u1, u2, u3, xq, x + 14, u32(4))
-        acc[a0 + bt] += d0 * (dx0 * f32(s0) - 8.0 * sx0) + d1 * (dx1 * f32(s1) - 8.0 * sx1)
+        if VEC == 1:   # scalar loads where they are used
+            acc[a0 + bt] += q4_0_pair_sum(d0, d1, v0, v1, v2, v3, u0, u1, u2, u3, xq, x)
+        else:
+            act_copy(xq, x, a, 18, VEC)
+            acc[a0 + bt] += q4_0_pair_sum(d0, d1, v0, v1, v2, v3, u0, u1, u2, u3, a, 0)
+
+
+@pk.func
+def q4_0_pair_sum(d0: f32, d1: f32, v0: u32, v1: u32, v2: u32, v3: u32, u0: u32, u1: u32,
+                  u2: u32, u3: u32, xs, x: i32) -> f32:
+    """A Q4_0 block pair (quants v, u) against the two Q8_1 blocks at word x of xs."""
+    dx0, sx0 = act_scale(xs, x)
+    dx1, sx1 = act_scale(xs, x + 9)
+    s0 = nibble_dot(v0, v1, v2, v3, xs, x + 1, u32(0)) + \
+        nibble_dot(v0, v1, v2, v3, xs, x + 5, u32(4))
+    s1 = nibble_dot(u0, u1, u2, u3, xs, x + 10, u32(0)) + \
+        nibble_dot(u0, u1, u2, u3, xs, x + 14, u32(4))
+    return d0 * (dx0 * f32(s0) - 8.0 * sx0) + d1 * (dx1 * f32(s1) - 8.0 * sx1)
 
 
 # Q4_1 block (20 B = 5 u32): d:f16 | m:f16 | qs:16 B; x = q*d + m
@@ -203,23 +235,34 @@ def dot_q8_Q8_0(w: Ptr[u16, "ro"], wrow: i32, blk: i32, part: i32, xq: Ptr[u32, 
 # word 8 = qs0[30:32] | d1, words 9-16 = qs1.
 @pk.func
 def dot_q8_Q8_0_pair(w: Ptr[u32, "ro"], wrow: i32, pair: i32, part: i32, xq: Ptr[u32, "ro"],
-                     xstride: i32, acc: Ptr[f32], a0: i32, BATCH: Const[int]):
+                     xstride: i32, acc: Ptr[f32], a0: i32, BATCH: Const[int], VEC: Const[int]):
     b = wrow + 17 * pair
     raw = pk.local_array(u32, 17)
     for k in pk.static_range(17):
         raw[k] = w[b + k]
     d0 = f32(pk.bitcast(u16(raw[0] & u32(0xFFFF)), f16))
     d1 = f32(pk.bitcast(u16(raw[8] >> u32(16)), f16))
+    a = pk.local_array(u32, 18)   # the two Q8_1 blocks, when loaded by vectors
     for bt in pk.static_range(BATCH):
         x = bt * xstride + 18 * pair
-        s0 = i32(0)
-        s1 = i32(0)
-        for k in pk.static_range(8):
-            s0 = pk.dp4a(pk.bitcast(shifted16(raw[k], raw[k + 1]), i32), act(xq, x + 1 + k), s0)
-            s1 = pk.dp4a(pk.bitcast(raw[9 + k], i32), act(xq, x + 10 + k), s1)
-        dx0, sx0 = act_scale(xq, x)
-        dx1, sx1 = act_scale(xq, x + 9)
-        acc[a0 + bt] += d0 * dx0 * f32(s0) + d1 * dx1 * f32(s1)
+        if VEC == 1:   # scalar loads where they are used
+            acc[a0 + bt] += q8_0_pair_sum(d0, d1, raw, xq, x)
+        else:
+            act_copy(xq, x, a, 18, VEC)
+            acc[a0 + bt] += q8_0_pair_sum(d0, d1, raw, a, 0)
+
+
+@pk.func
+def q8_0_pair_sum(d0: f32, d1: f32, raw, xs, x: i32) -> f32:
+    """A Q8_0 block pair (17 raw words) against the two Q8_1 blocks at word x of xs."""
+    s0 = i32(0)
+    s1 = i32(0)
+    for k in pk.static_range(8):
+        s0 = pk.dp4a(pk.bitcast(shifted16(raw[k], raw[k + 1]), i32), act(xs, x + 1 + k), s0)
+        s1 = pk.dp4a(pk.bitcast(raw[9 + k], i32), act(xs, x + 10 + k), s1)
+    dx0, sx0 = act_scale(xs, x)
+    dx1, sx1 = act_scale(xs, x + 9)
+    return d0 * dx0 * f32(s0) + d1 * dx1 * f32(s1)
 
 
 # Q1_0 block (18 B = 9 u16): d:f16 | 128 sign bits. Item `part` (4 per block) = values

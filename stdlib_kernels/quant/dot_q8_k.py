@@ -7,9 +7,9 @@ values (plus the block's scales, shared by its items and served from L1).
 from __future__ import annotations
 
 import pykernel as pk
-from pykernel import Const, Ptr, f32, i32, u16, u32
+from pykernel import Const, Ptr, f16, f32, i32, u16, u32, u64
 
-from .dot_q8 import LOW_NIBBLES, act, act_scale, half16, pair16
+from .dot_q8 import LOW_NIBBLES, act, act_copy, act_scale, half16, pair16
 
 ONES = 0x01010101
 
@@ -227,3 +227,122 @@ def dot_q8_Q6_K(w: Ptr[u16, "ro"], wrow: i32, blk: i32, part: i32, xq: Ptr[u32, 
             dx, sx = act_scale(xq, x + 9 * g - 1 - 2 * i)
             r = r + scale[g] * dx * f32(s)
         acc[a0 + bt] += r
+
+
+@pk.func
+def funnel16(lo: u32, hi: u32, shift: u32) -> u32:
+    """The 4 bytes starting shift / 8 bytes into lo (shift 0 or 16), continuing into hi."""
+    return u32((u64(lo) | (u64(hi) << u64(32))) >> u64(shift))
+
+
+@pk.func
+def words_at(w: Ptr[u32, "ro"], at: i32, shift: u32, out, o0: Const[int], COUNT: Const[int]):
+    """out[o0 + k] = the COUNT words starting shift / 8 bytes into word `at` (COUNT + 1 loads)."""
+    raw = pk.local_array(u32, COUNT + 1)
+    for k in pk.static_range(COUNT + 1):
+        raw[k] = w[at + k]
+    for k in pk.static_range(COUNT):
+        out[o0 + k] = funnel16(raw[k], raw[k + 1], shift)
+
+
+# Q6_K read as u32 words (rows of an even number of 210-byte blocks are 4-byte aligned; block
+# blk starts 2 (blk % 2) bytes into word 52 blk + blk / 2). 4 items per block: half n = part/2,
+# j = part%2 picks bytes l = 16j..16j+15 of the half's 32-byte columns: ql at 64n + 16j (groups
+# 0, 2) and 64n + 32 + 16j (1, 3), qh at 128 + 32n + 16j, scale of group g at 192 + 8n + 2g + j.
+@pk.func
+def dot_q8_Q6_K_words(w: Ptr[u32, "ro"], wrow: i32, blk: i32, part: i32, xq: Ptr[u32, "ro"],
+                      xstride: i32, acc: Ptr[f32], a0: i32, BATCH: Const[int]):
+    n = part // 2
+    j = part % 2
+    wb = wrow + 52 * blk + blk // 2
+    shift = u32(16) * u32(blk % 2)
+    q = pk.local_array(u32, 14)   # ql for groups 0/2 | ql for 1/3 | qh | 8 scale bytes
+    words_at(w, wb + 16 * n + 4 * j, shift, q, 0, 4)
+    words_at(w, wb + 16 * n + 8 + 4 * j, shift, q, 4, 4)
+    words_at(w, wb + 32 + 8 * n + 4 * j, shift, q, 8, 4)
+    words_at(w, wb + 48 + 2 * n, shift, q, 12, 2)
+    d = f32(pk.bitcast(u16((w[wb + 52] >> shift) & u32(0xFFFF)), f16))
+    v = pk.local_array(i32, 16)
+    scale = pk.local_array(f32, 4)
+    for g in pk.static_range(4):
+        for k in pk.static_range(4):
+            v[4 * g + k] = q6k_group(q[4 * (g % 2) + k], q[8 + k], u32(4 * (g // 2)),
+                                     u32(2 * g))
+        scale[g] = d * signed_byte(q[12 + g // 2] >> (u32(8) * u32(j)), (2 * g) % 4)
+    for bt in pk.static_range(BATCH):
+        r = f32(0.0)
+        for g in pk.static_range(4):
+            x = bt * xstride + 9 * (8 * blk + 4 * n + g)
+            s = 0
+            for k in pk.static_range(4):
+                s = pk.dp4a(v[4 * g + k], act(xq, x + 1 + 4 * j + k), s)
+            dx, sx = act_scale(xq, x)
+            r = r + scale[g] * dx * f32(s)
+        acc[a0 + bt] += r
+
+
+# Q2_K, 2 items per block: item n = half n (128 values, qs words 8n..8n+7, scale bytes
+# 8n..8n+7), i.e. Q8_1 blocks 8 blk + 4n .. + 3 by 16-byte loads (16-byte aligned Q8_1 rows).
+@pk.func
+def dot_q8_Q2_K_wide(w: Ptr[u32, "ro"], wrow: i32, blk: i32, n: i32, xq: Ptr[u32, "ro"],
+                     xstride: i32, acc: Ptr[f32], a0: i32, BATCH: Const[int]):
+    b = wrow + 21 * blk
+    q = pk.local_array(u32, 8)
+    for k in pk.static_range(8):
+        q[k] = w[b + 4 + 8 * n + k]
+    sc_lo = w[b + 2 * n]
+    sc_hi = w[b + 2 * n + 1]
+    d, dmin = pk.unpack_f16x2(w[b + 20])
+    a = pk.local_array(u32, 36)
+    for bt in pk.static_range(BATCH):
+        act_copy(xq, bt * xstride + 9 * (8 * blk + 4 * n), a, 36, 4)
+        r = f32(0.0)
+        for j in pk.static_range(4):
+            part = f32(0.0)
+            for h in pk.static_range(2):
+                sv = 0
+                sm = 0
+                for k in pk.static_range(4):
+                    x = pk.bitcast(a[9 * j + 1 + 4 * h + k], i32)
+                    sv = pk.dp4a((q[4 * h + k] >> u32(2 * j)) & u32(0x03030303), x, sv)
+                    sm = pk.dp4a(u32(ONES), x, sm)
+                sc = byte_of(sc_lo if j < 2 else sc_hi, (2 * j + h) % 4)
+                part += d * f32(sc & u32(15)) * f32(sv) - dmin * f32(sc >> u32(4)) * f32(sm)
+            dx, sx = pk.unpack_f16x2(a[9 * j])
+            r += dx * part
+        acc[a0 + bt] += r
+
+
+# Q4_K, 4 items per block: item c = chunk c (64 values: the 32 qs bytes at 16 + 32c, low nibbles
+# sub-block 2c, high 2c + 1), Q8_1 blocks 8 blk + 2c and + 1 by 8-byte loads (8-byte aligned
+# Q8_1 rows); the same arithmetic as two dot_q8_Q4_K items.
+@pk.func
+def dot_q8_Q4_K_wide(w: Ptr[u32, "ro"], wrow: i32, blk: i32, c: i32, xq: Ptr[u32, "ro"],
+                     xstride: i32, acc: Ptr[f32], a0: i32, BATCH: Const[int]):
+    b = wrow + 36 * blk
+    head, s0, s1, s2 = pk.load_vec(w, b, 4)
+    q = pk.local_array(u32, 8)
+    for h in pk.static_range(2):
+        q0, q1, q2, q3 = pk.load_vec(w, b + 4 + 8 * c + 4 * h, 4)
+        q[4 * h] = q0
+        q[4 * h + 1] = q1
+        q[4 * h + 2] = q2
+        q[4 * h + 3] = q3
+    scp, mp = q4k_scales(s0, s1, s2, c)
+    d, dmin = pk.unpack_f16x2(head)
+    d_lo = d * f32(scp & u32(0xFF))
+    d_hi = d * f32(scp >> u32(8))
+    m_lo = dmin * f32(mp & u32(0xFF))
+    m_hi = dmin * f32(mp >> u32(8))
+    a = pk.local_array(u32, 18)
+    for bt in pk.static_range(BATCH):
+        act_copy(xq, bt * xstride + 9 * (8 * blk + 2 * c), a, 18, 2)
+        s_lo = 0
+        s_hi = 0
+        for k in pk.static_range(8):
+            s_lo = pk.dp4a(q[k] & u32(LOW_NIBBLES), act(a, 1 + k), s_lo)
+            s_hi = pk.dp4a((q[k] >> u32(4)) & u32(LOW_NIBBLES), act(a, 10 + k), s_hi)
+        dx0, sx0 = act_scale(a, 0)
+        dx1, sx1 = act_scale(a, 9)
+        acc[a0 + bt] += d_lo * dx0 * f32(s_lo) + d_hi * dx1 * f32(s_hi) - \
+            (m_lo * sx0 + m_hi * sx1)

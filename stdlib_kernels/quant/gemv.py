@@ -12,6 +12,7 @@ Results are device arrays (pk.Array) on the current device.
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -26,39 +27,108 @@ from .q8_1 import q8_1_bytes, quantize_q8_1_into
 Q8_1_TYPES = {"Q4_0": 1, "Q4_1": 1, "Q5_0": 1, "Q5_1": 1, "Q8_0": 1, "Q1_0": 4, "Q2_K": 4,
               "Q3_K": 4, "Q4_K": 8, "Q5_K": 8, "Q6_K": 8}
 PAIR_TYPES = {"Q4_0": gk.Q4_0_PAIR, "Q8_0": gk.Q8_0_PAIR}
+# Kernel variants: type -> {name: (format id, items per block, Q8_1 row alignment in bytes the
+# activation vector loads need)}. VARIANT names the default (GemvConfig.kernel overrides it;
+# "" = the base kernel). Q4_0/Q8_0 "vec": block pairs with 8-byte activation loads. Q4_K "wide":
+# one item per 64-value chunk, 8-byte activation loads. Q2_K "wide": one item per 128 values,
+# 16-byte activation loads. Q6_K "words": its 2-byte-aligned blocks read as u32 words (rows of an
+# even number of blocks are 4-byte aligned), 4 items per block; "" = u16 loads (also used for
+# odd block counts).
+VARIANTS = {"Q4_0": {"vec": (gk.Q4_0_PAIR_VEC, 1, 8)}, "Q8_0": {"vec": (gk.Q8_0_PAIR_VEC, 1, 8)},
+            "Q4_K": {"wide": (gk.Q4_K_WIDE, 4, 8)}, "Q2_K": {"wide": (gk.Q2_K_WIDE, 2, 16)},
+            "Q6_K": {"words": (gk.Q6_K_WORDS, 4, 4)}}
+VARIANT = {"Q4_0": "vec", "Q8_0": "vec", "Q4_K": "wide", "Q2_K": "wide", "Q6_K": "words"}
+U32_WORD_TYPES = ("Q4_0", "Q8_0", "Q6_K")   # 2-byte-aligned blocks read as u32 (even counts)
+WIDE_MAX_BATCH = 2   # tokens up to which the 128-value-item kernels run (registers)
+
+
+def kernel_format(type_name: str, n: int, xq, batch: int = 1, variant: str | None = None):
+    """(format id, items per block, blocks per row, reads u32 words) of the kernel variant for
+    rows of n values and Q8_1 activations xq; variant None = VARIANT's (one whose alignment xq
+    lacks falls back to the base kernel; so does Q2_K "wide" above WIDE_MAX_BATCH tokens, where
+    its registers spill)."""
+    fmt = get_format(type_name)
+    blocks = n // fmt.block_elems
+    variant = VARIANT.get(type_name, "") if variant is None else variant
+    options = VARIANTS.get(type_name, {})
+    if variant in options and (xq.ptr % options[variant][2] or q8_1_bytes(n) %
+                               options[variant][2] or
+                               (options[variant][1] == 2 and batch > WIDE_MAX_BATCH)):
+        variant = ""
+    as_u32 = type_name in U32_WORD_TYPES and blocks % 2 == 0 and (
+        type_name in PAIR_TYPES or variant in options)
+    if type_name in U32_WORD_TYPES and not as_u32:
+        return int(fmt.ggml_type), Q8_1_TYPES[type_name], blocks, False
+    if type_name in PAIR_TYPES:   # u32 block pairs
+        fmt_id = options[variant][0] if variant in options else PAIR_TYPES[type_name]
+        return fmt_id, 1, blocks // 2, True
+    if variant in options:
+        return options[variant][0], options[variant][1], blocks, as_u32
+    return int(fmt.ggml_type), Q8_1_TYPES[type_name], blocks, False
 
 
 class GemvConfig(NamedTuple):
     """Launch shape: `warps` per thread block; `split` warps share each row group (> 1 adds a
     shared-memory reduction); `rows` output rows per group; `unroll` items per thread per loop
     trip (their loads in flight together); `widen` consecutive items per thread visit (used
-    only when it divides the row's item count)."""
+    only when it divides the row's item count); `stage_x` 1: each block first copies the Q8_1
+    activations to shared memory (strided per-lane activation reads then cost one shared
+    wavefront instead of one L1 line per lane group; used while they fit STAGE_X_MAX_BYTES);
+    `per_sm` > 0: a persistent grid of per_sm blocks per SM striding over the row groups
+    (amortizes the staging; 0 = one block per row group); `kernel`: the kernel variant
+    (VARIANTS; None = VARIANT's default for the type, "" = the base kernel)."""
     warps: int = 4
     split: int = 1
     rows: int = 1
     unroll: int = 2
     widen: int = 1
+    stage_x: int = 0
+    per_sm: int = 0
+    kernel: str | None = None
 
 
 G = GemvConfig
-# best of a 48-shape sweep per type, H200, m=4096 k=14336, batch 1 (benchmarks/RESULTS.md)
-TUNED_CONFIGS = {"Q4_0": G(4, 1, 2, 1, 1), "Q4_1": G(8, 8, 2, 1, 1), "Q8_0": G(4, 4, 2, 2, 1),
-                 "Q4_K": G(8, 2, 2, 1, 2), "Q6_K": G(8, 8, 2, 1, 1), "Q1_0": G(4, 4, 2, 1, 1),
-                 "Q2_K": G(4, 1, 2, 1, 1), "Q5_K": G(4, 2, 2, 1, 2)}
-DEFAULT_CONFIG = G(4, 2, 2, 1, 1)   # best for Q5_0, Q5_1, Q3_K; a safe shape for the rest
-# batch > 1: measured on Q4_K (2, 4, 8 tokens); 4 rows per group reuse each activation load
-BATCH_CONFIGS = ((3, G(4, 2, 4, 1, 2)), (5, G(4, 2, 4, 1, 1)), (8, G(4, 1, 4, 1, 2)))
+# fastest measured per type, H200, batch 1 (benchmarks/RESULTS.md, issue 5): rows of k = 14336
+TUNED_CONFIGS = {"Q4_0": G(8, 2, 2, 1, 1), "Q4_1": G(8, 8, 2, 1, 1), "Q8_0": G(4, 4, 4, 1, 1),
+                 "Q4_K": G(4, 2, 2, 1, 1), "Q6_K": G(4, 2, 4, 1, 1, kernel="words"),
+                 "Q1_0": G(4, 4, 2, 1, 1), "Q2_K": G(4, 2, 2, 1, 1), "Q5_K": G(4, 2, 2, 1, 2),
+                 "Q3_K": G(4, 2, 4, 1, 1)}
+DEFAULT_CONFIG = G(4, 2, 2, 1, 1)   # best for Q5_0, Q5_1; a safe shape for the rest
+# rows of at most SHORT_ROW values (k = 4096: 57344 and 128256 rows): fewer warps per row
+SHORT_ROW = 8192
+TUNED_SHORT = {"Q4_0": G(4, 1, 2, 2, 1), "Q4_1": G(4, 2, 2, 1, 1), "Q8_0": G(4, 2, 4, 1, 1),
+               "Q4_K": G(8, 2, 2, 1, 2, kernel=""), "Q6_K": G(4, 2, 4, 1, 1, kernel="words"),
+               "Q1_0": G(4, 1, 2, 1, 1), "Q2_K": G(4, 1, 2, 2, 1), "Q5_0": G(4, 2, 4, 1, 1),
+               "Q5_K": G(4, 1, 2, 1, 2), "Q3_K": G(4, 2, 4, 1, 1)}
+# batch > 1: measured on Q4_K (2, 4, 8 tokens); 4 rows per group reuse each activation load;
+# the base kernels (Q4_K's 64-value items were slower at 2 and 4 tokens, 9% faster at 8)
+BATCH_CONFIGS = ((3, G(4, 2, 4, 1, 2, kernel="")), (5, G(4, 2, 4, 1, 1, kernel="")),
+                 (8, G(4, 1, 4, 1, 2, kernel="")))
 F32_CONFIG = GemvConfig(warps=4, split=4, rows=1, unroll=1)
 # the CPU target emulates every thread: unrolled trips only cost it compile time
 CPU_CONFIG = GemvConfig(warps=4, split=1, rows=1, unroll=1)
+STAGE_X_MAX_BYTES = 48 << 10   # above this the block's copy of x would cap blocks per SM
 
 
-def gemv_config(type_name: str, batch: int) -> GemvConfig:
+@functools.lru_cache(maxsize=None)
+def sm_count(kind: str, ordinal: int) -> int:
+    """Multiprocessors of the current device (the CPU target: 1)."""
+    if kind != "cuda":
+        return 1
+    from cuda.bindings import driver
+    attr = driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+    err, count = driver.cuDeviceGetAttribute(attr, ordinal)
+    return int(count) if not err and count > 0 else 132
+
+
+def gemv_config(type_name: str, batch: int, n: int = 0) -> GemvConfig:
+    """The launch shape for rows of n values (0: long rows) and `batch` tokens."""
     if pk.current_device().kind == "cpu":
         return CPU_CONFIG
     if batch > 1:
         return next(c for most, c in BATCH_CONFIGS if batch <= most)
-    return TUNED_CONFIGS.get(type_name, DEFAULT_CONFIG)
+    table = TUNED_SHORT if 0 < n <= SHORT_ROW else TUNED_CONFIGS
+    return table.get(type_name, DEFAULT_CONFIG)
 
 
 F32_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K",
@@ -101,25 +171,29 @@ def gemv_q8_into(w, type_name, xq, y, rows, n, batch=1, *, w2=None, res=None, mo
                  stream=None, config: GemvConfig | None = None):
     """y (batch, rows) = W @ x from Q8_1 activations xq (batch, n//32*36 bytes); w/w2 from
     weight_words. mode: None, "residual" (res (batch, rows), may be y), "swiglu", "geglu"."""
-    items = Q8_1_TYPES[type_name]
     if not 1 <= batch <= gk.MAX_BATCH:
         raise ValueError(f"gemv: batch {batch} outside 1..{gk.MAX_BATCH}; use quant.matmul")
     _check_out(y, batch, rows, "gemv")
     fmt = get_format(type_name)
     words = xq.reshape(-1).view(np.uint32)
-    fmt_id, blocks = int(fmt.ggml_type), n // fmt.block_elems
-    if type_name in PAIR_TYPES and blocks % 2 == 0:   # 4-byte aligned rows: u32 block pairs
+    c = config or gemv_config(type_name, batch, n)
+    fmt_id, items, blocks, as_u32 = kernel_format(type_name, n, xq, batch, c.kernel)
+    if as_u32:
         w = w.view(np.uint32)
         w2 = None if w2 is None else w2.view(np.uint32)
-        fmt_id, blocks = PAIR_TYPES[type_name], blocks // 2
-    c = config or gemv_config(type_name, batch)
     widen = c.widen if (blocks * items) % c.widen == 0 else 1
     per_block = c.warps // c.split * c.rows
-    gk.gemv_q8_kernel[(rows + per_block - 1) // per_block, c.warps * 32, stream](
+    grid = (rows + per_block - 1) // per_block
+    if c.per_sm > 0:
+        dev = pk.current_device()
+        grid = min(grid, c.per_sm * sm_count(dev.kind, getattr(dev, "ordinal", 0)))
+    xq_words = q8_1_bytes(n) // 4
+    stage = 1 if c.stage_x and batch * xq_words * 4 <= STAGE_X_MAX_BYTES else 0
+    gk.gemv_q8_kernel[grid, c.warps * 32, stream, stage * batch * xq_words * 4](
         w, w if w2 is None else w2, words, y if res is None else res, y, rows,
         n // fmt.block_elems * fmt.block_bytes // w.itemsize, blocks,
-        q8_1_bytes(n) // 4, fmt_id, w.dtype, items, c.warps, batch, MODES[mode], c.rows,
-        c.split, c.unroll, widen)
+        xq_words, fmt_id, w.dtype, items, c.warps, batch, MODES[mode], c.rows,
+        c.split, c.unroll, widen, stage)
 
 
 def gemv_f32_into(w, type_name, x, y, rows, n, batch=1, *, w2=None, res=None, mode=None,

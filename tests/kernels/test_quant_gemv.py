@@ -87,7 +87,10 @@ def test_gemv_q8_1(device, rng, seed, type_name):
 
 
 @pytest.mark.parametrize("config", [GemvConfig(warps=4, split=2, rows=2, unroll=2, widen=2),
-                                    GemvConfig(warps=2, split=1, rows=3, unroll=3, widen=4)])
+                                    GemvConfig(warps=2, split=1, rows=3, unroll=3, widen=4,
+                                               kernel=""),
+                                    GemvConfig(warps=4, split=2, rows=1, unroll=1, widen=2,
+                                               stage_x=1, per_sm=1)])
 def test_gemv_q8_1_launch_shapes(device, rng, seed, config):
     # the GPU's shapes: unrolled trips plus a remainder, rows not a multiple of the block's rows
     rows, n = 7, 256 * 17
@@ -152,3 +155,18 @@ def test_rmsnorm_q8_1_fused(device, rng, seed):
     assert np.array_equal(xq.numpy(), ref.quantize_q8_1(out.numpy())), f"Q8_1 (seed {seed})"
     with pytest.raises(ValueError, match="multiple of 32"):
         rmsnorm_q8_1(np.zeros((1, 40), np.float32))
+
+
+@pytest.mark.parametrize("type_name,variant", [("Q6_K", "words"), ("Q6_K", ""), ("Q2_K", ""),
+                                              ("Q4_K", ""), ("Q8_0", "")])
+def test_gemv_kernel_variants(device, rng, seed, type_name, variant):
+    # each kernel variant (gemv.VARIANTS) besides the defaults of test_gemv_q8_1: Q6_K's u32-word
+    # kernel (even and odd blocks, 2-byte shifted) and u16 one, the scalar-activation ones
+    rows, n = 2, 256 * 2
+    raw = make_weights(rng, type_name, rows, n)
+    x = rng.standard_normal((2, n)).astype(np.float32)
+    xq = quantize_q8_1(x)
+    y = pk.full((2, rows), np.nan, np.float32)
+    gemv_q8_into(weight_words(raw, type_name, n)[0], type_name, xq, y, rows, n, 2,
+                 config=GemvConfig(warps=4, split=2, rows=1, unroll=1, kernel=variant))
+    check_q8_1(y.numpy(), raw, type_name, x, seed)
