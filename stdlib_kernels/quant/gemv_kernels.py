@@ -4,9 +4,11 @@
     gemv_f32_kernel  x as float32, weights decoded to f32 eight at a time (decode8.py)
 
 Grid: a thread block of WARPS warps holds WARPS / KW row groups; each group of KW warps computes
-ROWS output rows, its threads striding over the rows' items (16..36 bytes of weights each;
-WIDEN consecutive items per thread visit), UNROLL visits per loop trip with no bounds checks inside the trip (so all their loads are in
-flight together). Each weight item is loaded once and applied to every token (BATCH
+ROWS output rows, its threads striding over the rows' items (16..105 bytes of weights each,
+per format variant; WIDEN consecutive items per thread visit), UNROLL visits per loop trip with
+no bounds checks inside the trip (so all their loads are in flight together). Blocks stride
+over the row groups (the grid may be smaller: a persistent grid); STAGE_X = 1 first copies x
+to dynamic shared memory. Each weight item is loaded once and applied to every token (BATCH
 accumulators per row in registers). Reduction: warp shuffles, plus shared memory when KW > 1.
 Rows past the end are clamped for the loads and not stored. MODE fuses the epilogue:
 0 plain, 1 y = Wx + res (residual add; res may alias y), 2 y = silu(Wx) * (W2 x) (SwiGLU gate/up
@@ -28,6 +30,12 @@ F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16, Q1_0 = 10, 11, 12, 13, 14, 30, 41
 # block-pair variants (rows of an even number of 2-byte-aligned blocks, read as u32 words)
 Q4_0_PAIR, Q8_0_PAIR = 1002, 1008
+# Q6_K rows of an even number of blocks read as u32 words, 4 items per block (dot_q8_k.py)
+Q6_K_WORDS = 1014
+Q2_K_WIDE = 1110   # Q2_K, 2 items per block, activations by 16-byte loads
+Q4_K_WIDE = 1112   # Q4_K, 4 items per block, activations by 8-byte loads
+# the block-pair variants with activations by 8-byte loads
+Q4_0_PAIR_VEC, Q8_0_PAIR_VEC = 1202, 1208
 MODE_PLAIN, MODE_RESIDUAL, MODE_SWIGLU, MODE_GEGLU = 0, 1, 2, 3
 
 
@@ -38,7 +46,9 @@ def item_dot_q8(FMT: Const[int], w, wrow: i32, blk: i32, part: i32,
     if FMT == Q4_0:
         q8.dot_q8_Q4_0(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
     elif FMT == Q4_0_PAIR:
-        q8.dot_q8_Q4_0_pair(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
+        q8.dot_q8_Q4_0_pair(w, wrow, blk, part, xq, xstride, acc, a0, BATCH, 1)
+    elif FMT == Q4_0_PAIR_VEC:
+        q8.dot_q8_Q4_0_pair(w, wrow, blk, part, xq, xstride, acc, a0, BATCH, 2)
     elif FMT == Q4_1:
         q8.dot_q8_Q4_1(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
     elif FMT == Q5_0:
@@ -48,7 +58,9 @@ def item_dot_q8(FMT: Const[int], w, wrow: i32, blk: i32, part: i32,
     elif FMT == Q8_0:
         q8.dot_q8_Q8_0(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
     elif FMT == Q8_0_PAIR:
-        q8.dot_q8_Q8_0_pair(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
+        q8.dot_q8_Q8_0_pair(w, wrow, blk, part, xq, xstride, acc, a0, BATCH, 1)
+    elif FMT == Q8_0_PAIR_VEC:
+        q8.dot_q8_Q8_0_pair(w, wrow, blk, part, xq, xstride, acc, a0, BATCH, 2)
     elif FMT == Q1_0:
         q8.dot_q8_Q1_0(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
     elif FMT == Q2_K:
@@ -59,6 +71,12 @@ def item_dot_q8(FMT: Const[int], w, wrow: i32, blk: i32, part: i32,
         q8k.dot_q8_Q4_K(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
     elif FMT == Q5_K:
         q8k.dot_q8_Q5_K(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
+    elif FMT == Q4_K_WIDE:
+        q8k.dot_q8_Q4_K_wide(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
+    elif FMT == Q2_K_WIDE:
+        q8k.dot_q8_Q2_K_wide(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
+    elif FMT == Q6_K_WORDS:
+        q8k.dot_q8_Q6_K_words(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
     else:  # Q6_K
         q8k.dot_q8_Q6_K(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
 
@@ -84,11 +102,85 @@ def gemv_q8_kernel(w: Ptr["WT", "ro"], w2: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], 
                    y: Ptr[f32], rows: i32, row_words: i32, nblocks: i32, xq_words: i32,
                    FMT: Const[int], WT: Const[pk.dtype], ITEMS: Const[int], WARPS: Const[int],
                    BATCH: Const[int], MODE: Const[int], ROWS: Const[int], KW: Const[int],
-                   UNROLL: Const[int], WIDEN: Const[int]):
+                   UNROLL: Const[int], WIDEN: Const[int], STAGE_X: Const[int]):
+    prefetch_then_wait(w, w2, pk.block_idx.x * ROWS * (WARPS // KW), ROWS * (WARPS // KW),
+                       rows, row_words, WT, MODE)
+    if STAGE_X == 1:   # the block's copy of x in shared memory (dynamic, BATCH * xq_words words)
+        xs = pk.dynamic_shared(u32)
+        stage_x(xq, xs, BATCH * xq_words, WARPS)
+        block_row_groups(w, w2, xs, res, y, rows, row_words, nblocks, xq_words, FMT, ITEMS,
+                         WARPS, BATCH, MODE, ROWS, KW, UNROLL, WIDEN)
+    else:
+        block_row_groups(w, w2, xq, res, y, rows, row_words, nblocks, xq_words, FMT, ITEMS,
+                         WARPS, BATCH, MODE, ROWS, KW, UNROLL, WIDEN)
+
+
+@pk.func
+def prefetch_then_wait(w, w2, first_row: i32, count: i32, rows: i32, row_words: i32,
+                       WT: Const[pk.dtype], MODE: Const[int]):
+    """Ask L2 for this block's first weight rows, then wait for the previous kernel (programmatic
+    dependent launch): in a PDL graph the weights stream in while that kernel finishes.
+    Weights are never written by a kernel, so reading them before the wait is safe."""
+    LINE = 32 if WT == u32 else 64            # words per 128-byte line (u32 or u16 words)
+    end = min(first_row + count, rows) * row_words
+    i = first_row * row_words + pk.thread_idx.x * LINE
+    while i < end:
+        pk.prefetch_l2(w, i)
+        if MODE >= MODE_SWIGLU:
+            pk.prefetch_l2(w2, i)
+        i += pk.block_dim.x * LINE
+    pk.grid_dependency_wait()
+
+
+@pk.func
+def stage_x(xq: Ptr[u32, "ro"], xs, words: i32, WARPS: Const[int]):
+    """Copy words 0..words-1 of xq to shared xs, four loads in flight per thread."""
+    step = WARPS * 32
+    i = pk.thread_idx.x
+    while i + 3 * step < words:
+        a = xq[i]
+        b = xq[i + step]
+        c = xq[i + 2 * step]
+        d = xq[i + 3 * step]
+        xs[i] = a
+        xs[i + step] = b
+        xs[i + 2 * step] = c
+        xs[i + 3 * step] = d
+        i += 4 * step
+    while i < words:
+        xs[i] = xq[i]
+        i += step
+    pk.syncthreads()
+
+
+@pk.func
+def block_row_groups(w, w2, xq, res: Ptr[f32], y: Ptr[f32], rows: i32, row_words: i32,
+                     nblocks: i32, xq_words: i32, FMT: Const[int], ITEMS: Const[int],
+                     WARPS: Const[int], BATCH: Const[int], MODE: Const[int], ROWS: Const[int],
+                     KW: Const[int], UNROLL: Const[int], WIDEN: Const[int]):
+    """Blocks stride over the row groups (the grid may be smaller than rows / rows per block:
+    a persistent grid amortizes staging x, and spreads the rows evenly over the SMs)."""
+    per_block = ROWS * (WARPS // KW)
+    bgroup = pk.block_idx.x
+    while bgroup * per_block < rows:
+        rows_dot(w, w2, xq, res, y, rows, row_words, nblocks, xq_words, bgroup, FMT, ITEMS,
+                 WARPS, BATCH, MODE, ROWS, KW, UNROLL, WIDEN)
+        if KW > 1:   # the next trip reuses the reduction's shared memory
+            pk.syncthreads()
+        bgroup += pk.grid_dim.x
+
+
+@pk.func
+def rows_dot(w, w2, xq, res: Ptr[f32], y: Ptr[f32], rows: i32, row_words: i32, nblocks: i32,
+             xq_words: i32, bgroup: i32, FMT: Const[int], ITEMS: Const[int], WARPS: Const[int],
+             BATCH: Const[int], MODE: Const[int], ROWS: Const[int], KW: Const[int],
+             UNROLL: Const[int], WIDEN: Const[int]):
+    """The ROWS rows of this warp group (of block row group bgroup): dot products, reduction,
+    epilogue."""
     acc = pk.local_array(f32, 2 * ROWS * BATCH)   # [0, ROWS*BATCH): W x; then W2 x (GLU)
     for a in pk.static_range(2 * ROWS * BATCH):
         acc[a] = 0.0
-    row0 = group_first_row(ROWS, WARPS, KW)
+    row0 = group_first_row(bgroup, ROWS, WARPS, KW)
     wrows = pk.local_array(i32, ROWS)
     for ri in pk.static_range(ROWS):
         wrows[ri] = min(row0 + ri, rows - 1) * row_words
@@ -107,8 +199,8 @@ def gemv_q8_kernel(w: Ptr["WT", "ro"], w2: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], 
 
 
 @pk.func
-def group_first_row(ROWS: Const[int], WARPS: Const[int], KW: Const[int]) -> i32:
-    return (pk.block_idx.x * (WARPS // KW) + pk.thread_idx.x // (32 * KW)) * ROWS
+def group_first_row(bgroup: i32, ROWS: Const[int], WARPS: Const[int], KW: Const[int]) -> i32:
+    return (bgroup * (WARPS // KW) + pk.thread_idx.x // (32 * KW)) * ROWS
 
 
 @pk.func
@@ -167,10 +259,12 @@ def gemv_f32_kernel(w: Ptr["WT", "ro"], w2: Ptr["WT", "ro"], x: Ptr[f32, "ro"], 
                     FMT: Const[int], WT: Const[pk.dtype], WARPS: Const[int],
                     BATCH: Const[int], MODE: Const[int], KW: Const[int]):
     # one row per group of KW warps; eight weights decoded per step, applied to every token
+    prefetch_then_wait(w, w2, pk.block_idx.x * (WARPS // KW), WARPS // KW, rows, row_words,
+                       WT, MODE)
     acc = pk.local_array(f32, 2 * BATCH)
     for bt in pk.static_range(2 * BATCH):
         acc[bt] = 0.0
-    row = group_first_row(1, WARPS, KW)
+    row = group_first_row(pk.block_idx.x, 1, WARPS, KW)
     wrow = min(row, rows - 1) * row_words
     for g in range(pk.thread_idx.x % (32 * KW), n // 8, 32 * KW):
         k = g * 8
