@@ -17,6 +17,8 @@ in one launch), 3 y = gelu_tanh(Wx) * (W2 x) (GeGLU). Shapes: w/w2 (rows, row_wo
 """
 from __future__ import annotations
 
+import os
+
 import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, u32
 
@@ -37,6 +39,8 @@ Q4_K_WIDE = 1112   # Q4_K, 4 items per block, activations by 8-byte loads
 # the block-pair variants with activations by 8-byte loads
 Q4_0_PAIR_VEC, Q8_0_PAIR_VEC = 1202, 1208
 MODE_PLAIN, MODE_RESIDUAL, MODE_SWIGLU, MODE_GEGLU = 0, 1, 2, 3
+# L2 prefetch of each block's first rows before the PDL wait (PYKERNEL_GEMV_PREFETCH=0: off)
+PREFETCH_WEIGHTS = os.environ.get("PYKERNEL_GEMV_PREFETCH", "1") != "0"
 
 
 @pk.func
@@ -121,14 +125,15 @@ def prefetch_then_wait(w, w2, first_row: i32, count: i32, rows: i32, row_words: 
     """Ask L2 for this block's first weight rows, then wait for the previous kernel (programmatic
     dependent launch): in a PDL graph the weights stream in while that kernel finishes.
     Weights are never written by a kernel, so reading them before the wait is safe."""
-    LINE = 32 if WT == u32 else 64            # words per 128-byte line (u32 or u16 words)
-    end = min(first_row + count, rows) * row_words
-    i = first_row * row_words + pk.thread_idx.x * LINE
-    while i < end:
-        pk.prefetch_l2(w, i)
-        if MODE >= MODE_SWIGLU:
-            pk.prefetch_l2(w2, i)
-        i += pk.block_dim.x * LINE
+    if PREFETCH_WEIGHTS:
+        LINE = 32 if WT == u32 else 64        # words per 128-byte line (u32 or u16 words)
+        end = min(first_row + count, rows) * row_words
+        i = first_row * row_words + pk.thread_idx.x * LINE
+        while i < end:
+            pk.prefetch_l2(w, i)
+            if MODE >= MODE_SWIGLU:
+                pk.prefetch_l2(w2, i)
+            i += pk.block_dim.x * LINE
     pk.grid_dependency_wait()
 
 
