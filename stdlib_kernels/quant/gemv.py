@@ -193,7 +193,7 @@ def gemv_q8_into(w, type_name, xq, y, rows, n, batch=1, *, w2=None, res=None, mo
         w, w if w2 is None else w2, words, y if res is None else res, y, rows,
         n // fmt.block_elems * fmt.block_bytes // w.itemsize, blocks,
         xq_words, fmt_id, w.dtype, items, c.warps, batch, MODES[mode], c.rows,
-        c.split, c.unroll, widen, stage)
+        c.split, c.unroll, widen, stage, _under_pdl())
 
 
 def gemv_f32_into(w, type_name, x, y, rows, n, batch=1, *, w2=None, res=None, mode=None,
@@ -208,7 +208,13 @@ def gemv_f32_into(w, type_name, x, y, rows, n, batch=1, *, w2=None, res=None, mo
     gk.gemv_f32_kernel[(rows + per_block - 1) // per_block, c.warps * 32, stream](
         w, w if w2 is None else w2, x.reshape(-1), y if res is None else res, y, rows,
         n // fmt.block_elems * fmt.block_bytes // w.itemsize, n, int(fmt.ggml_type), w.dtype,
-        c.warps, batch, MODES[mode], c.split)
+        c.warps, batch, MODES[mode], c.split, _under_pdl())
+
+
+def _under_pdl() -> bool:
+    """True while launches are captured into a PDL graph (capture_graph(pdl=True)): the GEMV
+    then prefetches its first weight rows before waiting for the previous kernel."""
+    return bool(getattr(pk.current_device(), "programmatic_launch", False))
 
 
 def _activations(x):

@@ -170,3 +170,40 @@ def test_gemv_kernel_variants(device, rng, seed, type_name, variant):
     gemv_q8_into(weight_words(raw, type_name, n)[0], type_name, xq, y, rows, n, 2,
                  config=GemvConfig(warps=4, split=2, rows=1, unroll=1, kernel=variant))
     check_q8_1(y.numpy(), raw, type_name, x, seed)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "F16"])
+def test_gemv_in_a_pdl_graph_prefetches_and_matches(device, rng, seed, type_name):
+    """Captured with capture_graph(pdl=True) the GEMV prefetches its first weight rows into L2
+    before waiting for the previous kernel (cuda); the result must equal a plain launch."""
+    from stdlib_kernels.quant.gemv import gemv_f32_into
+    rows, n = 37, 512
+    raw = make_weights(rng, type_name, rows, n)
+    x = rng.standard_normal((1, n)).astype(np.float32)
+    words = weight_words(raw, type_name, n)[0]
+    xd = pk.to_device(x)
+    xq = quantize_q8_1(x) if type_name in Q8_1_TYPES else None
+
+    def run(y):
+        if xq is not None:
+            gemv_q8_into(words, type_name, xq, y, rows, n)
+        else:
+            gemv_f32_into(words, type_name, xd, y, rows, n)
+    plain, graphed = (pk.full((1, rows), np.nan, np.float32) for _ in range(2))
+    run(plain)
+    stream = pk.Stream()
+    with pk.capture_graph(stream, pdl=True) as graph:
+        run(graphed)
+    graph.replay(stream)
+    stream.synchronize()
+    assert np.array_equal(plain.numpy(), graphed.numpy()), f"{type_name} (seed {seed})"
+
+
+def test_gemv_prefetch_is_in_the_ptx_only_when_asked():
+    from stdlib_kernels.quant import gemv_kernels as gk
+    spec = dict(FMT=12, WT=np.uint32, ITEMS=8, WARPS=4, BATCH=1, MODE=gk.MODE_SWIGLU, ROWS=2,
+                KW=2, UNROLL=1, WIDEN=1, STAGE_X=0)
+    with_prefetch = gk.gemv_q8_kernel.ptx("sm_90", PREFETCH=True, **spec)
+    assert with_prefetch.count("prefetch.global.L2") == 2      # gate and up rows
+    assert with_prefetch.index("prefetch.global.L2") < with_prefetch.index("griddepcontrol.wait")
+    assert "prefetch.global.L2" not in gk.gemv_q8_kernel.ptx("sm_90", PREFETCH=False, **spec)
