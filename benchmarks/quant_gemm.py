@@ -1,17 +1,20 @@
-"""Prefill GEMM for the K-quants on the GPU: m=4096 rows, n=512 tokens, k=14336 (issue 5).
+"""Prefill GEMM for the quants on the GPU: m=4096 rows, n=512 tokens, k=14336 (issue 5).
 
 Input: none (needs a CUDA GPU). Output: a markdown table on stdout, raw numbers as JSON at
 $OUT/quant_gemm.json when $OUT is set.
 
-    python3 benchmarks/quant_gemm.py [--types Q4_K,Q6_K] [--quick]
+    python3 benchmarks/quant_gemm.py [--types Q4_K,Q6_K,Q4_0,Q8_0] [--quick] [--all-shapes]
+
+--all-shapes adds m=14336 n=512 k=4096 and m=4096 n=512 k=4096 (llama-8B's other prefill GEMMs).
 
 Rows: the f16 tensor-core GEMM (gemm.py), the per-32-block int8 GEMM (gemm_q8.py, its tuned
 tiles: the "before"), and the super-block int8 GEMM (gemm_q8_k.py) over a sweep of tile shapes
-Q8KTiles(mi, ni, wm, wn, stages). Each launch is replayed from a CUDA graph and timed with CUDA
-events (weights 33 MB for Q4_K: they fit the 50 MB L2 across replays, as in llama.cpp's
-test-backend-ops figure this is compared with). Every int8 result is compared with the
-per-block kernel's on the same Q8_1 input (max difference relative to max |y|) so that a fast
-but wrong configuration shows up. Weights are random bytes with finite f16 scales.
+Q8KTiles(mi, ni, wm, wn, stages) (Q4_0 / Q8_0: 8 blocks of 32 per step). Each launch is
+replayed from a CUDA graph and timed with CUDA events (weights 33 MB for Q4_K: they fit the
+50 MB L2 across replays, as in llama.cpp's test-backend-ops figure this is compared with).
+Every int8 result is compared with the per-block kernel's on the same Q8_1 input (max
+difference relative to max |y|) so that a fast but wrong configuration shows up. Weights are
+random bytes with finite f16 scales.
 """
 from __future__ import annotations
 
@@ -32,14 +35,17 @@ from stdlib_kernels.quant.gemm_q8_k import Q8KTiles  # noqa: E402
 from stdlib_kernels.quant.gemv import weight_words  # noqa: E402
 from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1_into  # noqa: E402
 
-M, K, TOKENS = 4096, 14336, 512
-FLOP = 2.0 * M * K * TOKENS
+SHAPES = ((4096, 512, 14336), (14336, 512, 4096), (4096, 512, 4096))   # (m, n, k)
 T = Q8KTiles
 SWEEP = {"Q4_K": (T(4, 4, 2, 4, 3), T(4, 2, 2, 8, 3), T(2, 4, 4, 4, 3), T(2, 8, 4, 2, 3),
                   T(4, 2, 2, 4, 3), T(2, 4, 2, 4, 3), T(4, 2, 2, 4, 4), T(2, 4, 2, 2, 3)),
          "Q6_K": (T(2, 8, 4, 2, 3), T(1, 8, 8, 2, 3), T(4, 4, 2, 4, 3), T(2, 4, 4, 4, 3),
-                  T(2, 4, 4, 2, 3), T(2, 4, 2, 4, 3), T(2, 4, 2, 2, 3))}
-SCALE_BYTES = {"Q4_K": (0, 4), "Q6_K": (208, 2)}   # f16 d (and dmin) inside each block
+                  T(2, 4, 4, 2, 3), T(2, 4, 2, 4, 3), T(2, 4, 2, 2, 3)),
+         "Q4_0": (T(4, 4, 2, 4, 3), T(4, 2, 2, 8, 3), T(2, 4, 4, 4, 3), T(2, 8, 4, 2, 3),
+                  T(4, 2, 2, 4, 3)),
+         "Q8_0": (T(2, 4, 2, 4, 3), T(4, 4, 2, 2, 3), T(2, 4, 4, 2, 3), T(1, 8, 4, 2, 3))}
+# f16 d (and dmin) inside each block
+SCALE_BYTES = {"Q4_K": (0, 4), "Q6_K": (208, 2), "Q4_0": (0, 2), "Q8_0": (0, 2)}
 
 
 def random_weights(type_name: str, rows: int, k: int, rng):
@@ -81,7 +87,10 @@ def warm(jobs):
     for type_name, tiles in jobs:
         w = random_weights(type_name, 4, 256, rng)
         xq = pk.zeros((4, q8_1_bytes(256)), np.uint8)
-        gemm_q8_into(w, type_name, xq, pk.empty((4, 4), np.float32), 4, 256, 4, tiles=tiles)
+        try:
+            gemm_q8_into(w, type_name, xq, pk.empty((4, 4), np.float32), 4, 256, 4, tiles=tiles)
+        except pk.LaunchError as e:   # e.g. over the shared-memory limit: reported in the sweep
+            print(f"warm-up {type_name} {tuple(tiles)}: {e}", flush=True)
     pk.synchronize()
     return len(jobs)
 
@@ -94,32 +103,34 @@ def precompile(types, sweep):
         pool.map(warm, [c for c in chunks if c])
 
 
-def bench_type(type_name: str, sweep, rng, results):
+def bench_type(type_name: str, shape, sweep, rng, results):
+    M, TOKENS, K = shape
     w = random_weights(type_name, M, K, rng)
     x = pk.to_device(rng.standard_normal((TOKENS, K)).astype(np.float32))
     xq = pk.empty((TOKENS, q8_1_bytes(K)), np.uint8)
     quantize_q8_1_into(x, xq)
     y = pk.empty((TOKENS, M), np.float32)
     sec = timed(lambda s: gemm_into(w, type_name, x, y, M, K, TOKENS, stream=s, warps=(2, 4)))
-    row(results, type_name, "f16 GEMM", (2, 4), sec, None)
+    row(results, shape, type_name, "f16 GEMM", (2, 4), sec, None)
     before = TUNED_TILES[type_name]
     sec = timed(lambda s: gemm_q8_into(w, type_name, xq, y, M, K, TOKENS, stream=s,
                                        tiles=before))
     ref = y.numpy().astype(np.float64)
-    row(results, type_name, "int8 per-block (before)", tuple(before), sec, 0.0)
+    row(results, shape, type_name, "int8 per-block (before)", tuple(before), sec, 0.0)
     for tiles in sweep[type_name]:
         try:
             y.fill(np.nan)
             sec = timed(lambda s: gemm_q8_into(w, type_name, xq, y, M, K, TOKENS, stream=s,
                                                tiles=tiles))
         except Exception as e:   # e.g. over the shared-memory limit
-            print(f"| {type_name} | int8 super-block | {tuple(tiles)} | failed: {e} |")
+            print(f"| {shape} | {type_name} | int8 super-block | {tuple(tiles)} | failed: {e} |")
             continue
         diff = float(np.nanmax(np.abs(y.numpy() - ref)) / np.abs(ref).max())
         if np.isnan(y.numpy()).any():
             diff = float("nan")
-        row(results, type_name, "int8 super-block", tuple(tiles), sec, diff)
-    best = min((r for r in results if r["type"] == type_name and r["path"] == "int8 super-block"
+        row(results, shape, type_name, "int8 super-block", tuple(tiles), sec, diff)
+    best = min((r for r in results if r["type"] == type_name and r["shape"] == list(shape)
+                and r["path"] == "int8 super-block"
                 and r["rel_diff"] is not None and r["rel_diff"] < 1e-4),
                key=lambda r: r["us"], default=None)
     if best:
@@ -127,34 +138,38 @@ def bench_type(type_name: str, sweep, rng, results):
         sec = timed(lambda s: (quantize_q8_1_into(x, xq, stream=s),
                                gemm_q8_into(w, type_name, xq, y, M, K, TOKENS, stream=s,
                                             tiles=tiles)))
-        print(f"| {type_name} | best + Q8_1 quantize | {tuple(tiles)} | {sec * 1e6:.0f} | "
-              f"{FLOP / sec / 1e12:.1f} | |", flush=True)
+        print(f"| {shape} | {type_name} | best + Q8_1 quantize | {tuple(tiles)} | "
+              f"{sec * 1e6:.0f} | {2.0 * M * TOKENS * K / sec / 1e12:.1f} | |", flush=True)
         best["with_quantize_us"] = sec * 1e6
 
 
-def row(results, type_name, path, tiles, sec, diff):
-    results.append(dict(type=type_name, path=path, tiles=list(tiles), us=sec * 1e6,
-                        TFLOPS=FLOP / sec / 1e12, rel_diff=diff))
+def row(results, shape, type_name, path, tiles, sec, diff):
+    flop = 2.0 * shape[0] * shape[1] * shape[2]
+    results.append(dict(shape=list(shape), type=type_name, path=path, tiles=list(tiles),
+                        us=sec * 1e6, TFLOPS=flop / sec / 1e12, rel_diff=diff))
     d = "" if diff is None else f"{diff:.1e}"
-    print(f"| {type_name} | {path} | {tuple(tiles)} | {sec * 1e6:.0f} | "
-          f"{FLOP / sec / 1e12:.1f} | {d} |", flush=True)
+    print(f"| {shape} | {type_name} | {path} | {tuple(tiles)} | {sec * 1e6:.0f} | "
+          f"{flop / sec / 1e12:.1f} | {d} |", flush=True)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--types", default="Q4_K,Q6_K")
     ap.add_argument("--quick", action="store_true", help="only the first two tile shapes")
+    ap.add_argument("--all-shapes", action="store_true", help="also the k=4096 GEMMs")
     args = ap.parse_args()
     types = args.types.split(",")
     sweep = {t: v[:2] for t, v in SWEEP.items()} if args.quick else SWEEP
     precompile(types, sweep)
     pk.set_device("cuda")
     rng = np.random.default_rng(0)
-    print(f"m={M} n={TOKENS} k={K}; llama.cpp q4_K: 348 us (173 TFLOPS)")
-    print("| type | path | tiles | us | TFLOPS | max diff / max y |\n|---|---|---|---|---|---|")
+    print("llama.cpp q4_K at (m, n, k) = (4096, 512, 14336): 348 us (173 TFLOPS)")
+    print("| (m, n, k) | type | path | tiles | us | TFLOPS | max diff / max y |\n"
+          "|---|---|---|---|---|---|---|")
     results = []
-    for type_name in types:
-        bench_type(type_name, sweep, rng, results)
+    for shape in SHAPES if args.all_shapes else SHAPES[:1]:
+        for type_name in types:
+            bench_type(type_name, shape, sweep, rng, results)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "quant_gemm.json"), "w") as f:
             json.dump(results, f, indent=1)

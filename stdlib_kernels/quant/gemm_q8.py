@@ -13,10 +13,11 @@ the result into f32 accumulators: acc += d_w d_x isum (Q4_K also acc -= dmin m s
 16-value scales per block cost two mma with the other half of A zeroed.
 Tiles: Q8GemmTiles(mi, ni, wm, wn, kb): wm x wn warps, each 16 mi rows x 8 ni tokens, K step
 32 kb (halved until it divides K); TUNED_TILES per type (64 x 128 or 128 x 128, K step 128, fits
-the 48 KB of static shared memory), no explicit double buffering. Q4_K and Q6_K go to the
-pipelined super-block kernel of gemm_q8_k.py (2.5x faster on the H200) unless Q8GemmTiles are
-passed: this file's per-block version of them stays as the reference it is checked against
-(tests, benchmarks/quant_gemm.py). Measured in benchmarks/RESULTS.md; matmul.py picks the paths.
+the 48 KB of static shared memory), no explicit double buffering. SUPERBLOCK_DEFAULT_TYPES
+(Q4_K, Q6_K) go to the pipelined super-block kernel of gemm_q8_k.py (2.5x faster on the H200)
+unless Q8GemmTiles are passed; Q4_0 / Q8_0 (K % 256 == 0) go there when Q8KTiles are passed.
+This file's per-block version stays the reference they are checked against (tests,
+benchmarks/quant_gemm.py). Measured in benchmarks/RESULTS.md; matmul.py picks the paths.
 """
 from __future__ import annotations
 
@@ -30,11 +31,14 @@ from pykernel import Const, Ptr, f32, i32, u32
 from .decode8 import Q4_0, Q4_K, Q6_K, Q8_0, scale_min_k4
 from .dot_q8 import LOW_NIBBLES, half16, pair16
 from .gemm import store_c
-from .gemm_q8_k import KQUANT_GEMM_TYPES, Q8KTiles, gemm_q8k_into
+from .gemm_q8_k import SUPERBLOCK_GEMM_TYPES, Q8KTiles, gemm_q8k_into
 from .gemv import weight_words
 from .q8_1 import Q8_1_WORDS, q8_1_bytes, quantize_q8_1_into
 
 INT8_GEMM_TYPES = {"Q4_0": Q4_0, "Q8_0": Q8_0, "Q4_K": Q4_K, "Q6_K": Q6_K}
+# types that go to the super-block kernel (gemm_q8_k.py) without explicit tiles; Q4_0 and Q8_0
+# run there only with Q8KTiles until benchmarks/quant_gemm.py --types Q4_0,Q8_0 measures them
+SUPERBLOCK_DEFAULT_TYPES = frozenset({"Q4_K", "Q6_K"})
 SIGN_BITS = 0x80808080
 
 
@@ -253,8 +257,9 @@ def default_tiles(type_name: str) -> Q8GemmTiles:
 def gemm_q8_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, stream=None,
                  tiles: Q8GemmTiles | Q8KTiles | None = None) -> None:
     """y (tokens, rows) = X @ W^T with X given as Q8_1 rows xq (tokens, q8_1_bytes(K)) and w
-    from gemv.weight_words. No allocation, no host sync. Q4_K / Q6_K go to the pipelined
-    super-block kernel (gemm_q8_k.py) unless Q8GemmTiles ask for this file's kernel."""
+    from gemv.weight_words. No allocation, no host sync. SUPERBLOCK_DEFAULT_TYPES (and any
+    type of gemm_q8_k.SUPERBLOCK_GEMM_TYPES given Q8KTiles) go to the pipelined super-block
+    kernel (gemm_q8_k.py); Q8GemmTiles ask for this file's kernel."""
     if type_name not in INT8_GEMM_TYPES:
         raise ValueError(f"gemm_q8: no int8 GEMM for {type_name}; supported: "
                          f"{sorted(INT8_GEMM_TYPES)}")
@@ -266,7 +271,8 @@ def gemm_q8_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, strea
     if xq.nbytes != tokens * q8_1_bytes(K):
         raise ValueError(f"gemm_q8: Q8_1 activations must hold {tokens} x {q8_1_bytes(K)} "
                          f"bytes, got {xq.nbytes}")
-    if type_name in KQUANT_GEMM_TYPES and not isinstance(tiles, Q8GemmTiles) and \
+    by_default = type_name in SUPERBLOCK_DEFAULT_TYPES and K % 256 == 0 and tiles is None
+    if type_name in SUPERBLOCK_GEMM_TYPES and (by_default or isinstance(tiles, Q8KTiles)) and \
             w.ptr % 16 == 0 and xq.ptr % 16 == 0:
         gemm_q8k_into(w, type_name, xq, y, rows, K, tokens, stream=stream, tiles=tiles)
         return

@@ -1,4 +1,5 @@
-"""Int8 tensor-core prefill GEMM for the K-quants (Q4_K, Q6_K): Y[t, r] = sum_k W[r, k] X[t, k].
+"""Int8 tensor-core prefill GEMM per 256-value K step (Q4_K, Q6_K; Q4_0, Q8_0 when K % 256 == 0):
+Y[t, r] = sum_k W[r, k] X[t, k].
 
     gemm_q8k_into(w, type, xq, y, rows, K, tokens, tiles=None)   xq = Q8_1 rows (q8_1.py)
 
@@ -13,6 +14,9 @@ a step has landed, one pass of the whole block turns its 6-bit scales (and the a
 A fragments straight from the raw quants (Q4_K: a shift and a mask; Q6_K: low nibbles | high
 bits - 32) and run the mma (Q6_K: `mma.m16n8k16` per 16-value half on CUDA, so both halves'
 scales apply; two zero-padded k32 mma on the CPU target). One barrier per K step.
+Q4_0 / Q8_0: a K step is 8 raw 32-blocks per row (144 / 272 B, 16-byte aligned as K % 256 == 0);
+the scale pass reads each block's f16 d, the fragments are word-aligned or funnel-shifted by 2
+bytes (known per block at compile time), Q4_0's nibbles minus 8 exactly as int8 (sign-bit trick).
 Shared memory: see gemm_q8_k_parts.py (200 KB for 128 x 128 tiles, 3 stages; dynamic).
 """
 from __future__ import annotations
@@ -25,14 +29,18 @@ import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, u32, u64
 
 from .. import _launch as L
-from .decode8 import Q4_K, Q6_K
+from .decode8 import Q4_0, Q4_K, Q6_K, Q8_0
 from .gemm import store_c
 from .gemv import word_dtype
-from .gemm_q8_k_parts import (B_STRIDE, Q4K_WORDS, Q6K_SPAN, a_fragment, commit, issue_stage,
-                              q6k_shift, scale_pass, shared_bytes, stage_words, wait_pending)
+from .gemm_q8_k_parts import (B_STRIDE, Q4K_WORDS, Q6K_SPAN, Q80_WORDS, a_fragment, commit,
+                              issue_stage, q6k_shift, scale_pass, shared_bytes, stage_words,
+                              wait_pending)
 from .q8_1 import q8_1_bytes
 
 KQUANT_GEMM_TYPES = {"Q4_K": Q4_K, "Q6_K": Q6_K}
+# the 32-value formats also run here (8 blocks per K step of 256) when K % 256 == 0
+SUPERBLOCK_GEMM_TYPES = {**KQUANT_GEMM_TYPES, "Q4_0": Q4_0, "Q8_0": Q8_0}
+STEP_BYTES = {"Q4_K": 144, "Q6_K": 210, "Q4_0": 144, "Q8_0": 272}   # one row, one K step
 
 
 class Q8KTiles(NamedTuple):
@@ -49,7 +57,8 @@ class Q8KTiles(NamedTuple):
 
 # fastest shapes of two sweeps on the H200 at m=4096 n=512 k=14336 (benchmarks/RESULTS.md):
 # Q4_K 442 us with 128 x 128 tiles of 64 x 32 warp tiles; Q6_K 494 us with 32 x 64 warp tiles
-TUNED_KTILES = {"Q4_K": Q8KTiles(4, 4, 2, 4, 3), "Q6_K": Q8KTiles(2, 8, 4, 2, 3)}
+TUNED_KTILES = {"Q4_K": Q8KTiles(4, 4, 2, 4, 3), "Q6_K": Q8KTiles(2, 8, 4, 2, 3),
+                "Q4_0": Q8KTiles(4, 4, 2, 4, 3), "Q8_0": Q8KTiles(2, 4, 2, 4, 3)}
 CPU_KTILES = Q8KTiles(1, 1, 1, 1, 3)       # 16 x 8, one warp: the CPU target emulates threads
 
 
@@ -89,7 +98,7 @@ def compute_stage(FMT: Const[int], GPU: Const[int], sm: Ptr[u32], smf: Ptr[f32],
                   BM: Const[int]):
     """The warp's 16 MI x 8 NI tile over one landed super-block step. Fragment c_e of an m16n8
     tile: row g + 8 (e // 2), token 2 tg + e % 2."""
-    AS = Q4K_WORDS if FMT == Q4_K else Q6K_SPAN
+    AS = Q6K_SPAN if FMT == Q6_K else (Q80_WORDS if FMT == Q8_0 else Q4K_WORDS)
     bbase = base + BM * AS
     shift = pk.local_array(i32, 2 * MI)
     for h in pk.static_range(2 * MI):
@@ -118,7 +127,13 @@ def compute_stage(FMT: Const[int], GPU: Const[int], sm: Ptr[u32], smf: Ptr[f32],
                 i = 4 * (NI * mi + ni)
                 b0 = bq[2 * ni]
                 b1 = bq[2 * ni + 1]
-                if FMT == Q4_K:   # (u, v) = (d sc, dmin m)
+                if FMT == Q4_0 or FMT == Q8_0:   # (u, v) = (d, 0)
+                    p0, p1, p2, p3 = pk.mma_m16n8k32_s8(a0, a1, a2, a3, b0, b1, 0, 0, 0, 0)
+                    acc[i] = pk.fma(u0 * dx[2 * ni], f32(p0), acc[i])
+                    acc[i + 1] = pk.fma(u0 * dx[2 * ni + 1], f32(p1), acc[i + 1])
+                    acc[i + 2] = pk.fma(u8 * dx[2 * ni], f32(p2), acc[i + 2])
+                    acc[i + 3] = pk.fma(u8 * dx[2 * ni + 1], f32(p3), acc[i + 3])
+                elif FMT == Q4_K:   # (u, v) = (d sc, dmin m)
                     p0, p1, p2, p3 = pk.mma_m16n8k32_s8(a0, a1, a2, a3, b0, b1, 0, 0, 0, 0)
                     acc[i] = fold(acc[i], u0 * dx[2 * ni], p0, v0, sx[2 * ni])
                     acc[i + 1] = fold(acc[i + 1], u0 * dx[2 * ni + 1], p1, v0, sx[2 * ni + 1])
@@ -142,7 +157,8 @@ def gemm_q8k_kernel(w: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], w_addr:
     BM = 16 * MI * WM
     BN = 8 * NI * WN
     NT = 32 * WM * WN
-    SW = BM * (Q4K_WORDS if FMT == Q4_K else Q6K_SPAN) + BN * B_STRIDE
+    AS = Q6K_SPAN if FMT == Q6_K else (Q80_WORDS if FMT == Q8_0 else Q4K_WORDS)
+    SW = BM * AS + BN * B_STRIDE
     SCALES = STAGES * SW          # two scale buffers of 16 (BM + BN) floats follow the stages
     tid = pk.thread_idx.x
     lane = tid % 32
@@ -152,7 +168,7 @@ def gemm_q8k_kernel(w: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], w_addr:
     tok0 = pk.block_idx.y * BN
     xstride = K // 32 * 9
     nsb = K // 256
-    row_bytes = row_words * (4 if FMT == Q4_K else 2)
+    row_bytes = row_words * (2 if FMT == Q6_K else 4)
     acc = pk.local_array(f32, 4 * MI * NI)
     for i in pk.static_range(4 * MI * NI):
         acc[i] = 0.0
@@ -190,9 +206,9 @@ def gemm_q8k_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, stre
                   tiles: Q8KTiles | None = None) -> None:
     """y (tokens, rows) = X @ W^T, X as Q8_1 rows xq (tokens, q8_1_bytes(K)), w from
     gemv.weight_words (16-byte aligned), xq 16-byte aligned. No allocation, no host sync."""
-    if type_name not in KQUANT_GEMM_TYPES:
-        raise ValueError(f"gemm_q8k: {type_name} is not a K-quant with an int8 GEMM; supported: "
-                         f"{sorted(KQUANT_GEMM_TYPES)}")
+    if type_name not in SUPERBLOCK_GEMM_TYPES:
+        raise ValueError(f"gemm_q8k: no super-block int8 GEMM for {type_name}; supported: "
+                         f"{sorted(SUPERBLOCK_GEMM_TYPES)}")
     if K <= 0 or K % 256:
         raise ValueError(f"gemm_q8k {type_name}: K = {K} must be a positive multiple of 256")
     if y.dtype != np.float32 or y.size != rows * tokens:
@@ -203,7 +219,7 @@ def gemm_q8k_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, stre
                          f"bytes, got {xq.nbytes}")
     if w.ptr % 16 or xq.ptr % 16:
         raise ValueError("gemm_q8k: weights and Q8_1 activations must be 16-byte aligned")
-    row_bytes = K // 256 * (144 if type_name == "Q4_K" else 210)
+    row_bytes = K // 256 * STEP_BYTES[type_name]
     if w.dtype != word_dtype(type_name) or w.nbytes < rows * row_bytes:
         raise ValueError(f"gemm_q8k {type_name}: weights must be {np.dtype(word_dtype(type_name))}"
                          f" words of {rows} rows x {row_bytes} bytes (gemv.weight_words), got "
@@ -212,8 +228,10 @@ def gemm_q8k_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, stre
     t = tiles or (TUNED_KTILES[type_name] if gpu else CPU_KTILES)
     if not kquant_tiles_ok(t):
         raise ValueError(f"gemm_q8k: bad tiles {t} (stages must be 3 or 4)")
-    fmt = KQUANT_GEMM_TYPES[type_name]
+    fmt = SUPERBLOCK_GEMM_TYPES[type_name]
     bm, bn = t.shape
+    if type_name in ("Q4_0", "Q8_0"):   # K % 256 == 0: every row and K step is 16-byte aligned
+        w = w.reshape(-1)[:rows * row_bytes // 2].view(np.uint32)
     row_words = row_bytes // w.itemsize
     words = xq.reshape(-1).view(np.uint32) if xq.dtype != np.uint32 else xq.reshape(-1)
     grid = ((rows + bm - 1) // bm, (tokens + bn - 1) // bn, 1)
@@ -227,4 +245,5 @@ def gemm_q8k_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, stre
              bounds=(threads, 1) if gpu else None)
 
 
-__all__ = ["gemm_q8k_into", "Q8KTiles", "TUNED_KTILES", "KQUANT_GEMM_TYPES", "stage_words"]
+__all__ = ["gemm_q8k_into", "Q8KTiles", "TUNED_KTILES", "KQUANT_GEMM_TYPES",
+           "SUPERBLOCK_GEMM_TYPES", "stage_words"]

@@ -1,10 +1,12 @@
-"""Device parts of the K-quant int8 GEMM (gemm_q8_k.py): staging copies, the per-stage scale
-pass and the int8 A fragments read from raw super-blocks in shared memory.
+"""Device parts of the super-block int8 GEMM (gemm_q8_k.py): staging copies, the per-stage scale
+pass and the int8 A fragments read from raw weight blocks in shared memory.
 
 Shared memory (u32 words), STAGES stage buffers then two scale buffers (parity of the stage):
-    stage s: A = BM rows x AS words (the rows' raw super-block at this K step),
+    stage s: A = BM rows x AS words (the rows' raw super-block at this K step; Q4_0 / Q8_0:
+             their 8 raw 32-blocks, 144 / 272 B, 16-byte aligned when K % 256 == 0),
              B = BN tokens x B_STRIDE words (their 8 raw Q8_1 blocks: 72 words, 4 pad)
-    scales p: SA = BM rows x 16 f32 (Q4_K: (d*sc, dmin*m) per 32-block; Q6_K: d*sc per 16),
+    scales p: SA = BM rows x 16 f32 (Q4_K: (d*sc, dmin*m) per 32-block; Q6_K: d*sc per 16;
+              Q4_0 / Q8_0: (d, 0) per 32-block),
               SB = BN tokens x 16 f32 ((d, s) per Q8_1 block)
 ASYNC = 1 (CUDA): copies are `cp.async` (inline PTX, addresses as u64 arguments), waited on with
 cp.async.wait_group; ASYNC = 0 (CPU target): the same copies as plain loads and stores.
@@ -14,18 +16,22 @@ from __future__ import annotations
 import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, u32, u64
 
-from .decode8 import Q4_K, scale_min_k4
+from .decode8 import Q4_0, Q4_K, Q6_K, Q8_0, scale_min_k4
 from .dot_q8 import LOW_NIBBLES
 
 B_STRIDE = 76          # 72 words of Q8_1 + 4: fragment rows g = 0..7 land in distinct bank quads
 Q4K_WORDS = 36         # Q4_K super-block (144 B): d | dmin | scales:12 B | qs:128 B
 Q6K_BYTES = 210        # Q6_K super-block: ql:128 B | qh:64 B | scales:i8[16] | d:f16
 Q6K_SPAN = 53          # aligned words covering a 2-byte-aligned Q6_K super-block
+Q40_WORDS = 36         # 8 Q4_0 blocks (8 x 18 B): d | qs:16 B, each d 2-byte aligned
+Q80_WORDS = 68         # 8 Q8_0 blocks (8 x 34 B): d | qs:i8[32]
+SIGN_BITS = 0x80808080
 
 
 def a_stride(fmt: int) -> int:
-    """Words per weight row of one stage (Q4_K 144 B rows: conflict-free fragment reads)."""
-    return Q4K_WORDS if fmt == Q4_K else Q6K_SPAN
+    """Words per weight row of one stage (36 and 68 word rows: g = 0..7 of a fragment read land
+    in distinct bank quads)."""
+    return {Q6_K: Q6K_SPAN, Q8_0: Q80_WORDS, Q4_0: Q40_WORDS}.get(fmt, Q4K_WORDS)
 
 
 def stage_words(fmt: int, bm: int, bn: int) -> int:
@@ -97,14 +103,14 @@ def issue_stage(FMT: Const[int], ASYNC: Const[int], sm: Ptr[u32], base: i32, w, 
                 BN: Const[int], NT: Const[int]):
     """Start copying K step sb (one super-block) of rows row0.. and tokens tok0.. into the stage
     at word `base`. Rows and tokens past the end repeat the last one (never stored)."""
-    AS = Q4K_WORDS if FMT == Q4_K else Q6K_SPAN
-    if FMT == Q4_K:
-        for j in pk.static_range((BM * 9 + NT - 1) // NT):
+    AS = Q6K_SPAN if FMT == Q6_K else (Q80_WORDS if FMT == Q8_0 else Q4K_WORDS)
+    if FMT != Q6_K:   # u32 words; a K step of a row is AS // 4 aligned 16-byte pieces
+        for j in pk.static_range((BM * (AS // 4) + NT - 1) // NT):
             i = tid + NT * j
-            if i < BM * 9:
-                r = i // 9
-                c = i % 9
-                src = min(row0 + r, rows - 1) * row_words + Q4K_WORDS * sb + 4 * c
+            if i < BM * (AS // 4):
+                r = i // (AS // 4)
+                c = i % (AS // 4)
+                src = min(row0 + r, rows - 1) * row_words + AS * sb + 4 * c
                 copy16(ASYNC, sm, base + r * AS + 4 * c, w, src, w_addr)
     else:   # row_words counts u16: row bytes = 2 row_words
         total = u32(rows) * u32(2 * row_words)
@@ -145,7 +151,7 @@ def scale_pass(FMT: Const[int], sm: Ptr[u32], smf: Ptr[f32], base: i32, sbase: i
                row0: i32, rows: i32, row_bytes: i32, sb: i32, tid: i32, BM: Const[int],
                BN: Const[int], NT: Const[int]):
     """Block scales of a landed stage as floats: SA (BM x 16) and SB (BN x 16) at sbase."""
-    AS = Q4K_WORDS if FMT == Q4_K else Q6K_SPAN
+    AS = Q6K_SPAN if FMT == Q6_K else (Q80_WORDS if FMT == Q8_0 else Q4K_WORDS)
     for j in pk.static_range((BM * 16 + NT - 1) // NT):
         i = tid + NT * j
         if i >= BM * 16:
@@ -157,6 +163,10 @@ def scale_pass(FMT: Const[int], sm: Ptr[u32], smf: Ptr[f32], base: i32, sbase: i
             sc, m = scale_min_k4(sm[a + 1], sm[a + 2], sm[a + 3], e // 2)
             d, dmin = pk.unpack_f16x2(sm[a])
             smf[sbase + i] = d * sc if e % 2 == 0 else dmin * m
+        elif FMT == Q4_0 or FMT == Q8_0:   # e = 2 * block + (0: d, 1: unused 0)
+            at = (18 if FMT == Q4_0 else 34) * (e // 2)
+            d, unused = pk.unpack_f16x2((sm[a + at // 4] >> u32(8 * (at % 4))) & u32(0xFFFF))
+            smf[sbase + i] = d if e % 2 == 0 else 0.0
         else:              # e = 16-value group: i8 scale at byte 192 + e, d at byte 208
             sh = q6k_shift(min(row0 + r, rows - 1), row_bytes, sb)
             dbits = (sm[a + (sh + 208) // 4] >> u32(8 * ((sh + 208) % 4))) & u32(0xFFFF)
@@ -175,10 +185,27 @@ def scale_pass(FMT: Const[int], sm: Ptr[u32], smf: Ptr[f32], base: i32, sbase: i
 
 
 @pk.func
+def word_at_const(sm: Ptr[u32], i: i32, SH: Const[int]) -> u32:
+    """Four bytes SH (0 or 2, known at compile time) bytes past word i."""
+    if SH == 0:
+        return sm[i]
+    else:
+        return (sm[i] >> u32(16)) | (sm[i + 1] << u32(16))
+
+
+@pk.func
 def a_fragment(FMT: Const[int], sm: Ptr[u32], a: i32, sh: i32, kb: Const[int], tg: i32):
     """(a0-or-a1 word, a2-or-a3 word) of one fragment row: int8 quants 32 kb + 4 tg .. +3 and
     +16 of the row whose stage words start at a (Q6_K: super-block sh bytes in)."""
-    if FMT == Q4_K:   # qs byte 32 c + l holds value 64 c + l (low nibble) and 64 c + 32 + l
+    if FMT == Q4_0:   # block kb at byte 18 kb; qs byte l: value l (low nibble), 16 + l (high)
+        v = word_at_const(sm, a + (18 * kb + 2) // 4 + tg, (18 * kb + 2) % 4)
+        lo = ((v & u32(LOW_NIBBLES)) | u32(SIGN_BITS)) - u32(0x08080808)
+        hi = (((v >> u32(4)) & u32(LOW_NIBBLES)) | u32(SIGN_BITS)) - u32(0x08080808)
+        return lo ^ u32(SIGN_BITS), hi ^ u32(SIGN_BITS)
+    elif FMT == Q8_0:  # block kb at byte 34 kb: qs = int8 values 0..31
+        return word_at_const(sm, a + (34 * kb + 2) // 4 + tg, (34 * kb + 2) % 4), \
+            word_at_const(sm, a + (34 * kb + 18) // 4 + tg, (34 * kb + 18) % 4)
+    elif FMT == Q4_K:   # qs byte 32 c + l holds value 64 c + l (low nibble) and 64 c + 32 + l
         lo = sm[a + 4 + 8 * (kb // 2) + tg]
         hi = sm[a + 8 + 8 * (kb // 2) + tg]
         return (lo >> u32(4 * (kb % 2))) & u32(LOW_NIBBLES), \

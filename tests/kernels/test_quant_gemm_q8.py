@@ -14,7 +14,7 @@ import pykernel as pk
 from stdlib_kernels.quant import reference as ref
 from stdlib_kernels.quant.gemm_q8 import (INT8_GEMM_TYPES, TUNED_TILES, Q8GemmTiles, gemm_q8,
                                           gemm_q8_into)
-from stdlib_kernels.quant.gemm_q8_k import TUNED_KTILES, Q8KTiles, gemm_q8k_into
+from stdlib_kernels.quant.gemm_q8_k import CPU_KTILES, TUNED_KTILES, Q8KTiles, gemm_q8k_into
 from stdlib_kernels.quant.matmul import matmul, matmul_into, prefill_path
 from stdlib_kernels.quant.gemv import weight_words
 from stdlib_kernels.quant.q8_1 import q8_1_bytes
@@ -95,25 +95,38 @@ def test_gemm_q8_zero_and_odd_activations(device, rng, seed, tiles):
     check(gemm_q8(raw, "Q4_K", x, tiles).numpy(), raw, "Q4_K", x, seed)
 
 
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q4_0", "Q8_0"])
 def test_gemm_q8k_pipeline_wraps(device, rng, seed, type_name):
     # the super-block kernel: 3 K steps through 3 stages (every buffer and both scale buffers
     # reused), odd rows x odd super-blocks (Q6_K: row starts alternate between 0 and 2 bytes
-    # past a word; the buffer ends mid-word), partial row and token tiles
+    # past a word; the buffer ends mid-word; Q4_0 / Q8_0: 8 blocks of 32 per step, half of
+    # them 2 bytes off a word), partial row and token tiles
     rows, n, tokens = (17, 768, 11) if device.kind == "cpu" else (133, 2816, 203)
     raw = make_weights(rng, type_name, rows, n)
     x = rng.standard_normal((tokens, n)).astype(np.float32)
-    check(gemm_q8(raw, type_name, x).numpy(), raw, type_name, x, seed)
+    tiles = CPU_KTILES if device.kind == "cpu" else TUNED_KTILES[type_name]
+    check(gemm_q8(raw, type_name, x, tiles).numpy(), raw, type_name, x, seed)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q4_0", "Q8_0"])
 def test_gemm_q8k_four_stages_two_warps(device, rng, seed, type_name):
     # 4 stages (a wait depth of 1) and warps tiling both ways (~40 s on the CPU target)
     raw = make_weights(rng, type_name, 35, 1280)
     x = rng.standard_normal((21, 1280)).astype(np.float32)
     check(gemm_q8(raw, type_name, x, Q8KTiles(1, 1, 2, 1, 4)).numpy(), raw, type_name, x, seed)
     check(gemm_q8(raw, type_name, x, Q8KTiles(1, 1, 1, 2, 3)).numpy(), raw, type_name, x, seed)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q8_0"])
+def test_gemm_q8_small_k_keeps_block_kernel(device, rng, seed, type_name):
+    # K = 96 (not a multiple of 256): the default path is the per-32-block kernel, and the
+    # super-block kernel refuses it with a clear error
+    raw = make_weights(rng, type_name, 10, 96)
+    x = rng.standard_normal((9, 96)).astype(np.float32)
+    check(gemm_q8(raw, type_name, x).numpy(), raw, type_name, x, seed)
+    with pytest.raises(ValueError, match="K = 96 must be a positive multiple of 256"):
+        gemm_q8(raw, type_name, x, Q8KTiles(1, 1, 1, 1, 3))
 
 
 def test_gemm_q8k_tuned_tiles_on_gpu(device, rng, seed):
@@ -172,6 +185,9 @@ def test_gemm_q8_rejects_bad_input(device, rng):
     w, _ = weight_words(pk.to_device(raw), "Q6_K", 256)
     with pytest.raises(ValueError, match="Q6_K: weights must be uint16 words of 3 rows"):
         gemm_q8k_into(w, "Q6_K", pk.zeros((2, 288), np.uint8), pk.empty((2, 3), np.float32),
+                      3, 256, 2)
+    with pytest.raises(ValueError, match="no super-block int8 GEMM for Q5_0"):
+        gemm_q8k_into(w, "Q5_0", pk.zeros((2, 288), np.uint8), pk.empty((2, 3), np.float32),
                       3, 256, 2)
     with pytest.raises(ValueError, match="K = 288 must be a positive multiple of 256"):
         gemm_q8k_into(w, "Q6_K", pk.zeros((2, 324), np.uint8), pk.empty((2, 2), np.float32),
