@@ -32,6 +32,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pykernel as pk  # noqa: E402
+from benchmarks._timing import replay_seconds  # noqa: E402
 import stdlib_kernels as sk  # noqa: E402
 
 ROTATE_BYTES = 200 << 20
@@ -76,22 +77,10 @@ def memcpy_seconds(nbytes: int) -> float:
 
 def time_graph(calls, pdl: bool = False) -> float:
     """Seconds per call: LAUNCHES calls (cycling over `calls`) captured and replayed."""
-    stream = pk.Stream()
-    for call in calls:
-        call()
-    pk.synchronize()
-    with pk.capture_graph(stream, pdl=pdl) as graph:
+    def record():
         for i in range(LAUNCHES):
             calls[i % len(calls)]()
-    graph.replay(stream)
-    stream.synchronize()
-    start, end = pk.Event(), pk.Event()
-    start.record(stream)
-    for _ in range(5):
-        graph.replay(stream)
-    end.record(stream)
-    end.synchronize()
-    return start.elapsed_ms(end) * 1e-3 / (5 * LAUNCHES)
+    return replay_seconds(record, 5, pdl) / LAUNCHES
 
 
 def time_host(call) -> float:

@@ -19,6 +19,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pykernel as pk  # noqa: E402
+from benchmarks._timing import replay_seconds  # noqa: E402
 import stdlib_kernels as sk  # noqa: E402
 from pykernel import Ptr, f32, i32  # noqa: E402
 
@@ -42,21 +43,10 @@ def bump_early(x: Ptr[f32, "ro"], y: Ptr[f32], n: i32):
 
 def time_chain(launch_pair, pdl: bool) -> float:
     """Microseconds per launch of LAUNCHES launches (launch_pair(k) issues launch k)."""
-    stream = pk.Stream()
-    launch_pair(0)
-    pk.synchronize()
-    with pk.capture_graph(stream, pdl=pdl) as graph:
+    def record():
         for k in range(LAUNCHES):
             launch_pair(k)
-    graph.replay(stream)
-    stream.synchronize()
-    start, end = pk.Event(), pk.Event()
-    start.record(stream)
-    for _ in range(5):
-        graph.replay(stream)
-    end.record(stream)
-    end.synchronize()
-    return start.elapsed_ms(end) * 1e3 / (5 * LAUNCHES)
+    return replay_seconds(record, 5, pdl) * 1e6 / LAUNCHES
 
 
 def cases(rng):

@@ -28,6 +28,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pykernel as pk  # noqa: E402
+from benchmarks._timing import replay_seconds  # noqa: E402
 from stdlib_kernels.quant.formats import get_format  # noqa: E402
 from stdlib_kernels.quant.gemm import gemm_into  # noqa: E402
 from stdlib_kernels.quant.gemm_q8 import TUNED_TILES, gemm_q8_into  # noqa: E402
@@ -60,17 +61,7 @@ def random_weights(type_name: str, rows: int, k: int, rng):
 
 
 def time_graph(launch_all, replays: int = 5) -> float:
-    stream = pk.Stream()
-    launch_all(stream)
-    with pk.capture_graph(stream) as graph:
-        launch_all(None)
-    graph.replay(stream)
-    start, end = pk.Event(), pk.Event()
-    start.record(stream)
-    for _ in range(replays):
-        graph.replay(stream)
-    end.record(stream)
-    return start.elapsed_ms(end) / 1e3 / replays
+    return replay_seconds(lambda: launch_all(None), replays)
 
 
 def timed(launch, reps: int = 3) -> float:

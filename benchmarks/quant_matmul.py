@@ -29,6 +29,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pykernel as pk  # noqa: E402
+from benchmarks._timing import replay_seconds  # noqa: E402
 from pykernel import Ptr, f32, i32  # noqa: E402
 from stdlib_kernels.quant.formats import get_format  # noqa: E402
 from stdlib_kernels.quant.gemm import gemm_into  # noqa: E402
@@ -59,18 +60,8 @@ def copy_kernel(src: Ptr[f32, "ro"], dst: Ptr[f32], n4: i32):
 
 
 def time_graph(launch_all, replays: int = 5) -> float:
-    """Seconds per replay of a graph holding the launches made by launch_all()."""
-    stream = pk.Stream()
-    launch_all(stream)   # compile + warm up outside the capture
-    with pk.capture_graph(stream) as graph:
-        launch_all(None)
-    graph.replay(stream)
-    start, end = pk.Event(), pk.Event()
-    start.record(stream)
-    for _ in range(replays):
-        graph.replay(stream)
-    end.record(stream)
-    return start.elapsed_ms(end) / 1e3 / replays
+    """Seconds per replay of a graph holding the launches made by launch_all(None)."""
+    return replay_seconds(lambda: launch_all(None), replays)
 
 
 def copy_bandwidth() -> float:
