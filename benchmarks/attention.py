@@ -32,6 +32,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pykernel as pk  # noqa: E402
+from benchmarks._timing import replay_seconds  # noqa: E402
 from stdlib_kernels.attention.decode import (DEFAULT_FUSED, DecodeConfig,  # noqa: E402
                                              DecodeWorkspace, combine_spec, decode_spec,
                                              gpu_config, heads_per_block, launch_decode,
@@ -134,17 +135,7 @@ def read_bandwidth() -> float:
 
 def time_graph(capture_fn, launches: int, replays: int = 5) -> float:
     """Microseconds per launch: capture `launches` launches once, replay, time with events."""
-    stream = pk.Stream()
-    with pk.capture_graph(stream) as graph:
-        capture_fn(stream)
-    graph.replay(stream)
-    stream.synchronize()
-    start, end = pk.Event(), pk.Event()
-    start.record(stream)
-    for _ in range(replays):
-        graph.replay(stream)
-    end.record(stream)
-    return start.elapsed_ms(end) * 1e3 / (launches * replays)
+    return replay_seconds(lambda: capture_fn(None), replays) * 1e6 / launches
 
 
 _CACHES = {}
