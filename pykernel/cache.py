@@ -1,5 +1,5 @@
 """Compile cache: in memory, then on disk (`~/.cache/pykernel`, or $PYKERNEL_CACHE_DIR) for
-PTX. Keys hash the kernel's source, every @pk.func it reaches, the global constants it reads,
+PTX and for the CPU target's native object code (keyed with the host CPU too). Keys hash the kernel's source, every @pk.func it reaches, the global constants it reads,
 the specialization, arch, options and the compiler's own source. Disk writes are atomic
 (temp file + rename) so concurrent processes are safe; a corrupt entry is recompiled."""
 from __future__ import annotations
@@ -90,19 +90,32 @@ def kernel_key(kernel, arch, spec, options) -> str:
     _dependencies(kernel.fn, h, set())
     h.update(repr(sorted((k, getattr(v, "name", v)) for k, v in spec.items())).encode())
     h.update(f"{arch}|{options!r}".encode())
+    if arch in ("cpu", "host"):
+        from .targets.cpu import CPUTarget
+        h.update(_host_identity(CPUTarget).encode())
     return h.hexdigest()[:32]
+
+
+_HOST = None
+
+
+def _host_identity(target_cls) -> str:
+    global _HOST
+    if _HOST is None:
+        _HOST = target_cls.host_identity()
+    return _HOST
 
 
 def lookup(key: str, arch: str):
     hit = _MEMORY.get(key)
-    if hit is not None or arch in ("cpu", "host"):
+    if hit is not None:
         return hit
-    return _load_disk(key)
+    return _load_disk(key, arch)
 
 
 def store(key: str, arch: str, compiled) -> None:
     _MEMORY[key] = compiled
-    if compiled.target == "nvptx":
+    if compiled.target == "nvptx" or getattr(compiled.cpu, "object", b""):
         _store_disk(key, compiled)
 
 
@@ -115,34 +128,48 @@ def _store_disk(key, compiled):
         meta["params"] = [dict(vars(p), dtype=str(p.dtype)) for p in compiled.params]
         meta["sites"] = [vars(s) for s in compiled.sites]
         meta["uses"] = sorted(compiled.uses)
-        meta["ptx_sha256"] = hashlib.sha256(compiled.ptx.encode()).hexdigest()
-        payload = json.dumps(meta) + "\n" + compiled.ptx
+        if compiled.target == "nvptx":
+            body, suffix = compiled.ptx.encode(), "ptxcache"
+        else:
+            body, suffix = compiled.cpu.object, "cpucache"
+            meta["cpu_coroutine"] = compiled.cpu.coroutine
+        meta["sha256"] = hashlib.sha256(body).hexdigest()
+        payload = json.dumps(meta).encode() + b"\n" + body
         import tempfile
         fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "wb") as f:
             f.write(payload)
-        os.replace(tmp, d / f"{key}.ptxcache")
+        os.replace(tmp, d / f"{key}.{suffix}")
     except OSError:
         pass  # a read-only home directory only costs recompiles
 
 
-def _load_disk(key):
+def _load_disk(key, arch: str = "sm_90"):
     from .compiled import CompiledKernel, ParamABI
     from .compiled import Site
     import numpy as np
-    path = cache_dir() / f"{key}.ptxcache"
+    cpu = arch in ("cpu", "host")
+    path = cache_dir() / f"{key}.{'cpucache' if cpu else 'ptxcache'}"
     try:
-        text = path.read_text()
-        head, ptx = text.split("\n", 1)
+        head, body = path.read_bytes().split(b"\n", 1)
         meta = json.loads(head)
-        if hashlib.sha256(ptx.encode()).hexdigest() != meta.pop("ptx_sha256"):
+        if hashlib.sha256(body).hexdigest() != meta.pop("sha256"):
             return None   # corrupt: recompile
         params = [ParamABI(**dict(p, dtype=p["dtype"] if p["dtype"] == "bfloat16"
                                   else np.dtype(p["dtype"]))) for p in meta.pop("params")]
         sites = [Site(**s) for s in meta.pop("sites")]
         uses = frozenset(meta.pop("uses"))
-        compiled = CompiledKernel(**meta, params=params, sites=sites, uses=uses, ptx=ptx)
-    except (OSError, ValueError, KeyError, TypeError):
+        if cpu:
+            from .targets import get_target
+            program = get_target("cpu").load_object(body, meta["entry"],
+                                                    meta.pop("cpu_coroutine"),
+                                                    meta["shared_bytes"])
+            compiled = CompiledKernel(**meta, params=params, sites=sites, uses=uses,
+                                      cpu=program)
+        else:
+            compiled = CompiledKernel(**meta, params=params, sites=sites, uses=uses,
+                                      ptx=body.decode())
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError):
         return None
     _MEMORY[key] = compiled
     return compiled

@@ -78,13 +78,14 @@ def cmd_show(args) -> int:
     try:
         kernel = _one_kernel(args.target)
         spec = {k: v[0] for k, v in aot.parse_consts(args.const).items()}
-        c = kernel.compile(args.arch, **spec)
+        text = (kernel.ptx(args.arch, **spec) if args.what == "ptx"
+                else kernel.llvm_ir(args.arch, **spec))
     except KernelSourceError as exc:
         return _report_source_error(exc)
     except (ValueError, TypeError, FileNotFoundError) as exc:
         print(f"pykernel {args.what}: {exc}", file=sys.stderr)
         return 2
-    print(c.ptx if args.what == "ptx" else c.llvm_ir)
+    print(text)
     return 0
 
 

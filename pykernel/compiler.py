@@ -99,9 +99,10 @@ def entry_name(name: str, spec: dict) -> str:
 
 
 def compile_kernel(kernel, arch: str, spec: dict, options: Options,
-                   key: str | None = None) -> CompiledKernel:
+                   key: str | None = None, fresh: bool = False) -> CompiledKernel:
+    """fresh=True skips the caches (the disk keeps no LLVM IR; Kernel.llvm_ir needs it)."""
     key = key or cache.kernel_key(kernel, arch, spec, options)
-    hit = cache.lookup(key, arch)
+    hit = None if fresh else cache.lookup(key, arch)
     if hit is not None:
         return hit
     fast = parse(kernel.fn)                                    # stage 1

@@ -83,7 +83,14 @@ class Kernel:
         return self.compile(arch, **spec_kwargs).ptx
 
     def llvm_ir(self, arch: str = "sm_90", **spec_kwargs) -> str:
-        return self.compile(arch, **spec_kwargs).llvm_ir
+        compiled = self.compile(arch, **spec_kwargs)
+        if not compiled.llvm_ir:   # loaded from the disk cache, which keeps no IR: lower again
+            from . import cache
+            from .compiler import compile_kernel
+            spec = self.spec_from_kwargs(spec_kwargs)
+            key = cache.kernel_key(self, arch, spec, self.options)
+            compiled = compile_kernel(self, arch, spec, self.options, key, fresh=True)
+        return compiled.llvm_ir
 
     # --- launch --------------------------------------------------------------------------------
     def __getitem__(self, config):

@@ -137,10 +137,27 @@ class CPUTarget(CPUOps):
         pto = llvm.create_pipeline_tuning_options(speed_level=2)
         pb = llvm.create_pass_builder(self._tm, pto)
         pb.getModulePassManager().run(ref, pb)
-        engine = llvm.create_mcjit_compiler(ref, self._tm)
+        # native object code: loaded here, and kept for the disk cache (cache.py), which
+        # spares later processes the optimization and code generation (most of a compile)
+        return self.load_object(self._tm.emit_object(ref), ctx.target_data["entry_name"],
+                                bool(ctx.target_data.get("coroutine")), ctx.shared_bytes)
+
+    def load_object(self, obj: bytes, entry: str, coroutine: bool, shared_bytes: int):
+        import llvmlite.binding as llvm
+        engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), self._tm)
+        engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
         engine.finalize_object()
-        return CPUProgram(engine, engine.get_function_address(ctx.target_data["entry_name"]),
-                          bool(ctx.target_data.get("coroutine")), ctx.shared_bytes)
+        address = engine.get_function_address(entry)
+        if not address:
+            raise RuntimeError(f"pykernel: entry {entry!r} missing from CPU object code")
+        return CPUProgram(engine, address, coroutine, shared_bytes, obj)
+
+    @staticmethod
+    def host_identity() -> str:
+        """What the object code depends on besides the kernel: triple, CPU and its features."""
+        import llvmlite.binding as llvm
+        return (f"{llvm.get_process_triple()}|{llvm.get_host_cpu_name()}|"
+                f"{llvm.get_host_cpu_features().flatten()}")
 
 
 def _mark_presplit(text: str, fname: str) -> str:
@@ -157,6 +174,7 @@ class _LazyParams(list):
 
 
 class CPUProgram:
-    def __init__(self, engine, address, coroutine, shared_bytes):
-        self.engine, self.address = engine, address
+    def __init__(self, engine, address, coroutine, shared_bytes, obj: bytes = b""):
+        self.engine, self.address = engine, address   # the engine keeps the code mapped
         self.coroutine, self.shared_bytes = coroutine, shared_bytes
+        self.object = obj

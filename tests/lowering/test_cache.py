@@ -27,27 +27,36 @@ PROBE = textwrap.dedent('''
     import kmod
     from pykernel import cache
     t = time.perf_counter()
-    c = kmod.k.compile("sm_90")
-    hit = {{"memory": False}}
+    c = kmod.k.compile({arch!r})
     print(c.cache_key, "{{:.1f}}".format((time.perf_counter() - t) * 1e3))
     print("LOWERED" if "pykernel.compiler" in sys.modules else "FROMDISK")
+    if {arch!r} == "cpu":   # the object code loaded from disk must run
+        import numpy as np, pykernel as pk
+        pk.set_device("cpu")
+        out = pk.zeros(1, np.float32)
+        kmod.k[1, 1](out)
+        print(float(out.numpy()[0]))
 ''')
 
 
-def compile_in_new_process(tmp_path, cache_dir, scale=2.0, factor=3.0):
+def compile_in_new_process(tmp_path, cache_dir, scale=2.0, factor=3.0, arch="sm_90"):
     (tmp_path / "kmod.py").write_text(SOURCE.format(scale=scale, factor=factor))
     env = dict(os.environ, PYKERNEL_CACHE_DIR=str(cache_dir))
-    out = subprocess.run([sys.executable, "-c", PROBE.format(d=str(tmp_path))], env=env,
-                         capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", PROBE.format(d=str(tmp_path), arch=arch)],
+                         env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    key_line, how = out.stdout.split("\n")[:2]
-    return key_line.split()[0], how
+    lines = out.stdout.split("\n")
+    if arch == "cpu":
+        assert float(lines[2]) == scale * factor, out.stdout
+    return lines[0].split()[0], lines[1]
 
 
-def test_disk_cache_across_processes(tmp_path):
+@pytest.mark.parametrize("arch", ["sm_90", "cpu"])
+def test_disk_cache_across_processes(tmp_path, arch):
+    """PTX, and the CPU target's native object code (the second process skips LLVM)."""
     cache_dir = tmp_path / "cache"
-    key1, how1 = compile_in_new_process(tmp_path, cache_dir)
-    key2, how2 = compile_in_new_process(tmp_path, cache_dir)
+    key1, how1 = compile_in_new_process(tmp_path, cache_dir, arch=arch)
+    key2, how2 = compile_in_new_process(tmp_path, cache_dir, arch=arch)
     assert key1 == key2 and how1 == "LOWERED" and how2 == "FROMDISK"
 
 
@@ -59,12 +68,13 @@ def test_key_follows_globals_and_device_functions(tmp_path, change):
     assert key1 != key2 and how == "LOWERED"
 
 
-def test_corrupt_entry_is_recompiled(tmp_path):
+@pytest.mark.parametrize("arch, suffix", [("sm_90", "ptxcache"), ("cpu", "cpucache")])
+def test_corrupt_entry_is_recompiled(tmp_path, arch, suffix):
     cache_dir = tmp_path / "cache"
-    key, _ = compile_in_new_process(tmp_path, cache_dir)
-    entry = cache_dir / f"{key}.ptxcache"
-    text = entry.read_text()
-    entry.write_text(text[:-40] + "garbage" * 3)       # PTX no longer matches its checksum
-    key2, how = compile_in_new_process(tmp_path, cache_dir)
+    key, _ = compile_in_new_process(tmp_path, cache_dir, arch=arch)
+    entry = cache_dir / f"{key}.{suffix}"
+    data = entry.read_bytes()
+    entry.write_bytes(data[:-40] + b"garbage" * 3)     # body no longer matches its checksum
+    key2, how = compile_in_new_process(tmp_path, cache_dir, arch=arch)
     assert key2 == key and how == "LOWERED"
     assert not list(cache_dir.glob(".tmp-*"))          # atomic writes leave no temp files
