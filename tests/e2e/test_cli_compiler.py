@@ -12,9 +12,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 EXAMPLE = os.path.join(ROOT, "examples", "aot_build.py")
 
 
-def run_cli(*args):
+def run_cli(*args, env=None):
     return subprocess.run([sys.executable, "-m", "pykernel.cli", *args], capture_output=True,
-                          text=True, cwd=ROOT)
+                          text=True, cwd=ROOT, env=env)
 
 
 def test_build_writes_ptx_manifest_and_header(tmp_path):
@@ -53,6 +53,18 @@ def test_ptx_and_ir_commands():
     assert proc.returncode == 0 and "define" in proc.stdout
     proc = run_cli("ptx", f"{EXAMPLE}::nope")
     assert proc.returncode == 2 and "no kernel 'nope'" in proc.stderr
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "cpu"])
+def test_ir_after_a_disk_cache_hit(tmp_path, arch):
+    """The disk cache keeps PTX / object code but no IR: `pykernel ir` must lower again."""
+    env = dict(os.environ, PYKERNEL_CACHE_DIR=str(tmp_path))
+    for _ in range(2):   # the second process finds the kernel in the disk cache
+        proc = run_cli("ptx" if arch != "cpu" else "ir", f"{EXAMPLE}::scale", "--arch", arch,
+                       env=env)
+        assert proc.returncode == 0, proc.stderr
+    proc = run_cli("ir", f"{EXAMPLE}::scale", "--arch", arch, env=env)
+    assert proc.returncode == 0 and "define" in proc.stdout, proc.stdout[:200]
 
 
 def test_check_reports_every_arch():
