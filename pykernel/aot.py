@@ -106,7 +106,10 @@ def manifest_entry(c, filename, spec) -> dict:
             "params": [{"name": p.name, "type": p.type_name, "kind": p.kind, "size": p.size,
                         "align": p.align, "readonly": p.readonly} for p in c.params],
             "shared_bytes": c.shared_bytes, "source_hash": c.source_hash,
-            "min_arch": c.min_arch}
+            "min_arch": c.min_arch,
+            # true: the PTX waits for its predecessor in its prologue, so a host may launch it
+            # with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (docs/language.md)
+            "pdl": "pdl" in c.uses}
 
 
 def _c_param(p: dict) -> str:

@@ -32,6 +32,7 @@ def test_build_writes_ptx_manifest_and_header(tmp_path):
         ("alpha", "f32", 4, 4)]
     for e in manifest["kernels"]:
         assert (out / e["ptx"]).read_text().count(f".entry {e['entry']}") == 1
+        assert e["pdl"] == (e["arch"] == "sm_90")     # griddepcontrol prologue: sm_90+ only
     header = (out / "kernels.h").read_text()
     assert "scale_launch(" in header and "const float* x" in header
     cuda_h = "/usr/local/cuda/include/cuda.h"
