@@ -7,7 +7,18 @@ SUPPORTED_ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_12
 
 def get_target(arch: str):
     if arch in ("cpu", "host"):
-        from .cpu import CPUTarget
-        return CPUTarget()
+        return _cpu_target()
     from .nvptx import NVPTXTarget
     return NVPTXTarget(arch)
+
+
+_CPU = []
+
+
+def _cpu_target():
+    """One CPU target per process: it only holds the host's LLVM target machine, which every
+    compile and every cached object load would otherwise create again."""
+    if not _CPU:
+        from .cpu import CPUTarget
+        _CPU.append(CPUTarget())
+    return _CPU[0]

@@ -18,7 +18,7 @@ import numpy as np
 import pykernel as pk
 
 from .dequant_kernels import CODES, dequantize_rows, dequantize_rows8
-from .formats import QuantFormat, get_format
+from .formats import QuantFormat, check_byte_rows, get_format
 from .quantize_kernels import convert_floats, quantize_blocks32, quantize_q1_0
 from .quantize_kquant_kernels import quantize_kquant
 
@@ -117,14 +117,7 @@ def _as_device_bytes(raw, fmt: QuantFormat, n: int, per_row: int):
     elif raw.device is not pk.current_device():
         raise ValueError(f"{fmt.name}: block bytes live on {raw.device!r}, not on the current "
                          f"device {pk.current_device()!r}")
-    if raw.dtype != np.uint8:
-        raise ValueError(f"{fmt.name}: expected uint8 block bytes, got dtype {raw.dtype}")
-    if raw.ndim == 2 and raw.shape[1] != per_row:
-        raise ValueError(f"{fmt.name}: a row of {n} elements takes {per_row} bytes, got rows "
-                         f"of {raw.shape[1]} bytes")
-    if raw.ndim not in (1, 2) or raw.size == 0 or raw.size % per_row:
-        raise ValueError(f"{fmt.name}: expected a whole number of {per_row}-byte rows ({n} "
-                         f"elements each), got {raw.size} bytes in shape {raw.shape}")
+    check_byte_rows(raw, fmt, n, per_row)
     rows = raw.reshape(raw.size // per_row, per_row)
     if is_numpy:
         rows = pk.to_device(np.ascontiguousarray(rows))

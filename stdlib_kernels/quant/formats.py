@@ -59,3 +59,16 @@ def get_format(name: str) -> QuantFormat:
     except KeyError:
         known = ", ".join(FORMATS)
         raise ValueError(f"unknown quantization type {name!r}; known types: {known}") from None
+
+
+def check_byte_rows(raw, fmt: QuantFormat, n: int, per_row: int) -> None:
+    """ValueError unless `raw` (a numpy or device array) is uint8 holding whole rows of
+    `per_row` bytes (rows of n elements): the one check for both codecs' block input."""
+    if raw.dtype != "uint8":
+        raise ValueError(f"{fmt.name}: expected uint8 block bytes, got dtype {raw.dtype}")
+    if raw.ndim == 2 and raw.shape[1] != per_row:
+        raise ValueError(f"{fmt.name}: a row of {n} elements takes {per_row} bytes, got rows "
+                         f"of {raw.shape[1]} bytes")
+    if raw.ndim not in (1, 2) or raw.size == 0 or raw.size % per_row:
+        raise ValueError(f"{fmt.name}: expected a whole number of {per_row}-byte rows ({n} "
+                         f"elements each), got {raw.size} bytes in shape {raw.shape}")

@@ -15,7 +15,7 @@ import numpy as np
 from gguf import quants as gguf_quants
 
 from . import reference_kquants as kq
-from .formats import QuantFormat, get_format
+from .formats import QuantFormat, check_byte_rows, get_format
 from .reference_legacy import quantize_legacy
 from .reference_numerics import F32, roundf, seq_sum, to_f16
 
@@ -116,14 +116,7 @@ def _as_byte_rows(raw, fmt: QuantFormat, n: int, per_row: int) -> np.ndarray:
     if isinstance(raw, (bytes, bytearray, memoryview)):
         raw = np.frombuffer(raw, dtype=np.uint8)
     raw = np.asarray(raw)
-    if raw.dtype != np.uint8:
-        raise ValueError(f"{fmt.name}: expected uint8 block bytes, got dtype {raw.dtype}")
-    if raw.ndim == 2 and raw.shape[1] != per_row:
-        raise ValueError(f"{fmt.name}: a row of {n} elements takes {per_row} bytes, "
-                         f"got rows of {raw.shape[1]} bytes")
-    if raw.ndim not in (1, 2) or raw.size == 0 or raw.size % per_row:
-        raise ValueError(f"{fmt.name}: expected a whole number of {per_row}-byte rows "
-                         f"({n} elements each), got {raw.size} bytes in shape {raw.shape}")
+    check_byte_rows(raw, fmt, n, per_row)
     return np.ascontiguousarray(raw).reshape(-1, per_row)
 
 
