@@ -7,7 +7,7 @@ copy of the cache, rotating over copies worth >= 256 MB so the 50-60 MB L2 canno
 the figure is HBM bandwidth. Bytes counted: K and V rows read (2 * n_kv * kv_len * D * size);
 the fraction is against the device-to-device copy bandwidth measured here with torch (reads +
 writes), the issue's yardstick (~3.0 TB/s on the H100); a torch read-only reduction's bandwidth
-is printed too. Reported per length: the default (gpu_config, plan_splits, DEFAULT_FUSED: what
+is printed too. Reported per length: the default (default_config, config_splits, DEFAULT_FUSED: what
 the runner launches) and the best of a sweep over SWEEP configurations (warps, keys per row
 group U, register-ring stages P, max lanes per key row) x split counts filling 2..6 blocks per
 multiprocessor x {two launches (split kernel + combine kernel), one launch (the last split
@@ -35,19 +35,22 @@ import pykernel as pk  # noqa: E402
 from benchmarks._timing import replay_seconds  # noqa: E402
 from stdlib_kernels.attention.decode import (DEFAULT_FUSED, DecodeConfig,  # noqa: E402
                                              DecodeWorkspace, combine_spec, decode_spec,
-                                             gpu_config, heads_per_block, launch_decode,
-                                             multiprocessors, plan_splits)
+                                             config_splits, decode_kernel, default_config,
+                                             gpu_config,
+                                             launch_decode, mma_config, multiprocessors)
 from stdlib_kernels.attention.decode_combine import combine_splits  # noqa: E402
 from stdlib_kernels.attention.decode_kernels import decode_partial  # noqa: E402
+from stdlib_kernels.attention.decode_mma import decode_mma  # noqa: E402
 from stdlib_kernels.attention.prefill import default_block_keys, launch_prefill  # noqa: E402
 from stdlib_kernels.attention.prefill_kernels import prefill_mma  # noqa: E402
 
 N_HEAD, N_KV, HEAD_DIM = 32, 8, 128
 MATRIX_TFLOPS = 790.0
 # (heads per block, warps, keys per row group U, max lanes per row, ring stages P)
-SWEEP = {"float16": [DecodeConfig(4, 4, 1, 32, 2), DecodeConfig(4, 4, 2, 32, 2),
-                     DecodeConfig(4, 4, 1, 32, 3), DecodeConfig(2, 4, 1, 32, 2),
-                     DecodeConfig(2, 4, 2, 32, 2)],
+# mma_config(group, warps, ring stages, blocks per SM): the tensor-core kernel
+SWEEP = {"float16": [mma_config(4, 4, 1, 4), mma_config(4, 4, 2, 2), mma_config(4, 8, 1, 2),
+                     mma_config(4, 2, 1, 8), mma_config(4, 2, 2, 4),
+                     DecodeConfig(4, 4, 1, 32, 2), DecodeConfig(2, 4, 2, 32, 2)],
          "float32": [DecodeConfig(4, 4, 2, 32, 2), DecodeConfig(4, 8, 1, 32, 4),
                      DecodeConfig(4, 4, 1, 32, 2), DecodeConfig(2, 4, 1, 32, 2),
                      DecodeConfig(2, 4, 2, 32, 2)]}
@@ -56,8 +59,8 @@ SWEEP_BLOCKS_PER_SM = (2, 3, 4, 5, 6)
 
 def _compile_one(job):
     kernel_name, arch, spec = job
-    kernel = {"decode_partial": decode_partial, "combine_splits": combine_splits,
-              "prefill_mma": prefill_mma}[kernel_name]
+    kernel = {"decode_partial": decode_partial, "decode_mma": decode_mma,
+              "combine_splits": combine_splits, "prefill_mma": prefill_mma}[kernel_name]
     kernel.compile(arch, **spec)
     return kernel_name
 
@@ -69,16 +72,21 @@ def precompile(arch: str, decode_only: bool = False) -> None:
     for d in (64, 80, 96, 128, 256):
         for dtype in (np.float16, np.float32):
             for group in (1, 3, 4, 8):
-                config = gpu_config(group, d, dtype)
-                for fused in (True, False):
-                    jobs.append(("decode_partial", arch, decode_spec(d, dtype, config, fused)))
+                configs = [gpu_config(group, d, dtype)]
+                if dtype == np.float16 and d % 32 == 0:
+                    configs.append(mma_config(group))
+                for config in configs:
+                    for fused in (True, False):
+                        jobs.append((decode_kernel(config).name, arch,
+                                     decode_spec(d, dtype, config, fused)))
         jobs.append(("combine_splits", arch, combine_spec(d)))
         if not decode_only:
             jobs.append(("prefill_mma", arch, dict(D=d, BN=default_block_keys(d), NWARPS=4)))
     for dtype in (np.float16, np.float32):
         for config in SWEEP[np.dtype(dtype).name]:
             for fused in (True, False):
-                jobs.append(("decode_partial", arch, decode_spec(HEAD_DIM, dtype, config, fused)))
+                jobs.append((decode_kernel(config).name, arch,
+                             decode_spec(HEAD_DIM, dtype, config, fused)))
     if not decode_only:
         jobs.append(("prefill_mma", arch, dict(D=HEAD_DIM, BN=64, NWARPS=4)))
     start = time.perf_counter()
@@ -92,8 +100,9 @@ def precompile(arch: str, decode_only: bool = False) -> None:
 def ptxas_report(arch: str, folder: str) -> None:
     """Registers and spills of the benchmarked kernels (ptxas -v), for tuning."""
     os.makedirs(folder, exist_ok=True)
-    kernels = {f"decode_{np.dtype(t).name}_{c.heads_per_block}h{c.warps}w_U{c.unroll}_P{c.stages}":
-               (decode_partial, decode_spec(HEAD_DIM, t, c)) for t in (np.float16, np.float32)
+    kernels = {f"decode_{np.dtype(t).name}_{'mma_' if c.mma else ''}{c.heads_per_block}h"
+               f"{c.warps}w_U{c.unroll}_P{c.stages}":
+               (decode_kernel(c), decode_spec(HEAD_DIM, t, c)) for t in (np.float16, np.float32)
                for c in SWEEP[np.dtype(t).name]}
     kernels.update({"prefill_bn64": (prefill_mma, dict(D=HEAD_DIM, BN=64, NWARPS=4)),
                     "prefill_bn32": (prefill_mma, dict(D=HEAD_DIM, BN=32, NWARPS=4))})
@@ -133,9 +142,9 @@ def read_bandwidth() -> float:
     return 4 * x.numel() * 20 / (time.perf_counter() - start)
 
 
-def time_graph(capture_fn, launches: int, replays: int = 5) -> float:
+def time_graph(capture_fn, launches: int, replays: int = 5, pdl: bool = False) -> float:
     """Microseconds per launch: capture `launches` launches once, replay, time with events."""
-    return replay_seconds(lambda: capture_fn(None), replays) * 1e6 / launches
+    return replay_seconds(lambda: capture_fn(None), replays, pdl) * 1e6 / launches
 
 
 _CACHES = {}
@@ -159,8 +168,9 @@ def decode_caches(kv_len: int, dtype) -> list:
 
 
 def bench_decode(kv_len: int, dtype, config: DecodeConfig, splits: int,
-                 fused: bool = False) -> float:
-    """fused=True: the one-launch variant (the last split block combines)."""
+                 fused: bool = False, pdl: bool = False) -> float:
+    """fused=True: the one-launch variant (the last split block combines); pdl=True: the
+    graph launches with programmatic dependent launch, as the runner's decode graph does."""
     caches = decode_caches(kv_len, dtype)
     rng = np.random.default_rng(1)
     q = pk.to_device(rng.standard_normal((1, N_HEAD, HEAD_DIM)).astype(np.float32))
@@ -177,7 +187,7 @@ def bench_decode(kv_len: int, dtype, config: DecodeConfig, splits: int,
             k, v = caches[i % len(caches)]
             launch_decode(q, k, v, lens, out, HEAD_DIM ** -0.5, workspace=ws, config=config,
                           stream=stream)
-    return time_graph(capture, launches)
+    return time_graph(capture, launches, pdl=pdl)
 
 
 def _row(dtype, kv_len, label, us, copy_bw) -> str:
@@ -194,26 +204,31 @@ def sweep_splits(blocks: int, sms: int) -> list[int]:
 
 def _label(config: DecodeConfig, splits: int, fused: bool) -> str:
     launches = "one launch" if fused else "two launches"
+    if config.mma:
+        return (f"{launches} (mma, {config.heads_per_block}h, {config.warps}w, "
+                f"P{config.stages}, {splits} splits)")
     return (f"{launches} ({config.heads_per_block}h, {config.warps}w, U{config.unroll}, "
             f"P{config.stages}, {config.lanes}L, {splits} splits)")
 
 
 def decode_table(copy_bw: float) -> list[str]:
-    """Per (cache, kv_len): the default (gpu_config + plan_splits, as the runner launches it)
+    """Per (cache, kv_len): the default (default_config + config_splits, as the runner launches it,
+    in a plain graph and in a PDL graph)
     and the best point of SWEEP x split counts x {one, two launches} (labels: heads per block,
     warps, keys per row group U, ring stages P, max lanes per row, splits)."""
     rows = ["| cache | kv_len | variant | us | TB/s | % of copy |", "|---" * 6 + "|"]
-    blocks = N_KV * (N_HEAD // N_KV // heads_per_block(N_HEAD // N_KV))
     sms = multiprocessors()
     for dtype in (np.float16, np.float32):
-        default = gpu_config(N_HEAD // N_KV, HEAD_DIM, dtype)
+        default = default_config(N_HEAD // N_KV, HEAD_DIM, dtype=dtype)
         for kv_len in (128, 1024, 4096, 32768):
-            splits = plan_splits(kv_len, blocks)
+            splits = config_splits(default, N_HEAD, N_KV, kv_len)
             fused = DEFAULT_FUSED
-            us = bench_decode(kv_len, dtype, default, splits, fused)
-            rows.append(_row(dtype, kv_len, "default " + _label(default, splits, fused), us,
-                             copy_bw))
-            print(rows[-1], flush=True)
+            for pdl in (False, True):
+                us = bench_decode(kv_len, dtype, default, splits, fused, pdl)
+                label = ("default, PDL graph " if pdl else "default ") + \
+                    _label(default, splits, fused)
+                rows.append(_row(dtype, kv_len, label, us, copy_bw))
+                print(rows[-1], flush=True)
             best = None
             for config in SWEEP[np.dtype(dtype).name]:
                 config_blocks = N_KV * (N_HEAD // N_KV // config.heads_per_block)

@@ -129,11 +129,10 @@ class KernelsKVCache(KVCache):
 
     def workspace(self, n_head: int):
         """Split partials of the decode attention, sized for the whole context."""
-        from stdlib_kernels.attention.decode import DecodeWorkspace, default_config, plan_splits
+        from stdlib_kernels.attention.decode import DecodeWorkspace, config_splits, default_config
         if n_head not in self._workspaces:
-            cfg = default_config(n_head // self.n_head_kv, self.head_dim)
-            blocks = self.n_head_kv * (n_head // self.n_head_kv // cfg.heads_per_block)
-            splits = plan_splits(self.n_ctx, blocks)
+            cfg = default_config(n_head // self.n_head_kv, self.head_dim, dtype=self.dtype)
+            splits = config_splits(cfg, n_head, self.n_head_kv, self.n_ctx)
             self._workspaces[n_head] = DecodeWorkspace.allocate(1, n_head, self.head_dim,
                                                                 splits)
         return self._workspaces[n_head]

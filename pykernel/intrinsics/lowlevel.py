@@ -1,4 +1,4 @@
-"""Low-level intrinsics: dp4a (4-way int8 dot product), tensor-core mma.sync tiles, and
+"""Low-level intrinsics: dp4a (4-way int8 dot product), tensor-core mma.sync tiles, movmatrix and
 `pk.asm` inline PTX. mma is warp-collective: on the CPU target the 32 lanes publish their
 fragments through the warp-exchange slots and each lane computes its own outputs exactly."""
 from __future__ import annotations
@@ -132,6 +132,39 @@ def _mma_cpu(fl, kind, ksize, per_reg, regs, accs, acc_ty, site):
 mma_m16n8k16_f16 = intrinsic("mma_m16n8k16_f16")(_mma("f16"))
 mma_m16n8k16_bf16 = intrinsic("mma_m16n8k16_bf16")(_mma("bf16"))
 mma_m16n8k32_s8 = intrinsic("mma_m16n8k32_s8")(_mma("s8"))
+
+
+@intrinsic("movmatrix")
+def movmatrix(fl, node):
+    """`pk.movmatrix(x)`: transpose an 8x8 matrix of 16-bit values held by the warp, one u32
+    (two adjacent columns) per lane: lane 4*r + c/2 holds row r, columns c, c+1 before and
+    row r of the transpose after (`movmatrix.sync.aligned.m8n8.trans.b16`, sm_75+)."""
+    if len(node.args) != 1 or node.keywords:
+        raise fl.error(node, "pk.movmatrix(x) takes one u32 argument")
+    fl.ctx.require_arch(75, "movmatrix.sync.aligned.m8n8.trans.b16", fl, node)
+    x = fl.coerce(fl.expr(node.args[0]), u32, node)
+    fl.ctx.uses.add("warp")
+    b = fl.b
+    if fl.ctx.target.name == "nvptx":
+        fnty = ir.FunctionType(I32, [I32])
+        return Value(u32, b.asm(fnty, "movmatrix.sync.aligned.m8n8.trans.b16 $0, $1;", "=r,r",
+                                [x.ir], True))
+    site = fl.ctx.site(fl, node, "movmatrix")
+    target = fl.ctx.target
+    slots, half, _ = target.exchange_words(fl.ctx, [b.zext(x.ir, I64)], site)
+    tlin = fl.ctx.target_data["tlin"]
+    lane = b.and_(tlin, ir.Constant(I32, 31))
+    base = b.sub(tlin, lane)
+    group, tig = b.lshr(lane, ir.Constant(I32, 2)), b.and_(lane, ir.Constant(I32, 3))
+    # this lane's result: (M[2t][g], M[2t+1][g]); M[r][c] is half c%2 of lane 4r + c/2
+    shift = b.mul(b.and_(group, ir.Constant(I32, 1)), ir.Constant(I32, 16))
+    halves = []
+    for k in range(2):
+        row = b.add(b.mul(tig, ir.Constant(I32, 2)), ir.Constant(I32, k))
+        src = b.add(b.mul(row, ir.Constant(I32, 4)), b.lshr(group, ir.Constant(I32, 1)))
+        word = target.fetch_word(fl.ctx, slots, half, b.add(base, src), 0)
+        halves.append(b.and_(b.lshr(word, shift), ir.Constant(I32, 0xFFFF)))
+    return Value(u32, b.or_(halves[0], b.shl(halves[1], ir.Constant(I32, 16))))
 
 
 @intrinsic("asm")

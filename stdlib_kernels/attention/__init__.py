@@ -16,7 +16,8 @@ import numpy as np
 
 import pykernel as pk
 
-from .decode import DecodeConfig, DecodeWorkspace, launch_decode, plan_splits
+from .decode import (DecodeConfig, DecodeWorkspace, config_splits, default_config,
+                     launch_decode, plan_splits)
 from .prefill import launch_prefill
 from .reference import attention_reference, decode_reference
 
@@ -48,11 +49,12 @@ def decode(q, k_cache, v_cache, kv_len: int, scale: float, window=None, softcap=
     kd, vd = _on_device(k_cache, dtype), _on_device(v_cache, dtype)
     lens = pk.to_device(np.array([kv_len], np.int32))
     out = pk.empty((1, n_head, head_dim), np.float32)
-    blocks = kd.shape[0]
-    splits = plan_splits(int(kv_len) - (0 if not window else max(0, kv_len - window)), blocks)
+    config = default_config(n_head // kd.shape[0], head_dim, dtype=dtype)
+    visible = int(kv_len) - (0 if not window else max(0, kv_len - window))
+    splits = config_splits(config, n_head, kd.shape[0], visible)
     workspace = DecodeWorkspace.allocate(1, n_head, head_dim, splits) if splits > 1 else None
     launch_decode(qd, kd, vd, lens, out, scale, window=window, softcap=softcap,
-                  workspace=workspace)
+                  workspace=workspace, config=config)
     out = out.reshape(n_head, head_dim)
     return out if as_array else out.numpy()
 

@@ -17,6 +17,7 @@ import pykernel as pk
 
 from .decode_combine import COMBINE_UNROLL, MAX_SPLITS, combine_geometry, combine_splits
 from .decode_kernels import LOG2E, decode_partial
+from .decode_mma import decode_mma
 
 HEAD_DIMS = (64, 80, 96, 128, 256)
 STAGES = 2                   # ring depth of gpu_config: deeper rings measured no faster
@@ -25,6 +26,7 @@ MAX_HEADS_PER_BLOCK = 4      # query heads sharing one block's K/V reads: more w
                              # blocks per SM that BLOCKS_PER_SM assumes (registers)
 SHARED_LIMIT = 48 * 1024     # static shared memory of the cross-warp merge
 DEFAULT_FUSED = False        # workspaces combine in the last split block (one launch)
+DEFAULT_MMA = True           # f16 caches decode on tensor cores (decode_mma) where they can
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,9 @@ class DecodeConfig:
                              # each costs ~20 registers, i.e. blocks per SM)
     lanes: int = 32          # at most this many lanes share one key row (fewer: less shuffling)
     stages: int = 2          # P: stages in the register ring (P - 1 in flight while one scores)
+    mma: bool = False        # decode_mma (tensor cores, f16 cache, D % 32 == 0): heads_per_block
+                             # <= 8, 16 keys per warp per stage; U, lanes unused
+    blocks_per_sm: int = 4   # the split planner's target of resident blocks per multiprocessor
 
 
 @dataclass
@@ -68,11 +73,33 @@ def heads_per_block(group: int) -> int:
     return max(d for d in range(1, min(group, MAX_HEADS_PER_BLOCK) + 1) if group % d == 0)
 
 
+MMA_MAX_HEADS = 8            # decode_mma: the block's heads are the 8 columns of an mma tile
+MMA_BLOCKS_PER_SM = 4        # one ring stage: 127 registers (D 128), four 4-warp blocks per SM
+
+
+def mma_config(group: int, warps: int = 4, stages: int = 1,
+               blocks_per_sm: int = MMA_BLOCKS_PER_SM) -> DecodeConfig:
+    gb = max(d for d in range(1, min(group, MMA_MAX_HEADS) + 1) if group % d == 0)
+    return DecodeConfig(heads_per_block=gb, warps=warps, stages=stages, mma=True,
+                        blocks_per_sm=blocks_per_sm)
+
+
+def mma_capable(head_dim: int, dtype, device=None) -> bool:
+    """decode_mma handles f16 caches with head_dim a multiple of 32 on sm_80+."""
+    device = device or pk.current_device()
+    arch = getattr(device, "arch", "")
+    return (np.dtype(dtype) == np.float16 and head_dim % 32 == 0 and device.kind == "cuda"
+            and arch.startswith("sm_") and int(arch[3:]) >= 80)
+
+
 def default_config(group: int, head_dim: int, device=None, dtype=np.float16) -> DecodeConfig:
-    """CPU target: the smallest kernel (compile time of unrolled code dominates there)."""
+    """CPU target: the smallest kernel (compile time of unrolled code dominates there).
+    GPU: tensor cores where decode_mma applies (f16 cache), else the SIMT kernel."""
     device = device or pk.current_device()
     if device.kind == "cpu":
         return DecodeConfig(heads_per_block=1, warps=2, unroll=1)
+    if DEFAULT_MMA and mma_capable(head_dim, dtype, device):
+        return mma_config(group)
     return gpu_config(group, head_dim, dtype)
 
 
@@ -117,6 +144,13 @@ def plan_splits(max_kv_len: int, blocks_per_split: int, device=None,
     return max(1, min(wanted, math.ceil(max_kv_len / MIN_KEYS_PER_SPLIT), MAX_SPLITS))
 
 
+def config_splits(config: DecodeConfig, n_head: int, n_kv_head: int, max_kv_len: int,
+                  device=None) -> int:
+    """plan_splits for `config`'s blocks per split and blocks per multiprocessor."""
+    blocks = n_kv_head * (n_head // n_kv_head // config.heads_per_block)
+    return plan_splits(max_kv_len, blocks, device, config.blocks_per_sm)
+
+
 def _lane_layout(head_dim: int, itemsize: int, max_lanes: int = 32) -> dict:
     """L lanes per key row, NCH 16-byte chunks per lane of CH elements each."""
     ch = 16 // itemsize
@@ -129,10 +163,22 @@ def _lane_layout(head_dim: int, itemsize: int, max_lanes: int = 32) -> dict:
                 CH=ch, NCH=-(-chunks // lanes))
 
 
+def decode_kernel(config: DecodeConfig):
+    return decode_mma if config.mma else decode_partial
+
+
 def decode_spec(head_dim: int, dtype, config: DecodeConfig, fused: bool = False) -> dict:
-    """The compile-time arguments of decode_partial (also used to precompile); fused=True
-    only for workspaces with counters (the one-launch variant)."""
+    """The compile-time arguments of decode_kernel(config) (also used to precompile);
+    fused=True only for workspaces with counters (the one-launch variant)."""
     dtype = np.dtype(dtype)
+    if config.mma:
+        if dtype != np.float16 or head_dim % 32 or config.heads_per_block > MMA_MAX_HEADS:
+            raise ValueError(f"attention.decode: the tensor-core kernel needs an f16 cache, "
+                             f"head_dim % 32 == 0 and <= {MMA_MAX_HEADS} heads per block; got "
+                             f"{dtype}, {head_dim}, {config.heads_per_block}")
+        return dict(D=head_dim, GB=config.heads_per_block, NWARPS=config.warps,
+                    P=config.stages, FUSED=int(fused), MAXS=MAX_SPLITS, UNR=COMBINE_UNROLL,
+                    **combine_geometry(config.heads_per_block, head_dim, 32 * config.warps))
     return dict(D=head_dim, GB=config.heads_per_block, NWARPS=config.warps, U=config.unroll,
                 P=config.stages, HALF=int(dtype == np.float16), FUSED=int(fused),
                 MAXS=MAX_SPLITS, UNR=COMBINE_UNROLL,
@@ -197,7 +243,8 @@ def launch_decode(q, k_cache, v_cache, lens, out, scale: float, *, window=None, 
     has_counters = workspace is not None and workspace.counters is not None
     fused = not direct and has_counters
     counters = workspace.counters if has_counters else lens   # not read unless fused
-    decode_partial[(n_splits, n_kv_head * n_sub, n_seq), 32 * config.warps, stream](
+    kernel = decode_kernel(config)
+    kernel[(n_splits, n_kv_head * n_sub, n_seq), 32 * config.warps, stream](
         q, k_cache.view(np.uint32), v_cache.view(np.uint32), lens, lens_stride, len_add,
         len_step, z_stride, max_len, n_head, n_kv_head, q_scale,
         float(softcap) if use_softcap else 0.0, int(window or 0), int(direct), out, part_o,

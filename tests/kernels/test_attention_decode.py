@@ -8,7 +8,7 @@ import pytest
 import pykernel as pk
 from stdlib_kernels import attention
 from stdlib_kernels.attention.decode import (DecodeConfig, DecodeWorkspace, gpu_config,
-                                             launch_decode)
+                                             launch_decode, mma_config)
 from stdlib_kernels.attention.reference import decode_reference, relative_l2
 
 TOLERANCE = {np.float16: 5e-3, np.float32: 1e-4}
@@ -89,6 +89,38 @@ def test_deep_ring_config(device, rng, seed, dtype, config, fused):
                   config=config)
     _check(out.numpy()[0], decode_reference(q, k, v, kv_len, 0.125), dtype, seed,
            f"kv_len {kv_len} {config} fused {fused}")
+
+
+# the tensor-core kernel (f16, head_dim % 32 == 0), on every device (mma and movmatrix are
+# emulated on the CPU target): GQA 4 with a 3-stage ring, GQA 3 (3 of 8 mma columns) with window
+# and soft-capping in one launch, and 2 sequences of one launch with head_dim 96 (NP = 3)
+MMA_CASES = [(8, 2, 64, None, None, mma_config(4, warps=2, stages=3), 3, False, 1),
+             (6, 2, 64, 20, 30.0, mma_config(3, warps=2), 4, True, 1),
+             (4, 1, 96, None, None, mma_config(4, warps=1), 2, False, 2)]
+
+
+@pytest.mark.parametrize("case", MMA_CASES, ids=["gqa4_ring3", "gqa3_window_cap_fused",
+                                                 "d96_two_sequences"])
+def test_tensor_core_decode(device, rng, seed, case):
+    n_head, n_kv_head, head_dim, window, softcap, config, splits, fused, n_seq = case
+    max_len = 2 * 16 * config.warps * config.stages + 20      # the longest wraps the ring
+    lens = rng.integers(1, max_len + 1, size=n_seq).astype(np.int32)
+    lens[0] = int(rng.integers(max_len - 20, max_len + 1))
+    q = rng.standard_normal((n_seq, n_head, head_dim)).astype(np.float32)
+    k = rng.standard_normal((n_seq, n_kv_head, max_len, head_dim)).astype(np.float16)
+    v = rng.standard_normal((n_seq, n_kv_head, max_len, head_dim)).astype(np.float16)
+    for split_count in (1, splits):
+        out = pk.full((n_seq, n_head, head_dim), np.nan, np.float32)
+        workspace = (DecodeWorkspace.allocate(n_seq, n_head, head_dim, split_count,
+                                              fused=fused) if split_count > 1 else None)
+        launch_decode(pk.to_device(q), pk.to_device(k), pk.to_device(v), pk.to_device(lens),
+                      out, head_dim ** -0.5, window=window, softcap=softcap,
+                      workspace=workspace, config=config)
+        for z in range(n_seq):
+            expected = decode_reference(q[z], k[z], v[z], int(lens[z]), head_dim ** -0.5,
+                                        window, softcap)
+            _check(out.numpy()[z], expected, np.float16, seed,
+                   f"sequence {z} kv_len {lens[z]} splits {split_count} {case}")
 
 
 def test_decode_contract_api(device, rng, seed):
