@@ -9,8 +9,8 @@ the fraction is against the device-to-device copy bandwidth measured here with t
 writes), the issue's yardstick (~3.0 TB/s on the H100); a torch read-only reduction's bandwidth
 is printed too. Reported per length: the default (default_config, config_splits, DEFAULT_FUSED: what
 the runner launches) and the best of a sweep over SWEEP configurations (warps, keys per row
-group U, register-ring stages P, max lanes per key row) x split counts filling 2..6 blocks per
-multiprocessor x {two launches (split kernel + combine kernel), one launch (the last split
+group U, register-ring stages P, max lanes per key row; `mma` = the tensor-core kernel) x split
+counts filling 0.5..2 x the configuration's blocks per multiprocessor x {two launches (split kernel + combine kernel), one launch (the last split
 block of each head group combines)}; every sweep point is printed.
 Prefill: 512 and 4096 tokens at start 0, f16 cache, tensor-core path (and the SIMT path at 512);
 FLOPs = 4 * D * n_head * (visible query-key pairs), reported against 790 TFLOP/s dense bf16.
@@ -38,7 +38,7 @@ from stdlib_kernels.attention.decode import (DEFAULT_FUSED, DecodeConfig,  # noq
                                              config_splits, decode_kernel, default_config,
                                              gpu_config,
                                              launch_decode, mma_config, multiprocessors)
-from stdlib_kernels.attention.decode_combine import combine_splits  # noqa: E402
+from stdlib_kernels.attention.decode_combine import MAX_SPLITS, combine_splits  # noqa: E402
 from stdlib_kernels.attention.decode_kernels import decode_partial  # noqa: E402
 from stdlib_kernels.attention.decode_mma import decode_mma  # noqa: E402
 from stdlib_kernels.attention.prefill import default_block_keys, launch_prefill  # noqa: E402
@@ -47,14 +47,15 @@ from stdlib_kernels.attention.prefill_kernels import prefill_mma  # noqa: E402
 N_HEAD, N_KV, HEAD_DIM = 32, 8, 128
 MATRIX_TFLOPS = 790.0
 # (heads per block, warps, keys per row group U, max lanes per row, ring stages P)
-# mma_config(group, warps, ring stages, blocks per SM): the tensor-core kernel
-SWEEP = {"float16": [mma_config(4, 4, 1, 4), mma_config(4, 4, 2, 2), mma_config(4, 8, 1, 2),
-                     mma_config(4, 2, 1, 8), mma_config(4, 2, 2, 4),
+# mma_config(group, head_dim, warps, ring stages, blocks per SM): the tensor-core kernel
+SWEEP = {"float16": [mma_config(4, 128, 8, 2, 1), mma_config(4, 128, 8, 1, 1),
+                     mma_config(4, 128, 4, 1, 4), mma_config(4, 128, 4, 2, 2),
+                     mma_config(4, 128, 16, 1, 1),
                      DecodeConfig(4, 4, 1, 32, 2), DecodeConfig(2, 4, 2, 32, 2)],
          "float32": [DecodeConfig(4, 4, 2, 32, 2), DecodeConfig(4, 8, 1, 32, 4),
                      DecodeConfig(4, 4, 1, 32, 2), DecodeConfig(2, 4, 1, 32, 2),
                      DecodeConfig(2, 4, 2, 32, 2)]}
-SWEEP_BLOCKS_PER_SM = (2, 3, 4, 5, 6)
+SWEEP_OCCUPANCY = (0.5, 1, 1.5, 2)    # x the configuration's blocks_per_sm
 
 
 def _compile_one(job):
@@ -74,12 +75,13 @@ def precompile(arch: str, decode_only: bool = False) -> None:
             for group in (1, 3, 4, 8):
                 configs = [gpu_config(group, d, dtype)]
                 if dtype == np.float16 and d % 32 == 0:
-                    configs.append(mma_config(group))
+                    configs.append(mma_config(group, d))
                 for config in configs:
                     for fused in (True, False):
                         jobs.append((decode_kernel(config).name, arch,
                                      decode_spec(d, dtype, config, fused)))
-        jobs.append(("combine_splits", arch, combine_spec(d)))
+        for warps in (4, 8, 16):
+            jobs.append(("combine_splits", arch, combine_spec(d, warps)))
         if not decode_only:
             jobs.append(("prefill_mma", arch, dict(D=d, BN=default_block_keys(d), NWARPS=4)))
     for dtype in (np.float16, np.float32):
@@ -142,6 +144,35 @@ def read_bandwidth() -> float:
     return 4 * x.numel() * 20 / (time.perf_counter() - start)
 
 
+def same_size_read_us(nbytes: int) -> float:
+    """The floor for a kernel that only reads `nbytes`: torch's sum over a buffer of that size,
+    captured in a CUDA graph (rotating over copies worth >= 256 MB), us per sum. At a few MB the
+    launch, the first loads' latency and the tail are a large part of any kernel's time."""
+    import torch
+    n = nbytes // 4
+    copies = max(2, -(-(256 << 20) // nbytes))
+    xs = [torch.ones(n, dtype=torch.float32, device="cuda") for _ in range(copies)]
+    out = torch.empty((), dtype=torch.float32, device="cuda")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for x in xs:
+            torch.sum(x, dim=0, out=out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for x in xs:
+            torch.sum(x, dim=0, out=out)
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / (3 * copies)
+
+
 def time_graph(capture_fn, launches: int, replays: int = 5, pdl: bool = False) -> float:
     """Microseconds per launch: capture `launches` launches once, replay, time with events."""
     return replay_seconds(lambda: capture_fn(None), replays, pdl) * 1e6 / launches
@@ -197,9 +228,10 @@ def _row(dtype, kv_len, label, us, copy_bw) -> str:
             f"{100 * bw / copy_bw * 1e12:.0f}% |")
 
 
-def sweep_splits(blocks: int, sms: int) -> list[int]:
-    """Split counts whose blocks fill SWEEP_BLOCKS_PER_SM blocks per multiprocessor."""
-    return sorted({max(1, per_sm * sms // blocks) for per_sm in SWEEP_BLOCKS_PER_SM})
+def sweep_splits(config: DecodeConfig, blocks: int, sms: int) -> list[int]:
+    """Split counts whose blocks fill SWEEP_OCCUPANCY x the configuration's blocks per SM."""
+    per_sm = {max(1, round(config.blocks_per_sm * f)) for f in SWEEP_OCCUPANCY}
+    return sorted({min(MAX_SPLITS, max(1, n * sms // blocks)) for n in per_sm})
 
 
 def _label(config: DecodeConfig, splits: int, fused: bool) -> str:
@@ -221,6 +253,10 @@ def decode_table(copy_bw: float) -> list[str]:
     for dtype in (np.float16, np.float32):
         default = default_config(N_HEAD // N_KV, HEAD_DIM, dtype=dtype)
         for kv_len in (128, 1024, 4096, 32768):
+            nbytes = 2 * N_KV * kv_len * HEAD_DIM * np.dtype(dtype).itemsize
+            rows.append(_row(dtype, kv_len, "reference: torch sum of the same bytes (graph)",
+                             same_size_read_us(nbytes), copy_bw))
+            print(rows[-1], flush=True)
             splits = config_splits(default, N_HEAD, N_KV, kv_len)
             fused = DEFAULT_FUSED
             for pdl in (False, True):
@@ -232,7 +268,7 @@ def decode_table(copy_bw: float) -> list[str]:
             best = None
             for config in SWEEP[np.dtype(dtype).name]:
                 config_blocks = N_KV * (N_HEAD // N_KV // config.heads_per_block)
-                for n in sweep_splits(config_blocks, sms):
+                for n in sweep_splits(config, config_blocks, sms):
                     for fused in (False, True):
                         if n == 1 and fused:
                             continue

@@ -9,6 +9,7 @@ caller passes `workspace`, so the launches can be captured in a CUDA graph).
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,7 +27,9 @@ MAX_HEADS_PER_BLOCK = 4      # query heads sharing one block's K/V reads: more w
                              # blocks per SM that BLOCKS_PER_SM assumes (registers)
 SHARED_LIMIT = 48 * 1024     # static shared memory of the cross-warp merge
 DEFAULT_FUSED = False        # workspaces combine in the last split block (one launch)
-DEFAULT_MMA = True           # f16 caches decode on tensor cores (decode_mma) where they can
+# f16 caches decode on tensor cores (decode_mma) where they can; PYKERNEL_DECODE_MMA=0 keeps
+# the SIMT kernel (for comparisons)
+DEFAULT_MMA = os.environ.get("PYKERNEL_DECODE_MMA", "1") != "0"
 
 
 @dataclass(frozen=True)
@@ -74,12 +77,15 @@ def heads_per_block(group: int) -> int:
 
 
 MMA_MAX_HEADS = 8            # decode_mma: the block's heads are the 8 columns of an mma tile
-MMA_BLOCKS_PER_SM = 4        # one ring stage: 127 registers (D 128), four 4-warp blocks per SM
 
 
-def mma_config(group: int, warps: int = 4, stages: int = 1,
-               blocks_per_sm: int = MMA_BLOCKS_PER_SM) -> DecodeConfig:
+def mma_config(group: int, head_dim: int = 128, warps: int = 8, stages: int | None = None,
+               blocks_per_sm: int = 1) -> DecodeConfig:
+    """decode_mma's shape. Default: 8 warps, a ring of 2 tiles (242 registers at head_dim 128,
+    so one block per SM; 1 stage above 128, where 2 would spill) and splits for one block per
+    SM: the fastest or within 2% of it at 1k-32k keys on the H200 (benchmarks/RESULTS.md)."""
     gb = max(d for d in range(1, min(group, MMA_MAX_HEADS) + 1) if group % d == 0)
+    stages = stages or (2 if head_dim <= 128 else 1)
     return DecodeConfig(heads_per_block=gb, warps=warps, stages=stages, mma=True,
                         blocks_per_sm=blocks_per_sm)
 
@@ -99,7 +105,7 @@ def default_config(group: int, head_dim: int, device=None, dtype=np.float16) -> 
     if device.kind == "cpu":
         return DecodeConfig(heads_per_block=1, warps=2, unroll=1)
     if DEFAULT_MMA and mma_capable(head_dim, dtype, device):
-        return mma_config(group)
+        return mma_config(group, head_dim)
     return gpu_config(group, head_dim, dtype)
 
 
@@ -186,12 +192,15 @@ def decode_spec(head_dim: int, dtype, config: DecodeConfig, fused: bool = False)
                 **_lane_layout(head_dim, dtype.itemsize, config.lanes))
 
 
-COMBINE_WARPS = 4            # combine_splits: 128 threads per (z, head) row
+def combine_warps(n_splits: int) -> int:
+    """combine_splits' warps per (z, head) row: enough split groups that each thread loads
+    at most ~COMBINE_UNROLL partials (one round of L2 latency), 4 to 16 warps."""
+    return 4 if n_splits <= 4 * COMBINE_UNROLL else 8 if n_splits <= 8 * COMBINE_UNROLL else 16
 
 
-def combine_spec(head_dim: int) -> dict:
-    return dict(D=head_dim, NWARPS=COMBINE_WARPS, MAXS=MAX_SPLITS, UNR=COMBINE_UNROLL,
-                **combine_geometry(1, head_dim, 32 * COMBINE_WARPS))
+def combine_spec(head_dim: int, warps: int = 4) -> dict:
+    return dict(D=head_dim, NWARPS=warps, MAXS=MAX_SPLITS, UNR=COMBINE_UNROLL,
+                **combine_geometry(1, head_dim, 32 * warps))
 
 
 def check_decode_shapes(q, k_cache, v_cache):
@@ -250,6 +259,7 @@ def launch_decode(q, k_cache, v_cache, lens, out, scale: float, *, window=None, 
         float(softcap) if use_softcap else 0.0, int(window or 0), int(direct), out, part_o,
         part_ml, counters, **decode_spec(head_dim, k_cache.dtype, config, has_counters))
     if not direct and not fused:
-        combine_splits[(n_seq * n_head,), 32 * COMBINE_WARPS, stream](
-            workspace.part_o, workspace.part_ml, out, n_splits, **combine_spec(head_dim))
+        warps = combine_warps(n_splits)
+        combine_splits[(n_seq * n_head,), 32 * warps, stream](
+            workspace.part_o, workspace.part_ml, out, n_splits, **combine_spec(head_dim, warps))
     return out

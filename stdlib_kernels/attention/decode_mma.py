@@ -113,35 +113,36 @@ def merge_warps(oacc, m, den, warp: i32, g: i32, t: i32, z: i32, h0: i32, split:
                 D: Const[int], GB: Const[int], NWARPS: Const[int], NP: Const[int]):
     """Each warp's (m, den, O) per head meet in shared memory; the block writes its GB heads
     normalised (direct) or as this split's partial."""
-    sm_o = pk.shared_array(f32, NWARPS * 8 * D)
-    sm_m = pk.shared_array(f32, NWARPS * 8)
-    sm_den = pk.shared_array(f32, NWARPS * 8)
+    sm_o = pk.shared_array(f32, NWARPS * GB * D)
+    sm_m = pk.shared_array(f32, NWARPS * GB)
+    sm_den = pk.shared_array(f32, NWARPS * GB)
     for e in pk.static_range(2):
         total = den[e]
         for r in pk.static_range(3):
             total += pk.shfl_xor(total, 4 << r)
-        if g == 0:
-            sm_m[warp * 8 + 2 * t + e] = m[e]
-            sm_den[warp * 8 + 2 * t + e] = total
-    for p in pk.static_range(NP):
-        for wp in pk.static_range(2):
-            for r in pk.static_range(2):
-                d = 32 * p + 8 * (g >> 1) + (g & 1) + 4 * wp + 2 * r
-                for e in pk.static_range(2):
-                    sm_o[(warp * 8 + 2 * t + e) * D + d] = oacc[(p * 2 + wp) * 4 + 2 * r + e]
+        head = 2 * t + e
+        if head < GB:
+            if g == 0:
+                sm_m[warp * GB + head] = m[e]
+                sm_den[warp * GB + head] = total
+            for p in pk.static_range(NP):
+                for wp in pk.static_range(2):
+                    for r in pk.static_range(2):
+                        d = 32 * p + 8 * (g >> 1) + (g & 1) + 4 * wp + 2 * r
+                        sm_o[(warp * GB + head) * D + d] = oacc[(p * 2 + wp) * 4 + 2 * r + e]
     pk.syncthreads()
     for item in range(pk.thread_idx.x, GB * D, NWARPS * 32):
         head = item // D
         d = item % D
         m_all = f32(NEG_INIT)
         for w in pk.static_range(NWARPS):
-            m_all = max(m_all, sm_m[w * 8 + head])
+            m_all = max(m_all, sm_m[w * GB + head])
         total = f32(0.0)
         o = f32(0.0)
         for w in pk.static_range(NWARPS):
-            weight = pk.fast.exp2(sm_m[w * 8 + head] - m_all)
-            total += sm_den[w * 8 + head] * weight
-            o += sm_o[(w * 8 + head) * D + d] * weight
+            weight = pk.fast.exp2(sm_m[w * GB + head] - m_all)
+            total += sm_den[w * GB + head] * weight
+            o += sm_o[(w * GB + head) * D + d] * weight
         head_row = z * n_head + h0 + head
         if direct != 0:
             out[head_row * D + d] = o / total

@@ -13,7 +13,7 @@ Q4_0's -8 or Q4_1's m cost one multiply per block instead of a dp4a.
 from __future__ import annotations
 
 import pykernel as pk
-from pykernel import Const, Ptr, f16, f32, i32, u16, u32
+from pykernel import Const, Ptr, f16, f32, i32, u16, u32, u64
 
 LOW_NIBBLES = 0x0F0F0F0F
 
@@ -74,6 +74,12 @@ def nibble_dot(v0: u32, v1: u32, v2: u32, v3: u32, xq: Ptr[u32, "ro"], lo: i32,
 def bits_to_bytes(nib: u32) -> u32:
     """Four bits -> four bytes of 0/1 (bit t -> byte t): the shifted copies never overlap."""
     return (nib * u32(0x00204081)) & u32(0x01010101)
+
+
+@pk.func
+def funnel16(lo: u32, hi: u32, shift: u32) -> u32:
+    """The 4 bytes starting shift / 8 bytes into lo (shift 0, 16 or 32), continuing into hi."""
+    return u32((u64(lo) | (u64(hi) << u64(32))) >> u64(shift))
 
 
 @pk.func
@@ -280,3 +286,62 @@ def dot_q8_Q1_0(w: Ptr[u16, "ro"], wrow: i32, blk: i32, part: i32, xq: Ptr[u32, 
             s = pk.dp4a(bits_to_bytes((bits >> u32(4 * k)) & u32(15)), act(xq, x + 1 + k), s)
         dx, sx = act_scale(xq, x)
         acc[a0 + bt] += d * (2.0 * dx * f32(s) - sx)
+
+
+# Q1_0 read as u32 words (rows of an even number of 18-byte blocks are 4-byte aligned; block blk
+# starts 2 (blk % 2) bytes into word 9 blk / 2), one item per block: its 4 Q8_1 blocks by 16-byte
+# loads (16-byte aligned Q8_1 rows). BITS = 1 dots each bit word as 8 bit planes: plane j
+# ((bits >> j) & 0x01010101: values j, 8 + j, 16 + j, 24 + j) against the activation bytes
+# gathered in that order (byte_planes, shared by the group's rows): 3 operations per 4 values
+# instead of 5 (bits_to_bytes); BITS = 0 uses bits_to_bytes.
+@pk.func
+def dot_q8_Q1_0_wide(w: Ptr[u32, "ro"], wrow: i32, blk: i32, part: i32, xq: Ptr[u32, "ro"],
+                     xstride: i32, acc: Ptr[f32], a0: i32, BATCH: Const[int], BITS: Const[int]):
+    wb = wrow + (9 * blk) // 2
+    shift = u32(16) * u32(blk % 2)
+    raw = pk.local_array(u32, 5)
+    for k in pk.static_range(5):
+        raw[k] = w[wb + k]
+    d = f32(pk.bitcast(u16((raw[0] >> shift) & u32(0xFFFF)), f16))
+    bits = pk.local_array(u32, 4)
+    for k in pk.static_range(4):
+        bits[k] = funnel16(raw[k], raw[k + 1], shift + u32(16))
+    a = pk.local_array(u32, 36)
+    t = pk.local_array(u32, 8)
+    for bt in pk.static_range(BATCH):
+        act_copy(xq, bt * xstride + 36 * blk, a, 36, 4)
+        r = f32(0.0)
+        for p in pk.static_range(4):
+            s = i32(0)
+            if BITS == 1:
+                byte_planes(a, 9 * p + 1, t)
+                for j in pk.static_range(8):
+                    s = pk.dp4a((bits[p] >> u32(j)) & u32(0x01010101), pk.bitcast(t[j], i32), s)
+            else:
+                for k in pk.static_range(8):
+                    s = pk.dp4a(bits_to_bytes((bits[p] >> u32(4 * k)) & u32(15)),
+                                act(a, 9 * p + 1 + k), s)
+            dx, sx = act_scale(a, 9 * p)
+            r += 2.0 * dx * f32(s) - sx
+        acc[a0 + bt] += d * r
+
+
+@pk.func
+def byte_planes(a, o: i32, t):
+    """t[j] = activation bytes j, 8 + j, 16 + j, 24 + j of the 8 words a[o..o+8) (bytes j of
+    words 0, 2, 4, 6 for j < 4; bytes j - 4 of words 1, 3, 5, 7 for j >= 4)."""
+    for odd in pk.static_range(2):
+        transpose4(a[o + odd], a[o + 2 + odd], a[o + 4 + odd], a[o + 6 + odd], t, 4 * odd)
+
+
+@pk.func
+def transpose4(r0: u32, r1: u32, r2: u32, r3: u32, t, t0: Const[int]):
+    """t[t0 + i] = bytes i of r0, r1, r2, r3 (a 4 x 4 byte transpose)."""
+    u = (r0 & u32(0x00FF00FF)) | ((r1 & u32(0x00FF00FF)) << u32(8))
+    v = ((r0 >> u32(8)) & u32(0x00FF00FF)) | (r1 & u32(0xFF00FF00))
+    u2 = (r2 & u32(0x00FF00FF)) | ((r3 & u32(0x00FF00FF)) << u32(8))
+    v2 = ((r2 >> u32(8)) & u32(0x00FF00FF)) | (r3 & u32(0xFF00FF00))
+    t[t0] = (u & u32(0xFFFF)) | (u2 << u32(16))
+    t[t0 + 1] = (v & u32(0xFFFF)) | (v2 << u32(16))
+    t[t0 + 2] = (u >> u32(16)) | (u2 & u32(0xFFFF0000))
+    t[t0 + 3] = (v >> u32(16)) | (v2 & u32(0xFFFF0000))

@@ -7,9 +7,9 @@ values (plus the block's scales, shared by its items and served from L1).
 from __future__ import annotations
 
 import pykernel as pk
-from pykernel import Const, Ptr, f16, f32, i32, u16, u32, u64
+from pykernel import Const, Ptr, f16, f32, i32, u16, u32
 
-from .dot_q8 import LOW_NIBBLES, act, act_copy, act_scale, half16, pair16
+from .dot_q8 import LOW_NIBBLES, act, act_copy, act_scale, funnel16, half16, pair16
 
 ONES = 0x01010101
 
@@ -227,12 +227,6 @@ def dot_q8_Q6_K(w: Ptr[u16, "ro"], wrow: i32, blk: i32, part: i32, xq: Ptr[u32, 
             dx, sx = act_scale(xq, x + 9 * g - 1 - 2 * i)
             r = r + scale[g] * dx * f32(s)
         acc[a0 + bt] += r
-
-
-@pk.func
-def funnel16(lo: u32, hi: u32, shift: u32) -> u32:
-    """The 4 bytes starting shift / 8 bytes into lo (shift 0 or 16), continuing into hi."""
-    return u32((u64(lo) | (u64(hi) << u64(32))) >> u64(shift))
 
 
 @pk.func

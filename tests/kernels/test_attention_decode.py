@@ -94,9 +94,9 @@ def test_deep_ring_config(device, rng, seed, dtype, config, fused):
 # the tensor-core kernel (f16, head_dim % 32 == 0), on every device (mma and movmatrix are
 # emulated on the CPU target): GQA 4 with a 3-stage ring, GQA 3 (3 of 8 mma columns) with window
 # and soft-capping in one launch, and 2 sequences of one launch with head_dim 96 (NP = 3)
-MMA_CASES = [(8, 2, 64, None, None, mma_config(4, warps=2, stages=3), 3, False, 1),
-             (6, 2, 64, 20, 30.0, mma_config(3, warps=2), 4, True, 1),
-             (4, 1, 96, None, None, mma_config(4, warps=1), 2, False, 2)]
+MMA_CASES = [(8, 2, 64, None, None, mma_config(4, 64, warps=2, stages=3), 3, False, 1),
+             (6, 2, 64, 20, 30.0, mma_config(3, 64, warps=2), 4, True, 1),
+             (4, 1, 96, None, None, mma_config(4, 96, warps=1, stages=1), 2, False, 2)]
 
 
 @pytest.mark.parametrize("case", MMA_CASES, ids=["gqa4_ring3", "gqa3_window_cap_fused",
