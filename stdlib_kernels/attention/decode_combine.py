@@ -57,18 +57,30 @@ def combine_rows(part_o, part_ml, out, row0: i32, n_splits: i32, sm_w, sm_den, s
     """Rows row0 .. row0 + ROWS - 1 of out, by every thread of the block (it synchronises).
     sm_w: ROWS * MAXS f32, sm_den: ROWS f32, sm_red: NWARPS * 32 * 4 f32 (shared).
     TPG threads per split group (TPG * SG <= threads; the rest only take part in barriers).
-    part_o/part_ml may come from other blocks of the same launch: plain (coherent) loads."""
+    part_o/part_ml may come from other blocks of the same launch: plain (coherent) loads.
+    Each thread's first UNR partials are loaded before the split weights are computed, so
+    the two L2 round trips overlap (one, when every split fits in that first batch)."""
     t = pk.thread_idx.x
     warp = t // 32
+    sg = t // TPG
+    g_lane = t % TPG
+    limit = n_splits if sg < SG else 0
+    items = ROWS * (D // 4)
+    first = pk.local_array(f32, UNR * 4)
+    item = min(g_lane, items - 1)
+    for i in pk.static_range(UNR):
+        s_in = min(sg + SG * i, n_splits - 1)
+        x0, x1, x2, x3 = pk.load_vec(
+            part_o, ((row0 + item // (D // 4)) * n_splits + s_in) * D + (item % (D // 4)) * 4, 4)
+        first[i * 4] = x0
+        first[i * 4 + 1] = x1
+        first[i * 4 + 2] = x2
+        first[i * 4 + 3] = x3
     for r in range(warp, ROWS, NWARPS):
         den = split_weights(part_ml, row0 + r, n_splits, sm_w, r * MAXS, MAXS)
         if pk.lane_id() == 0:
             sm_den[r] = den
     pk.syncthreads()
-    sg = t // TPG
-    g_lane = t % TPG
-    limit = n_splits if sg < SG else 0
-    items = ROWS * (D // 4)
     for item0 in range(0, items, TPG):
         item = min(item0 + g_lane, items - 1)
         r = item // (D // 4)
@@ -82,7 +94,14 @@ def combine_rows(part_o, part_ml, out, row0: i32, n_splits: i32, sm_w, sm_den, s
             for i in pk.static_range(UNR):
                 s = s0 + SG * i
                 s_in = min(s, n_splits - 1)
-                x0, x1, x2, x3 = pk.load_vec(part_o, (head_row * n_splits + s_in) * D + col, 4)
+                if item0 == 0 and s0 == sg:
+                    x0 = first[i * 4]
+                    x1 = first[i * 4 + 1]
+                    x2 = first[i * 4 + 2]
+                    x3 = first[i * 4 + 3]
+                else:
+                    x0, x1, x2, x3 = pk.load_vec(part_o, (head_row * n_splits + s_in) * D + col,
+                                                 4)
                 weight = sm_w[r * MAXS + s_in] if s < n_splits else f32(0.0)
                 a0 = pk.fma(weight, x0, a0)
                 a1 = pk.fma(weight, x1, a1)
