@@ -47,6 +47,69 @@ def visible_range(kv_len: i32, window: i32, split: i32, n_splits: i32) -> tuple:
 
 
 @pk.func
+def block_work(lens, lens_stride: i32, len_add: i32, len_step: i32, window: i32, n_head: i32,
+               n_kv_head: i32, GB: Const[int]) -> tuple:
+    """This block's sequence z, split, KV head, first query head h0 and key range [k0, k1)
+    (grid: splits x (KV heads x head sub-groups of GB) x sequences)."""
+    z = pk.block_idx.z
+    split = pk.block_idx.x
+    group = n_head // n_kv_head
+    n_sub = group // GB
+    kvh = pk.block_idx.y // n_sub
+    h0 = kvh * group + (pk.block_idx.y % n_sub) * GB
+    kv_len = lens[z * lens_stride] + len_add + z * len_step
+    k0, k1 = visible_range(kv_len, window, split, pk.grid_dim.x)
+    return z, split, kvh, h0, k0, k1
+
+
+@pk.func
+def write_block_result(sm_acc, sm_m, sm_den, z: i32, h0: i32, split: i32, n_head: i32,
+                       direct: i32, out, part_o, part_ml, D: Const[int], GB: Const[int],
+                       NWARPS: Const[int]):
+    """The warps' (max, denominator, unnormalised sum) per head, in shared memory as
+    (NWARPS, GB[, D]), merged and written: normalised into out (direct) or as one split's
+    partial. Every thread of the block takes part (after a barrier)."""
+    n_splits = pk.grid_dim.x
+    for t in range(pk.thread_idx.x, GB * D, NWARPS * 32):
+        g = t // D
+        d = t % D
+        m_all = f32(NEG_INIT)
+        for w in pk.static_range(NWARPS):
+            m_all = max(m_all, sm_m[w * GB + g])
+        total = f32(0.0)
+        o = f32(0.0)
+        for w in pk.static_range(NWARPS):
+            weight = fast_exp2(sm_m[w * GB + g] - m_all)
+            total += sm_den[w * GB + g] * weight
+            o += sm_acc[(w * GB + g) * D + d] * weight
+        head_row = z * n_head + h0 + g
+        if direct != 0:
+            out[head_row * D + d] = o / total
+        else:
+            part_o[(head_row * n_splits + split) * D + d] = o
+            if d == 0:
+                part_ml[(head_row * n_splits + split) * 2] = m_all
+                part_ml[(head_row * n_splits + split) * 2 + 1] = total
+
+
+@pk.func
+def combine_if_last(counters, part_o, part_ml, out, z: i32, h0: i32, n_head: i32, direct: i32,
+                    GB: Const[int], D: Const[int], NWARPS: Const[int], SG: Const[int],
+                    TPG: Const[int], MAXS: Const[int], UNR: Const[int]):
+    """FUSED: the split block that finishes its head group last combines every split of it,
+    so one launch does the whole attention (no second kernel's launch latency)."""
+    if direct == 0:
+        done = pk.shared_array(i32, 1)
+        n_splits = pk.grid_dim.x
+        if last_block_done(counters, z * pk.grid_dim.y + pk.block_idx.y, n_splits, done):
+            sm_w = pk.shared_array(f32, GB * MAXS)
+            sm_den = pk.shared_array(f32, GB)
+            sm_red = pk.shared_array(f32, NWARPS * 32 * 4)
+            combine_rows(part_o, part_ml, out, z * n_head + h0, n_splits, sm_w, sm_den,
+                         sm_red, GB, D, NWARPS, SG, TPG, MAXS, UNR)
+
+
+@pk.func
 def fast_exp2(x: f32) -> f32:
     return pk.fast.exp2(x)
 
@@ -114,7 +177,7 @@ def score_stage(kb, vb, qv, acc, m, den, s, slot: i32, stage: i32, row: i32, k1:
 
 @pk.func
 def merge_and_store(acc, m, den, warp: i32, row: i32, li: i32, z: i32, h0: i32, split: i32,
-                    n_splits: i32, n_head: i32, direct: i32, out, part_o, part_ml,
+                    n_head: i32, direct: i32, out, part_o, part_ml,
                     D: Const[int], GB: Const[int], NWARPS: Const[int], L: Const[int],
                     LOG2KPW: Const[int], CH: Const[int], NCH: Const[int]):
     """Merge the KPW row groups of each warp (shuffles, lanes L, 2L, ... apart), then the warps
@@ -146,26 +209,8 @@ def merge_and_store(acc, m, den, warp: i32, row: i32, li: i32, z: i32, h0: i32, 
                     for e in pk.static_range(CH):
                         sm_acc[(warp * GB + g) * D + c * CH + e] = acc[(g * NCH + j) * CH + e]
     pk.syncthreads()
-    for t in range(pk.thread_idx.x, GB * D, NWARPS * 32):
-        g = t // D
-        d = t % D
-        m_all = f32(NEG_INIT)
-        for w in pk.static_range(NWARPS):
-            m_all = max(m_all, sm_m[w * GB + g])
-        total = f32(0.0)
-        o = f32(0.0)
-        for w in pk.static_range(NWARPS):
-            weight = fast_exp2(sm_m[w * GB + g] - m_all)
-            total += sm_den[w * GB + g] * weight
-            o += sm_acc[(w * GB + g) * D + d] * weight
-        head_row = z * n_head + h0 + g
-        if direct != 0:
-            out[head_row * D + d] = o / total
-        else:
-            part_o[(head_row * n_splits + split) * D + d] = o
-            if d == 0:
-                part_ml[(head_row * n_splits + split) * 2] = m_all
-                part_ml[(head_row * n_splits + split) * 2 + 1] = total
+    write_block_result(sm_acc, sm_m, sm_den, z, h0, split, n_head, direct, out, part_o, part_ml,
+                       D, GB, NWARPS)
 
 
 @pk.kernel
@@ -182,15 +227,8 @@ def decode_partial(q: Ptr[f32, "ro"], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32,
     warp = pk.thread_idx.x // 32
     row = lane // L                          # which key of the warp's KPW keys
     li = lane % L                            # which 16-byte chunks of that key
-    z = pk.block_idx.z
-    split = pk.block_idx.x
-    n_splits = pk.grid_dim.x
-    group = n_head // n_kv_head
-    n_sub = group // GB
-    kvh = pk.block_idx.y // n_sub
-    h0 = kvh * group + (pk.block_idx.y % n_sub) * GB
-    kv_len = lens[z * lens_stride] + len_add + z * len_step
-    k0, k1 = visible_range(kv_len, window, split, n_splits)
+    z, split, kvh, h0, k0, k1 = block_work(lens, lens_stride, len_add, len_step, window,
+                                           n_head, n_kv_head, GB)
     words = D * (2 - HALF) // 2              # u32 words per cache row
     base_off = (i64(z) * cache_z_stride + i64(kvh) * i64(max_len) * i64(D)) * (2 - HALF) // 2
     kp = k_cache + base_off
@@ -251,16 +289,8 @@ def decode_partial(q: Ptr[f32, "ro"], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32,
                 score_stage(kb, vb, qv, acc, m, den, s, p * U, stage, row, k1, softcap,
                             GB, U, L, LOG2L, LOG2KPW, CH, NCH, HALF)
         base += P * stride
-    merge_and_store(acc, m, den, warp, row, li, z, h0, split, n_splits, n_head, direct, out,
+    merge_and_store(acc, m, den, warp, row, li, z, h0, split, n_head, direct, out,
                     part_o, part_ml, D, GB, NWARPS, L, LOG2KPW, CH, NCH)
     if FUSED:
-        # the block that finishes its head group last combines every split of it, so one
-        # launch does the whole attention (no second kernel's launch latency)
-        if direct == 0:
-            done = pk.shared_array(i32, 1)
-            if last_block_done(counters, z * pk.grid_dim.y + pk.block_idx.y, n_splits, done):
-                sm_w = pk.shared_array(f32, GB * MAXS)
-                sm_den = pk.shared_array(f32, GB)
-                sm_red = pk.shared_array(f32, NWARPS * 32 * 4)
-                combine_rows(part_o, part_ml, out, z * n_head + h0, n_splits, sm_w, sm_den,
-                             sm_red, GB, D, NWARPS, SG, TPG, MAXS, UNR)
+        combine_if_last(counters, part_o, part_ml, out, z, h0, n_head, direct, GB, D, NWARPS,
+                        SG, TPG, MAXS, UNR)

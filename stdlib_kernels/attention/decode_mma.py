@@ -27,9 +27,8 @@ clamped and masked), like decode_partial. Scores are in the log2 domain (q pre-s
 import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, i64, u32
 
-from .._select import last_block_done
-from .decode_combine import MASKED, NEG_INIT, combine_rows
-from .decode_kernels import LOG2E, visible_range
+from .decode_combine import MASKED, NEG_INIT
+from .decode_kernels import LOG2E, block_work, combine_if_last, write_block_result
 
 
 @pk.func
@@ -109,7 +108,7 @@ def accumulate_tile(vb, s, m, den, oacc, slot: i32, NP: Const[int]):
 
 @pk.func
 def merge_warps(oacc, m, den, warp: i32, g: i32, t: i32, z: i32, h0: i32, split: i32,
-                n_splits: i32, n_head: i32, direct: i32, out, part_o, part_ml,
+                n_head: i32, direct: i32, out, part_o, part_ml,
                 D: Const[int], GB: Const[int], NWARPS: Const[int], NP: Const[int]):
     """Each warp's (m, den, O) per head meet in shared memory; the block writes its GB heads
     normalised (direct) or as this split's partial."""
@@ -131,26 +130,8 @@ def merge_warps(oacc, m, den, warp: i32, g: i32, t: i32, z: i32, h0: i32, split:
                         d = 32 * p + 8 * (g >> 1) + (g & 1) + 4 * wp + 2 * r
                         sm_o[(warp * GB + head) * D + d] = oacc[(p * 2 + wp) * 4 + 2 * r + e]
     pk.syncthreads()
-    for item in range(pk.thread_idx.x, GB * D, NWARPS * 32):
-        head = item // D
-        d = item % D
-        m_all = f32(NEG_INIT)
-        for w in pk.static_range(NWARPS):
-            m_all = max(m_all, sm_m[w * GB + head])
-        total = f32(0.0)
-        o = f32(0.0)
-        for w in pk.static_range(NWARPS):
-            weight = pk.fast.exp2(sm_m[w * GB + head] - m_all)
-            total += sm_den[w * GB + head] * weight
-            o += sm_o[(w * GB + head) * D + d] * weight
-        head_row = z * n_head + h0 + head
-        if direct != 0:
-            out[head_row * D + d] = o / total
-        else:
-            part_o[(head_row * n_splits + split) * D + d] = o
-            if d == 0:
-                part_ml[(head_row * n_splits + split) * 2] = m_all
-                part_ml[(head_row * n_splits + split) * 2 + 1] = total
+    write_block_result(sm_o, sm_m, sm_den, z, h0, split, n_head, direct, out, part_o, part_ml,
+                       D, GB, NWARPS)
 
 
 @pk.kernel
@@ -167,15 +148,8 @@ def decode_mma(q: Ptr[f32, "ro"], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro
     warp = pk.thread_idx.x // 32
     g = lane // 4
     t = lane % 4
-    z = pk.block_idx.z
-    split = pk.block_idx.x
-    n_splits = pk.grid_dim.x
-    group = n_head // n_kv_head
-    n_sub = group // GB
-    kvh = pk.block_idx.y // n_sub
-    h0 = kvh * group + (pk.block_idx.y % n_sub) * GB
-    kv_len = lens[z * lens_stride] + len_add + z * len_step
-    k0, k1 = visible_range(kv_len, window, split, n_splits)
+    z, split, kvh, h0, k0, k1 = block_work(lens, lens_stride, len_add, len_step, window,
+                                           n_head, n_kv_head, GB)
     base_off = (i64(z) * cache_z_stride + i64(kvh) * i64(max_len) * i64(D)) // 2
     kp = k_cache + base_off
     vp = v_cache + base_off
@@ -217,14 +191,8 @@ def decode_mma(q: Ptr[f32, "ro"], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro
                 score_tile(kb, qb, p, key0, k1, g, softcap, s, NP)
                 accumulate_tile(vb, s, m, den, oacc, p, NP)
         base += P * stride
-    merge_warps(oacc, m, den, warp, g, t, z, h0, split, n_splits, n_head, direct, out,
-                part_o, part_ml, D, GB, NWARPS, NP)
+    merge_warps(oacc, m, den, warp, g, t, z, h0, split, n_head, direct, out, part_o, part_ml,
+                D, GB, NWARPS, NP)
     if FUSED:
-        if direct == 0:
-            done = pk.shared_array(i32, 1)
-            if last_block_done(counters, z * pk.grid_dim.y + pk.block_idx.y, n_splits, done):
-                sm_w = pk.shared_array(f32, GB * MAXS)
-                sm_den = pk.shared_array(f32, GB)
-                sm_red = pk.shared_array(f32, NWARPS * 32 * 4)
-                combine_rows(part_o, part_ml, out, z * n_head + h0, n_splits, sm_w, sm_den,
-                             sm_red, GB, D, NWARPS, SG, TPG, MAXS, UNR)
+        combine_if_last(counters, part_o, part_ml, out, z, h0, n_head, direct, GB, D, NWARPS,
+                        SG, TPG, MAXS, UNR)
