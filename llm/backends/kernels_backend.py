@@ -29,7 +29,8 @@ from stdlib_kernels import embedding as embedding_rows
 from stdlib_kernels import glu as glu_rows
 from stdlib_kernels import layernorm, rmsnorm, rope_kv_cache
 from stdlib_kernels import rope as rope_rows
-from stdlib_kernels.attention.decode import HEAD_DIMS, launch_decode
+from stdlib_kernels.attention.decode import (HEAD_DIMS, default_config, gpu_config,
+                                             launch_decode)
 from stdlib_kernels.attention.prefill import launch_prefill, mma_available
 from stdlib_kernels.quant.gemv_kernels import MAX_BATCH
 from stdlib_kernels.quant.rmsnorm_q8_1 import rmsnorm_q8_1_into
@@ -269,14 +270,23 @@ class KernelsBackend(Backend):
     def _stdlib_attention(self, q3, k_cache, v_cache, start, start_dev, out3, scale, window,
                           cache):
         if q3.shape[0] == 1:   # decode: kv_len = position + 1, split over the context
-            workspace = None if self.direct_attention else cache.workspace(q3.shape[1])
+            config = self._decode_config(q3.shape[1], k_cache)
+            workspace = None if self.direct_attention else cache.workspace(q3.shape[1], config)
             launch_decode(q3, k_cache, v_cache, start_dev, out3, scale, window=window or None,
-                            len_add=1, workspace=workspace)
+                          len_add=1, workspace=workspace, config=config)
         elif self._tensor_core_prefill(k_cache):   # Q, K, V, P rounded to f16 like llama.cpp's
             launch_prefill(q3, k_cache, v_cache, out3, start, scale, window=window or None)
         else:                  # prefill: query z sees start + z + 1 keys of the shared cache
             launch_decode(q3, k_cache, v_cache, start_dev, out3, scale, window=window or None,
                             len_add=1, len_step=1, lens_stride=0, share_cache=True)
+
+    def _decode_config(self, n_head: int, k_cache):
+        """Tensor-core decode attention (Q and P rounded to f16) in the llama.cpp-like Q8_1
+        mode; activations="f32", the accurate mode, keeps the f32 SIMT kernel."""
+        group, head_dim = n_head // k_cache.shape[-3], k_cache.shape[-1]
+        if self.activations == "q8_1" or self.device.kind == "cpu":
+            return default_config(group, head_dim, self.device, k_cache.dtype)
+        return gpu_config(group, head_dim, k_cache.dtype)
 
     def _tensor_core_prefill(self, k_cache) -> bool:
         """Flash attention on tensor cores for prefill: f16 cache, sm_80+, and the llama.cpp-like

@@ -127,12 +127,11 @@ class KernelsKVCache(KVCache):
     def nbytes(self) -> int:
         return self.k_bytes
 
-    def workspace(self, n_head: int):
-        """Split partials of the decode attention, sized for the whole context."""
-        from stdlib_kernels.attention.decode import DecodeWorkspace, config_splits, default_config
-        if n_head not in self._workspaces:
-            cfg = default_config(n_head // self.n_head_kv, self.head_dim, dtype=self.dtype)
-            splits = config_splits(cfg, n_head, self.n_head_kv, self.n_ctx)
-            self._workspaces[n_head] = DecodeWorkspace.allocate(1, n_head, self.head_dim,
-                                                                splits)
-        return self._workspaces[n_head]
+    def workspace(self, n_head: int, config):
+        """Split partials of the decode attention with `config`, sized for the whole context."""
+        from stdlib_kernels.attention.decode import DecodeWorkspace, config_splits
+        key = (n_head, config)
+        if key not in self._workspaces:
+            splits = config_splits(config, n_head, self.n_head_kv, self.n_ctx)
+            self._workspaces[key] = DecodeWorkspace.allocate(1, n_head, self.head_dim, splits)
+        return self._workspaces[key]
