@@ -12,6 +12,8 @@ the right layout (speed does not depend on the values). Copy bandwidth = 2 x byt
     python3 benchmarks/quant_matmul.py [--budget SECONDS]   (GEMV sweep; stops early to fit)
     python3 benchmarks/quant_matmul.py --defaults           (GEMV: shipped defaults + before)
     python3 benchmarks/quant_matmul.py --gemm-only          (prefill GEMM: int8 vs f16 only)
+    python3 benchmarks/quant_matmul.py --focus Q3_K,Q1_0    (GEMV: those types' FOCUS_TRIES and
+                                                             shipped defaults, all 3 shapes)
     ... --with-gemm                                         (GEMV, then the GEMM comparison)
 
 GEMV tables: every format at m=4096 k=14336 (the issue's shape, against llama.cpp's times) and
@@ -229,6 +231,44 @@ TRIES = {("Q6_K", "words"): (G(8, 8, 2, 1, 1), G(4, 4, 2, 1, 1), G(4, 2, 2, 1, 1
                            G(8, 8, 2, 1, 1), G(4, 2, 2, 1, 1), G(8, 4, 4, 1, 1))}
 
 
+# --focus: (type, kernel variant) -> launch shapes timed at every GEMV shape (bit-unpacking
+# round: Q1_0 bit planes, Q3_K u32 words, both with 16-byte activation loads; "" = the base
+# kernel, with the previous defaults)
+FOCUS_TRIES = {("Q1_0", "rows"): (G(4, 1, 8, 1, 1), G(4, 1, 4, 1, 1), G(8, 1, 8, 1, 1),
+                                  G(4, 1, 16, 1, 1), G(2, 1, 8, 1, 1), G(4, 2, 2, 1, 1)),
+               ("Q1_0", ""): (G(4, 1, 2, 1, 1), G(4, 4, 2, 1, 1)),
+               ("Q3_K", "wide"): (G(4, 1, 4, 1, 1), G(4, 1, 8, 1, 1), G(8, 1, 4, 1, 1),
+                                  G(2, 1, 4, 1, 1), G(4, 2, 4, 1, 1), G(4, 1, 2, 1, 1)),
+               ("Q3_K", ""): (G(4, 2, 4, 1, 1),),
+               ("Q2_K", "wide"): (G(4, 1, 2, 1, 1), G(4, 2, 2, 1, 1), G(4, 1, 2, 2, 1),
+                                  G(8, 1, 2, 1, 1))}
+
+
+def focus(types, rng, deadline):
+    """Time FOCUS_TRIES and the shipped defaults of `types` at the three GEMV shapes."""
+    plan = [(t, c._replace(kernel=None), v) for (t, v), cs in FOCUS_TRIES.items()
+            if t in types for c in cs]
+    plan += [default_entry(t, k) for t in types for k in (4096, K)]
+    plan = list(dict.fromkeys(plan))
+    t0 = time.time()
+    print(f"precompiled {precompile([(t, c, v, K, 1) for t, c, v in plan])} launches in "
+          f"{time.time() - t0:.0f} s", flush=True)
+    wait_for_flag(t0)
+    results = {"copy_GBps": copy_bandwidth() / 1e9, "gemv": [], "gemm": []}
+    print(f"copy bandwidth: {results['copy_GBps']:.0f} GB/s")
+    for shape in (MID, BIG, LONG):
+        sweep(rng, results["copy_GBps"], shape, plan, deadline, results)
+    save(results)
+
+
+def wait_for_flag(t0: float):
+    if "--wait-for" in sys.argv:   # a file another job (e.g. the GPU tests) creates when done
+        flag = sys.argv[sys.argv.index("--wait-for") + 1]
+        while not os.path.exists(flag) and time.time() < t0 + 120:
+            time.sleep(0.5)
+        print(f"timing starts {time.time() - t0:.0f} s after the precompile began", flush=True)
+
+
 def variant_of(type_name: str) -> str:
     return gemv_module.VARIANT.get(type_name, "")
 
@@ -349,6 +389,9 @@ def main():
         results = {"gemm": []}
         compare_gemm(rng, results)
         return
+    if "--focus" in sys.argv:
+        focus(sys.argv[sys.argv.index("--focus") + 1].split(","), rng, deadline)
+        return
     only_defaults = "--defaults" in sys.argv
     long_plan = plan_defaults(K) if only_defaults else plan_long()
     mid_plan = plan_defaults(4096) if only_defaults else plan_mid()
@@ -358,11 +401,7 @@ def main():
          for b in (2, 4, 8) for v in ("wide", "")]
     t0 = time.time()
     print(f"precompiled {precompile(jobs)} launches in {time.time() - t0:.0f} s", flush=True)
-    if "--wait-for" in sys.argv:   # a file another job (e.g. the GPU tests) creates when done
-        flag = sys.argv[sys.argv.index("--wait-for") + 1]
-        while not os.path.exists(flag) and time.time() < t0 + 120:
-            time.sleep(0.5)
-        print(f"timing starts {time.time() - t0:.0f} s after the precompile began", flush=True)
+    wait_for_flag(t0)
     results = {"copy_GBps": copy_bandwidth() / 1e9, "gemv": [], "gemm": []}
     copy = results["copy_GBps"]
     print(f"copy bandwidth: {copy:.0f} GB/s (2 x bytes / time, 1 GiB); SMs: "

@@ -288,50 +288,75 @@ def dot_q8_Q1_0(w: Ptr[u16, "ro"], wrow: i32, blk: i32, part: i32, xq: Ptr[u32, 
         acc[a0 + bt] += d * (2.0 * dx * f32(s) - sx)
 
 
-# Q1_0 read as u32 words (rows of an even number of 18-byte blocks are 4-byte aligned; block blk
-# starts 2 (blk % 2) bytes into word 9 blk / 2), one item per block: its 4 Q8_1 blocks by 16-byte
-# loads (16-byte aligned Q8_1 rows). BITS = 1 dots each bit word as 8 bit planes: plane j
-# ((bits >> j) & 0x01010101: values j, 8 + j, 16 + j, 24 + j) against the activation bytes
-# gathered in that order (byte_planes, shared by the group's rows): 3 operations per 4 values
-# instead of 5 (bits_to_bytes); BITS = 0 uses bits_to_bytes.
+# Q1_0 rows of an even number of 18-byte blocks read as u32 words (4-byte aligned; block blk
+# starts 2 (blk % 2) bytes into word 9 blk / 2).
 @pk.func
-def dot_q8_Q1_0_wide(w: Ptr[u32, "ro"], wrow: i32, blk: i32, part: i32, xq: Ptr[u32, "ro"],
-                     xstride: i32, acc: Ptr[f32], a0: i32, BATCH: Const[int], BITS: Const[int]):
+def q1_0_block_words(w: Ptr[u32, "ro"], wrow: i32, blk: i32, bits) -> f32:
+    """d of Q1_0 block blk of a u32-word row; its 128 sign bits to bits[0..4) (5 loads)."""
     wb = wrow + (9 * blk) // 2
     shift = u32(16) * u32(blk % 2)
     raw = pk.local_array(u32, 5)
     for k in pk.static_range(5):
         raw[k] = w[wb + k]
-    d = f32(pk.bitcast(u16((raw[0] >> shift) & u32(0xFFFF)), f16))
-    bits = pk.local_array(u32, 4)
     for k in pk.static_range(4):
         bits[k] = funnel16(raw[k], raw[k + 1], shift + u32(16))
+    return f32(pk.bitcast(u16((raw[0] >> shift) & u32(0xFFFF)), f16))
+
+
+# Q1_0 by bit planes, one item per block (its 4 Q8_1 blocks by 16-byte loads: 16-byte aligned
+# Q8_1 rows) for all ROWS rows of the group (and W2's in the GLU modes): plane j of a bit word
+# ((bits >> j) & 0x01010101: values j, 8 + j, 16 + j, 24 + j) is dotted with the activation
+# bytes gathered in that order (byte_planes, built once per item and token for all rows):
+# 3 operations per 4 values and row instead of bits_to_bytes' 5. PRMT: the
+# gathers by prmt (GPU only) instead of shifts and masks.
+@pk.func
+def dot_q8_Q1_0_rows(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], wrows, blk: i32,
+                     xq: Ptr[u32, "ro"], xstride: i32, acc: Ptr[f32], ROWS: Const[int],
+                     BATCH: Const[int], GLU: Const[bool], PRMT: Const[bool]):
     a = pk.local_array(u32, 36)
-    t = pk.local_array(u32, 8)
+    t = pk.local_array(u32, 32)
+    dx2 = pk.local_array(f32, 4)
     for bt in pk.static_range(BATCH):
         act_copy(xq, bt * xstride + 36 * blk, a, 36, 4)
-        r = f32(0.0)
+        sxs = f32(0.0)
         for p in pk.static_range(4):
-            s = i32(0)
-            if BITS == 1:
-                byte_planes(a, 9 * p + 1, t)
-                for j in pk.static_range(8):
-                    s = pk.dp4a((bits[p] >> u32(j)) & u32(0x01010101), pk.bitcast(t[j], i32), s)
-            else:
-                for k in pk.static_range(8):
-                    s = pk.dp4a(bits_to_bytes((bits[p] >> u32(4 * k)) & u32(15)),
-                                act(a, 9 * p + 1 + k), s)
+            byte_planes(a, 9 * p + 1, t, 8 * p, PRMT)
             dx, sx = act_scale(a, 9 * p)
-            r += 2.0 * dx * f32(s) - sx
-        acc[a0 + bt] += d * r
+            dx2[p] = 2.0 * dx
+            sxs += sx
+        for ri in pk.static_range(ROWS):
+            q1_0_planes_dot(w, wrows[ri], blk, t, dx2, sxs, acc, ri * BATCH + bt)
+            if GLU:
+                q1_0_planes_dot(w2, wrows[ri], blk, t, dx2, sxs, acc, (ROWS + ri) * BATCH + bt)
 
 
 @pk.func
-def byte_planes(a, o: i32, t):
-    """t[j] = activation bytes j, 8 + j, 16 + j, 24 + j of the 8 words a[o..o+8) (bytes j of
-    words 0, 2, 4, 6 for j < 4; bytes j - 4 of words 1, 3, 5, 7 for j >= 4)."""
+def q1_0_planes_dot(w: Ptr[u32, "ro"], wrow: i32, blk: i32, t, dx2, sxs: f32, acc: Ptr[f32],
+                    a: i32):
+    """acc[a] += block blk of the row at word wrow . the activations (planes t, 2 dx, sum s):
+    sum(+-d x) = d (2 sum_{bit set} x - sum x)."""
+    bits = pk.local_array(u32, 4)
+    d = q1_0_block_words(w, wrow, blk, bits)
+    r = f32(0.0)
+    for p in pk.static_range(4):
+        s = i32(0)
+        for j in pk.static_range(8):
+            s = pk.dp4a((bits[p] >> u32(j)) & u32(0x01010101), pk.bitcast(t[8 * p + j], i32), s)
+        r += dx2[p] * f32(s)
+    acc[a] += d * (r - sxs)
+
+
+@pk.func
+def byte_planes(a, o: i32, t, t0: Const[int], PRMT: Const[bool]):
+    """t[t0 + j] = activation bytes j, 8 + j, 16 + j, 24 + j of the 8 words a[o..o+8) (bytes j
+    of words 0, 2, 4, 6 for j < 4; bytes j - 4 of words 1, 3, 5, 7 for j >= 4)."""
     for odd in pk.static_range(2):
-        transpose4(a[o + odd], a[o + 2 + odd], a[o + 4 + odd], a[o + 6 + odd], t, 4 * odd)
+        if PRMT:
+            transpose4_prmt(a[o + odd], a[o + 2 + odd], a[o + 4 + odd], a[o + 6 + odd], t,
+                            t0 + 4 * odd)
+        else:
+            transpose4(a[o + odd], a[o + 2 + odd], a[o + 4 + odd], a[o + 6 + odd], t,
+                       t0 + 4 * odd)
 
 
 @pk.func
@@ -345,3 +370,22 @@ def transpose4(r0: u32, r1: u32, r2: u32, r3: u32, t, t0: Const[int]):
     t[t0 + 1] = (v & u32(0xFFFF)) | (v2 << u32(16))
     t[t0 + 2] = (u >> u32(16)) | (u2 & u32(0xFFFF0000))
     t[t0 + 3] = (v >> u32(16)) | (v2 & u32(0xFFFF0000))
+
+
+@pk.func
+def prmt(a: u32, b: u32, sel: u32) -> u32:
+    """Bytes of (b:a) picked by the selector's nibbles (PTX prmt.b32, GPU only)."""
+    return pk.asm("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", u32, a, b, sel)
+
+
+@pk.func
+def transpose4_prmt(r0: u32, r1: u32, r2: u32, r3: u32, t, t0: Const[int]):
+    """transpose4 in 8 prmt: interleave bytes of (r0, r1) and (r2, r3), then their halves."""
+    x01 = prmt(r0, r1, u32(0x5140))
+    x23 = prmt(r0, r1, u32(0x7362))
+    y01 = prmt(r2, r3, u32(0x5140))
+    y23 = prmt(r2, r3, u32(0x7362))
+    t[t0] = prmt(x01, y01, u32(0x5410))
+    t[t0 + 1] = prmt(x01, y01, u32(0x7632))
+    t[t0 + 2] = prmt(x23, y23, u32(0x5410))
+    t[t0 + 3] = prmt(x23, y23, u32(0x7632))

@@ -277,6 +277,8 @@ def dot_q8_Q6_K_words(w: Ptr[u32, "ro"], wrow: i32, blk: i32, part: i32, xq: Ptr
 
 # Q2_K, 2 items per block: item n = half n (128 values, qs words 8n..8n+7, scale bytes
 # 8n..8n+7), i.e. Q8_1 blocks 8 blk + 4n .. + 3 by 16-byte loads (16-byte aligned Q8_1 rows).
+# Shift group j's 2-bit values are masked in place (bytes 4^j q, up to 192: unsigned dp4a
+# operand) and the 4^j folded into the float scale: one operation per word instead of two.
 @pk.func
 def dot_q8_Q2_K_wide(w: Ptr[u32, "ro"], wrow: i32, blk: i32, n: i32, xq: Ptr[u32, "ro"],
                      xstride: i32, acc: Ptr[f32], a0: i32, BATCH: Const[int]):
@@ -287,6 +289,9 @@ def dot_q8_Q2_K_wide(w: Ptr[u32, "ro"], wrow: i32, blk: i32, n: i32, xq: Ptr[u32
     sc_lo = w[b + 2 * n]
     sc_hi = w[b + 2 * n + 1]
     d, dmin = pk.unpack_f16x2(w[b + 20])
+    d_j = pk.local_array(f32, 4)
+    for j in pk.static_range(4):
+        d_j[j] = d * (0.25 ** j)
     a = pk.local_array(u32, 36)
     for bt in pk.static_range(BATCH):
         act_copy(xq, bt * xstride + 9 * (8 * blk + 4 * n), a, 36, 4)
@@ -296,12 +301,13 @@ def dot_q8_Q2_K_wide(w: Ptr[u32, "ro"], wrow: i32, blk: i32, n: i32, xq: Ptr[u32
             for h in pk.static_range(2):
                 sv = 0
                 sm = 0
-                for k in pk.static_range(4):
+                for k in pk.static_range(4):   # values in place: sv is 4^j times the dot
                     x = pk.bitcast(a[9 * j + 1 + 4 * h + k], i32)
-                    sv = pk.dp4a((q[4 * h + k] >> u32(2 * j)) & u32(0x03030303), x, sv)
+                    sv = pk.dp4a(q[4 * h + k] & u32(0x03030303 << (2 * j)), x, sv)
                     sm = pk.dp4a(u32(ONES), x, sm)
                 sc = byte_of(sc_lo if j < 2 else sc_hi, (2 * j + h) % 4)
-                part += d * f32(sc & u32(15)) * f32(sv) - dmin * f32(sc >> u32(4)) * f32(sm)
+                part += d_j[j] * f32(sc & u32(15)) * f32(sv) - \
+                    dmin * f32(sc >> u32(4)) * f32(sm)
             dx, sx = pk.unpack_f16x2(a[9 * j])
             r += dx * part
         acc[a0 + bt] += r
@@ -340,3 +346,75 @@ def dot_q8_Q4_K_wide(w: Ptr[u32, "ro"], wrow: i32, blk: i32, c: i32, xq: Ptr[u32
         dx1, sx1 = act_scale(a, 9)
         acc[a0 + bt] += d_lo * dx0 * f32(s_lo) + d_hi * dx1 * f32(s_hi) - \
             (m_lo * sx0 + m_hi * sx1)
+
+
+@pk.func
+def q3k_values(qs: u32, hm: u32, j: Const[int]) -> u32:
+    """Bytes 2^E_j (q + 4 h) of shift group j (E = 0, 2, 4, 4) from a qs word (q = bits 2j, 2j+1
+    of each byte) and a hmask word already shifted by 4n (h = bit j; bits 4..7 are not used, so
+    that shift may pull in the next byte's): no borrows, no shift of qs except for j = 3 (whose
+    bits 6..7 would push h out of the byte)."""
+    if j == 0:
+        return (qs & u32(0x03030303)) | ((hm << u32(2)) & u32(0x04040404))
+    if j == 1:
+        return (qs & u32(0x0C0C0C0C)) | ((hm << u32(3)) & u32(0x10101010))
+    if j == 2:
+        return (qs & u32(0x30303030)) | ((hm << u32(4)) & u32(0x40404040))
+    return ((qs >> u32(2)) & u32(0x30303030)) | ((hm << u32(3)) & u32(0x40404040))
+
+
+@pk.func
+def q3k_scales(s0: u32, s1: u32, s2: u32, n: i32, sc):
+    """sc[2j + hh] = the signed 6-bit scale (minus 32) of sub-block 8n + 2j + hh."""
+    nsh = u32(4) * u32(n)
+    sca = ((s0 >> nsh) & u32(LOW_NIBBLES)) | (((s2 >> nsh) << u32(4)) & u32(0x30303030))
+    scb = ((s1 >> nsh) & u32(LOW_NIBBLES)) | \
+        (((s2 >> (nsh + u32(2))) << u32(4)) & u32(0x30303030))
+    for b in pk.static_range(8):
+        sc[b] = i32(byte_of(sca if b < 4 else scb, b % 4)) - 32
+
+
+# Q3_K read as u32 words (rows of an even number of 110-byte blocks are 4-byte aligned; block
+# blk starts 2 (blk % 2) bytes into word 55 blk / 2), 2 items per block: item n = half n (128
+# values: qs bytes 32 + 32n.., all 32 hmask bytes, bit 4n + j), Q8_1 blocks 8 blk + 4n .. + 3 by
+# 16-byte loads. A value is q + 4h - 4: the dp4a runs on 2^E (q + 4h) (q3k_values) starting
+# from -4 * 2^E * sum(x) of the 16-value sub-block (activations only: shared by the group's
+# rows), times the integer scale; 2^-E goes into the float factor.
+@pk.func
+def dot_q8_Q3_K_wide(w: Ptr[u32, "ro"], wrow: i32, blk: i32, n: i32, xq: Ptr[u32, "ro"],
+                     xstride: i32, acc: Ptr[f32], a0: i32, BATCH: Const[int]):
+    wb = wrow + (55 * blk) // 2
+    shift = u32(16) * u32(blk % 2)
+    q = pk.local_array(u32, 16)   # hmask words 0..7 shifted by 4n bits, qs words of half n
+    words_at(w, wb, shift + u32(4) * u32(n), q, 0, 8)
+    words_at(w, wb + 8 + 8 * n, shift, q, 8, 8)
+    r0 = w[wb + 24]
+    r1 = w[wb + 25]
+    r2 = w[wb + 26]
+    r3 = w[wb + 27]
+    d = f32(pk.bitcast(u16((r3 >> shift) & u32(0xFFFF)), f16))
+    sc = pk.local_array(i32, 8)
+    q3k_scales(funnel16(r0, r1, shift), funnel16(r1, r2, shift), funnel16(r2, r3, shift), n, sc)
+    v = pk.local_array(u32, 32)
+    for k in pk.static_range(8):
+        for j in pk.static_range(4):
+            v[8 * j + k] = q3k_values(q[8 + k], q[k], j)
+    a = pk.local_array(u32, 36)
+    for bt in pk.static_range(BATCH):
+        act_copy(xq, bt * xstride + 9 * (8 * blk + 4 * n), a, 36, 4)
+        r = f32(0.0)
+        for j in pk.static_range(4):
+            unit = 1 if j == 0 else (4 if j == 1 else 16)   # 2^E_j
+            inv_unit = 1.0 if j == 0 else (0.25 if j == 1 else 0.0625)
+            t = 0
+            for hh in pk.static_range(2):
+                sumx = 0
+                for k in pk.static_range(4):
+                    sumx = pk.dp4a(act(a, 9 * j + 1 + 4 * hh + k), ONES, sumx)
+                s = sumx * (-4 * unit)
+                for k in pk.static_range(4):
+                    s = pk.dp4a(v[8 * j + 4 * hh + k], act(a, 9 * j + 1 + 4 * hh + k), s)
+                t += s * sc[2 * j + hh]
+            dx, sx = act_scale(a, 9 * j)
+            r += dx * inv_unit * f32(t)
+        acc[a0 + bt] += d * r

@@ -28,33 +28,40 @@ Q8_1_TYPES = {"Q4_0": 1, "Q4_1": 1, "Q5_0": 1, "Q5_1": 1, "Q8_0": 1, "Q1_0": 4, 
               "Q3_K": 4, "Q4_K": 8, "Q5_K": 8, "Q6_K": 8}
 PAIR_TYPES = {"Q4_0": gk.Q4_0_PAIR, "Q8_0": gk.Q8_0_PAIR}
 # Kernel variants: type -> {name: (format id, items per block, Q8_1 row alignment in bytes the
-# activation vector loads need)}. VARIANT names the default (GemvConfig.kernel overrides it;
-# "" = the base kernel). Q4_0/Q8_0 "vec": block pairs with 8-byte activation loads. Q4_K "wide":
-# one item per 64-value chunk, 8-byte activation loads. Q2_K "wide": one item per 128 values,
-# 16-byte activation loads. Q6_K "words": its 2-byte-aligned blocks read as u32 words (rows of an
-# even number of blocks are 4-byte aligned), 4 items per block; "" = u16 loads (also used for
-# odd block counts).
-VARIANTS = {"Q4_0": {"vec": (gk.Q4_0_PAIR_VEC, 1, 8)}, "Q8_0": {"vec": (gk.Q8_0_PAIR_VEC, 1, 8)},
-            "Q4_K": {"wide": (gk.Q4_K_WIDE, 4, 8)}, "Q2_K": {"wide": (gk.Q2_K_WIDE, 2, 16)},
-            "Q6_K": {"words": (gk.Q6_K_WORDS, 4, 4)}}
-VARIANT = {"Q4_0": "vec", "Q8_0": "vec", "Q4_K": "wide", "Q2_K": "wide", "Q6_K": "words"}
-U32_WORD_TYPES = ("Q4_0", "Q8_0", "Q6_K")   # 2-byte-aligned blocks read as u32 (even counts)
-WIDE_MAX_BATCH = 2   # tokens up to which the 128-value-item kernels run (registers)
+# activation vector loads need, most tokens it runs for: registers)}. VARIANT names the default
+# (GemvConfig.kernel overrides it; "" = the base kernel). Q4_0/Q8_0 "vec": block pairs with
+# 8-byte activation loads. Q4_K "wide": one item per 64-value chunk, 8-byte activation loads.
+# Q2_K/Q3_K "wide": one item per 128 values, 16-byte activation loads (Q3_K: u32 words). Q6_K
+# "words": its 2-byte-aligned blocks read as u32 words (rows of an even number of blocks are
+# 4-byte aligned), 4 items per block; "" = u16 loads (also used for odd block counts). Q1_0
+# "rows": u32 words, one item per block, 16-byte activation loads, bit-plane dots for all the
+# group's rows at once.
+VARIANTS = {"Q4_0": {"vec": (gk.Q4_0_PAIR_VEC, 1, 8, 8)},
+            "Q8_0": {"vec": (gk.Q8_0_PAIR_VEC, 1, 8, 8)},
+            "Q4_K": {"wide": (gk.Q4_K_WIDE, 4, 8, 8)}, "Q2_K": {"wide": (gk.Q2_K_WIDE, 2, 16, 2)},
+            "Q3_K": {"wide": (gk.Q3_K_WIDE, 2, 16, 2)},
+            "Q6_K": {"words": (gk.Q6_K_WORDS, 4, 4, 8)},
+            "Q1_0": {"rows": (gk.Q1_0_ROWS, 1, 16, 2)}}
+VARIANT = {"Q4_0": "vec", "Q8_0": "vec", "Q4_K": "wide", "Q2_K": "wide", "Q6_K": "words",
+           "Q3_K": "wide", "Q1_0": "rows"}
+GPU_ONLY = {gk.Q1_0_ROWS: gk.Q1_0_ROWS_PRMT}   # the same kernel with inline PTX (cuda)
+# 2-byte-aligned blocks read as u32 (rows of an even number of blocks)
+U32_WORD_TYPES = ("Q4_0", "Q8_0", "Q6_K", "Q3_K", "Q1_0")
 
 
 def kernel_format(type_name: str, n: int, xq, batch: int = 1, variant: str | None = None):
     """(format id, items per block, blocks per row, reads u32 words) of the kernel variant for
     rows of n values and Q8_1 activations xq; variant None = VARIANT's (one whose alignment xq
-    lacks falls back to the base kernel; so does Q2_K "wide" above WIDE_MAX_BATCH tokens, where
-    its registers spill)."""
+    lacks falls back to the base kernel; so does one run for more tokens than its table entry
+    allows, where its registers would spill)."""
     fmt = get_format(type_name)
     blocks = n // fmt.block_elems
     variant = VARIANT.get(type_name, "") if variant is None else variant
     options = VARIANTS.get(type_name, {})
-    if variant in options and (xq.ptr % options[variant][2] or q8_1_bytes(n) %
-                               options[variant][2] or
-                               (options[variant][1] == 2 and batch > WIDE_MAX_BATCH)):
-        variant = ""
+    if variant in options:
+        _, _, align, most = options[variant]
+        if xq.ptr % align or q8_1_bytes(n) % align or batch > most:
+            variant = ""
     as_u32 = type_name in U32_WORD_TYPES and blocks % 2 == 0 and (
         type_name in PAIR_TYPES or variant in options)
     if type_name in U32_WORD_TYPES and not as_u32:
@@ -63,7 +70,10 @@ def kernel_format(type_name: str, n: int, xq, batch: int = 1, variant: str | Non
         fmt_id = options[variant][0] if variant in options else PAIR_TYPES[type_name]
         return fmt_id, 1, blocks // 2, True
     if variant in options:
-        return options[variant][0], options[variant][1], blocks, as_u32
+        fmt_id = options[variant][0]
+        if pk.current_device().kind == "cuda":
+            fmt_id = GPU_ONLY.get(fmt_id, fmt_id)
+        return fmt_id, options[variant][1], blocks, as_u32
     return int(fmt.ggml_type), Q8_1_TYPES[type_name], blocks, False
 
 
@@ -91,15 +101,15 @@ G = GemvConfig
 # fastest measured per type, H200, batch 1 (benchmarks/RESULTS.md, issue 5): rows of k = 14336
 TUNED_CONFIGS = {"Q4_0": G(8, 2, 2, 1, 1), "Q4_1": G(8, 8, 2, 1, 1), "Q8_0": G(4, 4, 4, 1, 1),
                  "Q4_K": G(4, 2, 2, 1, 1), "Q6_K": G(4, 2, 4, 1, 1, kernel="words"),
-                 "Q1_0": G(4, 4, 2, 1, 1), "Q2_K": G(4, 2, 2, 1, 1), "Q5_K": G(4, 2, 2, 1, 2),
+                 "Q1_0": G(4, 2, 2, 1, 1), "Q2_K": G(4, 2, 2, 1, 1), "Q5_K": G(4, 2, 2, 1, 2),
                  "Q3_K": G(4, 2, 4, 1, 1)}
 DEFAULT_CONFIG = G(4, 2, 2, 1, 1)   # best for Q5_0, Q5_1; a safe shape for the rest
 # rows of at most SHORT_ROW values (k = 4096: 57344 and 128256 rows): fewer warps per row
 SHORT_ROW = 8192
 TUNED_SHORT = {"Q4_0": G(4, 1, 2, 2, 1), "Q4_1": G(4, 2, 2, 1, 1), "Q8_0": G(4, 2, 4, 1, 1),
-               "Q4_K": G(8, 2, 2, 1, 2, kernel=""), "Q6_K": G(4, 2, 4, 1, 1, kernel="words"),
-               "Q1_0": G(4, 1, 2, 1, 1), "Q2_K": G(4, 1, 2, 2, 1), "Q5_0": G(4, 2, 4, 1, 1),
-               "Q5_K": G(4, 1, 2, 1, 2), "Q3_K": G(4, 2, 4, 1, 1)}
+               "Q4_K": G(4, 2, 2, 1, 1), "Q6_K": G(4, 2, 4, 1, 1, kernel="words"),
+               "Q1_0": G(4, 1, 16, 1, 1), "Q2_K": G(4, 1, 2, 1, 1), "Q5_0": G(4, 2, 4, 1, 1),
+               "Q5_K": G(4, 1, 2, 1, 2), "Q3_K": G(2, 1, 4, 1, 1)}
 # batch > 1: measured on Q4_K (2, 4, 8 tokens); 4 rows per group reuse each activation load;
 # the base kernels (Q4_K's 64-value items were slower at 2 and 4 tokens, 9% faster at 8)
 BATCH_CONFIGS = ((3, G(4, 2, 4, 1, 2, kernel="")), (5, G(4, 2, 4, 1, 1, kernel="")),

@@ -34,6 +34,10 @@ Q4_0_PAIR, Q8_0_PAIR = 1002, 1008
 Q6_K_WORDS = 1014
 Q2_K_WIDE = 1110   # Q2_K, 2 items per block, activations by 16-byte loads
 Q4_K_WIDE = 1112   # Q4_K, 4 items per block, activations by 8-byte loads
+Q3_K_WIDE = 1111   # Q3_K as u32 words, 2 items per block, activations by 16-byte loads
+# Q1_0 as u32 words, one item per block, activations by 16-byte loads, bit-plane dots for all
+# the group's rows at once (ROWS_PRMT: the same with prmt, GPU only)
+Q1_0_ROWS, Q1_0_ROWS_PRMT = 1241, 1341
 # the block-pair variants with activations by 8-byte loads
 Q4_0_PAIR_VEC, Q8_0_PAIR_VEC = 1202, 1208
 MODE_PLAIN, MODE_RESIDUAL, MODE_SWIGLU, MODE_GEGLU = 0, 1, 2, 3
@@ -73,6 +77,8 @@ def item_dot_q8(FMT: Const[int], w, wrow: i32, blk: i32, part: i32,
         q8k.dot_q8_Q5_K(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
     elif FMT == Q4_K_WIDE:
         q8k.dot_q8_Q4_K_wide(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
+    elif FMT == Q3_K_WIDE:
+        q8k.dot_q8_Q3_K_wide(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
     elif FMT == Q2_K_WIDE:
         q8k.dot_q8_Q2_K_wide(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
     elif FMT == Q6_K_WORDS:
@@ -90,7 +96,10 @@ def rows_item_q8(FMT: Const[int], w, w2, wrows, it: i32,
     for v in pk.static_range(WIDEN):
         blk = (it * WIDEN + v) // ITEMS
         part = (it * WIDEN + v) % ITEMS
-        for ri in pk.static_range(ROWS):
+        if FMT == Q1_0_ROWS or FMT == Q1_0_ROWS_PRMT:   # all rows in one call
+            q8.dot_q8_Q1_0_rows(w, w2, wrows, blk, xq, xstride, acc, ROWS, BATCH,
+                                MODE >= MODE_SWIGLU, FMT == Q1_0_ROWS_PRMT)
+        for ri in pk.static_range(ROWS if FMT != Q1_0_ROWS and FMT != Q1_0_ROWS_PRMT else 0):
             item_dot_q8(FMT, w, wrows[ri], blk, part, xq, xstride, acc, ri * BATCH, BATCH)
             if MODE >= MODE_SWIGLU:
                 item_dot_q8(FMT, w2, wrows[ri], blk, part, xq, xstride, acc,

@@ -12,8 +12,9 @@ import pytest
 
 from stdlib_kernels.quant import reference as ref
 import pykernel as pk
-from stdlib_kernels.quant.gemv import (F32_TYPES, Q8_1_TYPES, GemvConfig, gemv, gemv_glu,
-                                       gemv_q8_into, gemv_residual, weight_words)
+from stdlib_kernels.quant.gemv import (F32_TYPES, GPU_ONLY, Q8_1_TYPES, VARIANTS, GemvConfig,
+                                       gemv, gemv_glu, gemv_q8_into, gemv_residual,
+                                       kernel_format, weight_words)
 from stdlib_kernels.quant.q8_1 import quantize_q8_1
 from stdlib_kernels.quant.rmsnorm_q8_1 import rmsnorm_q8_1
 
@@ -113,7 +114,8 @@ def test_gemv_f32(device, rng, seed, type_name):
     assert np.all(np.abs(y - x @ W.T) <= 1e-5 * scale + 1e-30), f"{type_name} (seed {seed})"
 
 
-@pytest.mark.parametrize("type_name,activations", [("Q4_K", "q8_1"), ("Q5_K", "f32")])
+@pytest.mark.parametrize("type_name,activations", [("Q4_K", "q8_1"), ("Q5_K", "f32"),
+                                                   ("Q1_0", "q8_1")])
 def test_gemv_fused(device, rng, seed, type_name, activations):
     rows, n = 5, 256
     gate, up = (make_weights(rng, type_name, rows, n) for _ in range(2))
@@ -157,18 +159,24 @@ def test_rmsnorm_q8_1_fused(device, rng, seed):
         rmsnorm_q8_1(np.zeros((1, 40), np.float32))
 
 
-@pytest.mark.parametrize("type_name,variant", [("Q6_K", "words"), ("Q6_K", ""), ("Q2_K", ""),
-                                              ("Q4_K", ""), ("Q8_0", "")])
-def test_gemv_kernel_variants(device, rng, seed, type_name, variant):
-    # each kernel variant (gemv.VARIANTS) besides the defaults of test_gemv_q8_1: Q6_K's u32-word
-    # kernel (even and odd blocks, 2-byte shifted) and u16 one, the scalar-activation ones
-    rows, n = 2, 256 * 2
+@pytest.mark.parametrize("type_name,variant,blocks",
+                         [("Q6_K", "words", 2), ("Q6_K", "", 2), ("Q2_K", "", 2), ("Q4_K", "", 2),
+                          ("Q8_0", "", 16), ("Q3_K", "wide", 6), ("Q3_K", "", 2),
+                          ("Q1_0", "rows", 6), ("Q1_0", "", 4)])
+def test_gemv_kernel_variants(device, rng, seed, type_name, variant, blocks):
+    # each kernel variant (gemv.VARIANTS) besides the defaults of test_gemv_q8_1: the u32-word
+    # kernels of 2-byte-aligned blocks (even and odd blocks, 2-byte shifted; the last block of
+    # the buffer odd) and the u16 ones, the scalar-activation ones
+    rows, n = 3, row_len(type_name, blocks)
     raw = make_weights(rng, type_name, rows, n)
     x = rng.standard_normal((2, n)).astype(np.float32)
     xq = quantize_q8_1(x)
+    if variant:   # the variant really runs (Q8_1 rows aligned for its vector loads)
+        fmt_id = VARIANTS[type_name][variant][0]
+        assert kernel_format(type_name, n, xq, 2, variant)[0] in (fmt_id, GPU_ONLY.get(fmt_id))
     y = pk.full((2, rows), np.nan, np.float32)
     gemv_q8_into(weight_words(raw, type_name, n)[0], type_name, xq, y, rows, n, 2,
-                 config=GemvConfig(warps=4, split=2, rows=1, unroll=1, kernel=variant))
+                 config=GemvConfig(warps=4, split=2, rows=2, unroll=1, kernel=variant))
     check_q8_1(y.numpy(), raw, type_name, x, seed)
 
 
@@ -207,3 +215,17 @@ def test_gemv_prefetch_is_in_the_ptx_only_when_asked():
     assert with_prefetch.count("prefetch.global.L2") == 2      # gate and up rows
     assert with_prefetch.index("prefetch.global.L2") < with_prefetch.index("griddepcontrol.wait")
     assert "prefetch.global.L2" not in gk.gemv_q8_kernel.ptx("sm_90", PREFETCH=False, **spec)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [4096, 14336])
+@pytest.mark.parametrize("type_name", sorted(Q8_1_TYPES))
+def test_gpu_default_configs_at_model_shapes(rng, seed, type_name, n):
+    """The shipped per-type, per-row-length configurations (gemv.TUNED_SHORT / TUNED_CONFIGS,
+    the variant kernels they name) at model row lengths, batch 1 and 2, on the GPU."""
+    pk.set_device("cuda")
+    rows = 300                                   # not a multiple of any config's row group
+    raw = make_weights(rng, type_name, rows, n)
+    for batch in (1, 2):
+        x = rng.standard_normal((batch, n)).astype(np.float32)
+        check_q8_1(gemv(raw, type_name, x).numpy(), raw, type_name, x, seed)
