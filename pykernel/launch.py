@@ -38,7 +38,7 @@ class Launcher:
 
     def __call__(self, *args, **kwargs):
         k = self.kernel
-        names = [p.name for p in k.params]
+        names, typevars = _plan(k)
         if len(args) > len(names):
             raise LaunchError(f"{k.name}(): takes {len(names)} arguments "
                               f"({', '.join(names)}), got {len(args)}")
@@ -53,9 +53,8 @@ class Launcher:
         if missing:
             raise LaunchError(f"{k.name}(): missing argument(s) {', '.join(missing)}")
         spec_kwargs = {p.name: bound[p.name] for p in k.const_params}
-        for p in k.runtime_params:   # infer type variables from array arguments
-            tv = type_var_name(getattr(p.ann, "elem", None)) if p.kind == "ptr" else None
-            if tv is not None and tv not in spec_kwargs:
+        for p, tv in typevars:       # infer type variables from array arguments
+            if tv not in spec_kwargs:
                 dtype = getattr(bound[p.name], "dtype", None)
                 if dtype is None:
                     raise LaunchError(f"{k.name}(): parameter '{p.name}' needs an array to "
@@ -75,6 +74,20 @@ class Launcher:
                                   if p.kind == "ptr")
         device.launch(compiled, self.grid, self.block, runtime_args, stream=self.stream,
                       shared_bytes=self.shared_bytes)
+
+
+def _plan(kernel):
+    """Per kernel, once: parameter names, and the pointer parameters whose element type is a
+    type variable (inferred from the array passed). Launches are on the runner's hot path."""
+    plan = kernel.__dict__.get("_launch_plan")
+    if plan is None:
+        typevars = []
+        for p in kernel.runtime_params:
+            tv = type_var_name(getattr(p.ann, "elem", None)) if p.kind == "ptr" else None
+            if tv is not None:
+                typevars.append((p, tv))
+        plan = kernel._launch_plan = ([p.name for p in kernel.params], tuple(typevars))
+    return plan
 
 
 def _nbytes(kernel, value) -> int:

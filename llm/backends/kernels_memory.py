@@ -6,6 +6,8 @@ MemoryError) saying how much the model weights and the KV cache need and how muc
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 import pykernel as pk
@@ -81,15 +83,17 @@ class Arena:
         self.next = 0
 
     def take(self, shape, dtype) -> pk.Array:
+        # on the eager prefill's hot path (hundreds of calls per forward): one view, no numpy
         shape = tuple(int(s) for s in shape)
-        nbytes = max(1, int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
+        dtype = np.dtype(dtype)
+        nbytes = max(1, math.prod(shape) * dtype.itemsize)
         if self.next == len(self.slots):
             self.slots.append(self._alloc(nbytes))
         elif self.slots[self.next].nbytes < nbytes:
             self.slots[self.next] = self._alloc(nbytes)
         slot = self.slots[self.next]
         self.next += 1
-        return slot[:nbytes].view(dtype).reshape(shape)
+        return slot.view_as(shape, dtype)
 
     def _alloc(self, nbytes: int) -> pk.Array:
         nbytes = -(-nbytes // 256) * 256   # keeps every view 16-byte aligned for vector loads

@@ -238,6 +238,9 @@ class Array:
     def reshape(self, *shape) -> "Array":
         """Same memory, new shape (one extent may be -1)."""
         shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        if type(shape) is tuple and all(type(n) is int and n >= 0 for n in shape) and \
+                math.prod(shape) == self.size:      # the common case, cheaply
+            return self._view(0, shape)
         shape = [operator.index(n) for n in shape]
         if shape.count(-1) > 1:
             raise ValueError("reshape: only one extent may be -1")
@@ -249,6 +252,17 @@ class Array:
         if math.prod(shape) != self.size:
             raise ValueError(f"reshape: cannot reshape size {self.size} into {tuple(shape)}")
         return self._view(0, _shape_tuple(tuple(shape)))
+
+    def view_as(self, shape: tuple, dtype) -> "Array":
+        """The first prod(shape) elements of `dtype` at this array's address (a buffer reused
+        for other shapes, e.g. an activation arena). shape: a tuple of non-negative ints."""
+        dtype = _normalize_dtype(dtype)
+        if math.prod(shape) * dtype.itemsize > self.nbytes:
+            raise ValueError(f"view_as: {shape} {dtype} needs more than the {self.nbytes} bytes "
+                             f"of this array")
+        if self._ptr % dtype.itemsize:
+            raise ValueError(f"view_as: address is not aligned to {dtype.itemsize} bytes")
+        return self._view(0, _shape_tuple(shape), dtype)
 
     def view(self, dtype) -> "Array":
         """Reinterpret the bytes as `dtype`; the last extent scales with the itemsize."""
