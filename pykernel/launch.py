@@ -10,6 +10,8 @@ from .types import from_numpy
 
 
 def _dim3(value, what, kernel_name):
+    if type(value) is int and value >= 1:       # the common case, cheaply
+        return (value, 1, 1)
     if isinstance(value, (int, np.integer)):
         value = (int(value),)
     if not isinstance(value, tuple) or not 1 <= len(value) <= 3 or \
@@ -63,8 +65,8 @@ class Launcher:
         runtime_args = tuple(bound[p.name] for p in k.runtime_params)
         from .runtime.device import current_device
         device = current_device()
-        key = (device.arch, tuple(sorted((n, getattr(v, "name", v))
-                                         for n, v in spec_kwargs.items())))
+        # spec_kwargs is built in parameter order, so the key needs no sorting
+        key = (device.arch, tuple((n, getattr(v, "name", v)) for n, v in spec_kwargs.items()))
         compiled = k._launch_cache.get(key)
         if compiled is None:
             compiled = k.compile(device.arch, **spec_kwargs)

@@ -90,10 +90,10 @@ def _shape_tuple(shape) -> tuple:
     if isinstance(shape, (int, np.integer)):
         shape = (shape,)
     try:
-        shape = tuple(operator.index(n) for n in shape)
+        shape = tuple(map(operator.index, shape))
     except TypeError:
         raise TypeError(f"shape must be an int or a tuple of ints, got {shape!r}") from None
-    if any(n < 0 for n in shape):
+    if shape and min(shape) < 0:
         raise ValueError(f"shape must not have negative extents, got {shape}")
     return shape
 
@@ -238,20 +238,20 @@ class Array:
     def reshape(self, *shape) -> "Array":
         """Same memory, new shape (one extent may be -1)."""
         shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-        if type(shape) is tuple and all(type(n) is int and n >= 0 for n in shape) and \
-                math.prod(shape) == self.size:      # the common case, cheaply
-            return self._view(0, shape)
-        shape = [operator.index(n) for n in shape]
-        if shape.count(-1) > 1:
-            raise ValueError("reshape: only one extent may be -1")
-        known = math.prod(n for n in shape if n != -1)
-        if -1 in shape:
+        try:
+            dims = tuple(map(operator.index, shape))
+        except TypeError:
+            raise TypeError(f"reshape: extents must be ints, got {shape!r}") from None
+        if -1 in dims:
+            if dims.count(-1) > 1:
+                raise ValueError("reshape: only one extent may be -1")
+            known = math.prod(n for n in dims if n != -1)
             if known == 0 or self.size % known:
-                raise ValueError(f"reshape: cannot infer -1 for size {self.size} into {shape}")
-            shape[shape.index(-1)] = self.size // known
-        if math.prod(shape) != self.size:
-            raise ValueError(f"reshape: cannot reshape size {self.size} into {tuple(shape)}")
-        return self._view(0, _shape_tuple(tuple(shape)))
+                raise ValueError(f"reshape: cannot infer -1 for size {self.size} into {dims}")
+            dims = tuple(self.size // known if n == -1 else n for n in dims)
+        if (dims and min(dims) < 0) or math.prod(dims) != self.size:
+            raise ValueError(f"reshape: cannot reshape size {self.size} into {dims}")
+        return self._view(0, dims)
 
     def view_as(self, shape: tuple, dtype) -> "Array":
         """The first prod(shape) elements of `dtype` at this array's address (a buffer reused
