@@ -104,6 +104,25 @@ def test_reshape_and_view(rng, seed, dev):
     np.testing.assert_array_equal(x.view(np.uint8).view(np.float32).numpy(), host)
     with pytest.raises(ValueError, match="multiple"):
         ar.zeros(3, np.uint8, device=dev).view(np.float32)
+    for bad in ((-2, -12), (2, -1, -1), (-1, 5)):
+        with pytest.raises(ValueError):
+            x.reshape(bad)
+    with pytest.raises(TypeError):
+        x.reshape(2.0, 12)
+    assert x.reshape(np.int64(4), np.int32(6)).shape == (4, 6)
+
+
+def test_view_as_reuses_a_buffer(rng, seed, dev):
+    host = random_array(rng, (4, 6), np.float32)
+    x = ar.to_device(host, device=dev)
+    v = x.view_as((2, 5), np.float32)
+    assert v.ptr == x.ptr and v.shape == (2, 5)
+    np.testing.assert_array_equal(v.numpy(), host.reshape(-1)[:10].reshape(2, 5),
+                                  err_msg=f"seed={seed}")
+    np.testing.assert_array_equal(x.view_as((3,), np.uint16).numpy(),
+                                  host.view(np.uint16).reshape(-1)[:3])
+    with pytest.raises(ValueError, match="96 bytes"):
+        x.view_as((5, 5), np.float32)
 
 
 def test_copy_from_checks(rng, dev):
