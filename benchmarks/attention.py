@@ -2,9 +2,10 @@
 head_dim 128) and causal prefill, timed with CUDA events around replays of a captured CUDA graph
 (so Python launch cost is not measured).
 
-Decode: kv_len 128, 1024, 4096, 32768, f16 and f32 caches. Each captured launch reads its own
+Decode: kv_len 128, 1024, 4096, 32768, f16, f32 and Q8_0 caches. Each captured launch reads its own
 copy of the cache, rotating over copies worth >= 256 MB so the 50-60 MB L2 cannot hold them:
-the figure is HBM bandwidth. Bytes counted: K and V rows read (2 * n_kv * kv_len * D * size);
+the figure is HBM bandwidth. Bytes counted: K and V rows read (2 * n_kv * kv_len * row bytes;
+a Q8_0 row is D quants + D / 16 bytes of scales);
 the fraction is against the device-to-device copy bandwidth measured here with torch (reads +
 writes), the issue's yardstick (~3.0 TB/s on the H100); a torch read-only reduction's bandwidth
 is printed too. Reported per length: the default (default_config, config_splits, DEFAULT_FUSED: what
@@ -42,6 +43,7 @@ from stdlib_kernels.attention.decode import (DEFAULT_FUSED, DecodeConfig,  # noq
 from stdlib_kernels.attention.decode_combine import MAX_SPLITS, combine_splits  # noqa: E402
 from stdlib_kernels.attention.decode_kernels import decode_partial  # noqa: E402
 from stdlib_kernels.attention.decode_mma import decode_mma  # noqa: E402
+from stdlib_kernels.attention.kv_q8 import Q8Cache, quantize_kv  # noqa: E402
 from stdlib_kernels.attention.prefill import default_block_keys, launch_prefill  # noqa: E402
 from stdlib_kernels.attention.prefill_kernels import prefill_mma  # noqa: E402
 
@@ -52,6 +54,8 @@ SWEEP = {"float16": [mma_config(4, 128, 8, 2, 1), mma_config(4, 128, 8, 1, 1),
                      mma_config(4, 128, 4, 1, 4), mma_config(4, 128, 4, 2, 2),
                      mma_config(4, 128, 16, 1, 1),
                      DecodeConfig(4, 4, 1, 32, 2), DecodeConfig(2, 4, 2, 32, 2)],
+         "q8_0": [mma_config(4, 128, 8, 2, 1), mma_config(4, 128, 8, 1, 1),
+                  mma_config(4, 128, 4, 1, 4)],
          "float32": [DecodeConfig(4, 4, 2, 32, 2), DecodeConfig(4, 8, 1, 32, 4),
                      DecodeConfig(4, 4, 1, 32, 2), DecodeConfig(2, 4, 1, 32, 2),
                      DecodeConfig(2, 4, 2, 32, 2)]}
@@ -84,8 +88,8 @@ def precompile(arch: str, decode_only: bool = False) -> None:
             jobs.append(("combine_splits", arch, combine_spec(d, warps)))
         if not decode_only:
             jobs.append(("prefill_mma", arch, dict(D=d, BN=default_block_keys(d), NWARPS=4)))
-    for dtype in (np.float16, np.float32):
-        for config in SWEEP[np.dtype(dtype).name]:
+    for dtype in (np.float16, np.float32, Q8):
+        for config in SWEEP[_name(dtype)]:
             for fused in (True, False):
                 jobs.append((decode_kernel(config).name, arch,
                              decode_spec(HEAD_DIM, dtype, config, fused)))
@@ -102,10 +106,10 @@ def precompile(arch: str, decode_only: bool = False) -> None:
 def ptxas_report(arch: str, folder: str) -> None:
     """Registers and spills of the benchmarked kernels (ptxas -v), for tuning."""
     os.makedirs(folder, exist_ok=True)
-    kernels = {f"decode_{np.dtype(t).name}_{'mma_' if c.mma else ''}{c.heads_per_block}h"
+    kernels = {f"decode_{_name(t)}_{'mma_' if c.mma else ''}{c.heads_per_block}h"
                f"{c.warps}w_U{c.unroll}_P{c.stages}":
-               (decode_kernel(c), decode_spec(HEAD_DIM, t, c)) for t in (np.float16, np.float32)
-               for c in SWEEP[np.dtype(t).name]}
+               (decode_kernel(c), decode_spec(HEAD_DIM, t, c)) for t in (np.float16, np.float32, Q8)
+               for c in SWEEP[_name(t)]}
     kernels.update({"prefill_bn64": (prefill_mma, dict(D=HEAD_DIM, BN=64, NWARPS=4)),
                     "prefill_bn32": (prefill_mma, dict(D=HEAD_DIM, BN=32, NWARPS=4))})
     for name, (kernel, spec) in kernels.items():
@@ -183,19 +187,26 @@ _CACHES = {}
 
 def decode_caches(kv_len: int, dtype) -> list:
     """Copies of a random (K, V) cache worth >= 256 MB together (so L2 cannot hold them)."""
-    key = (kv_len, np.dtype(dtype).name)
+    key = (kv_len, _name(dtype))
     if key not in _CACHES:
         _CACHES.clear()
         rng = np.random.default_rng(0)
         shape = (N_KV, kv_len, HEAD_DIM)
-        first = (pk.to_device(rng.standard_normal(shape, np.float32).astype(dtype)),
-                 pk.to_device(rng.standard_normal(shape, np.float32).astype(dtype)))
-        copies = max(2, -(-(256 << 20) // (2 * first[0].nbytes)))
-        caches = [first] + [(pk.empty(shape, dtype).copy_from(first[0]),
-                             pk.empty(shape, dtype).copy_from(first[1]))
-                            for _ in range(copies - 1)]
+        if dtype == Q8:
+            first = tuple(quantize_kv(rng.standard_normal(shape, np.float32)) for _ in range(2))
+        else:
+            first = tuple(pk.to_device(rng.standard_normal(shape, np.float32).astype(dtype))
+                          for _ in range(2))
+        copies = max(2, -(-(256 << 20) // cache_bytes(kv_len, dtype)))
+        caches = [first] + [tuple(_copy(c) for c in first) for _ in range(copies - 1)]
         _CACHES[key] = caches
     return _CACHES[key]
+
+
+def _copy(cache):
+    if isinstance(cache, Q8Cache):
+        return Q8Cache(_copy(cache.quants), _copy(cache.scales))
+    return pk.empty(cache.shape, cache.dtype).copy_from(cache)
 
 
 def bench_decode(kv_len: int, dtype, config: DecodeConfig, splits: int,
@@ -221,10 +232,23 @@ def bench_decode(kv_len: int, dtype, config: DecodeConfig, splits: int,
     return time_graph(capture, launches, pdl=pdl)
 
 
+Q8 = "q8_0"
+
+
+def _name(dtype) -> str:
+    return dtype if dtype == Q8 else np.dtype(dtype).name
+
+
+def cache_bytes(kv_len: int, dtype) -> int:
+    """K + V bytes a decode reads: rows of D elements (Q8_0: D int8 + D / 32 f16 scales)."""
+    row = HEAD_DIM + HEAD_DIM // 16 if dtype == Q8 else HEAD_DIM * np.dtype(dtype).itemsize
+    return 2 * N_KV * kv_len * row
+
+
 def _row(dtype, kv_len, label, us, copy_bw) -> str:
-    nbytes = 2 * N_KV * kv_len * HEAD_DIM * np.dtype(dtype).itemsize
+    nbytes = cache_bytes(kv_len, dtype)
     bw = nbytes / us / 1e6
-    return (f"| {np.dtype(dtype).name} | {kv_len} | {label} | {us:.2f} | {bw:.2f} | "
+    return (f"| {_name(dtype)} | {kv_len} | {label} | {us:.2f} | {bw:.2f} | "
             f"{100 * bw / copy_bw * 1e12:.0f}% |")
 
 
@@ -250,10 +274,10 @@ def decode_table(copy_bw: float) -> list[str]:
     warps, keys per row group U, ring stages P, max lanes per row, splits)."""
     rows = ["| cache | kv_len | variant | us | TB/s | % of copy |", "|---" * 6 + "|"]
     sms = multiprocessors()
-    for dtype in (np.float16, np.float32):
+    for dtype in (np.float16, np.float32, Q8):
         default = default_config(N_HEAD // N_KV, HEAD_DIM, dtype=dtype)
         for kv_len in (128, 1024, 4096, 32768):
-            nbytes = 2 * N_KV * kv_len * HEAD_DIM * np.dtype(dtype).itemsize
+            nbytes = cache_bytes(kv_len, dtype)
             rows.append(_row(dtype, kv_len, "reference: torch sum of the same bytes (graph)",
                              same_size_read_us(nbytes), copy_bw))
             print(rows[-1], flush=True)
@@ -266,7 +290,7 @@ def decode_table(copy_bw: float) -> list[str]:
                 rows.append(_row(dtype, kv_len, label, us, copy_bw))
                 print(rows[-1], flush=True)
             best = None
-            for config in SWEEP[np.dtype(dtype).name]:
+            for config in SWEEP[_name(dtype)]:
                 config_blocks = N_KV * (N_HEAD // N_KV // config.heads_per_block)
                 for n in sweep_splits(config, config_blocks, sms):
                     for fused in (False, True):
@@ -274,7 +298,7 @@ def decode_table(copy_bw: float) -> list[str]:
                             continue
                         us = bench_decode(kv_len, dtype, config, n, fused)
                         label = _label(config, n, fused)
-                        print(f"  sweep {np.dtype(dtype).name} {kv_len} {label}: {us:.2f} us",
+                        print(f"  sweep {_name(dtype)} {kv_len} {label}: {us:.2f} us",
                               flush=True)
                         best = min(best or (us, label), (us, label))
             rows.append(_row(dtype, kv_len, "best " + best[1], best[0], copy_bw))

@@ -3,7 +3,8 @@ and prefill (tiled flash attention, tensor cores on sm_80+). See docs/stdlib.md 
 
 Contract API (numpy in -> numpy out; pykernel Arrays in -> pykernel Array out):
     decode(q, k_cache, v_cache, kv_len, scale, window=None, softcap=None)
-        q (n_head, D), caches (n_kv_head, max_len, D) f16/f32 -> (n_head, D) f32
+        q (n_head, D), caches (n_kv_head, max_len, D) f16/f32, or Q8Cache from
+        quantize_kv (Q8_0, D % 32 == 0; tensor-core kernel) -> (n_head, D) f32
     prefill(q, k, v, scale, window=None, softcap=None)
         q (tokens, n_head, D), k/v (kv_tokens, n_kv_head, D), the last `tokens` positions the
         queries' own (causal) -> (tokens, n_head, D) f32
@@ -18,11 +19,13 @@ import pykernel as pk
 
 from .decode import (DecodeConfig, DecodeWorkspace, config_splits, default_config,
                      launch_decode, plan_splits)
+from .kv_q8 import Q8Cache, dequantize_kv, quantize_kv
 from .prefill import launch_prefill
 from .reference import attention_reference, decode_reference
 
 __all__ = ["decode", "prefill", "launch_decode", "launch_prefill", "DecodeWorkspace",
-           "DecodeConfig", "plan_splits", "attention_reference", "decode_reference"]
+           "DecodeConfig", "plan_splits", "attention_reference", "decode_reference", "Q8Cache",
+           "quantize_kv", "dequantize_kv"]
 
 
 def _on_device(x, dtype=None):
@@ -44,9 +47,12 @@ def decode(q, k_cache, v_cache, kv_len: int, scale: float, window=None, softcap=
     if not 1 <= int(kv_len) <= max_len:
         raise ValueError(f"attention.decode: kv_len {kv_len} must be in 1..{max_len} "
                          f"(the cache's max_len)")
-    dtype = _cache_dtype(k_cache)
     qd = _on_device(q, np.float32).reshape(1, n_head, head_dim)
-    kd, vd = _on_device(k_cache, dtype), _on_device(v_cache, dtype)
+    if isinstance(k_cache, Q8Cache):       # already on the device (quantize_kv)
+        dtype, kd, vd = k_cache.dtype, k_cache, v_cache
+    else:
+        dtype = _cache_dtype(k_cache)
+        kd, vd = _on_device(k_cache, dtype), _on_device(v_cache, dtype)
     lens = pk.to_device(np.array([kv_len], np.int32))
     out = pk.empty((1, n_head, head_dim), np.float32)
     config = default_config(n_head // kd.shape[0], head_dim, dtype=dtype)

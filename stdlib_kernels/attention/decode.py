@@ -19,6 +19,7 @@ import pykernel as pk
 from .decode_combine import COMBINE_UNROLL, MAX_SPLITS, combine_geometry, combine_splits
 from .decode_kernels import LOG2E, decode_partial
 from .decode_mma import decode_mma
+from .kv_q8 import DTYPE as Q8_DTYPE, Q8Cache
 
 HEAD_DIMS = (64, 80, 96, 128, 256)
 STAGES = 2                   # ring depth of gpu_config: deeper rings measured no faster
@@ -102,6 +103,8 @@ def default_config(group: int, head_dim: int, device=None, dtype=np.float16) -> 
     """CPU target: the smallest kernel (compile time of unrolled code dominates there).
     GPU: tensor cores where decode_mma applies (f16 cache), else the SIMT kernel."""
     device = device or pk.current_device()
+    if isinstance(dtype, str) and dtype == Q8_DTYPE:      # only the tensor-core kernel reads it
+        return mma_config(group, head_dim, warps=2 if device.kind == "cpu" else 8)
     if device.kind == "cpu":
         return DecodeConfig(heads_per_block=1, warps=2, unroll=1)
     if DEFAULT_MMA and mma_capable(head_dim, dtype, device):
@@ -176,14 +179,19 @@ def decode_kernel(config: DecodeConfig):
 def decode_spec(head_dim: int, dtype, config: DecodeConfig, fused: bool = False) -> dict:
     """The compile-time arguments of decode_kernel(config) (also used to precompile);
     fused=True only for workspaces with counters (the one-launch variant)."""
-    dtype = np.dtype(dtype)
+    q8 = isinstance(dtype, str) and dtype == Q8_DTYPE
+    if q8 and not config.mma:
+        raise ValueError("attention.decode: a Q8_0 cache needs the tensor-core kernel "
+                         "(mma_config)")
+    dtype = np.dtype(np.float16 if q8 else dtype)
     if config.mma:
         if dtype != np.float16 or head_dim % 32 or config.heads_per_block > MMA_MAX_HEADS:
-            raise ValueError(f"attention.decode: the tensor-core kernel needs an f16 cache, "
-                             f"head_dim % 32 == 0 and <= {MMA_MAX_HEADS} heads per block; got "
-                             f"{dtype}, {head_dim}, {config.heads_per_block}")
+            raise ValueError(f"attention.decode: the tensor-core kernel needs an f16 or Q8_0 "
+                             f"cache, head_dim % 32 == 0 and <= {MMA_MAX_HEADS} heads per "
+                             f"block; got {dtype}, {head_dim}, {config.heads_per_block}")
         return dict(D=head_dim, GB=config.heads_per_block, NWARPS=config.warps,
                     P=config.stages, FUSED=int(fused), MAXS=MAX_SPLITS, UNR=COMBINE_UNROLL,
+                    Q8=int(q8),
                     **combine_geometry(config.heads_per_block, head_dim, 32 * config.warps))
     return dict(D=head_dim, GB=config.heads_per_block, NWARPS=config.warps, U=config.unroll,
                 P=config.stages, HALF=int(dtype == np.float16), FUSED=int(fused),
@@ -207,13 +215,15 @@ def check_decode_shapes(q, k_cache, v_cache):
     if q.ndim != 3 or q.dtype != np.float32:
         raise ValueError(f"attention.decode: q must be (n_seq, n_head, head_dim) float32, got "
                          f"{q.shape} {q.dtype}")
-    if k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
+    q8 = isinstance(k_cache, Q8Cache)
+    if q8 != isinstance(v_cache, Q8Cache) or k_cache.shape != v_cache.shape or \
+            (not q8 and k_cache.dtype != v_cache.dtype):
         raise ValueError(f"attention.decode: k_cache {k_cache.shape} {k_cache.dtype} and v_cache "
                          f"{v_cache.shape} {v_cache.dtype} must match")
-    if k_cache.dtype not in (np.float16, np.float32) or k_cache.ndim not in (3, 4):
+    if (not q8 and k_cache.dtype not in (np.float16, np.float32)) or k_cache.ndim not in (3, 4):
         raise ValueError(f"attention.decode: caches must be (n_kv_head, max_len, head_dim) or "
-                         f"(n_seq, n_kv_head, max_len, head_dim) float16/float32, got "
-                         f"{k_cache.shape} {k_cache.dtype}")
+                         f"(n_seq, n_kv_head, max_len, head_dim) float16/float32 (or Q8Cache), "
+                         f"got {k_cache.shape} {k_cache.dtype}")
     n_seq, n_head, head_dim = q.shape
     n_kv_head, _, cache_dim = k_cache.shape[-3:]
     if cache_dim != head_dim or n_head % n_kv_head:
@@ -221,6 +231,16 @@ def check_decode_shapes(q, k_cache, v_cache):
                          f"(same head_dim, n_head a multiple of n_kv_head)")
     if k_cache.ndim == 4 and k_cache.shape[0] != n_seq:
         raise ValueError(f"attention.decode: caches hold {k_cache.shape[0]} sequences, q {n_seq}")
+
+
+def _cache_args(k_cache, v_cache, config: DecodeConfig) -> tuple:
+    """The kernel's cache pointers: words of f16/f32 (or int8 quants), and for the tensor-core
+    kernel the Q8_0 scales (an unread stand-in for other caches)."""
+    if isinstance(k_cache, Q8Cache):
+        return (k_cache.quants.view(np.uint32), v_cache.quants.view(np.uint32),
+                k_cache.scales.view(np.uint16), v_cache.scales.view(np.uint16))
+    words = (k_cache.view(np.uint32), v_cache.view(np.uint32))
+    return words + (k_cache.view(np.uint16), v_cache.view(np.uint16)) if config.mma else words
 
 
 def launch_decode(q, k_cache, v_cache, lens, out, scale: float, *, window=None, softcap=None,
@@ -252,12 +272,11 @@ def launch_decode(q, k_cache, v_cache, lens, out, scale: float, *, window=None, 
     has_counters = workspace is not None and workspace.counters is not None
     fused = not direct and has_counters
     counters = workspace.counters if has_counters else lens   # not read unless fused
-    kernel = decode_kernel(config)
-    kernel[(n_splits, n_kv_head * n_sub, n_seq), 32 * config.warps, stream](
-        q, k_cache.view(np.uint32), v_cache.view(np.uint32), lens, lens_stride, len_add,
-        len_step, z_stride, max_len, n_head, n_kv_head, q_scale,
-        float(softcap) if use_softcap else 0.0, int(window or 0), int(direct), out, part_o,
-        part_ml, counters, **decode_spec(head_dim, k_cache.dtype, config, has_counters))
+    caches = _cache_args(k_cache, v_cache, config)
+    decode_kernel(config)[(n_splits, n_kv_head * n_sub, n_seq), 32 * config.warps, stream](
+        q, *caches, lens, lens_stride, len_add, len_step, z_stride, max_len, n_head, n_kv_head,
+        q_scale, float(softcap) if use_softcap else 0.0, int(window or 0), int(direct), out,
+        part_o, part_ml, counters, **decode_spec(head_dim, k_cache.dtype, config, has_counters))
     if not direct and not fused:
         warps = combine_warps(n_splits)
         combine_splits[(n_seq * n_head,), 32 * warps, stream](

@@ -23,44 +23,105 @@ Fragment plumbing (lane = 4 * g + t; NP = D / 32):
   Output row g of m-tile (p, wp), half r, is head_dim 32p + 8(g >> 1) + (g & 1) + 4 wp + 2 r.
 Loads run a ring of P tiles ahead in registers (never behind a branch: keys past the split are
 clamped and masked), like decode_partial. Scores are in the log2 domain (q pre-scaled).
+
+Q8 (a Q8_0 cache: int8 quants (.., max_len, D) plus one f16 scale per 32 values (.., max_len,
+D / 32), ggml's block_q8_0 split in two arrays so the quants load aligned): Q is quantized to
+int8 per (head, 32-block) in the prologue, with a second int8 term for its rounding residual
+(1/256 of the step), and QK^T is two `mma.m16n8k32.s8` per 32-block (a lane
+loads 8 quant bytes per key row and block: the same head_dim positions as the f16 layout), its
+int32 result scaled by the key's and the head's block scales; V's quants times their scale become
+the same f16 words the f16 path loads, so P V is unchanged.
 """
 import pykernel as pk
-from pykernel import Const, Ptr, f32, i32, i64, u32
+from pykernel import Const, Ptr, f16, f32, i32, i64, u16, u32
 
 from .decode_combine import MASKED, NEG_INIT
 from .decode_kernels import LOG2E, block_work, combine_if_last, write_block_result
 
+RESIDUAL = 1.0 / 256.0       # Q8: weight of Q's second int8 term
+
 
 @pk.func
-def load_tile(kp, vp, kb, vb, slot: i32, key0: i32, last_key: i32, g: i32, t: i32,
-              D: Const[int], NP: Const[int]):
-    """Raw K/V words of keys key0 + g and key0 + 8 + g into ring slot `slot`."""
+def load_tile(kp, vp, ksp, vsp, kb, vb, ksc, vsc, slot: i32, key0: i32, last_key: i32, g: i32,
+              t: i32, D: Const[int], NP: Const[int], Q8: Const[int]):
+    """Raw K/V words of keys key0 + g and key0 + 8 + g into ring slot `slot`: f16 halves
+    32p + 8t .. + 7 (4 words), or with Q8 the int8 quants of the same positions (2 words) and
+    the f16 scale of their 32-block."""
     for j in pk.static_range(2):
         key = min(key0 + 8 * j + g, last_key)
         for p in pk.static_range(NP):
-            at = i64(key) * i64(D // 2) + i64(16 * p + 4 * t)
-            kw = pk.load_vec(kp, at, 4)
-            vw = pk.load_vec(vp, at, 4)
-            for w in pk.static_range(4):
-                kb[((slot * 2 + j) * NP + p) * 4 + w] = kw[w]
-                vb[((slot * 2 + j) * NP + p) * 4 + w] = vw[w]
+            at = ((slot * 2 + j) * NP + p) * 4
+            if Q8:
+                src = i64(key) * i64(D // 4) + i64(8 * p + 2 * t)
+                kw = pk.load_vec(kp, src, 2)
+                vw = pk.load_vec(vp, src, 2)
+                for w in pk.static_range(2):
+                    kb[at + w] = kw[w]
+                    vb[at + w] = vw[w]
+                ksc[(slot * 2 + j) * NP + p] = ksp[i64(key) * i64(D // 32) + i64(p)]
+                vsc[(slot * 2 + j) * NP + p] = vsp[i64(key) * i64(D // 32) + i64(p)]
+            else:
+                src = i64(key) * i64(D // 2) + i64(16 * p + 4 * t)
+                kw = pk.load_vec(kp, src, 4)
+                vw = pk.load_vec(vp, src, 4)
+                for w in pk.static_range(4):
+                    kb[at + w] = kw[w]
+                    vb[at + w] = vw[w]
 
 
 @pk.func
-def score_tile(kb, qb, slot: i32, key0: i32, k1: i32, g: i32, softcap: f32, s,
-               NP: Const[int]):
-    """s[0..3] = scores of (key0 + g, heads 2t, 2t+1) and (key0 + 8 + g, same heads)."""
+def scale_of(raw: u16) -> f32:
+    return f32(pk.bitcast(raw, f16))
+
+
+@pk.func
+def q8_pair(word: u32, half: Const[int], scale: f32) -> u32:
+    """Bytes 2 half, 2 half + 1 of word (int8 quants) times scale, as an f16 pair."""
+    lo = f32(i32(word << u32(24 - 16 * half)) >> 24)
+    hi = f32(i32(word << u32(16 - 16 * half)) >> 24)
+    return pk.pack_f16x2(lo * scale, hi * scale)
+
+
+@pk.func
+def v_word(vb, vsc, slot: i32, j: Const[int], p: Const[int], w: Const[int], NP: Const[int],
+           Q8: Const[int]) -> u32:
+    """Word w (halves 32p + 8t + 2w, + 1) of V row j of the tile as an f16 pair."""
+    at = ((slot * 2 + j) * NP + p) * 4
+    if Q8:
+        return q8_pair(vb[at + w // 2], w % 2, scale_of(vsc[(slot * 2 + j) * NP + p]))
+    else:
+        return vb[at + w]
+
+
+@pk.func
+def score_tile(kb, ksc, qb, dq, slot: i32, key0: i32, k1: i32, g: i32, softcap: f32, s,
+               NP: Const[int], Q8: Const[int]):
+    """s[0..3] = scores of (key0 + g, heads 2t, 2t+1) and (key0 + 8 + g, same heads).
+    Q8: two int8 mma per 32-block (K's quants x Q's quants and x Q's residual quants, the
+    latter worth 1/256), scaled by both blocks' scales."""
     c0 = f32(0.0)
     c1 = f32(0.0)
     c2 = f32(0.0)
     c3 = f32(0.0)
     for p in pk.static_range(NP):
-        for h in pk.static_range(2):
-            lo = ((slot * 2) * NP + p) * 4
-            hi = ((slot * 2 + 1) * NP + p) * 4
-            c0, c1, c2, c3 = pk.mma_m16n8k16_f16(
-                kb[lo + 2 * h], kb[hi + 2 * h], kb[lo + 2 * h + 1], kb[hi + 2 * h + 1],
-                qb[p * 4 + 2 * h], qb[p * 4 + 2 * h + 1], c0, c1, c2, c3)
+        lo = ((slot * 2) * NP + p) * 4
+        hi = ((slot * 2 + 1) * NP + p) * 4
+        if Q8:
+            i0, i1, i2, i3 = pk.mma_m16n8k32_s8(kb[lo], kb[hi], kb[lo + 1], kb[hi + 1],
+                                                 qb[4 * p], qb[4 * p + 1], 0, 0, 0, 0)
+            r0, r1, r2, r3 = pk.mma_m16n8k32_s8(kb[lo], kb[hi], kb[lo + 1], kb[hi + 1],
+                                                 qb[4 * p + 2], qb[4 * p + 3], 0, 0, 0, 0)
+            d_lo = scale_of(ksc[(slot * 2) * NP + p])
+            d_hi = scale_of(ksc[(slot * 2 + 1) * NP + p])
+            c0 += pk.fma(f32(r0), RESIDUAL, f32(i0)) * d_lo * dq[2 * p]
+            c1 += pk.fma(f32(r1), RESIDUAL, f32(i1)) * d_lo * dq[2 * p + 1]
+            c2 += pk.fma(f32(r2), RESIDUAL, f32(i2)) * d_hi * dq[2 * p]
+            c3 += pk.fma(f32(r3), RESIDUAL, f32(i3)) * d_hi * dq[2 * p + 1]
+        else:
+            for h in pk.static_range(2):
+                c0, c1, c2, c3 = pk.mma_m16n8k16_f16(
+                    kb[lo + 2 * h], kb[hi + 2 * h], kb[lo + 2 * h + 1], kb[hi + 2 * h + 1],
+                    qb[p * 4 + 2 * h], qb[p * 4 + 2 * h + 1], c0, c1, c2, c3)
     s[0] = c0
     s[1] = c1
     s[2] = c2
@@ -73,7 +134,7 @@ def score_tile(kb, qb, slot: i32, key0: i32, k1: i32, g: i32, softcap: f32, s,
 
 
 @pk.func
-def accumulate_tile(vb, s, m, den, oacc, slot: i32, NP: Const[int]):
+def accumulate_tile(vb, vsc, s, m, den, oacc, slot: i32, NP: Const[int], Q8: Const[int]):
     """Online softmax over the tile's 16 keys for this lane's two heads, then O^T += V^T P^T."""
     for e in pk.static_range(2):
         mx = max(s[e], s[e + 2])
@@ -93,17 +154,54 @@ def accumulate_tile(vb, s, m, den, oacc, slot: i32, NP: Const[int]):
     b1 = pk.movmatrix(pk.pack_f16x2(s[2], s[3]))     # keys 8 + 2t, 9 + 2t
     for p in pk.static_range(NP):
         for wp in pk.static_range(2):
-            lo = ((slot * 2) * NP + p) * 4 + 2 * wp
-            hi = ((slot * 2 + 1) * NP + p) * 4 + 2 * wp
             i = (p * 2 + wp) * 4
             d0, d1, d2, d3 = pk.mma_m16n8k16_f16(
-                pk.movmatrix(vb[lo]), pk.movmatrix(vb[lo + 1]), pk.movmatrix(vb[hi]),
-                pk.movmatrix(vb[hi + 1]), b0, b1, oacc[i], oacc[i + 1], oacc[i + 2],
-                oacc[i + 3])
+                pk.movmatrix(v_word(vb, vsc, slot, 0, p, 2 * wp, NP, Q8)),
+                pk.movmatrix(v_word(vb, vsc, slot, 0, p, 2 * wp + 1, NP, Q8)),
+                pk.movmatrix(v_word(vb, vsc, slot, 1, p, 2 * wp, NP, Q8)),
+                pk.movmatrix(v_word(vb, vsc, slot, 1, p, 2 * wp + 1, NP, Q8)),
+                b0, b1, oacc[i], oacc[i + 1], oacc[i + 2], oacc[i + 3])
             oacc[i] = d0
             oacc[i + 1] = d1
             oacc[i + 2] = d2
             oacc[i + 3] = d3
+
+
+@pk.func
+def load_q(q, qb, dq, q_scale: f32, row: i32, live: bool, t: i32, NP: Const[int],
+           Q8: Const[int]):
+    """Q^T's B fragments for this lane (head g = row's head, 0 when not live): halves
+    32p + 8t .. + 7 as f16 pairs, or with Q8 as int8 quants of a per-(head, 32-block) scale d
+    (amax / 127 over the 4 lanes of the group) plus int8 quants of the rounding residual in
+    units of d / 256 (so Q keeps ~16 bits, not 8), with the scales of heads 2t, 2t + 1 in dq."""
+    x = pk.local_array(f32, 8)
+    for p in pk.static_range(NP):
+        amax = f32(0.0)
+        for e in pk.static_range(8):
+            x[e] = 0.0
+            if live:
+                x[e] = q[row + 32 * p + 8 * t + e] * q_scale
+            amax = max(amax, max(x[e], -x[e]))
+        if Q8:
+            for r in pk.static_range(2):
+                amax = max(amax, pk.shfl_xor(amax, 1 << r))
+            d = amax / 127.0
+            inv = 1.0 / d if d > 0.0 else f32(0.0)
+            for h in pk.static_range(2):
+                word = u32(0)
+                rest = u32(0)
+                for e in pk.static_range(4):
+                    qi = pk.rint(x[4 * h + e] * inv)
+                    ri = min(max(pk.rint((x[4 * h + e] * inv - qi) * 256.0), -127.0), 127.0)
+                    word = word | ((u32(i32(qi)) & u32(255)) << u32(8 * e))
+                    rest = rest | ((u32(i32(ri)) & u32(255)) << u32(8 * e))
+                qb[4 * p + h] = word
+                qb[4 * p + 2 + h] = rest
+            for e in pk.static_range(2):
+                dq[2 * p + e] = pk.shfl_idx(d, (2 * t + e) * 4)
+        else:
+            for w in pk.static_range(4):
+                qb[p * 4 + w] = pk.pack_f16x2(x[2 * w], x[2 * w + 1])
 
 
 @pk.func
@@ -136,13 +234,13 @@ def merge_warps(oacc, m, den, warp: i32, g: i32, t: i32, z: i32, h0: i32, split:
 
 @pk.kernel
 def decode_mma(q: Ptr[f32, "ro"], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro"],
-               lens: Ptr[i32, "ro"], lens_stride: i32, len_add: i32, len_step: i32,
+               k_scale: Ptr[u16, "ro"], v_scale: Ptr[u16, "ro"], lens: Ptr[i32, "ro"], lens_stride: i32, len_add: i32, len_step: i32,
                cache_z_stride: i64, max_len: i32, n_head: i32, n_kv_head: i32,
                q_scale: f32, softcap: f32, window: i32, direct: i32,
                out: Ptr[f32], part_o: Ptr[f32], part_ml: Ptr[f32], counters: Ptr[i32],
                D: Const[int], GB: Const[int], NWARPS: Const[int], P: Const[int],
                FUSED: Const[int], SG: Const[int], TPG: Const[int], MAXS: Const[int],
-               UNR: Const[int]):
+               UNR: Const[int], Q8: Const[int]):
     NP = D // 32
     lane = pk.lane_id()
     warp = pk.thread_idx.x // 32
@@ -150,21 +248,16 @@ def decode_mma(q: Ptr[f32, "ro"], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro
     t = lane % 4
     z, split, kvh, h0, k0, k1 = block_work(lens, lens_stride, len_add, len_step, window,
                                            n_head, n_kv_head, GB)
-    base_off = (i64(z) * cache_z_stride + i64(kvh) * i64(max_len) * i64(D)) // 2
-    kp = k_cache + base_off
-    vp = v_cache + base_off
+    first_elem = i64(z) * cache_z_stride + i64(kvh) * i64(max_len) * i64(D)
+    kp = k_cache + first_elem // (4 if Q8 else 2)    # u32 words of int8 quants / f16 pairs
+    vp = v_cache + first_elem // (4 if Q8 else 2)
+    ksp = k_scale + first_elem // 32                 # Q8: one f16 scale per 32 elements
+    vsp = v_scale + first_elem // 32
     last_key = max(0, k1 - 1)
 
-    qb = pk.local_array(u32, NP * 4)                 # B fragments of Q^T, f16 pairs
-    for p in pk.static_range(NP):
-        for w in pk.static_range(4):
-            x0 = f32(0.0)
-            x1 = f32(0.0)
-            if g < GB:
-                at = (z * n_head + h0 + g) * D + 32 * p + 8 * t + 2 * w
-                x0 = q[at] * q_scale
-                x1 = q[at + 1] * q_scale
-            qb[p * 4 + w] = pk.pack_f16x2(x0, x1)
+    qb = pk.local_array(u32, NP * 4)                 # B fragments of Q^T: f16 pairs, or int8
+    dq = pk.local_array(f32, NP * 2)                 # Q8: Q's block scales, heads 2t, 2t + 1
+    load_q(q, qb, dq, q_scale, (z * n_head + h0 + g) * D, g < GB, t, NP, Q8)
     oacc = pk.local_array(f32, NP * 8)
     for i in pk.static_range(NP * 8):
         oacc[i] = 0.0
@@ -177,19 +270,22 @@ def decode_mma(q: Ptr[f32, "ro"], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro
 
     kb = pk.local_array(u32, P * 2 * NP * 4)         # the ring: P tiles of raw 16-byte chunks
     vb = pk.local_array(u32, P * 2 * NP * 4)
+    ksc = pk.local_array(u16, P * 2 * NP)            # Q8: the rows' block scales
+    vsc = pk.local_array(u16, P * 2 * NP)
     stride = NWARPS * 16                             # keys of one ring step of the whole block
     first = k0 + warp * 16
     for p in pk.static_range(P - 1):
-        load_tile(kp, vp, kb, vb, p, first + p * stride, last_key, g, t, D, NP)
+        load_tile(kp, vp, ksp, vsp, kb, vb, ksc, vsc, p, first + p * stride, last_key, g, t,
+                  D, NP, Q8)
     base = first
     while base < k1:
         for p in pk.static_range(P):
-            load_tile(kp, vp, kb, vb, (p + P - 1) % P, base + (p + P - 1) * stride, last_key,
-                      g, t, D, NP)
+            load_tile(kp, vp, ksp, vsp, kb, vb, ksc, vsc, (p + P - 1) % P,
+                      base + (p + P - 1) * stride, last_key, g, t, D, NP, Q8)
             key0 = base + p * stride
             if key0 < k1:
-                score_tile(kb, qb, p, key0, k1, g, softcap, s, NP)
-                accumulate_tile(vb, s, m, den, oacc, p, NP)
+                score_tile(kb, ksc, qb, dq, p, key0, k1, g, softcap, s, NP, Q8)
+                accumulate_tile(vb, vsc, s, m, den, oacc, p, NP, Q8)
         base += P * stride
     merge_warps(oacc, m, den, warp, g, t, z, h0, split, n_head, direct, out, part_o, part_ml,
                 D, GB, NWARPS, NP)

@@ -226,3 +226,58 @@ def test_gpu_decode_benchmarked_configs(rng, seed, dtype):
                           config=config)
             _check(out.numpy()[0], expected, dtype, seed,
                    f"{config} splits {splits} fused {fused}")
+
+
+@pytest.mark.parametrize("n_head,n_kv_head,head_dim,window,softcap,splits,fused",
+                         [(8, 2, 64, None, None, 3, False), (6, 2, 96, 25, 30.0, 2, True)])
+def test_q8_0_cache(device, rng, seed, n_head, n_kv_head, head_dim, window, softcap, splits,
+                    fused):
+    """A Q8_0 KV cache (tensor-core kernel: int8 QK^T with Q in two int8 terms per 32-block)
+    against the float64 reference over the dequantized cache, with the f16 cache's bound (the
+    cache's own rounding is the format's, not the kernel's)."""
+    from stdlib_kernels.attention.kv_q8 import dequantize_kv, quantize_kv
+    n_seq, max_len = 2, 70
+    lens = np.array([int(rng.integers(50, max_len + 1)), int(rng.integers(1, max_len + 1))],
+                    np.int32)
+    q = rng.standard_normal((n_seq, n_head, head_dim)).astype(np.float32)
+    shape = (n_seq, n_kv_head, max_len, head_dim)
+    k8, v8 = (quantize_kv(rng.standard_normal(shape)) for _ in range(2))
+    k, v = dequantize_kv(k8), dequantize_kv(v8)
+    config = mma_config(n_head // n_kv_head, head_dim, warps=2, stages=2)
+    out = pk.full((n_seq, n_head, head_dim), np.nan, np.float32)
+    workspace = DecodeWorkspace.allocate(n_seq, n_head, head_dim, splits, fused=fused)
+    launch_decode(pk.to_device(q), k8, v8, pk.to_device(lens), out, head_dim ** -0.5,
+                  window=window, softcap=softcap, workspace=workspace, config=config)
+    for z in range(n_seq):
+        expected = decode_reference(q[z], k[z], v[z], int(lens[z]), head_dim ** -0.5, window,
+                                    softcap)
+        err = relative_l2(out.numpy()[z], expected)
+        assert np.isfinite(err) and err < TOLERANCE[np.float16], \
+            f"Q8_0 cache, sequence {z} kv_len {lens[z]}: relative L2 {err:.3g} (seed {seed})"
+
+
+def test_q8_0_cache_roundtrip_is_ggml(rng):
+    from stdlib_kernels.attention.kv_q8 import dequantize_kv, quantize_kv
+    from stdlib_kernels.quant import reference as ref
+    x = rng.standard_normal((3, 5, 64)).astype(np.float32)
+    cache = quantize_kv(x)
+    expected = ref.dequantize(ref.quantize(x.reshape(-1, 64), "Q8_0"), "Q8_0", 64)
+    np.testing.assert_array_equal(dequantize_kv(cache).reshape(-1, 64), expected)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize_kv(np.zeros((4, 40), np.float32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_head,n_kv_head,head_dim", [(32, 8, 128), (4, 1, 256), (9, 3, 64)])
+def test_gpu_q8_0_cache_long_context(rng, seed, n_head, n_kv_head, head_dim):
+    """The Q8_0 cache through attention.decode (default configuration and splits), 8k keys."""
+    from stdlib_kernels.attention.kv_q8 import dequantize_kv, quantize_kv
+    pk.set_device("cuda")
+    q = rng.standard_normal((n_head, head_dim)).astype(np.float32)
+    shape = (n_kv_head, 8192, head_dim)
+    k8, v8 = (quantize_kv(rng.standard_normal(shape)) for _ in range(2))
+    k, v = dequantize_kv(k8), dequantize_kv(v8)
+    for kv_len, window in ((8192, None), (8192 - int(rng.integers(1, 300)), 1000)):
+        out = attention.decode(q, k8, v8, kv_len, head_dim ** -0.5, window=window)
+        _check(out, decode_reference(q, k, v, kv_len, head_dim ** -0.5, window), np.float16,
+               seed, f"Q8_0 cache kv_len {kv_len} window {window}")
