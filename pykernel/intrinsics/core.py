@@ -84,13 +84,21 @@ def bitcast(fl, node):
 
 @intrinsic("pack_f16x2")
 def pack_f16x2(fl, node):
-    """Two f32 (or f16) values -> one u32 holding two f16 (low = first): `cvt.rn.f16x2.f32`."""
+    """Two f32 (or f16) values -> one u32 holding two f16 (low = first): one
+    `cvt.rn.f16x2.f32` on sm_80+, two `cvt.rn.f16.f32` and a merge before."""
     (a, c), _ = args_of(fl, node, 2, "pack_f16x2")
-    halves = []
-    for v in (a, c):
-        v = fl.materialize(v, node)
+    vals = [fl.materialize(v, node) for v in (a, c)]
+    for v in vals:
         if not isinstance(v, Value) or not v.ty.is_float:
             raise fl.error(node, f"pk.pack_f16x2 packs floats, got {describe(v)}")
+    target = fl.ctx.target
+    if target.name == "nvptx" and (target.sm or 0) >= 80 and all(v.ty is f32 for v in vals):
+        fnty = ir.FunctionType(ir.IntType(32), [ir.FloatType(), ir.FloatType()])
+        # the instruction's first source goes to the upper half
+        return Value(u32, fl.b.asm(fnty, "cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f",
+                                   [vals[0].ir, vals[1].ir], False))
+    halves = []
+    for v in vals:
         h = ops.cast(fl.b, v.ty, f16, v.ir)
         halves.append(fl.b.zext(fl.b.bitcast(h, ir.IntType(16)), ir.IntType(32)))
     hi = fl.b.shl(halves[1], ir.Constant(ir.IntType(32), 16))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import pykernel as pk
-from pykernel import Ptr, f32, i32
+from pykernel import Ptr, f32, i32, u32
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PTXAS = shutil.which("ptxas")
@@ -65,6 +65,20 @@ def test_tensor_core_and_fast_math_ptx(arch, tmp_path):
                   "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32", "dp4a.s32.s32",
                   "ex2.approx", "tanh.approx.f32", "rsqrt.approx"):
         assert instr in ptx, instr
+    if PTXAS is None:
+        pytest.skip("ptxas not on PATH")
+    assemble(ptx, arch, tmp_path)
+
+
+@pk.kernel
+def pack_halves(a: Ptr[f32], out: Ptr[u32]):
+    out[0] = pk.pack_f16x2(a[0], a[1])
+
+
+@pytest.mark.parametrize("arch", pk.SUPPORTED_ARCHS)
+def test_pack_f16x2_is_one_instruction_on_sm80(arch, tmp_path):
+    ptx = pack_halves.ptx(arch)
+    assert ("cvt.rn.f16x2.f32" in ptx) == (arch != "sm_75"), arch
     if PTXAS is None:
         pytest.skip("ptxas not on PATH")
     assemble(ptx, arch, tmp_path)
