@@ -47,26 +47,20 @@ def load_tile(kp, vp, ksp, vsp, kb, vb, ksc, vsc, slot: i32, key0: i32, last_key
     """Raw K/V words of keys key0 + g and key0 + 8 + g into ring slot `slot`: f16 halves
     32p + 8t .. + 7 (4 words), or with Q8 the int8 quants of the same positions (2 words) and
     the f16 scale of their 32-block."""
+    W = 2 if Q8 else 4                               # u32 words per lane per 32-block
     for j in pk.static_range(2):
         key = min(key0 + 8 * j + g, last_key)
         for p in pk.static_range(NP):
             at = ((slot * 2 + j) * NP + p) * 4
+            src = i64(key) * i64(D * W // 8) + i64(4 * W * p + W * t)
+            kw = pk.load_vec(kp, src, W)
+            vw = pk.load_vec(vp, src, W)
+            for w in pk.static_range(W):
+                kb[at + w] = kw[w]
+                vb[at + w] = vw[w]
             if Q8:
-                src = i64(key) * i64(D // 4) + i64(8 * p + 2 * t)
-                kw = pk.load_vec(kp, src, 2)
-                vw = pk.load_vec(vp, src, 2)
-                for w in pk.static_range(2):
-                    kb[at + w] = kw[w]
-                    vb[at + w] = vw[w]
                 ksc[(slot * 2 + j) * NP + p] = ksp[i64(key) * i64(D // 32) + i64(p)]
                 vsc[(slot * 2 + j) * NP + p] = vsp[i64(key) * i64(D // 32) + i64(p)]
-            else:
-                src = i64(key) * i64(D // 2) + i64(16 * p + 4 * t)
-                kw = pk.load_vec(kp, src, 4)
-                vw = pk.load_vec(vp, src, 4)
-                for w in pk.static_range(4):
-                    kb[at + w] = kw[w]
-                    vb[at + w] = vw[w]
 
 
 @pk.func

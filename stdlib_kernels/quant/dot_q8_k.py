@@ -57,6 +57,23 @@ def dot_q8_Q2_K(w: Ptr[u32, "ro"], wrow: i32, blk: i32, part: i32, xq: Ptr[u32, 
         acc[a0 + bt] += r
 
 
+@pk.func
+def scaled_group_dots(v, scale, xq: Ptr[u32, "ro"], xstride: i32, xblock: i32, half: i32,
+                      acc: Ptr[f32], a0: i32, BATCH: Const[int]):
+    """acc[a0 + bt] += sum_g scale[g] dx_g (v words 4g..4g+3 . int8 words 4 half.. of Q8_1
+    block xblock + g of token bt): four 16-value groups of one item, each with its scale."""
+    for bt in pk.static_range(BATCH):
+        r = f32(0.0)
+        for g in pk.static_range(4):
+            x = bt * xstride + 9 * (xblock + g)
+            s = 0
+            for k in pk.static_range(4):
+                s = pk.dp4a(v[4 * g + k], act(xq, x + 1 + 4 * half + k), s)
+            dx, sx = act_scale(xq, x)
+            r += scale[g] * dx * f32(s)
+        acc[a0 + bt] += r
+
+
 # Q3_K block (110 B = 55 u16): hmask:32 B | qs:64 B | scales:12 B | d:f16. 4 items as Q2_K:
 # n = part/2, h = part%2 (bytes l = 16h..16h+15); value 128n + 32j + l is
 # ((qs[32n + l] >> 2j) & 3) - (hmask[l] bit 4n + j set ? 0 : 4), scale s = 8n + 2j + h
@@ -84,16 +101,7 @@ def dot_q8_Q3_K(w: Ptr[u16, "ro"], wrow: i32, blk: i32, part: i32, xq: Ptr[u32, 
         lo = (byte_of(s0 if j < 2 else s1, 2 * (j % 2) + h) >> (u32(4) * u32(n))) & u32(15)
         top = byte_of(s2, (2 * j) % 4 + h) >> (u32(2) * (u32(2) * u32(n) + u32(j // 2)))
         scale[j] = d * f32(i32(lo | ((top & u32(3)) << u32(4))) - 32)
-    for bt in pk.static_range(BATCH):
-        r = f32(0.0)
-        for j in pk.static_range(4):
-            x = bt * xstride + 9 * (8 * blk + 4 * n + j)
-            s = 0
-            for k in pk.static_range(4):
-                s = pk.dp4a(v[4 * j + k], act(xq, x + 1 + 4 * h + k), s)
-            dx, sx = act_scale(xq, x)
-            r += scale[j] * dx * f32(s)
-        acc[a0 + bt] += r
+    scaled_group_dots(v, scale, xq, xstride, 8 * blk + 4 * n, h, acc, a0, BATCH)
 
 
 @pk.func
@@ -263,16 +271,7 @@ def dot_q8_Q6_K_words(w: Ptr[u32, "ro"], wrow: i32, blk: i32, part: i32, xq: Ptr
             v[4 * g + k] = q6k_group(q[4 * (g % 2) + k], q[8 + k], u32(4 * (g // 2)),
                                      u32(2 * g))
         scale[g] = d * signed_byte(q[12 + g // 2] >> (u32(8) * u32(j)), (2 * g) % 4)
-    for bt in pk.static_range(BATCH):
-        r = f32(0.0)
-        for g in pk.static_range(4):
-            x = bt * xstride + 9 * (8 * blk + 4 * n + g)
-            s = 0
-            for k in pk.static_range(4):
-                s = pk.dp4a(v[4 * g + k], act(xq, x + 1 + 4 * j + k), s)
-            dx, sx = act_scale(xq, x)
-            r = r + scale[g] * dx * f32(s)
-        acc[a0 + bt] += r
+    scaled_group_dots(v, scale, xq, xstride, 8 * blk + 4 * n, j, acc, a0, BATCH)
 
 
 # Q2_K, 2 items per block: item n = half n (128 values, qs words 8n..8n+7, scale bytes
