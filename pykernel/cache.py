@@ -1,6 +1,7 @@
 """Compile cache: in memory, then on disk (`~/.cache/pykernel`, or $PYKERNEL_CACHE_DIR) for
-PTX and for the CPU target's native object code (keyed with the host CPU too). Keys hash the kernel's source, every @pk.func it reaches, the global constants it reads,
-the specialization, arch, options and the compiler's own source. Disk writes are atomic
+PTX and for the CPU target's native object code (keyed with the host CPU too). Keys hash the
+kernel's source, every @pk.func it reaches, the global constants it reads, the specialization,
+arch, options and the compiler's own source. Disk writes are atomic
 (temp file + rename) so concurrent processes are safe; a corrupt entry is recompiled."""
 from __future__ import annotations
 
