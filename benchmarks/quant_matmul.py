@@ -12,6 +12,10 @@ the right layout (speed does not depend on the values). Copy bandwidth = 2 x byt
     python3 benchmarks/quant_matmul.py [--budget SECONDS]   (GEMV sweep; stops early to fit)
     python3 benchmarks/quant_matmul.py --defaults           (GEMV: shipped defaults + before)
     python3 benchmarks/quant_matmul.py --gemm-only          (prefill GEMM: int8 vs f16 only)
+    python3 benchmarks/quant_matmul.py --q1-0-bmma          (Q1_0: binary tensor cores vs DP4A;
+                                                             benchmarks/q1_0_bmma.py [--tries])
+    python3 benchmarks/quant_matmul.py --issue              (issue 5's GEMV targets: rotated
+                                                             and one-buffer, plain and PDL)
     python3 benchmarks/quant_matmul.py --focus Q3_K,Q1_0    (GEMV: those types' FOCUS_TRIES and
                                                              shipped defaults, all 3 shapes)
     ... --with-gemm                                         (GEMV, then the GEMM comparison)
@@ -100,13 +104,18 @@ def random_weights(type_name: str, rows: int, k: int, count: int, rng):
 
 
 def bench_gemv(type_name: str, config, rng, batch: int = 1, with_quantize=False,
-               shape=(M, K)):
+               shape=(M, K), rotate=True, pdl=False, prefetch=True):
     """Seconds per Q8_1 GEMV of an m x k matrix (plus the Q8_1 quantization of x when
-    with_quantize, as llama.cpp's figures include it) and the weight bytes it streams."""
+    with_quantize, as llama.cpp's figures include it) and the weight bytes it streams.
+    rotate=False reads one weight buffer every time (what llama.cpp's `test-backend-ops perf`
+    does: a matrix smaller than the L2 is then partly served from it); pdl: the graph is
+    captured with programmatic dependent launch (as the runner's decode graph is); prefetch=False
+    drops the GEMV's L2 prefetch under PDL (gemv_kernels.prefetch_then_wait)."""
     m, k = shape
     fmt = get_format(type_name)
     nbytes = m * (k // fmt.block_elems * fmt.block_bytes)
-    weights, _ = random_weights(type_name, m, k, -(-4 * L2_BYTES // nbytes), rng)
+    count = -(-4 * L2_BYTES // nbytes) if rotate else 1
+    weights, _ = random_weights(type_name, m, k, count, rng)
     x = pk.to_device(rng.standard_normal((batch, k)).astype(np.float32))
     xq = pk.empty((batch, q8_1_bytes(k)), np.uint8)
     quantize_q8_1_into(x, xq)
@@ -119,7 +128,13 @@ def bench_gemv(type_name: str, config, rng, batch: int = 1, with_quantize=False,
                 quantize_q8_1_into(x, xq, stream=stream)
             gemv_q8_into(weights[r % len(weights)], type_name, xq, y, m, k, batch,
                          stream=stream, config=config)
-    seconds = time_graph(run) / reps
+    saved = gemv_module._under_pdl
+    if not prefetch:
+        gemv_module._under_pdl = lambda: False
+    try:
+        seconds = replay_seconds(lambda: run(None), 5, pdl=pdl) / reps
+    finally:
+        gemv_module._under_pdl = saved
     return seconds, nbytes
 
 
@@ -261,6 +276,46 @@ def focus(types, rng, deadline):
     save(results)
 
 
+# Q3_K launch shapes tried at k = 4096 by --issue (the shipped one is (2, 1, 4, 1, 1))
+Q3_K_SHORT_TRIES = (G(1, 1, 4, 1, 1), G(1, 1, 5, 1, 1), G(1, 1, 6, 1, 1), G(1, 1, 6, 2, 1),
+                    G(1, 1, 7, 1, 1), G(1, 1, 8, 1, 1), G(2, 1, 6, 1, 1))
+
+
+def issue_table(rng):
+    """Issue 5's two GEMV targets with every timing mode: the six llama.cpp-measured types at
+    4096 x 14336 with the Q8_1 quantization in the graph, weights rotated (HBM) and not (as
+    llama.cpp's perf mode), plain and PDL graphs; the bit-unpacking types at the shapes larger
+    than L2, plain and PDL, plus Q3_K launch shapes at 57344 x 4096."""
+    copy = copy_bandwidth() / 1e9
+    results = {"copy_GBps": copy, "issue": []}
+    print(f"copy bandwidth: {copy:.0f} GB/s")
+    print("\n4096 x 14336 GEMV + Q8_1 quantize (us): rotated plain / PDL / PDL without the L2 "
+          "prefetch, one buffer plain / PDL")
+    for type_name in LLAMA_CPP_H200_US:
+        config = default_for(type_name, K)
+        modes = ((True, False, True), (True, True, True), (True, True, False), (False, False, True),
+                 (False, True, True))
+        row = [bench_gemv(type_name, config, rng, with_quantize=True, rotate=r, pdl=p,
+                          prefetch=f)[0] * 1e6 for r, p, f in modes]
+        results["issue"].append(dict(type=type_name, shape=LONG, config=config, us=row))
+        print(f"  {type_name} {tuple(config)}: " + " / ".join(f"{u:.1f}" for u in row) +
+              f"  (llama.cpp {LLAMA_CPP_H200_US[type_name]})", flush=True)
+    print("\nlarger than L2, GEMV alone, % of copy: plain / PDL / PDL without the L2 prefetch")
+    plan = [(t, default_for(t, 4096), s) for t in ("Q3_K", "Q2_K", "Q1_0", "Q4_K")
+            for s in (MID, BIG)]
+    plan += [("Q3_K", c, MID) for c in Q3_K_SHORT_TRIES]
+    for type_name, config, shape in plan:
+        row = [bench_gemv(type_name, config, rng, shape=shape, pdl=p, prefetch=f)
+               for p, f in ((False, True), (True, True), (True, False))]
+        pct = [100 * nbytes / sec / 1e9 / copy for sec, nbytes in row]
+        results["issue"].append(dict(type=type_name, shape=shape, config=config,
+                                     us=[sec * 1e6 for sec, _ in row], pct=pct))
+        print(f"  {type_name} {shape[0]}x{shape[1]} {tuple(config)}: " +
+              " / ".join(f"{sec * 1e6:.1f}" for sec, _ in row) + " us, " +
+              " / ".join(f"{p:.0f}" for p in pct) + "%", flush=True)
+    save(results)
+
+
 def wait_for_flag(t0: float):
     if "--wait-for" in sys.argv:   # a file another job (e.g. the GPU tests) creates when done
         flag = sys.argv[sys.argv.index("--wait-for") + 1]
@@ -388,6 +443,13 @@ def main():
     if "--gemm-only" in sys.argv:
         results = {"gemm": []}
         compare_gemm(rng, results)
+        return
+    if "--q1-0-bmma" in sys.argv:   # Q1_0 on binary tensor cores vs DP4A (q1_0_bmma.py)
+        from benchmarks.q1_0_bmma import main as q1_0_bmma
+        q1_0_bmma()
+        return
+    if "--issue" in sys.argv:
+        issue_table(rng)
         return
     if "--focus" in sys.argv:
         focus(sys.argv[sys.argv.index("--focus") + 1].split(","), rng, deadline)
