@@ -276,9 +276,9 @@ def focus(types, rng, deadline):
     save(results)
 
 
-# Q3_K launch shapes tried at k = 4096 by --issue (the shipped one is (2, 1, 4, 1, 1))
-Q3_K_SHORT_TRIES = (G(1, 1, 4, 1, 1), G(1, 1, 5, 1, 1), G(1, 1, 6, 1, 1), G(1, 1, 6, 2, 1),
-                    G(1, 1, 7, 1, 1), G(1, 1, 8, 1, 1), G(2, 1, 6, 1, 1))
+# Q3_K launch shapes tried at k = 4096 by --issue (per_sm > 0: a persistent grid)
+Q3_K_SHORT_TRIES = (G(1, 1, 6, 1, 1), G(1, 1, 5, 1, 1), G(1, 1, 6, 1, 1, 0, 16),
+                    G(1, 1, 6, 1, 1, 0, 24), G(1, 1, 6, 1, 1, 0, 32), G(1, 1, 4, 1, 1, 0, 32))
 
 
 def issue_table(rng):

@@ -1,6 +1,7 @@
-"""Low-level intrinsics: dp4a (4-way int8 dot product), tensor-core mma.sync tiles, movmatrix and
-`pk.asm` inline PTX. mma is warp-collective: on the CPU target the 32 lanes publish their
-fragments through the warp-exchange slots and each lane computes its own outputs exactly."""
+"""Low-level intrinsics: dp4a (4-way int8 dot product), tensor-core mma.sync tiles (f16, bf16,
+s8, and 1-bit AND-popcount), movmatrix and `pk.asm` inline PTX. mma is warp-collective: on the
+CPU target the 32 lanes publish their fragments through the warp-exchange slots and each lane
+computes its own outputs exactly."""
 from __future__ import annotations
 
 import ast
@@ -132,6 +133,58 @@ def _mma_cpu(fl, kind, ksize, per_reg, regs, accs, acc_ty, site):
 mma_m16n8k16_f16 = intrinsic("mma_m16n8k16_f16")(_mma("f16"))
 mma_m16n8k16_bf16 = intrinsic("mma_m16n8k16_bf16")(_mma("bf16"))
 mma_m16n8k32_s8 = intrinsic("mma_m16n8k32_s8")(_mma("s8"))
+
+MMA_B1 = "mma.sync.aligned.m16n8k128.row.col.s32.b1.b1.s32.and.popc"
+
+
+@intrinsic("mma_m16n8k128_b1")
+def mma_m16n8k128_b1(fl, node):
+    """`d0..d3 = pk.mma_m16n8k128_b1(a0, a1, b0, c0..c3)`: D = C + popc(A AND B) over k for a
+    16x128-bit A and a 128x8-bit B (one `mma...m16n8k128...b1.b1.s32.and.popc`, sm_80+). Bit i
+    of a0 = A[group][32 t + i], a1 the same for row group + 8; bit i of b0 = B[32 t + i][group];
+    C/D as the other shapes (c0, c1: row group, cols 2t, 2t + 1; c2, c3: row group + 8)."""
+    if len(node.args) != 7 or node.keywords:
+        raise fl.error(node, "pk.mma_m16n8k128_b1 takes 7 arguments: a0, a1, b0, c0..c3")
+    fl.ctx.require_arch(80, "mma.sync m16n8k128 (b1, and.popc)", fl, node)
+    args = [fl.expr(x) for x in node.args]
+    regs = [fl.coerce(v, u32, node) for v in args[:3]]
+    accs = [fl.coerce(v, i32, node) for v in args[3:]]
+    fl.ctx.uses.add("warp")
+    b = fl.b
+    if fl.ctx.target.name == "nvptx":
+        fnty = ir.FunctionType(ir.LiteralStructType([I32] * 4), [I32] * 7)
+        text = f"{MMA_B1} {{$0,$1,$2,$3}}, {{$4,$5}}, {{$6}}, {{$7,$8,$9,$10}};"
+        res = b.asm(fnty, text, ",".join(["=r"] * 4 + ["r"] * 7),
+                    [v.ir for v in regs + accs], True)
+        outs = [b.extract_value(res, k) for k in range(4)]
+    else:
+        outs = _mma_b1_cpu(fl, regs, accs, fl.ctx.site(fl, node, "mma b1"))
+    return TupleValue(tuple(Value(i32, o) for o in outs))
+
+
+def _mma_b1_cpu(fl, regs, accs, site):
+    """Each lane's 4 outputs from the warp's published fragments: for output (row, col), the
+    4 lanes t = 0..3 of the row's group hold A's k-words, those of col's group hold B's."""
+    target, b = fl.ctx.target, fl.b
+    words = [b.zext(v.ir, I64) for v in regs + accs]
+    slots, half, _ = target.exchange_words(fl.ctx, words, site)
+    tlin = fl.ctx.target_data["tlin"]
+    lane = b.and_(tlin, ir.Constant(I32, 31))
+    base = b.sub(tlin, lane)
+    group, tig = b.lshr(lane, ir.Constant(I32, 2)), b.and_(lane, ir.Constant(I32, 3))
+    popc = fl.ctx.intrinsic_decl("llvm.ctpop", I32, ret=I32, args=(I32,))
+    outs = []
+    for k_out in range(4):
+        col = b.add(b.mul(tig, ir.Constant(I32, 2)), ir.Constant(I32, k_out % 2))
+        acc = b.trunc(words[3 + k_out], I32)
+        for t in range(4):
+            a_lane = b.add(b.add(base, b.mul(group, ir.Constant(I32, 4))), ir.Constant(I32, t))
+            b_lane = b.add(b.add(base, b.mul(col, ir.Constant(I32, 4))), ir.Constant(I32, t))
+            a_word = target.fetch_word(fl.ctx, slots, half, a_lane, k_out // 2)
+            b_word = target.fetch_word(fl.ctx, slots, half, b_lane, 2)
+            acc = b.add(acc, b.call(popc, [b.and_(a_word, b_word)]))
+        outs.append(acc)
+    return outs
 
 
 @intrinsic("movmatrix")

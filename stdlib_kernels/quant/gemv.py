@@ -7,7 +7,9 @@
     gemv_q8_into / gemv_f32_into              preallocated outputs, no allocation, no host sync
 
 `activations="q8_1"` (default; llama.cpp's path) quantizes x once per call and uses DP4A for
-the types in Q8_1_TYPES; other types, and `activations="f32"`, use float32 activations.
+the types in Q8_1_TYPES, except Q1_0 on sm_80+ and the CPU target: int8 per 128 values as bit
+planes and binary tensor cores (gemv_q1_0.py; gemv_q8_into keeps Q1_0's DP4A kernel); other
+types, and `activations="f32"`, use float32 activations.
 Results are device arrays (pk.Array) on the current device.
 """
 from __future__ import annotations
@@ -21,7 +23,9 @@ import pykernel as pk
 
 from . import gemv_kernels as gk
 from .formats import get_format
+from .gemv_q1_0 import bmma_available, gemv_q1_0_into
 from .q8_1 import q8_1_bytes, quantize_q8_1_into
+from .q8_planes import q8_planes_bytes, quantize_q8_planes_into
 
 # type -> items per block of the DP4A path (dot_q8.py, dot_q8_k.py)
 Q8_1_TYPES = {"Q4_0": 1, "Q4_1": 1, "Q5_0": 1, "Q5_1": 1, "Q8_0": 1, "Q1_0": 4, "Q2_K": 4,
@@ -109,7 +113,7 @@ SHORT_ROW = 8192
 TUNED_SHORT = {"Q4_0": G(4, 1, 2, 2, 1), "Q4_1": G(4, 2, 2, 1, 1), "Q8_0": G(4, 2, 4, 1, 1),
                "Q4_K": G(4, 2, 2, 1, 1), "Q6_K": G(4, 2, 4, 1, 1, kernel="words"),
                "Q1_0": G(4, 1, 16, 1, 1), "Q2_K": G(4, 1, 2, 1, 1), "Q5_0": G(4, 2, 4, 1, 1),
-               "Q5_K": G(4, 1, 2, 1, 2), "Q3_K": G(2, 1, 4, 1, 1)}
+               "Q5_K": G(4, 1, 2, 1, 2), "Q3_K": G(1, 1, 6, 1, 1)}
 # batch > 1: measured on Q4_K (2, 4, 8 tokens); 4 rows per group reuse each activation load;
 # the base kernels (Q4_K's 64-value items were slower at 2 and 4 tokens, 9% faster at 8)
 BATCH_CONFIGS = ((3, G(4, 2, 4, 1, 2, kernel="")), (5, G(4, 2, 4, 1, 1, kernel="")),
@@ -252,7 +256,11 @@ def _run(raws, type_name, x, mode, res, activations):
         if res.size != y.size:
             raise ValueError(f"gemv_residual: residual has shape {tuple(res.shape)}, output "
                              f"{tuple(y.shape)}")
-    if activations == "q8_1" and type_name in Q8_1_TYPES and n % 32 == 0:
+    if activations == "q8_1" and type_name == "Q1_0" and bmma_available():
+        xp = pk.empty((batch, q8_planes_bytes(n)), np.uint8)   # per-128 int8 (gemv_q1_0.py)
+        quantize_q8_planes_into(x, xp)
+        gemv_q1_0_into(w, xp, y, rows, n, batch, w2=w2, res=res, mode=mode)
+    elif activations == "q8_1" and type_name in Q8_1_TYPES and n % 32 == 0:
         xq = pk.empty((batch, q8_1_bytes(n)), np.uint8)
         quantize_q8_1_into(x, xq)
         gemv_q8_into(w, type_name, xq, y, rows, n, batch, w2=w2, res=res, mode=mode)

@@ -76,6 +76,18 @@ def test_quantize_q8_1_bit_exact(device, rng, seed):
     assert np.array_equal(got, ref.quantize_q8_1(x)), f"Q8_1 bytes differ (seed {seed})"
 
 
+def gemv_on_q8_1(raw, type_name, x):
+    """gemv() on Q8_1 activations; Q1_0, which gemv() runs on binary tensor cores with its own
+    activation format (test_gemv_q1_0.py), through its DP4A kernel (the runner's path)."""
+    if type_name != "Q1_0":
+        return gemv(raw, type_name, x).numpy()
+    rows, n = raw.shape[0], x.shape[-1]
+    y = pk.full((x.shape[0], rows), np.nan, np.float32)
+    gemv_q8_into(weight_words(pk.to_device(raw), type_name, n)[0], type_name,
+                 quantize_q8_1(x), y, rows, n, x.shape[0])
+    return y.numpy()
+
+
 @pytest.mark.parametrize("type_name", sorted(Q8_1_TYPES))
 def test_gemv_q8_1(device, rng, seed, type_name):
     # K = one block, M = 1; one batch size per type (each BATCH is a separate compile)
@@ -83,8 +95,7 @@ def test_gemv_q8_1(device, rng, seed, type_name):
         n = row_len(type_name, blocks)
         raw = make_weights(rng, type_name, rows, n)
         x = rng.standard_normal((2, n)).astype(np.float32)
-        y = gemv(raw, type_name, x).numpy()
-        check_q8_1(y, raw, type_name, x, seed)
+        check_q8_1(gemv_on_q8_1(raw, type_name, x), raw, type_name, x, seed)
 
 
 @pytest.mark.parametrize("config", [GemvConfig(warps=4, split=2, rows=2, unroll=2, widen=2),
@@ -228,4 +239,4 @@ def test_gpu_default_configs_at_model_shapes(rng, seed, type_name, n):
     raw = make_weights(rng, type_name, rows, n)
     for batch in (1, 2):
         x = rng.standard_normal((batch, n)).astype(np.float32)
-        check_q8_1(gemv(raw, type_name, x).numpy(), raw, type_name, x, seed)
+        check_q8_1(gemv_on_q8_1(raw, type_name, x), raw, type_name, x, seed)
