@@ -37,9 +37,9 @@ import pykernel as pk  # noqa: E402
 from benchmarks._timing import replay_seconds  # noqa: E402
 from stdlib_kernels.attention.decode import (DEFAULT_FUSED, DecodeConfig,  # noqa: E402
                                              DecodeWorkspace, combine_spec, decode_spec,
-                                             config_splits, decode_kernel, default_config,
-                                             gpu_config,
-                                             launch_decode, mma_config, multiprocessors)
+                                             combine_warps, config_splits, decode_kernel,
+                                             default_config, gpu_config, launch_decode,
+                                             launch_split_kernel, mma_config, multiprocessors)
 from stdlib_kernels.attention.decode_combine import MAX_SPLITS, combine_splits  # noqa: E402
 from stdlib_kernels.attention.decode_kernels import decode_partial  # noqa: E402
 from stdlib_kernels.attention.decode_mma import decode_mma  # noqa: E402
@@ -70,6 +70,14 @@ def _compile_one(job):
     return kernel_name
 
 
+def _launch_specs(config: DecodeConfig, head_dim: int, dtype, fused: bool) -> list[dict]:
+    """decode_spec of `config` as launched on the GPU: plain graphs, PDL graphs, PDL graphs
+    with early_kv (flags as launch_split_kernel sets them for a one-wave grid)."""
+    return [decode_spec(head_dim, dtype, config, fused)] + \
+        [decode_spec(head_dim, dtype, config, fused, config.early_trigger, early)
+         for early in (False, True)]
+
+
 def precompile(arch: str, decode_only: bool = False) -> None:
     """Fill the disk cache in parallel with every specialization the GPU tests and this
     benchmark use (compiling one at a time costs minutes of device time)."""
@@ -82,10 +90,10 @@ def precompile(arch: str, decode_only: bool = False) -> None:
                     configs.append(mma_config(group, d))
                 for config in configs:
                     for fused in (True, False):
-                        jobs.append((decode_kernel(config).name, arch,
-                                     decode_spec(d, dtype, config, fused)))
+                        jobs += [(decode_kernel(config).name, arch, spec)
+                                 for spec in _launch_specs(config, d, dtype, fused)]
         for warps in (4, 8, 16):
-            jobs.append(("combine_splits", arch, combine_spec(d, warps)))
+            jobs += [("combine_splits", arch, combine_spec(d, warps, t)) for t in (False, True)]
         if not decode_only:
             jobs.append(("prefill_mma", arch, dict(D=d, BN=default_block_keys(d), NWARPS=4)))
     for dtype in (np.float16, np.float32, Q8):
@@ -210,9 +218,12 @@ def _copy(cache):
 
 
 def bench_decode(kv_len: int, dtype, config: DecodeConfig, splits: int,
-                 fused: bool = False, pdl: bool = False) -> float:
+                 fused: bool = False, pdl: bool = False, split_only: bool = False,
+                 early_kv: bool = False) -> float:
     """fused=True: the one-launch variant (the last split block combines); pdl=True: the
-    graph launches with programmatic dependent launch, as the runner's decode graph does."""
+    graph launches with programmatic dependent launch, as the runner's decode graph does;
+    split_only: the split kernel without the combine kernel (breakdown); early_kv: the
+    launch_decode promise (true here: nothing in the chain writes caches or lengths)."""
     caches = decode_caches(kv_len, dtype)
     rng = np.random.default_rng(1)
     q = pk.to_device(rng.standard_normal((1, N_HEAD, HEAD_DIM)).astype(np.float32))
@@ -222,14 +233,29 @@ def bench_decode(kv_len: int, dtype, config: DecodeConfig, splits: int,
     if splits > 1:
         ws = DecodeWorkspace.allocate(1, N_HEAD, HEAD_DIM, splits, fused=fused)
     launches = max(len(caches), 20)
-    launch_decode(q, *caches[0], lens, out, HEAD_DIM ** -0.5, workspace=ws, config=config)
+    launch = launch_split_kernel if split_only else launch_decode
+    launch(q, *caches[0], lens, out, HEAD_DIM ** -0.5, workspace=ws, config=config)
 
     def capture(stream):
         for i in range(launches):
             k, v = caches[i % len(caches)]
-            launch_decode(q, k, v, lens, out, HEAD_DIM ** -0.5, workspace=ws, config=config,
-                          stream=stream)
+            launch(q, k, v, lens, out, HEAD_DIM ** -0.5, workspace=ws, config=config,
+                   stream=stream, early_kv=early_kv)
     return time_graph(capture, launches, pdl=pdl)
+
+
+def bench_combine(splits: int, pdl: bool) -> float:
+    """The combine kernel alone (partials of `splits` splits, L2-resident), us per launch."""
+    part_o = pk.zeros((1, N_HEAD, splits, HEAD_DIM), np.float32)
+    part_ml = pk.zeros((1, N_HEAD, splits, 2), np.float32)
+    out = pk.empty((1, N_HEAD, HEAD_DIM), np.float32)
+    warps = combine_warps(splits)
+
+    def capture(stream):
+        for _ in range(20):
+            combine_splits[(N_HEAD,), 32 * warps, stream](part_o, part_ml, out, splits,
+                                                          **combine_spec(HEAD_DIM, warps))
+    return time_graph(capture, 20, pdl=pdl)
 
 
 Q8 = "q8_0"
@@ -267,9 +293,13 @@ def _label(config: DecodeConfig, splits: int, fused: bool) -> str:
             f"P{config.stages}, {config.lanes}L, {splits} splits)")
 
 
-def decode_table(copy_bw: float) -> list[str]:
+def _flags(config: DecodeConfig) -> str:
+    return " [early trigger]" if config.early_trigger else ""
+
+
+def decode_table(copy_bw: float, sweep: bool = True) -> list[str]:
     """Per (cache, kv_len): the default (default_config + config_splits, as the runner launches it,
-    in a plain graph and in a PDL graph)
+    in a plain graph and in a PDL graph), the previous default when it differs,
     and the best point of SWEEP x split counts x {one, two launches} (labels: heads per block,
     warps, keys per row group U, ring stages P, max lanes per row, splits)."""
     rows = ["| cache | kv_len | variant | us | TB/s | % of copy |", "|---" * 6 + "|"]
@@ -283,12 +313,14 @@ def decode_table(copy_bw: float) -> list[str]:
             print(rows[-1], flush=True)
             splits = config_splits(default, N_HEAD, N_KV, kv_len)
             fused = DEFAULT_FUSED
-            for pdl in (False, True):
-                us = bench_decode(kv_len, dtype, default, splits, fused, pdl)
-                label = ("default, PDL graph " if pdl else "default ") + \
-                    _label(default, splits, fused)
+            for name, pdl, early in (("default", False, False), ("default, PDL graph", True, False),
+                                     ("default, PDL graph, early_kv", True, True)):
+                us = bench_decode(kv_len, dtype, default, splits, fused, pdl, early_kv=early)
+                label = f"{name} {_label(default, splits, fused)}{_flags(default)}"
                 rows.append(_row(dtype, kv_len, label, us, copy_bw))
                 print(rows[-1], flush=True)
+            if not sweep:
+                continue
             best = None
             for config in SWEEP[_name(dtype)]:
                 config_blocks = N_KV * (N_HEAD // N_KV // config.heads_per_block)
@@ -367,6 +399,7 @@ def main():
     parser.add_argument("--arch", default="sm_90", help="for --precompile / --ptxas")
     parser.add_argument("--ptxas", metavar="FOLDER", help="write PTX there, print ptxas -v")
     parser.add_argument("--decode-only", action="store_true", help="skip the prefill table")
+    parser.add_argument("--no-sweep", action="store_true", help="decode: defaults only")
     args = parser.parse_args()
     if args.precompile or args.ptxas:
         if args.precompile:
@@ -380,7 +413,7 @@ def main():
     lines = [f"device: {device.name} ({device.arch}), torch copy bandwidth "
              f"{copy_bw / 1e12:.2f} TB/s (read + write), read-only (sum) "
              f"{read_bandwidth() / 1e12:.2f} TB/s", ""]
-    lines += decode_table(copy_bw)
+    lines += decode_table(copy_bw, not args.no_sweep)
     if not args.decode_only:
         lines += [""] + prefill_table()
     text = "\n".join(lines)

@@ -45,6 +45,8 @@ class DecodeConfig:
     mma: bool = False        # decode_mma (tensor cores, f16 cache, D % 32 == 0): heads_per_block
                              # <= 8, 16 keys per warp per stage; U, lanes unused
     blocks_per_sm: int = 4   # the split planner's target of resident blocks per multiprocessor
+    early_trigger: bool = False  # GPU: let the next kernel of a PDL graph launch at block start
+                                 # (only when the grid is one wave)
 
 
 @dataclass
@@ -176,9 +178,11 @@ def decode_kernel(config: DecodeConfig):
     return decode_mma if config.mma else decode_partial
 
 
-def decode_spec(head_dim: int, dtype, config: DecodeConfig, fused: bool = False) -> dict:
+def decode_spec(head_dim: int, dtype, config: DecodeConfig, fused: bool = False,
+                trigger: bool = False, early_kv: bool = False) -> dict:
     """The compile-time arguments of decode_kernel(config) (also used to precompile);
-    fused=True only for workspaces with counters (the one-launch variant)."""
+    fused=True only for workspaces with counters (the one-launch variant); trigger and
+    early_kv: TRIGGER and EARLY_KV of decode_kernels' docstring."""
     q8 = isinstance(dtype, str) and dtype == Q8_DTYPE
     if q8 and not config.mma:
         raise ValueError("attention.decode: a Q8_0 cache needs the tensor-core kernel "
@@ -191,11 +195,11 @@ def decode_spec(head_dim: int, dtype, config: DecodeConfig, fused: bool = False)
                              f"block; got {dtype}, {head_dim}, {config.heads_per_block}")
         return dict(D=head_dim, GB=config.heads_per_block, NWARPS=config.warps,
                     P=config.stages, FUSED=int(fused), MAXS=MAX_SPLITS, UNR=COMBINE_UNROLL,
-                    Q8=int(q8),
+                    Q8=int(q8), TRIGGER=int(trigger), EARLY_KV=int(early_kv),
                     **combine_geometry(config.heads_per_block, head_dim, 32 * config.warps))
     return dict(D=head_dim, GB=config.heads_per_block, NWARPS=config.warps, U=config.unroll,
                 P=config.stages, HALF=int(dtype == np.float16), FUSED=int(fused),
-                MAXS=MAX_SPLITS, UNR=COMBINE_UNROLL,
+                MAXS=MAX_SPLITS, UNR=COMBINE_UNROLL, TRIGGER=int(trigger), EARLY_KV=int(early_kv),
                 **combine_geometry(config.heads_per_block, head_dim, 32 * config.warps),
                 **_lane_layout(head_dim, dtype.itemsize, config.lanes))
 
@@ -206,8 +210,9 @@ def combine_warps(n_splits: int) -> int:
     return 4 if n_splits <= 4 * COMBINE_UNROLL else 8 if n_splits <= 8 * COMBINE_UNROLL else 16
 
 
-def combine_spec(head_dim: int, warps: int = 4) -> dict:
+def combine_spec(head_dim: int, warps: int = 4, trigger: bool = False) -> dict:
     return dict(D=head_dim, NWARPS=warps, MAXS=MAX_SPLITS, UNR=COMBINE_UNROLL,
+                TRIGGER=int(trigger),
                 **combine_geometry(1, head_dim, 32 * warps))
 
 
@@ -243,26 +248,29 @@ def _cache_args(k_cache, v_cache, config: DecodeConfig) -> tuple:
     return words + (k_cache.view(np.uint16), v_cache.view(np.uint16)) if config.mma else words
 
 
-def launch_decode(q, k_cache, v_cache, lens, out, scale: float, *, window=None, softcap=None,
-                  len_add: int = 0, len_step: int = 0, lens_stride: int = 1,
-                  workspace: DecodeWorkspace | None = None, config: DecodeConfig | None = None,
-                  stream=None, share_cache: bool = False):
-    """Attention of each q row z against its cache, kv_len(z) = lens[z * lens_stride] +
-    len_add + z * len_step (the query sits at position kv_len - 1). share_cache: all rows read
-    one (n_kv_head, max_len, D) cache (prefill fallback). Without a workspace, or with one of
-    one split, the kernel writes `out` directly; otherwise it writes partials and, with the
-    workspace's counters, its last block per head group combines them (else combine_splits)."""
-    check_decode_shapes(q, k_cache, v_cache)
+def _under_pdl(device) -> bool:
+    """Launches are being captured into a PDL graph (capture_graph(pdl=True))."""
+    return bool(getattr(device, "programmatic_launch", False))
+
+
+def _one_wave(threads: int, device=None) -> int:
+    """Blocks of `threads` threads that fit at once by the thread limit (2048 per SM)."""
+    return multiprocessors(device) * max(1, 2048 // threads)
+
+
+def launch_split_kernel(q, k_cache, v_cache, lens, out, scale: float, *, window=None,
+                        softcap=None, len_add: int = 0, len_step: int = 0, lens_stride: int = 1,
+                        workspace: DecodeWorkspace | None = None,
+                        config: DecodeConfig | None = None, stream=None,
+                        share_cache: bool = False, early_kv: bool = False) -> bool:
+    """The first launch of launch_decode alone (same arguments, shapes already checked): the
+    split kernel, which also combines when the workspace has counters (returns True then).
+    Benchmarks time it without the combine kernel."""
     n_seq, n_head, head_dim = q.shape
     n_kv_head, max_len = k_cache.shape[-3], k_cache.shape[-2]
-    if head_dim not in HEAD_DIMS:
-        raise ValueError(f"attention.decode: head_dim {head_dim} not in {HEAD_DIMS}")
     config = config or default_config(n_head // n_kv_head, head_dim, q.device, k_cache.dtype)
     n_sub = n_head // n_kv_head // config.heads_per_block
     n_splits = workspace.n_splits if workspace is not None else 1
-    if workspace is not None and workspace.part_o.shape != (n_seq, n_head, n_splits, head_dim):
-        raise ValueError(f"attention.decode: workspace partials {workspace.part_o.shape} do not "
-                         f"fit q {q.shape} with {n_splits} splits")
     z_stride = 0 if (share_cache or k_cache.ndim == 3) else n_kv_head * max_len * head_dim
     use_softcap = softcap is not None and softcap > 0
     q_scale = float(scale) if use_softcap else float(scale) * LOG2E
@@ -270,15 +278,56 @@ def launch_decode(q, k_cache, v_cache, lens, out, scale: float, *, window=None, 
     part_o = out if direct else workspace.part_o
     part_ml = out if direct else workspace.part_ml
     has_counters = workspace is not None and workspace.counters is not None
-    fused = not direct and has_counters
     counters = workspace.counters if has_counters else lens   # not read unless fused
     caches = _cache_args(k_cache, v_cache, config)
+    pdl = q.device.kind == "cuda" and _under_pdl(q.device)
+    blocks = n_splits * n_kv_head * n_sub * n_seq
+    trigger = pdl and config.early_trigger and \
+        blocks <= multiprocessors(q.device) * config.blocks_per_sm      # one wave
+    # the promise covers one new row per sequence: not the prefill fallback, nor Q8_0 (a line
+    # of its scales holds 16 rows)
+    early = early_kv and pdl and len_step == 0 and not share_cache and \
+        not isinstance(k_cache, Q8Cache)
     decode_kernel(config)[(n_splits, n_kv_head * n_sub, n_seq), 32 * config.warps, stream](
         q, *caches, lens, lens_stride, len_add, len_step, z_stride, max_len, n_head, n_kv_head,
         q_scale, float(softcap) if use_softcap else 0.0, int(window or 0), int(direct), out,
-        part_o, part_ml, counters, **decode_spec(head_dim, k_cache.dtype, config, has_counters))
-    if not direct and not fused:
+        part_o, part_ml, counters,
+        **decode_spec(head_dim, k_cache.dtype, config, has_counters, trigger, early))
+    return not direct and has_counters
+
+
+def launch_decode(q, k_cache, v_cache, lens, out, scale: float, *, window=None, softcap=None,
+                  len_add: int = 0, len_step: int = 0, lens_stride: int = 1,
+                  workspace: DecodeWorkspace | None = None, config: DecodeConfig | None = None,
+                  stream=None, share_cache: bool = False, early_kv: bool = False):
+    """Attention of each q row z against its cache, kv_len(z) = lens[z * lens_stride] +
+    len_add + z * len_step (the query sits at position kv_len - 1). share_cache: all rows read
+    one (n_kv_head, max_len, D) cache (prefill fallback). Without a workspace, or with one of
+    one split, the kernel writes `out` directly; otherwise it writes partials and, with the
+    workspace's counters, its last block per head group combines them (else combine_splits).
+    early_kv (a promise, used only when captured under PDL): the kernels before this launch in
+    the graph write neither `lens` nor any cache row other than each sequence's newest
+    (kv_len - 1), as a decode step's KV-cache write does; the split blocks then issue their
+    first K/V loads before waiting for the previous kernel (decode_kernels' docstring)."""
+    check_decode_shapes(q, k_cache, v_cache)
+    n_seq, n_head, head_dim = q.shape
+    n_kv_head = k_cache.shape[-3]
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"attention.decode: head_dim {head_dim} not in {HEAD_DIMS}")
+    config = config or default_config(n_head // n_kv_head, head_dim, q.device, k_cache.dtype)
+    n_splits = workspace.n_splits if workspace is not None else 1
+    if workspace is not None and workspace.part_o.shape != (n_seq, n_head, n_splits, head_dim):
+        raise ValueError(f"attention.decode: workspace partials {workspace.part_o.shape} do not "
+                         f"fit q {q.shape} with {n_splits} splits")
+    fused = launch_split_kernel(q, k_cache, v_cache, lens, out, scale, window=window,
+                                softcap=softcap, len_add=len_add, len_step=len_step,
+                                lens_stride=lens_stride, workspace=workspace, config=config,
+                                stream=stream, share_cache=share_cache, early_kv=early_kv)
+    if n_splits > 1 and not fused:
         warps = combine_warps(n_splits)
+        trigger = (q.device.kind == "cuda" and _under_pdl(q.device) and config.early_trigger
+                   and n_seq * n_head <= _one_wave(32 * warps, q.device))
         combine_splits[(n_seq * n_head,), 32 * warps, stream](
-            workspace.part_o, workspace.part_ml, out, n_splits, **combine_spec(head_dim, warps))
+            workspace.part_o, workspace.part_ml, out, n_splits,
+            **combine_spec(head_dim, warps, trigger))
     return out

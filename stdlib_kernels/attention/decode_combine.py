@@ -127,8 +127,11 @@ def combine_rows(part_o, part_ml, out, row0: i32, n_splits: i32, sm_w, sm_den, s
 @pk.kernel
 def combine_splits(part_o: Ptr[f32], part_ml: Ptr[f32], out: Ptr[f32], n_splits: i32,
                    D: Const[int], NWARPS: Const[int], SG: Const[int], TPG: Const[int],
-                   MAXS: Const[int], UNR: Const[int]):
-    """Two-launch variant (a workspace without counters): one block per (z, head) row."""
+                   MAXS: Const[int], UNR: Const[int], TRIGGER: Const[int]):
+    """Two-launch variant (a workspace without counters): one block per (z, head) row.
+    TRIGGER (one wave): the next kernel of a PDL graph may launch at once."""
+    if TRIGGER:
+        pk.launch_dependents()
     sm_w = pk.shared_array(f32, MAXS)
     sm_den = pk.shared_array(f32, 1)
     sm_red = pk.shared_array(f32, NWARPS * 32 * 4)

@@ -22,6 +22,13 @@ never behind a branch (keys past the range are clamped to its last key and maske
 compiler issues them back to back; raw words are converted to f32 where they are used, which
 keeps the registers of the ring small.
 Scores are kept in the log2 domain (q pre-scaled by scale * log2(e)) so exp2 is one instruction.
+Under PDL (graphs captured with pdl=True), with TRIGGER the next kernel may launch at once (the
+grid is one wave), and with EARLY_KV (the caller's promise, `launch_decode(early_kv=True)`:
+the kernels before this one in the graph write neither the length table nor any cache row but
+each sequence's newest, kv_len - 1) the block reads kv_len and issues its first K/V loads before
+`pk.grid_dependency_wait()` when its range ends at least two rows before the newest one (so no
+128-byte line it loads early holds part of the newest row: L1 is not coherent); other blocks,
+q and everything else load after the wait.
 Register arrays are indexed only with compile-time indices (static_range) so they stay in
 registers; the kernel body is long for that reason.
 """
@@ -47,10 +54,25 @@ def visible_range(kv_len: i32, window: i32, split: i32, n_splits: i32) -> tuple:
 
 
 @pk.func
+def begin_block(TRIGGER: Const[int], EARLY_KV: Const[int]):
+    """Block start: early trigger; the wait for the previous kernel here unless EARLY_KV."""
+    if TRIGGER:
+        pk.launch_dependents()
+    if not EARLY_KV:
+        pk.grid_dependency_wait()
+
+
+@pk.func
+def loads_before_wait(k1: i32, kv_len: i32, EARLY_KV: Const[int]) -> bool:
+    """EARLY_KV: may this block load its first tiles before the wait (see the docstring)?"""
+    return EARLY_KV != 0 and k1 + 1 < kv_len
+
+
+@pk.func
 def block_work(lens, lens_stride: i32, len_add: i32, len_step: i32, window: i32, n_head: i32,
                n_kv_head: i32, GB: Const[int]) -> tuple:
-    """This block's sequence z, split, KV head, first query head h0 and key range [k0, k1)
-    (grid: splits x (KV heads x head sub-groups of GB) x sequences)."""
+    """This block's sequence z, split, KV head, first query head h0, key range [k0, k1) and
+    kv_len (grid: splits x (KV heads x head sub-groups of GB) x sequences)."""
     z = pk.block_idx.z
     split = pk.block_idx.x
     group = n_head // n_kv_head
@@ -59,7 +81,7 @@ def block_work(lens, lens_stride: i32, len_add: i32, len_step: i32, window: i32,
     h0 = kvh * group + (pk.block_idx.y % n_sub) * GB
     kv_len = lens[z * lens_stride] + len_add + z * len_step
     k0, k1 = visible_range(kv_len, window, split, pk.grid_dim.x)
-    return z, split, kvh, h0, k0, k1
+    return z, split, kvh, h0, k0, k1, kv_len
 
 
 @pk.func
@@ -213,6 +235,23 @@ def merge_and_store(acc, m, den, warp: i32, row: i32, li: i32, z: i32, h0: i32, 
                        D, GB, NWARPS)
 
 
+@pk.func
+def simt_prologue(kp, vp, kb, vb, first: i32, stride: i32, row: i32, li: i32, last_key: i32,
+                  words: i32, U: Const[int], P: Const[int], L: Const[int],
+                  LOG2KPW: Const[int], NCH: Const[int], LAST_CHUNK: Const[int]):
+    """The ring's first P - 1 stages: raw K/V chunks of keys first + p * stride + ..."""
+    for p in pk.static_range(P - 1):
+        for u in pk.static_range(U):
+            key = min(first + p * stride + (u << LOG2KPW) + row, last_key)
+            for j in pk.static_range(NCH):
+                at = key * words + min(j * L + li, LAST_CHUNK) * 4
+                kw = pk.load_vec(kp, at, 4)
+                vw = pk.load_vec(vp, at, 4)
+                for w in pk.static_range(4):
+                    kb[((p * U + u) * NCH + j) * 4 + w] = kw[w]
+                    vb[((p * U + u) * NCH + j) * 4 + w] = vw[w]
+
+
 @pk.kernel
 def decode_partial(q: Ptr[f32, "ro"], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro"],
                    lens: Ptr[i32, "ro"], lens_stride: i32, len_add: i32, len_step: i32,
@@ -222,19 +261,38 @@ def decode_partial(q: Ptr[f32, "ro"], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32,
                    D: Const[int], GB: Const[int], NWARPS: Const[int], U: Const[int],
                    P: Const[int], L: Const[int], LOG2L: Const[int], LOG2KPW: Const[int],
                    CH: Const[int], NCH: Const[int], HALF: Const[int], FUSED: Const[int],
-                   SG: Const[int], TPG: Const[int], MAXS: Const[int], UNR: Const[int]):
+                   SG: Const[int], TPG: Const[int], MAXS: Const[int], UNR: Const[int],
+                   TRIGGER: Const[int], EARLY_KV: Const[int]):
     lane = pk.lane_id()
     warp = pk.thread_idx.x // 32
     row = lane // L                          # which key of the warp's KPW keys
     li = lane % L                            # which 16-byte chunks of that key
-    z, split, kvh, h0, k0, k1 = block_work(lens, lens_stride, len_add, len_step, window,
-                                           n_head, n_kv_head, GB)
+    begin_block(TRIGGER, EARLY_KV)
+    z, split, kvh, h0, k0, k1, kv_len = block_work(lens, lens_stride, len_add, len_step, window,
+                                                   n_head, n_kv_head, GB)
     words = D * (2 - HALF) // 2              # u32 words per cache row
     base_off = (i64(z) * cache_z_stride + i64(kvh) * i64(max_len) * i64(D)) * (2 - HALF) // 2
     kp = k_cache + base_off
     vp = v_cache + base_off
     last_key = max(0, k1 - 1)
-    last_chunk = D // CH - 1
+
+    # the ring's first stages load before q (EARLY_KV: possibly before the wait, while q may
+    # still be being written by the previous kernel)
+    kb = pk.local_array(u32, P * U * NCH * 4)    # the ring: P stages of raw 16-byte chunks
+    vb = pk.local_array(u32, P * U * NCH * 4)
+    s = pk.local_array(f32, U * GB)
+    stage_keys = U << LOG2KPW
+    stride = NWARPS * stage_keys             # keys of one stage of the whole block
+    first = k0 + warp * stage_keys
+    early = loads_before_wait(k1, kv_len, EARLY_KV)
+    if early:
+        simt_prologue(kp, vp, kb, vb, first, stride, row, li, last_key, words, U, P, L,
+                      LOG2KPW, NCH, D // CH - 1)
+    if EARLY_KV:
+        pk.grid_dependency_wait()
+    if not early:
+        simt_prologue(kp, vp, kb, vb, first, stride, row, li, last_key, words, U, P, L,
+                      LOG2KPW, NCH, D // CH - 1)
 
     # q chunks of the GB heads in registers, pre-scaled; chunks past D (D/CH not a multiple
     # of L, e.g. D = 80) stay zero: those lanes re-read the last chunk and contribute nothing
@@ -254,22 +312,6 @@ def decode_partial(q: Ptr[f32, "ro"], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32,
                     q_index = (z * n_head + h0 + g) * D + c * CH + e
                     qv[(g * NCH + j) * CH + e] = q[q_index] * q_scale
 
-    kb = pk.local_array(u32, P * U * NCH * 4)    # the ring: P stages of raw 16-byte chunks
-    vb = pk.local_array(u32, P * U * NCH * 4)
-    s = pk.local_array(f32, U * GB)
-    stage_keys = U << LOG2KPW
-    stride = NWARPS * stage_keys             # keys of one stage of the whole block
-    first = k0 + warp * stage_keys
-    for p in pk.static_range(P - 1):
-        for u in pk.static_range(U):
-            key = min(first + p * stride + (u << LOG2KPW) + row, last_key)
-            for j in pk.static_range(NCH):
-                at = key * words + min(j * L + li, last_chunk) * 4
-                kw = pk.load_vec(kp, at, 4)
-                vw = pk.load_vec(vp, at, 4)
-                for w in pk.static_range(4):
-                    kb[((p * U + u) * NCH + j) * 4 + w] = kw[w]
-                    vb[((p * U + u) * NCH + j) * 4 + w] = vw[w]
     base = first
     while base < k1:
         for p in pk.static_range(P):
@@ -278,7 +320,7 @@ def decode_partial(q: Ptr[f32, "ro"], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32,
             for u in pk.static_range(U):
                 key = min(base + (p + P - 1) * stride + (u << LOG2KPW) + row, last_key)
                 for j in pk.static_range(NCH):
-                    at = key * words + min(j * L + li, last_chunk) * 4
+                    at = key * words + min(j * L + li, D // CH - 1) * 4
                     kw = pk.load_vec(kp, at, 4)
                     vw = pk.load_vec(vp, at, 4)
                     for w in pk.static_range(4):

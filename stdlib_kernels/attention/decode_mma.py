@@ -36,7 +36,8 @@ import pykernel as pk
 from pykernel import Const, Ptr, f16, f32, i32, i64, u16, u32
 
 from .decode_combine import MASKED, NEG_INIT
-from .decode_kernels import LOG2E, block_work, combine_if_last, write_block_result
+from .decode_kernels import (LOG2E, begin_block, block_work, combine_if_last,
+                             loads_before_wait, write_block_result)
 
 RESIDUAL = 1.0 / 256.0       # Q8: weight of Q's second int8 term
 
@@ -226,28 +227,57 @@ def merge_warps(oacc, m, den, warp: i32, g: i32, t: i32, z: i32, h0: i32, split:
                        D, GB, NWARPS)
 
 
+@pk.func
+def mma_prologue(kp, vp, ksp, vsp, kb, vb, ksc, vsc, first: i32, stride: i32, last_key: i32,
+                 g: i32, t: i32, D: Const[int], NP: Const[int], P: Const[int], Q8: Const[int]):
+    """The ring's first P - 1 tiles."""
+    for p in pk.static_range(P - 1):
+        load_tile(kp, vp, ksp, vsp, kb, vb, ksc, vsc, p, first + p * stride, last_key, g, t,
+                  D, NP, Q8)
+
+
 @pk.kernel
 def decode_mma(q: Ptr[f32, "ro"], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro"],
-               k_scale: Ptr[u16, "ro"], v_scale: Ptr[u16, "ro"], lens: Ptr[i32, "ro"], lens_stride: i32, len_add: i32, len_step: i32,
+               k_scale: Ptr[u16, "ro"], v_scale: Ptr[u16, "ro"], lens: Ptr[i32, "ro"],
+               lens_stride: i32, len_add: i32, len_step: i32,
                cache_z_stride: i64, max_len: i32, n_head: i32, n_kv_head: i32,
                q_scale: f32, softcap: f32, window: i32, direct: i32,
                out: Ptr[f32], part_o: Ptr[f32], part_ml: Ptr[f32], counters: Ptr[i32],
                D: Const[int], GB: Const[int], NWARPS: Const[int], P: Const[int],
                FUSED: Const[int], SG: Const[int], TPG: Const[int], MAXS: Const[int],
-               UNR: Const[int], Q8: Const[int]):
+               UNR: Const[int], Q8: Const[int], TRIGGER: Const[int], EARLY_KV: Const[int]):
     NP = D // 32
     lane = pk.lane_id()
     warp = pk.thread_idx.x // 32
     g = lane // 4
     t = lane % 4
-    z, split, kvh, h0, k0, k1 = block_work(lens, lens_stride, len_add, len_step, window,
-                                           n_head, n_kv_head, GB)
+    begin_block(TRIGGER, EARLY_KV)
+    z, split, kvh, h0, k0, k1, kv_len = block_work(lens, lens_stride, len_add, len_step, window,
+                                                   n_head, n_kv_head, GB)
     first_elem = i64(z) * cache_z_stride + i64(kvh) * i64(max_len) * i64(D)
     kp = k_cache + first_elem // (4 if Q8 else 2)    # u32 words of int8 quants / f16 pairs
     vp = v_cache + first_elem // (4 if Q8 else 2)
     ksp = k_scale + first_elem // 32                 # Q8: one f16 scale per 32 elements
     vsp = v_scale + first_elem // 32
     last_key = max(0, k1 - 1)
+
+    # the ring's first tiles load before Q (EARLY_KV: possibly before the wait, while Q may
+    # still be being written by the previous kernel)
+    kb = pk.local_array(u32, P * 2 * NP * 4)         # the ring: P tiles of raw 16-byte chunks
+    vb = pk.local_array(u32, P * 2 * NP * 4)
+    ksc = pk.local_array(u16, P * 2 * NP)            # Q8: the rows' block scales
+    vsc = pk.local_array(u16, P * 2 * NP)
+    stride = NWARPS * 16                             # keys of one ring step of the whole block
+    first = k0 + warp * 16
+    early = loads_before_wait(k1, kv_len, EARLY_KV)
+    if early:
+        mma_prologue(kp, vp, ksp, vsp, kb, vb, ksc, vsc, first, stride, last_key, g, t, D, NP,
+                     P, Q8)
+    if EARLY_KV:
+        pk.grid_dependency_wait()
+    if not early:
+        mma_prologue(kp, vp, ksp, vsp, kb, vb, ksc, vsc, first, stride, last_key, g, t, D, NP,
+                     P, Q8)
 
     qb = pk.local_array(u32, NP * 4)                 # B fragments of Q^T: f16 pairs, or int8
     dq = pk.local_array(f32, NP * 2)                 # Q8: Q's block scales, heads 2t, 2t + 1
@@ -261,16 +291,6 @@ def decode_mma(q: Ptr[f32, "ro"], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro
         m[e] = NEG_INIT
         den[e] = 0.0
     s = pk.local_array(f32, 4)
-
-    kb = pk.local_array(u32, P * 2 * NP * 4)         # the ring: P tiles of raw 16-byte chunks
-    vb = pk.local_array(u32, P * 2 * NP * 4)
-    ksc = pk.local_array(u16, P * 2 * NP)            # Q8: the rows' block scales
-    vsc = pk.local_array(u16, P * 2 * NP)
-    stride = NWARPS * 16                             # keys of one ring step of the whole block
-    first = k0 + warp * 16
-    for p in pk.static_range(P - 1):
-        load_tile(kp, vp, ksp, vsp, kb, vb, ksc, vsc, p, first + p * stride, last_key, g, t,
-                  D, NP, Q8)
     base = first
     while base < k1:
         for p in pk.static_range(P):

@@ -1,14 +1,19 @@
 """Decode attention (stdlib_kernels.attention) against the float64 numpy reference, on the CPU
 target and on CUDA: every head_dim, GQA ratios 1/3/4/8 and multi-query, f16 and f32 caches,
 sliding window and soft-capping, kv_len 1 and lengths off the tile, split-K with combine,
-batched sequences of different lengths, and graph replay with lengths read from the device."""
+batched sequences of different lengths, graph replay with lengths read from the device, and
+(GPU) a PDL graph whose previous kernel writes the new token's row while the decode starts."""
+import dataclasses
+
 import numpy as np
 import pytest
 
 import pykernel as pk
+from pykernel import Const, Ptr, i32
 from stdlib_kernels import attention
-from stdlib_kernels.attention.decode import (DecodeConfig, DecodeWorkspace, gpu_config,
-                                             launch_decode, mma_config)
+from stdlib_kernels.attention.decode import (DecodeConfig, DecodeWorkspace, config_splits,
+                                             default_config, gpu_config, launch_decode,
+                                             mma_config)
 from stdlib_kernels.attention.reference import decode_reference, relative_l2
 
 TOLERANCE = {np.float16: 5e-3, np.float32: 1e-4}
@@ -281,3 +286,63 @@ def test_gpu_q8_0_cache_long_context(rng, seed, n_head, n_kv_head, head_dim):
         out = attention.decode(q, k8, v8, kv_len, head_dim ** -0.5, window=window)
         _check(out, decode_reference(q, k, v, kv_len, head_dim ** -0.5, window), np.float16,
                seed, f"Q8_0 cache kv_len {kv_len} window {window}")
+
+
+@pk.kernel
+def write_new_row(k_new: Ptr["T", "ro"], v_new: Ptr["T", "ro"], k_cache: Ptr["T"],
+                  v_cache: Ptr["T"], pos: Ptr[i32, "ro"], max_len: i32, D: i32,
+                  T: Const[pk.dtype]):
+    """The runner's rope_qkv_cache in miniature: the new token's K/V row per KV head (block),
+    with the early trigger, so in a PDL graph the decode after it starts before it writes."""
+    pk.launch_dependents()
+    at = (pk.block_idx.x * max_len + pos[0]) * D
+    for d in range(pk.thread_idx.x, D, pk.block_dim.x):
+        k_cache[at + d] = k_new[pk.block_idx.x * D + d]
+        v_cache[at + d] = v_new[pk.block_idx.x * D + d]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("fused", [False, True], ids=["two_launches", "one_launch"])
+def test_gpu_pdl_graph_sees_the_new_row(rng, seed, dtype, fused):
+    """As the runner's decode graph: a PDL graph where a kernel writes the new token's K/V row
+    just before the decode, which triggers its dependents early and (early_kv) loads its first
+    K/V tiles before waiting. The new key carries much of the softmax weight, so a decode that
+    read its row before the write landed would be far off; replayed at new positions."""
+    pk.set_device("cuda")
+    n_head, n_kv_head, head_dim, max_len = 32, 8, 128, 3000
+    scale = head_dim ** -0.5
+    q = rng.standard_normal((n_head, head_dim)).astype(np.float32)
+    k = rng.standard_normal((n_kv_head, max_len, head_dim)).astype(dtype)
+    v = rng.standard_normal((n_kv_head, max_len, head_dim)).astype(dtype)
+    group = n_head // n_kv_head
+    k_new = (q.reshape(n_kv_head, group, head_dim).sum(1) * 0.6).astype(dtype)
+    v_new = rng.standard_normal((n_kv_head, head_dim)).astype(dtype) * 3
+    q_dev, k_dev, v_dev = pk.to_device(q[None]), pk.to_device(k), pk.to_device(v)
+    kn_dev, vn_dev = pk.to_device(k_new), pk.to_device(v_new)
+    pos = pk.to_device(np.array([0], np.int32))
+    out = pk.full((1, n_head, head_dim), np.nan, np.float32)
+    config = dataclasses.replace(default_config(group, head_dim, dtype=dtype),
+                                 early_trigger=True)
+    splits = config_splits(config, n_head, n_kv_head, max_len)
+    workspace = DecodeWorkspace.allocate(1, n_head, head_dim, splits, fused=fused)
+    stream = pk.Stream()
+
+    def step():
+        write_new_row[n_kv_head, 128, stream](kn_dev, vn_dev, k_dev, v_dev, pos, max_len,
+                                              head_dim, dtype)
+        launch_decode(q_dev, k_dev, v_dev, pos, out, scale, len_add=1, workspace=workspace,
+                      config=config, stream=stream, early_kv=True)
+    step()
+    with pk.capture_graph(stream, pdl=True) as graph:
+        step()
+    for position in (int(rng.integers(2000, max_len)), int(rng.integers(100, 2000)), 5):
+        k_dev.copy_from(k)        # the row at `position` holds the old key until the write
+        v_dev.copy_from(v)
+        pos.copy_from(np.array([position], np.int32))
+        graph.replay(stream)
+        stream.synchronize()
+        k_ref, v_ref = k.copy(), v.copy()
+        k_ref[:, position], v_ref[:, position] = k_new, v_new
+        _check(out.numpy()[0], decode_reference(q, k_ref, v_ref, position + 1, scale), dtype,
+               seed, f"PDL graph, new row at {position}, {splits} splits, fused {fused}")
