@@ -1,6 +1,8 @@
 """Shared fixtures: a seeded RNG whose seed is printed on failure (PYKERNEL_SEED replays)."""
 import os
 import secrets
+import shutil
+import subprocess
 import sys
 
 # Tests import with --import-mode=importlib (test files in different folders may share a
@@ -43,6 +45,21 @@ def _gpu_usable() -> bool:
         return pk.gpu_available()
     except Exception:
         return False
+
+
+@pytest.fixture
+def assemble(tmp_path):
+    """assemble(ptx, arch): ptxas must accept the PTX for arch (skips, saying why, when the
+    CUDA toolkit's ptxas is not on PATH)."""
+    def run(ptx: str, arch: str) -> None:
+        ptxas = shutil.which("ptxas")
+        if ptxas is None:
+            pytest.skip("ptxas not on PATH: PTX generated but not assembled")
+        (tmp_path / "k.ptx").write_text(ptx)
+        proc = subprocess.run([ptxas, f"-arch={arch}", str(tmp_path / "k.ptx"), "-o",
+                               str(tmp_path / "k.cubin")], capture_output=True, text=True)
+        assert proc.returncode == 0, f"ptxas -arch={arch}: {proc.stderr}"
+    return run
 
 
 @pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])

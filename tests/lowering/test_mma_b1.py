@@ -1,8 +1,6 @@
 """pk.mma_m16n8k128_b1 (1-bit AND-popcount tensor-core tile): the CPU target's emulation and the
 GPU against a numpy model of the PTX ISA fragment layout, ptxas for every arch >= sm_80, and
 the arch error below sm_80."""
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -68,16 +66,10 @@ def test_mma_b1_matches_the_fragment_model(device, rng, seed):
 
 
 @pytest.mark.parametrize("arch", MMA_ARCHS)
-def test_mma_b1_ptx_assembles(arch, tmp_path):
+def test_mma_b1_ptx_assembles(arch, assemble):
     ptx = bmma_tiles.ptx(arch)
     assert "mma.sync.aligned.m16n8k128.row.col.s32.b1.b1.s32.and.popc" in ptx
-    ptxas = shutil.which("ptxas")
-    if ptxas is None:
-        pytest.skip("ptxas not on PATH: PTX generated but not assembled")
-    (tmp_path / "k.ptx").write_text(ptx)
-    proc = subprocess.run([ptxas, f"-arch={arch}", str(tmp_path / "k.ptx"), "-o",
-                           str(tmp_path / "k.cubin")], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
+    assemble(ptx, arch)
 
 
 def test_mma_b1_needs_sm80():

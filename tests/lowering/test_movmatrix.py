@@ -1,6 +1,4 @@
 """pk.movmatrix: warp-wide 8x8 transpose of 16-bit values, on the CPU target and the GPU."""
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -27,13 +25,7 @@ def test_movmatrix_transposes_each_warp_tile(device, rng):
 
 
 @pytest.mark.parametrize("arch", pk.SUPPORTED_ARCHS)
-def test_movmatrix_ptx_assembles(arch, tmp_path):
+def test_movmatrix_ptx_assembles(arch, assemble):
     ptx = transpose_tiles.ptx(arch)
     assert "movmatrix.sync.aligned.m8n8.trans.b16" in ptx
-    ptxas = shutil.which("ptxas")
-    if ptxas is None:
-        pytest.skip("ptxas not on PATH: PTX generated but not assembled")
-    (tmp_path / "k.ptx").write_text(ptx)
-    proc = subprocess.run([ptxas, f"-arch={arch}", str(tmp_path / "k.ptx"), "-o",
-                           str(tmp_path / "k.cubin")], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
+    assemble(ptx, arch)
