@@ -6,8 +6,10 @@ buffers rotated past the 50 MB L2, copy bandwidth = 2 x bytes / time of a 1 GiB 
 
 Shapes 57344x4096, 128256x4096 (weights larger than L2) and 4096x14336 (issue 5's, llama.cpp
 10.5 us with its Q8_1 quantization). Each row: the GEMV alone and with its activation
-quantization launch in the same graph (Q8_1 for "rows", Q8 planes for BMMA). --tries also
-times the BMMA launch shapes in TRIES. Output: a markdown table; JSON at $OUT/q1_0_bmma.json.
+quantization launch in the same graph (Q8_1 for "rows", Q8 planes for BMMA), fragments loaded
+straight from the rows (DIRECT) next to the shipped cp.async ring. --tries also times the BMMA
+launch shapes in TRIES (GEMV alone). Then batch 2 and 8, and the swiglu (gate + up) mode.
+Output: markdown tables; JSON at $OUT/q1_0_bmma.json.
 """
 from __future__ import annotations
 
@@ -25,17 +27,20 @@ from benchmarks.quant_matmul import (BIG, LONG, MID, bench_gemv, copy_bandwidth,
 from stdlib_kernels.quant.gemv_q1_0 import Q1Config as Q, gemv_q1_0_into, q1_0_config  # noqa
 from stdlib_kernels.quant.q8_planes import q8_planes_bytes, quantize_q8_planes_into  # noqa
 
-TRIES = {4096: (Q(4, 1, 1, 4, 1), Q(4, 1, 1, 4, 0), Q(8, 1, 1, 1, 1), Q(2, 1, 1, 1, 1),
-                Q(4, 1, 2, 1, 1), Q(4, 2, 1, 1, 1), Q(1, 1, 1, 1, 1)),
-         14336: (Q(8, 8, 1, 2, 1), Q(7, 7, 1, 1, 1), Q(4, 4, 1, 1, 1), Q(8, 4, 1, 1, 1),
-                 Q(16, 16, 1, 1, 0), Q(8, 8, 1, 1, 0), Q(4, 2, 1, 1, 1), Q(4, 4, 2, 1, 1))}
+DIRECT = {4096: Q(4, 1, 1, 4, 0), 14336: Q(8, 8, 1, 2, 0)}   # no shared-memory ring
+TRIES = {4096: (Q(2, 1, 1, 1, 2), Q(1, 1, 1, 1, 2), Q(8, 1, 1, 1, 2), Q(4, 1, 1, 1, 3),
+                Q(2, 1, 1, 1, 3), Q(4, 2, 1, 1, 2), Q(4, 2, 1, 1, 3), Q(4, 1, 1, 1, 4)),
+         14336: (Q(7, 7, 1, 1, 2), Q(8, 8, 1, 1, 2), Q(14, 14, 1, 1, 3), Q(16, 16, 1, 1, 2),
+                 Q(8, 8, 1, 1, 3), Q(8, 8, 1, 2, 0))}
 
 
-def bench_bmma(config, rng, shape, batch=1, with_quantize=False):
-    """Seconds per BMMA GEMV (plus the planes quantization when with_quantize), weight bytes."""
+def bench_bmma(config, rng, shape, batch=1, with_quantize=False, glu=False):
+    """Seconds per BMMA GEMV (plus the planes quantization when with_quantize; glu: swiglu of
+    two matrices), weight bytes."""
     m, k = shape
     weights, nbytes = random_weights("Q1_0", m, k, 0, rng)
     weights, nbytes = random_weights("Q1_0", m, k, -(-4 * (50 << 20) // nbytes), rng)
+    nbytes *= 2 if glu else 1
     x = pk.to_device(rng.standard_normal((batch, k)).astype(np.float32))
     xp = pk.empty((batch, q8_planes_bytes(k)), np.uint8)
     quantize_q8_planes_into(x, xp)
@@ -46,8 +51,9 @@ def bench_bmma(config, rng, shape, batch=1, with_quantize=False):
         for r in range(reps):
             if with_quantize:
                 quantize_q8_planes_into(x, xp, stream=stream)
+            w2 = weights[(r + 1) % len(weights)] if glu else None
             gemv_q1_0_into(weights[r % len(weights)], xp, y, m, k, batch, stream=stream,
-                           config=config)
+                           config=config, w2=w2, mode="swiglu" if glu else None)
     return time_graph(run) / reps, nbytes
 
 
@@ -74,23 +80,32 @@ def main():
         alone, nbytes = bench_gemv("Q1_0", old, rng, shape=shape)
         both, _ = bench_gemv("Q1_0", old, rng, shape=shape, with_quantize=True)
         row(results, copy, "rows (DP4A, Q8_1)", shape, old, alone, both, nbytes)
-        configs = [q1_0_config(k)]
-        if "--tries" in sys.argv:
-            configs += [c for c in TRIES[4096 if k <= 8192 else 14336] if c != configs[0]]
-        for config in configs:
+        key = 4096 if k <= 8192 else 14336
+        for label, config in (("BMMA direct", DIRECT[key]), ("BMMA default", q1_0_config(k))):
+            alone, nbytes = bench_bmma(config, rng, shape)
+            both, _ = bench_bmma(config, rng, shape, with_quantize=True)
+            row(results, copy, label, shape, config, alone, both, nbytes)
+        for config in (TRIES[key] if "--tries" in sys.argv else ()):
             try:
                 alone, nbytes = bench_bmma(config, rng, shape)
-                both, _ = bench_bmma(config, rng, shape, with_quantize=True)
             except ValueError as e:    # a launch shape over the shared-memory limit
                 print(f"| BMMA | {shape[0]}x{shape[1]} | {tuple(config)} | {e} |")
                 continue
-            row(results, copy, "BMMA (Q8 planes)", shape, config, alone, both, nbytes)
+            row(results, copy, "BMMA try", shape, config, alone, alone, nbytes)
         save(results)
-    print("\nbatched, 4096x14336, default config (us, GEMV alone):")
-    for batch in (2, 8):
-        sec, _ = bench_bmma(q1_0_config(LONG[1]), rng, LONG, batch=batch)
-        results["rows"].append(dict(kernel="BMMA", batch=batch, us=sec * 1e6))
-        print(f"  BMMA batch {batch}: {sec * 1e6:.2f} us", flush=True)
+    print("\nbatched and swiglu (us, GEMV alone):")
+    for shape, batch, glu in ((LONG, 2, False), (LONG, 8, False), (MID, 2, False),
+                              (MID, 8, False), ((14336, 4096), 1, True)):
+        key = 4096 if shape[1] <= 8192 else 14336
+        configs = [DIRECT[key], q1_0_config(shape[1], batch)] + list(
+            (TRIES[key][:6] if "--tries" in sys.argv else ()))
+        for config in dict.fromkeys(configs):
+            sec, nbytes = bench_bmma(config, rng, shape, batch=batch, glu=glu)
+            results["rows"].append(dict(kernel="BMMA", m=shape[0], k=shape[1], batch=batch,
+                                        glu=glu, config=tuple(config), us=sec * 1e6))
+            print(f"  {shape[0]}x{shape[1]} batch {batch}{' swiglu' if glu else ''} "
+                  f"{tuple(config)}: {sec * 1e6:.2f} us, {100 * nbytes / sec / 1e9 / copy:.0f}% "
+                  f"copy", flush=True)
     save(results)
 
 

@@ -201,6 +201,35 @@ class CPUOps:
         b = ctx.builder
         b.store(vec, b.bitcast(ptr, vec.type.as_pointer()), align=addr.elem.nbytes)
 
+    def cp_async(self, ctx, dst, src, size, src_size, site):
+        """The copy happens now: size bytes (bounds-checked), or the first src_size of them
+        and zeros."""
+        b = ctx.builder
+        bytes_ty = ir.VectorType(ir.IntType(8), size)
+        dptr = self.check_address(ctx, dst.ptr, dst.elem, dst.origin, site, size)
+        if src_size is None:
+            sptr = self.check_address(ctx, src.ptr, src.elem, src.origin, site, size)
+            data = b.load(b.bitcast(sptr, bytes_ty.as_pointer()), align=1)
+        else:
+            sptr = b.bitcast(src.ptr, ir.IntType(8).as_pointer())
+            slot = ctx.alloca(bytes_ty, "cp.bytes")
+            b.store(ir.Constant(bytes_ty, None), slot)
+            for k in range(size):
+                with b.if_then(b.icmp_unsigned(">", src_size.ir, ir.Constant(I32, k))):
+                    byte = b.load(b.gep(sptr, [ir.Constant(I32, k)]))
+                    b.store(b.insert_element(b.load(slot), byte, ir.Constant(I32, k)), slot)
+            data = b.load(slot)
+        b.store(data, b.bitcast(dptr, bytes_ty.as_pointer()), align=1)
+
+    def cp_async_commit(self, ctx):
+        pass   # copies are complete when issued
+
+    def cp_async_wait(self, ctx, n: int):
+        pass
+
+    def syncwarp(self, ctx, site):
+        self.suspend(ctx, abi.AT_WARP_OP, site)
+
     def atomic(self, ctx, op, ptr, vals, elem):
         b = ctx.builder
         if op == "cas":

@@ -94,6 +94,34 @@ class NVPTXTarget:
                            "l", side_effect=True)
         ctx.builder.call(asm, [ctx.builder.ptrtoint(ptr, I64)])
 
+    def cp_async(self, ctx, dst, src, size, src_size, site):
+        """size bytes global -> shared without registers: `cp.async.cg` (L2 only, as a stream
+        of weights wants) for 16 bytes, `.ca` for 4 / 8; the shared address as 32 bits, the
+        global one as 64; src_size: bytes read (the rest zero-filled)."""
+        self.check_address(ctx, dst.ptr, dst.elem, dst.origin, site, size)
+        if src_size is None:
+            self.check_address(ctx, src.ptr, src.elem, src.origin, site, size)
+        b = ctx.builder
+        level = "cg" if size == 16 else "ca"
+        args = [b.ptrtoint(dst.ptr, I32), b.ptrtoint(src.ptr, I64)]
+        text = f"cp.async.{level}.shared.global [$0], [$1], {size}"
+        if src_size is not None:
+            args.append(src_size.ir)
+            text += ", $2"
+        asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [a.type for a in args]), text + ";",
+                           ",".join(["r", "l", "r"][:len(args)]) + ",~{memory}",
+                           side_effect=True)
+        b.call(asm, args)
+
+    def cp_async_commit(self, ctx):
+        _asm_statement(ctx.builder, "cp.async.commit_group;")
+
+    def cp_async_wait(self, ctx, n: int):
+        _asm_statement(ctx.builder, f"cp.async.wait_group {n};")
+
+    def syncwarp(self, ctx, site):
+        _asm_statement(ctx.builder, "bar.warp.sync -1;")
+
     def launch_dependents(self, ctx):
         if self.sm >= 90:
             _asm_statement(ctx.builder, "griddepcontrol.launch_dependents;")

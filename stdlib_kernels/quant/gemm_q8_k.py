@@ -26,15 +26,14 @@ from typing import NamedTuple
 import numpy as np
 
 import pykernel as pk
-from pykernel import Const, Ptr, f32, i32, u32, u64
+from pykernel import Const, Ptr, f32, i32, u32
 
 from .. import _launch as L
 from .decode8 import Q4_0, Q4_K, Q6_K, Q8_0
 from .gemm import store_c
 from .gemv import word_dtype
-from .gemm_q8_k_parts import (B_STRIDE, Q4K_WORDS, Q6K_SPAN, Q80_WORDS, a_fragment, commit,
-                              issue_stage, q6k_shift, scale_pass, shared_bytes, stage_words,
-                              wait_pending)
+from .gemm_q8_k_parts import (B_STRIDE, Q4K_WORDS, Q6K_SPAN, Q80_WORDS, a_fragment,
+                              issue_stage, q6k_shift, scale_pass, shared_bytes, stage_words)
 from .q8_1 import q8_1_bytes
 
 KQUANT_GEMM_TYPES = {"Q4_K": Q4_K, "Q6_K": Q6_K}
@@ -148,9 +147,9 @@ def compute_stage(FMT: Const[int], GPU: Const[int], sm: Ptr[u32], smf: Ptr[f32],
 
 
 @pk.kernel
-def gemm_q8k_kernel(w: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], w_addr: u64,
-                    x_addr: u64, rows: i32, row_words: i32, K: i32, tokens: i32,
-                    FMT: Const[int], WT: Const[pk.dtype], ASYNC: Const[int], MI: Const[int],
+def gemm_q8k_kernel(w: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], rows: i32,
+                    row_words: i32, K: i32, tokens: i32,
+                    FMT: Const[int], WT: Const[pk.dtype], GPU: Const[int], MI: Const[int],
                     NI: Const[int], WM: Const[int], WN: Const[int], STAGES: Const[int]):
     sm = pk.dynamic_shared(u32)
     smf = pk.dynamic_shared(f32)
@@ -174,24 +173,24 @@ def gemm_q8k_kernel(w: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], w_addr:
         acc[i] = 0.0
     for s in pk.static_range(STAGES - 1):
         if s < nsb:
-            issue_stage(FMT, ASYNC, sm, s * SW, w, xq, w_addr, x_addr, rows, row_words, tokens,
-                        xstride, row0, tok0, s, tid, BM, BN, NT)
-        commit(ASYNC)
-    wait_pending(ASYNC, STAGES - 2)
+            issue_stage(FMT, sm, s * SW, w, xq, rows, row_words, tokens, xstride, row0, tok0, s,
+                        tid, BM, BN, NT)
+        pk.cp_async_commit()
+    pk.cp_async_wait(STAGES - 2)
     pk.syncthreads()
     scale_pass(FMT, sm, smf, 0, SCALES, row0, rows, row_bytes, 0, tid, BM, BN, NT)
     for sb in range(nsb):
-        wait_pending(ASYNC, STAGES - 3)   # step sb + 1 has landed (for its scale pass)
+        pk.cp_async_wait(STAGES - 3)      # step sb + 1 has landed (for its scale pass)
         pk.syncthreads()                  # ... for every thread; step sb - 1 is finished
         ahead = sb + STAGES - 1
         if ahead < nsb:
-            issue_stage(FMT, ASYNC, sm, ahead % STAGES * SW, w, xq, w_addr, x_addr, rows,
-                        row_words, tokens, xstride, row0, tok0, ahead, tid, BM, BN, NT)
-        commit(ASYNC)
+            issue_stage(FMT, sm, ahead % STAGES * SW, w, xq, rows, row_words, tokens, xstride,
+                        row0, tok0, ahead, tid, BM, BN, NT)
+        pk.cp_async_commit()
         if sb + 1 < nsb:
             scale_pass(FMT, sm, smf, (sb + 1) % STAGES * SW, SCALES + (sb + 1) % 2 * 16 *
                        (BM + BN), row0, rows, row_bytes, sb + 1, tid, BM, BN, NT)
-        compute_stage(FMT, ASYNC, sm, smf, sb % STAGES * SW, SCALES + sb % 2 * 16 * (BM + BN),
+        compute_stage(FMT, GPU, sm, smf, sb % STAGES * SW, SCALES + sb % 2 * 16 * (BM + BN),
                       acc, rbase, cbase, lane // 4, lane % 4, row0, rows, row_bytes, sb, MI,
                       NI, BM)
     store_c(acc, y, rows, tokens, row0 + rbase + lane // 4, tok0 + cbase + 2 * (lane % 4), MI,
@@ -237,12 +236,11 @@ def gemm_q8k_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, stre
     grid = ((rows + bm - 1) // bm, (tokens + bn - 1) // bn, 1)
     dyn = shared_bytes(fmt, bm, bn, t.stages)
     threads = 32 * t.wm * t.wn
-    spec = (("FMT", fmt), ("WT", w.dtype), ("ASYNC", int(gpu)), ("MI", t.mi), ("NI", t.ni),
+    spec = (("FMT", fmt), ("WT", w.dtype), ("GPU", int(gpu)), ("MI", t.mi), ("NI", t.ni),
             ("WM", t.wm), ("WN", t.wn), ("STAGES", t.stages))
     # launch bounds (one block per SM): ptxas may use up to 65536 / threads registers
-    L.launch(gemm_q8k_kernel, grid, threads, (w, words, y, w.ptr if gpu else 0,
-             words.ptr if gpu else 0, rows, row_words, K, tokens), spec, stream, dyn,
-             bounds=(threads, 1) if gpu else None)
+    L.launch(gemm_q8k_kernel, grid, threads, (w, words, y, rows, row_words, K, tokens), spec,
+             stream, dyn, bounds=(threads, 1) if gpu else None)
 
 
 __all__ = ["gemm_q8k_into", "Q8KTiles", "TUNED_KTILES", "KQUANT_GEMM_TYPES",

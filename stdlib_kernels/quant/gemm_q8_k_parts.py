@@ -8,8 +8,7 @@ Shared memory (u32 words), STAGES stage buffers then two scale buffers (parity o
     scales p: SA = BM rows x 16 f32 (Q4_K: (d*sc, dmin*m) per 32-block; Q6_K: d*sc per 16;
               Q4_0 / Q8_0: (d, 0) per 32-block),
               SB = BN tokens x 16 f32 ((d, s) per Q8_1 block)
-ASYNC = 1 (CUDA): copies are `cp.async` (inline PTX, addresses as u64 arguments), waited on with
-cp.async.wait_group; ASYNC = 0 (CPU target): the same copies as plain loads and stores.
+Copies are `pk.cp_async` (done at once on the CPU target), waited on with pk.cp_async_wait.
 """
 from __future__ import annotations
 
@@ -43,51 +42,16 @@ def shared_bytes(fmt: int, bm: int, bn: int, stages: int) -> int:
 
 
 @pk.func
-def copy16(ASYNC: Const[int], sm: Ptr[u32], dst: i32, src, src_word: i32, addr: u64):
-    """Words src[src_word .. +3] to sm[dst .. +3] (both 16-byte aligned)."""
-    if ASYNC == 1:
-        pk.asm("{ .reg .u32 s; mov.u32 s, __pk_dynamic_shared; add.u32 s, s, $1; "
-               "cp.async.cg.shared.global [s], [$2], 16; mov.u32 $0, 0; }", "=r,r,l,~{memory}",
-               u32, u32(4 * dst), addr + u64(4) * u64(src_word))
-    else:
-        a, b, c, d = pk.load_vec(src, src_word, 4)
-        pk.store_vec(sm, dst, (a, b, c, d))
+def copy16(sm, dst: i32, src, src_word: i32):
+    """Words src[src_word .. +3] to shared sm[dst .. +3] (both 16-byte aligned), in flight."""
+    pk.cp_async(sm, dst, src, src_word)
 
 
 @pk.func
-def copy_q6k_word(ASYNC: Const[int], sm: Ptr[u32], dst: i32, w16, byte: u32, total: u32,
-                  addr: u64):
+def copy_q6k_word(sm, dst: i32, w16, byte: u32, total: u32):
     """The aligned word at byte `byte` of the Q6_K buffer (total bytes, 2-byte multiple) to
     sm[dst]; a word running past the end gets only the bytes that exist (rest zero)."""
-    left = total - byte
-    if ASYNC == 1:
-        pk.asm("{ .reg .u32 s; mov.u32 s, __pk_dynamic_shared; add.u32 s, s, $1; "
-               "cp.async.ca.shared.global [s], [$2], 4, $3; mov.u32 $0, 0; }",
-               "=r,r,l,r,~{memory}", u32, u32(4 * dst), addr + u64(byte), min(left, u32(4)))
-    else:
-        h = i32(byte // u32(2))
-        v = u32(w16[h])
-        if left > u32(2):
-            v = v | (u32(w16[h + 1]) << u32(16))
-        sm[dst] = v
-
-
-@pk.func
-def commit(ASYNC: Const[int]):
-    if ASYNC == 1:
-        pk.asm("cp.async.commit_group; mov.u32 $0, 0;", "=r,~{memory}", u32)
-
-
-@pk.func
-def wait_pending(ASYNC: Const[int], N: Const[int]):
-    """Until at most N committed copy groups of this thread are still in flight."""
-    if ASYNC == 1:
-        if N == 0:
-            pk.asm("cp.async.wait_group 0; mov.u32 $0, 0;", "=r,~{memory}", u32)
-        elif N == 1:
-            pk.asm("cp.async.wait_group 1; mov.u32 $0, 0;", "=r,~{memory}", u32)
-        else:
-            pk.asm("cp.async.wait_group 2; mov.u32 $0, 0;", "=r,~{memory}", u32)
+    pk.cp_async(sm, dst, w16, i32(byte // u32(2)), 4, src_size=min(total - byte, u32(4)))
 
 
 @pk.func
@@ -97,8 +61,7 @@ def q6k_shift(row: i32, row_bytes: i32, sb: i32) -> i32:
 
 
 @pk.func
-def issue_stage(FMT: Const[int], ASYNC: Const[int], sm: Ptr[u32], base: i32, w, xq,
-                w_addr: u64, x_addr: u64, rows: i32, row_words: i32, tokens: i32,
+def issue_stage(FMT: Const[int], sm, base: i32, w, xq, rows: i32, row_words: i32, tokens: i32,
                 xstride: i32, row0: i32, tok0: i32, sb: i32, tid: i32, BM: Const[int],
                 BN: Const[int], NT: Const[int]):
     """Start copying K step sb (one super-block) of rows row0.. and tokens tok0.. into the stage
@@ -111,7 +74,7 @@ def issue_stage(FMT: Const[int], ASYNC: Const[int], sm: Ptr[u32], base: i32, w, 
                 r = i // (AS // 4)
                 c = i % (AS // 4)
                 src = min(row0 + r, rows - 1) * row_words + AS * sb + 4 * c
-                copy16(ASYNC, sm, base + r * AS + 4 * c, w, src, w_addr)
+                copy16(sm, base + r * AS + 4 * c, w, src)
     else:   # row_words counts u16: row bytes = 2 row_words
         total = u32(rows) * u32(2 * row_words)
         for j in pk.static_range((BM * Q6K_SPAN + NT - 1) // NT):
@@ -122,7 +85,7 @@ def issue_stage(FMT: Const[int], ASYNC: Const[int], sm: Ptr[u32], base: i32, w, 
                 row = min(row0 + r, rows - 1)
                 start = u32(row) * u32(2 * row_words) + u32(sb) * u32(Q6K_BYTES)
                 byte = (start & u32(0xFFFFFFFC)) + u32(4 * c)
-                copy_q6k_word(ASYNC, sm, base + r * AS + c, w, byte, total, w_addr)
+                copy_q6k_word(sm, base + r * AS + c, w, byte, total)
     bbase = base + BM * AS
     for j in pk.static_range((BN * 18 + NT - 1) // NT):
         i = tid + NT * j
@@ -130,7 +93,7 @@ def issue_stage(FMT: Const[int], ASYNC: Const[int], sm: Ptr[u32], base: i32, w, 
             t = i // 18
             c = i % 18
             src = min(tok0 + t, tokens - 1) * xstride + 72 * sb + 4 * c
-            copy16(ASYNC, sm, bbase + t * B_STRIDE + 4 * c, xq, src, x_addr)
+            copy16(sm, bbase + t * B_STRIDE + 4 * c, xq, src)
 
 
 @pk.func

@@ -15,10 +15,12 @@ adds d_w (d_x (2 c_2t C[2t] + 2 c_2t+1 C[2t+1]) - s / 4): the quad's 4 lanes tog
 row's dot with the block. Quads reduce with 2 shuffles at the end.
 
 Geometry: a warp owns TILES tiles of 16 rows; KW warps split each row's items; a block holds
-WARPS / KW tile groups. STAGED (rows of a multiple of 8 blocks, one weight matrix): each warp
-copies 8-block chunks of its rows to shared memory with coalesced 16-byte loads and reads the
-fragments there (direct 4-byte fragment loads touch 8 rows per instruction: measured 44% of copy
-bandwidth against 61-69% staged). Otherwise direct loads: u32 rows, items = block pairs (9
+WARPS / KW tile groups. STAGE = S >= 2 (rows of a multiple of 8 blocks, w and w2): each warp
+streams 8-block chunks of its rows through a ring of S stages in shared memory, copied by
+`pk.cp_async` (coalesced 16 bytes, no register round trip; S - 1 chunks in flight) and waited
+on per warp only, and reads the fragments there (direct 4-byte fragment loads touch 8 rows per
+instruction: 44% of copy bandwidth; a register-staged copy with a block barrier per chunk
+61-68%; the ring 65-73%, H200). Otherwise direct loads: u32 rows, items = block pairs (9
 words); u16 rows (odd block counts), single blocks; UNROLL items' loads issued before their
 mmas. Rows past the end are clamped for the loads and not stored. MODE: as gemv_kernels
 (0 plain, 1 + res, 2 swiglu, 3 geglu with W2 = up rows). Shapes: w/w2 (rows, row_words), xp
@@ -80,13 +82,17 @@ def load_b(xp: Ptr[u32, "ro"], blk: i32, lane: i32, xrow: i32, groups: i32, bw, 
 
 @pk.func
 def block_mma(a_lo: u32, a_hi: u32, d_lo: f32, d_hi: f32, bw, dx, sx4, o: Const[int],
-              we: i32, wo: i32, acc, a0: i32, BATCH: Const[int]):
+              we: f32, wo: i32, acc, a0: i32, BATCH: Const[int]):
     """acc[a0 + 2 bt] (row g) and acc[a0 + 2 bt + 1] (row g + 8) += this lane's share of the
-    rows' dot with token bt's group (B operands at [o + bt])."""
+    rows' dot with token bt's group (B operands at [o + bt]): 2 c_2t C[2t] + 2 c_2t+1 C[2t+1] =
+    we (C[2t] + wo C[2t+1]) with we = 2 c_2t a power of two (exact in f32), wo = +-2."""
     for bt in pk.static_range(BATCH):
         c0, c1, c2, c3 = pk.mma_m16n8k128_b1(a_lo, a_hi, bw[o + bt], 0, 0, 0, 0)
-        acc[a0 + 2 * bt] += d_lo * (dx[o + bt] * f32(c0 * we + c1 * wo) + sx4[o + bt])
-        acc[a0 + 2 * bt + 1] += d_hi * (dx[o + bt] * f32(c2 * we + c3 * wo) + sx4[o + bt])
+        dxs = dx[o + bt] * we
+        acc[a0 + 2 * bt] = pk.fma(d_lo, pk.fma(dxs, f32(c0 + c1 * wo), sx4[o + bt]),
+                                  acc[a0 + 2 * bt])
+        acc[a0 + 2 * bt + 1] = pk.fma(d_hi, pk.fma(dxs, f32(c2 + c3 * wo), sx4[o + bt]),
+                                      acc[a0 + 2 * bt + 1])
 
 
 @pk.func
@@ -127,7 +133,7 @@ def load_item(w, w2, wrows, it: i32, xp: Ptr[u32, "ro"], xrow: i32, groups: i32,
 
 
 @pk.func
-def mma_item(fa, fd, bw, dx, sx4, s: Const[int], we: i32, wo: i32, acc, NB: Const[int],
+def mma_item(fa, fd, bw, dx, sx4, s: Const[int], we: f32, wo: i32, acc, NB: Const[int],
              NW: Const[int], TILES: Const[int], BATCH: Const[int]):
     """The mmas of the item loaded in slot s: acc[2 (m TILES + j) BATCH + 2 bt + half]."""
     for m in pk.static_range(NW):
@@ -144,7 +150,7 @@ def gemv_q1_0_kernel(w: Ptr["WT", "ro"], w2: Ptr["WT", "ro"], xp: Ptr[u32, "ro"]
                      res: Ptr[f32], y: Ptr[f32], rows: i32, row_words: i32, nitems: i32,
                      groups: i32, WT: Const[pk.dtype], NB: Const[int], NW: Const[int],
                      WARPS: Const[int], KW: Const[int], TILES: Const[int], UNROLL: Const[int],
-                     BATCH: Const[int], MODE: Const[int], STAGED: Const[bool],
+                     BATCH: Const[int], MODE: Const[int], STAGE: Const[int],
                      PREFETCH: Const[bool]):
     per_block = 16 * TILES * (WARPS // KW)
     prefetch_then_wait(w, w2, pk.block_idx.x * per_block, per_block, rows, row_words, WT, MODE,
@@ -159,12 +165,11 @@ def gemv_q1_0_kernel(w: Ptr["WT", "ro"], w2: Ptr["WT", "ro"], xp: Ptr[u32, "ro"]
     for a in pk.static_range(4 * TILES * BATCH):
         acc[a] = 0.0
     t = lane % 4
-    we = i32(2) << (2 * t)                      # 2 c_2t, 2 c_2t+1 (the factor 2 folded in)
-    wo = (i32(4) << (2 * t)) if t < 3 else i32(-256)
-    if STAGED:
-        sm = pk.shared_array(u32, 2 * WARPS * 576 * TILES)   # 2 stages x warps x 16 TILES rows
-        staged_loop(w, sm, xp, rows, row_words, groups, row0, warp, lane, acc, we, wo, WARPS,
-                    KW, TILES, BATCH)
+    we = f32(i32(2) << (2 * t))                 # 2 c_2t (the factor 2 folded in)
+    wo = i32(2) if t < 3 else i32(-2)           # c_2t+1 / c_2t
+    if STAGE > 1:
+        ring_loop(w, w2, xp, rows, row_words, groups, row0, warp, lane, acc, we, wo, NW, KW,
+                  TILES, STAGE, BATCH)
     else:
         direct_loop(w, w2, wrows, xp, nitems, groups, warp, lane, acc, we, wo, NB, NW, KW,
                     TILES, UNROLL, BATCH)
@@ -173,7 +178,7 @@ def gemv_q1_0_kernel(w: Ptr["WT", "ro"], w2: Ptr["WT", "ro"], xp: Ptr[u32, "ro"]
 
 @pk.func
 def direct_loop(w, w2, wrows, xp: Ptr[u32, "ro"], nitems: i32, groups: i32, warp: i32,
-                lane: i32, acc, we: i32, wo: i32, NB: Const[int], NW: Const[int], KW: Const[int],
+                lane: i32, acc, we: f32, wo: i32, NB: Const[int], NW: Const[int], KW: Const[int],
                 TILES: Const[int], UNROLL: Const[int], BATCH: Const[int]):
     """Fragments loaded straight from the weight rows (4-byte loads: 16 bytes per row and
     instruction), UNROLL items' loads issued before their mmas."""
@@ -198,61 +203,67 @@ def direct_loop(w, w2, wrows, xp: Ptr[u32, "ro"], nitems: i32, groups: i32, warp
         it += KW
 
 
-# Staged rows (u32 rows of a multiple of 8 blocks, so 16-byte aligned; one weight matrix): a
-# chunk = 8 blocks = 36 words = 9 16-byte vectors per row. Each warp copies its 16 TILES rows'
-# chunk to its shared-memory stage with coalesced 16-byte loads (vector v = lane + 32 i: row
-# v // 9), then reads the fragments there: lane (g, t) reads word 36 g + 9 q + t, bank
-# 4 g + t + const, so no conflicts. Two stages: the next chunk's loads are in flight during
-# this chunk's mmas, one barrier per round (rounds are block-uniform: a warp without a chunk
-# in the last round only copies).
+# The ring (STAGE = S >= 2): a chunk = 8 blocks = 36 words = 9 16-byte vectors per row; stage
+# row q holds chunk words of the warp's 16 TILES rows of w, then (GLU) of w2. Lane (g, t) reads
+# fragment word 36 g + 9 q + t: bank 4 g + t + const, no conflicts. Rounds are block-uniform (a
+# warp without a chunk in the last round only copies); every wait is the warp's own.
 @pk.func
-def staged_loop(w: Ptr[u32, "ro"], sm, xp: Ptr[u32, "ro"], rows: i32, row_words: i32,
-                groups: i32, row0: i32, warp: i32, lane: i32, acc, we: i32, wo: i32,
-                WARPS: Const[int], KW: Const[int], TILES: Const[int], BATCH: Const[int]):
+def ring_loop(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], xp: Ptr[u32, "ro"], rows: i32,
+              row_words: i32, groups: i32, row0: i32, warp: i32, lane: i32, acc, we: f32,
+              wo: i32, NW: Const[int], KW: Const[int], TILES: Const[int], S: Const[int],
+              BATCH: Const[int]):
+    sm = pk.dynamic_shared(u32)
+    SW = 576 * NW * TILES                     # words per stage: 16 NW TILES rows x 36
+    base = warp * S * SW
     nchunks = groups // 8
-    rounds = (nchunks + KW - 1) // KW
-    vals = pk.local_array(u32, 4 * ((144 * TILES + 31) // 32))
-    stage_load(w, vals, row0, rows, row_words, min(warp % KW, nchunks - 1), lane, TILES)
+    rounds = (nchunks + KW - 1) // KW         # block-uniform; a warp past the end copies only
+    first = warp % KW
+    for s in pk.static_range(S - 1):
+        if s < rounds:
+            ring_copy(w, w2, sm, base + s * SW, row0, rows, row_words,
+                      min(first + KW * s, nchunks - 1), lane, NW, TILES)
+        pk.cp_async_commit()
     for r in range(rounds):
-        buf = ((r % 2) * WARPS + warp) * 576 * TILES
-        stage_store(sm, vals, buf, lane, TILES)
-        pk.syncthreads()
-        c = r * KW + warp % KW
-        if r + 1 < rounds:
-            stage_load(w, vals, row0, rows, row_words, min(c + KW, nchunks - 1), lane, TILES)
-        if c < nchunks:
-            chunk_dot(sm, buf, c, xp, groups, lane, acc, we, wo, TILES, BATCH)
+        ahead = r + S - 1
+        if ahead < rounds:
+            ring_copy(w, w2, sm, base + ahead % S * SW, row0, rows, row_words,
+                      min(first + KW * ahead, nchunks - 1), lane, NW, TILES)
+        pk.cp_async_commit()
+        pk.cp_async_wait(S - 1)               # this lane's copies of chunk r have landed
+        pk.syncwarp()                         # ... and every lane's
+        if first + KW * r < nchunks:
+            chunk_dot(sm, base + r % S * SW, first + KW * r, xp, groups, lane, acc, we, wo, NW,
+                      TILES, BATCH)
+        pk.syncwarp()                         # stage r % S is read before it is refilled
 
 
+# The copy addresses are recomputed per chunk: precomputing them per lane (-60 of ~300 SASS
+# instructions per chunk) measured slower on the H200 at 1 token and 2 stages (13.8 vs
+# 12.8 us at 57344 x 4096; faster at 8 tokens), so the per-chunk form stays.
 @pk.func
-def stage_load(w: Ptr[u32, "ro"], vals, row0: i32, rows: i32, row_words: i32, chunk: i32,
-               lane: i32, TILES: Const[int]):
-    """Chunk `chunk` of the warp's rows, vector v = lane + 32 i (past the end: the last one)."""
-    for i in pk.static_range((144 * TILES + 31) // 32):
-        v = min(lane + 32 * i, 144 * TILES - 1)
-        r = min(row0 + v // 9, rows - 1)
-        a, b, c, d = pk.load_vec(w, r * row_words + 36 * chunk + 4 * (v % 9), 4)
-        vals[4 * i] = a
-        vals[4 * i + 1] = b
-        vals[4 * i + 2] = c
-        vals[4 * i + 3] = d
-
-
-@pk.func
-def stage_store(sm, vals, buf: i32, lane: i32, TILES: Const[int]):
-    for i in pk.static_range((144 * TILES + 31) // 32):
-        v = min(lane + 32 * i, 144 * TILES - 1)
-        pk.store_vec(sm, buf + 4 * v, (vals[4 * i], vals[4 * i + 1], vals[4 * i + 2],
-                                       vals[4 * i + 3]))
+def ring_copy(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], sm, stage: i32, row0: i32, rows: i32,
+              row_words: i32, chunk: i32, lane: i32, NW: Const[int], TILES: Const[int]):
+    """Chunk `chunk` of the warp's rows to the stage: vector v = lane + 32 i (past the end: the
+    last one again) is stage row v // 9 (w's 16 TILES rows, then w2's), words 4 (v % 9)..+3."""
+    V = 144 * NW * TILES
+    for i in pk.static_range((V + 31) // 32):
+        v = min(lane + 32 * i, V - 1)
+        srow = v // 9
+        src = min(row0 + srow % (16 * TILES), rows - 1) * row_words + 36 * chunk + 4 * (v % 9)
+        if srow < 16 * TILES:
+            pk.cp_async(sm, stage + 4 * v, w, src)
+        else:
+            pk.cp_async(sm, stage + 4 * v, w2, src)
 
 
 @pk.func
 def chunk_dot(sm, buf: i32, chunk: i32, xp: Ptr[u32, "ro"], groups: i32, lane: i32, acc,
-              we: i32, wo: i32, TILES: Const[int], BATCH: Const[int]):
-    """The staged chunk's 4 block pairs: all shared loads, then the mmas."""
+              we: f32, wo: i32, NW: Const[int], TILES: Const[int], BATCH: Const[int]):
+    """The staged chunk's 4 block pairs (stage rows: 16 TILES of w, then w2's): all shared
+    loads, then the mmas."""
     t = lane % 4
-    fa = pk.local_array(u32, 16 * TILES)          # [pair q, tile, block, row half]
-    fd = pk.local_array(f32, 16 * TILES)
+    fa = pk.local_array(u32, 16 * NW * TILES)     # [pair q, matrix tile, block, row half]
+    fd = pk.local_array(f32, 16 * NW * TILES)
     bw = pk.local_array(u32, 8 * BATCH)
     dx = pk.local_array(f32, 8 * BATCH)
     sx4 = pk.local_array(f32, 8 * BATCH)
@@ -260,9 +271,9 @@ def chunk_dot(sm, buf: i32, chunk: i32, xp: Ptr[u32, "ro"], groups: i32, lane: i
         for blk in pk.static_range(2):
             load_b(xp, 8 * chunk + 2 * q + blk, lane, 34 * groups, groups, bw, dx, sx4,
                    (2 * q + blk) * BATCH, BATCH)
-        for j in pk.static_range(TILES):
+        for j in pk.static_range(NW * TILES):
             for half in pk.static_range(2):
-                f = (q * TILES + j) * 4 + half
+                f = (q * NW * TILES + j) * 4 + half
                 d0, a0, d1, a1 = pair_words(sm, buf + (16 * j + 8 * half + lane // 4) * 36 +
                                             9 * q, t)
                 fa[f] = a0
@@ -270,9 +281,9 @@ def chunk_dot(sm, buf: i32, chunk: i32, xp: Ptr[u32, "ro"], groups: i32, lane: i
                 fa[f + 2] = a1
                 fd[f + 2] = d1
     for q in pk.static_range(4):
-        for j in pk.static_range(TILES):
+        for j in pk.static_range(NW * TILES):
             for blk in pk.static_range(2):
-                f = ((q * TILES + j) * 2 + blk) * 2
+                f = ((q * NW * TILES + j) * 2 + blk) * 2
                 block_mma(fa[f], fa[f + 1], fd[f], fd[f + 1], bw, dx, sx4, (2 * q + blk) * BATCH,
                           we, wo, acc, 2 * j * BATCH, BATCH)
 
@@ -319,24 +330,26 @@ def quad_sum(acc, a0: Const[int], COUNT: Const[int]):
 class Q1Config(NamedTuple):
     """Launch shape: `warps` per thread block, `split` warps sharing each tile group's items
     (K split; > 1 adds a shared-memory reduction), `tiles` 16-row tiles per warp (they share
-    the activation loads), `unroll` items per loop trip (direct loads), `stage` 1: rows of a
-    multiple of 8 blocks go through the shared-memory stage (one weight matrix: not the GLU
-    modes); 0: fragments loaded straight from the rows."""
+    the activation loads), `unroll` items per loop trip (direct loads), `stage` S >= 2 (rows
+    of a multiple of 8 blocks): a cp.async ring of S chunks per warp; 0 (and other rows):
+    fragments loaded straight from the rows."""
     warps: int = 4
     split: int = 1
     tiles: int = 1
     unroll: int = 2
-    stage: int = 1
+    stage: int = 2
 
 
 # fastest measured on an H200 (benchmarks/RESULTS.md, "Q1_0 on binary tensor cores"): rows up
 # to SHORT_ROW values (57344 / 128256 x 4096), longer rows (4096 x 14336: the K split); at 8
-# tokens the staged kernel's registers (149) made it slower than direct loads (20.1 vs 15.1 us)
+# tokens and long rows direct loads (the staged kernels' registers); ring of 2 stages: 12.75 /
+# 25.4 / 5.45 us at 57344 / 128256 x 4096 and 4096 x 14336 (register stages: 13.8 / 27.5 / 5.8)
 SHORT_ROW = 8192
-SHORT_CONFIG = Q1Config(2, 1, 1, 1, 1)
-LONG_CONFIG = Q1Config(8, 8, 1, 2, 1)
+SHORT_CONFIG = Q1Config(4, 1, 1, 1, 2)
+LONG_CONFIG = Q1Config(14, 14, 1, 1, 2)
 LONG_BATCH_CONFIG = Q1Config(8, 8, 1, 2, 0)   # more than 2 tokens
-CPU_CONFIG = Q1Config(2, 1, 1, 1, 1)
+CPU_CONFIG = Q1Config(2, 1, 1, 1, 3)
+MAX_SHARED = 227 << 10    # bytes per block (H100 / H200 opt-in limit)
 MODES = {None: MODE_PLAIN, "residual": MODE_RESIDUAL, "swiglu": MODE_SWIGLU,
          "geglu": MODE_GEGLU}
 
@@ -375,11 +388,15 @@ def gemv_q1_0_into(w, xp, y, rows: int, n: int, batch: int = 1, *, w2=None, res=
     if c.warps % c.split:
         raise ValueError(f"gemv_q1_0: split {c.split} must divide warps {c.warps}")
     pair = groups % 2 == 0             # rows of 36-byte block pairs are u32-aligned
-    staged = bool(c.stage) and groups % 8 == 0 and w2 is None
-    smem = 4 * (2 * c.warps * 576 * c.tiles * staged + (c.split > 1) * c.warps * 32 * c.tiles
-                * batch * (2 if w2 is not None else 1))
-    if smem > 48 << 10:
-        raise ValueError(f"gemv_q1_0: {c} needs {smem} bytes of shared memory (48 KiB at most)")
+    if c.stage == 1:
+        raise ValueError("gemv_q1_0: stage must be 0 (direct loads) or a ring of >= 2, got 1")
+    stage = c.stage if groups % 8 == 0 else 0
+    nw = 2 if mode in ("swiglu", "geglu") else 1
+    ring = 4 * c.warps * stage * 576 * nw * c.tiles if stage > 1 else 0   # dynamic
+    static = 4 * (c.split > 1) * c.warps * 32 * c.tiles * batch * nw
+    if static > 48 << 10 or static + ring > MAX_SHARED:
+        raise ValueError(f"gemv_q1_0: {c} needs {static} + {ring} bytes of shared memory "
+                         f"(static at most 48 KiB, all at most {MAX_SHARED})")
     wt = np.uint32 if pair else np.uint16
     w = w.view(wt)
     w2 = w if w2 is None else w2.view(wt)
@@ -388,8 +405,8 @@ def gemv_q1_0_into(w, xp, y, rows: int, n: int, batch: int = 1, *, w2=None, res=
     words = xp.reshape(-1).view(np.uint32) if xp.dtype != np.uint32 else xp.reshape(-1)
     if prefetch is None:
         prefetch = bool(getattr(pk.current_device(), "programmatic_launch", False))
-    gemv_q1_0_kernel[(rows + per_block - 1) // per_block, c.warps * 32, stream](
+    gemv_q1_0_kernel[(rows + per_block - 1) // per_block, c.warps * 32, stream, ring](
         w, w2, words, y if res is None else res, y, rows, row_words,
-        groups // 2 if pair else groups, groups, wt, 2 if pair else 1,
-        2 if mode in ("swiglu", "geglu") else 1, c.warps, c.split, c.tiles, c.unroll, batch,
-        MODES[mode], staged, prefetch)
+        groups // 2 if pair else groups, groups, wt, 2 if pair else 1, nw, c.warps, c.split,
+        c.tiles, c.unroll, batch, MODES[mode], stage, prefetch)
+

@@ -76,14 +76,17 @@ def test_gemv_q1_0_shapes(device, rng, seed, rows, blocks, batch):
     check(y, raw, dw, x, seed, f"{rows}x{n} batch {batch}")
 
 
-@pytest.mark.parametrize("config,blocks", [(Q1Config(4, 2, 1, 2), 14), (Q1Config(2, 1, 2, 3), 14),
-                                           (Q1Config(4, 4, 1, 1), 14),
-                                           (Q1Config(4, 2, 1, 1, 1), 24),
-                                           (Q1Config(2, 1, 2, 1, 1), 16)])
+@pytest.mark.parametrize("config,blocks", [(Q1Config(4, 2, 1, 2, 0), 14),
+                                           (Q1Config(2, 1, 2, 3, 0), 14),
+                                           (Q1Config(4, 4, 1, 1, 0), 14),
+                                           (Q1Config(4, 2, 1, 1, 2), 24),
+                                           (Q1Config(1, 1, 2, 1, 4), 16),
+                                           (Q1Config(2, 1, 1, 1, 3), 40)])
 def test_gemv_q1_0_launch_shapes(device, rng, seed, config, blocks):
     """K split with a shared-memory reduction, two tiles per warp, unrolled trips plus a
-    remainder (direct loads, 14 blocks); the shared-memory stage with a round where one warp
-    of the split has no chunk (24 blocks), two tiles (16 blocks). Into a poisoned output; the
+    remainder (direct loads, 14 blocks); the cp.async ring with the split and a round where
+    one warp of the split has no chunk (24 blocks), deeper than the chunk count with two tiles
+    (16 blocks), wrapping around (40 blocks = 5 chunks, 3 stages). Into a poisoned output; the
     residual mode with res aliasing y."""
     rows, n = 37, 128 * blocks
     raw, dw = q1_0_weights(rng, rows, n)
@@ -119,6 +122,26 @@ def test_gemv_q1_0_fused_modes(device, rng, seed):
         f"residual (seed {seed})"
 
 
+@pytest.mark.parametrize("config", [Q1Config(2, 1, 1, 1, 3), Q1Config(4, 2, 1, 1, 2)])
+def test_gemv_q1_0_ring_glu(device, rng, seed, config):
+    """swiglu through the ring (gate and up rows share each stage), 20 rows x 24 blocks, into a
+    poisoned output, against the plain GEMVs of the two matrices in the same launch shape (the
+    same summation order: a K split adds the partial sums in another order than no split)."""
+    rows, n = 20, 128 * 24
+    (gate, _), (up, _) = q1_0_weights(rng, rows, n), q1_0_weights(rng, rows, n)
+    x = rng.standard_normal((2, n)).astype(np.float32)
+    xp = quantize_q8_planes(x)
+    wg, wu = weight_words(gate, "Q1_0", n)[0], weight_words(up, "Q1_0", n)[0]
+    plain = [pk.full((2, rows), np.nan, np.float32) for _ in range(3)]
+    gemv_q1_0_into(wg, xp, plain[0], rows, n, 2, config=config)
+    gemv_q1_0_into(wu, xp, plain[1], rows, n, 2, config=config)
+    gemv_q1_0_into(wg, xp, plain[2], rows, n, 2, w2=wu, mode="swiglu", config=config)
+    g, u = (a.numpy().astype(np.float64) for a in plain[:2])
+    tol = 1e-5 * (np.abs(g) + 1) * (np.abs(u) + 1)
+    assert np.all(np.abs(plain[2].numpy() - g / (1 + np.exp(-g)) * u) <= tol), \
+        f"ring swiglu {config} (seed {seed})"
+
+
 def test_gemv_q1_0_rejects_bad_input(device, rng):
     raw, _ = q1_0_weights(rng, 4, 256)
     w = weight_words(raw, "Q1_0", 256)[0]
@@ -131,15 +154,17 @@ def test_gemv_q1_0_rejects_bad_input(device, rng):
         quantize_q8_planes(np.zeros((1, 200), np.float32))
 
 
-GPU_CONFIGS = [Q1Config(4, 1, 1, 4, 1), Q1Config(4, 1, 1, 4, 0), Q1Config(8, 8, 1, 1, 1),
-               Q1Config(7, 7, 1, 1, 1), Q1Config(16, 16, 1, 1, 0), Q1Config(4, 2, 2, 2, 1)]
+GPU_CONFIGS = [Q1Config(4, 1, 1, 4, 0), Q1Config(16, 16, 1, 1, 0), Q1Config(4, 2, 2, 2, 2),
+               Q1Config(1, 1, 1, 1, 2), Q1Config(2, 1, 1, 1, 3), Q1Config(4, 1, 1, 1, 4),
+               Q1Config(2, 1, 2, 1, 3), Q1Config(4, 2, 1, 1, 3), Q1Config(8, 8, 1, 1, 3),
+               Q1Config(16, 16, 1, 1, 2), Q1Config(16, 8, 1, 1, 3)]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows,n", [(300, 4096), (4096, 14336), (300, 128 * 33)])
 def test_gpu_gemv_q1_0_model_shapes(rng, seed, rows, n):
     """The shipped GPU configuration (short and long rows, odd block count) at batch 1, 2, 8,
-    and the candidate launch shapes (staged and direct) at batch 1 and 2."""
+    and the candidate launch shapes (ring and direct) at batch 1 and 2."""
     pk.set_device("cuda")
     raw, dw = q1_0_weights(rng, rows, n)
     for batch in (1, 2, 8):
