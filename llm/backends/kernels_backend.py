@@ -272,8 +272,11 @@ class KernelsBackend(Backend):
         if q3.shape[0] == 1:   # decode: kv_len = position + 1, split over the context
             config = self._decode_config(q3.shape[1], k_cache)
             workspace = None if self.direct_attention else cache.workspace(q3.shape[1], config)
+            # early_kv: the kernel before this one (RoPE + cache write, or store_kv) writes
+            # only the newest cache row, and the positions are set before the graph runs, so
+            # under PDL the split blocks may start loading older rows before their wait
             launch_decode(q3, k_cache, v_cache, start_dev, out3, scale, window=window or None,
-                          len_add=1, workspace=workspace, config=config)
+                          len_add=1, workspace=workspace, config=config, early_kv=True)
         elif self._tensor_core_prefill(k_cache):   # Q, K, V, P rounded to f16 like llama.cpp's
             launch_prefill(q3, k_cache, v_cache, out3, start, scale, window=window or None)
         else:                  # prefill: query z sees start + z + 1 keys of the shared cache
