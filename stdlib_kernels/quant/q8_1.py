@@ -96,9 +96,15 @@ def quantize_q8_1_into(x, out, stream=None) -> None:
 
 def quantize_q8_1(x):
     """float32 (n,) or (rows, n) array (numpy or device) -> device uint8 Q8_1 rows."""
+    return quantize_rows(x, q8_1_bytes, quantize_q8_1_into)
+
+
+def quantize_rows(x, row_bytes, quantize_into):
+    """float32 (n,) or (rows, n) array (numpy or device) -> a new device uint8 array of
+    row_bytes(n) per row, filled by quantize_into(x, out) (same shape rank as x)."""
     if isinstance(x, np.ndarray):
         x = pk.to_device(np.ascontiguousarray(x, dtype=np.float32))
     rows = x.shape[0] if x.ndim == 2 else 1
-    out = pk.empty((rows, q8_1_bytes(x.shape[-1])), np.uint8)
-    quantize_q8_1_into(x, out)
+    out = pk.empty((rows, row_bytes(x.shape[-1])), np.uint8)
+    quantize_into(x, out)
     return out if x.ndim == 2 else out.reshape(-1)

@@ -20,7 +20,7 @@ import numpy as np
 import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, u32
 
-from .q8_1 import round_half_away
+from .q8_1 import quantize_rows, round_half_away
 from .reference_numerics import roundf
 
 GROUP = 128
@@ -103,12 +103,7 @@ def quantize_q8_planes_into(x, out, stream=None) -> None:
 
 def quantize_q8_planes(x):
     """float32 (n,) or (rows, n) array (numpy or device) -> device uint8 Q8-planes rows."""
-    if isinstance(x, np.ndarray):
-        x = pk.to_device(np.ascontiguousarray(x, dtype=np.float32))
-    rows = x.shape[0] if x.ndim == 2 else 1
-    out = pk.empty((rows, q8_planes_bytes(x.shape[-1])), np.uint8)
-    quantize_q8_planes_into(x, out)
-    return out if x.ndim == 2 else out.reshape(-1)
+    return quantize_rows(x, q8_planes_bytes, quantize_q8_planes_into)
 
 
 def reference_q8_planes(x: np.ndarray) -> np.ndarray:
