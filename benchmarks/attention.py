@@ -52,8 +52,7 @@ N_HEAD, N_KV, HEAD_DIM = 32, 8, 128
 # mma_config(group, head_dim, warps, ring stages, blocks per SM): the tensor-core kernel
 SWEEP = {"float16": [mma_config(4, 128, 8, 2, 1), mma_config(4, 128, 8, 1, 1),
                      mma_config(4, 128, 4, 1, 4), mma_config(4, 128, 4, 2, 2),
-                     mma_config(4, 128, 8, staged=2), mma_config(4, 128, 8, 1, 2, staged=1),
-                     mma_config(4, 128, 4, 1, 2, staged=2),
+                     mma_config(4, 128, 16, 1, 1),
                      DecodeConfig(4, 4, 1, 32, 2), DecodeConfig(2, 4, 2, 32, 2)],
          "q8_0": [mma_config(4, 128, 8, 2, 1), mma_config(4, 128, 8, 1, 1),
                   mma_config(4, 128, 4, 1, 4)],
@@ -91,7 +90,7 @@ def precompile(arch: str, decode_only: bool = False) -> None:
                     configs.append(mma_config(group, d))
                 for config in configs:
                     for fused in (True, False):
-                        jobs += [(decode_kernel(config, dtype).name, arch, spec)
+                        jobs += [(decode_kernel(config).name, arch, spec)
                                  for spec in _launch_specs(config, d, dtype, fused)]
         for warps in (4, 8, 16):
             jobs += [("combine_splits", arch, combine_spec(d, warps, t)) for t in (False, True)]
@@ -100,7 +99,7 @@ def precompile(arch: str, decode_only: bool = False) -> None:
     for dtype in (np.float16, np.float32, Q8):
         for config in SWEEP[_name(dtype)]:
             for fused in (True, False):
-                jobs.append((decode_kernel(config, dtype).name, arch,
+                jobs.append((decode_kernel(config).name, arch,
                              decode_spec(HEAD_DIM, dtype, config, fused)))
     if not decode_only:
         jobs.append(("prefill_mma", arch, dict(D=HEAD_DIM, BN=64, NWARPS=4)))
@@ -117,7 +116,7 @@ def ptxas_report(arch: str, folder: str) -> None:
     os.makedirs(folder, exist_ok=True)
     kernels = {f"decode_{_name(t)}_{'mma_' if c.mma else ''}{c.heads_per_block}h"
                f"{c.warps}w_U{c.unroll}_P{c.stages}":
-               (decode_kernel(c, t), decode_spec(HEAD_DIM, t, c)) for t in (np.float16, np.float32, Q8)
+               (decode_kernel(c), decode_spec(HEAD_DIM, t, c)) for t in (np.float16, np.float32, Q8)
                for c in SWEEP[_name(t)]}
     kernels.update({"prefill_bn64": (prefill_mma, dict(D=HEAD_DIM, BN=64, NWARPS=4)),
                     "prefill_bn32": (prefill_mma, dict(D=HEAD_DIM, BN=32, NWARPS=4))})
@@ -288,9 +287,8 @@ def sweep_splits(config: DecodeConfig, blocks: int, sms: int) -> list[int]:
 def _label(config: DecodeConfig, splits: int, fused: bool) -> str:
     launches = "one launch" if fused else "two launches"
     if config.mma:
-        ring = f"S{config.staged} smem" if config.staged else f"P{config.stages}"
         return (f"{launches} (mma, {config.heads_per_block}h, {config.warps}w, "
-                f"{ring}, {splits} splits)")
+                f"P{config.stages}, {splits} splits)")
     return (f"{launches} ({config.heads_per_block}h, {config.warps}w, U{config.unroll}, "
             f"P{config.stages}, {config.lanes}L, {splits} splits)")
 

@@ -149,9 +149,9 @@ def candidate_configs(dtype):
     """The split-kernel shapes compared (decode.mma_config / DecodeConfig)."""
     from stdlib_kernels.attention.decode import DecodeConfig, gpu_config, mma_config
     if np.dtype(dtype) == np.float16:
-        return [mma_config(4, 128, 8, 2, 1), mma_config(4, 128, 8, staged=2),
-                mma_config(4, 128, 8, 1, 2, staged=1), mma_config(4, 128, 4, 1, 2, staged=2),
-                mma_config(4, 128, 4, 1, 3, staged=2), mma_config(4, 128, 4, 1, 1, staged=4)]
+        return [mma_config(4, 128, 8, 2, 1), mma_config(4, 128, 8, 1, 1),
+                mma_config(4, 128, 8, 1, 2), mma_config(4, 128, 4, 1, 4),
+                mma_config(4, 128, 4, 2, 2)]
     return [gpu_config(4, 128, np.float32), DecodeConfig(4, 8, 1, 32, 4, blocks_per_sm=2),
             DecodeConfig(4, 4, 2, 32, 3)]
 
@@ -205,7 +205,7 @@ def precompile(arch: str = "sm_90") -> None:
         for config in candidate_configs(dtype):
             for fused in (False, True):
                 for _, trigger, early, _, _ in VARIANTS:
-                    jobs.append((decode_kernel(config, dtype).name, arch,
+                    jobs.append((decode_kernel(config).name, arch,
                                  decode_spec(HEAD_DIM, dtype, config, fused, trigger, early)))
     start = time.perf_counter()
     spawn = multiprocessing.get_context("spawn")

@@ -19,7 +19,6 @@ import pykernel as pk
 from .decode_combine import COMBINE_UNROLL, MAX_SPLITS, combine_geometry, combine_splits
 from .decode_kernels import LOG2E, decode_partial
 from .decode_mma import decode_mma
-from .decode_staged import decode_staged, staged_shared_bytes
 from .kv_q8 import DTYPE as Q8_DTYPE, Q8Cache
 
 HEAD_DIMS = (64, 80, 96, 128, 256)
@@ -45,8 +44,6 @@ class DecodeConfig:
     stages: int = 2          # P: stages in the register ring (P - 1 in flight while one scores)
     mma: bool = False        # decode_mma (tensor cores, f16 cache, D % 32 == 0): heads_per_block
                              # <= 8, 16 keys per warp per stage; U, lanes unused
-    staged: int = 0          # mma, f16 cache: > 0 = decode_staged, a ring of this many tiles
-                             # per warp in shared memory (cp.async) instead of registers
     blocks_per_sm: int = 4   # the split planner's target of resident blocks per multiprocessor
     early_trigger: bool = False  # GPU: let the next kernel of a PDL graph launch at block start
                                  # (only when the grid is one wave)
@@ -86,14 +83,14 @@ MMA_MAX_HEADS = 8            # decode_mma: the block's heads are the 8 columns o
 
 
 def mma_config(group: int, head_dim: int = 128, warps: int = 8, stages: int | None = None,
-               blocks_per_sm: int = 1, staged: int = 0) -> DecodeConfig:
+               blocks_per_sm: int = 1) -> DecodeConfig:
     """decode_mma's shape. Default: 8 warps, a ring of 2 tiles (242 registers at head_dim 128,
     so one block per SM; 1 stage above 128, where 2 would spill) and splits for one block per
     SM: the fastest or within 2% of it at 1k-32k keys on the H200 (benchmarks/RESULTS.md)."""
     gb = max(d for d in range(1, min(group, MMA_MAX_HEADS) + 1) if group % d == 0)
     stages = stages or (2 if head_dim <= 128 else 1)
     return DecodeConfig(heads_per_block=gb, warps=warps, stages=stages, mma=True,
-                        blocks_per_sm=blocks_per_sm, staged=staged)
+                        blocks_per_sm=blocks_per_sm)
 
 
 def mma_capable(head_dim: int, dtype, device=None) -> bool:
@@ -177,18 +174,8 @@ def _lane_layout(head_dim: int, itemsize: int, max_lanes: int = 32) -> dict:
                 CH=ch, NCH=-(-chunks // lanes))
 
 
-def decode_kernel(config: DecodeConfig, dtype=np.float16):
-    if config.mma:
-        q8 = isinstance(dtype, str) and dtype == Q8_DTYPE
-        return decode_staged if config.staged and not q8 else decode_mma
-    return decode_partial
-
-
-def dynamic_shared_bytes(config: DecodeConfig, head_dim: int, dtype=np.float16) -> int:
-    """Dynamic shared memory of decode_kernel(config, dtype)'s launch."""
-    if decode_kernel(config, dtype) is decode_staged:
-        return staged_shared_bytes(head_dim, config.warps, config.staged)
-    return 0
+def decode_kernel(config: DecodeConfig):
+    return decode_mma if config.mma else decode_partial
 
 
 def decode_spec(head_dim: int, dtype, config: DecodeConfig, fused: bool = False,
@@ -206,13 +193,10 @@ def decode_spec(head_dim: int, dtype, config: DecodeConfig, fused: bool = False,
             raise ValueError(f"attention.decode: the tensor-core kernel needs an f16 or Q8_0 "
                              f"cache, head_dim % 32 == 0 and <= {MMA_MAX_HEADS} heads per "
                              f"block; got {dtype}, {head_dim}, {config.heads_per_block}")
-        common = dict(D=head_dim, GB=config.heads_per_block, NWARPS=config.warps,
-                      FUSED=int(fused), MAXS=MAX_SPLITS, UNR=COMBINE_UNROLL,
-                      TRIGGER=int(trigger), EARLY_KV=int(early_kv),
-                      **combine_geometry(config.heads_per_block, head_dim, 32 * config.warps))
-        if config.staged and not q8:
-            return dict(S=config.staged, **common)
-        return dict(P=config.stages, Q8=int(q8), **common)
+        return dict(D=head_dim, GB=config.heads_per_block, NWARPS=config.warps,
+                    P=config.stages, FUSED=int(fused), MAXS=MAX_SPLITS, UNR=COMBINE_UNROLL,
+                    Q8=int(q8), TRIGGER=int(trigger), EARLY_KV=int(early_kv),
+                    **combine_geometry(config.heads_per_block, head_dim, 32 * config.warps))
     return dict(D=head_dim, GB=config.heads_per_block, NWARPS=config.warps, U=config.unroll,
                 P=config.stages, HALF=int(dtype == np.float16), FUSED=int(fused),
                 MAXS=MAX_SPLITS, UNR=COMBINE_UNROLL, TRIGGER=int(trigger), EARLY_KV=int(early_kv),
@@ -305,9 +289,7 @@ def launch_split_kernel(q, k_cache, v_cache, lens, out, scale: float, *, window=
     # same code path runs there (tests cover it without a GPU)
     early = early_kv and (pdl or q.device.kind == "cpu") and len_step == 0 and \
         not share_cache and not isinstance(k_cache, Q8Cache)
-    kernel = decode_kernel(config, k_cache.dtype)
-    kernel[(n_splits, n_kv_head * n_sub, n_seq), 32 * config.warps, stream,
-           dynamic_shared_bytes(config, head_dim, k_cache.dtype)](
+    decode_kernel(config)[(n_splits, n_kv_head * n_sub, n_seq), 32 * config.warps, stream](
         q, *caches, lens, lens_stride, len_add, len_step, z_stride, max_len, n_head, n_kv_head,
         q_scale, float(softcap) if use_softcap else 0.0, int(window or 0), int(direct), out,
         part_o, part_ml, counters,

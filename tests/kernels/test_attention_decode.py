@@ -101,18 +101,16 @@ def test_deep_ring_config(device, rng, seed, dtype, config, fused):
 # and soft-capping in one launch, and 2 sequences of one launch with head_dim 96 (NP = 3)
 MMA_CASES = [(8, 2, 64, None, None, mma_config(4, 64, warps=2, stages=3), 3, False, 1),
              (6, 2, 64, 20, 30.0, mma_config(3, 64, warps=2), 4, True, 1),
-             (4, 1, 96, None, None, mma_config(4, 96, warps=1, stages=1), 2, False, 2),
-             (8, 2, 64, 20, 30.0, mma_config(4, 64, warps=2, stages=3, staged=3), 3, True, 2)]
+             (4, 1, 96, None, None, mma_config(4, 96, warps=1, stages=1), 2, False, 2)]
 
 
 # early_kv: the ring loads before the PDL wait, clamped to rows <= kv_len - 3, and the tiles past
 # them load again after it. The CPU target runs that path too (kernels run one after another).
 EARLY_CASES = [(np.float16, mma_config(4, 64, warps=2, stages=2)),
-               (np.float32, DecodeConfig(2, 2, 2, 16, 2)),
-               (np.float16, mma_config(4, 64, warps=2, staged=2))]
+               (np.float32, DecodeConfig(2, 2, 2, 16, 2))]
 
 
-@pytest.mark.parametrize("dtype,config", EARLY_CASES, ids=["mma_f16", "simt_f32", "staged_f16"])
+@pytest.mark.parametrize("dtype,config", EARLY_CASES, ids=["mma_f16", "simt_f32"])
 def test_early_kv_path(device, rng, seed, dtype, config):
     n_head, n_kv_head, head_dim, max_len = 8, 2, 64, 150
     q = rng.standard_normal((n_head, head_dim)).astype(np.float32)
@@ -130,7 +128,7 @@ def test_early_kv_path(device, rng, seed, dtype, config):
 
 
 @pytest.mark.parametrize("case", MMA_CASES, ids=["gqa4_ring3", "gqa3_window_cap_fused",
-                                                 "d96_two_sequences", "staged_ring3_two_seqs"])
+                                                 "d96_two_sequences"])
 def test_tensor_core_decode(device, rng, seed, case):
     n_head, n_kv_head, head_dim, window, softcap, config, splits, fused, n_seq = case
     max_len = 2 * 16 * config.warps * config.stages + 20      # the longest wraps the ring
