@@ -16,20 +16,19 @@ heads and one contiguous slice of the key range, so each K/V row is read once fo
 Inside a warp, L lanes share one key row: lane li reads 16-byte chunks li, li + L, ... (NCH per
 lane, CH elements each), so a warp reads KPW = 32 / L consecutive rows = contiguous memory.
 A "stage" is U rows per row group (U * KPW consecutive keys per warp); a warp keeps P stages of
-raw K/V words in registers, a ring: all P load first (a split of <= P stages per warp is in
-flight at once), then each slot is refilled P stages ahead once scored, so while one stage is
-scored the loads of the next P - 1 are in flight ((P - 1) * U * NCH * 32 bytes per thread).
-Keys past the range are clamped to its last key and masked, so a stage's loads issue back to
-back; raw words are converted to f32 where they are used, which keeps the ring's registers
-small.
+raw K/V words in registers, a ring: while one stage is scored, the loads of the next P - 1 are
+in flight, so each thread has (P - 1) * U * NCH * 32 bytes of HBM reads outstanding. Loads are
+never behind a branch (keys past the range are clamped to its last key and masked), so the
+compiler issues them back to back; raw words are converted to f32 where they are used, which
+keeps the registers of the ring small.
 Scores are kept in the log2 domain (q pre-scaled by scale * log2(e)) so exp2 is one instruction.
 Under PDL (graphs captured with pdl=True), with TRIGGER the next kernel may launch at once (the
 grid is one wave), and with EARLY_KV (the caller's promise, `launch_decode(early_kv=True)`:
 the kernels before this one in the graph write neither the length table nor any cache row but
-each sequence's newest, kv_len - 1) the block reads kv_len and loads its whole ring before
-`pk.grid_dependency_wait()`, clamped to the rows up to kv_len - 3 (no 128-byte line loaded early
-may hold part of the newest row: L1 is not coherent); after the wait the stages reaching past
-them (the last split's) load again, then q and everything else.
+each sequence's newest, kv_len - 1) the block reads kv_len and issues its first K/V loads before
+`pk.grid_dependency_wait()` when its range ends at least two rows before the newest one (so no
+128-byte line it loads early holds part of the newest row: L1 is not coherent); other blocks,
+q and everything else load after the wait.
 Register arrays are indexed only with compile-time indices (static_range) so they stay in
 registers; the kernel body is long for that reason.
 """
@@ -64,16 +63,9 @@ def begin_block(TRIGGER: Const[int], EARLY_KV: Const[int]):
 
 
 @pk.func
-def early_last_key(k0: i32, k1: i32, kv_len: i32, EARLY_KV: Const[int]) -> i32:
-    """EARLY_KV: the last key of [k0, k1) this block may load before the wait, -1 if none.
-    Rows up to kv_len - 3: no 128-byte line of theirs holds part of the newest row (kv_len - 1),
-    which the previous kernel may be writing (L1 is not coherent, so a line loaded early must
-    stay valid after the wait)."""
-    last = -1
-    if EARLY_KV:
-        if k0 <= kv_len - 3:
-            last = min(k1 - 1, kv_len - 3)
-    return last
+def loads_before_wait(k1: i32, kv_len: i32, EARLY_KV: Const[int]) -> bool:
+    """EARLY_KV: may this block load its first tiles before the wait (see the docstring)?"""
+    return EARLY_KV != 0 and k1 + 1 < kv_len
 
 
 @pk.func
@@ -247,50 +239,17 @@ def merge_and_store(acc, m, den, warp: i32, row: i32, li: i32, z: i32, h0: i32, 
 def simt_prologue(kp, vp, kb, vb, first: i32, stride: i32, row: i32, li: i32, last_key: i32,
                   words: i32, U: Const[int], P: Const[int], L: Const[int],
                   LOG2KPW: Const[int], NCH: Const[int], LAST_CHUNK: Const[int]):
-    """The ring's P stages: raw K/V chunks of keys first + p * stride + ... (clamped)."""
-    for p in pk.static_range(P):
-        load_stage(kp, vp, kb, vb, p, first + p * stride, row, li, last_key, words, U, L,
-                   LOG2KPW, NCH, LAST_CHUNK)
-
-
-@pk.func
-def load_stage(kp, vp, kb, vb, slot: i32, stage: i32, row: i32, li: i32, last_key: i32,
-               words: i32, U: Const[int], L: Const[int], LOG2KPW: Const[int], NCH: Const[int],
-               LAST_CHUNK: Const[int]):
-    """Raw K/V chunks of the stage's keys stage + (u << LOG2KPW) + row into ring slot `slot`."""
-    for u in pk.static_range(U):
-        key = min(stage + (u << LOG2KPW) + row, last_key)
-        for j in pk.static_range(NCH):
-            at = key * words + min(j * L + li, LAST_CHUNK) * 4
-            kw = pk.load_vec(kp, at, 4)
-            vw = pk.load_vec(vp, at, 4)
-            for w in pk.static_range(4):
-                kb[((slot * U + u) * NCH + j) * 4 + w] = kw[w]
-                vb[((slot * U + u) * NCH + j) * 4 + w] = vw[w]
-
-
-@pk.func
-def fill_stages(kp, vp, kb, vb, first: i32, stride: i32, row: i32, li: i32, k0: i32, k1: i32,
-                kv_len: i32, words: i32, U: Const[int], P: Const[int], L: Const[int],
-                LOG2KPW: Const[int], NCH: Const[int], LAST_CHUNK: Const[int],
-                EARLY_KV: Const[int]):
-    """decode_mma.fill_ring for the SIMT ring: the P stages, and the wait under EARLY_KV
-    (stages reaching past early_last_key load again after it)."""
-    last_key = max(0, k1 - 1)
-    early_last = early_last_key(k0, k1, kv_len, EARLY_KV)
-    if early_last >= 0:
-        simt_prologue(kp, vp, kb, vb, first, stride, row, li, early_last, words, U, P, L,
-                      LOG2KPW, NCH, LAST_CHUNK)
-    if EARLY_KV:
-        pk.grid_dependency_wait()
-    if early_last < 0:
-        simt_prologue(kp, vp, kb, vb, first, stride, row, li, last_key, words, U, P, L,
-                      LOG2KPW, NCH, LAST_CHUNK)
-    elif early_last < last_key:
-        for p in pk.static_range(P):
-            if first + p * stride + (U << LOG2KPW) - 1 > early_last:
-                load_stage(kp, vp, kb, vb, p, first + p * stride, row, li, last_key, words,
-                           U, L, LOG2KPW, NCH, LAST_CHUNK)
+    """The ring's first P - 1 stages: raw K/V chunks of keys first + p * stride + ..."""
+    for p in pk.static_range(P - 1):
+        for u in pk.static_range(U):
+            key = min(first + p * stride + (u << LOG2KPW) + row, last_key)
+            for j in pk.static_range(NCH):
+                at = key * words + min(j * L + li, LAST_CHUNK) * 4
+                kw = pk.load_vec(kp, at, 4)
+                vw = pk.load_vec(vp, at, 4)
+                for w in pk.static_range(4):
+                    kb[((p * U + u) * NCH + j) * 4 + w] = kw[w]
+                    vb[((p * U + u) * NCH + j) * 4 + w] = vw[w]
 
 
 @pk.kernel
@@ -317,16 +276,23 @@ def decode_partial(q: Ptr[f32, "ro"], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32,
     vp = v_cache + base_off
     last_key = max(0, k1 - 1)
 
-    # the whole ring loads before q (EARLY_KV: mostly before the wait, while q may still be
-    # being written by the previous kernel)
+    # the ring's first stages load before q (EARLY_KV: possibly before the wait, while q may
+    # still be being written by the previous kernel)
     kb = pk.local_array(u32, P * U * NCH * 4)    # the ring: P stages of raw 16-byte chunks
     vb = pk.local_array(u32, P * U * NCH * 4)
     s = pk.local_array(f32, U * GB)
     stage_keys = U << LOG2KPW
     stride = NWARPS * stage_keys             # keys of one stage of the whole block
     first = k0 + warp * stage_keys
-    fill_stages(kp, vp, kb, vb, first, stride, row, li, k0, k1, kv_len, words, U, P, L, LOG2KPW,
-                NCH, D // CH - 1, EARLY_KV)
+    early = loads_before_wait(k1, kv_len, EARLY_KV)
+    if early:
+        simt_prologue(kp, vp, kb, vb, first, stride, row, li, last_key, words, U, P, L,
+                      LOG2KPW, NCH, D // CH - 1)
+    if EARLY_KV:
+        pk.grid_dependency_wait()
+    if not early:
+        simt_prologue(kp, vp, kb, vb, first, stride, row, li, last_key, words, U, P, L,
+                      LOG2KPW, NCH, D // CH - 1)
 
     # q chunks of the GB heads in registers, pre-scaled; chunks past D (D/CH not a multiple
     # of L, e.g. D = 80) stay zero: those lanes re-read the last chunk and contribute nothing
@@ -349,14 +315,21 @@ def decode_partial(q: Ptr[f32, "ro"], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32,
     base = first
     while base < k1:
         for p in pk.static_range(P):
-            # score slot p, then refill it P stages ahead (P - 1 stay in flight)
+            # refill the slot scored last (P - 1 stages ahead), then score slot p
+            refill = (p + P - 1) % P
+            for u in pk.static_range(U):
+                key = min(base + (p + P - 1) * stride + (u << LOG2KPW) + row, last_key)
+                for j in pk.static_range(NCH):
+                    at = key * words + min(j * L + li, D // CH - 1) * 4
+                    kw = pk.load_vec(kp, at, 4)
+                    vw = pk.load_vec(vp, at, 4)
+                    for w in pk.static_range(4):
+                        kb[((refill * U + u) * NCH + j) * 4 + w] = kw[w]
+                        vb[((refill * U + u) * NCH + j) * 4 + w] = vw[w]
             stage = base + p * stride
             if stage < k1:
                 score_stage(kb, vb, qv, acc, m, den, s, p * U, stage, row, k1, softcap,
                             GB, U, L, LOG2L, LOG2KPW, CH, NCH, HALF)
-            if stage + P * stride < k1:
-                load_stage(kp, vp, kb, vb, p, stage + P * stride, row, li, last_key, words, U,
-                           L, LOG2KPW, NCH, D // CH - 1)
         base += P * stride
     merge_and_store(acc, m, den, warp, row, li, z, h0, split, n_head, direct, out,
                     part_o, part_ml, D, GB, NWARPS, L, LOG2KPW, CH, NCH)

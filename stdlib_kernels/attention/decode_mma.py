@@ -21,9 +21,8 @@ Fragment plumbing (lane = 4 * g + t; NP = D / 32):
 - V as the A operand of O^T: the same 16-byte loads as K; word w of a lane is an 8 x 8 matrix
   (keys x 8 head_dim columns), and movmatrix turns it into (head_dim row g, keys 2t, 2t + 1).
   Output row g of m-tile (p, wp), half r, is head_dim 32p + 8(g >> 1) + (g & 1) + 4 wp + 2 r.
-Loads run a ring of P tiles in registers (keys past the split clamped and masked): all P load
-before Q (a split of <= P tiles per warp is in flight at once), and each slot is refilled P
-tiles ahead once scored, like decode_partial. Scores are in the log2 domain (q pre-scaled).
+Loads run a ring of P tiles ahead in registers (never behind a branch: keys past the split are
+clamped and masked), like decode_partial. Scores are in the log2 domain (q pre-scaled).
 
 Q8 (a Q8_0 cache: int8 quants (.., max_len, D) plus one f16 scale per 32 values (.., max_len,
 D / 32), ggml's block_q8_0 split in two arrays so the quants load aligned): Q is quantized to
@@ -37,8 +36,8 @@ import pykernel as pk
 from pykernel import Const, Ptr, f16, f32, i32, i64, u16, u32
 
 from .decode_combine import MASKED, NEG_INIT
-from .decode_kernels import (LOG2E, begin_block, block_work, combine_if_last, early_last_key,
-                             write_block_result)
+from .decode_kernels import (LOG2E, begin_block, block_work, combine_if_last,
+                             loads_before_wait, write_block_result)
 
 RESIDUAL = 1.0 / 256.0       # Q8: weight of Q's second int8 term
 
@@ -231,35 +230,10 @@ def merge_warps(oacc, m, den, warp: i32, g: i32, t: i32, z: i32, h0: i32, split:
 @pk.func
 def mma_prologue(kp, vp, ksp, vsp, kb, vb, ksc, vsc, first: i32, stride: i32, last_key: i32,
                  g: i32, t: i32, D: Const[int], NP: Const[int], P: Const[int], Q8: Const[int]):
-    """The ring's P tiles (keys clamped to last_key)."""
-    for p in pk.static_range(P):
+    """The ring's first P - 1 tiles."""
+    for p in pk.static_range(P - 1):
         load_tile(kp, vp, ksp, vsp, kb, vb, ksc, vsc, p, first + p * stride, last_key, g, t,
                   D, NP, Q8)
-
-
-@pk.func
-def fill_ring(kp, vp, ksp, vsp, kb, vb, ksc, vsc, first: i32, stride: i32, k0: i32, k1: i32,
-              kv_len: i32, g: i32, t: i32, D: Const[int], NP: Const[int], P: Const[int],
-              Q8: Const[int], EARLY_KV: Const[int]):
-    """Load the ring's P tiles and wait for the previous kernel (EARLY_KV: the wait is here).
-    EARLY_KV: the tiles load before the wait, clamped to the rows the previous kernel does not
-    touch (early_last_key); after it, the tiles reaching past those rows (the last split's
-    last tiles) load again. Otherwise everything loads after the wait (begin_block's)."""
-    last_key = max(0, k1 - 1)
-    early_last = early_last_key(k0, k1, kv_len, EARLY_KV)
-    if early_last >= 0:
-        mma_prologue(kp, vp, ksp, vsp, kb, vb, ksc, vsc, first, stride, early_last, g, t, D,
-                     NP, P, Q8)
-    if EARLY_KV:
-        pk.grid_dependency_wait()
-    if early_last < 0:
-        mma_prologue(kp, vp, ksp, vsp, kb, vb, ksc, vsc, first, stride, last_key, g, t, D,
-                     NP, P, Q8)
-    elif early_last < last_key:
-        for p in pk.static_range(P):
-            if first + p * stride + 15 > early_last:
-                load_tile(kp, vp, ksp, vsp, kb, vb, ksc, vsc, p, first + p * stride, last_key,
-                          g, t, D, NP, Q8)
 
 
 @pk.kernel
@@ -287,17 +261,23 @@ def decode_mma(q: Ptr[f32, "ro"], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro
     vsp = v_scale + first_elem // 32
     last_key = max(0, k1 - 1)
 
-    # the whole ring loads before Q (EARLY_KV: mostly before the wait, while Q may still be
-    # being written by the previous kernel); short splits (<= P tiles per warp) load all
-    # their keys at once
+    # the ring's first tiles load before Q (EARLY_KV: possibly before the wait, while Q may
+    # still be being written by the previous kernel)
     kb = pk.local_array(u32, P * 2 * NP * 4)         # the ring: P tiles of raw 16-byte chunks
     vb = pk.local_array(u32, P * 2 * NP * 4)
     ksc = pk.local_array(u16, P * 2 * NP)            # Q8: the rows' block scales
     vsc = pk.local_array(u16, P * 2 * NP)
     stride = NWARPS * 16                             # keys of one ring step of the whole block
     first = k0 + warp * 16
-    fill_ring(kp, vp, ksp, vsp, kb, vb, ksc, vsc, first, stride, k0, k1, kv_len, g, t, D, NP,
-              P, Q8, EARLY_KV)
+    early = loads_before_wait(k1, kv_len, EARLY_KV)
+    if early:
+        mma_prologue(kp, vp, ksp, vsp, kb, vb, ksc, vsc, first, stride, last_key, g, t, D, NP,
+                     P, Q8)
+    if EARLY_KV:
+        pk.grid_dependency_wait()
+    if not early:
+        mma_prologue(kp, vp, ksp, vsp, kb, vb, ksc, vsc, first, stride, last_key, g, t, D, NP,
+                     P, Q8)
 
     qb = pk.local_array(u32, NP * 4)                 # B fragments of Q^T: f16 pairs, or int8
     dq = pk.local_array(f32, NP * 2)                 # Q8: Q's block scales, heads 2t, 2t + 1
@@ -314,14 +294,12 @@ def decode_mma(q: Ptr[f32, "ro"], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro
     base = first
     while base < k1:
         for p in pk.static_range(P):
-            # score slot p, then refill it P steps ahead (P - 1 tiles stay in flight)
+            load_tile(kp, vp, ksp, vsp, kb, vb, ksc, vsc, (p + P - 1) % P,
+                      base + (p + P - 1) * stride, last_key, g, t, D, NP, Q8)
             key0 = base + p * stride
             if key0 < k1:
                 score_tile(kb, ksc, qb, dq, p, key0, k1, g, softcap, s, NP, Q8)
                 accumulate_tile(vb, vsc, s, m, den, oacc, p, NP, Q8)
-            if key0 + P * stride < k1:
-                load_tile(kp, vp, ksp, vsp, kb, vb, ksc, vsc, p, key0 + P * stride, last_key,
-                          g, t, D, NP, Q8)
         base += P * stride
     merge_warps(oacc, m, den, warp, g, t, z, h0, split, n_head, direct, out, part_o, part_ml,
                 D, GB, NWARPS, NP)
