@@ -285,9 +285,10 @@ def launch_split_kernel(q, k_cache, v_cache, lens, out, scale: float, *, window=
     trigger = pdl and config.early_trigger and \
         blocks <= multiprocessors(q.device) * config.blocks_per_sm      # one wave
     # the promise covers one new row per sequence: not the prefill fallback, nor Q8_0 (a line
-    # of its scales holds 16 rows)
-    early = early_kv and pdl and len_step == 0 and not share_cache and \
-        not isinstance(k_cache, Q8Cache)
+    # of its scales holds 16 rows). The CPU target runs kernels one after another, so the
+    # same code path runs there (tests cover it without a GPU)
+    early = early_kv and (pdl or q.device.kind == "cpu") and len_step == 0 and \
+        not share_cache and not isinstance(k_cache, Q8Cache)
     decode_kernel(config)[(n_splits, n_kv_head * n_sub, n_seq), 32 * config.warps, stream](
         q, *caches, lens, lens_stride, len_add, len_step, z_stride, max_len, n_head, n_kv_head,
         q_scale, float(softcap) if use_softcap else 0.0, int(window or 0), int(direct), out,

@@ -104,6 +104,29 @@ MMA_CASES = [(8, 2, 64, None, None, mma_config(4, 64, warps=2, stages=3), 3, Fal
              (4, 1, 96, None, None, mma_config(4, 96, warps=1, stages=1), 2, False, 2)]
 
 
+# early_kv: blocks whose keys end two rows before the newest load their first tiles before the
+# PDL wait. The CPU target runs that path too (kernels run one after another there).
+EARLY_CASES = [(np.float16, mma_config(4, 64, warps=2, stages=2)),
+               (np.float32, DecodeConfig(2, 2, 2, 16, 2))]
+
+
+@pytest.mark.parametrize("dtype,config", EARLY_CASES, ids=["mma_f16", "simt_f32"])
+def test_early_kv_path(device, rng, seed, dtype, config):
+    n_head, n_kv_head, head_dim, max_len = 8, 2, 64, 150
+    q = rng.standard_normal((n_head, head_dim)).astype(np.float32)
+    k = rng.standard_normal((n_kv_head, max_len, head_dim)).astype(dtype)
+    v = rng.standard_normal((n_kv_head, max_len, head_dim)).astype(dtype)
+    q_dev, k_dev, v_dev = pk.to_device(q[None]), pk.to_device(k), pk.to_device(v)
+    workspace = DecodeWorkspace.allocate(1, n_head, head_dim, 3)
+    # 1-3 keys: nothing loads early; 98: only the last split waits; random lengths
+    for kv_len in (1, 2, 3, 4, 98, int(rng.integers(5, max_len + 1))):
+        out = pk.full((1, n_head, head_dim), np.nan, np.float32)
+        launch_decode(q_dev, k_dev, v_dev, pk.to_device(np.array([kv_len], np.int32)), out,
+                      0.125, workspace=workspace, config=config, early_kv=True)
+        _check(out.numpy()[0], decode_reference(q, k, v, kv_len, 0.125), dtype, seed,
+               f"early_kv kv_len {kv_len} {config}")
+
+
 @pytest.mark.parametrize("case", MMA_CASES, ids=["gqa4_ring3", "gqa3_window_cap_fused",
                                                  "d96_two_sequences"])
 def test_tensor_core_decode(device, rng, seed, case):
