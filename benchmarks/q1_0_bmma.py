@@ -3,6 +3,7 @@ GPU, in one run (quant_matmul.py's method: CUDA-graph replays timed with CUDA ev
 buffers rotated past the 50 MB L2, copy bandwidth = 2 x bytes / time of a 1 GiB copy).
 
     python3 benchmarks/q1_0_bmma.py [--tries]      (or quant_matmul.py --q1-0-bmma)
+    python3 benchmarks/q1_0_bmma.py --bulk         the default against the bulk-copy rings
 
 Shapes 57344x4096, 128256x4096 (weights larger than L2) and 4096x14336 (issue 5's, llama.cpp
 10.5 us with its Q8_1 quantization). Each row: the GEMV alone and with its activation
@@ -32,6 +33,13 @@ TRIES = {4096: (Q(2, 1, 1, 1, 2), Q(1, 1, 1, 1, 2), Q(8, 1, 1, 1, 2), Q(4, 1, 1,
                 Q(2, 1, 1, 1, 3), Q(4, 2, 1, 1, 2), Q(4, 2, 1, 1, 3), Q(4, 1, 1, 1, 4)),
          14336: (Q(7, 7, 1, 1, 2), Q(8, 8, 1, 1, 2), Q(14, 14, 1, 1, 3), Q(16, 16, 1, 1, 2),
                  Q(8, 8, 1, 1, 3), Q(8, 8, 1, 2, 0))}
+
+
+# bulk-copy rings (Q1Config.bulk = blocks per chunk): --bulk times them against the default
+BULK = {4096: (Q(4, 1, 1, 1, 2, 0), Q(2, 1, 1, 1, 1, 32), Q(1, 1, 1, 1, 1, 32),
+               Q(3, 1, 1, 1, 1, 32), Q(1, 1, 1, 1, 2, 32), Q(2, 1, 1, 1, 1, 16),
+               Q(1, 1, 1, 1, 1, 16), Q(2, 1, 1, 1, 2, 16), Q(1, 1, 1, 1, 3, 16)),
+        14336: (Q(14, 14, 1, 1, 2, 8), Q(7, 7, 1, 1, 1, 16))}
 
 
 def bench_bmma(config, rng, shape, batch=1, with_quantize=False, glu=False):
@@ -81,7 +89,8 @@ def main():
         both, _ = bench_gemv("Q1_0", old, rng, shape=shape, with_quantize=True)
         row(results, copy, "rows (DP4A, Q8_1)", shape, old, alone, both, nbytes)
         key = 4096 if k <= 8192 else 14336
-        for label, config in (("BMMA direct", DIRECT[key]), ("BMMA default", q1_0_config(k))):
+        default = q1_0_config(k, rows=shape[0])
+        for label, config in (("BMMA direct", DIRECT[key]), ("BMMA default", default)):
             alone, nbytes = bench_bmma(config, rng, shape)
             both, _ = bench_bmma(config, rng, shape, with_quantize=True)
             row(results, copy, label, shape, config, alone, both, nbytes)
@@ -109,6 +118,31 @@ def main():
     save(results)
 
 
+def bulk_main(rounds=2):
+    """The default against the bulk-copy rings, alternated `rounds` times per shape."""
+    pk.set_device("cuda")
+    rng = np.random.default_rng(0)
+    copy = copy_bandwidth() / 1e9
+    results = {"copy_GBps": copy, "rows": []}
+    print(f"copy bandwidth: {copy:.0f} GB/s; device {pk.current_device().name}")
+    print("\n| kernel | m x k | config | us | GB/s | % copy | round |\n"
+          "|---|---|---|---|---|---|---|")
+    for shape in (BIG, MID, LONG):           # the shape over L2 first
+        key = 4096 if shape[1] <= 8192 else 14336
+        for r in range(rounds):
+            default = q1_0_config(shape[1], rows=shape[0])
+            for config in dict.fromkeys((default,) + BULK[key]):
+                sec, nbytes = bench_bmma(config, rng, shape)
+                gbps = nbytes / sec / 1e9
+                label = ("default " if config == default else "") + (
+                    "bulk" if config.bulk else "cp.async")
+                results["rows"].append(dict(kernel=label, m=shape[0], k=shape[1], round=r,
+                                            config=tuple(config), us=sec * 1e6, GBps=gbps))
+                print(f"| {label} | {shape[0]}x{shape[1]} | {tuple(config)} | {sec * 1e6:.2f} | "
+                      f"{gbps:.0f} | {100 * gbps / copy:.0f} | {r} |", flush=True)
+            save(results)
+
+
 def save(results):
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "q1_0_bmma.json"), "w") as f:
@@ -116,4 +150,4 @@ def save(results):
 
 
 if __name__ == "__main__":
-    main()
+    bulk_main() if "--bulk" in sys.argv else main()

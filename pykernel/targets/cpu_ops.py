@@ -141,7 +141,8 @@ class CPUOps:
         b = ctx.builder
         addr = b.ptrtoint(ptr, I64)
         lo, hi = self._extent(ctx, origin)
-        size = ir.Constant(I64, nbytes or elem.nbytes)
+        size = (nbytes if isinstance(nbytes, ir.Value)     # a runtime size (bulk copies)
+                else ir.Constant(I64, nbytes or elem.nbytes))
         ok = b.and_(b.icmp_unsigned(">=", addr, lo),
                     b.icmp_unsigned("<=", b.add(addr, size), hi))
         bad_bb, ok_bb = ctx.append_block("oob"), ctx.append_block("inbounds")

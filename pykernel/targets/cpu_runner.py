@@ -129,7 +129,8 @@ def build_entry(ctx, target):
                 b.store(h, b.gep(handles, [t]))
                 b.store(ir.Constant(I32, 0), b.gep(e.ptr(b, abi.STATE_PTR, I32), [t]))
         if coroutine:
-            b.call(scheduler(module), [ctx_ptr, nt])
+            waits = bool(ctx.target_data.get("mbarrier_wait"))
+            b.call(scheduler(module, waits), [ctx_ptr, nt])
             d = coro_decls(module)
             with Loop(b, ir.Constant(I64, 0), nt, "d") as t:
                 b.call(d["destroy"], [b.load(b.gep(e.ptr(b, abi.HANDLES_PTR, I8P), [t]))])
@@ -140,8 +141,10 @@ def build_entry(ctx, target):
     b.ret_void()
 
 
-def scheduler(module):
-    """`void __pk_schedule(i64* ctx, i64 nthreads)`: run one block's coroutines to the end."""
+def scheduler(module, waits: bool = False):
+    """`void __pk_schedule(i64* ctx, i64 nthreads)`: run one block's coroutines to the end.
+    waits: the kernel has mbarrier waits (threads suspended AT_MBARRIER are retried while the
+    block makes progress; a round without progress is a deadlock)."""
     fn = module.globals.get("__pk_schedule")
     if fn is not None:
         return fn
@@ -156,11 +159,14 @@ def scheduler(module):
     phase = fn.append_basic_block("phase")
     b.branch(phase)
     b.position_at_end(phase)
+    before = e.slot(b, abi.PROGRESS)
     with Loop(b, ir.Constant(I64, 0), nwarps, "w") as w:
         lo = b.mul(w, ir.Constant(I64, 32))
         hi = b.select(b.icmp_signed("<", b.add(lo, ir.Constant(I64, 32)), nt),
                       b.add(lo, ir.Constant(I64, 32)), nt)
-        run_warp(b, fn, e, d, handles, state, lo, hi)
+        run_warp(b, fn, e, d, handles, state, lo, hi, waits)
+    if waits:
+        retry_blocked(b, fn, e, state, nt, before, phase)
     # Every thread is at a barrier or finished: check they agree, release them, repeat.
     first, mismatch, waiting = scan(b, state, ir.Constant(I64, 0), nt, abi.AT_BARRIER)
     done_bb, check_bb = fn.append_basic_block("done"), fn.append_basic_block("check")
@@ -179,13 +185,21 @@ def scheduler(module):
     return fn
 
 
-def run_warp(b, fn, e, d, handles, state, lo, hi):
+def run_warp(b, fn, e, d, handles, state, lo, hi, waits=False):
     again = fn.append_basic_block("warp.again")
     b.branch(again)
     b.position_at_end(again)
+    before = e.slot(b, abi.PROGRESS)
     with Loop(b, lo, hi, "lane") as t:
         s = b.load(b.gep(state, [t]))
-        with b.if_then(b.icmp_signed("==", s, ir.Constant(I32, abi.RUNNING))):
+        running = b.icmp_signed("==", s, ir.Constant(I32, abi.RUNNING))
+        if waits:
+            with b.if_then(running):
+                bump_progress(b, e)
+            waiting = b.icmp_unsigned("==", b.lshr(s, ir.Constant(I32, 24)),
+                                      ir.Constant(I32, abi.AT_MBARRIER))
+            running = b.or_(running, waiting)
+        with b.if_then(running):
             b.call(d["resume"], [b.load(b.gep(handles, [t]))])
     first, mismatch, at_warp = scan(b, state, lo, hi, abi.AT_WARP_OP)
     _, _, at_barrier = scan(b, state, lo, hi, abi.AT_BARRIER)
@@ -199,9 +213,41 @@ def run_warp(b, fn, e, d, handles, state, lo, hi):
     record_error(b, e.ctx_ptr, 3, first)
     b.ret_void()
     b.position_at_end(ok_bb)
+    if waits:
+        # lanes at the warp operation wait for lanes still at an mbarrier wait: retry those
+        # while they progress, else leave the warp to the other warps
+        _, _, at_wait = scan(b, state, lo, hi, abi.AT_MBARRIER)
+        blocked_bb, release_bb = (fn.append_basic_block("warp." + n)
+                                  for n in ("blocked", "release"))
+        b.cbranch(b.icmp_signed("!=", at_wait, ir.Constant(I64, 0)), blocked_bb, release_bb)
+        b.position_at_end(blocked_bb)
+        progressed = b.icmp_signed("!=", e.slot(b, abi.PROGRESS), before)
+        b.cbranch(progressed, again, exit_bb)
+        b.position_at_end(release_bb)
     release(b, state, lo, hi, abi.AT_WARP_OP)
     b.branch(again)
     b.position_at_end(exit_bb)
+
+
+def bump_progress(b, e):
+    slot = b.gep(e.ctx_ptr, [ir.Constant(I64, abi.PROGRESS)])
+    b.store(b.add(b.load(slot), ir.Constant(I64, 1)), slot)
+
+
+def retry_blocked(b, fn, e, state, nt, before, phase):
+    """After a round over the warps: threads still at an mbarrier wait (or at a warp
+    operation their warp's waiting lanes hold up) get another round if this one progressed;
+    otherwise nothing can free them: a deadlock."""
+    first, _, at_wait = scan(b, state, ir.Constant(I64, 0), nt, abi.AT_MBARRIER)
+    blocked_bb, clear_bb = fn.append_basic_block("blocked"), fn.append_basic_block("clear")
+    b.cbranch(b.icmp_signed("!=", at_wait, ir.Constant(I64, 0)), blocked_bb, clear_bb)
+    b.position_at_end(blocked_bb)
+    stuck_bb = fn.append_basic_block("deadlock")
+    b.cbranch(b.icmp_signed("!=", e.slot(b, abi.PROGRESS), before), phase, stuck_bb)
+    b.position_at_end(stuck_bb)
+    record_error(b, e.ctx_ptr, 6, first)
+    b.ret_void()
+    b.position_at_end(clear_bb)
 
 
 def scan(b, state, lo, hi, kind):

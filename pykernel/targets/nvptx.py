@@ -8,6 +8,7 @@ from llvmlite import ir
 from ..errors import KernelSourceError
 from ..types import PtrType, ScalarType
 from . import SUPPORTED_ARCHS
+from .nvptx_bulk import NVPTXBulkOps
 
 I32, I64 = ir.IntType(32), ir.IntType(64)
 ADDRSPACE = {"global": 1, "shared": 3, "local": 0}
@@ -16,7 +17,7 @@ PTX_VERSION = {75: 78, 80: 78, 86: 78, 89: 78, 90: 78, 100: 86, 120: 87}
 SREG = {"thread_idx": "tid", "block_idx": "ctaid", "block_dim": "ntid", "grid_dim": "nctaid"}
 
 
-class NVPTXTarget:
+class NVPTXTarget(NVPTXBulkOps):
     name = "nvptx"
     triple = "nvptx64-nvidia-cuda"
     datalayout = "e-i64:64-i128:128-v16:16-v32:32-n16:32:64"
@@ -186,7 +187,9 @@ class NVPTXTarget:
             return ptr
         base, size = extent
         offset = b.sub(b.ptrtoint(ptr, I64), b.ptrtoint(base, I64))
-        end = b.add(offset, ir.Constant(I64, nbytes or elem.nbytes))
+        access = (nbytes if isinstance(nbytes, ir.Value)   # a runtime size (bulk copies)
+                  else ir.Constant(I64, nbytes or elem.nbytes))
+        end = b.add(offset, access)
         bad = b.or_(b.icmp_signed("<", offset, ir.Constant(I64, 0)),
                     b.icmp_signed(">", end, size))
         with b.if_then(bad, likely=False):
@@ -271,7 +274,8 @@ class NVPTXTarget:
         import llvmlite.binding as llvm
         _init_nvptx()
         target = llvm.Target.from_triple(self.triple)
-        tm = target.create_target_machine(cpu=self.arch, features=f"+ptx{PTX_VERSION[self.sm]}",
+        ptx = max(PTX_VERSION[self.sm], self.min_ptx)
+        tm = target.create_target_machine(cpu=self.arch, features=f"+ptx{ptx}",
                                           opt=options.opt_level, codemodel="default")
         return tm.emit_assembly(llvm_module)
 

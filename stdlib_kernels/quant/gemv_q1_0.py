@@ -20,7 +20,10 @@ streams 8-block chunks of its rows through a ring of S stages in shared memory, 
 `pk.cp_async` (coalesced 16 bytes, no register round trip; S - 1 chunks in flight) and waited
 on per warp only, and reads the fragments there (direct 4-byte fragment loads touch 8 rows per
 instruction: 44% of copy bandwidth; a register-staged copy with a block barrier per chunk
-61-68%; the ring 65-73%, H200). Otherwise direct loads: u32 rows, items = block pairs (9
+61-68%; the ring 65-73%, H200). BULK = CB (sm_90+, the default for weights over L2): the
+ring's chunks are CB blocks per row, one `pk.bulk_copy` per row, waited on through mbarriers
+(82% of copy at 128256 x 4096 with one warp per block, 2 stages of whole rows). Otherwise
+direct loads: u32 rows, items = block pairs (9
 words); u16 rows (odd block counts), single blocks; UNROLL items' loads issued before their
 mmas. Rows past the end are clamped for the loads and not stored. MODE: as gemv_kernels
 (0 plain, 1 + res, 2 swiglu, 3 geglu with W2 = up rows). Shapes: w/w2 (rows, row_words), xp
@@ -33,7 +36,7 @@ from typing import NamedTuple
 import numpy as np
 
 import pykernel as pk
-from pykernel import Const, Ptr, f16, f32, i32, u16, u32
+from pykernel import Const, Ptr, f16, f32, i32, u16, u32, u64
 
 from .gemv_kernels import (MAX_BATCH, MODE_GEGLU, MODE_PLAIN, MODE_RESIDUAL, MODE_SWIGLU,
                            epilogue, prefetch_then_wait)
@@ -151,7 +154,7 @@ def gemv_q1_0_kernel(w: Ptr["WT", "ro"], w2: Ptr["WT", "ro"], xp: Ptr[u32, "ro"]
                      groups: i32, WT: Const[pk.dtype], NB: Const[int], NW: Const[int],
                      WARPS: Const[int], KW: Const[int], TILES: Const[int], UNROLL: Const[int],
                      BATCH: Const[int], MODE: Const[int], STAGE: Const[int],
-                     PREFETCH: Const[bool]):
+                     PREFETCH: Const[bool], BULK: Const[int]):
     per_block = 16 * TILES * (WARPS // KW)
     prefetch_then_wait(w, w2, pk.block_idx.x * per_block, per_block, rows, row_words, WT, MODE,
                        PREFETCH)
@@ -167,7 +170,10 @@ def gemv_q1_0_kernel(w: Ptr["WT", "ro"], w2: Ptr["WT", "ro"], xp: Ptr[u32, "ro"]
     t = lane % 4
     we = f32(i32(2) << (2 * t))                 # 2 c_2t (the factor 2 folded in)
     wo = i32(2) if t < 3 else i32(-2)           # c_2t+1 / c_2t
-    if STAGE > 1:
+    if BULK > 0:
+        bulk_loop(w, w2, xp, rows, row_words, groups, row0, warp, lane, acc, we, wo, NW, KW,
+                  TILES, STAGE, BATCH, WARPS, BULK)
+    elif STAGE > 1:
         ring_loop(w, w2, xp, rows, row_words, groups, row0, warp, lane, acc, we, wo, NW, KW,
                   TILES, STAGE, BATCH)
     else:
@@ -233,7 +239,7 @@ def ring_loop(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], xp: Ptr[u32, "ro"], rows: i
         pk.syncwarp()                         # ... and every lane's
         if first + KW * r < nchunks:
             chunk_dot(sm, base + r % S * SW, first + KW * r, xp, groups, lane, acc, we, wo, NW,
-                      TILES, BATCH)
+                      TILES, BATCH, 36)
         pk.syncwarp()                         # stage r % S is read before it is refilled
 
 
@@ -258,9 +264,10 @@ def ring_copy(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], sm, stage: i32, row0: i32, 
 
 @pk.func
 def chunk_dot(sm, buf: i32, chunk: i32, xp: Ptr[u32, "ro"], groups: i32, lane: i32, acc,
-              we: f32, wo: i32, NW: Const[int], TILES: Const[int], BATCH: Const[int]):
-    """The staged chunk's 4 block pairs (stage rows: 16 TILES of w, then w2's): all shared
-    loads, then the mmas."""
+              we: f32, wo: i32, NW: Const[int], TILES: Const[int], BATCH: Const[int],
+              RS: Const[int]):
+    """The staged 8-block chunk's 4 block pairs (stage rows of RS words: 16 TILES of w, then
+    w2's): all shared loads, then the mmas."""
     t = lane % 4
     fa = pk.local_array(u32, 16 * NW * TILES)     # [pair q, matrix tile, block, row half]
     fd = pk.local_array(f32, 16 * NW * TILES)
@@ -274,7 +281,7 @@ def chunk_dot(sm, buf: i32, chunk: i32, xp: Ptr[u32, "ro"], groups: i32, lane: i
         for j in pk.static_range(NW * TILES):
             for half in pk.static_range(2):
                 f = (q * NW * TILES + j) * 4 + half
-                d0, a0, d1, a1 = pair_words(sm, buf + (16 * j + 8 * half + lane // 4) * 36 +
+                d0, a0, d1, a1 = pair_words(sm, buf + (16 * j + 8 * half + lane // 4) * RS +
                                             9 * q, t)
                 fa[f] = a0
                 fd[f] = d0
@@ -286,6 +293,70 @@ def chunk_dot(sm, buf: i32, chunk: i32, xp: Ptr[u32, "ro"], groups: i32, lane: i
                 f = ((q * NW * TILES + j) * 2 + blk) * 2
                 block_mma(fa[f], fa[f + 1], fd[f], fd[f + 1], bw, dx, sx4, (2 * q + blk) * BATCH,
                           we, wo, acc, 2 * j * BATCH, BATCH)
+
+
+# The bulk ring (BULK = CB blocks per chunk, a multiple of 8; STAGE = S >= 1 stages): stage row
+# q = one `pk.bulk_copy` of the row's 18 CB chunk bytes (lane q issues it), rows RS words apart
+# (RS % 32 an odd multiple of 4: lane (g, t) reads bank 8 g' + t + const, no conflicts); lane 0
+# announces the stage's bytes on its mbarrier, and every lane waits on the phase (no cp.async
+# groups, no per-lane address math beyond one row per lane).
+def bulk_row_words(cb: int) -> int:
+    return 36 * (cb // 8) + 4 * (1 - (cb // 8) % 2)
+
+
+@pk.func
+def bulk_loop(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], xp: Ptr[u32, "ro"], rows: i32,
+              row_words: i32, groups: i32, row0: i32, warp: i32, lane: i32, acc, we: f32,
+              wo: i32, NW: Const[int], KW: Const[int], TILES: Const[int], S: Const[int],
+              BATCH: Const[int], WARPS: Const[int], CB: Const[int]):
+    sm = pk.dynamic_shared(u32)
+    bars = pk.shared_array(u64, WARPS * S)
+    RS = 36 * (CB // 8) + 4 * (1 - (CB // 8) % 2)     # bulk_row_words(CB)
+    SW = RS * 16 * NW * TILES                 # words per stage
+    base = warp * S * SW
+    if lane == 0:
+        for s in pk.static_range(S):
+            pk.mbarrier_init(bars, warp * S + s, 1)
+        pk.fence_mbarrier_init()
+    pk.syncwarp()
+    nchunks = groups // CB
+    rounds = (nchunks + KW - 1) // KW         # block-uniform; a warp past the end copies only
+    first = warp % KW
+    for s in pk.static_range(S - 1):
+        if s < rounds:
+            bulk_issue(w, w2, sm, bars, warp * S + s, base + s * SW, row0, rows, row_words,
+                       min(first + KW * s, nchunks - 1), lane, NW, TILES, CB, RS)
+    for r in range(rounds):
+        ahead = r + S - 1
+        if ahead < rounds:
+            bulk_issue(w, w2, sm, bars, warp * S + ahead % S, base + ahead % S * SW, row0,
+                       rows, row_words, min(first + KW * ahead, nchunks - 1), lane, NW, TILES,
+                       CB, RS)
+        pk.mbarrier_wait(bars, warp * S + r % S, (r // S) % 2)
+        if first + KW * r < nchunks:
+            for sub in pk.static_range(CB // 8):
+                chunk_dot(sm, base + r % S * SW + 36 * sub, (CB // 8) * (first + KW * r) + sub,
+                          xp, groups, lane, acc, we, wo, NW, TILES, BATCH, RS)
+        pk.syncwarp()                         # stage r % S is read before it is refilled
+
+
+@pk.func
+def bulk_issue(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], sm, bars, bar: i32, stage: i32,
+               row0: i32, rows: i32, row_words: i32, chunk: i32, lane: i32, NW: Const[int],
+               TILES: Const[int], CB: Const[int], RS: Const[int]):
+    """Chunk `chunk` (CB blocks) of the warp's 16 TILES rows (then w2's) into the stage: lane
+    q copies stage row q (rows past the end: the last row again)."""
+    R = 16 * NW * TILES
+    if lane == 0:
+        pk.mbarrier_arrive_expect_tx(bars, bar, 18 * CB * R)
+    for i in pk.static_range((R + 31) // 32):
+        srow = lane + 32 * i
+        if srow < R:
+            src = min(row0 + srow % (16 * TILES), rows - 1) * row_words + 9 * CB // 2 * chunk
+            if srow < 16 * TILES:
+                pk.bulk_copy(sm, stage + RS * srow, w, src, 18 * CB, bars, bar)
+            else:
+                pk.bulk_copy(sm, stage + RS * srow, w2, src, 18 * CB, bars, bar)
 
 
 @pk.func
@@ -332,20 +403,29 @@ class Q1Config(NamedTuple):
     (K split; > 1 adds a shared-memory reduction), `tiles` 16-row tiles per warp (they share
     the activation loads), `unroll` items per loop trip (direct loads), `stage` S >= 2 (rows
     of a multiple of 8 blocks): a cp.async ring of S chunks per warp; 0 (and other rows):
-    fragments loaded straight from the rows."""
+    fragments loaded straight from the rows. `bulk` CB > 0 (sm_90+, a multiple of 8 dividing
+    the row's blocks): the ring's chunks are CB blocks, one `pk.bulk_copy` per row and chunk,
+    waited on through mbarriers (stage S >= 1)."""
     warps: int = 4
     split: int = 1
     tiles: int = 1
     unroll: int = 2
     stage: int = 2
+    bulk: int = 0
 
 
 # fastest measured on an H200 (benchmarks/RESULTS.md, "Q1_0 on binary tensor cores"): rows up
 # to SHORT_ROW values (57344 / 128256 x 4096), longer rows (4096 x 14336: the K split); at 8
 # tokens and long rows direct loads (the staged kernels' registers); ring of 2 stages: 12.75 /
 # 25.4 / 5.45 us at 57344 / 128256 x 4096 and 4096 x 14336 (register stages: 13.8 / 27.5 / 5.8)
+# Weights over the L2 (1 token, rows of a multiple of 32 blocks, sm_90+): one warp per block,
+# whole rows (32-block chunks) through a 2-stage bulk-copy ring, 22.8 vs 25.3 us (82 vs 74% of
+# copy) at 128256 x 4096; at 57344 x 4096 (33 MB, in L2 reach) it ties with the cp.async ring
+# (12.57 vs 12.56 us). H200, "Q1_0 BMMA: bulk copies" in benchmarks/RESULTS.md.
 SHORT_ROW = 8192
 SHORT_CONFIG = Q1Config(4, 1, 1, 1, 2)
+OVER_L2_CONFIG = Q1Config(1, 1, 1, 1, 2, 32)
+L2_BYTES = 50 << 20
 LONG_CONFIG = Q1Config(14, 14, 1, 1, 2)
 LONG_BATCH_CONFIG = Q1Config(8, 8, 1, 2, 0)   # more than 2 tokens
 CPU_CONFIG = Q1Config(2, 1, 1, 1, 3)
@@ -359,11 +439,17 @@ def bmma_available() -> bool:
     return dev.kind == "cpu" or int(getattr(dev, "arch", "sm_0")[3:]) >= 80
 
 
-def q1_0_config(n: int, batch: int = 1) -> Q1Config:
+def bulk_available() -> bool:
+    dev = pk.current_device()
+    return dev.kind == "cpu" or int(getattr(dev, "arch", "sm_0")[3:]) >= 90
+
+
+def q1_0_config(n: int, batch: int = 1, rows: int = 0) -> Q1Config:
     if pk.current_device().kind == "cpu":
         return CPU_CONFIG
     if n <= SHORT_ROW:
-        return SHORT_CONFIG
+        over_l2 = rows * (n // 128) * 18 > L2_BYTES and n % 4096 == 0
+        return OVER_L2_CONFIG if over_l2 and batch == 1 and bulk_available() else SHORT_CONFIG
     return LONG_CONFIG if batch <= 2 else LONG_BATCH_CONFIG
 
 
@@ -384,16 +470,25 @@ def gemv_q1_0_into(w, xp, y, rows: int, n: int, batch: int = 1, *, w2=None, res=
     if (mode in ("swiglu", "geglu")) != (w2 is not None) or (mode == "residual") != \
             (res is not None):
         raise ValueError(f"gemv_q1_0: mode {mode!r} needs w2 (GLU) / res (residual) exactly")
-    c = config or q1_0_config(n, batch)
+    c = config or q1_0_config(n, batch, rows if w2 is None else 2 * rows)
     if c.warps % c.split:
         raise ValueError(f"gemv_q1_0: split {c.split} must divide warps {c.warps}")
     pair = groups % 2 == 0             # rows of 36-byte block pairs are u32-aligned
-    if c.stage == 1:
+    bulk = 0
+    if c.bulk:
+        if c.bulk % 8 or c.stage < 1 or not bulk_available():
+            raise ValueError(f"gemv_q1_0: bulk copies need sm_90+, stage >= 1 and a multiple "
+                             f"of 8 blocks per chunk, got {c}")
+        if groups % 8 == 0:       # chunks of 8 blocks where CB does not divide the row
+            bulk = c.bulk if groups % c.bulk == 0 else 8
+    elif c.stage == 1:
         raise ValueError("gemv_q1_0: stage must be 0 (direct loads) or a ring of >= 2, got 1")
     stage = c.stage if groups % 8 == 0 else 0
     nw = 2 if mode in ("swiglu", "geglu") else 1
-    ring = 4 * c.warps * stage * 576 * nw * c.tiles if stage > 1 else 0   # dynamic
-    static = 4 * (c.split > 1) * c.warps * 32 * c.tiles * batch * nw
+    row_bytes = 4 * bulk_row_words(bulk) if bulk else 144
+    ring = c.warps * stage * row_bytes * 16 * nw * c.tiles if stage > 1 or bulk else 0
+    static = 4 * (c.split > 1) * c.warps * 32 * c.tiles * batch * nw + 8 * c.warps * stage * (
+        bulk > 0)     # + the bulk ring's mbarriers
     if static > 48 << 10 or static + ring > MAX_SHARED:
         raise ValueError(f"gemv_q1_0: {c} needs {static} + {ring} bytes of shared memory "
                          f"(static at most 48 KiB, all at most {MAX_SHARED})")
@@ -408,5 +503,5 @@ def gemv_q1_0_into(w, xp, y, rows: int, n: int, batch: int = 1, *, w2=None, res=
     gemv_q1_0_kernel[(rows + per_block - 1) // per_block, c.warps * 32, stream, ring](
         w, w2, words, y if res is None else res, y, rows, row_words,
         groups // 2 if pair else groups, groups, wt, 2 if pair else 1, nw, c.warps, c.split,
-        c.tiles, c.unroll, batch, MODES[mode], stage, prefetch)
+        c.tiles, c.unroll, batch, MODES[mode], stage, prefetch, bulk)
 

@@ -81,12 +81,15 @@ def test_gemv_q1_0_shapes(device, rng, seed, rows, blocks, batch):
                                            (Q1Config(4, 4, 1, 1, 0), 14),
                                            (Q1Config(4, 2, 1, 1, 2), 24),
                                            (Q1Config(1, 1, 2, 1, 4), 16),
-                                           (Q1Config(2, 1, 1, 1, 3), 40)])
+                                           (Q1Config(2, 1, 1, 1, 3), 40),
+                                           (Q1Config(2, 1, 1, 1, 2, 8), 24),
+                                           (Q1Config(4, 2, 1, 1, 1, 16), 32)])
 def test_gemv_q1_0_launch_shapes(device, rng, seed, config, blocks):
     """K split with a shared-memory reduction, two tiles per warp, unrolled trips plus a
     remainder (direct loads, 14 blocks); the cp.async ring with the split and a round where
     one warp of the split has no chunk (24 blocks), deeper than the chunk count with two tiles
-    (16 blocks), wrapping around (40 blocks = 5 chunks, 3 stages). Into a poisoned output; the
+    (16 blocks), wrapping around (40 blocks = 5 chunks, 3 stages); the bulk-copy ring (3 chunks
+    through 2 stages; 16-block chunks, one stage, K split). Into a poisoned output; the
     residual mode with res aliasing y."""
     rows, n = 37, 128 * blocks
     raw, dw = q1_0_weights(rng, rows, n)
@@ -122,7 +125,8 @@ def test_gemv_q1_0_fused_modes(device, rng, seed):
         f"residual (seed {seed})"
 
 
-@pytest.mark.parametrize("config", [Q1Config(2, 1, 1, 1, 3), Q1Config(4, 2, 1, 1, 2)])
+@pytest.mark.parametrize("config", [Q1Config(2, 1, 1, 1, 3), Q1Config(4, 2, 1, 1, 2),
+                                    Q1Config(2, 1, 1, 1, 2, 8)])
 def test_gemv_q1_0_ring_glu(device, rng, seed, config):
     """swiglu through the ring (gate and up rows share each stage), 20 rows x 24 blocks, into a
     poisoned output, against the plain GEMVs of the two matrices in the same launch shape (the
@@ -178,3 +182,40 @@ def test_gpu_gemv_q1_0_model_shapes(rng, seed, rows, n):
             y = pk.full((batch, rows), np.nan, np.float32)
             gemv_q1_0_into(w, xp, y, rows, n, batch, config=config)
             check(y.numpy(), raw, dw, x, seed, f"{rows}x{n} batch {batch} {config}")
+
+
+BULK_CONFIGS = [Q1Config(4, 1, 1, 1, 2, 8), Q1Config(4, 1, 1, 1, 1, 32),
+                Q1Config(2, 1, 2, 1, 3, 16), Q1Config(7, 7, 1, 1, 2, 16),
+                Q1Config(4, 2, 1, 1, 2, 8), Q1Config(1, 1, 1, 1, 2, 32),
+                Q1Config(2, 1, 1, 1, 1, 32)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows,n", [(300, 4096), (4096, 14336)])
+def test_gpu_gemv_q1_0_bulk(rng, seed, rows, n):
+    """The bulk-copy ring (pk.bulk_copy + mbarriers; 32-block chunks fall back to 8 at 14336
+    values) at batch 1 and 2 into poisoned outputs, and swiglu through it against the two
+    plain GEMVs of the same launch shape."""
+    pk.set_device("cuda")
+    raw, dw = q1_0_weights(rng, rows, n)
+    w = weight_words(raw, "Q1_0", n)[0]
+    for batch in (1, 2):
+        x = rng.standard_normal((batch, n)).astype(np.float32)
+        xp = quantize_q8_planes(x)
+        for config in BULK_CONFIGS:
+            y = pk.full((batch, rows), np.nan, np.float32)
+            gemv_q1_0_into(w, xp, y, rows, n, batch, config=config)
+            check(y.numpy(), raw, dw, x, seed, f"{rows}x{n} batch {batch} {config}")
+    up, _ = q1_0_weights(rng, rows, n)
+    wu = weight_words(up, "Q1_0", n)[0]
+    x = rng.standard_normal((1, n)).astype(np.float32)
+    xp = quantize_q8_planes(x)
+    config = BULK_CONFIGS[0]
+    out = [pk.full((1, rows), np.nan, np.float32) for _ in range(3)]
+    gemv_q1_0_into(w, xp, out[0], rows, n, 1, config=config)
+    gemv_q1_0_into(wu, xp, out[1], rows, n, 1, config=config)
+    gemv_q1_0_into(w, xp, out[2], rows, n, 1, w2=wu, mode="swiglu", config=config)
+    g, u = (a.numpy().astype(np.float64) for a in out[:2])
+    tol = 1e-5 * (np.abs(g) + 1) * (np.abs(u) + 1)
+    assert np.all(np.abs(out[2].numpy() - g / (1 + np.exp(-g)) * u) <= tol), \
+        f"bulk swiglu {config} (seed {seed})"
