@@ -4,8 +4,10 @@ Input: a model (path or name), prompt length p, generated tokens n, repetitions 
 backend. Output: a markdown table (model, size, params, backend, test, t/s +- stdev) like
 llama-bench's. ppP = one forward pass over P random tokens on an empty cache (time to the
 last logits on the host); tgN = N greedy decode steps from an empty cache (on the kernels
-backend: replays of the captured decode graph, reading each token id back). One untimed
-warm-up run compiles kernels and captures the graph.
+backend: replays of the captured decode graph, reading each token id back). With depth D
+(llama-bench's -d) the cache first holds D random tokens (prefilled once, untimed) and both
+tests start at position D: "pp512 @ d4096". One untimed warm-up run compiles kernels and
+captures the graph.
 """
 from __future__ import annotations
 
@@ -42,41 +44,47 @@ def _sync(model) -> None:
         pk.synchronize(device)
 
 
-def prompt_speed(model, cache, ids: np.ndarray) -> float:
+def prompt_speed(model, cache, ids: np.ndarray, start: int = 0) -> float:
     _sync(model)
     t0 = time.perf_counter()
-    model.backend.to_host(model.transformer.forward(ids, 0, cache))
+    model.backend.to_host(model.transformer.forward(ids, start, cache))
     return len(ids) / (time.perf_counter() - t0)
 
 
-def decode_speed(model, cache, n: int, first: int) -> float:
+def decode_speed(model, cache, n: int, first: int, start: int = 0) -> float:
     t = model.transformer
     _sync(model)
     t0 = time.perf_counter()
     if hasattr(t, "greedy") and model.backend.use_graphs:
-        t.greedy(first, 0, cache, n)
+        t.greedy(first, start, cache, n)
     else:
         token = first
-        for pos in range(n):
+        for pos in range(start, start + n):
             token = int(np.argmax(model.backend.to_host(t.forward(np.array([token]), pos,
                                                                   cache))[-1]))
     return n / (time.perf_counter() - t0)
 
 
-def run_bench(model, p: int = 512, n: int = 128, r: int = 3, seed: int = 0) -> list[BenchResult]:
+def run_bench(model, p: int = 512, n: int = 128, r: int = 3, seed: int = 0,
+              depth: int = 0) -> list[BenchResult]:
     cfg = model.config
-    cache = model.backend.kv_cache(cfg.n_layer, max(p, n) + 1, cfg.n_head_kv, cfg.head_dim,
-                                   cfg.head_dim_v)
-    ids = np.random.default_rng(seed).integers(0, cfg.n_vocab - 2, p)
+    cache = model.backend.kv_cache(cfg.n_layer, depth + max(p, n) + 1, cfg.n_head_kv,
+                                   cfg.head_dim, cfg.head_dim_v)
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, cfg.n_vocab - 2, p)
+    suffix = f" @ d{depth}" if depth else ""
+    if depth:         # the tests below write only positions >= depth: one fill serves all
+        prompt_speed(model, cache, rng.integers(0, cfg.n_vocab - 2, depth))
     results = []
     if p > 0:
-        prompt_speed(model, cache, ids)                      # warm-up: compile, allocate
-        results.append(BenchResult(f"pp{p}", [prompt_speed(model, cache, ids)
-                                              for _ in range(r)]))
+        prompt_speed(model, cache, ids, depth)               # warm-up: compile, allocate
+        results.append(BenchResult(f"pp{p}{suffix}", [prompt_speed(model, cache, ids, depth)
+                                                      for _ in range(r)]))
     if n > 0:
-        decode_speed(model, cache, min(n, 4), int(ids[0]) if p else 1)   # warm-up + capture
-        results.append(BenchResult(f"tg{n}", [decode_speed(model, cache, n, int(ids[0]) if p
-                                                           else 1) for _ in range(r)]))
+        first = int(ids[0]) if p else 1
+        decode_speed(model, cache, min(n, 4), first, depth)  # warm-up + capture
+        results.append(BenchResult(f"tg{n}{suffix}", [decode_speed(model, cache, n, first, depth)
+                                                      for _ in range(r)]))
     return results
 
 
@@ -100,10 +108,13 @@ def table(model, backend_label: str, results: list[BenchResult]) -> str:
     return "\n".join(rows)
 
 
-def bench(model_path, p=512, n=128, r=3, device="cuda", backend=None, **options) -> str:
-    model = llm.load(model_path, device=device, backend=backend, n_ctx=max(p, n) + 1,
+def bench(model_path, p=512, n=128, r=3, device="cuda", backend=None, depth: int = 0,
+          **options) -> str:
+    if depth < 0:
+        raise ValueError(f"bench: depth must be >= 0, got {depth}")
+    model = llm.load(model_path, device=device, backend=backend, n_ctx=depth + max(p, n) + 1,
                      progress=False, **options)
-    results = run_bench(model, p, n, r)
+    results = run_bench(model, p, n, r, depth=depth)
     label = f"pykernel {model.backend.name} ({device})"
     out = table(model, label, results)
     report = getattr(model.backend, "memory_report", None)

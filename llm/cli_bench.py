@@ -14,7 +14,7 @@ def cmd_bench(args) -> int:
         device = "cuda" if pk.gpu_available() else "cpu"
     options = {"graphs": False} if args.no_graphs else {}
     print(bench(args.model, p=args.p, n=args.n, r=args.r, device=device, backend=args.backend,
-                **options))
+                depth=args.depth, **options))
     return 0
 
 
@@ -37,6 +37,9 @@ def register(sub) -> None:
     bench.add_argument("-p", type=int, default=512, help="prompt tokens (default 512)")
     bench.add_argument("-n", type=int, default=128, help="generated tokens (default 128)")
     bench.add_argument("-r", type=int, default=3, help="repetitions (default 3)")
+    bench.add_argument("-d", "--depth", type=int, default=0,
+                       help="tokens already in the KV cache when each test starts (llama-bench "
+                            "-d; default 0)")
     bench.add_argument("--device", choices=("cpu", "cuda"), default=None,
                        help="default: cuda when a GPU is present")
     bench.add_argument("--backend", choices=("numpy", "kernels"), default=None)

@@ -10,7 +10,7 @@ from gguf import GGUFReader
 from gguf.constants import GGMLQuantizationType as Q
 
 import llm
-from llm.bench import BenchResult, table
+from llm.bench import BenchResult, run_bench, table
 from llm.synth import SHAPES, tensor_plan, write_synthetic
 from tests.llm.gguf_helpers import TINY, require_for_module
 
@@ -158,3 +158,12 @@ def test_bench_table_format(models):
                      r"\| (pp512|tg128) \| [\d.]+ ± [\d.]+ \|$")
     assert all(row.match(line) for line in lines[2:]), out
     assert "| pp512 | 110.00 ± 10.00 |" in out and "| tg128 | 50.00 ± 0.00 |" in out
+
+
+def test_bench_at_depth(models):
+    """`pykernel bench -d D`: both tests run with D tokens already in the cache, labelled as
+    llama-bench labels them."""
+    model = models["tiny-llama-f32.gguf"]
+    results = run_bench(model, p=4, n=3, r=1, depth=5)
+    assert [r.test for r in results] == ["pp4 @ d5", "tg3 @ d5"]
+    assert all(r.mean > 0 for r in results)

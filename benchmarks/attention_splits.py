@@ -1,0 +1,96 @@
+"""Decode attention at the runner's model shapes against the number of splits: which split
+count is fastest at which context length (the runner's decode graph picks its splits once per
+graph, so this decides how many graphs it keeps and when it switches).
+
+Shapes: SmolLM2-135M (9 q / 3 KV heads, head_dim 64), Qwen2-1.5B (12 / 2, 128), 8B class
+(32 / 8, 128); f16 cache, the runner's kernel configuration (`default_config`). Timing as
+benchmarks/attention.py: CUDA events around graph replays, each launch reading its own cache
+copy out of >= 256 MB; "PDL" = captured with programmatic dependent launch and `early_kv`, as
+the runner's decode graph launches it. us per decode (split kernel + combine).
+
+    python3 benchmarks/attention_splits.py [--lens 256,600,1024,2048,4096] [--out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import pykernel as pk  # noqa: E402
+from benchmarks._timing import replay_seconds  # noqa: E402
+from stdlib_kernels.attention.decode import (DecodeWorkspace, config_splits,  # noqa: E402
+                                             default_config, launch_decode)
+
+SHAPES = {"smollm2-135m": (9, 3, 64), "qwen2-1.5b": (12, 2, 128), "llama-8b": (32, 8, 128)}
+SPLITS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def caches(n_kv: int, kv_len: int, head_dim: int) -> list:
+    rng = np.random.default_rng(0)
+    shape = (n_kv, kv_len, head_dim)
+    first = [pk.to_device(rng.standard_normal(shape).astype(np.float16)) for _ in range(2)]
+    nbytes = 2 * first[0].nbytes
+    copies = max(2, -(-(256 << 20) // nbytes))
+    out = [tuple(first)]
+    for _ in range(copies - 1):
+        out.append(tuple(pk.empty(c.shape, c.dtype).copy_from(c) for c in first))
+    return out
+
+
+def decode_us(shape, kv_len: int, splits: int, pdl: bool, cache_copies) -> float:
+    n_head, n_kv, head_dim = shape
+    config = default_config(n_head // n_kv, head_dim, dtype=np.float16)
+    q = pk.to_device(np.random.default_rng(1).standard_normal((1, n_head, head_dim))
+                     .astype(np.float32))
+    lens = pk.to_device(np.array([kv_len], np.int32))
+    out = pk.empty((1, n_head, head_dim), np.float32)
+    ws = DecodeWorkspace.allocate(1, n_head, head_dim, splits) if splits > 1 else None
+    launches = max(len(cache_copies), 20)
+
+    def record():
+        for i in range(launches):
+            k, v = cache_copies[i % len(cache_copies)]
+            launch_decode(q, k, v, lens, out, head_dim ** -0.5, workspace=ws, config=config,
+                          early_kv=pdl)
+    return replay_seconds(record, pdl=pdl) * 1e6 / launches
+
+
+def table(lens) -> list[str]:
+    rows = ["| model shape | kv_len | runner's splits (n_ctx = kv_len) | " +
+            " | ".join(f"{s} splits plain / PDL" for s in SPLITS) + " |",
+            "|---" * (3 + len(SPLITS)) + "|"]
+    for name, shape in SHAPES.items():
+        n_head, n_kv, head_dim = shape
+        config = default_config(n_head // n_kv, head_dim, dtype=np.float16)
+        for kv_len in lens:
+            copies = caches(n_kv, kv_len, head_dim)
+            cells = []
+            for splits in SPLITS:
+                plain = decode_us(shape, kv_len, splits, False, copies)
+                pdl = decode_us(shape, kv_len, splits, True, copies)
+                cells.append(f"{plain:.2f} / {pdl:.2f}")
+            planned = config_splits(config, n_head, n_kv, kv_len)
+            rows.append(f"| {name} | {kv_len} | {planned} | " + " | ".join(cells) + " |")
+            print(rows[-1], flush=True)
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lens", default="256,600,1024,2048,4096")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    pk.set_device("cuda")
+    text = "\n".join([f"device: {pk.current_device().name}", ""] +
+                     table([int(x) for x in args.lens.split(",")]))
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
