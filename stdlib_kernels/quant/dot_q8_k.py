@@ -382,6 +382,19 @@ def q3k_scales(s0: u32, s1: u32, s2: u32, n: i32, sc):
 @pk.func
 def dot_q8_Q3_K_wide(w: Ptr[u32, "ro"], wrow: i32, blk: i32, n: i32, xq: Ptr[u32, "ro"],
                      xstride: i32, acc: Ptr[f32], a0: i32, BATCH: Const[int]):
+    v = pk.local_array(u32, 32)
+    sc = pk.local_array(i32, 8)
+    d = q3k_wide_values(w, wrow, blk, n, v, sc)
+    a = pk.local_array(u32, 36)
+    for bt in pk.static_range(BATCH):
+        act_copy(xq, bt * xstride + 9 * (8 * blk + 4 * n), a, 36, 4)
+        acc[a0 + bt] += d * q3k_wide_sum(v, sc, a)
+
+
+@pk.func
+def q3k_wide_values(w: Ptr[u32, "ro"], wrow: i32, blk: i32, n: i32, v, sc) -> f32:
+    """Item n of block blk of the row at word wrow (global or shared memory): v[8 j + k] =
+    the dp4a bytes 2^E_j (q + 4h) of shift group j, sc = its 8 signed scales; returns d."""
     wb = wrow + (55 * blk) // 2
     shift = u32(16) * u32(blk % 2)
     q = pk.local_array(u32, 16)   # hmask words 0..7 shifted by 4n bits, qs words of half n
@@ -391,29 +404,30 @@ def dot_q8_Q3_K_wide(w: Ptr[u32, "ro"], wrow: i32, blk: i32, n: i32, xq: Ptr[u32
     r1 = w[wb + 25]
     r2 = w[wb + 26]
     r3 = w[wb + 27]
-    d = f32(pk.bitcast(u16((r3 >> shift) & u32(0xFFFF)), f16))
-    sc = pk.local_array(i32, 8)
     q3k_scales(funnel16(r0, r1, shift), funnel16(r1, r2, shift), funnel16(r2, r3, shift), n, sc)
-    v = pk.local_array(u32, 32)
     for k in pk.static_range(8):
         for j in pk.static_range(4):
             v[8 * j + k] = q3k_values(q[8 + k], q[k], j)
-    a = pk.local_array(u32, 36)
-    for bt in pk.static_range(BATCH):
-        act_copy(xq, bt * xstride + 9 * (8 * blk + 4 * n), a, 36, 4)
-        r = f32(0.0)
-        for j in pk.static_range(4):
-            unit = 1 if j == 0 else (4 if j == 1 else 16)   # 2^E_j
-            inv_unit = 1.0 if j == 0 else (0.25 if j == 1 else 0.0625)
-            t = 0
-            for hh in pk.static_range(2):
-                sumx = 0
-                for k in pk.static_range(4):
-                    sumx = pk.dp4a(act(a, 9 * j + 1 + 4 * hh + k), ONES, sumx)
-                s = sumx * (-4 * unit)
-                for k in pk.static_range(4):
-                    s = pk.dp4a(v[8 * j + 4 * hh + k], act(a, 9 * j + 1 + 4 * hh + k), s)
-                t += s * sc[2 * j + hh]
-            dx, sx = act_scale(a, 9 * j)
-            r += dx * inv_unit * f32(t)
-        acc[a0 + bt] += d * r
+    return f32(pk.bitcast(u16((r3 >> shift) & u32(0xFFFF)), f16))
+
+
+@pk.func
+def q3k_wide_sum(v, sc, a) -> f32:
+    """sum over the item's 128 values of (q + 4h - 4) x / d (q3k_wide_values' v and sc, the
+    4 Q8_1 blocks' 36 words in a)."""
+    r = f32(0.0)
+    for j in pk.static_range(4):
+        unit = 1 if j == 0 else (4 if j == 1 else 16)   # 2^E_j
+        inv_unit = 1.0 if j == 0 else (0.25 if j == 1 else 0.0625)
+        t = 0
+        for hh in pk.static_range(2):
+            sumx = 0
+            for k in pk.static_range(4):
+                sumx = pk.dp4a(act(a, 9 * j + 1 + 4 * hh + k), ONES, sumx)
+            s = sumx * (-4 * unit)
+            for k in pk.static_range(4):
+                s = pk.dp4a(v[8 * j + 4 * hh + k], act(a, 9 * j + 1 + 4 * hh + k), s)
+            t += s * sc[2 * j + hh]
+        dx, sx = act_scale(a, 9 * j)
+        r += dx * inv_unit * f32(t)
+    return r

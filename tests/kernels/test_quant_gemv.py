@@ -191,6 +191,51 @@ def test_gemv_kernel_variants(device, rng, seed, type_name, variant, blocks):
     check_q8_1(y.numpy(), raw, type_name, x, seed)
 
 
+def test_gemv_Q3_K_wide_every_bit_pattern(device, rng, seed):
+    # random bytes as Q3_K blocks (a finite d): every hmask bit pattern and 6-bit scale from 0
+    # (-32) to 63 (+31) in the "wide" kernel's word-shifted reads, even and odd blocks (2-byte
+    # shifted), both halves
+    rows, blocks = 3, 4
+    n = 256 * blocks
+    raw = rng.integers(0, 256, (rows, blocks, 110), dtype=np.uint8)
+    raw[:, :, 108:110] = (rng.uniform(0.5, 2.0, (rows, blocks, 1)).astype(np.float16)
+                          .view(np.uint8))
+    raw[0, 0, 96:108] = [0x0F] * 4 + [0xF0] * 4 + [0xFF] * 2 + [0x00] * 2   # 63, 48, 15, 0
+    raw = raw.reshape(rows, -1)
+    x = rng.standard_normal((2, n)).astype(np.float32)
+    xq = quantize_q8_1(x)
+    assert kernel_format("Q3_K", n, xq, 2, "wide")[0] == VARIANTS["Q3_K"]["wide"][0]
+    y = pk.full((2, rows), np.nan, np.float32)
+    gemv_q8_into(weight_words(raw, "Q3_K", n)[0], "Q3_K", xq, y, rows, n, 2,
+                 config=GemvConfig(warps=4, split=2, rows=2, unroll=1, kernel="wide"))
+    check_q8_1(y.numpy(), raw, "Q3_K", x, seed)
+
+
+@pytest.mark.parametrize("rows,n,rows_per_warp,warps,residual",
+                         [(37, 2048, 4, 1, False), (9, 4096, 2, 2, True), (5, 6144, 4, 1, False)],
+                         ids=["rows_off_groups", "residual_2warps", "three_items_per_lane"])
+def test_gemv_Q3_K_bulk(device, rng, seed, rows, n, rows_per_warp, warps, residual):
+    """Q3_K rows by bulk copies into shared memory (gemv_q3k_bulk, sm_90+ on the GPU): the Q8_1
+    model and the register kernel's result; row counts off the warp's row group, the residual
+    mode, and rows of 2-3 items per lane."""
+    from stdlib_kernels.quant.gemv_q3k_bulk import gemv_q3k_bulk_into
+    if device.kind == "cuda" and int(device.arch[3:]) < 90:
+        pytest.skip("bulk copies need sm_90+")
+    raw = make_weights(rng, "Q3_K", rows, n)
+    x = rng.standard_normal((1, n)).astype(np.float32)
+    xq = quantize_q8_1(x)
+    w = weight_words(raw, "Q3_K", n)[0]
+    res = rng.standard_normal(rows).astype(np.float32) if residual else None
+    y = pk.full((1, rows), np.nan, np.float32)
+    gemv_q3k_bulk_into(w, xq, y, rows, n, res=None if res is None else pk.to_device(res),
+                       rows_per_warp=rows_per_warp, warps=warps)
+    check_q8_1(y.numpy() - (0 if res is None else res), raw, "Q3_K", x, seed)
+    register = pk.full((1, rows), np.nan, np.float32)
+    gemv_q8_into(w, "Q3_K", xq, register, rows, n, config=GemvConfig(kernel="wide"))
+    np.testing.assert_allclose(y.numpy() - (0 if res is None else res), register.numpy(),
+                               rtol=1e-5, atol=1e-4, err_msg=f"vs register kernel (seed {seed})")
+
+
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "F16"])
 def test_gemv_in_a_pdl_graph_prefetches_and_matches(device, rng, seed, type_name):
     """Captured with capture_graph(pdl=True) the GEMV prefetches its first weight rows into L2
