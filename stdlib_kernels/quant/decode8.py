@@ -15,6 +15,9 @@ from .dot_q8 import half16, pair16
 
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16, Q1_0 = 10, 11, 12, 13, 14, 30, 41
+# F16 / BF16 rows read as u32 words (rows of a multiple of 8 halves in a 16-byte aligned
+# buffer): one 16-byte load per 8 values instead of 8 u16 loads. Not ggml ids: ours.
+F16_WORDS, BF16_WORDS = 1001, 1030
 
 
 @pk.func
@@ -79,6 +82,22 @@ def decode8_plain(FMT: Const[int], w: Ptr[u32, "ro"], wrow: i32, k: i32):
                 out[t] = f32(pk.bitcast(w[wrow + k + t], f16))
             else:
                 out[t] = f32(pk.bitcast(w[wrow + k + t], bf16))
+    return out[0], out[1], out[2], out[3], out[4], out[5], out[6], out[7]
+
+
+@pk.func
+def decode8_halves(FMT: Const[int], w: Ptr[u32, "ro"], wrow: i32, k: i32):
+    """F16_WORDS / BF16_WORDS: halves k..k+7 of the row at u32 word wrow, one 16-byte load."""
+    out = pk.local_array(f32, 8)
+    words = pk.load_vec(w, wrow + k // 2, 4)
+    for t in pk.static_range(4):
+        if FMT == F16_WORDS:
+            lo, hi = pk.unpack_f16x2(words[t])
+            out[2 * t] = lo
+            out[2 * t + 1] = hi
+        else:
+            out[2 * t] = pk.bitcast(words[t] << u32(16), f32)
+            out[2 * t + 1] = pk.bitcast(words[t] & u32(0xFFFF0000), f32)
     return out[0], out[1], out[2], out[3], out[4], out[5], out[6], out[7]
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, u16, u32
 
-from .decode8 import (BF16, F16, F32, Q2_K, Q3_K, Q4_1, Q4_K, Q5_1, Q5_K, Q6_K, affine_values,
-                      byte_of, decode8_legacy, decode8_legacy_aligned, decode8_plain,
-                      scale_min_k4)
+from .decode8 import (BF16, BF16_WORDS, F16, F16_WORDS, F32, Q2_K, Q3_K, Q4_1, Q4_K, Q5_1,
+                      Q5_K, Q6_K, affine_values, byte_of, decode8_halves, decode8_legacy,
+                      decode8_legacy_aligned, decode8_plain, scale_min_k4)
 from .dot_q8 import half16, pair16
 
 
@@ -116,6 +116,10 @@ def decode8(FMT: Const[int], w: Ptr[u32, "ro"], wrow: i32, k: i32):
         return decode8_plain(FMT, w, wrow, k)
     elif FMT == BF16:
         return decode8_plain(FMT, w, wrow, k)
+    elif FMT == F16_WORDS:
+        return decode8_halves(FMT, w, wrow, k)
+    elif FMT == BF16_WORDS:
+        return decode8_halves(FMT, w, wrow, k)
     elif FMT == Q4_1:
         return decode8_legacy_aligned(FMT, w, wrow, k)
     elif FMT == Q5_1:

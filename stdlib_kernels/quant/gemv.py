@@ -21,6 +21,7 @@ import numpy as np
 
 import pykernel as pk
 
+from . import decode8 as d8
 from . import gemv_kernels as gk
 from .formats import get_format
 from .gemv_q1_0 import bmma_available, gemv_q1_0_into
@@ -123,6 +124,7 @@ TUNED_SHORT = {"Q4_0": G(4, 1, 2, 2, 1), "Q4_1": G(4, 2, 2, 1, 1), "Q8_0": G(4, 
 BATCH_CONFIGS = ((3, G(4, 2, 4, 1, 2, kernel="")), (5, G(4, 2, 4, 1, 1, kernel="")),
                  (8, G(4, 1, 4, 1, 2, kernel="")))
 F32_CONFIG = GemvConfig(warps=4, split=4, rows=1, unroll=1)
+HALF_WORDS = {"F16": d8.F16_WORDS, "BF16": d8.BF16_WORDS}
 # Q3_K, one token, weights over L2, sm_90+ (gemv_q3k_bulk.bulk_eligible)
 Q3K_BULK_CONFIG = G(warps=Q3K_BULK_WARPS, rows=Q3K_BULK_ROWS, kernel="bulk")
 # the CPU target emulates every thread: unrolled trips only cost it compile time
@@ -239,9 +241,16 @@ def gemv_f32_into(w, type_name, x, y, rows, n, batch=1, *, w2=None, res=None, mo
     fmt = get_format(type_name)
     c = config or F32_CONFIG
     per_block = c.warps // c.split
+    fmt_id = int(fmt.ggml_type)
+    if type_name in HALF_WORDS and n % 8 == 0 and w.ptr % 16 == 0 and \
+            (w2 is None or w2.ptr % 16 == 0):
+        # 16-byte rows: one vector load per 8 halves (decode8.decode8_halves)
+        fmt_id = HALF_WORDS[type_name]
+        w = w.view(np.uint32)
+        w2 = None if w2 is None else w2.view(np.uint32)
     gk.gemv_f32_kernel[(rows + per_block - 1) // per_block, c.warps * 32, stream](
         w, w if w2 is None else w2, x.reshape(-1), y if res is None else res, y, rows,
-        n // fmt.block_elems * fmt.block_bytes // w.itemsize, n, int(fmt.ggml_type), w.dtype,
+        n // fmt.block_elems * fmt.block_bytes // w.itemsize, n, fmt_id, w.dtype,
         c.warps, batch, MODES[mode], c.split, _under_pdl())
 
 
