@@ -17,8 +17,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pykernel as pk  # noqa: E402
 from benchmarks._timing import replay_seconds  # noqa: E402
-from benchmarks.quant_matmul import L2_BYTES, copy_bandwidth, random_weights  # noqa: E402
-from stdlib_kernels.quant import gemv as gemv_module  # noqa: E402
+from benchmarks.quant_matmul import (L2_BYTES, copy_bandwidth, gemv_module,  # noqa: E402
+                                     random_weights)
 from stdlib_kernels.quant.gemv import GemvConfig, gemv_f32_into  # noqa: E402
 
 SHAPES = {"F16": ((57344, 4096), (128256, 4096), (4096, 14336)),

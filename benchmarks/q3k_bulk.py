@@ -24,7 +24,7 @@ from benchmarks.quant_matmul import bench_gemv, copy_bandwidth, default_for  # n
 from stdlib_kernels.quant.gemv import GemvConfig  # noqa: E402
 
 SHAPES = ((57344, 4096), (128256, 4096), (4096, 14336))
-BULK = ((1, 4), (4, 2), (4, 4), (8, 4), (4, 3), (8, 2), (16, 2))   # (warps, rows per warp)
+BULK = ((4, 3), (4, 4), (2, 3), (8, 3), (4, 2), (1, 4))   # (warps, rows per warp)
 
 
 def main():

@@ -29,9 +29,9 @@ from .dot_q8_k import q3k_wide_sum, q3k_wide_values
 from .q8_1 import q8_1_bytes
 
 BLOCK_BYTES = 110
-# fastest of 7 shapes on the H200 (benchmarks/RESULTS.md, "Q3_K rows by bulk copies"):
-# 57344 x 4096 30.2 us (85% of copy; register kernel 32.7, 78%), 128256 x 4096 58.4 (98%; 67.7)
-ROWS_PER_WARP = 4            # R
+# fastest of 11 shapes on the H200 (benchmarks/RESULTS.md, "Q3_K rows by bulk copies"):
+# 57344 x 4096 29.3 us (88% of copy; register kernel 32.7, 78%), 128256 x 4096 58.0 (99%; 67.7)
+ROWS_PER_WARP = 3            # R
 WARPS = 4
 L2_BYTES = 50 << 20          # weights above this stream from HBM on every call
 
