@@ -276,9 +276,8 @@ def focus(types, rng, deadline):
     save(results)
 
 
-# Q3_K launch shapes tried at k = 4096 by --issue (per_sm > 0: a persistent grid)
-Q3_K_SHORT_TRIES = (G(1, 1, 6, 1, 1), G(1, 1, 5, 1, 1), G(1, 1, 6, 1, 1, 0, 16),
-                    G(1, 1, 6, 1, 1, 0, 24), G(1, 1, 6, 1, 1, 0, 32), G(1, 1, 4, 1, 1, 0, 32))
+# --issue at k = 4096: Q3_K's register kernel next to its default (the bulk-copy kernel)
+Q3_K_SHORT_TRIES = (G(1, 1, 6, 1, 1),)
 
 
 def issue_table(rng):
@@ -300,17 +299,19 @@ def issue_table(rng):
         results["issue"].append(dict(type=type_name, shape=LONG, config=config, us=row))
         print(f"  {type_name} {tuple(config)}: " + " / ".join(f"{u:.1f}" for u in row) +
               f"  (llama.cpp {LLAMA_CPP_H200_US[type_name]})", flush=True)
-    print("\nlarger than L2, GEMV alone, % of copy: plain / PDL / PDL without the L2 prefetch")
-    plan = [(t, default_for(t, 4096), s) for t in ("Q3_K", "Q2_K", "Q1_0", "Q4_K")
-            for s in (MID, BIG)]
-    plan += [("Q3_K", c, MID) for c in Q3_K_SHORT_TRIES]
+    print("\nlarger than L2, GEMV alone, % of copy: plain / PDL / PDL without the L2 prefetch"
+          " (config None = gemv_q8_into's default: Q3_K's bulk-copy kernel; Q1_0 here is the"
+          " DP4A kernel of Q8_1 activations, its binary tensor-core path: q1_0_bmma.py)")
+    plan = [(t, None, s) for t in ("Q3_K", "Q2_K", "Q1_0", "Q4_K") for s in (MID, BIG)]
+    plan += [("Q3_K", c, s) for c in Q3_K_SHORT_TRIES for s in (MID, BIG)]
     for type_name, config, shape in plan:
         row = [bench_gemv(type_name, config, rng, shape=shape, pdl=p, prefetch=f)
                for p, f in ((False, True), (True, True), (True, False))]
         pct = [100 * nbytes / sec / 1e9 / copy for sec, nbytes in row]
         results["issue"].append(dict(type=type_name, shape=shape, config=config,
                                      us=[sec * 1e6 for sec, _ in row], pct=pct))
-        print(f"  {type_name} {shape[0]}x{shape[1]} {tuple(config)}: " +
+        label = "default" if config is None else tuple(config)
+        print(f"  {type_name} {shape[0]}x{shape[1]} {label}: " +
               " / ".join(f"{sec * 1e6:.1f}" for sec, _ in row) + " us, " +
               " / ".join(f"{p:.0f}" for p in pct) + "%", flush=True)
     save(results)
