@@ -100,6 +100,10 @@ def gemv_q3k_bulk_into(w, xq, y, rows: int, n: int, *, res=None, stream=None,
                          f"{q8_1_bytes(n)}) or output {y.dtype} {tuple(y.shape)} (need "
                          f"float32 ({rows},)) do not fit")
     row_words = n // 256 * BLOCK_BYTES // 4
+    if w.ptr % 16 or w.nbytes < rows * row_words * 4:
+        raise ValueError(f"gemv Q3_K bulk: weights must be a 16-byte aligned buffer of at least "
+                         f"{rows} x {row_words * 4} bytes, got {w.nbytes} bytes at offset "
+                         f"{w.ptr % 16} from 16-byte alignment")
     per_block = warps * rows_per_warp
     grid = (rows + per_block - 1) // per_block
     shared = warps * rows_per_warp * row_words * 4

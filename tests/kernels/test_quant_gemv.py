@@ -236,6 +236,21 @@ def test_gemv_Q3_K_bulk(device, rng, seed, rows, n, rows_per_warp, warps, residu
                                rtol=1e-5, atol=1e-4, err_msg=f"vs register kernel (seed {seed})")
 
 
+def test_gemv_Q3_K_bulk_rejects_bad_buffers(device):
+    from stdlib_kernels.quant.gemv_q3k_bulk import gemv_q3k_bulk_into
+    raw = pk.zeros((4, 2 * 2048 // 256 * 110 + 16), np.uint8)
+    xq = quantize_q8_1(np.zeros((1, 4096), np.float32))
+    y = pk.empty((1, 4), np.float32)
+    words = raw.reshape(-1)[4:].view(np.uint32)          # 4 bytes off 16-byte alignment
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        gemv_q3k_bulk_into(words, xq, y, 4, 4096)
+    short = raw.reshape(-1)[:1000].view(np.uint32)       # truncated
+    with pytest.raises(ValueError, match="at least"):
+        gemv_q3k_bulk_into(short, xq, y, 4, 4096)
+    with pytest.raises(ValueError, match="multiple of 2048"):
+        gemv_q3k_bulk_into(raw.reshape(-1).view(np.uint32), xq, y, 4, 1024)
+
+
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "F16"])
 def test_gemv_in_a_pdl_graph_prefetches_and_matches(device, rng, seed, type_name):
     """Captured with capture_graph(pdl=True) the GEMV prefetches its first weight rows into L2
