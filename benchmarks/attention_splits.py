@@ -9,6 +9,7 @@ copy out of >= 256 MB; "PDL" = captured with programmatic dependent launch and `
 the runner's decode graph launches it. us per decode (split kernel + combine).
 
     python3 benchmarks/attention_splits.py [--lens 256,600,1024,2048,4096] [--out FILE]
+    python3 benchmarks/attention_splits.py --batched    (1-8 sequences x 4096 keys, one launch)
 """
 from __future__ import annotations
 
@@ -79,14 +80,59 @@ def table(lens) -> list[str]:
     return rows
 
 
+def batched_us(n_seq: int, kv_len: int, pdl: bool) -> tuple[float, int]:
+    """8B-class decode of n_seq sequences of kv_len keys each in one launch (the batched
+    decode: caches (n_seq, 8, kv_len, 128) f16), splits planned per launch (the single-sequence
+    plan divided by n_seq); us per launch and K/V bytes read."""
+    n_head, n_kv, head_dim = SHAPES["llama-8b"]
+    config = default_config(n_head // n_kv, head_dim, dtype=np.float16)
+    splits = max(1, config_splits(config, n_head, n_kv, kv_len) // n_seq)
+    rng = np.random.default_rng(2)
+    shape = (n_seq, n_kv, kv_len, head_dim)
+    first = [pk.to_device(rng.standard_normal(shape).astype(np.float16)) for _ in range(2)]
+    nbytes = 2 * first[0].nbytes
+    copies = [tuple(first)] + [tuple(pk.empty(c.shape, c.dtype).copy_from(c) for c in first)
+                               for _ in range(max(1, -(-(256 << 20) // nbytes) - 1))]
+    q = pk.to_device(rng.standard_normal((n_seq, n_head, head_dim)).astype(np.float32))
+    lens = pk.to_device(np.full(n_seq, kv_len, np.int32))
+    out = pk.empty((n_seq, n_head, head_dim), np.float32)
+    ws = DecodeWorkspace.allocate(n_seq, n_head, head_dim, splits) if splits > 1 else None
+    launches = max(len(copies), 20)
+
+    def record():
+        for i in range(launches):
+            k, v = copies[i % len(copies)]
+            launch_decode(q, k, v, lens, out, head_dim ** -0.5, workspace=ws, config=config,
+                          early_kv=pdl)
+    return replay_seconds(record, pdl=pdl) * 1e6 / launches, nbytes
+
+
+def batched_table(kv_len: int = 4096) -> list[str]:
+    from benchmarks.attention import copy_bandwidth
+    copy = copy_bandwidth()
+    rows = [f"torch copy bandwidth {copy / 1e12:.2f} TB/s", "",
+            "| sequences x keys | K/V MB | plain us | PDL us | % of copy (plain / PDL) |",
+            "|---|---|---|---|---|"]
+    for n_seq in (1, 2, 4, 8):
+        plain, nbytes = batched_us(n_seq, kv_len, False)
+        pdl, _ = batched_us(n_seq, kv_len, True)
+        pct = [100 * nbytes / (us * 1e-6) / copy for us in (plain, pdl)]
+        rows.append(f"| {n_seq} x {kv_len} | {nbytes / 1e6:.1f} | {plain:.2f} | {pdl:.2f} | "
+                    f"{pct[0]:.0f}% / {pct[1]:.0f}% |")
+        print(rows[-1], flush=True)
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lens", default="256,600,1024,2048,4096")
+    parser.add_argument("--batched", action="store_true",
+                        help="instead: 1-8 sequences of 4096 keys in one launch (8B shape)")
     parser.add_argument("--out")
     args = parser.parse_args()
     pk.set_device("cuda")
-    text = "\n".join([f"device: {pk.current_device().name}", ""] +
-                     table([int(x) for x in args.lens.split(",")]))
+    rows = batched_table() if args.batched else table([int(x) for x in args.lens.split(",")])
+    text = "\n".join([f"device: {pk.current_device().name}", ""] + rows)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text + "\n")
