@@ -30,9 +30,9 @@ SHAPES = {"smollm2-135m": (9, 3, 64), "qwen2-1.5b": (12, 2, 128), "llama-8b": (3
 SPLITS = (1, 2, 4, 8, 16, 32, 64)
 
 
-def caches(n_kv: int, kv_len: int, head_dim: int) -> list:
+def caches(*shape: int) -> list:
+    """(K, V) f16 caches of `shape`, copied until the copies hold >= 256 MB (L2 cannot)."""
     rng = np.random.default_rng(0)
-    shape = (n_kv, kv_len, head_dim)
     first = [pk.to_device(rng.standard_normal(shape).astype(np.float16)) for _ in range(2)]
     nbytes = 2 * first[0].nbytes
     copies = max(2, -(-(256 << 20) // nbytes))
@@ -88,11 +88,8 @@ def batched_us(n_seq: int, kv_len: int, pdl: bool) -> tuple[float, int]:
     config = default_config(n_head // n_kv, head_dim, dtype=np.float16)
     splits = max(1, config_splits(config, n_head, n_kv, kv_len) // n_seq)
     rng = np.random.default_rng(2)
-    shape = (n_seq, n_kv, kv_len, head_dim)
-    first = [pk.to_device(rng.standard_normal(shape).astype(np.float16)) for _ in range(2)]
-    nbytes = 2 * first[0].nbytes
-    copies = [tuple(first)] + [tuple(pk.empty(c.shape, c.dtype).copy_from(c) for c in first)
-                               for _ in range(max(1, -(-(256 << 20) // nbytes) - 1))]
+    copies = caches(n_seq, n_kv, kv_len, head_dim)
+    nbytes = 2 * copies[0][0].nbytes
     q = pk.to_device(rng.standard_normal((n_seq, n_head, head_dim)).astype(np.float32))
     lens = pk.to_device(np.full(n_seq, kv_len, np.int32))
     out = pk.empty((n_seq, n_head, head_dim), np.float32)
