@@ -6,6 +6,8 @@
 #   (OURS=0 ... finish: llama.cpp only)
 # Both phases must run on the same warm machine (the build lives in /tmp/llamacpp).
 # Flags are ANCHORS.md's: -ngl 99 -fa 1 -p 512 -n 128 -r 3; ours: pykernel bench -p 512 -n 128 -r 3.
+# DEPTH=4096 ... finish: both also at that many tokens of context (llama-bench -d 0,DEPTH; ours
+# -d DEPTH as a second run).
 set -uo pipefail
 MODELS="smollm2-135m:Q4_1 qwen2-1.5b:Q4_K_M llama-8b:Q4_0 llama-8b:Q4_K_M"
 SYNTH=/tmp/synth; mkdir -p $SYNTH
@@ -23,9 +25,17 @@ case ${1:-} in
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u
     for m in $MODELS; do
       f=$SYNTH/${m%%:*}-${m##*:}.gguf
-      echo "== llama.cpp: $f"; bash .llamacpp/on_device.sh build-and-bench $f 2>&1 | grep '^|'
+      echo "== llama.cpp: $f"
+      if [ -n "${DEPTH:-}" ]; then
+        /tmp/llamacpp/llama.cpp/build/bin/llama-bench -m $f -ngl 99 -fa 1 -p 512 -n 128 -r 3 \
+          -d 0,$DEPTH -o md 2>&1 | grep '^|'
+      else
+        bash .llamacpp/on_device.sh build-and-bench $f 2>&1 | grep '^|'
+      fi
       [ "${OURS:-1}" = 0 ] && continue
       echo "== pykernel: $f"; python3 -m pykernel bench $f -p 512 -n 128 -r 3 2>&1 | grep '^|'
+      [ -n "${DEPTH:-}" ] && python3 -m pykernel bench $f -p 512 -n 128 -r 3 -d $DEPTH 2>&1 \
+        | grep '^|' | tail -2
     done ;;
   *) echo "usage: $0 start|finish"; exit 2 ;;
 esac
