@@ -253,7 +253,8 @@ def bench_combine(splits: int, pdl: bool) -> float:
 
     def capture(stream):
         for _ in range(20):
-            combine_splits[(N_HEAD,), 32 * warps, stream](part_o, part_ml, out, splits,
+            combine_splits[(N_HEAD,), 32 * warps, stream](part_o, part_ml, out,
+                                                          out.view(np.uint32), splits,
                                                           **combine_spec(HEAD_DIM, warps))
     return time_graph(capture, 20, pdl=pdl)
 

@@ -20,7 +20,8 @@ import pykernel as pk
 from llm.backends import kernels_extra as X
 from llm.backends import kernels_weights as W
 from llm.backends.base import Backend
-from llm.backends.kernels_lazy import Cols, GluHalf, Normed, PendingGlu, PendingMatmul, Roped
+from llm.backends.kernels_lazy import (Cols, GluHalf, Normed, PendingGlu, PendingMatmul,
+                                       Quantized, Roped)
 from llm.backends.kernels_memory import Arena, DeviceMemory, KernelsKVCache
 from llm.config import RopeParams
 from llm.gguf_file import TensorInfo
@@ -143,6 +144,8 @@ class KernelsBackend(Backend):
         xq = None
         if isinstance(x, Normed):
             x, xq = self._norm_for(x, w)
+        elif isinstance(x, Quantized):
+            x, xq = x.x, (x.xq if W.needs_q8_1(w, self.activations) else None)
         x = self.materialize(x)
         if bias is None and self.gemv and w.is_glu_pair():
             return PendingGlu(x, w, xq)
@@ -261,27 +264,41 @@ class KernelsBackend(Backend):
             X.store_kv(ka, va, k_cache, v_cache, start_dev)
         out = self.arena.take((n, qa.shape[1]), np.float32)
         if d in HEAD_DIMS:
-            self._stdlib_attention(q3, k_cache, v_cache, start, start_dev,
-                                   out.reshape(n, -1, d), scale, window, cache)
+            xq = self._stdlib_attention(q3, k_cache, v_cache, start, start_dev,
+                                        out.reshape(n, -1, d), scale, window, cache)
+            if xq is not None:
+                return Quantized(out, xq)
         else:
             X.attention(qa, k_cache, v_cache, out, start_dev, q3.shape[1], scale, window)
         return out
 
     def _stdlib_attention(self, q3, k_cache, v_cache, start, start_dev, out3, scale, window,
                           cache):
+        """Launches the attention into out3; returns the output's Q8_1 copy when the decode's
+        combine kernel wrote one (else None)."""
         if q3.shape[0] == 1:   # decode: kv_len = position + 1, split over the context
             config = self._decode_config(q3.shape[1], k_cache)
             workspace = None if self.direct_attention else cache.workspace(q3.shape[1], config)
+            # the combine kernel (split attention) also writes the Q8_1 activations of the
+            # o-projection, saving its quantize launch; without splits there is no combine
+            xq = None
+            if workspace is not None and workspace.counters is None and \
+                    self.activations == "q8_1" and workspace.n_splits > 1 and \
+                    q3.shape[2] % 32 == 0:
+                xq = self.arena.take(W.q8_buffer_shape(1, q3.shape[1] * q3.shape[2]), np.uint8)
             # early_kv: the kernel before this one (RoPE + cache write, or store_kv) writes
             # only the newest cache row, and the positions are set before the graph runs, so
             # under PDL the split blocks may start loading older rows before their wait
             launch_decode(q3, k_cache, v_cache, start_dev, out3, scale, window=window or None,
-                          len_add=1, workspace=workspace, config=config, early_kv=True)
+                          len_add=1, workspace=workspace, config=config, early_kv=True,
+                          xq_out=xq)
+            return xq
         elif self._tensor_core_prefill(k_cache):   # Q, K, V, P rounded to f16 like llama.cpp's
             launch_prefill(q3, k_cache, v_cache, out3, start, scale, window=window or None)
         else:                  # prefill: query z sees start + z + 1 keys of the shared cache
             launch_decode(q3, k_cache, v_cache, start_dev, out3, scale, window=window or None,
                             len_add=1, len_step=1, lens_stride=0, share_cache=True)
+        return None
 
     def _decode_config(self, n_head: int, k_cache):
         """Tensor-core decode attention (Q and P rounded to f16) in the llama.cpp-like Q8_1
@@ -335,6 +352,8 @@ class KernelsBackend(Backend):
             return self._run_matmul(PendingMatmul(x.x, x.w, None, x.xq))
         if isinstance(x, Normed):
             return self._rms_norm_now(x)
+        if isinstance(x, Quantized):
+            return x.x
         if isinstance(x, GluHalf):
             full = self.materialize(x.pending)
             half = x.pending.w.part_rows[0]

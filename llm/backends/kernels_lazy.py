@@ -5,7 +5,8 @@ Input: what an op returns before its consumer is known. Output: the consumer eit
 (attention takes `Roped` q/k -> one RoPE + KV-cache write launch; `add` takes a `PendingMatmul` ->
 the residual add in the GEMV's epilogue; `swiglu` takes two `GluHalf` -> gate/up GEMV with SwiGLU
 in its epilogue; `matmul` takes a `Normed` -> RMSNorm and the Q8_1 quantization its GEMV reads in
-one launch) or calls `materialize` for a plain contiguous device array.
+one launch, or a `Quantized` -> no quantize launch) or calls `materialize` for a plain
+contiguous device array.
 """
 from __future__ import annotations
 
@@ -38,6 +39,14 @@ class Normed:
     x: Any
     weight: Any
     eps: float
+
+
+@dataclass
+class Quantized:
+    """A finished activation x with its Q8_1 copy xq already made (decode attention's combine
+    kernel writes both), so a GEMV reading Q8_1 needs no quantize launch."""
+    x: Any
+    xq: Any
 
 
 @dataclass

@@ -20,6 +20,7 @@ from .decode_combine import COMBINE_UNROLL, MAX_SPLITS, combine_geometry, combin
 from .decode_kernels import LOG2E, decode_partial
 from .decode_mma import decode_mma
 from .kv_q8 import DTYPE as Q8_DTYPE, Q8Cache
+from ..quant.q8_1 import q8_1_bytes, quantize_q8_1_into
 
 HEAD_DIMS = (64, 80, 96, 128, 256)
 STAGES = 2                   # ring depth of gpu_config: deeper rings measured no faster
@@ -210,9 +211,10 @@ def combine_warps(n_splits: int) -> int:
     return 4 if n_splits <= 4 * COMBINE_UNROLL else 8 if n_splits <= 8 * COMBINE_UNROLL else 16
 
 
-def combine_spec(head_dim: int, warps: int = 4, trigger: bool = False) -> dict:
+def combine_spec(head_dim: int, warps: int = 4, trigger: bool = False,
+                 q8_out: bool = False) -> dict:
     return dict(D=head_dim, NWARPS=warps, MAXS=MAX_SPLITS, UNR=COMBINE_UNROLL,
-                TRIGGER=int(trigger),
+                TRIGGER=int(trigger), Q8OUT=int(q8_out),
                 **combine_geometry(1, head_dim, 32 * warps))
 
 
@@ -300,7 +302,8 @@ def launch_split_kernel(q, k_cache, v_cache, lens, out, scale: float, *, window=
 def launch_decode(q, k_cache, v_cache, lens, out, scale: float, *, window=None, softcap=None,
                   len_add: int = 0, len_step: int = 0, lens_stride: int = 1,
                   workspace: DecodeWorkspace | None = None, config: DecodeConfig | None = None,
-                  stream=None, share_cache: bool = False, early_kv: bool = False):
+                  stream=None, share_cache: bool = False, early_kv: bool = False,
+                  xq_out=None):
     """Attention of each q row z against its cache, kv_len(z) = lens[z * lens_stride] +
     len_add + z * len_step (the query sits at position kv_len - 1). share_cache: all rows read
     one (n_kv_head, max_len, D) cache (prefill fallback). Without a workspace, or with one of
@@ -309,7 +312,10 @@ def launch_decode(q, k_cache, v_cache, lens, out, scale: float, *, window=None, 
     early_kv (a promise, used only when captured under PDL): the kernels before this launch in
     the graph write neither `lens` nor any cache row other than each sequence's newest
     (kv_len - 1), as a decode step's KV-cache write does; the split blocks then issue their
-    first K/V loads before waiting for the previous kernel (decode_kernels' docstring)."""
+    first K/V loads before waiting for the previous kernel (decode_kernels' docstring).
+    xq_out (n_seq, q8_1_bytes(n_head * D)) uint8: also the result as Q8_1 activations (what
+    quantize_q8_1_into gives for out), written by the combine kernel when there is one, else by
+    a quantize launch: the next GEMV reads them with no quantize launch of its own."""
     check_decode_shapes(q, k_cache, v_cache)
     n_seq, n_head, head_dim = q.shape
     n_kv_head = k_cache.shape[-3]
@@ -324,11 +330,21 @@ def launch_decode(q, k_cache, v_cache, lens, out, scale: float, *, window=None, 
                                 softcap=softcap, len_add=len_add, len_step=len_step,
                                 lens_stride=lens_stride, workspace=workspace, config=config,
                                 stream=stream, share_cache=share_cache, early_kv=early_kv)
+    if xq_out is not None and (head_dim % 32 or xq_out.dtype != np.uint8 or
+                               xq_out.nbytes != n_seq * q8_1_bytes(n_head * head_dim)):
+        raise ValueError(f"attention.decode: xq_out must be uint8 with {n_seq} x "
+                         f"{q8_1_bytes(n_head * head_dim)} bytes (Q8_1 of the output; head_dim "
+                         f"a multiple of 32, got {head_dim}), got {xq_out.dtype} "
+                         f"{tuple(xq_out.shape)}")
     if n_splits > 1 and not fused:
         warps = combine_warps(n_splits)
         trigger = (q.device.kind == "cuda" and _under_pdl(q.device) and config.early_trigger
                    and n_seq * n_head <= _one_wave(32 * warps, q.device))
+        words = out.reshape(-1).view(np.uint32) if xq_out is None else \
+            xq_out.reshape(-1).view(np.uint32)            # (unread without Q8OUT)
         combine_splits[(n_seq * n_head,), 32 * warps, stream](
-            workspace.part_o, workspace.part_ml, out, n_splits,
-            **combine_spec(head_dim, warps, trigger))
+            workspace.part_o, workspace.part_ml, out, words, n_splits,
+            **combine_spec(head_dim, warps, trigger, xq_out is not None))
+    elif xq_out is not None:
+        quantize_q8_1_into(out.reshape(n_seq, n_head * head_dim), xq_out, stream=stream)
     return out

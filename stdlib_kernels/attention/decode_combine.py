@@ -15,9 +15,10 @@ The old form (each thread looping over every split twice, one dependent load per
 serial chain of L2 round trips: the reason the one-launch variant used to lose.
 """
 import pykernel as pk
-from pykernel import Const, Ptr, f32, i32
+from pykernel import Const, Ptr, f32, i32, u32
 
 from .._device import warp_max, warp_sum
+from ..quant.q8_1 import store_q8_1_block
 
 NEG_INIT = -1.0e30   # running max before any key: finite, so exp2(m_old - m_new) is never NaN
 MASKED = -3.0e38     # score of an invisible key / max of a missing split: exp2(MASKED - m) == 0
@@ -125,18 +126,28 @@ def combine_rows(part_o, part_ml, out, row0: i32, n_splits: i32, sm_w, sm_den, s
 
 
 @pk.kernel
-def combine_splits(part_o: Ptr[f32], part_ml: Ptr[f32], out: Ptr[f32], n_splits: i32,
-                   D: Const[int], NWARPS: Const[int], SG: Const[int], TPG: Const[int],
-                   MAXS: Const[int], UNR: Const[int], TRIGGER: Const[int]):
+def combine_splits(part_o: Ptr[f32], part_ml: Ptr[f32], out: Ptr[f32], xq: Ptr[u32],
+                   n_splits: i32, D: Const[int], NWARPS: Const[int], SG: Const[int],
+                   TPG: Const[int], MAXS: Const[int], UNR: Const[int], TRIGGER: Const[int],
+                   Q8OUT: Const[int]):
     """Two-launch variant (a workspace without counters): one block per (z, head) row.
-    TRIGGER (one wave): the next kernel of a PDL graph may launch at once."""
+    TRIGGER (one wave): the next kernel of a PDL graph may launch at once. Q8OUT: the row is
+    also written as Q8_1 into xq (its D / 32 blocks, block (z * n_head + head) * D / 32 + j:
+    the bytes quantize_q8_1_into gives for out), the input of a Q8_1 GEMV with no quantize
+    launch of its own."""
     if TRIGGER:
         pk.launch_dependents()
     sm_w = pk.shared_array(f32, MAXS)
     sm_den = pk.shared_array(f32, 1)
     sm_red = pk.shared_array(f32, NWARPS * 32 * 4)
-    combine_rows(part_o, part_ml, out, pk.block_idx.x, n_splits, sm_w, sm_den, sm_red,
+    row = pk.block_idx.x
+    combine_rows(part_o, part_ml, out, row, n_splits, sm_w, sm_den, sm_red,
                  1, D, NWARPS, SG, TPG, MAXS, UNR)
+    if Q8OUT:
+        pk.syncthreads()                     # the row's values are in `out` (this block's)
+        lane = pk.lane_id()
+        for j in range(pk.thread_idx.x // 32, D // 32, NWARPS):
+            store_q8_1_block(out[row * D + 32 * j + lane], lane, xq, row * (D // 32) + j)
 
 
 def combine_geometry(rows: int, head_dim: int, threads: int) -> dict:

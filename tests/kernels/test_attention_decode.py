@@ -127,6 +127,31 @@ def test_early_kv_path(device, rng, seed, dtype, config):
                f"early_kv kv_len {kv_len} {config}")
 
 
+@pytest.mark.parametrize("splits", [1, 3], ids=["direct", "combine_kernel"])
+def test_decode_writes_q8_1_activations(device, rng, seed, splits):
+    """xq_out: the output as Q8_1 (from the combine kernel, or a quantize launch without one),
+    byte for byte what quantize_q8_1 gives for the f32 output; 2 sequences, 4 heads of 64."""
+    from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1
+    n_seq, n_head, n_kv_head, head_dim, max_len = 2, 4, 2, 64, 40
+    q = rng.standard_normal((n_seq, n_head, head_dim)).astype(np.float32)
+    k = rng.standard_normal((n_seq, n_kv_head, max_len, head_dim)).astype(np.float16)
+    v = rng.standard_normal((n_seq, n_kv_head, max_len, head_dim)).astype(np.float16)
+    lens = rng.integers(1, max_len + 1, size=n_seq).astype(np.int32)
+    out = pk.full((n_seq, n_head, head_dim), np.nan, np.float32)
+    xq = pk.full((n_seq, q8_1_bytes(n_head * head_dim)), 0xAB, np.uint8)
+    workspace = DecodeWorkspace.allocate(n_seq, n_head, head_dim, splits) if splits > 1 else None
+    launch_decode(pk.to_device(q), pk.to_device(k), pk.to_device(v), pk.to_device(lens), out,
+                  0.125, workspace=workspace, config=DecodeConfig(2, 2, 1), xq_out=xq)
+    for z in range(n_seq):
+        _check(out.numpy()[z], decode_reference(q[z], k[z], v[z], int(lens[z]), 0.125),
+               np.float16, seed, f"sequence {z} kv_len {lens[z]}")
+    expected = quantize_q8_1(out.numpy().reshape(n_seq, -1)).numpy()
+    assert np.array_equal(xq.numpy(), expected), f"Q8_1 output differs (seed {seed})"
+    with pytest.raises(ValueError, match="xq_out"):
+        launch_decode(pk.to_device(q), pk.to_device(k), pk.to_device(v), pk.to_device(lens),
+                      out, 0.125, workspace=workspace, xq_out=pk.empty((n_seq, 10), np.uint8))
+
+
 @pytest.mark.parametrize("case", MMA_CASES, ids=["gqa4_ring3", "gqa3_window_cap_fused",
                                                  "d96_two_sequences"])
 def test_tensor_core_decode(device, rng, seed, case):

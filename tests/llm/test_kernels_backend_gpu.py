@@ -43,11 +43,15 @@ def test_production_settings_match_llama_cpp(name):
             f"{name}: vs the accurate path {gap:.2e}"
 
 
-def test_tensor_core_prefill_attention_matches_simt(tmp_path, monkeypatch):
+@pytest.mark.parametrize("short_context", [256, 8])
+def test_tensor_core_prefill_attention_matches_simt(tmp_path, monkeypatch, short_context):
     """A model with head_dim 64 (SmolLM2's shape, random weights): prefill through the
-    tensor-core flash attention vs the SIMT kernel, and vs token-by-token graph decode."""
-    from llm.backends import kernels_backend
+    tensor-core flash attention vs the SIMT kernel, and vs token-by-token graph decode
+    (short_context 8: the split-attention graph, whose combine kernel also writes the
+    o-projection's Q8_1 input)."""
+    from llm.backends import kernels_backend, kernels_graph
     from llm.synth import write_synthetic
+    monkeypatch.setattr(kernels_graph, "SHORT_CONTEXT", short_context)
     path = write_synthetic("smollm2-135m", "Q4_1", tmp_path / "smol.gguf")
     ids = list(np.random.default_rng(1).integers(0, 49000, 96))
     model = llm.load(path, device="cuda", n_ctx=128, progress=False)
