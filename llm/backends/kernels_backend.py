@@ -279,12 +279,10 @@ class KernelsBackend(Backend):
         if q3.shape[0] == 1:   # decode: kv_len = position + 1, split over the context
             config = self._decode_config(q3.shape[1], k_cache)
             workspace = None if self.direct_attention else cache.workspace(q3.shape[1], config)
-            # the combine kernel (split attention) also writes the Q8_1 activations of the
-            # o-projection, saving its quantize launch; without splits there is no combine
+            # the kernel writing the output (the combine, or the split kernel without splits)
+            # also writes the o-projection's Q8_1 activations: no quantize launch for them
             xq = None
-            if workspace is not None and workspace.counters is None and \
-                    self.activations == "q8_1" and workspace.n_splits > 1 and \
-                    q3.shape[2] % 32 == 0:
+            if self.activations == "q8_1" and q3.shape[2] % 32 == 0:
                 xq = self.arena.take(W.q8_buffer_shape(1, q3.shape[1] * q3.shape[2]), np.uint8)
             # early_kv: the kernel before this one (RoPE + cache write, or store_kv) writes
             # only the newest cache row, and the positions are set before the graph runs, so

@@ -180,10 +180,11 @@ def decode_kernel(config: DecodeConfig):
 
 
 def decode_spec(head_dim: int, dtype, config: DecodeConfig, fused: bool = False,
-                trigger: bool = False, early_kv: bool = False) -> dict:
+                trigger: bool = False, early_kv: bool = False, q8_out: bool = False) -> dict:
     """The compile-time arguments of decode_kernel(config) (also used to precompile);
     fused=True only for workspaces with counters (the one-launch variant); trigger and
-    early_kv: TRIGGER and EARLY_KV of decode_kernels' docstring."""
+    early_kv: TRIGGER and EARLY_KV of decode_kernels' docstring; q8_out: a direct (one split)
+    launch also writes its rows as Q8_1 (launch_decode's xq_out)."""
     q8 = isinstance(dtype, str) and dtype == Q8_DTYPE
     if q8 and not config.mma:
         raise ValueError("attention.decode: a Q8_0 cache needs the tensor-core kernel "
@@ -197,10 +198,12 @@ def decode_spec(head_dim: int, dtype, config: DecodeConfig, fused: bool = False,
         return dict(D=head_dim, GB=config.heads_per_block, NWARPS=config.warps,
                     P=config.stages, FUSED=int(fused), MAXS=MAX_SPLITS, UNR=COMBINE_UNROLL,
                     Q8=int(q8), TRIGGER=int(trigger), EARLY_KV=int(early_kv),
+                    Q8OUT=int(q8_out),
                     **combine_geometry(config.heads_per_block, head_dim, 32 * config.warps))
     return dict(D=head_dim, GB=config.heads_per_block, NWARPS=config.warps, U=config.unroll,
                 P=config.stages, HALF=int(dtype == np.float16), FUSED=int(fused),
                 MAXS=MAX_SPLITS, UNR=COMBINE_UNROLL, TRIGGER=int(trigger), EARLY_KV=int(early_kv),
+                Q8OUT=int(q8_out),
                 **combine_geometry(config.heads_per_block, head_dim, 32 * config.warps),
                 **_lane_layout(head_dim, dtype.itemsize, config.lanes))
 
@@ -264,10 +267,12 @@ def launch_split_kernel(q, k_cache, v_cache, lens, out, scale: float, *, window=
                         softcap=None, len_add: int = 0, len_step: int = 0, lens_stride: int = 1,
                         workspace: DecodeWorkspace | None = None,
                         config: DecodeConfig | None = None, stream=None,
-                        share_cache: bool = False, early_kv: bool = False) -> bool:
+                        share_cache: bool = False, early_kv: bool = False,
+                        xq_out=None) -> bool:
     """The first launch of launch_decode alone (same arguments, shapes already checked): the
     split kernel, which also combines when the workspace has counters (returns True then).
-    Benchmarks time it without the combine kernel."""
+    xq_out: Q8_1 rows, written here only by a direct (one split) launch. Benchmarks time it
+    without the combine kernel."""
     n_seq, n_head, head_dim = q.shape
     n_kv_head, max_len = k_cache.shape[-3], k_cache.shape[-2]
     config = config or default_config(n_head // n_kv_head, head_dim, q.device, k_cache.dtype)
@@ -291,11 +296,13 @@ def launch_split_kernel(q, k_cache, v_cache, lens, out, scale: float, *, window=
     # same code path runs there (tests cover it without a GPU)
     early = early_kv and (pdl or q.device.kind == "cpu") and len_step == 0 and \
         not share_cache and not isinstance(k_cache, Q8Cache)
+    q8_out = direct and xq_out is not None
+    words = (xq_out if q8_out else out).reshape(-1).view(np.uint32)   # (unread unless q8_out)
     decode_kernel(config)[(n_splits, n_kv_head * n_sub, n_seq), 32 * config.warps, stream](
         q, *caches, lens, lens_stride, len_add, len_step, z_stride, max_len, n_head, n_kv_head,
         q_scale, float(softcap) if use_softcap else 0.0, int(window or 0), int(direct), out,
-        part_o, part_ml, counters,
-        **decode_spec(head_dim, k_cache.dtype, config, has_counters, trigger, early))
+        part_o, part_ml, counters, words,
+        **decode_spec(head_dim, k_cache.dtype, config, has_counters, trigger, early, q8_out))
     return not direct and has_counters
 
 
@@ -314,8 +321,9 @@ def launch_decode(q, k_cache, v_cache, lens, out, scale: float, *, window=None, 
     (kv_len - 1), as a decode step's KV-cache write does; the split blocks then issue their
     first K/V loads before waiting for the previous kernel (decode_kernels' docstring).
     xq_out (n_seq, q8_1_bytes(n_head * D)) uint8: also the result as Q8_1 activations (what
-    quantize_q8_1_into gives for out), written by the combine kernel when there is one, else by
-    a quantize launch: the next GEMV reads them with no quantize launch of its own."""
+    quantize_q8_1_into gives for out), written by the kernel that writes out (the combine
+    kernel, or the split kernel of a one-split launch; a quantize launch after the one-launch
+    combine): the next GEMV reads them with no quantize launch of its own."""
     check_decode_shapes(q, k_cache, v_cache)
     n_seq, n_head, head_dim = q.shape
     n_kv_head = k_cache.shape[-3]
@@ -326,16 +334,17 @@ def launch_decode(q, k_cache, v_cache, lens, out, scale: float, *, window=None, 
     if workspace is not None and workspace.part_o.shape != (n_seq, n_head, n_splits, head_dim):
         raise ValueError(f"attention.decode: workspace partials {workspace.part_o.shape} do not "
                          f"fit q {q.shape} with {n_splits} splits")
-    fused = launch_split_kernel(q, k_cache, v_cache, lens, out, scale, window=window,
-                                softcap=softcap, len_add=len_add, len_step=len_step,
-                                lens_stride=lens_stride, workspace=workspace, config=config,
-                                stream=stream, share_cache=share_cache, early_kv=early_kv)
     if xq_out is not None and (head_dim % 32 or xq_out.dtype != np.uint8 or
                                xq_out.nbytes != n_seq * q8_1_bytes(n_head * head_dim)):
         raise ValueError(f"attention.decode: xq_out must be uint8 with {n_seq} x "
                          f"{q8_1_bytes(n_head * head_dim)} bytes (Q8_1 of the output; head_dim "
                          f"a multiple of 32, got {head_dim}), got {xq_out.dtype} "
                          f"{tuple(xq_out.shape)}")
+    fused = launch_split_kernel(q, k_cache, v_cache, lens, out, scale, window=window,
+                                softcap=softcap, len_add=len_add, len_step=len_step,
+                                lens_stride=lens_stride, workspace=workspace, config=config,
+                                stream=stream, share_cache=share_cache, early_kv=early_kv,
+                                xq_out=xq_out)
     if n_splits > 1 and not fused:
         warps = combine_warps(n_splits)
         trigger = (q.device.kind == "cuda" and _under_pdl(q.device) and config.early_trigger
@@ -345,6 +354,6 @@ def launch_decode(q, k_cache, v_cache, lens, out, scale: float, *, window=None, 
         combine_splits[(n_seq * n_head,), 32 * warps, stream](
             workspace.part_o, workspace.part_ml, out, words, n_splits,
             **combine_spec(head_dim, warps, trigger, xq_out is not None))
-    elif xq_out is not None:
+    elif xq_out is not None and fused:    # the one-launch combine writes f32 only
         quantize_q8_1_into(out.reshape(n_seq, n_head * head_dim), xq_out, stream=stream)
     return out

@@ -36,6 +36,7 @@ import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, i64, u32
 
 from .._select import last_block_done
+from ..quant.q8_1 import store_q8_1_block
 from .decode_combine import MASKED, NEG_INIT, combine_rows
 
 LOG2E = 1.4426950408889634
@@ -86,11 +87,12 @@ def block_work(lens, lens_stride: i32, len_add: i32, len_step: i32, window: i32,
 
 @pk.func
 def write_block_result(sm_acc, sm_m, sm_den, z: i32, h0: i32, split: i32, n_head: i32,
-                       direct: i32, out, part_o, part_ml, D: Const[int], GB: Const[int],
-                       NWARPS: Const[int]):
+                       direct: i32, out, part_o, part_ml, xq, D: Const[int], GB: Const[int],
+                       NWARPS: Const[int], Q8OUT: Const[int]):
     """The warps' (max, denominator, unnormalised sum) per head, in shared memory as
     (NWARPS, GB[, D]), merged and written: normalised into out (direct) or as one split's
-    partial. Every thread of the block takes part (after a barrier)."""
+    partial. Every thread of the block takes part (after a barrier). Q8OUT (direct only): the
+    GB head rows also go to xq as Q8_1 (decode_combine.combine_splits' Q8OUT)."""
     n_splits = pk.grid_dim.x
     for t in range(pk.thread_idx.x, GB * D, NWARPS * 32):
         g = t // D
@@ -112,6 +114,15 @@ def write_block_result(sm_acc, sm_m, sm_den, z: i32, h0: i32, split: i32, n_head
             if d == 0:
                 part_ml[(head_row * n_splits + split) * 2] = m_all
                 part_ml[(head_row * n_splits + split) * 2 + 1] = total
+    if Q8OUT:
+        if direct != 0:
+            pk.syncthreads()                 # the block's rows are in `out`
+            lane = pk.lane_id()
+            for i in range(pk.thread_idx.x // 32, GB * (D // 32), NWARPS):
+                head_row = z * n_head + h0 + i // (D // 32)
+                j = i % (D // 32)
+                store_q8_1_block(out[head_row * D + 32 * j + lane], lane, xq,
+                                 head_row * (D // 32) + j)
 
 
 @pk.func
@@ -199,9 +210,9 @@ def score_stage(kb, vb, qv, acc, m, den, s, slot: i32, stage: i32, row: i32, k1:
 
 @pk.func
 def merge_and_store(acc, m, den, warp: i32, row: i32, li: i32, z: i32, h0: i32, split: i32,
-                    n_head: i32, direct: i32, out, part_o, part_ml,
+                    n_head: i32, direct: i32, out, part_o, part_ml, xq,
                     D: Const[int], GB: Const[int], NWARPS: Const[int], L: Const[int],
-                    LOG2KPW: Const[int], CH: Const[int], NCH: Const[int]):
+                    LOG2KPW: Const[int], CH: Const[int], NCH: Const[int], Q8OUT: Const[int]):
     """Merge the KPW row groups of each warp (shuffles, lanes L, 2L, ... apart), then the warps
     through shared memory ((NWARPS, GB, D) sums, (NWARPS, GB) max/denominator), and write the
     block's result: normalised into out (direct) or as one split's partial."""
@@ -232,7 +243,7 @@ def merge_and_store(acc, m, den, warp: i32, row: i32, li: i32, z: i32, h0: i32, 
                         sm_acc[(warp * GB + g) * D + c * CH + e] = acc[(g * NCH + j) * CH + e]
     pk.syncthreads()
     write_block_result(sm_acc, sm_m, sm_den, z, h0, split, n_head, direct, out, part_o, part_ml,
-                       D, GB, NWARPS)
+                       xq, D, GB, NWARPS, Q8OUT)
 
 
 @pk.func
@@ -258,11 +269,12 @@ def decode_partial(q: Ptr[f32, "ro"], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32,
                    cache_z_stride: i64, max_len: i32, n_head: i32, n_kv_head: i32,
                    q_scale: f32, softcap: f32, window: i32, direct: i32,
                    out: Ptr[f32], part_o: Ptr[f32], part_ml: Ptr[f32], counters: Ptr[i32],
+                   xq: Ptr[u32],
                    D: Const[int], GB: Const[int], NWARPS: Const[int], U: Const[int],
                    P: Const[int], L: Const[int], LOG2L: Const[int], LOG2KPW: Const[int],
                    CH: Const[int], NCH: Const[int], HALF: Const[int], FUSED: Const[int],
                    SG: Const[int], TPG: Const[int], MAXS: Const[int], UNR: Const[int],
-                   TRIGGER: Const[int], EARLY_KV: Const[int]):
+                   TRIGGER: Const[int], EARLY_KV: Const[int], Q8OUT: Const[int]):
     lane = pk.lane_id()
     warp = pk.thread_idx.x // 32
     row = lane // L                          # which key of the warp's KPW keys
@@ -332,7 +344,7 @@ def decode_partial(q: Ptr[f32, "ro"], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32,
                             GB, U, L, LOG2L, LOG2KPW, CH, NCH, HALF)
         base += P * stride
     merge_and_store(acc, m, den, warp, row, li, z, h0, split, n_head, direct, out,
-                    part_o, part_ml, D, GB, NWARPS, L, LOG2KPW, CH, NCH)
+                    part_o, part_ml, xq, D, GB, NWARPS, L, LOG2KPW, CH, NCH, Q8OUT)
     if FUSED:
         combine_if_last(counters, part_o, part_ml, out, z, h0, n_head, direct, GB, D, NWARPS,
                         SG, TPG, MAXS, UNR)

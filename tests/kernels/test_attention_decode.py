@@ -127,10 +127,13 @@ def test_early_kv_path(device, rng, seed, dtype, config):
                f"early_kv kv_len {kv_len} {config}")
 
 
-@pytest.mark.parametrize("splits", [1, 3], ids=["direct", "combine_kernel"])
-def test_decode_writes_q8_1_activations(device, rng, seed, splits):
-    """xq_out: the output as Q8_1 (from the combine kernel, or a quantize launch without one),
-    byte for byte what quantize_q8_1 gives for the f32 output; 2 sequences, 4 heads of 64."""
+@pytest.mark.parametrize("splits,config", [(1, DecodeConfig(2, 2, 1)), (3, DecodeConfig(2, 2, 1)),
+                                           (1, mma_config(2, 64, warps=2))],
+                         ids=["direct", "combine_kernel", "direct_mma"])
+def test_decode_writes_q8_1_activations(device, rng, seed, splits, config):
+    """xq_out: the output as Q8_1, written by the kernel that writes the output (the combine
+    kernel, or the split kernel of a one-split launch), byte for byte what quantize_q8_1 gives
+    for the f32 output; 2 sequences, 4 heads of 64."""
     from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1
     n_seq, n_head, n_kv_head, head_dim, max_len = 2, 4, 2, 64, 40
     q = rng.standard_normal((n_seq, n_head, head_dim)).astype(np.float32)
@@ -141,7 +144,7 @@ def test_decode_writes_q8_1_activations(device, rng, seed, splits):
     xq = pk.full((n_seq, q8_1_bytes(n_head * head_dim)), 0xAB, np.uint8)
     workspace = DecodeWorkspace.allocate(n_seq, n_head, head_dim, splits) if splits > 1 else None
     launch_decode(pk.to_device(q), pk.to_device(k), pk.to_device(v), pk.to_device(lens), out,
-                  0.125, workspace=workspace, config=DecodeConfig(2, 2, 1), xq_out=xq)
+                  0.125, workspace=workspace, config=config, xq_out=xq)
     for z in range(n_seq):
         _check(out.numpy()[z], decode_reference(q[z], k[z], v[z], int(lens[z]), 0.125),
                np.float16, seed, f"sequence {z} kv_len {lens[z]}")

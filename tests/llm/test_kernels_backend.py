@@ -170,15 +170,16 @@ def test_bench_at_depth(models):
 
 
 def test_split_decode_feeds_q8_1_to_the_o_projection(tmp_path, monkeypatch):
-    """A head_dim-64 model (a tiny synthetic llama): in the split-attention decode graph the
-    combine kernel also writes the o-projection's Q8_1 input, so each layer has one quantize
-    launch fewer; the decode steps still give the prefill's logits."""
+    """A head_dim-64 model (a tiny synthetic llama): in both decode graphs the attention kernel
+    that writes the output (the split kernel without splits, the combine kernel with them) also
+    writes the o-projection's Q8_1 input, so each layer has one quantize launch fewer; the
+    decode steps still give the prefill's logits."""
     from llm import synth
     from llm.backends import kernels_graph
     monkeypatch.setitem(synth.SHAPES, "tiny-d64", synth.Shape(
         "llama", 128, 256, 2, 2, 1, 512, 64, 10000.0, 1e-5, True, False, "llama-bpe"))
     path = synth.write_synthetic("tiny-d64", "Q4_0", tmp_path / "tiny-d64.gguf")
-    monkeypatch.setattr(kernels_graph, "SHORT_CONTEXT", 2)
+    monkeypatch.setattr(kernels_graph, "SHORT_CONTEXT", 4)   # steps at 2, 3 | 4, 5
     model = llm.load(path, device="cpu", backend="kernels", n_ctx=16, gemv=True,
                      progress=False)
     ids = [5, 9, 13, 17, 21, 25]
@@ -187,6 +188,7 @@ def test_split_decode_feeds_q8_1_to_the_o_projection(tmp_path, monkeypatch):
     session.reset()
     steps = [session.prefill(ids[:2])[0]] + [session.step(t) for t in ids[2:]]
     assert rel_l2(np.stack(steps), full[1:]) < 1e-2, rel_l2(np.stack(steps), full[1:])
-    launches = [launch.name for launch in session.cache.graph.graph.launches]
-    assert "combine_splits" in launches, launches
-    assert launches.count("q8_1_quantize_kernel") == 2, launches   # the down GEMVs' inputs
+    for short in (True, False):                 # no splits / split attention + combine
+        launches = [launch.name for launch in session.cache.graphs[short].graph.launches]
+        assert ("combine_splits" in launches) != short, launches
+        assert launches.count("q8_1_quantize_kernel") == 2, launches   # the down GEMVs' inputs
