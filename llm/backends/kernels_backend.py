@@ -12,6 +12,7 @@ no combine launch).
 """
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import numpy as np
@@ -37,6 +38,10 @@ from stdlib_kernels.quant.gemv_kernels import MAX_BATCH
 from stdlib_kernels.quant.rmsnorm_q8_1 import rmsnorm_q8_1_into
 
 TENSOR_CORE_PREFILL = True   # False: prefill attention on the SIMT kernel (tests compare both)
+# which decode attention launches write the o-projection's Q8_1 input themselves (xq_out):
+# "all", "split" (only the combine kernel of split attention) or "none" (a quantize launch);
+# PYKERNEL_ATTN_Q8 overrides, for comparisons (benchmarks/RESULTS.md)
+ATTENTION_Q8 = os.environ.get("PYKERNEL_ATTN_Q8", "all")
 
 
 class DeviceTable:
@@ -282,7 +287,8 @@ class KernelsBackend(Backend):
             # the kernel writing the output (the combine, or the split kernel without splits)
             # also writes the o-projection's Q8_1 activations: no quantize launch for them
             xq = None
-            if self.activations == "q8_1" and q3.shape[2] % 32 == 0:
+            wanted = ATTENTION_Q8 == "all" or (ATTENTION_Q8 == "split" and workspace is not None)
+            if wanted and self.activations == "q8_1" and q3.shape[2] % 32 == 0:
                 xq = self.arena.take(W.q8_buffer_shape(1, q3.shape[1] * q3.shape[2]), np.uint8)
             # early_kv: the kernel before this one (RoPE + cache write, or store_kv) writes
             # only the newest cache row, and the positions are set before the graph runs, so
