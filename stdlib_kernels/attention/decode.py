@@ -322,8 +322,8 @@ def launch_decode(q, k_cache, v_cache, lens, out, scale: float, *, window=None, 
     first K/V loads before waiting for the previous kernel (decode_kernels' docstring).
     xq_out (n_seq, q8_1_bytes(n_head * D)) uint8: also the result as Q8_1 activations (what
     quantize_q8_1_into gives for out), written by the kernel that writes out (the combine
-    kernel, or the split kernel of a one-split launch; a quantize launch after the one-launch
-    combine): the next GEMV reads them with no quantize launch of its own."""
+    kernel; the split kernel of a one-split launch when one round of its warps covers its
+    rows' Q8_1 blocks) or else by a quantize launch: the next GEMV reads them."""
     check_decode_shapes(q, k_cache, v_cache)
     n_seq, n_head, head_dim = q.shape
     n_kv_head = k_cache.shape[-3]
@@ -340,11 +340,15 @@ def launch_decode(q, k_cache, v_cache, lens, out, scale: float, *, window=None, 
                          f"{q8_1_bytes(n_head * head_dim)} bytes (Q8_1 of the output; head_dim "
                          f"a multiple of 32, got {head_dim}), got {xq_out.dtype} "
                          f"{tuple(xq_out.shape)}")
+    # one split: the split kernel quantizes its rows when one round of its warps covers them
+    # (GB * D / 32 Q8_1 blocks <= warps); more rounds measured slower than a quantize launch
+    kernel_q8 = xq_out is not None and n_splits == 1 and \
+        config.heads_per_block * (head_dim // 32) <= config.warps
     fused = launch_split_kernel(q, k_cache, v_cache, lens, out, scale, window=window,
                                 softcap=softcap, len_add=len_add, len_step=len_step,
                                 lens_stride=lens_stride, workspace=workspace, config=config,
                                 stream=stream, share_cache=share_cache, early_kv=early_kv,
-                                xq_out=xq_out)
+                                xq_out=xq_out if kernel_q8 else None)
     if n_splits > 1 and not fused:
         warps = combine_warps(n_splits)
         trigger = (q.device.kind == "cuda" and _under_pdl(q.device) and config.early_trigger
@@ -354,6 +358,6 @@ def launch_decode(q, k_cache, v_cache, lens, out, scale: float, *, window=None, 
         combine_splits[(n_seq * n_head,), 32 * warps, stream](
             workspace.part_o, workspace.part_ml, out, words, n_splits,
             **combine_spec(head_dim, warps, trigger, xq_out is not None))
-    elif xq_out is not None and fused:    # the one-launch combine writes f32 only
+    elif xq_out is not None and not kernel_q8:    # incl. the one-launch combine (f32 only)
         quantize_q8_1_into(out.reshape(n_seq, n_head * head_dim), xq_out, stream=stream)
     return out

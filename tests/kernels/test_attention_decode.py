@@ -127,13 +127,16 @@ def test_early_kv_path(device, rng, seed, dtype, config):
                f"early_kv kv_len {kv_len} {config}")
 
 
-@pytest.mark.parametrize("splits,config", [(1, DecodeConfig(2, 2, 1)), (3, DecodeConfig(2, 2, 1)),
-                                           (1, mma_config(2, 64, warps=2))],
-                         ids=["direct", "combine_kernel", "direct_mma"])
+@pytest.mark.parametrize("splits,config", [(1, DecodeConfig(1, 2, 1)), (1, DecodeConfig(2, 2, 1)),
+                                           (3, DecodeConfig(2, 2, 1)),
+                                           (1, mma_config(2, 64, warps=4))],
+                         ids=["direct_kernel", "direct_quantize_launch", "combine_kernel",
+                              "direct_mma"])
 def test_decode_writes_q8_1_activations(device, rng, seed, splits, config):
-    """xq_out: the output as Q8_1, written by the kernel that writes the output (the combine
-    kernel, or the split kernel of a one-split launch), byte for byte what quantize_q8_1 gives
-    for the f32 output; 2 sequences, 4 heads of 64."""
+    """xq_out: the output as Q8_1, byte for byte what quantize_q8_1 gives for the f32 output,
+    whichever launch writes it (the combine kernel; the split kernel of a one-split launch
+    when its warps cover the rows' blocks in one round, else a quantize launch); 2 sequences,
+    4 heads of 64."""
     from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1
     n_seq, n_head, n_kv_head, head_dim, max_len = 2, 4, 2, 64, 40
     q = rng.standard_normal((n_seq, n_head, head_dim)).astype(np.float32)
