@@ -42,14 +42,15 @@ def caches(*shape: int) -> list:
     return out
 
 
-def decode_us(shape, kv_len: int, splits: int, pdl: bool, cache_copies) -> float:
+def decode_us(shape, kv_len: int, splits: int, pdl: bool, cache_copies, n_seq: int = 1) -> float:
+    """us per decode launch of n_seq sequences of kv_len keys (caches from `caches`)."""
     n_head, n_kv, head_dim = shape
     config = default_config(n_head // n_kv, head_dim, dtype=np.float16)
-    q = pk.to_device(np.random.default_rng(1).standard_normal((1, n_head, head_dim))
+    q = pk.to_device(np.random.default_rng(1).standard_normal((n_seq, n_head, head_dim))
                      .astype(np.float32))
-    lens = pk.to_device(np.array([kv_len], np.int32))
-    out = pk.empty((1, n_head, head_dim), np.float32)
-    ws = DecodeWorkspace.allocate(1, n_head, head_dim, splits) if splits > 1 else None
+    lens = pk.to_device(np.full(n_seq, kv_len, np.int32))
+    out = pk.empty((n_seq, n_head, head_dim), np.float32)
+    ws = DecodeWorkspace.allocate(n_seq, n_head, head_dim, splits) if splits > 1 else None
     launches = max(len(cache_copies), 20)
 
     def record():
@@ -84,24 +85,12 @@ def batched_us(n_seq: int, kv_len: int, pdl: bool) -> tuple[float, int]:
     """8B-class decode of n_seq sequences of kv_len keys each in one launch (the batched
     decode: caches (n_seq, 8, kv_len, 128) f16), splits planned per launch (the single-sequence
     plan divided by n_seq); us per launch and K/V bytes read."""
-    n_head, n_kv, head_dim = SHAPES["llama-8b"]
+    shape = SHAPES["llama-8b"]
+    n_head, n_kv, head_dim = shape
     config = default_config(n_head // n_kv, head_dim, dtype=np.float16)
     splits = max(1, config_splits(config, n_head, n_kv, kv_len) // n_seq)
-    rng = np.random.default_rng(2)
     copies = caches(n_seq, n_kv, kv_len, head_dim)
-    nbytes = 2 * copies[0][0].nbytes
-    q = pk.to_device(rng.standard_normal((n_seq, n_head, head_dim)).astype(np.float32))
-    lens = pk.to_device(np.full(n_seq, kv_len, np.int32))
-    out = pk.empty((n_seq, n_head, head_dim), np.float32)
-    ws = DecodeWorkspace.allocate(n_seq, n_head, head_dim, splits) if splits > 1 else None
-    launches = max(len(copies), 20)
-
-    def record():
-        for i in range(launches):
-            k, v = copies[i % len(copies)]
-            launch_decode(q, k, v, lens, out, head_dim ** -0.5, workspace=ws, config=config,
-                          early_kv=pdl)
-    return replay_seconds(record, pdl=pdl) * 1e6 / launches, nbytes
+    return decode_us(shape, kv_len, splits, pdl, copies, n_seq), 2 * copies[0][0].nbytes
 
 
 def batched_table(kv_len: int = 4096) -> list[str]:

@@ -279,8 +279,8 @@ class KernelsBackend(Backend):
 
     def _stdlib_attention(self, q3, k_cache, v_cache, start, start_dev, out3, scale, window,
                           cache):
-        """Launches the attention into out3; returns the output's Q8_1 copy when the decode's
-        combine kernel wrote one (else None)."""
+        """Launches the attention into out3; for a decode in the Q8_1 mode also returns the
+        output's Q8_1 copy, the o-projection's input (launch_decode's xq_out), else None."""
         if q3.shape[0] == 1:   # decode: kv_len = position + 1, split over the context
             config = self._decode_config(q3.shape[1], k_cache)
             workspace = None if self.direct_attention else cache.workspace(q3.shape[1], config)

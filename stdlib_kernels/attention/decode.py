@@ -263,6 +263,12 @@ def _one_wave(threads: int, device=None) -> int:
     return multiprocessors(device) * max(1, 2048 // threads)
 
 
+def _q8_words(xq_out, out):
+    """The kernels' Q8_1 output as u32 words; without one, `out` stands in (never written
+    through it: Q8OUT is 0 then)."""
+    return (out if xq_out is None else xq_out).reshape(-1).view(np.uint32)
+
+
 def launch_split_kernel(q, k_cache, v_cache, lens, out, scale: float, *, window=None,
                         softcap=None, len_add: int = 0, len_step: int = 0, lens_stride: int = 1,
                         workspace: DecodeWorkspace | None = None,
@@ -297,11 +303,10 @@ def launch_split_kernel(q, k_cache, v_cache, lens, out, scale: float, *, window=
     early = early_kv and (pdl or q.device.kind == "cpu") and len_step == 0 and \
         not share_cache and not isinstance(k_cache, Q8Cache)
     q8_out = direct and xq_out is not None
-    words = (xq_out if q8_out else out).reshape(-1).view(np.uint32)   # (unread unless q8_out)
     decode_kernel(config)[(n_splits, n_kv_head * n_sub, n_seq), 32 * config.warps, stream](
         q, *caches, lens, lens_stride, len_add, len_step, z_stride, max_len, n_head, n_kv_head,
         q_scale, float(softcap) if use_softcap else 0.0, int(window or 0), int(direct), out,
-        part_o, part_ml, counters, words,
+        part_o, part_ml, counters, _q8_words(xq_out if q8_out else None, out),
         **decode_spec(head_dim, k_cache.dtype, config, has_counters, trigger, early, q8_out))
     return not direct and has_counters
 
@@ -353,10 +358,8 @@ def launch_decode(q, k_cache, v_cache, lens, out, scale: float, *, window=None, 
         warps = combine_warps(n_splits)
         trigger = (q.device.kind == "cuda" and _under_pdl(q.device) and config.early_trigger
                    and n_seq * n_head <= _one_wave(32 * warps, q.device))
-        words = out.reshape(-1).view(np.uint32) if xq_out is None else \
-            xq_out.reshape(-1).view(np.uint32)            # (unread without Q8OUT)
         combine_splits[(n_seq * n_head,), 32 * warps, stream](
-            workspace.part_o, workspace.part_ml, out, words, n_splits,
+            workspace.part_o, workspace.part_ml, out, _q8_words(xq_out, out), n_splits,
             **combine_spec(head_dim, warps, trigger, xq_out is not None))
     elif xq_out is not None and not kernel_q8:    # incl. the one-launch combine (f32 only)
         quantize_q8_1_into(out.reshape(n_seq, n_head * head_dim), xq_out, stream=stream)

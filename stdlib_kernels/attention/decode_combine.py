@@ -144,10 +144,20 @@ def combine_splits(part_o: Ptr[f32], part_ml: Ptr[f32], out: Ptr[f32], xq: Ptr[u
     combine_rows(part_o, part_ml, out, row, n_splits, sm_w, sm_den, sm_red,
                  1, D, NWARPS, SG, TPG, MAXS, UNR)
     if Q8OUT:
-        pk.syncthreads()                     # the row's values are in `out` (this block's)
-        lane = pk.lane_id()
-        for j in range(pk.thread_idx.x // 32, D // 32, NWARPS):
-            store_q8_1_block(out[row * D + 32 * j + lane], lane, xq, row * (D // 32) + j)
+        store_q8_1_rows(out, xq, row, 1, D, NWARPS)
+
+
+@pk.func
+def store_q8_1_rows(out, xq, row0: i32, ROWS: Const[int], D: Const[int], NWARPS: Const[int]):
+    """Whole block, after it wrote rows row0 .. row0 + ROWS - 1 of out (D values each, D % 32
+    == 0): the same rows as Q8_1 into xq (block r * D / 32 + j of row r), one warp per block,
+    the bytes quantize_q8_1_into gives."""
+    pk.syncthreads()                         # the rows are in `out` (this block's writes)
+    lane = pk.lane_id()
+    for i in range(pk.thread_idx.x // 32, ROWS * (D // 32), NWARPS):
+        r = row0 + i // (D // 32)
+        j = i % (D // 32)
+        store_q8_1_block(out[r * D + 32 * j + lane], lane, xq, r * (D // 32) + j)
 
 
 def combine_geometry(rows: int, head_dim: int, threads: int) -> dict:

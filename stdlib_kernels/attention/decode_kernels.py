@@ -36,8 +36,7 @@ import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, i64, u32
 
 from .._select import last_block_done
-from ..quant.q8_1 import store_q8_1_block
-from .decode_combine import MASKED, NEG_INIT, combine_rows
+from .decode_combine import MASKED, NEG_INIT, combine_rows, store_q8_1_rows
 
 LOG2E = 1.4426950408889634
 
@@ -116,13 +115,7 @@ def write_block_result(sm_acc, sm_m, sm_den, z: i32, h0: i32, split: i32, n_head
                 part_ml[(head_row * n_splits + split) * 2 + 1] = total
     if Q8OUT:
         if direct != 0:
-            pk.syncthreads()                 # the block's rows are in `out`
-            lane = pk.lane_id()
-            for i in range(pk.thread_idx.x // 32, GB * (D // 32), NWARPS):
-                head_row = z * n_head + h0 + i // (D // 32)
-                j = i % (D // 32)
-                store_q8_1_block(out[head_row * D + 32 * j + lane], lane, xq,
-                                 head_row * (D // 32) + j)
+            store_q8_1_rows(out, xq, z * n_head + h0, GB, D, NWARPS)
 
 
 @pk.func

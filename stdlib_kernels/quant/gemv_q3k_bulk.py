@@ -26,6 +26,7 @@ from pykernel import Const, Ptr, f32, i32, u32, u64
 from .._device import warp_sum
 from .dot_q8 import act_copy
 from .dot_q8_k import q3k_wide_sum, q3k_wide_values
+from .gemv_q1_0 import L2_BYTES, bulk_available
 from .q8_1 import q8_1_bytes
 
 BLOCK_BYTES = 110
@@ -33,7 +34,6 @@ BLOCK_BYTES = 110
 # 57344 x 4096 29.3 us (88% of copy; register kernel 32.7, 78%), 128256 x 4096 58.0 (99%; 67.7)
 ROWS_PER_WARP = 3            # R
 WARPS = 4
-L2_BYTES = 50 << 20          # weights above this stream from HBM on every call
 
 
 @pk.kernel
@@ -83,9 +83,7 @@ def gemv_q3k_bulk(w: Ptr[u32, "ro"], xq: Ptr[u32, "ro"], res: Ptr[f32], y: Ptr[f
 def bulk_eligible(rows: int, n: int) -> bool:
     """The bulk kernel applies: sm_90+ (or the CPU target), rows of a multiple of 8 blocks,
     and weights larger than L2 (below it the register kernel's reads hit L2 on later calls)."""
-    dev = pk.current_device()
-    arch_ok = dev.kind == "cpu" or int(getattr(dev, "arch", "sm_0")[3:]) >= 90
-    return arch_ok and n % 2048 == 0 and rows * (n // 256) * BLOCK_BYTES > L2_BYTES
+    return bulk_available() and n % 2048 == 0 and rows * (n // 256) * BLOCK_BYTES > L2_BYTES
 
 
 def gemv_q3k_bulk_into(w, xq, y, rows: int, n: int, *, res=None, stream=None,
