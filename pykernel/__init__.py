@@ -37,6 +37,7 @@ from .intrinsics.async_copy import cp_async, cp_async_commit, cp_async_wait, syn
 from .intrinsics.bulk_copy import (bulk_copy, fence_mbarrier_init, fence_proxy_async,
                                    mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_expect_tx,
                                    mbarrier_init, mbarrier_wait)
+from .intrinsics.ldmatrix import ldmatrix
 from .intrinsics.lowlevel import (asm, dp4a, mma_m16n8k16_bf16, mma_m16n8k16_f16,
                                   mma_m16n8k32_s8, mma_m16n8k128_b1, movmatrix)
 from .runtime import (Array, Event, Graph, Stream, capture_graph, current_device, empty, full,

@@ -61,11 +61,13 @@ class CPUOps:
         self.suspend(ctx, abi.AT_WARP_OP, site)
         return slots, half, nt
 
-    def fetch_word(self, ctx, slots, half, thread, w):
+    def fetch_word(self, ctx, slots, half, thread, w, width=32):
+        """Word w that `thread` published (its low 32 bits, or all 64 with width=64)."""
         b = ctx.builder
         idx = b.add(b.mul(b.add(half, thread), ir.Constant(I32, self.SLOT_WORDS)),
                     ir.Constant(I32, w))
-        return b.trunc(b.load(b.gep(slots, [idx])), I32)
+        word = b.load(b.gep(slots, [idx]))
+        return word if width == 64 else b.trunc(word, I32)
 
     def _exchange(self, ctx, word_i64, site):
         return self.exchange_words(ctx, [word_i64], site)
