@@ -339,19 +339,23 @@ def decode_table(copy_bw: float, sweep: bool = True) -> list[str]:
     return rows
 
 
-def bench_prefill(tokens: int, path: str, block_keys=None) -> float:
+def bench_prefill(tokens: int, path: str, block_keys=None, warps: int = 4,
+                  start: int = 0) -> float:
+    """us per causal prefill of `tokens` queries at positions start .. (the cache holds start
+    earlier positions)."""
     rng = np.random.default_rng(0)
+    kv = start + tokens
     q = pk.to_device(rng.standard_normal((tokens, N_HEAD, HEAD_DIM)).astype(np.float32))
-    k = pk.to_device(rng.standard_normal((N_KV, tokens, HEAD_DIM)).astype(np.float16))
-    v = pk.to_device(rng.standard_normal((N_KV, tokens, HEAD_DIM)).astype(np.float16))
+    k = pk.to_device(rng.standard_normal((N_KV, kv, HEAD_DIM)).astype(np.float16))
+    v = pk.to_device(rng.standard_normal((N_KV, kv, HEAD_DIM)).astype(np.float16))
     out = pk.empty((tokens, N_HEAD, HEAD_DIM), np.float32)
     launches = 10
+    kw = dict(path=path, block_keys=block_keys, warps=warps)
 
     def capture(stream):
         for _ in range(launches):
-            launch_prefill(q, k, v, out, 0, HEAD_DIM ** -0.5, path=path, stream=stream,
-                           block_keys=block_keys)
-    launch_prefill(q, k, v, out, 0, HEAD_DIM ** -0.5, path=path)   # allocations outside
+            launch_prefill(q, k, v, out, start, HEAD_DIM ** -0.5, stream=stream, **kw)
+    launch_prefill(q, k, v, out, start, HEAD_DIM ** -0.5, **kw)   # allocations outside
     return time_graph(capture, launches, replays=3)
 
 
@@ -374,21 +378,29 @@ def matrix_tflops() -> float:
     return 2 * 8192 ** 3 / best / 1e12
 
 
+PREFILL_SHAPES = ((512, 0), (4096, 0), (512, 4096))     # (tokens, start)
+PREFILL_PATHS = (("mma", 32, 4), ("flash", 32, 4), ("flash", 64, 4), ("flash", 32, 8),
+                 ("flash", 64, 8))                    # (path, keys per tile, warps)
+
+
 def prefill_table() -> list[str]:
     peak = matrix_tflops()
     rows = [f"measured bf16 matrix rate: {peak:.0f} TFLOP/s", "",
-            f"| tokens | path | ms | TFLOP/s | % of {peak:.0f} |", "|---|---|---|---|---|"]
-    for tokens, path, bn in ((512, "mma", 64), (512, "mma", 32), (4096, "mma", 64),
-                             (4096, "mma", 32), (512, "simt", None)):
+            f"| tokens | start | path | ms | TFLOP/s | % of {peak:.0f} |",
+            "|---|---|---|---|---|---|"]
+    configs = [(t, s, *p) for t, s in PREFILL_SHAPES for p in PREFILL_PATHS]
+    configs.append((512, 0, "simt", None, 4))
+    for tokens, start, path, bn, warps in configs:
+        label = f"{path}{f' BN={bn} {warps}w' if bn else ''}"
         try:
-            us = bench_prefill(tokens, path, bn)
+            us = bench_prefill(tokens, path, bn, warps, start)
         except Exception as exc:  # report and go on: one failure must not lose the table
-            rows.append(f"| {tokens} | {path} BN={bn} | failed: {exc} | | |")
+            rows.append(f"| {tokens} | {start} | {label} | failed: {exc} | | |")
             continue
-        flops = 4 * HEAD_DIM * N_HEAD * tokens * (tokens + 1) / 2
+        flops = 4 * HEAD_DIM * N_HEAD * tokens * (start + (tokens + 1) / 2)
         tflops = flops / us / 1e6
-        rows.append(f"| {tokens} | {path}{f' BN={bn}' if bn else ''} | {us / 1e3:.3f} | "
-                    f"{tflops:.1f} | {100 * tflops / peak:.1f}% |")
+        rows.append(f"| {tokens} | {start} | {label} | {us / 1e3:.3f} | {tflops:.1f} | "
+                    f"{100 * tflops / peak:.1f}% |")
         print(rows[-1], flush=True)
     return rows
 
@@ -401,6 +413,7 @@ def main():
     parser.add_argument("--ptxas", metavar="FOLDER", help="write PTX there, print ptxas -v")
     parser.add_argument("--decode-only", action="store_true", help="skip the prefill table")
     parser.add_argument("--no-sweep", action="store_true", help="decode: defaults only")
+    parser.add_argument("--prefill-only", action="store_true", help="skip the decode table")
     args = parser.parse_args()
     if args.precompile or args.ptxas:
         if args.precompile:
@@ -414,7 +427,8 @@ def main():
     lines = [f"device: {device.name} ({device.arch}), torch copy bandwidth "
              f"{copy_bw / 1e12:.2f} TB/s (read + write), read-only (sum) "
              f"{read_bandwidth() / 1e12:.2f} TB/s", ""]
-    lines += decode_table(copy_bw, not args.no_sweep)
+    if not args.prefill_only:
+        lines += decode_table(copy_bw, not args.no_sweep)
     if not args.decode_only:
         lines += [""] + prefill_table()
     text = "\n".join(lines)

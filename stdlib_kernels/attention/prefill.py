@@ -19,6 +19,7 @@ import pykernel as pk
 
 from .decode import HEAD_DIMS, launch_decode
 from .decode_kernels import LOG2E
+from .prefill_flash import prefill_flash
 from .prefill_kernels import prefill_mma
 
 MMA_WARPS = 4
@@ -82,6 +83,9 @@ def launch_prefill(q, k_cache, v_cache, out, start: int, scale: float, *, window
         return launch_decode(q, k_cache, v_cache, _zero_length(), out, scale, window=window,
                              softcap=softcap, len_add=start + 1, len_step=1, lens_stride=0,
                              stream=stream, share_cache=True)
+    if path == "flash" and k_cache.dtype == np.float16:
+        return _launch_flash(q, k_cache, v_cache, out, start, scale, window, softcap, stream,
+                             block_keys, warps)
     if path != "mma" or k_cache.dtype != np.float16:
         raise ValueError(f"attention.prefill: path {path!r} needs 'simt', or 'mma' with an f16 "
                          f"cache (cache is {k_cache.dtype})")
@@ -96,6 +100,29 @@ def launch_prefill(q, k_cache, v_cache, out, start: int, scale: float, *, window
     grid = (-(-rows // (16 * warps)), n_kv_head)
     shared = (bn * (head_dim // 2 + 4) + head_dim * (bn // 2 + 4)) * 4   # K tile + V^T tile
     prefill_mma[grid, 32 * warps, stream, shared](
+        q, k_cache.view(np.uint32), v_cache.view(np.uint32), out, tokens, start, max_len,
+        n_head, n_kv_head, q_scale, float(softcap) if use_softcap else 0.0, int(window or 0),
+        D=head_dim, BN=bn, NWARPS=warps)
+    return out
+
+
+FLASH_WARPS = 4
+FLASH_KEYS = 64
+
+
+def _launch_flash(q, k_cache, v_cache, out, start, scale, window, softcap, stream, block_keys,
+                  warps):
+    tokens, n_head, head_dim = q.shape
+    n_kv_head, max_len, _ = k_cache.shape
+    use_softcap = softcap is not None and softcap > 0
+    q_scale = float(scale) if use_softcap else float(scale) * LOG2E
+    bn = block_keys or FLASH_KEYS
+    if bn % 16:
+        raise ValueError(f"attention.prefill: block_keys {bn} must be a multiple of 16")
+    rows = tokens * (n_head // n_kv_head)
+    grid = (-(-rows // (16 * warps)), n_kv_head)
+    shared = 2 * 2 * bn * (head_dim // 2 + 4) * 4      # two stages of K + V tiles
+    prefill_flash[grid, 32 * warps, stream, shared](
         q, k_cache.view(np.uint32), v_cache.view(np.uint32), out, tokens, start, max_len,
         n_head, n_kv_head, q_scale, float(softcap) if use_softcap else 0.0, int(window or 0),
         D=head_dim, BN=bn, NWARPS=warps)
