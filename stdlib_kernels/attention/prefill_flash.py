@@ -1,5 +1,5 @@
 """Prefill attention on tensor cores, FlashAttention-2 style, with K/V tiles streamed into shared
-memory by `cp.async` (two stages) and mma fragments read by `pk.ldmatrix`.
+memory by `cp.async` (a ring of stages) and mma fragments read by `pk.ldmatrix`.
 
 Input: q (tokens, n_head, D) f32 (query i sits at position start + i); K/V cache viewed as u32
 pairs of f16, (n_kv_head, max_len, D / 2), holding positions 0 .. start + tokens - 1.
@@ -8,8 +8,8 @@ Output: out (tokens, n_head, D) f32.
 Work split: grid (row blocks, n_kv_head). A block's 16 * NWARPS rows are (token, head) pairs
 of one KV head's query group (row r -> token r // group, head r % group), so the group shares
 every K/V tile; each warp owns 16 rows, its Q as f16 A fragments in registers.
-Per tile of BN keys (two shared-memory stages, tile j + 1's copies in flight while tile j is
-computed): S = Q K^T by mma with K's B fragments from `ldmatrix` (K row-major = B column-major),
+Per tile of BN keys (a ring of STAGES shared-memory stages: tiles j + 1 .. j + STAGES - 1 in
+flight while tile j is computed, one barrier per tile): S = Q K^T by mma with K's B fragments from `ldmatrix` (K row-major = B column-major),
 masking only where the tile crosses the causal diagonal or a window, the online softmax in the
 log2 domain, and O += P V with P's A fragments taken from the score accumulators and V's B
 fragments from `ldmatrix(trans=True)` on the row-major V tile (no transposing stores). Rows are
@@ -53,7 +53,7 @@ def tile_score(s: f32, key: i32, pos: i32, window: i32, softcap: f32, masked: bo
 def prefill_flash(q: Ptr[f32, "ro"], k32: Ptr[u32, "ro"], v32: Ptr[u32, "ro"], out: Ptr[f32],
                   tokens: i32, start: i32, max_len: i32, n_head: i32, n_kv_head: i32,
                   q_scale: f32, softcap: f32, window: i32,
-                  D: Const[int], BN: Const[int], NWARPS: Const[int]):
+                  D: Const[int], BN: Const[int], NWARPS: Const[int], STAGES: Const[int]):
     NT = NWARPS * 32
     RSW = D // 2 + 4                               # row stride in u32 words (D + 8 halves)
     STAGE = 2 * BN * RSW                           # words of one stage (K tile + V tile)
@@ -79,8 +79,11 @@ def prefill_flash(q: Ptr[f32, "ro"], k32: Ptr[u32, "ro"], v32: Ptr[u32, "ro"], o
     cache = i64(kvh) * i64(max_len) * i64(D // 2)
     n_tiles = (kv_hi - kv_lo + BN - 1) // BN
 
-    issue_tile(smem, k32, v32, cache, kv_lo, kv_hi, tid, D, BN, NT)
-    pk.cp_async_commit()
+    for st in pk.static_range(STAGES - 1):          # the ring's first tiles
+        if st < n_tiles:
+            issue_tile(smem + st * STAGE, k32, v32, cache, kv_lo + st * BN, kv_hi, tid, D, BN,
+                       NT)
+        pk.cp_async_commit()
 
     qf = pk.local_array(u32, D // 4)               # A fragments, 4 per 16-wide k step
     for kstep in pk.static_range(D // 16):
@@ -110,13 +113,13 @@ def prefill_flash(q: Ptr[f32, "ro"], k32: Ptr[u32, "ro"], v32: Ptr[u32, "ro"], o
 
     for j in range(n_tiles):
         kt = kv_lo + j * BN
-        if j + 1 < n_tiles:
-            issue_tile(smem + ((j + 1) % 2) * STAGE, k32, v32, cache, kt + BN, kv_hi, tid, D,
-                       BN, NT)
-        pk.cp_async_commit()
-        pk.cp_async_wait(1)                        # this thread's copies of tile j landed
-        pk.syncthreads()                           # and everyone else's
-        tile = smem + (j % 2) * STAGE
+        pk.cp_async_wait(STAGES - 2)               # this thread's copies of tile j landed
+        pk.syncthreads()                           # everyone's; and tile j - 1 is consumed,
+        if j + STAGES - 1 < n_tiles:               # so its stage takes tile j + STAGES - 1
+            issue_tile(smem + ((j + STAGES - 1) % STAGES) * STAGE, k32, v32, cache,
+                       kt + (STAGES - 1) * BN, kv_hi, tid, D, BN, NT)
+        pk.cp_async_commit()                       # (an empty group keeps the count)
+        tile = smem + (j % STAGES) * STAGE
         masked = kt + BN - 1 > start + first_tok or window > 0
         for np2 in pk.static_range(BN // 16):
             acc = pk.local_array(f32, 8)
@@ -177,7 +180,6 @@ def prefill_flash(q: Ptr[f32, "ro"], k32: Ptr[u32, "ro"], v32: Ptr[u32, "ro"], o
                     oacc[i], oacc[i + 1], oacc[i + 2], oacc[i + 3] = pk.mma_m16n8k16_f16(
                         p0, p1, p2, p3, b0 if h == 0 else b2, b1 if h == 0 else b3,
                         oacc[i], oacc[i + 1], oacc[i + 2], oacc[i + 3])
-        pk.syncthreads()                           # tile j consumed before its stage refills
 
     for r in pk.static_range(2):
         l_a += pk.shfl_xor(l_a, 1 << r)
