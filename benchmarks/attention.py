@@ -340,7 +340,7 @@ def decode_table(copy_bw: float, sweep: bool = True) -> list[str]:
 
 
 def bench_prefill(tokens: int, path: str, block_keys=None, warps: int = 4,
-                  start: int = 0, stages: int = 2) -> float:
+                  start: int = 0, stages: int = 2, m_tiles: int = 1) -> float:
     """us per causal prefill of `tokens` queries at positions start .. (the cache holds start
     earlier positions)."""
     rng = np.random.default_rng(0)
@@ -350,7 +350,7 @@ def bench_prefill(tokens: int, path: str, block_keys=None, warps: int = 4,
     v = pk.to_device(rng.standard_normal((N_KV, kv, HEAD_DIM)).astype(np.float16))
     out = pk.empty((tokens, N_HEAD, HEAD_DIM), np.float32)
     launches = 10
-    kw = dict(path=path, block_keys=block_keys, warps=warps, stages=stages)
+    kw = dict(path=path, block_keys=block_keys, warps=warps, stages=stages, m_tiles=m_tiles)
 
     def capture(stream):
         for _ in range(launches):
@@ -379,9 +379,10 @@ def matrix_tflops() -> float:
 
 
 PREFILL_SHAPES = ((512, 0), (4096, 0), (512, 4096))     # (tokens, start)
-PREFILL_PATHS = (("mma", 32, 4, 2), ("flash", 32, 4, 2), ("flash", 32, 4, 3),
-                 ("flash", 32, 4, 4), ("flash", 64, 4, 3), ("flash", 32, 8, 2),
-                 ("flash", 32, 8, 3), ("flash", 64, 8, 3))   # (path, tile keys, warps, stages)
+PREFILL_PATHS = (("mma", 32, 4, 2, 1), ("flash", 32, 4, 3, 1), ("flash", 32, 8, 3, 1),
+                 ("flash", 16, 4, 3, 2), ("flash", 16, 4, 4, 2), ("flash", 16, 8, 3, 2),
+                 ("flash", 32, 4, 3, 2), ("flash", 16, 2, 4, 2),
+                 ("flash", 64, 4, 3, 1))   # (path, tile keys, warps, stages, m-tiles per warp)
 
 
 def prefill_table() -> list[str]:
@@ -390,11 +391,11 @@ def prefill_table() -> list[str]:
             f"| tokens | start | path | ms | TFLOP/s | % of {peak:.0f} |",
             "|---|---|---|---|---|---|"]
     configs = [(t, s, *p) for t, s in PREFILL_SHAPES for p in PREFILL_PATHS]
-    configs.append((512, 0, "simt", None, 4, 2))
-    for tokens, start, path, bn, warps, stages in configs:
-        label = f"{path}{f' BN={bn} {warps}w S{stages}' if bn else ''}"
+    configs.append((512, 0, "simt", None, 4, 2, 1))
+    for tokens, start, path, bn, warps, stages, mt in configs:
+        label = f"{path}{f' BN={bn} {warps}w S{stages} MT{mt}' if bn else ''}"
         try:
-            us = bench_prefill(tokens, path, bn, warps, start, stages)
+            us = bench_prefill(tokens, path, bn, warps, start, stages, mt)
         except Exception as exc:  # report and go on: one failure must not lose the table
             rows.append(f"| {tokens} | {start} | {label} | failed: {exc} | | |")
             continue

@@ -74,7 +74,7 @@ def default_block_keys(head_dim: int, warps: int = MMA_WARPS) -> int:
 
 def launch_prefill(q, k_cache, v_cache, out, start: int, scale: float, *, window=None,
                    softcap=None, path: str | None = None, stream=None, block_keys=None,
-                   warps: int = MMA_WARPS, stages: int = 2):
+                   warps: int = MMA_WARPS, stages: int = 2, m_tiles: int = 1):
     """Causal attention of q (positions start..) against cache rows 0 .. start + tokens - 1."""
     _check_prefill_shapes(q, k_cache, v_cache, start)
     path = path or default_path(k_cache)
@@ -85,7 +85,7 @@ def launch_prefill(q, k_cache, v_cache, out, start: int, scale: float, *, window
                              stream=stream, share_cache=True)
     if path == "flash" and k_cache.dtype == np.float16:
         return _launch_flash(q, k_cache, v_cache, out, start, scale, window, softcap, stream,
-                             block_keys, warps, stages)
+                             block_keys, warps, stages, m_tiles)
     if path != "mma" or k_cache.dtype != np.float16:
         raise ValueError(f"attention.prefill: path {path!r} needs 'simt', or 'mma' with an f16 "
                          f"cache (cache is {k_cache.dtype})")
@@ -102,7 +102,7 @@ def launch_prefill(q, k_cache, v_cache, out, start: int, scale: float, *, window
     prefill_mma[grid, 32 * warps, stream, shared](
         q, k_cache.view(np.uint32), v_cache.view(np.uint32), out, tokens, start, max_len,
         n_head, n_kv_head, q_scale, float(softcap) if use_softcap else 0.0, int(window or 0),
-        D=head_dim, BN=bn, NWARPS=warps, STAGES=stages)
+        D=head_dim, BN=bn, NWARPS=warps)
     return out
 
 
@@ -111,7 +111,7 @@ FLASH_KEYS = 64
 
 
 def _launch_flash(q, k_cache, v_cache, out, start, scale, window, softcap, stream, block_keys,
-                  warps, stages=2):
+                  warps, stages=2, m_tiles=1):
     tokens, n_head, head_dim = q.shape
     n_kv_head, max_len, _ = k_cache.shape
     use_softcap = softcap is not None and softcap > 0
@@ -120,10 +120,10 @@ def _launch_flash(q, k_cache, v_cache, out, start, scale, window, softcap, strea
     if bn % 16:
         raise ValueError(f"attention.prefill: block_keys {bn} must be a multiple of 16")
     rows = tokens * (n_head // n_kv_head)
-    grid = (-(-rows // (16 * warps)), n_kv_head)
+    grid = (-(-rows // (16 * m_tiles * warps)), n_kv_head)
     shared = stages * 2 * bn * (head_dim // 2 + 4) * 4     # stages of K + V tiles
     prefill_flash[grid, 32 * warps, stream, shared](
         q, k_cache.view(np.uint32), v_cache.view(np.uint32), out, tokens, start, max_len,
         n_head, n_kv_head, q_scale, float(softcap) if use_softcap else 0.0, int(window or 0),
-        D=head_dim, BN=bn, NWARPS=warps, STAGES=stages)
+        D=head_dim, BN=bn, NWARPS=warps, STAGES=stages, MT=m_tiles)
     return out

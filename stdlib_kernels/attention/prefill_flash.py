@@ -5,9 +5,11 @@ Input: q (tokens, n_head, D) f32 (query i sits at position start + i); K/V cache
 pairs of f16, (n_kv_head, max_len, D / 2), holding positions 0 .. start + tokens - 1.
 Output: out (tokens, n_head, D) f32.
 
-Work split: grid (row blocks, n_kv_head). A block's 16 * NWARPS rows are (token, head) pairs
-of one KV head's query group (row r -> token r // group, head r % group), so the group shares
-every K/V tile; each warp owns 16 rows, its Q as f16 A fragments in registers.
+Work split: grid (row blocks, n_kv_head). A block's 16 * MT * NWARPS rows are (token, head)
+pairs of one KV head's query group (row r -> token r // group, head r % group), so the group
+shares every K/V tile; each warp owns MT 16-row m-tiles, their Q as f16 A fragments in
+registers. Every K/V fragment a warp loads serves its MT m-tiles: with MT = 2 a tile costs half
+the shared-memory reads per mma, which is what bounds MT = 1 (one ldmatrix per two mma).
 Per tile of BN keys (a ring of STAGES shared-memory stages: tiles j + 1 .. j + STAGES - 1 in
 flight while tile j is computed, one barrier per tile): S = Q K^T by mma with K's B fragments from `ldmatrix` (K row-major = B column-major),
 masking only where the tile crosses the causal diagonal or a window, the online softmax in the
@@ -40,23 +42,137 @@ def issue_tile(kv_smem, k32, v32, cache: i64, kt: i32, kv_hi: i32, tid: i32, D: 
 
 
 @pk.func
-def tile_score(s: f32, key: i32, pos: i32, window: i32, softcap: f32, masked: bool) -> f32:
+def finish_scores(sacc, kt: i32, t: i32, pos, lo, softcap: f32, masked: bool, BN: Const[int],
+                  MT: Const[int]):
+    """Soft-capping and the causal / window mask over the whole tile, each behind one uniform
+    branch (per-score branches keep ptxas from interleaving the tile's mma). Row r (m-tile
+    r // 2, half r % 2) sees keys lo[r] < key <= pos[r]."""
     if softcap > 0.0:
-        s = softcap * pk.tanh(s / softcap) * LOG2E
+        inv = 1.0 / softcap
+        for e in pk.static_range(MT * BN // 2):
+            sacc[e] = softcap * pk.tanh(sacc[e] * inv) * LOG2E
     if masked:
-        visible = key <= pos and (window <= 0 or key > pos - window)
-        s = s if visible else MASKED
-    return s
+        for mt in pk.static_range(MT):
+            for nt in pk.static_range(BN // 8):
+                for e in pk.static_range(4):
+                    r = mt * 2 + e // 2
+                    key = kt + nt * 8 + 2 * t + e % 2
+                    # lo < key <= pos as one unsigned compare
+                    visible = u32(key - lo[r] - 1) < u32(pos[r] - lo[r])
+                    i = (mt * (BN // 8) + nt) * 4 + e
+                    sacc[i] = sacc[i] if visible else MASKED
+
+
+@pk.func
+def load_q(q, qf, row0: i32, n_rows: i32, group: i32, n_head: i32, kvh: i32, t: i32,
+           q_scale: f32, D: Const[int], MT: Const[int]):
+    """qf[(mt * D/16 + kstep) * 4 + w]: the A fragments of m-tile mt (rows row0 + 16 mt + g,
+    + 8), pre-scaled, as f16 pairs; rows past n_rows are zero."""
+    for mt in pk.static_range(MT):
+        for kstep in pk.static_range(D // 16):
+            for half in pk.static_range(2):
+                col = kstep * 16 + half * 8 + 2 * t
+                for which in pk.static_range(2):
+                    r = row0 + mt * 16 + which * 8
+                    x0 = f32(0.0)
+                    x1 = f32(0.0)
+                    if r < n_rows:
+                        base = ((r // group) * n_head + kvh * group + r % group) * D + col
+                        x0 = q[base] * q_scale
+                        x1 = q[base + 1] * q_scale
+                    qf[(mt * (D // 16) + kstep) * 4 + half * 2 + which] = pk.pack_f16x2(x0, x1)
+
+
+@pk.func
+def tile_scores(tile, qf, sacc, k_lane: i32, D: Const[int], BN: Const[int], MT: Const[int]):
+    """sacc = Q K^T for the warp's MT m-tiles and the tile's BN keys: per 16 keys and 16 dims one
+    ldmatrix (two n-tiles' B fragments) feeds 2 * MT mma."""
+    RSW = D // 2 + 4
+    for np2 in pk.static_range(BN // 16):
+        acc = pk.local_array(f32, 8 * MT)
+        for i in pk.static_range(8 * MT):
+            acc[i] = 0.0
+        for kstep in pk.static_range(D // 16):
+            b0, b1, b2, b3 = pk.ldmatrix(tile, k_lane + np2 * 16 * RSW + kstep * 8)
+            for mt in pk.static_range(MT):
+                a = (mt * (D // 16) + kstep) * 4
+                for h in pk.static_range(2):
+                    c = (mt * 2 + h) * 4
+                    acc[c], acc[c + 1], acc[c + 2], acc[c + 3] = pk.mma_m16n8k16_f16(
+                        qf[a], qf[a + 1], qf[a + 2], qf[a + 3], b0 if h == 0 else b2,
+                        b1 if h == 0 else b3, acc[c], acc[c + 1], acc[c + 2], acc[c + 3])
+        for mt in pk.static_range(MT):
+            for e in pk.static_range(8):
+                sacc[(mt * (BN // 8) + np2 * 2) * 4 + e] = acc[mt * 8 + e]
+
+
+@pk.func
+def online_softmax(sacc, oacc, m, l, D: Const[int], BN: Const[int], MT: Const[int]):
+    """Per row: new running max over the tile, scores -> exp2(s - max), the denominator and the
+    output rows rescaled (skipped, warp-uniformly, when no row's max grew)."""
+    grew = False
+    for r in pk.static_range(2 * MT):
+        mt = r // 2
+        e0 = (r % 2) * 2
+        mx = m[r]
+        for nt in pk.static_range(BN // 8):
+            i = (mt * (BN // 8) + nt) * 4 + e0
+            mx = max(mx, max(sacc[i], sacc[i + 1]))
+        for k in pk.static_range(2):                 # the 4 lanes of a quad share a row
+            mx = max(mx, pk.shfl_xor(mx, 1 << k))
+        corr = pk.fast.exp2(m[r] - mx)
+        grew = grew or mx > m[r]
+        m[r] = mx
+        l[r] *= corr
+        total = f32(0.0)
+        for nt in pk.static_range(BN // 8):
+            i = (mt * (BN // 8) + nt) * 4 + e0
+            sacc[i] = pk.fast.exp2(sacc[i] - mx)
+            sacc[i + 1] = pk.fast.exp2(sacc[i + 1] - mx)
+            total += sacc[i] + sacc[i + 1]
+        l[r] += total
+        sacc[MT * BN // 2 + r] = corr                # the row's factor, kept for the rescale
+    if pk.any_sync(grew):
+        for r in pk.static_range(2 * MT):
+            corr = sacc[MT * BN // 2 + r]
+            for dt in pk.static_range(D // 8):
+                i = ((r // 2) * (D // 8) + dt) * 4 + (r % 2) * 2
+                oacc[i] *= corr
+                oacc[i + 1] *= corr
+
+
+@pk.func
+def tile_pv(tile, sacc, oacc, v_lane: i32, D: Const[int], BN: Const[int], MT: Const[int]):
+    """oacc += P V: P's A fragments straight from the exponentiated scores, V's B fragments
+    from ldmatrix.trans on the row-major tile (one per 16 keys and 16 dims, 2 * MT mma)."""
+    RSW = D // 2 + 4
+    for kk in pk.static_range(BN // 16):
+        pf = pk.local_array(u32, 4 * MT)
+        for mt in pk.static_range(MT):
+            base = (mt * (BN // 8) + kk * 2) * 4
+            for w in pk.static_range(4):
+                pf[mt * 4 + w] = pk.pack_f16x2(sacc[base + 2 * w], sacc[base + 2 * w + 1])
+        for dp in pk.static_range(D // 16):
+            b0, b1, b2, b3 = pk.ldmatrix(tile, v_lane + kk * 16 * RSW + dp * 8, trans=True)
+            for mt in pk.static_range(MT):
+                for h in pk.static_range(2):
+                    i = (mt * (D // 8) + dp * 2 + h) * 4
+                    oacc[i], oacc[i + 1], oacc[i + 2], oacc[i + 3] = pk.mma_m16n8k16_f16(
+                        pf[mt * 4], pf[mt * 4 + 1], pf[mt * 4 + 2], pf[mt * 4 + 3],
+                        b0 if h == 0 else b2, b1 if h == 0 else b3,
+                        oacc[i], oacc[i + 1], oacc[i + 2], oacc[i + 3])
 
 
 @pk.kernel
 def prefill_flash(q: Ptr[f32, "ro"], k32: Ptr[u32, "ro"], v32: Ptr[u32, "ro"], out: Ptr[f32],
                   tokens: i32, start: i32, max_len: i32, n_head: i32, n_kv_head: i32,
                   q_scale: f32, softcap: f32, window: i32,
-                  D: Const[int], BN: Const[int], NWARPS: Const[int], STAGES: Const[int]):
+                  D: Const[int], BN: Const[int], NWARPS: Const[int], STAGES: Const[int],
+                  MT: Const[int]):
     NT = NWARPS * 32
     RSW = D // 2 + 4                               # row stride in u32 words (D + 8 halves)
     STAGE = 2 * BN * RSW                           # words of one stage (K tile + V tile)
+    ROWS = 16 * MT * NWARPS                        # rows of a block
     smem = pk.dynamic_shared(u32)
     tid = pk.thread_idx.x
     lane = pk.lane_id()
@@ -66,12 +182,16 @@ def prefill_flash(q: Ptr[f32, "ro"], k32: Ptr[u32, "ro"], v32: Ptr[u32, "ro"], o
     group = n_head // n_kv_head
     n_rows = tokens * group
     block = pk.grid_dim.x - 1 - pk.block_idx.x     # heaviest (latest) rows first
-    row_a = block * (16 * NWARPS) + (tid // 32) * 16 + g
-    row_b = row_a + 8
-    pos_a = start + row_a // group
-    pos_b = start + row_b // group
-    first_tok = (block * 16 * NWARPS) // group
-    last_tok = min(n_rows - 1, (block + 1) * 16 * NWARPS - 1) // group
+    row0 = block * ROWS + (tid // 32) * 16 * MT + g
+    pos = pk.local_array(i32, 2 * MT)              # row (mt, half)'s position and lowest
+    lo = pk.local_array(i32, 2 * MT)               # invisible key (window), for the mask
+    for r in pk.static_range(2 * MT):
+        pos[r] = start + (row0 + 8 * r) // group
+        lo[r] = -1
+        if window > 0:
+            lo[r] = pos[r] - window
+    first_tok = (block * ROWS) // group
+    last_tok = min(n_rows - 1, (block + 1) * ROWS - 1) // group
     kv_hi = start + last_tok + 1
     kv_lo = 0
     if window > 0:
@@ -85,27 +205,17 @@ def prefill_flash(q: Ptr[f32, "ro"], k32: Ptr[u32, "ro"], v32: Ptr[u32, "ro"], o
                        NT)
         pk.cp_async_commit()
 
-    qf = pk.local_array(u32, D // 4)               # A fragments, 4 per 16-wide k step
-    for kstep in pk.static_range(D // 16):
-        for half in pk.static_range(2):
-            col = kstep * 16 + half * 8 + 2 * t
-            for which in pk.static_range(2):
-                r = row_a + which * 8
-                x0 = f32(0.0)
-                x1 = f32(0.0)
-                if r < n_rows:
-                    base = ((r // group) * n_head + kvh * group + r % group) * D + col
-                    x0 = q[base] * q_scale
-                    x1 = q[base + 1] * q_scale
-                qf[kstep * 4 + half * 2 + which] = pk.pack_f16x2(x0, x1)
-    oacc = pk.local_array(f32, D // 2)             # 16 x D: D/8 n-tiles x 4
-    for i in pk.static_range(D // 2):
+    qf = pk.local_array(u32, MT * D // 4)
+    load_q(q, qf, row0, n_rows, group, n_head, kvh, t, q_scale, D, MT)
+    oacc = pk.local_array(f32, MT * D // 2)        # MT x (16 x D): D/8 n-tiles x 4 each
+    for i in pk.static_range(MT * D // 2):
         oacc[i] = 0.0
-    m_a = f32(NEG_INIT)
-    m_b = f32(NEG_INIT)
-    l_a = f32(0.0)
-    l_b = f32(0.0)
-    sacc = pk.local_array(f32, BN // 2)            # 16 x BN scores: BN/8 n-tiles x 4
+    m = pk.local_array(f32, 2 * MT)
+    l = pk.local_array(f32, 2 * MT)
+    for r in pk.static_range(2 * MT):
+        m[r] = NEG_INIT
+        l[r] = 0.0
+    sacc = pk.local_array(f32, MT * BN // 2 + 2 * MT)   # scores (+ each row's rescale factor)
     # this lane's ldmatrix row: K tiles (keys +0/+8 by lane bit 4, dims +8 by bit 3),
     # V tiles transposed (keys +8 by lane bit 3, dims +8 by bit 4)
     k_lane = ((lane // 16) * 8 + lane % 8) * RSW + ((lane // 8) % 2) * 4
@@ -120,75 +230,21 @@ def prefill_flash(q: Ptr[f32, "ro"], k32: Ptr[u32, "ro"], v32: Ptr[u32, "ro"], o
                        kt + (STAGES - 1) * BN, kv_hi, tid, D, BN, NT)
         pk.cp_async_commit()                       # (an empty group keeps the count)
         tile = smem + (j % STAGES) * STAGE
-        masked = kt + BN - 1 > start + first_tok or window > 0
-        for np2 in pk.static_range(BN // 16):
-            acc = pk.local_array(f32, 8)
-            for i in pk.static_range(8):
-                acc[i] = 0.0
-            for kstep in pk.static_range(D // 16):
-                b0, b1, b2, b3 = pk.ldmatrix(tile, k_lane + np2 * 16 * RSW + kstep * 8)
-                acc[0], acc[1], acc[2], acc[3] = pk.mma_m16n8k16_f16(
-                    qf[kstep * 4], qf[kstep * 4 + 1], qf[kstep * 4 + 2], qf[kstep * 4 + 3],
-                    b0, b1, acc[0], acc[1], acc[2], acc[3])
-                acc[4], acc[5], acc[6], acc[7] = pk.mma_m16n8k16_f16(
-                    qf[kstep * 4], qf[kstep * 4 + 1], qf[kstep * 4 + 2], qf[kstep * 4 + 3],
-                    b2, b3, acc[4], acc[5], acc[6], acc[7])
-            for h in pk.static_range(2):
-                key = kt + np2 * 16 + h * 8 + 2 * t
-                nt = np2 * 2 + h
-                sacc[nt * 4] = tile_score(acc[h * 4], key, pos_a, window, softcap, masked)
-                sacc[nt * 4 + 1] = tile_score(acc[h * 4 + 1], key + 1, pos_a, window, softcap,
-                                              masked)
-                sacc[nt * 4 + 2] = tile_score(acc[h * 4 + 2], key, pos_b, window, softcap,
-                                              masked)
-                sacc[nt * 4 + 3] = tile_score(acc[h * 4 + 3], key + 1, pos_b, window, softcap,
-                                              masked)
-        mx_a = m_a
-        mx_b = m_b
-        for nt in pk.static_range(BN // 8):
-            mx_a = max(mx_a, max(sacc[nt * 4], sacc[nt * 4 + 1]))
-            mx_b = max(mx_b, max(sacc[nt * 4 + 2], sacc[nt * 4 + 3]))
-        for r in pk.static_range(2):                 # the 4 lanes of a quad share a row
-            mx_a = max(mx_a, pk.shfl_xor(mx_a, 1 << r))
-            mx_b = max(mx_b, pk.shfl_xor(mx_b, 1 << r))
-        corr_a = pk.fast.exp2(m_a - mx_a)
-        corr_b = pk.fast.exp2(m_b - mx_b)
-        m_a = mx_a
-        m_b = mx_b
-        l_a *= corr_a
-        l_b *= corr_b
-        for nt in pk.static_range(BN // 8):
-            for e in pk.static_range(2):
-                sacc[nt * 4 + e] = pk.fast.exp2(sacc[nt * 4 + e] - mx_a)
-                l_a += sacc[nt * 4 + e]
-                sacc[nt * 4 + 2 + e] = pk.fast.exp2(sacc[nt * 4 + 2 + e] - mx_b)
-                l_b += sacc[nt * 4 + 2 + e]
-        for dt in pk.static_range(D // 8):
-            oacc[dt * 4] *= corr_a
-            oacc[dt * 4 + 1] *= corr_a
-            oacc[dt * 4 + 2] *= corr_b
-            oacc[dt * 4 + 3] *= corr_b
-        for kk in pk.static_range(BN // 16):
-            p0 = pk.pack_f16x2(sacc[kk * 8], sacc[kk * 8 + 1])
-            p1 = pk.pack_f16x2(sacc[kk * 8 + 2], sacc[kk * 8 + 3])
-            p2 = pk.pack_f16x2(sacc[kk * 8 + 4], sacc[kk * 8 + 5])
-            p3 = pk.pack_f16x2(sacc[kk * 8 + 6], sacc[kk * 8 + 7])
-            for dp in pk.static_range(D // 16):
-                b0, b1, b2, b3 = pk.ldmatrix(tile, v_lane + kk * 16 * RSW + dp * 8, trans=True)
-                for h in pk.static_range(2):
-                    i = (dp * 2 + h) * 4
-                    oacc[i], oacc[i + 1], oacc[i + 2], oacc[i + 3] = pk.mma_m16n8k16_f16(
-                        p0, p1, p2, p3, b0 if h == 0 else b2, b1 if h == 0 else b3,
-                        oacc[i], oacc[i + 1], oacc[i + 2], oacc[i + 3])
+        tile_scores(tile, qf, sacc, k_lane, D, BN, MT)
+        finish_scores(sacc, kt, t, pos, lo, softcap,
+                      kt + BN - 1 > start + first_tok or window > 0, BN, MT)
+        online_softmax(sacc, oacc, m, l, D, BN, MT)
+        tile_pv(tile, sacc, oacc, v_lane, D, BN, MT)
 
-    for r in pk.static_range(2):
-        l_a += pk.shfl_xor(l_a, 1 << r)
-        l_b += pk.shfl_xor(l_b, 1 << r)
-    for which in pk.static_range(2):
-        r = row_a + which * 8
-        inv = 1.0 / (l_a if which == 0 else l_b)
-        if r < n_rows:
-            base = ((r // group) * n_head + kvh * group + r % group) * D + 2 * t
+    for r in pk.static_range(2 * MT):
+        total = l[r]
+        for k in pk.static_range(2):
+            total += pk.shfl_xor(total, 1 << k)
+        inv = 1.0 / total
+        row = row0 + 8 * r
+        if row < n_rows:
+            base = ((row // group) * n_head + kvh * group + row % group) * D + 2 * t
             for dt in pk.static_range(D // 8):
-                out[base + dt * 8] = oacc[dt * 4 + which * 2] * inv
-                out[base + dt * 8 + 1] = oacc[dt * 4 + which * 2 + 1] * inv
+                i = ((r // 2) * (D // 8) + dt) * 4 + (r % 2) * 2
+                out[base + dt * 8] = oacc[i] * inv
+                out[base + dt * 8 + 1] = oacc[i + 1] * inv

@@ -115,14 +115,15 @@ def test_gpu_prefill_mma_all_shapes(rng, seed, head_dim, n_head, n_kv_head, path
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("block_keys,warps", [(32, 4), (64, 4), (32, 8), (64, 8)])
-def test_gpu_prefill_flash_configs(rng, seed, block_keys, warps):
+@pytest.mark.parametrize("block_keys,warps,stages,m_tiles", [
+    (32, 4, 2, 1), (64, 4, 3, 1), (32, 8, 4, 1), (16, 4, 3, 2), (16, 8, 4, 2), (32, 2, 2, 2)])
+def test_gpu_prefill_flash_configs(rng, seed, block_keys, warps, stages, m_tiles):
     pk.set_device("cuda")
     q, k, v = _problem(rng, 300, 517, 32, 8, 128, np.float16)
     got = _run(q, k, v, 517, 128 ** -0.5, None, None, "flash", block_keys=block_keys,
-               warps=warps)
+               warps=warps, stages=stages, m_tiles=m_tiles)
     _check(got, _expected(q, k, v, 517, 128 ** -0.5, None, None), np.float16, seed,
-           f"flash BN={block_keys} {warps} warps")
+           f"flash BN={block_keys} {warps} warps S{stages} MT{m_tiles}")
 
 
 @pytest.mark.gpu
