@@ -44,8 +44,9 @@ from stdlib_kernels.attention.decode_combine import MAX_SPLITS, combine_splits  
 from stdlib_kernels.attention.decode_kernels import decode_partial  # noqa: E402
 from stdlib_kernels.attention.decode_mma import decode_mma  # noqa: E402
 from stdlib_kernels.attention.kv_q8 import Q8Cache, quantize_kv  # noqa: E402
-from stdlib_kernels.attention.prefill import default_block_keys, launch_prefill  # noqa: E402
-from stdlib_kernels.attention.prefill_kernels import prefill_mma  # noqa: E402
+from stdlib_kernels.attention.prefill import (MMA_STAGES, MMA_WARPS,  # noqa: E402
+                                              default_block_keys, launch_prefill)
+from stdlib_kernels.attention.prefill_flash import prefill_flash  # noqa: E402
 
 N_HEAD, N_KV, HEAD_DIM = 32, 8, 128
 # (heads per block, warps, keys per row group U, max lanes per row, ring stages P)
@@ -65,7 +66,7 @@ SWEEP_OCCUPANCY = (0.5, 1, 1.5, 2)    # x the configuration's blocks_per_sm
 def _compile_one(job):
     kernel_name, arch, spec = job
     kernel = {"decode_partial": decode_partial, "decode_mma": decode_mma,
-              "combine_splits": combine_splits, "prefill_mma": prefill_mma}[kernel_name]
+              "combine_splits": combine_splits, "prefill_flash": prefill_flash}[kernel_name]
     kernel.compile(arch, **spec)
     return kernel_name
 
@@ -95,14 +96,15 @@ def precompile(arch: str, decode_only: bool = False) -> None:
         for warps in (4, 8, 16):
             jobs += [("combine_splits", arch, combine_spec(d, warps, t)) for t in (False, True)]
         if not decode_only:
-            jobs.append(("prefill_mma", arch, dict(D=d, BN=default_block_keys(d), NWARPS=4)))
+            jobs.append(("prefill_flash", arch, _prefill_spec(d, default_block_keys(d))))
     for dtype in (np.float16, np.float32, Q8):
         for config in SWEEP[_name(dtype)]:
             for fused in (True, False):
                 jobs.append((decode_kernel(config).name, arch,
                              decode_spec(HEAD_DIM, dtype, config, fused)))
     if not decode_only:
-        jobs.append(("prefill_mma", arch, dict(D=HEAD_DIM, BN=64, NWARPS=4)))
+        jobs += [("prefill_flash", arch, _prefill_spec(HEAD_DIM, bn, w, st, mt))
+                 for _, bn, w, st, mt in PREFILL_PATHS]
     start = time.perf_counter()
     workers = max(1, (os.cpu_count() or 2) - 1)
     spawn = multiprocessing.get_context("spawn")        # children never inherit a CUDA context
@@ -118,8 +120,9 @@ def ptxas_report(arch: str, folder: str) -> None:
                f"{c.warps}w_U{c.unroll}_P{c.stages}":
                (decode_kernel(c), decode_spec(HEAD_DIM, t, c)) for t in (np.float16, np.float32, Q8)
                for c in SWEEP[_name(t)]}
-    kernels.update({"prefill_bn64": (prefill_mma, dict(D=HEAD_DIM, BN=64, NWARPS=4)),
-                    "prefill_bn32": (prefill_mma, dict(D=HEAD_DIM, BN=32, NWARPS=4))})
+    kernels.update({f"prefill_bn{bn}_{w}w_s{st}_mt{mt}": (prefill_flash,
+                                                           _prefill_spec(HEAD_DIM, bn, w, st, mt))
+                    for _, bn, w, st, mt in PREFILL_PATHS})
     for name, (kernel, spec) in kernels.items():
         path = os.path.join(folder, name + ".ptx")
         with open(path, "w") as f:
@@ -379,10 +382,13 @@ def matrix_tflops() -> float:
 
 
 PREFILL_SHAPES = ((512, 0), (4096, 0), (512, 4096))     # (tokens, start)
-PREFILL_PATHS = (("mma", 32, 4, 2, 1), ("flash", 32, 4, 3, 1), ("flash", 32, 8, 3, 1),
-                 ("flash", 16, 4, 3, 2), ("flash", 16, 4, 4, 2), ("flash", 16, 8, 3, 2),
-                 ("flash", 32, 4, 3, 2), ("flash", 16, 2, 4, 2),
-                 ("flash", 64, 4, 3, 1))   # (path, tile keys, warps, stages, m-tiles per warp)
+PREFILL_PATHS = (("mma", 64, 4, 3, 1), ("mma", 32, 4, 3, 1), ("mma", 64, 4, 2, 1),
+                 ("mma", 64, 4, 4, 1), ("mma", 64, 8, 3, 1), ("mma", 32, 8, 3, 1),
+                 ("mma", 16, 4, 3, 2))   # (path, tile keys, warps, stages, m-tiles per warp)
+
+
+def _prefill_spec(head_dim, bn, warps=MMA_WARPS, stages=MMA_STAGES, m_tiles=1) -> dict:
+    return dict(D=head_dim, BN=bn, NWARPS=warps, STAGES=stages, MT=m_tiles)
 
 
 def prefill_table() -> list[str]:

@@ -59,25 +59,28 @@ def test_prefill_simt_matches_reference(device, rng, seed, case):
     _check(got, _expected(q, k, v, start, scale, window, softcap), dtype, seed, str(case))
 
 
-@pytest.mark.parametrize("path", ["mma", "flash"])
 @pytest.mark.parametrize("window,softcap", [(None, None), (5, 8.0)])
-def test_prefill_mma_matches_reference(device, rng, seed, window, softcap, path):
+def test_prefill_mma_matches_reference(device, rng, seed, window, softcap):
     """Tensor-core paths; 19 rows per head group straddle the 16-row tiles, 27 keys the 16-key
     tile. On the CPU target the mma is emulated bit-exactly (one warp, 16-key tiles)."""
     tokens, start = 19, 8
     q, k, v = _problem(rng, tokens, start, 2, 1, 64, np.float16)
     kw = dict(warps=1, block_keys=16) if device.kind == "cpu" else {}
-    got = _run(q, k, v, start, 0.125, window, softcap, path, **kw)
-    _check(got, _expected(q, k, v, start, 0.125, window, softcap), np.float16, seed, path)
+    got = _run(q, k, v, start, 0.125, window, softcap, "mma", **kw)
+    _check(got, _expected(q, k, v, start, 0.125, window, softcap), np.float16, seed, "mma")
 
 
-def test_prefill_flash_two_warps_and_stages(device, rng, seed):
-    """flash with 2 warps x 32-key tiles at head_dim 80 (5 ldmatrix k-steps, 5 copies per
-    thread and stage): 21 tokens after 40 cached positions run 2 row blocks over 2 tiles
-    each, so both shared-memory stages and the unmasked-tile branch are used."""
+@pytest.mark.parametrize("warps,stages,m_tiles,window", [(2, 2, 1, None), (1, 3, 2, 7)])
+def test_prefill_mma_tilings(device, rng, seed, warps, stages, m_tiles, window):
+    """32-key tiles at head_dim 80 (5 ldmatrix k-steps, a ragged share of each tile's copies
+    per thread): 21 tokens after 40 cached positions run several row blocks over 2 tiles
+    each, so the ring wraps and both the unmasked and the masked tile branches run; two
+    m-tiles per warp and a window too."""
     q, k, v = _problem(rng, 21, 40, 4, 2, 80, np.float16)
-    got = _run(q, k, v, 40, 80 ** -0.5, None, None, "flash", warps=2, block_keys=32)
-    _check(got, _expected(q, k, v, 40, 80 ** -0.5, None, None), np.float16, seed, "flash")
+    got = _run(q, k, v, 40, 80 ** -0.5, window, None, "mma", warps=warps, block_keys=32,
+               stages=stages, m_tiles=m_tiles)
+    _check(got, _expected(q, k, v, 40, 80 ** -0.5, window, None), np.float16, seed,
+           f"{warps} warps S{stages} MT{m_tiles} window {window}")
 
 
 def test_prefill_contract_api(device, rng, seed):
@@ -98,32 +101,36 @@ def test_prefill_rejects_bad_input(device):
     with pytest.raises(ValueError, match="f16 cache"):
         launch_prefill(q, pk.zeros((2, 8, 64)), pk.zeros((2, 8, 64)), pk.zeros((4, 4, 64)), 0,
                        1.0, path="mma")
+    with pytest.raises(ValueError, match="block_keys 24 must be a multiple of 16"):
+        launch_prefill(q, cache, cache, pk.zeros((4, 4, 64)), 0, 1.0, path="mma",
+                       block_keys=24)
+    with pytest.raises(ValueError, match="m_tiles 1 or 2 \\(got 3\\)"):
+        launch_prefill(q, cache, cache, pk.zeros((4, 4, 64)), 0, 1.0, path="mma", m_tiles=3)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 256])
 @pytest.mark.parametrize("n_head,n_kv_head", [(8, 8), (12, 4), (16, 2), (4, 1)])
-@pytest.mark.parametrize("path", ["mma", "flash"])
-def test_gpu_prefill_mma_all_shapes(rng, seed, head_dim, n_head, n_kv_head, path):
+def test_gpu_prefill_mma_all_shapes(rng, seed, head_dim, n_head, n_kv_head):
     pk.set_device("cuda")
     for tokens, start, window, softcap in ((77, 0, None, None), (130, 301, 64, 50.0)):
         q, k, v = _problem(rng, tokens, start, n_head, n_kv_head, head_dim, np.float16)
         scale = head_dim ** -0.5
-        got = _run(q, k, v, start, scale, window, softcap, path)
+        got = _run(q, k, v, start, scale, window, softcap, "mma")
         _check(got, _expected(q, k, v, start, scale, window, softcap), np.float16, seed,
-               f"{path}: tokens {tokens} start {start} window {window} softcap {softcap}")
+               f"tokens {tokens} start {start} window {window} softcap {softcap}")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("block_keys,warps,stages,m_tiles", [
     (32, 4, 2, 1), (64, 4, 3, 1), (32, 8, 4, 1), (16, 4, 3, 2), (16, 8, 4, 2), (32, 2, 2, 2)])
-def test_gpu_prefill_flash_configs(rng, seed, block_keys, warps, stages, m_tiles):
+def test_gpu_prefill_mma_tilings(rng, seed, block_keys, warps, stages, m_tiles):
     pk.set_device("cuda")
     q, k, v = _problem(rng, 300, 517, 32, 8, 128, np.float16)
-    got = _run(q, k, v, 517, 128 ** -0.5, None, None, "flash", block_keys=block_keys,
+    got = _run(q, k, v, 517, 128 ** -0.5, None, None, "mma", block_keys=block_keys,
                warps=warps, stages=stages, m_tiles=m_tiles)
     _check(got, _expected(q, k, v, 517, 128 ** -0.5, None, None), np.float16, seed,
-           f"flash BN={block_keys} {warps} warps S{stages} MT{m_tiles}")
+           f"BN={block_keys} {warps} warps S{stages} MT{m_tiles}")
 
 
 @pytest.mark.gpu
@@ -132,6 +139,6 @@ def test_gpu_prefill_long_simt_and_mma(rng, seed, dtype):
     pk.set_device("cuda")
     q, k, v = _problem(rng, 512, 1500, 8, 2, 128, dtype)
     expected = _expected(q, k, v, 1500, 128 ** -0.5, None, None)
-    for path in ("simt", "mma", "flash") if dtype == np.float16 else ("simt",):
+    for path in ("simt", "mma") if dtype == np.float16 else ("simt",):
         got = _run(q, k, v, 1500, 128 ** -0.5, None, None, path)
         _check(got, expected, dtype, seed, f"512 tokens after 1500, {path}")
