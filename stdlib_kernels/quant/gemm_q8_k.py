@@ -67,43 +67,27 @@ def mma_halves(GPU: Const[int], a0: u32, a1: u32, a2: u32, a3: u32, b0: u32, b1:
     if GPU == 1:
         p0, p1, p2, p3 = pk.asm(
             "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {$0,$1,$2,$3}, {$4,$5}, {$6}, "
-            "{$7,$7,$7,$7};", "=r,=r,=r,=r,r,r,r,r", (i32, i32, i32, i32), a0, a1, b0, MAGIC)
+            "{$7,$7,$7,$7};", "=r,=r,=r,=r,r,r,r,r", (i32, i32, i32, i32), a0, a1, b0, 0)
         q0, q1, q2, q3 = pk.asm(
             "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {$0,$1,$2,$3}, {$4,$5}, {$6}, "
-            "{$7,$7,$7,$7};", "=r,=r,=r,=r,r,r,r,r", (i32, i32, i32, i32), a2, a3, b1, MAGIC)
+            "{$7,$7,$7,$7};", "=r,=r,=r,=r,r,r,r,r", (i32, i32, i32, i32), a2, a3, b1, 0)
         return p0, p1, p2, p3, q0, q1, q2, q3
     else:
-        p0, p1, p2, p3 = pk.mma_m16n8k32_s8(a0, a1, u32(0), u32(0), b0, b1, MAGIC, MAGIC, MAGIC,
-                                            MAGIC)
-        q0, q1, q2, q3 = pk.mma_m16n8k32_s8(u32(0), u32(0), a2, a3, b0, b1, MAGIC, MAGIC, MAGIC,
-                                            MAGIC)
+        p0, p1, p2, p3 = pk.mma_m16n8k32_s8(a0, a1, u32(0), u32(0), b0, b1, 0, 0, 0, 0)
+        q0, q1, q2, q3 = pk.mma_m16n8k32_s8(u32(0), u32(0), a2, a3, b0, b1, 0, 0, 0, 0)
         return p0, p1, p2, p3, q0, q1, q2, q3
-
-
-# The mma accumulate from C = MAGIC (the bits of 1.5 * 2^23) instead of 0: with |sum| < 2^22
-# (32 products of int8 by at most 127) the result's bits are those of the float 1.5 * 2^23 +
-# sum, so one full-rate FADD gives float(sum) exactly instead of a quarter-rate I2F per output.
-MAGIC = 0x4B400000
-MAGIC_F = 12582912.0
-
-
-@pk.func
-def sum_f32(biased: i32) -> f32:
-    """float(sum) of an mma result accumulated from C = MAGIC."""
-    return pk.bitcast(biased, f32) - MAGIC_F
 
 
 @pk.func
 def fold(acc: f32, scale: f32, isum: i32, m: f32, xsum: f32) -> f32:
-    """acc + scale * isum - m * xsum as two fma (the PTX carries .rn: nothing fuses on its own);
-    isum accumulated from MAGIC."""
-    return pk.fma(scale, sum_f32(isum), pk.fma(-m, xsum, acc))
+    """acc + scale * isum - m * xsum as two fma (the PTX carries .rn: nothing fuses on its own)."""
+    return pk.fma(scale, f32(isum), pk.fma(-m, xsum, acc))
 
 
 @pk.func
 def fold2(acc: f32, dx: f32, s0: f32, p: i32, s1: f32, q: i32) -> f32:
-    """acc + dx (s0 p + s1 q): the two 16-value halves of a Q6_K block (p, q from MAGIC)."""
-    return pk.fma(dx, pk.fma(s0, sum_f32(p), s1 * sum_f32(q)), acc)
+    """acc + dx (s0 p + s1 q): the two 16-value halves of a Q6_K block."""
+    return pk.fma(dx, pk.fma(s0, f32(p), s1 * f32(q)), acc)
 
 
 @pk.func
@@ -143,15 +127,13 @@ def compute_stage(FMT: Const[int], GPU: Const[int], sm: Ptr[u32], smf: Ptr[f32],
                 b0 = bq[2 * ni]
                 b1 = bq[2 * ni + 1]
                 if FMT == Q4_0 or FMT == Q8_0:   # (u, v) = (d, 0)
-                    p0, p1, p2, p3 = pk.mma_m16n8k32_s8(a0, a1, a2, a3, b0, b1, MAGIC, MAGIC,
-                                                        MAGIC, MAGIC)
-                    acc[i] = pk.fma(u0 * dx[2 * ni], sum_f32(p0), acc[i])
-                    acc[i + 1] = pk.fma(u0 * dx[2 * ni + 1], sum_f32(p1), acc[i + 1])
-                    acc[i + 2] = pk.fma(u8 * dx[2 * ni], sum_f32(p2), acc[i + 2])
-                    acc[i + 3] = pk.fma(u8 * dx[2 * ni + 1], sum_f32(p3), acc[i + 3])
+                    p0, p1, p2, p3 = pk.mma_m16n8k32_s8(a0, a1, a2, a3, b0, b1, 0, 0, 0, 0)
+                    acc[i] = pk.fma(u0 * dx[2 * ni], f32(p0), acc[i])
+                    acc[i + 1] = pk.fma(u0 * dx[2 * ni + 1], f32(p1), acc[i + 1])
+                    acc[i + 2] = pk.fma(u8 * dx[2 * ni], f32(p2), acc[i + 2])
+                    acc[i + 3] = pk.fma(u8 * dx[2 * ni + 1], f32(p3), acc[i + 3])
                 elif FMT == Q4_K:   # (u, v) = (d sc, dmin m)
-                    p0, p1, p2, p3 = pk.mma_m16n8k32_s8(a0, a1, a2, a3, b0, b1, MAGIC, MAGIC,
-                                                        MAGIC, MAGIC)
+                    p0, p1, p2, p3 = pk.mma_m16n8k32_s8(a0, a1, a2, a3, b0, b1, 0, 0, 0, 0)
                     acc[i] = fold(acc[i], u0 * dx[2 * ni], p0, v0, sx[2 * ni])
                     acc[i + 1] = fold(acc[i + 1], u0 * dx[2 * ni + 1], p1, v0, sx[2 * ni + 1])
                     acc[i + 2] = fold(acc[i + 2], u8 * dx[2 * ni], p2, v8, sx[2 * ni])
