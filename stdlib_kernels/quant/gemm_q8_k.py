@@ -56,7 +56,7 @@ class Q8KTiles(NamedTuple):
 
 # fastest shapes of two sweeps on the H200 at m=4096 n=512 k=14336 (benchmarks/RESULTS.md):
 # Q4_K 442 us with 128 x 128 tiles of 64 x 32 warp tiles; Q6_K 494 us with 32 x 64 warp tiles
-TUNED_KTILES = {"Q4_K": Q8KTiles(4, 4, 2, 4, 3), "Q6_K": Q8KTiles(2, 8, 4, 2, 3),
+TUNED_KTILES = {"Q4_K": Q8KTiles(4, 2, 2, 8, 3), "Q6_K": Q8KTiles(2, 8, 4, 2, 3),
                 "Q4_0": Q8KTiles(4, 4, 2, 4, 3), "Q8_0": Q8KTiles(2, 4, 2, 4, 3)}
 CPU_KTILES = Q8KTiles(1, 1, 1, 1, 3)       # 16 x 8, one warp: the CPU target emulates threads
 
