@@ -54,8 +54,9 @@ class Q8KTiles(NamedTuple):
         return 16 * self.mi * self.wm, 8 * self.ni * self.wn
 
 
-# fastest shapes of two sweeps on the H200 at m=4096 n=512 k=14336 (benchmarks/RESULTS.md):
-# Q4_K 442 us with 128 x 128 tiles of 64 x 32 warp tiles; Q6_K 494 us with 32 x 64 warp tiles
+# fastest shapes of the sweeps on the H200 (benchmarks/RESULTS.md): Q4_K 413 us at m=4096 n=512
+# k=14336 with 128 x 128 tiles of 16 warps (64 x 16 warp tiles; 8-9% ahead of 8 warps of 64 x 32
+# on all three 8B prefill shapes); Q6_K 499 us with 32 x 64 warp tiles
 TUNED_KTILES = {"Q4_K": Q8KTiles(4, 2, 2, 8, 3), "Q6_K": Q8KTiles(2, 8, 4, 2, 3),
                 "Q4_0": Q8KTiles(4, 4, 2, 4, 3), "Q8_0": Q8KTiles(2, 4, 2, 4, 3)}
 CPU_KTILES = Q8KTiles(1, 1, 1, 1, 3)       # 16 x 8, one warp: the CPU target emulates threads
