@@ -7,9 +7,9 @@
 # Both phases must run on the same warm machine (the build lives in /tmp/llamacpp).
 # Flags are ANCHORS.md's: -ngl 99 -fa 1 -p 512 -n 128 -r 3; ours: pykernel bench -p 512 -n 128 -r 3.
 # DEPTH=4096 ... finish: both also at that many tokens of context (llama-bench -d 0,DEPTH; ours
-# -d DEPTH as a second run).
+# -d DEPTH as a second run). MODELS="shape:TYPE ..." picks the files.
 set -uo pipefail
-MODELS="smollm2-135m:Q4_1 qwen2-1.5b:Q4_K_M llama-8b:Q4_0 llama-8b:Q4_K_M"
+MODELS=${MODELS:-"smollm2-135m:Q4_1 qwen2-1.5b:Q4_K_M llama-8b:Q4_0 llama-8b:Q4_K_M"}
 SYNTH=/tmp/synth; mkdir -p $SYNTH
 case ${1:-} in
   start)
