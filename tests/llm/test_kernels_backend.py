@@ -192,3 +192,26 @@ def test_split_decode_feeds_q8_1_to_the_o_projection(tmp_path, monkeypatch):
         launches = [launch.name for launch in session.cache.graphs[short].graph.launches]
         assert ("combine_splits" in launches) != short, launches
         assert launches.count("q8_1_quantize_kernel") == 2, launches   # the down GEMVs' inputs
+
+
+@pytest.mark.parametrize("device_kind", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_graph_argmax_many_blocks(device_kind, rng, seed):
+    """The decode graph's argmax (kernels_extra.argmax_into): several blocks and the last-block
+    merge, ties to the lowest index, the position advanced only when asked, replayable (the
+    ticket counter resets)."""
+    import pykernel as pk
+    from llm.backends.kernels_extra import argmax_into
+    if device_kind == "cuda" and not pk.gpu_available():
+        pytest.skip("no usable CUDA GPU")
+    pk.set_device(device_kind)
+    for n in (9001, 4096 * 3, 151936 if device_kind == "cuda" else 20000):
+        x = rng.standard_normal(n).astype(np.float32)
+        top = rng.choice(n, size=2, replace=False)
+        x[top] = x.max() + 1.0                       # a tie: the lower index wins
+        io = pk.to_device(np.array([-1, 41], np.int32))
+        dx = pk.to_device(x)
+        for step in range(2):
+            argmax_into(dx, io, advance=True)
+            assert io.numpy().tolist() == [int(top.min()), 42 + step], f"n={n} (seed {seed})"
+        argmax_into(dx, io, advance=False)
+        assert io.numpy().tolist() == [int(top.min()), 43], f"n={n} (seed {seed})"
