@@ -4,8 +4,9 @@ Input: a shape name (llama-8b, qwen2-1.5b, smollm2-135m), a file type (Q4_K_M, Q
 output path. Output: a GGUF file that both this runner and llama.cpp load: real hyperparameters,
 a synthetic byte-level BPE vocabulary of the real size (256 byte tokens, merged tokens with their
 merges, two control tokens), and random weights written directly as valid blocks of each
-tensor's quantization layout (random quant bytes, small finite f16 scales). Speed does not
-depend on weight values, so no float weights are generated or quantized. The Q4_K_M per-tensor
+tensor's quantization layout (random quant bytes; scales chosen so that every weight matrix
+has mean 0 and a trained model's spread, so activations stay finite through every layer).
+No float weights are generated or quantized. The Q4_K_M per-tensor
 mix follows llama.cpp's rules: output (or a tied token_embd) Q6_K; attn_v and ffn_down Q6_K in
 the `use_more_bits` layers (first and last eighth, every third in between), Q4_K elsewhere.
 Q4_0 / Q4_1: every matrix in that type, output Q6_K. Norms and biases are F32.
@@ -48,9 +49,12 @@ SHAPES = {
                           False, "smollm"),
 }
 
-# byte offsets of the f16 scale fields in each block (the rest are quant bits: any byte is valid)
-_SCALE_FIELDS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q8_0: (0,), Q.Q4_K: (0, 2), Q.Q6_K: (208,)}
-
+WEIGHT_STD = 0.02    # the spread of a trained model's weights (and of common inits)
+# rms of the integer factor each block scale d multiplies, for random quant bytes: Q4_0 (q - 8)
+# 4.61; Q8_0 int8 73.9; Q4_1 (q - 7.5) 4.61 with m = -7.5 d; Q4_K sc (q - 7.5) with the mins
+# equal to the scales and dmin = 7.5 d: 36.4 * 4.61; Q6_K int8 scale x (q - 32): 73.9 x 18.5
+_UNIT_RMS = {Q.Q4_0: 4.61, Q.Q8_0: 73.9, Q.Q4_1: 4.61, Q.Q4_K: 168.0, Q.Q6_K: 1367.0}
+_D_OFFSET = {Q.Q4_0: 0, Q.Q8_0: 0, Q.Q4_1: 0, Q.Q4_K: 0, Q.Q6_K: 208}
 
 def use_more_bits(i_layer: int, n_layer: int) -> bool:
     return i_layer < n_layer // 8 or i_layer >= 7 * n_layer // 8 or \
@@ -70,16 +74,29 @@ def tensor_type(name: str, il: int, n_layer: int, file_type: str, cols: int = 25
 
 
 def random_blocks(rng: np.random.Generator, qtype: Q, rows: int, cols: int) -> np.ndarray:
-    """uint8 (rows, row_bytes): random quant bytes, f16 scales in [0.002, 0.004)."""
+    """uint8 (rows, row_bytes): random quant bytes whose values have mean 0 and a spread of
+    about WEIGHT_STD, like a trained model's. (Random scales alone would give every K-quant and
+    Q4_1 block a positive mean: activations then grow layer by layer to inf and NaN, and the
+    data-dependent parts of a forward, softmax rescaling and the greedy token, stop being
+    representative.)"""
     elems, nbytes = GGML_QUANT_SIZES[qtype]
     n_blocks = rows * cols // elems
     blocks = np.frombuffer(rng.bytes(n_blocks * nbytes), np.uint8).reshape(n_blocks, nbytes)
     blocks = blocks.copy()
-    for off in _SCALE_FIELDS[qtype]:
-        scales = (0.002 + 0.002 * rng.random(n_blocks, np.float32)).astype(np.float16)
-        blocks[:, off:off + 2] = scales.view(np.uint8).reshape(n_blocks, 2)
+    d = WEIGHT_STD / _UNIT_RMS[qtype] * (0.75 + 0.5 * rng.random(n_blocks, np.float32))
+    _put_f16(blocks, _D_OFFSET[qtype], d)
+    if qtype == Q.Q4_1:                     # m = -7.5 d: nibbles centred on zero
+        _put_f16(blocks, 2, -7.5 * d)
+    elif qtype == Q.Q4_K:                   # every sub-block's min equal to its scale
+        sc = blocks[:, 4:16]
+        sc[:, 4:8] = sc[:, 0:4]             # low 6 bits of mins 0-3 = scales 0-3, and the top
+        sc[:, 8:12] = (sc[:, 8:12] & 0x0F) * 0x11   # bits of 4-7 match; 4-7's nibbles equal
+        _put_f16(blocks, 2, 7.5 * d)        # dmin = 7.5 d: d sc q - dmin m = d sc (q - 7.5)
     return blocks.reshape(rows, cols // elems * nbytes)
 
+
+def _put_f16(blocks: np.ndarray, offset: int, values: np.ndarray) -> None:
+    blocks[:, offset:offset + 2] = values.astype(np.float16).view(np.uint8).reshape(-1, 2)
 
 def _byte_tokens() -> list[str]:
     """GPT-2's byte -> printable unicode map, in byte order."""

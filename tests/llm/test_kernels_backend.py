@@ -139,6 +139,17 @@ def test_synth_reads_back_with_gguf_py(tmp_path):
     assert np.isfinite(model.logits(ids[:2])).all()
 
 
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K])
+def test_synth_weights_are_centred_and_spread_like_trained_ones(qtype, rng, seed):
+    """Random quant bytes, but each matrix dequantizes to mean ~0 and std ~WEIGHT_STD (a
+    positive mean per block made the synthetic models' activations overflow to NaN)."""
+    from gguf.quants import dequantize
+    from llm.synth import WEIGHT_STD, random_blocks
+    w = dequantize(random_blocks(rng, qtype, 32, 2048), qtype)
+    assert abs(w.mean()) < 0.15 * WEIGHT_STD, f"{qtype.name} mean {w.mean()} (seed {seed})"
+    assert 0.8 * WEIGHT_STD < w.std() < 1.25 * WEIGHT_STD, f"{qtype.name} std {w.std()}"
+
+
 def test_q4_k_m_mix_follows_llama_cpp():
     plan = {name: qtype for name, qtype, _ in tensor_plan(SHAPES["llama-8b"], "Q4_K_M")}
     assert plan["output.weight"] == Q.Q6_K and plan["token_embd.weight"] == Q.Q4_K
