@@ -156,8 +156,8 @@ def argmax_next(x: Ptr[f32, "ro"], io: Ptr[i32], part_v: Ptr[f32], part_i: Ptr[i
                 bv, bi = part_v[k], part_i[k]
         bv, bi = block_argmax(bv, bi, sv, si)
         if pk.thread_idx.x == 0:
-            io[0] = bi
-            if ADVANCE:
+            io[0] = bi if bi < n else 0   # an all-NaN row: token 0, as numpy's argmax, so the
+            if ADVANCE:                   # next step's embedding never reads out of range
                 io[1] = io[1] + 1
 
 

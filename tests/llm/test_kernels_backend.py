@@ -226,3 +226,5 @@ def test_graph_argmax_many_blocks(device_kind, rng, seed):
             assert io.numpy().tolist() == [int(top.min()), 42 + step], f"n={n} (seed {seed})"
         argmax_into(dx, io, advance=False)
         assert io.numpy().tolist() == [int(top.min()), 43], f"n={n} (seed {seed})"
+    argmax_into(pk.full((9001,), np.nan, np.float32), io, advance=True)
+    assert io.numpy().tolist() == [0, 44]         # all NaN: a valid id, never 2**31 - 1
