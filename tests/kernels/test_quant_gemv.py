@@ -300,3 +300,25 @@ def test_gpu_default_configs_at_model_shapes(rng, seed, type_name, n):
     for batch in (1, 2):
         x = rng.standard_normal((batch, n)).astype(np.float32)
         check_q8_1(gemv_on_q8_1(raw, type_name, x), raw, type_name, x, seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1536, 8960])
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q8_0"])
+def test_gpu_fused_gemvs_at_odd_block_counts(rng, seed, type_name, n):
+    """qwen2-1.5B's row lengths (6 and 35 super-blocks: odd counts of 256-value blocks) with
+    Q8_1 activations, plain, SwiGLU and residual, batch 1, on the GPU's default configs."""
+    pk.set_device("cuda")
+    rows = 300
+    gate, up = (make_weights(rng, type_name, rows, n) for _ in range(2))
+    x = rng.standard_normal((1, n)).astype(np.float32)
+    res = rng.standard_normal((1, rows)).astype(np.float32)
+    check_q8_1(gemv_on_q8_1(gate, type_name, x), gate, type_name, x, seed)
+    g = gemv(gate, type_name, x).numpy().astype(np.float64)
+    u = gemv(up, type_name, x).numpy().astype(np.float64)
+    swiglu = gemv_glu(gate, up, type_name, x, "swiglu").numpy()
+    added = gemv_residual(gate, type_name, x, res).numpy()
+    tol = 1e-5 * (np.abs(g) + 1) * (np.abs(u) + 1)
+    assert np.all(np.abs(swiglu - g / (1 + np.exp(-g)) * u) <= tol), f"swiglu (seed {seed})"
+    assert np.all(np.abs(added - (g + res)) <= 1e-5 * (np.abs(g) + np.abs(res)) + 1e-6), \
+        f"residual (seed {seed})"
