@@ -7,7 +7,7 @@ quantize for the DP4A GEMV" in one launch.
     rmsnorm_q8_1(x, weight, eps) -> (xq, out)          allocating wrapper (numpy or device x)
 
 One 1024-thread block per row; warp w loads Q8_1 blocks w, w + 32, ... of the row into
-registers, the block sums squares (f32, warp shuffles + shared memory) into
+registers (CHUNKS = n / 1024 rounded up of them: one value per thread each), the block sums squares (f32, warp shuffles + shared memory) into
 rstd = 1 / sqrt(mean + eps) (correctly rounded sqrt, like stdlib_kernels.norm), and each warp
 normalizes and quantizes its blocks exactly as q8_1.quantize_q8_1 does. The sum order differs from norm.rmsnorm's, so values agree with it to
 f32 rounding (not bit for bit); Q8_1 bytes of a value on a rounding boundary can differ by one.
@@ -91,7 +91,7 @@ def rmsnorm_q8_1_into(x, weight, eps: float, xq, out=None, stream=None) -> None:
     flat = x.reshape(-1)
     rmsnorm_q8_1_kernel[rows, THREADS, stream](
         flat, flat if weight is None else weight, words, flat if out is None else out.reshape(-1),
-        n, float(eps), weight is not None, out is not None, -(-n // (32 * THREADS)))
+        n, float(eps), weight is not None, out is not None, -(-n // THREADS))
 
 
 def rmsnorm_q8_1(x, weight=None, eps: float = 1e-6):

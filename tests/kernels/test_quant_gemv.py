@@ -157,17 +157,26 @@ def test_gemv_rejects_bad_input(device, rng):
         gemv(raw, "Q9_9", np.zeros(64, np.float32))
 
 
-def test_rmsnorm_q8_1_fused(device, rng, seed):
-    x = rng.standard_normal((3, 96)).astype(np.float32) * 10.0 ** rng.uniform(-3, 3, (3, 1))
-    weight = rng.standard_normal(96).astype(np.float32)
-    xq, out = rmsnorm_q8_1(x, weight, 1e-5)
+@pytest.mark.parametrize("n", [96, 1056, 4096])
+def test_rmsnorm_q8_1_fused(device, rng, seed, n):
+    """Rows of one, two (1056 = 33 Q8_1 blocks: one past the first 1024-value chunk) and four
+    chunks; every output byte poisoned first (a chunk left unwritten once went unnoticed at
+    n <= 1024, the only sizes tested, and fed the 1.5B / 8B decode stale bytes)."""
+    from stdlib_kernels.quant.rmsnorm_q8_1 import rmsnorm_q8_1_into
+    rows = 3 if n < 4096 else 2
+    x = (rng.standard_normal((rows, n)) * 10.0 ** rng.uniform(-3, 3, (rows, 1))).astype(np.float32)
+    weight = rng.standard_normal(n).astype(np.float32)
+    xq = pk.full((rows, n // 32 * 36), 0xFF, np.uint8)      # 0xFFFF: an f16 NaN scale
+    out = pk.full((rows, n), np.nan, np.float32)
+    rmsnorm_q8_1_into(pk.to_device(x), pk.to_device(weight), 1e-5, xq, out)
     x64 = x.astype(np.float64)
     want = x64 / np.sqrt((x64 ** 2).mean(axis=1, keepdims=True) + 1e-5) * weight
     assert np.allclose(out.numpy(), want, rtol=2e-6, atol=0), f"rmsnorm values (seed {seed})"
     # the Q8_1 bytes are exactly those of the normalized f32 values the kernel produced
     assert np.array_equal(xq.numpy(), ref.quantize_q8_1(out.numpy())), f"Q8_1 (seed {seed})"
-    with pytest.raises(ValueError, match="multiple of 32"):
-        rmsnorm_q8_1(np.zeros((1, 40), np.float32))
+    if n == 96:
+        with pytest.raises(ValueError, match="multiple of 32"):
+            rmsnorm_q8_1(np.zeros((1, 40), np.float32))
 
 
 @pytest.mark.parametrize("type_name,variant,blocks",
