@@ -83,3 +83,25 @@ def test_pipelined_greedy_matches_step_by_step(tmp_path, monkeypatch, short_cont
     for _ in range(11):
         expected.append(int(np.argmax(session.step(expected[-1]))))
     assert picked == expected
+
+
+@pytest.mark.parametrize("arch,file_type", [("qwen2", "Q4_K_M"), ("llama", "Q4_0")])
+def test_model_width_over_1024_matches_numpy(tmp_path, monkeypatch, arch, file_type):
+    """A synthetic model 1280 wide (more than one 1024-value chunk of the fused RMSNorm + Q8_1
+    kernel), head_dim 128, Q4_K / Q6_K row groups with qkv biases (qwen2) or Q4_0 (llama):
+    the production settings' prefill and graph decode steps against the numpy backend. The
+    tiny and real test models are all <= 1024 wide, which hid a fused-norm bug that fed every
+    wider model stale activations."""
+    from llm import synth
+    monkeypatch.setitem(synth.SHAPES, "mid", synth.Shape(
+        arch, 1280, 2560, 2, 10, 2, 2048, 64, 10000.0, 1e-6, arch == "qwen2", arch == "qwen2",
+        "llama-bpe"))
+    path = synth.write_synthetic("mid", file_type, tmp_path / "mid.gguf")
+    ids = [5, 9, 13, 17, 21, 25, 29, 33, 37, 41, 45]
+    want = llm.load(path, device="cpu", n_ctx=32, progress=False).logits(ids)
+    model = llm.load(path, device="cuda", n_ctx=32, progress=False)
+    assert rel_l2(model.logits(ids), want) < 3e-2
+    session = model.session()
+    session.reset()
+    steps = [session.prefill(ids[:9])[0]] + [session.step(t) for t in ids[9:]]
+    assert rel_l2(np.stack(steps), want[8:]) < 3e-2, rel_l2(np.stack(steps), want[8:])
