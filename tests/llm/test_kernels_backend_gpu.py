@@ -52,7 +52,11 @@ def test_tensor_core_prefill_attention_matches_simt(tmp_path, monkeypatch, short
     from llm.backends import kernels_backend, kernels_graph
     from llm.synth import write_synthetic
     monkeypatch.setattr(kernels_graph, "SHORT_CONTEXT", short_context)
-    path = write_synthetic("smollm2-135m", "Q4_1", tmp_path / "smol.gguf")
+    # Q4_0: no block minimum, so the decode's Q8_1 activations stay within ~3e-3 of the
+    # prefill (with Q4_1 / Q4_K the minimum times the raw block sum of the Q8_1 activations,
+    # llama.cpp's scheme, puts decode and an f32-activation prefill 2-10% apart on random
+    # weights: see test_model_width_over_1024_matches_numpy)
+    path = write_synthetic("smollm2-135m", "Q4_0", tmp_path / "smol.gguf")
     ids = list(np.random.default_rng(1).integers(0, 49000, 96))
     model = llm.load(path, device="cuda", n_ctx=128, progress=False)
     fast = model.logits(ids)
@@ -85,13 +89,18 @@ def test_pipelined_greedy_matches_step_by_step(tmp_path, monkeypatch, short_cont
     assert picked == expected
 
 
-@pytest.mark.parametrize("arch,file_type", [("qwen2", "Q4_K_M"), ("llama", "Q4_0")])
-def test_model_width_over_1024_matches_numpy(tmp_path, monkeypatch, arch, file_type):
+@pytest.mark.parametrize("arch,file_type,tol", [("qwen2", "Q4_0", 1e-2), ("llama", "Q4_0", 1e-2),
+                                              ("qwen2", "Q4_K_M", 0.15)])
+def test_model_width_over_1024_matches_numpy(tmp_path, monkeypatch, arch, file_type, tol):
     """A synthetic model 1280 wide (more than one 1024-value chunk of the fused RMSNorm + Q8_1
     kernel), head_dim 128, Q4_K / Q6_K row groups with qkv biases (qwen2) or Q4_0 (llama):
     the production settings' prefill and graph decode steps against the numpy backend. The
     tiny and real test models are all <= 1024 wide, which hid a fused-norm bug that fed every
-    wider model stale activations."""
+    wider model stale activations (NaN decode logits on these synthetic files).
+    Q4_K_M's bound is loose: with Q8_1 activations, K-quant blocks' minimum term uses the raw
+    block sum (as llama.cpp's CUDA quantizer does) and measured 2.5-10% from the f32 numpy
+    logits on these random weights (f32 activations: 1e-3; Q4_0: 3e-3); the tight Q4_0 cases
+    carry the check of the fused norm."""
     from llm import synth
     monkeypatch.setitem(synth.SHAPES, "mid", synth.Shape(
         arch, 1280, 2560, 2, 10, 2, 2048, 64, 10000.0, 1e-6, arch == "qwen2", arch == "qwen2",
@@ -100,8 +109,9 @@ def test_model_width_over_1024_matches_numpy(tmp_path, monkeypatch, arch, file_t
     ids = [5, 9, 13, 17, 21, 25, 29, 33, 37, 41, 45]
     want = llm.load(path, device="cpu", n_ctx=32, progress=False).logits(ids)
     model = llm.load(path, device="cuda", n_ctx=32, progress=False)
-    assert rel_l2(model.logits(ids), want) < 3e-2
+    assert rel_l2(model.logits(ids), want) < tol
     session = model.session()
     session.reset()
     steps = [session.prefill(ids[:9])[0]] + [session.step(t) for t in ids[9:]]
-    assert rel_l2(np.stack(steps), want[8:]) < 3e-2, rel_l2(np.stack(steps), want[8:])
+    assert np.isfinite(steps).all() and rel_l2(np.stack(steps), want[8:]) < tol, \
+        rel_l2(np.stack(steps), want[8:])
