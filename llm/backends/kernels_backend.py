@@ -66,6 +66,7 @@ class KernelsBackend(Backend):
         self.memory = DeviceMemory(self.device)
         self.weights = W.WeightStore(self.memory.upload)
         self.use_graphs = graphs
+        self.argmax_scratch = None    # the decode graphs' greedy argmax (kernels_graph), per stream
         # stdlib's warp-per-row GEMV on the GPU; on the CPU target kernels_extra.matmul, whose
         # threads never synchronise (same arithmetic, ~100x faster there)
         self.gemv = self.device.kind == "cuda" if gemv is None else gemv

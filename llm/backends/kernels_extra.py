@@ -232,23 +232,26 @@ def columns(src, dst, rows: int, width: int, src_off: int, dst_off: int, stream=
 
 ARGMAX_THREADS = 256
 ARGMAX_UNITS = 4                 # 4-logit units per thread: 4096 logits per block
-_ARGMAX_SCRATCH = {}
 
 
-def argmax_into(x, io, advance: bool, stream=None) -> None:
-    """io[0] = argmax of the f32 row x (n,); io[1] += 1 when `advance`. Scratch (per-block
-    results, a ticket counter the kernel resets) is allocated once per device and size, on the
-    first, uncaptured call."""
-    n = x.size
+def argmax_scratch(n: int) -> tuple:
+    """Scratch of argmax_into for rows of n logits: per-block results and the ticket counter
+    (zero; the kernel resets it). One per stream that launches it: two launches in flight on
+    different streams must not share a counter."""
     blocks = -(-n // (4 * ARGMAX_UNITS * ARGMAX_THREADS))
-    key = (id(pk.current_device()), blocks)
-    if key not in _ARGMAX_SCRATCH:
-        _ARGMAX_SCRATCH[key] = (pk.current_device(), pk.empty(blocks, np.float32),
-                                pk.empty(blocks, np.int32), pk.zeros(1, np.int32))
-    _, part_v, part_i, counter = _ARGMAX_SCRATCH[key]
+    return pk.empty(blocks, np.float32), pk.empty(blocks, np.int32), pk.zeros(1, np.int32)
+
+
+def argmax_into(x, io, advance: bool, scratch: tuple, stream=None) -> None:
+    """io[0] = argmax of the f32 row x (n,); io[1] += 1 when `advance` (scratch: argmax_scratch
+    (n), allocated before any graph capture)."""
+    n = x.size
+    part_v, part_i, counter = scratch
+    if part_v.size * 4 * ARGMAX_UNITS * ARGMAX_THREADS < n:
+        raise ValueError(f"argmax_into: scratch for {part_v.size} blocks, {n} logits given")
     spec = (("VEC", L.vector_width(n, x)), ("UNITS", ARGMAX_UNITS), ("ADVANCE", advance))
-    L.launch(argmax_next, blocks, ARGMAX_THREADS, (x, io, part_v, part_i, counter, n), spec,
-             stream)
+    L.launch(argmax_next, part_v.size, ARGMAX_THREADS, (x, io, part_v, part_i, counter, n),
+             spec, stream)
 
 
 def embed_rows(table, type_name: str, ids, out, scale: float, stream=None) -> None:

@@ -60,11 +60,20 @@ class GraphedTransformer(Transformer):
         b.direct_attention = short
         try:
             logits = b.materialize(super().forward(np.zeros(1, np.int64), 0, cache))
-            X.argmax_into(logits.reshape(-1), io, advance=True)
+            X.argmax_into(logits.reshape(-1), io, advance=True,
+                          scratch=self._argmax_scratch(logits.size))
         finally:
             b.direct_attention = False
             b.end_step()
         return logits
+
+    def _argmax_scratch(self, n: int) -> tuple:
+        """The greedy argmax's scratch, one per backend (so per stream), made on the first,
+        uncaptured step."""
+        b = self.backend
+        if getattr(b, "argmax_scratch", None) is None:
+            b.argmax_scratch = X.argmax_scratch(n)
+        return b.argmax_scratch
 
     def decode_step(self, token: int, pos: int, cache):
         """Logits (1, n_vocab) after `token` at position `pos` (written into the cache)."""

@@ -211,7 +211,7 @@ def test_graph_argmax_many_blocks(device_kind, rng, seed):
     merge, ties to the lowest index, the position advanced only when asked, replayable (the
     ticket counter resets)."""
     import pykernel as pk
-    from llm.backends.kernels_extra import argmax_into
+    from llm.backends.kernels_extra import argmax_into, argmax_scratch
     if device_kind == "cuda" and not pk.gpu_available():
         pytest.skip("no usable CUDA GPU")
     pk.set_device(device_kind)
@@ -221,10 +221,12 @@ def test_graph_argmax_many_blocks(device_kind, rng, seed):
         x[top] = x.max() + 1.0                       # a tie: the lower index wins
         io = pk.to_device(np.array([-1, 41], np.int32))
         dx = pk.to_device(x)
+        scratch = argmax_scratch(n)
         for step in range(2):
-            argmax_into(dx, io, advance=True)
+            argmax_into(dx, io, advance=True, scratch=scratch)
             assert io.numpy().tolist() == [int(top.min()), 42 + step], f"n={n} (seed {seed})"
-        argmax_into(dx, io, advance=False)
+        argmax_into(dx, io, advance=False, scratch=scratch)
         assert io.numpy().tolist() == [int(top.min()), 43], f"n={n} (seed {seed})"
-    argmax_into(pk.full((9001,), np.nan, np.float32), io, advance=True)
+    argmax_into(pk.full((9001,), np.nan, np.float32), io, advance=True,
+                scratch=argmax_scratch(9001))
     assert io.numpy().tolist() == [0, 44]         # all NaN: a valid id, never 2**31 - 1
