@@ -42,15 +42,10 @@ def unit_values(xr, c: i32, n: i32, VEC: Const[int]):
             e if c + 3 < n else nan)
 
 
-@pk.kernel
-def argmax_blocks(x: Ptr[f32, "ro"], out: Ptr[i32], part_v: Ptr[f32], part_i: Ptr[i32],
-                  counter: Ptr[i32], n: i32, VEC: Const[int], UNITS: Const[int]):
-    sv = pk.shared_array(f32, 32)
-    si = pk.shared_array(i32, 32)
-    flag = pk.shared_array(i32, 1)
-    row = pk.block_idx.y
-    blocks = pk.grid_dim.x
-    xr = x + i64(row) * i64(n)
+@pk.func
+def span_argmax(xr, n: i32, sv, si, UNITS: Const[int], VEC: Const[int]):
+    """(value, index) of the best logit in this block's span of 4 * UNITS * block_dim, on
+    every thread (the block synchronises)."""
     span = pk.block_idx.x * (4 * UNITS * pk.block_dim.x)
     bv = f32(NEG_INF)
     bi = i32(BIG_INDEX)
@@ -66,7 +61,31 @@ def argmax_blocks(x: Ptr[f32, "ro"], out: Ptr[i32], part_v: Ptr[f32], part_i: Pt
                 bv, bi = d, c + 2
             if better(e, c + 3, bv, bi):
                 bv, bi = e, c + 3
-    bv, bi = block_argmax(bv, bi, sv, si)
+    return block_argmax(bv, bi, sv, si)
+
+
+@pk.func
+def parts_argmax(part_v, part_i, first: i32, count: i32, sv, si):
+    """(value, index) of the best of `count` per-block results from `first`, on every thread."""
+    bv = f32(NEG_INF)
+    bi = i32(BIG_INDEX)
+    for k in range(pk.thread_idx.x, count, pk.block_dim.x):
+        v = part_v[first + k]
+        i = part_i[first + k]
+        if better(v, i, bv, bi):
+            bv, bi = v, i
+    return block_argmax(bv, bi, sv, si)
+
+
+@pk.kernel
+def argmax_blocks(x: Ptr[f32, "ro"], out: Ptr[i32], part_v: Ptr[f32], part_i: Ptr[i32],
+                  counter: Ptr[i32], n: i32, VEC: Const[int], UNITS: Const[int]):
+    sv = pk.shared_array(f32, 32)
+    si = pk.shared_array(i32, 32)
+    flag = pk.shared_array(i32, 1)
+    row = pk.block_idx.y
+    blocks = pk.grid_dim.x
+    bv, bi = span_argmax(x + i64(row) * i64(n), n, sv, si, UNITS, VEC)
     slot = row * blocks + pk.block_idx.x
     if pk.thread_idx.x == 0:
         part_v[slot] = bv
@@ -77,14 +96,7 @@ def argmax_blocks(x: Ptr[f32, "ro"], out: Ptr[i32], part_v: Ptr[f32], part_i: Pt
         return
     if not last_block_done(counter, row, blocks, flag):
         return
-    bv = f32(NEG_INF)
-    bi = i32(BIG_INDEX)
-    for k in range(pk.thread_idx.x, blocks, pk.block_dim.x):
-        v = part_v[row * blocks + k]
-        i = part_i[row * blocks + k]
-        if better(v, i, bv, bi):
-            bv, bi = v, i
-    bv, bi = block_argmax(bv, bi, sv, si)
+    bv, bi = parts_argmax(part_v, part_i, row * blocks, blocks, sv, si)
     if pk.thread_idx.x == 0:
         out[row] = bi
 
