@@ -342,8 +342,8 @@ def decode_table(copy_bw: float, sweep: bool = True) -> list[str]:
     return rows
 
 
-def bench_prefill(tokens: int, path: str, block_keys=None, warps: int = 4,
-                  start: int = 0, stages: int = 2, m_tiles: int = 1) -> float:
+def bench_prefill(tokens: int, path: str, block_keys=None, warps: int = MMA_WARPS,
+                  start: int = 0, stages: int = MMA_STAGES, m_tiles: int = 1) -> float:
     """us per causal prefill of `tokens` queries at positions start .. (the cache holds start
     earlier positions)."""
     rng = np.random.default_rng(0)
@@ -397,7 +397,7 @@ def prefill_table() -> list[str]:
             f"| tokens | start | path | ms | TFLOP/s | % of {peak:.0f} |",
             "|---|---|---|---|---|---|"]
     configs = [(t, s, *p) for t, s in PREFILL_SHAPES for p in PREFILL_PATHS]
-    configs.append((512, 0, "simt", None, 4, 2, 1))
+    configs.append((512, 0, "simt", None, MMA_WARPS, MMA_STAGES, 1))
     for tokens, start, path, bn, warps, stages, mt in configs:
         label = f"{path}{f' BN={bn} {warps}w S{stages} MT{mt}' if bn else ''}"
         try:

@@ -56,6 +56,7 @@ WEIGHT_STD = 0.02    # the spread of a trained model's weights (and of common in
 _UNIT_RMS = {Q.Q4_0: 4.61, Q.Q8_0: 73.9, Q.Q4_1: 4.61, Q.Q4_K: 168.0, Q.Q6_K: 1367.0}
 _D_OFFSET = {Q.Q4_0: 0, Q.Q8_0: 0, Q.Q4_1: 0, Q.Q4_K: 0, Q.Q6_K: 208}
 
+
 def use_more_bits(i_layer: int, n_layer: int) -> bool:
     return i_layer < n_layer // 8 or i_layer >= 7 * n_layer // 8 or \
         (i_layer - n_layer // 8) % 3 == 2
@@ -97,6 +98,7 @@ def random_blocks(rng: np.random.Generator, qtype: Q, rows: int, cols: int) -> n
 
 def _put_f16(blocks: np.ndarray, offset: int, values: np.ndarray) -> None:
     blocks[:, offset:offset + 2] = values.astype(np.float16).view(np.uint8).reshape(-1, 2)
+
 
 def _byte_tokens() -> list[str]:
     """GPT-2's byte -> printable unicode map, in byte order."""

@@ -71,7 +71,7 @@ class GraphedTransformer(Transformer):
         """The greedy argmax's scratch, one per backend (so per stream), made on the first,
         uncaptured step."""
         b = self.backend
-        if getattr(b, "argmax_scratch", None) is None:
+        if b.argmax_scratch is None:
             b.argmax_scratch = X.argmax_scratch(n)
         return b.argmax_scratch
 
