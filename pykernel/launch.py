@@ -1,5 +1,5 @@
-"""`kernel[grid, block, stream, shared_bytes](*args)`: split Const/dtype arguments from runtime
-ones, pick (or compile) the specialization for the current device, and launch it."""
+"""`kernel[grid, block, stream, shared_bytes, cluster](*args)`: split Const/dtype arguments
+from runtime ones, pick (or compile) the specialization for the current device, and launch it."""
 from __future__ import annotations
 
 import numpy as np
@@ -21,17 +21,36 @@ def _dim3(value, what, kernel_name):
     return tuple(int(v) for v in value) + (1,) * (3 - len(value))
 
 
+MAX_CLUSTER = 16     # blocks per cluster on sm_90 with the non-portable opt-in (8 without)
+
+
+def _cluster(value, grid, kernel_name):
+    """Cluster dims (x, y, z): positive, at most MAX_CLUSTER blocks, dividing the grid."""
+    dims = _dim3(value, "cluster", kernel_name)
+    size = dims[0] * dims[1] * dims[2]
+    if size > MAX_CLUSTER:
+        raise LaunchError(f"{kernel_name}: a cluster of {dims} is {size} blocks; at most "
+                          f"{MAX_CLUSTER} blocks per cluster (8 portable)")
+    if any(g % c for g, c in zip(grid, dims)):
+        raise LaunchError(f"{kernel_name}: grid {grid} is not a whole number of clusters "
+                          f"{dims}: each grid extent must be a multiple of the cluster's")
+    return dims
+
+
 class Launcher:
     def __init__(self, kernel, config):
         if not isinstance(config, tuple):
             config = (config,)
-        if not 2 <= len(config) <= 4:
-            raise LaunchError(f"{kernel.name}[...] takes grid, block[, stream[, shared_bytes]]")
+        if not 2 <= len(config) <= 5:
+            raise LaunchError(f"{kernel.name}[...] takes grid, block[, stream[, shared_bytes"
+                              f"[, cluster]]]")
         self.kernel = kernel
         self.grid = _dim3(config[0], "grid", kernel.name)
         self.block = _dim3(config[1], "block", kernel.name)
         self.stream = config[2] if len(config) > 2 else None
         self.shared_bytes = int(config[3]) if len(config) > 3 else 0
+        self.cluster = _cluster(config[4], self.grid, kernel.name) \
+            if len(config) > 4 and config[4] is not None else None
         limit, threads = kernel.options.max_threads, self.block[0] * self.block[1] * self.block[2]
         if limit and threads > limit:
             raise LaunchError(f"{kernel.name}[grid={self.grid}, block={self.block}]: {threads} "
@@ -74,8 +93,12 @@ class Launcher:
         if compiled.hidden_extents:
             runtime_args += tuple(_nbytes(k, a) for p, a in zip(k.runtime_params, runtime_args)
                                   if p.kind == "ptr")
-        device.launch(compiled, self.grid, self.block, runtime_args, stream=self.stream,
-                      shared_bytes=self.shared_bytes)
+        if self.cluster is None:
+            device.launch(compiled, self.grid, self.block, runtime_args, stream=self.stream,
+                          shared_bytes=self.shared_bytes)
+        else:
+            device.launch(compiled, self.grid, self.block, runtime_args, stream=self.stream,
+                          shared_bytes=self.shared_bytes, cluster=self.cluster)
 
 
 def _plan(kernel):

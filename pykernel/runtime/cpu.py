@@ -57,7 +57,8 @@ class CpuDevice:
     def synchronize(self):
         pass  # launches are synchronous on the CPU
 
-    def launch(self, compiled, grid, block, args, stream=None, shared_bytes=0):
+    def launch(self, compiled, grid, block, args, stream=None, shared_bytes=0,
+               cluster=(1, 1, 1)):
         packer = self._packers.get(compiled.cache_key)
         if packer is None:
             packer = self._packers[compiled.cache_key] = ArgPacker(compiled, "cpu")
@@ -72,9 +73,15 @@ class CpuDevice:
                                      f"block={block} (at most 1024 threads per block)")
         entry = self._entry(compiled)
         nblocks = grid[0] * grid[1] * grid[2]
-        chunks = self._chunks(nblocks, compiled.cpu.coroutine, nthreads)
-        contexts = [self._prepare(w, compiled, grid, block, shared_bytes, extents)
-                    for w in self._workers[:len(chunks)]]
+        # a kernel whose cluster's blocks must live together runs whole clusters per worker
+        together = cluster[0] * cluster[1] * cluster[2] \
+            if "cluster_together" in compiled.uses else 1
+        if "cluster" not in compiled.uses:
+            cluster = (1, 1, 1)       # blocks that never look at their cluster are independent
+        chunks = self._chunks(nblocks // together, compiled.cpu.coroutine,
+                              nthreads * together)
+        contexts = [self._prepare(w, compiled, grid, block, shared_bytes, extents, cluster,
+                                  together) for w in self._workers[:len(chunks)]]
         if len(chunks) == 1:
             entry(args_addr, contexts[0], chunks[0][0], chunks[0][1])
         else:
@@ -99,14 +106,17 @@ class CpuDevice:
         step = -(-nblocks // n)
         return [(lo, min(nblocks, lo + step)) for lo in range(0, nblocks, step)]
 
-    def _prepare(self, w, compiled, grid, block, dyn_bytes, extents):
-        nthreads = block[0] * block[1] * block[2]
+    def _prepare(self, w, compiled, grid, block, dyn_bytes, extents, cluster, together):
+        nthreads = block[0] * block[1] * block[2] * together
         dyn = (int(dyn_bytes) + 15) // 16 * 16
+        stride = (dyn + compiled.cpu.shared_bytes + 16 + 15) // 16 * 16
         c = w.ctx
         c[:] = 0
         c[abi.GRID:abi.GRID + 3] = grid
         c[abi.BLOCK:abi.BLOCK + 3] = block
-        c[abi.SHARED_PTR] = w.buffer("shared", dyn + compiled.cpu.shared_bytes + 16)
+        c[abi.CLUSTER:abi.CLUSTER + 3] = cluster
+        c[abi.SHARED_STRIDE] = stride
+        c[abi.SHARED_PTR] = w.buffer("shared", stride * together)
         c[abi.DYN_BYTES] = dyn
         c[abi.SCRATCH_PTR] = w.scratch.ctypes.data
         w.extents = extents

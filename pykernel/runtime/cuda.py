@@ -29,6 +29,8 @@ _DEFAULT_SHARED_LIMIT = 48 * 1024
 _MAX_DYNAMIC_SHARED = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _MAX_THREADS = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
 _NUM_REGS = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS
+_NON_PORTABLE_CLUSTER = \
+    cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
 _launch_kernel = cu.cuLaunchKernel
 
 
@@ -152,7 +154,8 @@ class CudaMemory:
 
 class _LoadedKernel:
     __slots__ = ("name", "func", "packer", "pack", "params_address", "kernel_params", "extra",
-                 "dynamic_shared_limit", "static_shared", "code", "launch_config")
+                 "dynamic_shared_limit", "static_shared", "code", "launch_config",
+                 "non_portable")
 
     def __init__(self, name, func, packer, dynamic_shared_limit, static_shared, code,
                  param_buffer: bool, pdl: bool = False):
@@ -169,6 +172,7 @@ class _LoadedKernel:
         # through cuLaunchKernelEx with programmatic stream serialization when a capture
         # asks for it (capture_graph(pdl=True))
         self.launch_config = _pdl_config() if pdl else None
+        self.non_portable = False     # clusters of more than 8 blocks allowed (set on demand)
 
 
 def _pdl_config():
@@ -178,6 +182,26 @@ def _pdl_config():
     config = cu.CUlaunchConfig()
     config.attrs, config.numAttrs = [attribute], 1
     return config
+
+
+def _launch_cluster(kernel, grid, block, shared_bytes, handle, cluster, pdl: bool):
+    """cuLaunchKernelEx with the cluster dimension (and PDL when capturing with it); clusters
+    over 8 blocks need the function's non-portable opt-in, set once."""
+    size = cluster[0] * cluster[1] * cluster[2]
+    if size > 8 and not kernel.non_portable:
+        check(cu.cuFuncSetAttribute(kernel.func, _NON_PORTABLE_CLUSTER, 1),
+              f"{kernel.name}: allowing clusters of more than 8 blocks")
+        kernel.non_portable = True
+    dims = cu.CUlaunchAttribute()
+    dims.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    dims.value.clusterDim.x, dims.value.clusterDim.y, dims.value.clusterDim.z = cluster
+    config = cu.CUlaunchConfig()
+    attrs = [dims] + (list(kernel.launch_config.attrs) if pdl else [])
+    config.attrs, config.numAttrs = attrs, len(attrs)
+    config.gridDimX, config.gridDimY, config.gridDimZ = grid
+    config.blockDimX, config.blockDimY, config.blockDimZ = block
+    config.sharedMemBytes, config.hStream = shared_bytes, handle
+    return cu.cuLaunchKernelEx(config, kernel.func, kernel.kernel_params, kernel.extra)
 
 
 def _launch_pdl(kernel, grid, block, shared_bytes, handle):
@@ -243,7 +267,7 @@ class CudaDevice:
             check(cu.cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
 
     # -- launch -----------------------------------------------------------------------------
-    def launch(self, compiled, grid, block, args, stream=None, shared_bytes=0):
+    def launch(self, compiled, grid, block, args, stream=None, shared_bytes=0, cluster=None):
         kernel = self._kernels.get(compiled.cache_key)
         if kernel is None:
             kernel = self.load(compiled)
@@ -253,7 +277,11 @@ class CudaDevice:
         handle = self._launch_handle if stream is None else _stream_handle(stream)
         self._recent.append(kernel.name)
         try:
-            if kernel.launch_config is None or not self.programmatic_launch:
+            pdl = kernel.launch_config is not None and self.programmatic_launch
+            if cluster is not None and cluster != (1, 1, 1):
+                (err,) = _launch_cluster(kernel, grid, block, shared_bytes, handle, cluster,
+                                         pdl)
+            elif not pdl:
                 (err,) = _launch_kernel(kernel.func, grid[0], grid[1], grid[2], block[0],
                                         block[1], block[2], shared_bytes, handle,
                                         kernel.kernel_params, kernel.extra)
@@ -263,9 +291,10 @@ class CudaDevice:
             raise LaunchError(f"{kernel.name}[grid={tuple(grid)}, block={tuple(block)}, "
                               f"shared={shared_bytes}]: invalid launch geometry ({exc})") from None
         if err:
-            self._launch_failed(err, kernel, grid, block, shared_bytes)
+            self._launch_failed(err, kernel, grid, block, shared_bytes, cluster)
         if self._capture is not None:
-            self._capture.record(kernel, grid, block, shared_bytes, handle, args)
+            self._capture.record(kernel, grid, block, shared_bytes, handle, args,
+                                 cluster or (1, 1, 1))
         elif self.sync_launches:
             self._synchronize_after(kernel, handle)
 
@@ -304,13 +333,16 @@ class CudaDevice:
               f"{kernel.name}: setting max dynamic shared memory to {shared_bytes}")
         kernel.dynamic_shared_limit = shared_bytes
 
-    def _launch_failed(self, err, kernel, grid, block, shared_bytes):
+    def _launch_failed(self, err, kernel, grid, block, shared_bytes, cluster=None):
         code = int(err)
         if code in _KERNEL_FAULTS:  # reported by this call, caused by an earlier kernel
             self._recent.pop()
             raise self.fault_error(err, f"before launching '{kernel.name}'")
         where = (f"{kernel.name}[grid={tuple(grid)}, block={tuple(block)}, "
-                 f"shared={shared_bytes}]")
+                 f"shared={shared_bytes}" + (f", cluster={tuple(cluster)}]" if cluster else "]"))
+        if cluster and code == int(cu.CUresult.CUDA_ERROR_INVALID_CLUSTER_SIZE):
+            raise LaunchError(f"{where}: this GPU cannot run clusters of that size with this "
+                              f"kernel's threads, registers and shared memory per block")
         threads = block[0] * block[1] * block[2]
         max_threads = check(cu.cuFuncGetAttribute(_MAX_THREADS, kernel.func), "attribute")
         if threads > max_threads:

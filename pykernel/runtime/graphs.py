@@ -37,6 +37,7 @@ class CapturedLaunch:
     shared_bytes: int
     args: tuple          # kept alive: arrays used by the graph cannot be freed under it
     node: object = field(default=None, repr=False)  # cuda: the CUgraphNode
+    cluster: tuple = (1, 1, 1)
 
 
 class Graph:
@@ -57,14 +58,14 @@ class Graph:
             len(dependencies) == 1 else None
         self.launches.append(CapturedLaunch(kernel.name, kernel, kernel.packer.params,
                                             tuple(grid), tuple(block), shared_bytes,
-                                            tuple(args), node))
+                                            tuple(args), node, tuple(cluster)))
 
     def replay(self, stream: Stream | None = None) -> None:
         """Run the captured launches (asynchronously on cuda; errors show at synchronize)."""
         if self.device.kind != "cuda":
             for launch in self.launches:
                 self.device.launch(launch.target, launch.grid, launch.block, launch.args,
-                                   None, launch.shared_bytes)
+                                   None, launch.shared_bytes, launch.cluster)
             return
         names = ", ".join(launch.name for launch in self.launches)
         self.device._recent.append(f"graph[{names}]")
@@ -147,10 +148,10 @@ def _cuda_capture(device, stream: Stream, graph: Graph, pdl: bool):
 @contextmanager
 def _host_capture(device, graph: Graph):
     """Shadow the device's bound `launch` with a recorder for the duration of the block."""
-    def record(compiled, grid, block, args, stream=None, shared_bytes=0):
+    def record(compiled, grid, block, args, stream=None, shared_bytes=0, cluster=(1, 1, 1)):
         graph.launches.append(CapturedLaunch(compiled.name, compiled, list(compiled.params),
                                              tuple(grid), tuple(block), shared_bytes,
-                                             tuple(args)))
+                                             tuple(args), cluster=tuple(cluster)))
     if "launch" in vars(device):
         raise RuntimeError("capture_graph: a capture is already in progress on this device")
     device.launch = record

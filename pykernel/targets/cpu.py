@@ -15,6 +15,7 @@ from llvmlite import ir
 from ..types import PtrType
 from . import cpu_abi as abi
 from .cpu_bulk import CPUBulkOps
+from .cpu_cluster import CPUClusterOps
 from .cpu_ops import CPUOps
 from .cpu_runner import build_entry, coro_decls, patch_coroutine_text
 
@@ -22,7 +23,7 @@ I8P = ir.IntType(8).as_pointer()
 I64, I32, I1 = ir.IntType(64), ir.IntType(32), ir.IntType(1)
 
 
-class CPUTarget(CPUOps, CPUBulkOps):
+class CPUTarget(CPUOps, CPUBulkOps, CPUClusterOps):
     name = "cpu"
     sm = None          # no arch gating: every instruction is emulated
 

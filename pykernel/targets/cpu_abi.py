@@ -19,14 +19,19 @@ STATE_PTR = 15      # i32[block_threads]: why each thread is suspended
 HANDLES_PTR = 16    # i8*[block_threads]: coroutine handles
 ERROR_BLOCK = 17    # linear block index of the first error
 PROGRESS = 18       # bumped whenever a thread runs on (kernels with mbarrier waits: deadlocks)
-CTX_SLOTS = 19
+CLUSTER = 19        # 19..21 cluster dims x, y, z (1, 1, 1 without a cluster launch)
+SHARED_STRIDE = 22  # bytes between the shared memory of consecutive blocks of a cluster
+CTX_SLOTS = 23
 
 # Thread states written before each suspension: (kind << 24) | site
-RUNNING, AT_BARRIER, AT_WARP_OP, FINISHED, AT_MBARRIER = 0, 1, 2, 3, 4
+RUNNING, AT_BARRIER, AT_WARP_OP, FINISHED, AT_MBARRIER, AT_CLUSTER = 0, 1, 2, 3, 4, 5
 
 ERRORS = {1: "out-of-bounds memory access", 2: "syncthreads() reached in divergent control flow",
           3: "warp operation reached in divergent control flow", 4: "assertion failed",
           5: "bulk copy address or size not a multiple of 16 bytes (or size 0)",
           6: "mbarrier wait that can never complete (no thread left to arrive, no copy "
              "left to land)",
-          7: "mbarrier misuse (arrival count or tx-count out of range, or not initialised)"}
+          7: "mbarrier misuse (arrival count or tx-count out of range, or not initialised)",
+          8: "cluster_sync() reached in divergent control flow (threads of the cluster at "
+             "different barriers)",
+          9: "cluster_map() rank outside the cluster"}

@@ -115,6 +115,10 @@ def build_entry(ctx, target):
     bdims = [e.slot(b, abi.BLOCK + k) for k in range(3)]
     nt = b.mul(b.mul(bdims[0], bdims[1]), bdims[2])
     coroutine = bool(ctx.target_data.get("coroutine"))
+    if "cluster_together" in ctx.uses:
+        cluster_entry(b, e, thread_fn, args_ptr, begin, end, dims, bdims, nt,
+                      bool(ctx.target_data.get("mbarrier_wait")))
+        return
     with Loop(b, begin, end, "blk") as blk:
         bx = b.trunc(b.urem(blk, dims[0]), I32)
         by = b.trunc(b.urem(b.udiv(blk, dims[0]), dims[1]), I32)
@@ -141,15 +145,105 @@ def build_entry(ctx, target):
     b.ret_void()
 
 
-def scheduler(module, waits: bool = False):
-    """`void __pk_schedule(i64* ctx, i64 nthreads)`: run one block's coroutines to the end.
-    waits: the kernel has mbarrier waits (threads suspended AT_MBARRIER are retried while the
-    block makes progress; a round without progress is a deadlock)."""
-    fn = module.globals.get("__pk_schedule")
+def cluster_entry(b, e, thread_fn, args_ptr, begin, end, dims, bdims, nt, waits):
+    """Clusters [begin, end) of the grid: create the coroutines of all of a cluster's blocks
+    (block r's threads at r * nt of the handle and state arrays), run them with
+    cluster_scheduler, destroy them."""
+    cdims = [e.slot(b, abi.CLUSTER + k) for k in range(3)]
+    csize = b.mul(b.mul(cdims[0], cdims[1]), cdims[2])
+    across = [b.udiv(dims[k], cdims[k]) for k in range(2)]     # clusters along x, y
+    module = b.module
+    with Loop(b, begin, end, "cl") as c:
+        cc = [b.urem(c, across[0]), b.urem(b.udiv(c, across[0]), across[1]),
+              b.udiv(c, b.mul(across[0], across[1]))]
+        with Loop(b, ir.Constant(I64, 0), b.mul(csize, nt), "ct") as i:
+            r, t = b.udiv(i, nt), b.urem(i, nt)
+            rr = [b.urem(r, cdims[0]), b.urem(b.udiv(r, cdims[0]), cdims[1]),
+                  b.udiv(r, b.mul(cdims[0], cdims[1]))]
+            bid = [b.trunc(b.add(b.mul(cc[k], cdims[k]), rr[k]), I32) for k in range(3)]
+            tid = [b.trunc(b.urem(t, bdims[0]), I32),
+                   b.trunc(b.urem(b.udiv(t, bdims[0]), bdims[1]), I32),
+                   b.trunc(b.udiv(t, b.mul(bdims[0], bdims[1])), I32)]
+            h = b.call(thread_fn, [args_ptr, e.ctx_ptr] + tid + bid + [b.trunc(t, I32)])
+            b.store(h, b.gep(e.ptr(b, abi.HANDLES_PTR, I8P), [i]))
+            b.store(ir.Constant(I32, 0), b.gep(e.ptr(b, abi.STATE_PTR, I32), [i]))
+        b.call(cluster_scheduler(module, waits), [e.ctx_ptr, nt, csize])
+        d = coro_decls(module)
+        with Loop(b, ir.Constant(I64, 0), b.mul(csize, nt), "d") as i:
+            b.call(d["destroy"], [b.load(b.gep(e.ptr(b, abi.HANDLES_PTR, I8P), [i]))])
+        err = b.icmp_signed("!=", e.slot(b, abi.ERROR_CODE), ir.Constant(I64, 0))
+        with b.if_then(err):
+            b.store(b.mul(c, csize), b.gep(e.ctx_ptr, [ir.Constant(I64, abi.ERROR_BLOCK)]))
+            b.ret_void()
+    b.ret_void()
+
+
+def cluster_scheduler(module, waits: bool):
+    """`void __pk_schedule_cluster(i64* ctx, i64 nthreads, i64 blocks)`: run each block of the
+    cluster (the handle, state and shared-memory slots pointed at its part) until its threads
+    have finished or wait at a cluster_sync; when every waiting thread is at the same one,
+    release them all and go round again."""
+    name = "__pk_schedule_cluster"
+    fn = module.globals.get(name)
     if fn is not None:
         return fn
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64.as_pointer(), I64]),
-                     "__pk_schedule")
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64.as_pointer(), I64, I64]), name)
+    fn.linkage = "internal"
+    ctx_ptr, nt, csize = fn.args
+    e = Entry(fn, ctx_ptr)
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    slots = (abi.HANDLES_PTR, abi.STATE_PTR, abi.SHARED_PTR)
+    bases = [e.slot(b, k) for k in slots]
+    steps = [b.mul(nt, ir.Constant(I64, 8)), b.mul(nt, ir.Constant(I64, 4)),
+             e.slot(b, abi.SHARED_STRIDE)]
+
+    def point(r):
+        for k, base, step in zip(slots, bases, steps):
+            b.store(b.add(base, b.mul(r, step)), b.gep(ctx_ptr, [ir.Constant(I64, k)]))
+    block_schedule = scheduler(module, waits, cluster=True)
+    rounds = fn.append_basic_block("round")
+    b.branch(rounds)
+    b.position_at_end(rounds)
+    with Loop(b, ir.Constant(I64, 0), csize, "r") as r:
+        point(r)
+        b.call(block_schedule, [ctx_ptr, nt])
+        with b.if_then(b.icmp_signed("!=", e.slot(b, abi.ERROR_CODE), ir.Constant(I64, 0))):
+            point(ir.Constant(I64, 0))
+            b.ret_void()
+    point(ir.Constant(I64, 0))
+    state = e.ptr(b, abi.STATE_PTR, I32)
+    total = b.mul(nt, csize)
+    first, mismatch, waiting = scan(b, state, ir.Constant(I64, 0), total, abi.AT_CLUSTER)
+    # a thread that finished can never arrive: strict, since the GPU may wait for it forever
+    _, _, finished = scan(b, state, ir.Constant(I64, 0), total, abi.FINISHED)
+    mismatch = b.or_(mismatch, b.icmp_signed("!=", finished, ir.Constant(I64, 0)))
+    done_bb, check_bb = fn.append_basic_block("done"), fn.append_basic_block("check")
+    b.cbranch(b.icmp_signed("==", waiting, ir.Constant(I64, 0)), done_bb, check_bb)
+    b.position_at_end(check_bb)
+    bad_bb, release_bb = fn.append_basic_block("diverged"), fn.append_basic_block("release")
+    b.cbranch(mismatch, bad_bb, release_bb)
+    b.position_at_end(bad_bb)
+    record_error(b, ctx_ptr, 8, first)
+    b.ret_void()
+    b.position_at_end(release_bb)
+    release(b, state, ir.Constant(I64, 0), total, abi.AT_CLUSTER)
+    b.branch(rounds)
+    b.position_at_end(done_bb)
+    b.ret_void()
+    return fn
+
+
+def scheduler(module, waits: bool = False, cluster: bool = False):
+    """`void __pk_schedule(i64* ctx, i64 nthreads)`: run one block's coroutines to the end.
+    waits: the kernel has mbarrier waits (threads suspended AT_MBARRIER are retried while the
+    block makes progress; a round without progress is a deadlock). cluster: it also returns
+    when every thread has finished or waits at a cluster_sync (AT_CLUSTER), and a thread at
+    a syncthreads while another is at a cluster_sync is divergence."""
+    name = "__pk_schedule" + ("_block" if cluster else "")
+    fn = module.globals.get(name)
+    if fn is not None:
+        return fn
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64.as_pointer(), I64]), name)
     fn.linkage = "internal"
     ctx_ptr, nt = fn.args
     e, d = Entry(fn, ctx_ptr), coro_decls(module)
@@ -169,6 +263,9 @@ def scheduler(module, waits: bool = False):
         retry_blocked(b, fn, e, state, nt, before, phase)
     # Every thread is at a barrier or finished: check they agree, release them, repeat.
     first, mismatch, waiting = scan(b, state, ir.Constant(I64, 0), nt, abi.AT_BARRIER)
+    if cluster:
+        _, _, at_cluster = scan(b, state, ir.Constant(I64, 0), nt, abi.AT_CLUSTER)
+        mismatch = b.or_(mismatch, b.icmp_signed("!=", at_cluster, ir.Constant(I64, 0)))
     done_bb, check_bb = fn.append_basic_block("done"), fn.append_basic_block("check")
     b.cbranch(b.icmp_signed("==", waiting, ir.Constant(I64, 0)), done_bb, check_bb)
     b.position_at_end(check_bb)

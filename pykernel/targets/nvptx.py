@@ -8,10 +8,10 @@ from llvmlite import ir
 from ..errors import KernelSourceError
 from ..types import PtrType, ScalarType
 from . import SUPPORTED_ARCHS
-from .nvptx_bulk import NVPTXBulkOps
+from .nvptx_bulk import NVPTXBulkOps, _asm
 
 I32, I64 = ir.IntType(32), ir.IntType(64)
-ADDRSPACE = {"global": 1, "shared": 3, "local": 0}
+ADDRSPACE = {"global": 1, "shared": 3, "local": 0, "cluster": 0}   # cluster: generic (mapa)
 # PTX ISA version per arch: the oldest that supports it (LLVM aborts on a mismatch).
 PTX_VERSION = {75: 78, 80: 78, 86: 78, 89: 78, 90: 78, 100: 86, 120: 87}
 SREG = {"thread_idx": "tid", "block_idx": "ctaid", "block_dim": "ntid", "grid_dim": "nctaid"}
@@ -136,6 +136,30 @@ class NVPTXTarget(NVPTXBulkOps):
     def barrier(self, ctx, site):
         ctx.builder.call(ctx.intrinsic_decl("llvm.nvvm.barrier0", ret=ir.VoidType(), args=()),
                          [])
+
+    # --- thread-block clusters (intrinsics/cluster.py) -------------------------------------------
+    def cluster_register(self, ctx, which):
+        reg = "%cluster_ctarank" if which == "rank" else "%cluster_nctarank"
+        return _asm(ctx.builder, f"mov.u32 $0, {reg};", "=r", [], ret=I32)
+
+    def cluster_sync(self, ctx, site):
+        _asm(ctx.builder, "barrier.cluster.arrive.release.aligned; "
+             "barrier.cluster.wait.acquire.aligned;", "", [])
+
+    def cluster_map(self, ctx, ptr, origin, rank, site):
+        """The generic address of a shared pointer, mapped into block `rank` by mapa."""
+        b = ctx.builder
+
+        def remote(p):
+            generic = b.addrspacecast(p, ir.PointerType(p.type.pointee, addrspace=0))
+            mapped = _asm(b, "mapa.u64 $0, $1, $2;", "=l,l,r",
+                          [b.ptrtoint(generic, I64), rank], ret=I64)
+            return b.inttoptr(mapped, generic.type)
+        if not ctx.options.bounds_check:
+            return remote(ptr), None
+        if isinstance(origin, tuple) and origin[0] in ("array", "range"):
+            origin = (origin[0], remote(origin[1])) + tuple(origin[2:])
+        return remote(ptr), origin
 
     def fence(self, ctx):
         ctx.builder.call(ctx.intrinsic_decl("llvm.nvvm.membar.gl", ret=ir.VoidType(),
