@@ -10,6 +10,8 @@ the runner's decode graph launches it. us per decode (split kernel + combine).
 
     python3 benchmarks/attention_splits.py [--lens 256,600,1024,2048,4096] [--out FILE]
     python3 benchmarks/attention_splits.py --batched    (1-8 sequences x 4096 keys, one launch)
+    python3 benchmarks/attention_splits.py --cluster    (8B shape: the split + combine default
+        against one launch whose splits merge in a thread-block cluster, 8 and 16 splits)
 """
 from __future__ import annotations
 
@@ -42,15 +44,18 @@ def caches(*shape: int) -> list:
     return out
 
 
-def decode_us(shape, kv_len: int, splits: int, pdl: bool, cache_copies, n_seq: int = 1) -> float:
-    """us per decode launch of n_seq sequences of kv_len keys (caches from `caches`)."""
+def decode_us(shape, kv_len: int, splits: int, pdl: bool, cache_copies, n_seq: int = 1,
+              cluster: bool = False) -> float:
+    """us per decode launch of n_seq sequences of kv_len keys (caches from `caches`);
+    cluster: the splits merge in a thread-block cluster (one launch)."""
     n_head, n_kv, head_dim = shape
     config = default_config(n_head // n_kv, head_dim, dtype=np.float16)
     q = pk.to_device(np.random.default_rng(1).standard_normal((n_seq, n_head, head_dim))
                      .astype(np.float32))
     lens = pk.to_device(np.full(n_seq, kv_len, np.int32))
     out = pk.empty((n_seq, n_head, head_dim), np.float32)
-    ws = DecodeWorkspace.allocate(n_seq, n_head, head_dim, splits) if splits > 1 else None
+    ws = DecodeWorkspace.allocate(n_seq, n_head, head_dim, splits, cluster=cluster) \
+        if splits > 1 else None
     launches = max(len(cache_copies), 20)
 
     def record():
@@ -109,15 +114,52 @@ def batched_table(kv_len: int = 4096) -> list[str]:
     return rows
 
 
+def cluster_table(lens=(128, 1024, 4096, 32768)) -> list[str]:
+    from benchmarks.attention import copy_bandwidth
+    copy = copy_bandwidth()
+    shape = SHAPES["llama-8b"]
+    n_head, n_kv, head_dim = shape
+    config = default_config(n_head // n_kv, head_dim, dtype=np.float16)
+    rows = [f"torch copy bandwidth {copy / 1e12:.2f} TB/s", "",
+            "| kv_len | K/V MB | default: splits, us plain / PDL | cluster 8: us plain / PDL | "
+            "cluster 16: us plain / PDL | best % of copy (plain / PDL) |", "|---" * 6 + "|"]
+    for kv_len in lens:
+        copies = caches(n_kv, kv_len, head_dim)
+        nbytes = 2 * copies[0][0].nbytes
+        planned = config_splits(config, n_head, n_kv, kv_len)
+        cells = [(decode_us(shape, kv_len, planned, False, copies),
+                  decode_us(shape, kv_len, planned, True, copies))]
+        for splits in (8, 16):
+            try:
+                cells.append((decode_us(shape, kv_len, splits, False, copies, cluster=True),
+                              decode_us(shape, kv_len, splits, True, copies, cluster=True)))
+            except pk.LaunchError as exc:      # e.g. 16-block clusters of this kernel
+                print(f"cluster {splits} at {kv_len}: {exc}", flush=True)
+                cells.append((float("inf"), float("inf")))
+        best = [min(c[k] for c in cells) for k in (0, 1)]
+        pct = [100 * nbytes / (us * 1e-6) / copy for us in best]
+        rows.append(f"| {kv_len} | {nbytes / 1e6:.1f} | {planned}: {cells[0][0]:.2f} / "
+                    f"{cells[0][1]:.2f} | {cells[1][0]:.2f} / {cells[1][1]:.2f} | "
+                    f"{cells[2][0]:.2f} / {cells[2][1]:.2f} | {pct[0]:.0f}% / {pct[1]:.0f}% |")
+        print(rows[-1], flush=True)
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lens", default="256,600,1024,2048,4096")
     parser.add_argument("--batched", action="store_true",
                         help="instead: 1-8 sequences of 4096 keys in one launch (8B shape)")
+    parser.add_argument("--cluster", action="store_true",
+                        help="instead: the cluster merge against the default (8B shape)")
     parser.add_argument("--out")
     args = parser.parse_args()
     pk.set_device("cuda")
-    rows = batched_table() if args.batched else table([int(x) for x in args.lens.split(",")])
+    if args.cluster:
+        rows = cluster_table()
+    else:
+        rows = batched_table() if args.batched else table([int(x) for x in
+                                                           args.lens.split(",")])
     text = "\n".join([f"device: {pk.current_device().name}", ""] + rows)
     if args.out:
         with open(args.out, "w") as f:

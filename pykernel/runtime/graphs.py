@@ -64,8 +64,9 @@ class Graph:
         """Run the captured launches (asynchronously on cuda; errors show at synchronize)."""
         if self.device.kind != "cuda":
             for launch in self.launches:
+                extra = (launch.cluster,) if launch.cluster != (1, 1, 1) else ()
                 self.device.launch(launch.target, launch.grid, launch.block, launch.args,
-                                   None, launch.shared_bytes, launch.cluster)
+                                   None, launch.shared_bytes, *extra)
             return
         names = ", ".join(launch.name for launch in self.launches)
         self.device._recent.append(f"graph[{names}]")

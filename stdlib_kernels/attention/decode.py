@@ -29,6 +29,7 @@ MAX_HEADS_PER_BLOCK = 4      # query heads sharing one block's K/V reads: more w
                              # blocks per SM that BLOCKS_PER_SM assumes (registers)
 SHARED_LIMIT = 48 * 1024     # static shared memory of the cross-warp merge
 DEFAULT_FUSED = False        # workspaces combine in the last split block (one launch)
+MAX_CLUSTER_SPLITS = 16      # blocks per thread-block cluster (sm_90, non-portable above 8)
 # f16 caches decode on tensor cores (decode_mma) where they can; PYKERNEL_DECODE_MMA=0 keeps
 # the SIMT kernel (for comparisons)
 DEFAULT_MMA = os.environ.get("PYKERNEL_DECODE_MMA", "1") != "0"
@@ -57,18 +58,29 @@ class DecodeWorkspace:
     fused=True, zeroed per-(sequence, head group) arrival counters: one launch whose last split
     block per head group combines (it resets its counter, so graph replays reuse them). Both
     use the parallel combine; on the H200 one launch measured within ~1 us of two, slightly
-    behind at most lengths (benchmarks/RESULTS.md, "Attention")."""
+    behind at most lengths (benchmarks/RESULTS.md, "Attention").
+    cluster=True (tensor-core kernel, sm_90+ or the CPU target, n_splits <= MAX_CLUSTER_SPLITS):
+    one launch whose split blocks of a head group form a thread-block cluster and merge in
+    distributed shared memory (decode_kernels.cluster_merge); no partials, no counters."""
     part_o: pk.Array
     part_ml: pk.Array
     n_splits: int
     counters: pk.Array | None = None
+    cluster: bool = False
 
     @classmethod
     def allocate(cls, n_seq: int, n_head: int, head_dim: int, n_splits: int, device=None,
-                 fused: bool | None = None):
+                 fused: bool | None = None, cluster: bool = False):
         fused = DEFAULT_FUSED if fused is None else fused
         if not 1 <= n_splits <= MAX_SPLITS:
             raise ValueError(f"attention.decode: {n_splits} splits, expected 1..{MAX_SPLITS}")
+        if cluster:
+            if not 2 <= n_splits <= MAX_CLUSTER_SPLITS:
+                raise ValueError(f"attention.decode: a cluster merge needs 2..."
+                                 f"{MAX_CLUSTER_SPLITS} splits (blocks per cluster), got "
+                                 f"{n_splits}")
+            empty = pk.empty((1,), np.float32, device)     # never read
+            return cls(empty, empty, n_splits, None, True)
         part_o = pk.empty((n_seq, n_head, n_splits, head_dim), np.float32, device)
         part_ml = pk.empty((n_seq, n_head, n_splits, 2), np.float32, device)
         counters = pk.zeros((n_seq * n_head,), np.int32, device) if fused else None
@@ -180,7 +192,8 @@ def decode_kernel(config: DecodeConfig):
 
 
 def decode_spec(head_dim: int, dtype, config: DecodeConfig, fused: bool = False,
-                trigger: bool = False, early_kv: bool = False, q8_out: bool = False) -> dict:
+                trigger: bool = False, early_kv: bool = False, q8_out: bool = False,
+                cluster: bool = False) -> dict:
     """The compile-time arguments of decode_kernel(config) (also used to precompile);
     fused=True only for workspaces with counters (the one-launch variant); trigger and
     early_kv: TRIGGER and EARLY_KV of decode_kernels' docstring; q8_out: a direct (one split)
@@ -198,8 +211,11 @@ def decode_spec(head_dim: int, dtype, config: DecodeConfig, fused: bool = False,
         return dict(D=head_dim, GB=config.heads_per_block, NWARPS=config.warps,
                     P=config.stages, FUSED=int(fused), MAXS=MAX_SPLITS, UNR=COMBINE_UNROLL,
                     Q8=int(q8), TRIGGER=int(trigger), EARLY_KV=int(early_kv),
-                    Q8OUT=int(q8_out),
+                    Q8OUT=int(q8_out), CLUSTER=int(cluster),
                     **combine_geometry(config.heads_per_block, head_dim, 32 * config.warps))
+    if cluster:
+        raise ValueError("attention.decode: the cluster merge needs the tensor-core kernel "
+                         "(mma_config)")
     return dict(D=head_dim, GB=config.heads_per_block, NWARPS=config.warps, U=config.unroll,
                 P=config.stages, HALF=int(dtype == np.float16), FUSED=int(fused),
                 MAXS=MAX_SPLITS, UNR=COMBINE_UNROLL, TRIGGER=int(trigger), EARLY_KV=int(early_kv),
@@ -288,6 +304,7 @@ def launch_split_kernel(q, k_cache, v_cache, lens, out, scale: float, *, window=
     use_softcap = softcap is not None and softcap > 0
     q_scale = float(scale) if use_softcap else float(scale) * LOG2E
     direct = n_splits == 1
+    cluster = not direct and workspace.cluster
     part_o = out if direct else workspace.part_o
     part_ml = out if direct else workspace.part_ml
     has_counters = workspace is not None and workspace.counters is not None
@@ -302,13 +319,16 @@ def launch_split_kernel(q, k_cache, v_cache, lens, out, scale: float, *, window=
     # same code path runs there (tests cover it without a GPU)
     early = early_kv and (pdl or q.device.kind == "cpu") and len_step == 0 and \
         not share_cache and not isinstance(k_cache, Q8Cache)
-    q8_out = direct and xq_out is not None
-    decode_kernel(config)[(n_splits, n_kv_head * n_sub, n_seq), 32 * config.warps, stream](
+    q8_out = (direct or cluster) and xq_out is not None
+    grid = (n_splits, n_kv_head * n_sub, n_seq)
+    decode_kernel(config)[grid, 32 * config.warps, stream, 0, (n_splits, 1, 1) if cluster
+                          else None](
         q, *caches, lens, lens_stride, len_add, len_step, z_stride, max_len, n_head, n_kv_head,
         q_scale, float(softcap) if use_softcap else 0.0, int(window or 0), int(direct), out,
         part_o, part_ml, counters, _q8_words(xq_out if q8_out else None, out),
-        **decode_spec(head_dim, k_cache.dtype, config, has_counters, trigger, early, q8_out))
-    return not direct and has_counters
+        **decode_spec(head_dim, k_cache.dtype, config, has_counters, trigger, early, q8_out,
+                      cluster))
+    return not direct and (has_counters or cluster)
 
 
 def launch_decode(q, k_cache, v_cache, lens, out, scale: float, *, window=None, softcap=None,
@@ -336,7 +356,8 @@ def launch_decode(q, k_cache, v_cache, lens, out, scale: float, *, window=None, 
         raise ValueError(f"attention.decode: head_dim {head_dim} not in {HEAD_DIMS}")
     config = config or default_config(n_head // n_kv_head, head_dim, q.device, k_cache.dtype)
     n_splits = workspace.n_splits if workspace is not None else 1
-    if workspace is not None and workspace.part_o.shape != (n_seq, n_head, n_splits, head_dim):
+    if workspace is not None and not workspace.cluster and \
+            workspace.part_o.shape != (n_seq, n_head, n_splits, head_dim):
         raise ValueError(f"attention.decode: workspace partials {workspace.part_o.shape} do not "
                          f"fit q {q.shape} with {n_splits} splits")
     if xq_out is not None and (head_dim % 32 or xq_out.dtype != np.uint8 or
@@ -347,8 +368,9 @@ def launch_decode(q, k_cache, v_cache, lens, out, scale: float, *, window=None, 
                          f"{tuple(xq_out.shape)}")
     # one split: the split kernel quantizes its rows when one round of its warps covers them
     # (GB * D / 32 Q8_1 blocks <= warps); more rounds measured slower than a quantize launch
-    kernel_q8 = xq_out is not None and n_splits == 1 and \
-        config.heads_per_block * (head_dim // 32) <= config.warps
+    kernel_q8 = xq_out is not None and ((n_splits == 1 and config.heads_per_block *
+                                         (head_dim // 32) <= config.warps) or
+                                        (n_splits > 1 and workspace.cluster))
     fused = launch_split_kernel(q, k_cache, v_cache, lens, out, scale, window=window,
                                 softcap=softcap, len_add=len_add, len_step=len_step,
                                 lens_stride=lens_stride, workspace=workspace, config=config,

@@ -36,6 +36,7 @@ import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, i64, u32
 
 from .._select import last_block_done
+from ..quant.q8_1 import store_q8_1_block
 from .decode_combine import MASKED, NEG_INIT, combine_rows, store_q8_1_rows
 
 LOG2E = 1.4426950408889634
@@ -87,11 +88,16 @@ def block_work(lens, lens_stride: i32, len_add: i32, len_step: i32, window: i32,
 @pk.func
 def write_block_result(sm_acc, sm_m, sm_den, z: i32, h0: i32, split: i32, n_head: i32,
                        direct: i32, out, part_o, part_ml, xq, D: Const[int], GB: Const[int],
-                       NWARPS: Const[int], Q8OUT: Const[int]):
+                       NWARPS: Const[int], Q8OUT: Const[int], CLUSTER: Const[int]):
     """The warps' (max, denominator, unnormalised sum) per head, in shared memory as
     (NWARPS, GB[, D]), merged and written: normalised into out (direct) or as one split's
     partial. Every thread of the block takes part (after a barrier). Q8OUT (direct only): the
-    GB head rows also go to xq as Q8_1 (decode_combine.combine_splits' Q8OUT)."""
+    GB head rows also go to xq as Q8_1 (decode_combine.combine_splits' Q8OUT). CLUSTER: the
+    split blocks of a head group form one cluster and merge through distributed shared memory
+    (cluster_merge) instead of writing partials."""
+    if CLUSTER:
+        cluster_merge(sm_acc, sm_m, sm_den, z, h0, n_head, out, xq, D, GB, NWARPS, Q8OUT)
+        return
     n_splits = pk.grid_dim.x
     for t in range(pk.thread_idx.x, GB * D, NWARPS * 32):
         g = t // D
@@ -116,6 +122,57 @@ def write_block_result(sm_acc, sm_m, sm_den, z: i32, h0: i32, split: i32, n_head
     if Q8OUT:
         if direct != 0:
             store_q8_1_rows(out, xq, z * n_head + h0, GB, D, NWARPS)
+
+
+@pk.func
+def cluster_merge(sm_acc, sm_m, sm_den, z: i32, h0: i32, n_head: i32, out, xq,
+                  D: Const[int], GB: Const[int], NWARPS: Const[int], Q8OUT: Const[int]):
+    """One launch without partials in global memory: each split block merges its warps into
+    its own shared (o, m, den) per head; after a cluster barrier every warp of the cluster
+    takes 32-value pieces of the GB output rows, reads that piece of every split block
+    (pk.cluster_map), writes it normalised (Q8OUT: also as one Q8_1 block), and a last
+    barrier keeps every block's shared memory alive until all reads are done. D % 32 == 0."""
+    blk_o = pk.shared_array(f32, GB * D)
+    blk_ml = pk.shared_array(f32, 2 * GB)
+    for t in range(pk.thread_idx.x, GB * D, NWARPS * 32):
+        g = t // D
+        m_all = f32(NEG_INIT)
+        for w in pk.static_range(NWARPS):
+            m_all = max(m_all, sm_m[w * GB + g])
+        total = f32(0.0)
+        o = f32(0.0)
+        for w in pk.static_range(NWARPS):
+            weight = fast_exp2(sm_m[w * GB + g] - m_all)
+            total += sm_den[w * GB + g] * weight
+            o += sm_acc[(w * GB + g) * D + t % D] * weight
+        blk_o[t] = o
+        if t % D == 0:
+            blk_ml[2 * g] = m_all
+            blk_ml[2 * g + 1] = total
+    pk.cluster_sync()
+    n_splits = pk.cluster_size()
+    lane = pk.lane_id()
+    piece = pk.cluster_rank() * NWARPS + pk.thread_idx.x // 32
+    while piece < GB * (D // 32):
+        g = piece // (D // 32)
+        d = piece % (D // 32) * 32 + lane
+        m_all = f32(NEG_INIT)
+        for sp in range(n_splits):
+            m_all = max(m_all, pk.cluster_map(blk_ml, sp)[2 * g])
+        total = f32(0.0)
+        o = f32(0.0)
+        for sp in range(n_splits):
+            ml = pk.cluster_map(blk_ml, sp)
+            weight = fast_exp2(ml[2 * g] - m_all)
+            total += ml[2 * g + 1] * weight
+            o += pk.cluster_map(blk_o, sp)[g * D + d] * weight
+        v = o / total
+        row = z * n_head + h0 + g
+        out[row * D + d] = v
+        if Q8OUT:
+            store_q8_1_block(v, lane, xq, (row * D + d - lane) // 32)
+        piece += n_splits * NWARPS
+    pk.cluster_sync()
 
 
 @pk.func
@@ -236,7 +293,7 @@ def merge_and_store(acc, m, den, warp: i32, row: i32, li: i32, z: i32, h0: i32, 
                         sm_acc[(warp * GB + g) * D + c * CH + e] = acc[(g * NCH + j) * CH + e]
     pk.syncthreads()
     write_block_result(sm_acc, sm_m, sm_den, z, h0, split, n_head, direct, out, part_o, part_ml,
-                       xq, D, GB, NWARPS, Q8OUT)
+                       xq, D, GB, NWARPS, Q8OUT, 0)
 
 
 @pk.func

@@ -182,6 +182,51 @@ def test_tensor_core_decode(device, rng, seed, case):
                    f"sequence {z} kv_len {lens[z]} splits {split_count} {case}")
 
 
+# cluster merge (one launch, the split blocks of a head group as a thread-block cluster):
+# 2 sequences x GQA 4 (2 heads per block: two blocks per KV head) with window + softcap, and
+# one sequence of GQA 3 with head_dim 96; split counts up to the 16-block cluster
+CLUSTER_CASES = [(2, 8, 2, 64, 20, 30.0, mma_config(2, 64, warps=2), (2, 5, 8)),
+                 (1, 6, 2, 96, None, None, mma_config(3, 96, warps=1, stages=1), (3, 16))]
+
+
+@pytest.mark.parametrize("case", CLUSTER_CASES, ids=["gqa4_two_seqs_window_cap", "d96_gqa3"])
+def test_cluster_merge_decode(device, rng, seed, case):
+    from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1
+    n_seq, n_head, n_kv_head, head_dim, window, softcap, config, split_counts = case
+    max_len = 300
+    lens = rng.integers(1, max_len + 1, size=n_seq).astype(np.int32)
+    lens[0] = max_len - int(rng.integers(0, 5))
+    q = rng.standard_normal((n_seq, n_head, head_dim)).astype(np.float32)
+    k = rng.standard_normal((n_seq, n_kv_head, max_len, head_dim)).astype(np.float16)
+    v = rng.standard_normal((n_seq, n_kv_head, max_len, head_dim)).astype(np.float16)
+    args = [pk.to_device(a) for a in (q, k, v, lens)]
+    for splits in split_counts:
+        out = pk.full((n_seq, n_head, head_dim), np.nan, np.float32)
+        xq = pk.full((n_seq, q8_1_bytes(n_head * head_dim)), 0xAB, np.uint8)
+        workspace = DecodeWorkspace.allocate(n_seq, n_head, head_dim, splits, cluster=True)
+        launch_decode(*args, out, head_dim ** -0.5, window=window, softcap=softcap,
+                      workspace=workspace, config=config, xq_out=xq)
+        for z in range(n_seq):
+            expected = decode_reference(q[z], k[z], v[z], int(lens[z]), head_dim ** -0.5,
+                                        window, softcap)
+            _check(out.numpy()[z], expected, np.float16, seed,
+                   f"cluster of {splits}: sequence {z} kv_len {lens[z]}")
+        want = quantize_q8_1(out.numpy().reshape(n_seq, -1)).numpy()
+        assert np.array_equal(xq.numpy(), want), f"Q8_1 output differs (seed {seed})"
+
+
+def test_cluster_merge_limits(device):
+    with pytest.raises(ValueError, match=r"2\.\.\.16 splits"):
+        DecodeWorkspace.allocate(1, 8, 64, 17, cluster=True)
+    ws = DecodeWorkspace.allocate(1, 8, 64, 4, cluster=True)
+    q = pk.to_device(np.zeros((1, 8, 64), np.float32))
+    kv = pk.to_device(np.zeros((2, 40, 64), np.float32))
+    with pytest.raises(ValueError, match="cluster merge needs the tensor-core kernel"):
+        launch_decode(q, kv, kv, pk.to_device(np.array([40], np.int32)),
+                      pk.empty((1, 8, 64), np.float32), 0.125, workspace=ws,
+                      config=DecodeConfig(2, 2, 1))
+
+
 def test_decode_contract_api(device, rng, seed):
     q, k, v, kv_len = _random_problem(rng, 8, 2, 64, np.float16, 100)
     out = attention.decode(q, k, v, kv_len, 0.125, window=None, softcap=None)
