@@ -50,7 +50,7 @@ class Graph:
         self._exec = None
 
     # called by CudaDevice.launch while capturing
-    def record(self, kernel, grid, block, shared_bytes, handle, args):
+    def record(self, kernel, grid, block, shared_bytes, handle, args, cluster=(1, 1, 1)):
         from cuda.bindings import driver as cu
         result = cu.cuStreamGetCaptureInfo(handle)
         dependencies = next((x for x in result[1:] if isinstance(x, (list, tuple))), None)
