@@ -32,10 +32,14 @@ class CPUTarget(CPUOps, CPUBulkOps, CPUClusterOps):
         llvm.initialize_native_target()
         llvm.initialize_native_asmprinter()
         self.triple = llvm.get_process_triple()
-        self._tm = llvm.Target.from_triple(self.triple).create_target_machine(
+        self._tm = self._target_machine()
+        self.datalayout = str(self._tm.target_data)
+
+    def _target_machine(self):
+        import llvmlite.binding as llvm
+        return llvm.Target.from_triple(self.triple).create_target_machine(
             cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(),
             opt=2, jit=True)
-        self.datalayout = str(self._tm.target_data)
 
     def pointer_type(self, ty: PtrType) -> ir.Type:
         return ir.PointerType(ty.elem.storage)
@@ -146,7 +150,9 @@ class CPUTarget(CPUOps, CPUBulkOps, CPUClusterOps):
 
     def load_object(self, obj: bytes, entry: str, coroutine: bool, shared_bytes: int):
         import llvmlite.binding as llvm
-        engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), self._tm)
+        # the engine owns the target machine it is given and frees it with itself: one each,
+        # never the shared self._tm (a freed one crashed the next load from the disk cache)
+        engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), self._target_machine())
         engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
         engine.finalize_object()
         address = engine.get_function_address(entry)

@@ -78,3 +78,39 @@ def test_corrupt_entry_is_recompiled(tmp_path, arch, suffix):
     key2, how = compile_in_new_process(tmp_path, cache_dir, arch=arch)
     assert key2 == key and how == "LOWERED"
     assert not list(cache_dir.glob(".tmp-*"))          # atomic writes leave no temp files
+
+
+TWO_KERNELS = textwrap.dedent('''
+    import gc
+    import numpy as np
+    import pykernel as pk
+    from pykernel import Ptr, f32
+
+    @pk.kernel
+    def first(out: Ptr[f32]):
+        out[pk.thread_idx.x] = 1.0
+
+    @pk.kernel
+    def second(out: Ptr[f32]):
+        pk.syncthreads()
+        out[pk.thread_idx.x] = 2.0
+
+    first.llvm_ir("cpu")          # compiled (or loaded) and dropped: its engine is freed
+    gc.collect()
+    pk.set_device("cpu")
+    out = pk.zeros(4, np.float32)
+    second[1, 4](out)             # the second process loads this one from disk
+    print(out.numpy().tolist())
+''')
+
+
+def test_cpu_objects_load_after_another_kernel_was_dropped(tmp_path):
+    """Each loaded CPU object gets its own target machine: an execution engine frees the one
+    it was given, and a shared one crashed the next load from disk ("Target does not support
+    MC emission")."""
+    env = dict(os.environ, PYKERNEL_CACHE_DIR=str(tmp_path / "cache"))
+    (tmp_path / "two_kernels.py").write_text(TWO_KERNELS)      # kernels need a source file
+    for _ in range(2):
+        out = subprocess.run([sys.executable, str(tmp_path / "two_kernels.py")], env=env,
+                             capture_output=True, text=True)
+        assert out.returncode == 0 and out.stdout.strip() == "[2.0, 2.0, 2.0, 2.0]", out.stderr
