@@ -5,7 +5,9 @@ Y[t, r] = sum_k W[r, k] X[t, k].
 
 Same arithmetic as gemm_q8.py (llama.cpp's mmq: int8 `mma` per 32-value block, scaled into f32
 accumulators: acc += d_w d_x isum, Q4_K also acc -= dmin m s_x), organised for the 256-value
-super-blocks. One K step = one super-block. Each step's raw bytes (the BM weight rows' super-
+super-blocks. Q4_K's min term is summed over a step's 8 blocks by one f16 `mma` per tile
+(min_term: the 6-bit mins and the f16 block sums are exact f16 operands) and scaled by dmin
+once, instead of one fma per block and accumulator. One K step = one super-block. Each step's raw bytes (the BM weight rows' super-
 blocks, the BN tokens' 8 Q8_1 blocks) are copied unchanged into a shared-memory stage with
 16-byte `cp.async` (Q6_K's 210-byte blocks are only 2-byte aligned: 4-byte copies of the aligned
 words around them), STAGES deep, so the copies of later steps overlap the mma of this one. Once
@@ -80,9 +82,30 @@ def mma_halves(GPU: Const[int], a0: u32, a1: u32, a2: u32, a3: u32, b0: u32, b1:
 
 
 @pk.func
-def fold(acc: f32, scale: f32, isum: i32, m: f32, xsum: f32) -> f32:
-    """acc + scale * isum - m * xsum as two fma (the PTX carries .rn: nothing fuses on its own)."""
-    return pk.fma(scale, f32(isum), pk.fma(-m, xsum, acc))
+def min_term(sm: Ptr[u32], smf: Ptr[f32], sbase: i32, bbase: i32, acc, rbase: i32, cbase: i32,
+             g: i32, tg: i32, MI: Const[int], NI: Const[int]):
+    """Q4_K's min term of one super-block step, acc -= dmin_r sum_kb m_r,kb s_t,kb, on the
+    tensor cores: the 8 mins (6-bit integers) and the activations' block sums (f16 in the Q8_1
+    words) are exact f16 operands of one m16n8k16 mma per tile (k 8..15 zero), whose f32 sum is
+    scaled by the row's dmin: 8 mma + 4 MI NI fma instead of 32 MI NI fma."""
+    bs = pk.local_array(u32, NI)
+    for ni in pk.static_range(NI):        # B: s of token g, blocks 2 tg and 2 tg + 1
+        w = bbase + (cbase + 8 * ni + g) * B_STRIDE + 18 * tg
+        bs[ni] = (sm[w] >> u32(16)) | (sm[w + 9] & u32(0xFFFF0000))
+    for mi in pk.static_range(MI):
+        r = rbase + 16 * mi + g
+        a0 = sm[sbase + 16 * r + 8 + tg]          # mins of blocks 2 tg, 2 tg + 1, row r
+        a1 = sm[sbase + 16 * (r + 8) + 8 + tg]
+        dmin0 = smf[sbase + 16 * r + 12]
+        dmin8 = smf[sbase + 16 * (r + 8) + 12]
+        for ni in pk.static_range(NI):
+            i = 4 * (NI * mi + ni)
+            c0, c1, c2, c3 = pk.mma_m16n8k16_f16(a0, a1, u32(0), u32(0), bs[ni], u32(0),
+                                                 0.0, 0.0, 0.0, 0.0)
+            acc[i] = pk.fma(-dmin0, c0, acc[i])
+            acc[i + 1] = pk.fma(-dmin0, c1, acc[i + 1])
+            acc[i + 2] = pk.fma(-dmin8, c2, acc[i + 2])
+            acc[i + 3] = pk.fma(-dmin8, c3, acc[i + 3])
 
 
 @pk.func
@@ -105,24 +128,28 @@ def compute_stage(FMT: Const[int], GPU: Const[int], sm: Ptr[u32], smf: Ptr[f32],
         shift[h] = 0
         if FMT == Q6_K:
             shift[h] = q6k_shift(min(row0 + rbase + 8 * h + g, rows - 1), row_bytes, sb)
+    if FMT == Q4_K:
+        min_term(sm, smf, sbase, bbase, acc, rbase, cbase, g, tg, MI, NI)
     for kb in pk.static_range(8):
         bq = pk.local_array(u32, 2 * NI)
         dx = pk.local_array(f32, 2 * NI)
-        sx = pk.local_array(f32, 2 * NI)
         for ni in pk.static_range(NI):
             t = cbase + 8 * ni
             bq[2 * ni] = sm[bbase + (t + g) * B_STRIDE + 9 * kb + 1 + tg]
             bq[2 * ni + 1] = sm[bbase + (t + g) * B_STRIDE + 9 * kb + 5 + tg]
-            for e in pk.static_range(2):
-                d, s = pk.load_vec(smf, sbase + 16 * BM + 16 * (t + 2 * tg + e) + 2 * kb, 2)
-                dx[2 * ni + e] = d
-                sx[2 * ni + e] = s
+            for e in pk.static_range(2):   # (d, s) of the token's block: d here
+                dx[2 * ni + e] = smf[sbase + 16 * BM + 16 * (t + 2 * tg + e) + 2 * kb]
         for mi in pk.static_range(MI):
             r = rbase + 16 * mi + g
             a0, a2 = a_fragment(FMT, sm, base + r * AS, shift[2 * mi], kb, tg)
             a1, a3 = a_fragment(FMT, sm, base + (r + 8) * AS, shift[2 * mi + 1], kb, tg)
-            u0, v0 = pk.load_vec(smf, sbase + 16 * r + 2 * kb, 2)
-            u8, v8 = pk.load_vec(smf, sbase + 16 * (r + 8) + 2 * kb, 2)
+            u0 = smf[sbase + 16 * r + kb]          # Q4_K: d * sc (the min term: min_term)
+            u8 = smf[sbase + 16 * (r + 8) + kb]
+            v0 = f32(0.0)
+            v8 = f32(0.0)
+            if FMT != Q4_K:
+                u0, v0 = pk.load_vec(smf, sbase + 16 * r + 2 * kb, 2)
+                u8, v8 = pk.load_vec(smf, sbase + 16 * (r + 8) + 2 * kb, 2)
             for ni in pk.static_range(NI):
                 i = 4 * (NI * mi + ni)
                 b0 = bq[2 * ni]
@@ -133,12 +160,12 @@ def compute_stage(FMT: Const[int], GPU: Const[int], sm: Ptr[u32], smf: Ptr[f32],
                     acc[i + 1] = pk.fma(u0 * dx[2 * ni + 1], f32(p1), acc[i + 1])
                     acc[i + 2] = pk.fma(u8 * dx[2 * ni], f32(p2), acc[i + 2])
                     acc[i + 3] = pk.fma(u8 * dx[2 * ni + 1], f32(p3), acc[i + 3])
-                elif FMT == Q4_K:   # (u, v) = (d sc, dmin m)
+                elif FMT == Q4_K:   # u = d sc (the min term: min_term, once per step)
                     p0, p1, p2, p3 = pk.mma_m16n8k32_s8(a0, a1, a2, a3, b0, b1, 0, 0, 0, 0)
-                    acc[i] = fold(acc[i], u0 * dx[2 * ni], p0, v0, sx[2 * ni])
-                    acc[i + 1] = fold(acc[i + 1], u0 * dx[2 * ni + 1], p1, v0, sx[2 * ni + 1])
-                    acc[i + 2] = fold(acc[i + 2], u8 * dx[2 * ni], p2, v8, sx[2 * ni])
-                    acc[i + 3] = fold(acc[i + 3], u8 * dx[2 * ni + 1], p3, v8, sx[2 * ni + 1])
+                    acc[i] = pk.fma(u0 * dx[2 * ni], f32(p0), acc[i])
+                    acc[i + 1] = pk.fma(u0 * dx[2 * ni + 1], f32(p1), acc[i + 1])
+                    acc[i + 2] = pk.fma(u8 * dx[2 * ni], f32(p2), acc[i + 2])
+                    acc[i + 3] = pk.fma(u8 * dx[2 * ni + 1], f32(p3), acc[i + 3])
                 else:             # (u, v) = scales of the two 16-value halves
                     p0, p1, p2, p3, q0, q1, q2, q3 = mma_halves(GPU, a0, a1, a2, a3, b0, b1)
                     acc[i] = fold2(acc[i], dx[2 * ni], u0, p0, v0, q0)

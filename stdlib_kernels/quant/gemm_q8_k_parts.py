@@ -5,7 +5,8 @@ Shared memory (u32 words), STAGES stage buffers then two scale buffers (parity o
     stage s: A = BM rows x AS words (the rows' raw super-block at this K step; Q4_0 / Q8_0:
              their 8 raw 32-blocks, 144 / 272 B, 16-byte aligned when K % 256 == 0),
              B = BN tokens x B_STRIDE words (their 8 raw Q8_1 blocks: 72 words, 4 pad)
-    scales p: SA = BM rows x 16 f32 (Q4_K: (d*sc, dmin*m) per 32-block; Q6_K: d*sc per 16;
+    scales p: SA = BM rows x 16 words (Q4_K: d*sc per 32-block, then the 8 mins as 4 f16
+              pairs and dmin, for the min term's f16 mma; Q6_K: d*sc per 16;
               Q4_0 / Q8_0: (d, 0) per 32-block),
               SB = BN tokens x 16 f32 ((d, s) per Q8_1 block)
 Copies are `pk.cp_async` (done at once on the CPU target), waited on with pk.cp_async_wait.
@@ -115,18 +116,28 @@ def scale_pass(FMT: Const[int], sm: Ptr[u32], smf: Ptr[f32], base: i32, sbase: i
                BN: Const[int], NT: Const[int]):
     """Block scales of a landed stage as floats: SA (BM x 16) and SB (BN x 16) at sbase."""
     AS = Q6K_SPAN if FMT == Q6_K else (Q80_WORDS if FMT == Q8_0 else Q4K_WORDS)
+    if FMT == Q4_K:   # per (row, block pair p): words 2p, 2p + 1: d * sc of the two blocks;
+        for j in pk.static_range((BM * 4 + NT - 1) // NT):    # 8 + p: their mins as an f16
+            i = tid + NT * j                                  # pair (exact: 6-bit integers);
+            if i < BM * 4:                                    # 12: dmin (min_term's operands)
+                r = i // 4
+                p = i % 4
+                a = base + r * AS
+                d, dmin = pk.unpack_f16x2(sm[a])
+                sc0, m0 = scale_min_k4(sm[a + 1], sm[a + 2], sm[a + 3], 2 * p)
+                sc1, m1 = scale_min_k4(sm[a + 1], sm[a + 2], sm[a + 3], 2 * p + 1)
+                pk.store_vec(smf, sbase + 16 * r + 2 * p, (d * sc0, d * sc1))
+                sm[sbase + 16 * r + 8 + p] = pk.pack_f16x2(m0, m1)
+                if p == 0:
+                    smf[sbase + 16 * r + 12] = dmin
     for j in pk.static_range((BM * 16 + NT - 1) // NT):
         i = tid + NT * j
-        if i >= BM * 16:
+        if FMT == Q4_K or i >= BM * 16:
             break
         r = i // 16
         e = i % 16
         a = base + r * AS
-        if FMT == Q4_K:    # e = 2 * block + (0: d * sc, 1: dmin * m)
-            sc, m = scale_min_k4(sm[a + 1], sm[a + 2], sm[a + 3], e // 2)
-            d, dmin = pk.unpack_f16x2(sm[a])
-            smf[sbase + i] = d * sc if e % 2 == 0 else dmin * m
-        elif FMT == Q4_0 or FMT == Q8_0:   # e = 2 * block + (0: d, 1: unused 0)
+        if FMT == Q4_0 or FMT == Q8_0:   # e = 2 * block + (0: d, 1: unused 0)
             at = (18 if FMT == Q4_0 else 34) * (e // 2)
             d, unused = pk.unpack_f16x2((sm[a + at // 4] >> u32(8 * (at % 4))) & u32(0xFFFF))
             smf[sbase + i] = d if e % 2 == 0 else 0.0
