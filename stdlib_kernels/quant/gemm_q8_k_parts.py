@@ -6,8 +6,7 @@ Shared memory (u32 words), STAGES stage buffers then two scale buffers (parity o
              their 8 raw 32-blocks, 144 / 272 B, 16-byte aligned when K % 256 == 0),
              B = BN tokens x B_STRIDE words (their 8 raw Q8_1 blocks: 72 words, 4 pad)
     scales p: SA = BM rows x 16 words (Q4_K: d*sc per 32-block, then the 8 mins as 4 f16
-              pairs and dmin, for the min term's f16 mma; Q6_K: per block its two i8
-              scales as i16 halves, then d;
+              pairs and dmin, for the min term's f16 mma; Q6_K: d*sc per 16;
               Q4_0 / Q8_0: (d, 0) per 32-block),
               SB = BN tokens x 16 f32 ((d, s) per Q8_1 block)
 Copies are `pk.cp_async` (done at once on the CPU target), waited on with pk.cp_async_wait.
@@ -142,16 +141,12 @@ def scale_pass(FMT: Const[int], sm: Ptr[u32], smf: Ptr[f32], base: i32, sbase: i
             at = (18 if FMT == Q4_0 else 34) * (e // 2)
             d, unused = pk.unpack_f16x2((sm[a + at // 4] >> u32(8 * (at % 4))) & u32(0xFFFF))
             smf[sbase + i] = d if e % 2 == 0 else 0.0
-        else:              # e < 8: the i8 scales of block e's two 16-value halves (bytes
-            sh = q6k_shift(min(row0 + r, rows - 1), row_bytes, sb)   # 192 + 2e, + 1) as two
-            if e < 8:                                                 # i16 halves; 8: d
-                lo = i32(byte_at(sm, a, sh + 192 + 2 * e) << u32(24)) >> 24
-                hi = i32(byte_at(sm, a, sh + 193 + 2 * e) << u32(24)) >> 24
-                sm[sbase + i] = (u32(lo) & u32(0xFFFF)) | (u32(hi) << u32(16))
-            else:
-                dbits = (sm[a + (sh + 208) // 4] >> u32(8 * ((sh + 208) % 4))) & u32(0xFFFF)
-                d, unused = pk.unpack_f16x2(dbits)
-                smf[sbase + i] = d if e == 8 else 0.0
+        else:              # e = 16-value group: i8 scale at byte 192 + e, d at byte 208
+            sh = q6k_shift(min(row0 + r, rows - 1), row_bytes, sb)
+            dbits = (sm[a + (sh + 208) // 4] >> u32(8 * ((sh + 208) % 4))) & u32(0xFFFF)
+            d, unused = pk.unpack_f16x2(dbits)
+            sc = i32(byte_at(sm, a, sh + 192 + e) << u32(24)) >> 24
+            smf[sbase + i] = d * f32(sc)
     bbase = base + BM * AS
     for j in pk.static_range((BN * 8 + NT - 1) // NT):
         i = tid + NT * j
