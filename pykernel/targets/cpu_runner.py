@@ -217,19 +217,8 @@ def cluster_scheduler(module, waits: bool):
     # a thread that finished can never arrive: strict, since the GPU may wait for it forever
     _, _, finished = scan(b, state, ir.Constant(I64, 0), total, abi.FINISHED)
     mismatch = b.or_(mismatch, b.icmp_signed("!=", finished, ir.Constant(I64, 0)))
-    done_bb, check_bb = fn.append_basic_block("done"), fn.append_basic_block("check")
-    b.cbranch(b.icmp_signed("==", waiting, ir.Constant(I64, 0)), done_bb, check_bb)
-    b.position_at_end(check_bb)
-    bad_bb, release_bb = fn.append_basic_block("diverged"), fn.append_basic_block("release")
-    b.cbranch(mismatch, bad_bb, release_bb)
-    b.position_at_end(bad_bb)
-    record_error(b, ctx_ptr, 8, first)
-    b.ret_void()
-    b.position_at_end(release_bb)
-    release(b, state, ir.Constant(I64, 0), total, abi.AT_CLUSTER)
-    b.branch(rounds)
-    b.position_at_end(done_bb)
-    b.ret_void()
+    release_or_fail(b, ctx_ptr, state, total, abi.AT_CLUSTER, 8, first, mismatch, waiting,
+                    rounds)
     return fn
 
 
@@ -266,20 +255,28 @@ def scheduler(module, waits: bool = False, cluster: bool = False):
     if cluster:
         _, _, at_cluster = scan(b, state, ir.Constant(I64, 0), nt, abi.AT_CLUSTER)
         mismatch = b.or_(mismatch, b.icmp_signed("!=", at_cluster, ir.Constant(I64, 0)))
+    release_or_fail(b, ctx_ptr, state, nt, abi.AT_BARRIER, 2, first, mismatch, waiting, phase)
+    return fn
+
+
+def release_or_fail(b, ctx_ptr, state, nt, kind, code, first, mismatch, waiting, again):
+    """After a round: no thread waiting at `kind` -> return (all done); waiting at different
+    sites -> record error `code` at the first one and return; else release them and branch
+    to `again`."""
+    fn = b.function
     done_bb, check_bb = fn.append_basic_block("done"), fn.append_basic_block("check")
     b.cbranch(b.icmp_signed("==", waiting, ir.Constant(I64, 0)), done_bb, check_bb)
     b.position_at_end(check_bb)
     bad_bb, release_bb = fn.append_basic_block("diverged"), fn.append_basic_block("release")
     b.cbranch(mismatch, bad_bb, release_bb)
     b.position_at_end(bad_bb)
-    record_error(b, ctx_ptr, 2, first)
+    record_error(b, ctx_ptr, code, first)
     b.ret_void()
     b.position_at_end(release_bb)
-    release(b, state, ir.Constant(I64, 0), nt, abi.AT_BARRIER)
-    b.branch(phase)
+    release(b, state, ir.Constant(I64, 0), nt, kind)
+    b.branch(again)
     b.position_at_end(done_bb)
     b.ret_void()
-    return fn
 
 
 def run_warp(b, fn, e, d, handles, state, lo, hi, waits=False):

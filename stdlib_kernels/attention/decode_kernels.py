@@ -86,6 +86,23 @@ def block_work(lens, lens_stride: i32, len_add: i32, len_step: i32, window: i32,
 
 
 @pk.func
+def merge_warp_parts(sm_acc, sm_m, sm_den, g: i32, d: i32, D: Const[int], GB: Const[int],
+                     NWARPS: Const[int]):
+    """(unnormalised sum, max, denominator) of head g, value d over the block's warps, from
+    their parts in shared memory ((NWARPS, GB[, D]))."""
+    m_all = f32(NEG_INIT)
+    for w in pk.static_range(NWARPS):
+        m_all = max(m_all, sm_m[w * GB + g])
+    total = f32(0.0)
+    o = f32(0.0)
+    for w in pk.static_range(NWARPS):
+        weight = fast_exp2(sm_m[w * GB + g] - m_all)
+        total += sm_den[w * GB + g] * weight
+        o += sm_acc[(w * GB + g) * D + d] * weight
+    return o, m_all, total
+
+
+@pk.func
 def write_block_result(sm_acc, sm_m, sm_den, z: i32, h0: i32, split: i32, n_head: i32,
                        direct: i32, out, part_o, part_ml, xq, D: Const[int], GB: Const[int],
                        NWARPS: Const[int], Q8OUT: Const[int], CLUSTER: Const[int]):
@@ -102,15 +119,7 @@ def write_block_result(sm_acc, sm_m, sm_den, z: i32, h0: i32, split: i32, n_head
     for t in range(pk.thread_idx.x, GB * D, NWARPS * 32):
         g = t // D
         d = t % D
-        m_all = f32(NEG_INIT)
-        for w in pk.static_range(NWARPS):
-            m_all = max(m_all, sm_m[w * GB + g])
-        total = f32(0.0)
-        o = f32(0.0)
-        for w in pk.static_range(NWARPS):
-            weight = fast_exp2(sm_m[w * GB + g] - m_all)
-            total += sm_den[w * GB + g] * weight
-            o += sm_acc[(w * GB + g) * D + d] * weight
+        o, m_all, total = merge_warp_parts(sm_acc, sm_m, sm_den, g, d, D, GB, NWARPS)
         head_row = z * n_head + h0 + g
         if direct != 0:
             out[head_row * D + d] = o / total
@@ -136,15 +145,7 @@ def cluster_merge(sm_acc, sm_m, sm_den, z: i32, h0: i32, n_head: i32, out, xq,
     blk_ml = pk.shared_array(f32, 2 * GB)
     for t in range(pk.thread_idx.x, GB * D, NWARPS * 32):
         g = t // D
-        m_all = f32(NEG_INIT)
-        for w in pk.static_range(NWARPS):
-            m_all = max(m_all, sm_m[w * GB + g])
-        total = f32(0.0)
-        o = f32(0.0)
-        for w in pk.static_range(NWARPS):
-            weight = fast_exp2(sm_m[w * GB + g] - m_all)
-            total += sm_den[w * GB + g] * weight
-            o += sm_acc[(w * GB + g) * D + t % D] * weight
+        o, m_all, total = merge_warp_parts(sm_acc, sm_m, sm_den, g, t % D, D, GB, NWARPS)
         blk_o[t] = o
         if t % D == 0:
             blk_ml[2 * g] = m_all
