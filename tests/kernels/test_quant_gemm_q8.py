@@ -108,6 +108,16 @@ def test_gemm_q8k_pipeline_wraps(device, rng, seed, type_name):
     check(gemm_q8(raw, type_name, x, tiles).numpy(), raw, type_name, x, seed)
 
 
+def test_gemm_q8k_q6k_word_aligned_rows(device, rng, seed):
+    # Q6_K rows of a multiple of 4 bytes (K % 512 == 0: every 8B shape): the kernel's shift of
+    # each step's super-blocks is a constant per step parity (ALIGNED), checked on 4 steps
+    rows, n, tokens = (19, 1024, 9) if device.kind == "cpu" else (133, 2048, 203)
+    raw = make_weights(rng, "Q6_K", rows, n)
+    x = rng.standard_normal((tokens, n)).astype(np.float32)
+    tiles = CPU_KTILES if device.kind == "cpu" else TUNED_KTILES["Q6_K"]
+    check(gemm_q8(raw, "Q6_K", x, tiles).numpy(), raw, "Q6_K", x, seed)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q4_0", "Q8_0"])
 def test_gemm_q8k_four_stages_two_warps(device, rng, seed, type_name):
