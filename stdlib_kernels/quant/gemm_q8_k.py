@@ -59,7 +59,8 @@ class Q8KTiles(NamedTuple):
 # fastest shapes of the sweeps on the H200 (benchmarks/RESULTS.md): Q4_K 311 us at m=4096 n=512
 # k=14336 with 128 x 128 tiles of 8 warps (64 x 32 warp tiles; since the min term went to the
 # tensor cores, ahead of 16 warps of 64 x 16 on all three 8B prefill shapes); Q6_K 499 us with
-# 32 x 64 warp tiles
+# 32 x 64 warp tiles. (Q6_K with its fragment shifts as constants per step parity, two copies
+# of the step: -3..5% at k = 14336 and 4096 x 4096, +17% at 14336 x 4096: not kept.)
 TUNED_KTILES = {"Q4_K": Q8KTiles(4, 4, 2, 4, 3), "Q6_K": Q8KTiles(2, 8, 4, 2, 3),
                 "Q4_0": Q8KTiles(4, 4, 2, 4, 3), "Q8_0": Q8KTiles(2, 4, 2, 4, 3)}
 CPU_KTILES = Q8KTiles(1, 1, 1, 1, 3)       # 16 x 8, one warp: the CPU target emulates threads
@@ -120,22 +121,16 @@ def fold2(acc: f32, dx: f32, s0: f32, p: i32, s1: f32, q: i32) -> f32:
 def compute_stage(FMT: Const[int], GPU: Const[int], sm: Ptr[u32], smf: Ptr[f32], base: i32,
                   sbase: i32, acc, rbase: i32, cbase: i32, g: i32, tg: i32, row0: i32,
                   rows: i32, row_bytes: i32, sb: i32, MI: Const[int], NI: Const[int],
-                  BM: Const[int], SH: Const[int]):
+                  BM: Const[int]):
     """The warp's 16 MI x 8 NI tile over one landed super-block step. Fragment c_e of an m16n8
-    tile: row g + 8 (e // 2), token 2 tg + e % 2. SH (Q6_K): the bytes (0 or 2) between every
-    row's super-block and the aligned word before it when that is the same for all rows (4-byte
-    rows: it depends only on the step's parity), so the fragment byte offsets fold to
-    constants; -1: per row at run time."""
+    tile: row g + 8 (e // 2), token 2 tg + e % 2."""
     AS = Q6K_SPAN if FMT == Q6_K else (Q80_WORDS if FMT == Q8_0 else Q4K_WORDS)
     bbase = base + BM * AS
     shift = pk.local_array(i32, 2 * MI)
     for h in pk.static_range(2 * MI):
         shift[h] = 0
         if FMT == Q6_K:
-            if SH >= 0:
-                shift[h] = SH
-            else:
-                shift[h] = q6k_shift(min(row0 + rbase + 8 * h + g, rows - 1), row_bytes, sb)
+            shift[h] = q6k_shift(min(row0 + rbase + 8 * h + g, rows - 1), row_bytes, sb)
     if FMT == Q4_K:
         min_term(sm, smf, sbase, bbase, acc, rbase, cbase, g, tg, MI, NI)
     for kb in pk.static_range(8):
@@ -180,8 +175,7 @@ def compute_stage(FMT: Const[int], GPU: Const[int], sm: Ptr[u32], smf: Ptr[f32],
 def gemm_q8k_kernel(w: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], rows: i32,
                     row_words: i32, K: i32, tokens: i32,
                     FMT: Const[int], WT: Const[pk.dtype], GPU: Const[int], MI: Const[int],
-                    NI: Const[int], WM: Const[int], WN: Const[int], STAGES: Const[int],
-                    ALIGNED: Const[int]):
+                    NI: Const[int], WM: Const[int], WN: Const[int], STAGES: Const[int]):
     sm = pk.dynamic_shared(u32)
     smf = pk.dynamic_shared(f32)
     BM = 16 * MI * WM
@@ -221,19 +215,9 @@ def gemm_q8k_kernel(w: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], rows: i
         if sb + 1 < nsb:
             scale_pass(FMT, sm, smf, (sb + 1) % STAGES * SW, SCALES + (sb + 1) % 2 * 16 *
                        (BM + BN), row0, rows, row_bytes, sb + 1, tid, BM, BN, NT)
-        if FMT == Q6_K and ALIGNED == 1:    # two copies of the step, one per shift
-            if sb % 2 == 0:
-                compute_stage(FMT, GPU, sm, smf, sb % STAGES * SW, SCALES + sb % 2 * 16 *
-                              (BM + BN), acc, rbase, cbase, lane // 4, lane % 4, row0, rows,
-                              row_bytes, sb, MI, NI, BM, 0)
-            else:
-                compute_stage(FMT, GPU, sm, smf, sb % STAGES * SW, SCALES + sb % 2 * 16 *
-                              (BM + BN), acc, rbase, cbase, lane // 4, lane % 4, row0, rows,
-                              row_bytes, sb, MI, NI, BM, 2)
-        else:
-            compute_stage(FMT, GPU, sm, smf, sb % STAGES * SW, SCALES + sb % 2 * 16 * (BM + BN),
-                          acc, rbase, cbase, lane // 4, lane % 4, row0, rows, row_bytes, sb, MI,
-                          NI, BM, -1)
+        compute_stage(FMT, GPU, sm, smf, sb % STAGES * SW, SCALES + sb % 2 * 16 * (BM + BN),
+                      acc, rbase, cbase, lane // 4, lane % 4, row0, rows, row_bytes, sb, MI,
+                      NI, BM)
     store_c(acc, y, rows, tokens, row0 + rbase + lane // 4, tok0 + cbase + 2 * (lane % 4), MI,
             NI)
 
@@ -277,11 +261,8 @@ def gemm_q8k_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, stre
     grid = ((rows + bm - 1) // bm, (tokens + bn - 1) // bn, 1)
     dyn = shared_bytes(fmt, bm, bn, t.stages)
     threads = 32 * t.wm * t.wn
-    # Q6_K rows of a multiple of 4 bytes: every row's step sb starts 2 (sb % 2) bytes past a
-    # word (the fragments' shifts become constants, compute_stage's SH)
-    aligned = int(type_name == "Q6_K" and row_bytes % 4 == 0)
     spec = (("FMT", fmt), ("WT", w.dtype), ("GPU", int(gpu)), ("MI", t.mi), ("NI", t.ni),
-            ("WM", t.wm), ("WN", t.wn), ("STAGES", t.stages), ("ALIGNED", aligned))
+            ("WM", t.wm), ("WN", t.wn), ("STAGES", t.stages))
     # launch bounds (one block per SM): ptxas may use up to 65536 / threads registers
     L.launch(gemm_q8k_kernel, grid, threads, (w, words, y, rows, row_words, K, tokens), spec,
              stream, dyn, bounds=(threads, 1) if gpu else None)

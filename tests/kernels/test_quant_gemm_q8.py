@@ -109,8 +109,8 @@ def test_gemm_q8k_pipeline_wraps(device, rng, seed, type_name):
 
 
 def test_gemm_q8k_q6k_word_aligned_rows(device, rng, seed):
-    # Q6_K rows of a multiple of 4 bytes (K % 512 == 0: every 8B shape): the kernel's shift of
-    # each step's super-blocks is a constant per step parity (ALIGNED), checked on 4 steps
+    # Q6_K rows of a multiple of 4 bytes (K % 512 == 0: every 8B shape), so every row's step
+    # starts 0 or 2 bytes past a word by the step's parity alone; 4 steps
     rows, n, tokens = (19, 1024, 9) if device.kind == "cpu" else (133, 2048, 203)
     raw = make_weights(rng, "Q6_K", rows, n)
     x = rng.standard_normal((tokens, n)).astype(np.float32)
