@@ -12,10 +12,13 @@ the runner's decode graph launches it. us per decode (split kernel + combine).
     python3 benchmarks/attention_splits.py --batched    (1-8 sequences x 4096 keys, one launch)
     python3 benchmarks/attention_splits.py --cluster    (8B shape: the split + combine default
         against one launch whose splits merge in a thread-block cluster, 8 and 16 splits)
+    python3 benchmarks/attention_splits.py --cluster-sweep   (8B shape, 4096 / 32768 keys:
+        cluster merges with fewer heads per block or warps per block, CLUSTER_SWEEP)
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -26,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import pykernel as pk  # noqa: E402
 from benchmarks._timing import replay_seconds  # noqa: E402
 from stdlib_kernels.attention.decode import (DecodeWorkspace, config_splits,  # noqa: E402
-                                             default_config, launch_decode)
+                                             default_config, launch_decode, mma_config)
 
 SHAPES = {"smollm2-135m": (9, 3, 64), "qwen2-1.5b": (12, 2, 128), "llama-8b": (32, 8, 128)}
 SPLITS = (1, 2, 4, 8, 16, 32, 64)
@@ -45,11 +48,12 @@ def caches(*shape: int) -> list:
 
 
 def decode_us(shape, kv_len: int, splits: int, pdl: bool, cache_copies, n_seq: int = 1,
-              cluster: bool = False) -> float:
+              cluster: bool = False, config=None) -> float:
     """us per decode launch of n_seq sequences of kv_len keys (caches from `caches`);
-    cluster: the splits merge in a thread-block cluster (one launch)."""
+    cluster: the splits merge in a thread-block cluster (one launch); config: the kernel's
+    (default_config when None)."""
     n_head, n_kv, head_dim = shape
-    config = default_config(n_head // n_kv, head_dim, dtype=np.float16)
+    config = config or default_config(n_head // n_kv, head_dim, dtype=np.float16)
     q = pk.to_device(np.random.default_rng(1).standard_normal((n_seq, n_head, head_dim))
                      .astype(np.float32))
     lens = pk.to_device(np.full(n_seq, kv_len, np.int32))
@@ -145,6 +149,48 @@ def cluster_table(lens=(128, 1024, 4096, 32768)) -> list[str]:
     return rows
 
 
+# (heads per block, warps, ring stages, blocks per cluster): cluster merges that keep more
+# multiprocessors busy than the 8-split default cluster (fewer heads per block: more blocks;
+# 4 warps: two blocks per multiprocessor, so 16-block clusters fit in 8 of them)
+CLUSTER_SWEEP = [(4, 8, 2, 8), (2, 8, 2, 8), (2, 4, 2, 8), (1, 4, 2, 8), (4, 4, 2, 8),
+                 (4, 4, 2, 16), (2, 4, 2, 16), (2, 4, 1, 16), (1, 4, 1, 16)]
+
+
+def cluster_sweep_table(lens=(4096, 32768)) -> list[str]:
+    """The cluster merge in CLUSTER_SWEEP's shapes against the default, 8B shape."""
+    from benchmarks.attention import copy_bandwidth
+    copy = copy_bandwidth()
+    shape = SHAPES["llama-8b"]
+    n_head, n_kv, head_dim = shape
+    default = default_config(n_head // n_kv, head_dim, dtype=np.float16)
+    rows = [f"torch copy bandwidth {copy / 1e12:.2f} TB/s", "",
+            "| kv_len | kernel | blocks | us plain / PDL | % of copy (plain / PDL) |",
+            "|---" * 5 + "|"]
+    for kv_len in lens:
+        copies = caches(n_kv, kv_len, head_dim)
+        nbytes = 2 * copies[0][0].nbytes
+        planned = config_splits(default, n_head, n_kv, kv_len)
+        runs = [(f"default, {planned} splits + combine", default, planned, False)]
+        for gb, warps, stages, splits in CLUSTER_SWEEP:
+            config = mma_config(n_head // n_kv, head_dim, warps=warps, stages=stages)
+            config = dataclasses.replace(config, heads_per_block=gb)
+            runs.append((f"cluster {splits}: {gb} heads, {warps} warps, ring {stages}", config,
+                         splits, True))
+        for label, config, splits, cluster in runs:
+            blocks = splits * n_head // config.heads_per_block
+            try:
+                us = [decode_us(shape, kv_len, splits, pdl, copies, cluster=cluster,
+                                config=config) for pdl in (False, True)]
+            except pk.LaunchError as exc:
+                print(f"{label} at {kv_len}: {exc}", flush=True)
+                continue
+            pct = [100 * nbytes / (t * 1e-6) / copy for t in us]
+            rows.append(f"| {kv_len} | {label} | {blocks} | {us[0]:.2f} / {us[1]:.2f} | "
+                        f"{pct[0]:.0f}% / {pct[1]:.0f}% |")
+            print(rows[-1], flush=True)
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lens", default="256,600,1024,2048,4096")
@@ -152,10 +198,14 @@ def main():
                         help="instead: 1-8 sequences of 4096 keys in one launch (8B shape)")
     parser.add_argument("--cluster", action="store_true",
                         help="instead: the cluster merge against the default (8B shape)")
+    parser.add_argument("--cluster-sweep", action="store_true",
+                        help="instead: cluster merges of fewer heads per block / warps")
     parser.add_argument("--out")
     args = parser.parse_args()
     pk.set_device("cuda")
-    if args.cluster:
+    if args.cluster_sweep:
+        rows = cluster_sweep_table()
+    elif args.cluster:
         rows = cluster_table()
     else:
         rows = batched_table() if args.batched else table([int(x) for x in
