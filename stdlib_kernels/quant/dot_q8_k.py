@@ -431,3 +431,44 @@ def q3k_wide_sum(v, sc, a) -> f32:
         dx, sx = act_scale(a, 9 * j)
         r += dx * inv_unit * f32(t)
     return r
+
+
+# Q6_K as 128-value items (the bulk kernel, gemv_bulk.py): item n = half n of block blk, in a
+# row of an even number of blocks read as u32 words (block blk starts 2 (blk % 2) bytes into
+# word 52 blk + blk / 2). Group g (32 values, Q8_1 block 4n + g of the half): ql words
+# 16n + 8 (g % 2) + k nibble g // 2, qh words 32 + 8n + k bits 2g; 16-value halves hh with
+# the scale byte 192 + 8n + 2g + hh.
+@pk.func
+def q6k_wide_values(w: Ptr[u32, "ro"], wrow: i32, blk: i32, n: i32, v, sc) -> f32:
+    """Item n of block blk of the row at word wrow (global or shared memory): v[8 g + k] =
+    the int8 words (q - 32) of group g, sc[2 g + hh] its signed 16-value scales; returns d."""
+    wb = wrow + 52 * blk + blk // 2
+    shift = u32(16) * u32(blk % 2)
+    q = pk.local_array(u32, 26)   # ql words of half n (16) | its qh words (8) | scale bytes
+    words_at(w, wb + 16 * n, shift, q, 0, 16)
+    words_at(w, wb + 32 + 8 * n, shift, q, 16, 8)
+    words_at(w, wb + 48 + 2 * n, shift, q, 24, 2)
+    for g in pk.static_range(4):
+        for k in pk.static_range(8):
+            v[8 * g + k] = q6k_group(q[8 * (g % 2) + k], q[16 + k], u32(4 * (g // 2)),
+                                     u32(2 * g))
+    for e in pk.static_range(8):
+        sc[e] = i32(q[24 + e // 4] << u32(24 - 8 * (e % 4))) >> 24
+    return f32(pk.bitcast(u16((w[wb + 52] >> shift) & u32(0xFFFF)), f16))
+
+
+@pk.func
+def q6k_wide_sum(v, sc, a) -> f32:
+    """sum over the item's 128 values of (q - 32) x / d (q6k_wide_values' v and sc, the
+    4 Q8_1 blocks' 36 words in a)."""
+    r = f32(0.0)
+    for g in pk.static_range(4):
+        t = 0
+        for hh in pk.static_range(2):
+            s = 0
+            for k in pk.static_range(4):
+                s = pk.dp4a(v[8 * g + 4 * hh + k], act(a, 9 * g + 1 + 4 * hh + k), s)
+            t += s * sc[2 * g + hh]
+        dx, sx = act_scale(a, 9 * g)
+        r += dx * f32(t)
+    return r

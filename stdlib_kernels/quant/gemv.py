@@ -25,8 +25,7 @@ from . import decode8 as d8
 from . import gemv_kernels as gk
 from .formats import get_format
 from .gemv_q1_0 import bmma_available, gemv_q1_0_into
-from .gemv_q3k_bulk import ROWS_PER_WARP as Q3K_BULK_ROWS, WARPS as Q3K_BULK_WARPS
-from .gemv_q3k_bulk import bulk_eligible, gemv_q3k_bulk_into
+from .gemv_bulk import BULK_TYPES, bulk_eligible, gemv_bulk_into
 from .q8_1 import q8_1_bytes, quantize_q8_1_into
 from .q8_planes import q8_planes_bytes, quantize_q8_planes_into
 
@@ -39,9 +38,10 @@ PAIR_TYPES = {"Q4_0": gk.Q4_0_PAIR, "Q8_0": gk.Q8_0_PAIR}
 # (GemvConfig.kernel overrides it; "" = the base kernel). Q4_0/Q8_0 "vec": block pairs with
 # 8-byte activation loads. Q4_K "wide": one item per 64-value chunk, 8-byte activation loads.
 # Q2_K/Q3_K "wide": one item per 128 values, 16-byte activation loads (Q3_K: u32 words; for one
-# token and weights over L2 on sm_90+ the rows arrive by bulk copies, gemv_q3k_bulk.py). Q6_K
+# token and weights over L2 on sm_90+ the rows arrive by bulk copies, gemv_bulk.py). Q6_K
 # "words": its 2-byte-aligned blocks read as u32 words (rows of an even number of blocks are
-# 4-byte aligned), 4 items per block; "" = u16 loads (also used for odd block counts). Q1_0
+# 4-byte aligned), 4 items per block (one token, large weights, rows of a multiple of 2048 on
+# sm_90+: bulk copies too); "" = u16 loads (also used for odd block counts). Q1_0
 # "rows": u32 words, one item per block, 16-byte activation loads, bit-plane dots for all the
 # group's rows at once.
 VARIANTS = {"Q4_0": {"vec": (gk.Q4_0_PAIR_VEC, 1, 8, 8)},
@@ -94,8 +94,9 @@ class GemvConfig(NamedTuple):
     wavefront instead of one L1 line per lane group; used while they fit STAGE_X_MAX_BYTES);
     `per_sm` > 0: a persistent grid of per_sm blocks per SM striding over the row groups
     (amortizes the staging; 0 = one block per row group); `kernel`: the kernel variant
-    (VARIANTS; None = VARIANT's default for the type, "" = the base kernel; "bulk": Q3_K's
-    bulk-copy kernel, gemv_q3k_bulk.py, with `warps` per block and `rows` per warp)."""
+    (VARIANTS; None = VARIANT's default for the type, "" = the base kernel; "bulk": the
+    bulk-copy kernel of Q3_K and Q6_K, gemv_bulk.py, with `warps` per block and `rows` per
+    warp)."""
     warps: int = 4
     split: int = 1
     rows: int = 1
@@ -125,8 +126,6 @@ BATCH_CONFIGS = ((3, G(4, 2, 4, 1, 2, kernel="")), (5, G(4, 2, 4, 1, 1, kernel="
                  (8, G(4, 1, 4, 1, 2, kernel="")))
 F32_CONFIG = GemvConfig(warps=4, split=4, rows=1, unroll=1)
 HALF_WORDS = {"F16": d8.F16_WORDS, "BF16": d8.BF16_WORDS}
-# Q3_K, one token, weights over L2, sm_90+ (gemv_q3k_bulk.bulk_eligible)
-Q3K_BULK_CONFIG = G(warps=Q3K_BULK_WARPS, rows=Q3K_BULK_ROWS, kernel="bulk")
 # the CPU target emulates every thread: unrolled trips only cost it compile time
 CPU_CONFIG = GemvConfig(warps=4, split=1, rows=1, unroll=1)
 STAGE_X_MAX_BYTES = 48 << 10   # above this the block's copy of x would cap blocks per SM
@@ -196,10 +195,10 @@ def gemv_q8_into(w, type_name, xq, y, rows, n, batch=1, *, w2=None, res=None, mo
     if not 1 <= batch <= gk.MAX_BATCH:
         raise ValueError(f"gemv: batch {batch} outside 1..{gk.MAX_BATCH}; use quant.matmul")
     _check_out(y, batch, rows, "gemv")
-    if _q3k_bulk(type_name, batch, mode, rows, n, config):
-        c = config or Q3K_BULK_CONFIG
-        return gemv_q3k_bulk_into(w, xq, y, rows, n, res=res, stream=stream,
-                                  rows_per_warp=c.rows, warps=c.warps)
+    if _bulk(type_name, batch, mode, rows, n, config):
+        return gemv_bulk_into(w, type_name, xq, y, rows, n, res=res, stream=stream,
+                              rows_per_warp=config.rows if config else None,
+                              warps=config.warps if config else None)
     fmt = get_format(type_name)
     words = xq.reshape(-1).view(np.uint32)
     c = config or gemv_config(type_name, batch, n)
@@ -222,14 +221,14 @@ def gemv_q8_into(w, type_name, xq, y, rows, n, batch=1, *, w2=None, res=None, mo
         c.split, c.unroll, widen, stage, _under_pdl())
 
 
-def _q3k_bulk(type_name: str, batch: int, mode, rows: int, n: int, config) -> bool:
-    """Q3_K, one token, plain or residual: the bulk-copy kernel (gemv_q3k_bulk.py) when asked
-    for (GemvConfig(kernel="bulk")) or, by default, where it applies (weights over L2)."""
-    if type_name != "Q3_K" or batch != 1 or mode not in (None, "residual"):
+def _bulk(type_name: str, batch: int, mode, rows: int, n: int, config) -> bool:
+    """Q3_K / Q6_K, one token, plain or residual: the bulk-copy kernel (gemv_bulk.py) when
+    asked for (GemvConfig(kernel="bulk")) or, by default, where it applies (large weights)."""
+    if type_name not in BULK_TYPES or batch != 1 or mode not in (None, "residual"):
         return False
     if config is not None:
         return config.kernel == "bulk"
-    return pk.current_device().kind == "cuda" and bulk_eligible(rows, n)
+    return pk.current_device().kind == "cuda" and bulk_eligible(type_name, rows, n)
 
 
 def gemv_f32_into(w, type_name, x, y, rows, n, batch=1, *, w2=None, res=None, mode=None,

@@ -220,44 +220,55 @@ def test_gemv_Q3_K_wide_every_bit_pattern(device, rng, seed):
     check_q8_1(y.numpy(), raw, "Q3_K", x, seed)
 
 
-@pytest.mark.parametrize("rows,n,rows_per_warp,warps,residual",
-                         [(37, 2048, 4, 1, False), (9, 4096, 2, 2, True), (5, 6144, 4, 1, False)],
-                         ids=["rows_off_groups", "residual_2warps", "three_items_per_lane"])
-def test_gemv_Q3_K_bulk(device, rng, seed, rows, n, rows_per_warp, warps, residual):
-    """Q3_K rows by bulk copies into shared memory (gemv_q3k_bulk, sm_90+ on the GPU): the Q8_1
-    model and the register kernel's result; row counts off the warp's row group, the residual
-    mode, and rows of 2-3 items per lane."""
-    from stdlib_kernels.quant.gemv_q3k_bulk import gemv_q3k_bulk_into
+@pytest.mark.parametrize("type_name,rows,n,rows_per_warp,warps,residual",
+                         [("Q3_K", 37, 2048, 4, 1, False), ("Q3_K", 9, 4096, 2, 2, True),
+                          ("Q3_K", 5, 6144, 4, 1, False), ("Q6_K", 37, 2048, 4, 1, False),
+                          ("Q6_K", 9, 4096, 2, 2, True), ("Q6_K", 5, 6144, 1, 4, False)],
+                         ids=["q3k_rows_off_groups", "q3k_residual_2warps", "q3k_three_items",
+                              "q6k_rows_off_groups", "q6k_residual_2warps", "q6k_three_items"])
+def test_gemv_bulk(device, rng, seed, type_name, rows, n, rows_per_warp, warps, residual):
+    """Q3_K / Q6_K rows by bulk copies into shared memory (gemv_bulk, sm_90+ on the GPU): the
+    Q8_1 model and the register kernel's result; row counts off the warp's row group, the
+    residual mode, and rows of 2-3 items per lane (Q6_K: blocks starting on odd half-words)."""
+    from stdlib_kernels.quant.gemv_bulk import gemv_bulk_into
     if device.kind == "cuda" and int(device.arch[3:]) < 90:
         pytest.skip("bulk copies need sm_90+")
-    raw = make_weights(rng, "Q3_K", rows, n)
+    raw = make_weights(rng, type_name, rows, n)
     x = rng.standard_normal((1, n)).astype(np.float32)
     xq = quantize_q8_1(x)
-    w = weight_words(raw, "Q3_K", n)[0]
+    w = weight_words(raw, type_name, n)[0]
     res = rng.standard_normal(rows).astype(np.float32) if residual else None
     y = pk.full((1, rows), np.nan, np.float32)
-    gemv_q3k_bulk_into(w, xq, y, rows, n, res=None if res is None else pk.to_device(res),
-                       rows_per_warp=rows_per_warp, warps=warps)
-    check_q8_1(y.numpy() - (0 if res is None else res), raw, "Q3_K", x, seed)
+    gemv_bulk_into(w, type_name, xq, y, rows, n,
+                   res=None if res is None else pk.to_device(res),
+                   rows_per_warp=rows_per_warp, warps=warps)
+    check_q8_1(y.numpy() - (0 if res is None else res), raw, type_name, x, seed)
     register = pk.full((1, rows), np.nan, np.float32)
-    gemv_q8_into(w, "Q3_K", xq, register, rows, n, config=GemvConfig(kernel="wide"))
+    gemv_q8_into(w, type_name, xq, register, rows, n, config=GemvConfig())
     np.testing.assert_allclose(y.numpy() - (0 if res is None else res), register.numpy(),
                                rtol=1e-5, atol=1e-4, err_msg=f"vs register kernel (seed {seed})")
+    via_config = pk.full((1, rows), np.nan, np.float32)   # gemv_q8_into's "bulk" kernel
+    gemv_q8_into(w, type_name, xq, via_config, rows, n,
+                 config=GemvConfig(warps=warps, rows=rows_per_warp, kernel="bulk"))
+    np.testing.assert_array_equal(via_config.numpy(), y.numpy() - (0 if res is None else res))
 
 
-def test_gemv_Q3_K_bulk_rejects_bad_buffers(device):
-    from stdlib_kernels.quant.gemv_q3k_bulk import gemv_q3k_bulk_into
-    raw = pk.zeros((4, 2 * 2048 // 256 * 110 + 16), np.uint8)
+@pytest.mark.parametrize("type_name", ["Q3_K", "Q6_K"])
+def test_gemv_bulk_rejects_bad_buffers(device, type_name):
+    from stdlib_kernels.quant.gemv_bulk import BLOCK_BYTES, gemv_bulk_into
+    raw = pk.zeros((4, 2 * 2048 // 256 * BLOCK_BYTES[type_name] + 16), np.uint8)
     xq = quantize_q8_1(np.zeros((1, 4096), np.float32))
     y = pk.empty((1, 4), np.float32)
     words = raw.reshape(-1)[4:].view(np.uint32)          # 4 bytes off 16-byte alignment
     with pytest.raises(ValueError, match="16-byte aligned"):
-        gemv_q3k_bulk_into(words, xq, y, 4, 4096)
+        gemv_bulk_into(words, type_name, xq, y, 4, 4096)
     short = raw.reshape(-1)[:1000].view(np.uint32)       # truncated
     with pytest.raises(ValueError, match="at least"):
-        gemv_q3k_bulk_into(short, xq, y, 4, 4096)
+        gemv_bulk_into(short, type_name, xq, y, 4, 4096)
     with pytest.raises(ValueError, match="multiple of 2048"):
-        gemv_q3k_bulk_into(raw.reshape(-1).view(np.uint32), xq, y, 4, 1024)
+        gemv_bulk_into(raw.reshape(-1).view(np.uint32), type_name, xq, y, 4, 1024)
+    with pytest.raises(ValueError, match="no bulk-copy kernel for Q4_K"):
+        gemv_bulk_into(raw.reshape(-1).view(np.uint32), "Q4_K", xq, y, 4, 4096)
 
 
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "F16"])
