@@ -9,7 +9,8 @@ kernel issues its copies before waiting for the previous GEMV).
 
 Shapes: Q3_K 57344x4096 and 128256x4096 (weights over L2: issue 5's 80%-of-copy clause) and
 4096x14336; Q6_K 4096x14336 (llama-8B's ffn_down), 4096x12288 (8B-class ffn_down) and
-128256x4096 (llama-8B's output). Config = (warps per block, rows per warp) of the bulk kernel;
+128256x4096 (llama-8B's output). Config = (warps per block, rows per warp, ring stages) of the
+bulk kernel;
 "register" = the shipped register kernel (TUNED_SHORT / TUNED_CONFIGS).
 """
 from __future__ import annotations
@@ -28,8 +29,10 @@ from stdlib_kernels.quant.gemv import GemvConfig  # noqa: E402
 
 SHAPES = {"Q3_K": ((57344, 4096), (128256, 4096), (4096, 14336)),
           "Q6_K": ((4096, 14336), (4096, 12288), (128256, 4096))}
-BULK = {"Q3_K": ((4, 3), (4, 4), (2, 3), (8, 3), (4, 2), (1, 4)),
-        "Q6_K": ((4, 1), (4, 2), (4, 3), (2, 2), (8, 1), (2, 4), (1, 4))}
+# (warps per block, rows per warp, ring stages)
+BULK = {"Q3_K": ((4, 3, 1), (4, 4, 1), (2, 3, 1), (4, 3, 2), (2, 3, 2), (1, 4, 4)),
+        "Q6_K": ((4, 1, 1), (4, 2, 1), (8, 1, 1), (4, 1, 2), (2, 1, 2), (2, 1, 3), (1, 1, 4),
+                 (4, 1, 3), (8, 1, 2), (1, 2, 2), (2, 2, 2))}
 
 
 def main():
@@ -49,9 +52,9 @@ def main():
         for shape in SHAPES[type_name]:
             register = default_for(type_name, shape[1])
             configs = [(f"{type_name} register " + str(tuple(register)[:5]), register)]
-            configs += [(f"{type_name} bulk {w}w x {r} rows",
-                         GemvConfig(warps=w, rows=r, kernel="bulk"))
-                        for w, r in BULK[type_name]]
+            configs += [(f"{type_name} bulk {w}w x {r} rows x {s} stages",
+                         GemvConfig(warps=w, rows=r, kernel="bulk", stages=s))
+                        for w, r, s in BULK[type_name]]
             for pdl in modes:
                 times = {label: [] for label, _ in configs}
                 for _ in range(args.rounds):

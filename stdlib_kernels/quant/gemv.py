@@ -95,8 +95,8 @@ class GemvConfig(NamedTuple):
     `per_sm` > 0: a persistent grid of per_sm blocks per SM striding over the row groups
     (amortizes the staging; 0 = one block per row group); `kernel`: the kernel variant
     (VARIANTS; None = VARIANT's default for the type, "" = the base kernel; "bulk": the
-    bulk-copy kernel of Q3_K and Q6_K, gemv_bulk.py, with `warps` per block and `rows` per
-    warp)."""
+    bulk-copy kernel of Q3_K and Q6_K, gemv_bulk.py, with `warps` per block, `rows` per
+    warp and a ring of `stages` row groups per warp)."""
     warps: int = 4
     split: int = 1
     rows: int = 1
@@ -105,6 +105,7 @@ class GemvConfig(NamedTuple):
     stage_x: int = 0
     per_sm: int = 0
     kernel: str | None = None
+    stages: int = 1
 
 
 G = GemvConfig
@@ -198,7 +199,8 @@ def gemv_q8_into(w, type_name, xq, y, rows, n, batch=1, *, w2=None, res=None, mo
     if _bulk(type_name, batch, mode, rows, n, config):
         return gemv_bulk_into(w, type_name, xq, y, rows, n, res=res, stream=stream,
                               rows_per_warp=config.rows if config else None,
-                              warps=config.warps if config else None)
+                              warps=config.warps if config else None,
+                              stages=config.stages if config else None)
     fmt = get_format(type_name)
     words = xq.reshape(-1).view(np.uint32)
     c = config or gemv_config(type_name, batch, n)

@@ -220,16 +220,21 @@ def test_gemv_Q3_K_wide_every_bit_pattern(device, rng, seed):
     check_q8_1(y.numpy(), raw, "Q3_K", x, seed)
 
 
-@pytest.mark.parametrize("type_name,rows,n,rows_per_warp,warps,residual",
-                         [("Q3_K", 37, 2048, 4, 1, False), ("Q3_K", 9, 4096, 2, 2, True),
-                          ("Q3_K", 5, 6144, 4, 1, False), ("Q6_K", 37, 2048, 4, 1, False),
-                          ("Q6_K", 9, 4096, 2, 2, True), ("Q6_K", 5, 6144, 1, 4, False)],
+@pytest.mark.parametrize("type_name,rows,n,rows_per_warp,warps,stages,residual",
+                         [("Q3_K", 37, 2048, 4, 1, 1, False), ("Q3_K", 9, 4096, 2, 2, 1, True),
+                          ("Q3_K", 5, 6144, 4, 1, 1, False), ("Q3_K", 61, 2048, 2, 2, 3, True),
+                          ("Q6_K", 37, 2048, 4, 1, 1, False), ("Q6_K", 9, 4096, 2, 2, 1, True),
+                          ("Q6_K", 5, 6144, 1, 4, 1, False), ("Q6_K", 75, 2048, 1, 2, 2, True),
+                          ("Q6_K", 45, 2048, 2, 1, 4, False)],
                          ids=["q3k_rows_off_groups", "q3k_residual_2warps", "q3k_three_items",
-                              "q6k_rows_off_groups", "q6k_residual_2warps", "q6k_three_items"])
-def test_gemv_bulk(device, rng, seed, type_name, rows, n, rows_per_warp, warps, residual):
+                              "q3k_ring3", "q6k_rows_off_groups", "q6k_residual_2warps",
+                              "q6k_three_items", "q6k_ring2", "q6k_ring4"])
+def test_gemv_bulk(device, rng, seed, type_name, rows, n, rows_per_warp, warps, stages,
+                   residual):
     """Q3_K / Q6_K rows by bulk copies into shared memory (gemv_bulk, sm_90+ on the GPU): the
     Q8_1 model and the register kernel's result; row counts off the warp's row group, the
-    residual mode, and rows of 2-3 items per lane (Q6_K: blocks starting on odd half-words)."""
+    residual mode, rows of 2-3 items per lane (Q6_K: blocks starting on odd half-words), and
+    rings of 2-4 stages (one wave of blocks looping over more row groups than warps)."""
     from stdlib_kernels.quant.gemv_bulk import gemv_bulk_into
     if device.kind == "cuda" and int(device.arch[3:]) < 90:
         pytest.skip("bulk copies need sm_90+")
@@ -239,18 +244,20 @@ def test_gemv_bulk(device, rng, seed, type_name, rows, n, rows_per_warp, warps, 
     w = weight_words(raw, type_name, n)[0]
     res = rng.standard_normal(rows).astype(np.float32) if residual else None
     y = pk.full((1, rows), np.nan, np.float32)
-    gemv_bulk_into(w, type_name, xq, y, rows, n,
-                   res=None if res is None else pk.to_device(res),
-                   rows_per_warp=rows_per_warp, warps=warps)
+    res_d = None if res is None else pk.to_device(res)
+    gemv_bulk_into(w, type_name, xq, y, rows, n, res=res_d, rows_per_warp=rows_per_warp,
+                   warps=warps, stages=stages)
     check_q8_1(y.numpy() - (0 if res is None else res), raw, type_name, x, seed)
     register = pk.full((1, rows), np.nan, np.float32)
     gemv_q8_into(w, type_name, xq, register, rows, n, config=GemvConfig())
     np.testing.assert_allclose(y.numpy() - (0 if res is None else res), register.numpy(),
                                rtol=1e-5, atol=1e-4, err_msg=f"vs register kernel (seed {seed})")
     via_config = pk.full((1, rows), np.nan, np.float32)   # gemv_q8_into's "bulk" kernel
-    gemv_q8_into(w, type_name, xq, via_config, rows, n,
-                 config=GemvConfig(warps=warps, rows=rows_per_warp, kernel="bulk"))
-    np.testing.assert_array_equal(via_config.numpy(), y.numpy() - (0 if res is None else res))
+    gemv_q8_into(w, type_name, xq, via_config, rows, n, res=res_d,
+                 mode=None if res is None else "residual",
+                 config=GemvConfig(warps=warps, rows=rows_per_warp, kernel="bulk",
+                                   stages=stages))
+    np.testing.assert_array_equal(via_config.numpy(), y.numpy())
 
 
 @pytest.mark.parametrize("type_name", ["Q3_K", "Q6_K"])
