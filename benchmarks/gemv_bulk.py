@@ -1,14 +1,14 @@
-"""Q3_K / Q6_K decode GEMV: rows streamed by TMA bulk copies (stdlib_kernels/quant/gemv_bulk.py)
+"""Q3_K / Q4_K / Q6_K decode GEMV: rows streamed by TMA bulk copies (stdlib_kernels/quant/gemv_bulk.py)
 against the register kernels, on the GPU, in one run (quant_matmul.py's method: CUDA-graph
 replays timed with CUDA events, weight buffers rotated past the 50 MB L2; copy bandwidth =
 2 x bytes / time of a 1 GiB copy). Each configuration is timed `--rounds` times, the rounds
 alternating; `--pdl` also times each in a PDL graph (the runner's decode graph: the bulk
 kernel issues its copies before waiting for the previous GEMV).
 
-    python3 benchmarks/gemv_bulk.py [--types Q3_K,Q6_K] [--rounds 2] [--pdl]
+    python3 benchmarks/gemv_bulk.py [--types Q3_K,Q4_K,Q6_K] [--rounds 2] [--pdl]
 
 Shapes: Q3_K 57344x4096 and 128256x4096 (weights over L2: issue 5's 80%-of-copy clause) and
-4096x14336; Q6_K 4096x14336 (llama-8B's ffn_down), 4096x12288 (8B-class ffn_down) and
+4096x14336; Q4_K the llama-8B shapes (gate / up, q + k + v, o, down, output); Q6_K 4096x14336 (llama-8B's ffn_down), 4096x12288 (8B-class ffn_down) and
 128256x4096 (llama-8B's output). Config = (warps per block, rows per warp, ring stages) of the
 bulk kernel;
 "register" = the shipped register kernel (TUNED_SHORT / TUNED_CONFIGS).
@@ -28,16 +28,18 @@ from benchmarks.quant_matmul import bench_gemv, copy_bandwidth, default_for  # n
 from stdlib_kernels.quant.gemv import GemvConfig  # noqa: E402
 
 SHAPES = {"Q3_K": ((57344, 4096), (128256, 4096), (4096, 14336)),
+          "Q4_K": ((14336, 4096), (6144, 4096), (4096, 4096), (4096, 14336), (128256, 4096)),
           "Q6_K": ((4096, 14336), (4096, 12288), (128256, 4096))}
 # (warps per block, rows per warp, ring stages)
 BULK = {"Q3_K": ((4, 3, 1), (4, 4, 1), (2, 3, 1), (4, 3, 2), (2, 3, 2), (1, 4, 4)),
+        "Q4_K": ((4, 1, 1), (4, 2, 1), (4, 4, 1), (8, 2, 1), (2, 2, 1), (4, 2, 2)),
         "Q6_K": ((4, 1, 1), (4, 2, 1), (8, 1, 1), (4, 1, 2), (2, 1, 2), (2, 1, 3), (1, 1, 4),
                  (4, 1, 3), (8, 1, 2), (1, 2, 2), (2, 2, 2))}
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--types", default="Q3_K,Q6_K")
+    parser.add_argument("--types", default="Q3_K,Q4_K,Q6_K")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--pdl", action="store_true")
     args = parser.parse_args()

@@ -472,3 +472,34 @@ def q6k_wide_sum(v, sc, a) -> f32:
         dx, sx = act_scale(a, 9 * g)
         r += dx * f32(t)
     return r
+
+
+@pk.func
+def q4k_half_dot(w: Ptr[u32, "ro"], wrow: i32, blk: i32, n: i32, a) -> f32:
+    """Half n (128 values: chunks 2n, 2n + 1 of dot_q8_Q4_K_wide) of Q4_K block blk of the row
+    at word wrow (global or shared memory, 16-byte aligned) times the 4 Q8_1 blocks' 36
+    words in a; the same arithmetic as two dot_q8_Q4_K_wide items."""
+    b = wrow + 36 * blk
+    head, s0, s1, s2 = pk.load_vec(w, b, 4)
+    d, dmin = pk.unpack_f16x2(head)
+    r = f32(0.0)
+    for cc in pk.static_range(2):
+        c = 2 * n + cc
+        q = pk.local_array(u32, 8)
+        for h in pk.static_range(2):
+            q0, q1, q2, q3 = pk.load_vec(w, b + 4 + 8 * c + 4 * h, 4)
+            q[4 * h] = q0
+            q[4 * h + 1] = q1
+            q[4 * h + 2] = q2
+            q[4 * h + 3] = q3
+        scp, mp = q4k_scales(s0, s1, s2, c)
+        s_lo = 0
+        s_hi = 0
+        for k in pk.static_range(8):
+            s_lo = pk.dp4a(q[k] & u32(LOW_NIBBLES), act(a, 18 * cc + 1 + k), s_lo)
+            s_hi = pk.dp4a((q[k] >> u32(4)) & u32(LOW_NIBBLES), act(a, 18 * cc + 10 + k), s_hi)
+        dx0, sx0 = act_scale(a, 18 * cc)
+        dx1, sx1 = act_scale(a, 18 * cc + 9)
+        r += d * (f32(scp & u32(0xFF)) * dx0 * f32(s_lo) + f32(scp >> u32(8)) * dx1 *
+                  f32(s_hi)) - dmin * (f32(mp & u32(0xFF)) * sx0 + f32(mp >> u32(8)) * sx1)
+    return r

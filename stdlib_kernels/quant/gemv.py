@@ -197,7 +197,8 @@ def gemv_q8_into(w, type_name, xq, y, rows, n, batch=1, *, w2=None, res=None, mo
         raise ValueError(f"gemv: batch {batch} outside 1..{gk.MAX_BATCH}; use quant.matmul")
     _check_out(y, batch, rows, "gemv")
     if _bulk(type_name, batch, mode, rows, n, config):
-        return gemv_bulk_into(w, type_name, xq, y, rows, n, res=res, stream=stream,
+        return gemv_bulk_into(w, type_name, xq, y, rows, n, w2=w2, res=res, mode=mode,
+                              stream=stream,
                               rows_per_warp=config.rows if config else None,
                               warps=config.warps if config else None,
                               stages=config.stages if config else None)
@@ -224,9 +225,9 @@ def gemv_q8_into(w, type_name, xq, y, rows, n, batch=1, *, w2=None, res=None, mo
 
 
 def _bulk(type_name: str, batch: int, mode, rows: int, n: int, config) -> bool:
-    """Q3_K / Q6_K, one token, plain or residual: the bulk-copy kernel (gemv_bulk.py) when
-    asked for (GemvConfig(kernel="bulk")) or, by default, where it applies (large weights)."""
-    if type_name not in BULK_TYPES or batch != 1 or mode not in (None, "residual"):
+    """Q3_K / Q4_K / Q6_K, one token: the bulk-copy kernel (gemv_bulk.py) when asked for
+    (GemvConfig(kernel="bulk")) or, by default, where it applies (large weights)."""
+    if type_name not in BULK_TYPES or batch != 1:
         return False
     if config is not None:
         return config.kernel == "bulk"

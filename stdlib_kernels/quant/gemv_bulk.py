@@ -28,27 +28,39 @@ import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, u32, u64
 
 from .._device import warp_sum
-from .decode8 import Q3_K, Q6_K
+from .decode8 import Q3_K, Q4_K, Q6_K
 from .dot_q8 import act_copy
-from .dot_q8_k import q3k_wide_sum, q3k_wide_values, q6k_wide_sum, q6k_wide_values
+from .dot_q8_k import (q3k_wide_sum, q3k_wide_values, q4k_half_dot, q6k_wide_sum,
+                       q6k_wide_values)
+from .gemv_kernels import MODE_GEGLU, MODE_PLAIN, MODE_RESIDUAL, MODE_SWIGLU, epilogue
 from .gemv_q1_0 import L2_BYTES, bulk_available
 from .q8_1 import q8_1_bytes
 
-BULK_TYPES = {"Q3_K": Q3_K, "Q6_K": Q6_K}
-BLOCK_BYTES = {"Q3_K": 110, "Q6_K": 210}
+BULK_TYPES = {"Q3_K": Q3_K, "Q4_K": Q4_K, "Q6_K": Q6_K}
+BLOCK_BYTES = {"Q3_K": 110, "Q4_K": 144, "Q6_K": 210}
+# row lengths whose rows are whole 16-byte multiples (bulk copies): 8 blocks of 110 / 210 B,
+# any number of 144 B blocks
+ROW_ALIGN = {"Q3_K": 2048, "Q4_K": 256, "Q6_K": 2048}
+MODES = {None: MODE_PLAIN, "residual": MODE_RESIDUAL, "swiglu": MODE_SWIGLU,
+         "geglu": MODE_GEGLU}
 # (warps per block, rows per warp, ring stages), fastest on the H200 (benchmarks/RESULTS.md,
 # "Q3_K rows by bulk copies" and "Q6_K rows by bulk copies")
-TUNED = {"Q3_K": (4, 3, 1), "Q6_K": (4, 1, 1)}
+TUNED = {"Q3_K": (4, 3, 1), "Q4_K": (4, 2, 1), "Q6_K": (4, 1, 1)}
 SHARED_PER_SM = 228 << 10      # sm_90 / sm_100: shared memory per multiprocessor
 SHARED_RESERVED = 1 << 10      # ... of which the driver reserves this much per block
 # Q6_K: the smallest weights the bulk kernel takes by default (below, the register kernel)
 Q6K_MIN_BYTES = 16 << 20
+# Q4_K: the bulk kernel by default for weights from Q4K_MIN_BYTES in rows up to Q4K_MAX_N
+Q4K_MIN_BYTES = 8 << 20
+Q4K_MAX_N = 8192
 
 
 @pk.func
 def item_dot(FMT: Const[int], sm: Ptr[u32], wrow: i32, blk: i32, n: i32, a) -> f32:
     """Item n of block blk of the row at shared word wrow times the activations in a."""
-    if FMT == Q6_K:
+    if FMT == Q4_K:
+        return q4k_half_dot(sm, wrow, blk, n, a)
+    elif FMT == Q6_K:
         v = pk.local_array(i32, 32)
         sc = pk.local_array(i32, 8)
         d = q6k_wide_values(sm, wrow, blk, n, v, sc)
@@ -61,31 +73,39 @@ def item_dot(FMT: Const[int], sm: Ptr[u32], wrow: i32, blk: i32, n: i32, a) -> f
 
 
 @pk.func
-def issue_group(w: Ptr[u32, "ro"], sm, bars, bar: i32, stage: i32, row0: i32, rows: i32,
-                row_words: i32, lane: i32, R: Const[int]):
-    """Rows row0 .. row0 + R - 1 into the stage at shared word `stage` (lane r copies row r;
-    rows past the end: the last row again), their bytes announced on mbarrier `bar`."""
+def issue_group(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], sm, bars, bar: i32, stage: i32,
+                row0: i32, rows: i32, row_words: i32, lane: i32, R: Const[int],
+                GLU: Const[int]):
+    """Rows row0 .. row0 + R - 1 (then, GLU, the same rows of w2) into the stage at shared
+    word `stage` (lane r copies stage row r; rows past the end: the last row again), their
+    bytes announced on mbarrier `bar`."""
+    RR = R * (1 + GLU)
     if lane == 0:
-        pk.mbarrier_arrive_expect_tx(bars, bar, R * row_words * 4)
-    for i in pk.static_range((R + 31) // 32):
+        pk.mbarrier_arrive_expect_tx(bars, bar, RR * row_words * 4)
+    for i in pk.static_range((RR + 31) // 32):
         r = lane + 32 * i
         if r < R:
             pk.bulk_copy(sm, stage + r * row_words, w, min(row0 + r, rows - 1) * row_words,
                          row_words * 4, bars, bar)
+        elif r < RR:
+            pk.bulk_copy(sm, stage + r * row_words, w2,
+                         min(row0 + r - R, rows - 1) * row_words, row_words * 4, bars, bar)
 
 
 @pk.kernel
-def gemv_bulk(w: Ptr[u32, "ro"], xq: Ptr[u32, "ro"], res: Ptr[f32], y: Ptr[f32],
-              rows: i32, row_words: i32, nb: i32, FMT: Const[int], R: Const[int],
-              WARPS: Const[int], S: Const[int], RESIDUAL: Const[int]):
+def gemv_bulk(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], xq: Ptr[u32, "ro"], res: Ptr[f32],
+              y: Ptr[f32], rows: i32, row_words: i32, nb: i32, FMT: Const[int], R: Const[int],
+              WARPS: Const[int], S: Const[int], MODE: Const[int]):
     """Each warp takes groups of R rows, first = its index in the grid, then every
     (grid warps)-th: a ring of S stages per warp, the first S groups' copies issued before
-    the PDL wait, a stage refilled with the group S ahead once read."""
+    the PDL wait, a stage refilled with the group S ahead once read. MODE: gemv_kernels'
+    (plain, residual, SwiGLU / GeGLU with w2's rows in the same stage)."""
+    GLU = 1 if MODE >= MODE_SWIGLU else 0
     lane = pk.lane_id()
     warp = pk.thread_idx.x // 32
     sm = pk.dynamic_shared(u32)
     bars = pk.shared_array(u64, WARPS * S)
-    SW = R * row_words
+    SW = R * (1 + GLU) * row_words
     base = warp * S * SW
     if lane == 0:
         for s in pk.static_range(S):
@@ -100,42 +120,47 @@ def gemv_bulk(w: Ptr[u32, "ro"], xq: Ptr[u32, "ro"], res: Ptr[f32], y: Ptr[f32],
         rounds = (groups - first + step - 1) // step
     for s in pk.static_range(S):
         if s < rounds:
-            issue_group(w, sm, bars, warp * S + s, base + s * SW, (first + s * step) * R, rows,
-                        row_words, lane, R)
+            issue_group(w, w2, sm, bars, warp * S + s, base + s * SW, (first + s * step) * R,
+                        rows, row_words, lane, R, GLU)
     pk.grid_dependency_wait()
-    acc = pk.local_array(f32, R)
+    acc = pk.local_array(f32, 2 * R)
     a = pk.local_array(u32, 36)
     for rd in range(rounds):
         stage = base + rd % S * SW
         row0 = (first + rd * step) * R
-        for r in pk.static_range(R):
+        for r in pk.static_range(2 * R):
             acc[r] = 0.0
         pk.mbarrier_wait(bars, warp * S + rd % S, (rd // S) % 2)
         for item in range(lane, 2 * nb, 32):
             blk = item // 2
             n = item % 2
             act_copy(xq, 9 * (8 * blk + 4 * n), a, 36, 4)
-            for r in pk.static_range(R):
+            for r in pk.static_range(R * (1 + GLU)):
                 acc[r] += item_dot(FMT, sm, stage + r * row_words, blk, n, a)
         for r in pk.static_range(R):
             total = warp_sum(acc[r])
+            gate_up = total
+            if GLU:
+                gate_up = warp_sum(acc[R + r])
             if lane == r % 32 and row0 + r < rows:
-                if RESIDUAL:
-                    total += res[row0 + r]
-                y[row0 + r] = total
+                epilogue(total, gate_up, res, y, row0 + r, MODE)
         pk.syncwarp()                          # the stage is read before it is refilled
         if rd + S < rounds:
-            issue_group(w, sm, bars, warp * S + rd % S, stage, (first + (rd + S) * step) * R,
-                        rows, row_words, lane, R)
+            issue_group(w, w2, sm, bars, warp * S + rd % S, stage,
+                        (first + (rd + S) * step) * R, rows, row_words, lane, R, GLU)
 
 
 def bulk_eligible(type_name: str, rows: int, n: int) -> bool:
-    """The bulk kernel applies by default: sm_90+ (or the CPU target), rows of a multiple of 8
-    blocks, and large weights: Q3_K over L2 (below it the register kernel's reads hit L2 on
-    later calls), Q6_K from Q6K_MIN_BYTES (its register kernel is slower from HBM and L2)."""
-    if type_name not in BULK_TYPES or not bulk_available() or n % 2048:
+    """The bulk kernel applies by default: sm_90+ (or the CPU target), rows of whole 16-byte
+    multiples (ROW_ALIGN), and large weights: Q3_K over L2 (below it the register kernel's
+    reads hit L2 on later calls), Q6_K from Q6K_MIN_BYTES (its register kernel is slower from
+    HBM and L2), Q4_K from Q4K_MIN_BYTES in rows of at most Q4K_MAX_N values (long rows: few
+    of them per multiprocessor, where the register kernel is as fast)."""
+    if type_name not in BULK_TYPES or not bulk_available() or n % ROW_ALIGN[type_name]:
         return False
     nbytes = rows * (n // 256) * BLOCK_BYTES[type_name]
+    if type_name == "Q4_K":
+        return n <= Q4K_MAX_N and nbytes > Q4K_MIN_BYTES
     return nbytes > (L2_BYTES if type_name == "Q3_K" else Q6K_MIN_BYTES)
 
 
@@ -150,39 +175,49 @@ def resident_blocks(shared: int, threads: int) -> int:
     return max(1, per_sm) * sms
 
 
-def gemv_bulk_into(w, type_name: str, xq, y, rows: int, n: int, *, res=None, stream=None,
-                   rows_per_warp: int | None = None, warps: int | None = None,
-                   stages: int | None = None):
-    """y (rows,) = W x [+ res] for one token: w u32 words of the rows (gemv.weight_words),
-    xq its Q8_1 activations (q8_1_bytes(n) bytes); type_name Q3_K or Q6_K. stages 1: one
+def gemv_bulk_into(w, type_name: str, xq, y, rows: int, n: int, *, w2=None, res=None,
+                   mode=None, stream=None, rows_per_warp: int | None = None,
+                   warps: int | None = None, stages: int | None = None):
+    """y (rows,) = W x for one token, mode None, "residual" (+ res), "swiglu" / "geglu"
+    (act(W x) * (W2 x), w2 the up rows): w / w2 u32 words of the rows (gemv.weight_words), xq
+    its Q8_1 activations (q8_1_bytes(n) bytes); type_name Q3_K, Q4_K or Q6_K. stages 1: one
     group of rows per warp, as many blocks as groups; >= 2: a ring of that many groups per
     warp and one wave of blocks that loop over the rows."""
     if type_name not in BULK_TYPES:
         raise ValueError(f"gemv bulk: no bulk-copy kernel for {type_name}; supported: "
                          f"{sorted(BULK_TYPES)}")
     what = f"gemv {type_name} bulk"
-    if n % 2048:
-        raise ValueError(f"{what}: row length {n} must be a multiple of 2048 "
-                         f"(8 blocks: 16-byte rows for the bulk copies)")
+    if mode not in MODES:
+        raise ValueError(f"{what}: mode {mode!r}, expected one of {list(MODES)}")
+    glu = MODES[mode] >= MODE_SWIGLU
+    if glu != (w2 is not None):
+        raise ValueError(f"{what}: mode {mode!r} {'needs' if glu else 'takes no'} w2 (up rows)")
+    if (mode == "residual") != (res is not None):
+        raise ValueError(f"{what}: mode {mode!r} {'needs' if res is None else 'takes no'} res")
+    if n % ROW_ALIGN[type_name]:
+        raise ValueError(f"{what}: row length {n} must be a multiple of "
+                         f"{ROW_ALIGN[type_name]} (16-byte rows for the bulk copies)")
     if xq.nbytes < q8_1_bytes(n) or y.size != rows or y.dtype != np.float32:
         raise ValueError(f"{what}: activations of {xq.nbytes} bytes (need "
                          f"{q8_1_bytes(n)}) or output {y.dtype} {tuple(y.shape)} (need "
                          f"float32 ({rows},)) do not fit")
     row_words = n // 256 * BLOCK_BYTES[type_name] // 4
-    if w.ptr % 16 or w.nbytes < rows * row_words * 4:
-        raise ValueError(f"{what}: weights must be a 16-byte aligned buffer of at least "
-                         f"{rows} x {row_words * 4} bytes, got {w.nbytes} bytes at offset "
-                         f"{w.ptr % 16} from 16-byte alignment")
+    for name, buf in (("weights", w), ("w2", w2)):
+        if buf is not None and (buf.ptr % 16 or buf.nbytes < rows * row_words * 4):
+            raise ValueError(f"{what}: {name} must be a 16-byte aligned buffer of at least "
+                             f"{rows} x {row_words * 4} bytes, got {buf.nbytes} bytes at "
+                             f"offset {buf.ptr % 16} from 16-byte alignment")
     tuned = TUNED[type_name]
     warps = warps or tuned[0]
     rows_per_warp = rows_per_warp or tuned[1]
     stages = stages or tuned[2]
     per_block = warps * rows_per_warp
     grid = (rows + per_block - 1) // per_block
-    shared = warps * stages * rows_per_warp * row_words * 4
+    shared = warps * stages * rows_per_warp * (1 + glu) * row_words * 4
     if stages > 1:
         grid = min(grid, resident_blocks(shared, 32 * warps))
+    words = w.view(np.uint32)
     gemv_bulk[grid, 32 * warps, stream, shared](
-        w.view(np.uint32), xq.reshape(-1).view(np.uint32), y if res is None else res, y, rows,
-        row_words, n // 256, BULK_TYPES[type_name], rows_per_warp, warps, stages,
-        int(res is not None))
+        words, words if w2 is None else w2.view(np.uint32), xq.reshape(-1).view(np.uint32),
+        y if res is None else res, y, rows, row_words, n // 256, BULK_TYPES[type_name],
+        rows_per_warp, warps, stages, MODES[mode])

@@ -220,41 +220,48 @@ def test_gemv_Q3_K_wide_every_bit_pattern(device, rng, seed):
     check_q8_1(y.numpy(), raw, "Q3_K", x, seed)
 
 
-@pytest.mark.parametrize("type_name,rows,n,rows_per_warp,warps,stages,residual",
-                         [("Q3_K", 37, 2048, 4, 1, 1, False), ("Q3_K", 9, 4096, 2, 2, 1, True),
-                          ("Q3_K", 5, 6144, 4, 1, 1, False), ("Q3_K", 61, 2048, 2, 2, 3, True),
-                          ("Q6_K", 37, 2048, 4, 1, 1, False), ("Q6_K", 9, 4096, 2, 2, 1, True),
-                          ("Q6_K", 5, 6144, 1, 4, 1, False), ("Q6_K", 75, 2048, 1, 2, 2, True),
-                          ("Q6_K", 45, 2048, 2, 1, 4, False)],
+@pytest.mark.parametrize("type_name,rows,n,rows_per_warp,warps,stages,mode",
+                         [("Q3_K", 37, 2048, 4, 1, 1, None), ("Q3_K", 9, 4096, 2, 2, 1, "residual"),
+                          ("Q3_K", 5, 6144, 4, 1, 1, None), ("Q3_K", 61, 2048, 2, 2, 3, "residual"),
+                          ("Q6_K", 37, 2048, 4, 1, 1, None), ("Q6_K", 9, 4096, 2, 2, 1, "residual"),
+                          ("Q6_K", 5, 6144, 1, 4, 1, None), ("Q6_K", 75, 2048, 1, 2, 2, "residual"),
+                          ("Q6_K", 45, 2048, 2, 1, 4, "swiglu"),
+                          ("Q4_K", 37, 256, 4, 1, 1, None), ("Q4_K", 9, 1280, 2, 2, 1, "residual"),
+                          ("Q4_K", 21, 768, 2, 2, 1, "swiglu"), ("Q4_K", 50, 4352, 1, 2, 3, "geglu")],
                          ids=["q3k_rows_off_groups", "q3k_residual_2warps", "q3k_three_items",
                               "q3k_ring3", "q6k_rows_off_groups", "q6k_residual_2warps",
-                              "q6k_three_items", "q6k_ring2", "q6k_ring4"])
-def test_gemv_bulk(device, rng, seed, type_name, rows, n, rows_per_warp, warps, stages,
-                   residual):
-    """Q3_K / Q6_K rows by bulk copies into shared memory (gemv_bulk, sm_90+ on the GPU): the
-    Q8_1 model and the register kernel's result; row counts off the warp's row group, the
-    residual mode, rows of 2-3 items per lane (Q6_K: blocks starting on odd half-words), and
-    rings of 2-4 stages (one wave of blocks looping over more row groups than warps)."""
+                              "q6k_three_items", "q6k_ring2", "q6k_ring4_swiglu",
+                              "q4k_one_block", "q4k_residual_odd_blocks", "q4k_swiglu",
+                              "q4k_ring3_geglu"])
+def test_gemv_bulk(device, rng, seed, type_name, rows, n, rows_per_warp, warps, stages, mode):
+    """Q3_K / Q4_K / Q6_K rows by bulk copies into shared memory (gemv_bulk, sm_90+ on the
+    GPU): the Q8_1 model and the register kernel's result; row counts off the warp's row
+    group, the residual and gated (w2 rows in the same stage) modes, rows of 2-3 items per lane
+    (Q6_K: blocks starting on odd half-words; Q4_K: odd block counts), and rings of 2-4 stages
+    (one wave of blocks looping over more row groups than warps)."""
     from stdlib_kernels.quant.gemv_bulk import gemv_bulk_into
     if device.kind == "cuda" and int(device.arch[3:]) < 90:
         pytest.skip("bulk copies need sm_90+")
     raw = make_weights(rng, type_name, rows, n)
+    raw2 = make_weights(rng, type_name, rows, n)
     x = rng.standard_normal((1, n)).astype(np.float32)
     xq = quantize_q8_1(x)
     w = weight_words(raw, type_name, n)[0]
-    res = rng.standard_normal(rows).astype(np.float32) if residual else None
-    y = pk.full((1, rows), np.nan, np.float32)
+    w2 = weight_words(raw2, type_name, n)[0] if mode in ("swiglu", "geglu") else None
+    res = rng.standard_normal(rows).astype(np.float32) if mode == "residual" else None
     res_d = None if res is None else pk.to_device(res)
-    gemv_bulk_into(w, type_name, xq, y, rows, n, res=res_d, rows_per_warp=rows_per_warp,
-                   warps=warps, stages=stages)
-    check_q8_1(y.numpy() - (0 if res is None else res), raw, type_name, x, seed)
+    y = pk.full((1, rows), np.nan, np.float32)
+    gemv_bulk_into(w, type_name, xq, y, rows, n, w2=w2, res=res_d, mode=mode,
+                   rows_per_warp=rows_per_warp, warps=warps, stages=stages)
+    if w2 is None:
+        check_q8_1(y.numpy() - (0 if res is None else res), raw, type_name, x, seed)
     register = pk.full((1, rows), np.nan, np.float32)
-    gemv_q8_into(w, type_name, xq, register, rows, n, config=GemvConfig())
-    np.testing.assert_allclose(y.numpy() - (0 if res is None else res), register.numpy(),
-                               rtol=1e-5, atol=1e-4, err_msg=f"vs register kernel (seed {seed})")
+    gemv_q8_into(w, type_name, xq, register, rows, n, w2=w2, res=res_d, mode=mode,
+                 config=GemvConfig())
+    np.testing.assert_allclose(y.numpy(), register.numpy(), rtol=1e-5, atol=1e-4,
+                               err_msg=f"vs register kernel (seed {seed})")
     via_config = pk.full((1, rows), np.nan, np.float32)   # gemv_q8_into's "bulk" kernel
-    gemv_q8_into(w, type_name, xq, via_config, rows, n, res=res_d,
-                 mode=None if res is None else "residual",
+    gemv_q8_into(w, type_name, xq, via_config, rows, n, w2=w2, res=res_d, mode=mode,
                  config=GemvConfig(warps=warps, rows=rows_per_warp, kernel="bulk",
                                    stages=stages))
     np.testing.assert_array_equal(via_config.numpy(), y.numpy())
@@ -262,6 +269,7 @@ def test_gemv_bulk(device, rng, seed, type_name, rows, n, rows_per_warp, warps, 
 
 @pytest.mark.parametrize("type_name", ["Q3_K", "Q6_K"])
 def test_gemv_bulk_rejects_bad_buffers(device, type_name):
+    """Misaligned or short weights, rows off 16-byte multiples, other types, mode misuse."""
     from stdlib_kernels.quant.gemv_bulk import BLOCK_BYTES, gemv_bulk_into
     raw = pk.zeros((4, 2 * 2048 // 256 * BLOCK_BYTES[type_name] + 16), np.uint8)
     xq = quantize_q8_1(np.zeros((1, 4096), np.float32))
@@ -274,8 +282,13 @@ def test_gemv_bulk_rejects_bad_buffers(device, type_name):
         gemv_bulk_into(short, type_name, xq, y, 4, 4096)
     with pytest.raises(ValueError, match="multiple of 2048"):
         gemv_bulk_into(raw.reshape(-1).view(np.uint32), type_name, xq, y, 4, 1024)
-    with pytest.raises(ValueError, match="no bulk-copy kernel for Q4_K"):
-        gemv_bulk_into(raw.reshape(-1).view(np.uint32), "Q4_K", xq, y, 4, 4096)
+    with pytest.raises(ValueError, match="no bulk-copy kernel for Q5_K"):
+        gemv_bulk_into(raw.reshape(-1).view(np.uint32), "Q5_K", xq, y, 4, 4096)
+    whole = raw.reshape(-1).view(np.uint32)
+    with pytest.raises(ValueError, match="'swiglu' needs w2"):
+        gemv_bulk_into(whole, type_name, xq, y, 4, 4096, mode="swiglu")
+    with pytest.raises(ValueError, match="'residual' needs res"):
+        gemv_bulk_into(whole, type_name, xq, y, 4, 4096, mode="residual")
 
 
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "F16"])
