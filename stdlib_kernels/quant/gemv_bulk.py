@@ -1,24 +1,28 @@
-"""Q3_K and Q6_K decode GEMV for large weight matrices (sm_90+; the CPU target too): each
-warp's rows arrive whole in shared memory by TMA bulk copies, then the DP4A math reads them
-there.
+"""Decode GEMV (one token) of Q3_K, Q4_K and Q6_K weights from TMA bulk copies (sm_90+; the
+CPU target too): each warp's rows arrive whole in shared memory by one `cp.async.bulk` per
+row, issued before `griddepcontrol.wait`, then the DP4A math reads them there.
 
-Input: w = gemv.weight_words(raw, type, n) as u32 words, rows of nb = n / 256 blocks with
-nb % 8 == 0 (a row is then a multiple of 16 bytes: one bulk copy per row); xq the Q8_1
-activations of one token; res (rows,) for the residual mode. Output: y (rows,) = W x [+ res].
+Input: w (and w2, the up rows of the gated modes) = gemv.weight_words(raw, type, n) as u32
+words, rows of whole 16-byte multiples (Q3_K / Q6_K: n % 2048 == 0; Q4_K: any n % 256 == 0);
+xq the Q8_1 activations of the token; res (rows,) for the residual mode. Output: y (rows,) =
+W x, + res, or act(W x) * (W2 x) (gemv_kernels' modes and epilogue).
 
-Why: both formats have blocks that are only 2-byte aligned (110 and 210 bytes), so the
-register kernels (gemv_kernels) read them as scattered 4-byte loads, and ptxas keeps only so
-many of those in flight per warp (H200: Q3_K 78% of copy bandwidth at 57344 x 4096, Q6_K
-58% at 4096 x 14336, against 85-107% for formats with aligned blocks). Here one instruction per
-row moves the bytes, the copy engine keeps a warp's R rows in flight, and the scattered reads
-hit shared memory. The copies are issued before `griddepcontrol.wait` (weights never depend on
-the previous kernel; x does).
+Why: Q3_K and Q6_K blocks are only 2-byte aligned (110 and 210 bytes), so the register kernels
+(gemv_kernels) read them as scattered 4-byte loads, and ptxas keeps only so many of those in
+flight per warp (H200: Q3_K 78% of copy bandwidth at 57344 x 4096, Q6_K 91% at 128256 x 4096).
+Here one instruction per row moves the bytes, the copy engine keeps a warp's rows in flight,
+and the scattered reads hit shared memory (Q3_K 98%, Q6_K 110%). In the runner's decode graph,
+where the kernel before a GEMV is short (a norm, RoPE, attention), the copies issued before the
+PDL wait also overlap it: llama-8B's gate / up (Q4_K) and down / output (Q6_K) GEMVs gain
+there although chains of identical Q4_K GEMVs favour the register kernel (benchmarks/
+RESULTS.md, "Bulk-copy GEMVs in the runner").
 
-Work split: a warp owns groups of R consecutive rows; lane l takes items l, l + 32, ... (item =
-half of a block, 128 values: dot_q8_k.q3k_wide_* / q6k_wide_*), its activations loaded once
-for all R rows; the lanes' sums meet by shuffles. One stage (S = 1): one group per warp, a
-block per WARPS groups. S >= 2: one wave of blocks whose warps loop over the groups through a
-ring of S stages, so a warp's next rows are in flight while it computes.
+Work split: a warp owns groups of R consecutive rows (with w2: their up rows in the same
+stage); lane l takes items l, l + 32, ... (item = half of a block, 128 values: dot_q8_k's
+q3k_wide_* / q4k_half_dot / q6k_wide_*), its activations loaded once for all rows; the lanes'
+sums meet by shuffles. One stage (S = 1): one group per warp, a block per WARPS groups. S >= 2:
+one wave of blocks whose warps loop over the groups through a ring of S stages, so a warp's
+next rows are in flight while it computes (measured no faster, kept as an option).
 """
 from __future__ import annotations
 
@@ -44,14 +48,16 @@ ROW_ALIGN = {"Q3_K": 2048, "Q4_K": 256, "Q6_K": 2048}
 MODES = {None: MODE_PLAIN, "residual": MODE_RESIDUAL, "swiglu": MODE_SWIGLU,
          "geglu": MODE_GEGLU}
 # (warps per block, rows per warp, ring stages), fastest on the H200 (benchmarks/RESULTS.md,
-# "Q3_K rows by bulk copies" and "Q6_K rows by bulk copies")
-TUNED = {"Q3_K": (4, 3, 1), "Q4_K": (4, 2, 1), "Q6_K": (4, 1, 1)}
+# "Q3_K rows by bulk copies" and "Bulk-copy GEMVs in the runner")
+TUNED = {"Q3_K": (4, 3, 1), "Q4_K": (4, 1, 1), "Q6_K": (4, 1, 1)}
 SHARED_PER_SM = 228 << 10      # sm_90 / sm_100: shared memory per multiprocessor
 SHARED_RESERVED = 1 << 10      # ... of which the driver reserves this much per block
 # Q6_K: the smallest weights the bulk kernel takes by default (below, the register kernel)
 Q6K_MIN_BYTES = 16 << 20
-# Q4_K: the bulk kernel by default for weights from Q4K_MIN_BYTES in rows up to Q4K_MAX_N
-Q4K_MIN_BYTES = 8 << 20
+# Q4_K: the bulk kernel by default for weights from Q4K_MIN_BYTES in rows up to Q4K_MAX_N (the
+# runner's decode on the H200: llama-8B's gate / up, 33 MB each, gain; its q + k + v and o,
+# 14 and 9 MB, and qwen2-1.5B's 8 MB matrices do not; rows of 14336 lose)
+Q4K_MIN_BYTES = 16 << 20
 Q4K_MAX_N = 8192
 
 

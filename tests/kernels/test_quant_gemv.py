@@ -258,7 +258,10 @@ def test_gemv_bulk(device, rng, seed, type_name, rows, n, rows_per_warp, warps, 
     register = pk.full((1, rows), np.nan, np.float32)
     gemv_q8_into(w, type_name, xq, register, rows, n, w2=w2, res=res_d, mode=mode,
                  config=GemvConfig())
-    np.testing.assert_allclose(y.numpy(), register.numpy(), rtol=1e-5, atol=1e-4,
+    # the kernels sum in different orders; the gated modes multiply two such sums, so the
+    # bound is relative to the output's scale
+    want = register.numpy()
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=2e-5 * np.abs(want).max(),
                                err_msg=f"vs register kernel (seed {seed})")
     via_config = pk.full((1, rows), np.nan, np.float32)   # gemv_q8_into's "bulk" kernel
     gemv_q8_into(w, type_name, xq, via_config, rows, n, w2=w2, res=res_d, mode=mode,
