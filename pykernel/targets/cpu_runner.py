@@ -2,8 +2,8 @@
 synchronisation, threads are a plain loop. With it, each thread is a coroutine and a scheduler
 resumes them: first every lane of a warp until all reach the same warp operation (or leave
 the warp phase), then every warp until all threads reach the same barrier or finish. A
-thread at a different barrier, or a warp split between a warp operation and a barrier, is
-reported as divergence instead of hanging."""
+thread at a different barrier, or a warp split between a warp operation and a barrier (block
+or cluster), is reported as divergence instead of hanging."""
 from __future__ import annotations
 
 import re
@@ -247,7 +247,7 @@ def scheduler(module, waits: bool = False, cluster: bool = False):
         lo = b.mul(w, ir.Constant(I64, 32))
         hi = b.select(b.icmp_signed("<", b.add(lo, ir.Constant(I64, 32)), nt),
                       b.add(lo, ir.Constant(I64, 32)), nt)
-        run_warp(b, fn, e, d, handles, state, lo, hi, waits)
+        run_warp(b, fn, e, d, handles, state, lo, hi, waits, cluster)
     if waits:
         retry_blocked(b, fn, e, state, nt, before, phase)
     # Every thread is at a barrier or finished: check they agree, release them, repeat.
@@ -279,7 +279,10 @@ def release_or_fail(b, ctx_ptr, state, nt, kind, code, first, mismatch, waiting,
     b.ret_void()
 
 
-def run_warp(b, fn, e, d, handles, state, lo, hi, waits=False):
+def run_warp(b, fn, e, d, handles, state, lo, hi, waits=False, cluster=False):
+    """Resume the warp's lanes until none runs; lanes at one warp operation are released
+    together. A warp split between a warp operation and a block (or, cluster, a cluster)
+    barrier is divergence (error 3): the GPU would hang or run the operation without them."""
     again = fn.append_basic_block("warp.again")
     b.branch(again)
     b.position_at_end(again)
@@ -301,6 +304,9 @@ def run_warp(b, fn, e, d, handles, state, lo, hi, waits=False):
     b.cbranch(b.icmp_signed("==", at_warp, ir.Constant(I64, 0)), exit_bb, more_bb)
     b.position_at_end(more_bb)
     split = b.or_(mismatch, b.icmp_signed("!=", at_barrier, ir.Constant(I64, 0)))
+    if cluster:
+        _, _, at_cluster = scan(b, state, lo, hi, abi.AT_CLUSTER)
+        split = b.or_(split, b.icmp_signed("!=", at_cluster, ir.Constant(I64, 0)))
     bad_bb, ok_bb = fn.append_basic_block("warp.diverged"), fn.append_basic_block("warp.ok")
     b.cbranch(split, bad_bb, ok_bb)
     b.position_at_end(bad_bb)

@@ -166,6 +166,16 @@ def split_sync(out: Ptr[i32]):
     out[pk.block_idx.x] = 1
 
 
+@pk.kernel
+def warp_split_sync(out: Ptr[i32]):
+    v = pk.thread_idx.x
+    if pk.thread_idx.x == 0:
+        pk.cluster_sync()
+    else:
+        v = pk.shfl_xor(v, 1)
+    out[pk.block_idx.x] = v
+
+
 def test_cpu_reports_cluster_misuse():
     pk.set_device("cpu")
     out = pk.zeros(4, np.int32)
@@ -177,6 +187,9 @@ def test_cpu_reports_cluster_misuse():
         divergent_sync[4, 32, None, 0, 2](out)
     with pytest.raises(KernelRuntimeError, match="syncthreads\\(\\) reached in divergent"):
         split_sync[2, 32, None, 0, 2](out)
+    # lane 0 at the cluster barrier, the rest of its warp at a shuffle
+    with pytest.raises(KernelRuntimeError, match="warp operation reached in divergent"):
+        warp_split_sync[2, 32, None, 0, 2](out)
 
 
 def test_cluster_map_needs_shared_memory():
