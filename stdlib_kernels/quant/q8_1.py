@@ -6,7 +6,7 @@
 Q8_1 block (36 B = 9 u32 words): word 0 = d:f16 | s:f16 << 16, words 1..8 = qs: i8[32].
 Bit-exact with `reference.quantize_q8_1` (llama.cpp's CUDA convention): d = amax/127,
 q = roundf(x/d) (0 when amax == 0), s = sum(x) as a warp butterfly (halves 16, 8, 4, 2, 1).
-One warp quantizes one block: lane l holds x[l].
+One warp quantizes U consecutive blocks (its U loads issued first): lane l holds value l of each.
 """
 from __future__ import annotations
 
@@ -18,6 +18,10 @@ from pykernel import Const, Ptr, f32, i32, u32
 Q8_1_BLOCK_BYTES = 36
 Q8_1_WORDS = 9
 _WARPS = 8
+# inputs of more than MANY_BLOCKS blocks: BLOCKS_PER_WARP blocks per warp (benchmarks/RESULTS.md,
+# "Q8_1 quantize")
+MANY_BLOCKS = 16384
+BLOCKS_PER_WARP = 4
 
 
 @pk.func
@@ -57,12 +61,19 @@ def store_q8_1_block(v: f32, lane: i32, out: Ptr[u32], block: i32):
 
 
 @pk.kernel
-def q8_1_quantize_kernel(x: Ptr[f32, "ro"], out: Ptr[u32], nblocks: i32, WARPS: Const[int]):
+def q8_1_quantize_kernel(x: Ptr[f32, "ro"], out: Ptr[u32], nblocks: i32, WARPS: Const[int],
+                         U: Const[int]):
+    # warp w quantizes blocks U w .. U w + U - 1: all U loads first (a block's own chain of
+    # shuffles is short; one load in flight per warp left large inputs latency-bound)
     pk.launch_dependents()   # decode: one short wave, let the next kernel launch now
-    block = pk.block_idx.x * WARPS + pk.thread_idx.x // 32
+    first = (pk.block_idx.x * WARPS + pk.thread_idx.x // 32) * U
     lane = pk.lane_id()
-    if block < nblocks:
-        store_q8_1_block(x[block * 32 + lane], lane, out, block)
+    vals = pk.local_array(f32, U)
+    for u in pk.static_range(U):
+        vals[u] = x[min(first + u, nblocks - 1) * 32 + lane]
+    for u in pk.static_range(U):
+        if first + u < nblocks:
+            store_q8_1_block(vals[u], lane, out, first + u)
 
 
 def q8_1_bytes(n: int) -> int:
@@ -79,19 +90,22 @@ def _check_activations(x, what: str) -> int:
     return n
 
 
-def quantize_q8_1_into(x, out, stream=None) -> None:
+def quantize_q8_1_into(x, out, stream=None, blocks_per_warp: int | None = None) -> None:
     """Quantize float32 device rows x (..., n) into out: uint8 (..., n//32*36) (or u32 words).
 
-    No allocation, no synchronisation: safe inside a captured CUDA graph.
+    No allocation, no synchronisation: safe inside a captured CUDA graph. blocks_per_warp:
+    Q8_1 blocks per warp (None: 1 for inputs of up to MANY_BLOCKS blocks, a decode step's
+    activations, where one short wave is fastest; BLOCKS_PER_WARP above, e.g. a prefill).
     """
     n = _check_activations(x, "quantize_q8_1")
     nblocks = x.size // 32
     if out.nbytes != nblocks * Q8_1_BLOCK_BYTES:
         raise ValueError(f"quantize_q8_1: output has {out.nbytes} bytes, {nblocks} Q8_1 blocks "
                          f"of {n // 32} per row need {nblocks * Q8_1_BLOCK_BYTES}")
+    u = blocks_per_warp or (1 if nblocks <= MANY_BLOCKS else BLOCKS_PER_WARP)
     words = out.reshape(-1).view(np.uint32) if out.dtype != np.uint32 else out.reshape(-1)
-    grid = (nblocks + _WARPS - 1) // _WARPS
-    q8_1_quantize_kernel[grid, _WARPS * 32, stream](x.reshape(-1), words, nblocks, _WARPS)
+    grid = (nblocks + _WARPS * u - 1) // (_WARPS * u)
+    q8_1_quantize_kernel[grid, _WARPS * 32, stream](x.reshape(-1), words, nblocks, _WARPS, u)
 
 
 def quantize_q8_1(x):

@@ -15,7 +15,7 @@ import pykernel as pk
 from stdlib_kernels.quant.gemv import (F32_TYPES, GPU_ONLY, Q8_1_TYPES, VARIANTS, GemvConfig,
                                        gemv, gemv_glu, gemv_q8_into, gemv_residual,
                                        kernel_format, weight_words)
-from stdlib_kernels.quant.q8_1 import quantize_q8_1
+from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1, quantize_q8_1_into
 from stdlib_kernels.quant.rmsnorm_q8_1 import rmsnorm_q8_1
 
 # bytes of a block holding quantized values: zeroing them leaves the offset the block applies
@@ -74,6 +74,17 @@ def test_quantize_q8_1_bit_exact(device, rng, seed):
     x[0, :6] = [0.5, -0.5, 1.5, -2.5, 127.0, -127.0]
     got = quantize_q8_1(x).numpy()
     assert np.array_equal(got, ref.quantize_q8_1(x)), f"Q8_1 bytes differ (seed {seed})"
+
+
+@pytest.mark.parametrize("blocks_per_warp", [3, 8])
+def test_quantize_q8_1_blocks_per_warp(device, rng, seed, blocks_per_warp):
+    """Several blocks per warp (large inputs): the same bytes, with a block count that leaves
+    the last warp partly past the end."""
+    x = (rng.standard_normal((7, 1376)) * 10.0 ** rng.uniform(-3, 3, (7, 1))).astype(np.float32)
+    x[3, 64:96] = 0.0
+    out = pk.full((7, q8_1_bytes(1376)), 0xAB, np.uint8)
+    quantize_q8_1_into(pk.to_device(x), out, blocks_per_warp=blocks_per_warp)
+    assert np.array_equal(out.numpy(), ref.quantize_q8_1(x)), f"Q8_1 bytes differ (seed {seed})"
 
 
 def gemv_on_q8_1(raw, type_name, x):
