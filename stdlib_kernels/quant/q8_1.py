@@ -6,7 +6,8 @@
 Q8_1 block (36 B = 9 u32 words): word 0 = d:f16 | s:f16 << 16, words 1..8 = qs: i8[32].
 Bit-exact with `reference.quantize_q8_1` (llama.cpp's CUDA convention): d = amax/127,
 q = roundf(x/d) (0 when amax == 0), s = sum(x) as a warp butterfly (halves 16, 8, 4, 2, 1).
-One warp quantizes U consecutive blocks (its U loads issued first): lane l holds value l of each.
+store_q8_1_block: one warp per block, lane l holds x[l] (the fused kernels' form); the quantize
+kernel: 8 lanes per block, lane j holds x[4j .. 4j + 3] (store_q8_1_quarter: the same bits).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ _WARPS = 8
 # inputs of more than MANY_BLOCKS blocks: BLOCKS_PER_WARP blocks per warp (benchmarks/RESULTS.md,
 # "Q8_1 quantize")
 MANY_BLOCKS = 16384
-BLOCKS_PER_WARP = 4
+BLOCKS_PER_WARP = 8
 
 
 @pk.func
@@ -60,20 +61,61 @@ def store_q8_1_block(v: f32, lane: i32, out: Ptr[u32], block: i32):
         out[base] = pk.pack_f16x2(d, total)
 
 
+@pk.func
+def store_q8_1_quarter(v0: f32, v1: f32, v2: f32, v3: f32, j: i32, out: Ptr[u32], block: i32,
+                       valid: bool):
+    """8-lane-collective (all 32 lanes call it, each 8-lane group for its own block): lane j of
+    the group holds values 4j .. 4j + 3 of Q8_1 block `block` and, if valid, writes word 1 + j
+    (lane 0 of the group: word 0). s is summed in the same tree as store_q8_1_block's butterfly
+    (values 16, 8, 4 apart across lanes, then 2 and 1 apart in the lane): the same bits."""
+    amax = max(max(abs(v0), abs(v1)), max(abs(v2), abs(v3)))
+    s0 = v0
+    s1 = v1
+    s2 = v2
+    s3 = v3
+    for step in pk.static_range(3):
+        m = 4 >> step
+        amax = max(amax, pk.shfl_xor(amax, m))
+        s0 = s0 + pk.shfl_xor(s0, m)
+        s1 = s1 + pk.shfl_xor(s1, m)
+        s2 = s2 + pk.shfl_xor(s2, m)
+        s3 = s3 + pk.shfl_xor(s3, m)
+    total = (s0 + s2) + (s1 + s3)
+    d = amax / 127.0
+    word = u32(0)
+    if amax != 0.0:
+        q0 = u32(i32(round_half_away(v0 / d))) & u32(0xFF)
+        q1 = u32(i32(round_half_away(v1 / d))) & u32(0xFF)
+        q2 = u32(i32(round_half_away(v2 / d))) & u32(0xFF)
+        q3 = u32(i32(round_half_away(v3 / d))) & u32(0xFF)
+        word = q0 | (q1 << u32(8)) | (q2 << u32(16)) | (q3 << u32(24))
+    if valid:
+        out[block * 9 + 1 + j] = word
+        if j == 0:
+            out[block * 9] = pk.pack_f16x2(d, total)
+
+
 @pk.kernel
 def q8_1_quantize_kernel(x: Ptr[f32, "ro"], out: Ptr[u32], nblocks: i32, WARPS: Const[int],
                          U: Const[int]):
-    # warp w quantizes blocks U w .. U w + U - 1: all U loads first (a block's own chain of
-    # shuffles is short; one load in flight per warp left large inputs latency-bound)
+    # a warp quantizes 4 blocks per round (8 lanes each, one 16-byte load per lane) for U
+    # rounds, all loads first: one block per warp and one 4-byte load per lane left large
+    # inputs latency-bound (benchmarks/RESULTS.md, "Q8_1 quantize")
     pk.launch_dependents()   # decode: one short wave, let the next kernel launch now
-    first = (pk.block_idx.x * WARPS + pk.thread_idx.x // 32) * U
     lane = pk.lane_id()
-    vals = pk.local_array(f32, U)
+    j = lane % 8
+    first = (pk.block_idx.x * WARPS + pk.thread_idx.x // 32) * 4 * U + lane // 8
+    vals = pk.local_array(f32, 4 * U)
     for u in pk.static_range(U):
-        vals[u] = x[min(first + u, nblocks - 1) * 32 + lane]
+        a, b, c, d = pk.load_vec(x, min(first + 4 * u, nblocks - 1) * 32 + 4 * j, 4)
+        vals[4 * u] = a
+        vals[4 * u + 1] = b
+        vals[4 * u + 2] = c
+        vals[4 * u + 3] = d
     for u in pk.static_range(U):
-        if first + u < nblocks:
-            store_q8_1_block(vals[u], lane, out, first + u)
+        blk = first + 4 * u        # groups past the end redo the last block, unstored
+        store_q8_1_quarter(vals[4 * u], vals[4 * u + 1], vals[4 * u + 2], vals[4 * u + 3], j,
+                           out, blk, blk < nblocks)
 
 
 def q8_1_bytes(n: int) -> int:
@@ -93,19 +135,25 @@ def _check_activations(x, what: str) -> int:
 def quantize_q8_1_into(x, out, stream=None, blocks_per_warp: int | None = None) -> None:
     """Quantize float32 device rows x (..., n) into out: uint8 (..., n//32*36) (or u32 words).
 
-    No allocation, no synchronisation: safe inside a captured CUDA graph. blocks_per_warp:
-    Q8_1 blocks per warp (None: 1 for inputs of up to MANY_BLOCKS blocks, a decode step's
-    activations, where one short wave is fastest; BLOCKS_PER_WARP above, e.g. a prefill).
+    No allocation, no synchronisation: safe inside a captured CUDA graph. blocks_per_warp (a
+    multiple of 4): Q8_1 blocks per warp (None: 4 for inputs of up to MANY_BLOCKS blocks, a
+    decode step's activations, where one short wave is fastest; BLOCKS_PER_WARP above).
     """
     n = _check_activations(x, "quantize_q8_1")
     nblocks = x.size // 32
     if out.nbytes != nblocks * Q8_1_BLOCK_BYTES:
         raise ValueError(f"quantize_q8_1: output has {out.nbytes} bytes, {nblocks} Q8_1 blocks "
                          f"of {n // 32} per row need {nblocks * Q8_1_BLOCK_BYTES}")
-    u = blocks_per_warp or (1 if nblocks <= MANY_BLOCKS else BLOCKS_PER_WARP)
+    if x.ptr % 16:
+        raise ValueError("quantize_q8_1: activations must be 16-byte aligned")
+    per_warp = blocks_per_warp or (4 if nblocks <= MANY_BLOCKS else BLOCKS_PER_WARP)
+    if per_warp % 4:
+        raise ValueError(f"quantize_q8_1: blocks_per_warp must be a multiple of 4, got "
+                         f"{per_warp}")
     words = out.reshape(-1).view(np.uint32) if out.dtype != np.uint32 else out.reshape(-1)
-    grid = (nblocks + _WARPS * u - 1) // (_WARPS * u)
-    q8_1_quantize_kernel[grid, _WARPS * 32, stream](x.reshape(-1), words, nblocks, _WARPS, u)
+    grid = (nblocks + _WARPS * per_warp - 1) // (_WARPS * per_warp)
+    q8_1_quantize_kernel[grid, _WARPS * 32, stream](x.reshape(-1), words, nblocks, _WARPS,
+                                                     per_warp // 4)
 
 
 def quantize_q8_1(x):

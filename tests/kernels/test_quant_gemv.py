@@ -76,7 +76,7 @@ def test_quantize_q8_1_bit_exact(device, rng, seed):
     assert np.array_equal(got, ref.quantize_q8_1(x)), f"Q8_1 bytes differ (seed {seed})"
 
 
-@pytest.mark.parametrize("blocks_per_warp", [3, 8])
+@pytest.mark.parametrize("blocks_per_warp", [4, 12])
 def test_quantize_q8_1_blocks_per_warp(device, rng, seed, blocks_per_warp):
     """Several blocks per warp (large inputs): the same bytes, with a block count that leaves
     the last warp partly past the end."""
