@@ -1,4 +1,5 @@
-"""Device helpers (@pk.func, inlined) shared by the core kernels: warp and block reductions.
+"""Device helpers (@pk.func, inlined) shared by the core kernels: warp and block reductions,
+and the per-warp mbarrier rings of the bulk-copy kernels.
 
 Block reductions take a shared scratch array of at least 32 f32 (one slot per warp) and return
 the reduced value to every thread; they start with a barrier so one scratch array can be reused
@@ -16,6 +17,17 @@ def warp_sum(v: f32) -> f32:
     for k in pk.static_range(5):
         v += pk.shfl_xor(v, 16 >> k)
     return v
+
+
+@pk.func
+def init_warp_mbarriers(bars, warp: i32, lane: i32, S: Const[int]):
+    """Lane 0 initialises the warp's S mbarriers (bars[warp * S .. + S - 1], one arrival per
+    phase) and fences them for the async proxy; the warp then syncs (every lane calls it)."""
+    if lane == 0:
+        for s in pk.static_range(S):
+            pk.mbarrier_init(bars, warp * S + s, 1)
+        pk.fence_mbarrier_init()
+    pk.syncwarp()
 
 
 @pk.func

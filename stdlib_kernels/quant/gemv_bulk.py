@@ -31,7 +31,7 @@ import numpy as np
 import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, u32, u64
 
-from .._device import warp_sum
+from .._device import init_warp_mbarriers, warp_sum
 from .decode8 import Q3_K, Q4_K, Q6_K
 from .dot_q8 import act_copy
 from .dot_q8_k import (q3k_wide_sum, q3k_wide_values, q4k_half_dot, q6k_wide_sum,
@@ -113,11 +113,7 @@ def gemv_bulk(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], xq: Ptr[u32, "ro"], res: Pt
     bars = pk.shared_array(u64, WARPS * S)
     SW = R * (1 + GLU) * row_words
     base = warp * S * SW
-    if lane == 0:
-        for s in pk.static_range(S):
-            pk.mbarrier_init(bars, warp * S + s, 1)
-        pk.fence_mbarrier_init()
-    pk.syncwarp()
+    init_warp_mbarriers(bars, warp, lane, S)
     step = pk.grid_dim.x * WARPS
     first = pk.block_idx.x * WARPS + warp
     groups = (rows + R - 1) // R

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pykernel as pk
 from pykernel import Const, Ptr, f16, f32, i32, u16, u32, u64
 
+from .._device import init_warp_mbarriers
 from .gemv_kernels import MODE_SWIGLU, epilogue
 
 @pk.func
@@ -250,11 +251,7 @@ def bulk_loop(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], xp: Ptr[u32, "ro"], rows: i
     RS = 36 * (CB // 8) + 4 * (1 - (CB // 8) % 2)     # bulk_row_words(CB)
     SW = RS * 16 * NW * TILES                 # words per stage
     base = warp * S * SW
-    if lane == 0:
-        for s in pk.static_range(S):
-            pk.mbarrier_init(bars, warp * S + s, 1)
-        pk.fence_mbarrier_init()
-    pk.syncwarp()
+    init_warp_mbarriers(bars, warp, lane, S)
     nchunks = groups // CB
     rounds = (nchunks + KW - 1) // KW         # block-uniform; a warp past the end copies only
     first = warp % KW
