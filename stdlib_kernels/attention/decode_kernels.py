@@ -71,7 +71,7 @@ def loads_before_wait(k1: i32, kv_len: i32, EARLY_KV: Const[int]) -> bool:
 
 @pk.func
 def block_work(lens, lens_stride: i32, len_add: i32, len_step: i32, window: i32, n_head: i32,
-               n_kv_head: i32, GB: Const[int], EARLY_KV: Const[int]) -> tuple:
+               n_kv_head: i32, GB: Const[int]) -> tuple:
     """This block's sequence z, split, KV head, first query head h0, key range [k0, k1) and
     kv_len (grid: splits x (KV heads x head sub-groups of GB) x sequences)."""
     z = pk.block_idx.z
@@ -80,13 +80,7 @@ def block_work(lens, lens_stride: i32, len_add: i32, len_step: i32, window: i32,
     n_sub = group // GB
     kvh = pk.block_idx.y // n_sub
     h0 = kvh * group + (pk.block_idx.y % n_sub) * GB
-    # EARLY_KV reads the length before the PDL wait: through an atomic (L2), since a cached
-    # line of `lens` from an earlier step can survive into a kernel launched early (measured:
-    # stale kv_len, wrong tokens in 3 of 25 pipelined greedy runs; benchmarks/RESULTS.md)
-    if EARLY_KV:
-        kv_len = pk.atomic_add(lens, z * lens_stride, 0) + len_add + z * len_step
-    else:
-        kv_len = lens[z * lens_stride] + len_add + z * len_step
+    kv_len = lens[z * lens_stride] + len_add + z * len_step
     k0, k1 = visible_range(kv_len, window, split, pk.grid_dim.x)
     return z, split, kvh, h0, k0, k1, kv_len
 
@@ -322,7 +316,7 @@ def simt_prologue(kp, vp, kb, vb, first: i32, stride: i32, row: i32, li: i32, la
 
 @pk.kernel
 def decode_partial(q: Ptr[f32, "ro"], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro"],
-                   lens: Ptr[i32], lens_stride: i32, len_add: i32, len_step: i32,
+                   lens: Ptr[i32, "ro"], lens_stride: i32, len_add: i32, len_step: i32,
                    cache_z_stride: i64, max_len: i32, n_head: i32, n_kv_head: i32,
                    q_scale: f32, softcap: f32, window: i32, direct: i32,
                    out: Ptr[f32], part_o: Ptr[f32], part_ml: Ptr[f32], counters: Ptr[i32],
@@ -338,7 +332,7 @@ def decode_partial(q: Ptr[f32, "ro"], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32,
     li = lane % L                            # which 16-byte chunks of that key
     begin_block(TRIGGER, EARLY_KV)
     z, split, kvh, h0, k0, k1, kv_len = block_work(lens, lens_stride, len_add, len_step, window,
-                                                   n_head, n_kv_head, GB, EARLY_KV)
+                                                   n_head, n_kv_head, GB)
     words = D * (2 - HALF) // 2              # u32 words per cache row
     base_off = (i64(z) * cache_z_stride + i64(kvh) * i64(max_len) * i64(D)) * (2 - HALF) // 2
     kp = k_cache + base_off

@@ -239,7 +239,7 @@ def mma_prologue(kp, vp, ksp, vsp, kb, vb, ksc, vsc, first: i32, stride: i32, la
 
 @pk.kernel
 def decode_mma(q: Ptr[f32, "ro"], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro"],
-               k_scale: Ptr[u16, "ro"], v_scale: Ptr[u16, "ro"], lens: Ptr[i32],
+               k_scale: Ptr[u16, "ro"], v_scale: Ptr[u16, "ro"], lens: Ptr[i32, "ro"],
                lens_stride: i32, len_add: i32, len_step: i32,
                cache_z_stride: i64, max_len: i32, n_head: i32, n_kv_head: i32,
                q_scale: f32, softcap: f32, window: i32, direct: i32,
@@ -255,7 +255,7 @@ def decode_mma(q: Ptr[f32, "ro"], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro
     t = lane % 4
     begin_block(TRIGGER, EARLY_KV)
     z, split, kvh, h0, k0, k1, kv_len = block_work(lens, lens_stride, len_add, len_step, window,
-                                                   n_head, n_kv_head, GB, EARLY_KV)
+                                                   n_head, n_kv_head, GB)
     first_elem = i64(z) * cache_z_stride + i64(kvh) * i64(max_len) * i64(D)
     kp = k_cache + first_elem // (4 if Q8 else 2)    # u32 words of int8 quants / f16 pairs
     vp = v_cache + first_elem // (4 if Q8 else 2)
