@@ -42,6 +42,11 @@ TENSOR_CORE_PREFILL = True   # False: prefill attention on the SIMT kernel (test
 # "all", "split" (only the combine kernel of split attention) or "none" (a quantize launch);
 # PYKERNEL_ATTN_Q8 overrides, for comparisons (benchmarks/RESULTS.md)
 ATTENTION_Q8 = os.environ.get("PYKERNEL_ATTN_Q8", "all")
+# launch_decode(early_kv=) in the decode graphs: off, because with it pipelined greedy decode
+# picked different tokens than step-by-step decode in 3 of 25 runs of a GPU test (0 of 30 with
+# it off, 0 of 25 without PDL; cause not found: benchmarks/RESULTS.md, "early_kv off").
+# PYKERNEL_EARLY_KV=1 turns it back on, for comparisons.
+EARLY_KV = os.environ.get("PYKERNEL_EARLY_KV", "0") not in ("", "0")
 
 
 class DeviceTable:
@@ -291,11 +296,10 @@ class KernelsBackend(Backend):
             wanted = ATTENTION_Q8 == "all" or (ATTENTION_Q8 == "split" and workspace is not None)
             if wanted and self.activations == "q8_1" and q3.shape[2] % 32 == 0:
                 xq = self.arena.take(W.q8_buffer_shape(1, q3.shape[1] * q3.shape[2]), np.uint8)
-            # early_kv: the kernel before this one (RoPE + cache write, or store_kv) writes
-            # only the newest cache row, and the positions are set before the graph runs, so
-            # under PDL the split blocks may start loading older rows before their wait
+            # early_kv (EARLY_KV): under PDL the split blocks read the length and start loading
+            # older rows before their wait (the kernel before writes only the newest row)
             launch_decode(q3, k_cache, v_cache, start_dev, out3, scale, window=window or None,
-                          len_add=1, workspace=workspace, config=config, early_kv=True,
+                          len_add=1, workspace=workspace, config=config, early_kv=EARLY_KV,
                           xq_out=xq)
             return xq
         elif self._tensor_core_prefill(k_cache):   # Q, K, V, P rounded to f16 like llama.cpp's
