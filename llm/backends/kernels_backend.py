@@ -44,8 +44,8 @@ TENSOR_CORE_PREFILL = True   # False: prefill attention on the SIMT kernel (test
 ATTENTION_Q8 = os.environ.get("PYKERNEL_ATTN_Q8", "all")
 # launch_decode(early_kv=) in the decode graphs: off, because with it pipelined greedy decode
 # picked different tokens than step-by-step decode in 3 of 25 runs of a GPU test (0 of 30 with
-# it off, 0 of 25 without PDL; cause not found: benchmarks/RESULTS.md, "early_kv off").
-# PYKERNEL_EARLY_KV=1 turns it back on, for comparisons.
+# it off): ptxas schedules the attention kernel's Q loads above its late PDL wait
+# (benchmarks/RESULTS.md, "early_kv off"). PYKERNEL_EARLY_KV=1 turns it back on, for comparisons.
 EARLY_KV = os.environ.get("PYKERNEL_EARLY_KV", "0") not in ("", "0")
 
 
