@@ -7,10 +7,10 @@ Same arithmetic as gemm_q8.py (llama.cpp's mmq: int8 `mma` per 32-value block, s
 accumulators: acc += d_w d_x isum, Q4_K also acc -= dmin m s_x), organised for the 256-value
 super-blocks. Q4_K's min term is summed over a step's 8 blocks by one f16 `mma` per tile
 (min_term: the 6-bit mins and the f16 block sums are exact f16 operands) and scaled by dmin
-once, instead of one fma per block and accumulator. One K step = one super-block. Each step's raw bytes (the BM weight rows' super-
-blocks, the BN tokens' 8 Q8_1 blocks) are copied unchanged into a shared-memory stage with
-16-byte `cp.async` (Q6_K's 210-byte blocks are only 2-byte aligned: 4-byte copies of the aligned
-words around them), STAGES deep, so the copies of later steps overlap the mma of this one. Once
+once, instead of one fma per block and accumulator. One K step = one super-block. Each step's
+raw bytes (the BM weight rows' super-blocks, the BN tokens' 8 Q8_1 blocks) are copied
+unchanged into a shared-memory stage with 16-byte `cp.async` (Q6_K's 210-byte blocks are only
+2-byte aligned: 4-byte copies of the aligned words around them), STAGES deep, so the copies of later steps overlap the mma of this one. Once
 a step has landed, one pass of the whole block turns its 6-bit scales (and the activations'
 (d, s)) into floats in shared memory, one step ahead of its use; the warps then build the int8
 A fragments straight from the raw quants (Q4_K: a shift and a mask; Q6_K: low nibbles | high

@@ -36,7 +36,8 @@ PAIR_TYPES = {"Q4_0": gk.Q4_0_PAIR, "Q8_0": gk.Q8_0_PAIR}
 # Kernel variants: type -> {name: (format id, items per block, Q8_1 row alignment in bytes the
 # activation vector loads need, most tokens it runs for: registers)}. VARIANT names the default
 # (GemvConfig.kernel overrides it; "" = the base kernel). Q4_0/Q8_0 "vec": block pairs with
-# 8-byte activation loads. Q4_K "wide": one item per 64-value chunk, 8-byte activation loads.
+# 8-byte activation loads. Q4_K "wide": one item per 64-value chunk, 8-byte activation loads
+# (one token, matrices of 16 MB+ with rows up to 8192 values on sm_90+: gemv_bulk.py).
 # Q2_K/Q3_K "wide": one item per 128 values, 16-byte activation loads (Q3_K: u32 words; for one
 # token and weights over L2 on sm_90+ the rows arrive by bulk copies, gemv_bulk.py). Q6_K
 # "words": its 2-byte-aligned blocks read as u32 words (rows of an even number of blocks are
@@ -95,7 +96,7 @@ class GemvConfig(NamedTuple):
     `per_sm` > 0: a persistent grid of per_sm blocks per SM striding over the row groups
     (amortizes the staging; 0 = one block per row group); `kernel`: the kernel variant
     (VARIANTS; None = VARIANT's default for the type, "" = the base kernel; "bulk": the
-    bulk-copy kernel of Q3_K and Q6_K, gemv_bulk.py, with `warps` per block, `rows` per
+    bulk-copy kernel of Q3_K, Q4_K and Q6_K, gemv_bulk.py, with `warps` per block, `rows` per
     warp and a ring of `stages` row groups per warp)."""
     warps: int = 4
     split: int = 1
