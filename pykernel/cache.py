@@ -49,12 +49,17 @@ def cache_dir() -> Path:
 
 
 def _dependencies(fn, h, seen):
-    """Hash a function's code object (bytecode, constants, names, line table, file) and, through
-    the names it uses, every @pk.func it reaches and the global constants it reads. Marshalling
-    code objects is microseconds; re-reading and tokenizing source would cost tens of ms."""
+    """Hash a function's code object (bytecode, constants, names, line table, file), its
+    annotations and defaults, and, through the names it uses, every @pk.func it reaches and the
+    global constants it reads. Marshalling code objects is microseconds; re-reading and
+    tokenizing source would cost tens of ms."""
     from .kernel import DeviceFunction
     code = fn.__code__
     h.update(marshal.dumps(code))
+    # annotations (Ptr[f32, "ro"], Const[int], scalar types) and defaults live on the function,
+    # not in its code object, and they change the generated code
+    h.update(repr(sorted(getattr(fn, "__annotations__", {}).items())).encode())
+    h.update(repr((fn.__defaults__, fn.__kwdefaults__)).encode())
     scope = fn.__globals__
     closure = {}
     if fn.__closure__:

@@ -9,7 +9,7 @@ import pytest
 
 SOURCE = textwrap.dedent('''
     import pykernel as pk
-    from pykernel import Ptr, f32
+    from pykernel import Ptr, f32, i32
     SCALE = {scale}
 
     @pk.func
@@ -17,7 +17,7 @@ SOURCE = textwrap.dedent('''
         return x * {factor}
 
     @pk.kernel
-    def k(out: Ptr[f32]):
+    def k(out: Ptr[f32], n: {ntype}):
         out[0] = helper(f32(SCALE))
 ''')
 
@@ -34,13 +34,14 @@ PROBE = textwrap.dedent('''
         import numpy as np, pykernel as pk
         pk.set_device("cpu")
         out = pk.zeros(1, np.float32)
-        kmod.k[1, 1](out)
+        kmod.k[1, 1](out, 1)
         print(float(out.numpy()[0]))
 ''')
 
 
-def compile_in_new_process(tmp_path, cache_dir, scale=2.0, factor=3.0, arch="sm_90"):
-    (tmp_path / "kmod.py").write_text(SOURCE.format(scale=scale, factor=factor))
+def compile_in_new_process(tmp_path, cache_dir, scale=2.0, factor=3.0, arch="sm_90",
+                           ntype="i32"):
+    (tmp_path / "kmod.py").write_text(SOURCE.format(scale=scale, factor=factor, ntype=ntype))
     env = dict(os.environ, PYKERNEL_CACHE_DIR=str(cache_dir))
     out = subprocess.run([sys.executable, "-c", PROBE.format(d=str(tmp_path), arch=arch)],
                          env=env, capture_output=True, text=True)
@@ -60,8 +61,11 @@ def test_disk_cache_across_processes(tmp_path, arch):
     assert key1 == key2 and how1 == "LOWERED" and how2 == "FROMDISK"
 
 
-@pytest.mark.parametrize("change", [{"scale": 5.0}, {"factor": 4.0}])
-def test_key_follows_globals_and_device_functions(tmp_path, change):
+@pytest.mark.parametrize("change", [{"scale": 5.0}, {"factor": 4.0}, {"ntype": "f32"},
+                                    {"ntype": 'Ptr[f32, "ro"]'}])
+def test_key_follows_globals_device_functions_and_annotations(tmp_path, change):
+    """Annotations live on the function, not in its code object: a parameter's type or "ro"
+    changes the code, so it must change the key (it once did not, and stale PTX was reused)."""
     cache_dir = tmp_path / "cache"
     key1, _ = compile_in_new_process(tmp_path, cache_dir)
     key2, how = compile_in_new_process(tmp_path, cache_dir, **change)
