@@ -1,0 +1,87 @@
+"""Kernels that call `pk.grid_dependency_wait()` late (after work that overlaps the previous
+kernel of a PDL graph) must not let any load of that kernel's outputs run before the wait.
+
+ptxas treats `ld.global.nc` (a "ro" pointer) as reading data that cannot change while the
+kernel runs, and may schedule it above `griddepcontrol.wait` (SASS `ACQBULK`): decode
+attention's Q loads were moved there once, so pipelined greedy tokens differed now and then
+(benchmarks/RESULTS.md, "early_kv"). So the pointers a decode step's previous kernel writes are
+plain `Ptr`, and these tests check it two ways: the parameters' flags (always), and the SASS
+itself (ptxas + nvdisasm: no more global loads before the first ACQBULK than the PTX has before
+the wait; skipped where nvdisasm is absent: it comes with the CUDA toolkit or the
+nvidia-cuda-nvdisasm wheel, and $PYKERNEL_NVDISASM may name it)."""
+import os
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from stdlib_kernels.attention.decode import DecodeConfig, decode_spec, mma_config
+from stdlib_kernels.attention.decode_kernels import decode_partial
+from stdlib_kernels.attention.decode_mma import decode_mma
+
+# decode attention: the previous kernel (RoPE + KV-cache write) writes Q and the newest K/V row
+WRITTEN_BEFORE = {decode_mma: ("q", "k_cache", "v_cache", "k_scale", "v_scale"),
+                  decode_partial: ("q", "k_cache", "v_cache")}
+
+
+@pytest.mark.parametrize("kernel", list(WRITTEN_BEFORE), ids=lambda k: k.name)
+def test_previous_kernels_outputs_are_not_read_only(kernel):
+    flags = {p.name: getattr(p.ann, "readonly", False) for p in kernel.params}
+    assert not any(flags[name] for name in WRITTEN_BEFORE[kernel]), flags
+
+
+NVDISASM = os.environ.get("PYKERNEL_NVDISASM") or shutil.which("nvdisasm")
+
+
+def loads_before_wait(ptx: str, tmp_path) -> tuple[int, int]:
+    """(global loads before griddepcontrol.wait in the PTX, before the first ACQBULK in SASS)."""
+    lines = ptx.splitlines()
+    wait = next(i for i, line in enumerate(lines) if "griddepcontrol.wait" in line)
+    in_ptx = sum(1 for line in lines[:wait] if re.search(r"\bld\.global", line))
+    (tmp_path / "k.ptx").write_text(ptx)
+    subprocess.run(["ptxas", "-arch=sm_90", str(tmp_path / "k.ptx"), "-o",
+                    str(tmp_path / "k.cubin")], check=True)
+    sass = subprocess.run([NVDISASM, str(tmp_path / "k.cubin")], capture_output=True,
+                          text=True, check=True).stdout.splitlines()
+    acq = next(i for i, line in enumerate(sass) if "ACQBULK" in line)
+    return in_ptx, sum(1 for line in sass[:acq] if "LDG" in line)
+
+
+def late_wait_variants():
+    for d, group in ((128, 4), (64, 3), (256, 2)):
+        spec = decode_spec(d, np.float16, mma_config(group, d), False, False, True, True, False)
+        yield f"decode_mma-D{d}", decode_mma, spec
+    simt = DecodeConfig(heads_per_block=3, warps=4, unroll=1, stages=2)
+    for dtype in (np.float16, np.float32):
+        spec = decode_spec(64, dtype, simt, False, False, True, False, False)
+        yield f"decode_partial-{dtype.__name__}", decode_partial, spec
+    from stdlib_kernels.quant.decode8 import Q4_K, Q6_K
+    from stdlib_kernels.quant.gemv_bulk import gemv_bulk
+    for fmt, name in ((Q4_K, "Q4_K"), (Q6_K, "Q6_K")):
+        for mode in (0, 1, 2):
+            yield f"gemv_bulk-{name}-mode{mode}", gemv_bulk, dict(FMT=fmt, R=1, WARPS=4, S=1,
+                                                                  MODE=mode)
+    import importlib
+    gemv = importlib.import_module("stdlib_kernels.quant.gemv")   # the package exports gemv()
+    from stdlib_kernels.quant.gemv_kernels import gemv_q8_kernel
+    for name in ("Q4_K", "Q6_K", "Q8_0"):
+        fmt_id, items = gemv.VARIANTS[name][gemv.VARIANT[name]][:2]
+        c = gemv.TUNED_CONFIGS[name]
+        for mode in (0, 2):
+            yield f"gemv_q8-{name}-mode{mode}", gemv_q8_kernel, dict(
+                FMT=fmt_id, WT=np.uint32, ITEMS=items, WARPS=c.warps, BATCH=1, MODE=mode,
+                ROWS=c.rows, KW=c.split, UNROLL=c.unroll, WIDEN=1, STAGE_X=0, PREFETCH=True)
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas (CUDA toolkit) not installed")
+@pytest.mark.skipif(NVDISASM is None, reason="nvdisasm not found (CUDA toolkit, the "
+                    "nvidia-cuda-nvdisasm wheel, or $PYKERNEL_NVDISASM)")
+def test_no_load_is_scheduled_above_the_wait(tmp_path):
+    hoisted = []
+    for name, kernel, spec in late_wait_variants():
+        in_ptx, in_sass = loads_before_wait(kernel.ptx("sm_90", **spec), tmp_path)
+        if in_sass > in_ptx:
+            hoisted.append(f"{name}: {in_sass} loads before ACQBULK, {in_ptx} in the PTX")
+    assert not hoisted, hoisted
