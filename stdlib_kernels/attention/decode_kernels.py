@@ -315,7 +315,7 @@ def simt_prologue(kp, vp, kb, vb, first: i32, stride: i32, row: i32, li: i32, la
 
 
 @pk.kernel
-def decode_partial(q: Ptr[f32], k_cache: Ptr[u32], v_cache: Ptr[u32],
+def decode_partial(q: Ptr[f32], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro"],
                    lens: Ptr[i32, "ro"], lens_stride: i32, len_add: i32, len_step: i32,
                    cache_z_stride: i64, max_len: i32, n_head: i32, n_kv_head: i32,
                    q_scale: f32, softcap: f32, window: i32, direct: i32,

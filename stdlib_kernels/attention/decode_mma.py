@@ -238,8 +238,8 @@ def mma_prologue(kp, vp, ksp, vsp, kb, vb, ksc, vsc, first: i32, stride: i32, la
 
 
 @pk.kernel
-def decode_mma(q: Ptr[f32], k_cache: Ptr[u32], v_cache: Ptr[u32],
-               k_scale: Ptr[u16], v_scale: Ptr[u16], lens: Ptr[i32, "ro"],
+def decode_mma(q: Ptr[f32], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro"],
+               k_scale: Ptr[u16, "ro"], v_scale: Ptr[u16, "ro"], lens: Ptr[i32, "ro"],
                lens_stride: i32, len_add: i32, len_step: i32,
                cache_z_stride: i64, max_len: i32, n_head: i32, n_kv_head: i32,
                q_scale: f32, softcap: f32, window: i32, direct: i32,
