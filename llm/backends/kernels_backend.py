@@ -42,11 +42,12 @@ TENSOR_CORE_PREFILL = True   # False: prefill attention on the SIMT kernel (test
 # "all", "split" (only the combine kernel of split attention) or "none" (a quantize launch);
 # PYKERNEL_ATTN_Q8 overrides, for comparisons (benchmarks/RESULTS.md)
 ATTENTION_Q8 = os.environ.get("PYKERNEL_ATTN_Q8", "all")
-# launch_decode(early_kv=) in the decode graphs: off, because with it pipelined greedy decode
-# picked different tokens than step-by-step decode in 3 of 25 runs of a GPU test (0 of 30 with
-# it off): ptxas schedules the attention kernel's Q loads above its late PDL wait
-# (benchmarks/RESULTS.md, "early_kv off"). PYKERNEL_EARLY_KV=1 turns it back on, for comparisons.
-EARLY_KV = os.environ.get("PYKERNEL_EARLY_KV", "0") not in ("", "0")
+# launch_decode(early_kv=) in the decode graphs: on. It was off for a while (session 8): ptxas
+# had scheduled the attention kernel's Q loads (ld.global.nc) above its late PDL wait, so
+# pipelined greedy decode sometimes picked different tokens; Q is a plain pointer now, and
+# tests/kernels/test_pdl_load_order.py checks the SASS (benchmarks/RESULTS.md, "early_kv
+# again"). PYKERNEL_EARLY_KV=0 turns it off, for comparisons.
+EARLY_KV = os.environ.get("PYKERNEL_EARLY_KV", "1") not in ("", "0")
 
 
 class DeviceTable:
