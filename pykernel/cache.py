@@ -12,6 +12,10 @@ import os
 import types
 from pathlib import Path
 
+import numpy as np
+
+from .types import ScalarType
+
 _MEMORY: dict = {}
 _FINGERPRINT = None
 
@@ -68,18 +72,21 @@ def _dependencies(fn, h, seen):
     for name in sorted(names):
         obj = closure.get(name, scope.get(name, _MISSING))
         candidates = [(name, obj)]
-        if isinstance(obj, types.ModuleType):
-            candidates = [(f"{name}.{a}", getattr(obj, a, None)) for a in sorted(names)
-                          if hasattr(obj, a)]
+        if obj is not _MISSING and not isinstance(obj, _VALUES + (DeviceFunction,)):
+            # a module, class or object: kernels read its attributes (`cfg.WIDTH`)
+            candidates += [(f"{name}.{a}", getattr(obj, a, None)) for a in sorted(names)
+                           if hasattr(obj, a)]
         for label, value in candidates:
             if isinstance(value, DeviceFunction) and id(value) not in seen:
                 seen.add(id(value))
                 _dependencies(value.fn, h, seen)
-            elif isinstance(value, (bool, int, float, str)):
-                h.update(f"{label}={value!r}".encode())
+            elif isinstance(value, _VALUES):
+                # numpy scalars and type aliases (ACC = f32) are compile-time values too
+                h.update(f"{label}={type(value).__name__}:{value!r}".encode())
 
 
 _MISSING = object()
+_VALUES = (bool, int, float, str, np.generic, ScalarType)
 
 
 def _all_names(code):

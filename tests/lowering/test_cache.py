@@ -8,9 +8,15 @@ import textwrap
 import pytest
 
 SOURCE = textwrap.dedent('''
+    import numpy as np
     import pykernel as pk
-    from pykernel import Ptr, f32, i32
+    from pykernel import Ptr, f16, f32, i32
     SCALE = {scale}
+    OFFSET = np.float32({offset})
+    ACC = {acc}
+
+    class Tile:
+        EXTRA = {extra}
 
     @pk.func
     def helper(x: f32) -> f32:
@@ -18,7 +24,7 @@ SOURCE = textwrap.dedent('''
 
     @pk.kernel
     def k(out: Ptr[f32], n: {ntype}):
-        out[0] = helper(f32(SCALE))
+        out[0] = helper(f32(SCALE)) + f32(ACC(OFFSET)) + f32(Tile.EXTRA)
 ''')
 
 PROBE = textwrap.dedent('''
@@ -40,15 +46,16 @@ PROBE = textwrap.dedent('''
 
 
 def compile_in_new_process(tmp_path, cache_dir, scale=2.0, factor=3.0, arch="sm_90",
-                           ntype="i32"):
-    (tmp_path / "kmod.py").write_text(SOURCE.format(scale=scale, factor=factor, ntype=ntype))
+                           ntype="i32", offset=0.5, acc="f32", extra=1):
+    (tmp_path / "kmod.py").write_text(SOURCE.format(scale=scale, factor=factor, ntype=ntype,
+                                                    offset=offset, acc=acc, extra=extra))
     env = dict(os.environ, PYKERNEL_CACHE_DIR=str(cache_dir))
     out = subprocess.run([sys.executable, "-c", PROBE.format(d=str(tmp_path), arch=arch)],
                          env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.split("\n")
     if arch == "cpu":
-        assert float(lines[2]) == scale * factor, out.stdout
+        assert float(lines[2]) == scale * factor + offset + extra, out.stdout
     return lines[0].split()[0], lines[1]
 
 
@@ -62,10 +69,12 @@ def test_disk_cache_across_processes(tmp_path, arch):
 
 
 @pytest.mark.parametrize("change", [{"scale": 5.0}, {"factor": 4.0}, {"ntype": "f32"},
-                                    {"ntype": 'Ptr[f32, "ro"]'}])
+                                    {"ntype": 'Ptr[f32, "ro"]'}, {"offset": 0.25},
+                                    {"acc": "f16"}, {"extra": 2}])
 def test_key_follows_globals_device_functions_and_annotations(tmp_path, change):
     """Annotations live on the function, not in its code object: a parameter's type or "ro"
-    changes the code, so it must change the key (it once did not, and stale PTX was reused)."""
+    changes the code, so it must change the key; so must a numpy scalar global, a type alias
+    and a class attribute (they once did not, and stale code was reused)."""
     cache_dir = tmp_path / "cache"
     key1, _ = compile_in_new_process(tmp_path, cache_dir)
     key2, how = compile_in_new_process(tmp_path, cache_dir, **change)
