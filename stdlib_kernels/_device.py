@@ -31,24 +31,6 @@ def init_warp_mbarriers(bars, warp: i32, lane: i32, S: Const[int]):
 
 
 @pk.func
-def last_warp_done(counter, slot: i32, add: i32, total: i32) -> bool:
-    """Whole warp, after its lanes' global writes: counter[slot] += add (one atomic); True in
-    every lane of the warp whose add brings it to `total` (it then sees every write the other
-    warps made before their call, and resets the counter for the next launch)."""
-    pk.threadfence()
-    pk.syncwarp()
-    ticket = 0
-    if pk.lane_id() == 0:
-        ticket = pk.atomic_add(counter, slot, add)
-        if ticket + add == total:
-            counter[slot] = 0
-    done = pk.shfl_idx(ticket, 0) + add == total
-    if done:
-        pk.threadfence()
-    return done
-
-
-@pk.func
 def warp_max(v: f32) -> f32:
     for k in pk.static_range(5):
         v = max(v, pk.shfl_xor(v, 16 >> k))

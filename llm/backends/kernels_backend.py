@@ -80,7 +80,6 @@ class KernelsBackend(Backend):
         self.arena = self.prefill_arena
         self._step = None           # (ids, positions, start) device arrays of the running step
         self.direct_attention = False   # decode attention without splits (short contexts)
-        self._counters = {}         # rows -> zeroed int32 counters (_q8_counters)
         self.stream = pk.Stream(self.device) if self.device.kind == "cuda" else None
 
     # --- weights -----------------------------------------------------------------------------
@@ -329,27 +328,13 @@ class KernelsBackend(Backend):
         if isinstance(gate, GluHalf) and isinstance(up, GluHalf) and gate.pending is up.pending \
                 and (gate.index, up.index) == (0, 1):
             p = gate.pending
-            n, half = p.x.shape[0], p.w.part_rows[0]
-            out = self.arena.take((n, half), np.float32)
-            # one token: the GEMV also writes its output as the down projection's Q8_1 input
-            # (the bulk kernel quantizes it itself: no quantize launch)
-            xq_out = counters = None
-            if n == 1 and self.gemv and self.activations == "q8_1" and half % 32 == 0:
-                xq_out = self.arena.take(W.q8_buffer_shape(1, half), np.uint8)
-                counters = self._q8_counters(half)
-            wrote = W.glu(p.x, p.w, out, self._q8(p.x, p.w, p.xq),
-                          "swiglu" if act == "silu" else "geglu", self._scratch, xq_out, counters)
-            return Quantized(out, xq_out) if wrote else out
+            out = self.arena.take((p.x.shape[0], p.w.part_rows[0]), np.float32)
+            W.glu(p.x, p.w, out, self._q8(p.x, p.w, p.xq), "swiglu" if act == "silu" else "geglu",
+                  self._scratch)
+            return out
         g, u = self._contiguous(gate), self._contiguous(up)
         out = self.arena.take(g.shape, np.float32)
         return glu_rows(g, u, act, out=out)
-
-    def _q8_counters(self, rows: int):
-        """The zeroed per-32-row counters of GEMVs that write Q8_1 output (kernels leave them
-        zero; one array per row count, reused by every layer: the launches are serialized)."""
-        if rows not in self._counters:
-            self._counters[rows] = pk.zeros(rows // 32, np.int32)
-        return self._counters[rows]
 
     def swiglu(self, gate, up):
         return self._glu(gate, up, "silu")

@@ -123,14 +123,12 @@ def q8_buffer_shape(n: int, k: int) -> tuple[int, int]:
 
 
 def gemv_rows(g: RowGroup, n_in: int, x, xq, y, mode=None, w2: RowGroup | None = None,
-              res=None, xq_out=None, counters=None) -> None:
-    """y (n, g.rows) = x @ W_g.T (epilogue `mode`), n <= 8 tokens in one GEMV launch.
-    xq_out (Q8_1 activations only): y as Q8_1 too (gemv_q8_into's xq_out, counters)."""
+              res=None) -> None:
+    """y (n, g.rows) = x @ W_g.T (epilogue `mode`), n <= 8 tokens in one GEMV launch."""
     n = x.shape[0]
     w2w = None if w2 is None else w2.words
     if xq is not None:
-        gemv_q8_into(g.words, g.type_name, xq, y, g.rows, n_in, n, w2=w2w, res=res, mode=mode,
-                     xq_out=xq_out, counters=counters)
+        gemv_q8_into(g.words, g.type_name, xq, y, g.rows, n_in, n, w2=w2w, res=res, mode=mode)
     else:
         gemv_f32_into(g.words, g.type_name, x, y, g.rows, n_in, n, w2=w2w, res=res, mode=mode)
 
@@ -186,12 +184,9 @@ def matmul(x, w: DeviceMatrix, out, xq, scratch: Callable, res=None, gemv=True) 
         X.add(out, res)
 
 
-def glu(x, w: DeviceMatrix, out, xq, act: str, scratch: Callable, xq_out=None,
-        counters=None) -> bool:
+def glu(x, w: DeviceMatrix, out, xq, act: str, scratch: Callable) -> None:
     """out (n, n_ff) = act(x @ W_gate.T) * (x @ W_up.T): one GEMV with the activation in its
-    epilogue up to 8 tokens; above, the GEMM of gate|up then one activation launch. xq_out
-    (one token): out as Q8_1 too, for the down projection (gemv_q8_into's xq_out, counters);
-    returns whether it was written."""
+    epilogue up to 8 tokens; above, the GEMM of gate|up then one activation launch."""
     g = w.groups[0]
     half = w.part_rows[0]
     gq = xq if xq is not None and _q8(g, w) else None
@@ -199,14 +194,11 @@ def glu(x, w: DeviceMatrix, out, xq, act: str, scratch: Callable, xq_out=None,
         both = scratch((x.shape[0], 2 * half))
         group_matmul(g, w.n_in, x, gq, both)
         glu_fused(both, "silu" if act == "swiglu" else "gelu_tanh", out=out)
-        return False
+        return
     per_row = g.raw.shape[1] * g.raw.itemsize // g.words.itemsize
     gate = RowGroup(g.type_name, half, 0, g.raw, g.words[:half * per_row])
     up = RowGroup(g.type_name, half, half, g.raw, g.words[half * per_row:])
-    q8 = xq_out is not None and gq is not None and x.shape[0] == 1 and half % 32 == 0
-    gemv_rows(gate, w.n_in, x, gq, out, act, w2=up, xq_out=xq_out if q8 else None,
-              counters=counters)
-    return q8
+    gemv_rows(gate, w.n_in, x, gq, out, act, w2=up)
 
 
 def _q8(g: RowGroup, w: DeviceMatrix) -> bool:

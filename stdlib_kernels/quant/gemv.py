@@ -26,7 +26,6 @@ from . import gemv_kernels as gk
 from .formats import get_format
 from .gemv_q1_0 import bmma_available, gemv_q1_0_into
 from .gemv_bulk import BULK_TYPES, bulk_eligible, gemv_bulk_into
-from .gemv_bulk import TUNED as BULK_TUNED
 from .q8_1 import q8_1_bytes, quantize_q8_1_into
 from .q8_planes import q8_planes_bytes, quantize_q8_planes_into
 
@@ -192,27 +191,18 @@ def _check_out(y, batch: int, rows: int, what: str):
 
 
 def gemv_q8_into(w, type_name, xq, y, rows, n, batch=1, *, w2=None, res=None, mode=None,
-                 stream=None, config: GemvConfig | None = None, xq_out=None, counters=None):
+                 stream=None, config: GemvConfig | None = None):
     """y (batch, rows) = W @ x from Q8_1 activations xq (batch, n//32*36 bytes); w/w2 from
-    weight_words. mode: None, "residual" (res (batch, rows), may be y), "swiglu", "geglu".
-    xq_out (one token, rows % 32 == 0): y also as Q8_1, the next GEMV's input: written by
-    the bulk kernel itself in the gated modes (gemv_bulk_into's xq_out; counters: int32 >=
-    rows / 32, zero), else by a quantize launch after the GEMV."""
+    weight_words. mode: None, "residual" (res (batch, rows), may be y), "swiglu", "geglu"."""
     if not 1 <= batch <= gk.MAX_BATCH:
         raise ValueError(f"gemv: batch {batch} outside 1..{gk.MAX_BATCH}; use quant.matmul")
     _check_out(y, batch, rows, "gemv")
     if _bulk(type_name, batch, mode, rows, n, config):
-        per_warp = config.rows if config else BULK_TUNED[type_name][1]
-        fused = xq_out is not None and counters is not None and \
-            MODES[mode] >= gk.MODE_SWIGLU and rows % 32 == 0 and 32 % per_warp == 0
-        gemv_bulk_into(w, type_name, xq, y, rows, n, w2=w2, res=res, mode=mode,
-                       stream=stream, rows_per_warp=config.rows if config else None,
-                       warps=config.warps if config else None,
-                       stages=config.stages if config else None,
-                       xq_out=xq_out if fused else None, counters=counters if fused else None)
-        if xq_out is not None and not fused:
-            quantize_q8_1_into(y.reshape(batch, rows), xq_out, stream=stream)
-        return
+        return gemv_bulk_into(w, type_name, xq, y, rows, n, w2=w2, res=res, mode=mode,
+                              stream=stream,
+                              rows_per_warp=config.rows if config else None,
+                              warps=config.warps if config else None,
+                              stages=config.stages if config else None)
     fmt = get_format(type_name)
     words = xq.reshape(-1).view(np.uint32)
     c = config or gemv_config(type_name, batch, n)
@@ -233,8 +223,6 @@ def gemv_q8_into(w, type_name, xq, y, rows, n, batch=1, *, w2=None, res=None, mo
         n // fmt.block_elems * fmt.block_bytes // w.itemsize, blocks,
         xq_words, fmt_id, w.dtype, items, c.warps, batch, MODES[mode], c.rows,
         c.split, c.unroll, widen, stage, _under_pdl())
-    if xq_out is not None:
-        quantize_q8_1_into(y.reshape(batch, rows), xq_out, stream=stream)
 
 
 def _bulk(type_name: str, batch: int, mode, rows: int, n: int, config) -> bool:

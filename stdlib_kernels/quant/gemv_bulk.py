@@ -31,14 +31,14 @@ import numpy as np
 import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, u32, u64
 
-from .._device import init_warp_mbarriers, last_warp_done, warp_sum
+from .._device import init_warp_mbarriers, warp_sum
 from .decode8 import Q3_K, Q4_K, Q6_K
 from .dot_q8 import act_copy
 from .dot_q8_k import (q3k_wide_sum, q3k_wide_values, q4k_half_dot, q6k_wide_sum,
                        q6k_wide_values)
 from .gemv_kernels import MODE_GEGLU, MODE_PLAIN, MODE_RESIDUAL, MODE_SWIGLU, epilogue
 from .gemv_q1_0 import L2_BYTES, bulk_available
-from .q8_1 import q8_1_bytes, store_q8_1_block
+from .q8_1 import q8_1_bytes
 
 BULK_TYPES = {"Q3_K": Q3_K, "Q4_K": Q4_K, "Q6_K": Q6_K}
 BLOCK_BYTES = {"Q3_K": 110, "Q4_K": 144, "Q6_K": 210}
@@ -100,15 +100,12 @@ def issue_group(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], sm, bars, bar: i32, stage
 
 @pk.kernel
 def gemv_bulk(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], xq: Ptr[u32, "ro"], res: Ptr[f32],
-              y: Ptr[f32], xq_out: Ptr[u32], counters: Ptr[i32], rows: i32, row_words: i32,
-              nb: i32, FMT: Const[int], R: Const[int], WARPS: Const[int], S: Const[int],
-              MODE: Const[int], Q8OUT: Const[int]):
+              y: Ptr[f32], rows: i32, row_words: i32, nb: i32, FMT: Const[int], R: Const[int],
+              WARPS: Const[int], S: Const[int], MODE: Const[int]):
     """Each warp takes groups of R rows, first = its index in the grid, then every
     (grid warps)-th: a ring of S stages per warp, the first S groups' copies issued before
     the PDL wait, a stage refilled with the group S ahead once read. MODE: gemv_kernels'
-    (plain, residual, SwiGLU / GeGLU with w2's rows in the same stage). Q8OUT (rows % 32 ==
-    0, 32 % R == 0): y also as Q8_1 into xq_out, the next GEMV's input: the warp that
-    completes a 32-row block (counters, one per block, zero between launches) quantizes it."""
+    (plain, residual, SwiGLU / GeGLU with w2's rows in the same stage)."""
     GLU = 1 if MODE >= MODE_SWIGLU else 0
     lane = pk.lane_id()
     warp = pk.thread_idx.x // 32
@@ -149,12 +146,6 @@ def gemv_bulk(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], xq: Ptr[u32, "ro"], res: Pt
                 gate_up = warp_sum(acc[R + r])
             if lane == r % 32 and row0 + r < rows:
                 epilogue(total, gate_up, res, y, row0 + r, MODE)
-        if Q8OUT:
-            q8_block = row0 // 32
-            if last_warp_done(counters, q8_block, R, 32):
-                # the other warps' rows through L2 (an atomic read never hits a stale L1 line)
-                v = pk.atomic_add(y, q8_block * 32 + lane, 0.0)
-                store_q8_1_block(v, lane, xq_out, q8_block)
         pk.syncwarp()                          # the stage is read before it is refilled
         if rd + S < rounds:
             issue_group(w, w2, sm, bars, warp * S + rd % S, stage,
@@ -188,15 +179,12 @@ def resident_blocks(shared: int, threads: int) -> int:
 
 def gemv_bulk_into(w, type_name: str, xq, y, rows: int, n: int, *, w2=None, res=None,
                    mode=None, stream=None, rows_per_warp: int | None = None,
-                   warps: int | None = None, stages: int | None = None, xq_out=None,
-                   counters=None):
+                   warps: int | None = None, stages: int | None = None):
     """y (rows,) = W x for one token, mode None, "residual" (+ res), "swiglu" / "geglu"
     (act(W x) * (W2 x), w2 the up rows): w / w2 u32 words of the rows (gemv.weight_words), xq
     its Q8_1 activations (q8_1_bytes(n) bytes); type_name Q3_K, Q4_K or Q6_K. stages 1: one
     group of rows per warp, as many blocks as groups; >= 2: a ring of that many groups per
-    warp and one wave of blocks that loop over the rows. xq_out (q8_1_bytes(rows) bytes, rows
-    % 32 == 0): y also as Q8_1 (the bytes quantize_q8_1_into gives), written by the kernel;
-    counters: int32, >= rows / 32 of them, zero (the kernel leaves them zero)."""
+    warp and one wave of blocks that loop over the rows."""
     if type_name not in BULK_TYPES:
         raise ValueError(f"gemv bulk: no bulk-copy kernel for {type_name}; supported: "
                          f"{sorted(BULK_TYPES)}")
@@ -225,30 +213,13 @@ def gemv_bulk_into(w, type_name: str, xq, y, rows: int, n: int, *, w2=None, res=
     warps = warps or tuned[0]
     rows_per_warp = rows_per_warp or tuned[1]
     stages = stages or tuned[2]
-    if xq_out is not None:
-        _check_q8_out(what, xq_out, counters, rows, rows_per_warp)
     per_block = warps * rows_per_warp
     grid = (rows + per_block - 1) // per_block
     shared = warps * stages * rows_per_warp * (1 + glu) * row_words * 4
     if stages > 1:
         grid = min(grid, resident_blocks(shared, 32 * warps))
     words = w.view(np.uint32)
-    q8 = xq_out is not None
     gemv_bulk[grid, 32 * warps, stream, shared](
         words, words if w2 is None else w2.view(np.uint32), xq.reshape(-1).view(np.uint32),
-        y if res is None else res, y, xq_out.reshape(-1).view(np.uint32) if q8 else words,
-        counters if q8 else xq.reshape(-1).view(np.int32), rows, row_words, n // 256,
-        BULK_TYPES[type_name], rows_per_warp, warps, stages, MODES[mode], int(q8))
-
-
-def _check_q8_out(what: str, xq_out, counters, rows: int, rows_per_warp: int) -> None:
-    if rows % 32 or 32 % rows_per_warp:
-        raise ValueError(f"{what}: a Q8_1 output needs rows % 32 == 0 (got {rows}) and rows "
-                         f"per warp dividing 32 (got {rows_per_warp})")
-    if xq_out.dtype != np.uint8 or xq_out.nbytes != q8_1_bytes(rows):
-        raise ValueError(f"{what}: xq_out must be uint8 of {q8_1_bytes(rows)} bytes (Q8_1 of "
-                         f"{rows} values), got {xq_out.dtype} {tuple(xq_out.shape)}")
-    if counters is None or counters.dtype != np.int32 or counters.size < rows // 32:
-        raise ValueError(f"{what}: xq_out needs counters: int32, >= {rows // 32} of them, "
-                         f"zero, got {None if counters is None else counters.dtype} "
-                         f"{None if counters is None else tuple(counters.shape)}")
+        y if res is None else res, y, rows, row_words, n // 256, BULK_TYPES[type_name],
+        rows_per_warp, warps, stages, MODES[mode])

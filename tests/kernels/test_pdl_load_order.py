@@ -64,9 +64,9 @@ def late_wait_variants():
     from stdlib_kernels.quant.decode8 import Q4_K, Q6_K
     from stdlib_kernels.quant.gemv_bulk import gemv_bulk
     for fmt, name in ((Q4_K, "Q4_K"), (Q6_K, "Q6_K")):
-        for mode, q8 in ((0, 0), (1, 0), (2, 0), (2, 1)):
-            yield f"gemv_bulk-{name}-mode{mode}-q8out{q8}", gemv_bulk, dict(
-                FMT=fmt, R=1, WARPS=4, S=1, MODE=mode, Q8OUT=q8)
+        for mode in (0, 1, 2):
+            yield f"gemv_bulk-{name}-mode{mode}", gemv_bulk, dict(FMT=fmt, R=1, WARPS=4, S=1,
+                                                                  MODE=mode)
     import importlib
     gemv = importlib.import_module("stdlib_kernels.quant.gemv")   # the package exports gemv()
     from stdlib_kernels.quant.gemv_kernels import gemv_q8_kernel

@@ -281,44 +281,6 @@ def test_gemv_bulk(device, rng, seed, type_name, rows, n, rows_per_warp, warps, 
     np.testing.assert_array_equal(via_config.numpy(), y.numpy())
 
 
-@pytest.mark.parametrize("type_name,rows,n,rows_per_warp,warps,stages,mode",
-                         [("Q4_K", 96, 768, 1, 4, 1, "swiglu"), ("Q4_K", 160, 512, 4, 2, 1, "geglu"),
-                          ("Q4_K", 64, 256, 2, 2, 3, "swiglu"), ("Q6_K", 64, 2048, 2, 2, 1, "swiglu")],
-                         ids=["q4k_one_row_per_warp", "q4k_four_rows_geglu", "q4k_ring3",
-                              "q6k_two_rows"])
-def test_gemv_bulk_q8_output(device, rng, seed, type_name, rows, n, rows_per_warp, warps,
-                             stages, mode):
-    """The gated GEMV also writing its output as Q8_1 (xq_out: the warp that completes a
-    32-row block quantizes it): the same bytes as quantize_q8_1 of the output, twice in a row
-    (the counters are back at zero after a launch), and the output itself unchanged."""
-    from stdlib_kernels.quant.gemv_bulk import gemv_bulk_into
-    from stdlib_kernels.quant.q8_1 import q8_1_bytes
-    if device.kind == "cuda" and int(device.arch[3:]) < 90:
-        pytest.skip("bulk copies need sm_90+")
-    w = weight_words(make_weights(rng, type_name, rows, n), type_name, n)[0]
-    w2 = weight_words(make_weights(rng, type_name, rows, n), type_name, n)[0]
-    counters = pk.zeros(rows // 32, np.int32)
-    for _ in range(2):
-        xq = quantize_q8_1(rng.standard_normal((1, n)).astype(np.float32))
-        y = pk.full((1, rows), np.nan, np.float32)
-        out = pk.full(q8_1_bytes(rows), 0xAB, np.uint8)
-        gemv_bulk_into(w, type_name, xq, y, rows, n, w2=w2, mode=mode,
-                       rows_per_warp=rows_per_warp, warps=warps, stages=stages, xq_out=out,
-                       counters=counters)
-        plain = pk.full((1, rows), np.nan, np.float32)
-        gemv_bulk_into(w, type_name, xq, plain, rows, n, w2=w2, mode=mode,
-                       rows_per_warp=rows_per_warp, warps=warps, stages=stages)
-        np.testing.assert_array_equal(y.numpy(), plain.numpy(), err_msg=f"seed {seed}")
-        np.testing.assert_array_equal(out.numpy(), quantize_q8_1(y.numpy()).numpy().reshape(-1),
-                                      err_msg=f"Q8_1 bytes (seed {seed})")
-        assert not counters.numpy().any()
-    with pytest.raises(ValueError, match="counters"):
-        gemv_bulk_into(w, type_name, xq, y, rows, n, w2=w2, mode=mode, xq_out=out)
-    with pytest.raises(ValueError, match="rows % 32"):
-        gemv_bulk_into(w, type_name, xq, y.reshape(-1)[:rows - 16], rows - 16, n, w2=w2,
-                       mode=mode, xq_out=out, counters=counters)
-
-
 @pytest.mark.parametrize("type_name", ["Q3_K", "Q6_K"])
 def test_gemv_bulk_rejects_bad_buffers(device, type_name):
     """Misaligned or short weights, rows off 16-byte multiples, other types, mode misuse."""
