@@ -74,8 +74,7 @@ def _dependencies(fn, h, seen):
         candidates = [(name, obj)]
         if obj is not _MISSING and not isinstance(obj, _VALUES + (DeviceFunction,)):
             # a module, class or object: kernels read its attributes (`cfg.WIDTH`)
-            candidates += [(f"{name}.{a}", getattr(obj, a, None)) for a in sorted(names)
-                           if hasattr(obj, a)]
+            candidates += [(f"{name}.{a}", _attribute(obj, a)) for a in sorted(names)]
         for label, value in candidates:
             if isinstance(value, DeviceFunction) and id(value) not in seen:
                 seen.add(id(value))
@@ -86,6 +85,15 @@ def _dependencies(fn, h, seen):
 
 
 _MISSING = object()
+
+
+def _attribute(obj, name: str):
+    """obj.name, or _MISSING (a property that raises must not break hashing: the compiler
+    reports what the kernel does with the object)."""
+    try:
+        return getattr(obj, name, _MISSING)
+    except Exception:
+        return _MISSING
 _VALUES = (bool, int, float, str, np.generic, ScalarType)
 
 
