@@ -68,13 +68,13 @@ def _dependencies(fn, h, seen):
     closure = {}
     if fn.__closure__:
         closure = dict(zip(code.co_freevars, (c.cell_contents for c in fn.__closure__)))
-    names = set(_all_names(code))
-    for name in sorted(names):
+    names = sorted(set(_all_names(code)))
+    for name in names:
         obj = closure.get(name, scope.get(name, _MISSING))
         candidates = [(name, obj)]
-        if obj is not _MISSING and not isinstance(obj, _VALUES + (DeviceFunction,)):
+        if obj is not _MISSING and not isinstance(obj, _NO_ATTRIBUTES + (DeviceFunction,)):
             # a module, class or object: kernels read its attributes (`cfg.WIDTH`)
-            candidates += [(f"{name}.{a}", _attribute(obj, a)) for a in sorted(names)]
+            candidates += [(f"{name}.{a}", _attribute(obj, a)) for a in names]
         for label, value in candidates:
             if isinstance(value, DeviceFunction) and id(value) not in seen:
                 seen.add(id(value))
@@ -95,6 +95,8 @@ def _attribute(obj, name: str):
     except Exception:
         return _MISSING
 _VALUES = (bool, int, float, str, np.generic, ScalarType)
+# values, and functions (intrinsics, builtins): no attributes a kernel reads
+_NO_ATTRIBUTES = _VALUES + (types.FunctionType, types.BuiltinFunctionType)
 
 
 def _all_names(code):

@@ -10,8 +10,8 @@ super-blocks. Q4_K's min term is summed over a step's 8 blocks by one f16 `mma` 
 once, instead of one fma per block and accumulator. One K step = one super-block. Each step's
 raw bytes (the BM weight rows' super-blocks, the BN tokens' 8 Q8_1 blocks) are copied
 unchanged into a shared-memory stage with 16-byte `cp.async` (Q6_K's 210-byte blocks are only
-2-byte aligned: 4-byte copies of the aligned words around them), STAGES deep, so the copies of later steps overlap the mma of this one. Once
-a step has landed, one pass of the whole block turns its 6-bit scales (and the activations'
+2-byte aligned: 4-byte copies of the aligned words around them), STAGES deep, so the copies
+of later steps overlap the mma of this one. Once a step has landed, one pass of the whole block turns its 6-bit scales (and the activations'
 (d, s)) into floats in shared memory, one step ahead of its use; the warps then build the int8
 A fragments straight from the raw quants (Q4_K: a shift and a mask; Q6_K: low nibbles | high
 bits - 32) and run the mma (Q6_K: `mma.m16n8k16` per 16-value half on CUDA, so both halves'
