@@ -10,7 +10,7 @@ kernel issues its copies before waiting for the previous GEMV).
 Shapes: Q3_K 57344x4096 and 128256x4096 (weights over L2: issue 5's 80%-of-copy clause) and
 4096x14336; Q4_K the llama-8B shapes (gate / up, q + k + v, o, down, output); Q6_K 4096x14336 (llama-8B's ffn_down), 4096x12288 (8B-class ffn_down) and
 128256x4096 (llama-8B's output). Config = (warps per block, rows per warp, ring stages) of the
-bulk kernel;
+bulk kernel, and for rows over 8192 values the row split over warps (gemv_bulk_split);
 "register" = the shipped register kernel (TUNED_SHORT / TUNED_CONFIGS).
 """
 from __future__ import annotations
@@ -26,15 +26,19 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import pykernel as pk  # noqa: E402
 from benchmarks.quant_matmul import bench_gemv, copy_bandwidth, default_for  # noqa: E402
 from stdlib_kernels.quant.gemv import GemvConfig  # noqa: E402
+from stdlib_kernels.quant.gemv_bulk import UNIT_BLOCKS  # noqa: E402
 
 SHAPES = {"Q3_K": ((57344, 4096), (128256, 4096), (4096, 14336)),
           "Q4_K": ((14336, 4096), (6144, 4096), (4096, 4096), (4096, 14336), (128256, 4096)),
           "Q6_K": ((4096, 14336), (4096, 12288), (128256, 4096))}
-# (warps per block, rows per warp, ring stages)
+# (warps per block, rows per warp, ring stages[, warps per row: gemv_bulk_split])
 BULK = {"Q3_K": ((4, 3, 1), (4, 4, 1), (2, 3, 1), (4, 3, 2), (2, 3, 2), (1, 4, 4)),
         "Q4_K": ((4, 1, 1), (4, 2, 1), (4, 4, 1), (8, 2, 1), (2, 2, 1), (4, 2, 2)),
         "Q6_K": ((4, 1, 1), (4, 2, 1), (8, 1, 1), (4, 1, 2), (2, 1, 2), (2, 1, 3), (1, 1, 4),
                  (4, 1, 3), (8, 1, 2), (1, 2, 2), (2, 2, 2))}
+# long rows (k > 8192) also split over warps
+SPLITS = ((2, 1, 1, 2), (4, 1, 1, 2), (8, 1, 1, 2), (4, 1, 1, 4), (8, 1, 1, 4), (7, 1, 1, 7),
+          (8, 1, 1, 8))
 
 
 def main():
@@ -42,6 +46,7 @@ def main():
     parser.add_argument("--types", default="Q3_K,Q4_K,Q6_K")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--pdl", action="store_true")
+    parser.add_argument("--shapes", default="", help="only these, e.g. 4096x14336,14336x4096")
     args = parser.parse_args()
     pk.set_device("cuda")
     copy = copy_bandwidth()
@@ -52,11 +57,17 @@ def main():
     print("|---|---|---|---|---|")
     for type_name in args.types.split(","):
         for shape in SHAPES[type_name]:
+            if args.shapes and f"{shape[0]}x{shape[1]}" not in args.shapes.split(","):
+                continue
             register = default_for(type_name, shape[1])
             configs = [(f"{type_name} register " + str(tuple(register)[:5]), register)]
-            configs += [(f"{type_name} bulk {w}w x {r} rows x {s} stages",
-                         GemvConfig(warps=w, rows=r, kernel="bulk", stages=s))
-                        for w, r, s in BULK[type_name]]
+            units = shape[1] // 256 // UNIT_BLOCKS[type_name]
+            shapes = BULK[type_name] + (SPLITS if shape[1] > 8192 else ())
+            configs += [(f"{type_name} bulk {w}w x {r} rows x {s} stages"
+                         + (f" x {c[0]} warps per row" if c else ""),
+                         GemvConfig(warps=w, rows=r, kernel="bulk", stages=s,
+                                    split=c[0] if c else 1))
+                        for w, r, s, *c in shapes if not c or c[0] <= units]
             for pdl in modes:
                 times = {label: [] for label, _ in configs}
                 for _ in range(args.rounds):

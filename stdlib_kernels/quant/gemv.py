@@ -97,7 +97,8 @@ class GemvConfig(NamedTuple):
     (amortizes the staging; 0 = one block per row group); `kernel`: the kernel variant
     (VARIANTS; None = VARIANT's default for the type, "" = the base kernel; "bulk": the
     bulk-copy kernel of Q3_K, Q4_K and Q6_K, gemv_bulk.py, with `warps` per block, `rows` per
-    warp and a ring of `stages` row groups per warp)."""
+    warp and a ring of `stages` row groups per warp, or with `split` > 1 that many warps per
+    row)."""
     warps: int = 4
     split: int = 1
     rows: int = 1
@@ -202,7 +203,8 @@ def gemv_q8_into(w, type_name, xq, y, rows, n, batch=1, *, w2=None, res=None, mo
                               stream=stream,
                               rows_per_warp=config.rows if config else None,
                               warps=config.warps if config else None,
-                              stages=config.stages if config else None)
+                              stages=config.stages if config else None,
+                              split=config.split if config else None)
     fmt = get_format(type_name)
     words = xq.reshape(-1).view(np.uint32)
     c = config or gemv_config(type_name, batch, n)

@@ -23,6 +23,10 @@ q3k_wide_* / q4k_half_dot / q6k_wide_*), its activations loaded once for all row
 sums meet by shuffles. One stage (S = 1): one group per warp, a block per WARPS groups. S >= 2:
 one wave of blocks whose warps loop over the groups through a ring of S stages, so a warp's
 next rows are in flight while it computes (measured no faster, kept as an option).
+Long rows (gemv_bulk_split; Q6_K rows over 8192 values by default): a row's 112 items are 3-4
+per lane, and the matrix has too few rows (4096) to hide that latency behind other warps' copies,
+so SPLIT warps each copy and sum a quarter of the row (about one item per lane), their sums
+added in shared memory in a fixed order (H200, 4096 x 14336: 19.3 -> 15.8 us in a PDL chain).
 """
 from __future__ import annotations
 
@@ -45,6 +49,9 @@ BLOCK_BYTES = {"Q3_K": 110, "Q4_K": 144, "Q6_K": 210}
 # row lengths whose rows are whole 16-byte multiples (bulk copies): 8 blocks of 110 / 210 B,
 # any number of 144 B blocks
 ROW_ALIGN = {"Q3_K": 2048, "Q4_K": 256, "Q6_K": 2048}
+# gemv_bulk_split's chunk unit: the fewest blocks whose bytes are a 16-byte multiple (Q3_K /
+# Q6_K: 8, even, so a chunk starts on an even block as their word-shifted reads assume)
+UNIT_BLOCKS = {"Q3_K": 8, "Q4_K": 1, "Q6_K": 8}
 MODES = {None: MODE_PLAIN, "residual": MODE_RESIDUAL, "swiglu": MODE_SWIGLU,
          "geglu": MODE_GEGLU}
 # (warps per block, rows per warp, ring stages), fastest on the H200 (benchmarks/RESULTS.md,
@@ -59,6 +66,12 @@ Q6K_MIN_BYTES = 16 << 20
 # 14 and 9 MB, and qwen2-1.5B's 8 MB matrices do not; rows of 14336 lose)
 Q4K_MIN_BYTES = 16 << 20
 Q4K_MAX_N = 8192
+# rows longer than LONG_ROW values: (warps per block, warps per row) of gemv_bulk_split by
+# default, for the types listed (Q4_K: such rows take the bulk kernel only when listed). H200:
+# Q6_K 4096 x 14336 15.8 us (77% of copy) vs 19.3 whole rows; Q4_K's register kernel stays
+# faster in the runner (benchmarks/RESULTS.md, "Long rows split over warps")
+LONG_ROW = 8192
+LONG_SPLIT: dict[str, tuple[int, int]] = {"Q6_K": (4, 4)}
 
 
 @pk.func
@@ -152,17 +165,75 @@ def gemv_bulk(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], xq: Ptr[u32, "ro"], res: Pt
                         (first + (rd + S) * step) * R, rows, row_words, lane, R, GLU)
 
 
+@pk.kernel
+def gemv_bulk_split(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], xq: Ptr[u32, "ro"], res: Ptr[f32],
+                    y: Ptr[f32], rows: i32, row_words: i32, unit_words: i32, units: i32,
+                    chunk_words: i32, FMT: Const[int], UNIT_BLOCKS: Const[int],
+                    WARPS: Const[int], SPLIT: Const[int], MODE: Const[int]):
+    """Long rows: SPLIT warps share a row, warp c of the row copying and summing units
+    [c units / SPLIT, (c + 1) units / SPLIT) of it (a unit: UNIT_BLOCKS blocks, host's
+    UNIT_BLOCKS), a block holding WARPS / SPLIT rows; the partial sums meet in shared memory and
+    the row's first warp adds them in a fixed order (deterministic) and runs the epilogue."""
+    GLU = 1 if MODE >= MODE_SWIGLU else 0
+    lane = pk.lane_id()
+    warp = pk.thread_idx.x // 32
+    sm = pk.dynamic_shared(u32)
+    bars = pk.shared_array(u64, WARPS)
+    part = pk.shared_array(f32, 2 * WARPS)
+    init_warp_mbarriers(bars, warp, lane, 1)
+    row = pk.block_idx.x * (WARPS // SPLIT) + warp // SPLIT
+    c = warp % SPLIT
+    u0 = c * units // SPLIT
+    u1 = (c + 1) * units // SPLIT
+    src = min(row, rows - 1) * row_words + u0 * unit_words
+    nbytes = (u1 - u0) * unit_words * 4
+    stage = warp * (1 + GLU) * chunk_words
+    if lane == 0:
+        pk.mbarrier_arrive_expect_tx(bars, warp, nbytes * (1 + GLU))
+        pk.bulk_copy(sm, stage, w, src, nbytes, bars, warp)
+        if GLU:
+            pk.bulk_copy(sm, stage + chunk_words, w2, src, nbytes, bars, warp)
+    pk.grid_dependency_wait()
+    a = pk.local_array(u32, 36)
+    acc = f32(0.0)
+    acc_up = f32(0.0)
+    b0 = u0 * UNIT_BLOCKS
+    pk.mbarrier_wait(bars, warp, 0)
+    for item in range(2 * b0 + lane, 2 * u1 * UNIT_BLOCKS, 32):
+        blk = item // 2
+        n = item % 2
+        act_copy(xq, 9 * (8 * blk + 4 * n), a, 36, 4)
+        acc += item_dot(FMT, sm, stage, blk - b0, n, a)
+        if GLU:
+            acc_up += item_dot(FMT, sm, stage + chunk_words, blk - b0, n, a)
+    total = warp_sum(acc)
+    if GLU:
+        acc_up = warp_sum(acc_up)
+    if lane == 0:
+        part[warp] = total
+        part[WARPS + warp] = acc_up
+    pk.syncthreads()
+    if c == 0 and lane == 0 and row < rows:
+        total = 0.0
+        gate_up = f32(0.0)
+        for k in pk.static_range(SPLIT):
+            total += part[warp + k]
+            gate_up += part[WARPS + warp + k]
+        epilogue(total, gate_up, res, y, row, MODE)
+
+
 def bulk_eligible(type_name: str, rows: int, n: int) -> bool:
     """The bulk kernel applies by default: sm_90+ (or the CPU target), rows of whole 16-byte
     multiples (ROW_ALIGN), and large weights: Q3_K over L2 (below it the register kernel's
     reads hit L2 on later calls), Q6_K from Q6K_MIN_BYTES (its register kernel is slower from
     HBM and L2), Q4_K from Q4K_MIN_BYTES in rows of at most Q4K_MAX_N values (long rows: few
-    of them per multiprocessor, where the register kernel is as fast)."""
+    of them per multiprocessor, where the register kernel is as fast) unless LONG_SPLIT
+    lists Q4_K."""
     if type_name not in BULK_TYPES or not bulk_available() or n % ROW_ALIGN[type_name]:
         return False
     nbytes = rows * (n // 256) * BLOCK_BYTES[type_name]
     if type_name == "Q4_K":
-        return n <= Q4K_MAX_N and nbytes > Q4K_MIN_BYTES
+        return (n <= Q4K_MAX_N or type_name in LONG_SPLIT) and nbytes > Q4K_MIN_BYTES
     return nbytes > (L2_BYTES if type_name == "Q3_K" else Q6K_MIN_BYTES)
 
 
@@ -179,12 +250,14 @@ def resident_blocks(shared: int, threads: int) -> int:
 
 def gemv_bulk_into(w, type_name: str, xq, y, rows: int, n: int, *, w2=None, res=None,
                    mode=None, stream=None, rows_per_warp: int | None = None,
-                   warps: int | None = None, stages: int | None = None):
+                   warps: int | None = None, stages: int | None = None,
+                   split: int | None = None):
     """y (rows,) = W x for one token, mode None, "residual" (+ res), "swiglu" / "geglu"
     (act(W x) * (W2 x), w2 the up rows): w / w2 u32 words of the rows (gemv.weight_words), xq
     its Q8_1 activations (q8_1_bytes(n) bytes); type_name Q3_K, Q4_K or Q6_K. stages 1: one
     group of rows per warp, as many blocks as groups; >= 2: a ring of that many groups per
-    warp and one wave of blocks that loop over the rows."""
+    warp and one wave of blocks that loop over the rows. split > 1 (with one row per warp and
+    one stage): that many warps share each row (gemv_bulk_split)."""
     if type_name not in BULK_TYPES:
         raise ValueError(f"gemv bulk: no bulk-copy kernel for {type_name}; supported: "
                          f"{sorted(BULK_TYPES)}")
@@ -210,6 +283,13 @@ def gemv_bulk_into(w, type_name: str, xq, y, rows: int, n: int, *, w2=None, res=
                              f"{rows} x {row_words * 4} bytes, got {buf.nbytes} bytes at "
                              f"offset {buf.ptr % 16} from 16-byte alignment")
     tuned = TUNED[type_name]
+    if split is None and n > LONG_ROW and type_name in LONG_SPLIT and not (rows_per_warp or
+                                                                          stages):
+        warps, split = warps or LONG_SPLIT[type_name][0], LONG_SPLIT[type_name][1]
+    split = split or 1
+    if split > 1:
+        return _launch_split(w, type_name, xq, y, rows, n, w2, res, MODES[mode], stream,
+                             warps or split, split, rows_per_warp or 1, stages or 1)
     warps = warps or tuned[0]
     rows_per_warp = rows_per_warp or tuned[1]
     stages = stages or tuned[2]
@@ -223,3 +303,26 @@ def gemv_bulk_into(w, type_name: str, xq, y, rows: int, n: int, *, w2=None, res=
         words, words if w2 is None else w2.view(np.uint32), xq.reshape(-1).view(np.uint32),
         y if res is None else res, y, rows, row_words, n // 256, BULK_TYPES[type_name],
         rows_per_warp, warps, stages, MODES[mode])
+
+
+def _launch_split(w, type_name, xq, y, rows, n, w2, res, mode, stream, warps, split,
+                  rows_per_warp, stages):
+    """gemv_bulk_split: `split` warps per row, `warps` per block (a multiple of split)."""
+    what = f"gemv {type_name} bulk, rows split over {split} warps"
+    unit_blocks = UNIT_BLOCKS[type_name]
+    units = n // 256 // unit_blocks
+    if rows_per_warp != 1 or stages != 1 or warps % split or units < split:
+        raise ValueError(f"{what}: needs one row per warp, one stage, warps ({warps}) a "
+                         f"multiple of the split and at least {split} units of {unit_blocks} "
+                         f"blocks per row (got {rows_per_warp} rows per warp, {stages} stages, "
+                         f"{units} units)")
+    unit_words = unit_blocks * BLOCK_BYTES[type_name] // 4
+    chunk_words = (units + split - 1) // split * unit_words
+    glu = 1 if mode >= MODE_SWIGLU else 0
+    per_block = warps // split
+    words = w.view(np.uint32)
+    gemv_bulk_split[(rows + per_block - 1) // per_block, 32 * warps, stream,
+                    warps * (1 + glu) * chunk_words * 4](
+        words, words if w2 is None else w2.view(np.uint32), xq.reshape(-1).view(np.uint32),
+        y if res is None else res, y, rows, n // 256 * BLOCK_BYTES[type_name] // 4, unit_words,
+        units, chunk_words, BULK_TYPES[type_name], unit_blocks, warps, split, mode)

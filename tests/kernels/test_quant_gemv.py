@@ -231,25 +231,39 @@ def test_gemv_Q3_K_wide_every_bit_pattern(device, rng, seed):
     check_q8_1(y.numpy(), raw, "Q3_K", x, seed)
 
 
-@pytest.mark.parametrize("type_name,rows,n,rows_per_warp,warps,stages,mode",
-                         [("Q3_K", 37, 2048, 4, 1, 1, None), ("Q3_K", 9, 4096, 2, 2, 1, "residual"),
-                          ("Q3_K", 5, 6144, 4, 1, 1, None), ("Q3_K", 61, 2048, 2, 2, 3, "residual"),
-                          ("Q6_K", 37, 2048, 4, 1, 1, None), ("Q6_K", 9, 4096, 2, 2, 1, "residual"),
-                          ("Q6_K", 5, 6144, 1, 4, 1, None), ("Q6_K", 75, 2048, 1, 2, 2, "residual"),
-                          ("Q6_K", 45, 2048, 2, 1, 4, "swiglu"),
-                          ("Q4_K", 37, 256, 4, 1, 1, None), ("Q4_K", 9, 1280, 2, 2, 1, "residual"),
-                          ("Q4_K", 21, 768, 2, 2, 1, "swiglu"), ("Q4_K", 50, 4352, 1, 2, 3, "geglu")],
+@pytest.mark.parametrize("type_name,rows,n,rows_per_warp,warps,stages,mode,split",
+                         [("Q3_K", 37, 2048, 4, 1, 1, None, 1),
+                          ("Q3_K", 9, 4096, 2, 2, 1, "residual", 1),
+                          ("Q3_K", 5, 6144, 4, 1, 1, None, 1),
+                          ("Q3_K", 61, 2048, 2, 2, 3, "residual", 1),
+                          ("Q6_K", 37, 2048, 4, 1, 1, None, 1),
+                          ("Q6_K", 9, 4096, 2, 2, 1, "residual", 1),
+                          ("Q6_K", 5, 6144, 1, 4, 1, None, 1),
+                          ("Q6_K", 75, 2048, 1, 2, 2, "residual", 1),
+                          ("Q6_K", 45, 2048, 2, 1, 4, "swiglu", 1),
+                          ("Q4_K", 37, 256, 4, 1, 1, None, 1),
+                          ("Q4_K", 9, 1280, 2, 2, 1, "residual", 1),
+                          ("Q4_K", 21, 768, 2, 2, 1, "swiglu", 1),
+                          ("Q4_K", 50, 4352, 1, 2, 3, "geglu", 1),
+                          ("Q6_K", 13, 14336, 1, 4, 1, "residual", 4),
+                          ("Q6_K", 7, 10240, 1, 6, 1, None, 3),
+                          ("Q3_K", 5, 4096, 1, 2, 1, None, 2),
+                          ("Q4_K", 11, 3584, 1, 8, 1, "residual", 4),
+                          ("Q4_K", 9, 1792, 1, 6, 1, "swiglu", 3)],
                          ids=["q3k_rows_off_groups", "q3k_residual_2warps", "q3k_three_items",
                               "q3k_ring3", "q6k_rows_off_groups", "q6k_residual_2warps",
                               "q6k_three_items", "q6k_ring2", "q6k_ring4_swiglu",
                               "q4k_one_block", "q4k_residual_odd_blocks", "q4k_swiglu",
-                              "q4k_ring3_geglu"])
-def test_gemv_bulk(device, rng, seed, type_name, rows, n, rows_per_warp, warps, stages, mode):
+                              "q4k_ring3_geglu", "q6k_split4_residual", "q6k_split3_uneven",
+                              "q3k_split2", "q4k_split4_residual", "q4k_split3_swiglu"])
+def test_gemv_bulk(device, rng, seed, type_name, rows, n, rows_per_warp, warps, stages, mode,
+                   split):
     """Q3_K / Q4_K / Q6_K rows by bulk copies into shared memory (gemv_bulk, sm_90+ on the
     GPU): the Q8_1 model and the register kernel's result; row counts off the warp's row
     group, the residual and gated (w2 rows in the same stage) modes, rows of 2-3 items per lane
-    (Q6_K: blocks starting on odd half-words; Q4_K: odd block counts), and rings of 2-4 stages
-    (one wave of blocks looping over more row groups than warps)."""
+    (Q6_K: blocks starting on odd half-words; Q4_K: odd block counts), rings of 2-4 stages
+    (one wave of blocks looping over more row groups than warps), and rows split over 2-4
+    warps (gemv_bulk_split: chunks of unequal unit counts, rows off the block's row count)."""
     from stdlib_kernels.quant.gemv_bulk import gemv_bulk_into
     if device.kind == "cuda" and int(device.arch[3:]) < 90:
         pytest.skip("bulk copies need sm_90+")
@@ -263,7 +277,7 @@ def test_gemv_bulk(device, rng, seed, type_name, rows, n, rows_per_warp, warps, 
     res_d = None if res is None else pk.to_device(res)
     y = pk.full((1, rows), np.nan, np.float32)
     gemv_bulk_into(w, type_name, xq, y, rows, n, w2=w2, res=res_d, mode=mode,
-                   rows_per_warp=rows_per_warp, warps=warps, stages=stages)
+                   rows_per_warp=rows_per_warp, warps=warps, stages=stages, split=split)
     if w2 is None:
         check_q8_1(y.numpy() - (0 if res is None else res), raw, type_name, x, seed)
     register = pk.full((1, rows), np.nan, np.float32)
@@ -277,13 +291,14 @@ def test_gemv_bulk(device, rng, seed, type_name, rows, n, rows_per_warp, warps, 
     via_config = pk.full((1, rows), np.nan, np.float32)   # gemv_q8_into's "bulk" kernel
     gemv_q8_into(w, type_name, xq, via_config, rows, n, w2=w2, res=res_d, mode=mode,
                  config=GemvConfig(warps=warps, rows=rows_per_warp, kernel="bulk",
-                                   stages=stages))
+                                   stages=stages, split=split))
     np.testing.assert_array_equal(via_config.numpy(), y.numpy())
 
 
 @pytest.mark.parametrize("type_name", ["Q3_K", "Q6_K"])
 def test_gemv_bulk_rejects_bad_buffers(device, type_name):
-    """Misaligned or short weights, rows off 16-byte multiples, other types, mode misuse."""
+    """Misaligned or short weights, rows off 16-byte multiples, other types, mode misuse,
+    row splits the row's 16-byte units or the launch shape cannot take."""
     from stdlib_kernels.quant.gemv_bulk import BLOCK_BYTES, gemv_bulk_into
     raw = pk.zeros((4, 2 * 2048 // 256 * BLOCK_BYTES[type_name] + 16), np.uint8)
     xq = quantize_q8_1(np.zeros((1, 4096), np.float32))
@@ -303,6 +318,10 @@ def test_gemv_bulk_rejects_bad_buffers(device, type_name):
         gemv_bulk_into(whole, type_name, xq, y, 4, 4096, mode="swiglu")
     with pytest.raises(ValueError, match="'residual' needs res"):
         gemv_bulk_into(whole, type_name, xq, y, 4, 4096, mode="residual")
+    for bad in (dict(split=3), dict(split=2, warps=3), dict(split=2, stages=2),
+                dict(split=2, rows_per_warp=2)):                 # 4096 values: 2 units of 8
+        with pytest.raises(ValueError, match="rows split over"):
+            gemv_bulk_into(whole, type_name, xq, y, 4, 4096, **bad)
 
 
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "F16"])
