@@ -7,7 +7,9 @@ stream (a wrapper around CudaDevice.launch); the figures are event-to-event GPU 
 includes that launch's own start-up (~1-2 us). `--cupti` instead traces with torch.profiler
 (CUPTI kernel records: device time of each kernel, also inside replayed CUDA graphs) and times
 the real decode graph: its replays' wall time against the sum of its kernels' times gives the
-gaps between kernels.
+gaps between kernels, and "us added to the path" what each kernel adds after the end of the
+ones before it (where the step's time goes when kernels overlap under PDL; it leaves out the
+idle time between replays and gaps where no kernel runs).
 
     python3 benchmarks/kernel_profile.py MODEL.gguf [-p 512] [--cupti]
 """
@@ -79,17 +81,28 @@ def cupti_table(run, reps: int) -> str:
         for _ in range(reps):
             run()
         pk.synchronize()
-    totals, counts = defaultdict(float), defaultdict(int)
-    for event in prof.events():
-        if event.device_type.name == "CUDA":
-            totals[event.name] += event.device_time_total / reps
-            counts[event.name] += 1
+    totals, counts, added = defaultdict(float), defaultdict(int), defaultdict(float)
+    kernels = sorted((e for e in prof.events() if e.device_type.name == "CUDA"),
+                     key=lambda e: e.time_range.start)
+    last_end = None
+    for event in kernels:
+        totals[event.name] += event.device_time_total / reps
+        counts[event.name] += 1
+        # the time this kernel adds to the stream's critical path: from the latest end of the
+        # kernels before it to its own end (under PDL kernels start early and overlap, so
+        # their durations include waiting; these sum to the calls' device wall time)
+        end = event.time_range.end
+        if last_end is not None and last_end < end:
+            added[event.name] += min(end - last_end, end - event.time_range.start) / reps
+        last_end = end if last_end is None else max(last_end, end)
     whole = sum(totals.values())
-    rows = ["| kernel | launches per call | us per call | share |", "|---|---|---|---|"]
+    rows = ["| kernel | launches per call | us per call | share | us added to the path |",
+            "|---|---|---|---|---|"]
     for name in sorted(totals, key=totals.get, reverse=True)[:25]:
         rows.append(f"| {name[:60]} | {counts[name] / reps:g} | {totals[name]:.1f} | "
-                    f"{100 * totals[name] / whole:.1f}% |")
-    rows.append(f"| all kernels | {sum(counts.values()) / reps:g} | {whole:.1f} | 100% |")
+                    f"{100 * totals[name] / whole:.1f}% | {added[name]:.1f} |")
+    rows.append(f"| all kernels | {sum(counts.values()) / reps:g} | {whole:.1f} | 100% | "
+                f"{sum(added.values()):.1f} |")
     return "\n".join(rows)
 
 

@@ -20,6 +20,11 @@ from stdlib_kernels.quant.gemm import gemm_into
 from stdlib_kernels.quant.gemm_q8 import gemm_q8_into
 from stdlib_kernels.quant.gemv import Q8_1_TYPES, gemv_f32_into, gemv_q8_into, weight_words
 from stdlib_kernels.quant.gemv_kernels import MAX_BATCH
+
+# prompts of up to this many tokens run the GEMV, MAX_BATCH tokens per launch, instead of the
+# prefill GEMM (with its short-prompt tiles the GEMM is faster from 9 tokens: each GEMV launch
+# streams all the weights again; benchmarks/short_prompts.py)
+GEMV_TOKENS = MAX_BATCH
 from stdlib_kernels.quant.matmul import prefill_path
 from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1_into
 
@@ -139,7 +144,7 @@ def group_matmul(g: RowGroup, n_in: int, x, xq, y) -> None:
     f16 tensor-core GEMM (F32 weights keep the f32 GEMV, 8 tokens per launch: f16 would cost
     them ~1e-3 of precision)."""
     n = x.shape[0]
-    if n <= MAX_BATCH or g.type_name == "F32":
+    if n <= GEMV_TOKENS or g.type_name == "F32":
         for t0 in range(0, n, MAX_BATCH):
             t1 = min(n, t0 + MAX_BATCH)
             gemv_rows(g, n_in, x[t0:t1], None if xq is None else xq[t0:t1], y[t0:t1])

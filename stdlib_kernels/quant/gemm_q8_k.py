@@ -64,6 +64,21 @@ class Q8KTiles(NamedTuple):
 TUNED_KTILES = {"Q4_K": Q8KTiles(4, 4, 2, 4, 3), "Q6_K": Q8KTiles(2, 8, 4, 2, 3),
                 "Q4_0": Q8KTiles(4, 4, 2, 4, 3), "Q8_0": Q8KTiles(2, 4, 2, 4, 3)}
 CPU_KTILES = Q8KTiles(1, 1, 1, 1, 3)       # 16 x 8, one warp: the CPU target emulates threads
+# short prompts: (at most this many tokens, tiles), tried in order before TUNED_KTILES. A
+# 128 x 128 tile leaves most multiprocessors idle below ~256 tokens (llama-8B's down
+# projection: 32 blocks) and pays for 128 token columns however few are real; narrower and
+# shorter tiles made a 16-token 8B prefill 2.6x faster on the H200, 128 tokens 1.4x
+# (benchmarks/short_prompts.py, RESULTS.md "Short prompts")
+_SMALL = [(16, Q8KTiles(1, 2, 4, 1, 3)), (32, Q8KTiles(1, 4, 4, 1, 3)),
+          (128, Q8KTiles(1, 4, 4, 2, 3)), (256, Q8KTiles(2, 4, 4, 2, 3))]
+SMALL_KTILES: dict[str, list[tuple[int, Q8KTiles]]] = {"Q4_K": _SMALL, "Q6_K": _SMALL}
+
+
+def tuned_tiles(type_name: str, tokens: int) -> Q8KTiles:
+    for most, tiles in SMALL_KTILES.get(type_name, ()):
+        if tokens <= most:
+            return tiles
+    return TUNED_KTILES[type_name]
 
 
 @pk.func
@@ -249,7 +264,7 @@ def gemm_q8k_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, stre
                          f" words of {rows} rows x {row_bytes} bytes (gemv.weight_words), got "
                          f"{w.dtype} {w.nbytes} bytes")
     gpu = pk.current_device().kind != "cpu"
-    t = tiles or (TUNED_KTILES[type_name] if gpu else CPU_KTILES)
+    t = tiles or (tuned_tiles(type_name, tokens) if gpu else CPU_KTILES)
     if not kquant_tiles_ok(t):
         raise ValueError(f"gemm_q8k: bad tiles {t} (stages must be 3 or 4)")
     fmt = SUPERBLOCK_GEMM_TYPES[type_name]

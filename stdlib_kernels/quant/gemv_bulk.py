@@ -112,7 +112,7 @@ def issue_group(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], sm, bars, bar: i32, stage
 
 
 @pk.kernel
-def gemv_bulk(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], xq: Ptr[u32, "ro"], res: Ptr[f32],
+def gemv_bulk(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], xq: Ptr[u32], res: Ptr[f32],
               y: Ptr[f32], rows: i32, row_words: i32, nb: i32, FMT: Const[int], R: Const[int],
               WARPS: Const[int], S: Const[int], MODE: Const[int]):
     """Each warp takes groups of R rows, first = its index in the grid, then every
@@ -166,7 +166,7 @@ def gemv_bulk(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], xq: Ptr[u32, "ro"], res: Pt
 
 
 @pk.kernel
-def gemv_bulk_split(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], xq: Ptr[u32, "ro"], res: Ptr[f32],
+def gemv_bulk_split(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], xq: Ptr[u32], res: Ptr[f32],
                     y: Ptr[f32], rows: i32, row_words: i32, unit_words: i32, units: i32,
                     chunk_words: i32, FMT: Const[int], UNIT_BLOCKS: Const[int],
                     WARPS: Const[int], SPLIT: Const[int], MODE: Const[int]):

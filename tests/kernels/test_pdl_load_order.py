@@ -23,9 +23,12 @@ import pytest
 from stdlib_kernels.attention.decode import DecodeConfig, decode_spec, mma_config
 from stdlib_kernels.attention.decode_kernels import decode_partial
 from stdlib_kernels.attention.decode_mma import decode_mma
+from stdlib_kernels.quant.gemv_bulk import gemv_bulk, gemv_bulk_split
 
-# decode attention: the previous kernel (RoPE + KV-cache write) writes Q
-WRITTEN_BEFORE = {decode_mma: ("q",), decode_partial: ("q",)}
+# decode attention: the previous kernel (RoPE + KV-cache write) writes Q; the bulk-copy
+# GEMVs: a quantize or norm kernel writes their Q8_1 activations
+WRITTEN_BEFORE = {decode_mma: ("q",), decode_partial: ("q",), gemv_bulk: ("xq", "res"),
+                  gemv_bulk_split: ("xq", "res")}
 
 
 @pytest.mark.parametrize("kernel", list(WRITTEN_BEFORE), ids=lambda k: k.name)
@@ -62,11 +65,12 @@ def late_wait_variants():
         spec = decode_spec(64, dtype, simt, False, False, True, False, False)
         yield f"decode_partial-{dtype.__name__}", decode_partial, spec
     from stdlib_kernels.quant.decode8 import Q4_K, Q6_K
-    from stdlib_kernels.quant.gemv_bulk import gemv_bulk
     for fmt, name in ((Q4_K, "Q4_K"), (Q6_K, "Q6_K")):
         for mode in (0, 1, 2):
             yield f"gemv_bulk-{name}-mode{mode}", gemv_bulk, dict(FMT=fmt, R=1, WARPS=4, S=1,
                                                                   MODE=mode)
+            yield f"gemv_bulk_split-{name}-mode{mode}", gemv_bulk_split, dict(
+                FMT=fmt, UNIT_BLOCKS=8 if name == "Q6_K" else 1, WARPS=4, SPLIT=4, MODE=mode)
     import importlib
     gemv = importlib.import_module("stdlib_kernels.quant.gemv")   # the package exports gemv()
     from stdlib_kernels.quant.gemv_kernels import gemv_q8_kernel

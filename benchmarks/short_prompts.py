@@ -1,0 +1,89 @@
+"""Prefill of short prompts on the GPU: time to the last logits of one forward pass of P tokens
+on an empty cache (as `pykernel bench`'s ppP), for ways of running the weights' matmuls: the
+shipped choice (the prefill GEMM's short-prompt tiles, gemm_q8_k.SMALL_KTILES), the GEMM with
+its 128 x 128 tiles only (the choice before them), the other tile sets of SMALL_SETS, and with
+--gemv-tokens N the GEMV (8 tokens per launch) up to N tokens.
+
+    python3 benchmarks/short_prompts.py MODEL.gguf [--sizes 2,8,9,16,32,64,128,512] [-r 5]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import llm  # noqa: E402
+from llm.backends import kernels_weights  # noqa: E402
+from stdlib_kernels.quant import gemm_q8_k  # noqa: E402
+
+
+# other short-prompt tiles for Q4_K and Q6_K: (at most tokens, (mi, ni, wm, wn, stages)); BM =
+# 16 mi wm weight rows, BN = 8 ni wn tokens per block
+SMALL_SETS = {
+    "BM 64 to 256 tokens": ((16, (1, 2, 4, 1, 3)), (32, (1, 4, 4, 1, 3)),
+                            (256, (1, 4, 4, 2, 3))),
+    "... then BM 128 BN 64 to 256": ((16, (1, 2, 4, 1, 3)), (32, (1, 4, 4, 1, 3)),
+                                     (64, (1, 4, 4, 2, 3)), (256, (2, 4, 4, 2, 3))),
+    "... then BM 64 BN 128 to 256": ((16, (1, 2, 4, 1, 3)), (32, (1, 4, 4, 1, 3)),
+                                     (64, (1, 4, 4, 2, 3)), (256, (1, 8, 4, 2, 3))),
+}
+
+
+def prompt_ms(model, cache, ids, reps: int) -> float:
+    run = lambda: model.backend.to_host(model.transformer.forward(ids, 0, cache))  # noqa: E731
+    run()                                                   # compile, allocate
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * float(np.median(times))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("--sizes", default="2,8,9,16,32,64,128,512")
+    parser.add_argument("-r", type=int, default=5)
+    parser.add_argument("--gemv-tokens", type=int, default=0,
+                        help="also time the GEMV (8 tokens per launch) up to this many")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    model = llm.load(args.model, device="cuda", n_ctx=max(sizes) + 8, progress=False)
+    cfg = model.config
+    cache = model.backend.kv_cache(cfg.n_layer, max(sizes) + 8, cfg.n_head_kv, cfg.head_dim,
+                                   cfg.head_dim_v)
+    ids = np.random.default_rng(0).integers(0, cfg.n_vocab - 2, max(sizes))
+    shipped = (kernels_weights.GEMV_TOKENS, dict(gemm_q8_k.SMALL_KTILES))
+    T = gemm_q8_k.Q8KTiles
+    ways = {"shipped": shipped}
+    if args.gemv_tokens > 8:
+        ways[f"GEMV up to {args.gemv_tokens}"] = (args.gemv_tokens, shipped[1])
+    ways["GEMM tuned tiles only"] = (8, {})
+    for label, sets in SMALL_SETS.items():
+        ways[label] = (8, {t: [(most, T(*tiles)) for most, tiles in sets] for t in
+                           ("Q4_K", "Q6_K")})
+    print(f"{os.path.basename(args.model)}: ms per prompt (median of {args.r}), tokens/s")
+    print("| tokens | " + " | ".join(ways) + " |")
+    print("|---|" + "---|" * len(ways))
+    for p in sizes:
+        cells = []
+        for gemv_tokens, small in ways.values():
+            kernels_weights.GEMV_TOKENS = gemv_tokens
+            gemm_q8_k.SMALL_KTILES.clear()
+            gemm_q8_k.SMALL_KTILES.update(small)
+            ms = prompt_ms(model, cache, ids[:p], args.r)
+            cells.append(f"{ms:.2f} / {p / ms * 1e3:.0f}")
+        kernels_weights.GEMV_TOKENS, _ = shipped
+        gemm_q8_k.SMALL_KTILES.clear()
+        gemm_q8_k.SMALL_KTILES.update(shipped[1])
+        print(f"| {p} | " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
