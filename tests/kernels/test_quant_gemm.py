@@ -50,6 +50,25 @@ def test_gemm_more_types_gpu(rng, seed, type_name):
         pk.set_device(previous)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q5_K"])
+def test_gemm_short_prompt_warps_gpu(rng, seed, type_name):
+    # the narrower tiles short prompts use (gemm.SMALL_WARPS): 32 x 32 and 64 x 64, rows and
+    # tokens off the tile
+    if not pk.gpu_available():
+        pytest.skip("no usable CUDA GPU")
+    previous = pk.current_device()
+    pk.set_device("cuda")
+    try:
+        raw = make_weights(rng, type_name, 200, 512)
+        for tokens in (9, 33, 70):
+            x = rng.standard_normal((tokens, 512)).astype(np.float32)
+            for warps in ((1, 2), (2, 2), (1, 4), None):     # None: SMALL_WARPS' choice
+                check(gemm(raw, type_name, x, warps).numpy(), raw, type_name, x, seed)
+    finally:
+        pk.set_device(previous)
+
+
 def test_matmul_dispatch(device, rng, seed):
     # Q4_1 has no int8 GEMM: 9 tokens take the f16 GEMM (int8 dispatch: test_quant_gemm_q8.py)
     raw = make_weights(rng, "Q4_1", 3, 32)
