@@ -11,7 +11,7 @@ gaps between kernels, and "us added to the path" what each kernel adds after the
 ones before it (where the step's time goes when kernels overlap under PDL; it leaves out the
 idle time between replays and gaps where no kernel runs).
 
-    python3 benchmarks/kernel_profile.py MODEL.gguf [-p 512] [--cupti]
+    python3 benchmarks/kernel_profile.py MODEL.gguf [-p 512] [--cupti [-d DEPTH]]
 """
 from __future__ import annotations
 
@@ -111,9 +111,12 @@ def graph_decode_profile(model, args):
     device time of its kernels."""
     t = model.transformer
     cfg = model.config
-    cache = model.backend.kv_cache(cfg.n_layer, 160, cfg.n_head_kv, cfg.head_dim,
+    cache = model.backend.kv_cache(cfg.n_layer, args.depth + 160, cfg.n_head_kv, cfg.head_dim,
                                    cfg.head_dim_v)
-    t.greedy(1, 0, cache, 4)                           # capture
+    if args.depth:                                     # random tokens already in the cache
+        ids = np.random.default_rng(1).integers(0, cfg.n_vocab - 2, args.depth)
+        model.backend.to_host(t.forward(ids, 0, cache))
+    t.greedy(1, args.depth, cache, 4)                  # capture
     step = cache.graph
     start, end = pk.Event(), pk.Event()
     pk.synchronize()
@@ -123,8 +126,8 @@ def graph_decode_profile(model, args):
     end.record(model.backend.stream)
     wall = start.elapsed_ms(end) * 1e3 / 100
     table = cupti_table(step.graph.replay, 20)
-    print(f"\n{os.path.basename(args.model)}: decode graph replay, {wall:.1f} us per token "
-          f"(GPU wall)\n\n{table}", flush=True)
+    print(f"\n{os.path.basename(args.model)}: decode graph replay at depth {args.depth}, "
+          f"{wall:.1f} us per token (GPU wall)\n\n{table}", flush=True)
 
 
 def main():
@@ -132,9 +135,12 @@ def main():
     parser.add_argument("model")
     parser.add_argument("-p", type=int, default=512)
     parser.add_argument("--cupti", action="store_true")
+    parser.add_argument("-d", "--depth", type=int, default=0,
+                        help="--cupti: decode with this many tokens already in the cache")
     args = parser.parse_args()
     if args.cupti:
-        model = llm.load(args.model, device="cuda", n_ctx=max(args.p, 160) + 8, progress=False)
+        model = llm.load(args.model, device="cuda", n_ctx=max(args.p, args.depth + 160) + 8,
+                         progress=False)
         graph_decode_profile(model, args)
         cfg, t = model.config, model.transformer
         cache = model.backend.kv_cache(cfg.n_layer, args.p + 8, cfg.n_head_kv, cfg.head_dim,

@@ -8,7 +8,9 @@ attention's Q loads were moved there once, so pipelined greedy tokens differed n
 `Ptr` (coherent loads, which ptxas keeps below the wait). The K/V caches stay "ro" (the
 read-only path is 1-3% faster there, measured): the previous kernel writes only their newest
 row, which is read after the wait, and the SASS test below checks that ptxas keeps it there.
-Two checks: the parameters' flags (always), and the SASS itself (ptxas + nvdisasm: no more
+The kernels that wait at entry (the compiler's implicit wait) and read the previous kernel's
+output through "ro" pointers (the norm, quantize, RoPE, combine, argmax, embedding kernels of
+the decode graph) are checked the same way. Two checks: the parameters' flags (always), and the SASS itself (ptxas + nvdisasm: no more
 global loads before the first ACQBULK than the PTX has before the wait, and no coherent one;
 skipped where nvdisasm is absent: it comes with the CUDA toolkit or the nvidia-cuda-nvdisasm
 wheel, and $PYKERNEL_NVDISASM may name it)."""
@@ -83,12 +85,32 @@ def late_wait_variants():
                 ROWS=c.rows, KW=c.split, UNROLL=c.unroll, WIDEN=1, STAGE_X=0, PREFETCH=True)
 
 
+def entry_wait_variants():
+    """Kernels of the decode graph that wait at entry (the compiler's implicit wait) but read
+    the previous kernel's output through "ro" pointers: ptxas must not move those loads above
+    the wait either."""
+    import pykernel as pk
+    from llm.backends.kernels_extra import argmax_next, embed_generic
+    from stdlib_kernels.attention.decode import combine_spec
+    from stdlib_kernels.attention.decode_combine import combine_splits
+    from stdlib_kernels.quant.q8_1 import q8_1_quantize_kernel
+    from stdlib_kernels.quant.rmsnorm_q8_1 import rmsnorm_q8_1_kernel
+    from stdlib_kernels.rotary import rope_qkv_cache
+    yield "rmsnorm_q8_1", rmsnorm_q8_1_kernel, dict(HAS_W=True, HAS_OUT=False, CHUNKS=4)
+    yield "q8_1_quantize", q8_1_quantize_kernel, dict(U=1, WARPS=8)
+    yield "rope_qkv_cache", rope_qkv_cache, dict(HAS_Q=True, HAS_FF=False, NEOX=False,
+                                                 T=pk.f32, C=pk.f16)
+    yield "argmax_next", argmax_next, dict(ADVANCE=True, UNITS=4, VEC=4)
+    yield "embed_generic", embed_generic, dict(FMT=12, BE=256, BB=144)
+    yield "combine_splits", combine_splits, combine_spec(128, 4, True, True)
+
+
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas (CUDA toolkit) not installed")
 @pytest.mark.skipif(NVDISASM is None, reason="nvdisasm not found (CUDA toolkit, the "
                     "nvidia-cuda-nvdisasm wheel, or $PYKERNEL_NVDISASM)")
 def test_no_load_is_scheduled_above_the_wait(tmp_path):
     hoisted = []
-    for name, kernel, spec in late_wait_variants():
+    for name, kernel, spec in (*late_wait_variants(), *entry_wait_variants()):
         in_ptx, in_sass, coherent = loads_before_wait(kernel.ptx("sm_90", **spec), tmp_path)
         if in_sass > in_ptx or coherent:
             hoisted.append(f"{name}: {in_sass} loads before ACQBULK ({coherent} coherent), "
