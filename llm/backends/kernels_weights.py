@@ -138,25 +138,34 @@ def gemv_rows(g: RowGroup, n_in: int, x, xq, y, mode=None, w2: RowGroup | None =
         gemv_f32_into(g.words, g.type_name, x, y, g.rows, n_in, n, w2=w2w, res=res, mode=mode)
 
 
-def group_matmul(g: RowGroup, n_in: int, x, xq, y) -> None:
-    """y (n, g.rows) = x @ W_g.T: GEMV up to 8 tokens; above, the int8 tensor-core GEMM on the
-    Q8_1 activations where it is the faster one (Q4_0, Q8_0: stdlib's prefill_path), else the
-    f16 tensor-core GEMM (F32 weights keep the f32 GEMV, 8 tokens per launch: f16 would cost
-    them ~1e-3 of precision)."""
+def uses_gemm(g: RowGroup, n: int) -> bool:
+    """n tokens of group g run a prefill GEMM (F32 weights keep the f32 GEMV, 8 tokens per
+    launch: f16 would cost them ~1e-3 of precision)."""
+    return n > GEMV_TOKENS and g.type_name != "F32"
+
+
+def group_matmul(g: RowGroup, n_in: int, x, xq, y, ldy=None, col0: int = 0, res=None) -> None:
+    """y (n, g.rows) = x @ W_g.T: GEMV up to 8 tokens; above (uses_gemm), the int8 tensor-core
+    GEMM on the Q8_1 activations where it is the faster one (stdlib's prefill_path), else the
+    f16 tensor-core GEMM. ldy / col0 / res (GEMM only): the result goes to columns col0.. of
+    y (n, ldy), plus res (stdlib's gemm.output_args), with no copy or add launch."""
     n = x.shape[0]
-    if n <= GEMV_TOKENS or g.type_name == "F32":
+    if not uses_gemm(g, n):
+        assert ldy is None and res is None, "strided output / residual: GEMM paths only"
         for t0 in range(0, n, MAX_BATCH):
             t1 = min(n, t0 + MAX_BATCH)
             gemv_rows(g, n_in, x[t0:t1], None if xq is None else xq[t0:t1], y[t0:t1])
     elif xq is not None and prefill_path(g.type_name, n_in, xq) == "int8":
-        gemm_q8_into(g.words, g.type_name, xq, y, g.rows, n_in, n)
+        gemm_q8_into(g.words, g.type_name, xq, y, g.rows, n_in, n, ldy=ldy, col0=col0, res=res)
     else:
-        gemm_into(g.words, g.type_name, x, y, g.rows, n_in, x.shape[0])
+        gemm_into(g.words, g.type_name, x, y, g.rows, n_in, n, ldy=ldy, col0=col0, res=res)
 
 
 def matmul(x, w: DeviceMatrix, out, xq, scratch: Callable, res=None, gemv=True) -> None:
     """out (n, w.n_out) = x @ W.T (+ res). With the GEMV, res is added in its store (one launch
     per row group) when n == 1, or n <= 8 and W has one row group; `out` may then be `res`.
+    Above 8 tokens the GEMMs write each row group's columns of `out` and add res in their
+    store (no copy or add launches) unless a group keeps the GEMV (F32).
     xq: x as Q8_1, or None.
     scratch(shape) -> a preallocated f32 array. gemv=False: kernels_extra's
     one-thread-per-output matmul (the fast choice on the CPU target), same activations."""
@@ -169,6 +178,11 @@ def matmul(x, w: DeviceMatrix, out, xq, scratch: Callable, res=None, gemv=True) 
         g = w.groups[0]
         gemv_rows(g, w.n_in, x, xq if xq is not None and _q8(g, w) else None, out,
                   None if res is None else "residual", res=res)
+        return
+    elif all(uses_gemm(g, n) for g in w.groups):   # each group's columns and residual in place
+        for g in w.groups:
+            group_matmul(g, w.n_in, x, xq if xq is not None and _q8(g, w) else None, out,
+                         ldy=w.n_out, col0=g.row_off, res=res)
         return
     else:
         for g in w.groups:

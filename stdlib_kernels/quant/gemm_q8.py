@@ -30,7 +30,7 @@ from pykernel import Const, Ptr, f32, i32, u32
 
 from .decode8 import Q4_0, Q4_K, Q6_K, Q8_0, scale_min_k4
 from .dot_q8 import LOW_NIBBLES, half16, pair16
-from .gemm import store_c
+from .gemm import output_args, store_c
 from .gemm_q8_k import SUPERBLOCK_GEMM_TYPES, Q8KTiles, gemm_q8k_into
 from .gemv import weight_words
 from .q8_1 import Q8_1_WORDS, q8_1_bytes, quantize_q8_1_into
@@ -216,10 +216,10 @@ def mma_block(FMT: Const[int], Aq, Bq, Ad, Am, Bd, Bs, acc, kb: Const[int], rbas
 
 
 @pk.kernel
-def gemm_q8_kernel(w: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], rows: i32,
-                   row_words: i32, K: i32, tokens: i32, FMT: Const[int], WT: Const[pk.dtype],
-                   MI: Const[int], NI: Const[int], WM: Const[int], WN: Const[int],
-                   KB: Const[int]):
+def gemm_q8_kernel(w: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], ldy: i32,
+                   res: Ptr[f32], rows: i32, row_words: i32, K: i32, tokens: i32,
+                   FMT: Const[int], WT: Const[pk.dtype], MI: Const[int], NI: Const[int],
+                   WM: Const[int], WN: Const[int], KB: Const[int], HAS_RES: Const[bool]):
     # stride 8 KB + 4 words: rows g = 0..7 of a fragment read land in distinct bank quads
     Aq = pk.shared_array(u32, (16 * MI * WM, 8 * KB + 4))
     Bq = pk.shared_array(u32, (8 * NI * WN, 8 * KB + 4))
@@ -247,8 +247,8 @@ def gemm_q8_kernel(w: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], rows: i3
             mma_block(FMT, Aq, Bq, Ad, Am, Bd, Bs, acc, kb, wm * 16 * MI, wn * 8 * NI,
                       lane // 4, lane % 4, MI, NI)
         pk.syncthreads()
-    store_c(acc, y, rows, tokens, row0 + wm * 16 * MI + lane // 4, tok0 + wn * 8 * NI +
-            2 * (lane % 4), MI, NI)
+    store_c(acc, y, ldy, res, rows, tokens, row0 + wm * 16 * MI + lane // 4,
+            tok0 + wn * 8 * NI + 2 * (lane % 4), MI, NI, HAS_RES)
 
 
 def default_tiles(type_name: str) -> Q8GemmTiles:
@@ -256,26 +256,27 @@ def default_tiles(type_name: str) -> Q8GemmTiles:
 
 
 def gemm_q8_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, stream=None,
-                 tiles: Q8GemmTiles | Q8KTiles | None = None) -> None:
+                 tiles: Q8GemmTiles | Q8KTiles | None = None, *, ldy=None, col0: int = 0,
+                 res=None) -> None:
     """y (tokens, rows) = X @ W^T with X given as Q8_1 rows xq (tokens, q8_1_bytes(K)) and w
     from gemv.weight_words. No allocation, no host sync. SUPERBLOCK_DEFAULT_TYPES (and any
     type of gemm_q8_k.SUPERBLOCK_GEMM_TYPES given Q8KTiles) go to the pipelined super-block
-    kernel (gemm_q8_k.py); Q8GemmTiles ask for this file's kernel."""
+    kernel (gemm_q8_k.py); Q8GemmTiles ask for this file's kernel. ldy / col0 / res: C goes
+    to columns col0.. of y (tokens, ldy), plus res (gemm.output_args)."""
     if type_name not in INT8_GEMM_TYPES:
         raise ValueError(f"gemm_q8: no int8 GEMM for {type_name}; supported: "
                          f"{sorted(INT8_GEMM_TYPES)}")
     if K <= 0 or K % 32:
         raise ValueError(f"gemm_q8 {type_name}: K = {K} must be a positive multiple of 32")
-    if y.dtype != np.float32 or y.size != rows * tokens:
-        raise ValueError(f"gemm_q8: output must be float32 ({tokens}, {rows}), got {y.dtype} "
-                         f"{tuple(y.shape)}")
+    yv, ld, rv, has_res = output_args(y, rows, tokens, ldy, col0, res, "gemm_q8")
     if xq.nbytes != tokens * q8_1_bytes(K):
         raise ValueError(f"gemm_q8: Q8_1 activations must hold {tokens} x {q8_1_bytes(K)} "
                          f"bytes, got {xq.nbytes}")
     by_default = type_name in SUPERBLOCK_DEFAULT_TYPES and K % 256 == 0 and tiles is None
     if type_name in SUPERBLOCK_GEMM_TYPES and (by_default or isinstance(tiles, Q8KTiles)) and \
             w.ptr % 16 == 0 and xq.ptr % 16 == 0:
-        gemm_q8k_into(w, type_name, xq, y, rows, K, tokens, stream=stream, tiles=tiles)
+        gemm_q8k_into(w, type_name, xq, y, rows, K, tokens, stream=stream, tiles=tiles,
+                      ldy=ldy, col0=col0, res=res)
         return
     t = tiles or default_tiles(type_name)
     kb = t.kb
@@ -290,9 +291,9 @@ def gemm_q8_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, strea
     row_words = K // fmt.block_elems * fmt.block_bytes // w.itemsize
     words = xq.reshape(-1).view(np.uint32) if xq.dtype != np.uint32 else xq.reshape(-1)
     grid = ((rows + bm - 1) // bm, (tokens + bn - 1) // bn)
-    gemm_q8_kernel[grid, threads, stream](w, words, y, rows, row_words, K, tokens,
+    gemm_q8_kernel[grid, threads, stream](w, words, yv, ld, rv, rows, row_words, K, tokens,
                                           INT8_GEMM_TYPES[type_name], w.dtype, t.mi, t.ni, t.wm,
-                                          t.wn, kb)
+                                          t.wn, kb, has_res)
 
 
 def gemm_q8(raw, type_name: str, x, tiles: Q8GemmTiles | Q8KTiles | None = None):

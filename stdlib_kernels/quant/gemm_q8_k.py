@@ -32,7 +32,7 @@ from pykernel import Const, Ptr, f32, i32, u32
 
 from .. import _launch as L
 from .decode8 import Q4_0, Q4_K, Q6_K, Q8_0
-from .gemm import store_c
+from .gemm import output_args, store_c
 from .gemv import word_dtype
 from .gemm_q8_k_parts import (B_STRIDE, Q4K_WORDS, Q6K_SPAN, Q80_WORDS, a_fragment,
                               issue_stage, q6k_shift, scale_pass, shared_bytes, stage_words)
@@ -189,10 +189,11 @@ def compute_stage(FMT: Const[int], GPU: Const[int], sm: Ptr[u32], smf: Ptr[f32],
 
 
 @pk.kernel
-def gemm_q8k_kernel(w: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], rows: i32,
-                    row_words: i32, K: i32, tokens: i32,
+def gemm_q8k_kernel(w: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], ldy: i32,
+                    res: Ptr[f32], rows: i32, row_words: i32, K: i32, tokens: i32,
                     FMT: Const[int], WT: Const[pk.dtype], GPU: Const[int], MI: Const[int],
-                    NI: Const[int], WM: Const[int], WN: Const[int], STAGES: Const[int]):
+                    NI: Const[int], WM: Const[int], WN: Const[int], STAGES: Const[int],
+                    HAS_RES: Const[bool]):
     sm = pk.dynamic_shared(u32)
     smf = pk.dynamic_shared(f32)
     BM = 16 * MI * WM
@@ -235,8 +236,8 @@ def gemm_q8k_kernel(w: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], rows: i
         compute_stage(FMT, GPU, sm, smf, sb % STAGES * SW, SCALES + sb % 2 * 16 * (BM + BN),
                       acc, rbase, cbase, lane // 4, lane % 4, row0, rows, row_bytes, sb, MI,
                       NI, BM)
-    store_c(acc, y, rows, tokens, row0 + rbase + lane // 4, tok0 + cbase + 2 * (lane % 4), MI,
-            NI)
+    store_c(acc, y, ldy, res, rows, tokens, row0 + rbase + lane // 4,
+            tok0 + cbase + 2 * (lane % 4), MI, NI, HAS_RES)
 
 
 def kquant_tiles_ok(t: Q8KTiles) -> bool:
@@ -244,17 +245,18 @@ def kquant_tiles_ok(t: Q8KTiles) -> bool:
 
 
 def gemm_q8k_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, stream=None,
-                  tiles: Q8KTiles | None = None) -> None:
+                  tiles: Q8KTiles | None = None, *, ldy=None, col0: int = 0,
+                  res=None) -> None:
     """y (tokens, rows) = X @ W^T, X as Q8_1 rows xq (tokens, q8_1_bytes(K)), w from
-    gemv.weight_words (16-byte aligned), xq 16-byte aligned. No allocation, no host sync."""
+    gemv.weight_words (16-byte aligned), xq 16-byte aligned. No allocation, no host sync.
+    ldy / col0 / res: C goes to columns col0.. of y (tokens, ldy), plus res
+    (gemm.output_args)."""
     if type_name not in SUPERBLOCK_GEMM_TYPES:
         raise ValueError(f"gemm_q8k: no super-block int8 GEMM for {type_name}; supported: "
                          f"{sorted(SUPERBLOCK_GEMM_TYPES)}")
     if K <= 0 or K % 256:
         raise ValueError(f"gemm_q8k {type_name}: K = {K} must be a positive multiple of 256")
-    if y.dtype != np.float32 or y.size != rows * tokens:
-        raise ValueError(f"gemm_q8k: output must be float32 ({tokens}, {rows}), got {y.dtype} "
-                         f"{tuple(y.shape)}")
+    yv, ld, rv, has_res = output_args(y, rows, tokens, ldy, col0, res, "gemm_q8k")
     if xq.nbytes != tokens * q8_1_bytes(K):
         raise ValueError(f"gemm_q8k: Q8_1 activations must hold {tokens} x {q8_1_bytes(K)} "
                          f"bytes, got {xq.nbytes}")
@@ -279,10 +281,10 @@ def gemm_q8k_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, stre
     dyn = shared_bytes(fmt, bm, bn, t.stages)
     threads = 32 * t.wm * t.wn
     spec = (("FMT", fmt), ("WT", w.dtype), ("GPU", int(gpu)), ("MI", t.mi), ("NI", t.ni),
-            ("WM", t.wm), ("WN", t.wn), ("STAGES", t.stages))
+            ("WM", t.wm), ("WN", t.wn), ("STAGES", t.stages), ("HAS_RES", has_res))
     # launch bounds (one block per SM): ptxas may use up to 65536 / threads registers
-    L.launch(gemm_q8k_kernel, grid, threads, (w, words, y, rows, row_words, K, tokens), spec,
-             stream, dyn, bounds=(threads, 1) if gpu else None)
+    L.launch(gemm_q8k_kernel, grid, threads, (w, words, yv, ld, rv, rows, row_words, K, tokens),
+             spec, stream, dyn, bounds=(threads, 1) if gpu else None)
 
 
 __all__ = ["gemm_q8k_into", "Q8KTiles", "TUNED_KTILES", "KQUANT_GEMM_TYPES",

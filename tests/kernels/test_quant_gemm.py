@@ -66,6 +66,24 @@ def test_gemm_short_prompt_warps_gpu(on_cuda, rng, seed, type_name):
             check(gemm(raw, type_name, x, warps).numpy(), raw, type_name, x, seed)
 
 
+def test_gemm_into_columns_with_residual(device, rng, seed):
+    # the f16 GEMM writing columns col0.. of a wider output plus a residual (gemm.output_args)
+    from stdlib_kernels.quant.gemm import gemm_into
+    from stdlib_kernels.quant.gemv import weight_words
+    rows, n, tokens, ldy, col0 = 19, 64, 9, 30, 7
+    raw = make_weights(rng, "Q4_1", rows, n)
+    x = rng.standard_normal((tokens, n)).astype(np.float32)
+    res = rng.standard_normal((tokens, ldy)).astype(np.float32)
+    y = pk.full((tokens, ldy), np.nan, np.float32)
+    gemm_into(weight_words(pk.to_device(raw), "Q4_1", n)[0], "Q4_1", pk.to_device(x), y, rows,
+              n, tokens, ldy=ldy, col0=col0, res=pk.to_device(res))
+    got = y.numpy()
+    np.testing.assert_allclose(got[:, col0:col0 + rows],
+                               gemm(raw, "Q4_1", x).numpy() + res[:, col0:col0 + rows],
+                               rtol=1e-6, atol=1e-5, err_msg=f"seed {seed}")
+    assert np.isnan(got[:, :col0]).all() and np.isnan(got[:, col0 + rows:]).all()
+
+
 def test_matmul_dispatch(device, rng, seed):
     # Q4_1 has no int8 GEMM: 9 tokens take the f16 GEMM (int8 dispatch: test_quant_gemm_q8.py)
     raw = make_weights(rng, "Q4_1", 3, 32)

@@ -137,6 +137,33 @@ def test_gemm_q8k_short_prompt_tiles(device, rng, seed, type_name):
         check(gemm_q8(raw, type_name, x).numpy(), raw, type_name, x, seed)   # SMALL_KTILES
 
 
+@pytest.mark.parametrize("kernel", ["superblock", "per_block"])
+def test_gemm_q8_into_columns_with_residual(device, rng, seed, kernel):
+    # C written into columns col0.. of a wider output (ldy), plus a residual read at the same
+    # places; the columns around stay untouched (the runner's multi-type q|k|v outputs and
+    # residual adds go through this instead of copy / add launches)
+    rows, n, tokens, ldy, col0 = 21, 512, 11, 40, 13
+    raw = make_weights(rng, "Q4_0", rows, n)
+    x = rng.standard_normal((tokens, n)).astype(np.float32)
+    res = rng.standard_normal((tokens, ldy)).astype(np.float32)
+    xq = pk.empty((tokens, q8_1_bytes(n)), np.uint8)
+    from stdlib_kernels.quant.q8_1 import quantize_q8_1_into
+    quantize_q8_1_into(pk.to_device(x), xq)
+    w = weight_words(pk.to_device(raw), "Q4_0", n)[0]
+    tiles = (CPU_KTILES if device.kind == "cpu" else TUNED_KTILES["Q4_0"]) \
+        if kernel == "superblock" else Q8GemmTiles(1, 1, 1, 1, 1)
+    alone = gemm_q8(raw, "Q4_0", x, tiles).numpy()
+    y = pk.full((tokens, ldy), np.nan, np.float32)
+    gemm_q8_into(w, "Q4_0", xq, y, rows, n, tokens, tiles=tiles, ldy=ldy, col0=col0,
+                 res=pk.to_device(res))
+    got = y.numpy()
+    np.testing.assert_allclose(got[:, col0:col0 + rows], alone + res[:, col0:col0 + rows],
+                               rtol=1e-6, atol=1e-5, err_msg=f"seed {seed}")
+    assert np.isnan(got[:, :col0]).all() and np.isnan(got[:, col0 + rows:]).all()
+    with pytest.raises(ValueError, match="columns 30..51 inside"):
+        gemm_q8_into(w, "Q4_0", xq, y, rows, n, tokens, ldy=ldy, col0=30)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q4_0", "Q8_0"])
 def test_gemm_q8k_four_stages_two_warps(device, rng, seed, type_name):

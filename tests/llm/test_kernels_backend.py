@@ -105,13 +105,17 @@ def test_decode_graph_fusions_on_gemv_path():
 
 
 def test_stdlib_gemv_path_on_cpu_target():
-    """The GPU's GEMV (DP4A on Q8_1 activations) also runs here, on two tokens."""
+    """The GPU's GEMV (DP4A on Q8_1 activations) also runs here, on two tokens, and its
+    prefill GEMMs (int8, residual added in their store) on 13."""
     name = "tiny-llama-q8_0.gguf"
     model = llm.load(TINY / name, device="cpu", backend="kernels", n_ctx=16, gemv=True,
                      progress=False)
     case = CASES[name][0]
     err = rel_l2(model.logits(case["tokens"][:2]), np.asarray(case["logits"][:2], np.float32))
     assert err < Q8_0_TOL, f"GEMV path: relative L2 vs llama.cpp {err:.2e}"
+    case = next(c for c in CASES[name] if len(c["tokens"]) == 13)
+    err = rel_l2(model.logits(case["tokens"]), np.asarray(case["logits"], np.float32))
+    assert err < Q8_0_TOL, f"GEMM path: relative L2 vs llama.cpp {err:.2e}"
 
 
 def test_memory_report(models):

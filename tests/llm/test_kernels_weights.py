@@ -1,0 +1,47 @@
+"""The runner's weight matmuls above 8 tokens (llm/backends/kernels_weights.matmul): the prefill
+GEMMs write each row group's columns of the output and add the residual in their store, with
+no copy or add launch; the result must equal the per-group GEMMs plus the residual."""
+import numpy as np
+
+import pykernel as pk
+from llm.backends import kernels_weights as W
+from stdlib_kernels.quant import reference as ref
+from stdlib_kernels.quant.gemm import gemm
+from stdlib_kernels.quant.gemm_q8 import gemm_q8
+from stdlib_kernels.quant.gemv import weight_words
+
+
+def make_group(rng, type_name: str, rows: int, row_off: int, n: int) -> W.RowGroup:
+    raw = ref.quantize(rng.standard_normal((rows, n)).astype(np.float32), type_name)
+    dev = pk.to_device(raw)
+    return W.RowGroup(type_name, rows, row_off, dev, weight_words(dev, type_name, n)[0])
+
+
+def test_mixed_type_groups_with_residual_in_the_gemm_store(device, rng, seed):
+    # q|k|v-like: a Q4_0 group (int8 GEMM) then a Q4_1 group (f16 GEMM), 11 tokens
+    n, tokens = 256, 11
+    groups = [make_group(rng, "Q4_0", 24, 0, n), make_group(rng, "Q4_1", 16, 24, n)]
+    w = W.DeviceMatrix(n, 40, groups, ("a", "b"), (24, 16))
+    x = rng.standard_normal((tokens, n)).astype(np.float32)
+    res = rng.standard_normal((tokens, 40)).astype(np.float32)
+    xd = pk.to_device(x)
+    xq = pk.empty(W.q8_buffer_shape(tokens, n), np.uint8)
+    W.quantize_activations(xd, xq)
+    out = pk.full((tokens, 40), np.nan, np.float32)
+    launches = []
+    original = pk.current_device().launch
+
+    def counting(compiled, *args, **kwargs):
+        launches.append(compiled.name)
+        return original(compiled, *args, **kwargs)
+
+    pk.current_device().launch = counting
+    try:
+        W.matmul(xd, w, out, xq, lambda shape: pk.empty(shape, np.float32),
+                 res=pk.to_device(res))
+    finally:
+        del pk.current_device().launch
+    want = np.concatenate([gemm_q8(groups[0].raw.numpy(), "Q4_0", x).numpy(),
+                           gemm(groups[1].raw.numpy(), "Q4_1", x).numpy()], axis=1) + res
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-6, atol=1e-5, err_msg=f"seed {seed}")
+    assert len(launches) == 2, launches          # one GEMM per group: no copy, no add
