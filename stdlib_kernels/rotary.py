@@ -73,21 +73,23 @@ def rope_heads(x: Ptr["T", "ro"], out: Ptr["T"], positions: Ptr[i32, "ro"], ff: 
 def rope_qkv_cache(q: Ptr["T"], k: Ptr["T", "ro"], v: Ptr["T", "ro"], cache_k: Ptr["C"],
                    cache_v: Ptr["C"], positions: Ptr[i32, "ro"], ff: Ptr[f32, "ro"],
                    q_heads: i32, kv_heads: i32, head_dim: i32, rot_dim: i32, max_len: i32,
-                   pos_offset: i32, log2_base: f32, HAS_Q: Const[bool], HAS_FF: Const[bool],
-                   NEOX: Const[bool], T: Const[pk.dtype], C: Const[pk.dtype]):
+                   q_row: i32, kv_row: i32, pos_offset: i32, log2_base: f32,
+                   HAS_Q: Const[bool], HAS_FF: Const[bool], NEOX: Const[bool],
+                   T: Const[pk.dtype], C: Const[pk.dtype]):
     # grid (tokens, q_heads + kv_heads): blocks y < q_heads rotate q in place, the others
-    # rotate one k head into the cache and copy the matching v head
+    # rotate one k head into the cache and copy the matching v head; token t's q heads start
+    # at q + t q_row, its k / v heads at k / v + t kv_row
     pk.launch_dependents()   # decode: one short wave, let the next kernel launch now
     t = pk.block_idx.x
     h = pk.block_idx.y
     pos = positions[t] + pos_offset
     if h < q_heads:
         if HAS_Q:
-            qb = q + (i64(t) * i64(q_heads) + i64(h)) * i64(head_dim)
+            qb = q + i64(t) * i64(q_row) + i64(h) * i64(head_dim)
             rope_head(qb, qb, pos, head_dim, rot_dim, log2_base, ff, HAS_FF, NEOX, T)
     elif pos >= 0 and pos < max_len:
         kvh = h - q_heads
-        src = (i64(t) * i64(kv_heads) + i64(kvh)) * i64(head_dim)
+        src = i64(t) * i64(kv_row) + i64(kvh) * i64(head_dim)
         dst = (i64(kvh) * i64(max_len) + i64(pos)) * i64(head_dim)
         rope_head(k + src, cache_k + dst, pos, head_dim, rot_dim, log2_base, ff, HAS_FF,
                   NEOX, C)
@@ -144,11 +146,7 @@ def rope_kv_cache(k, v, cache_k, cache_v, positions, theta: float = 10000.0,
     tokens, kv_heads, head_dim = _check_heads(k, "rope_kv_cache: k")
     if v.shape != k.shape or v.dtype != k.dtype:
         raise ValueError(f"rope_kv_cache: v is {v.shape} {v.dtype}, k is {k.shape} {k.dtype}")
-    for name, c in (("cache_k", cache_k), ("cache_v", cache_v)):
-        if c.ndim != 3 or c.shape[0] != kv_heads or c.shape[2] != head_dim or \
-                c.dtype not in (np.float32, np.float16) or c.dtype != cache_k.dtype:
-            raise ValueError(f"rope_kv_cache: {name} must be ({kv_heads}, max_len, {head_dim}) "
-                             f"float32/float16 like cache_k, got {c.shape} {c.dtype}")
+    _check_caches(cache_k, cache_v, kv_heads, head_dim, "rope_kv_cache")
     q_heads = 0
     if q is not None:
         q = L.as_array(q, "rope_kv_cache: q", k.dtype)
@@ -157,12 +155,50 @@ def rope_kv_cache(k, v, cache_k, cache_v, positions, theta: float = 10000.0,
             raise ValueError(f"rope_kv_cache: q shape {q.shape} does not match k {k.shape}")
     pos, rot_dim, ff = _common(positions, tokens, head_dim, rot_dim, freq_factors, style,
                                "rope_kv_cache")
-    args = (L.either(q, k), k, v, cache_k, cache_v, pos, ff, q_heads, kv_heads, head_dim,
-            rot_dim, cache_k.shape[1], pos_offset, math.log2(theta))
-    spec = (("HAS_Q", q is not None), ("HAS_FF", freq_factors is not None),
-            ("NEOX", style == "neox"), ("T", k.dtype), ("C", cache_k.dtype))
+    _launch_qkv(L.either(q, k), k, v, cache_k, cache_v, pos, ff, tokens, q_heads, kv_heads,
+                head_dim, rot_dim, q_heads * head_dim, kv_heads * head_dim, pos_offset, theta,
+                style, q is not None, freq_factors is not None, k.dtype, stream)
+
+
+def rope_kv_cache_cols(qkv, q_heads: int, kv_heads: int, head_dim: int, cache_k, cache_v,
+                       positions, theta: float = 10000.0, style: str = "normal", *,
+                       rot_dim=None, freq_factors=None, pos_offset: int = 0,
+                       stream=None) -> None:
+    """rope_kv_cache on a fused projection's output read in place: qkv (tokens, W) float32
+    holds q | k | v heads in its first (q_heads + 2 kv_heads) head_dim columns; q is rotated
+    there, k rotated into cache_k, v copied into cache_v (no copies of the columns)."""
+    qkv = L.as_array(qkv, "rope_kv_cache_cols: qkv")
+    nq, nkv = q_heads * head_dim, kv_heads * head_dim
+    if qkv.ndim != 2 or qkv.dtype != np.float32 or qkv.shape[1] < nq + 2 * nkv:
+        raise ValueError(f"rope_kv_cache_cols: qkv must be float32 (tokens, >= {nq + 2 * nkv})"
+                         f" for {q_heads} + 2 x {kv_heads} heads of {head_dim}, got "
+                         f"{qkv.dtype} {tuple(qkv.shape)}")
+    _check_caches(cache_k, cache_v, kv_heads, head_dim, "rope_kv_cache_cols")
+    tokens, width = qkv.shape
+    pos, rot_dim, ff = _common(positions, tokens, head_dim, rot_dim, freq_factors, style,
+                               "rope_kv_cache_cols")
+    flat = qkv.reshape(-1)
+    _launch_qkv(flat, flat[nq:], flat[nq + nkv:], cache_k, cache_v, pos, ff, tokens, q_heads,
+                kv_heads, head_dim, rot_dim, width, width, pos_offset, theta, style, True,
+                freq_factors is not None, qkv.dtype, stream)
+
+
+def _launch_qkv(q, k, v, cache_k, cache_v, pos, ff, tokens, q_heads, kv_heads, head_dim,
+                rot_dim, q_row, kv_row, pos_offset, theta, style, has_q, has_ff, dtype, stream):
+    args = (q, k, v, cache_k, cache_v, pos, ff, q_heads, kv_heads, head_dim, rot_dim,
+            cache_k.shape[1], q_row, kv_row, pos_offset, math.log2(theta))
+    spec = (("HAS_Q", has_q), ("HAS_FF", has_ff), ("NEOX", style == "neox"), ("T", dtype),
+            ("C", cache_k.dtype))
     L.launch(rope_qkv_cache, (tokens, q_heads + kv_heads, 1), L.threads_for(head_dim, 256),
              args, spec, stream)
+
+
+def _check_caches(cache_k, cache_v, kv_heads: int, head_dim: int, name: str) -> None:
+    for what, c in (("cache_k", cache_k), ("cache_v", cache_v)):
+        if c.ndim != 3 or c.shape[0] != kv_heads or c.shape[2] != head_dim or \
+                c.dtype not in (np.float32, np.float16) or c.dtype != cache_k.dtype:
+            raise ValueError(f"{name}: {what} must be ({kv_heads}, max_len, {head_dim}) "
+                             f"float32/float16 like cache_k, got {c.shape} {c.dtype}")
 
 
 def rope_reference(x, positions, theta=10000.0, style="normal", rot_dim=None,

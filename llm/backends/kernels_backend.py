@@ -30,6 +30,7 @@ from stdlib_kernels import activation as activation_rows
 from stdlib_kernels import embedding as embedding_rows
 from stdlib_kernels import glu as glu_rows
 from stdlib_kernels import layernorm, rmsnorm, rope_kv_cache
+from stdlib_kernels.rotary import rope_kv_cache_cols
 from stdlib_kernels import rope as rope_rows
 from stdlib_kernels.attention.decode import (HEAD_DIMS, default_config, gpu_config,
                                              launch_decode)
@@ -261,6 +262,9 @@ class KernelsBackend(Backend):
         d = cache.head_dim
         k_cache, v_cache = cache.k[layer], cache.v[layer]
         fused = isinstance(q, Roped) and isinstance(k, Roped) and q.params == k.params
+        if fused and d in HEAD_DIMS and self._tensor_core_prefill(k_cache) and \
+                _qkv_in_place(q.x, k.x, v):
+            return self._prefill_in_place(q, k, v, k_cache, v_cache, start, scale, window)
         qa = self._contiguous(q.x if fused else self.materialize(q))
         ka = self._contiguous(k.x if fused else self.materialize(k))
         va = self._contiguous(v)
@@ -282,6 +286,21 @@ class KernelsBackend(Backend):
                 return Quantized(out, xq)
         else:
             X.attention(qa, k_cache, v_cache, out, start_dev, q3.shape[1], scale, window)
+        return out
+
+    def _prefill_in_place(self, q, k, v, k_cache, v_cache, start, scale, window):
+        """Prefill on the fused q|k|v projection's output itself: RoPE of q in place, of k into
+        the cache, v into the cache, then the tensor-core attention reading q's columns (no
+        copies of the three column blocks)."""
+        qkv, d = q.x.src, k_cache.shape[-1]
+        n, p = qkv.shape[0], q.params
+        positions, _ = self._positions(np.arange(start, start + n))
+        rope_kv_cache_cols(qkv, q.x.width // d, k.x.width // d, d, k_cache, v_cache, positions,
+                           p.base, "neox" if p.neox else "normal", rot_dim=p.n_rot,
+                           freq_factors=q.freq_factors)
+        out = self.arena.take((n, q.x.width), np.float32)
+        launch_prefill(qkv, k_cache, v_cache, out.reshape(n, -1, d), start, scale,
+                       window=window or None, n_head=q.x.width // d)
         return out
 
     def _stdlib_attention(self, q3, k_cache, v_cache, start, start_dev, out3, scale, window,
@@ -388,6 +407,13 @@ class KernelsBackend(Backend):
     def memory_report(self) -> dict:
         return self.memory.report(self.weights.nbytes,
                                   self.prefill_arena.nbytes + self.decode_arena.nbytes)
+
+
+def _qkv_in_place(q, k, v) -> bool:
+    """q, k, v are the first three column blocks, in order, of one projection's output."""
+    return (isinstance(q, Cols) and isinstance(k, Cols) and isinstance(v, Cols)
+            and q.src is k.src is v.src and q.off == 0 and k.off == q.width
+            and v.off == q.width + k.width and q.src.dtype == np.float32)
 
 
 def _f32_vector(t: TensorInfo) -> np.ndarray:

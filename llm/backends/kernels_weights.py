@@ -25,6 +25,10 @@ from stdlib_kernels.quant.gemv_kernels import MAX_BATCH
 # prefill GEMM (with its short-prompt tiles the GEMM is faster from 9 tokens: each GEMV launch
 # streams all the weights again; benchmarks/short_prompts.py)
 GEMV_TOKENS = MAX_BATCH
+# up to this many tokens the GEMM adds the residual in its store (no add launch: short prompts
+# are bound by the host's launches); above, a separate add is faster (H200, 8B, 512 tokens:
+# the fused add cost 11-30 us per GEMM, a launch of add_into 11: benchmarks/RESULTS.md)
+GEMM_RESIDUAL_TOKENS = 64
 from stdlib_kernels.quant.matmul import prefill_path
 from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1_into
 
@@ -164,8 +168,8 @@ def group_matmul(g: RowGroup, n_in: int, x, xq, y, ldy=None, col0: int = 0, res=
 def matmul(x, w: DeviceMatrix, out, xq, scratch: Callable, res=None, gemv=True) -> None:
     """out (n, w.n_out) = x @ W.T (+ res). With the GEMV, res is added in its store (one launch
     per row group) when n == 1, or n <= 8 and W has one row group; `out` may then be `res`.
-    Above 8 tokens the GEMMs write each row group's columns of `out` and add res in their
-    store (no copy or add launches) unless a group keeps the GEMV (F32).
+    Above 8 tokens the GEMMs write each row group's columns of `out` (no copy launches) and,
+    up to GEMM_RESIDUAL_TOKENS, add res in their store, unless a group keeps the GEMV (F32).
     xq: x as Q8_1, or None.
     scratch(shape) -> a preallocated f32 array. gemv=False: kernels_extra's
     one-thread-per-output matmul (the fast choice on the CPU target), same activations."""
@@ -179,10 +183,13 @@ def matmul(x, w: DeviceMatrix, out, xq, scratch: Callable, res=None, gemv=True) 
         gemv_rows(g, w.n_in, x, xq if xq is not None and _q8(g, w) else None, out,
                   None if res is None else "residual", res=res)
         return
-    elif all(uses_gemm(g, n) for g in w.groups):   # each group's columns and residual in place
+    elif all(uses_gemm(g, n) for g in w.groups):   # each group writes its columns of out
+        fused = res if n <= GEMM_RESIDUAL_TOKENS else None
         for g in w.groups:
             group_matmul(g, w.n_in, x, xq if xq is not None and _q8(g, w) else None, out,
-                         ldy=w.n_out, col0=g.row_off, res=res)
+                         ldy=w.n_out, col0=g.row_off, res=fused)
+        if res is not None and fused is None:
+            X.add(out, res)
         return
     else:
         for g in w.groups:

@@ -48,15 +48,29 @@ def default_path(k_cache, device=None) -> str:
     return "mma" if k_cache.dtype == np.float16 and mma_available(device) else "simt"
 
 
-def _check_prefill_shapes(q, k_cache, v_cache, start: int):
-    if q.ndim != 3 or q.dtype != np.float32:
-        raise ValueError(f"attention.prefill: q must be (tokens, n_head, head_dim) float32, "
-                         f"got {q.shape} {q.dtype}")
+def _q_geometry(q, k_cache, n_head) -> tuple[int, int, int, int]:
+    """(tokens, n_head, head_dim, elements from one token's q row to the next): q is (tokens,
+    n_head, head_dim), or (tokens, W) whose first n_head * head_dim columns are the heads (a
+    fused q|k|v projection's output, read in place)."""
+    if q.dtype != np.float32 or q.ndim not in (2, 3) or (q.ndim == 2) != (n_head is not None):
+        raise ValueError(f"attention.prefill: q must be (tokens, n_head, head_dim) float32, or "
+                         f"(tokens, W) float32 with n_head given, got {q.shape} {q.dtype} "
+                         f"(n_head {n_head})")
+    if q.ndim == 3:
+        return (*q.shape, q.shape[1] * q.shape[2])
+    head_dim = k_cache.shape[-1]
+    if n_head * head_dim > q.shape[1]:
+        raise ValueError(f"attention.prefill: {n_head} heads of {head_dim} do not fit q rows "
+                         f"of {q.shape[1]} values")
+    return q.shape[0], n_head, head_dim, q.shape[1]
+
+
+def _check_prefill_shapes(q, k_cache, v_cache, start: int, n_head=None):
     if k_cache.ndim != 3 or k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
         raise ValueError(f"attention.prefill: caches must both be (n_kv_head, max_len, "
                          f"head_dim), got {k_cache.shape} {k_cache.dtype} and "
                          f"{v_cache.shape} {v_cache.dtype}")
-    tokens, n_head, head_dim = q.shape
+    tokens, n_head, head_dim, _ = _q_geometry(q, k_cache, n_head)
     n_kv_head, max_len, cache_dim = k_cache.shape
     if cache_dim != head_dim or n_head % n_kv_head or head_dim not in HEAD_DIMS:
         raise ValueError(f"attention.prefill: q {q.shape} does not fit caches {k_cache.shape} "
@@ -74,13 +88,18 @@ def default_block_keys(head_dim: int) -> int:
 
 def launch_prefill(q, k_cache, v_cache, out, start: int, scale: float, *, window=None,
                    softcap=None, path: str | None = None, stream=None, block_keys=None,
-                   warps: int = MMA_WARPS, stages: int = MMA_STAGES, m_tiles: int = 1):
+                   warps: int = MMA_WARPS, stages: int = MMA_STAGES, m_tiles: int = 1,
+                   n_head: int | None = None):
     """Causal attention of q (positions start..) against cache rows 0 .. start + tokens - 1.
     The mma path's tiling: block_keys keys per tile (default_block_keys), warps per block,
-    stages of the cp.async ring (2..8), m_tiles 16-row query tiles per warp (1 or 2)."""
-    _check_prefill_shapes(q, k_cache, v_cache, start)
+    stages of the cp.async ring (2..8), m_tiles 16-row query tiles per warp (1 or 2).
+    n_head (mma path): q is (tokens, W), its heads the first n_head * head_dim columns."""
+    _check_prefill_shapes(q, k_cache, v_cache, start, n_head)
     path = path or default_path(k_cache)
-    tokens, n_head, head_dim = q.shape
+    tokens, n_head, head_dim, q_row = _q_geometry(q, k_cache, n_head)
+    if path == "simt" and q.ndim == 2:
+        raise ValueError("attention.prefill: the simt path takes q as (tokens, n_head, "
+                         "head_dim) only")
     if path == "simt":   # row z is a decode query at position start + z
         return launch_decode(q, k_cache, v_cache, _zero_length(), out, scale, window=window,
                              softcap=softcap, len_add=start + 1, len_step=1, lens_stride=0,
@@ -101,7 +120,7 @@ def launch_prefill(q, k_cache, v_cache, out, start: int, scale: float, *, window
     grid = (-(-rows // (16 * m_tiles * warps)), n_kv_head)
     shared = stages * 2 * bn * (head_dim // 2 + 4) * 4     # the ring: K + V tiles per stage
     prefill_flash[grid, 32 * warps, stream, shared](
-        q, k_cache.view(np.uint32), v_cache.view(np.uint32), out, tokens, start, max_len,
-        n_head, n_kv_head, q_scale, float(softcap) if use_softcap else 0.0, int(window or 0),
-        D=head_dim, BN=bn, NWARPS=warps, STAGES=stages, MT=m_tiles)
+        q, k_cache.view(np.uint32), v_cache.view(np.uint32), out, tokens, q_row,
+        start, max_len, n_head, n_kv_head, q_scale, float(softcap) if use_softcap else 0.0,
+        int(window or 0), D=head_dim, BN=bn, NWARPS=warps, STAGES=stages, MT=m_tiles)
     return out

@@ -64,10 +64,11 @@ def finish_scores(sacc, kt: i32, t: i32, pos, lo, softcap: f32, masked: bool, BN
 
 
 @pk.func
-def load_q(q, qf, row0: i32, n_rows: i32, group: i32, n_head: i32, kvh: i32, t: i32,
+def load_q(q, qf, row0: i32, n_rows: i32, group: i32, q_row: i32, kvh: i32, t: i32,
            q_scale: f32, D: Const[int], MT: Const[int]):
     """qf[(mt * D/16 + kstep) * 4 + w]: the A fragments of m-tile mt (rows row0 + 16 mt + g,
-    + 8), pre-scaled, as f16 pairs; rows past n_rows are zero."""
+    + 8), pre-scaled, as f16 pairs; rows past n_rows are zero. A token's heads start q_row
+    values after the previous token's."""
     for mt in pk.static_range(MT):
         for kstep in pk.static_range(D // 16):
             for half in pk.static_range(2):
@@ -77,7 +78,7 @@ def load_q(q, qf, row0: i32, n_rows: i32, group: i32, n_head: i32, kvh: i32, t: 
                     x0 = f32(0.0)
                     x1 = f32(0.0)
                     if r < n_rows:
-                        base = ((r // group) * n_head + kvh * group + r % group) * D + col
+                        base = (r // group) * q_row + (kvh * group + r % group) * D + col
                         x0 = q[base] * q_scale
                         x1 = q[base + 1] * q_scale
                     qf[(mt * (D // 16) + kstep) * 4 + half * 2 + which] = pk.pack_f16x2(x0, x1)
@@ -165,7 +166,8 @@ def tile_pv(tile, sacc, oacc, v_lane: i32, D: Const[int], BN: Const[int], MT: Co
 
 @pk.kernel
 def prefill_flash(q: Ptr[f32, "ro"], k32: Ptr[u32, "ro"], v32: Ptr[u32, "ro"], out: Ptr[f32],
-                  tokens: i32, start: i32, max_len: i32, n_head: i32, n_kv_head: i32,
+                  tokens: i32, q_row: i32, start: i32, max_len: i32, n_head: i32,
+                  n_kv_head: i32,
                   q_scale: f32, softcap: f32, window: i32,
                   D: Const[int], BN: Const[int], NWARPS: Const[int], STAGES: Const[int],
                   MT: Const[int]):
@@ -206,7 +208,7 @@ def prefill_flash(q: Ptr[f32, "ro"], k32: Ptr[u32, "ro"], v32: Ptr[u32, "ro"], o
         pk.cp_async_commit()
 
     qf = pk.local_array(u32, MT * D // 4)
-    load_q(q, qf, row0, n_rows, group, n_head, kvh, t, q_scale, D, MT)
+    load_q(q, qf, row0, n_rows, group, q_row, kvh, t, q_scale, D, MT)
     oacc = pk.local_array(f32, MT * D // 2)        # MT x (16 x D): D/8 n-tiles x 4 each
     for i in pk.static_range(MT * D // 2):
         oacc[i] = 0.0

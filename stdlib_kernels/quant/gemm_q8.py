@@ -216,7 +216,7 @@ def mma_block(FMT: Const[int], Aq, Bq, Ad, Am, Bd, Bs, acc, kb: Const[int], rbas
 
 
 @pk.kernel
-def gemm_q8_kernel(w: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], ldy: i32,
+def gemm_q8_kernel(w: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], ldy: i32, col0: i32,
                    res: Ptr[f32], rows: i32, row_words: i32, K: i32, tokens: i32,
                    FMT: Const[int], WT: Const[pk.dtype], MI: Const[int], NI: Const[int],
                    WM: Const[int], WN: Const[int], KB: Const[int], HAS_RES: Const[bool]):
@@ -247,7 +247,7 @@ def gemm_q8_kernel(w: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], ldy: i32
             mma_block(FMT, Aq, Bq, Ad, Am, Bd, Bs, acc, kb, wm * 16 * MI, wn * 8 * NI,
                       lane // 4, lane % 4, MI, NI)
         pk.syncthreads()
-    store_c(acc, y, ldy, res, rows, tokens, row0 + wm * 16 * MI + lane // 4,
+    store_c(acc, y, ldy, col0, res, rows, tokens, row0 + wm * 16 * MI + lane // 4,
             tok0 + wn * 8 * NI + 2 * (lane % 4), MI, NI, HAS_RES)
 
 
@@ -268,7 +268,6 @@ def gemm_q8_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, strea
                          f"{sorted(INT8_GEMM_TYPES)}")
     if K <= 0 or K % 32:
         raise ValueError(f"gemm_q8 {type_name}: K = {K} must be a positive multiple of 32")
-    yv, ld, rv, has_res = output_args(y, rows, tokens, ldy, col0, res, "gemm_q8")
     if xq.nbytes != tokens * q8_1_bytes(K):
         raise ValueError(f"gemm_q8: Q8_1 activations must hold {tokens} x {q8_1_bytes(K)} "
                          f"bytes, got {xq.nbytes}")
@@ -278,6 +277,7 @@ def gemm_q8_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, strea
         gemm_q8k_into(w, type_name, xq, y, rows, K, tokens, stream=stream, tiles=tiles,
                       ldy=ldy, col0=col0, res=res)
         return
+    ld, rv, has_res = output_args(y, rows, tokens, ldy, col0, res, "gemm_q8")
     t = tiles or default_tiles(type_name)
     kb = t.kb
     while (K // 32) % kb:
@@ -291,7 +291,7 @@ def gemm_q8_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, strea
     row_words = K // fmt.block_elems * fmt.block_bytes // w.itemsize
     words = xq.reshape(-1).view(np.uint32) if xq.dtype != np.uint32 else xq.reshape(-1)
     grid = ((rows + bm - 1) // bm, (tokens + bn - 1) // bn)
-    gemm_q8_kernel[grid, threads, stream](w, words, yv, ld, rv, rows, row_words, K, tokens,
+    gemm_q8_kernel[grid, threads, stream](w, words, y, ld, col0, rv, rows, row_words, K, tokens,
                                           INT8_GEMM_TYPES[type_name], w.dtype, t.mi, t.ni, t.wm,
                                           t.wn, kb, has_res)
 

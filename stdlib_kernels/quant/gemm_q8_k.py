@@ -190,7 +190,7 @@ def compute_stage(FMT: Const[int], GPU: Const[int], sm: Ptr[u32], smf: Ptr[f32],
 
 @pk.kernel
 def gemm_q8k_kernel(w: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], ldy: i32,
-                    res: Ptr[f32], rows: i32, row_words: i32, K: i32, tokens: i32,
+                    col0: i32, res: Ptr[f32], rows: i32, row_words: i32, K: i32, tokens: i32,
                     FMT: Const[int], WT: Const[pk.dtype], GPU: Const[int], MI: Const[int],
                     NI: Const[int], WM: Const[int], WN: Const[int], STAGES: Const[int],
                     HAS_RES: Const[bool]):
@@ -236,7 +236,7 @@ def gemm_q8k_kernel(w: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], ldy: i3
         compute_stage(FMT, GPU, sm, smf, sb % STAGES * SW, SCALES + sb % 2 * 16 * (BM + BN),
                       acc, rbase, cbase, lane // 4, lane % 4, row0, rows, row_bytes, sb, MI,
                       NI, BM)
-    store_c(acc, y, ldy, res, rows, tokens, row0 + rbase + lane // 4,
+    store_c(acc, y, ldy, col0, res, rows, tokens, row0 + rbase + lane // 4,
             tok0 + cbase + 2 * (lane % 4), MI, NI, HAS_RES)
 
 
@@ -256,7 +256,7 @@ def gemm_q8k_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, stre
                          f"{sorted(SUPERBLOCK_GEMM_TYPES)}")
     if K <= 0 or K % 256:
         raise ValueError(f"gemm_q8k {type_name}: K = {K} must be a positive multiple of 256")
-    yv, ld, rv, has_res = output_args(y, rows, tokens, ldy, col0, res, "gemm_q8k")
+    ld, rv, has_res = output_args(y, rows, tokens, ldy, col0, res, "gemm_q8k")
     if xq.nbytes != tokens * q8_1_bytes(K):
         raise ValueError(f"gemm_q8k: Q8_1 activations must hold {tokens} x {q8_1_bytes(K)} "
                          f"bytes, got {xq.nbytes}")
@@ -283,8 +283,9 @@ def gemm_q8k_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, stre
     spec = (("FMT", fmt), ("WT", w.dtype), ("GPU", int(gpu)), ("MI", t.mi), ("NI", t.ni),
             ("WM", t.wm), ("WN", t.wn), ("STAGES", t.stages), ("HAS_RES", has_res))
     # launch bounds (one block per SM): ptxas may use up to 65536 / threads registers
-    L.launch(gemm_q8k_kernel, grid, threads, (w, words, yv, ld, rv, rows, row_words, K, tokens),
-             spec, stream, dyn, bounds=(threads, 1) if gpu else None)
+    L.launch(gemm_q8k_kernel, grid, threads,
+             (w, words, y, ld, col0, rv, rows, row_words, K, tokens), spec, stream, dyn,
+             bounds=(threads, 1) if gpu else None)
 
 
 __all__ = ["gemm_q8k_into", "Q8KTiles", "TUNED_KTILES", "KQUANT_GEMM_TYPES",

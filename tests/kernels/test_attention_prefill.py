@@ -83,6 +83,25 @@ def test_prefill_mma_tilings(device, rng, seed, warps, stages, m_tiles, window):
            f"{warps} warps S{stages} MT{m_tiles} window {window}")
 
 
+def test_prefill_mma_reads_q_in_place(device, rng, seed):
+    """q as the first n_head * head_dim columns of a wider (tokens, W) array (the runner's
+    fused q|k|v output, read in place): the same result as the (tokens, n_head, D) array."""
+    tokens, start = 19, 8
+    q, k, v = _problem(rng, tokens, start, 2, 1, 64, np.float16)
+    wide = rng.standard_normal((tokens, 2 * 64 + 37)).astype(np.float32)
+    wide[:, :128] = q.reshape(tokens, 128)
+    kw = dict(warps=1, block_keys=16) if device.kind == "cpu" else {}
+    kd, vd = pk.to_device(k), pk.to_device(v)
+    out = pk.full(q.shape, np.nan, np.float32)
+    launch_prefill(pk.to_device(wide), kd, vd, out, start, 0.125, path="mma", n_head=2, **kw)
+    np.testing.assert_array_equal(out.numpy(), _run(q, k, v, start, 0.125, None, None, "mma",
+                                                    **kw))
+    with pytest.raises(ValueError, match="3 heads of 64 do not fit q rows of 165"):
+        launch_prefill(pk.to_device(wide), kd, vd, out, start, 0.125, path="mma", n_head=3)
+    with pytest.raises(ValueError, match="simt path takes q as"):
+        launch_prefill(pk.to_device(wide), kd, vd, out, start, 0.125, path="simt", n_head=2)
+
+
 def test_prefill_contract_api(device, rng, seed):
     tokens, kv_tokens = 5, 12
     q = rng.standard_normal((tokens, 4, 64)).astype(np.float32)

@@ -66,6 +66,34 @@ def test_rope_kv_cache_writes_slots(device, rng, seed, cache_dtype, style):
     assert np.allclose(cv.numpy()[:, 1], v[1], atol=tol)
 
 
+@pytest.mark.parametrize("style", ["normal", "neox"])
+def test_rope_kv_cache_cols_matches_separate_arrays(device, rng, seed, style):
+    # the fused projection's output read in place (q | k | v columns of a wider row, plus
+    # 5 columns after them that must stay as they are): same cache rows and rotated q as
+    # rope_kv_cache on the three copied blocks
+    tokens, q_heads, kv_heads, head_dim, max_len = 5, 4, 2, 16, 12
+    width = (q_heads + 2 * kv_heads) * head_dim + 5
+    qkv = rng.standard_normal((tokens, width)).astype(np.float32)
+    nq, nkv = q_heads * head_dim, kv_heads * head_dim
+    q, k, v = (qkv[:, a:b].reshape(tokens, -1, head_dim).copy()
+               for a, b in ((0, nq), (nq, nq + nkv), (nq + nkv, nq + 2 * nkv)))
+    positions = pk.to_device(np.array([3, 4, 5, 6, 7], np.int32))
+    caches = [pk.full((kv_heads, max_len, head_dim), np.nan, np.float32) for _ in range(4)]
+    qd = pk.to_device(q)
+    R.rope_kv_cache(k, v, caches[0], caches[1], positions, 1e4, style, q=qd, rot_dim=12)
+    qkvd = pk.to_device(qkv)
+    R.rope_kv_cache_cols(qkvd, q_heads, kv_heads, head_dim, caches[2], caches[3], positions,
+                         1e4, style, rot_dim=12)
+    got = qkvd.numpy()
+    np.testing.assert_array_equal(got[:, :nq], qd.numpy().reshape(tokens, nq))
+    np.testing.assert_array_equal(got[:, nq:], qkv[:, nq:])          # k, v, the rest: as given
+    np.testing.assert_array_equal(caches[2].numpy(), caches[0].numpy())
+    np.testing.assert_array_equal(caches[3].numpy(), caches[1].numpy())
+    with pytest.raises(ValueError, match="qkv must be float32"):
+        R.rope_kv_cache_cols(qkvd, q_heads + 1, kv_heads, head_dim, caches[2], caches[3],
+                             positions)
+
+
 def test_rope_errors(device):
     x = np.zeros((2, 3, 8), np.float32)
     with pytest.raises(ValueError, match="style"):

@@ -46,7 +46,8 @@ def test_production_settings_match_llama_cpp(name):
 @pytest.mark.parametrize("short_context", [256, 8])
 def test_tensor_core_prefill_attention_matches_simt(tmp_path, monkeypatch, short_context):
     """A model with head_dim 64 (SmolLM2's shape, random weights): prefill through the
-    tensor-core flash attention vs the SIMT kernel, and vs token-by-token graph decode
+    tensor-core flash attention on the q|k|v output in place vs on copies of its columns
+    (equal) and vs the SIMT kernel, and vs token-by-token graph decode
     (short_context 8: the split-attention graph, whose combine kernel also writes the
     o-projection's Q8_1 input)."""
     from llm.backends import kernels_backend, kernels_graph
@@ -60,6 +61,10 @@ def test_tensor_core_prefill_attention_matches_simt(tmp_path, monkeypatch, short
     ids = list(np.random.default_rng(1).integers(0, 49000, 96))
     model = llm.load(path, device="cuda", n_ctx=128, progress=False)
     fast = model.logits(ids)
+    # the fused q|k|v output read in place (RoPE and attention on its columns) gives what
+    # the three copied column blocks give, bit for bit
+    monkeypatch.setattr(kernels_backend, "_qkv_in_place", lambda q, k, v: False)
+    np.testing.assert_array_equal(model.logits(ids), fast)
     monkeypatch.setattr(kernels_backend, "TENSOR_CORE_PREFILL", False)
     simt = model.logits(ids)
     assert rel_l2(fast, simt) < 5e-3, f"mma vs simt prefill: {rel_l2(fast, simt):.2e}"
