@@ -20,19 +20,20 @@ from stdlib_kernels.quant.gemm import gemm_into
 from stdlib_kernels.quant.gemm_q8 import gemm_q8_into
 from stdlib_kernels.quant.gemv import Q8_1_TYPES, gemv_f32_into, gemv_q8_into, weight_words
 from stdlib_kernels.quant.gemv_kernels import MAX_BATCH
+from stdlib_kernels.quant.matmul import prefill_path
+from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1_into
+
+from llm.backends import kernels_extra as X
 
 # prompts of up to this many tokens run the GEMV, MAX_BATCH tokens per launch, instead of the
 # prefill GEMM (with its short-prompt tiles the GEMM is faster from 9 tokens: each GEMV launch
 # streams all the weights again; benchmarks/short_prompts.py)
 GEMV_TOKENS = MAX_BATCH
 # up to this many tokens the GEMM adds the residual in its store (no add launch: short prompts
-# are bound by the host's launches); above, a separate add is faster (H200, 8B, 512 tokens:
-# the fused add cost 11-30 us per GEMM, a launch of add_into 11: benchmarks/RESULTS.md)
+# are bound by the host's launches); above, a separate add is as fast or faster (H200, 8B, 512
+# tokens: the fused add cost 6-15 us per GEMM in scattered reads, an add_into launch 11 us;
+# benchmarks/RESULTS.md "Prefill with fewer launches")
 GEMM_RESIDUAL_TOKENS = 64
-from stdlib_kernels.quant.matmul import prefill_path
-from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1_into
-
-from llm.backends import kernels_extra as X
 
 
 @dataclass
