@@ -123,7 +123,7 @@ SHORT_PROMPT_TILES = [Q8KTiles(2, 2, 4, 1, 3), Q8KTiles(2, 4, 4, 1, 3), Q8KTiles
                       Q8KTiles(1, 2, 2, 1, 3), Q8KTiles(1, 4, 2, 1, 3), Q8KTiles(1, 8, 4, 2, 3)]
 
 
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q4_0"])
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q4_0", "Q8_0"])
 def test_gemm_q8k_short_prompt_tiles(device, rng, seed, type_name):
     # narrow token tiles (16-128 tokens) and 32-128 row tiles of few warps, for short prompts
     # (gemm_q8_k.SMALL_KTILES): token counts below, at and above a tile, rows off the tile
