@@ -254,7 +254,7 @@ class KernelsBackend(Backend):
         pos, _ = self._positions(self._rope_positions)
         p = r.params
         x3 = x.reshape(n, -1, r.head_dim)
-        rope_rows(x3, pos, p.base, "neox" if p.neox else "normal", rot_dim=p.n_rot,
+        rope_rows(x3, pos, p.base, _rope_style(p), rot_dim=p.n_rot,
                freq_factors=r.freq_factors, out=x3)
         return x
 
@@ -274,7 +274,7 @@ class KernelsBackend(Backend):
         if fused:
             p = q.params
             rope_kv_cache(ka.reshape(n, -1, d), va.reshape(n, -1, d), k_cache, v_cache,
-                            positions, p.base, "neox" if p.neox else "normal", q=q3,
+                            positions, p.base, _rope_style(p), q=q3,
                             rot_dim=p.n_rot, freq_factors=q.freq_factors)
         else:
             X.store_kv(ka, va, k_cache, v_cache, start_dev)
@@ -296,7 +296,7 @@ class KernelsBackend(Backend):
         n, p = qkv.shape[0], q.params
         positions, _ = self._positions(np.arange(start, start + n))
         rope_kv_cache_cols(qkv, q.x.width // d, k.x.width // d, d, k_cache, v_cache, positions,
-                           p.base, "neox" if p.neox else "normal", rot_dim=p.n_rot,
+                           p.base, _rope_style(p), rot_dim=p.n_rot,
                            freq_factors=q.freq_factors)
         out = self.arena.take((n, q.x.width), np.float32)
         launch_prefill(qkv, k_cache, v_cache, out.reshape(n, -1, d), start, scale,
@@ -407,6 +407,10 @@ class KernelsBackend(Backend):
     def memory_report(self) -> dict:
         return self.memory.report(self.weights.nbytes,
                                   self.prefill_arena.nbytes + self.decode_arena.nbytes)
+
+
+def _rope_style(p: RopeParams) -> str:
+    return "neox" if p.neox else "normal"
 
 
 def _qkv_in_place(q, k, v) -> bool:

@@ -171,8 +171,8 @@ def gemv_bulk_split(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], xq: Ptr[u32], res: Pt
                     chunk_words: i32, FMT: Const[int], UNIT_BLOCKS: Const[int],
                     WARPS: Const[int], SPLIT: Const[int], MODE: Const[int]):
     """Long rows: SPLIT warps share a row, warp c of the row copying and summing units
-    [c units / SPLIT, (c + 1) units / SPLIT) of it (a unit: UNIT_BLOCKS blocks, host's
-    UNIT_BLOCKS), a block holding WARPS / SPLIT rows; the partial sums meet in shared memory and
+    [c units / SPLIT, (c + 1) units / SPLIT) of it (a unit: UNIT_BLOCKS blocks, the
+    module's UNIT_BLOCKS[type]), a block holding WARPS / SPLIT rows; the partial sums meet in shared memory and
     the row's first warp adds them in a fixed order (deterministic) and runs the epilogue."""
     GLU = 1 if MODE >= MODE_SWIGLU else 0
     lane = pk.lane_id()
@@ -282,14 +282,13 @@ def gemv_bulk_into(w, type_name: str, xq, y, rows: int, n: int, *, w2=None, res=
             raise ValueError(f"{what}: {name} must be a 16-byte aligned buffer of at least "
                              f"{rows} x {row_words * 4} bytes, got {buf.nbytes} bytes at "
                              f"offset {buf.ptr % 16} from 16-byte alignment")
-    tuned = TUNED[type_name]
-    if split is None and n > LONG_ROW and type_name in LONG_SPLIT and not (rows_per_warp or
-                                                                          stages):
+    long_default = rows_per_warp is None and stages is None and n > LONG_ROW
+    if split is None and long_default and type_name in LONG_SPLIT:
         warps, split = warps or LONG_SPLIT[type_name][0], LONG_SPLIT[type_name][1]
-    split = split or 1
-    if split > 1:
+    if split and split > 1:
         return _launch_split(w, type_name, xq, y, rows, n, w2, res, MODES[mode], stream,
                              warps or split, split, rows_per_warp or 1, stages or 1)
+    tuned = TUNED[type_name]
     warps = warps or tuned[0]
     rows_per_warp = rows_per_warp or tuned[1]
     stages = stages or tuned[2]
