@@ -6,11 +6,21 @@ quantize for the DP4A GEMV" in one launch.
         out (optional, float32 like x) also receives the normalized values.
     rmsnorm_q8_1(x, weight, eps) -> (xq, out)          allocating wrapper (numpy or device x)
 
-One 1024-thread block per row; warp w loads Q8_1 blocks w, w + 32, ... of the row into
-registers (CHUNKS = n / 1024 rounded up of them: one value per thread each), the block sums squares (f32, warp shuffles + shared memory) into
-rstd = 1 / sqrt(mean + eps) (correctly rounded sqrt, like stdlib_kernels.norm), and each warp
-normalizes and quantizes its blocks exactly as q8_1.quantize_q8_1 does. The sum order differs from norm.rmsnorm's, so values agree with it to
-f32 rounding (not bit for bit); Q8_1 bytes of a value on a rounding boundary can differ by one.
+Blocks of WARPS warps. A row of few rows (decode: rows <= SPREAD_ROWS) is spread over
+ceil(n / 32 / WARPS) blocks, each warp quantizing one Q8_1 block; with more rows (prefill)
+one block per row, each warp quantizing every WARPS-th Q8_1 block. Every block of a row loads
+the whole row (16-byte loads when the rows are 16-byte aligned) and sums its squares (f32,
+warp shuffles + shared memory, the same order in each block) into rstd = 1 / sqrt(mean +
+eps) (correctly rounded sqrt, like stdlib_kernels.norm); each warp then normalizes and
+quantizes its blocks exactly as q8_1.quantize_q8_1 does. The sum order differs from
+norm.rmsnorm's, so values agree with it to f32 rounding (not bit for bit); Q8_1 bytes of a
+value on a rounding boundary can differ by one.
+
+Why spread: in the decode graph this kernel sits between two GEMVs, so its latency is on the
+token's critical path (65 launches per llama-8B token). One 1024-thread block per row, loading
+its norm weights after the PDL wait, added 3.4 us a launch; the spread blocks, with the
+weights (constant) loaded before the wait, ~0.4 us (benchmarks/RESULTS.md, "The decode norm
+spread over blocks").
 """
 from __future__ import annotations
 
@@ -19,52 +29,68 @@ import numpy as np
 import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, u32
 
+from .._device import warp_sum
 from .q8_1 import Q8_1_BLOCK_BYTES, q8_1_bytes, store_q8_1_block
 
-THREADS = 1024
-
-
-@pk.func
-def warp_sum(v: f32) -> f32:
-    for step in pk.static_range(5):
-        v = v + pk.shfl_xor(v, 16 >> step)
-    return v
+# warps per block; rows up to SPREAD_ROWS (decode, small batches): a row over several blocks,
+# each warp quantizing SPREAD_PER_WARP Q8_1 blocks; more rows: one block per row. H200, 8B
+# decode: 16 or 32 warps with one Q8_1 block each fastest (8 warps -0.2%, 2 per warp -1.2%)
+WARPS = 16
+SPREAD_ROWS = 8
+SPREAD_PER_WARP = 1
 
 
 @pk.kernel
-def rmsnorm_q8_1_kernel(x: Ptr[f32, "ro"], weight: Ptr[f32, "ro"], xq: Ptr[u32], out: Ptr[f32],
+def rmsnorm_q8_1_kernel(x: Ptr[f32], weight: Ptr[f32, "ro"], xq: Ptr[u32], out: Ptr[f32],
                         n: i32, eps: f32, HAS_W: Const[bool], HAS_OUT: Const[bool],
-                        CHUNKS: Const[int]):
-    # warp wp holds Q8_1 blocks wp, wp + 32, ... (lane l = value l): the row is read once,
-    # kept in registers, and each block is quantized by the warp that loaded it
-    pk.launch_dependents()   # decode: one block, let the next kernel launch now
-    scratch = pk.shared_array(f32, THREADS // 32)
+                        CHUNKS: Const[int], PER_WARP: Const[int], WARPS: Const[int],
+                        VEC: Const[int]):
+    # grid (rows, G): every block of a row sums the squares of the whole row (the same loads
+    # and order in each, so the same rstd), then warp w of block g quantizes Q8_1 blocks
+    # g * WARPS + w + k * WARPS * G, k < PER_WARP. The norm weights, constant, load before
+    # the PDL wait; x, the previous kernel's output, after it (coherent loads, which ptxas
+    # keeps below the wait)
+    pk.launch_dependents()   # decode: few blocks, let the next kernel launch now
+    scratch = pk.shared_array(f32, WARPS)
     tid = pk.thread_idx.x
     lane = tid % 32
     wp = tid // 32
     row = pk.block_idx.x
+    spread = pk.grid_dim.y
     nblocks = n // 32
-    vals = pk.local_array(f32, CHUNKS)
+    wv = pk.local_array(f32, PER_WARP)
+    for k in pk.static_range(PER_WARP):
+        blk = pk.block_idx.y * WARPS + wp + k * WARPS * spread
+        wv[k] = 1.0
+        if HAS_W and blk < nblocks:
+            wv[k] = weight[blk * 32 + lane]
+    pk.grid_dependency_wait()
     ss = f32(0.0)
     for ch in pk.static_range(CHUNKS):
-        blk = wp + ch * (THREADS // 32)
-        vals[ch] = 0.0
-        if blk < nblocks:
-            vals[ch] = x[row * n + blk * 32 + lane]
-        ss += vals[ch] * vals[ch]
+        c = (ch * (32 * WARPS) + tid) * VEC
+        if c < n:
+            if VEC == 4:
+                a, b, d, e = pk.load_vec(x, row * n + c, 4)
+                ss += a * a + b * b + d * d + e * e
+            else:
+                v = x[row * n + c]
+                ss += v * v
     ss = warp_sum(ss)
     if lane == 0:
         scratch[wp] = ss
     pk.syncthreads()
-    total = warp_sum(scratch[lane])
+    total = f32(0.0)
+    if lane < WARPS:
+        total = scratch[lane]
+    total = warp_sum(total)
     scale = 1.0 / pk.sqrt(total / f32(n) + eps)
-    for ch in pk.static_range(CHUNKS):
-        blk = wp + ch * (THREADS // 32)
+    for k in pk.static_range(PER_WARP):
+        blk = pk.block_idx.y * WARPS + wp + k * WARPS * spread
         if blk < nblocks:
             c = blk * 32 + lane
-            v = vals[ch] * scale
+            v = x[row * n + c] * scale
             if HAS_W:
-                v = v * weight[c]
+                v = v * wv[k]
             if HAS_OUT:
                 out[row * n + c] = v
             store_q8_1_block(v, lane, xq, row * nblocks + blk)
@@ -89,9 +115,13 @@ def rmsnorm_q8_1_into(x, weight, eps: float, xq, out=None, stream=None) -> None:
         raise ValueError(f"rmsnorm_q8_1: out must be float32 like x {tuple(x.shape)}")
     words = xq.reshape(-1).view(np.uint32) if xq.dtype != np.uint32 else xq.reshape(-1)
     flat = x.reshape(-1)
-    rmsnorm_q8_1_kernel[rows, THREADS, stream](
+    nblocks = n // 32
+    vec = 4 if flat.ptr % 16 == 0 else 1     # rows of n % 32 == 0 floats: 16-byte aligned
+    spread = -(-nblocks // (WARPS * SPREAD_PER_WARP)) if rows <= SPREAD_ROWS else 1
+    rmsnorm_q8_1_kernel[(rows, spread), 32 * WARPS, stream](
         flat, flat if weight is None else weight, words, flat if out is None else out.reshape(-1),
-        n, float(eps), weight is not None, out is not None, -(-n // THREADS))
+        n, float(eps), weight is not None, out is not None, -(-n // (32 * WARPS * vec)),
+        -(-nblocks // (WARPS * spread)), WARPS, vec)
 
 
 def rmsnorm_q8_1(x, weight=None, eps: float = 1e-6):

@@ -9,7 +9,7 @@ attention's Q loads were moved there once, so pipelined greedy tokens differed n
 read-only path is 1-3% faster there, measured): the previous kernel writes only their newest
 row, which is read after the wait, and the SASS test below checks that ptxas keeps it there.
 The kernels that wait at entry (the compiler's implicit wait) and read the previous kernel's
-output through "ro" pointers (the norm, quantize, RoPE, combine, argmax, embedding kernels of
+output through "ro" pointers (the quantize, RoPE, combine, argmax, embedding kernels of
 the decode graph) are checked the same way. Two checks: the parameters' flags (always), and the SASS itself (ptxas + nvdisasm: no more
 global loads before the first ACQBULK than the PTX has before the wait, and no coherent one;
 skipped where nvdisasm is absent: it comes with the CUDA toolkit or the nvidia-cuda-nvdisasm
@@ -26,11 +26,13 @@ from stdlib_kernels.attention.decode import DecodeConfig, decode_spec, mma_confi
 from stdlib_kernels.attention.decode_kernels import decode_partial
 from stdlib_kernels.attention.decode_mma import decode_mma
 from stdlib_kernels.quant.gemv_bulk import gemv_bulk, gemv_bulk_split
+from stdlib_kernels.quant.rmsnorm_q8_1 import rmsnorm_q8_1_kernel
 
 # decode attention: the previous kernel (RoPE + KV-cache write) writes Q; the bulk-copy
-# GEMVs: a quantize or norm kernel writes their Q8_1 activations
+# GEMVs: a quantize or norm kernel writes their Q8_1 activations; the norm (it loads its
+# weights before the wait): a GEMV's residual output
 WRITTEN_BEFORE = {decode_mma: ("q",), decode_partial: ("q",), gemv_bulk: ("xq", "res"),
-                  gemv_bulk_split: ("xq", "res")}
+                  gemv_bulk_split: ("xq", "res"), rmsnorm_q8_1_kernel: ("x",)}
 
 
 @pytest.mark.parametrize("kernel", list(WRITTEN_BEFORE), ids=lambda k: k.name)
@@ -73,6 +75,9 @@ def late_wait_variants():
                                                                   MODE=mode)
             yield f"gemv_bulk_split-{name}-mode{mode}", gemv_bulk_split, dict(
                 FMT=fmt, UNIT_BLOCKS=8 if name == "Q6_K" else 1, WARPS=4, SPLIT=4, MODE=mode)
+    for per_warp in (1, 8):
+        yield f"rmsnorm_q8_1-{per_warp}", rmsnorm_q8_1_kernel, dict(
+            HAS_W=True, HAS_OUT=False, CHUNKS=2, PER_WARP=per_warp, WARPS=16, VEC=4)
     import importlib
     gemv = importlib.import_module("stdlib_kernels.quant.gemv")   # the package exports gemv()
     from stdlib_kernels.quant.gemv_kernels import gemv_q8_kernel
@@ -94,9 +99,7 @@ def entry_wait_variants():
     from stdlib_kernels.attention.decode import combine_spec
     from stdlib_kernels.attention.decode_combine import combine_splits
     from stdlib_kernels.quant.q8_1 import q8_1_quantize_kernel
-    from stdlib_kernels.quant.rmsnorm_q8_1 import rmsnorm_q8_1_kernel
     from stdlib_kernels.rotary import rope_qkv_cache
-    yield "rmsnorm_q8_1", rmsnorm_q8_1_kernel, dict(HAS_W=True, HAS_OUT=False, CHUNKS=4)
     yield "q8_1_quantize", q8_1_quantize_kernel, dict(U=1, WARPS=8)
     yield "rope_qkv_cache", rope_qkv_cache, dict(HAS_Q=True, HAS_FF=False, NEOX=False,
                                                  T=pk.f32, C=pk.f16)

@@ -168,18 +168,26 @@ def test_gemv_rejects_bad_input(device, rng):
         gemv(raw, "Q9_9", np.zeros(64, np.float32))
 
 
-@pytest.mark.parametrize("n", [96, 1056, 4096])
-def test_rmsnorm_q8_1_fused(device, rng, seed, n):
-    """Rows of one, two (1056 = 33 Q8_1 blocks: one past the first 1024-value chunk) and four
-    chunks; every output byte poisoned first (a chunk left unwritten once went unnoticed at
-    n <= 1024, the only sizes tested, and fed the 1.5B / 8B decode stale bytes)."""
-    from stdlib_kernels.quant.rmsnorm_q8_1 import rmsnorm_q8_1_into
-    rows = 3 if n < 4096 else 2
+@pytest.mark.parametrize("n,rows,aligned", [(96, 3, True), (1056, 3, True), (4096, 2, True),
+                                            (1056, 2, False), (544, 11, True),
+                                            (96, 9, False)])
+def test_rmsnorm_q8_1_fused(device, rng, seed, n, rows, aligned):
+    """Rows of one, two (1056 = 33 Q8_1 blocks: one past a block's 512 values and 16 warps)
+    and more chunks; a row spread over blocks (rows <= SPREAD_ROWS) and one block per row
+    (11 and 9 rows); rows not 16-byte aligned (scalar loads); every output byte poisoned first
+    (a chunk left unwritten once went unnoticed at n <= 1024, the only sizes tested, and fed
+    the 1.5B / 8B decode stale bytes)."""
+    from stdlib_kernels.quant.rmsnorm_q8_1 import SPREAD_ROWS, rmsnorm_q8_1_into
+    assert (rows > SPREAD_ROWS) == (rows > 8)
     x = (rng.standard_normal((rows, n)) * 10.0 ** rng.uniform(-3, 3, (rows, 1))).astype(np.float32)
     weight = rng.standard_normal(n).astype(np.float32)
     xq = pk.full((rows, n // 32 * 36), 0xFF, np.uint8)      # 0xFFFF: an f16 NaN scale
     out = pk.full((rows, n), np.nan, np.float32)
-    rmsnorm_q8_1_into(pk.to_device(x), pk.to_device(weight), 1e-5, xq, out)
+    padded = pk.to_device(np.concatenate([[0.0] if not aligned else [], x.reshape(-1)])
+                          .astype(np.float32))
+    dev_x = (padded if aligned else padded[1:]).reshape(rows, n)
+    assert (dev_x.ptr % 16 == 0) == aligned
+    rmsnorm_q8_1_into(dev_x, pk.to_device(weight), 1e-5, xq, out)
     x64 = x.astype(np.float64)
     want = x64 / np.sqrt((x64 ** 2).mean(axis=1, keepdims=True) + 1e-5) * weight
     assert np.allclose(out.numpy(), want, rtol=2e-6, atol=0), f"rmsnorm values (seed {seed})"
