@@ -40,7 +40,7 @@ from .decode8 import Q3_K, Q4_K, Q6_K
 from .dot_q8 import act_copy
 from .dot_q8_k import (q3k_wide_sum, q3k_wide_values, q4k_half_dot, q6k_wide_sum,
                        q6k_wide_values)
-from .gemv_kernels import MODE_GEGLU, MODE_PLAIN, MODE_RESIDUAL, MODE_SWIGLU, epilogue
+from .gemv_kernels import MODE_GEGLU, MODE_PLAIN, MODE_RESIDUAL, MODE_SWIGLU, store_output
 from .gemv_q1_0 import L2_BYTES, bulk_available
 from .q8_1 import q8_1_bytes
 
@@ -145,6 +145,11 @@ def gemv_bulk(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], xq: Ptr[u32], res: Ptr[f32]
         row0 = (first + rd * step) * R
         for r in pk.static_range(2 * R):
             acc[r] = 0.0
+        pre = pk.local_array(f32, R)     # the residuals, loaded while the rows arrive
+        for r in pk.static_range(R):
+            pre[r] = 0.0
+            if MODE == MODE_RESIDUAL and lane == r % 32 and row0 + r < rows:
+                pre[r] = res[row0 + r]
         pk.mbarrier_wait(bars, warp * S + rd % S, (rd // S) % 2)
         for item in range(lane, 2 * nb, 32):
             blk = item // 2
@@ -158,7 +163,7 @@ def gemv_bulk(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], xq: Ptr[u32], res: Ptr[f32]
             if GLU:
                 gate_up = warp_sum(acc[R + r])
             if lane == r % 32 and row0 + r < rows:
-                epilogue(total, gate_up, res, y, row0 + r, MODE)
+                store_output(total, gate_up, pre[r], y, row0 + r, MODE)
         pk.syncwarp()                          # the stage is read before it is refilled
         if rd + S < rounds:
             issue_group(w, w2, sm, bars, warp * S + rd % S, stage,
@@ -194,6 +199,9 @@ def gemv_bulk_split(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], xq: Ptr[u32], res: Pt
         if GLU:
             pk.bulk_copy(sm, stage + chunk_words, w2, src, nbytes, bars, warp)
     pk.grid_dependency_wait()
+    pre = f32(0.0)                       # the residual, loaded while the rows arrive
+    if MODE == MODE_RESIDUAL and c == 0 and lane == 0 and row < rows:
+        pre = res[row]
     a = pk.local_array(u32, 36)
     acc = f32(0.0)
     acc_up = f32(0.0)
@@ -219,7 +227,7 @@ def gemv_bulk_split(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], xq: Ptr[u32], res: Pt
         for k in pk.static_range(SPLIT):
             total += part[warp + k]
             gate_up += part[WARPS + warp + k]
-        epilogue(total, gate_up, res, y, row, MODE)
+        store_output(total, gate_up, pre, y, row, MODE)
 
 
 def bulk_eligible(type_name: str, rows: int, n: int) -> bool:

@@ -205,6 +205,8 @@ def rows_dot(w, w2, xq, res: Ptr[f32], y: Ptr[f32], rows: i32, row_words: i32, n
     wrows = pk.local_array(i32, ROWS)
     for ri in pk.static_range(ROWS):
         wrows[ri] = min(row0 + ri, rows - 1) * row_words
+    pre = pk.local_array(f32, ROWS * BATCH)
+    preload_residual(pre, res, rows, row0, KW, ROWS, BATCH, MODE)
     nitems = nblocks * ITEMS // WIDEN   # the host checks that WIDEN divides it
     stride = 32 * KW
     it = pk.thread_idx.x % stride
@@ -216,7 +218,7 @@ def rows_dot(w, w2, xq, res: Ptr[f32], y: Ptr[f32], rows: i32, row_words: i32, n
     while it < nitems:
         rows_item_q8(FMT, w, w2, wrows, it, xq, xq_words, acc, ITEMS, ROWS, BATCH, MODE, WIDEN)
         it += stride
-    reduce_and_store(acc, res, y, rows, row0, WARPS, KW, ROWS, BATCH, MODE)
+    reduce_and_store_pre(acc, pre, y, rows, row0, WARPS, KW, ROWS, BATCH, MODE)
 
 
 @pk.func
@@ -233,10 +235,19 @@ def warp_sum(v: f32) -> f32:
 
 @pk.func
 def epilogue(v: f32, v2: f32, res: Ptr[f32], y: Ptr[f32], idx: i32, MODE: Const[int]):
+    r = f32(0.0)
+    if MODE == MODE_RESIDUAL:
+        r = res[idx]
+    store_output(v, v2, r, y, idx, MODE)
+
+
+@pk.func
+def store_output(v: f32, v2: f32, r: f32, y: Ptr[f32], idx: i32, MODE: Const[int]):
+    """The epilogue with the residual r already loaded (MODE_RESIDUAL; ignored otherwise)."""
     if MODE == MODE_PLAIN:
         y[idx] = v
     elif MODE == MODE_RESIDUAL:
-        y[idx] = v + res[idx]
+        y[idx] = v + r
     elif MODE == MODE_SWIGLU:
         y[idx] = v / (1.0 + pk.exp(-v)) * v2
     else:  # gelu, tanh approximation (ggml_gelu, gelu_pytorch_tanh)
@@ -249,6 +260,31 @@ def reduce_and_store(acc, res: Ptr[f32], y: Ptr[f32], rows: i32, row0: i32, WARP
                      KW: Const[int], ROWS: Const[int], BATCH: Const[int], MODE: Const[int]):
     """Sum each accumulator over the group's threads; lane a of the group's first warp stores
     output a (row row0 + a / BATCH, token a % BATCH), so the stores are spread over lanes."""
+    pre = pk.local_array(f32, ROWS * BATCH)
+    preload_residual(pre, res, rows, row0, KW, ROWS, BATCH, MODE)
+    reduce_and_store_pre(acc, pre, y, rows, row0, WARPS, KW, ROWS, BATCH, MODE)
+
+
+@pk.func
+def preload_residual(pre, res: Ptr[f32], rows: i32, row0: i32, KW: Const[int],
+                     ROWS: Const[int], BATCH: Const[int], MODE: Const[int]):
+    """MODE_RESIDUAL: pre[a] = the residual of output a, in the lane that will store it
+    (reduce_and_store_pre). Loaded before the dot products, its latency is off the kernel's
+    tail (res is written by an earlier kernel of the step, complete at the PDL wait; it may
+    alias y, whose element only this lane writes, later)."""
+    tid = pk.thread_idx.x
+    for a in pk.static_range(ROWS * BATCH):
+        pre[a] = 0.0
+        r = row0 + a // BATCH
+        if MODE == MODE_RESIDUAL and (tid // 32) % KW == 0 and tid % 32 == a % 32 and r < rows:
+            pre[a] = res[(a % BATCH) * rows + r]
+
+
+@pk.func
+def reduce_and_store_pre(acc, pre, y: Ptr[f32], rows: i32, row0: i32, WARPS: Const[int],
+                         KW: Const[int], ROWS: Const[int], BATCH: Const[int],
+                         MODE: Const[int]):
+    """reduce_and_store with the residuals preloaded (preload_residual)."""
     tid = pk.thread_idx.x
     lane = tid % 32
     for a in pk.static_range(ROWS * BATCH):
@@ -271,7 +307,8 @@ def reduce_and_store(acc, res: Ptr[f32], y: Ptr[f32], rows: i32, row0: i32, WARP
         for a in pk.static_range(ROWS * BATCH):
             r = row0 + a // BATCH
             if lane == a % 32 and r < rows:
-                epilogue(acc[a], acc[ROWS * BATCH + a], res, y, (a % BATCH) * rows + r, MODE)
+                store_output(acc[a], acc[ROWS * BATCH + a], pre[a], y, (a % BATCH) * rows + r,
+                             MODE)
 
 
 @pk.kernel
