@@ -20,6 +20,7 @@ from stdlib_kernels.quant.gemm import gemm_into
 from stdlib_kernels.quant.gemm_q8 import gemm_q8_into
 from stdlib_kernels.quant.gemv import Q8_1_TYPES, gemv_f32_into, gemv_q8_into, weight_words
 from stdlib_kernels.quant.gemv_kernels import MAX_BATCH
+from stdlib_kernels.quant.gemv_pair import GemvPart, gemv_q8_pair_into, pair_eligible
 from stdlib_kernels.quant.matmul import prefill_path
 from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1_into
 
@@ -192,6 +193,8 @@ def matmul(x, w: DeviceMatrix, out, xq, scratch: Callable, res=None, gemv=True) 
         if res is not None and fused is None:
             X.add(out, res)
         return
+    elif n == 1 and _pair_gemv(w, out, xq, res):
+        return
     else:
         for g in w.groups:
             gq = xq if xq is not None and _q8(g, w) else None
@@ -226,6 +229,22 @@ def glu(x, w: DeviceMatrix, out, xq, act: str, scratch: Callable) -> None:
     gate = RowGroup(g.type_name, half, 0, g.raw, g.words[:half * per_row])
     up = RowGroup(g.type_name, half, half, g.raw, g.words[half * per_row:])
     gemv_rows(gate, w.n_in, x, gq, out, act, w2=up)
+
+
+def _pair_gemv(w: DeviceMatrix, out, xq, res) -> bool:
+    """One token, two row groups of different types (q|k Q4_K + v Q6_K of Q4_K_M files), both
+    on the register DP4A GEMV: one launch for both (stdlib's gemv_pair); False if not."""
+    if len(w.groups) != 2 or xq is None or not all(_q8(g, w) for g in w.groups):
+        return False
+    a, b = w.groups
+    if not pair_eligible(a.type_name, a.rows, b.type_name, b.rows, w.n_in, xq):
+        return False
+    flat, flat_res = out.reshape(-1), None if res is None else res.reshape(-1)
+    parts = [GemvPart(g.words, g.type_name, g.rows, flat[g.row_off:g.row_off + g.rows],
+                      None if res is None else flat_res[g.row_off:g.row_off + g.rows])
+             for g in w.groups]
+    gemv_q8_pair_into(parts, xq, w.n_in, None if res is None else "residual")
+    return True
 
 
 def _q8(g: RowGroup, w: DeviceMatrix) -> bool:

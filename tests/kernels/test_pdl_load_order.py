@@ -88,6 +88,17 @@ def late_wait_variants():
             yield f"gemv_q8-{name}-mode{mode}", gemv_q8_kernel, dict(
                 FMT=fmt_id, WT=np.uint32, ITEMS=items, WARPS=c.warps, BATCH=1, MODE=mode,
                 ROWS=c.rows, KW=c.split, UNROLL=c.unroll, WIDEN=1, STAGE_X=0, PREFETCH=True)
+    from stdlib_kernels.quant.gemv_pair import gemv_q8_pair_kernel
+    part = {}
+    for side, name in (("A", "Q4_K"), ("B", "Q6_K")):
+        fmt_id, items = gemv.VARIANTS[name][gemv.VARIANT[name]][:2]
+        c = gemv.TUNED_SHORT[name]
+        part.update({f"F{side}": fmt_id, f"W{side}": np.uint32, f"ITEMS_{side}": items,
+                     f"ROWS_{side}": c.rows, f"KW_{side}": c.split, f"UNROLL_{side}": c.unroll,
+                     f"WIDEN_{side}": 1})
+    for mode in (0, 1):
+        yield f"gemv_q8_pair-mode{mode}", gemv_q8_pair_kernel, dict(part, WARPS=4, MODE=mode,
+                                                                    PREFETCH=True)
 
 
 def entry_wait_variants():

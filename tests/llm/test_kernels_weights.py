@@ -50,3 +50,38 @@ def test_mixed_type_groups_with_residual_in_the_gemm_store(device, rng, seed, to
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-6, atol=1e-5, err_msg=f"seed {seed}")
     fused = tokens <= W.GEMM_RESIDUAL_TOKENS
     assert len(launches) == (2 if fused else 3), launches   # a GEMM per group, no copy
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_one_token_mixed_types_in_one_gemv_launch(device, rng, seed, residual):
+    # Q4_K_M's q|k (Q4_K) + v (Q6_K) for one token: one gemv_pair launch, each group's
+    # columns equal to its own GEMV (+ the residual, or a one-token bias, in the store)
+    from stdlib_kernels.quant.gemv import gemv_q8_into
+    n = 512
+    groups = [make_group(rng, "Q4_K", 40, 0, n), make_group(rng, "Q6_K", 24, 40, n)]
+    w = W.DeviceMatrix(n, 64, groups, ("qk", "v"), (40, 24))
+    xd = pk.to_device(rng.standard_normal((1, n)).astype(np.float32))
+    xq = pk.empty(W.q8_buffer_shape(1, n), np.uint8)
+    W.quantize_activations(xd, xq)
+    res = pk.to_device(rng.standard_normal((1, 64)).astype(np.float32)) if residual else None
+    want = []
+    for g in groups:
+        y = pk.empty((1, g.rows), np.float32)
+        gemv_q8_into(g.words, g.type_name, xq, y, g.rows, n)
+        want.append(y.numpy())
+    want = np.concatenate(want, axis=1) + (res.numpy() if residual else 0)
+    out = pk.full((1, 64), np.nan, np.float32)
+    launches = []
+    original = pk.current_device().launch
+
+    def counting(compiled, *args, **kwargs):
+        launches.append(compiled.name)
+        return original(compiled, *args, **kwargs)
+
+    pk.current_device().launch = counting
+    try:
+        W.matmul(xd, w, out, xq, lambda shape: pk.empty(shape, np.float32), res=res)
+    finally:
+        del pk.current_device().launch
+    assert len(launches) == 1 and launches[0].startswith("gemv_q8_pair_kernel"), launches
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-6, atol=1e-5, err_msg=f"seed {seed}")
