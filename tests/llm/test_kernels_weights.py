@@ -19,6 +19,27 @@ def make_group(rng, type_name: str, rows: int, row_off: int, n: int) -> W.RowGro
     return W.RowGroup(type_name, rows, row_off, dev, weight_words(dev, type_name, n)[0])
 
 
+def scratch(shape):
+    return pk.empty(shape, np.float32)
+
+
+def launched_by(run) -> list[str]:
+    """Names of the kernels `run()` launches on the current device, in order."""
+    launches = []
+    original = pk.current_device().launch
+
+    def counting(compiled, *args, **kwargs):
+        launches.append(compiled.name)
+        return original(compiled, *args, **kwargs)
+
+    pk.current_device().launch = counting
+    try:
+        run()
+    finally:
+        del pk.current_device().launch
+    return launches
+
+
 @pytest.mark.parametrize("tokens", [11, W.GEMM_RESIDUAL_TOKENS + 6])
 def test_mixed_type_groups_with_residual_in_the_gemm_store(device, rng, seed, tokens):
     # q|k|v-like: a Q4_0 group (int8 GEMM) then a Q4_1 group (f16 GEMM); the residual in the
@@ -32,19 +53,7 @@ def test_mixed_type_groups_with_residual_in_the_gemm_store(device, rng, seed, to
     xq = pk.empty(W.q8_buffer_shape(tokens, n), np.uint8)
     W.quantize_activations(xd, xq)
     out = pk.full((tokens, 40), np.nan, np.float32)
-    launches = []
-    original = pk.current_device().launch
-
-    def counting(compiled, *args, **kwargs):
-        launches.append(compiled.name)
-        return original(compiled, *args, **kwargs)
-
-    pk.current_device().launch = counting
-    try:
-        W.matmul(xd, w, out, xq, lambda shape: pk.empty(shape, np.float32),
-                 res=pk.to_device(res))
-    finally:
-        del pk.current_device().launch
+    launches = launched_by(lambda: W.matmul(xd, w, out, xq, scratch, res=pk.to_device(res)))
     want = np.concatenate([gemm_q8(groups[0].raw.numpy(), "Q4_0", x).numpy(),
                            gemm(groups[1].raw.numpy(), "Q4_1", x).numpy()], axis=1) + res
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-6, atol=1e-5, err_msg=f"seed {seed}")
@@ -71,17 +80,6 @@ def test_one_token_mixed_types_in_one_gemv_launch(device, rng, seed, residual):
         want.append(y.numpy())
     want = np.concatenate(want, axis=1) + (res.numpy() if residual else 0)
     out = pk.full((1, 64), np.nan, np.float32)
-    launches = []
-    original = pk.current_device().launch
-
-    def counting(compiled, *args, **kwargs):
-        launches.append(compiled.name)
-        return original(compiled, *args, **kwargs)
-
-    pk.current_device().launch = counting
-    try:
-        W.matmul(xd, w, out, xq, lambda shape: pk.empty(shape, np.float32), res=res)
-    finally:
-        del pk.current_device().launch
+    launches = launched_by(lambda: W.matmul(xd, w, out, xq, scratch, res=res))
     assert len(launches) == 1 and launches[0].startswith("gemv_q8_pair_kernel"), launches
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-6, atol=1e-5, err_msg=f"seed {seed}")
