@@ -1,15 +1,16 @@
 """Synthetic GGUF models of real shapes, for benchmarks without downloads.
 
-Input: a shape name (llama-8b, qwen2-1.5b, smollm2-135m), a file type (Q4_K_M, Q4_0, Q4_1) and an
-output path. Output: a GGUF file that both this runner and llama.cpp load: real hyperparameters,
-a synthetic byte-level BPE vocabulary of the real size (256 byte tokens, merged tokens with their
-merges, two control tokens), and random weights written directly as valid blocks of each
-tensor's quantization layout (random quant bytes; scales chosen so that every weight matrix
-has mean 0 and a trained model's spread, so activations stay finite through every layer).
-No float weights are generated or quantized. The Q4_K_M per-tensor
+Input: a shape name (llama-8b, qwen2-1.5b, qwen3-8b, smollm2-135m), a file type (Q4_K_M, Q4_0,
+Q4_1) and an output path. Output: a GGUF file that both this runner and llama.cpp load: real
+hyperparameters, a synthetic byte-level BPE vocabulary of the real size (256 byte tokens,
+merged tokens with their merges, two control tokens), and random weights written directly as
+valid blocks of each tensor's quantization layout (random quant bytes; scales chosen so that
+every weight matrix has mean 0 and a trained model's spread, so activations stay finite
+through every layer). No float weights are generated or quantized. The Q4_K_M per-tensor
 mix follows llama.cpp's rules: output (or a tied token_embd) Q6_K; attn_v and ffn_down Q6_K in
 the `use_more_bits` layers (first and last eighth, every third in between), Q4_K elsewhere.
-Q4_0 / Q4_1: every matrix in that type, output Q6_K. Norms and biases are F32.
+Q4_0 / Q4_1: every matrix in that type, output Q6_K. Norms and biases are F32 (qwen3: also the
+per-head attn_q_norm / attn_k_norm).
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ class Shape:
     tied: bool
     qkv_bias: bool
     pre: str
+    qk_norm: bool = False     # qwen3 / gemma3: per-head RMSNorm weights of q and k
 
 
 SHAPES = {
@@ -45,6 +47,8 @@ SHAPES = {
                       False, "llama-bpe"),
     "qwen2-1.5b": Shape("qwen2", 1536, 8960, 28, 12, 2, 151936, 32768, 1000000.0, 1e-6, True,
                         True, "qwen2"),
+    "qwen3-8b": Shape("qwen3", 4096, 12288, 36, 32, 8, 151936, 40960, 1000000.0, 1e-6, False,
+                      False, "qwen2", qk_norm=True),
     "smollm2-135m": Shape("llama", 576, 1536, 30, 9, 3, 49152, 8192, 100000.0, 1e-5, True,
                           False, "smollm"),
 }
@@ -173,6 +177,9 @@ def tensor_plan(s: Shape, file_type: str) -> list[tuple[str, Q, tuple[int, int]]
                  mat("attn_k", kv, e), mat("attn_v", kv, e), mat("attn_output", e, e),
                  (p + "ffn_norm.weight", Q.F32, (1, e)), mat("ffn_gate", s.n_ff, e),
                  mat("ffn_up", s.n_ff, e), mat("ffn_down", e, s.n_ff)]
+        if s.qk_norm:
+            plan += [(p + "attn_q_norm.weight", Q.F32, (1, hd)),
+                     (p + "attn_k_norm.weight", Q.F32, (1, hd))]
         if s.qkv_bias:
             plan += [(p + "attn_q.bias", Q.F32, (1, e)), (p + "attn_k.bias", Q.F32, (1, kv)),
                      (p + "attn_v.bias", Q.F32, (1, kv))]

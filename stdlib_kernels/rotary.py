@@ -22,6 +22,7 @@ import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, i64
 
 from . import _launch as L
+from ._device import warp_sum
 
 
 @pk.func
@@ -43,8 +44,11 @@ def pair_dims(i: i32, rot_dim: i32, NEOX: Const[bool]):
 
 @pk.func
 def rope_head(src, dst, pos: i32, head_dim: i32, rot_dim: i32, log2_base: f32, ff,
-              HAS_FF: Const[bool], NEOX: Const[bool], T: Const[pk.dtype]):
-    """Rotate one head (src -> dst, may alias); dims >= rot_dim are copied."""
+              HAS_FF: Const[bool], NEOX: Const[bool], T: Const[pk.dtype], rstd: f32, nw,
+              NORM: Const[bool]):
+    """Rotate one head (src -> dst, may alias); dims >= rot_dim are copied. NORM: the head is
+    first RMS-normalized, x * rstd * nw[d] (qwen3 / gemma3's q_norm / k_norm; rstd from
+    head_rstd)."""
     for i in range(pk.thread_idx.x, rot_dim // 2, pk.block_dim.x):
         d0, d1 = pair_dims(i, rot_dim, NEOX)
         theta = rope_angle(pos, i, rot_dim, log2_base, ff, HAS_FF)
@@ -52,10 +56,36 @@ def rope_head(src, dst, pos: i32, head_dim: i32, rot_dim: i32, log2_base: f32, f
         s = pk.sin(theta)
         x0 = f32(src[d0])
         x1 = f32(src[d1])
+        if NORM:
+            x0 = x0 * rstd * nw[d0]
+            x1 = x1 * rstd * nw[d1]
         dst[d0] = T(x0 * c - x1 * s)
         dst[d1] = T(x0 * s + x1 * c)
     for d in range(rot_dim + pk.thread_idx.x, head_dim, pk.block_dim.x):
-        dst[d] = T(f32(src[d]))
+        x = f32(src[d])
+        if NORM:
+            x = x * rstd * nw[d]
+        dst[d] = T(x)
+
+
+@pk.func
+def head_rstd(src, head_dim: i32, eps: f32, scratch) -> f32:
+    """Whole block (at most 8 warps): 1 / sqrt(mean(src[0:head_dim]^2) + eps) of one head, as
+    ggml's rms_norm (f32 sums; the order: per thread, then warps, then across warps)."""
+    ss = f32(0.0)
+    for d in range(pk.thread_idx.x, head_dim, pk.block_dim.x):
+        x = f32(src[d])
+        ss += x * x
+    ss = warp_sum(ss)
+    lane = pk.lane_id()
+    if lane == 0:
+        scratch[pk.thread_idx.x // 32] = ss
+    pk.syncthreads()
+    total = f32(0.0)
+    if lane < (pk.block_dim.x + 31) // 32:
+        total = scratch[lane]
+    total = warp_sum(total)
+    return 1.0 / pk.sqrt(total / f32(head_dim) + eps)
 
 
 @pk.kernel
@@ -66,33 +96,44 @@ def rope_heads(x: Ptr["T", "ro"], out: Ptr["T"], positions: Ptr[i32, "ro"], ff: 
     t = pk.block_idx.x
     base = (i64(t) * i64(heads) + i64(pk.block_idx.y)) * i64(head_dim)
     pos = positions[t] + pos_offset
-    rope_head(x + base, out + base, pos, head_dim, rot_dim, log2_base, ff, HAS_FF, NEOX, T)
+    rope_head(x + base, out + base, pos, head_dim, rot_dim, log2_base, ff, HAS_FF, NEOX, T,
+              f32(1.0), ff, False)
 
 
 @pk.kernel
 def rope_qkv_cache(q: Ptr["T"], k: Ptr["T", "ro"], v: Ptr["T", "ro"], cache_k: Ptr["C"],
                    cache_v: Ptr["C"], positions: Ptr[i32, "ro"], ff: Ptr[f32, "ro"],
+                   qn: Ptr[f32, "ro"], kn: Ptr[f32, "ro"],
                    q_heads: i32, kv_heads: i32, head_dim: i32, rot_dim: i32, max_len: i32,
-                   q_row: i32, kv_row: i32, pos_offset: i32, log2_base: f32,
+                   q_row: i32, kv_row: i32, pos_offset: i32, log2_base: f32, eps: f32,
                    HAS_Q: Const[bool], HAS_FF: Const[bool], NEOX: Const[bool],
-                   T: Const[pk.dtype], C: Const[pk.dtype]):
+                   T: Const[pk.dtype], C: Const[pk.dtype], NORM: Const[bool]):
     # grid (tokens, q_heads + kv_heads): blocks y < q_heads rotate q in place, the others
     # rotate one k head into the cache and copy the matching v head; token t's q heads start
-    # at q + t q_row, its k / v heads at k / v + t kv_row
+    # at q + t q_row, its k / v heads at k / v + t kv_row. NORM: q and k heads are first
+    # RMS-normalized with weights qn / kn (head_dim each)
     pk.launch_dependents()   # decode: one short wave, let the next kernel launch now
+    scratch = pk.shared_array(f32, 8)
     t = pk.block_idx.x
     h = pk.block_idx.y
     pos = positions[t] + pos_offset
     if h < q_heads:
         if HAS_Q:
             qb = q + i64(t) * i64(q_row) + i64(h) * i64(head_dim)
-            rope_head(qb, qb, pos, head_dim, rot_dim, log2_base, ff, HAS_FF, NEOX, T)
+            rstd = f32(1.0)
+            if NORM:
+                rstd = head_rstd(qb, head_dim, eps, scratch)
+            rope_head(qb, qb, pos, head_dim, rot_dim, log2_base, ff, HAS_FF, NEOX, T, rstd,
+                      qn, NORM)
     elif pos >= 0 and pos < max_len:
         kvh = h - q_heads
         src = i64(t) * i64(kv_row) + i64(kvh) * i64(head_dim)
         dst = (i64(kvh) * i64(max_len) + i64(pos)) * i64(head_dim)
+        rstd = f32(1.0)
+        if NORM:
+            rstd = head_rstd(k + src, head_dim, eps, scratch)
         rope_head(k + src, cache_k + dst, pos, head_dim, rot_dim, log2_base, ff, HAS_FF,
-                  NEOX, C)
+                  NEOX, C, rstd, kn, NORM)
         for d in range(pk.thread_idx.x, head_dim, pk.block_dim.x):
             cache_v[dst + i64(d)] = C(f32(v[src + i64(d)]))
 
@@ -139,9 +180,13 @@ def rope(x, positions, theta: float = 10000.0, style: str = "normal", *, rot_dim
 
 def rope_kv_cache(k, v, cache_k, cache_v, positions, theta: float = 10000.0,
                   style: str = "normal", *, q=None, rot_dim=None, freq_factors=None,
-                  pos_offset: int = 0, stream=None):
+                  pos_offset: int = 0, q_norm=None, k_norm=None, norm_eps: float = 1e-6,
+                  stream=None):
     """One launch: RoPE q in place (if given), RoPE k into cache_k[:, pos] and copy v into
-    cache_v[:, pos] (pos = positions[t] + pos_offset). Caches: (n_kv_head, max_len, head_dim)."""
+    cache_v[:, pos] (pos = positions[t] + pos_offset). Caches: (n_kv_head, max_len, head_dim).
+    q_norm / k_norm (head_dim,) f32, both or neither: each q and k head is RMS-normalized
+    (eps norm_eps) and scaled by them before the rotation (qwen3 / gemma3), in the same
+    launch."""
     k, v = L.as_array(k, "rope_kv_cache: k"), L.as_array(v, "rope_kv_cache: v")
     tokens, kv_heads, head_dim = _check_heads(k, "rope_kv_cache: k")
     if v.shape != k.shape or v.dtype != k.dtype:
@@ -155,18 +200,22 @@ def rope_kv_cache(k, v, cache_k, cache_v, positions, theta: float = 10000.0,
             raise ValueError(f"rope_kv_cache: q shape {q.shape} does not match k {k.shape}")
     pos, rot_dim, ff = _common(positions, tokens, head_dim, rot_dim, freq_factors, style,
                                "rope_kv_cache")
+    norms = _head_norms(q_norm, k_norm, head_dim, "rope_kv_cache")
     _launch_qkv(L.either(q, k), k, v, cache_k, cache_v, pos, ff, tokens, q_heads, kv_heads,
                 head_dim, rot_dim, q_heads * head_dim, kv_heads * head_dim, pos_offset, theta,
-                style, q is not None, freq_factors is not None, k.dtype, stream)
+                style, q is not None, freq_factors is not None, k.dtype, stream, norms,
+                norm_eps)
 
 
 def rope_kv_cache_cols(qkv, q_heads: int, kv_heads: int, head_dim: int, cache_k, cache_v,
                        positions, theta: float = 10000.0, style: str = "normal", *,
                        rot_dim=None, freq_factors=None, pos_offset: int = 0,
+                       q_norm=None, k_norm=None, norm_eps: float = 1e-6,
                        stream=None) -> None:
     """rope_kv_cache on a fused projection's output read in place: qkv (tokens, W) float32
     holds q | k | v heads in its first (q_heads + 2 kv_heads) head_dim columns; q is rotated
-    there, k rotated into cache_k, v copied into cache_v (no copies of the columns)."""
+    there, k rotated into cache_k, v copied into cache_v (no copies of the columns).
+    q_norm / k_norm / norm_eps: as rope_kv_cache's."""
     qkv = L.as_array(qkv, "rope_kv_cache_cols: qkv")
     nq, nkv = q_heads * head_dim, kv_heads * head_dim
     if qkv.ndim != 2 or qkv.dtype != np.float32 or qkv.shape[1] < nq + 2 * nkv:
@@ -177,18 +226,36 @@ def rope_kv_cache_cols(qkv, q_heads: int, kv_heads: int, head_dim: int, cache_k,
     tokens, width = qkv.shape
     pos, rot_dim, ff = _common(positions, tokens, head_dim, rot_dim, freq_factors, style,
                                "rope_kv_cache_cols")
+    norms = _head_norms(q_norm, k_norm, head_dim, "rope_kv_cache_cols")
     flat = qkv.reshape(-1)
     _launch_qkv(flat, flat[nq:], flat[nq + nkv:], cache_k, cache_v, pos, ff, tokens, q_heads,
                 kv_heads, head_dim, rot_dim, width, width, pos_offset, theta, style, True,
-                freq_factors is not None, qkv.dtype, stream)
+                freq_factors is not None, qkv.dtype, stream, norms, norm_eps)
+
+
+def _head_norms(q_norm, k_norm, head_dim: int, name: str):
+    """(q_norm, k_norm) as device f32 arrays of head_dim, or None for no per-head norm."""
+    if q_norm is None and k_norm is None:
+        return None
+    if q_norm is None or k_norm is None:
+        raise ValueError(f"{name}: q_norm and k_norm go together (got only one)")
+    norms = tuple(L.as_array(w, f"{name}: {what}", np.float32)
+                  for w, what in ((q_norm, "q_norm"), (k_norm, "k_norm")))
+    for w, what in zip(norms, ("q_norm", "k_norm")):
+        if w.size != head_dim:
+            raise ValueError(f"{name}: {what} has {w.size} values, expected head_dim "
+                             f"{head_dim}")
+    return norms
 
 
 def _launch_qkv(q, k, v, cache_k, cache_v, pos, ff, tokens, q_heads, kv_heads, head_dim,
-                rot_dim, q_row, kv_row, pos_offset, theta, style, has_q, has_ff, dtype, stream):
-    args = (q, k, v, cache_k, cache_v, pos, ff, q_heads, kv_heads, head_dim, rot_dim,
-            cache_k.shape[1], q_row, kv_row, pos_offset, math.log2(theta))
+                rot_dim, q_row, kv_row, pos_offset, theta, style, has_q, has_ff, dtype, stream,
+                norms=None, norm_eps=1e-6):
+    qn, kn = norms if norms is not None else (ff, ff)   # not read without NORM
+    args = (q, k, v, cache_k, cache_v, pos, ff, qn, kn, q_heads, kv_heads, head_dim, rot_dim,
+            cache_k.shape[1], q_row, kv_row, pos_offset, math.log2(theta), float(norm_eps))
     spec = (("HAS_Q", has_q), ("HAS_FF", has_ff), ("NEOX", style == "neox"), ("T", dtype),
-            ("C", cache_k.dtype))
+            ("C", cache_k.dtype), ("NORM", norms is not None))
     L.launch(rope_qkv_cache, (tokens, q_heads + kv_heads, 1), L.threads_for(head_dim, 256),
              args, spec, stream)
 

@@ -21,8 +21,8 @@ import pykernel as pk
 from llm.backends import kernels_extra as X
 from llm.backends import kernels_weights as W
 from llm.backends.base import Backend
-from llm.backends.kernels_lazy import (Cols, GluHalf, Normed, PendingGlu, PendingMatmul,
-                                       Quantized, Roped)
+from llm.backends.kernels_lazy import (Cols, GluHalf, HeadNormed, Normed, PendingGlu,
+                                       PendingMatmul, Quantized, Roped)
 from llm.backends.kernels_memory import Arena, DeviceMemory, KernelsKVCache
 from llm.config import RopeParams
 from llm.gguf_file import TensorInfo
@@ -224,12 +224,16 @@ class KernelsBackend(Backend):
         return a
 
     def rms_norm(self, x, w, eps, group=0):
-        x = self.materialize(x)
+        if group:       # deferred: RoPE + KV-cache write fuses q / k head norms
+            return HeadNormed(x, w, eps, group)
+        # deferred: a Q8_1 GEMV consumer fuses it with the quantization
+        return Normed(self.materialize(x), w, eps)
+
+    def _head_norm_now(self, p: HeadNormed):
+        x = self.materialize(p.x)
         n = x.shape[0]
-        if not group:   # deferred: a Q8_1 GEMV consumer fuses it with the quantization
-            return Normed(x, w, eps)
         out = self.arena.take(x.shape, np.float32)
-        rmsnorm(x.reshape(n, -1, group), w, eps, out=out.reshape(n, -1, group))
+        rmsnorm(x.reshape(n, -1, p.group), p.weight, p.eps, out=out.reshape(n, -1, p.group))
         return out
 
     def _rms_norm_now(self, p: Normed):
@@ -262,11 +266,15 @@ class KernelsBackend(Backend):
         d = cache.head_dim
         k_cache, v_cache = cache.k[layer], cache.v[layer]
         fused = isinstance(q, Roped) and isinstance(k, Roped) and q.params == k.params
+        q_src, k_src, norms = (q.x, k.x, _head_norms(q.x, k.x, d)) if fused else (q, k, None)
+        if norms is not None:      # the head norms run inside the RoPE launch
+            q_src, k_src = q_src.x, k_src.x
         if fused and d in HEAD_DIMS and self._tensor_core_prefill(k_cache) and \
-                _qkv_in_place(q.x, k.x, v):
-            return self._prefill_in_place(q, k, v, k_cache, v_cache, start, scale, window)
-        qa = self._contiguous(q.x if fused else self.materialize(q))
-        ka = self._contiguous(k.x if fused else self.materialize(k))
+                _qkv_in_place(q_src, k_src, v):
+            return self._prefill_in_place(q, k, v, k_cache, v_cache, start, scale, window,
+                                          norms)
+        qa = self._contiguous(q_src if fused else self.materialize(q))
+        ka = self._contiguous(k_src if fused else self.materialize(k))
         va = self._contiguous(v)
         n = qa.shape[0]
         positions, start_dev = self._positions(np.arange(start, start + n))
@@ -274,8 +282,8 @@ class KernelsBackend(Backend):
         if fused:
             p = q.params
             rope_kv_cache(ka.reshape(n, -1, d), va.reshape(n, -1, d), k_cache, v_cache,
-                            positions, p.base, _rope_style(p), q=q3,
-                            rot_dim=p.n_rot, freq_factors=q.freq_factors)
+                          positions, p.base, _rope_style(p), q=q3,
+                          rot_dim=p.n_rot, freq_factors=q.freq_factors, **_norm_args(norms))
         else:
             X.store_kv(ka, va, k_cache, v_cache, start_dev)
         out = self.arena.take((n, qa.shape[1]), np.float32)
@@ -288,19 +296,20 @@ class KernelsBackend(Backend):
             X.attention(qa, k_cache, v_cache, out, start_dev, q3.shape[1], scale, window)
         return out
 
-    def _prefill_in_place(self, q, k, v, k_cache, v_cache, start, scale, window):
-        """Prefill on the fused q|k|v projection's output itself: RoPE of q in place, of k into
-        the cache, v into the cache, then the tensor-core attention reading q's columns (no
-        copies of the three column blocks)."""
-        qkv, d = q.x.src, k_cache.shape[-1]
+    def _prefill_in_place(self, q, k, v, k_cache, v_cache, start, scale, window, norms=None):
+        """Prefill on the fused q|k|v projection's output itself: (head norms and) RoPE of q
+        in place, of k into the cache, v into the cache, then the tensor-core attention reading
+        q's columns (no copies of the three column blocks)."""
+        qc, kc = (q.x.x, k.x.x) if norms is not None else (q.x, k.x)
+        qkv, d = qc.src, k_cache.shape[-1]
         n, p = qkv.shape[0], q.params
         positions, _ = self._positions(np.arange(start, start + n))
-        rope_kv_cache_cols(qkv, q.x.width // d, k.x.width // d, d, k_cache, v_cache, positions,
+        rope_kv_cache_cols(qkv, qc.width // d, kc.width // d, d, k_cache, v_cache, positions,
                            p.base, _rope_style(p), rot_dim=p.n_rot,
-                           freq_factors=q.freq_factors)
-        out = self.arena.take((n, q.x.width), np.float32)
+                           freq_factors=q.freq_factors, **_norm_args(norms))
+        out = self.arena.take((n, qc.width), np.float32)
         launch_prefill(qkv, k_cache, v_cache, out.reshape(n, -1, d), start, scale,
-                       window=window or None, n_head=q.x.width // d)
+                       window=window or None, n_head=qc.width // d)
         return out
 
     def _stdlib_attention(self, q3, k_cache, v_cache, start, start_dev, out3, scale, window,
@@ -381,6 +390,8 @@ class KernelsBackend(Backend):
             return self._run_matmul(PendingMatmul(x.x, x.w, None, x.xq))
         if isinstance(x, Normed):
             return self._rms_norm_now(x)
+        if isinstance(x, HeadNormed):
+            return self._head_norm_now(x)
         if isinstance(x, Quantized):
             return x.x
         if isinstance(x, GluHalf):
@@ -400,7 +411,7 @@ class KernelsBackend(Backend):
             out = self.arena.take((n, x.width), np.float32)
             X.columns(x.src, out, n, x.width, x.off, 0)
             return out
-        if isinstance(x, (PendingMatmul, PendingGlu, GluHalf, Roped, Normed)):
+        if isinstance(x, (PendingMatmul, PendingGlu, GluHalf, Roped, Normed, HeadNormed)):
             return self.materialize(x)
         return x
 
@@ -411,6 +422,22 @@ class KernelsBackend(Backend):
 
 def _rope_style(p: RopeParams) -> str:
     return "neox" if p.neox else "normal"
+
+
+def _head_norms(q, k, head_dim: int):
+    """(q weight, k weight, eps) when both q and k are deferred per-head RMSNorms of head_dim
+    with one eps (qwen3 / gemma3's q_norm / k_norm), which the RoPE launch can apply; else
+    None."""
+    if isinstance(q, HeadNormed) and isinstance(k, HeadNormed) and q.eps == k.eps and \
+            q.group == k.group == head_dim:
+        return q.weight, k.weight, q.eps
+    return None
+
+
+def _norm_args(norms) -> dict:
+    if norms is None:
+        return {}
+    return {"q_norm": norms[0], "k_norm": norms[1], "norm_eps": norms[2]}
 
 
 def _qkv_in_place(q, k, v) -> bool:

@@ -5,8 +5,9 @@ Input: what an op returns before its consumer is known. Output: the consumer eit
 (attention takes `Roped` q/k -> one RoPE + KV-cache write launch; `add` takes a `PendingMatmul` ->
 the residual add in the GEMV's epilogue; `swiglu` takes two `GluHalf` -> gate/up GEMV with SwiGLU
 in its epilogue; `matmul` takes a `Normed` -> RMSNorm and the Q8_1 quantization its GEMV reads in
-one launch, or a `Quantized` -> no quantize launch) or calls `materialize` for a plain
-contiguous device array.
+one launch, or a `Quantized` -> no quantize launch; attention takes `Roped` of `HeadNormed` q/k
+-> qwen3 / gemma3's per-head q/k norms in the same RoPE launch) or calls `materialize` for a
+plain contiguous device array.
 """
 from __future__ import annotations
 
@@ -39,6 +40,15 @@ class Normed:
     x: Any
     weight: Any
     eps: float
+
+
+@dataclass
+class HeadNormed:
+    """RMSNorm of each `group`-wide head of x times weight (group,), not yet launched."""
+    x: Any
+    weight: Any
+    eps: float
+    group: int
 
 
 @dataclass

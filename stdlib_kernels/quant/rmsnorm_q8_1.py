@@ -6,7 +6,7 @@ quantize for the DP4A GEMV" in one launch.
         out (optional, float32 like x) also receives the normalized values.
     rmsnorm_q8_1(x, weight, eps) -> (xq, out)          allocating wrapper (numpy or device x)
 
-Blocks of WARPS warps. A row of few rows (decode: rows <= SPREAD_ROWS) is spread over
+Blocks of WARPS warps. With few rows (decode: rows <= SPREAD_ROWS) each row is spread over
 ceil(n / 32 / WARPS) blocks, each warp quantizing one Q8_1 block; with more rows (prefill)
 one block per row, each warp quantizing every WARPS-th Q8_1 block. Every block of a row loads
 the whole row (16-byte loads when the rows are 16-byte aligned) and sums its squares (f32,

@@ -112,8 +112,9 @@ def entry_wait_variants():
     from stdlib_kernels.quant.q8_1 import q8_1_quantize_kernel
     from stdlib_kernels.rotary import rope_qkv_cache
     yield "q8_1_quantize", q8_1_quantize_kernel, dict(U=1, WARPS=8)
-    yield "rope_qkv_cache", rope_qkv_cache, dict(HAS_Q=True, HAS_FF=False, NEOX=False,
-                                                 T=pk.f32, C=pk.f16)
+    for norm in (False, True):
+        yield f"rope_qkv_cache-norm{int(norm)}", rope_qkv_cache, dict(
+            HAS_Q=True, HAS_FF=False, NEOX=False, T=pk.f32, C=pk.f16, NORM=norm)
     yield "argmax_next", argmax_next, dict(ADVANCE=True, UNITS=4, VEC=4)
     yield "embed_generic", embed_generic, dict(FMT=12, BE=256, BB=144)
     yield "combine_splits", combine_splits, combine_spec(128, 4, True, True)

@@ -94,6 +94,42 @@ def test_rope_kv_cache_cols_matches_separate_arrays(device, rng, seed, style):
                              positions)
 
 
+def rms_reference(x, weight, eps):
+    x = np.asarray(x, np.float64)
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * weight
+
+
+@pytest.mark.parametrize("cache_dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("style,head_dim,rot_dim", [("neox", 128, None), ("normal", 64, 32),
+                                                    ("neox", 256, None)])
+def test_rope_kv_cache_with_head_norms(device, rng, seed, cache_dtype, style, head_dim, rot_dim):
+    # qwen3 / gemma3: each q and k head RMS-normalized (weights q_norm / k_norm) before the
+    # rotation, in the same launch; inputs of very different scales per head
+    tokens, q_heads, kv_heads, max_len = 2, 6, 2, 9
+    q, k, v = ((rng.standard_normal((tokens, h, head_dim)) *
+                10.0 ** rng.uniform(-2, 2, (tokens, h, 1))).astype(np.float32)
+               for h in (q_heads, kv_heads, kv_heads))
+    wq, wk = (rng.uniform(0.5, 2.0, head_dim).astype(np.float32) for _ in range(2))
+    pos = np.array([3, 8], np.int32)
+    ck = pk.full((kv_heads, max_len, head_dim), np.nan, cache_dtype)
+    cv = pk.full((kv_heads, max_len, head_dim), np.nan, cache_dtype)
+    qd = pk.to_device(q)
+    R.rope_kv_cache(k, v, ck, cv, pk.to_device(pos), 1e6, style, q=qd, rot_dim=rot_dim,
+                    q_norm=wq, k_norm=wk, norm_eps=1e-6)
+    tol = angle_tol(pos) * 4 + (4e-3 if cache_dtype == np.float16 else 0)
+    q_ref = R.rope_reference(rms_reference(q, wq, 1e-6), pos, 1e6, style, rot_dim)
+    k_ref = R.rope_reference(rms_reference(k, wk, 1e-6), pos, 1e6, style, rot_dim)
+    assert np.max(np.abs(qd.numpy() - q_ref)) < tol, f"q (seed {seed})"
+    for t, p in enumerate(pos):
+        assert np.max(np.abs(ck.numpy()[:, p] - k_ref[t])) < tol, f"k token {t} (seed {seed})"
+        assert np.allclose(cv.numpy()[:, p], v[t], rtol=1e-3 if cache_dtype == np.float16
+                           else 0, atol=0), f"v token {t} (seed {seed})"
+    with pytest.raises(ValueError, match="go together"):
+        R.rope_kv_cache(k, v, ck, cv, pk.to_device(pos), q=qd, q_norm=wq)
+    with pytest.raises(ValueError, match="expected head_dim"):
+        R.rope_kv_cache(k, v, ck, cv, pk.to_device(pos), q=qd, q_norm=wq[:8], k_norm=wk)
+
+
 def test_rope_errors(device):
     x = np.zeros((2, 3, 8), np.float32)
     with pytest.raises(ValueError, match="style"):

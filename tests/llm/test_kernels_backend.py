@@ -79,10 +79,11 @@ def test_greedy_on_device_matches_host_argmax(models, monkeypatch, short_context
 
 def test_decode_graph_fusions_on_gemv_path():
     """The GPU's decode graph (GEMV path) on the CPU target: qwen2's q/k/v bias sits in the
-    GEMV epilogue and every RMSNorm feeding a Q8_1 GEMV is fused with its quantization; the
-    step still gives the numpy backend's logits."""
+    GEMV epilogue, every RMSNorm feeding a Q8_1 GEMV is fused with its quantization, and
+    qwen3's per-head q / k norms run inside the RoPE + KV-cache launch; the step still gives
+    the numpy backend's logits."""
     counts = {}
-    for name in ("tiny-qwen2-f32.gguf", "tiny-llama-q8_0.gguf"):
+    for name in ("tiny-qwen2-f32.gguf", "tiny-llama-q8_0.gguf", "tiny-qwen3-f32.gguf"):
         model = llm.load(TINY / name, device="cpu", backend="kernels", n_ctx=8, gemv=True,
                          progress=False)
         ids = CASES[name][0]["tokens"][:3]
@@ -102,6 +103,9 @@ def test_decode_graph_fusions_on_gemv_path():
     assert "rmsnorm_regs" not in llama and llama["rmsnorm_q8_1_kernel"] == 2 * n_layer + 1, llama
     # left: the Q8_1 inputs of the attention-output and down GEMVs
     assert llama["q8_1_quantize_kernel"] == 2 * n_layer, llama
+    qwen3 = counts["tiny-qwen3-f32.gguf"]   # f32 weights: the norms stay plain launches
+    assert qwen3["rmsnorm_regs"] == 2 * n_layer + 1, qwen3          # no q / k norm launches
+    assert qwen3["rope_qkv_cache"] == n_layer, qwen3
 
 
 def test_stdlib_gemv_path_on_cpu_target():
@@ -234,3 +238,27 @@ def test_graph_argmax_many_blocks(device_kind, rng, seed):
     argmax_into(pk.full((9001,), np.nan, np.float32), io, advance=True,
                 scratch=argmax_scratch(9001))
     assert io.numpy().tolist() == [0, 44]         # all NaN: a valid id, never 2**31 - 1
+
+
+def test_qwen3_head_norms_inside_the_rope_launch(tmp_path, monkeypatch):
+    """A tiny synthetic qwen3 (head_dim 64: the runner's tensor-core attention paths): q_norm /
+    k_norm applied inside the RoPE + KV-cache launch in prefill (q|k|v read in place) and in the
+    decode graph give the numpy backend's logits, with no separate head-norm launch."""
+    from llm import synth
+    monkeypatch.setitem(synth.SHAPES, "tiny-q3", synth.Shape(
+        "qwen3", 128, 256, 2, 2, 1, 512, 64, 1e6, 1e-6, False, False, "qwen2", qk_norm=True))
+    path = synth.write_synthetic("tiny-q3", "Q4_0", tmp_path / "tiny-q3.gguf")
+    model = llm.load(path, device="cpu", backend="kernels", n_ctx=24, gemv=True,
+                     progress=False)
+    reference = llm.load(path, device="cpu", backend="numpy", n_ctx=24, progress=False)
+    ids = list(range(3, 3 + 13))                        # 13 tokens: the prefill GEMM path
+    err = rel_l2(model.logits(ids), reference.logits(ids))
+    assert err < Q8_0_TOL, f"prefill vs numpy backend {err:.2e}"
+    session = model.session()
+    session.reset()
+    steps = [session.prefill(ids[:2])[0]] + [session.step(t) for t in ids[2:6]]
+    full = model.logits(ids[:6])
+    assert rel_l2(np.stack(steps), full[1:]) < 1e-2
+    launches = [launch.name for launch in session.cache.graph.graph.launches]
+    assert "rmsnorm_regs" not in launches, launches
+    assert launches.count("rope_qkv_cache") == 2, launches

@@ -120,3 +120,32 @@ def test_model_width_over_1024_matches_numpy(tmp_path, monkeypatch, arch, file_t
     steps = [session.prefill(ids[:9])[0]] + [session.step(t) for t in ids[9:]]
     assert np.isfinite(steps).all() and rel_l2(np.stack(steps), want[8:]) < tol, \
         rel_l2(np.stack(steps), want[8:])
+
+
+def test_qwen3_head_norms_in_the_rope_launch(tmp_path, monkeypatch):
+    """A synthetic qwen3 of head_dim 128 (q_norm / k_norm inside the RoPE + KV-cache launch):
+    prefill on the q|k|v output in place equals it on copied columns bit for bit, agrees with
+    separate head-norm launches and with the numpy backend, and graph decode follows the
+    prefill."""
+    from llm import synth
+    from llm.backends import kernels_backend
+    monkeypatch.setitem(synth.SHAPES, "small-q3", synth.Shape(
+        "qwen3", 512, 1024, 2, 4, 2, 2048, 256, 1e6, 1e-6, False, False, "qwen2",
+        qk_norm=True))
+    path = synth.write_synthetic("small-q3", "Q4_0", tmp_path / "q3.gguf")
+    ids = list(np.random.default_rng(2).integers(0, 2000, 40))
+    model = llm.load(path, device="cuda", n_ctx=64, progress=False)
+    fast = model.logits(ids)
+    monkeypatch.setattr(kernels_backend, "_qkv_in_place", lambda q, k, v: False)
+    np.testing.assert_array_equal(model.logits(ids), fast)
+    monkeypatch.setattr(kernels_backend, "_head_norms", lambda q, k, d: None)
+    separate = model.logits(ids)
+    gap = rel_l2(fast, separate)
+    assert gap < 1e-4, f"fused vs separate head norms {gap:.2e}"
+    monkeypatch.undo()
+    reference = llm.load(path, device="cpu", backend="numpy", n_ctx=64, progress=False)
+    assert rel_l2(fast, reference.logits(ids)) < 3e-2
+    session = model.session()
+    session.reset()
+    steps = [session.prefill(ids[:30])[0]] + [session.step(t) for t in ids[30:-1]]
+    assert rel_l2(np.stack(steps), fast[29:-1]) < 1e-2
