@@ -37,6 +37,10 @@ class DeviceFunction:
                            "@pk.func")
 
 
+# launch configurations whose validated Launcher a kernel keeps (then it starts over)
+MAX_LAUNCHERS = 256
+
+
 class Kernel:
     def __init__(self, fn, options: Options):
         self.fn, self.name, self.options = fn, fn.__name__, options
@@ -48,6 +52,7 @@ class Kernel:
         self.runtime_params = [p for p in self.params if p.kind in ("scalar", "ptr")]
         self.const_params = [p for p in self.params if p.kind in ("const", "dtype")]
         self._launch_cache = {}
+        self._launchers = {}     # launch configuration -> its checked Launcher
 
     # --- compilation ---------------------------------------------------------------------------
     def spec_from_kwargs(self, kwargs: dict) -> dict:
@@ -94,8 +99,20 @@ class Kernel:
 
     # --- launch --------------------------------------------------------------------------------
     def __getitem__(self, config):
+        """kernel[grid, block, stream, shared_bytes, cluster]: the Launcher of that
+        configuration, validated once and reused (decode and prefill wrappers launch the same
+        few configurations hundreds of times per forward)."""
         from .launch import Launcher
-        return Launcher(self, config)
+        try:
+            launcher = self._launchers.get(config)
+        except TypeError:        # an unhashable part (a list): checked, not kept
+            return Launcher(self, config)
+        if launcher is None:
+            launcher = Launcher(self, config)
+            if len(self._launchers) >= MAX_LAUNCHERS:
+                self._launchers.clear()
+            self._launchers[config] = launcher
+        return launcher
 
     def __call__(self, *args, **kwargs):
         raise TypeError(f"kernel '{self.name}' needs a launch configuration: "

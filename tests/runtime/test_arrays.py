@@ -110,6 +110,11 @@ def test_reshape_and_view(rng, seed, dev):
     with pytest.raises(TypeError):
         x.reshape(2.0, 12)
     assert x.reshape(np.int64(4), np.int32(6)).shape == (4, 6)
+    flat = x[1:3].reshape(-1)                  # the flattening fast path: a view at the offset
+    assert flat.shape == (12,) and flat.ptr == x.ptr + 24 and flat.dtype == np.float32
+    np.testing.assert_array_equal(flat.numpy(), host[1:3].reshape(-1))
+    assert ar.zeros((), np.float32, device=dev).reshape(-1).shape == (1,)   # as numpy
+    assert ar.zeros((0, 3), np.float32, device=dev).reshape(-1).shape == (0,)
 
 
 def test_view_as_reuses_a_buffer(rng, seed, dev):

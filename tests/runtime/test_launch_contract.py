@@ -44,6 +44,22 @@ def test_argument_errors(device):
             saxpy[1, 32](8, 1.0, np.zeros(8, np.float32), y)
 
 
+def test_launch_configurations_are_validated_once_and_reused(device):
+    from pykernel.kernel import MAX_LAUNCHERS
+    y = pk.zeros(8)
+    assert saxpy[1, 32] is saxpy[1, 32] and saxpy[1, 32] is not saxpy[1, 64]
+    saxpy[1, 32](8, 1.0, y, y)
+    with pytest.raises(pk.LaunchError, match="grid must be"):
+        saxpy[[1], 32]                         # unhashable: checked as before, not kept
+    with pytest.raises(pk.LaunchError, match="grid"):
+        saxpy[0, 32]                           # invalid ones raise every time, never kept
+    with pytest.raises(pk.LaunchError, match="grid"):
+        saxpy[0, 32]
+    for grid in range(1, MAX_LAUNCHERS + 10):  # the cache is bounded
+        saxpy[grid, 32]
+    assert len(saxpy._launchers) <= MAX_LAUNCHERS
+
+
 def test_stream_event_and_synchronize(device, rng, seed):
     hx = rng.standard_normal(4096).astype(np.float32)
     x, y = pk.to_device(hx), pk.zeros(4096)
