@@ -12,6 +12,7 @@ no combine launch).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Sequence
 
@@ -49,6 +50,9 @@ ATTENTION_Q8 = os.environ.get("PYKERNEL_ATTN_Q8", "all")
 # tests/kernels/test_pdl_load_order.py checks the SASS (benchmarks/RESULTS.md, "early_kv
 # again"). PYKERNEL_EARLY_KV=0 turns it off, for comparisons.
 EARLY_KV = os.environ.get("PYKERNEL_EARLY_KV", "1") not in ("", "0")
+# decode attention's split / combine kernels trigger their dependents at entry (in PDL graphs;
+# DecodeConfig.early_trigger); PYKERNEL_EARLY_TRIGGER=0 turns it off, for comparisons
+EARLY_TRIGGER = os.environ.get("PYKERNEL_EARLY_TRIGGER", "1") not in ("", "0")
 
 
 class DeviceTable:
@@ -343,8 +347,13 @@ class KernelsBackend(Backend):
         mode; activations="f32", the accurate mode, keeps the f32 SIMT kernel."""
         group, head_dim = n_head // k_cache.shape[-3], k_cache.shape[-1]
         if self.activations == "q8_1" or self.device.kind == "cpu":
-            return default_config(group, head_dim, self.device, k_cache.dtype)
-        return gpu_config(group, head_dim, k_cache.dtype)
+            config = default_config(group, head_dim, self.device, k_cache.dtype)
+        else:
+            config = gpu_config(group, head_dim, k_cache.dtype)
+        # in the decode graph the split and combine kernels let the next kernel launch at their
+        # start (its blocks then prefetch weights meanwhile): 8B @ d4096 +0.5% on an H200
+        # (benchmarks/RESULTS.md, "Decode attention's early trigger in the runner")
+        return dataclasses.replace(config, early_trigger=EARLY_TRIGGER)
 
     def _tensor_core_prefill(self, k_cache) -> bool:
         """Flash attention on tensor cores for prefill: f16 cache, sm_80+, and the llama.cpp-like
