@@ -205,16 +205,13 @@ def gemv_q8_into(w, type_name, xq, y, rows, n, batch=1, *, w2=None, res=None, mo
                               warps=config.warps if config else None,
                               stages=config.stages if config else None,
                               split=config.split if config else None)
-    fmt = get_format(type_name)
     words = xq.reshape(-1).view(np.uint32)
     c = config or gemv_config(type_name, batch, n)
-    fmt_id, items, blocks, as_u32 = kernel_format(type_name, n, xq, batch, c.kernel)
-    if as_u32:
+    plan = register_plan(type_name, rows, n, xq, batch, c)
+    if plan.as_u32:
         w = w.view(np.uint32)
         w2 = None if w2 is None else w2.view(np.uint32)
-    widen = c.widen if (blocks * items) % c.widen == 0 else 1
-    per_block = c.warps // c.split * c.rows
-    grid = (rows + per_block - 1) // per_block
+    grid = plan.groups
     if c.per_sm > 0:
         dev = pk.current_device()
         grid = min(grid, c.per_sm * sm_count(dev.kind, getattr(dev, "ordinal", 0)))
@@ -222,9 +219,33 @@ def gemv_q8_into(w, type_name, xq, y, rows, n, batch=1, *, w2=None, res=None, mo
     stage = 1 if c.stage_x and batch * xq_words * 4 <= STAGE_X_MAX_BYTES else 0
     gk.gemv_q8_kernel[grid, c.warps * 32, stream, stage * batch * xq_words * 4](
         w, w if w2 is None else w2, words, y if res is None else res, y, rows,
-        n // fmt.block_elems * fmt.block_bytes // w.itemsize, blocks,
-        xq_words, fmt_id, w.dtype, items, c.warps, batch, MODES[mode], c.rows,
-        c.split, c.unroll, widen, stage, _under_pdl())
+        plan.row_bytes // w.itemsize, plan.blocks, xq_words, plan.fmt_id, w.dtype, plan.items,
+        c.warps, batch, MODES[mode], c.rows, c.split, c.unroll, plan.widen, stage, _under_pdl())
+
+
+class RegisterPlan(NamedTuple):
+    """How the register DP4A kernel (gemv_kernels.gemv_q8_kernel) runs one matrix: kernel
+    variant (format id, items per block, blocks per row, whether it reads u32 words), the
+    items per visit actually used, bytes per row and row groups (blocks of the config)."""
+    fmt_id: int
+    items: int
+    blocks: int
+    as_u32: bool
+    widen: int
+    row_bytes: int
+    groups: int
+
+
+def register_plan(type_name: str, rows: int, n: int, xq, batch: int,
+                  c: GemvConfig) -> RegisterPlan:
+    """The register kernel's plan for rows x n weights of type_name under config c (shared by
+    gemv_q8_into and gemv_pair)."""
+    fmt = get_format(type_name)
+    fmt_id, items, blocks, as_u32 = kernel_format(type_name, n, xq, batch, c.kernel)
+    widen = c.widen if (blocks * items) % c.widen == 0 else 1
+    per_block = c.warps // c.split * c.rows
+    return RegisterPlan(fmt_id, items, blocks, as_u32, widen,
+                        n // fmt.block_elems * fmt.block_bytes, (rows + per_block - 1) // per_block)
 
 
 def _bulk(type_name: str, batch: int, mode, rows: int, n: int, config) -> bool:

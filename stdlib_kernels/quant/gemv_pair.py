@@ -23,9 +23,8 @@ import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, u32
 
 from . import gemv_kernels as gk
-from .formats import get_format
 from .gemv import (MODES, Q8_1_TYPES, _bulk, _check_out, _under_pdl, gemv_config,
-                   kernel_format)
+                   register_plan)
 from .q8_1 import q8_1_bytes
 
 
@@ -66,17 +65,14 @@ def gemv_q8_pair_kernel(wa: Ptr["WA", "ro"], wb: Ptr["WB", "ro"], xq: Ptr[u32, "
 
 
 def _plan(type_name: str, rows: int, n: int, xq):
-    """(config, format id, items, blocks, reads u32 words, widen, row groups) of one part, or
-    None where the pair kernel does not apply to it."""
+    """(config, gemv.RegisterPlan) of one part, or None where the pair kernel does not apply
+    to it."""
     if type_name not in Q8_1_TYPES or _bulk(type_name, 1, None, rows, n, None):
         return None
     c = gemv_config(type_name, 1, n)
     if c.per_sm or c.stage_x or c.kernel == "bulk":
         return None
-    fmt_id, items, blocks, as_u32 = kernel_format(type_name, n, xq, 1, c.kernel)
-    widen = c.widen if (blocks * items) % c.widen == 0 else 1
-    per_block = c.warps // c.split * c.rows
-    return c, fmt_id, items, blocks, as_u32, widen, (rows + per_block - 1) // per_block
+    return c, register_plan(type_name, rows, n, xq, 1, c)
 
 
 def pair_eligible(type_a: str, rows_a: int, type_b: str, rows_b: int, n: int, xq) -> bool:
@@ -108,14 +104,13 @@ def gemv_q8_pair_into(parts, xq, n: int, mode=None, stream=None) -> None:
         raise ValueError(f"gemv pair: the parts' tuned blocks differ ({warps} and "
                          f"{plans[1][0].warps} warps; pair_eligible)")
     args, consts = [], []
-    for p, (c, fmt_id, items, blocks, as_u32, widen, _) in zip(parts, plans):
-        w = p.words.view(np.uint32) if as_u32 else p.words
-        fmt = get_format(p.type_name)
+    for p, (c, plan) in zip(parts, plans):
+        w = p.words.view(np.uint32) if plan.as_u32 else p.words
         args.append((w, p.y if p.res is None else p.res, p.y, p.rows,
-                     n // fmt.block_elems * fmt.block_bytes // w.itemsize, blocks))
-        consts += [fmt_id, w.dtype, items, c.rows, c.split, c.unroll, widen]
+                     plan.row_bytes // w.itemsize, plan.blocks))
+        consts += [plan.fmt_id, w.dtype, plan.items, c.rows, c.split, c.unroll, plan.widen]
     (wa, ra, ya, rows_a, wda, nba), (wb, rb, yb, rows_b, wdb, nbb) = args
-    groups_a, groups_b = plans[0][-1], plans[1][-1]
+    groups_a, groups_b = plans[0][1].groups, plans[1][1].groups
     gemv_q8_pair_kernel[groups_a + groups_b, 32 * warps, stream](
         wa, wb, xq.reshape(-1).view(np.uint32), ra, ya, rb, yb, rows_a, rows_b, wda, wdb,
         nba, nbb, groups_a, q8_1_bytes(n) // 4, *consts, warps, MODES[mode], _under_pdl())

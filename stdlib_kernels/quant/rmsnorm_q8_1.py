@@ -58,9 +58,10 @@ def rmsnorm_q8_1_kernel(x: Ptr[f32], weight: Ptr[f32, "ro"], xq: Ptr[u32], out: 
     row = pk.block_idx.x
     spread = pk.grid_dim.y
     nblocks = n // 32
+    first = pk.block_idx.y * WARPS + wp      # this warp's Q8_1 blocks: first + k WARPS G
     wv = pk.local_array(f32, PER_WARP)
     for k in pk.static_range(PER_WARP):
-        blk = pk.block_idx.y * WARPS + wp + k * WARPS * spread
+        blk = first + k * WARPS * spread
         wv[k] = 1.0
         if HAS_W and blk < nblocks:
             wv[k] = weight[blk * 32 + lane]
@@ -85,7 +86,7 @@ def rmsnorm_q8_1_kernel(x: Ptr[f32], weight: Ptr[f32, "ro"], xq: Ptr[u32], out: 
     total = warp_sum(total)
     scale = 1.0 / pk.sqrt(total / f32(n) + eps)
     for k in pk.static_range(PER_WARP):
-        blk = pk.block_idx.y * WARPS + wp + k * WARPS * spread
+        blk = first + k * WARPS * spread
         if blk < nblocks:
             c = blk * 32 + lane
             v = x[row * n + c] * scale
