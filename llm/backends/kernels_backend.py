@@ -33,8 +33,8 @@ from stdlib_kernels import glu as glu_rows
 from stdlib_kernels import layernorm, rmsnorm, rope_kv_cache
 from stdlib_kernels.rotary import rope_kv_cache_cols
 from stdlib_kernels import rope as rope_rows
-from stdlib_kernels.attention.decode import (HEAD_DIMS, default_config, gpu_config,
-                                             launch_decode)
+from stdlib_kernels.attention.decode import (HEAD_DIMS, default_config, direct_config,
+                                             gpu_config, launch_decode)
 from stdlib_kernels.attention.prefill import launch_prefill, mma_available
 from stdlib_kernels.quant.gemv_kernels import MAX_BATCH
 from stdlib_kernels.quant.rmsnorm_q8_1 import rmsnorm_q8_1_into
@@ -350,6 +350,8 @@ class KernelsBackend(Backend):
             config = default_config(group, head_dim, self.device, k_cache.dtype)
         else:
             config = gpu_config(group, head_dim, k_cache.dtype)
+        if self.direct_attention:     # no splits: one query head per block
+            config = direct_config(config)
         # in the decode graph the split and combine kernels let the next kernel launch at their
         # start (its blocks then prefetch weights meanwhile): 8B @ d4096 +0.5% on an H200
         # (benchmarks/RESULTS.md, "Decode attention's early trigger in the runner")

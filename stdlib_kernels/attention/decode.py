@@ -8,6 +8,7 @@ caller passes `workspace`, so the launches can be captured in a CUDA graph).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -104,6 +105,17 @@ def mma_config(group: int, head_dim: int = 128, warps: int = 8, stages: int | No
     stages = stages or (2 if head_dim <= 128 else 1)
     return DecodeConfig(heads_per_block=gb, warps=warps, stages=stages, mma=True,
                         blocks_per_sm=blocks_per_sm)
+
+
+def direct_config(config: DecodeConfig) -> DecodeConfig:
+    """The tensor-core kernel's shape for a launch without splits (a short context, as in the
+    runner's short-context decode graph): one query head per block. A one-split launch is a
+    latency chain (length, a few tiles, the warps' merge) run by one block per head group, so
+    more blocks cost nothing, and a block's one head row is D / 32 Q8_1 blocks, which its warps
+    write in one round (launch_decode's xq_out) instead of a quantize launch after it. H200,
+    tg128 from an empty context: llama-8B 524.7 -> 532.6, qwen2-1.5B 981 -> 1029 (2 blocks of 6
+    heads before); benchmarks/RESULTS.md, "One query head per block without splits"."""
+    return dataclasses.replace(config, heads_per_block=1) if config.mma else config
 
 
 def mma_capable(head_dim: int, dtype, device=None) -> bool:

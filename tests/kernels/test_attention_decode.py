@@ -12,8 +12,8 @@ import pykernel as pk
 from pykernel import Const, Ptr, i32
 from stdlib_kernels import attention
 from stdlib_kernels.attention.decode import (DecodeConfig, DecodeWorkspace, config_splits,
-                                             default_config, gpu_config, launch_decode,
-                                             mma_config)
+                                             default_config, direct_config, gpu_config,
+                                             launch_decode, mma_config)
 from stdlib_kernels.attention.reference import decode_reference, relative_l2
 
 TOLERANCE = {np.float16: 5e-3, np.float32: 1e-4}
@@ -129,9 +129,10 @@ def test_early_kv_path(device, rng, seed, dtype, config):
 
 @pytest.mark.parametrize("splits,config", [(1, DecodeConfig(1, 2, 1)), (1, DecodeConfig(2, 2, 1)),
                                            (3, DecodeConfig(2, 2, 1)),
-                                           (1, mma_config(2, 64, warps=4))],
+                                           (1, mma_config(2, 64, warps=4)),
+                                           (1, direct_config(mma_config(2, 64, warps=2)))],
                          ids=["direct_kernel", "direct_quantize_launch", "combine_kernel",
-                              "direct_mma"])
+                              "direct_mma", "direct_mma_one_head"])
 def test_decode_writes_q8_1_activations(device, rng, seed, splits, config):
     """xq_out: the output as Q8_1, byte for byte what quantize_q8_1 gives for the f32 output,
     whichever launch writes it (the combine kernel; the split kernel of a one-split launch
@@ -156,6 +157,34 @@ def test_decode_writes_q8_1_activations(device, rng, seed, splits, config):
     with pytest.raises(ValueError, match="xq_out"):
         launch_decode(pk.to_device(q), pk.to_device(k), pk.to_device(v), pk.to_device(lens),
                       out, 0.125, workspace=workspace, xq_out=pk.empty((n_seq, 10), np.uint8))
+
+
+def test_direct_config_quantizes_in_the_split_kernel(device, rng):
+    """A one-split launch with direct_config (one query head per block) writes its Q8_1
+    output itself: one launch, where two heads per block need a quantize launch after it."""
+    n_head, n_kv_head, head_dim, kv_len = 4, 2, 64, 20
+    q = pk.to_device(rng.standard_normal((1, n_head, head_dim)).astype(np.float32))
+    k, v = (pk.to_device(rng.standard_normal((1, n_kv_head, 24, head_dim)).astype(np.float16))
+            for _ in range(2))
+    lens = pk.to_device(np.array([kv_len], np.int32))
+    out = pk.empty((1, n_head, head_dim), np.float32)
+    xq = pk.empty((1, n_head * head_dim // 32 * 36), np.uint8)
+    grouped = mma_config(2, head_dim, warps=2)
+    for config, launches in ((grouped, 2), (direct_config(grouped), 1)):
+        names = []
+        original = pk.current_device().launch
+
+        def counting(compiled, *args, **kwargs):
+            names.append(compiled.name)
+            return original(compiled, *args, **kwargs)
+        pk.current_device().launch = counting
+        try:
+            launch_decode(q, k, v, lens, out, 0.125, config=config, xq_out=xq)
+        finally:
+            del pk.current_device().launch
+        assert len(names) == launches, (config, names)
+    assert direct_config(grouped).heads_per_block == 1
+    assert direct_config(gpu_config(2, head_dim)) == gpu_config(2, head_dim)   # SIMT: as is
 
 
 @pytest.mark.parametrize("case", MMA_CASES, ids=["gqa4_ring3", "gqa3_window_cap_fused",
