@@ -28,7 +28,8 @@ the kernels before this one in the graph write neither the length table nor any 
 each sequence's newest, kv_len - 1) the block reads kv_len and issues its first K/V loads before
 `pk.grid_dependency_wait()` when its range ends at least two rows before the newest one (so no
 128-byte line it loads early holds part of the newest row: L1 is not coherent); other blocks,
-q and everything else load after the wait.
+q and everything else load after the wait. (decode_mma's direct launches also load early the
+rows before kv_len - 2 and the newest rows per lane after the wait.)
 Register arrays are indexed only with compile-time indices (static_range) so they stay in
 registers; the kernel body is long for that reason.
 """

@@ -23,6 +23,9 @@ Fragment plumbing (lane = 4 * g + t; NP = D / 32):
   Output row g of m-tile (p, wp), half r, is head_dim 32p + 8(g >> 1) + (g & 1) + 4 wp + 2 r.
 Loads run a ring of P tiles ahead in registers (never behind a branch: keys past the split are
 clamped and masked), like decode_partial. Scores are in the log2 domain (q pre-scaled).
+EARLY_KV (decode_kernels' docstring): the ring's first tiles load before the PDL wait in blocks
+that end two rows before the newest, and in a direct launch (one split) with those rows
+clamped away, each lane reloading its rows from kv_len - 2 on after the wait (reload_newest).
 
 Q8 (a Q8_0 cache: int8 quants (.., max_len, D) plus one f16 scale per 32 values (.., max_len,
 D / 32), ggml's block_q8_0 split in two arrays so the quants load aligned): Q is quantized to
@@ -37,31 +40,50 @@ from pykernel import Const, Ptr, f16, f32, i32, i64, u16, u32
 
 from .decode_combine import MASKED, NEG_INIT
 from .decode_kernels import (LOG2E, begin_block, block_work, combine_if_last,
-                             loads_before_wait, write_block_result)
+                             write_block_result)
 
 RESIDUAL = 1.0 / 256.0       # Q8: weight of Q's second int8 term
 
 
 @pk.func
-def load_tile(kp, vp, ksp, vsp, kb, vb, ksc, vsc, slot: i32, key0: i32, last_key: i32, g: i32,
-              t: i32, D: Const[int], NP: Const[int], Q8: Const[int]):
-    """Raw K/V words of keys key0 + g and key0 + 8 + g into ring slot `slot`: f16 halves
+def load_row(kp, vp, ksp, vsp, kb, vb, ksc, vsc, slot: i32, j: Const[int], key: i32, t: i32,
+             D: Const[int], NP: Const[int], Q8: Const[int]):
+    """Row j (0: tile row g, 1: g + 8) of ring slot `slot` from cache row `key`: f16 halves
     32p + 8t .. + 7 (4 words), or with Q8 the int8 quants of the same positions (2 words) and
     the f16 scale of their 32-block."""
     W = 2 if Q8 else 4                               # u32 words per lane per 32-block
+    for p in pk.static_range(NP):
+        at = ((slot * 2 + j) * NP + p) * 4
+        src = i64(key) * i64(D * W // 8) + i64(4 * W * p + W * t)
+        kw = pk.load_vec(kp, src, W)
+        vw = pk.load_vec(vp, src, W)
+        for w in pk.static_range(W):
+            kb[at + w] = kw[w]
+            vb[at + w] = vw[w]
+        if Q8:
+            ksc[(slot * 2 + j) * NP + p] = ksp[i64(key) * i64(D // 32) + i64(p)]
+            vsc[(slot * 2 + j) * NP + p] = vsp[i64(key) * i64(D // 32) + i64(p)]
+
+
+@pk.func
+def load_tile(kp, vp, ksp, vsp, kb, vb, ksc, vsc, slot: i32, key0: i32, last_key: i32, g: i32,
+              t: i32, D: Const[int], NP: Const[int], Q8: Const[int]):
+    """Raw K/V words of keys key0 + g and key0 + 8 + g (clamped to last_key) into ring slot
+    `slot`."""
+    for j in pk.static_range(2):
+        load_row(kp, vp, ksp, vsp, kb, vb, ksc, vsc, slot, j, min(key0 + 8 * j + g, last_key),
+                 t, D, NP, Q8)
+
+
+@pk.func
+def reload_newest(kp, vp, ksp, vsp, kb, vb, ksc, vsc, slot: i32, key0: i32, last_key: i32,
+                  newest: i32, g: i32, t: i32, D: Const[int], NP: Const[int], Q8: Const[int]):
+    """After the wait (EARLY_KV): this lane's rows of ring slot `slot` that are `newest` or
+    later, which the loads before the wait left out (the previous kernel writes them)."""
     for j in pk.static_range(2):
         key = min(key0 + 8 * j + g, last_key)
-        for p in pk.static_range(NP):
-            at = ((slot * 2 + j) * NP + p) * 4
-            src = i64(key) * i64(D * W // 8) + i64(4 * W * p + W * t)
-            kw = pk.load_vec(kp, src, W)
-            vw = pk.load_vec(vp, src, W)
-            for w in pk.static_range(W):
-                kb[at + w] = kw[w]
-                vb[at + w] = vw[w]
-            if Q8:
-                ksc[(slot * 2 + j) * NP + p] = ksp[i64(key) * i64(D // 32) + i64(p)]
-                vsc[(slot * 2 + j) * NP + p] = vsp[i64(key) * i64(D // 32) + i64(p)]
+        if key >= newest:
+            load_row(kp, vp, ksp, vsp, kb, vb, ksc, vsc, slot, j, key, t, D, NP, Q8)
 
 
 @pk.func
@@ -271,15 +293,25 @@ def decode_mma(q: Ptr[f32], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro"],
     vsc = pk.local_array(u16, P * 2 * NP)
     stride = NWARPS * 16                             # keys of one ring step of the whole block
     first = k0 + warp * 16
-    early = loads_before_wait(k1, kv_len, EARLY_KV)
+    # EARLY_KV: rows before kv_len - 2 load before the wait (a 128-byte line holding part of
+    # the newest row must not enter L1 early). A direct launch (one split: every tile in one
+    # block) loads its other rows early and a lane whose row is later loads it after the wait;
+    # with splits only the blocks that end before kv_len - 2 load early (the last split's
+    # early loads measured -0.2% on the 8B at depth 4096)
+    newest = kv_len - 2
+    early = EARLY_KV != 0 and newest > 0 and (direct != 0 or k1 <= newest)
     if early:
-        mma_prologue(kp, vp, ksp, vsp, kb, vb, ksc, vsc, first, stride, last_key, g, t, D, NP,
-                     P, Q8)
+        mma_prologue(kp, vp, ksp, vsp, kb, vb, ksc, vsc, first, stride, min(last_key, newest - 1),
+                     g, t, D, NP, P, Q8)
     if EARLY_KV:
         pk.grid_dependency_wait()
     if not early:
         mma_prologue(kp, vp, ksp, vsp, kb, vb, ksc, vsc, first, stride, last_key, g, t, D, NP,
                      P, Q8)
+    elif k1 > newest:                                # this block holds the newest rows
+        for p in pk.static_range(P - 1):
+            reload_newest(kp, vp, ksp, vsp, kb, vb, ksc, vsc, p, first + p * stride, last_key,
+                          newest, g, t, D, NP, Q8)
 
     qb = pk.local_array(u32, NP * 4)                 # B fragments of Q^T: f16 pairs, or int8
     dq = pk.local_array(f32, NP * 2)                 # Q8: Q's block scales, heads 2t, 2t + 1

@@ -105,7 +105,9 @@ MMA_CASES = [(8, 2, 64, None, None, mma_config(4, 64, warps=2, stages=3), 3, Fal
 
 
 # early_kv: blocks whose keys end two rows before the newest load their first tiles before the
-# PDL wait. The CPU target runs that path too (kernels run one after another there).
+# PDL wait; a direct launch of the tensor-core kernel also loads the rows before kv_len - 2
+# early and the newest ones, per lane, after the wait. The CPU target runs that path too
+# (kernels run one after another there).
 EARLY_CASES = [(np.float16, mma_config(4, 64, warps=2, stages=2)),
                (np.float32, DecodeConfig(2, 2, 2, 16, 2))]
 
@@ -117,14 +119,16 @@ def test_early_kv_path(device, rng, seed, dtype, config):
     k = rng.standard_normal((n_kv_head, max_len, head_dim)).astype(dtype)
     v = rng.standard_normal((n_kv_head, max_len, head_dim)).astype(dtype)
     q_dev, k_dev, v_dev = pk.to_device(q[None]), pk.to_device(k), pk.to_device(v)
-    workspace = DecodeWorkspace.allocate(1, n_head, head_dim, 3)
-    # 1-3 keys: nothing loads early; 98: only the last split waits; random lengths
-    for kv_len in (1, 2, 3, 4, 98, int(rng.integers(5, max_len + 1))):
-        out = pk.full((1, n_head, head_dim), np.nan, np.float32)
-        launch_decode(q_dev, k_dev, v_dev, pk.to_device(np.array([kv_len], np.int32)), out,
-                      0.125, workspace=workspace, config=config, early_kv=True)
-        _check(out.numpy()[0], decode_reference(q, k, v, kv_len, 0.125), dtype, seed,
-               f"early_kv kv_len {kv_len} {config}")
+    # 1-2 keys: nothing loads early; 98: the last split loads after the wait; random lengths;
+    # 3 splits and one (a direct launch: the tensor-core kernel loads all but the newest rows
+    # before the wait, those per lane after it)
+    for workspace in (DecodeWorkspace.allocate(1, n_head, head_dim, 3), None):
+        for kv_len in (1, 2, 3, 4, 98, int(rng.integers(5, max_len + 1))):
+            out = pk.full((1, n_head, head_dim), np.nan, np.float32)
+            launch_decode(q_dev, k_dev, v_dev, pk.to_device(np.array([kv_len], np.int32)), out,
+                          0.125, workspace=workspace, config=config, early_kv=True)
+            _check(out.numpy()[0], decode_reference(q, k, v, kv_len, 0.125), dtype, seed,
+                   f"early_kv kv_len {kv_len} {config} workspace {workspace is not None}")
 
 
 @pytest.mark.parametrize("splits,config", [(1, DecodeConfig(1, 2, 1)), (1, DecodeConfig(2, 2, 1)),
@@ -431,12 +435,13 @@ def write_new_row(k_new: Ptr["T", "ro"], v_new: Ptr["T", "ro"], k_cache: Ptr["T"
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
-@pytest.mark.parametrize("fused", [False, True], ids=["two_launches", "one_launch"])
-def test_gpu_pdl_graph_sees_the_new_row(rng, seed, dtype, fused):
-    """As the runner's decode graph: a PDL graph where a kernel writes the new token's K/V row
+@pytest.mark.parametrize("mode", ["two_launches", "one_launch", "direct"])
+def test_gpu_pdl_graph_sees_the_new_row(rng, seed, dtype, mode):
+    """As the runner's decode graphs: a PDL graph where a kernel writes the new token's K/V row
     just before the decode, which triggers its dependents early and (early_kv) loads its first
-    K/V tiles before waiting. The new key carries much of the softmax weight, so a decode that
-    read its row before the write landed would be far off; replayed at new positions."""
+    K/V tiles before waiting, all but the newest rows. The new key carries much of the softmax
+    weight, so a decode that read its row before the write landed would be far off; replayed
+    at new positions. "direct": one split (the short-context graph's launch, direct_config)."""
     pk.set_device("cuda")
     n_head, n_kv_head, head_dim, max_len = 32, 8, 128, 3000
     scale = head_dim ** -0.5
@@ -453,7 +458,10 @@ def test_gpu_pdl_graph_sees_the_new_row(rng, seed, dtype, fused):
     config = dataclasses.replace(default_config(group, head_dim, dtype=dtype),
                                  early_trigger=True)
     splits = config_splits(config, n_head, n_kv_head, max_len)
-    workspace = DecodeWorkspace.allocate(1, n_head, head_dim, splits, fused=fused)
+    workspace = DecodeWorkspace.allocate(1, n_head, head_dim, splits,
+                                         fused=mode == "one_launch")
+    if mode == "direct":
+        config, splits, workspace = direct_config(config), 1, None
     stream = pk.Stream()
 
     def step():
@@ -473,4 +481,4 @@ def test_gpu_pdl_graph_sees_the_new_row(rng, seed, dtype, fused):
         k_ref, v_ref = k.copy(), v.copy()
         k_ref[:, position], v_ref[:, position] = k_new, v_new
         _check(out.numpy()[0], decode_reference(q, k_ref, v_ref, position + 1, scale), dtype,
-               seed, f"PDL graph, new row at {position}, {splits} splits, fused {fused}")
+               seed, f"PDL graph, new row at {position}, {splits} splits, {mode}")
