@@ -111,10 +111,10 @@ def direct_config(config: DecodeConfig) -> DecodeConfig:
     """The tensor-core kernel's shape for a launch without splits (a short context, as in the
     runner's short-context decode graph): one query head per block. A one-split launch is a
     latency chain (length, a few tiles, the warps' merge) run by one block per head group, so
-    more blocks cost nothing, and a block's one head row is D / 32 Q8_1 blocks, which its warps
-    write in one round (launch_decode's xq_out) instead of a quantize launch after it. H200,
-    tg128 from an empty context: llama-8B 524.7 -> 532.6, qwen2-1.5B 981 -> 1029 (2 blocks of 6
-    heads before); benchmarks/RESULTS.md, "One query head per block without splits"."""
+    more blocks cost nothing. H200, tg128 from an empty context: llama-8B 524.7 -> 532.6,
+    qwen2-1.5B 981 -> 1029 (2 blocks of 6 heads before; measured when one head per block was
+    also what let the block write its Q8_1 output itself); benchmarks/RESULTS.md, "One query
+    head per block without splits"."""
     return dataclasses.replace(config, heads_per_block=1) if config.mma else config
 
 
@@ -359,8 +359,8 @@ def launch_decode(q, k_cache, v_cache, lens, out, scale: float, *, window=None, 
     first K/V loads before waiting for the previous kernel (decode_kernels' docstring).
     xq_out (n_seq, q8_1_bytes(n_head * D)) uint8: also the result as Q8_1 activations (what
     quantize_q8_1_into gives for out), written by the kernel that writes out (the combine
-    kernel; the split kernel of a one-split launch when one round of its warps covers its
-    rows' Q8_1 blocks) or else by a quantize launch: the next GEMV reads them."""
+    kernel, the split kernel of a one-split launch or of a cluster merge) or else by a
+    quantize launch (the one-launch combine): the next GEMV reads them."""
     check_decode_shapes(q, k_cache, v_cache)
     n_seq, n_head, head_dim = q.shape
     n_kv_head = k_cache.shape[-3]
@@ -378,11 +378,8 @@ def launch_decode(q, k_cache, v_cache, lens, out, scale: float, *, window=None, 
                          f"{q8_1_bytes(n_head * head_dim)} bytes (Q8_1 of the output; head_dim "
                          f"a multiple of 32, got {head_dim}), got {xq_out.dtype} "
                          f"{tuple(xq_out.shape)}")
-    # one split: the split kernel quantizes its rows when one round of its warps covers them
-    # (GB * D / 32 Q8_1 blocks <= warps); more rounds measured slower than a quantize launch
-    kernel_q8 = xq_out is not None and ((n_splits == 1 and config.heads_per_block *
-                                         (head_dim // 32) <= config.warps) or
-                                        (n_splits > 1 and workspace.cluster))
+    # one split: the split kernel quantizes its rows from the registers of its merge
+    kernel_q8 = xq_out is not None and (n_splits == 1 or workspace.cluster)
     fused = launch_split_kernel(q, k_cache, v_cache, lens, out, scale, window=window,
                                 softcap=softcap, len_add=len_add, len_step=len_step,
                                 lens_stride=lens_stride, workspace=workspace, config=config,

@@ -38,7 +38,7 @@ from pykernel import Const, Ptr, f32, i32, i64, u32
 
 from .._select import last_block_done
 from ..quant.q8_1 import store_q8_1_block
-from .decode_combine import MASKED, NEG_INIT, combine_rows, store_q8_1_rows
+from .decode_combine import MASKED, NEG_INIT, combine_rows
 
 LOG2E = 1.4426950408889634
 
@@ -109,8 +109,10 @@ def write_block_result(sm_acc, sm_m, sm_den, z: i32, h0: i32, split: i32, n_head
                        NWARPS: Const[int], Q8OUT: Const[int], CLUSTER: Const[int]):
     """The warps' (max, denominator, unnormalised sum) per head, in shared memory as
     (NWARPS, GB[, D]), merged and written: normalised into out (direct) or as one split's
-    partial. Every thread of the block takes part (after a barrier). Q8OUT (direct only): the
-    GB head rows also go to xq as Q8_1 (decode_combine.combine_splits' Q8OUT). CLUSTER: the
+    partial. Every thread of the block takes part (after a barrier). Q8OUT (direct only, D %
+    32 == 0): the GB head rows also go to xq as Q8_1 (decode_combine.combine_splits' Q8OUT),
+    straight from the registers: a warp's 32 lanes hold 32 consecutive values of one head row,
+    i.e. one Q8_1 block, in every round of the loop. CLUSTER: the
     split blocks of a head group form one cluster and merge through distributed shared memory
     (cluster_merge) instead of writing partials."""
     if CLUSTER:
@@ -123,15 +125,15 @@ def write_block_result(sm_acc, sm_m, sm_den, z: i32, h0: i32, split: i32, n_head
         o, m_all, total = merge_warp_parts(sm_acc, sm_m, sm_den, g, d, D, GB, NWARPS)
         head_row = z * n_head + h0 + g
         if direct != 0:
-            out[head_row * D + d] = o / total
+            value = o / total
+            out[head_row * D + d] = value
+            if Q8OUT:
+                store_q8_1_block(value, pk.lane_id(), xq, (head_row * D + d) // 32)
         else:
             part_o[(head_row * n_splits + split) * D + d] = o
             if d == 0:
                 part_ml[(head_row * n_splits + split) * 2] = m_all
                 part_ml[(head_row * n_splits + split) * 2 + 1] = total
-    if Q8OUT:
-        if direct != 0:
-            store_q8_1_rows(out, xq, z * n_head + h0, GB, D, NWARPS)
 
 
 @pk.func
