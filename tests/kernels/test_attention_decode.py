@@ -15,6 +15,7 @@ from stdlib_kernels.attention.decode import (DecodeConfig, DecodeWorkspace, conf
                                              default_config, direct_config, gpu_config,
                                              launch_decode, mma_config)
 from stdlib_kernels.attention.reference import decode_reference, relative_l2
+from tests.launch_helpers import launched_by
 
 TOLERANCE = {np.float16: 5e-3, np.float32: 1e-4}
 
@@ -175,17 +176,8 @@ def test_one_split_launch_quantizes_in_the_split_kernel(device, rng):
     xq = pk.empty((1, n_head * head_dim // 32 * 36), np.uint8)
     grouped = mma_config(2, head_dim, warps=2)
     for config in (grouped, direct_config(grouped)):
-        names = []
-        original = pk.current_device().launch
-
-        def counting(compiled, *args, **kwargs):
-            names.append(compiled.name)
-            return original(compiled, *args, **kwargs)
-        pk.current_device().launch = counting
-        try:
-            launch_decode(q, k, v, lens, out, 0.125, config=config, xq_out=xq)
-        finally:
-            del pk.current_device().launch
+        names = launched_by(lambda: launch_decode(q, k, v, lens, out, 0.125, config=config,
+                                                  xq_out=xq))
         assert len(names) == 1, (config, names)
     assert direct_config(grouped).heads_per_block == 1
     assert direct_config(gpu_config(2, head_dim)) == gpu_config(2, head_dim)   # SIMT: as is

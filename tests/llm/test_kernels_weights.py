@@ -11,6 +11,7 @@ from stdlib_kernels.quant import reference as ref
 from stdlib_kernels.quant.gemm import gemm
 from stdlib_kernels.quant.gemm_q8 import gemm_q8
 from stdlib_kernels.quant.gemv import weight_words
+from tests.launch_helpers import launched_by
 
 
 def make_group(rng, type_name: str, rows: int, row_off: int, n: int) -> W.RowGroup:
@@ -21,23 +22,6 @@ def make_group(rng, type_name: str, rows: int, row_off: int, n: int) -> W.RowGro
 
 def scratch(shape):
     return pk.empty(shape, np.float32)
-
-
-def launched_by(run) -> list[str]:
-    """Names of the kernels `run()` launches on the current device, in order."""
-    launches = []
-    original = pk.current_device().launch
-
-    def counting(compiled, *args, **kwargs):
-        launches.append(compiled.name)
-        return original(compiled, *args, **kwargs)
-
-    pk.current_device().launch = counting
-    try:
-        run()
-    finally:
-        del pk.current_device().launch
-    return launches
 
 
 @pytest.mark.parametrize("tokens", [11, W.GEMM_RESIDUAL_TOKENS + 6])
