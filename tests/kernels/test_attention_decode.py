@@ -163,6 +163,36 @@ def test_decode_writes_q8_1_activations(device, rng, seed, splits, config):
                       out, 0.125, workspace=workspace, xq_out=pk.empty((n_seq, 10), np.uint8))
 
 
+# the runner's short-context launch (direct_config: one query head per block, one split) at
+# the head_dims of its models: SmolLM2 / gpt2 64, llama / qwen 128, Gemma 3 256 (window and
+# soft-capping there), with early_kv and the Q8_1 output
+DIRECT_SHAPES = [(64, None, None), (128, None, None), (256, 7, 30.0)]
+
+
+@pytest.mark.parametrize("head_dim,window,softcap", DIRECT_SHAPES,
+                         ids=[f"d{d}" for d, _, _ in DIRECT_SHAPES])
+def test_direct_config_decode(device, rng, seed, head_dim, window, softcap):
+    from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1
+    n_head, n_kv_head, max_len = 8, 2, 40
+    config = direct_config(mma_config(4, head_dim, warps=2 if device.kind == "cpu" else 8))
+    assert config.heads_per_block == 1
+    q = rng.standard_normal((n_head, head_dim)).astype(np.float32)
+    k, v = (rng.standard_normal((n_kv_head, max_len, head_dim)).astype(np.float16)
+            for _ in range(2))
+    q_dev, k_dev, v_dev = pk.to_device(q[None]), pk.to_device(k), pk.to_device(v)
+    for kv_len in (1, 3, int(rng.integers(4, max_len + 1))):
+        out = pk.full((1, n_head, head_dim), np.nan, np.float32)
+        xq = pk.full((1, q8_1_bytes(n_head * head_dim)), 0xAB, np.uint8)
+        launch_decode(q_dev, k_dev, v_dev, pk.to_device(np.array([kv_len], np.int32)), out,
+                      0.125, window=window, softcap=softcap, config=config, early_kv=True,
+                      xq_out=xq)
+        _check(out.numpy()[0], decode_reference(q, k, v, kv_len, 0.125, window, softcap),
+               np.float16, seed, f"direct_config D {head_dim} kv_len {kv_len}")
+        expected = quantize_q8_1(out.numpy().reshape(1, -1)).numpy()
+        assert np.array_equal(xq.numpy(), expected), \
+            f"Q8_1 output differs, D {head_dim} kv_len {kv_len} (seed {seed})"
+
+
 def test_one_split_launch_quantizes_in_the_split_kernel(device, rng):
     """A one-split launch writes its Q8_1 output itself (from the merge's registers, however
     many rounds of its warps the rows take): one launch, no quantize launch after it; and
