@@ -24,7 +24,11 @@ from llm.backends import kernels_extra as X
 from llm.models.transformer import Transformer
 
 
-SHORT_CONTEXT = 256   # positions below it: decode attention without splits
+# positions below it: decode attention without splits. H200 tg128 over positions 256-383,
+# one split / splits + combine: llama-8B 520.7 / 513.0, qwen2-1.5B 973.7 / 951.0; over
+# 384-511: 511.5 / 513.2 and 946.3 / 936.0 (benchmarks/RESULTS.md, "Where one split stops
+# paying")
+SHORT_CONTEXT = 384
 PDL = os.environ.get("PYKERNEL_PDL", "1") not in ("", "0")
 
 
