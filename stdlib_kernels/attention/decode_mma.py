@@ -40,7 +40,7 @@ from pykernel import Const, Ptr, f16, f32, i32, i64, u16, u32
 
 from .decode_combine import MASKED, NEG_INIT
 from .decode_kernels import (LOG2E, begin_block, block_work, combine_if_last,
-                             write_block_result)
+                             loads_before_wait, write_block_result)
 
 RESIDUAL = 1.0 / 256.0       # Q8: weight of Q's second int8 term
 
@@ -299,7 +299,8 @@ def decode_mma(q: Ptr[f32], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro"],
     # with splits only the blocks that end before kv_len - 2 load early (the last split's
     # early loads measured -0.2% on the 8B at depth 4096)
     newest = kv_len - 2
-    early = EARLY_KV != 0 and newest > 0 and (direct != 0 or k1 <= newest)
+    early = newest > 0 and (loads_before_wait(k1, kv_len, EARLY_KV) or
+                            (EARLY_KV != 0 and direct != 0))
     if early:
         mma_prologue(kp, vp, ksp, vsp, kb, vb, ksc, vsc, first, stride, min(last_key, newest - 1),
                      g, t, D, NP, P, Q8)
