@@ -115,7 +115,8 @@ def bench(model_path, p=512, n=128, r=3, device="cuda", backend=None, depth: int
     model = llm.load(model_path, device=device, backend=backend, n_ctx=depth + max(p, n) + 1,
                      progress=False, **options)
     results = run_bench(model, p, n, r, depth=depth)
-    label = f"pykernel {model.backend.name} ({device})"
+    cache = f", {options['kv_dtype']} cache" if options.get("kv_dtype") else ""
+    label = f"pykernel {model.backend.name} ({device}{cache})"
     out = table(model, label, results)
     report = getattr(model.backend, "memory_report", None)
     if report is not None:

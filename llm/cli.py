@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 
 from llm.backends import BackendUnavailable
+from llm.cli_bench import CACHE_HELP, CACHE_TYPES
 from llm.chat import ChatTemplateError
 from llm.generate import ContextError, GenerationStats
 from llm.gguf_file import GGUFError, GGUFFile
@@ -31,6 +32,7 @@ def _add_model_args(p, with_device: bool = True) -> None:
                        help="default: numpy on cpu, kernels on cuda")
         p.add_argument("--ctx", type=int, default=None,
                        help="context size in tokens (default: the model's, capped to memory)")
+        p.add_argument("--cache-type", choices=CACHE_TYPES, default=None, help=CACHE_HELP)
 
 
 def _add_sampling_args(p, n_default: int) -> None:
@@ -100,14 +102,16 @@ def _guarded(fn):
 def _load(args):
     from llm.model import load
     device, model = args.device, None
+    options = {"kv_dtype": args.cache_type} if args.cache_type else {}
     if device == "auto":
         try:
-            model = load(args.model, device="cuda", backend=args.backend, n_ctx=args.ctx)
+            model = load(args.model, device="cuda", backend=args.backend, n_ctx=args.ctx,
+                         **options)
             device = "cuda"
         except BackendUnavailable:
             device = "cpu"
     if model is None:
-        model = load(args.model, device=device, backend=args.backend, n_ctx=args.ctx)
+        model = load(args.model, device=device, backend=args.backend, n_ctx=args.ctx, **options)
     cfg = model.config
     print(f"model: {model.path} ({cfg.arch}, {cfg.n_layer} layers, {cfg.n_embd} wide, "
           f"{model.backend.name} backend on {device}; loaded in {model.load_seconds:.2f} s)",

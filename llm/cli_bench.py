@@ -5,6 +5,10 @@ from __future__ import annotations
 import sys
 import time
 
+CACHE_TYPES = ("f16", "f32", "q8_0")
+CACHE_HELP = ("KV cache element type (K and V; llama.cpp's --cache-type-k/-v): f16 (default on "
+              "cuda), f32 (default on cpu), q8_0 (half of f16's memory)")
+
 
 def cmd_bench(args) -> int:
     from llm.bench import bench
@@ -13,6 +17,8 @@ def cmd_bench(args) -> int:
         import pykernel as pk
         device = "cuda" if pk.gpu_available() else "cpu"
     options = {"graphs": False} if args.no_graphs else {}
+    if args.cache_type:
+        options["kv_dtype"] = args.cache_type
     print(bench(args.model, p=args.p, n=args.n, r=args.r, device=device, backend=args.backend,
                 depth=args.depth, **options))
     return 0
@@ -43,6 +49,7 @@ def register(sub) -> None:
     bench.add_argument("--device", choices=("cpu", "cuda"), default=None,
                        help="default: cuda when a GPU is present")
     bench.add_argument("--backend", choices=("numpy", "kernels"), default=None)
+    bench.add_argument("--cache-type", choices=CACHE_TYPES, default=None, help=CACHE_HELP)
     bench.add_argument("--no-graphs", action="store_true",
                        help="kernels backend: launch decode steps one kernel at a time")
     bench.set_defaults(func=cmd_bench)

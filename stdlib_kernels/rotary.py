@@ -6,7 +6,8 @@ Input: x (tokens, heads, head_dim) f32/f16; positions (tokens,) int32 on the dev
 the kernel, so a captured CUDA graph replays with new positions); theta (the frequency base,
 per call: Gemma 3 uses two); rot_dim (rotate the first rot_dim dims, copy the rest);
 freq_factors (rot_dim/2,) f32 dividing each frequency (Llama 3.1 `rope_freqs`).
-KV cache: (n_kv_head, max_len, head_dim) f32 or f16; token t's k, v go to slot
+KV cache: (n_kv_head, max_len, head_dim) f32 or f16, or a Q8_0 cache (attention.Q8Cache, head_dim
+a multiple of 32, at most 256; quantized as ggml does); token t's k, v go to slot
 positions[t] + pos_offset (slots outside [0, max_len) are skipped, not written).
 
 Angle for pair i at position p: p * theta^(-2i/rot_dim) / freq_factor[i], computed in f32 as
@@ -19,10 +20,12 @@ import math
 import numpy as np
 
 import pykernel as pk
-from pykernel import Const, Ptr, f32, i32, i64
+from pykernel import Const, Ptr, f32, i32, i64, u16
 
 from . import _launch as L
 from ._device import warp_sum
+from .attention.kv_q8 import (MAX_HEAD_DIM as MAX_Q8_HEAD_DIM, Q8Cache,
+                              check_pair as check_q8_pair, store_q8_0_row)
 
 
 @pk.func
@@ -102,18 +105,23 @@ def rope_heads(x: Ptr["T", "ro"], out: Ptr["T"], positions: Ptr[i32, "ro"], ff: 
 
 @pk.kernel
 def rope_qkv_cache(q: Ptr["T"], k: Ptr["T", "ro"], v: Ptr["T", "ro"], cache_k: Ptr["C"],
-                   cache_v: Ptr["C"], positions: Ptr[i32, "ro"], ff: Ptr[f32, "ro"],
+                   cache_v: Ptr["C"], k_scales: Ptr[u16], v_scales: Ptr[u16],
+                   positions: Ptr[i32, "ro"], ff: Ptr[f32, "ro"],
                    qn: Ptr[f32, "ro"], kn: Ptr[f32, "ro"],
                    q_heads: i32, kv_heads: i32, head_dim: i32, rot_dim: i32, max_len: i32,
                    q_row: i32, kv_row: i32, pos_offset: i32, log2_base: f32, eps: f32,
                    HAS_Q: Const[bool], HAS_FF: Const[bool], NEOX: Const[bool],
-                   T: Const[pk.dtype], C: Const[pk.dtype], NORM: Const[bool]):
+                   T: Const[pk.dtype], C: Const[pk.dtype], NORM: Const[bool],
+                   Q8: Const[bool]):
     # grid (tokens, q_heads + kv_heads): blocks y < q_heads rotate q in place, the others
     # rotate one k head into the cache and copy the matching v head; token t's q heads start
     # at q + t q_row, its k / v heads at k / v + t kv_row. NORM: q and k heads are first
-    # RMS-normalized with weights qn / kn (head_dim each)
+    # RMS-normalized with weights qn / kn (head_dim each). Q8: a Q8_0 cache (C = i8 quants,
+    # f16 scales in k_scales / v_scales): the rotated k and the v head are staged in shared
+    # memory as f32 and quantized from there (kv_q8.store_q8_0_row)
     pk.launch_dependents()   # decode: one short wave, let the next kernel launch now
     scratch = pk.shared_array(f32, 8)
+    stage = pk.shared_array(f32, MAX_Q8_HEAD_DIM if Q8 else 1)
     t = pk.block_idx.x
     h = pk.block_idx.y
     pos = positions[t] + pos_offset
@@ -132,10 +140,22 @@ def rope_qkv_cache(q: Ptr["T"], k: Ptr["T", "ro"], v: Ptr["T", "ro"], cache_k: P
         rstd = f32(1.0)
         if NORM:
             rstd = head_rstd(k + src, head_dim, eps, scratch)
-        rope_head(k + src, cache_k + dst, pos, head_dim, rot_dim, log2_base, ff, HAS_FF,
-                  NEOX, C, rstd, kn, NORM)
-        for d in range(pk.thread_idx.x, head_dim, pk.block_dim.x):
-            cache_v[dst + i64(d)] = C(f32(v[src + i64(d)]))
+        if Q8:
+            row = i64(kvh) * i64(max_len) + i64(pos)
+            rope_head(k + src, stage, pos, head_dim, rot_dim, log2_base, ff, HAS_FF, NEOX, f32,
+                      rstd, kn, NORM)
+            pk.syncthreads()
+            store_q8_0_row(stage, cache_k, k_scales, row, head_dim)
+            pk.syncthreads()
+            for d in range(pk.thread_idx.x, head_dim, pk.block_dim.x):
+                stage[d] = f32(v[src + i64(d)])
+            pk.syncthreads()
+            store_q8_0_row(stage, cache_v, v_scales, row, head_dim)
+        else:
+            rope_head(k + src, cache_k + dst, pos, head_dim, rot_dim, log2_base, ff, HAS_FF,
+                      NEOX, C, rstd, kn, NORM)
+            for d in range(pk.thread_idx.x, head_dim, pk.block_dim.x):
+                cache_v[dst + i64(d)] = C(f32(v[src + i64(d)]))
 
 
 def _check_heads(x, name: str) -> tuple[int, int, int]:
@@ -252,15 +272,28 @@ def _launch_qkv(q, k, v, cache_k, cache_v, pos, ff, tokens, q_heads, kv_heads, h
                 rot_dim, q_row, kv_row, pos_offset, theta, style, has_q, has_ff, dtype, stream,
                 norms=None, norm_eps=1e-6):
     qn, kn = norms if norms is not None else (ff, ff)   # not read without NORM
-    args = (q, k, v, cache_k, cache_v, pos, ff, qn, kn, q_heads, kv_heads, head_dim, rot_dim,
+    q8 = isinstance(cache_k, Q8Cache)
+    if q8:
+        caches = (cache_k.quants, cache_v.quants, cache_k.scales.view(np.uint16),
+                  cache_v.scales.view(np.uint16))
+    else:   # the scale pointers are not read: any u16 view stands in
+        stand_in = pos.view(np.uint16)
+        caches = (cache_k, cache_v, stand_in, stand_in)
+    args = (q, k, v, *caches, pos, ff, qn, kn, q_heads, kv_heads, head_dim, rot_dim,
             cache_k.shape[1], q_row, kv_row, pos_offset, math.log2(theta), float(norm_eps))
     spec = (("HAS_Q", has_q), ("HAS_FF", has_ff), ("NEOX", style == "neox"), ("T", dtype),
-            ("C", cache_k.dtype), ("NORM", norms is not None))
+            ("C", np.int8 if q8 else cache_k.dtype), ("NORM", norms is not None), ("Q8", q8))
     L.launch(rope_qkv_cache, (tokens, q_heads + kv_heads, 1), L.threads_for(head_dim, 256),
              args, spec, stream)
 
 
 def _check_caches(cache_k, cache_v, kv_heads: int, head_dim: int, name: str) -> None:
+    if isinstance(cache_k, Q8Cache) or isinstance(cache_v, Q8Cache):
+        check_q8_pair(cache_k, cache_v, name)
+        if cache_k.shape[0] != kv_heads or cache_k.shape[2] != head_dim:
+            raise ValueError(f"{name}: Q8_0 caches must be ({kv_heads}, max_len, {head_dim}), "
+                             f"got {cache_k.shape}")
+        return
     for what, c in (("cache_k", cache_k), ("cache_v", cache_v)):
         if c.ndim != 3 or c.shape[0] != kv_heads or c.shape[2] != head_dim or \
                 c.dtype not in (np.float32, np.float16) or c.dtype != cache_k.dtype:

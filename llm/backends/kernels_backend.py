@@ -33,8 +33,10 @@ from stdlib_kernels import glu as glu_rows
 from stdlib_kernels import layernorm, rmsnorm, rope_kv_cache
 from stdlib_kernels.rotary import rope_kv_cache_cols
 from stdlib_kernels import rope as rope_rows
+from stdlib_kernels.attention import kv_q8
 from stdlib_kernels.attention.decode import (HEAD_DIMS, default_config, direct_config,
                                              gpu_config, launch_decode)
+from stdlib_kernels.attention.kv_q8 import DTYPE as Q8_DTYPE, Q8Cache
 from stdlib_kernels.attention.prefill import launch_prefill, mma_available
 from stdlib_kernels.quant.gemv_kernels import MAX_BATCH
 from stdlib_kernels.quant.rmsnorm_q8_1 import rmsnorm_q8_1_into
@@ -55,6 +57,24 @@ EARLY_KV = os.environ.get("PYKERNEL_EARLY_KV", "1") not in ("", "0")
 EARLY_TRIGGER = os.environ.get("PYKERNEL_EARLY_TRIGGER", "1") not in ("", "0")
 
 
+CACHE_TYPES = {"f16": np.dtype(np.float16), "f32": np.dtype(np.float32), Q8_DTYPE: Q8_DTYPE}
+
+
+def cache_dtype(value):
+    """A KV cache element type from a name ("f16", "f32", "q8_0", as llama.cpp's --cache-type-k
+    spells them) or a numpy dtype: np.dtype, or "q8_0" for a Q8_0 cache."""
+    if isinstance(value, str) and value in CACHE_TYPES:
+        return CACHE_TYPES[value]
+    try:
+        dtype = np.dtype(value)
+    except TypeError:
+        dtype = None
+    if dtype not in (np.float16, np.float32):
+        raise ValueError(f"unknown KV cache type {value!r} (expected one of "
+                         f"{', '.join(CACHE_TYPES)})")
+    return dtype
+
+
 class DeviceTable:
     """An embedding table: raw GGUF rows (vocab, row_bytes) uint8 of `type_name`."""
 
@@ -73,7 +93,7 @@ class KernelsBackend(Backend):
         pk.set_device(self.device)
         self.activations = activations
         default_kv = np.float16 if self.device.kind == "cuda" else np.float32
-        self.kv_dtype = np.dtype(kv_dtype or default_kv)
+        self.kv_dtype = cache_dtype(kv_dtype or default_kv)
         self.memory = DeviceMemory(self.device)
         self.weights = W.WeightStore(self.memory.upload)
         self.use_graphs = graphs
@@ -86,6 +106,11 @@ class KernelsBackend(Backend):
         self._step = None           # (ids, positions, start) device arrays of the running step
         self.direct_attention = False   # decode attention without splits (short contexts)
         self.stream = pk.Stream(self.device) if self.device.kind == "cuda" else None
+
+    @property
+    def kv_value_bytes(self) -> float:
+        """Device bytes per cached K/V value (model.choose_context sizes the context with it)."""
+        return 34 / 32 if self.kv_dtype == Q8_DTYPE else self.kv_dtype.itemsize
 
     # --- weights -----------------------------------------------------------------------------
     def matrix(self, parts: Sequence[TensorInfo]):
@@ -103,6 +128,10 @@ class KernelsBackend(Backend):
         if head_dim_v != head_dim:
             raise ValueError(f"kernels backend: value head size {head_dim_v} != key head size "
                              f"{head_dim} is not supported")
+        if self.kv_dtype == Q8_DTYPE and (head_dim % 32 or head_dim not in HEAD_DIMS):
+            raise ValueError(f"kernels backend: a q8_0 KV cache needs a head size that is a "
+                             f"multiple of 32 among {HEAD_DIMS}; this model's is {head_dim} "
+                             f"(use --cache-type f16)")
         cache = KernelsKVCache(self.memory, n_layer, n_ctx, n_head_kv, head_dim, self.kv_dtype,
                                self.weights.nbytes)
         return cache
@@ -275,8 +304,7 @@ class KernelsBackend(Backend):
             q_src, k_src = q_src.x, k_src.x
         if fused and d in HEAD_DIMS and self._tensor_core_prefill(k_cache) and \
                 _qkv_in_place(q_src, k_src, v):
-            return self._prefill_in_place(q, k, v, k_cache, v_cache, start, scale, window,
-                                          norms)
+            return self._prefill_in_place(q, k, v, cache, layer, start, scale, window, norms)
         qa = self._contiguous(q_src if fused else self.materialize(q))
         ka = self._contiguous(k_src if fused else self.materialize(k))
         va = self._contiguous(v)
@@ -288,8 +316,12 @@ class KernelsBackend(Backend):
             rope_kv_cache(ka.reshape(n, -1, d), va.reshape(n, -1, d), k_cache, v_cache,
                           positions, p.base, _rope_style(p), q=q3,
                           rot_dim=p.n_rot, freq_factors=q.freq_factors, **_norm_args(norms))
+        elif cache.q8:
+            kv_q8.store_rows(ka, va, k_cache, v_cache, start_dev)
         else:
             X.store_kv(ka, va, k_cache, v_cache, start_dev)
+        if cache.q8 and n > 1:     # prefill reads the rows as f16 (decode reads Q8_0 itself)
+            k_cache, v_cache = self._dequantized(cache, layer, start + n)
         out = self.arena.take((n, qa.shape[1]), np.float32)
         if d in HEAD_DIMS:
             xq = self._stdlib_attention(q3, k_cache, v_cache, start, start_dev,
@@ -300,10 +332,11 @@ class KernelsBackend(Backend):
             X.attention(qa, k_cache, v_cache, out, start_dev, q3.shape[1], scale, window)
         return out
 
-    def _prefill_in_place(self, q, k, v, k_cache, v_cache, start, scale, window, norms=None):
+    def _prefill_in_place(self, q, k, v, cache, layer, start, scale, window, norms=None):
         """Prefill on the fused q|k|v projection's output itself: (head norms and) RoPE of q
         in place, of k into the cache, v into the cache, then the tensor-core attention reading
         q's columns (no copies of the three column blocks)."""
+        k_cache, v_cache = cache.k[layer], cache.v[layer]
         qc, kc = (q.x.x, k.x.x) if norms is not None else (q.x, k.x)
         qkv, d = qc.src, k_cache.shape[-1]
         n, p = qkv.shape[0], q.params
@@ -311,10 +344,21 @@ class KernelsBackend(Backend):
         rope_kv_cache_cols(qkv, qc.width // d, kc.width // d, d, k_cache, v_cache, positions,
                            p.base, _rope_style(p), rot_dim=p.n_rot,
                            freq_factors=q.freq_factors, **_norm_args(norms))
+        if cache.q8:
+            k_cache, v_cache = self._dequantized(cache, layer, start + n)
         out = self.arena.take((n, qc.width), np.float32)
         launch_prefill(qkv, k_cache, v_cache, out.reshape(n, -1, d), start, scale,
                        window=window or None, n_head=qc.width // d)
         return out
+
+    def _dequantized(self, cache: KernelsKVCache, layer: int, n_rows: int):
+        """A q8_0 cache's first n_rows rows of `layer` as f16 (K, V) buffers, what a prefill's
+        attention reads: llama.cpp's CUDA flash attention also converts a quantized cache to
+        f16 for a batch of queries. Per layer and prefill chunk ~3 bytes per cached value."""
+        k16, v16 = cache.f16_rows()
+        kv_q8.dequantize_into(cache.k[layer], k16, n_rows)
+        kv_q8.dequantize_into(cache.v[layer], v16, n_rows)
+        return k16, v16
 
     def _stdlib_attention(self, q3, k_cache, v_cache, start, start_dev, out3, scale, window,
                           cache):
@@ -346,7 +390,9 @@ class KernelsBackend(Backend):
         """Tensor-core decode attention (Q and P rounded to f16) in the llama.cpp-like Q8_1
         mode; activations="f32", the accurate mode, keeps the f32 SIMT kernel."""
         group, head_dim = n_head // k_cache.shape[-3], k_cache.shape[-1]
-        if self.activations == "q8_1" or self.device.kind == "cpu":
+        # a Q8_0 cache is read by the tensor-core kernel alone (in both activation modes)
+        if self.activations == "q8_1" or self.device.kind == "cpu" or \
+                isinstance(k_cache, Q8Cache):
             config = default_config(group, head_dim, self.device, k_cache.dtype)
         else:
             config = gpu_config(group, head_dim, k_cache.dtype)
@@ -361,7 +407,8 @@ class KernelsBackend(Backend):
         """Flash attention on tensor cores for prefill: f16 cache, sm_80+, and the llama.cpp-like
         Q8_1 activation mode (activations="f32" keeps the f32 SIMT path, the accurate one)."""
         return (TENSOR_CORE_PREFILL and self.activations == "q8_1"
-                and k_cache.dtype == np.float16 and mma_available(self.device))
+                and (isinstance(k_cache, Q8Cache) or k_cache.dtype == np.float16)
+                and mma_available(self.device))
 
     def _glu(self, gate, up, act: str):
         if isinstance(gate, GluHalf) and isinstance(up, GluHalf) and gate.pending is up.pending \

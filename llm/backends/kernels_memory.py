@@ -106,26 +106,50 @@ class Arena:
 
 
 class KernelsKVCache(KVCache):
-    """K and V per layer: (n_head_kv, n_ctx, head_dim) of `dtype`, allocated up front."""
+    """K and V per layer: (n_head_kv, n_ctx, head_dim) of `dtype` (float16, float32, or "q8_0":
+    a stdlib Q8Cache, int8 quants plus an f16 scale per 32 values), allocated up front."""
 
     def __init__(self, memory: DeviceMemory, n_layer, n_ctx, n_head_kv, head_dim, dtype,
                  weight_bytes: int):
+        from stdlib_kernels.attention import kv_q8
         self.n_layer, self.n_ctx, self.n_head_kv = n_layer, n_ctx, n_head_kv
-        self.head_dim, self.head_dim_v, self.dtype = head_dim, head_dim, np.dtype(dtype)
+        self.head_dim, self.head_dim_v = head_dim, head_dim
+        self.q8 = isinstance(dtype, str) and dtype == kv_q8.DTYPE
+        self.dtype = kv_q8.DTYPE if self.q8 else np.dtype(dtype)
         shape = (n_head_kv, n_ctx, head_dim)
-        total = 2 * n_layer * int(np.prod(shape)) * self.dtype.itemsize
+        element = (1 + 2 / kv_q8.BLOCK) if self.q8 else self.dtype.itemsize
+        total = int(2 * n_layer * int(np.prod(shape)) * element)
         context = (f"The KV cache for {n_ctx} tokens needs {total / MIB:.1f} MiB in all "
                    f"({n_layer} layers x K and V of {shape} {self.dtype}); the model's weights "
                    f"take {weight_bytes / MIB:.1f} MiB.")
         self.k, self.v = [], []
         for il in range(n_layer):
-            self.k.append(memory.allocate(shape, self.dtype, f"KV cache layer {il} K", context))
-            self.v.append(memory.allocate(shape, self.dtype, f"KV cache layer {il} V", context))
+            for name, into in (("K", self.k), ("V", self.v)):
+                what = f"KV cache layer {il} {name}"
+                if self.q8:
+                    into.append(kv_q8.allocate(shape, allocate=lambda sh, dt, what=what:
+                                               memory.allocate(sh, dt, what, context)))
+                else:
+                    into.append(memory.allocate(shape, self.dtype, what, context))
         self.k_bytes = total
         memory.kv_bytes += total
+        self._memory = memory
+        self._f16_rows = None   # q8_0: one layer's K and V as f16, the prefill attention's input
         self._workspaces: dict = {}
         self.graph = None     # set by kernels_graph: the captured decode step on this cache
         self.graphs: dict = {}  # kernels_graph: its decode graphs (short/long context)
+
+    def f16_rows(self):
+        """q8_0 caches: (K, V) f16 buffers of one layer's shape, allocated on first use, into
+        which a prefill dequantizes the rows it attends to."""
+        if self._f16_rows is None:
+            shape = (self.n_head_kv, self.n_ctx, self.head_dim)
+            context = ("A q8_0 KV cache's prefill reads one layer's keys and values as f16 "
+                       "(two buffers of one f16 layer's size).")
+            self._f16_rows = tuple(self._memory.allocate(shape, np.float16, f"KV rows {n}",
+                                                         context) for n in ("K", "V"))
+            self._memory.kv_bytes += sum(a.nbytes for a in self._f16_rows)
+        return self._f16_rows
 
     @property
     def nbytes(self) -> int:

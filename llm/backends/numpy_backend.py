@@ -13,6 +13,8 @@ import time
 from typing import Sequence
 
 import numpy as np
+from gguf import GGMLQuantizationType
+from gguf import quants as gguf_quants
 
 from llm.backends.act_quant import activation_kind, round_trip
 from llm.backends.base import Backend, KVCache
@@ -25,10 +27,25 @@ GELU_COEF_A = 0.044715
 SQRT_2_OVER_PI = 0.7978845608028654
 
 
+KV_TYPES = ("f32", "f16", "q8_0")
+
+
+def kv_round_trip(x: np.ndarray, kv_type: str) -> np.ndarray:
+    """x (..., head_dim) float32 as a cache of `kv_type` stores it: f16 rounding, or ggml's Q8_0
+    (gguf-py's quantizer, bit-exact with ggml's) and back; the cache itself stays float32."""
+    if kv_type == "f16":
+        return x.astype(np.float16).astype(np.float32)
+    if kv_type == "q8_0":
+        q8 = gguf_quants.quantize(np.ascontiguousarray(x, np.float32), GGMLQuantizationType.Q8_0)
+        return gguf_quants.dequantize(q8, GGMLQuantizationType.Q8_0).reshape(x.shape)
+    return x
+
+
 class NumpyKVCache(KVCache):
-    def __init__(self, n_layer, n_ctx, n_head_kv, head_dim, head_dim_v):
+    def __init__(self, n_layer, n_ctx, n_head_kv, head_dim, head_dim_v, kv_type: str = "f32"):
         self.n_layer, self.n_ctx, self.n_head_kv = n_layer, n_ctx, n_head_kv
         self.head_dim, self.head_dim_v = head_dim, head_dim_v
+        self.kv_type = kv_type   # the values stored are rounded as this type would hold them
         # np.zeros maps untouched pages lazily: memory is committed as positions get written
         self.k = [np.zeros((n_head_kv, n_ctx, head_dim), np.float32) for _ in range(n_layer)]
         self.v = [np.zeros((n_head_kv, n_ctx, head_dim_v), np.float32) for _ in range(n_layer)]
@@ -36,6 +53,19 @@ class NumpyKVCache(KVCache):
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
+
+
+def _kv_type(value) -> str:
+    """"f32" (default), "f16" or "q8_0" from a name or a numpy dtype."""
+    if value is None:
+        return "f32"
+    if isinstance(value, str) and value in KV_TYPES:
+        return value
+    try:
+        return {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}[np.dtype(value)]
+    except (TypeError, KeyError):
+        raise ValueError(f"unknown KV cache type {value!r} (expected one of "
+                         f"{', '.join(KV_TYPES)})") from None
 
 
 class QuantActMatrix:
@@ -61,8 +91,10 @@ class NumpyBackend(Backend):
     name = "numpy"
     rope_qk_together = True
 
-    def __init__(self, quantized_activations: bool = False, threads: int | None = None):
+    def __init__(self, quantized_activations: bool = False, threads: int | None = None,
+                 kv_dtype=None):
         self.quantized_activations = quantized_activations
+        self.kv_type = _kv_type(kv_dtype)
         # BLAS threads: fixed when given (argument or PYKERNEL_THREADS), else chosen per forward
         # pass by measured seconds per token, separately for decode (1 token) and prefill; the
         # whole pass is timed because spinning BLAS workers slow what runs between matmuls too.
@@ -112,7 +144,10 @@ class NumpyBackend(Backend):
         return self._f32(table)
 
     def kv_cache(self, n_layer, n_ctx, n_head_kv, head_dim, head_dim_v) -> NumpyKVCache:
-        return NumpyKVCache(n_layer, n_ctx, n_head_kv, head_dim, head_dim_v)
+        if self.kv_type == "q8_0" and (head_dim % 32 or head_dim_v % 32):
+            raise ValueError(f"numpy backend: a q8_0 KV cache needs head sizes that are "
+                             f"multiples of 32, got {head_dim} / {head_dim_v}")
+        return NumpyKVCache(n_layer, n_ctx, n_head_kv, head_dim, head_dim_v, self.kv_type)
 
     # --- ops ---------------------------------------------------------------------------------
     def embed(self, table, ids, scale=1.0):
@@ -209,8 +244,10 @@ class NumpyBackend(Backend):
         n, end = q.shape[0], start + q.shape[0]
         n_kv, d, dv = cache.n_head_kv, cache.head_dim, cache.head_dim_v
         k_cache, v_cache = cache.k[layer], cache.v[layer]
-        k_cache[:, start:end] = k.reshape(n, n_kv, d).transpose(1, 0, 2)
-        v_cache[:, start:end] = v.reshape(n, n_kv, dv).transpose(1, 0, 2)
+        k_rows = kv_round_trip(k.reshape(n, n_kv, d), cache.kv_type)
+        v_rows = kv_round_trip(v.reshape(n, n_kv, dv), cache.kv_type)
+        k_cache[:, start:end] = k_rows.transpose(1, 0, 2)
+        v_cache[:, start:end] = v_rows.transpose(1, 0, 2)
         group = q.shape[1] // d // n_kv
         first = max(0, start - window + 1) if window else 0  # oldest key any query here sees
         keys, values = k_cache[:, first:end], v_cache[:, first:end]

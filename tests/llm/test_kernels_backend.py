@@ -262,3 +262,48 @@ def test_qwen3_head_norms_inside_the_rope_launch(tmp_path, monkeypatch):
     launches = [launch.name for launch in session.cache.graph.graph.launches]
     assert "rmsnorm_regs" not in launches, launches
     assert launches.count("rope_qkv_cache") == 2, launches
+
+
+def test_q8_0_kv_cache(tmp_path, monkeypatch):
+    """--cache-type q8_0 on the CPU target (a head_dim-64 synthetic llama): the cache holds
+    ggml's Q8_0 of the rows, the logits follow the numpy backend's q8_0 emulation (within the
+    f16 rounding of the rows a prefill reads), decode steps through both graphs (one split /
+    splits + combine) follow the prefill, and the cache takes 34/32 bytes per value."""
+    from llm import synth
+    from llm.backends import kernels_graph
+    from stdlib_kernels.attention import Q8Cache
+    monkeypatch.setitem(synth.SHAPES, "tiny-d64", synth.Shape(
+        "llama", 128, 256, 2, 2, 1, 512, 64, 10000.0, 1e-5, True, False, "llama-bpe"))
+    path = synth.write_synthetic("tiny-d64", "Q4_0", tmp_path / "tiny-d64.gguf")
+    monkeypatch.setattr(kernels_graph, "SHORT_CONTEXT", 5)   # steps at 2..4 | 5..7
+    ids = [5, 9, 13, 17, 21, 25, 3, 8, 40, 41, 42, 43, 44]
+    kernels = {kv: llm.load(path, device="cpu", backend="kernels", n_ctx=24, gemv=True,
+                            activations="f32", kv_dtype=kv, progress=False)
+               for kv in ("f32", "q8_0")}
+    numpy = {kv: llm.load(path, device="cpu", backend="numpy", n_ctx=24, kv_dtype=kv,
+                          progress=False).logits(ids) for kv in ("f32", "q8_0")}
+    model = kernels["q8_0"]
+    logits = model.logits(ids)
+    assert rel_l2(logits, numpy["q8_0"]) < 5e-3, rel_l2(logits, numpy["q8_0"])
+    # the quantization is visible: q8_0 logits differ from f32 ones by more than the kernels'
+    # own error (measured ~5e-3 vs ~6e-4 here)
+    assert rel_l2(numpy["q8_0"], numpy["f32"]) > 4 * rel_l2(kernels["f32"].logits(ids),
+                                                           numpy["f32"])
+    session = model.session()
+    session.reset()
+    steps = [session.prefill(ids[:2])[0]] + [session.step(t) for t in ids[2:8]]
+    assert rel_l2(np.stack(steps), model.logits(ids[:8])[1:]) < 3e-3
+    assert sorted(session.cache.graphs) == [False, True]
+    cache = session.cache
+    assert isinstance(cache.k[0], Q8Cache) and cache.nbytes == 2 * 2 * 24 * 64 * 34 // 32
+    assert model.backend.kv_value_bytes == 34 / 32
+    with pytest.raises(ValueError, match="unknown KV cache type"):
+        llm.load(path, device="cpu", backend="kernels", kv_dtype="q4_0", progress=False)
+
+
+def test_q8_0_cache_needs_head_dim_multiple_of_32(models):
+    """The tiny test models have head_dim 16: a q8_0 cache is refused with the reason."""
+    cfg = models["tiny-llama-f32.gguf"].config
+    backend = llm.backends.create_backend("cpu", "kernels", kv_dtype="q8_0")
+    with pytest.raises(ValueError, match="multiple of 32"):
+        backend.kv_cache(cfg.n_layer, 8, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v)

@@ -149,3 +149,30 @@ def test_qwen3_head_norms_in_the_rope_launch(tmp_path, monkeypatch):
     session.reset()
     steps = [session.prefill(ids[:30])[0]] + [session.step(t) for t in ids[30:-1]]
     assert rel_l2(np.stack(steps), fast[29:-1]) < 1e-2
+
+
+@pytest.mark.parametrize("short_context", [256, 40])
+def test_q8_0_kv_cache_production_settings(tmp_path, monkeypatch, short_context):
+    """--cache-type q8_0 with the production settings (Q8_1 activations, the tensor-core
+    prefill reading the q|k|v output in place and the cache's rows dequantized to f16, the
+    tensor-core decode reading Q8_0 itself) on a head_dim-128 synthetic llama: prefill
+    against the numpy backend's q8_0 emulation, graph decode against the prefill
+    (short_context 40: the split-attention graph from position 40 on)."""
+    from llm import synth
+    from llm.backends import kernels_graph
+    monkeypatch.setattr(kernels_graph, "SHORT_CONTEXT", short_context)
+    monkeypatch.setitem(synth.SHAPES, "small-d128", synth.Shape(
+        "llama", 512, 1024, 2, 4, 2, 2048, 256, 10000.0, 1e-5, False, False, "llama-bpe"))
+    path = synth.write_synthetic("small-d128", "Q4_0", tmp_path / "d128.gguf")
+    ids = list(np.random.default_rng(3).integers(0, 2000, 56))
+    want = llm.load(path, device="cpu", n_ctx=64, kv_dtype="q8_0", progress=False).logits(ids)
+    model = llm.load(path, device="cuda", n_ctx=64, kv_dtype="q8_0", progress=False)
+    got = model.logits(ids)
+    assert rel_l2(got, want) < 1e-2, rel_l2(got, want)
+    f16 = llm.load(path, device="cuda", n_ctx=64, progress=False).logits(ids)
+    assert rel_l2(f16, got) > 1e-4, "the q8_0 cache gave the f16 cache's logits"
+    session = model.session()
+    session.reset()
+    steps = [session.prefill(ids[:32])[0]] + [session.step(t) for t in ids[32:-1]]
+    assert np.isfinite(steps).all() and rel_l2(np.stack(steps), got[31:-1]) < 1e-2, \
+        rel_l2(np.stack(steps), got[31:-1])
