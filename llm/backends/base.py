@@ -65,6 +65,12 @@ class Backend(ABC):
     def end_forward(self) -> None:
         """Called by the model after each forward pass, logits computed (default: nothing)."""
 
+    def begin_layer(self, layer: int) -> None:
+        """Called by the model before layer `layer`'s ops (default: nothing)."""
+
+    def end_layers(self) -> None:
+        """Called by the model after the last layer's ops (default: nothing)."""
+
     @abstractmethod
     def embed(self, table: Weight, ids: np.ndarray, scale: float = 1.0) -> Act:
         """Rows `ids` of the table, times `scale` -> (n, n_embd)."""

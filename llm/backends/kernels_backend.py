@@ -101,7 +101,8 @@ class KernelsBackend(Backend):
         # stdlib's warp-per-row GEMV on the GPU; on the CPU target kernels_extra.matmul, whose
         # threads never synchronise (same arithmetic, ~100x faster there)
         self.gemv = self.device.kind == "cuda" if gemv is None else gemv
-        self.prefill_arena, self.decode_arena = Arena(self.memory), Arena(self.memory)
+        self.prefill_arena = Arena(self.memory)
+        self.decode_arena = Arena(self.memory, keep_replaced=True)
         self.arena = self.prefill_arena
         self._step = None           # (ids, positions, start) device arrays of the running step
         self.direct_attention = False   # decode attention without splits (short contexts)
@@ -156,6 +157,12 @@ class KernelsBackend(Backend):
 
     def end_step(self) -> None:
         self._step = None
+
+    def begin_layer(self, layer: int) -> None:
+        self.arena.begin_layer(layer)
+
+    def end_layers(self) -> None:
+        self.arena.end_layers()
 
     def _positions(self, positions) -> tuple:
         """(device positions, device start) for this step's tokens."""

@@ -67,6 +67,7 @@ class Transformer:
         if w.position_embd is not None:
             x = b.add(x, b.embed(w.position_embd, positions))
         for il, lw in enumerate(w.layers):
+            b.begin_layer(il)
             h = self._attention(self._norm(x, lw.attn_norm), lw, il, positions, start, cache)
             if lw.post_attn_norm is not None:
                 h = self._norm(h, lw.post_attn_norm)
@@ -75,6 +76,7 @@ class Transformer:
             if lw.post_ffw_norm is not None:
                 h = self._norm(h, lw.post_ffw_norm)
             x = b.add(x, h)
+        b.end_layers()
         if not all_logits:
             x = b.last_row(x)
         logits = b.matmul(self._norm(x, w.output_norm), w.output)

@@ -307,3 +307,29 @@ def test_q8_0_cache_needs_head_dim_multiple_of_32(models):
     backend = llm.backends.create_backend("cpu", "kernels", kv_dtype="q8_0")
     with pytest.raises(ValueError, match="multiple of 32"):
         backend.kv_cache(cfg.n_layer, 8, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v)
+
+
+def test_activations_do_not_grow_with_layers(tmp_path, monkeypatch):
+    """Layers alternate between two lists of activation buffers: a 6-layer model takes the
+    activation memory of a 2-layer one of the same width, and its logits (prefill, and decode
+    through the captured graph) still follow the numpy backend's."""
+    from llm import synth
+    arena_bytes = {}
+    for layers in (2, 6):
+        monkeypatch.setitem(synth.SHAPES, f"tiny-l{layers}", synth.Shape(
+            "llama", 128, 256, layers, 2, 1, 512, 64, 10000.0, 1e-5, True, False, "llama-bpe"))
+        path = synth.write_synthetic(f"tiny-l{layers}", "Q4_0", tmp_path / f"l{layers}.gguf")
+        model = llm.load(path, device="cpu", backend="kernels", n_ctx=24, gemv=True,
+                         progress=False)
+        ids = [5, 9, 13, 17, 21, 25, 3, 8, 40, 41, 42, 43, 44]
+        logits = model.logits(ids)
+        arena_bytes[layers] = model.backend.prefill_arena.nbytes
+        if layers == 6:
+            want = llm.load(path, device="cpu", backend="numpy", n_ctx=24,
+                            progress=False).logits(ids)
+            assert rel_l2(logits, want) < Q8_0_TOL, rel_l2(logits, want)
+            session = model.session()
+            session.reset()
+            steps = [session.prefill(ids[:2])[0]] + [session.step(t) for t in ids[2:6]]
+            assert rel_l2(np.stack(steps), model.logits(ids[:6])[1:]) < 1e-2
+    assert arena_bytes[6] == arena_bytes[2], arena_bytes
