@@ -347,6 +347,52 @@ def test_bitcast_and_f16x2(device, rng):
 
 
 @pk.kernel
+def packed_ops(a: Ptr[u32, "ro"], b: Ptr[u32, "ro"], sel: Ptr[u32, "ro"], out: Ptr[u32]):
+    t = pk.thread_idx.x
+    out[5 * t] = pk.prmt(a[t], b[t], sel[t])
+    out[5 * t + 1] = pk.add_f16x2(a[t], b[t])
+    out[5 * t + 2] = pk.sub_f16x2(a[t], b[t])
+    out[5 * t + 3] = pk.mul_f16x2(a[t], b[t])
+    # int8 bytes 0, 1 of a as an f16 pair: byte + 128 under an f16 exponent of 1024, - 1152
+    out[5 * t + 4] = pk.sub_f16x2(pk.prmt(a[t] ^ 0x80808080, 0x64646464, 0x4140), 0x64806480)
+
+
+def prmt_reference(a: int, b: int, sel: int) -> int:
+    both, out = a | (b << 32), 0
+    for i in range(4):
+        nibble = (sel >> (4 * i)) & 15
+        byte = (both >> (8 * (nibble & 7))) & 255
+        if nibble & 8:
+            byte = 255 if byte & 128 else 0
+        out |= byte << (8 * i)
+    return out
+
+
+def test_prmt_and_f16x2_arithmetic(device, rng, seed):
+    n = 256
+    a, b = (rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32) for _ in range(2))
+    a[:8] = np.array([1.5, 65504.0, 1e-7, -0.0, 3.0, 2.0, 1024.0, 0.5], np.float16) \
+        .view(np.uint32)[[0, 0, 1, 1, 2, 2, 3, 3]]                 # overflow, subnormals
+    sel = rng.integers(0, 2**16, n, dtype=np.uint64).astype(np.uint32)
+    out = pk.zeros(5 * n, np.uint32)
+    packed_ops[1, n](pk.to_device(a), pk.to_device(b), pk.to_device(sel), out)
+    got = out.numpy().reshape(n, 5)
+    want = [prmt_reference(int(x), int(y), int(s)) for x, y, s in zip(a, b, sel)]
+    assert (got[:, 0] == want).all(), f"prmt (seed {seed})"
+    ha, hb = a.view(np.float16).reshape(n, 2), b.view(np.float16).reshape(n, 2)
+    with np.errstate(all="ignore"):
+        for col, op in ((1, np.add), (2, np.subtract), (3, np.multiply)):
+            exact = op(ha, hb).astype(np.float16)              # numpy: correctly rounded f16
+            res = np.ascontiguousarray(got[:, col]).view(np.float16).reshape(n, 2)
+            same = (res.view(np.uint16) == exact.view(np.uint16)) | \
+                (np.isnan(res) & np.isnan(exact))              # NaN payloads may differ
+            assert same.all(), f"{op.__name__} (seed {seed}): {np.argwhere(~same)[:4]}"
+    as_int8 = a.view(np.int8).reshape(n, 4)[:, :2].astype(np.float16)
+    pairs = np.ascontiguousarray(got[:, 4]).view(np.float16).reshape(n, 2)
+    assert (pairs == as_int8).all(), f"int8 -> f16 (seed {seed})"
+
+
+@pk.kernel
 def big_index(out: Ptr[i64], n: i64):
     i = i64(pk.block_idx.x) * i64(pk.block_dim.x) + i64(pk.thread_idx.x)
     if i < n:

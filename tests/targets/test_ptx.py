@@ -84,6 +84,13 @@ def test_pack_f16x2_is_one_instruction_on_sm80(arch, tmp_path):
     assemble(ptx, arch, tmp_path)
 
 
+def test_packed_ops_are_single_instructions():
+    ptx = KERNELS["packed_ops"].ptx("sm_90")
+    assert ptx.count("prmt.b32") == 2
+    for op in ("add", "sub", "mul"):
+        assert f"{op}.rn.f16x2" in ptx, op
+
+
 def test_key_constructs_map_to_expected_ptx():
     ptx = KERNELS["block_reduce"].ptx("sm_90", BLOCK=128)
     assert "ld.global.nc" in ptx           # Ptr[f32, "ro"]
