@@ -92,16 +92,11 @@ def scale_of(raw: u16) -> f32:
 
 
 @pk.func
-def q8_pair(word: u32, half: Const[int], scale: u16) -> u32:
-    """Bytes 2 half, 2 half + 1 of word (int8 quants) times the f16 scale, as an f16 pair: each
-    byte plus 128 becomes the mantissa of an f16 in [1024, 1280) (0x64 above it: 1024 + u
-    exactly), 1152 off gives the byte's value, one f16x2 multiply its product with the scale
-    rounded to f16 (the bits that converting in f32 and packing gave, at 7 instructions for
-    4 values instead of 18: the V path made the Q8_0 decode instruction-bound)."""
-    select = u32(0x4140 if half == 0 else 0x4342)     # bytes 2 half, 2 half + 1 under 0x64s
-    pair = pk.prmt(word ^ u32(0x80808080), u32(0x64646464), select)
-    scale2 = u32(scale) | (u32(scale) << u32(16))
-    return pk.mul_f16x2(pk.sub_f16x2(pair, u32(0x64806480)), scale2)
+def q8_pair(word: u32, half: Const[int], scale: f32) -> u32:
+    """Bytes 2 half, 2 half + 1 of word (int8 quants) times scale, as an f16 pair."""
+    lo = f32(i32(word << u32(24 - 16 * half)) >> 24)
+    hi = f32(i32(word << u32(16 - 16 * half)) >> 24)
+    return pk.pack_f16x2(lo * scale, hi * scale)
 
 
 @pk.func
@@ -110,7 +105,7 @@ def v_word(vb, vsc, slot: i32, j: Const[int], p: Const[int], w: Const[int], NP: 
     """Word w (halves 32p + 8t + 2w, + 1) of V row j of the tile as an f16 pair."""
     at = ((slot * 2 + j) * NP + p) * 4
     if Q8:
-        return q8_pair(vb[at + w // 2], w % 2, vsc[(slot * 2 + j) * NP + p])
+        return q8_pair(vb[at + w // 2], w % 2, scale_of(vsc[(slot * 2 + j) * NP + p]))
     else:
         return vb[at + w]
 
