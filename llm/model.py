@@ -42,11 +42,12 @@ def _available_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-def choose_context(cfg: ModelConfig, requested: int | None,
-                   value_bytes: float = 4) -> tuple[int, str]:
-    """(n_ctx, a sentence saying how it was chosen). The default fits float32 K/V values in the
-    budget whatever the cache type (so --cache-type does not move the default context);
-    value_bytes, the backend's bytes per cached value (2 f16, 34 / 32 Q8_0), sizes the note."""
+def choose_context(cfg: ModelConfig, requested: int | None, value_bytes: float = 4,
+                   device_budget: int | None = None) -> tuple[int, str]:
+    """(n_ctx, a sentence saying how it was chosen). The default is the training context capped
+    so float32 K/V values fit a quarter of the free host memory (at most 4 GiB), whatever the
+    cache type; with device_budget (a GPU backend: bytes of device memory the cache may take)
+    also so the cache's actual bytes (value_bytes per value: 2 f16, 34 / 32 Q8_0) fit it."""
     per_token = cfg.kv_bytes_per_token
     actual = cfg.kv_bytes_per_token * value_bytes / 4
     if requested is not None:
@@ -56,9 +57,14 @@ def choose_context(cfg: ModelConfig, requested: int | None,
                            f"{requested * actual / 2**20:.0f} MiB)")
     budget = min(int(_available_memory() * KV_BUDGET_FRACTION), KV_BUDGET_MAX)
     fit = max(budget // per_token // 256 * 256, 256)
+    where = f"{budget / 2**30:.1f} GiB"
+    if device_budget is not None:
+        device_fit = max(int(device_budget // actual) // 256 * 256, 256)
+        if device_fit < fit:
+            fit, where = device_fit, f"{device_budget / 2**30:.1f} GiB of device memory"
     n_ctx = min(cfg.n_ctx_train, fit)
     why = "the model's training context" if n_ctx == cfg.n_ctx_train else (
-        f"the training context {cfg.n_ctx_train} capped to fit {budget / 2**30:.1f} GiB")
+        f"the training context {cfg.n_ctx_train} capped to fit {where}")
     return n_ctx, f"context {n_ctx} tokens ({why}; KV cache {n_ctx * actual / 2**20:.0f} MiB)"
 
 
@@ -189,6 +195,8 @@ def load(model: str | os.PathLike = "smollm2", device: str = "cpu", backend: str
     if spec.learned_positions and n_ctx is not None and n_ctx > config.n_ctx_train:
         raise ContextError(f"context {n_ctx} exceeds the {config.n_ctx_train} learned positions "
                            f"of this {config.arch} model")
-    n_ctx, note = choose_context(config, n_ctx, getattr(backend_impl, "kv_value_bytes", 4))
+    device_budget = getattr(backend_impl, "kv_device_budget", lambda: None)()
+    n_ctx, note = choose_context(config, n_ctx, getattr(backend_impl, "kv_value_bytes", 4),
+                                 device_budget)
     return Model(path, gguf, config, transformer, tokenizer, backend_impl, n_ctx, note,
                  time.perf_counter() - t0)

@@ -108,6 +108,13 @@ class KernelsBackend(Backend):
         self.direct_attention = False   # decode attention without splits (short contexts)
         self.stream = pk.Stream(self.device) if self.device.kind == "cuda" else None
 
+    def kv_device_budget(self) -> int | None:
+        """Device bytes a default context's KV cache may take (model.choose_context): half of
+        what is free once the weights are loaded, the rest left to activations, the decode
+        graphs and other processes; None on the CPU target."""
+        free = self.memory.free_bytes()
+        return None if free is None else free // 2
+
     @property
     def kv_value_bytes(self) -> float:
         """Device bytes per cached K/V value (model.choose_context sizes the context with it)."""

@@ -41,6 +41,11 @@ class DeviceMemory:
         except MemoryError:
             raise GPUMemoryError(self._message(what, nbytes, context)) from None
 
+    def free_bytes(self) -> int | None:
+        """Free device memory now (None on the CPU target)."""
+        free_total = _free_total(self.device)
+        return None if free_total is None else free_total[0]
+
     def upload(self, host: np.ndarray, what: str) -> pk.Array:
         out = self.allocate(host.shape, host.dtype, f"tensor {what!r}",
                             "the model's weights are uploaded in their GGUF format")

@@ -137,6 +137,13 @@ def test_context_defaults_to_training_context_capped_by_memory(tiny, monkeypatch
     with pytest.raises(ValueError, match="positive"):
         model_module.choose_context(cfg, 0)
     assert tiny.session().cache.nbytes == 64 * cfg.kv_bytes_per_token
+    # a GPU backend's device budget caps the default too, at the cache's actual bytes (f16: 2)
+    monkeypatch.setattr(model_module, "_available_memory", lambda: 1 << 40)
+    budget = 300 * cfg.kv_bytes_per_token // 2
+    n_dev, note_dev = model_module.choose_context(huge, None, 2, budget)
+    assert n_dev == 256 and "device memory" in note_dev, note_dev
+    n_host, _ = model_module.choose_context(huge, None, 2, 1 << 40)    # host cap binds
+    assert n_host == (4 << 30) // cfg.kv_bytes_per_token // 256 * 256
 
 
 def test_learned_positions_bound_the_context():
