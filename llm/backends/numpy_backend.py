@@ -32,12 +32,14 @@ KV_TYPES = ("f32", "f16", "q8_0")
 
 def kv_round_trip(x: np.ndarray, kv_type: str) -> np.ndarray:
     """x (..., head_dim) float32 as a cache of `kv_type` stores it: f16 rounding, or ggml's Q8_0
-    (gguf-py's quantizer, bit-exact with ggml's) and back; the cache itself stays float32."""
-    if kv_type == "f16":
-        return x.astype(np.float16).astype(np.float32)
+    (gguf-py's quantizer, bit-exact with ggml's) and back to f16, the values GPU attention
+    reads (llama.cpp's CUDA flash attention, and the kernels backend's prefill, convert a Q8_0
+    cache to f16); the cache itself stays float32."""
     if kv_type == "q8_0":
         q8 = gguf_quants.quantize(np.ascontiguousarray(x, np.float32), GGMLQuantizationType.Q8_0)
-        return gguf_quants.dequantize(q8, GGMLQuantizationType.Q8_0).reshape(x.shape)
+        x = gguf_quants.dequantize(q8, GGMLQuantizationType.Q8_0).reshape(x.shape)
+    if kv_type in ("f16", "q8_0"):
+        return x.astype(np.float16).astype(np.float32)
     return x
 
 
