@@ -309,15 +309,18 @@ def test_q8_0_cache_needs_head_dim_multiple_of_32(models):
         backend.kv_cache(cfg.n_layer, 8, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v)
 
 
-def test_activations_do_not_grow_with_layers(tmp_path, monkeypatch):
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_activations_do_not_grow_with_layers(tmp_path, monkeypatch, arch):
     """Layers alternate between two lists of activation buffers: a 6-layer model takes the
     activation memory of a 2-layer one of the same width, and its logits (prefill, and decode
-    through the captured graph) still follow the numpy backend's."""
+    through the captured graph) still follow the numpy backend's (qwen2: q/k/v biases, qwen3:
+    per-head q/k norms)."""
     from llm import synth
     arena_bytes = {}
     for layers in (2, 6):
         monkeypatch.setitem(synth.SHAPES, f"tiny-l{layers}", synth.Shape(
-            "llama", 128, 256, layers, 2, 1, 512, 64, 10000.0, 1e-5, True, False, "llama-bpe"))
+            arch, 128, 256, layers, 2, 1, 512, 64, 10000.0, 1e-5, arch == "llama",
+            arch == "qwen2", "llama-bpe", qk_norm=arch == "qwen3"))
         path = synth.write_synthetic(f"tiny-l{layers}", "Q4_0", tmp_path / f"l{layers}.gguf")
         model = llm.load(path, device="cpu", backend="kernels", n_ctx=24, gemv=True,
                          progress=False)
