@@ -6,8 +6,8 @@ llama-bench's. ppP = one forward pass over P random tokens on an empty cache (ti
 last logits on the host); tgN = N greedy decode steps from an empty cache (on the kernels
 backend: replays of the captured decode graph, reading each token id back). With depth D
 (llama-bench's -d) the cache first holds D random tokens (prefilled once, untimed) and both
-tests start at position D: "pp512 @ d4096". One untimed warm-up run compiles kernels and
-captures the graph.
+tests start at position D: "pp512 @ d4096". -p, -n and -d take comma-separated lists, as
+llama-bench's do. One untimed warm-up run per test compiles kernels and captures the graph.
 """
 from __future__ import annotations
 
@@ -65,26 +65,34 @@ def decode_speed(model, cache, n: int, first: int, start: int = 0) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def run_bench(model, p: int = 512, n: int = 128, r: int = 3, seed: int = 0,
+def _as_list(value) -> list[int]:
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+def run_bench(model, p=512, n=128, r: int = 3, seed: int = 0,
               depth: int = 0) -> list[BenchResult]:
-    cfg = model.config
-    cache = model.backend.kv_cache(cfg.n_layer, depth + max(p, n) + 1, cfg.n_head_kv,
+    """The ppP test for each prompt length in p, then the tgN test for each count in n (ints or
+    lists, as llama-bench's -p / -n), all at one depth: one cache, one untimed depth fill."""
+    cfg, ps, ns = model.config, _as_list(p), _as_list(n)
+    cache = model.backend.kv_cache(cfg.n_layer, depth + max(ps + ns) + 1, cfg.n_head_kv,
                                    cfg.head_dim, cfg.head_dim_v)
     rng = np.random.default_rng(seed)
-    ids = rng.integers(0, cfg.n_vocab - 2, p)
+    ids = rng.integers(0, cfg.n_vocab - 2, max(ps))
     suffix = f" @ d{depth}" if depth else ""
     if depth:         # the tests below write only positions >= depth: one fill serves all
         prompt_speed(model, cache, rng.integers(0, cfg.n_vocab - 2, depth))
     results = []
-    if p > 0:
-        prompt_speed(model, cache, ids, depth)               # warm-up: compile, allocate
-        results.append(BenchResult(f"pp{p}{suffix}", [prompt_speed(model, cache, ids, depth)
-                                                      for _ in range(r)]))
-    if n > 0:
-        first = int(ids[0]) if p else 1
-        decode_speed(model, cache, min(n, 4), first, depth)  # warm-up + capture
-        results.append(BenchResult(f"tg{n}{suffix}", [decode_speed(model, cache, n, first, depth)
-                                                      for _ in range(r)]))
+    for length in (x for x in ps if x > 0):
+        prompt = ids[:length]
+        prompt_speed(model, cache, prompt, depth)            # warm-up: compile, allocate
+        results.append(BenchResult(f"pp{length}{suffix}",
+                                   [prompt_speed(model, cache, prompt, depth) for _ in range(r)]))
+    for count in (x for x in ns if x > 0):
+        first = int(ids[0]) if max(ps) else 1
+        decode_speed(model, cache, min(count, 4), first, depth)  # warm-up + capture
+        results.append(BenchResult(f"tg{count}{suffix}",
+                                   [decode_speed(model, cache, count, first, depth)
+                                    for _ in range(r)]))
     return results
 
 
@@ -108,13 +116,17 @@ def table(model, backend_label: str, results: list[BenchResult]) -> str:
     return "\n".join(rows)
 
 
-def bench(model_path, p=512, n=128, r=3, device="cuda", backend=None, depth: int = 0,
+def bench(model_path, p=512, n=128, r=3, device="cuda", backend=None, depth=0,
           **options) -> str:
-    if depth < 0:
-        raise ValueError(f"bench: depth must be >= 0, got {depth}")
-    model = llm.load(model_path, device=device, backend=backend, n_ctx=depth + max(p, n) + 1,
-                     progress=False, **options)
-    results = run_bench(model, p, n, r, depth=depth)
+    """The llama-bench-style table; p, n and depth may be lists (every p and n at every
+    depth, in that order, as llama-bench runs -p 512 -n 128 -d 0,4096). One model load."""
+    ps, ns, depths = _as_list(p), _as_list(n), _as_list(depth)
+    if min(ps + ns + depths) < 0:
+        raise ValueError(f"bench: prompt lengths, token counts and depths must be >= 0, got "
+                         f"-p {ps} -n {ns} -d {depths}")
+    model = llm.load(model_path, device=device, backend=backend,
+                     n_ctx=max(depths) + max(ps + ns) + 1, progress=False, **options)
+    results = [res for d in depths for res in run_bench(model, ps, ns, r, depth=d)]
     cache = f", {options['kv_dtype']} cache" if options.get("kv_dtype") else ""
     label = f"pykernel {model.backend.name} ({device}{cache})"
     out = table(model, label, results)

@@ -2,12 +2,25 @@
 `register(subparsers)`)."""
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 
 CACHE_TYPES = ("f16", "f32", "q8_0")
 CACHE_HELP = ("KV cache element type (K and V; llama.cpp's --cache-type-k/-v): f16 (default on "
               "cuda), f32 (default on cpu), q8_0 (half of f16's memory)")
+
+
+def int_list(text: str) -> list[int]:
+    """"512" or "0,4096" -> [512] / [0, 4096] (llama-bench's list syntax); non-negative."""
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got "
+                                         f"{text!r}") from None
+    if any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected values >= 0, got {text!r}")
+    return values
 
 
 def cmd_bench(args) -> int:
@@ -40,12 +53,14 @@ def register(sub) -> None:
     bench = sub.add_parser("bench", help="prompt and decode tokens/s of a model (llama-bench "
                                          "style markdown table)")
     bench.add_argument("model", help="GGUF path or model name")
-    bench.add_argument("-p", type=int, default=512, help="prompt tokens (default 512)")
-    bench.add_argument("-n", type=int, default=128, help="generated tokens (default 128)")
+    bench.add_argument("-p", type=int_list, default=[512],
+                       help="prompt tokens, comma-separated list (default 512; 0 skips)")
+    bench.add_argument("-n", type=int_list, default=[128],
+                       help="generated tokens, comma-separated list (default 128; 0 skips)")
     bench.add_argument("-r", type=int, default=3, help="repetitions (default 3)")
-    bench.add_argument("-d", "--depth", type=int, default=0,
-                       help="tokens already in the KV cache when each test starts (llama-bench "
-                            "-d; default 0)")
+    bench.add_argument("-d", "--depth", type=int_list, default=[0],
+                       help="tokens already in the KV cache when each test starts, comma-"
+                            "separated list (llama-bench -d; default 0)")
     bench.add_argument("--device", choices=("cpu", "cuda"), default=None,
                        help="default: cuda when a GPU is present")
     bench.add_argument("--backend", choices=("numpy", "kernels"), default=None)

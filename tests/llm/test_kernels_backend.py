@@ -10,7 +10,7 @@ from gguf import GGUFReader
 from gguf.constants import GGMLQuantizationType as Q
 
 import llm
-from llm.bench import BenchResult, run_bench, table
+from llm.bench import BenchResult, bench, run_bench, table
 from llm.synth import SHAPES, tensor_plan, write_synthetic
 from tests.llm.gguf_helpers import TINY, require_for_module
 
@@ -186,6 +186,25 @@ def test_bench_at_depth(models):
     results = run_bench(model, p=4, n=3, r=1, depth=5)
     assert [r.test for r in results] == ["pp4 @ d5", "tg3 @ d5"]
     assert all(r.mean > 0 for r in results)
+
+
+def test_bench_lists_like_llama_bench():
+    """-p / -n / -d lists: every prompt length and token count at every depth, in llama-bench's
+    order, from one model load; the CLI parses "0,5" and refuses what is not a list of
+    non-negative integers."""
+    import argparse
+    from llm.cli_bench import int_list
+    from tests.llm.gguf_helpers import TINY_LLAMA
+    out = bench(TINY_LLAMA, p=[4, 6], n=[3], r=1, device="cpu", backend="kernels",
+                depth=[0, 5])
+    tests = [line.split("|")[5].strip() for line in out.splitlines()[2:] if line.startswith("|")]
+    assert tests == ["pp4", "pp6", "tg3", "pp4 @ d5", "pp6 @ d5", "tg3 @ d5"], out
+    assert int_list("0,5") == [0, 5] and int_list("512") == [512]
+    for bad in ("4,x", "-1", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            int_list(bad)
+    with pytest.raises(ValueError, match=">= 0"):
+        bench(TINY_LLAMA, p=[-1], device="cpu", backend="kernels")
 
 
 def test_split_decode_feeds_q8_1_to_the_o_projection(tmp_path, monkeypatch):
