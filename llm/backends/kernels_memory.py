@@ -7,6 +7,7 @@ MemoryError) saying how much the model weights and the KV cache need and how muc
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 
@@ -136,6 +137,10 @@ class Arena:
         return kept + sum(s.nbytes for slots in self.lists for s in slots)
 
 
+def _release_kv(memory: DeviceMemory, accounted: list) -> None:
+    memory.kv_bytes -= accounted[0]
+
+
 class KernelsKVCache(KVCache):
     """K and V per layer: (n_head_kv, n_ctx, head_dim) of `dtype` (float16, float32, or "q8_0":
     a stdlib Q8Cache, int8 quants plus an f16 scale per 32 values), allocated up front."""
@@ -165,6 +170,10 @@ class KernelsKVCache(KVCache):
         self.k_bytes = total
         memory.kv_bytes += total
         self._memory = memory
+        # the memory report counts live caches: a dropped cache (bench runs one per depth)
+        # gives its bytes back; a list, so the finalizer does not hold the cache itself
+        self._accounted = [total]
+        weakref.finalize(self, _release_kv, memory, self._accounted)
         self._f16_rows = None   # q8_0: one layer's K and V as f16, the prefill attention's input
         self._workspaces: dict = {}
         self.graph = None     # set by kernels_graph: the captured decode step on this cache
@@ -179,7 +188,9 @@ class KernelsKVCache(KVCache):
                        "(two buffers of one f16 layer's size).")
             self._f16_rows = tuple(self._memory.allocate(shape, np.float16, f"KV rows {n}",
                                                          context) for n in ("K", "V"))
-            self._memory.kv_bytes += sum(a.nbytes for a in self._f16_rows)
+            rows = sum(a.nbytes for a in self._f16_rows)
+            self._memory.kv_bytes += rows
+            self._accounted[0] += rows
         return self._f16_rows
 
     @property

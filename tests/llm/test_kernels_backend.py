@@ -123,8 +123,17 @@ def test_stdlib_gemv_path_on_cpu_target():
 
 
 def test_memory_report(models):
-    report = models["tiny-llama-f32.gguf"].backend.memory_report()
+    import gc
+    model = models["tiny-llama-f32.gguf"]
+    report = model.backend.memory_report()
     assert report["weights"] > 0 and report["total"] >= report["weights"]
+    cfg = model.config
+    cache = model.backend.kv_cache(cfg.n_layer, 40, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v)
+    grown = model.backend.memory_report()["kv_cache"]
+    assert grown - report["kv_cache"] == cache.nbytes == 40 * cfg.kv_bytes_per_token
+    del cache                                   # the report counts live caches only
+    gc.collect()
+    assert model.backend.memory_report()["kv_cache"] == report["kv_cache"]
 
 
 def test_synth_reads_back_with_gguf_py(tmp_path):
