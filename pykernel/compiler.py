@@ -68,10 +68,12 @@ def spec_bindings(spec: dict):
         yield name, TypeValue(value) if isinstance(value, ScalarType) else ConstValue(value)
 
 
-def verify(module: ir.Module):
+def verify(module: ir.Module, text: str | None = None):
+    """The module parsed by LLVM and verified; `text`: str(module) if already made (building it
+    is a large part of a compile)."""
     import llvmlite.binding as llvm
     try:
-        ref = llvm.parse_assembly(str(module))
+        ref = llvm.parse_assembly(text if text is not None else str(module))
         ref.verify()
     except RuntimeError as exc:  # a compiler bug, not a user error: say so plainly
         raise RuntimeError(f"pykernel produced invalid LLVM IR for '{module.name}' (a pykernel "
@@ -118,11 +120,12 @@ def compile_kernel(kernel, arch: str, spec: dict, options: Options,
     except KernelSourceError as err:
         # The one choke point: users see the compiler-style message, not our frames.
         raise err.with_traceback(None) from None
-    ref = verify(module)                                       # stage 3
+    text = str(module)
+    ref = verify(module, text)                                 # stage 3
     compiled = CompiledKernel(
         name=fast.name, entry=entry, target=target.name, arch=arch, params=param_abi(params),
         shared_bytes=ctx.shared_bytes, cache_key=key,
-        hidden_extents=sum(1 for n, _ in params if n.startswith("__nbytes_")), llvm_ir=str(module), sites=ctx.sites,
+        hidden_extents=sum(1 for n, _ in params if n.startswith("__nbytes_")), llvm_ir=text, sites=ctx.sites,
         uses=frozenset(ctx.uses), min_arch=f"sm_{ctx.min_arch[0]}", source_hash=fast.source_hash)
     if target.name == "nvptx":
         compiled.ptx = target.emit(ref, options)               # stage 4

@@ -21,6 +21,7 @@ class FunctionAST:
     globals: dict            # the function's module globals (names resolve here)
     closure: dict = field(default_factory=dict)
     source_hash: str = ""
+    single_assigned: frozenset | None = None   # codegen's constant-name analysis, computed once
 
     def error(self, node, message: str, hint: str | None = None) -> KernelSourceError:
         """A KernelSourceError pointing at `node` (absolute file:line:col)."""

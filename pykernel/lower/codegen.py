@@ -48,7 +48,10 @@ class FunctionLowering:
         self.parent = parent
         self.return_block = None                      # inlined funcs: where `return` goes
         self.return_slots = None
-        self.single_assigned = _single_assignments(fast.tree)
+        # per function, not per inlined call: a big kernel inlines its helpers thousands of times
+        if fast.single_assigned is None:
+            fast.single_assigned = frozenset(_single_assignments(fast.tree))
+        self.single_assigned = fast.single_assigned
         self._stmt_table, self._expr_table = STATEMENTS, EXPRESSIONS
 
     # --- dispatch: the one choke point for errors ----------------------------------------------
