@@ -6,7 +6,8 @@ import argparse
 import sys
 import time
 
-CACHE_TYPES = ("f16", "f32", "q8_0")
+from llm.backends.base import KV_CACHE_TYPES as CACHE_TYPES
+
 CACHE_HELP = ("KV cache element type (K and V; llama.cpp's --cache-type-k/-v): f16 (default on "
               "cuda), f32 (default on cpu), q8_0 (half of f16's memory)")
 

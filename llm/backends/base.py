@@ -23,6 +23,9 @@ Act = Any       # a backend's activation (numpy array on the CPU, device buffer 
 Weight = Any    # a backend's weight handle
 
 
+KV_CACHE_TYPES = ("f16", "f32", "q8_0")   # --cache-type / kv_dtype= names, llama.cpp's spelling
+
+
 class KVCache(ABC):
     """Preallocated keys and values for `n_ctx` positions of every layer."""
     n_ctx: int

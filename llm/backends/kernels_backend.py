@@ -21,7 +21,7 @@ import numpy as np
 import pykernel as pk
 from llm.backends import kernels_extra as X
 from llm.backends import kernels_weights as W
-from llm.backends.base import Backend
+from llm.backends.base import KV_CACHE_TYPES, Backend
 from llm.backends.kernels_lazy import (Cols, GluHalf, HeadNormed, Normed, PendingGlu,
                                        PendingMatmul, Quantized, Roped)
 from llm.backends.kernels_memory import Arena, DeviceMemory, KernelsKVCache
@@ -57,7 +57,8 @@ EARLY_KV = os.environ.get("PYKERNEL_EARLY_KV", "1") not in ("", "0")
 EARLY_TRIGGER = os.environ.get("PYKERNEL_EARLY_TRIGGER", "1") not in ("", "0")
 
 
-CACHE_TYPES = {"f16": np.dtype(np.float16), "f32": np.dtype(np.float32), Q8_DTYPE: Q8_DTYPE}
+CACHE_TYPES = dict(zip(KV_CACHE_TYPES, (np.dtype(np.float16), np.dtype(np.float32),
+                                         Q8_DTYPE)))
 
 
 def cache_dtype(value):
@@ -118,7 +119,7 @@ class KernelsBackend(Backend):
     @property
     def kv_value_bytes(self) -> float:
         """Device bytes per cached K/V value (model.choose_context sizes the context with it)."""
-        return 34 / 32 if self.kv_dtype == Q8_DTYPE else self.kv_dtype.itemsize
+        return kv_q8.BYTES_PER_VALUE if self.kv_dtype == Q8_DTYPE else self.kv_dtype.itemsize
 
     # --- weights -----------------------------------------------------------------------------
     def matrix(self, parts: Sequence[TensorInfo]):

@@ -153,7 +153,7 @@ class KernelsKVCache(KVCache):
         self.q8 = isinstance(dtype, str) and dtype == kv_q8.DTYPE
         self.dtype = kv_q8.DTYPE if self.q8 else np.dtype(dtype)
         shape = (n_head_kv, n_ctx, head_dim)
-        element = (1 + 2 / kv_q8.BLOCK) if self.q8 else self.dtype.itemsize
+        element = kv_q8.BYTES_PER_VALUE if self.q8 else self.dtype.itemsize
         total = int(2 * n_layer * int(np.prod(shape)) * element)
         context = (f"The KV cache for {n_ctx} tokens needs {total / MIB:.1f} MiB in all "
                    f"({n_layer} layers x K and V of {shape} {self.dtype}); the model's weights "

@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
 
 from llm.backends.act_quant import activation_kind, round_trip
-from llm.backends.base import Backend, KVCache
+from llm.backends.base import KV_CACHE_TYPES, Backend, KVCache
 from llm.backends.blas_threads import ThreadChooser, set_threads
 from llm.backends.dequant import dequantize
 from llm.config import RopeParams
@@ -25,9 +25,6 @@ from llm.gguf_file import TensorInfo
 
 GELU_COEF_A = 0.044715
 SQRT_2_OVER_PI = 0.7978845608028654
-
-
-KV_TYPES = ("f32", "f16", "q8_0")
 
 
 def kv_round_trip(x: np.ndarray, kv_type: str) -> np.ndarray:
@@ -61,13 +58,13 @@ def _kv_type(value) -> str:
     """"f32" (default), "f16" or "q8_0" from a name or a numpy dtype."""
     if value is None:
         return "f32"
-    if isinstance(value, str) and value in KV_TYPES:
+    if isinstance(value, str) and value in KV_CACHE_TYPES:
         return value
     try:
         return {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}[np.dtype(value)]
     except (TypeError, KeyError):
         raise ValueError(f"unknown KV cache type {value!r} (expected one of "
-                         f"{', '.join(KV_TYPES)})") from None
+                         f"{', '.join(KV_CACHE_TYPES)})") from None
 
 
 class QuantActMatrix:

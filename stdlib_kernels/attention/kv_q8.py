@@ -26,6 +26,7 @@ from ..quant.q8_1 import round_half_away
 
 BLOCK = 32
 DTYPE = "q8_0"
+BYTES_PER_VALUE = (BLOCK + 2) / BLOCK   # 32 int8 quants + one f16 scale per block
 
 
 @dataclass(frozen=True)
