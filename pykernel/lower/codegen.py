@@ -207,21 +207,32 @@ class FunctionLowering:
 
 def _single_assignments(tree) -> set:
     """Names bound exactly once in the function body, by a plain `name = ...` (not augmented,
-    not a loop variable, not a tuple target)."""
+    not a loop variable, not a tuple target). A subscript or attribute target (`a[i] = v`)
+    binds no name: the names in it are read, not assigned."""
     import ast as _ast
     counts: dict = {}
     for node in _ast.walk(tree):
         targets = []
         if isinstance(node, _ast.Assign):
             for t in node.targets:
-                targets += [t.id] if isinstance(t, _ast.Name) else \
-                    [n.id for n in _ast.walk(t) if isinstance(n, _ast.Name)] * 2
+                targets += [t.id] if isinstance(t, _ast.Name) else _bound_names(t) * 2
         elif isinstance(node, (_ast.AugAssign, _ast.AnnAssign, _ast.For)):
-            t = node.target
-            targets += [n.id for n in _ast.walk(t) if isinstance(n, _ast.Name)] * 2
+            targets += _bound_names(node.target) * 2
         for name in targets:
             counts[name] = counts.get(name, 0) + 1
     return {name for name, c in counts.items() if c == 1}
+
+
+def _bound_names(target) -> list:
+    """The names an assignment target rebinds (none for `a[i]` or `a.x`)."""
+    import ast as _ast
+    if isinstance(target, _ast.Name):
+        return [target.id]
+    if isinstance(target, (_ast.Tuple, _ast.List)):
+        return [name for elt in target.elts for name in _bound_names(elt)]
+    if isinstance(target, _ast.Starred):
+        return _bound_names(target.value)
+    return []
 
 
 def describe(val) -> str:

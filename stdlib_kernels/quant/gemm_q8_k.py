@@ -31,6 +31,7 @@ import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, u32
 
 from .. import _launch as L
+from .._select import last_block_done
 from .decode8 import Q4_0, Q4_K, Q6_K, Q8_0
 from .gemm import output_args, store_c
 from .gemv import word_dtype
@@ -49,7 +50,7 @@ class Q8KTiles(NamedTuple):
     ni: int = 4      # n8 tiles per warp (tokens)
     wm: int = 2      # warps along rows
     wn: int = 4      # warps along tokens
-    stages: int = 3  # shared-memory stages (3 or 4: the scale pass runs one step ahead)
+    stages: int = 3  # shared-memory stages, 3..8 (the scale pass runs one step ahead)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -192,14 +193,16 @@ def compute_stage(FMT: Const[int], GPU: Const[int], sm: Ptr[u32], smf: Ptr[f32],
 @pk.kernel
 def gemm_q8k_kernel(w: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], ldy: i32,
                     col0: i32, res: Ptr[f32], rows: i32, row_words: i32, K: i32, tokens: i32,
+                    part: Ptr[f32], counters: Ptr[i32],
                     FMT: Const[int], WT: Const[pk.dtype], GPU: Const[int], MI: Const[int],
                     NI: Const[int], WM: Const[int], WN: Const[int], STAGES: Const[int],
-                    HAS_RES: Const[bool]):
+                    HAS_RES: Const[bool], SPLIT: Const[int]):
     sm = pk.dynamic_shared(u32)
     smf = pk.dynamic_shared(f32)
     BM = 16 * MI * WM
     BN = 8 * NI * WN
     NT = 32 * WM * WN
+    NACC = 4 * MI * NI
     AS = Q6K_SPAN if FMT == Q6_K else (Q80_WORDS if FMT == Q8_0 else Q4K_WORDS)
     SW = BM * AS + BN * B_STRIDE
     SCALES = STAGES * SW          # two scale buffers of 16 (BM + BN) floats follow the stages
@@ -211,47 +214,71 @@ def gemm_q8k_kernel(w: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], ldy: i3
     tok0 = pk.block_idx.y * BN
     xstride = K // 32 * 9
     nsb = K // 256
+    # split-K: block z runs K steps first .. first + n - 1 (SPLIT 1: all of them)
+    z = pk.block_idx.z
+    first = z * nsb // SPLIT
+    n = (z + 1) * nsb // SPLIT - first
     row_bytes = row_words * (2 if FMT == Q6_K else 4)
-    acc = pk.local_array(f32, 4 * MI * NI)
-    for i in pk.static_range(4 * MI * NI):
+    acc = pk.local_array(f32, NACC)
+    for i in pk.static_range(NACC):
         acc[i] = 0.0
     for s in pk.static_range(STAGES - 1):
-        if s < nsb:
-            issue_stage(FMT, sm, s * SW, w, xq, rows, row_words, tokens, xstride, row0, tok0, s,
-                        tid, BM, BN, NT)
+        if s < n:
+            issue_stage(FMT, sm, s * SW, w, xq, rows, row_words, tokens, xstride, row0, tok0,
+                        first + s, tid, BM, BN, NT)
         pk.cp_async_commit()
     pk.cp_async_wait(STAGES - 2)
     pk.syncthreads()
-    scale_pass(FMT, sm, smf, 0, SCALES, row0, rows, row_bytes, 0, tid, BM, BN, NT)
-    for sb in range(nsb):
-        pk.cp_async_wait(STAGES - 3)      # step sb + 1 has landed (for its scale pass)
-        pk.syncthreads()                  # ... for every thread; step sb - 1 is finished
-        ahead = sb + STAGES - 1
-        if ahead < nsb:
+    scale_pass(FMT, sm, smf, 0, SCALES, row0, rows, row_bytes, first, tid, BM, BN, NT)
+    for j in range(n):
+        pk.cp_async_wait(STAGES - 3)      # step j + 1 has landed (for its scale pass)
+        pk.syncthreads()                  # ... for every thread; step j - 1 is finished
+        ahead = j + STAGES - 1
+        if ahead < n:
             issue_stage(FMT, sm, ahead % STAGES * SW, w, xq, rows, row_words, tokens, xstride,
-                        row0, tok0, ahead, tid, BM, BN, NT)
+                        row0, tok0, first + ahead, tid, BM, BN, NT)
         pk.cp_async_commit()
-        if sb + 1 < nsb:
-            scale_pass(FMT, sm, smf, (sb + 1) % STAGES * SW, SCALES + (sb + 1) % 2 * 16 *
-                       (BM + BN), row0, rows, row_bytes, sb + 1, tid, BM, BN, NT)
-        compute_stage(FMT, GPU, sm, smf, sb % STAGES * SW, SCALES + sb % 2 * 16 * (BM + BN),
-                      acc, rbase, cbase, lane // 4, lane % 4, row0, rows, row_bytes, sb, MI,
-                      NI, BM)
-    store_c(acc, y, ldy, col0, res, rows, tokens, row0 + rbase + lane // 4,
-            tok0 + cbase + 2 * (lane % 4), MI, NI, HAS_RES)
+        if j + 1 < n:
+            scale_pass(FMT, sm, smf, (j + 1) % STAGES * SW, SCALES + (j + 1) % 2 * 16 *
+                       (BM + BN), row0, rows, row_bytes, first + j + 1, tid, BM, BN, NT)
+        compute_stage(FMT, GPU, sm, smf, j % STAGES * SW, SCALES + j % 2 * 16 * (BM + BN),
+                      acc, rbase, cbase, lane // 4, lane % 4, row0, rows, row_bytes, first + j,
+                      MI, NI, BM)
+    r_out = row0 + rbase + lane // 4
+    t_out = tok0 + cbase + 2 * (lane % 4)
+    if SPLIT == 1:
+        store_c(acc, y, ldy, col0, res, rows, tokens, r_out, t_out, MI, NI, HAS_RES)
+    else:
+        # each split's fragments to part; the block finishing last sums them in split order
+        # (the same sum whichever block that is: deterministic) and stores C
+        tile = pk.block_idx.y * pk.grid_dim.x + pk.block_idx.x
+        stride = pk.grid_dim.x * pk.grid_dim.y * NACC * NT
+        mine = tile * NACC * NT + tid
+        for i in pk.static_range(NACC):
+            part[z * stride + mine + i * NT] = acc[i]
+        done = pk.shared_array(i32, 1)
+        if last_block_done(counters, tile, SPLIT, done):
+            for i in pk.static_range(NACC):
+                acc[i] = 0.0
+            for zz in range(SPLIT):
+                for i in pk.static_range(NACC):
+                    acc[i] += part[zz * stride + mine + i * NT]
+            store_c(acc, y, ldy, col0, res, rows, tokens, r_out, t_out, MI, NI, HAS_RES)
 
 
 def kquant_tiles_ok(t: Q8KTiles) -> bool:
-    return t.stages in (3, 4) and min(t) >= 1
+    return 3 <= t.stages <= 8 and min(t) >= 1
 
 
 def gemm_q8k_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, stream=None,
                   tiles: Q8KTiles | None = None, *, ldy=None, col0: int = 0,
-                  res=None) -> None:
+                  res=None, split: int | None = None) -> None:
     """y (tokens, rows) = X @ W^T, X as Q8_1 rows xq (tokens, q8_1_bytes(K)), w from
-    gemv.weight_words (16-byte aligned), xq 16-byte aligned. No allocation, no host sync.
+    gemv.weight_words (16-byte aligned), xq 16-byte aligned. No host sync.
     ldy / col0 / res: C goes to columns col0.. of y (tokens, ldy), plus res
-    (gemm.output_args)."""
+    (gemm.output_args). split: K split over that many blocks per output tile (default on a
+    GPU: auto_split, 1 on the CPU target); the partial tiles go to a per-stream workspace,
+    allocated by the first call that needs it (so make that call before a graph capture)."""
     if type_name not in SUPERBLOCK_GEMM_TYPES:
         raise ValueError(f"gemm_q8k: no super-block int8 GEMM for {type_name}; supported: "
                          f"{sorted(SUPERBLOCK_GEMM_TYPES)}")
@@ -271,23 +298,94 @@ def gemm_q8k_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, stre
     gpu = pk.current_device().kind != "cpu"
     t = tiles or (tuned_tiles(type_name, tokens) if gpu else CPU_KTILES)
     if not kquant_tiles_ok(t):
-        raise ValueError(f"gemm_q8k: bad tiles {t} (stages must be 3 or 4)")
+        raise ValueError(f"gemm_q8k: bad tiles {t} (stages must be 3..8)")
     fmt = SUPERBLOCK_GEMM_TYPES[type_name]
     bm, bn = t.shape
     if type_name in ("Q4_0", "Q8_0"):   # K % 256 == 0: every row and K step is 16-byte aligned
         w = w.reshape(-1)[:rows * row_bytes // 2].view(np.uint32)
     row_words = row_bytes // w.itemsize
     words = xq.reshape(-1).view(np.uint32) if xq.dtype != np.uint32 else xq.reshape(-1)
-    grid = ((rows + bm - 1) // bm, (tokens + bn - 1) // bn, 1)
+    grid = ((rows + bm - 1) // bm, (tokens + bn - 1) // bn)
+    split, part, counters = _split_plan(stream, grid[0] * grid[1], bm * bn, K // 256, split,
+                                        gpu)
     dyn = shared_bytes(fmt, bm, bn, t.stages)
     threads = 32 * t.wm * t.wn
     spec = (("FMT", fmt), ("WT", w.dtype), ("GPU", int(gpu)), ("MI", t.mi), ("NI", t.ni),
-            ("WM", t.wm), ("WN", t.wn), ("STAGES", t.stages), ("HAS_RES", has_res))
+            ("WM", t.wm), ("WN", t.wn), ("STAGES", t.stages), ("HAS_RES", has_res),
+            ("SPLIT", split))
     # launch bounds (one block per SM): ptxas may use up to 65536 / threads registers
-    L.launch(gemm_q8k_kernel, grid, threads,
-             (w, words, y, ld, col0, rv, rows, row_words, K, tokens), spec, stream, dyn,
-             bounds=(threads, 1) if gpu else None)
+    part = y if part is None else part          # unsplit launches never touch it
+    L.launch(gemm_q8k_kernel, (*grid, split), threads,
+             (w, words, y, ld, col0, rv, rows, row_words, K, tokens, part, counters), spec,
+             stream, dyn, bounds=(threads, 1) if gpu else None)
 
 
-__all__ = ["gemm_q8k_into", "Q8KTiles", "TUNED_KTILES", "KQUANT_GEMM_TYPES",
+# split-K: a launch of fewer output tiles than ~SPLIT_BLOCKS per multiprocessor splits K over
+# blocks. A short prompt's GEMM otherwise runs a few warps per multiprocessor, too few loads in
+# flight to stream its weights (llama-8B's down projection at 16 tokens: 64 tiles, 99 -> 29
+# us with 4 splits on an H200; benchmarks/small_gemm.py, RESULTS.md "Short prompts: split-K")
+SPLIT_BLOCKS = 2
+MAX_SPLIT = 8
+MIN_SPLIT_STEPS = 2      # K steps per split at least
+
+
+def auto_split(tiles: int, steps: int) -> int:
+    """K splits for a launch of `tiles` output tiles over `steps` K steps."""
+    want = round(SPLIT_BLOCKS * L.multiprocessors() / tiles)
+    return max(1, min(want, steps // MIN_SPLIT_STEPS, MAX_SPLIT))
+
+
+_WORKSPACES: dict = {}
+_PLANS: dict = {}
+
+
+def _split_plan(stream, tiles: int, tile_values: int, steps: int, split, gpu: bool):
+    """(splits, partials or None, counters) of a launch; remembered per launch shape, since
+    short prompts are bound by the host's time per launch."""
+    key = (id(pk.current_device()), id(stream), tiles, tile_values, steps, split, gpu)
+    plan = _PLANS.get(key)
+    if plan is None:
+        if split is None:
+            split = auto_split(tiles, steps) if gpu else 1
+        if not 1 <= split <= steps:
+            raise ValueError(f"gemm_q8k: split {split} must be in 1..{steps} (K steps of 256)")
+        if split > 1:
+            plan = (split, *_split_workspace(stream, split * tiles * tile_values, tiles))
+        else:
+            plan = (1, None, _no_counters())
+        if len(_PLANS) > 4096:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
+
+
+def _split_workspace(stream, floats: int, tiles: int):
+    """(partials f32, tile counters i32) of split launches on `stream`: the counters start at
+    zero and each launch leaves them at zero. Grown, never shrunk or freed (a captured graph
+    keeps using the buffers it was recorded with)."""
+    device = pk.current_device()
+    key = (id(device), id(stream))
+    kept = _WORKSPACES.setdefault(key, [device, stream, None, None, []])
+    part, counters = kept[2], kept[3]
+    if part is None or part.size < floats:
+        part = kept[2] = pk.empty(max(floats, 1 << 20), np.float32)
+        kept[4].append(part)
+    if counters is None or counters.size < tiles:
+        counters = kept[3] = pk.zeros(max(tiles, 4096), np.int32)
+        kept[4].append(counters)
+    return part, counters
+
+
+_NO_COUNTERS: dict = {}
+
+
+def _no_counters():
+    """An int32 device array for the counters parameter of unsplit launches (never read)."""
+    device = pk.current_device()
+    if id(device) not in _NO_COUNTERS:
+        _NO_COUNTERS[id(device)] = (device, pk.zeros(1, np.int32))
+    return _NO_COUNTERS[id(device)][1]
+
+
+__all__ = ["gemm_q8k_into", "auto_split", "Q8KTiles", "TUNED_KTILES", "KQUANT_GEMM_TYPES",
            "SUPERBLOCK_GEMM_TYPES", "stage_words"]

@@ -174,6 +174,51 @@ def test_gemm_q8k_four_stages_two_warps(device, rng, seed, type_name):
     check(gemm_q8(raw, type_name, x, Q8KTiles(1, 1, 1, 2, 3)).numpy(), raw, type_name, x, seed)
 
 
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
+def test_gemm_q8k_split_k(device, rng, seed, type_name):
+    # K split over blocks (the last block of a tile sums the partials in split order): same
+    # contract as unsplit, into strided columns plus a residual in place, bit-identical run to
+    # run, and 1..K/256 splits only. 7 K steps: uneven splits of 2, 3 and 7.
+    rows, n, tokens, ldy, col0 = 37, 1792, 11, 50, 5
+    raw = make_weights(rng, type_name, rows, n)
+    x = rng.standard_normal((tokens, n)).astype(np.float32)
+    w, _ = weight_words(raw, type_name, n)
+    xq = pk.to_device(ref.quantize_q8_1(x).reshape(tokens, -1))
+    tiles = CPU_KTILES if device.kind == "cpu" else Q8KTiles(1, 2, 2, 1, 3)
+    for split in (2, 3, 7):
+        y = pk.full((tokens, rows), np.nan, np.float32)
+        gemm_q8k_into(w, type_name, xq, y, rows, n, tokens, tiles=tiles, split=split)
+        check(y.numpy().astype(np.float64), raw, type_name, x, seed)
+        again = pk.full((tokens, rows), np.nan, np.float32)
+        gemm_q8k_into(w, type_name, xq, again, rows, n, tokens, tiles=tiles, split=split)
+        assert (again.numpy() == y.numpy()).all(), f"split {split}: not deterministic"
+        res = rng.standard_normal((tokens, ldy)).astype(np.float32)
+        out = pk.to_device(res)
+        gemm_q8k_into(w, type_name, xq, out, rows, n, tokens, tiles=tiles, split=split,
+                      ldy=ldy, col0=col0, res=out)
+        got = out.numpy()
+        np.testing.assert_allclose(got[:, col0:col0 + rows], y.numpy() + res[:, col0:col0 + rows],
+                                   rtol=1e-6, atol=1e-5, err_msg=f"split {split}, seed {seed}")
+        assert (got[:, :col0] == res[:, :col0]).all() and \
+            (got[:, col0 + rows:] == res[:, col0 + rows:]).all()
+    for bad in (0, 8):
+        with pytest.raises(ValueError, match=f"split {bad} must be in 1..7"):
+            gemm_q8k_into(w, type_name, xq, y, rows, n, tokens, tiles=tiles, split=bad)
+
+
+def test_auto_split(monkeypatch):
+    # a launch of few output tiles splits K (about 2 blocks per multiprocessor, at most 8 and
+    # at least 2 K steps per split); one of many tiles does not
+    from stdlib_kernels import _launch
+    from stdlib_kernels.quant.gemm_q8_k import auto_split
+    monkeypatch.setattr(_launch, "multiprocessors", lambda: 132)   # an H100 / H200
+    assert auto_split(64, 56) == 4           # llama-8B's down projection at 16 tokens
+    assert auto_split(16, 16) == 8           # a 1024-row v projection
+    assert auto_split(16, 6) == 3            # K = 1536: 3 splits of 2 steps
+    assert auto_split(448, 16) == 1          # gate|up: 448 tiles fill the GPU
+    assert auto_split(1000, 1) == 1
+
+
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q8_0"])
 def test_gemm_q8_small_k_keeps_block_kernel(device, rng, seed, type_name):
     # K = 96 (not a multiple of 256): the default path is the per-32-block kernel, and the

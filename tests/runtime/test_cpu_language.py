@@ -452,6 +452,22 @@ def test_single_assignment_of_consts_stays_compile_time(device):
     assert (out.numpy() == 3.0).all()
 
 
+@pk.kernel
+def const_in_store_index(out: Ptr[f32], D: Const[int]):
+    W = D // 4                      # read in a store's index below, still compile-time
+    t = pk.thread_idx.x
+    out[W * 0 + t] = f32(W)
+    for k in pk.static_range(W):
+        out[32 + k] = f32(k)
+
+
+def test_const_read_in_a_store_target_stays_compile_time(device):
+    # `out[W * 0 + t] = ...` reads W; it once counted as a second assignment of W
+    out = pk.full(34, np.nan, np.float32)
+    const_in_store_index[1, 32](out, 8)
+    assert (out.numpy() == [2.0] * 32 + [0.0, 1.0]).all()
+
+
 @pk.kernel(fp_contract=True)
 def contracted(x: Ptr[f32], out: Ptr[f32]):
     t = pk.thread_idx.x

@@ -1,0 +1,109 @@
+"""The weight matmuls of a short prompt (2-128 tokens) on the GPU, one shape at a time: the
+super-block int8 GEMM (gemm_q8_k) over tile shapes, and the multi-token GEMV up to 8 tokens.
+
+Input: none (needs a CUDA GPU). Output: a markdown table per (shape, tokens): us per launch,
+weight bytes / time (TB/s: a short prompt's matmuls are bound by streaming the weights once),
+the largest difference from the first row relative to max |y| (a wrong configuration shows).
+Each tile shape runs unsplit and with its K split over blocks (gemm_q8_k.auto_split's choice,
+and 2 / 4 / 8 for the first tiles).
+
+    python3 benchmarks/small_gemm.py [--tokens 2,4,8,16,32,64,128] [--shapes 8b|1.5b]
+
+Shapes: llama-8B's (Q4_K_M: q|k 5120 x 4096 and v 1024 x 4096, gate|up 28672 x 4096, o 4096 x
+4096, down 4096 x 14336 as Q4_K and as Q6_K), or qwen2-1.5B's. Each launch reads its own copy
+of the weights out of >= 160 MB (more than three times the 50 MB L2 of an H200), as the 32
+layers of a prefill do; the launches are replayed from a CUDA graph and timed with events.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import pykernel as pk  # noqa: E402
+from benchmarks._timing import replay_seconds  # noqa: E402
+from benchmarks.quant_gemm import random_weights  # noqa: E402
+from stdlib_kernels.quant import gemm_q8_k  # noqa: E402
+from stdlib_kernels.quant.gemm_q8_k import Q8KTiles as T, gemm_q8k_into  # noqa: E402
+from stdlib_kernels.quant.gemv import gemv_q8_into  # noqa: E402
+from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1_into  # noqa: E402
+
+SHAPES = {"8b": [("Q4_K", 5120, 4096), ("Q6_K", 1024, 4096), ("Q4_K", 28672, 4096),
+                 ("Q4_K", 4096, 4096), ("Q4_K", 4096, 14336), ("Q6_K", 4096, 14336)],
+          "1.5b": [("Q4_K", 1792, 1536), ("Q4_K", 17920, 1536), ("Q4_K", 1536, 1536),
+                   ("Q6_K", 1536, 8960)]}
+BYTES_PER_VALUE = {"Q4_K": 144 / 256, "Q6_K": 210 / 256}
+# candidate tiles (mi, ni, wm, wn, stages): BM = 16 mi wm weight rows, BN = 8 ni wn tokens
+CANDIDATES = [T(1, 2, 4, 1, 3), T(1, 2, 2, 1, 4), T(1, 1, 2, 1, 6), T(1, 4, 4, 1, 3),
+              T(1, 4, 2, 1, 4), T(1, 4, 4, 2, 3), T(1, 4, 2, 2, 4), T(2, 4, 4, 2, 3)]
+
+
+def candidates(tokens: int) -> list[T]:
+    """Tiles whose token width is at least a quarter of the tokens and at most 2x them."""
+    return [t for t in CANDIDATES if t.shape[1] <= max(8, 2 * tokens)
+            and 4 * t.shape[1] >= tokens]
+
+
+def bench(type_name, rows, k, tokens, ws, rng):
+    nbytes = rows * k * BYTES_PER_VALUE[type_name]
+    copies = len(ws)
+    x = pk.to_device(rng.standard_normal((tokens, k)).astype(np.float32))
+    xq = pk.empty((tokens, q8_1_bytes(k)), np.uint8)
+    quantize_q8_1_into(x, xq)
+    y = pk.empty((tokens, rows), np.float32)
+    runs = []
+    if tokens <= 8:
+        runs.append(("GEMV", lambda w: gemv_q8_into(w, type_name, xq, y, rows, k, tokens)))
+    default = gemm_q8_k.tuned_tiles(type_name, tokens)
+    tiles_list = [default] + [t for t in candidates(tokens) if t != default]
+    for tiles in tiles_list:
+        auto = gemm_q8_k.auto_split(-(-rows // tiles.shape[0]) * -(-tokens // tiles.shape[1]),
+                                    k // 256)
+        for split in sorted({1, auto} | ({2, 4, 8} if tiles in tiles_list[:4] else set())):
+            if split > k // 256:
+                continue
+            name = (f"GEMM {tuple(tiles)} split {split}"
+                    f"{' (default tiles)' if tiles == default else ''}"
+                    f"{' (auto)' if split == auto else ''}")
+            runs.append((name, lambda w, tiles=tiles, split=split: gemm_q8k_into(
+                w, type_name, xq, y, rows, k, tokens, tiles=tiles, split=split)))
+    ref = None
+    for name, launch in runs:
+        try:
+            y.fill(np.nan)
+            launch(ws[0])
+            out = y.numpy().astype(np.float64)
+            sec = replay_seconds(lambda: [launch(w) for w in ws], 5) / copies
+        except Exception as e:  # noqa: BLE001 - e.g. a tile over the shared-memory limit
+            print(f"| {type_name} {rows} x {k} | {tokens} | {name} | failed: {e} | | |",
+                  flush=True)
+            continue
+        ref = out if ref is None else ref
+        diff = float(np.max(np.abs(out - ref)) / np.abs(ref).max())
+        print(f"| {type_name} {rows} x {k} | {tokens} | {name} | {sec * 1e6:.1f} | "
+              f"{nbytes / sec / 1e12:.2f} | {diff:.1e} |", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", default="2,4,8,16,32,64,128")
+    ap.add_argument("--shapes", default="8b", choices=sorted(SHAPES))
+    args = ap.parse_args()
+    pk.set_device("cuda")
+    rng = np.random.default_rng(0)
+    print("| shape | tokens | kernel | us | TB/s of weights | max diff / max y |\n"
+          "|---|---|---|---|---|---|")
+    for type_name, rows, k in SHAPES[args.shapes]:
+        copies = max(2, int(np.ceil(160e6 / (rows * k * BYTES_PER_VALUE[type_name]))))
+        ws = [random_weights(type_name, rows, k, rng) for _ in range(copies)]
+        for tokens in (int(t) for t in args.tokens.split(",")):
+            bench(type_name, rows, k, tokens, ws, rng)
+        del ws
+
+
+if __name__ == "__main__":
+    main()
