@@ -20,6 +20,9 @@ Q4_0 / Q8_0: a K step is 8 raw 32-blocks per row (144 / 272 B, 16-byte aligned a
 the scale pass reads each block's f16 d, the fragments are word-aligned or funnel-shifted by 2
 bytes (known per block at compile time), Q4_0's nibbles minus 8 exactly as int8 (sign-bit trick).
 Shared memory: see gemm_q8_k_parts.py (200 KB for 128 x 128 tiles, 3 stages; dynamic).
+Split-K (split > 1, auto_split by default on a GPU): grid z splits the K steps; each block
+writes its fragments to a per-stream workspace and the last block of a tile (a counter per
+tile) adds them in split order and stores C: deterministic whatever the blocks' timing.
 """
 from __future__ import annotations
 
