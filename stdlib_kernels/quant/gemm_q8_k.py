@@ -352,6 +352,9 @@ def _split_plan(stream, tiles: int, tile_values: int, steps: int, split, gpu: bo
             split = auto_split(tiles, steps) if gpu else 1
         if not 1 <= split <= steps:
             raise ValueError(f"gemm_q8k: split {split} must be in 1..{steps} (K steps of 256)")
+        if split > 1 and split * tiles * tile_values >= 1 << 31:   # 32-bit partial indices
+            raise ValueError(f"gemm_q8k: {split} splits of {tiles} tiles need more than 2^31 "
+                             f"partial values; use fewer splits")
         if split > 1:
             plan = (split, *_split_workspace(stream, split * tiles * tile_values, tiles))
         else:
