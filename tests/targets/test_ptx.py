@@ -27,7 +27,8 @@ def _feature_kernels():
 KERNELS = _feature_kernels()
 SPECS = {"generic_scale": {"T": np.float16, "DOUBLE": True},
          "block_reduce": {"BLOCK": 128}, "arrays_to_funcs": {"FMT": 3},
-         "const_locals": {"D": 128}, "type_switch": {"T": np.float16}}
+         "const_locals": {"D": 128}, "type_switch": {"T": np.float16},
+         "const_in_store_index": {"D": 8}}
 
 
 def assemble(ptx: str, arch: str, tmp_path) -> str:
