@@ -12,7 +12,7 @@ import dataclasses
 
 import numpy as np
 
-from pykernel.runtime.arrays import Array, empty, to_device
+from pykernel.runtime.arrays import Array, empty, to_device, zeros
 from pykernel.runtime.device import current_device
 
 _COMPILED: dict = {}
@@ -49,6 +49,19 @@ def multiprocessors() -> int:
         _SM_COUNTS[device] = (CPU_MULTIPROCESSORS if core is None
                               else int(core.properties.multiprocessor_count))
     return _SM_COUNTS[device]
+
+
+_ZEROS: dict = {}
+
+
+def zero_i32() -> Array:
+    """One int32 zero on the current device, made once: an argument for an int32 pointer
+    parameter that a launch does not use (nothing is allocated per call, so the launch stays
+    capturable in a CUDA graph)."""
+    device = current_device()
+    if id(device) not in _ZEROS:
+        _ZEROS[id(device)] = (device, zeros(1, np.int32))
+    return _ZEROS[id(device)][1]
 
 
 def as_array(value, name: str, dtype=None) -> Array:

@@ -17,24 +17,13 @@ import numpy as np
 
 import pykernel as pk
 
+from .._launch import zero_i32
 from .decode import HEAD_DIMS, launch_decode
 from .decode_kernels import LOG2E
 from .prefill_flash import prefill_flash
 
 MMA_WARPS = 4
 MMA_STAGES = 3
-
-
-_ZEROS = {}
-
-
-def _zero_length():
-    """A device int32 zero per device: the SIMT path passes start in len_add, so nothing is
-    allocated per call (the launch stays capturable in a CUDA graph)."""
-    device = pk.current_device()
-    if id(device) not in _ZEROS:
-        _ZEROS[id(device)] = (device, pk.zeros(1, np.int32))
-    return _ZEROS[id(device)][1]
 
 
 def mma_available(device=None) -> bool:
@@ -100,8 +89,8 @@ def launch_prefill(q, k_cache, v_cache, out, start: int, scale: float, *, window
     if path == "simt" and q.ndim == 2:
         raise ValueError("attention.prefill: the simt path takes q as (tokens, n_head, "
                          "head_dim) only")
-    if path == "simt":   # row z is a decode query at position start + z
-        return launch_decode(q, k_cache, v_cache, _zero_length(), out, scale, window=window,
+    if path == "simt":   # row z is a decode query at position start + z (len_add: start)
+        return launch_decode(q, k_cache, v_cache, zero_i32(), out, scale, window=window,
                              softcap=softcap, len_add=start + 1, len_step=1, lens_stride=0,
                              stream=stream, share_cache=True)
     if path != "mma" or k_cache.dtype != np.float16:

@@ -298,7 +298,8 @@ def gemm_q8k_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, stre
         raise ValueError(f"gemm_q8k {type_name}: weights must be {np.dtype(word_dtype(type_name))}"
                          f" words of {rows} rows x {row_bytes} bytes (gemv.weight_words), got "
                          f"{w.dtype} {w.nbytes} bytes")
-    gpu = pk.current_device().kind != "cpu"
+    device = pk.current_device()
+    gpu = device.kind != "cpu"
     t = tiles or (tuned_tiles(type_name, tokens) if gpu else CPU_KTILES)
     if not kquant_tiles_ok(t):
         raise ValueError(f"gemm_q8k: bad tiles {t} (stages must be 3..8)")
@@ -309,15 +310,15 @@ def gemm_q8k_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, stre
     row_words = row_bytes // w.itemsize
     words = xq.reshape(-1).view(np.uint32) if xq.dtype != np.uint32 else xq.reshape(-1)
     grid = ((rows + bm - 1) // bm, (tokens + bn - 1) // bn)
-    split, part, counters = _split_plan(stream, grid[0] * grid[1], bm * bn, K // 256, split,
-                                        gpu)
+    split, part, counters = _split_plan(device, stream, grid[0] * grid[1], bm * bn, K // 256,
+                                        split)
     dyn = shared_bytes(fmt, bm, bn, t.stages)
     threads = 32 * t.wm * t.wn
     spec = (("FMT", fmt), ("WT", w.dtype), ("GPU", int(gpu)), ("MI", t.mi), ("NI", t.ni),
             ("WM", t.wm), ("WN", t.wn), ("STAGES", t.stages), ("HAS_RES", has_res),
             ("SPLIT", split))
-    # launch bounds (one block per SM): ptxas may use up to 65536 / threads registers
     part = y if part is None else part          # unsplit launches never touch it
+    # launch bounds (one block per SM): ptxas may use up to 65536 / threads registers
     L.launch(gemm_q8k_kernel, (*grid, split), threads,
              (w, words, y, ld, col0, rv, rows, row_words, K, tokens, part, counters), spec,
              stream, dyn, bounds=(threads, 1) if gpu else None)
@@ -338,59 +339,54 @@ def auto_split(tiles: int, steps: int) -> int:
     return max(1, min(want, steps // MIN_SPLIT_STEPS, MAX_SPLIT))
 
 
-_WORKSPACES: dict = {}
 _PLANS: dict = {}
+_WORKSPACES: dict = {}
 
 
-def _split_plan(stream, tiles: int, tile_values: int, steps: int, split, gpu: bool):
+def _split_plan(device, stream, tiles: int, tile_values: int, steps: int, split):
     """(splits, partials or None, counters) of a launch; remembered per launch shape, since
     short prompts are bound by the host's time per launch."""
-    key = (id(pk.current_device()), id(stream), tiles, tile_values, steps, split, gpu)
+    key = (id(device), id(stream), tiles, tile_values, steps, split)
     plan = _PLANS.get(key)
     if plan is None:
         if split is None:
-            split = auto_split(tiles, steps) if gpu else 1
+            split = auto_split(tiles, steps) if device.kind != "cpu" else 1
         if not 1 <= split <= steps:
             raise ValueError(f"gemm_q8k: split {split} must be in 1..{steps} (K steps of 256)")
         if split > 1 and split * tiles * tile_values >= 1 << 31:   # 32-bit partial indices
             raise ValueError(f"gemm_q8k: {split} splits of {tiles} tiles need more than 2^31 "
                              f"partial values; use fewer splits")
         if split > 1:
-            plan = (split, *_split_workspace(stream, split * tiles * tile_values, tiles))
+            workspace = _WORKSPACES.get((id(device), id(stream)))
+            if workspace is None:
+                workspace = _WORKSPACES[id(device), id(stream)] = _SplitWorkspace(device, stream)
+            plan = (split, *workspace.take(split * tiles * tile_values, tiles))
         else:
-            plan = (1, None, _no_counters())
+            plan = (1, None, L.zero_i32())
         if len(_PLANS) > 4096:
             _PLANS.clear()
         _PLANS[key] = plan
     return plan
 
 
-def _split_workspace(stream, floats: int, tiles: int):
-    """(partials f32, tile counters i32) of split launches on `stream`: the counters start at
-    zero and each launch leaves them at zero. Grown, never shrunk or freed (a captured graph
-    keeps using the buffers it was recorded with)."""
-    device = pk.current_device()
-    key = (id(device), id(stream))
-    kept = _WORKSPACES.setdefault(key, [device, stream, None, None, []])
-    part, counters = kept[2], kept[3]
-    if part is None or part.size < floats:
-        part = kept[2] = pk.empty(max(floats, 1 << 20), np.float32)
-        kept[4].append(part)
-    if counters is None or counters.size < tiles:
-        counters = kept[3] = pk.zeros(max(tiles, 4096), np.int32)
-        kept[4].append(counters)
-    return part, counters
+class _SplitWorkspace:
+    """Partials (f32) and tile counters (i32) of the split launches on one stream, which run
+    one after another. The counters start at zero and each launch leaves them at zero. Grown,
+    never shrunk or freed: a captured graph keeps using the buffers it was recorded with."""
 
+    def __init__(self, device, stream):
+        self.device, self.stream = device, stream     # held, so their ids stay unique
+        self.part = self.counters = None
+        self.retired = []
 
-_NO_COUNTERS: dict = {}
-
-
-def _no_counters():
-    """An int32 device array for the counters parameter of unsplit launches (never read)."""
-    device = pk.current_device()
-    if id(device) not in _NO_COUNTERS:
-        _NO_COUNTERS[id(device)] = (device, pk.zeros(1, np.int32))
-    return _NO_COUNTERS[id(device)][1]
+    def take(self, floats: int, tiles: int) -> tuple:
+        if self.part is None or self.part.size < floats:
+            self.retired.append(self.part)
+            self.part = pk.empty(max(floats, 1 << 20), np.float32)
+        if self.counters is None or self.counters.size < tiles:
+            self.retired.append(self.counters)
+            self.counters = pk.zeros(max(tiles, 4096), np.int32)
+        return self.part, self.counters
 
 
 __all__ = ["gemm_q8k_into", "auto_split", "Q8KTiles", "TUNED_KTILES", "KQUANT_GEMM_TYPES",
