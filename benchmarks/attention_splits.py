@@ -14,6 +14,8 @@ the runner's decode graph launches it. us per decode (split kernel + combine).
         against one launch whose splits merge in a thread-block cluster, 8 and 16 splits)
     python3 benchmarks/attention_splits.py --cluster-sweep   (8B shape, 4096 / 32768 keys:
         cluster merges with fewer heads per block or warps per block, CLUSTER_SWEEP)
+    python3 benchmarks/attention_splits.py --bulk   (8B shape: decode_bulk, K/V by bulk copies
+        into shared memory, in BULK_SWEEP's shapes against the default)
 """
 from __future__ import annotations
 
@@ -28,8 +30,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pykernel as pk  # noqa: E402
 from benchmarks._timing import replay_seconds  # noqa: E402
-from stdlib_kernels.attention.decode import (DecodeWorkspace, config_splits,  # noqa: E402
-                                             default_config, launch_decode, mma_config)
+from stdlib_kernels.attention.decode import (DecodeWorkspace, bulk_config,  # noqa: E402
+                                             config_splits, default_config, launch_decode,
+                                             launch_split_kernel, mma_config)
 
 SHAPES = {"smollm2-135m": (9, 3, 64), "qwen2-1.5b": (12, 2, 128), "llama-8b": (32, 8, 128)}
 SPLITS = (1, 2, 4, 8, 16, 32, 64)
@@ -48,25 +51,28 @@ def caches(*shape: int) -> list:
 
 
 def decode_us(shape, kv_len: int, splits: int, pdl: bool, cache_copies, n_seq: int = 1,
-              cluster: bool = False, config=None) -> float:
+              cluster: bool = False, config=None, fused: bool = False,
+              split_only: bool = False) -> float:
     """us per decode launch of n_seq sequences of kv_len keys (caches from `caches`);
-    cluster: the splits merge in a thread-block cluster (one launch); config: the kernel's
-    (default_config when None)."""
+    cluster: the splits merge in a thread-block cluster (one launch); fused: the last split
+    block combines (one launch); config: the kernel's (default_config when None);
+    split_only: the split kernel alone, without the combine launch."""
     n_head, n_kv, head_dim = shape
     config = config or default_config(n_head // n_kv, head_dim, dtype=np.float16)
     q = pk.to_device(np.random.default_rng(1).standard_normal((n_seq, n_head, head_dim))
                      .astype(np.float32))
     lens = pk.to_device(np.full(n_seq, kv_len, np.int32))
     out = pk.empty((n_seq, n_head, head_dim), np.float32)
-    ws = DecodeWorkspace.allocate(n_seq, n_head, head_dim, splits, cluster=cluster) \
-        if splits > 1 else None
+    ws = DecodeWorkspace.allocate(n_seq, n_head, head_dim, splits, cluster=cluster,
+                                  fused=fused) if splits > 1 else None
     launches = max(len(cache_copies), 20)
+    launch = launch_split_kernel if split_only else launch_decode
 
     def record():
         for i in range(launches):
             k, v = cache_copies[i % len(cache_copies)]
-            launch_decode(q, k, v, lens, out, head_dim ** -0.5, workspace=ws, config=config,
-                          early_kv=pdl)
+            launch(q, k, v, lens, out, head_dim ** -0.5, workspace=ws, config=config,
+                   early_kv=pdl)
     return replay_seconds(record, pdl=pdl) * 1e6 / launches
 
 
@@ -191,6 +197,45 @@ def cluster_sweep_table(lens=(4096, 32768)) -> list[str]:
     return rows
 
 
+# (ring stages per warp, blocks per SM the splits are planned for, fused combine): decode_bulk
+BULK_SWEEP = [(2, 2, False), (2, 2, True), (2, 1, False), (2, 3, False), (1, 2, False),
+              (4, 1, False)]
+
+
+def bulk_table(lens=(128, 1024, 4096, 32768)) -> list[str]:
+    """decode_bulk (K/V by bulk copies into shared memory, small blocks, every stage requested
+    before the PDL wait) in BULK_SWEEP's shapes against the default, 8B shape."""
+    from benchmarks.attention import copy_bandwidth
+    copy = copy_bandwidth()
+    shape = SHAPES["llama-8b"]
+    n_head, n_kv, head_dim = shape
+    default = default_config(n_head // n_kv, head_dim, dtype=np.float16)
+    rows = [f"torch copy bandwidth {copy / 1e12:.2f} TB/s", "",
+            "| kv_len | kernel | splits | us plain / PDL | % of copy (plain / PDL) | "
+            "split kernel alone, us plain / PDL |", "|---" * 6 + "|"]
+    for kv_len in lens:
+        copies = caches(n_kv, kv_len, head_dim)
+        nbytes = 2 * copies[0][0].nbytes
+        runs = [("default (decode_mma) + combine", default, False)]
+        for stages, per_sm, fused in BULK_SWEEP:
+            config = bulk_config(n_head // n_kv, head_dim, stages=stages, blocks_per_sm=per_sm)
+            runs.append((f"bulk: ring {stages}, {per_sm} blocks / SM, "
+                         f"{'fused' if fused else '+ combine'}", config, fused))
+        for label, config, fused in runs:
+            splits = config_splits(config, n_head, n_kv, kv_len)
+            us = [decode_us(shape, kv_len, splits, pdl, copies, config=config, fused=fused)
+                  for pdl in (False, True)]
+            pct = [100 * nbytes / (t * 1e-6) / copy for t in us]
+            alone = "" if fused else " / ".join(
+                f"{t:.2f}" for t in (decode_us(shape, kv_len, splits, pdl, copies,
+                                               config=config, split_only=True)
+                                     for pdl in (False, True)))
+            rows.append(f"| {kv_len} | {label} | {splits} | {us[0]:.2f} / {us[1]:.2f} | "
+                        f"{pct[0]:.0f}% / {pct[1]:.0f}% | {alone} |")
+            print(rows[-1], flush=True)
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lens", default="256,600,1024,2048,4096")
@@ -200,10 +245,14 @@ def main():
                         help="instead: the cluster merge against the default (8B shape)")
     parser.add_argument("--cluster-sweep", action="store_true",
                         help="instead: cluster merges of fewer heads per block / warps")
+    parser.add_argument("--bulk", action="store_true",
+                        help="instead: decode_bulk's shapes against the default (8B shape)")
     parser.add_argument("--out")
     args = parser.parse_args()
     pk.set_device("cuda")
-    if args.cluster_sweep:
+    if args.bulk:
+        rows = bulk_table()
+    elif args.cluster_sweep:
         rows = cluster_sweep_table()
     elif args.cluster:
         rows = cluster_table()

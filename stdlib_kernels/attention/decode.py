@@ -18,6 +18,7 @@ import numpy as np
 import pykernel as pk
 
 from .decode_combine import COMBINE_UNROLL, MAX_SPLITS, combine_geometry, combine_splits
+from .decode_bulk import TILE as BULK_TILE, decode_bulk
 from .decode_kernels import LOG2E, decode_partial
 from .decode_mma import decode_mma
 from .kv_q8 import DTYPE as Q8_DTYPE, Q8Cache
@@ -34,6 +35,9 @@ MAX_CLUSTER_SPLITS = 16      # blocks per thread-block cluster (sm_90, non-porta
 # f16 caches decode on tensor cores (decode_mma) where they can; PYKERNEL_DECODE_MMA=0 keeps
 # the SIMT kernel (for comparisons)
 DEFAULT_MMA = os.environ.get("PYKERNEL_DECODE_MMA", "1") != "0"
+# PYKERNEL_DECODE_BULK=1: split launches of f16 caches (head_dim <= 128, sm_90+) use decode_bulk
+# (for comparisons: not the default, benchmarks/RESULTS.md "Decode by bulk copies")
+DEFAULT_BULK = os.environ.get("PYKERNEL_DECODE_BULK", "0") not in ("", "0")
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,9 @@ class DecodeConfig:
     blocks_per_sm: int = 4   # the split planner's target of resident blocks per multiprocessor
     early_trigger: bool = False  # GPU: let the next kernel of a PDL graph launch at block start
                                  # (only when the grid is one wave)
+    bulk: bool = False       # decode_bulk (mma with K/V brought into shared memory by bulk
+                             # copies; f16 cache, sm_90+ or the CPU target): stages = S tiles
+                             # per warp in shared memory, warps <= BULK_MAX_WARPS
 
 
 @dataclass
@@ -107,6 +114,25 @@ def mma_config(group: int, head_dim: int = 128, warps: int = 8, stages: int | No
                         blocks_per_sm=blocks_per_sm)
 
 
+BULK_MAX_WARPS = 4           # decode_bulk's launch bounds: 128 threads, three blocks per SM
+
+
+def bulk_config(group: int, head_dim: int = 128, warps: int = BULK_MAX_WARPS, stages: int = 2,
+                blocks_per_sm: int = 2) -> DecodeConfig:
+    """decode_bulk's shape: the GQA group's heads (up to 8) per block, `stages` 16-key tiles
+    per warp in shared memory (2 x 8 KB per warp at head_dim 128), splits for blocks_per_sm
+    blocks per SM: two of the three that fit, so the next decode's blocks of a PDL chain find
+    room and start their copies while this one streams."""
+    gb = max(d for d in range(1, min(group, MMA_MAX_HEADS) + 1) if group % d == 0)
+    return DecodeConfig(heads_per_block=gb, warps=warps, stages=stages, mma=True, bulk=True,
+                        blocks_per_sm=blocks_per_sm, early_trigger=True)
+
+
+def bulk_shared_bytes(config: DecodeConfig, head_dim: int) -> int:
+    """decode_bulk's dynamic shared memory: warps x stages x (K + V) x 16 rows of f16."""
+    return config.warps * config.stages * 2 * BULK_TILE * head_dim * 2
+
+
 def direct_config(config: DecodeConfig) -> DecodeConfig:
     """The tensor-core kernel's shape for a launch without splits (a short context, as in the
     runner's short-context decode graph): one query head per block. A one-split launch is a
@@ -115,7 +141,17 @@ def direct_config(config: DecodeConfig) -> DecodeConfig:
     qwen2-1.5B 981 -> 1029 (2 blocks of 6 heads before; measured when one head per block was
     also what let the block write its Q8_1 output itself); benchmarks/RESULTS.md, "One query
     head per block without splits"."""
+    if config.bulk:          # one split: decode_mma's direct launch (bulk: head_dim <= 128)
+        config = dataclasses.replace(config, bulk=False, warps=8, stages=2, blocks_per_sm=1)
     return dataclasses.replace(config, heads_per_block=1) if config.mma else config
+
+
+def bulk_capable(head_dim: int, device=None) -> bool:
+    """decode_bulk's bulk copies need sm_90+; above head_dim 128 its registers spill."""
+    device = device or pk.current_device()
+    arch = getattr(device, "arch", "")
+    return head_dim <= 128 and device.kind == "cuda" and arch.startswith("sm_") and \
+        int(arch[3:]) >= 90
 
 
 def mma_capable(head_dim: int, dtype, device=None) -> bool:
@@ -135,6 +171,8 @@ def default_config(group: int, head_dim: int, device=None, dtype=np.float16) -> 
     if device.kind == "cpu":
         return DecodeConfig(heads_per_block=1, warps=2, unroll=1)
     if DEFAULT_MMA and mma_capable(head_dim, dtype, device):
+        if DEFAULT_BULK and bulk_capable(head_dim, device):
+            return bulk_config(group, head_dim, stages=1)
         return mma_config(group, head_dim)
     return gpu_config(group, head_dim, dtype)
 
@@ -200,6 +238,8 @@ def _lane_layout(head_dim: int, itemsize: int, max_lanes: int = 32) -> dict:
 
 
 def decode_kernel(config: DecodeConfig):
+    if config.bulk:
+        return decode_bulk
     return decode_mma if config.mma else decode_partial
 
 
@@ -215,6 +255,17 @@ def decode_spec(head_dim: int, dtype, config: DecodeConfig, fused: bool = False,
         raise ValueError("attention.decode: a Q8_0 cache needs the tensor-core kernel "
                          "(mma_config)")
     dtype = np.dtype(np.float16 if q8 else dtype)
+    if config.bulk:
+        if q8 or dtype != np.float16 or head_dim % 32 or cluster or \
+                config.heads_per_block > MMA_MAX_HEADS or not 1 <= config.warps <= BULK_MAX_WARPS:
+            raise ValueError(f"attention.decode: the bulk-copy kernel needs an f16 cache, "
+                             f"head_dim % 32 == 0, <= {MMA_MAX_HEADS} heads and 1..."
+                             f"{BULK_MAX_WARPS} warps per block, no cluster; got {dtype}, "
+                             f"{head_dim}, {config.heads_per_block} heads, {config.warps} warps")
+        return dict(D=head_dim, GB=config.heads_per_block, NWARPS=config.warps,
+                    S=config.stages, FUSED=int(fused), MAXS=MAX_SPLITS, UNR=COMBINE_UNROLL,
+                    TRIGGER=int(trigger), EARLY_KV=int(early_kv), Q8OUT=int(q8_out),
+                    **combine_geometry(config.heads_per_block, head_dim, 32 * config.warps))
     if config.mma:
         if dtype != np.float16 or head_dim % 32 or config.heads_per_block > MMA_MAX_HEADS:
             raise ValueError(f"attention.decode: the tensor-core kernel needs an f16 or Q8_0 "
@@ -278,7 +329,9 @@ def _cache_args(k_cache, v_cache, config: DecodeConfig) -> tuple:
         return (k_cache.quants.view(np.uint32), v_cache.quants.view(np.uint32),
                 k_cache.scales.view(np.uint16), v_cache.scales.view(np.uint16))
     words = (k_cache.view(np.uint32), v_cache.view(np.uint32))
-    return words + (k_cache.view(np.uint16), v_cache.view(np.uint16)) if config.mma else words
+    if config.mma and not config.bulk:
+        return words + (k_cache.view(np.uint16), v_cache.view(np.uint16))
+    return words
 
 
 def _under_pdl(device) -> bool:
@@ -333,13 +386,14 @@ def launch_split_kernel(q, k_cache, v_cache, lens, out, scale: float, *, window=
         not share_cache and not isinstance(k_cache, Q8Cache)
     q8_out = (direct or cluster) and xq_out is not None
     grid = (n_splits, n_kv_head * n_sub, n_seq)
-    decode_kernel(config)[grid, 32 * config.warps, stream, 0, (n_splits, 1, 1) if cluster
+    spec = decode_spec(head_dim, k_cache.dtype, config, has_counters, trigger, early, q8_out,
+                       cluster)                  # first: it names a configuration's errors
+    dynamic = bulk_shared_bytes(config, head_dim) if config.bulk else 0
+    decode_kernel(config)[grid, 32 * config.warps, stream, dynamic, (n_splits, 1, 1) if cluster
                           else None](
         q, *caches, lens, lens_stride, len_add, len_step, z_stride, max_len, n_head, n_kv_head,
         q_scale, float(softcap) if use_softcap else 0.0, int(window or 0), int(direct), out,
-        part_o, part_ml, counters, _q8_words(xq_out if q8_out else None, out),
-        **decode_spec(head_dim, k_cache.dtype, config, has_counters, trigger, early, q8_out,
-                      cluster))
+        part_o, part_ml, counters, _q8_words(xq_out if q8_out else None, out), **spec)
     return not direct and (has_counters or cluster)
 
 

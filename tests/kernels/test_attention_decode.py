@@ -11,9 +11,9 @@ import pytest
 import pykernel as pk
 from pykernel import Const, Ptr, i32
 from stdlib_kernels import attention
-from stdlib_kernels.attention.decode import (DecodeConfig, DecodeWorkspace, config_splits,
-                                             default_config, direct_config, gpu_config,
-                                             launch_decode, mma_config)
+from stdlib_kernels.attention.decode import (DecodeConfig, DecodeWorkspace, bulk_config,
+                                             config_splits, default_config, direct_config,
+                                             gpu_config, launch_decode, mma_config)
 from stdlib_kernels.attention.reference import decode_reference, relative_l2
 from tests.launch_helpers import launched_by
 
@@ -237,6 +237,58 @@ def test_tensor_core_decode(device, rng, seed, case):
                    f"sequence {z} kv_len {lens[z]} splits {split_count} {case}")
 
 
+# the bulk-copy kernel (decode_bulk: K/V tiles copied into shared memory; the CPU target
+# emulates the copies and mbarriers): GQA 4 over 2 warps' rings of 2, GQA 3 with window and
+# soft-capping over one warp's ring of 3 combined in the last block, 2 sequences of head_dim 96
+# with a ring of 1; each with early_kv on and off (on: rows before the newest are copied before
+# the wait, the newest into the same stage after it)
+BULK_CASES = [(8, 2, 64, None, None, bulk_config(4, 64, warps=2, stages=2), 3, False, 1),
+              (6, 2, 64, 20, 30.0, bulk_config(3, 64, warps=1, stages=3), 4, True, 1),
+              (4, 1, 96, None, None, bulk_config(4, 96, warps=2, stages=1), 2, False, 2)]
+
+
+@pytest.mark.parametrize("case", BULK_CASES, ids=["gqa4_ring2", "gqa3_window_cap_fused",
+                                                  "d96_two_sequences"])
+def test_bulk_copy_decode(device, rng, seed, case):
+    n_head, n_kv_head, head_dim, window, softcap, config, splits, fused, n_seq = case
+    max_len = 2 * 16 * config.warps * config.stages + 20      # the longest wraps the ring
+    q = rng.standard_normal((n_seq, n_head, head_dim)).astype(np.float32)
+    k = rng.standard_normal((n_seq, n_kv_head, max_len, head_dim)).astype(np.float16)
+    v = rng.standard_normal((n_seq, n_kv_head, max_len, head_dim)).astype(np.float16)
+    k[..., -5:, :] = np.nan           # rows past every length: never read into a result
+    v[..., -5:, :] = np.nan
+    q_dev, k_dev, v_dev = pk.to_device(q), pk.to_device(k), pk.to_device(v)
+    for lengths in ([1] * n_seq, [2] * n_seq, rng.integers(1, max_len - 4, size=n_seq)):
+        lens = np.asarray(lengths, np.int32)
+        for split_count in (1, splits):
+            for early_kv in (False, True):
+                out = pk.full((n_seq, n_head, head_dim), np.nan, np.float32)
+                workspace = (DecodeWorkspace.allocate(n_seq, n_head, head_dim, split_count,
+                                                      fused=fused) if split_count > 1 else None)
+                launch_decode(q_dev, k_dev, v_dev, pk.to_device(lens), out, head_dim ** -0.5,
+                              window=window, softcap=softcap, workspace=workspace,
+                              config=config, early_kv=early_kv)
+                for z in range(n_seq):
+                    expected = decode_reference(q[z], k[z], v[z], int(lens[z]),
+                                                head_dim ** -0.5, window, softcap)
+                    _check(out.numpy()[z], expected, np.float16, seed,
+                           f"sequence {z} kv_len {lens[z]} splits {split_count} early_kv "
+                           f"{early_kv} {case}")
+
+
+def test_bulk_copy_decode_limits(device):
+    """The bulk-copy kernel reads f16 caches only, at most BULK_MAX_WARPS warps."""
+    q = pk.to_device(np.zeros((1, 4, 64), np.float32))
+    out = pk.empty((1, 4, 64), np.float32)
+    lens = pk.to_device(np.array([3], np.int32))
+    k32 = pk.to_device(np.zeros((1, 16, 64), np.float32))
+    with pytest.raises(ValueError, match="bulk-copy kernel needs an f16 cache"):
+        launch_decode(q, k32, k32, lens, out, 1.0, config=bulk_config(4, 64))
+    k16 = pk.to_device(np.zeros((1, 16, 64), np.float16))
+    with pytest.raises(ValueError, match="1...4 warps"):
+        launch_decode(q, k16, k16, lens, out, 1.0, config=bulk_config(4, 64, warps=8))
+
+
 # cluster merge (one launch, the split blocks of a head group as a thread-block cluster):
 # 2 sequences x GQA 4 (2 heads per block: two blocks per KV head) with window + softcap, and
 # one sequence of GQA 3 with head_dim 96; split counts up to the 16-block cluster
@@ -365,6 +417,26 @@ def test_gpu_decode_long_context(rng, seed, dtype):
 
 
 @pytest.mark.gpu
+def test_gpu_bulk_decode_long_context(rng, seed):
+    """decode_bulk in every shape its benchmark sweeps (attention_splits.BULK_SWEEP), 8B
+    shape, 8k keys and a length off the tile, with its planned splits."""
+    from benchmarks.attention_splits import BULK_SWEEP
+    pk.set_device("cuda")
+    q, k, v, _ = _random_problem(rng, 32, 8, 128, np.float16, 1, max_len=8192)
+    q_dev, k_dev, v_dev = pk.to_device(q[None]), pk.to_device(k), pk.to_device(v)
+    for stages, per_sm, fused in BULK_SWEEP:
+        config = bulk_config(4, 128, stages=stages, blocks_per_sm=per_sm)
+        splits = config_splits(config, 32, 8, 8192)
+        workspace = DecodeWorkspace.allocate(1, 32, 128, splits, fused=fused)
+        for kv_len in (8192, 8192 - int(rng.integers(1, 200)), int(rng.integers(1, 300))):
+            out = pk.full((1, 32, 128), np.nan, np.float32)
+            launch_decode(q_dev, k_dev, v_dev, pk.to_device(np.array([kv_len], np.int32)),
+                          out, 128 ** -0.5, workspace=workspace, config=config)
+            _check(out.numpy()[0], decode_reference(q, k, v, kv_len, 128 ** -0.5), np.float16,
+                   seed, f"bulk {config} splits {splits} fused {fused} kv_len {kv_len}")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
 def test_gpu_decode_benchmarked_configs(rng, seed, dtype):
     """Every configuration the benchmark sweeps computes the same attention, in one launch and
@@ -456,14 +528,16 @@ def write_new_row(k_new: Ptr["T", "ro"], v_new: Ptr["T", "ro"], k_cache: Ptr["T"
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [np.float16, np.float32])
-@pytest.mark.parametrize("mode", ["two_launches", "one_launch", "direct"])
+@pytest.mark.parametrize("dtype,mode", [(d, m) for d in (np.float16, np.float32)
+                                        for m in ("two_launches", "one_launch", "direct")] +
+                         [(np.float16, "bulk"), (np.float16, "bulk_one_launch")])
 def test_gpu_pdl_graph_sees_the_new_row(rng, seed, dtype, mode):
     """As the runner's decode graphs: a PDL graph where a kernel writes the new token's K/V row
     just before the decode, which triggers its dependents early and (early_kv) loads its first
     K/V tiles before waiting, all but the newest rows. The new key carries much of the softmax
     weight, so a decode that read its row before the write landed would be far off; replayed
-    at new positions. "direct": one split (the short-context graph's launch, direct_config)."""
+    at new positions. "direct": one split (the short-context graph's launch, direct_config);
+    "bulk": decode_bulk, whose copies of all but the newest row are issued before the wait."""
     pk.set_device("cuda")
     n_head, n_kv_head, head_dim, max_len = 32, 8, 128, 3000
     scale = head_dim ** -0.5
@@ -479,9 +553,11 @@ def test_gpu_pdl_graph_sees_the_new_row(rng, seed, dtype, mode):
     out = pk.full((1, n_head, head_dim), np.nan, np.float32)
     config = dataclasses.replace(default_config(group, head_dim, dtype=dtype),
                                  early_trigger=True)
+    if mode.startswith("bulk"):                      # decode_bulk: every stage before the wait
+        config = bulk_config(group, head_dim)
     splits = config_splits(config, n_head, n_kv_head, max_len)
     workspace = DecodeWorkspace.allocate(1, n_head, head_dim, splits,
-                                         fused=mode == "one_launch")
+                                         fused=mode.endswith("one_launch"))
     if mode == "direct":
         config, splits, workspace = direct_config(config), 1, None
     stream = pk.Stream()

@@ -22,7 +22,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from stdlib_kernels.attention.decode import DecodeConfig, decode_spec, mma_config
+from stdlib_kernels.attention.decode import DecodeConfig, bulk_config, decode_spec, mma_config
+from stdlib_kernels.attention.decode_bulk import decode_bulk
 from stdlib_kernels.attention.decode_kernels import decode_partial
 from stdlib_kernels.attention.decode_mma import decode_mma
 from stdlib_kernels.quant.gemv_bulk import gemv_bulk, gemv_bulk_split
@@ -31,7 +32,8 @@ from stdlib_kernels.quant.rmsnorm_q8_1 import rmsnorm_q8_1_kernel
 # decode attention: the previous kernel (RoPE + KV-cache write) writes Q; the bulk-copy
 # GEMVs: a quantize or norm kernel writes their Q8_1 activations; the norm (it loads its
 # weights before the wait): a GEMV's residual output
-WRITTEN_BEFORE = {decode_mma: ("q",), decode_partial: ("q",), gemv_bulk: ("xq", "res"),
+WRITTEN_BEFORE = {decode_mma: ("q",), decode_partial: ("q",), decode_bulk: ("q",),
+                  gemv_bulk: ("xq", "res"),
                   gemv_bulk_split: ("xq", "res"), rmsnorm_q8_1_kernel: ("x",)}
 
 
@@ -64,6 +66,9 @@ def late_wait_variants():
     for d, group in ((128, 4), (64, 3), (256, 2)):
         spec = decode_spec(d, np.float16, mma_config(group, d), False, False, True, True, False)
         yield f"decode_mma-D{d}", decode_mma, spec
+    for d, group in ((128, 4), (64, 3)):
+        spec = decode_spec(d, np.float16, bulk_config(group, d), False, True, True, False, False)
+        yield f"decode_bulk-D{d}", decode_bulk, spec
     simt = DecodeConfig(heads_per_block=3, warps=4, unroll=1, stages=2)
     for dtype in (np.float16, np.float32):
         spec = decode_spec(64, dtype, simt, False, False, True, False, False)
