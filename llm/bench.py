@@ -85,6 +85,8 @@ def run_bench(model, p=512, n=128, r: int = 3, seed: int = 0,
     for length in (x for x in ps if x > 0):
         prompt = ids[:length]
         prompt_speed(model, cache, prompt, depth)            # warm-up: compile, allocate
+        if length <= getattr(model.transformer, "prefill_graph_max", 0):
+            prompt_speed(model, cache, prompt, depth)        # a short prompt's graph capture
         results.append(BenchResult(f"pp{length}{suffix}",
                                    [prompt_speed(model, cache, prompt, depth) for _ in range(r)]))
     for count in (x for x in ns if x > 0):

@@ -38,7 +38,6 @@ from stdlib_kernels.attention.decode import (HEAD_DIMS, default_config, direct_c
                                              gpu_config, launch_decode)
 from stdlib_kernels.attention.kv_q8 import DTYPE as Q8_DTYPE, Q8Cache
 from stdlib_kernels.attention.prefill import launch_prefill, mma_available
-from stdlib_kernels.quant.gemv_kernels import MAX_BATCH
 from stdlib_kernels.quant.rmsnorm_q8_1 import rmsnorm_q8_1_into
 
 TENSOR_CORE_PREFILL = True   # False: prefill attention on the SIMT kernel (tests compare both)
@@ -104,8 +103,10 @@ class KernelsBackend(Backend):
         self.gemv = self.device.kind == "cuda" if gemv is None else gemv
         self.prefill_arena = Arena(self.memory)
         self.decode_arena = Arena(self.memory, keep_replaced=True)
+        self.graph_prefill_arena = Arena(self.memory, keep_replaced=True)  # prefill graphs
         self.arena = self.prefill_arena
         self._step = None           # (ids, positions, start) device arrays of the running step
+        self._last_index = None     # prefill graphs: device index of the prompt's last row
         self.direct_attention = False   # decode attention without splits (short contexts)
         self.stream = pk.Stream(self.device) if self.device.kind == "cuda" else None
 
@@ -146,14 +147,23 @@ class KernelsBackend(Backend):
         return cache
 
     # --- step inputs -------------------------------------------------------------------------
-    def begin_step(self, ids, start: int, device_io=None) -> None:
+    def begin_step(self, ids, start: int, device_io=None, prefill_io=None) -> None:
         """Inputs of one forward: host ids/start uploaded, or (decode graphs) read from
-        device_io = [token, position] (int32, on the device)."""
+        device_io = [token, position] (int32, on the device), or (prefill graphs, len(ids)
+        tokens of a padded prompt) from prefill_io = [ids..., positions..., index of the
+        prompt's last row]: the step's start and last row are then device values too (the
+        attention kernels add the start on the device; last_row gathers that row)."""
         n = len(ids)
         if device_io is not None:
             self.arena = self.decode_arena
             self.arena.reset()
             self._step = (device_io[0:1], device_io[1:2], device_io[1:2])
+            return
+        if prefill_io is not None:
+            self.arena = self.graph_prefill_arena
+            self.arena.reset()
+            self._step = (prefill_io[0:n], prefill_io[n:2 * n], prefill_io[n:n + 1])
+            self._last_index = prefill_io[2 * n:2 * n + 1]
             return
         self.arena = self.prefill_arena
         self.arena.reset()
@@ -165,6 +175,7 @@ class KernelsBackend(Backend):
 
     def end_step(self) -> None:
         self._step = None
+        self._last_index = None
 
     def begin_layer(self, layer: int) -> None:
         self.arena.begin_layer(layer)
@@ -221,7 +232,7 @@ class KernelsBackend(Backend):
             return self._rms_norm_now(p), None
         n = p.x.shape[0]
         xq = self.arena.take(W.q8_buffer_shape(n, p.x.shape[1]), np.uint8)
-        keep_f32 = not W.all_q8_1(w, self.activations) or (self.gemv and n > MAX_BATCH)
+        keep_f32 = not W.all_q8_1(w, self.activations) or (self.gemv and n > W.GEMV_TOKENS)
         out = self.arena.take(p.x.shape, np.float32) if keep_f32 else None
         rmsnorm_q8_1_into(p.x, p.weight, p.eps, xq, out)
         return (out if keep_f32 else p.x), xq
@@ -229,7 +240,8 @@ class KernelsBackend(Backend):
     def _run_matmul(self, p: PendingMatmul, res=None):
         x, w = p.x, p.w
         n = x.shape[0]
-        one_launch_per_group = self.gemv and (n == 1 or (n <= MAX_BATCH and len(w.groups) == 1))
+        one_launch_per_group = self.gemv and (n == 1 or (n <= W.GEMV_TOKENS and
+                                                         len(w.groups) == 1))
         in_place = one_launch_per_group and res is not None
         out = res if in_place else self.arena.take((n, w.n_out), np.float32)  # y may alias res
         # one token: the bias is the GEMV epilogue's "residual" (y = W x + bias, no launch)
@@ -362,9 +374,16 @@ class KernelsBackend(Backend):
         if cache.q8:
             k_cache, v_cache = self._dequantized(cache, layer, start + n)
         out = self.arena.take((n, qc.width), np.float32)
-        launch_prefill(qkv, k_cache, v_cache, out.reshape(n, -1, d), start, scale,
-                       window=window or None, n_head=qc.width // d)
+        first, first_dev = self._prefill_start(start)
+        launch_prefill(qkv, k_cache, v_cache, out.reshape(n, -1, d), first, scale,
+                       window=window or None, n_head=qc.width // d, start_dev=first_dev)
         return out
+
+    def _prefill_start(self, start: int) -> tuple:
+        """launch_prefill's (start, start_dev): a prefill graph's start is on the device."""
+        if self._last_index is None:
+            return start, None
+        return 0, self._step[2]
 
     def _dequantized(self, cache: KernelsKVCache, layer: int, n_rows: int):
         """A q8_0 cache's first n_rows rows of `layer` as f16 (K, V) buffers, what a prefill's
@@ -395,7 +414,9 @@ class KernelsBackend(Backend):
                           xq_out=xq)
             return xq
         elif self._tensor_core_prefill(k_cache):   # Q, K, V, P rounded to f16 like llama.cpp's
-            launch_prefill(q3, k_cache, v_cache, out3, start, scale, window=window or None)
+            first, first_dev = self._prefill_start(start)
+            launch_prefill(q3, k_cache, v_cache, out3, first, scale, window=window or None,
+                           start_dev=first_dev)
         else:                  # prefill: query z sees start + z + 1 keys of the shared cache
             launch_decode(q3, k_cache, v_cache, start_dev, out3, scale, window=window or None,
                             len_add=1, len_step=1, lens_stride=0, share_cache=True)
@@ -449,7 +470,10 @@ class KernelsBackend(Backend):
 
     def last_row(self, x):
         x = self.materialize(x)
-        return x[x.shape[0] - 1:]
+        if self._last_index is None:
+            return x[x.shape[0] - 1:]
+        out = self.arena.take((1, x.shape[1]), np.float32)     # prefill graph: a device index
+        return embedding_rows(x, self._last_index, out=out)
 
     def to_host(self, x):
         return self.materialize(x).numpy()
@@ -489,8 +513,8 @@ class KernelsBackend(Backend):
         return x
 
     def memory_report(self) -> dict:
-        return self.memory.report(self.weights.nbytes,
-                                  self.prefill_arena.nbytes + self.decode_arena.nbytes)
+        return self.memory.report(self.weights.nbytes, sum(
+            a.nbytes for a in (self.prefill_arena, self.decode_arena, self.graph_prefill_arena)))
 
 
 def _rope_style(p: RopeParams) -> str:

@@ -9,6 +9,15 @@ advances io[1], so `greedy` decodes with no host-to-device copy at all and reads
 token. Two graphs per cache: positions below SHORT_CONTEXT run decode attention in one split per
 head (no partials, no combine launch: a short context gives too little work to split), later
 positions the split attention sized for the whole cache. Both read and advance the same `io`.
+Short prompts (2..PREFILL_GRAPH_MAX tokens, a chat turn) are graphs too: a prefill of ~370
+launches costs ~30 us of Python each, more than the GPU needs below ~64 tokens. The prompt is
+padded to a length bucket (`prefill_bucket`); the graph reads ids, positions and the index of
+the last real row from a device buffer, so one graph per bucket serves every prompt length
+and start in it. Padding is safe: attention is causal, so the real rows never see the padded
+ones, and the padded rows' K/V land past the prompt, where the next token's write replaces
+them before anything reads them. A bucket runs eagerly (padded) the first time it is seen and
+is captured the second, so a one-shot prompt pays no capture. q8_0 caches (their prefill
+dequantizes a host-sized row count) and prompts that would run past the context stay eager.
 On the CPU target a "graph" is the recorded launch list (same code path, run in CI).
 On sm_90+ the graphs are captured with programmatic dependent launch (each kernel's launch
 overlaps its predecessor's tail); PYKERNEL_PDL=0 captures plain edges, for comparison.
@@ -30,6 +39,10 @@ from llm.models.transformer import Transformer
 # paying")
 SHORT_CONTEXT = 384
 PDL = os.environ.get("PYKERNEL_PDL", "1") not in ("", "0")
+# prompts of 2..PREFILL_GRAPH_MAX tokens run as captured graphs (PYKERNEL_PREFILL_GRAPHS=0:
+# always eagerly, for comparisons)
+PREFILL_GRAPH_MAX = 64
+PREFILL_GRAPHS = os.environ.get("PYKERNEL_PREFILL_GRAPHS", "1") not in ("", "0")
 
 
 class DecodeGraph:
@@ -37,12 +50,35 @@ class DecodeGraph:
         self.graph, self.logits, self.io = graph, logits, io
 
 
+class PrefillGraph:
+    """One prompt-length bucket on one cache: its input buffer [ids, positions, last row]
+    and logits; graph None until the bucket is seen a second time."""
+
+    def __init__(self, io, logits):
+        self.io, self.logits, self.graph = io, logits, None
+
+
+def prefill_bucket(n: int) -> int:
+    """The padded length of an n-token prompt: n itself up to 8 tokens (the multi-token
+    GEMV's range, whose time grows with its tokens: 5 tokens padded to 8 measured as slow as
+    8), then multiples of 8 (at most 7 padded rows, whose GEMM columns cost little at these
+    sizes: weight-bound)."""
+    return n if n <= 8 else -(-n // 8) * 8
+
+
 def _short(pos: int) -> bool:
     return pos < SHORT_CONTEXT
 
 
 class GraphedTransformer(Transformer):
-    """A Transformer whose forward runs on the kernels backend, with graph-replayed decode."""
+    """A Transformer whose forward runs on the kernels backend, with graph-replayed decode
+    and short prompts."""
+
+    @property
+    def prefill_graph_max(self) -> int:
+        """Longest prompt that runs as a graph (0: none); a bucket's graph is captured on its
+        second prompt, so benchmarks warm up twice."""
+        return PREFILL_GRAPH_MAX if PREFILL_GRAPHS and self.backend.use_graphs else 0
 
     def __init__(self, inner: Transformer):
         self.__dict__.update(inner.__dict__)
@@ -51,6 +87,8 @@ class GraphedTransformer(Transformer):
         b = self.backend
         if len(ids) == 1 and not all_logits and b.use_graphs:
             return self.decode_step(int(ids[0]), start, cache)
+        if not all_logits and self._prefill_graphable(len(ids), start, cache):
+            return self.prefill_step(ids, start, cache)
         b.begin_step(ids, start)
         try:
             return b.materialize(super().forward(ids, start, cache, all_logits))
@@ -70,6 +108,41 @@ class GraphedTransformer(Transformer):
             b.direct_attention = False
             b.end_step()
         return logits
+
+    def _prefill_graphable(self, n: int, start: int, cache) -> bool:
+        return (PREFILL_GRAPHS and self.backend.use_graphs and 2 <= n <= PREFILL_GRAPH_MAX
+                and not cache.q8 and start + prefill_bucket(n) <= cache.n_ctx)
+
+    def prefill_step(self, ids, start: int, cache):
+        """Logits (1, n_vocab) of the last of `ids` (positions start..), written into the
+        cache, through the bucket's graph (run eagerly the first time, captured the second)."""
+        n = len(ids)
+        bucket = prefill_bucket(n)
+        host = np.zeros(2 * bucket + 1, np.int32)      # padded ids stay 0 (a valid token)
+        host[:n] = np.asarray(ids, np.int32).reshape(-1)
+        host[bucket:2 * bucket] = np.arange(start, start + bucket, dtype=np.int32)
+        host[2 * bucket] = n - 1
+        step = cache.prefill_graphs.get(bucket)
+        if step is None:
+            io = pk.to_device(host)
+            step = cache.prefill_graphs[bucket] = PrefillGraph(io, None)
+            step.logits = self._record_prefill(io, bucket, cache)     # runs it
+            return step.logits
+        step.io.copy_from(host)
+        if step.graph is None:
+            with pk.capture_graph(self.backend.stream, pdl=PDL) as graph:
+                step.logits = self._record_prefill(step.io, bucket, cache)   # recorded only
+            step.graph = graph
+        step.graph.replay()
+        return step.logits
+
+    def _record_prefill(self, io, bucket: int, cache):
+        b = self.backend
+        b.begin_step(np.zeros(bucket, np.int64), 0, prefill_io=io)
+        try:
+            return b.materialize(super().forward(np.zeros(bucket, np.int64), 0, cache))
+        finally:
+            b.end_step()
 
     def _argmax_scratch(self, n: int) -> tuple:
         """The greedy argmax's scratch, one per backend (so per stream), made on the first,

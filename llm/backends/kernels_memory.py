@@ -178,6 +178,7 @@ class KernelsKVCache(KVCache):
         self._workspaces: dict = {}
         self.graph = None     # set by kernels_graph: the captured decode step on this cache
         self.graphs: dict = {}  # kernels_graph: its decode graphs (short/long context)
+        self.prefill_graphs: dict = {}  # kernels_graph: prompt length bucket -> PrefillGraph
 
     def f16_rows(self):
         """q8_0 caches: (K, V) f16 buffers of one layer's shape, allocated on first use, into

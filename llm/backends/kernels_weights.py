@@ -8,6 +8,7 @@ float32 activations for the other types) and their f16 tensor-core GEMM for pref
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -29,7 +30,7 @@ from llm.backends import kernels_extra as X
 # prompts of up to this many tokens run the GEMV, MAX_BATCH tokens per launch, instead of the
 # prefill GEMM (with its short-prompt tiles the GEMM is faster from 9 tokens: each GEMV launch
 # streams all the weights again; benchmarks/short_prompts.py)
-GEMV_TOKENS = MAX_BATCH
+GEMV_TOKENS = min(MAX_BATCH, int(os.environ.get("PYKERNEL_GEMV_TOKENS", MAX_BATCH)))
 # up to this many tokens the GEMM adds the residual in its store (no add launch: short prompts
 # are bound by the host's launches); above, a separate add is as fast or faster (H200, 8B, 512
 # tokens: the fused add cost 6-15 us per GEMM in scattered reads, an add_into launch 11 us;
@@ -180,7 +181,7 @@ def matmul(x, w: DeviceMatrix, out, xq, scratch: Callable, res=None, gemv=True) 
         for g in w.groups:
             X.matmul(g.raw, g.type_name, x, xq if xq is not None and _q8(g, w) else None, out,
                      g.rows, g.row_off)
-    elif len(w.groups) == 1 and n <= MAX_BATCH:
+    elif len(w.groups) == 1 and n <= GEMV_TOKENS:
         g = w.groups[0]
         gemv_rows(g, w.n_in, x, xq if xq is not None and _q8(g, w) else None, out,
                   None if res is None else "residual", res=res)

@@ -78,19 +78,26 @@ def default_block_keys(head_dim: int) -> int:
 def launch_prefill(q, k_cache, v_cache, out, start: int, scale: float, *, window=None,
                    softcap=None, path: str | None = None, stream=None, block_keys=None,
                    warps: int = MMA_WARPS, stages: int = MMA_STAGES, m_tiles: int = 1,
-                   n_head: int | None = None):
+                   n_head: int | None = None, start_dev=None):
     """Causal attention of q (positions start..) against cache rows 0 .. start + tokens - 1.
     The mma path's tiling: block_keys keys per tile (default_block_keys), warps per block,
     stages of the cp.async ring (2..8), m_tiles 16-row query tiles per warp (1 or 2).
-    n_head (mma path): q is (tokens, W), its heads the first n_head * head_dim columns."""
+    n_head (mma path): q is (tokens, W), its heads the first n_head * head_dim columns.
+    start_dev: a device int32 added to `start` by the kernels (the runner's prefill graphs
+    pass start 0 and the position buffer they replay with); the caller then guarantees
+    start + start_dev[0] + tokens <= max_len, which only `start` is checked against here."""
     _check_prefill_shapes(q, k_cache, v_cache, start, n_head)
+    if start_dev is not None and (start_dev.dtype != np.int32 or start_dev.size < 1):
+        raise ValueError(f"attention.prefill: start_dev must be a device int32 array, got "
+                         f"{start_dev.dtype} {tuple(start_dev.shape)}")
+    start_at = zero_i32() if start_dev is None else start_dev
     path = path or default_path(k_cache)
     tokens, n_head, head_dim, q_row = _q_geometry(q, k_cache, n_head)
     if path == "simt" and q.ndim == 2:
         raise ValueError("attention.prefill: the simt path takes q as (tokens, n_head, "
                          "head_dim) only")
     if path == "simt":   # row z is a decode query at position start + z (len_add: start)
-        return launch_decode(q, k_cache, v_cache, zero_i32(), out, scale, window=window,
+        return launch_decode(q, k_cache, v_cache, start_at, out, scale, window=window,
                              softcap=softcap, len_add=start + 1, len_step=1, lens_stride=0,
                              stream=stream, share_cache=True)
     if path != "mma" or k_cache.dtype != np.float16:
@@ -110,6 +117,6 @@ def launch_prefill(q, k_cache, v_cache, out, start: int, scale: float, *, window
     shared = stages * 2 * bn * (head_dim // 2 + 4) * 4     # the ring: K + V tiles per stage
     prefill_flash[grid, 32 * warps, stream, shared](
         q, k_cache.view(np.uint32), v_cache.view(np.uint32), out, tokens, q_row,
-        start, max_len, n_head, n_kv_head, q_scale, float(softcap) if use_softcap else 0.0,
+        start, start_at, max_len, n_head, n_kv_head, q_scale, float(softcap) if use_softcap else 0.0,
         int(window or 0), D=head_dim, BN=bn, NWARPS=warps, STAGES=stages, MT=m_tiles)
     return out

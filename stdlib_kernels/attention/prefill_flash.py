@@ -1,7 +1,9 @@
 """Prefill attention on tensor cores, FlashAttention-2 style, with K/V tiles streamed into shared
 memory by `cp.async` (a ring of stages) and mma fragments read by `pk.ldmatrix`.
 
-Input: q (tokens, n_head, D) f32 (query i sits at position start + i); K/V cache viewed as u32
+Input: q (tokens, n_head, D) f32 (query i sits at position start + i, start = start0 +
+start_at[0]: a host part and a device part, so a captured graph replays at new positions);
+K/V cache viewed as u32
 pairs of f16, (n_kv_head, max_len, D / 2), holding positions 0 .. start + tokens - 1.
 Output: out (tokens, n_head, D) f32.
 
@@ -166,12 +168,13 @@ def tile_pv(tile, sacc, oacc, v_lane: i32, D: Const[int], BN: Const[int], MT: Co
 
 @pk.kernel
 def prefill_flash(q: Ptr[f32, "ro"], k32: Ptr[u32, "ro"], v32: Ptr[u32, "ro"], out: Ptr[f32],
-                  tokens: i32, q_row: i32, start: i32, max_len: i32, n_head: i32,
-                  n_kv_head: i32,
+                  tokens: i32, q_row: i32, start0: i32, start_at: Ptr[i32, "ro"], max_len: i32,
+                  n_head: i32, n_kv_head: i32,
                   q_scale: f32, softcap: f32, window: i32,
                   D: Const[int], BN: Const[int], NWARPS: Const[int], STAGES: Const[int],
                   MT: Const[int]):
     NT = NWARPS * 32
+    start = start0 + start_at[0]                   # device part: graphs replay at new starts
     RSW = D // 2 + 4                               # row stride in u32 words (D + 8 halves)
     STAGE = 2 * BN * RSW                           # words of one stage (K tile + V tile)
     ROWS = 16 * MT * NWARPS                        # rows of a block

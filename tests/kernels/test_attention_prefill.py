@@ -102,6 +102,24 @@ def test_prefill_mma_reads_q_in_place(device, rng, seed):
         launch_prefill(pk.to_device(wide), kd, vd, out, start, 0.125, path="simt", n_head=2)
 
 
+@pytest.mark.parametrize("path", ["mma", "simt"])
+def test_prefill_start_on_the_device(device, rng, seed, path):
+    """start_dev (the runner's prefill graphs): the kernels add a device int32 to `start`,
+    so one launch configuration serves new positions; the same result as a host start."""
+    tokens, start = 19, 8
+    q, k, v = _problem(rng, tokens, start, 2, 1, 64, np.float16)
+    kw = dict(warps=1, block_keys=16) if device.kind == "cpu" and path == "mma" else {}
+    for host, on_device in ((0, start), (3, start - 3)):
+        out = pk.full(q.shape, np.nan, np.float32)
+        launch_prefill(pk.to_device(q), pk.to_device(k), pk.to_device(v), out, host, 0.125,
+                       path=path, start_dev=pk.to_device(np.array([on_device], np.int32)), **kw)
+        np.testing.assert_array_equal(out.numpy(), _run(q, k, v, start, 0.125, None, None,
+                                                        path, **kw))
+    with pytest.raises(ValueError, match="start_dev must be a device int32"):
+        launch_prefill(pk.to_device(q), pk.to_device(k), pk.to_device(v), out, 0, 0.125,
+                       path=path, start_dev=pk.to_device(np.array([1.0], np.float32)))
+
+
 def test_prefill_contract_api(device, rng, seed):
     tokens, kv_tokens = 5, 12
     q = rng.standard_normal((tokens, 4, 64)).astype(np.float32)

@@ -1,0 +1,95 @@
+"""Short prompts through captured graphs (kernels_graph.prefill_step): prompts padded to a
+length bucket give the logits of the eager prefill, whatever their length inside the bucket
+and their start; the bucket is eager the first time, captured the second, replayed after;
+decode steps after a graph prefill read the rows it wrote, not its padding. On the CPU target
+(tiny models) and on the GPU (plus a head_dim-64 model, whose prefill runs the tensor-core
+flash attention with its start read from the device)."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import llm
+from llm.backends import kernels_graph
+from llm.backends.kernels_graph import prefill_bucket
+from pykernel.runtime import device as dv
+from tests.llm.gguf_helpers import TINY, require_for_module
+
+require_for_module(TINY / "tiny-logits.json")
+
+# prompt chunks fed one after another: buckets 5 (eager, captured, replayed), 3 (eager),
+# 16 (12, 10, 9 tokens: eager, captured, replayed)
+LENGTHS = (5, 5, 5, 3, 12, 10, 9)
+N_CTX = 64
+
+
+def rel_l2(a, b) -> float:
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def test_prefill_buckets():
+    assert [prefill_bucket(n) for n in (2, 3, 4, 5, 8, 9, 16, 17, 63, 64)] == \
+        [2, 3, 4, 5, 8, 16, 16, 24, 64, 64]
+
+
+def _chunk_logits(model, ids, monkeypatch, graphs: bool):
+    """Last-row logits after each chunk of LENGTHS, then after one decode step; the cache."""
+    monkeypatch.setattr(kernels_graph, "PREFILL_GRAPHS", graphs)
+    cfg, t, b = model.config, model.transformer, model.backend
+    cache = b.kv_cache(cfg.n_layer, N_CTX, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v)
+    out, pos = [], 0
+    for n in LENGTHS:
+        out.append(b.to_host(t.forward(np.asarray(ids[pos:pos + n], np.int64), pos, cache))[-1])
+        pos += n
+    out.append(b.to_host(t.forward(np.asarray(ids[pos:pos + 1], np.int64), pos, cache))[-1])
+    return out, cache
+
+
+def _check(model, rng, seed, monkeypatch, tol):
+    ids = [int(i) for i in rng.integers(0, model.config.n_vocab, sum(LENGTHS) + 1)]
+    eager, _ = _chunk_logits(model, ids, monkeypatch, graphs=False)
+    graphed, cache = _chunk_logits(model, ids, monkeypatch, graphs=True)
+    for i, (got, want) in enumerate(zip(graphed, eager)):
+        what = f"chunk {i} ({LENGTHS[i]} tokens)" if i < len(LENGTHS) else "decode step"
+        assert np.isfinite(got).all() and rel_l2(got, want) < tol, \
+            f"{what}: relative L2 {rel_l2(got, want):.2e} vs the eager prefill (seed {seed})"
+    assert sorted(cache.prefill_graphs) == [3, 5, 16]
+    assert cache.prefill_graphs[5].graph is not None and cache.prefill_graphs[16].graph is not None
+    assert cache.prefill_graphs[3].graph is None          # seen once: run eagerly, not captured
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen2-f32.gguf", "tiny-gpt2-f32.gguf",
+                                  "tiny-llama-q8_0.gguf"])
+def test_prefill_graphs_follow_the_eager_prefill(name, rng, seed, monkeypatch):
+    model = llm.load(TINY / name, device="cpu", backend="kernels", n_ctx=N_CTX, progress=False)
+    _check(model, rng, seed, monkeypatch, 1e-5)
+
+
+def test_prefill_graphs_stay_out_of_their_limits(rng, monkeypatch):
+    """Eager: a prompt over PREFILL_GRAPH_MAX, one whose bucket would run past the context, a
+    q8_0 cache (its prefill dequantizes a host-sized row count) and all_logits."""
+    model = llm.load(TINY / "tiny-qwen2-f32.gguf", device="cpu", backend="kernels",
+                     n_ctx=N_CTX, progress=False)
+    cfg, t = model.config, model.transformer
+    cache = model.backend.kv_cache(cfg.n_layer, N_CTX, cfg.n_head_kv, cfg.head_dim,
+                                   cfg.head_dim_v)
+    assert not t._prefill_graphable(kernels_graph.PREFILL_GRAPH_MAX + 1, 0, cache)
+    assert not t._prefill_graphable(9, N_CTX - 15, cache)        # bucket 16 from 49: past 64
+    assert t._prefill_graphable(9, N_CTX - 16, cache)
+    # (the tiny models' head_dim 16 cannot hold a q8_0 cache: a stand-in with its two fields)
+    assert not t._prefill_graphable(5, 0, SimpleNamespace(q8=True, n_ctx=N_CTX))
+    t.forward(np.arange(5, dtype=np.int64), 0, cache, all_logits=True)
+    assert not cache.prefill_graphs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["tiny-qwen2-f32.gguf", "tiny-llama-q8_0.gguf", "smollm2"])
+def test_gpu_prefill_graphs_follow_the_eager_prefill(name, rng, seed, monkeypatch, tmp_path):
+    if not dv.gpu_available():
+        pytest.skip("no usable CUDA GPU (driver missing or no device)")
+    path = TINY / name
+    if name == "smollm2":        # head_dim 64: the tensor-core prefill, start on the device
+        from llm.synth import write_synthetic
+        path = write_synthetic("smollm2-135m", "Q4_0", tmp_path / "smol.gguf")
+    model = llm.load(path, device="cuda", n_ctx=N_CTX, progress=False)
+    _check(model, rng, seed, monkeypatch, 1e-3)
