@@ -35,9 +35,9 @@ from benchmarks.attention_splits import caches  # noqa: E402
 from stdlib_kernels.attention.decode import (LOG2E, DecodeWorkspace, combine_spec,  # noqa: E402
                                              combine_warps, config_splits, launch_decode,
                                              mma_config)
-from stdlib_kernels.attention.decode_combine import NEG_INIT, combine_splits  # noqa: E402
+from stdlib_kernels.attention.decode_combine import combine_splits  # noqa: E402
 from stdlib_kernels.attention.decode_kernels import block_work  # noqa: E402
-from stdlib_kernels.attention.decode_mma import (accumulate_tile, load_q,  # noqa: E402
+from stdlib_kernels.attention.decode_mma import (accumulate_tile, clear_state, load_q,  # noqa: E402
                                                  load_tile, merge_warps,
                                                  score_tile)
 
@@ -122,13 +122,9 @@ def decode_stamped(q: Ptr[f32], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro"]
     dq = pk.local_array(f32, NP * 2)
     load_q(q, qb, dq, q_scale, (z * n_head + h0 + g) * D, g < GB, t, NP, 0)
     oacc = pk.local_array(f32, NP * 8)
-    for i in pk.static_range(NP * 8):
-        oacc[i] = 0.0
     m = pk.local_array(f32, 2)
     den = pk.local_array(f32, 2)
-    for e in pk.static_range(2):
-        m[e] = NEG_INIT
-        den[e] = 0.0
+    clear_state(oacc, m, den, NP)
     s = pk.local_array(f32, 4)
     st[3] = st[2]
     # ROT: each block starts its range at a different 16-key tile (and wraps around), so the

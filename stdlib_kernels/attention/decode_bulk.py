@@ -26,9 +26,8 @@ import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, i64, u32
 
 from .._device import init_warp_mbarriers
-from .decode_combine import NEG_INIT
 from .decode_kernels import begin_block, block_work, combine_if_last
-from .decode_mma import accumulate_tile, load_q, merge_warps, score_tile
+from .decode_mma import accumulate_tile, clear_state, load_q, merge_warps, score_tile
 
 TILE = 16                    # keys per warp per stage (the mma's 16 rows)
 
@@ -119,13 +118,9 @@ def decode_bulk(q: Ptr[f32], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro"],
     dq = pk.local_array(f32, NP * 2)                 # unused (f16 cache)
     load_q(q, qb, dq, q_scale, (z * n_head + h0 + g) * D, g < GB, t, NP, 0)
     oacc = pk.local_array(f32, NP * 8)
-    for i in pk.static_range(NP * 8):
-        oacc[i] = 0.0
     m = pk.local_array(f32, 2)
     den = pk.local_array(f32, 2)
-    for e in pk.static_range(2):
-        m[e] = NEG_INIT
-        den[e] = 0.0
+    clear_state(oacc, m, den, NP)
     s_tile = pk.local_array(f32, 4)
     kb = pk.local_array(u32, 2 * NP * 4)
     vb = pk.local_array(u32, 2 * NP * 4)

@@ -222,6 +222,17 @@ def load_q(q, qb, dq, q_scale: f32, row: i32, live: bool, t: i32, NP: Const[int]
 
 
 @pk.func
+def clear_state(oacc, m, den, NP: Const[int]):
+    """An empty online softmax for this lane's two heads: O^T accumulators, running max and
+    denominator."""
+    for i in pk.static_range(NP * 8):
+        oacc[i] = 0.0
+    for e in pk.static_range(2):
+        m[e] = NEG_INIT
+        den[e] = 0.0
+
+
+@pk.func
 def merge_warps(oacc, m, den, warp: i32, g: i32, t: i32, z: i32, h0: i32, split: i32,
                 n_head: i32, direct: i32, out, part_o, part_ml, xq,
                 D: Const[int], GB: Const[int], NWARPS: Const[int], NP: Const[int],
@@ -318,13 +329,9 @@ def decode_mma(q: Ptr[f32], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro"],
     dq = pk.local_array(f32, NP * 2)                 # Q8: Q's block scales, heads 2t, 2t + 1
     load_q(q, qb, dq, q_scale, (z * n_head + h0 + g) * D, g < GB, t, NP, Q8)
     oacc = pk.local_array(f32, NP * 8)
-    for i in pk.static_range(NP * 8):
-        oacc[i] = 0.0
     m = pk.local_array(f32, 2)
     den = pk.local_array(f32, 2)
-    for e in pk.static_range(2):
-        m[e] = NEG_INIT
-        den[e] = 0.0
+    clear_state(oacc, m, den, NP)
     s = pk.local_array(f32, 4)
     base = first
     while base < k1:
