@@ -19,6 +19,11 @@ from .packer import ArgPacker
 _ENTRY = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                           ctypes.c_int64)
 MAX_THREADS_PER_BLOCK = 1024
+# shared memory starts each launch as 0xFF bytes (NaN as f16 / f32 / f64, -1 as integers), as
+# undefined as a GPU's: a kernel that reads shared memory it did not write gets poison, not
+# zeros or the previous kernel's values, so the tests see it (PYKERNEL_CPU_POISON_SHARED=0:
+# left as the previous launch left it)
+POISON_SHARED = os.environ.get("PYKERNEL_CPU_POISON_SHARED", "1") not in ("", "0")
 
 
 class _Worker:
@@ -117,6 +122,8 @@ class CpuDevice:
         c[abi.CLUSTER:abi.CLUSTER + 3] = cluster
         c[abi.SHARED_STRIDE] = stride
         c[abi.SHARED_PTR] = w.buffer("shared", stride * together)
+        if POISON_SHARED:
+            w.buffers["shared"][:stride * together] = 0xFF
         c[abi.DYN_BYTES] = dyn
         c[abi.SCRATCH_PTR] = w.scratch.ctypes.data
         w.extents = extents

@@ -104,3 +104,29 @@ def test_const_parameters_by_keyword_make_specialisations():
     typed[1, 1](x=x, n=1, k=1, scale=3.5, BLOCK=128)
     assert x.numpy()[0] == 3.5
     assert len(typed._launch_cache) >= 2
+
+
+@pk.kernel
+def reads_unwritten_shared(out: Ptr[f32], bits: Ptr[u32], n: i32):
+    """Thread t writes shared slot t + 1 after the barrier, but reads slot t before it: slot 0
+    of a block is never written in this launch."""
+    buf = pk.shared_array(f32, 33)
+    raw = pk.dynamic_shared(u32)
+    t = pk.thread_idx.x
+    out[pk.block_idx.x * n + t] = buf[t]
+    bits[pk.block_idx.x * n + t] = raw[t]
+    pk.syncthreads()
+    buf[t + 1] = 1.0
+    raw[t] = u32(7)
+
+
+def test_shared_memory_starts_poisoned_each_launch():
+    """Shared memory is undefined when a block starts on a GPU; the CPU target makes it 0xFF
+    bytes at each launch (NaN floats, all-ones integers), so a kernel that reads what it did
+    not write sees poison in tests instead of zeros or the last launch's values."""
+    out = pk.empty((1, 32), np.float32)
+    bits = pk.empty((1, 32), np.uint32)
+    for _ in range(2):                            # the first launch left 1.0 and 7 behind
+        reads_unwritten_shared[1, 32, None, 128](out, bits, 32)
+        assert np.isnan(out.numpy()).all()
+        assert (bits.numpy() == 0xFFFFFFFF).all()
