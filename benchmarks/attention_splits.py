@@ -124,12 +124,17 @@ def batched_table(kv_len: int = 4096) -> list[str]:
     return rows
 
 
-def cluster_table(lens=(128, 1024, 4096, 32768)) -> list[str]:
+def eight_b_setup() -> tuple:
+    """(copy bandwidth in B/s, the 8B shape, its default decode configuration)."""
     from benchmarks.attention import copy_bandwidth
-    copy = copy_bandwidth()
     shape = SHAPES["llama-8b"]
+    return (copy_bandwidth(), shape,
+            default_config(shape[0] // shape[1], shape[2], dtype=np.float16))
+
+
+def cluster_table(lens=(128, 1024, 4096, 32768)) -> list[str]:
+    copy, shape, config = eight_b_setup()
     n_head, n_kv, head_dim = shape
-    config = default_config(n_head // n_kv, head_dim, dtype=np.float16)
     rows = [f"torch copy bandwidth {copy / 1e12:.2f} TB/s", "",
             "| kv_len | K/V MB | default: splits, us plain / PDL | cluster 8: us plain / PDL | "
             "cluster 16: us plain / PDL | best % of copy (plain / PDL) |", "|---" * 6 + "|"]
@@ -164,11 +169,8 @@ CLUSTER_SWEEP = [(4, 8, 2, 8), (2, 8, 2, 8), (2, 4, 2, 8), (1, 4, 2, 8), (4, 4, 
 
 def cluster_sweep_table(lens=(4096, 32768)) -> list[str]:
     """The cluster merge in CLUSTER_SWEEP's shapes against the default, 8B shape."""
-    from benchmarks.attention import copy_bandwidth
-    copy = copy_bandwidth()
-    shape = SHAPES["llama-8b"]
+    copy, shape, default = eight_b_setup()
     n_head, n_kv, head_dim = shape
-    default = default_config(n_head // n_kv, head_dim, dtype=np.float16)
     rows = [f"torch copy bandwidth {copy / 1e12:.2f} TB/s", "",
             "| kv_len | kernel | blocks | us plain / PDL | % of copy (plain / PDL) |",
             "|---" * 5 + "|"]
@@ -205,11 +207,8 @@ BULK_SWEEP = [(2, 2, False), (2, 2, True), (2, 1, False), (2, 3, False), (1, 2, 
 def bulk_table(lens=(128, 1024, 4096, 32768)) -> list[str]:
     """decode_bulk (K/V by bulk copies into shared memory, small blocks, every stage requested
     before the PDL wait) in BULK_SWEEP's shapes against the default, 8B shape."""
-    from benchmarks.attention import copy_bandwidth
-    copy = copy_bandwidth()
-    shape = SHAPES["llama-8b"]
+    copy, shape, default = eight_b_setup()
     n_head, n_kv, head_dim = shape
-    default = default_config(n_head // n_kv, head_dim, dtype=np.float16)
     rows = [f"torch copy bandwidth {copy / 1e12:.2f} TB/s", "",
             "| kv_len | kernel | splits | us plain / PDL | % of copy (plain / PDL) | "
             "split kernel alone, us plain / PDL |", "|---" * 6 + "|"]
