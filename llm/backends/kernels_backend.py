@@ -38,6 +38,7 @@ from stdlib_kernels.attention.decode import (HEAD_DIMS, default_config, direct_c
                                              gpu_config, launch_decode)
 from stdlib_kernels.attention.kv_q8 import DTYPE as Q8_DTYPE, Q8Cache
 from stdlib_kernels.attention.prefill import launch_prefill, mma_available
+from stdlib_kernels.quant.gemm_q8_k import split_workspace_bytes
 from stdlib_kernels.quant.rmsnorm_q8_1 import rmsnorm_q8_1_into
 
 TENSOR_CORE_PREFILL = True   # False: prefill attention on the SIMT kernel (tests compare both)
@@ -514,7 +515,8 @@ class KernelsBackend(Backend):
 
     def memory_report(self) -> dict:
         return self.memory.report(self.weights.nbytes, sum(
-            a.nbytes for a in (self.prefill_arena, self.decode_arena, self.graph_prefill_arena)))
+            a.nbytes for a in (self.prefill_arena, self.decode_arena, self.graph_prefill_arena)),
+            split_workspace_bytes(self.device))
 
 
 def _rope_style(p: RopeParams) -> str:

@@ -61,9 +61,10 @@ class DeviceMemory:
                 f"{where}. {context}".rstrip() + " Use a smaller context (--ctx / n_ctx=), a "
                 "smaller quantization, or a device with more memory.")
 
-    def report(self, weight_bytes: int, activation_bytes: int) -> dict:
+    def report(self, weight_bytes: int, activation_bytes: int, scratch_bytes: int = 0) -> dict:
+        """scratch_bytes: kernels' own workspaces (the split-K GEMM's partials)."""
         report = {"weights": weight_bytes, "kv_cache": self.kv_bytes,
-                  "activations": activation_bytes}
+                  "activations": activation_bytes, "scratch": scratch_bytes}
         report["total"] = sum(report.values())
         free_total = _free_total(self.device)
         if free_total is not None:

@@ -388,6 +388,17 @@ class _SplitWorkspace:
             self.counters = pk.zeros(max(tiles, 4096), np.int32)
         return self.part, self.counters
 
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.part, self.counters, *self.retired) if a is not None)
 
-__all__ = ["gemm_q8k_into", "auto_split", "Q8KTiles", "TUNED_KTILES", "KQUANT_GEMM_TYPES",
+
+def split_workspace_bytes(device=None) -> int:
+    """Device bytes held by the split launches' workspaces on `device` (every stream, the
+    retired buffers that captured graphs may still use included): for memory reports."""
+    device = device or pk.current_device()
+    return sum(w.nbytes for w in _WORKSPACES.values() if w.device is device)
+
+
+__all__ = ["gemm_q8k_into", "auto_split", "split_workspace_bytes", "Q8KTiles", "TUNED_KTILES", "KQUANT_GEMM_TYPES",
            "SUPERBLOCK_GEMM_TYPES", "stage_words"]

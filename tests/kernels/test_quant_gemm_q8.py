@@ -204,6 +204,9 @@ def test_gemm_q8k_split_k(device, rng, seed, type_name):
     for bad in (0, 8):
         with pytest.raises(ValueError, match=f"split {bad} must be in 1..7"):
             gemm_q8k_into(w, type_name, xq, y, rows, n, tokens, tiles=tiles, split=bad)
+    # the workspace (>= 1 Mi partials + 4096 counters) is what memory reports count
+    from stdlib_kernels.quant.gemm_q8_k import split_workspace_bytes
+    assert split_workspace_bytes(device) >= (1 << 22) + 4 * 4096
 
 
 def test_auto_split(monkeypatch):

@@ -127,6 +127,8 @@ def test_memory_report(models):
     model = models["tiny-llama-f32.gguf"]
     report = model.backend.memory_report()
     assert report["weights"] > 0 and report["total"] >= report["weights"]
+    assert report["total"] == sum(report[k] for k in ("weights", "kv_cache", "activations",
+                                                       "scratch"))
     cfg = model.config
     cache = model.backend.kv_cache(cfg.n_layer, 40, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v)
     grown = model.backend.memory_report()["kv_cache"]
