@@ -95,9 +95,10 @@ class DecodeWorkspace:
         return cls(part_o, part_ml, n_splits, counters)
 
 
-def heads_per_block(group: int) -> int:
-    """Largest divisor of the GQA group size that fits the register budget."""
-    return max(d for d in range(1, min(group, MAX_HEADS_PER_BLOCK) + 1) if group % d == 0)
+def heads_per_block(group: int, limit: int = MAX_HEADS_PER_BLOCK) -> int:
+    """Largest divisor of the GQA group size up to `limit` (the SIMT kernel's register
+    budget, or the tensor-core kernels' 8 mma columns)."""
+    return max(d for d in range(1, min(group, limit) + 1) if group % d == 0)
 
 
 MMA_MAX_HEADS = 8            # decode_mma: the block's heads are the 8 columns of an mma tile
@@ -108,7 +109,7 @@ def mma_config(group: int, head_dim: int = 128, warps: int = 8, stages: int | No
     """decode_mma's shape. Default: 8 warps, a ring of 2 tiles (242 registers at head_dim 128,
     so one block per SM; 1 stage above 128, where 2 would spill) and splits for one block per
     SM: the fastest or within 2% of it at 1k-32k keys on the H200 (benchmarks/RESULTS.md)."""
-    gb = max(d for d in range(1, min(group, MMA_MAX_HEADS) + 1) if group % d == 0)
+    gb = heads_per_block(group, MMA_MAX_HEADS)
     stages = stages or (2 if head_dim <= 128 else 1)
     return DecodeConfig(heads_per_block=gb, warps=warps, stages=stages, mma=True,
                         blocks_per_sm=blocks_per_sm)
@@ -123,7 +124,7 @@ def bulk_config(group: int, head_dim: int = 128, warps: int = BULK_MAX_WARPS, st
     per warp in shared memory (2 x 8 KB per warp at head_dim 128), splits for blocks_per_sm
     blocks per SM: two of the three that fit, so the next decode's blocks of a PDL chain find
     room and start their copies while this one streams."""
-    gb = max(d for d in range(1, min(group, MMA_MAX_HEADS) + 1) if group % d == 0)
+    gb = heads_per_block(group, MMA_MAX_HEADS)
     return DecodeConfig(heads_per_block=gb, warps=warps, stages=stages, mma=True, bulk=True,
                         blocks_per_sm=blocks_per_sm, early_trigger=True)
 
@@ -146,20 +147,21 @@ def direct_config(config: DecodeConfig) -> DecodeConfig:
     return dataclasses.replace(config, heads_per_block=1) if config.mma else config
 
 
-def bulk_capable(head_dim: int, device=None) -> bool:
-    """decode_bulk's bulk copies need sm_90+; above head_dim 128 its registers spill."""
+def cuda_sm(device=None) -> int:
+    """The compute capability of a cuda device as one number (sm_90: 90); 0 elsewhere."""
     device = device or pk.current_device()
     arch = getattr(device, "arch", "")
-    return head_dim <= 128 and device.kind == "cuda" and arch.startswith("sm_") and \
-        int(arch[3:]) >= 90
+    return int(arch[3:]) if device.kind == "cuda" and arch.startswith("sm_") else 0
+
+
+def bulk_capable(head_dim: int, device=None) -> bool:
+    """decode_bulk's bulk copies need sm_90+; above head_dim 128 its registers spill."""
+    return head_dim <= 128 and cuda_sm(device) >= 90
 
 
 def mma_capable(head_dim: int, dtype, device=None) -> bool:
     """decode_mma handles f16 caches with head_dim a multiple of 32 on sm_80+."""
-    device = device or pk.current_device()
-    arch = getattr(device, "arch", "")
-    return (np.dtype(dtype) == np.float16 and head_dim % 32 == 0 and device.kind == "cuda"
-            and arch.startswith("sm_") and int(arch[3:]) >= 80)
+    return np.dtype(dtype) == np.float16 and head_dim % 32 == 0 and cuda_sm(device) >= 80
 
 
 def default_config(group: int, head_dim: int, device=None, dtype=np.float16) -> DecodeConfig:

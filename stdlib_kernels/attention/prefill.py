@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-import pykernel as pk
-
 from .._launch import zero_i32
-from .decode import HEAD_DIMS, launch_decode
+from .decode import HEAD_DIMS, cuda_sm, launch_decode
 from .decode_kernels import LOG2E
 from .prefill_flash import prefill_flash
 
@@ -27,9 +25,7 @@ MMA_STAGES = 3
 
 
 def mma_available(device=None) -> bool:
-    device = device or pk.current_device()
-    arch = getattr(device, "arch", "")
-    return device.kind == "cuda" and arch.startswith("sm_") and int(arch[3:]) >= 80
+    return cuda_sm(device) >= 80
 
 
 def default_path(k_cache, device=None) -> str:
