@@ -16,6 +16,10 @@ the runner's decode graph launches it. us per decode (split kernel + combine).
         cluster merges with fewer heads per block or warps per block, CLUSTER_SWEEP)
     python3 benchmarks/attention_splits.py --bulk   (8B shape: decode_bulk, K/V by bulk copies
         into shared memory, in BULK_SWEEP's shapes against the default)
+    python3 benchmarks/attention_splits.py --hot   (8B shape: the default reading one cache,
+        L2-resident up to ~4096 keys, as llama.cpp's test-backend-ops perf times FLASH_ATTN_EXT)
+    python3 benchmarks/attention_splits.py --prefetch [--only-lens 4096]   (8B shape: each
+        split's K/V range prefetched into L2 before the PDL wait, prefetch_runs' variants)
 """
 from __future__ import annotations
 
@@ -204,10 +208,10 @@ BULK_SWEEP = [(2, 2, False), (2, 2, True), (2, 1, False), (2, 3, False), (1, 2, 
               (4, 1, False)]
 
 
-def bulk_table(lens=(128, 1024, 4096, 32768)) -> list[str]:
-    """decode_bulk (K/V by bulk copies into shared memory, small blocks, every stage requested
-    before the PDL wait) in BULK_SWEEP's shapes against the default, 8B shape."""
-    copy, shape, default = eight_b_setup()
+def variant_table(runs, lens) -> list[str]:
+    """8B shape, each (label, config, fused) of `runs` at each kv_len: us per decode (split +
+    combine, or fused) in plain / PDL graphs, and the split kernel alone."""
+    copy, shape, _ = eight_b_setup()
     n_head, n_kv, head_dim = shape
     rows = [f"torch copy bandwidth {copy / 1e12:.2f} TB/s", "",
             "| kv_len | kernel | splits | us plain / PDL | % of copy (plain / PDL) | "
@@ -215,11 +219,6 @@ def bulk_table(lens=(128, 1024, 4096, 32768)) -> list[str]:
     for kv_len in lens:
         copies = caches(n_kv, kv_len, head_dim)
         nbytes = 2 * copies[0][0].nbytes
-        runs = [("default (decode_mma) + combine", default, False)]
-        for stages, per_sm, fused in BULK_SWEEP:
-            config = bulk_config(n_head // n_kv, head_dim, stages=stages, blocks_per_sm=per_sm)
-            runs.append((f"bulk: ring {stages}, {per_sm} blocks / SM, "
-                         f"{'fused' if fused else '+ combine'}", config, fused))
         for label, config, fused in runs:
             splits = config_splits(config, n_head, n_kv, kv_len)
             us = [decode_us(shape, kv_len, splits, pdl, copies, config=config, fused=fused)
@@ -235,6 +234,65 @@ def bulk_table(lens=(128, 1024, 4096, 32768)) -> list[str]:
     return rows
 
 
+def bulk_table(lens=(128, 1024, 4096, 32768)) -> list[str]:
+    """decode_bulk (K/V by bulk copies into shared memory, small blocks, every stage requested
+    before the PDL wait) in BULK_SWEEP's shapes against the default, 8B shape."""
+    _, shape, default = eight_b_setup()
+    group, head_dim = shape[0] // shape[1], shape[2]
+    runs = [("default (decode_mma) + combine", default, False)]
+    for stages, per_sm, fused in BULK_SWEEP:
+        config = bulk_config(group, head_dim, stages=stages, blocks_per_sm=per_sm)
+        runs.append((f"bulk: ring {stages}, {per_sm} blocks / SM, "
+                     f"{'fused' if fused else '+ combine'}", config, fused))
+    return variant_table(runs, lens)
+
+
+def prefetch_runs(group: int, head_dim: int) -> list:
+    """The L2-prefetch variants (DecodeConfig.prefetch: each split's K/V range requested into
+    L2 by bulk prefetches before the PDL wait) and their controls: (label, config, fused)."""
+    default = mma_config(group, head_dim)
+    early = dataclasses.replace(default, early_trigger=True)
+    small = dataclasses.replace(mma_config(group, head_dim, warps=4), early_trigger=True)
+    bulk = bulk_config(group, head_dim, stages=1)
+    on = dict(prefetch=True)
+    return [("default (mma 8 warps)", default, False),
+            ("mma 8 warps, trigger, prefetch", dataclasses.replace(early, **on), False),
+            ("mma 4 warps, 1 / SM, trigger", small, False),
+            ("mma 4 warps, 1 / SM, trigger, prefetch", dataclasses.replace(small, **on), False),
+            ("mma 4 warps, 1 / SM, trigger, prefetch, fused",
+             dataclasses.replace(small, **on), True),
+            ("mma 4 warps, 2 / SM, trigger, prefetch",
+             dataclasses.replace(small, blocks_per_sm=2, **on), False),
+            ("bulk ring 1, 2 / SM, prefetch", dataclasses.replace(bulk, **on), False),
+            ("bulk ring 1, 2 / SM, prefetch, fused", dataclasses.replace(bulk, **on), True),
+            ("bulk ring 2, 1 / SM, prefetch",
+             dataclasses.replace(bulk, stages=2, blocks_per_sm=1, **on), False)]
+
+
+def prefetch_table(lens=(1024, 4096, 32768)) -> list[str]:
+    _, shape, _ = eight_b_setup()
+    return variant_table(prefetch_runs(shape[0] // shape[1], shape[2]), lens)
+
+
+def hot_table(lens=(128, 1024, 4096, 32768)) -> list[str]:
+    """8B shape, the default decode with every launch reading ONE cache (L2-resident up to
+    ~4096 keys), as llama.cpp's test-backend-ops times its FLASH_ATTN_EXT (the op repeated on
+    the same tensors): the like-for-like figure for that comparison, not a bandwidth one."""
+    _, shape, config = eight_b_setup()
+    n_head, n_kv, head_dim = shape
+    rows = ["| kv_len | K/V MB | us plain / PDL, one cache (L2-hot) | rotated caches (HBM) |",
+            "|---|---|---|---|"]
+    for kv_len in lens:
+        copies = caches(n_kv, kv_len, head_dim)
+        splits = config_splits(config, n_head, n_kv, kv_len)
+        hot = [decode_us(shape, kv_len, splits, pdl, copies[:1]) for pdl in (False, True)]
+        cold = [decode_us(shape, kv_len, splits, pdl, copies) for pdl in (False, True)]
+        rows.append(f"| {kv_len} | {2 * copies[0][0].nbytes / 1e6:.1f} | {hot[0]:.2f} / "
+                    f"{hot[1]:.2f} | {cold[0]:.2f} / {cold[1]:.2f} |")
+        print(rows[-1], flush=True)
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lens", default="256,600,1024,2048,4096")
@@ -246,10 +304,21 @@ def main():
                         help="instead: cluster merges of fewer heads per block / warps")
     parser.add_argument("--bulk", action="store_true",
                         help="instead: decode_bulk's shapes against the default (8B shape)")
+    parser.add_argument("--prefetch", action="store_true",
+                        help="instead: K/V ranges prefetched into L2 before the PDL wait")
+    parser.add_argument("--only-lens", help="with --prefetch: these kv_lens")
+    parser.add_argument("--hot", action="store_true",
+                        help="instead: the default on one L2-resident cache, as llama.cpp's "
+                             "test-backend-ops times attention, and on rotated caches")
     parser.add_argument("--out")
     args = parser.parse_args()
     pk.set_device("cuda")
-    if args.bulk:
+    if args.hot:
+        rows = hot_table()
+    elif args.prefetch:
+        rows = prefetch_table(tuple(int(x) for x in args.only_lens.split(","))
+                              if args.only_lens else (1024, 4096, 32768))
+    elif args.bulk:
         rows = bulk_table()
     elif args.cluster_sweep:
         rows = cluster_sweep_table()

@@ -34,9 +34,9 @@ nan = float("nan")
 from .intrinsics.mathfns import (ceil, cos, erf, exp, exp2, fast, floor, fma, log, log2, rint,
                                  rsqrt, sin, sqrt, tanh, trunc)
 from .intrinsics.async_copy import cp_async, cp_async_commit, cp_async_wait, syncwarp
-from .intrinsics.bulk_copy import (bulk_copy, fence_mbarrier_init, fence_proxy_async,
-                                   mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_expect_tx,
-                                   mbarrier_init, mbarrier_wait)
+from .intrinsics.bulk_copy import (bulk_copy, bulk_prefetch_l2, fence_mbarrier_init,
+                                   fence_proxy_async, mbarrier_arrive, mbarrier_arrive_expect_tx,
+                                   mbarrier_expect_tx, mbarrier_init, mbarrier_wait)
 from .intrinsics.ldmatrix import ldmatrix
 from .intrinsics.packed import add_f16x2, mul_f16x2, prmt, sub_f16x2
 from .intrinsics.cluster import cluster_map, cluster_rank, cluster_size, cluster_sync

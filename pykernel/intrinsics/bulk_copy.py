@@ -15,6 +15,9 @@ that count their bytes (sm_90+).
                                            one instruction; its bytes count toward bar[k]
     pk.fence_proxy_async()                 order this thread's shared-memory writes before
                                            later bulk operations that read them
+    pk.bulk_prefetch_l2(src, j, nbytes)    a hint: nbytes (as bulk_copy's) of global src[j..]
+                                           into L2 by the copy engine, one instruction, no
+                                           barrier, no result
 
 A ring: lane 0 calls arrive_expect_tx(stage bytes) and the stage's bulk copies, every lane waits
 with parity (use count of the stage) & 1, reads, syncwarp, and the stage is refilled. On the CPU
@@ -42,12 +45,14 @@ def _barrier(fl, node, bar_node, index_node, name):
     return element_pointer(fl, node, bar_node, index_node)
 
 
-def _word(fl, node, arg_node, what, name):
-    """A 32-bit count argument: a literal (checked here) or an i32/u32 value."""
+def _word(fl, node, arg_node, what, name, limit=MAX_COUNT):
+    """A 32-bit count argument: a literal (checked against 0..limit, or 0..2^32-1 when limit
+    is None) or an i32/u32 value."""
     val = fl.expr(arg_node)
     if isinstance(val, ConstValue):
-        if not isinstance(val.value, int) or not 0 <= val.value <= MAX_COUNT:
-            raise fl.error(arg_node, f"pk.{name}: {what} must be 0..{MAX_COUNT}, got "
+        limit = (1 << 32) - 1 if limit is None else limit
+        if not isinstance(val.value, int) or not 0 <= val.value <= limit:
+            raise fl.error(arg_node, f"pk.{name}: {what} must be 0..{limit}, got "
                            f"{val.value!r}")
         return fl.coerce(val, u32, arg_node), val.value
     if not isinstance(val, Value) or val.ty not in (i32, u32):
@@ -113,6 +118,30 @@ def bulk_copy(fl, node):
     bar = _barrier(fl, node, node.args[5], node.args[6], "bulk_copy")
     site = fl.ctx.site(fl, node, "bulk copy")
     fl.ctx.target.bulk_copy(fl.ctx, dst, src, nbytes, bar, site)
+    return ConstValue(None)
+
+
+@intrinsic("bulk_prefetch_l2")
+def bulk_prefetch_l2(fl, node):
+    """`pk.bulk_prefetch_l2(src, j, nbytes)`: `cp.async.bulk.prefetch.L2.global [&src[j]],
+    nbytes` (sm_90+): the copy engine brings a whole range into L2, so one thread can stream a
+    block's next inputs while it waits (e.g. before `pk.grid_dependency_wait()`). A hint: L2 is
+    where global memory is coherent, so prefetched lines are never stale. The CPU target checks
+    alignment and bounds as for bulk_copy and copies nothing."""
+    if len(node.args) != 3 or node.keywords:
+        raise fl.error(node, "pk.bulk_prefetch_l2(src, j, nbytes) takes 3 arguments")
+    fl.ctx.require_arch(90, "cp.async.bulk.prefetch", fl, node)
+    fl.ctx.target.need_ptx(80)
+    if _space(fl.expr(node.args[0])) != "global":
+        raise fl.error(node.args[0], "pk.bulk_prefetch_l2 prefetches global memory: src must be "
+                       "a kernel pointer argument")
+    nbytes, value = _word(fl, node, node.args[2], "nbytes", "bulk_prefetch_l2", limit=None)
+    if value is not None and (value == 0 or value % ALIGN):
+        raise fl.error(node.args[2], f"pk.bulk_prefetch_l2: nbytes must be a positive multiple "
+                       f"of {ALIGN}, got {value}")
+    src = element_pointer(fl, node, node.args[0], node.args[1])
+    site = fl.ctx.site(fl, node, "bulk prefetch")
+    fl.ctx.target.bulk_prefetch_l2(fl.ctx, src, nbytes, site)
     return ConstValue(None)
 
 

@@ -132,6 +132,20 @@ class CPUBulkOps:
                 self.fail(ctx, 5, site, size)
         self._update(ctx, self._bar(ctx, bar, site), b.neg(size), False, site)
 
+    def bulk_prefetch_l2(self, ctx, src, nbytes, site):
+        """Nothing to prefetch; the checks a GPU's copy engine would fault on."""
+        b = ctx.builder
+        size = b.zext(nbytes.ir, I64)
+        low = b.and_(b.or_(b.ptrtoint(src.ptr, I64), size), _c(15))
+        aligned = b.and_(b.icmp_unsigned("==", low, _c(0)), b.icmp_unsigned("!=", size, _c(0)))
+        ok, off = self._range_ok(ctx, src, size)
+        with b.if_else(aligned) as (then, otherwise):
+            with then:
+                with b.if_then(b.not_(ok)):
+                    self.fail(ctx, 1, site, off)
+            with otherwise:
+                self.fail(ctx, 5, site, size)
+
     def _copy16(self, ctx, d, s, size):
         b = ctx.builder
         vec = ir.VectorType(ir.IntType(8), 16).as_pointer()

@@ -63,6 +63,13 @@ class NVPTXBulkOps:
              [b.ptrtoint(dst.ptr, I32), b.ptrtoint(src.ptr, I64), nbytes.ir,
               self._bar_address(ctx, bar, site)])
 
+    def bulk_prefetch_l2(self, ctx, src, nbytes, site):
+        size = ctx.builder.zext(nbytes.ir, I64)
+        self.check_address(ctx, src.ptr, src.elem, src.origin, site, size)
+        b = ctx.builder
+        _asm(b, "cp.async.bulk.prefetch.L2.global [$0], $1;", "l,r",
+             [b.ptrtoint(src.ptr, I64), nbytes.ir])
+
     def fence_mbarrier_init(self, ctx):
         _asm(ctx.builder, "fence.mbarrier_init.release.cluster;", "", [])
 

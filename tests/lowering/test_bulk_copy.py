@@ -220,3 +220,64 @@ def test_bulk_copy_needs_sm90(arch):
         bulk_ring_sum.ptx(arch, S=2, LATE_EXPECT=False)
     with pytest.raises(KernelSourceError, match="mbarrier needs sm_90"):
         hang.ptx(arch)
+
+
+@pk.kernel
+def prefetch_then_sum(src: Ptr[u32, "ro"], out: Ptr[u32], words: i32, nbytes: i32):
+    """Lane 0 prefetches src's first nbytes into L2, then every thread sums its words: the
+    hint changes no result."""
+    if pk.thread_idx.x == 0:
+        pk.bulk_prefetch_l2(src, 0, nbytes)
+    acc = u32(0)
+    for i in range(pk.thread_idx.x, words, pk.block_dim.x):
+        acc += src[i]
+    out[pk.thread_idx.x] = acc
+
+
+def test_bulk_prefetch_l2_changes_no_result(device, rng, seed):
+    words = 4 * int(rng.integers(4, 2048))
+    x = rng.integers(0, 1 << 20, words).astype(np.uint32)
+    out = pk.full(64, 0xDEADBEEF, np.uint32)
+    prefetch_then_sum[1, 64](pk.to_device(x), out, words, 4 * words)
+    want = np.array([x[t::64].astype(np.uint64).sum() for t in range(64)]).astype(np.uint32)
+    assert np.array_equal(out.numpy(), want), f"{words} words (seed {seed})"
+
+
+@pytest.mark.parametrize("arch", BULK_ARCHS)
+def test_bulk_prefetch_l2_ptx_assembles(arch, assemble):
+    ptx = prefetch_then_sum.ptx(arch)
+    assert "cp.async.bulk.prefetch.L2.global" in ptx
+    assert ".version 7" not in ptx
+    assemble(ptx, arch)
+
+
+def test_bulk_prefetch_l2_runtime_errors_on_cpu():
+    pk.set_device("cpu")
+    src = pk.to_device(np.arange(64, dtype=np.uint32))
+    out = pk.zeros(64, np.uint32)
+    with pytest.raises(KernelRuntimeError, match="not a multiple of 16 bytes"):
+        prefetch_then_sum[1, 64](src, out, 64, 24)
+    with pytest.raises(KernelRuntimeError, match="out-of-bounds"):
+        prefetch_then_sum[1, 64](src, out, 64, 512)
+
+
+@pk.kernel
+def prefetch_odd_size(src: Ptr[u32, "ro"]):
+    pk.bulk_prefetch_l2(src, 0, 40)
+
+
+@pk.kernel
+def prefetch_shared(out: Ptr[u32]):
+    sm = pk.shared_array(u32, 64)
+    pk.bulk_prefetch_l2(sm, 0, 16)
+
+
+@pytest.mark.parametrize("kernel,message", [
+    (prefetch_odd_size, "positive multiple of 16, got 40"),
+    (prefetch_shared, "prefetches global memory"),
+])
+def test_bulk_prefetch_l2_misuse_is_a_source_error(kernel, message):
+    with pytest.raises(KernelSourceError, match=message):
+        kernel.ptx("sm_90")
+    with pytest.raises(KernelSourceError, match="cp.async.bulk.prefetch needs sm_90"):
+        prefetch_then_sum.ptx("sm_80")
