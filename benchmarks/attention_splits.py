@@ -18,8 +18,6 @@ the runner's decode graph launches it. us per decode (split kernel + combine).
         into shared memory, in BULK_SWEEP's shapes against the default)
     python3 benchmarks/attention_splits.py --hot   (8B shape: the default reading one cache,
         L2-resident up to ~4096 keys, as llama.cpp's test-backend-ops perf times FLASH_ATTN_EXT)
-    python3 benchmarks/attention_splits.py --prefetch [--only-lens 4096]   (8B shape: each
-        split's K/V range prefetched into L2 before the PDL wait, prefetch_runs' variants)
 """
 from __future__ import annotations
 
@@ -247,33 +245,6 @@ def bulk_table(lens=(128, 1024, 4096, 32768)) -> list[str]:
     return variant_table(runs, lens)
 
 
-def prefetch_runs(group: int, head_dim: int) -> list:
-    """The L2-prefetch variants (DecodeConfig.prefetch: each split's K/V range requested into
-    L2 by bulk prefetches before the PDL wait) and their controls: (label, config, fused)."""
-    default = mma_config(group, head_dim)
-    early = dataclasses.replace(default, early_trigger=True)
-    small = dataclasses.replace(mma_config(group, head_dim, warps=4), early_trigger=True)
-    bulk = bulk_config(group, head_dim, stages=1)
-    on = dict(prefetch=True)
-    return [("default (mma 8 warps)", default, False),
-            ("mma 8 warps, trigger, prefetch", dataclasses.replace(early, **on), False),
-            ("mma 4 warps, 1 / SM, trigger", small, False),
-            ("mma 4 warps, 1 / SM, trigger, prefetch", dataclasses.replace(small, **on), False),
-            ("mma 4 warps, 1 / SM, trigger, prefetch, fused",
-             dataclasses.replace(small, **on), True),
-            ("mma 4 warps, 2 / SM, trigger, prefetch",
-             dataclasses.replace(small, blocks_per_sm=2, **on), False),
-            ("bulk ring 1, 2 / SM, prefetch", dataclasses.replace(bulk, **on), False),
-            ("bulk ring 1, 2 / SM, prefetch, fused", dataclasses.replace(bulk, **on), True),
-            ("bulk ring 2, 1 / SM, prefetch",
-             dataclasses.replace(bulk, stages=2, blocks_per_sm=1, **on), False)]
-
-
-def prefetch_table(lens=(1024, 4096, 32768)) -> list[str]:
-    _, shape, _ = eight_b_setup()
-    return variant_table(prefetch_runs(shape[0] // shape[1], shape[2]), lens)
-
-
 def hot_table(lens=(128, 1024, 4096, 32768)) -> list[str]:
     """8B shape, the default decode with every launch reading ONE cache (L2-resident up to
     ~4096 keys), as llama.cpp's test-backend-ops times its FLASH_ATTN_EXT (the op repeated on
@@ -304,9 +275,6 @@ def main():
                         help="instead: cluster merges of fewer heads per block / warps")
     parser.add_argument("--bulk", action="store_true",
                         help="instead: decode_bulk's shapes against the default (8B shape)")
-    parser.add_argument("--prefetch", action="store_true",
-                        help="instead: K/V ranges prefetched into L2 before the PDL wait")
-    parser.add_argument("--only-lens", help="with --prefetch: these kv_lens")
     parser.add_argument("--hot", action="store_true",
                         help="instead: the default on one L2-resident cache, as llama.cpp's "
                              "test-backend-ops times attention, and on rotated caches")
@@ -315,9 +283,6 @@ def main():
     pk.set_device("cuda")
     if args.hot:
         rows = hot_table()
-    elif args.prefetch:
-        rows = prefetch_table(tuple(int(x) for x in args.only_lens.split(","))
-                              if args.only_lens else (1024, 4096, 32768))
     elif args.bulk:
         rows = bulk_table()
     elif args.cluster_sweep:

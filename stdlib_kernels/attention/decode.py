@@ -57,8 +57,6 @@ class DecodeConfig:
     bulk: bool = False       # decode_bulk (mma with K/V brought into shared memory by bulk
                              # copies; f16 cache, sm_90+ or the CPU target): stages = S tiles
                              # per warp in shared memory, warps <= BULK_MAX_WARPS
-    prefetch: bool = False   # mma / bulk with early_kv under PDL (sm_90+): the block's whole
-                             # K/V range into L2 by bulk prefetches before the wait
 
 
 @dataclass
@@ -249,12 +247,11 @@ def decode_kernel(config: DecodeConfig):
 
 def decode_spec(head_dim: int, dtype, config: DecodeConfig, fused: bool = False,
                 trigger: bool = False, early_kv: bool = False, q8_out: bool = False,
-                cluster: bool = False, prefetch: bool = False) -> dict:
+                cluster: bool = False) -> dict:
     """The compile-time arguments of decode_kernel(config) (also used to precompile);
     fused=True only for workspaces with counters (the one-launch variant); trigger and
     early_kv: TRIGGER and EARLY_KV of decode_kernels' docstring; q8_out: a direct (one split)
-    launch also writes its rows as Q8_1 (launch_decode's xq_out); prefetch (with early_kv, an
-    f16 cache, sm_90+ or the CPU target): PREFETCH, decode_kernels.prefetch_split_l2."""
+    launch also writes its rows as Q8_1 (launch_decode's xq_out)."""
     q8 = isinstance(dtype, str) and dtype == Q8_DTYPE
     if q8 and not config.mma:
         raise ValueError("attention.decode: a Q8_0 cache needs the tensor-core kernel "
@@ -270,7 +267,6 @@ def decode_spec(head_dim: int, dtype, config: DecodeConfig, fused: bool = False,
         return dict(D=head_dim, GB=config.heads_per_block, NWARPS=config.warps,
                     S=config.stages, FUSED=int(fused), MAXS=MAX_SPLITS, UNR=COMBINE_UNROLL,
                     TRIGGER=int(trigger), EARLY_KV=int(early_kv), Q8OUT=int(q8_out),
-                    PREFETCH=int(prefetch and early_kv),
                     **combine_geometry(config.heads_per_block, head_dim, 32 * config.warps))
     if config.mma:
         if dtype != np.float16 or head_dim % 32 or config.heads_per_block > MMA_MAX_HEADS:
@@ -281,7 +277,6 @@ def decode_spec(head_dim: int, dtype, config: DecodeConfig, fused: bool = False,
                     P=config.stages, FUSED=int(fused), MAXS=MAX_SPLITS, UNR=COMBINE_UNROLL,
                     Q8=int(q8), TRIGGER=int(trigger), EARLY_KV=int(early_kv),
                     Q8OUT=int(q8_out), CLUSTER=int(cluster),
-                    PREFETCH=int(prefetch and early_kv and not q8),
                     **combine_geometry(config.heads_per_block, head_dim, 32 * config.warps))
     if cluster:
         raise ValueError("attention.decode: the cluster merge needs the tensor-core kernel "
@@ -392,10 +387,9 @@ def launch_split_kernel(q, k_cache, v_cache, lens, out, scale: float, *, window=
     early = early_kv and (pdl or q.device.kind == "cpu") and len_step == 0 and \
         not share_cache and not isinstance(k_cache, Q8Cache)
     q8_out = (direct or cluster) and xq_out is not None
-    prefetch = config.prefetch and early and (q.device.kind == "cpu" or cuda_sm(q.device) >= 90)
     grid = (n_splits, n_kv_head * n_sub, n_seq)
     spec = decode_spec(head_dim, k_cache.dtype, config, has_counters, trigger, early, q8_out,
-                       cluster, prefetch)        # first: it names a configuration's errors
+                       cluster)                  # first: it names a configuration's errors
     dynamic = bulk_shared_bytes(config, head_dim) if config.bulk else 0
     decode_kernel(config)[grid, 32 * config.warps, stream, dynamic, (n_splits, 1, 1) if cluster
                           else None](

@@ -26,7 +26,7 @@ import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, i64, u32
 
 from .._device import init_warp_mbarriers
-from .decode_kernels import begin_block, block_work, combine_if_last, prefetch_split_l2
+from .decode_kernels import begin_block, block_work, combine_if_last
 from .decode_mma import accumulate_tile, clear_state, load_q, merge_warps, score_tile
 
 TILE = 16                    # keys per warp per stage (the mma's 16 rows)
@@ -70,7 +70,7 @@ def decode_bulk(q: Ptr[f32], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro"],
                 xq: Ptr[u32], D: Const[int], GB: Const[int], NWARPS: Const[int], S: Const[int],
                 FUSED: Const[int], SG: Const[int], TPG: Const[int], MAXS: Const[int],
                 UNR: Const[int], TRIGGER: Const[int], EARLY_KV: Const[int],
-                Q8OUT: Const[int], PREFETCH: Const[int]):
+                Q8OUT: Const[int]):
     NP = D // 32
     row_words = D // 2                               # f16 pairs per cache row
     lane = pk.lane_id()
@@ -86,8 +86,6 @@ def decode_bulk(q: Ptr[f32], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro"],
     first_word = (i64(z) * cache_z_stride + i64(kvh) * i64(max_len) * i64(D)) // 2
     kp = k_cache + first_word
     vp = v_cache + first_word
-    if PREFETCH:                                     # EARLY_KV: the split into L2 now
-        prefetch_split_l2(kp, vp, k0, k1, row_words, NWARPS)
     stage_words = 2 * TILE * row_words
     ring = warp * S * stage_words
     step = NWARPS * TILE                             # keys between a warp's tiles

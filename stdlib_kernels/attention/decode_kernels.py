@@ -71,22 +71,6 @@ def loads_before_wait(k1: i32, kv_len: i32, EARLY_KV: Const[int]) -> bool:
 
 
 @pk.func
-def prefetch_split_l2(kp, vp, k0: i32, k1: i32, row_words: i32, NWARPS: Const[int]):
-    """PREFETCH (sm_90, before the PDL wait): the block's K and V rows [k0, k1) of its KV head
-    (row_words u32 words per row, contiguous from kp / vp) into L2 by the copy engine, a slice
-    of rows per warp (two instructions by its lane 0). The stream then runs while the previous
-    kernel finishes, and the loads after the wait find their lines in L2. Safe under EARLY_KV's
-    promise for every row, the newest included: L2 is where global memory is coherent, and
-    nothing enters L1 before the wait."""
-    rows = (k1 - k0 + NWARPS - 1) // NWARPS
-    lo = k0 + (pk.thread_idx.x // 32) * rows
-    hi = min(k1, lo + rows)
-    if pk.lane_id() == 0 and hi > lo:
-        pk.bulk_prefetch_l2(kp, lo * row_words, (hi - lo) * row_words * 4)
-        pk.bulk_prefetch_l2(vp, lo * row_words, (hi - lo) * row_words * 4)
-
-
-@pk.func
 def block_work(lens, lens_stride: i32, len_add: i32, len_step: i32, window: i32, n_head: i32,
                n_kv_head: i32, GB: Const[int]) -> tuple:
     """This block's sequence z, split, KV head, first query head h0, key range [k0, k1) and

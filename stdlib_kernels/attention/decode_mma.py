@@ -40,7 +40,7 @@ from pykernel import Const, Ptr, f16, f32, i32, i64, u16, u32
 
 from .decode_combine import MASKED, NEG_INIT
 from .decode_kernels import (LOG2E, begin_block, block_work, combine_if_last,
-                             loads_before_wait, prefetch_split_l2, write_block_result)
+                             loads_before_wait, write_block_result)
 
 RESIDUAL = 1.0 / 256.0       # Q8: weight of Q's second int8 term
 
@@ -280,7 +280,7 @@ def decode_mma(q: Ptr[f32], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro"],
                xq: Ptr[u32], D: Const[int], GB: Const[int], NWARPS: Const[int], P: Const[int],
                FUSED: Const[int], SG: Const[int], TPG: Const[int], MAXS: Const[int],
                UNR: Const[int], Q8: Const[int], TRIGGER: Const[int], EARLY_KV: Const[int],
-               Q8OUT: Const[int], CLUSTER: Const[int], PREFETCH: Const[int]):
+               Q8OUT: Const[int], CLUSTER: Const[int]):
     NP = D // 32
     lane = pk.lane_id()
     warp = pk.thread_idx.x // 32
@@ -295,8 +295,6 @@ def decode_mma(q: Ptr[f32], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro"],
     ksp = k_scale + first_elem // 32                 # Q8: one f16 scale per 32 elements
     vsp = v_scale + first_elem // 32
     last_key = max(0, k1 - 1)
-    if PREFETCH:                                     # f16, EARLY_KV: the split into L2 now
-        prefetch_split_l2(kp, vp, k0, k1, D // 2, NWARPS)
 
     # the ring's first tiles load before Q (EARLY_KV: possibly before the wait, while Q may
     # still be being written by the previous kernel)

@@ -109,18 +109,11 @@ MMA_CASES = [(8, 2, 64, None, None, mma_config(4, 64, warps=2, stages=3), 3, Fal
 # PDL wait; a direct launch of the tensor-core kernel also loads the rows before kv_len - 2
 # early and the newest ones, per lane, after the wait. The CPU target runs that path too
 # (kernels run one after another there).
-# With prefetch, the blocks also request their K/V range into L2 before the wait (the CPU
-# target checks each bulk prefetch's alignment and bounds).
 EARLY_CASES = [(np.float16, mma_config(4, 64, warps=2, stages=2)),
-               (np.float32, DecodeConfig(2, 2, 2, 16, 2)),
-               (np.float16, dataclasses.replace(mma_config(4, 64, warps=2, stages=2),
-                                                prefetch=True)),
-               (np.float16, dataclasses.replace(bulk_config(4, 64, warps=2, stages=2),
-                                                prefetch=True))]
+               (np.float32, DecodeConfig(2, 2, 2, 16, 2))]
 
 
-@pytest.mark.parametrize("dtype,config", EARLY_CASES,
-                         ids=["mma_f16", "simt_f32", "mma_f16_prefetch", "bulk_f16_prefetch"])
+@pytest.mark.parametrize("dtype,config", EARLY_CASES, ids=["mma_f16", "simt_f32"])
 def test_early_kv_path(device, rng, seed, dtype, config):
     n_head, n_kv_head, head_dim, max_len = 8, 2, 64, 150
     q = rng.standard_normal((n_head, head_dim)).astype(np.float32)
@@ -537,17 +530,14 @@ def write_new_row(k_new: Ptr["T", "ro"], v_new: Ptr["T", "ro"], k_cache: Ptr["T"
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype,mode", [(d, m) for d in (np.float16, np.float32)
                                         for m in ("two_launches", "one_launch", "direct")] +
-                         [(np.float16, m) for m in ("bulk", "bulk_one_launch", "prefetch",
-                                                    "prefetch_one_launch", "bulk_prefetch")])
+                         [(np.float16, "bulk"), (np.float16, "bulk_one_launch")])
 def test_gpu_pdl_graph_sees_the_new_row(rng, seed, dtype, mode):
     """As the runner's decode graphs: a PDL graph where a kernel writes the new token's K/V row
     just before the decode, which triggers its dependents early and (early_kv) loads its first
     K/V tiles before waiting, all but the newest rows. The new key carries much of the softmax
     weight, so a decode that read its row before the write landed would be far off; replayed
     at new positions. "direct": one split (the short-context graph's launch, direct_config);
-    "bulk": decode_bulk, whose copies of all but the newest row are issued before the wait;
-    "prefetch": every block's whole K/V range, the newest row included, requested into L2
-    before the wait (4-warp tensor-core blocks, as attention_splits.py --prefetch runs them)."""
+    "bulk": decode_bulk, whose copies of all but the newest row are issued before the wait."""
     pk.set_device("cuda")
     n_head, n_kv_head, head_dim, max_len = 32, 8, 128, 3000
     scale = head_dim ** -0.5
@@ -565,10 +555,6 @@ def test_gpu_pdl_graph_sees_the_new_row(rng, seed, dtype, mode):
                                  early_trigger=True)
     if mode.startswith("bulk"):                      # decode_bulk: every stage before the wait
         config = bulk_config(group, head_dim)
-    if mode.startswith("prefetch"):
-        config = dataclasses.replace(mma_config(group, head_dim, warps=4), early_trigger=True)
-    if "prefetch" in mode:
-        config = dataclasses.replace(config, prefetch=True)
     splits = config_splits(config, n_head, n_kv_head, max_len)
     workspace = DecodeWorkspace.allocate(1, n_head, head_dim, splits,
                                          fused=mode.endswith("one_launch"))
