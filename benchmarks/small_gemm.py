@@ -8,6 +8,7 @@ Each tile shape runs unsplit and with its K split over blocks (gemm_q8_k.auto_sp
 and 2 / 4 / 8 for the first tiles).
 
     python3 benchmarks/small_gemm.py [--tokens 2,4,8,16,32,64,128] [--shapes 8b|1.5b]
+        [--only N]   (the first N shapes)
 
 Shapes: llama-8B's (Q4_K_M: q|k 5120 x 4096 and v 1024 x 4096, gate|up 28672 x 4096, o 4096 x
 4096, down 4096 x 14336 as Q4_K and as Q6_K), or qwen2-1.5B's. Each launch reads its own copy
@@ -39,7 +40,8 @@ SHAPES = {"8b": [("Q4_K", 5120, 4096), ("Q6_K", 1024, 4096), ("Q4_K", 28672, 409
 BYTES_PER_VALUE = {"Q4_K": 144 / 256, "Q6_K": 210 / 256}
 # candidate tiles (mi, ni, wm, wn, stages): BM = 16 mi wm weight rows, BN = 8 ni wn tokens
 CANDIDATES = [T(1, 2, 4, 1, 3), T(1, 2, 2, 1, 4), T(1, 1, 2, 1, 6), T(1, 4, 4, 1, 3),
-              T(1, 4, 2, 1, 4), T(1, 4, 4, 2, 3), T(1, 4, 2, 2, 4), T(2, 4, 4, 2, 3)]
+              T(1, 4, 2, 1, 4), T(1, 4, 4, 2, 3), T(1, 4, 2, 2, 4), T(2, 4, 4, 2, 3),
+              T(1, 6, 4, 2, 3), T(1, 8, 4, 2, 3), T(2, 8, 4, 2, 3), T(1, 8, 2, 4, 3)]
 
 
 def candidates(tokens: int) -> list[T]:
@@ -92,12 +94,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", default="2,4,8,16,32,64,128")
     ap.add_argument("--shapes", default="8b", choices=sorted(SHAPES))
+    ap.add_argument("--only", type=int, default=0, help="the first N shapes only")
     args = ap.parse_args()
     pk.set_device("cuda")
     rng = np.random.default_rng(0)
     print("| shape | tokens | kernel | us | TB/s of weights | max diff / max y |\n"
           "|---|---|---|---|---|---|")
-    for type_name, rows, k in SHAPES[args.shapes]:
+    for type_name, rows, k in SHAPES[args.shapes][:args.only or None]:
         copies = max(2, int(np.ceil(160e6 / (rows * k * BYTES_PER_VALUE[type_name]))))
         ws = [random_weights(type_name, rows, k, rng) for _ in range(copies)]
         for tokens in (int(t) for t in args.tokens.split(",")):

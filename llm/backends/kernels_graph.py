@@ -10,7 +10,8 @@ token. Two graphs per cache: positions below SHORT_CONTEXT run decode attention 
 head (no partials, no combine launch: a short context gives too little work to split), later
 positions the split attention sized for the whole cache. Both read and advance the same `io`.
 Short prompts (2..PREFILL_GRAPH_MAX tokens, a chat turn) are graphs too: a prefill of ~370
-launches costs ~30 us of Python each, more than the GPU needs below ~64 tokens. The prompt is
+launches costs ~30 us of Python each, more than the GPU needs below ~64 tokens on an 8B
+model and ~256 on a 1.5B one (and a graph's launches overlap under PDL). The prompt is
 padded to a length bucket (`prefill_bucket`); the graph reads ids, positions and the index of
 the last real row from a device buffer, so one graph per bucket serves every prompt length
 and start in it. Padding is safe: attention is causal, so the real rows never see the padded
@@ -40,8 +41,10 @@ from llm.models.transformer import Transformer
 SHORT_CONTEXT = 384
 PDL = os.environ.get("PYKERNEL_PDL", "1") not in ("", "0")
 # prompts of 2..PREFILL_GRAPH_MAX tokens run as captured graphs (PYKERNEL_PREFILL_GRAPHS=0:
-# always eagerly, for comparisons)
-PREFILL_GRAPH_MAX = 64
+# always eagerly, PYKERNEL_PREFILL_GRAPH_MAX=N another limit, for comparisons)
+# (H100, graphs against eager at 72-256 tokens: synthetic qwen2-1.5B +34-130%, llama-8B
+# +3-26%; benchmarks/RESULTS.md "Prompts of 65-256 tokens")
+PREFILL_GRAPH_MAX = int(os.environ.get("PYKERNEL_PREFILL_GRAPH_MAX", "256"))
 PREFILL_GRAPHS = os.environ.get("PYKERNEL_PREFILL_GRAPHS", "1") not in ("", "0")
 
 

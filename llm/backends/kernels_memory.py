@@ -89,9 +89,12 @@ class Arena:
     def __init__(self, memory: DeviceMemory, keep_replaced: bool = False):
         self.memory = memory
         self.lists: list[list[pk.Array]] = [[], [], []]   # outside layers, even, odd layers
-        # keep_replaced (the decode arena, whose forwards are captured as CUDA graphs): a slot
-        # that grows keeps its old buffer alive, since a graph captured earlier in the same
-        # forward (an earlier layer on the same list) may still read it
+        # keep_replaced (the arenas whose forwards are captured as CUDA graphs): a slot that
+        # grows keeps its old buffer alive, since a graph captured earlier (an earlier layer
+        # on the same list, or a shorter prompt's graph) may still read it. Such a slot at
+        # least doubles when it grows, so what it keeps stays under its final size: prompts
+        # captured in rising lengths 8, 16, ..., 256 would otherwise keep every length's
+        # buffers
         self.replaced: list[pk.Array] | None = [] if keep_replaced else None
         self.slots = self.lists[0]
         self.next = 0
@@ -121,7 +124,9 @@ class Arena:
             self.slots.append(self._alloc(nbytes))
         elif self.slots[self.next].nbytes < nbytes:
             if self.replaced is not None:
-                self.replaced.append(self.slots[self.next])
+                old = self.slots[self.next]
+                self.replaced.append(old)
+                nbytes = max(nbytes, 2 * old.nbytes)
             self.slots[self.next] = self._alloc(nbytes)
         slot = self.slots[self.next]
         self.next += 1

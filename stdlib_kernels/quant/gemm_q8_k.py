@@ -73,9 +73,13 @@ CPU_KTILES = Q8KTiles(1, 1, 1, 1, 3)       # 16 x 8, one warp: the CPU target em
 # projection: 32 blocks) and pays for 128 token columns however few are real; narrower and
 # shorter tiles made a 16-token 8B prefill 2.6x faster on the H200, 128 tokens 1.4x
 # (benchmarks/short_prompts.py, RESULTS.md "Short prompts"; Q4_0 gains alike; Q8_0, whose
-# tuned tiles are 64 x 128, only up to 64 tokens: the 8B's four GEMMs 889 -> 204 us at 16)
+# tuned tiles are 64 x 128, only up to 64 tokens: the 8B's four GEMMs 889 -> 204 us at 16).
+# 65-256 tokens: 128 x 128 tiles of 32 x 64 warp tiles, K split by auto_split (the 8B's
+# GEMMs of a layer on an H100, 72 / 128 / 256 tokens: 545 / 544 / 1050 us with 64 x 64 to
+# 128 tokens, then 128 x 64, against 435 / 439 / 742; benchmarks/small_gemm.py, RESULTS.md
+# "Prompts of 65-256 tokens")
 _SMALL = [(16, Q8KTiles(1, 2, 4, 1, 3)), (32, Q8KTiles(1, 4, 4, 1, 3)),
-          (128, Q8KTiles(1, 4, 4, 2, 3)), (256, Q8KTiles(2, 4, 4, 2, 3))]
+          (64, Q8KTiles(1, 4, 4, 2, 3)), (256, Q8KTiles(2, 8, 4, 2, 3))]
 SMALL_KTILES: dict[str, list[tuple[int, Q8KTiles]]] = {
     "Q4_K": _SMALL, "Q6_K": _SMALL, "Q4_0": _SMALL,
     "Q8_0": _SMALL[:2] + [(64, Q8KTiles(1, 4, 4, 2, 3))]}

@@ -66,7 +66,8 @@ def issue_stage(FMT: Const[int], sm, base: i32, w, xq, rows: i32, row_words: i32
                 xstride: i32, row0: i32, tok0: i32, sb: i32, tid: i32, BM: Const[int],
                 BN: Const[int], NT: Const[int]):
     """Start copying K step sb (one super-block) of rows row0.. and tokens tok0.. into the stage
-    at word `base`. Rows and tokens past the end repeat the last one (never stored)."""
+    at word `base`. Rows past the end repeat the last one, tokens past the end are zeros
+    (neither is stored)."""
     AS = Q6K_SPAN if FMT == Q6_K else (Q80_WORDS if FMT == Q8_0 else Q4K_WORDS)
     if FMT != Q6_K:   # u32 words; a K step of a row is AS // 4 aligned 16-byte pieces
         for j in pk.static_range((BM * (AS // 4) + NT - 1) // NT):
@@ -93,8 +94,12 @@ def issue_stage(FMT: Const[int], sm, base: i32, w, xq, rows: i32, row_words: i32
         if i < BN * 18:
             t = i // 18
             c = i % 18
+            # a token past the end reads nothing and lands as zeros: when the padded tokens'
+            # copies all read the last token's words, their requests pile onto the same few
+            # L2 lines (72 tokens on 64-token tiles ran slower than 128)
             src = min(tok0 + t, tokens - 1) * xstride + 72 * sb + 4 * c
-            copy16(sm, bbase + t * B_STRIDE + 4 * c, xq, src)
+            pk.cp_async(sm, bbase + t * B_STRIDE + 4 * c, xq, src, 16,
+                        src_size=u32(16) if tok0 + t < tokens else u32(0))
 
 
 @pk.func

@@ -120,17 +120,19 @@ def test_gemm_q8k_q6k_word_aligned_rows(device, rng, seed):
 
 SHORT_PROMPT_TILES = [Q8KTiles(2, 2, 4, 1, 3), Q8KTiles(2, 4, 4, 1, 3), Q8KTiles(2, 4, 4, 2, 3),
                       Q8KTiles(1, 2, 4, 1, 3), Q8KTiles(1, 4, 4, 1, 3), Q8KTiles(1, 4, 4, 2, 3),
-                      Q8KTiles(1, 2, 2, 1, 3), Q8KTiles(1, 4, 2, 1, 3), Q8KTiles(1, 8, 4, 2, 3)]
+                      Q8KTiles(1, 2, 2, 1, 3), Q8KTiles(1, 4, 2, 1, 3), Q8KTiles(1, 8, 4, 2, 3),
+                      Q8KTiles(2, 8, 4, 2, 3)]
 
 
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q4_0", "Q8_0"])
 def test_gemm_q8k_short_prompt_tiles(device, rng, seed, type_name):
     # narrow token tiles (16-128 tokens) and 32-128 row tiles of few warps, for short prompts
-    # (gemm_q8_k.SMALL_KTILES): token counts below, at and above a tile, rows off the tile
+    # (gemm_q8_k.SMALL_KTILES): token counts below, at and above a tile, rows off the tile;
+    # tokens past the last one are zero-filled copies, so 72 leaves 56 of a 128-token tile
     if device.kind == "cpu":
         pytest.skip("GPU tile shapes (the CPU target runs CPU_KTILES)")
     raw = make_weights(rng, type_name, 200, 2048)
-    for tokens in (9, 16, 31, 64, 130):
+    for tokens in (9, 16, 31, 64, 72, 130):
         x = rng.standard_normal((tokens, 2048)).astype(np.float32)
         for tiles in SHORT_PROMPT_TILES:
             check(gemm_q8(raw, type_name, x, tiles).numpy(), raw, type_name, x, seed)
