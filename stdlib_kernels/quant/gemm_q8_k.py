@@ -74,21 +74,33 @@ CPU_KTILES = Q8KTiles(1, 1, 1, 1, 3)       # 16 x 8, one warp: the CPU target em
 # shorter tiles made a 16-token 8B prefill 2.6x faster on the H200, 128 tokens 1.4x
 # (benchmarks/short_prompts.py, RESULTS.md "Short prompts"; Q4_0 gains alike; Q8_0, whose
 # tuned tiles are 64 x 128, only up to 64 tokens: the 8B's four GEMMs 889 -> 204 us at 16).
-# 65-256 tokens: 128 x 128 tiles of 32 x 64 warp tiles, K split by auto_split (the 8B's
-# GEMMs of a layer on an H100, 72 / 128 / 256 tokens: 545 / 544 / 1050 us with 64 x 64 to
-# 128 tokens, then 128 x 64, against 435 / 439 / 742; benchmarks/small_gemm.py, RESULTS.md
-# "Prompts of 65-256 tokens")
 _SMALL = [(16, Q8KTiles(1, 2, 4, 1, 3)), (32, Q8KTiles(1, 4, 4, 1, 3)),
-          (64, Q8KTiles(1, 4, 4, 2, 3)), (256, Q8KTiles(2, 8, 4, 2, 3))]
+          (64, Q8KTiles(1, 4, 4, 2, 3))]
 SMALL_KTILES: dict[str, list[tuple[int, Q8KTiles]]] = {
     "Q4_K": _SMALL, "Q6_K": _SMALL, "Q4_0": _SMALL,
     "Q8_0": _SMALL[:2] + [(64, Q8KTiles(1, 4, 4, 2, 3))]}
+# 65-256 tokens (Q4_K, Q6_K, Q4_0): 128 weight rows x as few token columns as cover the
+# tokens in ceil(tokens / 128) tiles, in steps of 16 (32 x 8 ni warp tiles, 8 warps); K split
+# by auto_split. The GEMM's time follows the token columns it computes, so 72 tokens take a
+# 128 x 80 tile rather than 128 x 128 (the 8B's GEMMs of a layer on an H100 at 72 / 128 / 256
+# tokens: 545 / 544 / 1050 us with the 64 x 64 tiles used before up to 128 tokens and 128 x 64
+# after, 435 / 439 / 742 with 128 x 128; benchmarks/small_gemm.py, RESULTS.md "Prompts of
+# 65-256 tokens")
+WIDE_MAX = 256
+
+
+def wide_tiles(tokens: int) -> Q8KTiles:
+    per_tile = -(-tokens // -(-tokens // 128))
+    return Q8KTiles(2, -(-per_tile // 16), 4, 2, 3)
 
 
 def tuned_tiles(type_name: str, tokens: int) -> Q8KTiles:
-    for most, tiles in SMALL_KTILES.get(type_name, ()):
+    small = SMALL_KTILES.get(type_name, ())
+    for most, tiles in small:
         if tokens <= most:
             return tiles
+    if type_name != "Q8_0" and small and tokens <= WIDE_MAX:
+        return wide_tiles(tokens)
     return TUNED_KTILES[type_name]
 
 

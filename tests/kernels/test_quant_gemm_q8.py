@@ -128,13 +128,16 @@ SHORT_PROMPT_TILES = [Q8KTiles(2, 2, 4, 1, 3), Q8KTiles(2, 4, 4, 1, 3), Q8KTiles
 def test_gemm_q8k_short_prompt_tiles(device, rng, seed, type_name):
     # narrow token tiles (16-128 tokens) and 32-128 row tiles of few warps, for short prompts
     # (gemm_q8_k.SMALL_KTILES): token counts below, at and above a tile, rows off the tile;
-    # tokens past the last one are zero-filled copies, so 72 leaves 56 of a 128-token tile
+    # tokens past the last one are zero-filled copies (72 on 128-token tiles); 65-256 tokens
+    # take gemm_q8_k.wide_tiles (80 / 96 / 112-token tiles for 72 / 96 / 130 and 200)
     if device.kind == "cpu":
         pytest.skip("GPU tile shapes (the CPU target runs CPU_KTILES)")
     raw = make_weights(rng, type_name, 200, 2048)
-    for tokens in (9, 16, 31, 64, 72, 130):
+    for tokens in (9, 16, 31, 64, 72, 96, 130, 200):
         x = rng.standard_normal((tokens, 2048)).astype(np.float32)
         for tiles in SHORT_PROMPT_TILES:
+            if type_name == "Q8_0" and tiles.shape == (128, 128):
+                continue       # over the shared memory of a block (Q8_0 rows are the widest)
             check(gemm_q8(raw, type_name, x, tiles).numpy(), raw, type_name, x, seed)
         check(gemm_q8(raw, type_name, x).numpy(), raw, type_name, x, seed)   # SMALL_KTILES
 
@@ -222,6 +225,19 @@ def test_auto_split(monkeypatch):
     assert auto_split(16, 6) == 3            # K = 1536: 3 splits of 2 steps
     assert auto_split(448, 16) == 1          # gate|up: 448 tiles fill the GPU
     assert auto_split(1000, 1) == 1
+
+
+def test_tuned_tiles_cover_tokens_with_few_columns():
+    # 65-256 tokens: 128-row tiles, as few token columns (steps of 16) as cover the tokens in
+    # ceil(tokens / 128) tiles; Q8_0 keeps its tuned tiles there; past 256 the tuned tiles
+    from stdlib_kernels.quant.gemm_q8_k import tuned_tiles
+    for tokens, width in ((65, 80), (72, 80), (96, 96), (104, 112), (128, 128), (136, 80),
+                          (160, 80), (200, 112), (256, 128)):
+        for type_name in ("Q4_K", "Q6_K", "Q4_0"):
+            tiles = tuned_tiles(type_name, tokens)
+            assert tiles.shape == (128, width), (type_name, tokens, tiles)
+    assert tuned_tiles("Q8_0", 72) == TUNED_KTILES["Q8_0"]
+    assert tuned_tiles("Q4_K", 257) == TUNED_KTILES["Q4_K"]
 
 
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q8_0"])
