@@ -95,6 +95,15 @@ mbarrier_wait = _mbarrier_op(
     "`mbarrier.try_wait.parity.shared::cta.b64` until the phase of that parity completed.")
 
 
+def _copy_size(fl, node, arg_node, name, limit=MAX_COUNT):
+    """A copy's byte count: as _word, and a literal one a positive multiple of ALIGN."""
+    nbytes, value = _word(fl, node, arg_node, "nbytes", name, limit)
+    if value is not None and (value == 0 or value % ALIGN):
+        raise fl.error(arg_node, f"pk.{name}: nbytes must be a positive multiple of {ALIGN}, "
+                       f"got {value}")
+    return nbytes
+
+
 @intrinsic("bulk_copy")
 def bulk_copy(fl, node):
     """`pk.bulk_copy(dst, i, src, j, nbytes, bar, k)`: `cp.async.bulk.shared::cluster.global.
@@ -109,10 +118,7 @@ def bulk_copy(fl, node):
     if _space(fl.expr(node.args[2])) != "global":
         raise fl.error(node.args[2], "pk.bulk_copy copies from global memory: src must be a "
                        "kernel pointer argument")
-    nbytes, value = _word(fl, node, node.args[4], "nbytes", "bulk_copy")
-    if value is not None and (value == 0 or value % ALIGN):
-        raise fl.error(node.args[4], f"pk.bulk_copy: nbytes must be a positive multiple of "
-                       f"{ALIGN}, got {value}")
+    nbytes = _copy_size(fl, node, node.args[4], "bulk_copy")
     dst = element_pointer(fl, node, node.args[0], node.args[1])
     src = element_pointer(fl, node, node.args[2], node.args[3])
     bar = _barrier(fl, node, node.args[5], node.args[6], "bulk_copy")
@@ -135,10 +141,7 @@ def bulk_prefetch_l2(fl, node):
     if _space(fl.expr(node.args[0])) != "global":
         raise fl.error(node.args[0], "pk.bulk_prefetch_l2 prefetches global memory: src must be "
                        "a kernel pointer argument")
-    nbytes, value = _word(fl, node, node.args[2], "nbytes", "bulk_prefetch_l2", limit=None)
-    if value is not None and (value == 0 or value % ALIGN):
-        raise fl.error(node.args[2], f"pk.bulk_prefetch_l2: nbytes must be a positive multiple "
-                       f"of {ALIGN}, got {value}")
+    nbytes = _copy_size(fl, node, node.args[2], "bulk_prefetch_l2", limit=None)
     src = element_pointer(fl, node, node.args[0], node.args[1])
     site = fl.ctx.site(fl, node, "bulk prefetch")
     fl.ctx.target.bulk_prefetch_l2(fl.ctx, src, nbytes, site)
