@@ -41,7 +41,8 @@ BYTES_PER_VALUE = {"Q4_K": 144 / 256, "Q6_K": 210 / 256}
 # candidate tiles (mi, ni, wm, wn, stages): BM = 16 mi wm weight rows, BN = 8 ni wn tokens
 CANDIDATES = [T(1, 2, 4, 1, 3), T(1, 2, 2, 1, 4), T(1, 1, 2, 1, 6), T(1, 4, 4, 1, 3),
               T(1, 4, 2, 1, 4), T(1, 4, 4, 2, 3), T(1, 4, 2, 2, 4), T(2, 4, 4, 2, 3),
-              T(1, 6, 4, 2, 3), T(1, 8, 4, 2, 3), T(2, 8, 4, 2, 3), T(1, 8, 2, 4, 3)]
+              T(1, 6, 4, 2, 3), T(1, 8, 4, 2, 3), T(2, 8, 4, 2, 3), T(1, 8, 2, 4, 3),
+              T(2, 3, 4, 2, 3), T(2, 5, 4, 2, 3), T(2, 6, 4, 2, 3)]
 
 
 def candidates(tokens: int) -> list[T]:

@@ -74,8 +74,11 @@ CPU_KTILES = Q8KTiles(1, 1, 1, 1, 3)       # 16 x 8, one warp: the CPU target em
 # shorter tiles made a 16-token 8B prefill 2.6x faster on the H200, 128 tokens 1.4x
 # (benchmarks/short_prompts.py, RESULTS.md "Short prompts"; Q4_0 gains alike; Q8_0, whose
 # tuned tiles are 64 x 128, only up to 64 tokens: the 8B's four GEMMs 889 -> 204 us at 16).
+# 33-48 tokens: one 128 x 48 tile (wide_tiles' rule; H100, prompts of 33 / 40 / 48 tokens:
+# llama-8B +20-23%, qwen2-1.5B +7-10%); 49-64: 64 x 64 (128 x 64 measured +4-6% on the 8B but
+# -2.5-4% on qwen2-1.5B)
 _SMALL = [(16, Q8KTiles(1, 2, 4, 1, 3)), (32, Q8KTiles(1, 4, 4, 1, 3)),
-          (64, Q8KTiles(1, 4, 4, 2, 3))]
+          (48, Q8KTiles(2, 3, 4, 2, 3)), (64, Q8KTiles(1, 4, 4, 2, 3))]
 SMALL_KTILES: dict[str, list[tuple[int, Q8KTiles]]] = {
     "Q4_K": _SMALL, "Q6_K": _SMALL, "Q4_0": _SMALL,
     "Q8_0": _SMALL[:2] + [(64, Q8KTiles(1, 4, 4, 2, 3))]}

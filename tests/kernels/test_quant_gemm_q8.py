@@ -133,7 +133,7 @@ def test_gemm_q8k_short_prompt_tiles(device, rng, seed, type_name):
     if device.kind == "cpu":
         pytest.skip("GPU tile shapes (the CPU target runs CPU_KTILES)")
     raw = make_weights(rng, type_name, 200, 2048)
-    for tokens in (9, 16, 31, 64, 72, 96, 130, 200):
+    for tokens in (9, 16, 31, 40, 64, 72, 96, 130, 200):
         x = rng.standard_normal((tokens, 2048)).astype(np.float32)
         for tiles in SHORT_PROMPT_TILES:
             if type_name == "Q8_0" and tiles.shape == (128, 128):
@@ -228,14 +228,16 @@ def test_auto_split(monkeypatch):
 
 
 def test_tuned_tiles_cover_tokens_with_few_columns():
-    # 65-256 tokens: 128-row tiles, as few token columns (steps of 16) as cover the tokens in
-    # ceil(tokens / 128) tiles; Q8_0 keeps its tuned tiles there; past 256 the tuned tiles
+    # 33-48 and 65-256 tokens: 128-row tiles, as few token columns (steps of 16) as cover the
+    # tokens in ceil(tokens / 128) tiles (49-64: 64 x 64); Q8_0 keeps its tuned tiles there;
+    # past 256 the tuned tiles
     from stdlib_kernels.quant.gemm_q8_k import tuned_tiles
-    for tokens, width in ((65, 80), (72, 80), (96, 96), (104, 112), (128, 128), (136, 80),
-                          (160, 80), (200, 112), (256, 128)):
+    for tokens, width in ((33, 48), (48, 48), (65, 80), (72, 80), (96, 96), (104, 112),
+                          (128, 128), (136, 80), (160, 80), (200, 112), (256, 128)):
         for type_name in ("Q4_K", "Q6_K", "Q4_0"):
             tiles = tuned_tiles(type_name, tokens)
             assert tiles.shape == (128, width), (type_name, tokens, tiles)
+    assert tuned_tiles("Q4_K", 56).shape == (64, 64)
     assert tuned_tiles("Q8_0", 72) == TUNED_KTILES["Q8_0"]
     assert tuned_tiles("Q4_K", 257) == TUNED_KTILES["Q4_K"]
 
