@@ -86,23 +86,24 @@ SMALL_KTILES: dict[str, list[tuple[int, Q8KTiles]]] = {
 # tokens in ceil(tokens / 128) tiles, in steps of 16 (32 x 8 ni warp tiles, 8 warps); K split
 # by auto_split. The GEMM's time follows the token columns it computes, so 72 tokens take a
 # 128 x 80 tile rather than 128 x 128 (the 8B's GEMMs of a layer on an H100 at 72 / 128 / 256
-# tokens: 545 / 544 / 1050 us with the 64 x 64 tiles used before up to 128 tokens and 128 x 64
+# tokens: 545 / 544 / 863 us with the tiles used before, 64 x 64 up to 128 tokens and 128 x 64
 # after, 435 / 439 / 742 with 128 x 128; benchmarks/small_gemm.py, RESULTS.md "Prompts of
 # 65-256 tokens")
+WIDE_TYPES = ("Q4_K", "Q6_K", "Q4_0")
 WIDE_MAX = 256
 
 
 def wide_tiles(tokens: int) -> Q8KTiles:
+    """128 rows x the fewest 16-column steps that cover `tokens` in ceil(tokens / 128) tiles."""
     per_tile = -(-tokens // -(-tokens // 128))
     return Q8KTiles(2, -(-per_tile // 16), 4, 2, 3)
 
 
 def tuned_tiles(type_name: str, tokens: int) -> Q8KTiles:
-    small = SMALL_KTILES.get(type_name, ())
-    for most, tiles in small:
+    for most, tiles in SMALL_KTILES.get(type_name, ()):
         if tokens <= most:
             return tiles
-    if type_name != "Q8_0" and small and tokens <= WIDE_MAX:
+    if type_name in WIDE_TYPES and tokens <= WIDE_MAX:
         return wide_tiles(tokens)
     return TUNED_KTILES[type_name]
 
