@@ -1,9 +1,13 @@
 """Chat templates: real templates render as the model expects, hostile templates are stopped with
-a ChatTemplateError, helpers templates rely on exist, fallbacks cover files without a template."""
+a ChatTemplateError (also when they would run for hours or take gigabytes), helpers templates rely
+on exist, fallbacks cover files without a template."""
+import time
+
 import pytest
 from gguf import GGUFValueType
 
 import llm
+from llm import template_worker
 from llm.chat import CHATML_TEMPLATE, ChatTemplateError, render
 from tests.llm.gguf_helpers import TINY_LLAMA, require, rewrite
 
@@ -63,6 +67,36 @@ def test_runaway_output_is_capped():
 def test_bad_messages():
     with pytest.raises(ValueError, match="message 0"):
         render(None, [{"role": "user"}])
+    with pytest.raises(ValueError, match="message 1 must hold JSON data"):
+        render(None, [MESSAGES[0], dict(MESSAGES[1], extra=object())])
+
+
+def test_endless_template_is_stopped_and_the_next_render_works(monkeypatch):
+    monkeypatch.setattr(template_worker, "RENDER_TIMEOUT_S", 1.0)
+    endless = ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}"
+               "{% endfor %}")
+    start = time.monotonic()
+    with pytest.raises(ChatTemplateError, match="evil.gguf: rendering took longer than 1 s"):
+        render(endless, MESSAGES, source="evil.gguf")
+    assert time.monotonic() - start < 30
+    assert render(None, MESSAGES).startswith("<|im_start|>system")
+
+
+@pytest.mark.parametrize("template", ["{% set a = [0] * 10**9 %}{{ a | length }}",
+                                      "{{ ('x' * 10**10) | length }}",
+                                      "{{ '%01999999999d' % 1 }}"])
+def test_memory_hungry_template_is_stopped(template):
+    with pytest.raises(ChatTemplateError, match="evil.gguf"):
+        render(template, MESSAGES, source="evil.gguf")
+    assert render("{{ messages | length }}", MESSAGES) == "2"
+
+
+def test_dead_worker_is_replaced():
+    render(None, MESSAGES)
+    template_worker._worker.proc.kill()   # as if the OS had killed it (e.g. out of memory)
+    with pytest.raises(ChatTemplateError, match="renderer exited"):
+        render(None, MESSAGES, source="t.gguf")
+    assert render(None, MESSAGES).endswith("<|im_start|>assistant\n")
 
 
 def test_model_uses_its_template_and_fallback(tmp_path):

@@ -1,0 +1,110 @@
+"""(template, variables, source) -> rendered text, through one long-lived worker process.
+
+The worker (template_sandbox.py run as a script) renders in jinja2's sandbox under an address
+space cap; this side gives each render RENDER_TIMEOUT_S and kills the worker when it overruns,
+or when it dies, so a hostile template costs at most that long and never this process's memory.
+The worker starts on the first render (~0.1-0.3 s) and is reused; a killed one is replaced at
+the next render. Requests are serialized by a lock (one worker, one render at a time).
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+
+from llm import template_sandbox
+
+RENDER_TIMEOUT_S = 10.0    # real templates take milliseconds
+START_TIMEOUT_S = 60.0     # interpreter + jinja2 import on a slow, busy machine
+
+# Runs template_sandbox.py by path: `python -m llm....` would import the llm package (numpy,
+# the runner) into a process that needs only jinja2.
+_BOOT = "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__main__')"
+
+
+class RenderFailed(Exception):
+    """The template was rejected, failed, or overran its time or memory; str() says which."""
+
+
+class _Worker:
+    def __init__(self):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _BOOT, template_sandbox.__file__],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        self.pending = b""
+        self.ready = self._reply(START_TIMEOUT_S) == {"ready": True}
+
+    def ask(self, request: dict, timeout: float) -> dict | None:
+        """The worker's reply, or None when it died or `timeout` passed first."""
+        try:
+            self.proc.stdin.write(json.dumps(request).encode() + b"\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            return None
+        return self._reply(timeout)
+
+    def _reply(self, timeout: float) -> dict | None:
+        deadline = time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self.pending:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return None
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        return json.loads(line)
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            stream.close()
+
+
+_lock = threading.Lock()
+_worker: _Worker | None = None
+
+
+def render(template: str, variables: dict, source: str,
+           timeout: float | None = None) -> str:
+    """The rendered text; RenderFailed with the user's message otherwise."""
+    global _worker
+    timeout = RENDER_TIMEOUT_S if timeout is None else timeout
+    request = dict(template=template, variables=variables, source=source)
+    with _lock:
+        if _worker is None:
+            _worker = _Worker()
+            if not _worker.ready:
+                _worker.kill()
+                _worker = None
+                raise RenderFailed(f"{source}: the template renderer process did not start "
+                                   f"({sys.executable} with jinja2)")
+        reply = _worker.ask(request, timeout)
+        if reply is None:
+            status = _worker.proc.poll()
+            _worker.kill()
+            _worker = None
+            if status is None:
+                raise RenderFailed(f"{source}: rendering took longer than {timeout:g} s and "
+                                   "was stopped")
+            raise RenderFailed(f"{source}: the template renderer exited (status {status}) "
+                               "while rendering it")
+    if "error" in reply:
+        raise RenderFailed(reply["error"])
+    return reply["text"]
+
+
+@atexit.register
+def _stop_worker():
+    with _lock:
+        if _worker is not None:
+            _worker.kill()
