@@ -12,6 +12,9 @@ import pytest
 import pykernel as pk
 from pykernel import Ptr, f32, i32
 
+# the subprocess imports pykernel from this checkout, which need not be pip-installed
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 
 @pk.kernel(bounds_check=True)
 def shifted_copy(x: Ptr[f32, "ro"], out: Ptr[f32], n: i32):
@@ -36,7 +39,7 @@ def test_bounds_checked_ptx(tmp_path):
 def test_out_of_bounds_on_gpu_traps_with_kernel_and_line(tmp_path):
     script = tmp_path / "oob.py"
     script.write_text(textwrap.dedent(f"""
-        import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})
+        import sys; sys.path[:0] = [{os.path.dirname(__file__)!r}, {REPO!r}]
         import numpy as np, pykernel as pk
         from test_bounds_check_ptx import shifted_copy
         pk.set_device("cuda")
@@ -49,6 +52,6 @@ def test_out_of_bounds_on_gpu_traps_with_kernel_and_line(tmp_path):
     """))
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=120)
-    assert "in-bounds ok" in proc.stdout
+    assert "in-bounds ok" in proc.stdout, proc.stderr
     assert proc.returncode != 0
     assert "shifted_copy" in proc.stdout and "out-of-bounds read" in proc.stdout
