@@ -129,7 +129,8 @@ class GraphedTransformer(Transformer):
         if step is None:
             io = pk.to_device(host)
             step = cache.prefill_graphs[bucket] = PrefillGraph(io, None)
-            step.logits = self._record_prefill(io, bucket, cache)     # runs it
+            with self._as_captured():
+                step.logits = self._record_prefill(io, bucket, cache)     # runs it
             return step.logits
         step.io.copy_from(host)
         if step.graph is None:
@@ -138,6 +139,11 @@ class GraphedTransformer(Transformer):
             step.graph = graph
         step.graph.replay()
         return step.logits
+
+    def _as_captured(self):
+        """The eager run before a capture launches as capture_graph(stream, pdl=PDL) will."""
+        stream = self.backend.stream
+        return pk.programmatic_launches(stream.device if stream is not None else None, PDL)
 
     def _record_prefill(self, io, bucket: int, cache):
         b = self.backend
@@ -166,8 +172,11 @@ class GraphedTransformer(Transformer):
             return step.logits
         io = cache.graph.io if cache.graph is not None else pk.to_device(np.zeros(2, np.int32))
         io.copy_from(np.array([token, pos], np.int32))
-        logits = self._record(io, cache, _short(pos))  # runs the step: kernels compiled,
-        with pk.capture_graph(self.backend.stream, pdl=PDL) as graph:  # buffers allocated
+        # runs the step (kernels compiled, buffers allocated) with the PDL kernel variants
+        # the capture records, so they are the only ones compiled and loaded
+        with self._as_captured():
+            logits = self._record(io, cache, _short(pos))
+        with pk.capture_graph(self.backend.stream, pdl=PDL) as graph:
             self._record(io, cache, _short(pos))      # recorded, not run: same launches, buffers
         cache.graph = graphs[_short(pos)] = DecodeGraph(graph, logits, io)
         return logits

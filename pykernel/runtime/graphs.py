@@ -125,6 +125,27 @@ def capture_graph(stream: Stream | None = None, pdl: bool = False):
 
 
 @contextmanager
+def programmatic_launches(device=None, enabled: bool = True):
+    """Eager launches in the `with` block use PDL as a `capture_graph(pdl=True)` would: kernels
+    compiled with PDL support go through cuLaunchKernelEx with programmatic stream
+    serialization, and libraries that pick kernel variants by `device.programmatic_launch`
+    pick the PDL ones. So the eager run that precedes a PDL capture runs (and compiles) the
+    kernels the graph will hold. No-op on other devices, or when `enabled` is False."""
+    device = device or current_device()
+    if device.kind != "cuda" or not enabled:
+        yield
+        return
+    if device._capture is not None:
+        raise RuntimeError("programmatic_launches: a capture is in progress on this device "
+                           "(capture_graph(pdl=...) sets the mode for its launches)")
+    saved, device.programmatic_launch = device.programmatic_launch, True
+    try:
+        yield
+    finally:
+        device.programmatic_launch = saved
+
+
+@contextmanager
 def _cuda_capture(device, stream: Stream, graph: Graph, pdl: bool):
     if device._capture is not None:
         raise RuntimeError("capture_graph: a capture is already in progress on this device")

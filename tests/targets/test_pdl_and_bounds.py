@@ -142,3 +142,33 @@ def test_dependent_chain_in_a_pdl_graph(device, rng, seed):
         bad = np.flatnonzero(a.numpy() != expected)
         assert bad.size == 0, (f"replay {replay}: {bad.size} elements differ, first at "
                                f"{bad[0]} (seed {seed})")
+
+
+def test_dependent_chain_launched_eagerly_with_pdl(device, rng, seed):
+    """The same chain launched eagerly inside pk.programmatic_launches (the runner's run before
+    a PDL capture): PDL launches on a stream, each kernel's wait guarding its reads."""
+    n = 300_001 if device == "cuda" else 1000
+    x0 = rng.standard_normal(n).astype(np.float32)
+    w = rng.uniform(0.25, 0.5, n).astype(np.float32)
+    a, b, w_dev = pk.to_device(x0), pk.full(n, np.nan, np.float32), pk.to_device(w)
+    blocks = (n + 255) // 256
+    dev = pk.current_device()
+    with pk.programmatic_launches():
+        assert getattr(dev, "programmatic_launch", False) == (device == "cuda")
+        for k in range(32):
+            step[blocks, 256](a, b, n)
+            step_trigger_early[blocks, 256](b, a, n)
+            step_early[blocks, 256](w_dev, a, b, n)
+            step[blocks, 256](b, a, n)
+    assert not getattr(dev, "programmatic_launch", False)
+    pk.synchronize()
+    expected = x0.copy()
+    for k in range(32):
+        expected = expected * np.float32(2.0) + np.float32(1.0) - np.float32(1.0)
+        expected = (expected * w) * np.float32(2.0) + np.float32(1.0)
+    bad = np.flatnonzero(a.numpy() != expected)
+    assert bad.size == 0, f"{bad.size} elements differ, first at {bad[0]} (seed {seed})"
+    if device == "cuda":
+        with pk.capture_graph(pk.Stream(), pdl=True), pytest.raises(RuntimeError, match="capture"):
+            with pk.programmatic_launches():
+                pass
