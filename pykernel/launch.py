@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import compile_pool
 from .errors import LaunchError
 from .signature import type_var_name
 from .types import from_numpy
@@ -84,6 +85,9 @@ class Launcher:
         runtime_args = tuple(bound[p.name] for p in k.runtime_params)
         from .runtime.device import current_device
         device = current_device()
+        if compile_pool.RECORDING is not None and \
+                compile_pool.record(k, device.arch, spec_kwargs, None):
+            return
         # spec_kwargs is built in parameter order, so the key needs no sorting
         key = (device.arch, tuple((n, getattr(v, "name", v)) for n, v in spec_kwargs.items()))
         compiled = k._launch_cache.get(key)

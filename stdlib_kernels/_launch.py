@@ -12,6 +12,7 @@ import dataclasses
 
 import numpy as np
 
+from pykernel import compile_pool
 from pykernel.runtime.arrays import Array, empty, to_device, zeros
 from pykernel.runtime.device import current_device
 
@@ -26,15 +27,22 @@ def launch(kernel, grid, block, args, spec: tuple, stream=None, shared_bytes: in
     `bounds` = (max_threads, min_blocks): launch bounds for this specialization (ptxas then
     keeps registers low enough for min_blocks blocks of max_threads threads per SM)."""
     device = current_device()
+    if compile_pool.RECORDING is not None and compile_pool.record(
+            kernel, device.arch, dict(spec), _options(kernel, bounds)):
+        return     # pk.precompile's dry run: recorded, not launched
     key = (kernel, device.arch, spec, bounds)
     compiled = _COMPILED.get(key)
     if compiled is None:
-        options = None if bounds is None else dataclasses.replace(
-            kernel.options, max_threads=bounds[0], min_blocks=bounds[1])
-        compiled = _COMPILED[key] = kernel.compile(device.arch, options, **dict(spec))
+        compiled = _COMPILED[key] = kernel.compile(device.arch, _options(kernel, bounds),
+                                                   **dict(spec))
     grid = grid if isinstance(grid, tuple) else (grid, 1, 1)
     block = block if isinstance(block, tuple) else (block, 1, 1)
     device.launch(compiled, grid, block, args, stream=stream, shared_bytes=shared_bytes)
+
+
+def _options(kernel, bounds):
+    return kernel.options if bounds is None else dataclasses.replace(
+        kernel.options, max_threads=bounds[0], min_blocks=bounds[1])
 
 
 _SM_COUNTS: dict = {}

@@ -40,6 +40,9 @@ from llm.models.transformer import Transformer
 # paying")
 SHORT_CONTEXT = 384
 PDL = os.environ.get("PYKERNEL_PDL", "1") not in ("", "0")
+# a graph's first run compiles its kernels in parallel first (PYKERNEL_PRECOMPILE=0: one by one,
+# as the launches reach them)
+PRECOMPILE = os.environ.get("PYKERNEL_PRECOMPILE", "1") not in ("", "0")
 # prompts of 2..PREFILL_GRAPH_MAX tokens run as captured graphs (PYKERNEL_PREFILL_GRAPHS=0:
 # always eagerly, PYKERNEL_PREFILL_GRAPH_MAX=N another limit, for comparisons)
 # (H100, graphs against eager at 72-256 tokens: synthetic qwen2-1.5B +34-130%, llama-8B
@@ -129,8 +132,7 @@ class GraphedTransformer(Transformer):
         if step is None:
             io = pk.to_device(host)
             step = cache.prefill_graphs[bucket] = PrefillGraph(io, None)
-            with self._as_captured():
-                step.logits = self._record_prefill(io, bucket, cache)     # runs it
+            step.logits = self._run_as_captured(self._record_prefill, io, bucket, cache)
             return step.logits
         step.io.copy_from(host)
         if step.graph is None:
@@ -140,10 +142,16 @@ class GraphedTransformer(Transformer):
         step.graph.replay()
         return step.logits
 
-    def _as_captured(self):
-        """The eager run before a capture launches as capture_graph(stream, pdl=PDL) will."""
+    def _run_as_captured(self, record, *args):
+        """The eager run of a step before its capture (kernels compiled, buffers allocated):
+        with the PDL kernel variants the capture records, so only those are compiled and
+        loaded, and on cuda all of them at once first (pk.precompile: a dry run of the
+        capturable step, then compiles on every core; a cold start's ~15 s of compiling)."""
         stream = self.backend.stream
-        return pk.programmatic_launches(stream.device if stream is not None else None, PDL)
+        with pk.programmatic_launches(stream.device if stream is not None else None, PDL):
+            if PRECOMPILE and self.backend.device.kind == "cuda":
+                pk.precompile(record, *args)
+            return record(*args)
 
     def _record_prefill(self, io, bucket: int, cache):
         b = self.backend
@@ -172,10 +180,7 @@ class GraphedTransformer(Transformer):
             return step.logits
         io = cache.graph.io if cache.graph is not None else pk.to_device(np.zeros(2, np.int32))
         io.copy_from(np.array([token, pos], np.int32))
-        # runs the step (kernels compiled, buffers allocated) with the PDL kernel variants
-        # the capture records, so they are the only ones compiled and loaded
-        with self._as_captured():
-            logits = self._record(io, cache, _short(pos))
+        logits = self._run_as_captured(self._record, io, cache, _short(pos))
         with pk.capture_graph(self.backend.stream, pdl=PDL) as graph:
             self._record(io, cache, _short(pos))      # recorded, not run: same launches, buffers
         cache.graph = graphs[_short(pos)] = DecodeGraph(graph, logits, io)

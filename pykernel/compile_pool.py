@@ -1,0 +1,204 @@
+"""A function that launches kernels -> the kernels it would compile, compiled in parallel.
+
+A kernel compiles on one core in 0.1-2 s (Python lowering, then LLVM); a model's first
+decode step needs 25-30 of them, one after another, while the other cores idle. `precompile(run)`
+calls `run()` with launches recorded instead of made (so `run` must not read results back to
+the host: graph-capturable code qualifies), then has worker processes (this module run by
+`python -c`, one per core, PYKERNEL_COMPILE_WORKERS to change) compile the recorded
+specializations into the disk cache (cache.py), and finally loads them all on the device from
+threads, since the driver's PTX JIT is per kernel as well. The real launches afterwards find
+everything compiled and loaded. A kernel a worker cannot import by module and name (defined in
+`__main__` or inside a function) or whose Const values are not plain numbers, strings or
+pykernel dtypes is left to its launch, which compiles it as before: this only saves time.
+
+Worker protocol: `{"ready": true}` once started, then per stdin line
+`{"module", "name", "arch", "options", "spec"}` one stdout line `{"ok": bool, "error": str}`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import asdict
+
+MAX_WORKERS = 16
+WAIT_S = 600.0      # a worker silent this long is abandoned (its kernels compile at launch)
+_BOOT = "from pykernel.compile_pool import serve; serve()"
+
+
+def worker_count(jobs: int) -> int:
+    setting = os.environ.get("PYKERNEL_COMPILE_WORKERS")
+    cores = int(setting) if setting not in (None, "") else (os.cpu_count() or 1)
+    return max(0, min(jobs, cores, MAX_WORKERS))
+
+
+RECORDING: list | None = None   # the launches recorded_launches() collects, else None
+
+
+def record(kernel, arch: str, spec: dict, options) -> bool:
+    """For launch paths (Launcher, stdlib's direct launch): True, with the launch recorded,
+    while recorded_launches() is active; the caller must then not compile or launch."""
+    if RECORDING is None:
+        return False
+    RECORDING.append((kernel, arch, spec, options or kernel.options))
+    return True
+
+
+@contextmanager
+def recorded_launches():
+    """Launches inside the block are not made: each appends (kernel, arch, spec, options) to
+    the yielded list."""
+    global RECORDING
+    if RECORDING is not None:
+        raise RuntimeError("recorded_launches: already recording")
+    jobs = RECORDING = []
+    try:
+        yield jobs
+    finally:
+        RECORDING = None
+
+
+def precompile(run, *args, device=None) -> dict:
+    """run(*args) with launches recorded, then its kernels compiled and loaded (see module
+    docstring). Returns counts and seconds, for benchmarks."""
+    from . import cache
+    from .runtime.device import current_device
+    start = time.perf_counter()
+    with recorded_launches() as recorded:
+        run(*args)
+    jobs, seen = [], set()
+    for kernel, arch, spec, options in recorded:
+        key = cache.kernel_key(kernel, arch, kernel.spec_from_kwargs(spec), options)
+        if key not in seen:
+            seen.add(key)
+            jobs.append((kernel, arch, spec, options, cache.lookup(key, arch) is None))
+    remote = [job[:4] for job in jobs if job[4] and _encodable(*job[:4])]
+    in_workers = _compile_in_workers(remote)
+    device = device or current_device()
+    compiled = [k.compile(a, o, **s) for k, a, s, o, _ in jobs]   # now disk hits, mostly
+    loaded = _load_all(device, compiled)
+    return dict(kernels=len(jobs), compiled_in_workers=in_workers, loaded=loaded,
+                seconds=time.perf_counter() - start)
+
+
+def _encode(value):
+    if isinstance(value, bool):
+        return {"b": value}
+    if isinstance(value, int):
+        return {"i": value}
+    if isinstance(value, float):
+        return {"f": value}
+    if isinstance(value, str):
+        return {"s": value}
+    import pykernel
+    name = getattr(value, "name", None)
+    if isinstance(name, str) and getattr(pykernel, name, None) is value:
+        return {"t": name}
+    return None
+
+
+def _decode(encoded: dict):
+    (tag, value), = encoded.items()
+    if tag == "t":
+        import pykernel
+        return getattr(pykernel, value)
+    return value
+
+
+def _encodable(kernel, arch, spec: dict, options) -> bool:
+    module = sys.modules.get(kernel.fn.__module__)
+    if module is None or kernel.fn.__module__ == "__main__" or \
+            getattr(module, kernel.name, None) is not kernel:
+        return False
+    return all(_encode(v) is not None for v in spec.values()) and \
+        all(isinstance(v, (bool, int)) for v in asdict(options).values())
+
+
+def _compile_in_workers(jobs: list) -> int:
+    """Compiles jobs in worker processes; returns how many succeeded."""
+    n = worker_count(len(jobs))
+    if n < 2:       # one core (or one job): the launch compiles it just as fast
+        return 0
+    queue = [json.dumps(dict(module=k.fn.__module__, name=k.name, arch=a, options=asdict(o),
+                             spec={p: _encode(v) for p, v in s.items()})).encode() + b"\n"
+             for k, a, s, o in jobs]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    workers = [subprocess.Popen([sys.executable, "-c", _BOOT], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+               for _ in range(n)]
+    done, buffers, busy = 0, {w.stdout.fileno(): b"" for w in workers}, {}
+    by_fd = {w.stdout.fileno(): w for w in workers}
+    try:
+        while by_fd:
+            ready, _, _ = select.select(list(by_fd), [], [], WAIT_S)
+            if not ready:
+                break
+            for fd in ready:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:                 # the worker died: its job compiles at launch
+                    del by_fd[fd]
+                    continue
+                buffers[fd] += chunk
+                while b"\n" in buffers[fd]:
+                    line, buffers[fd] = buffers[fd].split(b"\n", 1)
+                    reply = json.loads(line)
+                    done += bool(reply.get("ok")) and busy.pop(fd, False)
+                    worker = by_fd[fd]
+                    if queue:
+                        busy[fd] = True
+                        worker.stdin.write(queue.pop())
+                        worker.stdin.flush()
+                    else:
+                        worker.stdin.close()
+                        del by_fd[fd]
+                        break
+    finally:
+        for w in workers:
+            if w.poll() is None and not w.stdin.closed:
+                w.stdin.close()
+            try:
+                w.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                w.kill()
+                w.wait()
+            w.stdout.close()
+    return done
+
+
+def _load_all(device, compiled: list) -> int:
+    """Loads (the driver's PTX JIT) every compiled kernel not yet on the device, from threads:
+    the driver calls release the GIL, so the JITs overlap."""
+    if device.kind != "cuda":
+        return 0
+    todo = {c.cache_key: c for c in compiled if c.cache_key not in device._kernels}
+    if len(todo) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(min(len(todo), MAX_WORKERS)) as pool:
+            list(pool.map(device.load, todo.values()))
+    elif todo:
+        device.load(*todo.values())
+    return len(todo)
+
+
+def serve():
+    """The worker: compile each job into the disk cache until stdin closes."""
+    import importlib
+
+    from .lower.context import Options
+    sys.stdout.write(json.dumps({"ready": True}) + "\n")
+    sys.stdout.flush()
+    for line in sys.stdin:
+        job = json.loads(line)
+        try:
+            kernel = getattr(importlib.import_module(job["module"]), job["name"])
+            kernel.compile(job["arch"], Options(**job["options"]),
+                           **{p: _decode(v) for p, v in job["spec"].items()})
+            reply = {"ok": True}
+        except Exception as exc:   # reported to nobody: the launch compiles it and raises
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
