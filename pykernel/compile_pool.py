@@ -5,9 +5,9 @@ decode step needs 25-30 of them, one after another, while the other cores idle. 
 calls `run()` with launches recorded instead of made (so `run` must not read results back to
 the host: graph-capturable code qualifies), then has worker processes (this module run by
 `python -c`, one per core, PYKERNEL_COMPILE_WORKERS to change) compile the recorded
-specializations into the disk cache (cache.py), and finally loads them all on the device from
-threads, since the driver's PTX JIT is per kernel as well. The real launches afterwards find
-everything compiled and loaded. A kernel a worker cannot import by module and name (defined in
+specializations into the disk cache (cache.py). The real launches afterwards find them
+compiled. (Loading them into the driver from threads as well was measured slower than one
+by one: the PTX JITs do not overlap.) A kernel a worker cannot import by module and name (defined in
 `__main__` or inside a function) or whose Const values are not plain numbers, strings or
 pykernel dtypes is left to its launch, which compiles it as before: this only saves time.
 
@@ -24,6 +24,8 @@ import sys
 import time
 from contextlib import contextmanager
 from dataclasses import asdict
+
+import numpy as np
 
 MAX_WORKERS = 16
 WAIT_S = 600.0      # a worker silent this long is abandoned (its kernels compile at launch)
@@ -62,11 +64,10 @@ def recorded_launches():
         RECORDING = None
 
 
-def precompile(run, *args, device=None) -> dict:
-    """run(*args) with launches recorded, then its kernels compiled and loaded (see module
-    docstring). Returns counts and seconds, for benchmarks."""
+def precompile(run, *args) -> dict:
+    """run(*args) with launches recorded, then its kernels compiled (see module docstring).
+    Returns counts and seconds, for benchmarks."""
     from . import cache
-    from .runtime.device import current_device
     start = time.perf_counter()
     with recorded_launches() as recorded:
         run(*args)
@@ -78,10 +79,9 @@ def precompile(run, *args, device=None) -> dict:
             jobs.append((kernel, arch, spec, options, cache.lookup(key, arch) is None))
     remote = [job[:4] for job in jobs if job[4] and _encodable(*job[:4])]
     in_workers = _compile_in_workers(remote)
-    device = device or current_device()
-    compiled = [k.compile(a, o, **s) for k, a, s, o, _ in jobs]   # now disk hits, mostly
-    loaded = _load_all(device, compiled)
-    return dict(kernels=len(jobs), compiled_in_workers=in_workers, loaded=loaded,
+    for kernel, arch, spec, options, _ in jobs:
+        kernel.compile(arch, options, **spec)      # disk hits now, or compiled here
+    return dict(kernels=len(jobs), compiled_in_workers=in_workers,
                 seconds=time.perf_counter() - start)
 
 
@@ -94,6 +94,8 @@ def _encode(value):
         return {"f": value}
     if isinstance(value, str):
         return {"s": value}
+    if isinstance(value, np.dtype):                  # a type variable given as numpy's dtype
+        return {"np": value.str}
     import pykernel
     name = getattr(value, "name", None)
     if isinstance(name, str) and getattr(pykernel, name, None) is value:
@@ -106,7 +108,7 @@ def _decode(encoded: dict):
     if tag == "t":
         import pykernel
         return getattr(pykernel, value)
-    return value
+    return np.dtype(value) if tag == "np" else value
 
 
 def _encodable(kernel, arch, spec: dict, options) -> bool:
@@ -167,21 +169,6 @@ def _compile_in_workers(jobs: list) -> int:
                 w.wait()
             w.stdout.close()
     return done
-
-
-def _load_all(device, compiled: list) -> int:
-    """Loads (the driver's PTX JIT) every compiled kernel not yet on the device, from threads:
-    the driver calls release the GIL, so the JITs overlap."""
-    if device.kind != "cuda":
-        return 0
-    todo = {c.cache_key: c for c in compiled if c.cache_key not in device._kernels}
-    if len(todo) > 1:
-        from concurrent.futures import ThreadPoolExecutor
-        with ThreadPoolExecutor(min(len(todo), MAX_WORKERS)) as pool:
-            list(pool.map(device.load, todo.values()))
-    elif todo:
-        device.load(*todo.values())
-    return len(todo)
 
 
 def serve():

@@ -80,7 +80,7 @@ def test_precompile_then_run(device, fresh_cache):
     def step():
         scale_add[(n + 127) // 128, 64](x, y, n, 3.0, UNROLL=2)
         negate[(n + 127) // 128, 128](y, n)
-        L.launch(typed_copy, (n + 127) // 128, 128, (y, y, n), (("T", pk.f32),))
+        L.launch(typed_copy, (n + 127) // 128, 128, (y, y, n), (("T", y.dtype),))  # numpy
 
     stats = pk.precompile(step)
     assert np.all(y.numpy() == 0.0)                  # the dry run launched nothing

@@ -154,7 +154,7 @@ def test_dependent_chain_launched_eagerly_with_pdl(device, rng, seed):
     blocks = (n + 255) // 256
     dev = pk.current_device()
     with pk.programmatic_launches():
-        assert getattr(dev, "programmatic_launch", False) == (device == "cuda")
+        assert getattr(dev, "programmatic_launch", False) == (dev.kind == "cuda")
         for k in range(32):
             step[blocks, 256](a, b, n)
             step_trigger_early[blocks, 256](b, a, n)
