@@ -28,14 +28,19 @@ from dataclasses import asdict
 import numpy as np
 
 MAX_WORKERS = 16
+MIN_WORKERS = 4     # fewer: each worker's start-up (imports) eats the gain (2 measured equal)
 WAIT_S = 600.0      # a worker silent this long is abandoned (its kernels compile at launch)
 _BOOT = "from pykernel.compile_pool import serve; serve()"
 
 
 def worker_count(jobs: int) -> int:
+    """Workers for `jobs` compiles: one per core (PYKERNEL_COMPILE_WORKERS overrides), none
+    on machines of fewer than MIN_WORKERS cores."""
     setting = os.environ.get("PYKERNEL_COMPILE_WORKERS")
     cores = int(setting) if setting not in (None, "") else (os.cpu_count() or 1)
-    return max(0, min(jobs, cores, MAX_WORKERS))
+    if cores < MIN_WORKERS:
+        return 0
+    return min(jobs, cores, MAX_WORKERS)
 
 
 RECORDING: list | None = None   # the launches recorded_launches() collects, else None
@@ -123,7 +128,7 @@ def _encodable(kernel, arch, spec: dict, options) -> bool:
 def _compile_in_workers(jobs: list) -> int:
     """Compiles jobs in worker processes; returns how many succeeded."""
     n = worker_count(len(jobs))
-    if n < 2:       # one core (or one job): the launch compiles it just as fast
+    if n < 2:       # one job: its launch compiles it as fast
         return 0
     queue = [json.dumps(dict(module=k.fn.__module__, name=k.name, arch=a, options=asdict(o),
                              spec={p: _encode(v) for p, v in s.items()})).encode() + b"\n"

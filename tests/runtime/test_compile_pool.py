@@ -29,7 +29,7 @@ def typed_copy(x: Ptr["T", "ro"], y: Ptr["T"], n: i32):
 @pytest.fixture
 def fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("PYKERNEL_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("PYKERNEL_COMPILE_WORKERS", "2")
+    monkeypatch.setenv("PYKERNEL_COMPILE_WORKERS", "4")
     saved = dict(cache._MEMORY)
     cache._MEMORY.clear()
     for k in (scale_add, typed_copy):
@@ -55,7 +55,7 @@ def test_recorded_launches_are_not_made(device):
 
 def test_workers_compile_the_same_ptx_into_the_disk_cache(fresh_cache):
     jobs = [(scale_add, "sm_90", {"UNROLL": u}, scale_add.options) for u in (1, 2, 4)] + \
-        [(typed_copy, "sm_80", {"T": pk.f16}, typed_copy.options)]
+        [(typed_copy, "sm_80", {"T": pk.f16}, typed_copy.options)]   # 4 jobs: 4 workers
     assert compile_pool._compile_in_workers(jobs) == 4
     assert len(list(fresh_cache.glob("*.ptxcache"))) == 4
     for kernel, arch, spec, options in jobs:
@@ -89,3 +89,12 @@ def test_precompile_then_run(device, fresh_cache):
     np.testing.assert_array_equal(y.numpy(), -(np.float32(3.0) * x.numpy()))
     again = pk.precompile(step)                      # everything compiled: no workers
     assert again["kernels"] == 3 and again["compiled_in_workers"] == 0
+
+
+def test_worker_count(monkeypatch):
+    monkeypatch.setenv("PYKERNEL_COMPILE_WORKERS", "2")     # too few cores to gain: none
+    assert compile_pool.worker_count(30) == 0
+    monkeypatch.setenv("PYKERNEL_COMPILE_WORKERS", "8")
+    assert compile_pool.worker_count(30) == 8 and compile_pool.worker_count(3) == 3
+    monkeypatch.setenv("PYKERNEL_COMPILE_WORKERS", "64")
+    assert compile_pool.worker_count(30) == compile_pool.MAX_WORKERS
