@@ -1,7 +1,7 @@
 """Synthetic GGUF models of real shapes, for benchmarks without downloads.
 
 Input: a shape name (llama-8b, qwen2-1.5b, qwen3-8b, smollm2-135m), a file type (Q4_K_M, Q4_0,
-Q4_1) and an output path. Output: a GGUF file that both this runner and llama.cpp load: real
+Q4_1, Q8_0, Q6_K) and an output path. Output: a GGUF file that both this runner and llama.cpp load: real
 hyperparameters, a synthetic byte-level BPE vocabulary of the real size (256 byte tokens,
 merged tokens with their merges, two control tokens), and random weights written directly as
 valid blocks of each tensor's quantization layout (random quant bytes; scales chosen so that
@@ -9,7 +9,8 @@ every weight matrix has mean 0 and a trained model's spread, so activations stay
 through every layer). No float weights are generated or quantized. The Q4_K_M per-tensor
 mix follows llama.cpp's rules: output (or a tied token_embd) Q6_K; attn_v and ffn_down Q6_K in
 the `use_more_bits` layers (first and last eighth, every third in between), Q4_K elsewhere.
-Q4_0 / Q4_1: every matrix in that type, output Q6_K. Norms and biases are F32 (qwen3: also the
+Q4_0 / Q4_1 / Q6_K: every matrix in that type, output Q6_K; Q8_0: every matrix and the output
+Q8_0 (as llama.cpp's Q8_0 files). Norms and biases are F32 (qwen3: also the
 per-head attn_q_norm / attn_k_norm).
 """
 from __future__ import annotations
@@ -21,7 +22,8 @@ import numpy as np
 from gguf import GGUFWriter
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q, TokenType
 
-FILE_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q4_K_M": 15}   # llama_ftype values (general.file_type)
+# llama_ftype values (general.file_type)
+FILE_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q4_K_M": 15, "Q6_K": 18}
 
 
 @dataclass(frozen=True)
@@ -69,8 +71,8 @@ def use_more_bits(i_layer: int, n_layer: int) -> bool:
 def tensor_type(name: str, il: int, n_layer: int, file_type: str, cols: int = 256) -> Q:
     """The GGUF type of a weight matrix in a `file_type` file (llama.cpp's choices; Q8_0 where
     rows are not whole 256-element K-quant blocks)."""
-    if name in ("output", "token_embd_tied"):
-        return Q.Q6_K if cols % 256 == 0 else Q.Q8_0
+    if name in ("output", "token_embd_tied"):    # llama.cpp keeps a Q8_0 file's output Q8_0
+        return Q.Q6_K if cols % 256 == 0 and file_type != "Q8_0" else Q.Q8_0
     if file_type != "Q4_K_M":
         return Q[file_type]
     if name in ("attn_v", "ffn_down") and use_more_bits(il, n_layer):
@@ -200,9 +202,9 @@ def write_synthetic(shape_name: str, file_type: str, path, seed: int = 0) -> Pat
     if file_type not in FILE_TYPES:
         raise ValueError(f"unknown type {file_type!r} (expected one of {', '.join(FILE_TYPES)})")
     s, path = SHAPES[shape_name], Path(path)
-    if file_type == "Q4_K_M" and (s.n_embd % 256 or s.n_ff % 256):
+    if file_type in ("Q4_K_M", "Q6_K") and (s.n_embd % 256 or s.n_ff % 256):
         raise ValueError(f"{shape_name}: rows of {s.n_embd}/{s.n_ff} are not whole 256-element "
-                         "K-quant blocks; use Q4_0 or Q4_1")
+                         "K-quant blocks; use Q4_0, Q4_1 or Q8_0")
     plan = tensor_plan(s, file_type)
     w = GGUFWriter(path, s.arch)
     _metadata(w, s, shape_name, file_type)

@@ -169,6 +169,16 @@ def test_synth_weights_are_centred_and_spread_like_trained_ones(qtype, rng, seed
     assert 0.8 * WEIGHT_STD < w.std() < 1.25 * WEIGHT_STD, f"{qtype.name} std {w.std()}"
 
 
+@pytest.mark.parametrize("file_type,matrix,output", [("Q8_0", Q.Q8_0, Q.Q8_0),
+                                                     ("Q6_K", Q.Q6_K, Q.Q6_K),
+                                                     ("Q4_0", Q.Q4_0, Q.Q6_K)])
+def test_single_type_files(file_type, matrix, output):
+    plan = {name: qtype for name, qtype, _ in tensor_plan(SHAPES["llama-8b"], file_type)}
+    assert plan["output.weight"] == output
+    assert {plan[f"blk.{il}.{t}.weight"] for il in (0, 13, 31)
+            for t in ("attn_q", "attn_v", "ffn_down", "ffn_gate")} == {matrix}
+
+
 def test_q4_k_m_mix_follows_llama_cpp():
     plan = {name: qtype for name, qtype, _ in tensor_plan(SHAPES["llama-8b"], "Q4_K_M")}
     assert plan["output.weight"] == Q.Q6_K and plan["token_embd.weight"] == Q.Q4_K
