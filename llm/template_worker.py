@@ -40,25 +40,25 @@ class _Worker:
         self.pending = b""
         self.ready = self._reply(START_TIMEOUT_S) == {"ready": True}
 
-    def ask(self, request: dict, timeout: float) -> dict | None:
-        """The worker's reply, or None when it died or `timeout` passed first."""
+    def ask(self, request: dict, timeout: float) -> dict | str:
+        """The worker's reply, or why there is none: "timeout" or "died"."""
         try:
             self.proc.stdin.write(json.dumps(request).encode() + b"\n")
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
-            return None
+            return "died"
         return self._reply(timeout)
 
-    def _reply(self, timeout: float) -> dict | None:
+    def _reply(self, timeout: float) -> dict | str:
         deadline = time.monotonic() + timeout
         fd = self.proc.stdout.fileno()
         while b"\n" not in self.pending:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([fd], [], [], left)[0]:
-                return None
+                return "timeout"
             chunk = os.read(fd, 1 << 20)
             if not chunk:
-                return None
+                return "died"
             self.pending += chunk
         line, self.pending = self.pending.split(b"\n", 1)
         return json.loads(line)
@@ -89,15 +89,15 @@ def render(template: str, variables: dict, source: str,
                 raise RenderFailed(f"{source}: the template renderer process did not start "
                                    f"({sys.executable} with jinja2)")
         reply = _worker.ask(request, timeout)
-        if reply is None:
-            status = _worker.proc.poll()
+        if isinstance(reply, str):          # no reply: the worker is killed and replaced
+            proc = _worker.proc
             _worker.kill()
             _worker = None
-            if status is None:
+            if reply == "timeout":
                 raise RenderFailed(f"{source}: rendering took longer than {timeout:g} s and "
                                    "was stopped")
-            raise RenderFailed(f"{source}: the template renderer exited (status {status}) "
-                               "while rendering it")
+            raise RenderFailed(f"{source}: the template renderer exited (status "
+                               f"{proc.returncode}) while rendering it")
     if "error" in reply:
         raise RenderFailed(reply["error"])
     return reply["text"]

@@ -65,15 +65,19 @@ class Q8KTiles(NamedTuple):
 # tensor cores, ahead of 16 warps of 64 x 16 on all three 8B prefill shapes); Q6_K 499 us with
 # 32 x 64 warp tiles. (Q6_K with its fragment shifts as constants per step parity, two copies
 # of the step: -3..5% at k = 14336 and 4096 x 4096, +17% at 14336 x 4096: not kept.)
+# Q8_0: 96 x 128 (3 m16 tiles per warp), the largest tile whose 3 stages fit in shared memory
+# (128 x 128 needs 248 KB): 433 -> 394 / 425 -> 370 / 128 -> 127 us on the 8B's three shapes
+# against 64 x 128, llama-8B Q8_0 pp512 9115 -> 10159 t/s (H100, RESULTS.md "Q8_0 and Q6_K
+# files side by side")
 TUNED_KTILES = {"Q4_K": Q8KTiles(4, 4, 2, 4, 3), "Q6_K": Q8KTiles(2, 8, 4, 2, 3),
-                "Q4_0": Q8KTiles(4, 4, 2, 4, 3), "Q8_0": Q8KTiles(2, 4, 2, 4, 3)}
+                "Q4_0": Q8KTiles(4, 4, 2, 4, 3), "Q8_0": Q8KTiles(3, 4, 2, 4, 3)}
 CPU_KTILES = Q8KTiles(1, 1, 1, 1, 3)       # 16 x 8, one warp: the CPU target emulates threads
 # short prompts: (at most this many tokens, tiles), tried in order before TUNED_KTILES. A
 # 128 x 128 tile leaves most multiprocessors idle below ~256 tokens (llama-8B's down
 # projection: 32 blocks) and pays for 128 token columns however few are real; narrower and
 # shorter tiles made a 16-token 8B prefill 2.6x faster on the H200, 128 tokens 1.4x
 # (benchmarks/short_prompts.py, RESULTS.md "Short prompts"; Q4_0 gains alike; Q8_0, whose
-# tuned tiles are 64 x 128, only up to 64 tokens: the 8B's four GEMMs 889 -> 204 us at 16).
+# tuned tiles were 64 x 128 then, only up to 64 tokens: the 8B's four GEMMs 889 -> 204 us at 16).
 # 33-48 tokens: one 128 x 48 tile (wide_tiles' rule; H100, prompts of 33 / 40 / 48 tokens:
 # llama-8B +20-23%, qwen2-1.5B +7-10%); 49-64: 64 x 64 (128 x 64 measured +4-6% on the 8B but
 # -2.5-4% on qwen2-1.5B)
