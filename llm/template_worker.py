@@ -11,13 +11,10 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import select
+import queue
 import subprocess
 import sys
 import threading
-import time
-
-from llm import template_sandbox
 
 RENDER_TIMEOUT_S = 10.0    # real templates take milliseconds
 START_TIMEOUT_S = 60.0     # interpreter + jinja2 import on a slow, busy machine
@@ -25,6 +22,7 @@ START_TIMEOUT_S = 60.0     # interpreter + jinja2 import on a slow, busy machine
 # Runs template_sandbox.py by path: `python -m llm....` would import the llm package (numpy,
 # the runner) into a process that needs only jinja2.
 _BOOT = "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__main__')"
+_SANDBOX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "template_sandbox.py")
 
 
 class RenderFailed(Exception):
@@ -35,9 +33,13 @@ class _Worker:
     def __init__(self):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _BOOT, template_sandbox.__file__],
+            [sys.executable, "-c", _BOOT, _SANDBOX],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
-        self.pending = b""
+        # a thread reads the replies, so waiting with a deadline works on every platform
+        self.lines: queue.Queue = queue.Queue()
+        self.reader = threading.Thread(target=_forward_lines, args=(self.proc.stdout, self.lines),
+                                       daemon=True)
+        self.reader.start()
         self.ready = self._reply(START_TIMEOUT_S) == {"ready": True}
 
     def ask(self, request: dict, timeout: float) -> dict | str:
@@ -50,24 +52,28 @@ class _Worker:
         return self._reply(timeout)
 
     def _reply(self, timeout: float) -> dict | str:
-        deadline = time.monotonic() + timeout
-        fd = self.proc.stdout.fileno()
-        while b"\n" not in self.pending:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                return "timeout"
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                return "died"
-            self.pending += chunk
-        line, self.pending = self.pending.split(b"\n", 1)
-        return json.loads(line)
+        try:
+            line = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            return "timeout"
+        return "died" if line is None else json.loads(line)
 
     def kill(self):
         self.proc.kill()
         self.proc.wait()
+        self.reader.join(timeout=5)      # the pipe is at its end now
         for stream in (self.proc.stdin, self.proc.stdout):
             stream.close()
+
+
+def _forward_lines(stream, lines: queue.Queue):
+    """The worker's output, line by line, then None (end of file: it exited or was killed)."""
+    try:
+        for line in stream:
+            lines.put(line)
+    except (OSError, ValueError):
+        pass
+    lines.put(None)
 
 
 _lock = threading.Lock()

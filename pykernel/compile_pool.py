@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import json
 import os
-import select
+import queue
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -130,43 +131,44 @@ def _compile_in_workers(jobs: list) -> int:
     n = worker_count(len(jobs))
     if n < 2:       # one job: its launch compiles it as fast
         return 0
-    queue = [json.dumps(dict(module=k.fn.__module__, name=k.name, arch=a, options=asdict(o),
-                             spec={p: _encode(v) for p, v in s.items()})).encode() + b"\n"
-             for k, a, s, o in jobs]
+    pending = [json.dumps(dict(module=k.fn.__module__, name=k.name, arch=a, options=asdict(o),
+                              spec={p: _encode(v) for p, v in s.items()})).encode() + b"\n"
+              for k, a, s, o in jobs]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     workers = [subprocess.Popen([sys.executable, "-c", _BOOT], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
                for _ in range(n)]
-    done, buffers, busy = 0, {w.stdout.fileno(): b"" for w in workers}, {}
-    by_fd = {w.stdout.fileno(): w for w in workers}
+    replies: queue.Queue = queue.Queue()     # (worker, line or None at its end), from threads
+    for i, w in enumerate(workers):
+        threading.Thread(target=_forward_lines, args=(i, w.stdout, replies), daemon=True).start()
+    done, running = 0, n
     try:
-        while by_fd:
-            ready, _, _ = select.select(list(by_fd), [], [], WAIT_S)
-            if not ready:
+        while running:
+            try:
+                i, line = replies.get(timeout=WAIT_S)
+            except queue.Empty:
                 break
-            for fd in ready:
-                chunk = os.read(fd, 1 << 16)
-                if not chunk:                 # the worker died: its job compiles at launch
-                    del by_fd[fd]
-                    continue
-                buffers[fd] += chunk
-                while b"\n" in buffers[fd]:
-                    line, buffers[fd] = buffers[fd].split(b"\n", 1)
-                    reply = json.loads(line)
-                    done += bool(reply.get("ok")) and busy.pop(fd, False)
-                    worker = by_fd[fd]
-                    if queue:
-                        busy[fd] = True
-                        worker.stdin.write(queue.pop())
-                        worker.stdin.flush()
-                    else:
-                        worker.stdin.close()
-                        del by_fd[fd]
-                        break
+            if line is None:                  # closed (or died: its job compiles at launch)
+                running -= 1
+                continue
+            done += bool(json.loads(line).get("ok"))
+            worker = workers[i]
+            if worker.stdin.closed:
+                continue
+            try:
+                if pending:
+                    worker.stdin.write(pending.pop())
+                    worker.stdin.flush()
+                else:
+                    worker.stdin.close()
+            except OSError:       # it died: its end of file comes through `replies`
+                pass
     finally:
         for w in workers:
-            if w.poll() is None and not w.stdin.closed:
+            try:
                 w.stdin.close()
+            except OSError:
+                pass
             try:
                 w.wait(timeout=5)
             except subprocess.TimeoutExpired:
@@ -174,6 +176,15 @@ def _compile_in_workers(jobs: list) -> int:
                 w.wait()
             w.stdout.close()
     return done
+
+
+def _forward_lines(worker: int, stream, replies: queue.Queue):
+    try:
+        for line in stream:
+            replies.put((worker, line))
+    except (OSError, ValueError):
+        pass
+    replies.put((worker, None))
 
 
 def serve():

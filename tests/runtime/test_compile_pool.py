@@ -26,6 +26,11 @@ def typed_copy(x: Ptr["T", "ro"], y: Ptr["T"], n: i32):
         y[i] = x[i]
 
 
+@pk.kernel
+def broken(x: Ptr[f32], n: i32):
+    x[0] = not_defined_anywhere     # noqa: F821  (a source error: compiling it raises)
+
+
 @pytest.fixture
 def fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("PYKERNEL_CACHE_DIR", str(tmp_path / "cache"))
@@ -63,6 +68,14 @@ def test_workers_compile_the_same_ptx_into_the_disk_cache(fresh_cache):
         assert not from_disk.llvm_ir          # loaded from the disk cache, not compiled here
         here = compile_kernel(kernel, arch, kernel.spec_from_kwargs(spec), options, fresh=True)
         assert from_disk.ptx == here.ptx
+
+
+def test_a_failing_compile_is_left_to_its_launch(fresh_cache):
+    jobs = [(scale_add, "sm_90", {"UNROLL": 3}, scale_add.options),
+            (broken, "sm_90", {}, broken.options)]
+    assert compile_pool._compile_in_workers(jobs) == 1
+    with pytest.raises(pk.KernelSourceError, match="not_defined_anywhere"):
+        broken.compile("sm_90")          # the user sees the error where it always was
 
 
 def test_precompile_then_run(device, fresh_cache):
