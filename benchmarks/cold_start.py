@@ -1,7 +1,7 @@
 """Cold start of the runner: where the first run on a fresh machine spends its time.
 
-Input: a GGUF file. Output: (1) wall time of `pykernel run PROMPT --model FILE -n N` in a new process
-with empty caches (pykernel's PTX cache and the driver's JIT cache), then again with both warm;
+Input: a GGUF file. Output: (1) wall time of `pykernel run PROMPT --model FILE -n N` in a
+new process with empty caches (pykernel's PTX cache and the driver's JIT cache), then again with both warm;
 (2) an in-process probe of a cold run: kernels compiled (Python -> PTX) and loaded (the
 driver's PTX JIT), total and slowest, and the specializations compiled, as JSON (`--specs`),
 so the compile can be profiled on a machine without a GPU.
@@ -34,8 +34,9 @@ def cli_walls(model: str, n: int) -> tuple[float, float]:
         env, walls = fresh_env(root), []
         for _ in range(2):
             start = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "pykernel", "run", PROMPT, "--model", model, "-n", str(n),
-                            "--temp", "0"], env=env, check=True, capture_output=True)
+            subprocess.run([sys.executable, "-m", "pykernel", "run", PROMPT, "--model", model,
+                            "-n", str(n), "--temp", "0"], env=env, check=True,
+                           capture_output=True)
             walls.append(time.perf_counter() - start)
         return walls[0], walls[1]
 

@@ -1,10 +1,10 @@
 """Synthetic GGUF models of real shapes, for benchmarks without downloads.
 
 Input: a shape name (llama-8b, qwen2-1.5b, qwen3-8b, smollm2-135m), a file type (Q4_K_M, Q4_0,
-Q4_1, Q8_0, Q6_K) and an output path. Output: a GGUF file that both this runner and llama.cpp load: real
-hyperparameters, a synthetic byte-level BPE vocabulary of the real size (256 byte tokens,
-merged tokens with their merges, two control tokens), and random weights written directly as
-valid blocks of each tensor's quantization layout (random quant bytes; scales chosen so that
+Q4_1, Q8_0, Q6_K) and an output path. Output: a GGUF file that both this runner and llama.cpp
+load: real hyperparameters, a synthetic byte-level BPE vocabulary of the real size (256 byte
+tokens, merged tokens with their merges, two control tokens), and random weights written
+directly as valid blocks of each tensor's quantization layout (random quant bytes; scales chosen so that
 every weight matrix has mean 0 and a trained model's spread, so activations stay finite
 through every layer). No float weights are generated or quantized. The Q4_K_M per-tensor
 mix follows llama.cpp's rules: output (or a tied token_embd) Q6_K; attn_v and ffn_down Q6_K in

@@ -7,9 +7,9 @@ hours and `[0] * 10**9` takes 8 GB. So templates render in a child process (this
 script; it imports nothing of `llm`, only jinja2 and the standard library) that caps its own
 address space, and the parent (`llm.chat`) kills it when a render overruns its deadline.
 
-Protocol: `{"ready": true}` once started, then one JSON object per line on stdin, `{"template", "variables", "source"}`; one JSON
-object per line on stdout, `{"text": ...}` or `{"error": message}`. The child exits when stdin
-closes.
+Protocol: `{"ready": true}` once started; then for each JSON line on stdin,
+`{"template", "variables", "source"}`, one JSON line on stdout, `{"text": ...}` or
+`{"error": message}`. The child exits when stdin closes.
 """
 from __future__ import annotations
 
