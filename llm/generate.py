@@ -135,6 +135,7 @@ def stream(session: Session, tokenizer, prompt_ids: Sequence[int], sampler: Samp
                            f"prompt or raise the context (--ctx)")
     t0 = time.perf_counter()
     logits, stats.prompt_tokens = session.prefill_act(prompt_ids)
+    session.backend.synchronize()    # the prompt's time is its device work's, not its launches'
     stats.prompt_seconds = time.perf_counter() - t0
     decoder, matcher = tokenizer.stream_decoder(), _StopMatcher(stop)
     history, t0, stats.stop_reason = list(prompt_ids), time.perf_counter(), "max_tokens"

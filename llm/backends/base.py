@@ -126,6 +126,9 @@ class Backend(ABC):
     def last_row(self, x: Act) -> Act:
         """x[-1:] (decode only needs the last position's logits)."""
 
+    def synchronize(self) -> None:
+        """Wait for the work queued on the backend's device (for timings); no-op on the host."""
+
     @abstractmethod
     def to_host(self, x: Act) -> np.ndarray:
         """float32 numpy copy (or view) of an activation."""

@@ -479,6 +479,9 @@ class KernelsBackend(Backend):
     def to_host(self, x):
         return self.materialize(x).numpy()
 
+    def synchronize(self) -> None:
+        pk.synchronize(self.device)
+
     # --- deferred values -----------------------------------------------------------------------
     def materialize(self, x):
         """A contiguous f32 device array for any activation (launching what was deferred)."""

@@ -162,3 +162,12 @@ def test_backend_choice_errors():
     with pytest.raises(ValueError, match="unknown device"):
         llm.load(TINY_LLAMA, device="tpu")
     assert isinstance(llm.BackendUnavailable("x"), NotImplementedError)
+
+
+def test_prompt_time_waits_for_the_device(tiny, monkeypatch):
+    """The prompt's seconds end when its device work does (a GPU runs the prefill
+    asynchronously: timing the launches alone overstated prompt tok/s)."""
+    import time
+    monkeypatch.setattr(tiny.backend, "synchronize", lambda: time.sleep(0.3))
+    list(tiny.generate("Hello there", max_tokens=1, temperature=0))
+    assert tiny.last_stats.prompt_seconds >= 0.3
