@@ -1,15 +1,15 @@
 """A function that launches kernels -> the kernels it would compile, compiled in parallel.
 
-A kernel compiles on one core in 0.1-2 s (Python lowering, then LLVM); a model's first
-decode step needs 25-30 of them, one after another, while the other cores idle. `precompile(run)`
+A kernel compiles on one core in 0.1-2 s (Python lowering, then LLVM); a model's first decode
+step needs 25-30 of them, one after another, while the other cores idle. `precompile(run)`
 calls `run()` with launches recorded instead of made (so `run` must not read results back to
 the host: graph-capturable code qualifies), then has worker processes (this module run by
 `python -c`, one per core, PYKERNEL_COMPILE_WORKERS to change) compile the recorded
 specializations into the disk cache (cache.py). The real launches afterwards find them
-compiled. (Loading them into the driver from threads as well was measured slower than one
-by one: the PTX JITs do not overlap.) A kernel a worker cannot import by module and name (defined in
-`__main__` or inside a function) or whose Const values are not plain numbers, strings or
-pykernel dtypes is left to its launch, which compiles it as before: this only saves time.
+compiled. (Loading them into the driver from threads as well was measured slower than one by
+one: the PTX JITs do not overlap.) A kernel a worker cannot import by module and name (defined
+in `__main__` or inside a function), or whose Const values are not numbers, strings, pykernel
+or numpy dtypes, is left to its launch, which compiles it as before: this only saves time.
 
 Worker protocol: `{"ready": true}` once started, then per stdin line
 `{"module", "name", "arch", "options", "spec"}` one stdout line `{"ok": bool, "error": str}`.
