@@ -1,10 +1,11 @@
 """Cold start of the runner: where the first run on a fresh machine spends its time.
 
 Input: a GGUF file. Output: (1) wall time of `pykernel run PROMPT --model FILE -n N` in a
-new process with empty caches (pykernel's PTX cache and the driver's JIT cache), then again with both warm;
-(2) an in-process probe of a cold run: kernels compiled (Python -> PTX) and loaded (the
-driver's PTX JIT), total and slowest, and the specializations compiled, as JSON (`--specs`),
-so the compile can be profiled on a machine without a GPU.
+new process with empty caches (pykernel's PTX cache and the driver's JIT cache), then again
+with both warm; (2) an in-process probe of a cold run: kernels compiled in this process
+(Python -> PTX; precompile's workers compile the rest) and loaded (the driver's PTX JIT),
+total and slowest, and those specializations as JSON (`--specs`), so the compile can be
+profiled on a machine without a GPU.
 
     python3 benchmarks/cold_start.py MODEL.gguf [-n 16] [--specs specs.json]
 """
