@@ -77,13 +77,15 @@ def precompile(run, *args) -> dict:
     start = time.perf_counter()
     with recorded_launches() as recorded:
         run(*args)
-    jobs, seen = [], set()
+    unique = {}     # a step launches each kernel many times: hash each specialization once
     for kernel, arch, spec, options in recorded:
+        unique.setdefault((id(kernel), arch, repr(spec), repr(options)),
+                          (kernel, arch, spec, options))
+    jobs = []
+    for kernel, arch, spec, options in unique.values():
         key = cache.kernel_key(kernel, arch, kernel.spec_from_kwargs(spec), options)
-        if key not in seen:
-            seen.add(key)
-            jobs.append((kernel, arch, spec, options, cache.lookup(key, arch) is None))
-    remote = [job[:4] for job in jobs if job[4] and _encodable(*job[:4])]
+        jobs.append((kernel, arch, spec, options, cache.lookup(key, arch) is None))
+    remote = [job[:4] for job in jobs if job[4] and _encodable(job[0], job[2], job[3])]
     in_workers = _compile_in_workers(remote)
     for kernel, arch, spec, options, _ in jobs:
         kernel.compile(arch, options, **spec)      # disk hits now, or compiled here
@@ -117,7 +119,7 @@ def _decode(encoded: dict):
     return np.dtype(value) if tag == "np" else value
 
 
-def _encodable(kernel, arch, spec: dict, options) -> bool:
+def _encodable(kernel, spec: dict, options) -> bool:
     module = sys.modules.get(kernel.fn.__module__)
     if module is None or kernel.fn.__module__ == "__main__" or \
             getattr(module, kernel.name, None) is not kernel:
