@@ -3,8 +3,9 @@
 Input: a GGUF file. Output: (1) wall time of `pykernel run PROMPT --model FILE -n N` in a
 new process with empty caches (pykernel's PTX cache and the driver's JIT cache), then again
 with both warm; (2) an in-process probe of a cold run: kernels compiled in this process
-(Python -> PTX; precompile's workers compile the rest) and loaded (the driver's PTX JIT),
-total and slowest, and those specializations as JSON (`--specs`), so the compile can be
+(Python -> PTX; precompile's workers compile the rest), loaded, and launched the first
+time (where the driver's PTX JIT runs under its default lazy module loading), total and
+slowest, and those specializations as JSON (`--specs`), so the compile can be
 profiled on a machine without a GPU.
 
     python3 benchmarks/cold_start.py MODEL.gguf [-n 16] [--specs specs.json]
@@ -46,8 +47,9 @@ PROBE = r'''
 import json, sys, time
 import pykernel.compiler as compiler
 from pykernel.runtime import cuda
-compiles, loads = [], []
+compiles, loads, firsts = [], [], {}
 original_compile, original_load = compiler.compile_kernel, cuda.CudaDevice.load
+original_launch = cuda.CudaDevice.launch
 
 def timed_compile(kernel, arch, spec, options, *args, **kwargs):
     start = time.perf_counter()
@@ -63,7 +65,28 @@ def timed_load(self, compiled):
     loads.append(dict(kernel=compiled.name, seconds=time.perf_counter() - start))
     return out
 
+def timed_launch(self, compiled, *args, **kwargs):
+    # with lazy module loading (the driver's default) the PTX JIT runs in a kernel's first
+    # launch, not in its load
+    first = compiled.cache_key not in firsts
+    start = time.perf_counter()
+    out = original_launch(self, compiled, *args, **kwargs)
+    if first:
+        firsts[compiled.cache_key] = dict(kernel=compiled.name,
+                                          seconds=time.perf_counter() - start)
+    return out
+
+import pykernel
+precompiles, original_precompile = [], pykernel.precompile
+
+def timed_precompile(*args, **kwargs):
+    start = time.perf_counter()
+    stats = original_precompile(*args, **kwargs)
+    precompiles.append(dict(stats, wall_s=time.perf_counter() - start))
+    return stats
+
 compiler.compile_kernel, cuda.CudaDevice.load = timed_compile, timed_load
+cuda.CudaDevice.launch, pykernel.precompile = timed_launch, timed_precompile
 start = time.perf_counter()
 import llm
 model = llm.load(sys.argv[1], device="cuda")
@@ -71,7 +94,8 @@ loaded = time.perf_counter()
 text = "".join(model.generate(sys.argv[2], max_tokens=int(sys.argv[3]), temperature=0))
 done = time.perf_counter()
 print(json.dumps(dict(load_s=loaded - start, generate_s=done - loaded, compiles=compiles,
-                      loads=loads)))
+                      loads=loads, first_launches=list(firsts.values()),
+                      precompiles=precompiles)))
 '''
 
 
@@ -91,10 +115,15 @@ def main():
     cold, warm = cli_walls(args.model, args.n)
     print(f"pykernel run -n {args.n}: cold {cold:.2f} s, warm {warm:.2f} s")
     result = probe(args.model, args.n)
-    compiles, loads = result["compiles"], result["loads"]
+    compiles, loads, firsts = result["compiles"], result["loads"], result["first_launches"]
     print(f"probe (cold): model load {result['load_s']:.2f} s, generate {result['generate_s']:.2f}"
           f" s; {len(compiles)} compiles {sum(c['seconds'] for c in compiles):.2f} s, "
-          f"{len(loads)} driver loads {sum(x['seconds'] for x in loads):.2f} s")
+          f"{len(loads)} driver loads {sum(x['seconds'] for x in loads):.2f} s, first launches "
+          f"(with lazy loading the driver's JIT) {sum(x['seconds'] for x in firsts):.2f} s")
+    for stats in result["precompiles"]:
+        print(f"  precompile: {stats}")
+    for x in sorted(firsts, key=lambda x: -x["seconds"])[:5]:
+        print(f"  first launch {x['kernel']:<23} {x['seconds']:.2f} s")
     for c in sorted(compiles, key=lambda c: -c["seconds"])[:8]:
         print(f"  compile {c['kernel']:<28} {c['seconds']:.2f} s")
     for x in sorted(loads, key=lambda x: -x["seconds"])[:5]:

@@ -6,8 +6,11 @@ calls `run()` with launches recorded instead of made (so `run` must not read res
 the host: graph-capturable code qualifies), then has worker processes (this module run by
 `python -c`, one per core, PYKERNEL_COMPILE_WORKERS to change) compile the recorded
 specializations into the disk cache (cache.py). The real launches afterwards find them
-compiled. (Loading them into the driver from threads as well was measured slower than one by
-one: the PTX JITs do not overlap.) A kernel a worker cannot import by module and name (defined
+compiled. On a cuda device a thread of this process meanwhile loads each kernel compiled so
+far into the driver and finishes its lazy loading (`CudaDevice.preload`: the PTX JIT, 0.1-0.8 s
+a kernel, which would otherwise run in the kernel's first launch), one at a time: loading
+from several threads was measured slower than one by one, and JIT-ing in the workers (each
+with its own context) cost as much in context start-up as it saved. A kernel a worker cannot import by module and name (defined
 in `__main__` or inside a function), or whose Const values are not numbers, strings, pykernel
 or numpy dtypes, is left to its launch, which compiles it as before: this only saves time.
 
@@ -86,7 +89,17 @@ def precompile(run, *args) -> dict:
         key = cache.kernel_key(kernel, arch, kernel.spec_from_kwargs(spec), options)
         jobs.append((kernel, arch, spec, options, cache.lookup(key, arch) is None))
     remote = [job[:4] for job in jobs if job[4] and _encodable(job[0], job[2], job[3])]
-    in_workers = _compile_in_workers(remote)
+    preloader = _Preloader.for_current_device()
+    if preloader is not None:
+        for job in jobs:
+            if not job[4]:                         # compiled already: load while they compile
+                preloader.submit(job[:4])
+    try:
+        in_workers = _compile_in_workers(
+            remote, None if preloader is None else lambda i: preloader.submit(remote[i]))
+    finally:
+        if preloader is not None:
+            preloader.finish()
     for kernel, arch, spec, options, _ in jobs:
         kernel.compile(arch, options, **spec)      # disk hits now, or compiled here
     return dict(kernels=len(jobs), compiled_in_workers=in_workers,
@@ -128,8 +141,45 @@ def _encodable(kernel, spec: dict, options) -> bool:
         all(isinstance(v, (bool, int)) for v in asdict(options).values())
 
 
-def _compile_in_workers(jobs: list) -> int:
-    """Compiles jobs in worker processes; returns how many succeeded."""
+class _Preloader:
+    """A thread that preloads (CudaDevice.preload) each submitted (kernel, arch, spec,
+    options) whose PTX is in the cache, one at a time; failures are left to the launch, which
+    loads again and reports them."""
+
+    def __init__(self, device):
+        self.device = device
+        self.jobs: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    @classmethod
+    def for_current_device(cls):
+        from .runtime.device import current_device
+        device = current_device()
+        if not hasattr(device, "preload") or \
+                os.environ.get("PYKERNEL_PRELOAD", "1") in ("", "0"):
+            return None
+        return cls(device)
+
+    def submit(self, job):
+        self.jobs.put(job)
+
+    def finish(self):
+        self.jobs.put(None)
+        self.thread.join()
+
+    def _run(self):
+        while (job := self.jobs.get()) is not None:
+            kernel, arch, spec, options = job
+            try:
+                self.device.preload(kernel.compile(arch, options, **spec))
+            except Exception:
+                pass
+
+
+def _compile_in_workers(jobs: list, on_compiled=None) -> int:
+    """Compiles jobs in worker processes, calling on_compiled(index) as each one succeeds;
+    returns how many succeeded."""
     n = worker_count(len(jobs))
     if n < 2:       # one job: its launch compiles it as fast
         return 0
@@ -144,6 +194,7 @@ def _compile_in_workers(jobs: list) -> int:
     for i, w in enumerate(workers):
         threading.Thread(target=_forward_lines, args=(i, w.stdout, replies), daemon=True).start()
     done, running = 0, n
+    assigned: dict = {}                      # worker -> index of the job it was given last
     try:
         while running:
             try:
@@ -153,18 +204,22 @@ def _compile_in_workers(jobs: list) -> int:
             if line is None:                  # closed (or died: its job compiles at launch)
                 running -= 1
                 continue
-            done += bool(json.loads(line).get("ok"))
+            finished = assigned.pop(i, None) if json.loads(line).get("ok") else None
             worker = workers[i]
-            if worker.stdin.closed:
-                continue
-            try:
-                if pending:
-                    worker.stdin.write(pending.pop())
-                    worker.stdin.flush()
-                else:
-                    worker.stdin.close()
-            except OSError:       # it died: its end of file comes through `replies`
-                pass
+            if not worker.stdin.closed:
+                try:
+                    if pending:
+                        assigned[i] = len(pending) - 1
+                        worker.stdin.write(pending.pop())
+                        worker.stdin.flush()
+                    else:
+                        worker.stdin.close()
+                except OSError:   # it died: its end of file comes through `replies`
+                    pass
+            if finished is not None:          # after feeding the worker its next job
+                done += 1
+                if on_compiled is not None:
+                    on_compiled(finished)
     finally:
         for w in workers:
             try:

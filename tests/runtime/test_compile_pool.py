@@ -61,7 +61,9 @@ def test_recorded_launches_are_not_made(device):
 def test_workers_compile_the_same_ptx_into_the_disk_cache(fresh_cache):
     jobs = [(scale_add, "sm_90", {"UNROLL": u}, scale_add.options) for u in (1, 2, 4)] + \
         [(typed_copy, "sm_80", {"T": pk.f16}, typed_copy.options)]   # 4 jobs: 4 workers
-    assert compile_pool._compile_in_workers(jobs) == 4
+    seen = []
+    assert compile_pool._compile_in_workers(jobs, seen.append) == 4
+    assert sorted(seen) == [0, 1, 2, 3]        # each job reported once, as it finished
     assert len(list(fresh_cache.glob("*.ptxcache"))) == 4
     for kernel, arch, spec, options in jobs:
         from_disk = kernel.compile(arch, **spec)
@@ -73,7 +75,9 @@ def test_workers_compile_the_same_ptx_into_the_disk_cache(fresh_cache):
 def test_a_failing_compile_is_left_to_its_launch(fresh_cache):
     jobs = [(scale_add, "sm_90", {"UNROLL": 3}, scale_add.options),
             (broken, "sm_90", {}, broken.options)]
-    assert compile_pool._compile_in_workers(jobs) == 1
+    seen = []
+    assert compile_pool._compile_in_workers(jobs, seen.append) == 1
+    assert seen == [0]
     with pytest.raises(pk.KernelSourceError, match="not_defined_anywhere"):
         broken.compile("sm_90")          # the user sees the error where it always was
 
@@ -98,6 +102,13 @@ def test_precompile_then_run(device, fresh_cache):
     stats = pk.precompile(step)
     assert np.all(y.numpy() == 0.0)                  # the dry run launched nothing
     assert stats["kernels"] == 3 and stats["compiled_in_workers"] == 2
+    if device.kind == "cuda":      # the workers' kernels were loaded and JIT-ed meanwhile
+        from cuda.bindings import driver as cu
+        for compiled in (scale_add.compile(device.arch, UNROLL=2),
+                         typed_copy.compile(device.arch, T=pk.f32)):
+            func = device._kernels[compiled.cache_key].func
+            state = cu.cuFuncIsLoaded(func)[1]
+            assert state == cu.CUfunctionLoadingState.CU_FUNCTION_LOADING_STATE_LOADED
     step()
     np.testing.assert_array_equal(y.numpy(), -(np.float32(3.0) * x.numpy()))
     again = pk.precompile(step)                      # everything compiled: no workers
