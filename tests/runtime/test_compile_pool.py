@@ -115,6 +115,24 @@ def test_precompile_then_run(device, fresh_cache):
     assert again["kernels"] == 3 and again["compiled_in_workers"] == 0
 
 
+def test_preloader_loads_on_its_thread_and_leaves_failures_to_the_launch(fresh_cache):
+    class Device:
+        def __init__(self):
+            self.loaded = []
+
+        def preload(self, compiled):
+            if compiled.name == "typed_copy":
+                raise RuntimeError("the driver refused")     # swallowed: the launch reports
+            self.loaded.append(compiled.name)
+    device = Device()
+    preloader = compile_pool._Preloader(device)
+    preloader.submit((scale_add, "sm_90", {"UNROLL": 1}, scale_add.options))
+    preloader.submit((typed_copy, "sm_90", {"T": pk.f32}, typed_copy.options))
+    preloader.submit((scale_add, "sm_80", {"UNROLL": 2}, scale_add.options))
+    preloader.finish()
+    assert device.loaded == ["scale_add", "scale_add"] and not preloader.thread.is_alive()
+
+
 def test_worker_count(monkeypatch):
     monkeypatch.setenv("PYKERNEL_COMPILE_WORKERS", "2")     # too few cores to gain: none
     assert compile_pool.worker_count(30) == 0
