@@ -24,6 +24,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPT = "Once upon a time,"
 
 
+# the runs start in REPO: `python -m` and `python -c` put the working directory first on
+# sys.path, so from elsewhere they would import that directory's pykernel (an A/B of two trees
+# would time one of them twice)
 def fresh_env(root: str) -> dict:
     return dict(os.environ, PYKERNEL_CACHE_DIR=os.path.join(root, "ptx"),
                 CUDA_CACHE_PATH=os.path.join(root, "nv"), PYTHONPATH=os.pathsep.join(
@@ -38,7 +41,7 @@ def cli_walls(model: str, n: int) -> tuple[float, float]:
             start = time.perf_counter()
             subprocess.run([sys.executable, "-m", "pykernel", "run", PROMPT, "--model", model,
                             "-n", str(n), "--temp", "0"], env=env, check=True,
-                           capture_output=True)
+                           capture_output=True, cwd=REPO)
             walls.append(time.perf_counter() - start)
         return walls[0], walls[1]
 
@@ -102,7 +105,8 @@ print(json.dumps(dict(load_s=loaded - start, generate_s=done - loaded, compiles=
 def probe(model: str, n: int) -> dict:
     with tempfile.TemporaryDirectory() as root:
         out = subprocess.run([sys.executable, "-c", PROBE, model, PROMPT, str(n)],
-                             env=fresh_env(root), check=True, capture_output=True, text=True)
+                             env=fresh_env(root), check=True, capture_output=True, text=True,
+                             cwd=REPO)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
