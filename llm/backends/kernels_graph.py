@@ -31,6 +31,7 @@ import warnings
 import numpy as np
 
 import pykernel as pk
+from pykernel import compile_pool
 from llm.backends import kernels_extra as X
 from llm.models.transformer import Transformer
 
@@ -133,7 +134,8 @@ class GraphedTransformer(Transformer):
         if step is None:
             io = pk.to_device(host)
             step = cache.prefill_graphs[bucket] = PrefillGraph(io, None)
-            step.logits = self._run_as_captured(self._record_prefill, io, bucket, cache)
+            step.logits = self._run_as_captured(self._record_prefill, io, bucket, cache,
+                                                then_decode=(cache, start + n))
             return step.logits
         step.io.copy_from(host)
         if step.graph is None:
@@ -143,20 +145,31 @@ class GraphedTransformer(Transformer):
         step.graph.replay()
         return step.logits
 
-    def _run_as_captured(self, record, *args):
+    def _run_as_captured(self, record, *args, then_decode=None):
         """The eager run of a step before its capture (kernels compiled, buffers allocated):
         with the PDL kernel variants the capture records, so only those are compiled and
         loaded, and on cuda all of them at once first (pk.precompile: a dry run of the
-        capturable step, then compiles on every core; a cold start's ~15 s of compiling)."""
+        capturable step, then compiles on every core; a cold start's ~15 s of compiling).
+        then_decode=(cache, pos): a prompt's step, after which a decode at pos follows (in
+        generate); where workers compile, the dry run takes that decode step's kernels too, so
+        they compile in the same batch (one round of worker start-up, not two)."""
         stream = self.backend.stream
         with pk.programmatic_launches(stream.device if stream is not None else None, PDL):
             if PRECOMPILE and self.backend.device.kind == "cuda":
                 try:
-                    pk.precompile(record, *args)
+                    pk.precompile(self._dry_run, record, args, then_decode)
                 except Exception as exc:   # only saves time: the real run compiles what it needs
                     warnings.warn(f"parallel kernel compile skipped: {type(exc).__name__}: {exc}",
                                   RuntimeWarning, stacklevel=2)
             return record(*args)
+
+    def _dry_run(self, record, args, then_decode):
+        """What pk.precompile records for _run_as_captured."""
+        record(*args)
+        if then_decode is not None and compile_pool.worker_count(2) >= 2:
+            cache, pos = then_decode
+            if self.backend.use_graphs and _short(pos) not in cache.graphs:
+                self._record(pk.to_device(np.zeros(2, np.int32)), cache, _short(pos))
 
     def _record_prefill(self, io, bucket: int, cache):
         b = self.backend
