@@ -3,13 +3,14 @@
     gemm_q8(raw, "Q4_K", x) -> y          raw uint8 (rows, row_bytes), x float32 (tokens, K)
     gemm_q8_into(w, type, xq, y, rows, K, tokens)   xq = Q8_1 activations (q8_1.py), no sync
 
-Types: INT8_GEMM_TYPES (Q4_0, Q8_0, Q4_K, Q6_K). The activations are quantized to Q8_1 once
+Types: INT8_GEMM_TYPES (Q4_0, Q8_0, Q4_K, Q6_K; Q4_1, Q5_0, Q5_1 in this file's kernel only). The activations are quantized to Q8_1 once
 (32-value blocks: d, s = sum(x), int8 q). Each thread block computes a BM-row x BN-token tile of
 C = W X^T; per K step of 32 KB values it unpacks the weights' integer quants into an int8 tile in
-shared memory (Q4_0 q - 8, Q6_K q - 32, Q4_K q; no scales), keeps the per-32-block weight scales
-(Q6_K: per 16) and Q4_K's min term as floats, and copies the activations' int8 words and (d, s).
+shared memory (Q4_0 q - 8, Q5_0 q - 16, Q6_K q - 32, Q4_K / Q4_1 / Q5_1 q; no scales), keeps
+the per-32-block weight scales (Q6_K: per 16) and the min terms (Q4_K, Q4_1, Q5_1) as floats, and copies the activations' int8 words and (d, s).
 Every warp then runs `mma.m16n8k32.s8` per 32-wide block with a zero int32 accumulator and folds
-the result into f32 accumulators: acc += d_w d_x isum (Q4_K also acc -= dmin m s_x). Q6_K's two
+the result into f32 accumulators: acc += d_w d_x isum (Q4_K also acc -= dmin m s_x; Q4_1 and
+Q5_1 acc += m s_x). Q6_K's two
 16-value scales per block cost two mma with the other half of A zeroed.
 Tiles: Q8GemmTiles(mi, ni, wm, wn, kb): wm x wn warps, each 16 mi rows x 8 ni tokens, K step
 32 kb (halved until it divides K); TUNED_TILES per type (64 x 128 or 128 x 128, K step 128, fits
@@ -28,18 +29,20 @@ import numpy as np
 import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, u32
 
-from .decode8 import Q4_0, Q4_K, Q6_K, Q8_0, scale_min_k4
+from .decode8 import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0, scale_min_k4
 from .dot_q8 import LOW_NIBBLES, half16, pair16
 from .gemm import output_args, store_c
 from .gemm_q8_k import SUPERBLOCK_GEMM_TYPES, Q8KTiles, gemm_q8k_into
+from .gemm_q8_k_parts import fifth_bits
 from .gemv import weight_words
 from .q8_1 import Q8_1_WORDS, q8_1_bytes, quantize_q8_1_into
 
-INT8_GEMM_TYPES = {"Q4_0": Q4_0, "Q8_0": Q8_0, "Q4_K": Q4_K, "Q6_K": Q6_K}
+INT8_GEMM_TYPES = {"Q4_0": Q4_0, "Q8_0": Q8_0, "Q4_K": Q4_K, "Q6_K": Q6_K, "Q4_1": Q4_1,
+                   "Q5_0": Q5_0, "Q5_1": Q5_1}
 # types that go to the super-block kernel (gemm_q8_k.py) without explicit tiles (K % 256 == 0);
 # measured faster than this file's per-block kernel for all four on an H200 (RESULTS.md):
 # Q4_0 4096x512x14336 711 -> 294 us, Q8_0 506 -> 430 us
-SUPERBLOCK_DEFAULT_TYPES = frozenset({"Q4_K", "Q6_K", "Q4_0", "Q8_0"})
+SUPERBLOCK_DEFAULT_TYPES = frozenset({"Q4_K", "Q6_K", "Q4_0", "Q8_0", "Q4_1", "Q5_0", "Q5_1"})
 SIGN_BITS = 0x80808080
 
 
@@ -59,6 +62,8 @@ class Q8GemmTiles(NamedTuple):
 # fastest of three shapes per type on the H200 at m=4096 n=512 k=14336 (benchmarks/RESULTS.md)
 TUNED_TILES = {"Q4_0": Q8GemmTiles(2, 4, 2, 4, 4), "Q8_0": Q8GemmTiles(2, 4, 2, 4, 4),
                "Q4_K": Q8GemmTiles(4, 4, 2, 4, 4), "Q6_K": Q8GemmTiles(4, 4, 2, 4, 4)}
+# Q4_1 / Q5_0 / Q5_1: Q4_0's shape (their blocks differ from it only in a min and a high bit)
+TUNED_TILES.update({t: TUNED_TILES["Q4_0"] for t in ("Q4_1", "Q5_0", "Q5_1")})
 CPU_TILES = Q8GemmTiles(1, 2, 1, 1, 2)        # 16 x 16, one warp: the CPU target emulates threads
 
 
@@ -88,6 +93,20 @@ def weight_word(FMT: Const[int], w, wrow: i32, k: i32) -> u32:
         return minus_bias(lo | (hi << u32(4)), u32(0x20202020))
     elif FMT == Q8_0:  # 17 u16: d | qs:i8[32]
         return pair16(w, wrow + 17 * (k // 32) + 1 + (k % 32) // 2)
+    elif FMT == Q4_1:  # 5 u32: d, m | qs:16 B (low nibbles: values 0..15, high: 16..31)
+        o = k % 32
+        v = w[wrow + 5 * (k // 32) + 1 + (o % 16) // 4]
+        return (v >> u32(4 * (o // 16))) & u32(LOW_NIBBLES)
+    elif FMT == Q5_1:  # 6 u32: d, m | qh (bit j: value j's fifth bit) | qs:16 B
+        o = k % 32
+        b = wrow + 6 * (k // 32)
+        v = w[b + 2 + (o % 16) // 4]
+        return ((v >> u32(4 * (o // 16))) & u32(LOW_NIBBLES)) | fifth_bits(w[b + 1], o)
+    elif FMT == Q5_0:  # 11 u16: d | qh:4 B | qs:16 B; values minus 16
+        o = k % 32
+        b = wrow + 11 * (k // 32)
+        v = (pair16(w, b + 3 + (o % 16) // 2) >> u32(4 * (o // 16))) & u32(LOW_NIBBLES)
+        return minus_bias(v | fifth_bits(pair16(w, b + 1), o), u32(0x10101010))
     else:              # Q4_0, 9 u16: d | qs:16 B (low nibbles: values 0..15, high: 16..31)
         o = k % 32
         v = pair16(w, wrow + 9 * (k // 32) + 1 + (o % 16) // 2)
@@ -110,6 +129,12 @@ def block_scales(FMT: Const[int], w, wrow: i32, k: i32):
         return d * f32(i32(pair << u32(24)) >> 24), d * f32(i32(pair << u32(16)) >> 24), 0.0
     elif FMT == Q8_0:
         d = half16(w, wrow + 17 * (k // 32))
+        return d, d, 0.0
+    elif FMT == Q4_1 or FMT == Q5_1:     # W = d q + m: the min enters as -m
+        d, m = pk.unpack_f16x2(w[wrow + (5 if FMT == Q4_1 else 6) * (k // 32)])
+        return d, d, -m
+    elif FMT == Q5_0:
+        d = half16(w, wrow + 11 * (k // 32))
         return d, d, 0.0
     else:
         d = half16(w, wrow + 9 * (k // 32))
@@ -208,7 +233,7 @@ def mma_block(FMT: Const[int], Aq, Bq, Ad, Am, Bd, Bs, acc, kb: Const[int], rbas
                 acc[i + 1] += lo0 * dx[2 * ni + 1] * f32(p1)
                 acc[i + 2] += lo8 * dx[2 * ni] * f32(p2)
                 acc[i + 3] += lo8 * dx[2 * ni + 1] * f32(p3)
-            if FMT == Q4_K:
+            if FMT == Q4_K or FMT == Q4_1 or FMT == Q5_1:
                 acc[i] -= m0 * sx[2 * ni]
                 acc[i + 1] -= m0 * sx[2 * ni + 1]
                 acc[i + 2] -= m8 * sx[2 * ni]

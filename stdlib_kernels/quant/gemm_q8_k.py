@@ -1,4 +1,5 @@
-"""Int8 tensor-core prefill GEMM per 256-value K step (Q4_K, Q6_K; Q4_0, Q8_0 when K % 256 == 0):
+"""Int8 tensor-core prefill GEMM per 256-value K step (Q4_K, Q6_K; Q4_0, Q8_0, Q4_1, Q5_0, Q5_1
+when K % 256 == 0):
 Y[t, r] = sum_k W[r, k] X[t, k].
 
     gemm_q8k_into(w, type, xq, y, rows, K, tokens, tiles=None)   xq = Q8_1 rows (q8_1.py)
@@ -19,6 +20,8 @@ scales apply; two zero-padded k32 mma on the CPU target). One barrier per K step
 Q4_0 / Q8_0: a K step is 8 raw 32-blocks per row (144 / 272 B, 16-byte aligned as K % 256 == 0);
 the scale pass reads each block's f16 d, the fragments are word-aligned or funnel-shifted by 2
 bytes (known per block at compile time), Q4_0's nibbles minus 8 exactly as int8 (sign-bit trick).
+Q4_1 / Q5_0 / Q5_1 (160 / 176 / 192 B steps) likewise, Q5's fifth bits merged from qh (Q5_0's
+values minus 16); the mins of Q4_1 / Q5_1 add m s_x per block (one fma per accumulator).
 Shared memory: see gemm_q8_k_parts.py (200 KB for 128 x 128 tiles, 3 stages; dynamic).
 Split-K (split > 1, auto_split by default on a GPU): grid z splits the K steps; each block
 writes its fragments to a per-stream workspace and the last block of a tile (a counter per
@@ -35,17 +38,21 @@ from pykernel import Const, Ptr, f32, i32, u32
 
 from .. import _launch as L
 from .._select import last_block_done
-from .decode8 import Q4_0, Q4_K, Q6_K, Q8_0
+from .decode8 import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0
 from .gemm import output_args, store_c
 from .gemv import word_dtype
-from .gemm_q8_k_parts import (B_STRIDE, Q4K_WORDS, Q6K_SPAN, Q80_WORDS, a_fragment,
-                              issue_stage, q6k_shift, scale_pass, shared_bytes, stage_words)
+from .gemm_q8_k_parts import (B_STRIDE, STEP_WORDS, a_fragment, a_stride, issue_stage,
+                              q6k_shift, scale_pass, shared_bytes, stage_words)
 from .q8_1 import q8_1_bytes
 
 KQUANT_GEMM_TYPES = {"Q4_K": Q4_K, "Q6_K": Q6_K}
 # the 32-value formats also run here (8 blocks per K step of 256) when K % 256 == 0
-SUPERBLOCK_GEMM_TYPES = {**KQUANT_GEMM_TYPES, "Q4_0": Q4_0, "Q8_0": Q8_0}
-STEP_BYTES = {"Q4_K": 144, "Q6_K": 210, "Q4_0": 144, "Q8_0": 272}   # one row, one K step
+SUPERBLOCK_GEMM_TYPES = {**KQUANT_GEMM_TYPES, "Q4_0": Q4_0, "Q8_0": Q8_0, "Q4_1": Q4_1,
+                         "Q5_0": Q5_0, "Q5_1": Q5_1}
+STEP_BYTES = {"Q4_K": 144, "Q6_K": 210, "Q4_0": 144, "Q8_0": 272, "Q4_1": 160, "Q5_0": 176,
+              "Q5_1": 192}   # one row, one K step
+# the 32-value formats whose blocks carry a min m (W = d q + m): acc += m s_x per block
+MIN_BLOCK_FMTS = (Q4_1, Q5_1)
 
 
 class Q8KTiles(NamedTuple):
@@ -71,6 +78,8 @@ class Q8KTiles(NamedTuple):
 # files side by side")
 TUNED_KTILES = {"Q4_K": Q8KTiles(4, 4, 2, 4, 3), "Q6_K": Q8KTiles(2, 8, 4, 2, 3),
                 "Q4_0": Q8KTiles(4, 4, 2, 4, 3), "Q8_0": Q8KTiles(3, 4, 2, 4, 3)}
+# Q4_1 / Q5_0 / Q5_1: Q4_0's tiles (not swept; 128 x 128 x 3 stages fit: <= 224 KB)
+TUNED_KTILES.update({t: TUNED_KTILES["Q4_0"] for t in ("Q4_1", "Q5_0", "Q5_1")})
 CPU_KTILES = Q8KTiles(1, 1, 1, 1, 3)       # 16 x 8, one warp: the CPU target emulates threads
 # short prompts: (at most this many tokens, tiles), tried in order before TUNED_KTILES. A
 # 128 x 128 tile leaves most multiprocessors idle below ~256 tokens (llama-8B's down
@@ -84,8 +93,8 @@ CPU_KTILES = Q8KTiles(1, 1, 1, 1, 3)       # 16 x 8, one warp: the CPU target em
 _SMALL = [(16, Q8KTiles(1, 2, 4, 1, 3)), (32, Q8KTiles(1, 4, 4, 1, 3)),
           (48, Q8KTiles(2, 3, 4, 2, 3)), (64, Q8KTiles(1, 4, 4, 2, 3))]
 SMALL_KTILES: dict[str, list[tuple[int, Q8KTiles]]] = {
-    "Q4_K": _SMALL, "Q6_K": _SMALL, "Q4_0": _SMALL,
-    "Q8_0": _SMALL[:2] + [(64, Q8KTiles(1, 4, 4, 2, 3))]}
+    "Q4_K": _SMALL, "Q6_K": _SMALL, "Q4_0": _SMALL, "Q4_1": _SMALL, "Q5_0": _SMALL,
+    "Q5_1": _SMALL, "Q8_0": _SMALL[:2] + [(64, Q8KTiles(1, 4, 4, 2, 3))]}
 # 65-256 tokens (Q4_K, Q6_K, Q4_0): 128 weight rows x as few token columns as cover the
 # tokens in ceil(tokens / 128) tiles, in steps of 16 (32 x 8 ni warp tiles, 8 warps); K split
 # by auto_split. The GEMM's time follows the token columns it computes, so 72 tokens take a
@@ -93,7 +102,7 @@ SMALL_KTILES: dict[str, list[tuple[int, Q8KTiles]]] = {
 # tokens: 545 / 544 / 863 us with the tiles used before, 64 x 64 up to 128 tokens and 128 x 64
 # after, 435 / 439 / 742 with 128 x 128; benchmarks/small_gemm.py, RESULTS.md "Prompts of
 # 65-256 tokens")
-WIDE_TYPES = ("Q4_K", "Q6_K", "Q4_0")
+WIDE_TYPES = ("Q4_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
 WIDE_MAX = 256
 
 
@@ -167,10 +176,9 @@ def fold2(acc: f32, dx: f32, s0: f32, p: i32, s1: f32, q: i32) -> f32:
 def compute_stage(FMT: Const[int], GPU: Const[int], sm: Ptr[u32], smf: Ptr[f32], base: i32,
                   sbase: i32, acc, rbase: i32, cbase: i32, g: i32, tg: i32, row0: i32,
                   rows: i32, row_bytes: i32, sb: i32, MI: Const[int], NI: Const[int],
-                  BM: Const[int]):
+                  BM: Const[int], AS: Const[int]):
     """The warp's 16 MI x 8 NI tile over one landed super-block step. Fragment c_e of an m16n8
     tile: row g + 8 (e // 2), token 2 tg + e % 2."""
-    AS = Q6K_SPAN if FMT == Q6_K else (Q80_WORDS if FMT == Q8_0 else Q4K_WORDS)
     bbase = base + BM * AS
     shift = pk.local_array(i32, 2 * MI)
     for h in pk.static_range(2 * MI):
@@ -182,12 +190,16 @@ def compute_stage(FMT: Const[int], GPU: Const[int], sm: Ptr[u32], smf: Ptr[f32],
     for kb in pk.static_range(8):
         bq = pk.local_array(u32, 2 * NI)
         dx = pk.local_array(f32, 2 * NI)
+        sx = pk.local_array(f32, 2 * NI)
         for ni in pk.static_range(NI):
             t = cbase + 8 * ni
             bq[2 * ni] = sm[bbase + (t + g) * B_STRIDE + 9 * kb + 1 + tg]
             bq[2 * ni + 1] = sm[bbase + (t + g) * B_STRIDE + 9 * kb + 5 + tg]
-            for e in pk.static_range(2):   # (d, s) of the token's block: d here
+            for e in pk.static_range(2):   # (d, s) of the token's block: d (and s for a min)
                 dx[2 * ni + e] = smf[sbase + 16 * BM + 16 * (t + 2 * tg + e) + 2 * kb]
+                sx[2 * ni + e] = 0.0
+                if FMT == Q4_1 or FMT == Q5_1:
+                    sx[2 * ni + e] = smf[sbase + 16 * BM + 16 * (t + 2 * tg + e) + 2 * kb + 1]
         for mi in pk.static_range(MI):
             r = rbase + 16 * mi + g
             a0, a2 = a_fragment(FMT, sm, base + r * AS, shift[2 * mi], kb, tg)
@@ -196,7 +208,7 @@ def compute_stage(FMT: Const[int], GPU: Const[int], sm: Ptr[u32], smf: Ptr[f32],
             u8 = smf[sbase + 16 * (r + 8) + kb]
             v0 = f32(0.0)
             v8 = f32(0.0)
-            if FMT != Q4_K:   # (d, 0) per block; Q6_K: the scales of its two 16-value halves
+            if FMT != Q4_K:   # (d, 0) or (d, m) per block; Q6_K: its two 16-value halves' scales
                 u0, v0 = pk.load_vec(smf, sbase + 16 * r + 2 * kb, 2)
                 u8, v8 = pk.load_vec(smf, sbase + 16 * (r + 8) + 2 * kb, 2)
             for ni in pk.static_range(NI):
@@ -209,6 +221,11 @@ def compute_stage(FMT: Const[int], GPU: Const[int], sm: Ptr[u32], smf: Ptr[f32],
                     acc[i + 1] = pk.fma(u0 * dx[2 * ni + 1], f32(p1), acc[i + 1])
                     acc[i + 2] = pk.fma(u8 * dx[2 * ni], f32(p2), acc[i + 2])
                     acc[i + 3] = pk.fma(u8 * dx[2 * ni + 1], f32(p3), acc[i + 3])
+                    if FMT == Q4_1 or FMT == Q5_1:   # v = the block's min m: + m s_x
+                        acc[i] = pk.fma(v0, sx[2 * ni], acc[i])
+                        acc[i + 1] = pk.fma(v0, sx[2 * ni + 1], acc[i + 1])
+                        acc[i + 2] = pk.fma(v8, sx[2 * ni], acc[i + 2])
+                        acc[i + 3] = pk.fma(v8, sx[2 * ni + 1], acc[i + 3])
                 else:             # (u, v) = scales of the two 16-value halves
                     p0, p1, p2, p3, q0, q1, q2, q3 = mma_halves(GPU, a0, a1, a2, a3, b0, b1)
                     acc[i] = fold2(acc[i], dx[2 * ni], u0, p0, v0, q0)
@@ -223,14 +240,13 @@ def gemm_q8k_kernel(w: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], ldy: i3
                     part: Ptr[f32], counters: Ptr[i32],
                     FMT: Const[int], WT: Const[pk.dtype], GPU: Const[int], MI: Const[int],
                     NI: Const[int], WM: Const[int], WN: Const[int], STAGES: Const[int],
-                    HAS_RES: Const[bool], SPLIT: Const[int]):
+                    HAS_RES: Const[bool], SPLIT: Const[int], AS: Const[int], AW: Const[int]):
     sm = pk.dynamic_shared(u32)
     smf = pk.dynamic_shared(f32)
     BM = 16 * MI * WM
     BN = 8 * NI * WN
     NT = 32 * WM * WN
     NACC = 4 * MI * NI
-    AS = Q6K_SPAN if FMT == Q6_K else (Q80_WORDS if FMT == Q8_0 else Q4K_WORDS)
     SW = BM * AS + BN * B_STRIDE
     SCALES = STAGES * SW          # two scale buffers of 16 (BM + BN) floats follow the stages
     tid = pk.thread_idx.x
@@ -252,25 +268,25 @@ def gemm_q8k_kernel(w: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], ldy: i3
     for s in pk.static_range(STAGES - 1):
         if s < n:
             issue_stage(FMT, sm, s * SW, w, xq, rows, row_words, tokens, xstride, row0, tok0,
-                        first + s, tid, BM, BN, NT)
+                        first + s, tid, BM, BN, NT, AS, AW)
         pk.cp_async_commit()
     pk.cp_async_wait(STAGES - 2)
     pk.syncthreads()
-    scale_pass(FMT, sm, smf, 0, SCALES, row0, rows, row_bytes, first, tid, BM, BN, NT)
+    scale_pass(FMT, sm, smf, 0, SCALES, row0, rows, row_bytes, first, tid, BM, BN, NT, AS)
     for j in range(n):
         pk.cp_async_wait(STAGES - 3)      # step j + 1 has landed (for its scale pass)
         pk.syncthreads()                  # ... for every thread; step j - 1 is finished
         ahead = j + STAGES - 1
         if ahead < n:
             issue_stage(FMT, sm, ahead % STAGES * SW, w, xq, rows, row_words, tokens, xstride,
-                        row0, tok0, first + ahead, tid, BM, BN, NT)
+                        row0, tok0, first + ahead, tid, BM, BN, NT, AS, AW)
         pk.cp_async_commit()
         if j + 1 < n:
             scale_pass(FMT, sm, smf, (j + 1) % STAGES * SW, SCALES + (j + 1) % 2 * 16 *
-                       (BM + BN), row0, rows, row_bytes, first + j + 1, tid, BM, BN, NT)
+                       (BM + BN), row0, rows, row_bytes, first + j + 1, tid, BM, BN, NT, AS)
         compute_stage(FMT, GPU, sm, smf, j % STAGES * SW, SCALES + j % 2 * 16 * (BM + BN),
                       acc, rbase, cbase, lane // 4, lane % 4, row0, rows, row_bytes, first + j,
-                      MI, NI, BM)
+                      MI, NI, BM, AS)
     r_out = row0 + rbase + lane // 4
     t_out = tok0 + cbase + 2 * (lane % 4)
     if SPLIT == 1:
@@ -329,7 +345,7 @@ def gemm_q8k_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, stre
         raise ValueError(f"gemm_q8k: bad tiles {t} (stages must be 3..8)")
     fmt = SUPERBLOCK_GEMM_TYPES[type_name]
     bm, bn = t.shape
-    if type_name in ("Q4_0", "Q8_0"):   # K % 256 == 0: every row and K step is 16-byte aligned
+    if type_name in ("Q4_0", "Q8_0", "Q5_0"):   # K % 256 == 0: rows and K steps 16-byte aligned
         w = w.reshape(-1)[:rows * row_bytes // 2].view(np.uint32)
     row_words = row_bytes // w.itemsize
     words = xq.reshape(-1).view(np.uint32) if xq.dtype != np.uint32 else xq.reshape(-1)
@@ -340,7 +356,7 @@ def gemm_q8k_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, stre
     threads = 32 * t.wm * t.wn
     spec = (("FMT", fmt), ("WT", w.dtype), ("GPU", int(gpu)), ("MI", t.mi), ("NI", t.ni),
             ("WM", t.wm), ("WN", t.wn), ("STAGES", t.stages), ("HAS_RES", has_res),
-            ("SPLIT", split))
+            ("SPLIT", split), ("AS", a_stride(fmt)), ("AW", STEP_WORDS.get(fmt, 0)))
     part = y if part is None else part          # unsplit launches never touch it
     # launch bounds (one block per SM): ptxas may use up to 65536 / threads registers
     L.launch(gemm_q8k_kernel, (*grid, split), threads,

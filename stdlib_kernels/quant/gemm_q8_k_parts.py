@@ -2,12 +2,13 @@
 pass and the int8 A fragments read from raw weight blocks in shared memory.
 
 Shared memory (u32 words), STAGES stage buffers then two scale buffers (parity of the stage):
-    stage s: A = BM rows x AS words (the rows' raw super-block at this K step; Q4_0 / Q8_0:
-             their 8 raw 32-blocks, 144 / 272 B, 16-byte aligned when K % 256 == 0),
+    stage s: A = BM rows x AS words (the rows' raw super-block at this K step; Q4_0 / Q8_0 /
+             Q4_1 / Q5_0 / Q5_1: their 8 raw 32-blocks, 144 / 272 / 160 / 176 / 192 B, 16-byte
+             aligned when K % 256 == 0; AS pads a row to a stride of 4 mod 8 words),
              B = BN tokens x B_STRIDE words (their 8 raw Q8_1 blocks: 72 words, 4 pad)
     scales p: SA = BM rows x 16 words (Q4_K: d*sc per 32-block, then the 8 mins as 4 f16
               pairs and dmin, for the min term's f16 mma; Q6_K: d*sc per 16;
-              Q4_0 / Q8_0: (d, 0) per 32-block),
+              Q4_0 / Q8_0 / Q5_0: (d, 0) per 32-block; Q4_1 / Q5_1: (d, m)),
               SB = BN tokens x 16 f32 ((d, s) per Q8_1 block)
 Copies are `pk.cp_async` (done at once on the CPU target), waited on with pk.cp_async_wait.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, u32, u64
 
-from .decode8 import Q4_0, Q4_K, Q6_K, Q8_0, scale_min_k4
+from .decode8 import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0, scale_min_k4
 from .dot_q8 import LOW_NIBBLES
 
 B_STRIDE = 76          # 72 words of Q8_1 + 4: fragment rows g = 0..7 land in distinct bank quads
@@ -25,13 +26,19 @@ Q6K_BYTES = 210        # Q6_K super-block: ql:128 B | qh:64 B | scales:i8[16] | 
 Q6K_SPAN = 53          # aligned words covering a 2-byte-aligned Q6_K super-block
 Q40_WORDS = 36         # 8 Q4_0 blocks (8 x 18 B): d | qs:16 B, each d 2-byte aligned
 Q80_WORDS = 68         # 8 Q8_0 blocks (8 x 34 B): d | qs:i8[32]
+# 8 Q4_1 (8 x 20 B: d, m | qs:16 B), Q5_0 (8 x 22 B: d | qh:4 B | qs:16 B), Q5_1 (8 x 24 B:
+# d, m | qh | qs) blocks: words copied per row and K step
+STEP_WORDS = {Q4_K: Q4K_WORDS, Q4_0: Q40_WORDS, Q8_0: Q80_WORDS, Q4_1: 40, Q5_0: 44, Q5_1: 48}
 SIGN_BITS = 0x80808080
 
 
 def a_stride(fmt: int) -> int:
-    """Words per weight row of one stage (36 and 68 word rows: g = 0..7 of a fragment read land
-    in distinct bank quads)."""
-    return {Q6_K: Q6K_SPAN, Q8_0: Q80_WORDS, Q4_0: Q40_WORDS}.get(fmt, Q4K_WORDS)
+    """Words per weight row of one stage: the step's words, padded so that rows g = 0..7 of a
+    fragment read land in distinct bank quads (a stride of 4 mod 8 words: 36, 44, 52, 68)."""
+    if fmt == Q6_K:
+        return Q6K_SPAN
+    words = STEP_WORDS[fmt]
+    return words if words % 8 == 4 else words + 4
 
 
 def stage_words(fmt: int, bm: int, bn: int) -> int:
@@ -62,20 +69,27 @@ def q6k_shift(row: i32, row_bytes: i32, sb: i32) -> i32:
 
 
 @pk.func
+def fifth_bits(qh: u32, o: i32) -> u32:
+    """Bits o..o+3 of a Q5 block's qh as bit 4 of bytes 0..3 (the quants' fifth bits)."""
+    h = (qh >> u32(o)) & u32(15)
+    return ((h & u32(1)) << u32(4)) | ((h & u32(2)) << u32(11)) | ((h & u32(4)) << u32(18)) | \
+        ((h & u32(8)) << u32(25))
+
+
+@pk.func
 def issue_stage(FMT: Const[int], sm, base: i32, w, xq, rows: i32, row_words: i32, tokens: i32,
                 xstride: i32, row0: i32, tok0: i32, sb: i32, tid: i32, BM: Const[int],
-                BN: Const[int], NT: Const[int]):
+                BN: Const[int], NT: Const[int], AS: Const[int], AW: Const[int]):
     """Start copying K step sb (one super-block) of rows row0.. and tokens tok0.. into the stage
-    at word `base`. Rows past the end repeat the last one, tokens past the end are zeros
-    (neither is stored)."""
-    AS = Q6K_SPAN if FMT == Q6_K else (Q80_WORDS if FMT == Q8_0 else Q4K_WORDS)
-    if FMT != Q6_K:   # u32 words; a K step of a row is AS // 4 aligned 16-byte pieces
-        for j in pk.static_range((BM * (AS // 4) + NT - 1) // NT):
+    at word `base` (AW words per row and step, rows AS words apart). Rows past the end repeat
+    the last one, tokens past the end are zeros (neither is stored)."""
+    if FMT != Q6_K:   # u32 words; a K step of a row is AW // 4 aligned 16-byte pieces
+        for j in pk.static_range((BM * (AW // 4) + NT - 1) // NT):
             i = tid + NT * j
-            if i < BM * (AS // 4):
-                r = i // (AS // 4)
-                c = i % (AS // 4)
-                src = min(row0 + r, rows - 1) * row_words + AS * sb + 4 * c
+            if i < BM * (AW // 4):
+                r = i // (AW // 4)
+                c = i % (AW // 4)
+                src = min(row0 + r, rows - 1) * row_words + AW * sb + 4 * c
                 copy16(sm, base + r * AS + 4 * c, w, src)
     else:   # row_words counts u16: row bytes = 2 row_words
         total = u32(rows) * u32(2 * row_words)
@@ -118,9 +132,8 @@ def word_at(sm: Ptr[u32], base: i32, b: i32) -> u32:
 @pk.func
 def scale_pass(FMT: Const[int], sm: Ptr[u32], smf: Ptr[f32], base: i32, sbase: i32,
                row0: i32, rows: i32, row_bytes: i32, sb: i32, tid: i32, BM: Const[int],
-               BN: Const[int], NT: Const[int]):
+               BN: Const[int], NT: Const[int], AS: Const[int]):
     """Block scales of a landed stage as floats: SA (BM x 16) and SB (BN x 16) at sbase."""
-    AS = Q6K_SPAN if FMT == Q6_K else (Q80_WORDS if FMT == Q8_0 else Q4K_WORDS)
     if FMT == Q4_K:   # per (row, block pair p): words 2p, 2p + 1: d * sc of the two blocks;
         for j in pk.static_range((BM * 4 + NT - 1) // NT):    # 8 + p: their mins as an f16
             i = tid + NT * j                                  # pair (exact: 6-bit integers);
@@ -142,10 +155,13 @@ def scale_pass(FMT: Const[int], sm: Ptr[u32], smf: Ptr[f32], base: i32, sbase: i
         r = i // 16
         e = i % 16
         a = base + r * AS
-        if FMT == Q4_0 or FMT == Q8_0:   # e = 2 * block + (0: d, 1: unused 0)
-            at = (18 if FMT == Q4_0 else 34) * (e // 2)
+        if FMT == Q4_0 or FMT == Q8_0 or FMT == Q5_0:   # e = 2 * block + (0: d, 1: unused 0)
+            at = (18 if FMT == Q4_0 else (34 if FMT == Q8_0 else 22)) * (e // 2)
             d, unused = pk.unpack_f16x2((sm[a + at // 4] >> u32(8 * (at % 4))) & u32(0xFFFF))
             smf[sbase + i] = d if e % 2 == 0 else 0.0
+        elif FMT == Q4_1 or FMT == Q5_1:   # e = 2 * block + (0: d, 1: m), word-aligned pairs
+            d, m = pk.unpack_f16x2(sm[a + (5 if FMT == Q4_1 else 6) * (e // 2)])
+            smf[sbase + i] = d if e % 2 == 0 else m
         else:              # e = 16-value group: i8 scale at byte 192 + e, d at byte 208
             sh = q6k_shift(min(row0 + r, rows - 1), row_bytes, sb)
             dbits = (sm[a + (sh + 208) // 4] >> u32(8 * ((sh + 208) % 4))) & u32(0xFFFF)
@@ -184,6 +200,20 @@ def a_fragment(FMT: Const[int], sm: Ptr[u32], a: i32, sh: i32, kb: Const[int], t
     elif FMT == Q8_0:  # block kb at byte 34 kb: qs = int8 values 0..31
         return word_at_const(sm, a + (34 * kb + 2) // 4 + tg, (34 * kb + 2) % 4), \
             word_at_const(sm, a + (34 * kb + 18) // 4 + tg, (34 * kb + 18) % 4)
+    elif FMT == Q4_1:  # block kb at word 5 kb: d, m | qs (as Q4_0's, values 0..15)
+        v = sm[a + 5 * kb + 1 + tg]
+        return v & u32(LOW_NIBBLES), (v >> u32(4)) & u32(LOW_NIBBLES)
+    elif FMT == Q5_1:  # block kb at word 6 kb: d, m | qh | qs; values 0..31
+        v = sm[a + 6 * kb + 2 + tg]
+        qh = sm[a + 6 * kb + 1]
+        return (v & u32(LOW_NIBBLES)) | fifth_bits(qh, 4 * tg), \
+            ((v >> u32(4)) & u32(LOW_NIBBLES)) | fifth_bits(qh, 16 + 4 * tg)
+    elif FMT == Q5_0:  # block kb at byte 22 kb: d | qh | qs; values minus 16 (sign-bit trick)
+        v = word_at_const(sm, a + (22 * kb + 6) // 4 + tg, (22 * kb + 6) % 4)
+        qh = word_at_const(sm, a + (22 * kb + 2) // 4, (22 * kb + 2) % 4)
+        lo = (v & u32(LOW_NIBBLES)) | fifth_bits(qh, 4 * tg) | u32(SIGN_BITS)
+        hi = ((v >> u32(4)) & u32(LOW_NIBBLES)) | fifth_bits(qh, 16 + 4 * tg) | u32(SIGN_BITS)
+        return (lo - u32(0x10101010)) ^ u32(SIGN_BITS), (hi - u32(0x10101010)) ^ u32(SIGN_BITS)
     elif FMT == Q4_K:   # qs byte 32 c + l holds value 64 c + l (low nibble) and 64 c + 32 + l
         lo = sm[a + 4 + 8 * (kb // 2) + tg]
         hi = sm[a + 8 + 8 * (kb // 2) + tg]

@@ -85,12 +85,12 @@ def test_gemm_into_columns_with_residual(device, rng, seed):
 
 
 def test_matmul_dispatch(device, rng, seed):
-    # Q4_1 has no int8 GEMM: 9 tokens take the f16 GEMM (int8 dispatch: test_quant_gemm_q8.py)
-    raw = make_weights(rng, "Q4_1", 3, 32)
-    x = rng.standard_normal((9, 32)).astype(np.float32)
-    check(matmul(raw, "Q4_1", x).numpy(), raw, "Q4_1", x, seed)
-    y1 = matmul(raw, "Q4_1", x[0]).numpy()                  # one token: the DP4A GEMV
-    W = ref.dequantize(raw, "Q4_1", 32).astype(np.float64)
+    # Q5_K has no int8 GEMM: 9 tokens take the f16 GEMM (int8 dispatch: test_quant_gemm_q8.py)
+    raw = make_weights(rng, "Q5_K", 3, 256)
+    x = rng.standard_normal((9, 256)).astype(np.float32)
+    check(matmul(raw, "Q5_K", x).numpy(), raw, "Q5_K", x, seed)
+    y1 = matmul(raw, "Q5_K", x[0]).numpy()                  # one token: the DP4A GEMV
+    W = ref.dequantize(raw, "Q5_K", 256).astype(np.float64)
     assert y1.shape == (3,)
     assert np.allclose(y1, W @ x[0], rtol=0.05, atol=0.05 * np.abs(W).sum(1).max()), seed
 

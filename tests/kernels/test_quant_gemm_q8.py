@@ -3,7 +3,8 @@
 The kernel must equal, to float32 accumulation rounding, its exact model
     y = xh @ (W - O)^T + s @ O32^T
 (xh = the dequantized Q8_1 activations, s = their stored f16 block sums, O = the weight offset a
-block applies through s: -dmin*m for Q4_K, 0 for Q4_0/Q8_0/Q6_K whose offsets are exact int8),
+block applies through s: -dmin*m for Q4_K, m for Q4_1/Q5_1, 0 for Q4_0/Q5_0/Q8_0/Q6_K whose
+offsets are exact int8),
 and be within the Q8_1 rounding bound of the float64 product dequantize(W) @ x:
     |y - x W^T| <= |xh - x| @ |W - O|^T + |s - sum_b x| @ |O32|^T  (+ 2e-5 of the magnitude)
 """
@@ -12,8 +13,8 @@ import pytest
 
 import pykernel as pk
 from stdlib_kernels.quant import reference as ref
-from stdlib_kernels.quant.gemm_q8 import (INT8_GEMM_TYPES, TUNED_TILES, Q8GemmTiles, gemm_q8,
-                                          gemm_q8_into)
+from stdlib_kernels.quant.gemm_q8 import (CPU_TILES, INT8_GEMM_TYPES, TUNED_TILES, Q8GemmTiles,
+                                          gemm_q8, gemm_q8_into)
 from stdlib_kernels.quant.gemm_q8_k import CPU_KTILES, TUNED_KTILES, Q8KTiles, gemm_q8k_into
 from stdlib_kernels.quant.matmul import matmul, matmul_into, prefill_path
 from stdlib_kernels.quant.gemv import weight_words
@@ -26,13 +27,19 @@ def make_weights(rng, type_name, rows, n):
     return ref.quantize(rng.standard_normal((rows, n)).astype(np.float32), type_name)
 
 
+# (block bytes, where its quants start): the types whose blocks add an offset (a min)
+OFFSET_BLOCKS = {"Q4_K": (144, 16), "Q4_1": (20, 4), "Q5_1": (24, 4)}
+
+
 def weight_offsets(raw, type_name, n):
-    """Q4_K: dequantized with the quants zeroed = -dmin*m per element; else zeros."""
-    if type_name != "Q4_K":
+    """Dequantized with the quants (and Q5_1's high bits) zeroed: -dmin*m per element for
+    Q4_K, m for Q4_1 / Q5_1; zeros for the types without an offset."""
+    if type_name not in OFFSET_BLOCKS:
         return np.zeros((raw.shape[0], n))
-    blocks = raw.reshape(raw.shape[0], -1, 144).copy()
-    blocks[:, :, 16:] = 0
-    return ref.dequantize(blocks.reshape(raw.shape[0], -1), "Q4_K", n).astype(np.float64)
+    size, quants = OFFSET_BLOCKS[type_name]
+    blocks = raw.reshape(raw.shape[0], -1, size).copy()
+    blocks[:, :, quants:] = 0
+    return ref.dequantize(blocks.reshape(raw.shape[0], -1), type_name, n).astype(np.float64)
 
 
 def check(y, raw, type_name, x, seed):
@@ -64,6 +71,8 @@ def test_gemm_q8_awkward_shapes(device, rng, seed, type_name):
     raw = make_weights(rng, type_name, rows, n)
     x = rng.standard_normal((tokens, n)).astype(np.float32)
     check(gemm_q8(raw, type_name, x).numpy(), raw, type_name, x, seed)
+    if type_name in ("Q4_1", "Q5_0", "Q5_1"):   # also the per-block kernel (K % 256 != 0)
+        check(gemm_q8(raw, type_name, x, CPU_TILES).numpy(), raw, type_name, x, seed)
 
 
 @pytest.mark.slow
@@ -74,7 +83,7 @@ def test_gemm_q8_dispatched_tile_shape(device, rng, seed):
     check(gemm_q8(raw, "Q4_0", x, TUNED_TILES["Q4_0"]).numpy(), raw, "Q4_0", x, seed)
 
 
-@pytest.mark.parametrize("type_name", ["Q4_0", "Q8_0"])
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q8_0", "Q4_1", "Q5_0", "Q5_1"])
 def test_gemm_q8_one_block(device, rng, seed, type_name):
     # K = one 32-value block: the K step shrinks to it; one token row per tile edge
     raw = make_weights(rng, type_name, 17, 32)
@@ -95,7 +104,10 @@ def test_gemm_q8_zero_and_odd_activations(device, rng, seed, tiles):
     check(gemm_q8(raw, "Q4_K", x, tiles).numpy(), raw, "Q4_K", x, seed)
 
 
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q4_0", "Q8_0"])
+SUPERBLOCK_TYPES = ["Q4_K", "Q6_K", "Q4_0", "Q8_0", "Q4_1", "Q5_0", "Q5_1"]
+
+
+@pytest.mark.parametrize("type_name", SUPERBLOCK_TYPES)
 def test_gemm_q8k_pipeline_wraps(device, rng, seed, type_name):
     # the super-block kernel: 3 K steps through 3 stages (every buffer and both scale buffers
     # reused), odd rows x odd super-blocks (Q6_K: row starts alternate between 0 and 2 bytes
@@ -124,7 +136,7 @@ SHORT_PROMPT_TILES = [Q8KTiles(2, 2, 4, 1, 3), Q8KTiles(2, 4, 4, 1, 3), Q8KTiles
                       Q8KTiles(2, 8, 4, 2, 3)]
 
 
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q4_0", "Q8_0"])
+@pytest.mark.parametrize("type_name", SUPERBLOCK_TYPES)
 def test_gemm_q8k_short_prompt_tiles(device, rng, seed, type_name):
     # narrow token tiles (16-128 tokens) and 32-128 row tiles of few warps, for short prompts
     # (gemm_q8_k.SMALL_KTILES): token counts below, at and above a tile, rows off the tile;
@@ -170,7 +182,7 @@ def test_gemm_q8_into_columns_with_residual(device, rng, seed, kernel):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q4_0", "Q8_0"])
+@pytest.mark.parametrize("type_name", SUPERBLOCK_TYPES)
 def test_gemm_q8k_four_stages_two_warps(device, rng, seed, type_name):
     # 4 stages (a wait depth of 1) and warps tiling both ways (~40 s on the CPU target)
     raw = make_weights(rng, type_name, 35, 1280)
@@ -242,7 +254,7 @@ def test_tuned_tiles_cover_tokens_with_few_columns():
     assert tuned_tiles("Q4_K", 257) == TUNED_KTILES["Q4_K"]
 
 
-@pytest.mark.parametrize("type_name", ["Q4_0", "Q8_0"])
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q8_0", "Q4_1", "Q5_0", "Q5_1"])
 def test_gemm_q8_small_k_keeps_block_kernel(device, rng, seed, type_name):
     # K = 96 (not a multiple of 256): the default path is the per-32-block kernel, and the
     # super-block kernel refuses it with a clear error
@@ -295,9 +307,9 @@ def test_matmul_int8_prefill(device, rng, seed):
 
 
 def test_gemm_q8_rejects_bad_input(device, rng):
-    raw = make_weights(rng, "Q4_1", 2, 64)
-    with pytest.raises(ValueError, match="no int8 GEMM for Q4_1"):
-        gemm_q8(raw, "Q4_1", np.zeros((2, 64), np.float32))
+    raw = make_weights(rng, "Q2_K", 2, 256)
+    with pytest.raises(ValueError, match="no int8 GEMM for Q2_K"):
+        gemm_q8(raw, "Q2_K", np.zeros((2, 256), np.float32))
     raw = make_weights(rng, "Q8_0", 2, 64)
     w, _ = weight_words(pk.to_device(raw), "Q8_0", 64)
     y = pk.empty((3, 2), np.float32)
@@ -310,8 +322,8 @@ def test_gemm_q8_rejects_bad_input(device, rng):
     with pytest.raises(ValueError, match="Q6_K: weights must be uint16 words of 3 rows"):
         gemm_q8k_into(w, "Q6_K", pk.zeros((2, 288), np.uint8), pk.empty((2, 3), np.float32),
                       3, 256, 2)
-    with pytest.raises(ValueError, match="no super-block int8 GEMM for Q5_0"):
-        gemm_q8k_into(w, "Q5_0", pk.zeros((2, 288), np.uint8), pk.empty((2, 3), np.float32),
+    with pytest.raises(ValueError, match="no super-block int8 GEMM for Q5_K"):
+        gemm_q8k_into(w, "Q5_K", pk.zeros((2, 288), np.uint8), pk.empty((2, 3), np.float32),
                       3, 256, 2)
     with pytest.raises(ValueError, match="K = 288 must be a positive multiple of 256"):
         gemm_q8k_into(w, "Q6_K", pk.zeros((2, 324), np.uint8), pk.empty((2, 2), np.float32),
