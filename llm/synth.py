@@ -1,7 +1,7 @@
 """Synthetic GGUF models of real shapes, for benchmarks without downloads.
 
-Input: a shape name (llama-8b, qwen2-1.5b, qwen3-8b, smollm2-135m), a file type (Q4_K_M, Q4_0,
-Q4_1, Q8_0, Q6_K) and an output path. Output: a GGUF file that both this runner and llama.cpp
+Input: a shape name (llama-8b, qwen2-1.5b, qwen3-8b, smollm2-135m), a file type (Q4_K_M,
+Q5_K_M, Q4_0, Q4_1, Q8_0, Q6_K) and an output path. Output: a GGUF file that both this runner and llama.cpp
 load: real hyperparameters, a synthetic byte-level BPE vocabulary of the real size (256 byte
 tokens, merged tokens with their merges, two control tokens), and random weights written
 directly as valid blocks of each tensor's quantization layout (random quant bytes; scales
@@ -23,7 +23,8 @@ from gguf import GGUFWriter
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q, TokenType
 
 # llama_ftype values (general.file_type)
-FILE_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q4_K_M": 15, "Q6_K": 18}
+FILE_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
+MIXES = {"Q4_K_M": Q.Q4_K, "Q5_K_M": Q.Q5_K}   # K-quant mixes: their base type
 
 
 @dataclass(frozen=True)
@@ -58,9 +59,11 @@ SHAPES = {
 WEIGHT_STD = 0.02    # the spread of a trained model's weights (and of common inits)
 # rms of the integer factor each block scale d multiplies, for random quant bytes: Q4_0 (q - 8)
 # 4.61; Q8_0 int8 73.9; Q4_1 (q - 7.5) 4.61 with m = -7.5 d; Q4_K sc (q - 7.5) with the mins
-# equal to the scales and dmin = 7.5 d: 36.4 * 4.61; Q6_K int8 scale x (q - 32): 73.9 x 18.5
-_UNIT_RMS = {Q.Q4_0: 4.61, Q.Q8_0: 73.9, Q.Q4_1: 4.61, Q.Q4_K: 168.0, Q.Q6_K: 1367.0}
-_D_OFFSET = {Q.Q4_0: 0, Q.Q8_0: 0, Q.Q4_1: 0, Q.Q4_K: 0, Q.Q6_K: 208}
+# equal to the scales and dmin = 7.5 d: 36.4 * 4.61; Q5_K the same with 5-bit q and dmin = 15.5 d:
+# 36.4 * 9.23; Q6_K int8 scale x (q - 32): 73.9 x 18.5
+_UNIT_RMS = {Q.Q4_0: 4.61, Q.Q8_0: 73.9, Q.Q4_1: 4.61, Q.Q4_K: 168.0, Q.Q5_K: 336.0,
+             Q.Q6_K: 1367.0}
+_D_OFFSET = {Q.Q4_0: 0, Q.Q8_0: 0, Q.Q4_1: 0, Q.Q4_K: 0, Q.Q5_K: 0, Q.Q6_K: 208}
 
 
 def use_more_bits(i_layer: int, n_layer: int) -> bool:
@@ -73,11 +76,11 @@ def tensor_type(name: str, il: int, n_layer: int, file_type: str, cols: int = 25
     rows are not whole 256-element K-quant blocks)."""
     if name in ("output", "token_embd_tied"):    # llama.cpp keeps a Q8_0 file's output Q8_0
         return Q.Q6_K if cols % 256 == 0 and file_type != "Q8_0" else Q.Q8_0
-    if file_type != "Q4_K_M":
+    if file_type not in MIXES:
         return Q[file_type]
     if name in ("attn_v", "ffn_down") and use_more_bits(il, n_layer):
         return Q.Q6_K
-    return Q.Q4_K
+    return MIXES[file_type]
 
 
 def random_blocks(rng: np.random.Generator, qtype: Q, rows: int, cols: int) -> np.ndarray:
@@ -94,11 +97,12 @@ def random_blocks(rng: np.random.Generator, qtype: Q, rows: int, cols: int) -> n
     _put_f16(blocks, _D_OFFSET[qtype], d)
     if qtype == Q.Q4_1:                     # m = -7.5 d: nibbles centred on zero
         _put_f16(blocks, 2, -7.5 * d)
-    elif qtype == Q.Q4_K:                   # every sub-block's min equal to its scale
+    elif qtype in (Q.Q4_K, Q.Q5_K):         # every sub-block's min equal to its scale
         sc = blocks[:, 4:16]
         sc[:, 4:8] = sc[:, 0:4]             # low 6 bits of mins 0-3 = scales 0-3, and the top
         sc[:, 8:12] = (sc[:, 8:12] & 0x0F) * 0x11   # bits of 4-7 match; 4-7's nibbles equal
-        _put_f16(blocks, 2, 7.5 * d)        # dmin = 7.5 d: d sc q - dmin m = d sc (q - 7.5)
+        # dmin = 7.5 d (Q5_K: 15.5 d): d sc q - dmin m = d sc (q - 7.5), the quants' middle
+        _put_f16(blocks, 2, (7.5 if qtype == Q.Q4_K else 15.5) * d)
     return blocks.reshape(rows, cols // elems * nbytes)
 
 
@@ -202,7 +206,7 @@ def write_synthetic(shape_name: str, file_type: str, path, seed: int = 0) -> Pat
     if file_type not in FILE_TYPES:
         raise ValueError(f"unknown type {file_type!r} (expected one of {', '.join(FILE_TYPES)})")
     s, path = SHAPES[shape_name], Path(path)
-    if file_type in ("Q4_K_M", "Q6_K") and (s.n_embd % 256 or s.n_ff % 256):
+    if file_type in ("Q4_K_M", "Q5_K_M", "Q6_K") and (s.n_embd % 256 or s.n_ff % 256):
         raise ValueError(f"{shape_name}: rows of {s.n_embd}/{s.n_ff} are not whole 256-element "
                          "K-quant blocks; use Q4_0, Q4_1 or Q8_0")
     plan = tensor_plan(s, file_type)

@@ -3,7 +3,7 @@
     gemm_q8(raw, "Q4_K", x) -> y          raw uint8 (rows, row_bytes), x float32 (tokens, K)
     gemm_q8_into(w, type, xq, y, rows, K, tokens)   xq = Q8_1 activations (q8_1.py), no sync
 
-Types: INT8_GEMM_TYPES (Q4_0, Q8_0, Q4_K, Q6_K; Q4_1, Q5_0, Q5_1 in this file's kernel only). The activations are quantized to Q8_1 once
+Types: INT8_GEMM_TYPES (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, Q4_1, Q5_0, Q5_1). The activations are quantized to Q8_1 once
 (32-value blocks: d, s = sum(x), int8 q). Each thread block computes a BM-row x BN-token tile of
 C = W X^T; per K step of 32 KB values it unpacks the weights' integer quants into an int8 tile in
 shared memory (Q4_0 q - 8, Q5_0 q - 16, Q6_K q - 32, Q4_K / Q4_1 / Q5_1 q; no scales), keeps
@@ -29,7 +29,7 @@ import numpy as np
 import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, u32
 
-from .decode8 import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0, scale_min_k4
+from .decode8 import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, scale_min_k4
 from .dot_q8 import LOW_NIBBLES, half16, pair16
 from .gemm import output_args, store_c
 from .gemm_q8_k import SUPERBLOCK_GEMM_TYPES, Q8KTiles, gemm_q8k_into
@@ -38,11 +38,12 @@ from .gemv import weight_words
 from .q8_1 import Q8_1_WORDS, q8_1_bytes, quantize_q8_1_into
 
 INT8_GEMM_TYPES = {"Q4_0": Q4_0, "Q8_0": Q8_0, "Q4_K": Q4_K, "Q6_K": Q6_K, "Q4_1": Q4_1,
-                   "Q5_0": Q5_0, "Q5_1": Q5_1}
+                   "Q5_0": Q5_0, "Q5_1": Q5_1, "Q5_K": Q5_K}
 # types that go to the super-block kernel (gemm_q8_k.py) without explicit tiles (K % 256 == 0);
 # measured faster than this file's per-block kernel for all four on an H200 (RESULTS.md):
 # Q4_0 4096x512x14336 711 -> 294 us, Q8_0 506 -> 430 us
-SUPERBLOCK_DEFAULT_TYPES = frozenset({"Q4_K", "Q6_K", "Q4_0", "Q8_0", "Q4_1", "Q5_0", "Q5_1"})
+SUPERBLOCK_DEFAULT_TYPES = frozenset({"Q4_K", "Q6_K", "Q4_0", "Q8_0", "Q4_1", "Q5_0", "Q5_1",
+                                      "Q5_K"})
 SIGN_BITS = 0x80808080
 
 
@@ -64,6 +65,7 @@ TUNED_TILES = {"Q4_0": Q8GemmTiles(2, 4, 2, 4, 4), "Q8_0": Q8GemmTiles(2, 4, 2, 
                "Q4_K": Q8GemmTiles(4, 4, 2, 4, 4), "Q6_K": Q8GemmTiles(4, 4, 2, 4, 4)}
 # Q4_1 / Q5_0 / Q5_1: Q4_0's shape (their blocks differ from it only in a min and a high bit)
 TUNED_TILES.update({t: TUNED_TILES["Q4_0"] for t in ("Q4_1", "Q5_0", "Q5_1")})
+TUNED_TILES["Q5_K"] = TUNED_TILES["Q4_K"]
 CPU_TILES = Q8GemmTiles(1, 2, 1, 1, 2)        # 16 x 16, one warp: the CPU target emulates threads
 
 
@@ -82,6 +84,12 @@ def weight_word(FMT: Const[int], w, wrow: i32, k: i32) -> u32:
         o = k % 256
         v = w[b + 4 + 8 * (o // 64) + (o % 32) // 4]
         return (v >> u32(4 * ((o % 64) // 32))) & u32(LOW_NIBBLES)
+    elif FMT == Q5_K:  # 44 u32: d | dmin | scales:12 B | qh:32 B | qs:128 B; bit o // 32 of qh
+        b = wrow + 44 * (k // 256)
+        o = k % 256
+        v = w[b + 12 + 8 * (o // 64) + (o % 32) // 4]
+        high = ((w[b + 4 + (o % 32) // 4] >> u32(o // 32)) & u32(0x01010101)) << u32(4)
+        return ((v >> u32(4 * ((o % 64) // 32))) & u32(LOW_NIBBLES)) | high
     elif FMT == Q6_K:  # 105 u16: ql:128 B | qh:64 B | scales:i8[16] | d
         b = wrow + 105 * (k // 256)
         o = k % 256
@@ -117,8 +125,8 @@ def weight_word(FMT: Const[int], w, wrow: i32, k: i32) -> u32:
 def block_scales(FMT: Const[int], w, wrow: i32, k: i32):
     """(scale of values k..k+15, scale of k+16..k+31, m) of the 32-block at k: W = scale * q - m
     (m: Q4_K's dmin * min, applied through the activations' block sum; 0 otherwise)."""
-    if FMT == Q4_K:
-        b = wrow + 36 * (k // 256)
+    if FMT == Q4_K or FMT == Q5_K:
+        b = wrow + (36 if FMT == Q4_K else 44) * (k // 256)
         sc, m = scale_min_k4(w[b + 1], w[b + 2], w[b + 3], (k % 256) // 32)
         d, dmin = pk.unpack_f16x2(w[b])
         return d * sc, d * sc, dmin * m
@@ -233,7 +241,7 @@ def mma_block(FMT: Const[int], Aq, Bq, Ad, Am, Bd, Bs, acc, kb: Const[int], rbas
                 acc[i + 1] += lo0 * dx[2 * ni + 1] * f32(p1)
                 acc[i + 2] += lo8 * dx[2 * ni] * f32(p2)
                 acc[i + 3] += lo8 * dx[2 * ni + 1] * f32(p3)
-            if FMT == Q4_K or FMT == Q4_1 or FMT == Q5_1:
+            if FMT == Q4_K or FMT == Q5_K or FMT == Q4_1 or FMT == Q5_1:
                 acc[i] -= m0 * sx[2 * ni]
                 acc[i + 1] -= m0 * sx[2 * ni + 1]
                 acc[i + 2] -= m8 * sx[2 * ni]

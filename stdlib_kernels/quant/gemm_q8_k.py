@@ -1,5 +1,5 @@
-"""Int8 tensor-core prefill GEMM per 256-value K step (Q4_K, Q6_K; Q4_0, Q8_0, Q4_1, Q5_0, Q5_1
-when K % 256 == 0):
+"""Int8 tensor-core prefill GEMM per 256-value K step (Q4_K, Q5_K, Q6_K; Q4_0, Q8_0, Q4_1, Q5_0,
+Q5_1 when K % 256 == 0):
 Y[t, r] = sum_k W[r, k] X[t, k].
 
     gemm_q8k_into(w, type, xq, y, rows, K, tokens, tiles=None)   xq = Q8_1 rows (q8_1.py)
@@ -15,7 +15,7 @@ unchanged into a shared-memory stage with 16-byte `cp.async` (Q6_K's 210-byte bl
 of later steps overlap the mma of this one. Once a step has landed, one pass of the whole block turns its 6-bit scales (and the activations'
 (d, s)) into floats in shared memory, one step ahead of its use; the warps then build the int8
 A fragments straight from the raw quants (Q4_K: a shift and a mask; Q6_K: low nibbles | high
-bits - 32) and run the mma (Q6_K: `mma.m16n8k16` per 16-value half on CUDA, so both halves'
+bits - 32; Q5_K: Q4_K's nibbles | the qh bit) and run the mma (Q6_K: `mma.m16n8k16` per 16-value half on CUDA, so both halves'
 scales apply; two zero-padded k32 mma on the CPU target). One barrier per K step.
 Q4_0 / Q8_0: a K step is 8 raw 32-blocks per row (144 / 272 B, 16-byte aligned as K % 256 == 0);
 the scale pass reads each block's f16 d, the fragments are word-aligned or funnel-shifted by 2
@@ -38,19 +38,19 @@ from pykernel import Const, Ptr, f32, i32, u32
 
 from .. import _launch as L
 from .._select import last_block_done
-from .decode8 import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0
+from .decode8 import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
 from .gemm import output_args, store_c
 from .gemv import word_dtype
 from .gemm_q8_k_parts import (B_STRIDE, STEP_WORDS, a_fragment, a_stride, issue_stage,
                               q6k_shift, scale_pass, shared_bytes, stage_words)
 from .q8_1 import q8_1_bytes
 
-KQUANT_GEMM_TYPES = {"Q4_K": Q4_K, "Q6_K": Q6_K}
+KQUANT_GEMM_TYPES = {"Q4_K": Q4_K, "Q5_K": Q5_K, "Q6_K": Q6_K}
 # the 32-value formats also run here (8 blocks per K step of 256) when K % 256 == 0
 SUPERBLOCK_GEMM_TYPES = {**KQUANT_GEMM_TYPES, "Q4_0": Q4_0, "Q8_0": Q8_0, "Q4_1": Q4_1,
                          "Q5_0": Q5_0, "Q5_1": Q5_1}
 STEP_BYTES = {"Q4_K": 144, "Q6_K": 210, "Q4_0": 144, "Q8_0": 272, "Q4_1": 160, "Q5_0": 176,
-              "Q5_1": 192}   # one row, one K step
+              "Q5_1": 192, "Q5_K": 176}   # one row, one K step
 # the 32-value formats whose blocks carry a min m (W = d q + m): acc += m s_x per block
 MIN_BLOCK_FMTS = (Q4_1, Q5_1)
 
@@ -78,8 +78,8 @@ class Q8KTiles(NamedTuple):
 # files side by side")
 TUNED_KTILES = {"Q4_K": Q8KTiles(4, 4, 2, 4, 3), "Q6_K": Q8KTiles(2, 8, 4, 2, 3),
                 "Q4_0": Q8KTiles(4, 4, 2, 4, 3), "Q8_0": Q8KTiles(3, 4, 2, 4, 3)}
-# Q4_1 / Q5_0 / Q5_1: Q4_0's tiles (not swept; 128 x 128 x 3 stages fit: <= 224 KB)
-TUNED_KTILES.update({t: TUNED_KTILES["Q4_0"] for t in ("Q4_1", "Q5_0", "Q5_1")})
+# Q4_1 / Q5_0 / Q5_1 / Q5_K: Q4_0's tiles (not swept; 128 x 128 x 3 stages fit: <= 224 KB)
+TUNED_KTILES.update({t: TUNED_KTILES["Q4_0"] for t in ("Q4_1", "Q5_0", "Q5_1", "Q5_K")})
 CPU_KTILES = Q8KTiles(1, 1, 1, 1, 3)       # 16 x 8, one warp: the CPU target emulates threads
 # short prompts: (at most this many tokens, tiles), tried in order before TUNED_KTILES. A
 # 128 x 128 tile leaves most multiprocessors idle below ~256 tokens (llama-8B's down
@@ -94,7 +94,7 @@ _SMALL = [(16, Q8KTiles(1, 2, 4, 1, 3)), (32, Q8KTiles(1, 4, 4, 1, 3)),
           (48, Q8KTiles(2, 3, 4, 2, 3)), (64, Q8KTiles(1, 4, 4, 2, 3))]
 SMALL_KTILES: dict[str, list[tuple[int, Q8KTiles]]] = {
     "Q4_K": _SMALL, "Q6_K": _SMALL, "Q4_0": _SMALL, "Q4_1": _SMALL, "Q5_0": _SMALL,
-    "Q5_1": _SMALL, "Q8_0": _SMALL[:2] + [(64, Q8KTiles(1, 4, 4, 2, 3))]}
+    "Q5_1": _SMALL, "Q5_K": _SMALL, "Q8_0": _SMALL[:2] + [(64, Q8KTiles(1, 4, 4, 2, 3))]}
 # 65-256 tokens (Q4_K, Q6_K, Q4_0): 128 weight rows x as few token columns as cover the
 # tokens in ceil(tokens / 128) tiles, in steps of 16 (32 x 8 ni warp tiles, 8 warps); K split
 # by auto_split. The GEMM's time follows the token columns it computes, so 72 tokens take a
@@ -102,7 +102,7 @@ SMALL_KTILES: dict[str, list[tuple[int, Q8KTiles]]] = {
 # tokens: 545 / 544 / 863 us with the tiles used before, 64 x 64 up to 128 tokens and 128 x 64
 # after, 435 / 439 / 742 with 128 x 128; benchmarks/small_gemm.py, RESULTS.md "Prompts of
 # 65-256 tokens")
-WIDE_TYPES = ("Q4_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
+WIDE_TYPES = ("Q4_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q5_K")
 WIDE_MAX = 256
 
 
@@ -185,7 +185,7 @@ def compute_stage(FMT: Const[int], GPU: Const[int], sm: Ptr[u32], smf: Ptr[f32],
         shift[h] = 0
         if FMT == Q6_K:
             shift[h] = q6k_shift(min(row0 + rbase + 8 * h + g, rows - 1), row_bytes, sb)
-    if FMT == Q4_K:
+    if FMT == Q4_K or FMT == Q5_K:
         min_term(sm, smf, sbase, bbase, acc, rbase, cbase, g, tg, MI, NI)
     for kb in pk.static_range(8):
         bq = pk.local_array(u32, 2 * NI)
@@ -208,7 +208,7 @@ def compute_stage(FMT: Const[int], GPU: Const[int], sm: Ptr[u32], smf: Ptr[f32],
             u8 = smf[sbase + 16 * (r + 8) + kb]
             v0 = f32(0.0)
             v8 = f32(0.0)
-            if FMT != Q4_K:   # (d, 0) or (d, m) per block; Q6_K: its two 16-value halves' scales
+            if FMT != Q4_K and FMT != Q5_K:   # (d, 0) or (d, m) per block; Q6_K: its halves
                 u0, v0 = pk.load_vec(smf, sbase + 16 * r + 2 * kb, 2)
                 u8, v8 = pk.load_vec(smf, sbase + 16 * (r + 8) + 2 * kb, 2)
             for ni in pk.static_range(NI):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, u32, u64
 
-from .decode8 import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0, scale_min_k4
+from .decode8 import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, scale_min_k4
 from .dot_q8 import LOW_NIBBLES
 
 B_STRIDE = 76          # 72 words of Q8_1 + 4: fragment rows g = 0..7 land in distinct bank quads
@@ -28,7 +28,8 @@ Q40_WORDS = 36         # 8 Q4_0 blocks (8 x 18 B): d | qs:16 B, each d 2-byte al
 Q80_WORDS = 68         # 8 Q8_0 blocks (8 x 34 B): d | qs:i8[32]
 # 8 Q4_1 (8 x 20 B: d, m | qs:16 B), Q5_0 (8 x 22 B: d | qh:4 B | qs:16 B), Q5_1 (8 x 24 B:
 # d, m | qh | qs) blocks: words copied per row and K step
-STEP_WORDS = {Q4_K: Q4K_WORDS, Q4_0: Q40_WORDS, Q8_0: Q80_WORDS, Q4_1: 40, Q5_0: 44, Q5_1: 48}
+STEP_WORDS = {Q4_K: Q4K_WORDS, Q4_0: Q40_WORDS, Q8_0: Q80_WORDS, Q4_1: 40, Q5_0: 44, Q5_1: 48,
+              Q5_K: 44}    # Q5_K super-block (176 B): d | dmin | scales:12 B | qh:32 B | qs:128 B
 SIGN_BITS = 0x80808080
 
 
@@ -134,10 +135,12 @@ def scale_pass(FMT: Const[int], sm: Ptr[u32], smf: Ptr[f32], base: i32, sbase: i
                row0: i32, rows: i32, row_bytes: i32, sb: i32, tid: i32, BM: Const[int],
                BN: Const[int], NT: Const[int], AS: Const[int]):
     """Block scales of a landed stage as floats: SA (BM x 16) and SB (BN x 16) at sbase."""
-    if FMT == Q4_K:   # per (row, block pair p): words 2p, 2p + 1: d * sc of the two blocks;
-        for j in pk.static_range((BM * 4 + NT - 1) // NT):    # 8 + p: their mins as an f16
-            i = tid + NT * j                                  # pair (exact: 6-bit integers);
-            if i < BM * 4:                                    # 12: dmin (min_term's operands)
+    # Q4_K / Q5_K, per (row, block pair p): words 2p, 2p + 1: d * sc of the two blocks; 8 + p:
+    # their mins as an f16 pair (exact: 6-bit integers); 12: dmin (min_term's operands)
+    if FMT == Q4_K or FMT == Q5_K:
+        for j in pk.static_range((BM * 4 + NT - 1) // NT):
+            i = tid + NT * j
+            if i < BM * 4:
                 r = i // 4
                 p = i % 4
                 a = base + r * AS
@@ -150,7 +153,7 @@ def scale_pass(FMT: Const[int], sm: Ptr[u32], smf: Ptr[f32], base: i32, sbase: i
                     smf[sbase + 16 * r + 12] = dmin
     for j in pk.static_range((BM * 16 + NT - 1) // NT):
         i = tid + NT * j
-        if FMT == Q4_K or i >= BM * 16:
+        if FMT == Q4_K or FMT == Q5_K or i >= BM * 16:
             break
         r = i // 16
         e = i % 16
@@ -214,6 +217,13 @@ def a_fragment(FMT: Const[int], sm: Ptr[u32], a: i32, sh: i32, kb: Const[int], t
         lo = (v & u32(LOW_NIBBLES)) | fifth_bits(qh, 4 * tg) | u32(SIGN_BITS)
         hi = ((v >> u32(4)) & u32(LOW_NIBBLES)) | fifth_bits(qh, 16 + 4 * tg) | u32(SIGN_BITS)
         return (lo - u32(0x10101010)) ^ u32(SIGN_BITS), (hi - u32(0x10101010)) ^ u32(SIGN_BITS)
+    elif FMT == Q5_K:   # as Q4_K with qs at word 12, plus bit kb of qh byte l (words 4..11)
+        lo = sm[a + 12 + 8 * (kb // 2) + tg]
+        hi = sm[a + 16 + 8 * (kb // 2) + tg]
+        return ((lo >> u32(4 * (kb % 2))) & u32(LOW_NIBBLES)) | \
+            (((sm[a + 4 + tg] >> u32(kb)) & u32(0x01010101)) << u32(4)), \
+            ((hi >> u32(4 * (kb % 2))) & u32(LOW_NIBBLES)) | \
+            (((sm[a + 8 + tg] >> u32(kb)) & u32(0x01010101)) << u32(4))
     elif FMT == Q4_K:   # qs byte 32 c + l holds value 64 c + l (low nibble) and 64 c + 32 + l
         lo = sm[a + 4 + 8 * (kb // 2) + tg]
         hi = sm[a + 8 + 8 * (kb // 2) + tg]

@@ -23,7 +23,8 @@ from .q8_1 import quantize_q8_1_into
 GEMV_MAX_TOKENS = MAX_BATCH
 # int8 GEMM faster than f16 on the H200 at m=4096 n=512 k=14336 (benchmarks/RESULTS.md:
 # Q4_0 701 vs 1064 us, Q8_0 517 vs 1093 us, Q4_K 442 vs 1132 us, Q6_K 494 vs 1069 us)
-INT8_PREFILL_TYPES = frozenset({"Q4_0", "Q8_0", "Q4_K", "Q6_K", "Q4_1", "Q5_0", "Q5_1"}) & \
+INT8_PREFILL_TYPES = frozenset({"Q4_0", "Q8_0", "Q4_K", "Q6_K", "Q4_1", "Q5_0", "Q5_1",
+                                "Q5_K"}) & \
     frozenset(INT8_GEMM_TYPES)
 
 

@@ -85,12 +85,12 @@ def test_gemm_into_columns_with_residual(device, rng, seed):
 
 
 def test_matmul_dispatch(device, rng, seed):
-    # Q5_K has no int8 GEMM: 9 tokens take the f16 GEMM (int8 dispatch: test_quant_gemm_q8.py)
-    raw = make_weights(rng, "Q5_K", 3, 256)
+    # Q2_K has no int8 GEMM: 9 tokens take the f16 GEMM (int8 dispatch: test_quant_gemm_q8.py)
+    raw = make_weights(rng, "Q2_K", 3, 256)
     x = rng.standard_normal((9, 256)).astype(np.float32)
-    check(matmul(raw, "Q5_K", x).numpy(), raw, "Q5_K", x, seed)
-    y1 = matmul(raw, "Q5_K", x[0]).numpy()                  # one token: the DP4A GEMV
-    W = ref.dequantize(raw, "Q5_K", 256).astype(np.float64)
+    check(matmul(raw, "Q2_K", x).numpy(), raw, "Q2_K", x, seed)
+    y1 = matmul(raw, "Q2_K", x[0]).numpy()                  # one token: the DP4A GEMV
+    W = ref.dequantize(raw, "Q2_K", 256).astype(np.float64)
     assert y1.shape == (3,)
     assert np.allclose(y1, W @ x[0], rtol=0.05, atol=0.05 * np.abs(W).sum(1).max()), seed
 

@@ -28,7 +28,7 @@ def make_weights(rng, type_name, rows, n):
 
 
 # (block bytes, where its quants start): the types whose blocks add an offset (a min)
-OFFSET_BLOCKS = {"Q4_K": (144, 16), "Q4_1": (20, 4), "Q5_1": (24, 4)}
+OFFSET_BLOCKS = {"Q4_K": (144, 16), "Q5_K": (176, 16), "Q4_1": (20, 4), "Q5_1": (24, 4)}
 
 
 def weight_offsets(raw, type_name, n):
@@ -71,7 +71,7 @@ def test_gemm_q8_awkward_shapes(device, rng, seed, type_name):
     raw = make_weights(rng, type_name, rows, n)
     x = rng.standard_normal((tokens, n)).astype(np.float32)
     check(gemm_q8(raw, type_name, x).numpy(), raw, type_name, x, seed)
-    if type_name in ("Q4_1", "Q5_0", "Q5_1"):   # also the per-block kernel (K % 256 != 0)
+    if type_name in ("Q4_1", "Q5_0", "Q5_1", "Q5_K"):   # also the per-block kernel
         check(gemm_q8(raw, type_name, x, CPU_TILES).numpy(), raw, type_name, x, seed)
 
 
@@ -104,7 +104,7 @@ def test_gemm_q8_zero_and_odd_activations(device, rng, seed, tiles):
     check(gemm_q8(raw, "Q4_K", x, tiles).numpy(), raw, "Q4_K", x, seed)
 
 
-SUPERBLOCK_TYPES = ["Q4_K", "Q6_K", "Q4_0", "Q8_0", "Q4_1", "Q5_0", "Q5_1"]
+SUPERBLOCK_TYPES = ["Q4_K", "Q6_K", "Q4_0", "Q8_0", "Q4_1", "Q5_0", "Q5_1", "Q5_K"]
 
 
 @pytest.mark.parametrize("type_name", SUPERBLOCK_TYPES)
@@ -322,8 +322,8 @@ def test_gemm_q8_rejects_bad_input(device, rng):
     with pytest.raises(ValueError, match="Q6_K: weights must be uint16 words of 3 rows"):
         gemm_q8k_into(w, "Q6_K", pk.zeros((2, 288), np.uint8), pk.empty((2, 3), np.float32),
                       3, 256, 2)
-    with pytest.raises(ValueError, match="no super-block int8 GEMM for Q5_K"):
-        gemm_q8k_into(w, "Q5_K", pk.zeros((2, 288), np.uint8), pk.empty((2, 3), np.float32),
+    with pytest.raises(ValueError, match="no super-block int8 GEMM for Q3_K"):
+        gemm_q8k_into(w, "Q3_K", pk.zeros((2, 288), np.uint8), pk.empty((2, 3), np.float32),
                       3, 256, 2)
     with pytest.raises(ValueError, match="K = 288 must be a positive multiple of 256"):
         gemm_q8k_into(w, "Q6_K", pk.zeros((2, 324), np.uint8), pk.empty((2, 2), np.float32),

@@ -158,7 +158,7 @@ def test_synth_reads_back_with_gguf_py(tmp_path):
     assert np.isfinite(model.logits(ids[:2])).all()
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K])
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K])
 def test_synth_weights_are_centred_and_spread_like_trained_ones(qtype, rng, seed):
     """Random quant bytes, but each matrix dequantizes to mean ~0 and std ~WEIGHT_STD (a
     positive mean per block made the synthetic models' activations overflow to NaN)."""
@@ -179,13 +179,14 @@ def test_single_type_files(file_type, matrix, output):
             for t in ("attn_q", "attn_v", "ffn_down", "ffn_gate")} == {matrix}
 
 
-def test_q4_k_m_mix_follows_llama_cpp():
-    plan = {name: qtype for name, qtype, _ in tensor_plan(SHAPES["llama-8b"], "Q4_K_M")}
-    assert plan["output.weight"] == Q.Q6_K and plan["token_embd.weight"] == Q.Q4_K
+@pytest.mark.parametrize("file_type,base", [("Q4_K_M", Q.Q4_K), ("Q5_K_M", Q.Q5_K)])
+def test_k_m_mixes_follow_llama_cpp(file_type, base):
+    plan = {name: qtype for name, qtype, _ in tensor_plan(SHAPES["llama-8b"], file_type)}
+    assert plan["output.weight"] == Q.Q6_K and plan["token_embd.weight"] == base
     six = [il for il in range(32) if plan[f"blk.{il}.ffn_down.weight"] == Q.Q6_K]
     assert six == [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31]
     assert all(plan[f"blk.{il}.attn_v.weight"] == Q.Q6_K for il in six)
-    assert plan["blk.5.attn_q.weight"] == Q.Q4_K and plan["blk.5.attn_v.weight"] == Q.Q4_K
+    assert plan["blk.5.attn_q.weight"] == base and plan["blk.5.attn_v.weight"] == base
 
 
 def test_bench_table_format(models):

@@ -26,10 +26,10 @@ def scratch(shape):
 
 @pytest.mark.parametrize("tokens", [11, W.GEMM_RESIDUAL_TOKENS + 6])
 def test_mixed_type_groups_with_residual_in_the_gemm_store(device, rng, seed, tokens):
-    # q|k|v-like: a Q4_0 group (int8 GEMM) then a Q5_K group (f16 GEMM); the residual in the
+    # q|k|v-like: a Q4_0 group (int8 GEMM) then a Q2_K group (f16 GEMM); the residual in the
     # GEMMs' store up to GEMM_RESIDUAL_TOKENS tokens, else one add launch
     n = 256
-    groups = [make_group(rng, "Q4_0", 24, 0, n), make_group(rng, "Q5_K", 16, 24, n)]
+    groups = [make_group(rng, "Q4_0", 24, 0, n), make_group(rng, "Q2_K", 16, 24, n)]
     w = W.DeviceMatrix(n, 40, groups, ("a", "b"), (24, 16))
     x = rng.standard_normal((tokens, n)).astype(np.float32)
     res = rng.standard_normal((tokens, 40)).astype(np.float32)
@@ -39,7 +39,7 @@ def test_mixed_type_groups_with_residual_in_the_gemm_store(device, rng, seed, to
     out = pk.full((tokens, 40), np.nan, np.float32)
     launches = launched_by(lambda: W.matmul(xd, w, out, xq, scratch, res=pk.to_device(res)))
     want = np.concatenate([gemm_q8(groups[0].raw.numpy(), "Q4_0", x).numpy(),
-                           gemm(groups[1].raw.numpy(), "Q5_K", x).numpy()], axis=1) + res
+                           gemm(groups[1].raw.numpy(), "Q2_K", x).numpy()], axis=1) + res
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-6, atol=1e-5, err_msg=f"seed {seed}")
     fused = tokens <= W.GEMM_RESIDUAL_TOKENS
     assert len(launches) == (2 if fused else 3), launches   # a GEMM per group, no copy
