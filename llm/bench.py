@@ -2,11 +2,12 @@
 
 Input: a model (path or name), prompt length p, generated tokens n, repetitions r, device and
 backend. Output: a markdown table (model, size, params, backend, test, t/s +- stdev) like
-llama-bench's. ppP = one forward pass over P random tokens on an empty cache (time to the
-last logits on the host); tgN = N greedy decode steps from an empty cache (on the kernels
-backend: replays of the captured decode graph, reading each token id back). With depth D
-(llama-bench's -d) the cache first holds D random tokens (prefilled once, untimed) and both
-tests start at position D: "pp512 @ d4096". -p, -n and -d take comma-separated lists, as
+llama-bench's. ppP = P random tokens prefilled on an empty cache as `generate` does it, in
+steps of `generate.prefill_step_tokens` tokens (on the kernels backend 256, each a replayed
+graph), timed to the last logits on the host; tgN = N greedy decode steps from an empty cache
+(on the kernels backend: replays of the captured decode graph, reading each token id back). With
+depth D (llama-bench's -d) the cache first holds D random tokens (prefilled once, untimed) and
+both tests start at position D: "pp512 @ d4096". -p, -n and -d take comma-separated lists, as
 llama-bench's do. One untimed warm-up run per test compiles kernels and captures the graph.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import llm
+from llm.generate import prefill_step_tokens
 
 GIB = 2 ** 30
 
@@ -45,9 +47,14 @@ def _sync(model) -> None:
 
 
 def prompt_speed(model, cache, ids: np.ndarray, start: int = 0) -> float:
+    """Tokens/s of prefilling ids at `start` in generate's steps (prefill_step_tokens), as
+    `pykernel run` prefills a prompt."""
+    step = prefill_step_tokens(model.transformer)
     _sync(model)
     t0 = time.perf_counter()
-    model.backend.to_host(model.transformer.forward(ids, start, cache))
+    for at in range(0, len(ids), step):
+        logits = model.transformer.forward(ids[at:at + step], start + at, cache)
+    model.backend.to_host(logits)
     return len(ids) / (time.perf_counter() - t0)
 
 
@@ -85,8 +92,8 @@ def run_bench(model, p=512, n=128, r: int = 3, seed: int = 0,
     for length in (x for x in ps if x > 0):
         prompt = ids[:length]
         prompt_speed(model, cache, prompt, depth)            # warm-up: compile, allocate
-        if length <= getattr(model.transformer, "prefill_graph_max", 0):
-            prompt_speed(model, cache, prompt, depth)        # a short prompt's graph capture
+        if getattr(model.transformer, "prefill_graph_max", 0):
+            prompt_speed(model, cache, prompt, depth)        # the steps' graph captures
         results.append(BenchResult(f"pp{length}{suffix}",
                                    [prompt_speed(model, cache, prompt, depth) for _ in range(r)]))
     for count in (x for x in ns if x > 0):

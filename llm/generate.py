@@ -8,6 +8,7 @@ UTF-8 text; text that could be the start of a stop string is held back until it 
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Iterator, Sequence
@@ -16,7 +17,15 @@ import numpy as np
 
 from llm.sampling import Sampler
 
-PREFILL_CHUNK = 256  # tokens per prefill step: bounds the (heads, n, n_ctx) attention scores
+# tokens per prefill step: bounds the (heads, n, n_ctx) attention scores of the numpy backend
+# (PYKERNEL_PREFILL_CHUNK=N another step, for comparisons)
+PREFILL_CHUNK = int(os.environ.get("PYKERNEL_PREFILL_CHUNK", "256"))
+
+
+def prefill_step_tokens(transformer) -> int:
+    """Tokens per step of a prompt's prefill: the transformer's own (the kernels backend's
+    graph buckets, 1024 tokens) or PREFILL_CHUNK."""
+    return getattr(transformer, "prefill_step_tokens", PREFILL_CHUNK)
 
 
 class ContextError(ValueError):
@@ -78,8 +87,9 @@ class Session:
             reuse += 1
         self.tokens = self.tokens[:reuse]
         logits = None
-        for start in range(reuse, len(ids), PREFILL_CHUNK):
-            chunk = np.asarray(ids[start:start + PREFILL_CHUNK], dtype=np.int64)
+        step = prefill_step_tokens(self.transformer)
+        for start in range(reuse, len(ids), step):
+            chunk = np.asarray(ids[start:start + step], dtype=np.int64)
             logits = self.transformer.forward(chunk, start, self.cache)
             self.tokens.extend(int(i) for i in chunk)
         return logits, len(ids) - reuse

@@ -33,6 +33,7 @@ import numpy as np
 import pykernel as pk
 from pykernel import compile_pool
 from llm.backends import kernels_extra as X
+from llm.generate import PREFILL_CHUNK
 from llm.models.transformer import Transformer
 
 
@@ -48,7 +49,12 @@ PRECOMPILE = os.environ.get("PYKERNEL_PRECOMPILE", "1") not in ("", "0")
 # prompts of 2..PREFILL_GRAPH_MAX tokens run as captured graphs (PYKERNEL_PREFILL_GRAPHS=0:
 # always eagerly, PYKERNEL_PREFILL_GRAPH_MAX=N another limit, for comparisons)
 # (H100, graphs against eager at 72-256 tokens: synthetic qwen2-1.5B +34-130%, llama-8B
-# +3-26%; benchmarks/RESULTS.md "Prompts of 65-256 tokens")
+# +3-26%; benchmarks/RESULTS.md "Prompts of 65-256 tokens"). Longer prompts run in steps of
+# this many tokens (prefill_step_tokens), each a graph. 1024 measured much faster (H100, prompts
+# of 2048 tokens: SmolLM2-135M 50.8k -> 145.5k t/s, qwen2-1.5B 26.9k -> 40.6k, llama-8B 9.3k ->
+# 11.2k; RESULTS.md "Prompts in 1024-token graph steps") but graphs of buckets over 256 have not
+# been checked against the eager prefill on a GPU yet (test_gpu_long_prompt_steps_replay_one_graph
+# does): the default stays 256 until they are
 PREFILL_GRAPH_MAX = int(os.environ.get("PYKERNEL_PREFILL_GRAPH_MAX", "256"))
 PREFILL_GRAPHS = os.environ.get("PYKERNEL_PREFILL_GRAPHS", "1") not in ("", "0")
 
@@ -87,6 +93,13 @@ class GraphedTransformer(Transformer):
         """Longest prompt that runs as a graph (0: none); a bucket's graph is captured on its
         second prompt, so benchmarks warm up twice."""
         return PREFILL_GRAPH_MAX if PREFILL_GRAPHS and self.backend.use_graphs else 0
+
+    @property
+    def prefill_step_tokens(self) -> int:
+        """Tokens per prefill step of a long prompt (generate, bench): one graph's bucket at
+        most, so every step of a long prompt replays a graph; eagerly (graphs off) the numpy
+        backend's step."""
+        return self.prefill_graph_max or PREFILL_CHUNK
 
     def __init__(self, inner: Transformer):
         self.__dict__.update(inner.__dict__)

@@ -32,27 +32,31 @@ def test_prefill_buckets():
         [2, 3, 4, 5, 8, 16, 16, 24, 64, 64]
 
 
-def _chunk_logits(model, ids, monkeypatch, graphs: bool):
-    """Last-row logits after each chunk of LENGTHS, then after one decode step; the cache."""
+def _chunk_logits(model, ids, monkeypatch, graphs: bool, lengths=LENGTHS, n_ctx=N_CTX):
+    """Last-row logits after each chunk of `lengths`, then after one decode step; the cache."""
     monkeypatch.setattr(kernels_graph, "PREFILL_GRAPHS", graphs)
     cfg, t, b = model.config, model.transformer, model.backend
-    cache = b.kv_cache(cfg.n_layer, N_CTX, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v)
+    cache = b.kv_cache(cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v)
     out, pos = [], 0
-    for n in LENGTHS:
+    for n in lengths:
         out.append(b.to_host(t.forward(np.asarray(ids[pos:pos + n], np.int64), pos, cache))[-1])
         pos += n
     out.append(b.to_host(t.forward(np.asarray(ids[pos:pos + 1], np.int64), pos, cache))[-1])
     return out, cache
 
 
-def _check(model, rng, seed, monkeypatch, tol):
-    ids = [int(i) for i in rng.integers(0, model.config.n_vocab, sum(LENGTHS) + 1)]
-    eager, _ = _chunk_logits(model, ids, monkeypatch, graphs=False)
-    graphed, cache = _chunk_logits(model, ids, monkeypatch, graphs=True)
+def _check(model, rng, seed, monkeypatch, tol, lengths=LENGTHS, n_ctx=N_CTX):
+    ids = [int(i) for i in rng.integers(0, model.config.n_vocab, sum(lengths) + 1)]
+    eager, _ = _chunk_logits(model, ids, monkeypatch, False, lengths, n_ctx)
+    graphed, cache = _chunk_logits(model, ids, monkeypatch, True, lengths, n_ctx)
     for i, (got, want) in enumerate(zip(graphed, eager)):
-        what = f"chunk {i} ({LENGTHS[i]} tokens)" if i < len(LENGTHS) else "decode step"
+        what = f"chunk {i} ({lengths[i]} tokens)" if i < len(lengths) else "decode step"
         assert np.isfinite(got).all() and rel_l2(got, want) < tol, \
             f"{what}: relative L2 {rel_l2(got, want):.2e} vs the eager prefill (seed {seed})"
+    if lengths != LENGTHS:        # one bucket, three times: eager, captured, replayed
+        assert [(b, s.graph is not None) for b, s in cache.prefill_graphs.items()] == \
+            [(prefill_bucket(lengths[0]), True)]
+        return
     assert sorted(cache.prefill_graphs) == [3, 5, 16]
     assert cache.prefill_graphs[5].graph is not None and cache.prefill_graphs[16].graph is not None
     assert cache.prefill_graphs[3].graph is None          # seen once: run eagerly, not captured
@@ -80,6 +84,21 @@ def test_prefill_graphs_stay_out_of_their_limits(rng, monkeypatch):
     assert not t._prefill_graphable(5, 0, SimpleNamespace(q8=True, n_ctx=N_CTX))
     t.forward(np.arange(5, dtype=np.int64), 0, cache, all_logits=True)
     assert not cache.prefill_graphs
+
+
+@pytest.mark.gpu
+def test_gpu_long_prompt_steps_replay_one_graph(rng, seed, monkeypatch, tmp_path):
+    """Steps of a long prompt (600 tokens, three times: bucket 600 eager, captured, replayed)
+    give the eager prefill's logits; a synthetic SmolLM2 in Q4_1 (the int8 per-block GEMM, its
+    inputs 576 wide)."""
+    if not dv.gpu_available():
+        pytest.skip("no usable CUDA GPU (driver missing or no device)")
+    from llm.synth import write_synthetic
+    monkeypatch.setattr(kernels_graph, "PREFILL_GRAPH_MAX", 1024)   # the measured-faster step
+    path = write_synthetic("smollm2-135m", "Q4_1", tmp_path / "smol.gguf")
+    model = llm.load(path, device="cuda", n_ctx=2048, progress=False)
+    assert model.transformer.prefill_step_tokens == 1024
+    _check(model, rng, seed, monkeypatch, 1e-3, lengths=(600, 600, 600), n_ctx=2048)
 
 
 @pytest.mark.gpu
