@@ -24,7 +24,7 @@ PREFILL_CHUNK = int(os.environ.get("PYKERNEL_PREFILL_CHUNK", "256"))
 
 def prefill_step_tokens(transformer) -> int:
     """Tokens per step of a prompt's prefill: the transformer's own (the kernels backend's
-    graph buckets, 1024 tokens) or PREFILL_CHUNK."""
+    largest prompt graph, kernels_graph.PREFILL_GRAPH_MAX) or PREFILL_CHUNK."""
     return getattr(transformer, "prefill_step_tokens", PREFILL_CHUNK)
 
 

@@ -10,7 +10,8 @@ compiled. On a cuda device a thread of this process meanwhile loads each kernel 
 far into the driver and finishes its lazy loading (`CudaDevice.preload`: the PTX JIT, 0.1-0.8 s
 a kernel, which would otherwise run in the kernel's first launch), one at a time: loading
 from several threads was measured slower than one by one, and JIT-ing in the workers (each
-with its own context) cost as much in context start-up as it saved. A kernel a worker cannot import by module and name (defined
+with its own context) cost as much in context start-up as it saved. A kernel a worker cannot
+import by module and name (defined
 in `__main__` or inside a function), or whose Const values are not numbers, strings, pykernel
 or numpy dtypes, is left to its launch, which compiles it as before: this only saves time.
 

@@ -3,22 +3,22 @@
     gemm_q8(raw, "Q4_K", x) -> y          raw uint8 (rows, row_bytes), x float32 (tokens, K)
     gemm_q8_into(w, type, xq, y, rows, K, tokens)   xq = Q8_1 activations (q8_1.py), no sync
 
-Types: INT8_GEMM_TYPES (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, Q4_1, Q5_0, Q5_1). The activations are quantized to Q8_1 once
-(32-value blocks: d, s = sum(x), int8 q). Each thread block computes a BM-row x BN-token tile of
-C = W X^T; per K step of 32 KB values it unpacks the weights' integer quants into an int8 tile in
-shared memory (Q4_0 q - 8, Q5_0 q - 16, Q6_K q - 32, Q4_K / Q4_1 / Q5_1 q; no scales), keeps
-the per-32-block weight scales (Q6_K: per 16) and the min terms (Q4_K, Q4_1, Q5_1) as floats, and copies the activations' int8 words and (d, s).
-Every warp then runs `mma.m16n8k32.s8` per 32-wide block with a zero int32 accumulator and folds
-the result into f32 accumulators: acc += d_w d_x isum (Q4_K also acc -= dmin m s_x; Q4_1 and
-Q5_1 acc += m s_x). Q6_K's two
-16-value scales per block cost two mma with the other half of A zeroed.
-Tiles: Q8GemmTiles(mi, ni, wm, wn, kb): wm x wn warps, each 16 mi rows x 8 ni tokens, K step
-32 kb (halved until it divides K); TUNED_TILES per type (64 x 128 or 128 x 128, K step 128, fits
-the 48 KB of static shared memory), no explicit double buffering. SUPERBLOCK_DEFAULT_TYPES
-(Q4_K, Q6_K) go to the pipelined super-block kernel of gemm_q8_k.py (2.5x faster on the H200)
-unless Q8GemmTiles are passed; Q4_0 / Q8_0 (K % 256 == 0) go there when Q8KTiles are passed.
-This file's per-block version stays the reference they are checked against (tests,
-benchmarks/quant_gemm.py). Measured in benchmarks/RESULTS.md; matmul.py picks the paths.
+Types: INT8_GEMM_TYPES (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, Q4_1, Q5_0, Q5_1). The activations are
+quantized to Q8_1 once (32-value blocks: d, s = sum(x), int8 q). Each thread block computes a
+BM-row x BN-token tile of C = W X^T; per K step of 32 KB values it unpacks the weights' integer
+quants into an int8 tile in shared memory (Q4_0 q - 8, Q5_0 q - 16, Q6_K q - 32, Q4_K / Q5_K /
+Q4_1 / Q5_1 q; no scales), keeps the per-32-block weight scales (Q6_K: per 16) and the min terms
+(Q4_K, Q5_K, Q4_1, Q5_1) as floats, and copies the activations' int8 words and (d, s). Every
+warp then runs `mma.m16n8k32.s8` per 32-wide block with a zero int32 accumulator and folds the
+result into f32 accumulators: acc += d_w d_x isum (Q4_K / Q5_K also acc -= dmin m s_x; Q4_1 and
+Q5_1 acc += m s_x). Q6_K's two 16-value scales per block cost two mma with the other half of A
+zeroed. Tiles: Q8GemmTiles(mi, ni, wm, wn, kb): wm x wn warps, each 16 mi rows x 8 ni tokens, K
+step 32 kb (halved until it divides K); TUNED_TILES per type (64 x 128 or 128 x 128, K step 128,
+fits the 48 KB of static shared memory), no explicit double buffering. SUPERBLOCK_DEFAULT_TYPES
+(all eight, K % 256 == 0) go to the pipelined super-block kernel of gemm_q8_k.py (2.5x faster on
+the H200) unless Q8GemmTiles are passed. This file's per-block version serves K % 256 != 0 and
+stays the reference the super-block kernel is checked against (tests, benchmarks/quant_gemm.py).
+Measured in benchmarks/RESULTS.md; matmul.py picks the paths.
 """
 from __future__ import annotations
 

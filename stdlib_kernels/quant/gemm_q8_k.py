@@ -12,11 +12,12 @@ once, instead of one fma per block and accumulator. One K step = one super-block
 raw bytes (the BM weight rows' super-blocks, the BN tokens' 8 Q8_1 blocks) are copied
 unchanged into a shared-memory stage with 16-byte `cp.async` (Q6_K's 210-byte blocks are only
 2-byte aligned: 4-byte copies of the aligned words around them), STAGES deep, so the copies
-of later steps overlap the mma of this one. Once a step has landed, one pass of the whole block turns its 6-bit scales (and the activations'
-(d, s)) into floats in shared memory, one step ahead of its use; the warps then build the int8
-A fragments straight from the raw quants (Q4_K: a shift and a mask; Q6_K: low nibbles | high
-bits - 32; Q5_K: Q4_K's nibbles | the qh bit) and run the mma (Q6_K: `mma.m16n8k16` per 16-value half on CUDA, so both halves'
-scales apply; two zero-padded k32 mma on the CPU target). One barrier per K step.
+of later steps overlap the mma of this one. Once a step has landed, one pass of the whole block
+turns its 6-bit scales (and the activations' (d, s)) into floats in shared memory, one step
+ahead of its use; the warps then build the int8 A fragments straight from the raw quants (Q4_K:
+a shift and a mask; Q6_K: low nibbles | high bits - 32; Q5_K: Q4_K's nibbles | the qh bit) and
+run the mma (Q6_K: `mma.m16n8k16` per 16-value half on CUDA, so both halves' scales apply; two
+zero-padded k32 mma on the CPU target). One barrier per K step.
 Q4_0 / Q8_0: a K step is 8 raw 32-blocks per row (144 / 272 B, 16-byte aligned as K % 256 == 0);
 the scale pass reads each block's f16 d, the fragments are word-aligned or funnel-shifted by 2
 bytes (known per block at compile time), Q4_0's nibbles minus 8 exactly as int8 (sign-bit trick).
