@@ -50,12 +50,11 @@ PRECOMPILE = os.environ.get("PYKERNEL_PRECOMPILE", "1") not in ("", "0")
 # always eagerly, PYKERNEL_PREFILL_GRAPH_MAX=N another limit, for comparisons)
 # (H100, graphs against eager at 72-256 tokens: synthetic qwen2-1.5B +34-130%, llama-8B
 # +3-26%; benchmarks/RESULTS.md "Prompts of 65-256 tokens"). Longer prompts run in steps of
-# this many tokens (prefill_step_tokens), each a graph. 1024 measured much faster (H100, prompts
-# of 2048 tokens: SmolLM2-135M 50.8k -> 145.5k t/s, qwen2-1.5B 26.9k -> 40.6k, llama-8B 9.3k ->
-# 11.2k; RESULTS.md "Prompts in 1024-token graph steps") but graphs of buckets over 256 have not
-# been checked against the eager prefill on a GPU yet (test_gpu_long_prompt_steps_replay_one_graph
-# does): the default stays 256 until they are
-PREFILL_GRAPH_MAX = int(os.environ.get("PYKERNEL_PREFILL_GRAPH_MAX", "256"))
+# this many tokens (prefill_step_tokens), each a graph: 1024 (H100, prompts of 2048 tokens
+# against 256-token steps: SmolLM2-135M 50.8k -> 145.5k t/s, qwen2-1.5B 26.9k -> 40.6k,
+# llama-8B 9.3k -> 11.2k; RESULTS.md "Prompts in 1024-token graph steps"; an 8B step's
+# activations ~0.6 GiB)
+PREFILL_GRAPH_MAX = int(os.environ.get("PYKERNEL_PREFILL_GRAPH_MAX", "1024"))
 PREFILL_GRAPHS = os.environ.get("PYKERNEL_PREFILL_GRAPHS", "1") not in ("", "0")
 
 
