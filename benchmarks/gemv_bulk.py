@@ -1,4 +1,4 @@
-"""Q3_K / Q4_K / Q6_K decode GEMV: rows streamed by TMA bulk copies (stdlib_kernels/quant/gemv_bulk.py)
+"""Q3_K / Q4_K / Q5_K / Q6_K decode GEMV: rows streamed by TMA bulk copies (stdlib_kernels/quant/gemv_bulk.py)
 against the register kernels, on the GPU, in one run (quant_matmul.py's method: CUDA-graph
 replays timed with CUDA events, weight buffers rotated past the 50 MB L2; copy bandwidth =
 2 x bytes / time of a 1 GiB copy). Each configuration is timed `--rounds` times, the rounds
@@ -8,7 +8,8 @@ kernel issues its copies before waiting for the previous GEMV).
     python3 benchmarks/gemv_bulk.py [--types Q3_K,Q4_K,Q6_K] [--rounds 2] [--pdl]
 
 Shapes: Q3_K 57344x4096 and 128256x4096 (weights over L2: issue 5's 80%-of-copy clause) and
-4096x14336; Q4_K the llama-8B shapes (gate / up, q + k + v, o, down, output); Q6_K 4096x14336 (llama-8B's ffn_down), 4096x12288 (8B-class ffn_down) and
+4096x14336; Q4_K and Q5_K the llama-8B shapes (gate / up, q + k + v, o, down, output), Q5_K
+also qwen2-1.5B's; Q6_K 4096x14336 (llama-8B's ffn_down), 4096x12288 (8B-class ffn_down) and
 128256x4096 (llama-8B's output). Config = (warps per block, rows per warp, ring stages) of the
 bulk kernel, and for rows over 8192 values the row split over warps (gemv_bulk_split);
 "register" = the shipped register kernel (TUNED_SHORT / TUNED_CONFIGS).
@@ -30,10 +31,13 @@ from stdlib_kernels.quant.gemv_bulk import UNIT_BLOCKS  # noqa: E402
 
 SHAPES = {"Q3_K": ((57344, 4096), (128256, 4096), (4096, 14336)),
           "Q4_K": ((14336, 4096), (6144, 4096), (4096, 4096), (4096, 14336), (128256, 4096)),
+          "Q5_K": ((14336, 4096), (6144, 4096), (4096, 4096), (4096, 14336), (128256, 4096),
+                   (8960, 1536), (2048, 1536), (1536, 1536), (1536, 8960)),
           "Q6_K": ((4096, 14336), (4096, 12288), (128256, 4096))}
 # (warps per block, rows per warp, ring stages[, warps per row: gemv_bulk_split])
 BULK = {"Q3_K": ((4, 3, 1), (4, 4, 1), (2, 3, 1), (4, 3, 2), (2, 3, 2), (1, 4, 4)),
         "Q4_K": ((4, 1, 1), (4, 2, 1), (4, 4, 1), (8, 2, 1), (2, 2, 1), (4, 2, 2)),
+        "Q5_K": ((4, 1, 1), (4, 2, 1), (8, 1, 1), (8, 2, 1), (2, 2, 1), (4, 2, 2)),
         "Q6_K": ((4, 1, 1), (4, 2, 1), (8, 1, 1), (4, 1, 2), (2, 1, 2), (2, 1, 3), (1, 1, 4),
                  (4, 1, 3), (8, 1, 2), (1, 2, 2), (2, 2, 2))}
 # long rows (k > 8192) also split over warps

@@ -508,3 +508,38 @@ def q4k_half_dot(w: Ptr[u32, "ro"], wrow: i32, blk: i32, n: i32, a) -> f32:
         r += d * (f32(scp & u32(0xFF)) * dx0 * f32(s_lo) + f32(scp >> u32(8)) * dx1 *
                   f32(s_hi)) - dmin * (f32(mp & u32(0xFF)) * sx0 + f32(mp >> u32(8)) * sx1)
     return r
+
+
+@pk.func
+def q5k_half_dot(w: Ptr[u32, "ro"], wrow: i32, blk: i32, n: i32, a) -> f32:
+    """Half n (128 values) of Q5_K block blk of the row at word wrow (global or shared memory,
+    16-byte aligned) times the 4 Q8_1 blocks' 36 words in a: q4k_half_dot's arithmetic on
+    values whose fifth bit comes from qh (bit j of qh byte l: value l of sub-block j; the qh
+    word k holds bytes 4k..4k+3, as qs word k of a chunk holds values 4k..4k+3)."""
+    b = wrow + 44 * blk
+    head, s0, s1, s2 = pk.load_vec(w, b, 4)
+    d, dmin = pk.unpack_f16x2(head)
+    qh = pk.local_array(u32, 8)
+    for h in pk.static_range(2):
+        h0, h1, h2, h3 = pk.load_vec(w, b + 4 + 4 * h, 4)
+        qh[4 * h] = h0
+        qh[4 * h + 1] = h1
+        qh[4 * h + 2] = h2
+        qh[4 * h + 3] = h3
+    r = f32(0.0)
+    for cc in pk.static_range(2):
+        c = 2 * n + cc
+        q = pk.local_array(u32, 8)
+        q4k_chunk_words(w, b + 8, c, q)          # qs start 8 words later than Q4_K's
+        scp, mp = q4k_scales(s0, s1, s2, c)
+        s_lo = 0
+        s_hi = 0
+        for k in pk.static_range(8):
+            s_lo = pk.dp4a(with_fifth(q[k], qh[k], 2 * c), act(a, 18 * cc + 1 + k), s_lo)
+            s_hi = pk.dp4a(with_fifth(q[k] >> u32(4), qh[k], 2 * c + 1),
+                           act(a, 18 * cc + 10 + k), s_hi)
+        dx0, sx0 = act_scale(a, 18 * cc)
+        dx1, sx1 = act_scale(a, 18 * cc + 9)
+        r += d * (f32(scp & u32(0xFF)) * dx0 * f32(s_lo) + f32(scp >> u32(8)) * dx1 *
+                  f32(s_hi)) - dmin * (f32(mp & u32(0xFF)) * sx0 + f32(mp >> u32(8)) * sx1)
+    return r

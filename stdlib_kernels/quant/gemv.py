@@ -37,7 +37,8 @@ PAIR_TYPES = {"Q4_0": gk.Q4_0_PAIR, "Q8_0": gk.Q8_0_PAIR}
 # activation vector loads need, most tokens it runs for: registers)}. VARIANT names the default
 # (GemvConfig.kernel overrides it; "" = the base kernel). Q4_0/Q8_0 "vec": block pairs with
 # 8-byte activation loads. Q4_K "wide": one item per 64-value chunk, 8-byte activation loads
-# (one token, matrices of 16 MB+ with rows up to 8192 values on sm_90+: gemv_bulk.py).
+# (one token, matrices of 16 MB+ with rows up to 8192 values on sm_90+: gemv_bulk.py; so
+# for Q5_K, whose register kernel is the base one).
 # Q2_K/Q3_K "wide": one item per 128 values, 16-byte activation loads (Q3_K: u32 words; for one
 # token and weights over L2 on sm_90+ the rows arrive by bulk copies, gemv_bulk.py). Q6_K
 # "words": its 2-byte-aligned blocks read as u32 words (rows of an even number of blocks are
@@ -96,9 +97,9 @@ class GemvConfig(NamedTuple):
     `per_sm` > 0: a persistent grid of per_sm blocks per SM striding over the row groups
     (amortizes the staging; 0 = one block per row group); `kernel`: the kernel variant
     (VARIANTS; None = VARIANT's default for the type, "" = the base kernel; "bulk": the
-    bulk-copy kernel of Q3_K, Q4_K and Q6_K, gemv_bulk.py, with `warps` per block, `rows` per
-    warp and a ring of `stages` row groups per warp, or with `split` > 1 that many warps per
-    row)."""
+    bulk-copy kernel of Q3_K, Q4_K, Q5_K and Q6_K, gemv_bulk.py, with `warps` per block,
+    `rows` per warp and a ring of `stages` row groups per warp, or with `split` > 1 that many
+    warps per row)."""
     warps: int = 4
     split: int = 1
     rows: int = 1
@@ -249,7 +250,7 @@ def register_plan(type_name: str, rows: int, n: int, xq, batch: int,
 
 
 def _bulk(type_name: str, batch: int, mode, rows: int, n: int, config) -> bool:
-    """Q3_K / Q4_K / Q6_K, one token: the bulk-copy kernel (gemv_bulk.py) when asked for
+    """Q3_K / Q4_K / Q5_K / Q6_K, one token: the bulk-copy kernel (gemv_bulk.py) when asked for
     (GemvConfig(kernel="bulk")) or, by default, where it applies (large weights)."""
     if type_name not in BULK_TYPES or batch != 1:
         return False

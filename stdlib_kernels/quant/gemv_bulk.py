@@ -1,9 +1,10 @@
-"""Decode GEMV (one token) of Q3_K, Q4_K and Q6_K weights from TMA bulk copies (sm_90+; the
+"""Decode GEMV (one token) of Q3_K, Q4_K, Q5_K and Q6_K weights from TMA bulk copies (sm_90+; the
 CPU target too): each warp's rows arrive whole in shared memory by one `cp.async.bulk` per
 row, issued before `griddepcontrol.wait`, then the DP4A math reads them there.
 
 Input: w (and w2, the up rows of the gated modes) = gemv.weight_words(raw, type, n) as u32
-words, rows of whole 16-byte multiples (Q3_K / Q6_K: n % 2048 == 0; Q4_K: any n % 256 == 0);
+words, rows of whole 16-byte multiples (Q3_K / Q6_K: n % 2048 == 0; Q4_K / Q5_K: any n % 256 ==
+0);
 xq the Q8_1 activations of the token; res (rows,) for the residual mode. Output: y (rows,) =
 W x, + res, or act(W x) * (W2 x) (gemv_kernels' modes and epilogue).
 
@@ -19,7 +20,7 @@ RESULTS.md, "Bulk-copy GEMVs in the runner").
 
 Work split: a warp owns groups of R consecutive rows (with w2: their up rows in the same
 stage); lane l takes items l, l + 32, ... (item = half of a block, 128 values: dot_q8_k's
-q3k_wide_* / q4k_half_dot / q6k_wide_*), its activations loaded once for all rows; the lanes'
+q3k_wide_* / q4k_half_dot / q5k_half_dot / q6k_wide_*), its activations loaded once for all rows; the lanes'
 sums meet by shuffles. One stage (S = 1): one group per warp, a block per WARPS groups. S >= 2:
 one wave of blocks whose warps loop over the groups through a ring of S stages, so a warp's
 next rows are in flight while it computes (measured no faster, kept as an option).
@@ -36,27 +37,27 @@ import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, u32, u64
 
 from .._device import init_warp_mbarriers, warp_sum
-from .decode8 import Q3_K, Q4_K, Q6_K
+from .decode8 import Q3_K, Q4_K, Q5_K, Q6_K
 from .dot_q8 import act_copy
-from .dot_q8_k import (q3k_wide_sum, q3k_wide_values, q4k_half_dot, q6k_wide_sum,
-                       q6k_wide_values)
+from .dot_q8_k import (q3k_wide_sum, q3k_wide_values, q4k_half_dot, q5k_half_dot,
+                       q6k_wide_sum, q6k_wide_values)
 from .gemv_kernels import MODE_GEGLU, MODE_PLAIN, MODE_RESIDUAL, MODE_SWIGLU, store_output
 from .gemv_q1_0 import L2_BYTES, bulk_available
 from .q8_1 import q8_1_bytes
 
-BULK_TYPES = {"Q3_K": Q3_K, "Q4_K": Q4_K, "Q6_K": Q6_K}
-BLOCK_BYTES = {"Q3_K": 110, "Q4_K": 144, "Q6_K": 210}
+BULK_TYPES = {"Q3_K": Q3_K, "Q4_K": Q4_K, "Q5_K": Q5_K, "Q6_K": Q6_K}
+BLOCK_BYTES = {"Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
 # row lengths whose rows are whole 16-byte multiples (bulk copies): 8 blocks of 110 / 210 B,
-# any number of 144 B blocks
-ROW_ALIGN = {"Q3_K": 2048, "Q4_K": 256, "Q6_K": 2048}
+# any number of 144 / 176 B blocks
+ROW_ALIGN = {"Q3_K": 2048, "Q4_K": 256, "Q5_K": 256, "Q6_K": 2048}
 # gemv_bulk_split's chunk unit: the fewest blocks whose bytes are a 16-byte multiple (Q3_K /
 # Q6_K: 8, even, so a chunk starts on an even block as their word-shifted reads assume)
-UNIT_BLOCKS = {"Q3_K": 8, "Q4_K": 1, "Q6_K": 8}
+UNIT_BLOCKS = {"Q3_K": 8, "Q4_K": 1, "Q5_K": 1, "Q6_K": 8}
 MODES = {None: MODE_PLAIN, "residual": MODE_RESIDUAL, "swiglu": MODE_SWIGLU,
          "geglu": MODE_GEGLU}
 # (warps per block, rows per warp, ring stages), fastest on the H200 (benchmarks/RESULTS.md,
 # "Q3_K rows by bulk copies" and "Bulk-copy GEMVs in the runner")
-TUNED = {"Q3_K": (4, 3, 1), "Q4_K": (4, 1, 1), "Q6_K": (4, 1, 1)}
+TUNED = {"Q3_K": (4, 3, 1), "Q4_K": (4, 1, 1), "Q5_K": (4, 1, 1), "Q6_K": (4, 1, 1)}
 SHARED_PER_SM = 228 << 10      # sm_90 / sm_100: shared memory per multiprocessor
 SHARED_RESERVED = 1 << 10      # ... of which the driver reserves this much per block
 # Q6_K: the smallest weights the bulk kernel takes by default (below, the register kernel)
@@ -66,12 +67,19 @@ Q6K_MIN_BYTES = 16 << 20
 # 14 and 9 MB, and qwen2-1.5B's 8 MB matrices do not; rows of 14336 lose)
 Q4K_MIN_BYTES = 16 << 20
 Q4K_MAX_N = 8192
+# Q5_K: the bulk kernel by default for rows over LONG_ROW (split over warps) and for other
+# weights over Q5K_MIN_BYTES (its register kernel, the base one, is slower than Q4_K's "wide"
+# one). H100, PDL graphs: llama-8B's 14336 x 4096 20.1 -> 16.6 us, 6144 x 4096 10.2 -> 9.0,
+# 4096 x 4096 (11.5 MB) 7.8 -> 7.3, 4096 x 14336 split over 4 warps 20.7 -> 17.1, qwen2-1.5B's
+# 1536 x 8960 split 7.7 -> 6.8; but qwen2's 8960 x 1536 (9.5 MB) 7.1 -> 7.3 and its smaller
+# ones lose too: the limit sits between (benchmarks/RESULTS.md "Q5_K rows by bulk copies")
+Q5K_MIN_BYTES = 10 << 20
 # rows longer than LONG_ROW values: (warps per block, warps per row) of gemv_bulk_split by
 # default, for the types listed (Q4_K: such rows take the bulk kernel only when listed). H200:
 # Q6_K 4096 x 14336 15.8 us (77% of copy) vs 19.3 whole rows; Q4_K's register kernel stays
 # faster in the runner (benchmarks/RESULTS.md, "Long rows split over warps")
 LONG_ROW = 8192
-LONG_SPLIT: dict[str, tuple[int, int]] = {"Q6_K": (4, 4)}
+LONG_SPLIT: dict[str, tuple[int, int]] = {"Q6_K": (4, 4), "Q5_K": (4, 4)}
 
 
 @pk.func
@@ -79,6 +87,8 @@ def item_dot(FMT: Const[int], sm: Ptr[u32], wrow: i32, blk: i32, n: i32, a) -> f
     """Item n of block blk of the row at shared word wrow times the activations in a."""
     if FMT == Q4_K:
         return q4k_half_dot(sm, wrow, blk, n, a)
+    elif FMT == Q5_K:
+        return q5k_half_dot(sm, wrow, blk, n, a)
     elif FMT == Q6_K:
         v = pk.local_array(i32, 32)
         sc = pk.local_array(i32, 8)
@@ -235,13 +245,16 @@ def bulk_eligible(type_name: str, rows: int, n: int) -> bool:
     multiples (ROW_ALIGN), and large weights: Q3_K over L2 (below it the register kernel's
     reads hit L2 on later calls), Q6_K from Q6K_MIN_BYTES (its register kernel is slower from
     HBM and L2), Q4_K from Q4K_MIN_BYTES in rows of at most Q4K_MAX_N values (long rows: few
-    of them per multiprocessor, where the register kernel is as fast) unless LONG_SPLIT
-    lists Q4_K."""
+    of them per multiprocessor, where the register kernel is as fast) unless LONG_SPLIT lists
+    Q4_K, Q5_K from Q5K_MIN_BYTES and in every row over LONG_ROW values (split over
+    LONG_SPLIT's warps)."""
     if type_name not in BULK_TYPES or not bulk_available() or n % ROW_ALIGN[type_name]:
         return False
     nbytes = rows * (n // 256) * BLOCK_BYTES[type_name]
     if type_name == "Q4_K":
         return (n <= Q4K_MAX_N or type_name in LONG_SPLIT) and nbytes > Q4K_MIN_BYTES
+    if type_name == "Q5_K":
+        return n > LONG_ROW or nbytes > Q5K_MIN_BYTES
     return nbytes > (L2_BYTES if type_name == "Q3_K" else Q6K_MIN_BYTES)
 
 
@@ -262,7 +275,7 @@ def gemv_bulk_into(w, type_name: str, xq, y, rows: int, n: int, *, w2=None, res=
                    split: int | None = None):
     """y (rows,) = W x for one token, mode None, "residual" (+ res), "swiglu" / "geglu"
     (act(W x) * (W2 x), w2 the up rows): w / w2 u32 words of the rows (gemv.weight_words), xq
-    its Q8_1 activations (q8_1_bytes(n) bytes); type_name Q3_K, Q4_K or Q6_K. stages 1: one
+    its Q8_1 activations (q8_1_bytes(n) bytes); type_name Q3_K, Q4_K, Q5_K or Q6_K. stages 1: one
     group of rows per warp, as many blocks as groups; >= 2: a ring of that many groups per
     warp and one wave of blocks that loop over the rows. split > 1 (with one row per warp and
     one stage): that many warps share each row (gemv_bulk_split)."""

@@ -73,8 +73,8 @@ def late_wait_variants():
     for dtype in (np.float16, np.float32):
         spec = decode_spec(64, dtype, simt, False, False, True, False, False)
         yield f"decode_partial-{dtype.__name__}", decode_partial, spec
-    from stdlib_kernels.quant.decode8 import Q4_K, Q6_K
-    for fmt, name in ((Q4_K, "Q4_K"), (Q6_K, "Q6_K")):
+    from stdlib_kernels.quant.decode8 import Q4_K, Q5_K, Q6_K
+    for fmt, name in ((Q4_K, "Q4_K"), (Q5_K, "Q5_K"), (Q6_K, "Q6_K")):
         for mode in (0, 1, 2):
             yield f"gemv_bulk-{name}-mode{mode}", gemv_bulk, dict(FMT=fmt, R=1, WARPS=4, S=1,
                                                                   MODE=mode)

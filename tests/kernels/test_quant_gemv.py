@@ -257,16 +257,22 @@ def test_gemv_Q3_K_wide_every_bit_pattern(device, rng, seed):
                           ("Q6_K", 7, 10240, 1, 6, 1, None, 3),
                           ("Q3_K", 5, 4096, 1, 2, 1, None, 2),
                           ("Q4_K", 11, 3584, 1, 8, 1, "residual", 4),
-                          ("Q4_K", 9, 1792, 1, 6, 1, "swiglu", 3)],
+                          ("Q4_K", 9, 1792, 1, 6, 1, "swiglu", 3),
+                          ("Q5_K", 37, 256, 4, 1, 1, None, 1),
+                          ("Q5_K", 9, 1280, 2, 2, 1, "residual", 1),
+                          ("Q5_K", 50, 4352, 1, 2, 3, "swiglu", 1),
+                          ("Q5_K", 11, 3584, 1, 8, 1, "residual", 4)],
                          ids=["q3k_rows_off_groups", "q3k_residual_2warps", "q3k_three_items",
                               "q3k_ring3", "q6k_rows_off_groups", "q6k_residual_2warps",
                               "q6k_three_items", "q6k_ring2", "q6k_ring4_swiglu",
                               "q4k_one_block", "q4k_residual_odd_blocks", "q4k_swiglu",
                               "q4k_ring3_geglu", "q6k_split4_residual", "q6k_split3_uneven",
-                              "q3k_split2", "q4k_split4_residual", "q4k_split3_swiglu"])
+                              "q3k_split2", "q4k_split4_residual", "q4k_split3_swiglu",
+                              "q5k_one_block", "q5k_residual_odd_blocks", "q5k_ring3_swiglu",
+                              "q5k_split4_residual"])
 def test_gemv_bulk(device, rng, seed, type_name, rows, n, rows_per_warp, warps, stages, mode,
                    split):
-    """Q3_K / Q4_K / Q6_K rows by bulk copies into shared memory (gemv_bulk, sm_90+ on the
+    """Q3_K / Q4_K / Q5_K / Q6_K rows by bulk copies into shared memory (gemv_bulk, sm_90+ on the
     GPU): the Q8_1 model and the register kernel's result; row counts off the warp's row
     group, the residual and gated (w2 rows in the same stage) modes, rows of 2-3 items per lane
     (Q6_K: blocks starting on odd half-words; Q4_K: odd block counts), rings of 2-4 stages
@@ -319,8 +325,8 @@ def test_gemv_bulk_rejects_bad_buffers(device, type_name):
         gemv_bulk_into(short, type_name, xq, y, 4, 4096)
     with pytest.raises(ValueError, match="multiple of 2048"):
         gemv_bulk_into(raw.reshape(-1).view(np.uint32), type_name, xq, y, 4, 1024)
-    with pytest.raises(ValueError, match="no bulk-copy kernel for Q5_K"):
-        gemv_bulk_into(raw.reshape(-1).view(np.uint32), "Q5_K", xq, y, 4, 4096)
+    with pytest.raises(ValueError, match="no bulk-copy kernel for Q2_K"):
+        gemv_bulk_into(raw.reshape(-1).view(np.uint32), "Q2_K", xq, y, 4, 4096)
     whole = raw.reshape(-1).view(np.uint32)
     with pytest.raises(ValueError, match="'swiglu' needs w2"):
         gemv_bulk_into(whole, type_name, xq, y, 4, 4096, mode="swiglu")
@@ -403,3 +409,17 @@ def test_gpu_fused_gemvs_at_odd_block_counts(rng, seed, type_name, n):
     assert np.all(np.abs(swiglu - g / (1 + np.exp(-g)) * u) <= tol), f"swiglu (seed {seed})"
     assert np.all(np.abs(added - (g + res)) <= 1e-5 * (np.abs(g) + np.abs(res)) + 1e-6), \
         f"residual (seed {seed})"
+
+
+def test_q5_k_takes_the_bulk_kernel_where_measured_faster(device):
+    """Q5_K's default routing (gemv_bulk.bulk_eligible): the 8B's matrices (11.5 MB and up)
+    and every row over LONG_ROW values (split over warps) take bulk copies; qwen2-1.5B's
+    9.5 MB gate / up and smaller matrices keep the register kernel; rows off 256 values
+    cannot take it."""
+    from stdlib_kernels.quant.gemv_bulk import bulk_eligible
+    if device.kind == "cuda" and int(device.arch[3:]) < 90:
+        pytest.skip("bulk copies need sm_90+")
+    assert bulk_eligible("Q5_K", 14336, 4096) and bulk_eligible("Q5_K", 4096, 4096)
+    assert bulk_eligible("Q5_K", 4096, 14336) and bulk_eligible("Q5_K", 1536, 8960)
+    assert not bulk_eligible("Q5_K", 8960, 1536) and not bulk_eligible("Q5_K", 1536, 1536)
+    assert not bulk_eligible("Q5_K", 4096, 4000)
