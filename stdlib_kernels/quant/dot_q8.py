@@ -271,6 +271,23 @@ def q8_0_pair_sum(d0: f32, d1: f32, raw, xs, x: i32) -> f32:
     return d0 * dx0 * f32(s0) + d1 * dx1 * f32(s1)
 
 
+@pk.func
+def q8_0_half_dot(w: Ptr[u32, "ro"], wrow: i32, sb: i32, n: i32, a) -> f32:
+    """Values 128 n .. 128 n + 127 of the 256 at word 68 sb of the row at word wrow (8 Q8_0
+    blocks: 272 bytes, so such a run starts 16-byte aligned; its halves are two block pairs)
+    times the 4 Q8_1 blocks' 36 words in a. For the bulk-copy GEMV (rows in shared memory)."""
+    r = f32(0.0)
+    for p in pk.static_range(2):
+        b = wrow + 68 * sb + 34 * n + 17 * p
+        raw = pk.local_array(u32, 17)
+        for k in pk.static_range(17):
+            raw[k] = w[b + k]
+        d0 = f32(pk.bitcast(u16(raw[0] & u32(0xFFFF)), f16))
+        d1 = f32(pk.bitcast(u16(raw[8] >> u32(16)), f16))
+        r += q8_0_pair_sum(d0, d1, raw, a, 18 * p)
+    return r
+
+
 # Q1_0 block (18 B = 9 u16): d:f16 | 128 sign bits. Item `part` (4 per block) = values
 # 32 part .. 32 part + 31 = Q8_1 block 4 blk + part: sum(+-d x) = d (2 sum_{bit set} x - sum x).
 @pk.func

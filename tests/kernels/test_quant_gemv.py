@@ -261,7 +261,11 @@ def test_gemv_Q3_K_wide_every_bit_pattern(device, rng, seed):
                           ("Q5_K", 37, 256, 4, 1, 1, None, 1),
                           ("Q5_K", 9, 1280, 2, 2, 1, "residual", 1),
                           ("Q5_K", 50, 4352, 1, 2, 3, "swiglu", 1),
-                          ("Q5_K", 11, 3584, 1, 8, 1, "residual", 4)],
+                          ("Q5_K", 11, 3584, 1, 8, 1, "residual", 4),
+                          ("Q8_0", 37, 256, 4, 1, 1, None, 1),
+                          ("Q8_0", 9, 1280, 2, 2, 1, "residual", 1),
+                          ("Q8_0", 50, 4352, 1, 2, 3, "swiglu", 1),
+                          ("Q8_0", 11, 3584, 1, 8, 1, "residual", 4)],
                          ids=["q3k_rows_off_groups", "q3k_residual_2warps", "q3k_three_items",
                               "q3k_ring3", "q6k_rows_off_groups", "q6k_residual_2warps",
                               "q6k_three_items", "q6k_ring2", "q6k_ring4_swiglu",
@@ -269,10 +273,11 @@ def test_gemv_Q3_K_wide_every_bit_pattern(device, rng, seed):
                               "q4k_ring3_geglu", "q6k_split4_residual", "q6k_split3_uneven",
                               "q3k_split2", "q4k_split4_residual", "q4k_split3_swiglu",
                               "q5k_one_block", "q5k_residual_odd_blocks", "q5k_ring3_swiglu",
-                              "q5k_split4_residual"])
+                              "q5k_split4_residual", "q8_0_one_unit", "q8_0_residual_odd_units",
+                              "q8_0_ring3_swiglu", "q8_0_split4_residual"])
 def test_gemv_bulk(device, rng, seed, type_name, rows, n, rows_per_warp, warps, stages, mode,
                    split):
-    """Q3_K / Q4_K / Q5_K / Q6_K rows by bulk copies into shared memory (gemv_bulk, sm_90+ on the
+    """Q3_K / Q4_K / Q5_K / Q6_K / Q8_0 rows by bulk copies into shared memory (gemv_bulk, sm_90+ on the
     GPU): the Q8_1 model and the register kernel's result; row counts off the warp's row
     group, the residual and gated (w2 rows in the same stage) modes, rows of 2-3 items per lane
     (Q6_K: blocks starting on odd half-words; Q4_K: odd block counts), rings of 2-4 stages
@@ -423,3 +428,25 @@ def test_q5_k_takes_the_bulk_kernel_where_measured_faster(device):
     assert bulk_eligible("Q5_K", 4096, 14336) and bulk_eligible("Q5_K", 1536, 8960)
     assert not bulk_eligible("Q5_K", 8960, 1536) and not bulk_eligible("Q5_K", 1536, 1536)
     assert not bulk_eligible("Q5_K", 4096, 4000)
+
+
+def test_bulk_routing_leaves_rows_too_long_for_shared_memory(device):
+    """Q8_0 takes the bulk kernel at every size, but never rows whose default launch (long
+    rows: a quarter row per warp, 4 warps; gated: plus the up rows) would not fit in a block's
+    shared memory; the longest that fits launches."""
+    from stdlib_kernels.quant import gemv_bulk as gb
+    if device.kind == "cuda" and int(device.arch[3:]) < 90:
+        pytest.skip("bulk copies need sm_90+")
+    assert gb.bulk_eligible("Q8_0", 1536, 1536) and gb.bulk_eligible("Q8_0", 4096, 14336)
+    per_quarter = (gb.shared_limit() - gb.SHARED_RESERVED) // (2 * 4 * gb.BLOCK_BYTES["Q8_0"])
+    longest = 4 * per_quarter * 256
+    assert gb.bulk_eligible("Q8_0", 4, longest)
+    assert not gb.bulk_eligible("Q8_0", 4, longest + 256)
+    if device.kind == "cuda":      # the limit is the device's: the longest row launches, gated
+        rng = np.random.default_rng(0)
+        raw, raw2 = (make_weights(rng, "Q8_0", 4, longest) for _ in range(2))
+        xq = quantize_q8_1(rng.standard_normal((1, longest)).astype(np.float32))
+        y = pk.full((1, 4), np.nan, np.float32)
+        gemv_q8_into(weight_words(raw, "Q8_0", longest)[0], "Q8_0", xq, y, 4, longest,
+                     w2=weight_words(raw2, "Q8_0", longest)[0], mode="swiglu")
+        assert np.isfinite(y.numpy()).all()
