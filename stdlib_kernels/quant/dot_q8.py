@@ -165,6 +165,24 @@ def q4_0_pair_sum(d0: f32, d1: f32, v0: u32, v1: u32, v2: u32, v3: u32, u0: u32,
     return d0 * (dx0 * f32(s0) - 8.0 * sx0) + d1 * (dx1 * f32(s1) - 8.0 * sx1)
 
 
+@pk.func
+def q4_0_half_dot(w: Ptr[u32, "ro"], wrow: i32, sb: i32, n: i32, a) -> f32:
+    """Values 128 n .. 128 n + 127 of the 256 at word 36 sb of the row at word wrow (8 Q4_0
+    blocks: 144 bytes, a 16-byte multiple; its halves are two block pairs) times the 4 Q8_1
+    blocks' 36 words in a. For the bulk-copy GEMV (rows in shared memory)."""
+    r = f32(0.0)
+    for p in pk.static_range(2):
+        b = wrow + 36 * sb + 18 * n + 9 * p
+        w0 = w[b]
+        w4 = w[b + 4]
+        d0 = f32(pk.bitcast(u16(w0 & u32(0xFFFF)), f16))
+        d1 = f32(pk.bitcast(u16(w4 >> u32(16)), f16))
+        r += q4_0_pair_sum(d0, d1, shifted16(w0, w[b + 1]), shifted16(w[b + 1], w[b + 2]),
+                           shifted16(w[b + 2], w[b + 3]), shifted16(w[b + 3], w4), w[b + 5],
+                           w[b + 6], w[b + 7], w[b + 8], a, 18 * p)
+    return r
+
+
 # Q4_1 block (20 B = 5 u32): d:f16 | m:f16 | qs:16 B; x = q*d + m
 @pk.func
 def dot_q8_Q4_1(w: Ptr[u32, "ro"], wrow: i32, blk: i32, part: i32, xq: Ptr[u32, "ro"],

@@ -1,10 +1,10 @@
-"""Decode GEMV (one token) of Q8_0, Q3_K, Q4_K, Q5_K and Q6_K weights from TMA bulk copies (sm_90+; the
+"""Decode GEMV (one token) of Q4_0, Q8_0, Q3_K, Q4_K, Q5_K and Q6_K weights from TMA bulk copies (sm_90+; the
 CPU target too): each warp's rows arrive whole in shared memory by one `cp.async.bulk` per
 row, issued before `griddepcontrol.wait`, then the DP4A math reads them there.
 
 Input: w (and w2, the up rows of the gated modes) = gemv.weight_words(raw, type, n) as u32
-words, rows of whole 16-byte multiples (Q3_K / Q6_K: n % 2048 == 0; Q4_K / Q5_K / Q8_0: any n %
-256 == 0);
+words, rows of whole 16-byte multiples (Q3_K / Q6_K: n % 2048 == 0; Q4_K / Q5_K / Q8_0 / Q4_0: any
+n % 256 == 0);
 xq the Q8_1 activations of the token; res (rows,) for the residual mode. Output: y (rows,) =
 W x, + res, or act(W x) * (W2 x) (gemv_kernels' modes and epilogue).
 
@@ -20,7 +20,7 @@ RESULTS.md, "Bulk-copy GEMVs in the runner").
 
 Work split: a warp owns groups of R consecutive rows (with w2: their up rows in the same
 stage); lane l takes items l, l + 32, ... (item = half of a block, 128 values: dot_q8_k's
-q3k_wide_* / q4k_half_dot / q5k_half_dot / q6k_wide_* / q8_0_half_dot), its activations loaded once for all rows; the lanes'
+q3k_wide_* / q4k_half_dot / q5k_half_dot / q6k_wide_* / q8_0_half_dot / q4_0_half_dot), its activations loaded once for all rows; the lanes'
 sums meet by shuffles. One stage (S = 1): one group per warp, a block per WARPS groups. S >= 2:
 one wave of blocks whose warps loop over the groups through a ring of S stages, so a warp's
 next rows are in flight while it computes (measured no faster, kept as an option).
@@ -37,29 +37,30 @@ import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, u32, u64
 
 from .._device import init_warp_mbarriers, warp_sum
-from .decode8 import Q3_K, Q4_K, Q5_K, Q6_K, Q8_0
-from .dot_q8 import act_copy, q8_0_half_dot
+from .decode8 import Q3_K, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0
+from .dot_q8 import act_copy, q4_0_half_dot, q8_0_half_dot
 from .dot_q8_k import (q3k_wide_sum, q3k_wide_values, q4k_half_dot, q5k_half_dot,
                        q6k_wide_sum, q6k_wide_values)
 from .gemv_kernels import MODE_GEGLU, MODE_PLAIN, MODE_RESIDUAL, MODE_SWIGLU, store_output
 from .gemv_q1_0 import L2_BYTES, bulk_available
 from .q8_1 import q8_1_bytes
 
-# BLOCK_BYTES: bytes per 256 values (Q8_0: 8 blocks of 34 B)
-BULK_TYPES = {"Q3_K": Q3_K, "Q4_K": Q4_K, "Q5_K": Q5_K, "Q6_K": Q6_K, "Q8_0": Q8_0}
-BLOCK_BYTES = {"Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q8_0": 272}
+# BLOCK_BYTES: bytes per 256 values (Q8_0 / Q4_0: 8 blocks of 34 / 18 B)
+BULK_TYPES = {"Q3_K": Q3_K, "Q4_K": Q4_K, "Q5_K": Q5_K, "Q6_K": Q6_K, "Q8_0": Q8_0,
+              "Q4_0": Q4_0}
+BLOCK_BYTES = {"Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q8_0": 272, "Q4_0": 144}
 # row lengths whose rows are whole 16-byte multiples (bulk copies): 8 blocks of 110 / 210 B,
 # any number of 144 / 176 / 272 B units
-ROW_ALIGN = {"Q3_K": 2048, "Q4_K": 256, "Q5_K": 256, "Q6_K": 2048, "Q8_0": 256}
+ROW_ALIGN = {"Q3_K": 2048, "Q4_K": 256, "Q5_K": 256, "Q6_K": 2048, "Q8_0": 256, "Q4_0": 256}
 # gemv_bulk_split's chunk unit: the fewest blocks whose bytes are a 16-byte multiple (Q3_K /
 # Q6_K: 8, even, so a chunk starts on an even block as their word-shifted reads assume)
-UNIT_BLOCKS = {"Q3_K": 8, "Q4_K": 1, "Q5_K": 1, "Q6_K": 8, "Q8_0": 1}
+UNIT_BLOCKS = {"Q3_K": 8, "Q4_K": 1, "Q5_K": 1, "Q6_K": 8, "Q8_0": 1, "Q4_0": 1}
 MODES = {None: MODE_PLAIN, "residual": MODE_RESIDUAL, "swiglu": MODE_SWIGLU,
          "geglu": MODE_GEGLU}
 # (warps per block, rows per warp, ring stages), fastest on the H200 (benchmarks/RESULTS.md,
 # "Q3_K rows by bulk copies" and "Bulk-copy GEMVs in the runner")
 TUNED = {"Q3_K": (4, 3, 1), "Q4_K": (4, 1, 1), "Q5_K": (4, 1, 1), "Q6_K": (4, 1, 1),
-         "Q8_0": (4, 1, 1)}
+         "Q8_0": (4, 1, 1), "Q4_0": (4, 1, 1)}
 SHARED_PER_SM = 228 << 10      # sm_90 / sm_100: shared memory per multiprocessor
 SHARED_RESERVED = 1 << 10      # ... of which the driver reserves this much per block
 MAX_SHARED_PER_BLOCK = 227 << 10   # sm_90 / sm_100 (and the CPU target): shared memory one
@@ -83,12 +84,18 @@ Q5K_MIN_BYTES = 10 << 20
 # 749-766 -> 888-895, 894-899 split (with a 16 MB limit only 768-772: its matrices are
 # smaller); benchmarks/RESULTS.md "Q8_0 rows by bulk copies"
 Q8_0_MIN_BYTES: int | None = 0
+# Q4_0: the bulk kernel by default from 16 MB (None: never), long rows split over 4 warps.
+# H100 decode, tg128: llama-8B Q4_0 438-439 -> 459 t/s; at every size 463 there, but
+# qwen2-1.5B (matrices of 2-8 MB) 1137-1149 -> 1065-1074 (from 16 MB: 1143-1150);
+# benchmarks/RESULTS.md "Q4_0 rows by bulk copies"
+Q4_0_MIN_BYTES: int | None = 16 << 20
 # rows longer than LONG_ROW values: (warps per block, warps per row) of gemv_bulk_split by
 # default, for the types listed (Q4_K: such rows take the bulk kernel only when listed). H200:
 # Q6_K 4096 x 14336 15.8 us (77% of copy) vs 19.3 whole rows; Q4_K's register kernel stays
 # faster in the runner (benchmarks/RESULTS.md, "Long rows split over warps")
 LONG_ROW = 8192
-LONG_SPLIT: dict[str, tuple[int, int]] = {"Q6_K": (4, 4), "Q5_K": (4, 4), "Q8_0": (4, 4)}
+LONG_SPLIT: dict[str, tuple[int, int]] = {"Q6_K": (4, 4), "Q5_K": (4, 4), "Q8_0": (4, 4),
+                                           "Q4_0": (4, 4)}
 
 
 @pk.func
@@ -100,6 +107,8 @@ def item_dot(FMT: Const[int], sm: Ptr[u32], wrow: i32, blk: i32, n: i32, a) -> f
         return q5k_half_dot(sm, wrow, blk, n, a)
     elif FMT == Q8_0:
         return q8_0_half_dot(sm, wrow, blk, n, a)
+    elif FMT == Q4_0:
+        return q4_0_half_dot(sm, wrow, blk, n, a)
     elif FMT == Q6_K:
         v = pk.local_array(i32, 32)
         sc = pk.local_array(i32, 8)
@@ -258,7 +267,8 @@ def bulk_eligible(type_name: str, rows: int, n: int) -> bool:
     HBM and L2), Q4_K from Q4K_MIN_BYTES in rows of at most Q4K_MAX_N values (long rows: few
     of them per multiprocessor, where the register kernel is as fast) unless LONG_SPLIT lists
     Q4_K, Q5_K from Q5K_MIN_BYTES and in every row over LONG_ROW values (split over
-    LONG_SPLIT's warps), Q8_0 from Q8_0_MIN_BYTES (long rows split too); and only where the default launch's rows fit
+    LONG_SPLIT's warps), Q8_0 from Q8_0_MIN_BYTES and Q4_0 from Q4_0_MIN_BYTES (long rows
+    split too); and only where the default launch's rows fit
     in shared memory (the gated modes' up rows counted)."""
     if type_name not in BULK_TYPES or not bulk_available() or n % ROW_ALIGN[type_name]:
         return False
@@ -279,6 +289,8 @@ def bulk_eligible(type_name: str, rows: int, n: int) -> bool:
         return n > LONG_ROW or nbytes > Q5K_MIN_BYTES
     if type_name == "Q8_0":
         return Q8_0_MIN_BYTES is not None and nbytes > Q8_0_MIN_BYTES
+    if type_name == "Q4_0":
+        return Q4_0_MIN_BYTES is not None and nbytes > Q4_0_MIN_BYTES
     return nbytes > (L2_BYTES if type_name == "Q3_K" else Q6K_MIN_BYTES)
 
 
@@ -305,7 +317,7 @@ def gemv_bulk_into(w, type_name: str, xq, y, rows: int, n: int, *, w2=None, res=
                    split: int | None = None):
     """y (rows,) = W x for one token, mode None, "residual" (+ res), "swiglu" / "geglu"
     (act(W x) * (W2 x), w2 the up rows): w / w2 u32 words of the rows (gemv.weight_words), xq
-    its Q8_1 activations (q8_1_bytes(n) bytes); type_name Q3_K, Q4_K, Q5_K, Q6_K or Q8_0. stages 1: one
+    its Q8_1 activations (q8_1_bytes(n) bytes); type_name one of BULK_TYPES. stages 1: one
     group of rows per warp, as many blocks as groups; >= 2: a ring of that many groups per
     warp and one wave of blocks that loop over the rows. split > 1 (with one row per warp and
     one stage): that many warps share each row (gemv_bulk_split)."""

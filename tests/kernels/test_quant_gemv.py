@@ -265,7 +265,11 @@ def test_gemv_Q3_K_wide_every_bit_pattern(device, rng, seed):
                           ("Q8_0", 37, 256, 4, 1, 1, None, 1),
                           ("Q8_0", 9, 1280, 2, 2, 1, "residual", 1),
                           ("Q8_0", 50, 4352, 1, 2, 3, "swiglu", 1),
-                          ("Q8_0", 11, 3584, 1, 8, 1, "residual", 4)],
+                          ("Q8_0", 11, 3584, 1, 8, 1, "residual", 4),
+                          ("Q4_0", 37, 256, 4, 1, 1, None, 1),
+                          ("Q4_0", 9, 1280, 2, 2, 1, "residual", 1),
+                          ("Q4_0", 50, 4352, 1, 2, 3, "swiglu", 1),
+                          ("Q4_0", 11, 3584, 1, 8, 1, "residual", 4)],
                          ids=["q3k_rows_off_groups", "q3k_residual_2warps", "q3k_three_items",
                               "q3k_ring3", "q6k_rows_off_groups", "q6k_residual_2warps",
                               "q6k_three_items", "q6k_ring2", "q6k_ring4_swiglu",
@@ -274,7 +278,9 @@ def test_gemv_Q3_K_wide_every_bit_pattern(device, rng, seed):
                               "q3k_split2", "q4k_split4_residual", "q4k_split3_swiglu",
                               "q5k_one_block", "q5k_residual_odd_blocks", "q5k_ring3_swiglu",
                               "q5k_split4_residual", "q8_0_one_unit", "q8_0_residual_odd_units",
-                              "q8_0_ring3_swiglu", "q8_0_split4_residual"])
+                              "q8_0_ring3_swiglu", "q8_0_split4_residual", "q4_0_one_unit",
+                              "q4_0_residual_odd_units", "q4_0_ring3_swiglu",
+                              "q4_0_split4_residual"])
 def test_gemv_bulk(device, rng, seed, type_name, rows, n, rows_per_warp, warps, stages, mode,
                    split):
     """Q3_K / Q4_K / Q5_K / Q6_K / Q8_0 rows by bulk copies into shared memory (gemv_bulk, sm_90+ on the
@@ -416,11 +422,11 @@ def test_gpu_fused_gemvs_at_odd_block_counts(rng, seed, type_name, n):
         f"residual (seed {seed})"
 
 
-def test_q5_k_takes_the_bulk_kernel_where_measured_faster(device):
-    """Q5_K's default routing (gemv_bulk.bulk_eligible): the 8B's matrices (11.5 MB and up)
-    and every row over LONG_ROW values (split over warps) take bulk copies; qwen2-1.5B's
-    9.5 MB gate / up and smaller matrices keep the register kernel; rows off 256 values
-    cannot take it."""
+def test_bulk_routing_follows_the_measurements(device):
+    """Default routing (gemv_bulk.bulk_eligible) where the runner measured the bulk kernel
+    faster: Q5_K's 8B matrices (11.5 MB and up) and every Q5_K row over LONG_ROW values (split
+    over warps), but not qwen2-1.5B's 9.5 MB gate / up or smaller; rows off 256 values never;
+    Q4_0 from 16 MB."""
     from stdlib_kernels.quant.gemv_bulk import bulk_eligible
     if device.kind == "cuda" and int(device.arch[3:]) < 90:
         pytest.skip("bulk copies need sm_90+")
@@ -428,6 +434,9 @@ def test_q5_k_takes_the_bulk_kernel_where_measured_faster(device):
     assert bulk_eligible("Q5_K", 4096, 14336) and bulk_eligible("Q5_K", 1536, 8960)
     assert not bulk_eligible("Q5_K", 8960, 1536) and not bulk_eligible("Q5_K", 1536, 1536)
     assert not bulk_eligible("Q5_K", 4096, 4000)
+    # Q4_0: from 16 MB (the 8B's gate / up / down), not qwen2-1.5B's 2-8 MB matrices
+    assert bulk_eligible("Q4_0", 14336, 4096) and bulk_eligible("Q4_0", 4096, 14336)
+    assert not bulk_eligible("Q4_0", 4096, 4096) and not bulk_eligible("Q4_0", 8960, 1536)
 
 
 def test_bulk_routing_leaves_rows_too_long_for_shared_memory(device):
