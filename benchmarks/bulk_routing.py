@@ -9,7 +9,8 @@ Overrides: default (none), q4k_all (Q4_K at every size in rows up to Q4K_MAX_N),
 (Q4_K rows over 8192 values too, split over 4 warps), q6k_all (Q6_K at every size), q5k_all,
 q8_0_off (Q8_0 on its register kernel), q8_0_whole (Q8_0 long rows unsplit), q4_0_all (Q4_0 at
 every size), q4_0_split (and its rows over 8192 values split over 4 warps), q4_0_16mb (as
-q4_0_split from 16 MB).
+q4_0_split from 16 MB), q4_1_16mb (Q4_1 from 16 MB, long rows split), q4_1_all (at every
+size).
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ OVERRIDES = {
     "q4_0_all": "g.Q4_0_MIN_BYTES = 0",
     "q4_0_split": "g.Q4_0_MIN_BYTES = 0; g.LONG_SPLIT['Q4_0'] = (4, 4)",
     "q4_0_16mb": "g.Q4_0_MIN_BYTES = 16 << 20; g.LONG_SPLIT['Q4_0'] = (4, 4)",
+    "q4_1_16mb": "g.Q4_1_MIN_BYTES = 16 << 20",
+    "q4_1_all": "g.Q4_1_MIN_BYTES = 0",
 }
 
 

@@ -201,6 +201,25 @@ def dot_q8_Q4_1(w: Ptr[u32, "ro"], wrow: i32, blk: i32, part: i32, xq: Ptr[u32, 
         acc[a0 + bt] += d * dx * f32(s) + m * sx
 
 
+@pk.func
+def q4_1_half_dot(w: Ptr[u32, "ro"], wrow: i32, sb: i32, n: i32, a) -> f32:
+    """Values 128 n .. 128 n + 127 of the 256 at word 40 sb of the row at word wrow (8 Q4_1
+    blocks: 160 bytes) times the 4 Q8_1 blocks' 36 words in a (the bulk-copy GEMV)."""
+    r = f32(0.0)
+    for j in pk.static_range(4):
+        b = wrow + 40 * sb + 20 * n + 5 * j
+        d, m = pk.unpack_f16x2(w[b])
+        v0 = w[b + 1]
+        v1 = w[b + 2]
+        v2 = w[b + 3]
+        v3 = w[b + 4]
+        dx, sx = act_scale(a, 9 * j)
+        s = nibble_dot(v0, v1, v2, v3, a, 9 * j + 1, u32(0)) + \
+            nibble_dot(v0, v1, v2, v3, a, 9 * j + 5, u32(4))
+        r += d * dx * f32(s) + m * sx
+    return r
+
+
 # Q5_0 block (22 B = 11 u16): d:f16 | qh:u32 | qs:16 B; x = (q - 16) * d
 @pk.func
 def dot_q8_Q5_0(w: Ptr[u16, "ro"], wrow: i32, blk: i32, part: i32, xq: Ptr[u32, "ro"],

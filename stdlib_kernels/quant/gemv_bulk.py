@@ -37,30 +37,32 @@ import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, u32, u64
 
 from .._device import init_warp_mbarriers, warp_sum
-from .decode8 import Q3_K, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0
-from .dot_q8 import act_copy, q4_0_half_dot, q8_0_half_dot
+from .decode8 import Q3_K, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0
+from .dot_q8 import act_copy, q4_0_half_dot, q4_1_half_dot, q8_0_half_dot
 from .dot_q8_k import (q3k_wide_sum, q3k_wide_values, q4k_half_dot, q5k_half_dot,
                        q6k_wide_sum, q6k_wide_values)
 from .gemv_kernels import MODE_GEGLU, MODE_PLAIN, MODE_RESIDUAL, MODE_SWIGLU, store_output
 from .gemv_q1_0 import L2_BYTES, bulk_available
 from .q8_1 import q8_1_bytes
 
-# BLOCK_BYTES: bytes per 256 values (Q8_0 / Q4_0: 8 blocks of 34 / 18 B)
+# BLOCK_BYTES: bytes per 256 values (Q8_0 / Q4_0 / Q4_1: 8 blocks of 34 / 18 / 20 B)
 BULK_TYPES = {"Q3_K": Q3_K, "Q4_K": Q4_K, "Q5_K": Q5_K, "Q6_K": Q6_K, "Q8_0": Q8_0,
-              "Q4_0": Q4_0}
-BLOCK_BYTES = {"Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q8_0": 272, "Q4_0": 144}
+              "Q4_0": Q4_0, "Q4_1": Q4_1}
+BLOCK_BYTES = {"Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q8_0": 272, "Q4_0": 144,
+               "Q4_1": 160}
 # row lengths whose rows are whole 16-byte multiples (bulk copies): 8 blocks of 110 / 210 B,
 # any number of 144 / 176 / 272 B units
-ROW_ALIGN = {"Q3_K": 2048, "Q4_K": 256, "Q5_K": 256, "Q6_K": 2048, "Q8_0": 256, "Q4_0": 256}
+ROW_ALIGN = {"Q3_K": 2048, "Q4_K": 256, "Q5_K": 256, "Q6_K": 2048, "Q8_0": 256, "Q4_0": 256,
+             "Q4_1": 256}
 # gemv_bulk_split's chunk unit: the fewest blocks whose bytes are a 16-byte multiple (Q3_K /
 # Q6_K: 8, even, so a chunk starts on an even block as their word-shifted reads assume)
-UNIT_BLOCKS = {"Q3_K": 8, "Q4_K": 1, "Q5_K": 1, "Q6_K": 8, "Q8_0": 1, "Q4_0": 1}
+UNIT_BLOCKS = {"Q3_K": 8, "Q4_K": 1, "Q5_K": 1, "Q6_K": 8, "Q8_0": 1, "Q4_0": 1, "Q4_1": 1}
 MODES = {None: MODE_PLAIN, "residual": MODE_RESIDUAL, "swiglu": MODE_SWIGLU,
          "geglu": MODE_GEGLU}
 # (warps per block, rows per warp, ring stages), fastest on the H200 (benchmarks/RESULTS.md,
 # "Q3_K rows by bulk copies" and "Bulk-copy GEMVs in the runner")
 TUNED = {"Q3_K": (4, 3, 1), "Q4_K": (4, 1, 1), "Q5_K": (4, 1, 1), "Q6_K": (4, 1, 1),
-         "Q8_0": (4, 1, 1), "Q4_0": (4, 1, 1)}
+         "Q8_0": (4, 1, 1), "Q4_0": (4, 1, 1), "Q4_1": (4, 1, 1)}
 SHARED_PER_SM = 228 << 10      # sm_90 / sm_100: shared memory per multiprocessor
 SHARED_RESERVED = 1 << 10      # ... of which the driver reserves this much per block
 MAX_SHARED_PER_BLOCK = 227 << 10   # sm_90 / sm_100 (and the CPU target): shared memory one
@@ -89,13 +91,17 @@ Q8_0_MIN_BYTES: int | None = 0
 # qwen2-1.5B (matrices of 2-8 MB) 1137-1149 -> 1065-1074 (from 16 MB: 1143-1150);
 # benchmarks/RESULTS.md "Q4_0 rows by bulk copies"
 Q4_0_MIN_BYTES: int | None = 16 << 20
+# Q4_1: never by default (its register kernel reads at 103-109% of copy); H100 decode, tg128:
+# llama-8B Q4_1 420-421 t/s on the register kernel, 401 from 16 MB, 402-403 at every size;
+# qwen2-1.5B 1136-1139 / 1140-1144 / 1033-1035 (RESULTS.md "Q4_0 rows by bulk copies")
+Q4_1_MIN_BYTES: int | None = None
 # rows longer than LONG_ROW values: (warps per block, warps per row) of gemv_bulk_split by
 # default, for the types listed (Q4_K: such rows take the bulk kernel only when listed). H200:
 # Q6_K 4096 x 14336 15.8 us (77% of copy) vs 19.3 whole rows; Q4_K's register kernel stays
 # faster in the runner (benchmarks/RESULTS.md, "Long rows split over warps")
 LONG_ROW = 8192
 LONG_SPLIT: dict[str, tuple[int, int]] = {"Q6_K": (4, 4), "Q5_K": (4, 4), "Q8_0": (4, 4),
-                                           "Q4_0": (4, 4)}
+                                           "Q4_0": (4, 4), "Q4_1": (4, 4)}   # (when taken)
 
 
 @pk.func
@@ -109,6 +115,8 @@ def item_dot(FMT: Const[int], sm: Ptr[u32], wrow: i32, blk: i32, n: i32, a) -> f
         return q8_0_half_dot(sm, wrow, blk, n, a)
     elif FMT == Q4_0:
         return q4_0_half_dot(sm, wrow, blk, n, a)
+    elif FMT == Q4_1:
+        return q4_1_half_dot(sm, wrow, blk, n, a)
     elif FMT == Q6_K:
         v = pk.local_array(i32, 32)
         sc = pk.local_array(i32, 8)
@@ -289,8 +297,9 @@ def bulk_eligible(type_name: str, rows: int, n: int) -> bool:
         return n > LONG_ROW or nbytes > Q5K_MIN_BYTES
     if type_name == "Q8_0":
         return Q8_0_MIN_BYTES is not None and nbytes > Q8_0_MIN_BYTES
-    if type_name == "Q4_0":
-        return Q4_0_MIN_BYTES is not None and nbytes > Q4_0_MIN_BYTES
+    if type_name in ("Q4_0", "Q4_1"):
+        least = Q4_0_MIN_BYTES if type_name == "Q4_0" else Q4_1_MIN_BYTES
+        return least is not None and nbytes > least
     return nbytes > (L2_BYTES if type_name == "Q3_K" else Q6K_MIN_BYTES)
 
 

@@ -269,7 +269,10 @@ def test_gemv_Q3_K_wide_every_bit_pattern(device, rng, seed):
                           ("Q4_0", 37, 256, 4, 1, 1, None, 1),
                           ("Q4_0", 9, 1280, 2, 2, 1, "residual", 1),
                           ("Q4_0", 50, 4352, 1, 2, 3, "swiglu", 1),
-                          ("Q4_0", 11, 3584, 1, 8, 1, "residual", 4)],
+                          ("Q4_0", 11, 3584, 1, 8, 1, "residual", 4),
+                          ("Q4_1", 37, 256, 4, 1, 1, None, 1),
+                          ("Q4_1", 50, 4352, 1, 2, 3, "swiglu", 1),
+                          ("Q4_1", 11, 3584, 1, 8, 1, "residual", 4)],
                          ids=["q3k_rows_off_groups", "q3k_residual_2warps", "q3k_three_items",
                               "q3k_ring3", "q6k_rows_off_groups", "q6k_residual_2warps",
                               "q6k_three_items", "q6k_ring2", "q6k_ring4_swiglu",
@@ -280,7 +283,8 @@ def test_gemv_Q3_K_wide_every_bit_pattern(device, rng, seed):
                               "q5k_split4_residual", "q8_0_one_unit", "q8_0_residual_odd_units",
                               "q8_0_ring3_swiglu", "q8_0_split4_residual", "q4_0_one_unit",
                               "q4_0_residual_odd_units", "q4_0_ring3_swiglu",
-                              "q4_0_split4_residual"])
+                              "q4_0_split4_residual", "q4_1_one_unit", "q4_1_ring3_swiglu",
+                              "q4_1_split4_residual"])
 def test_gemv_bulk(device, rng, seed, type_name, rows, n, rows_per_warp, warps, stages, mode,
                    split):
     """Q3_K / Q4_K / Q5_K / Q6_K / Q8_0 rows by bulk copies into shared memory (gemv_bulk, sm_90+ on the
@@ -426,7 +430,7 @@ def test_bulk_routing_follows_the_measurements(device):
     """Default routing (gemv_bulk.bulk_eligible) where the runner measured the bulk kernel
     faster: Q5_K's 8B matrices (11.5 MB and up) and every Q5_K row over LONG_ROW values (split
     over warps), but not qwen2-1.5B's 9.5 MB gate / up or smaller; rows off 256 values never;
-    Q4_0 from 16 MB."""
+    Q4_0 from 16 MB; Q4_1 only when asked for."""
     from stdlib_kernels.quant.gemv_bulk import bulk_eligible
     if device.kind == "cuda" and int(device.arch[3:]) < 90:
         pytest.skip("bulk copies need sm_90+")
@@ -437,6 +441,7 @@ def test_bulk_routing_follows_the_measurements(device):
     # Q4_0: from 16 MB (the 8B's gate / up / down), not qwen2-1.5B's 2-8 MB matrices
     assert bulk_eligible("Q4_0", 14336, 4096) and bulk_eligible("Q4_0", 4096, 14336)
     assert not bulk_eligible("Q4_0", 4096, 4096) and not bulk_eligible("Q4_0", 8960, 1536)
+    assert not bulk_eligible("Q4_1", 14336, 4096)      # its register kernel is faster there
 
 
 def test_bulk_routing_leaves_rows_too_long_for_shared_memory(device):
