@@ -97,9 +97,9 @@ class GemvConfig(NamedTuple):
     `per_sm` > 0: a persistent grid of per_sm blocks per SM striding over the row groups
     (amortizes the staging; 0 = one block per row group); `kernel`: the kernel variant
     (VARIANTS; None = VARIANT's default for the type, "" = the base kernel; "bulk": the
-    bulk-copy kernel of Q3_K, Q4_K, Q5_K and Q6_K, gemv_bulk.py, with `warps` per block,
-    `rows` per warp and a ring of `stages` row groups per warp, or with `split` > 1 that many
-    warps per row)."""
+    bulk-copy kernel of gemv_bulk.BULK_TYPES (the K-quants but Q2_K, Q4_0, Q4_1, Q8_0), with
+    `warps` per block, `rows` per warp and a ring of `stages` row groups per warp, or with
+    `split` > 1 that many warps per row)."""
     warps: int = 4
     split: int = 1
     rows: int = 1
@@ -250,7 +250,7 @@ def register_plan(type_name: str, rows: int, n: int, xq, batch: int,
 
 
 def _bulk(type_name: str, batch: int, mode, rows: int, n: int, config) -> bool:
-    """Q3_K / Q4_K / Q5_K / Q6_K, one token: the bulk-copy kernel (gemv_bulk.py) when asked for
+    """BULK_TYPES, one token: the bulk-copy kernel (gemv_bulk.py) when asked for
     (GemvConfig(kernel="bulk")) or, by default, where it applies (large weights)."""
     if type_name not in BULK_TYPES or batch != 1:
         return False

@@ -1,6 +1,7 @@
-"""Decode GEMV (one token) of Q4_0, Q8_0, Q3_K, Q4_K, Q5_K and Q6_K weights from TMA bulk copies (sm_90+; the
-CPU target too): each warp's rows arrive whole in shared memory by one `cp.async.bulk` per
-row, issued before `griddepcontrol.wait`, then the DP4A math reads them there.
+"""Decode GEMV (one token) of Q4_0, Q4_1, Q8_0, Q3_K, Q4_K, Q5_K and Q6_K weights from TMA
+bulk copies (sm_90+; the CPU target too): each warp's rows arrive whole in shared memory by
+one `cp.async.bulk` per row, issued before `griddepcontrol.wait`, then the DP4A math reads
+them there.
 
 Input: w (and w2, the up rows of the gated modes) = gemv.weight_words(raw, type, n) as u32
 words, rows of whole 16-byte multiples (Q3_K / Q6_K: n % 2048 == 0; Q4_K / Q5_K / Q8_0 / Q4_0: any
@@ -19,12 +20,16 @@ there although chains of identical Q4_K GEMVs favour the register kernel (benchm
 RESULTS.md, "Bulk-copy GEMVs in the runner").
 
 Work split: a warp owns groups of R consecutive rows (with w2: their up rows in the same
-stage); lane l takes items l, l + 32, ... (item = half of a block, 128 values: dot_q8_k's
-q3k_wide_* / q4k_half_dot / q5k_half_dot / q6k_wide_* / q8_0_half_dot / q4_0_half_dot), its activations loaded once for all rows; the lanes'
-sums meet by shuffles. One stage (S = 1): one group per warp, a block per WARPS groups. S >= 2:
-one wave of blocks whose warps loop over the groups through a ring of S stages, so a warp's
-next rows are in flight while it computes (measured no faster, kept as an option).
-Long rows (gemv_bulk_split; Q6_K rows over 8192 values by default): a row's 112 items are 3-4
+stage); lane l takes items l, l + 32, ... (item = 128 values, half of a 256-value block or
+run of blocks: dot_q8_k's q3k_wide_* / q4k_half_dot / q5k_half_dot / q6k_wide_*, dot_q8's
+q8_0_half_dot / q4_0_half_dot / q4_1_half_dot), its activations loaded once for all rows; the
+lanes' sums meet by shuffles. One stage (S = 1): one group per warp, a block per WARPS
+groups. S >= 2: one wave of blocks whose warps loop over the groups through a ring of S
+stages, so a warp's next rows are in flight while it computes (measured no faster, kept as an
+option). Which types and sizes take this kernel by default (`bulk_eligible`) was measured in
+the runner's decode (benchmarks/bulk_routing.py), where copies issued before the PDL wait
+overlap the kernel before.
+Long rows (gemv_bulk_split; Q6_K, Q5_K, Q8_0 and Q4_0 rows over 8192 values by default): a row's 112 items are 3-4
 per lane, and the matrix has too few rows (4096) to hide that latency behind other warps' copies,
 so SPLIT warps each copy and sum a quarter of the row (about one item per lane), their sums
 added in shared memory in a fixed order (H200, 4096 x 14336: 19.3 -> 15.8 us in a PDL chain).
@@ -215,8 +220,9 @@ def gemv_bulk_split(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], xq: Ptr[u32], res: Pt
                     WARPS: Const[int], SPLIT: Const[int], MODE: Const[int]):
     """Long rows: SPLIT warps share a row, warp c of the row copying and summing units
     [c units / SPLIT, (c + 1) units / SPLIT) of it (a unit: UNIT_BLOCKS blocks, the
-    module's UNIT_BLOCKS[type]), a block holding WARPS / SPLIT rows; the partial sums meet in shared memory and
-    the row's first warp adds them in a fixed order (deterministic) and runs the epilogue."""
+    module's UNIT_BLOCKS[type]), a block holding WARPS / SPLIT rows; the partial sums meet in
+    shared memory and the row's first warp adds them in a fixed order (deterministic) and runs
+    the epilogue."""
     GLU = 1 if MODE >= MODE_SWIGLU else 0
     lane = pk.lane_id()
     warp = pk.thread_idx.x // 32

@@ -287,7 +287,7 @@ def test_gemv_Q3_K_wide_every_bit_pattern(device, rng, seed):
                               "q4_1_split4_residual"])
 def test_gemv_bulk(device, rng, seed, type_name, rows, n, rows_per_warp, warps, stages, mode,
                    split):
-    """Q3_K / Q4_K / Q5_K / Q6_K / Q8_0 rows by bulk copies into shared memory (gemv_bulk, sm_90+ on the
+    """Rows of every bulk type by bulk copies into shared memory (gemv_bulk, sm_90+ on the
     GPU): the Q8_1 model and the register kernel's result; row counts off the warp's row
     group, the residual and gated (w2 rows in the same stage) modes, rows of 2-3 items per lane
     (Q6_K: blocks starting on odd half-words; Q4_K: odd block counts), rings of 2-4 stages
