@@ -1,9 +1,9 @@
 """Decode GEMV (Q3_K / Q4_K / Q5_K / Q6_K / Q8_0): rows streamed by TMA bulk copies
 (stdlib_kernels/quant/gemv_bulk.py) against the register kernels, on the GPU, in one run
 (quant_matmul.py's method: CUDA-graph replays timed with CUDA events, weight buffers rotated
-past the 50 MB L2; copy bandwidth = 2 x bytes / time of a 1 GiB copy). Each configuration is timed `--rounds` times, the rounds
-alternating; `--pdl` also times each in a PDL graph (the runner's decode graph: the bulk
-kernel issues its copies before waiting for the previous GEMV).
+past the 50 MB L2; copy bandwidth = 2 x bytes / time of a 1 GiB copy). Each configuration is
+timed `--rounds` times, the rounds alternating; `--pdl` also times each in a PDL graph (the
+runner's decode graph: the bulk kernel issues its copies before waiting for the previous GEMV).
 
     python3 benchmarks/gemv_bulk.py [--types Q3_K,Q4_K,Q6_K] [--rounds 2] [--pdl]
 

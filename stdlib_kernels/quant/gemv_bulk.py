@@ -29,10 +29,11 @@ stages, so a warp's next rows are in flight while it computes (measured no faste
 option). Which types and sizes take this kernel by default (`bulk_eligible`) was measured in
 the runner's decode (benchmarks/bulk_routing.py), where copies issued before the PDL wait
 overlap the kernel before.
-Long rows (gemv_bulk_split; Q6_K, Q5_K, Q8_0 and Q4_0 rows over 8192 values by default): a row's 112 items are 3-4
-per lane, and the matrix has too few rows (4096) to hide that latency behind other warps' copies,
-so SPLIT warps each copy and sum a quarter of the row (about one item per lane), their sums
-added in shared memory in a fixed order (H200, 4096 x 14336: 19.3 -> 15.8 us in a PDL chain).
+Long rows (gemv_bulk_split; Q6_K, Q5_K, Q8_0 and Q4_0 rows over 8192 values by default): a row's
+112 items are 3-4 per lane, and the matrix has too few rows (4096) to hide that latency behind
+other warps' copies, so SPLIT warps each copy and sum a quarter of the row (about one item per
+lane), their sums added in shared memory in a fixed order (H200, 4096 x 14336: 19.3 -> 15.8 us
+in a PDL chain).
 """
 from __future__ import annotations
 
