@@ -3,7 +3,7 @@
 Input: a model (path or name), prompt length p, generated tokens n, repetitions r, device and
 backend. Output: a markdown table (model, size, params, backend, test, t/s +- stdev) like
 llama-bench's. ppP = P random tokens prefilled on an empty cache as `generate` does it, in
-steps of `generate.prefill_step_tokens` tokens (on the kernels backend 256, each a replayed
+steps of `generate.prefill_step_tokens` tokens (on the kernels backend 1024, each a replayed
 graph), timed to the last logits on the host; tgN = N greedy decode steps from an empty cache
 (on the kernels backend: replays of the captured decode graph, reading each token id back). With
 depth D (llama-bench's -d) the cache first holds D random tokens (prefilled once, untimed) and

@@ -55,6 +55,11 @@ PRECOMPILE = os.environ.get("PYKERNEL_PRECOMPILE", "1") not in ("", "0")
 # llama-8B 9.3k -> 11.2k; RESULTS.md "Prompts in 1024-token graph steps"; an 8B step's
 # activations ~0.6 GiB)
 PREFILL_GRAPH_MAX = int(os.environ.get("PYKERNEL_PREFILL_GRAPH_MAX", "1024"))
+# ... unless the device lacks the memory: a step of T tokens may take up to
+# prefill_activation_bound(config, T) bytes of activations, and the step halves (down to
+# SMALLEST_STEP) until that fits in half of the device memory free once the KV cache is
+# allocated (the rest for the decode graphs, scratch and other processes)
+SMALLEST_STEP = 64
 PREFILL_GRAPHS = os.environ.get("PYKERNEL_PREFILL_GRAPHS", "1") not in ("", "0")
 
 
@@ -69,6 +74,16 @@ class PrefillGraph:
 
     def __init__(self, io, logits):
         self.io, self.logits, self.graph = io, logits, None
+
+
+def prefill_activation_bound(config, tokens: int) -> int:
+    """An upper bound of the activation bytes the graphs of prompt steps up to `tokens` long
+    hold: per token 4-byte values of about 6 model widths and 4 feed-forward widths (q|k|v,
+    residual, norm, attention, gate|up, GLU, their Q8_1 copies), for the arena's two layer
+    lists, twice for its grown buffers' older generations. H100 measurements after steps of
+    16..1024 tokens (`pykernel bench -p 16,512,1000,2048`): SmolLM2-135M 115 MiB (bound 150),
+    qwen2-1.5B 489 (703), llama-8B 939 (1280)."""
+    return 16 * tokens * (6 * config.n_embd + 4 * config.n_ff)
 
 
 def prefill_bucket(n: int) -> int:
@@ -89,9 +104,29 @@ class GraphedTransformer(Transformer):
 
     @property
     def prefill_graph_max(self) -> int:
-        """Longest prompt that runs as a graph (0: none); a bucket's graph is captured on its
+        """Longest prompt that runs as a graph (0: none): PREFILL_GRAPH_MAX, or less where
+        the device's free memory asks for it (fitted_step); a bucket's graph is captured on its
         second prompt, so benchmarks warm up twice."""
-        return PREFILL_GRAPH_MAX if PREFILL_GRAPHS and self.backend.use_graphs else 0
+        if not (PREFILL_GRAPHS and self.backend.use_graphs):
+            return 0
+        return self.fitted_step()
+
+    def fitted_step(self) -> int:
+        """PREFILL_GRAPH_MAX halved until prefill_activation_bound fits in half of the free
+        device memory (not below SMALLEST_STEP); measured once a KV cache is allocated, and
+        kept (on the GPU). The CPU target: PREFILL_GRAPH_MAX."""
+        fitted = self.__dict__.get("_fitted_step")
+        if fitted is not None:
+            return fitted
+        memory = self.backend.memory
+        free = memory.free_bytes()
+        step = PREFILL_GRAPH_MAX
+        if free is not None:
+            while step > SMALLEST_STEP and prefill_activation_bound(self.cfg, step) > free // 2:
+                step = max(SMALLEST_STEP, step // 2)
+        if free is not None and memory.kv_bytes:   # before a cache exists, free memory shrinks
+            self._fitted_step = step
+        return step
 
     @property
     def prefill_step_tokens(self) -> int:
@@ -130,8 +165,8 @@ class GraphedTransformer(Transformer):
         return logits
 
     def _prefill_graphable(self, n: int, start: int, cache) -> bool:
-        return (PREFILL_GRAPHS and self.backend.use_graphs and 2 <= n <= PREFILL_GRAPH_MAX
-                and not cache.q8 and start + prefill_bucket(n) <= cache.n_ctx)
+        return (2 <= n <= self.prefill_graph_max and not cache.q8
+                and start + prefill_bucket(n) <= cache.n_ctx)
 
     def prefill_step(self, ids, start: int, cache):
         """Logits (1, n_vocab) of the last of `ids` (positions start..), written into the

@@ -89,8 +89,8 @@ def test_prefill_graphs_stay_out_of_their_limits(rng, monkeypatch):
 @pytest.mark.gpu
 def test_gpu_long_prompt_steps_replay_one_graph(rng, seed, monkeypatch, tmp_path):
     """Steps of a long prompt (600 tokens, three times: bucket 600 eager, captured, replayed;
-    the default step is 1024 tokens) give the eager prefill's logits; a synthetic SmolLM2 in Q4_1 (the int8 per-block GEMM, its
-    inputs 576 wide)."""
+    the default step is 1024 tokens) give the eager prefill's logits; a synthetic SmolLM2 in
+    Q4_1 (the int8 per-block GEMM, its inputs 576 wide)."""
     if not dv.gpu_available():
         pytest.skip("no usable CUDA GPU (driver missing or no device)")
     from llm.synth import write_synthetic
@@ -111,3 +111,33 @@ def test_gpu_prefill_graphs_follow_the_eager_prefill(name, rng, seed, monkeypatc
         path = write_synthetic("smollm2-135m", "Q4_0", tmp_path / "smol.gguf")
     model = llm.load(path, device="cuda", n_ctx=N_CTX, progress=False)
     _check(model, rng, seed, monkeypatch, 1e-3)
+
+
+def test_prompt_steps_shrink_to_the_free_device_memory(monkeypatch):
+    """The prompt step (prefill_step_tokens) halves from PREFILL_GRAPH_MAX until the bound of
+    its activations fits in half of the free device memory, measured once a KV cache exists
+    and kept; the CPU target (no free-memory figure) keeps PREFILL_GRAPH_MAX. The bound holds
+    the H100 measurements it names."""
+    model = llm.load(TINY / "tiny-qwen2-f32.gguf", device="cpu", backend="kernels",
+                     n_ctx=N_CTX, progress=False)
+    t, memory = model.transformer, model.backend.memory
+    assert t.prefill_step_tokens == kernels_graph.PREFILL_GRAPH_MAX
+    bound = kernels_graph.prefill_activation_bound
+    eight_b = SimpleNamespace(n_embd=4096, n_ff=14336)
+    assert bound(eight_b, 1024) >= 939 * 2 ** 20           # measured after steps up to 1024
+    assert bound(SimpleNamespace(n_embd=1536, n_ff=8960), 1024) >= 489 * 2 ** 20
+    assert bound(SimpleNamespace(n_embd=576, n_ff=1536), 1024) >= 115 * 2 ** 20
+    step = kernels_graph.PREFILL_GRAPH_MAX
+    free = 2 * bound(t.cfg, step // 4)                  # room for a quarter of the step
+    monkeypatch.setattr(memory, "free_bytes", lambda: free)
+    assert t.prefill_step_tokens == step // 4
+    assert "_fitted_step" not in t.__dict__                # no KV cache yet: not kept
+    monkeypatch.setattr(memory, "kv_bytes", 1)
+    monkeypatch.setattr(memory, "free_bytes", lambda: 0)   # nothing fits: the smallest step
+    assert t.prefill_step_tokens == kernels_graph.SMALLEST_STEP
+    monkeypatch.setattr(memory, "free_bytes", lambda: 1 << 50)
+    assert t.prefill_step_tokens == kernels_graph.SMALLEST_STEP   # kept once a cache exists
+    assert t._prefill_graphable(kernels_graph.SMALLEST_STEP, 0, SimpleNamespace(q8=False,
+                                                                                n_ctx=N_CTX))
+    assert not t._prefill_graphable(kernels_graph.SMALLEST_STEP + 1, 0,
+                                    SimpleNamespace(q8=False, n_ctx=N_CTX))
