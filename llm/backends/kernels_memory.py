@@ -135,7 +135,8 @@ class Arena:
     def _alloc(self, nbytes: int) -> pk.Array:
         nbytes = -(-nbytes // 256) * 256   # keeps every view 16-byte aligned for vector loads
         return self.memory.allocate((nbytes,), np.uint8, "activations",
-                                    "Activations grow with the prefill chunk size.")
+                                    "Activations grow with the prompt step "
+                                    "(PYKERNEL_PREFILL_GRAPH_MAX=N sets its largest size).")
 
     @property
     def nbytes(self) -> int:
