@@ -73,8 +73,9 @@ def late_wait_variants():
     for dtype in (np.float16, np.float32):
         spec = decode_spec(64, dtype, simt, False, False, True, False, False)
         yield f"decode_partial-{dtype.__name__}", decode_partial, spec
-    from stdlib_kernels.quant.decode8 import Q4_K, Q5_K, Q6_K
-    for fmt, name in ((Q4_K, "Q4_K"), (Q5_K, "Q5_K"), (Q6_K, "Q6_K")):
+    from stdlib_kernels.quant.decode8 import Q4_0, Q4_K, Q5_K, Q6_K, Q8_0
+    for fmt, name in ((Q4_K, "Q4_K"), (Q5_K, "Q5_K"), (Q6_K, "Q6_K"), (Q8_0, "Q8_0"),
+                      (Q4_0, "Q4_0")):
         for mode in (0, 1, 2):
             yield f"gemv_bulk-{name}-mode{mode}", gemv_bulk, dict(FMT=fmt, R=1, WARPS=4, S=1,
                                                                   MODE=mode)
@@ -119,7 +120,7 @@ def entry_wait_variants():
     yield "q8_1_quantize", q8_1_quantize_kernel, dict(U=1, WARPS=8)
     for norm in (False, True):
         yield f"rope_qkv_cache-norm{int(norm)}", rope_qkv_cache, dict(
-            HAS_Q=True, HAS_FF=False, NEOX=False, T=pk.f32, C=pk.f16, NORM=norm)
+            HAS_Q=True, HAS_FF=False, NEOX=False, T=pk.f32, C=pk.f16, NORM=norm, Q8=False)
     yield "argmax_next", argmax_next, dict(ADVANCE=True, UNITS=4, VEC=4)
     yield "embed_generic", embed_generic, dict(FMT=12, BE=256, BB=144)
     yield "combine_splits", combine_splits, combine_spec(128, 4, True, True)
