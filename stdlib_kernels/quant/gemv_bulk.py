@@ -4,7 +4,7 @@ one `cp.async.bulk` per row, issued before `griddepcontrol.wait`, then the DP4A 
 them there.
 
 Input: w (and w2, the up rows of the gated modes) = gemv.weight_words(raw, type, n) as u32
-words, rows of whole 16-byte multiples (Q3_K / Q6_K: n % 2048 == 0; Q4_K / Q5_K / Q8_0 / Q4_0: any
+words, rows of whole 16-byte multiples (Q3_K / Q6_K: n % 2048 == 0; the other types: any
 n % 256 == 0);
 xq the Q8_1 activations of the token; res (rows,) for the residual mode. Output: y (rows,) =
 W x, + res, or act(W x) * (W2 x) (gemv_kernels' modes and epilogue).
@@ -60,8 +60,9 @@ BLOCK_BYTES = {"Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q8_0": 272, 
 # any number of 144 / 176 / 272 B units
 ROW_ALIGN = {"Q3_K": 2048, "Q4_K": 256, "Q5_K": 256, "Q6_K": 2048, "Q8_0": 256, "Q4_0": 256,
              "Q4_1": 256}
-# gemv_bulk_split's chunk unit: the fewest blocks whose bytes are a 16-byte multiple (Q3_K /
-# Q6_K: 8, even, so a chunk starts on an even block as their word-shifted reads assume)
+# gemv_bulk_split's chunk unit, in 256-value groups (BLOCK_BYTES): the fewest whose bytes are
+# a 16-byte multiple (Q3_K / Q6_K: 8, even, so a chunk starts on an even block as their
+# word-shifted reads assume; the others' groups are 16-byte multiples already)
 UNIT_BLOCKS = {"Q3_K": 8, "Q4_K": 1, "Q5_K": 1, "Q6_K": 8, "Q8_0": 1, "Q4_0": 1, "Q4_1": 1}
 MODES = {None: MODE_PLAIN, "residual": MODE_RESIDUAL, "swiglu": MODE_SWIGLU,
          "geglu": MODE_GEGLU}
