@@ -7,10 +7,10 @@ alternating. Routings are comma lists of overrides:
 
 Overrides: default (none), q4k_all (Q4_K at every size in rows up to Q4K_MAX_N), q4k_split
 (Q4_K rows over 8192 values too, split over 4 warps), q6k_all (Q6_K at every size), q5k_all,
-q8_0_off (Q8_0 on its register kernel), q8_0_whole (Q8_0 long rows unsplit), q4_0_all (Q4_0 at
-every size), q4_0_split (and its rows over 8192 values split over 4 warps), q4_0_16mb (as
-q4_0_split from 16 MB), q4_1_16mb (Q4_1 from 16 MB, long rows split), q4_1_all (at every
-size).
+q8_0_off (Q8_0 on its register kernel), q8_0_whole (Q8_0 long rows unsplit), q4_0_off (Q4_0
+on its register kernel), q4_0_all (at every size, whole rows), q4_0_split (at every size,
+rows over 8192 values split over 4 warps; Q4_0's default is that from 16 MB), q4_1_16mb (Q4_1
+from 16 MB, long rows split), q4_1_all (at every size, split).
 """
 from __future__ import annotations
 
@@ -27,13 +27,13 @@ OVERRIDES = {
     "q4k_split": "g.Q4K_MIN_BYTES = 0; g.LONG_SPLIT['Q4_K'] = (4, 4)",
     "q6k_all": "g.Q6K_MIN_BYTES = 0",
     "q5k_all": "g.Q5K_MIN_BYTES = 0",
-    "q8_0_off": "g.Q8_0_MIN_BYTES = None",
+    "q8_0_off": "g.BULK_FROM_BYTES['Q8_0'] = None",
     "q8_0_whole": "g.LONG_SPLIT.pop('Q8_0', None)",
-    "q4_0_all": "g.Q4_0_MIN_BYTES = 0",
-    "q4_0_split": "g.Q4_0_MIN_BYTES = 0; g.LONG_SPLIT['Q4_0'] = (4, 4)",
-    "q4_0_16mb": "g.Q4_0_MIN_BYTES = 16 << 20; g.LONG_SPLIT['Q4_0'] = (4, 4)",
-    "q4_1_16mb": "g.Q4_1_MIN_BYTES = 16 << 20",
-    "q4_1_all": "g.Q4_1_MIN_BYTES = 0",
+    "q4_0_off": "g.BULK_FROM_BYTES['Q4_0'] = None",
+    "q4_0_all": "g.BULK_FROM_BYTES['Q4_0'] = 0; g.LONG_SPLIT.pop('Q4_0', None)",
+    "q4_0_split": "g.BULK_FROM_BYTES['Q4_0'] = 0",
+    "q4_1_16mb": "g.BULK_FROM_BYTES['Q4_1'] = 16 << 20",
+    "q4_1_all": "g.BULK_FROM_BYTES['Q4_1'] = 0",
 }
 
 

@@ -115,9 +115,8 @@ class GraphedTransformer(Transformer):
         """PREFILL_GRAPH_MAX halved until prefill_activation_bound fits in half of the free
         device memory (not below SMALLEST_STEP); measured once a KV cache is allocated, and
         kept (on the GPU). The CPU target: PREFILL_GRAPH_MAX."""
-        fitted = self.__dict__.get("_fitted_step")
-        if fitted is not None:
-            return fitted
+        if self._fitted_step is not None:
+            return self._fitted_step
         memory = self.backend.memory
         free = memory.free_bytes()
         step = PREFILL_GRAPH_MAX
@@ -137,6 +136,7 @@ class GraphedTransformer(Transformer):
 
     def __init__(self, inner: Transformer):
         self.__dict__.update(inner.__dict__)
+        self._fitted_step: int | None = None     # fitted_step's, once a KV cache exists
 
     def forward(self, ids, start: int, cache, all_logits: bool = False):
         b = self.backend

@@ -121,6 +121,15 @@ def dot_q8_Q4_0(w: Ptr[u16, "ro"], wrow: i32, blk: i32, part: i32, xq: Ptr[u32, 
         acc[a0 + bt] += d * (dx * f32(s) - 8.0 * sx)
 
 
+@pk.func
+def pair_scales(first: u32, middle: u32):
+    """(d0, d1) of a block pair of 2-byte-aligned blocks read as u32 words (Q4_0, Q8_0): d0
+    the low half of the pair's first word, d1 the high half of the word where the second
+    block starts."""
+    return (f32(pk.bitcast(u16(first & u32(0xFFFF)), f16)),
+            f32(pk.bitcast(u16(middle >> u32(16)), f16)))
+
+
 # Q4_0 block pair (36 B = 9 u32; rows of an even number of blocks are 4-byte aligned):
 # word 0 = d0 | qs0[0:2], words 1-3 = qs0[2:14], word 4 = qs0[14:16] | d1, words 5-8 = qs1.
 @pk.func
@@ -136,8 +145,7 @@ def dot_q8_Q4_0_pair(w: Ptr[u32, "ro"], wrow: i32, pair: i32, part: i32, xq: Ptr
     u1 = w[b + 6]
     u2 = w[b + 7]
     u3 = w[b + 8]
-    d0 = f32(pk.bitcast(u16(w0 & u32(0xFFFF)), f16))
-    d1 = f32(pk.bitcast(u16(w4 >> u32(16)), f16))
+    d0, d1 = pair_scales(w0, w4)
     v0 = shifted16(w0, w1)
     v1 = shifted16(w1, w2)
     v2 = shifted16(w2, w3)
@@ -175,8 +183,7 @@ def q4_0_half_dot(w: Ptr[u32, "ro"], wrow: i32, sb: i32, n: i32, a) -> f32:
         b = wrow + 36 * sb + 18 * n + 9 * p
         w0 = w[b]
         w4 = w[b + 4]
-        d0 = f32(pk.bitcast(u16(w0 & u32(0xFFFF)), f16))
-        d1 = f32(pk.bitcast(u16(w4 >> u32(16)), f16))
+        d0, d1 = pair_scales(w0, w4)
         r += q4_0_pair_sum(d0, d1, shifted16(w0, w[b + 1]), shifted16(w[b + 1], w[b + 2]),
                            shifted16(w[b + 2], w[b + 3]), shifted16(w[b + 3], w4), w[b + 5],
                            w[b + 6], w[b + 7], w[b + 8], a, 18 * p)
@@ -283,8 +290,7 @@ def dot_q8_Q8_0_pair(w: Ptr[u32, "ro"], wrow: i32, pair: i32, part: i32, xq: Ptr
     raw = pk.local_array(u32, 17)
     for k in pk.static_range(17):
         raw[k] = w[b + k]
-    d0 = f32(pk.bitcast(u16(raw[0] & u32(0xFFFF)), f16))
-    d1 = f32(pk.bitcast(u16(raw[8] >> u32(16)), f16))
+    d0, d1 = pair_scales(raw[0], raw[8])
     a = pk.local_array(u32, 18)   # the two Q8_1 blocks, when loaded by vectors
     for bt in pk.static_range(BATCH):
         x = bt * xstride + 18 * pair
@@ -319,8 +325,7 @@ def q8_0_half_dot(w: Ptr[u32, "ro"], wrow: i32, sb: i32, n: i32, a) -> f32:
         raw = pk.local_array(u32, 17)
         for k in pk.static_range(17):
             raw[k] = w[b + k]
-        d0 = f32(pk.bitcast(u16(raw[0] & u32(0xFFFF)), f16))
-        d1 = f32(pk.bitcast(u16(raw[8] >> u32(16)), f16))
+        d0, d1 = pair_scales(raw[0], raw[8])
         r += q8_0_pair_sum(d0, d1, raw, a, 18 * p)
     return r
 

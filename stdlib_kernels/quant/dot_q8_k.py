@@ -501,13 +501,21 @@ def q4k_half_dot(w: Ptr[u32, "ro"], wrow: i32, blk: i32, n: i32, a) -> f32:
     for cc in pk.static_range(2):
         q = pk.local_array(u32, 8)
         q4k_chunk_words(w, b, 2 * n + cc, q)
-        scp, mp = q4k_scales(s0, s1, s2, 2 * n + cc)
         s_lo, s_hi = q4k_nibble_dots(q, a, 18 * cc)
-        dx0, sx0 = act_scale(a, 18 * cc)
-        dx1, sx1 = act_scale(a, 18 * cc + 9)
-        r += d * (f32(scp & u32(0xFF)) * dx0 * f32(s_lo) + f32(scp >> u32(8)) * dx1 *
-                  f32(s_hi)) - dmin * (f32(mp & u32(0xFF)) * sx0 + f32(mp >> u32(8)) * sx1)
+        r += q45k_chunk_sum(d, dmin, s0, s1, s2, 2 * n + cc, s_lo, s_hi, a, 18 * cc)
     return r
+
+
+@pk.func
+def q45k_chunk_sum(d: f32, dmin: f32, s0: u32, s1: u32, s2: u32, c: i32, s_lo: i32, s_hi: i32,
+                   a, at: i32) -> f32:
+    """Chunk c of a Q4_K / Q5_K block from its two sub-blocks' dp4a sums s_lo / s_hi against
+    the Q8_1 blocks at words at and at + 9 of a: d sc sum(q x) - dmin m sum(x), per sub-block."""
+    scp, mp = q4k_scales(s0, s1, s2, c)
+    dx0, sx0 = act_scale(a, at)
+    dx1, sx1 = act_scale(a, at + 9)
+    return d * (f32(scp & u32(0xFF)) * dx0 * f32(s_lo) + f32(scp >> u32(8)) * dx1 *
+                f32(s_hi)) - dmin * (f32(mp & u32(0xFF)) * sx0 + f32(mp >> u32(8)) * sx1)
 
 
 @pk.func
@@ -520,26 +528,17 @@ def q5k_half_dot(w: Ptr[u32, "ro"], wrow: i32, blk: i32, n: i32, a) -> f32:
     head, s0, s1, s2 = pk.load_vec(w, b, 4)
     d, dmin = pk.unpack_f16x2(head)
     qh = pk.local_array(u32, 8)
-    for h in pk.static_range(2):
-        h0, h1, h2, h3 = pk.load_vec(w, b + 4 + 4 * h, 4)
-        qh[4 * h] = h0
-        qh[4 * h + 1] = h1
-        qh[4 * h + 2] = h2
-        qh[4 * h + 3] = h3
+    q4k_chunk_words(w, b, 0, qh)                 # qh: the 8 words where Q4_K's chunk 0 is
     r = f32(0.0)
     for cc in pk.static_range(2):
         c = 2 * n + cc
         q = pk.local_array(u32, 8)
         q4k_chunk_words(w, b + 8, c, q)          # qs start 8 words later than Q4_K's
-        scp, mp = q4k_scales(s0, s1, s2, c)
         s_lo = 0
         s_hi = 0
         for k in pk.static_range(8):
             s_lo = pk.dp4a(with_fifth(q[k], qh[k], 2 * c), act(a, 18 * cc + 1 + k), s_lo)
             s_hi = pk.dp4a(with_fifth(q[k] >> u32(4), qh[k], 2 * c + 1),
                            act(a, 18 * cc + 10 + k), s_hi)
-        dx0, sx0 = act_scale(a, 18 * cc)
-        dx1, sx1 = act_scale(a, 18 * cc + 9)
-        r += d * (f32(scp & u32(0xFF)) * dx0 * f32(s_lo) + f32(scp >> u32(8)) * dx1 *
-                  f32(s_hi)) - dmin * (f32(mp & u32(0xFF)) * sx0 + f32(mp >> u32(8)) * sx1)
+        r += q45k_chunk_sum(d, dmin, s0, s1, s2, c, s_lo, s_hi, a, 18 * cc)
     return r

@@ -88,20 +88,17 @@ Q4K_MAX_N = 8192
 # 1536 x 8960 split 7.7 -> 6.8; but qwen2's 8960 x 1536 (9.5 MB) 7.1 -> 7.3 and its smaller
 # ones lose too: the limit sits between (benchmarks/RESULTS.md "Q5_K rows by bulk copies")
 Q5K_MIN_BYTES = 10 << 20
-# Q8_0: the bulk kernel by default at every size (None: never), long rows split over 4 warps.
-# H100 decode, tg128: llama-8B Q8_0 242-244 -> 298 t/s, 304-305 with the split; qwen2-1.5B
-# 749-766 -> 888-895, 894-899 split (with a 16 MB limit only 768-772: its matrices are
-# smaller); benchmarks/RESULTS.md "Q8_0 rows by bulk copies"
-Q8_0_MIN_BYTES: int | None = 0
-# Q4_0: the bulk kernel by default from 16 MB (None: never), long rows split over 4 warps.
-# H100 decode, tg128: llama-8B Q4_0 438-439 -> 459 t/s; at every size 463 there, but
-# qwen2-1.5B (matrices of 2-8 MB) 1137-1149 -> 1065-1074 (from 16 MB: 1143-1150);
-# benchmarks/RESULTS.md "Q4_0 rows by bulk copies"
-Q4_0_MIN_BYTES: int | None = 16 << 20
-# Q4_1: never by default (its register kernel reads at 103-109% of copy); H100 decode, tg128:
-# llama-8B Q4_1 420-421 t/s on the register kernel, 401 from 16 MB, 402-403 at every size;
-# qwen2-1.5B 1136-1139 / 1140-1144 / 1033-1035 (RESULTS.md "Q4_0 rows by bulk copies")
-Q4_1_MIN_BYTES: int | None = None
+# Types that take the bulk kernel by default for weights over this many bytes (None: never),
+# rows over LONG_ROW split per LONG_SPLIT. H100 decode, tg128:
+# - Q8_0 at every size: llama-8B 242-244 -> 298 t/s, 304-305 with the split; qwen2-1.5B
+#   749-766 -> 888-895, 894-899 split (with a 16 MB limit only 768-772: its matrices are
+#   smaller); benchmarks/RESULTS.md "Q8_0 rows by bulk copies"
+# - Q4_0 from 16 MB: llama-8B 438-439 -> 459; at every size 463 there, but qwen2-1.5B (matrices
+#   of 2-8 MB) 1137-1149 -> 1065-1074 (from 16 MB: 1143-1150); RESULTS.md "Q4_0 rows by bulk
+#   copies"
+# - Q4_1 never (its register kernel reads at 103-109% of copy): llama-8B 420-421 on it, 401
+#   from 16 MB, 402-403 at every size; qwen2-1.5B 1136-1139 / 1140-1144 / 1033-1035 (same)
+BULK_FROM_BYTES: dict[str, int | None] = {"Q8_0": 0, "Q4_0": 16 << 20, "Q4_1": None}
 # rows longer than LONG_ROW values: (warps per block, warps per row) of gemv_bulk_split by
 # default, for the types listed (Q4_K: such rows take the bulk kernel only when listed). H200:
 # Q6_K 4096 x 14336 15.8 us (77% of copy) vs 19.3 whole rows; Q4_K's register kernel stays
@@ -283,9 +280,9 @@ def bulk_eligible(type_name: str, rows: int, n: int) -> bool:
     HBM and L2), Q4_K from Q4K_MIN_BYTES in rows of at most Q4K_MAX_N values (long rows: few
     of them per multiprocessor, where the register kernel is as fast) unless LONG_SPLIT lists
     Q4_K, Q5_K from Q5K_MIN_BYTES and in every row over LONG_ROW values (split over
-    LONG_SPLIT's warps), Q8_0 from Q8_0_MIN_BYTES and Q4_0 from Q4_0_MIN_BYTES (long rows
-    split too); and only where the default launch's rows fit
-    in shared memory (the gated modes' up rows counted)."""
+    LONG_SPLIT's warps), Q8_0 / Q4_0 / Q4_1 per BULK_FROM_BYTES (long rows split too); and
+    only where the default launch's rows fit in shared memory (the gated modes' up rows
+    counted)."""
     if type_name not in BULK_TYPES or not bulk_available() or n % ROW_ALIGN[type_name]:
         return False
     row_bytes = n // 256 * BLOCK_BYTES[type_name]
@@ -303,10 +300,8 @@ def bulk_eligible(type_name: str, rows: int, n: int) -> bool:
         return (n <= Q4K_MAX_N or type_name in LONG_SPLIT) and nbytes > Q4K_MIN_BYTES
     if type_name == "Q5_K":
         return n > LONG_ROW or nbytes > Q5K_MIN_BYTES
-    if type_name == "Q8_0":
-        return Q8_0_MIN_BYTES is not None and nbytes > Q8_0_MIN_BYTES
-    if type_name in ("Q4_0", "Q4_1"):
-        least = Q4_0_MIN_BYTES if type_name == "Q4_0" else Q4_1_MIN_BYTES
+    if type_name in BULK_FROM_BYTES:
+        least = BULK_FROM_BYTES[type_name]
         return least is not None and nbytes > least
     return nbytes > (L2_BYTES if type_name == "Q3_K" else Q6K_MIN_BYTES)
 

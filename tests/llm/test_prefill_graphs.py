@@ -131,7 +131,7 @@ def test_prompt_steps_shrink_to_the_free_device_memory(monkeypatch):
     free = 2 * bound(t.cfg, step // 4)                  # room for a quarter of the step
     monkeypatch.setattr(memory, "free_bytes", lambda: free)
     assert t.prefill_step_tokens == step // 4
-    assert "_fitted_step" not in t.__dict__                # no KV cache yet: not kept
+    assert t._fitted_step is None                          # no KV cache yet: not kept
     monkeypatch.setattr(memory, "kv_bytes", 1)
     monkeypatch.setattr(memory, "free_bytes", lambda: 0)   # nothing fits: the smallest step
     assert t.prefill_step_tokens == kernels_graph.SMALLEST_STEP
