@@ -44,7 +44,7 @@ SIZES = (16_777_216, 33_554_432)    # K + V bytes of decode at 4096 keys: f16, f
 
 @pk.kernel
 def read_sum(x: Ptr[f32, "ro"], out: Ptr[f32], n_vec: i32, UNROLL: Const[int],
-             MODE: Const[int]):
+             MODE: Const[int], FETCH: Const[int]):
     if MODE >= 1:
         pk.launch_dependents()
     if MODE == 1:
@@ -56,7 +56,7 @@ def read_sum(x: Ptr[f32, "ro"], out: Ptr[f32], n_vec: i32, UNROLL: Const[int],
     while base < n_vec:
         for u in pk.static_range(UNROLL):       # all loads first (clamped, never branched)
             v = min(base + u * stride, n_vec - 1)
-            a, b, c, d = pk.load_vec(x, v * 4, 4)
+            a, b, c, d = pk.load_vec(x, v * 4, 4, l2_fetch=FETCH)
             vals[u * 4] = a
             vals[u * 4 + 1] = b
             vals[u * 4 + 2] = c
@@ -89,7 +89,7 @@ def buffers(nbytes: int) -> list:
     return [pk.full((nbytes // 4,), 1.0, np.float32) for _ in range(copies)]
 
 
-def read_us(bufs, geometry, mode: int, pdl: bool) -> float:
+def read_us(bufs, geometry, mode: int, pdl: bool, fetch: int = 0) -> float:
     threads, per_sm, unroll = geometry
     grid = per_sm * multiprocessors()
     out = pk.empty((grid * threads // 32,), np.float32)
@@ -98,7 +98,7 @@ def read_us(bufs, geometry, mode: int, pdl: bool) -> float:
 
     def record():
         for i in range(launches):
-            read_sum[grid, threads](bufs[i % len(bufs)], out, n_vec, unroll, mode)
+            read_sum[grid, threads](bufs[i % len(bufs)], out, n_vec, unroll, mode, fetch)
     return replay_seconds(record, 5, pdl) * 1e6 / launches
 
 

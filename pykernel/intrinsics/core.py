@@ -133,13 +133,34 @@ def load_vec(fl, node):
     a multiple of the width (aligned)."""
     if len(node.args) != 3:
         raise fl.error(node, "pk.load_vec(ptr, index, width) takes 3 arguments")
+    l2_fetch = _l2_fetch_keyword(fl, node)
     addr = element_pointer(fl, node, node.args[0], node.args[1])
     n = _vec_width(fl, node, fl.expr(node.args[2]), addr.elem)
+    if l2_fetch and n * addr.elem.nbytes < 4:
+        raise fl.error(node, "l2_fetch needs a vector of at least 4 bytes")
     site = fl.ctx.site(fl, node, "out-of-bounds vector read")
     vec_ty = ir.VectorType(addr.elem.storage, n)
-    raw = fl.ctx.target.load_vector(fl.ctx, addr, vec_ty, site)
+    raw = fl.ctx.target.load_vector(fl.ctx, addr, vec_ty, site, l2_fetch)
     return TupleValue(tuple(Value(addr.elem, fl.b.extract_element(raw, ir.Constant(
         ir.IntType(32), k))) for k in range(n)))
+
+
+L2_FETCH_SIZES = (0, 64, 128, 256)
+
+
+def _l2_fetch_keyword(fl, node) -> int:
+    """load_vec's `l2_fetch=` (0, 64, 128 or 256): how many bytes around the access L2 fetches
+    from memory on a miss (PTX `.L2::256B`), a hint for streams that touch part of a line per
+    instruction."""
+    size = 0
+    for kw in node.keywords:
+        if kw.arg != "l2_fetch":
+            raise fl.error(kw, f"pk.load_vec has no keyword {kw.arg!r}", hint="l2_fetch=256")
+        value = fl.expr(kw.value)
+        if not isinstance(value, ConstValue) or value.value not in L2_FETCH_SIZES:
+            raise fl.error(kw.value, "l2_fetch must be a constant 0, 64, 128 or 256")
+        size = value.value
+    return size
 
 
 @intrinsic("prefetch_l2")

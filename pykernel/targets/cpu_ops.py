@@ -192,7 +192,7 @@ class CPUOps:
     def store(self, ctx, ptr, raw, elem):
         ctx.builder.store(raw, ptr, align=elem.nbytes)
 
-    def load_vector(self, ctx, addr, vec_ty, site):
+    def load_vector(self, ctx, addr, vec_ty, site, l2_fetch=0):
         ptr = self.check_address(ctx, addr.ptr, addr.elem, addr.origin, site,
                                  vec_ty.count * addr.elem.nbytes)
         b = ctx.builder

@@ -262,15 +262,43 @@ class NVPTXTarget(NVPTXBulkOps):
     def store(self, ctx, ptr, raw, elem):
         ctx.builder.store(raw, ptr, align=elem.nbytes)
 
-    def load_vector(self, ctx, addr, vec_ty, site):
+    def load_vector(self, ctx, addr, vec_ty, site, l2_fetch=0):
         self.check_address(ctx, addr.ptr, addr.elem, addr.origin, site,
                            vec_ty.count * addr.elem.nbytes)
+        if l2_fetch and addr.ptr.type.addrspace == ADDRSPACE["global"] and self.sm >= 80:
+            # a hint: before sm_80 (which lacks .L2::256B) and off global memory, a plain load
+            return self._load_l2_fetch(ctx, addr, vec_ty, l2_fetch)
         vptr = ctx.builder.bitcast(addr.ptr, ir.PointerType(vec_ty, addrspace=addr.ptr.type
                                                             .addrspace))
         inst = ctx.builder.load(vptr, align=vec_ty.count * addr.elem.nbytes)
         if addr.readonly:
             inst.set_metadata("invariant.load", ctx.module.add_metadata([]))
         return inst
+
+    @staticmethod
+    def _load_l2_fetch(ctx, addr, vec_ty, l2_fetch):
+        """`ld.global[.nc].L2::<size>B.v<w>.b32`: LLVM's loads have no prefetch-size
+        qualifier, so the hinted load is inline PTX of 32-bit words, bitcast back."""
+        b = ctx.builder
+        words = vec_ty.count * addr.elem.nbytes // 4
+        nc = ".nc" if addr.readonly else ""
+        vec = f".v{words}" if words > 1 else ""
+        outs = ", ".join(f"${k}" for k in range(words))
+        outs = f"{{{outs}}}" if words > 1 else outs
+        template = f"ld.global{nc}.L2::{l2_fetch}B{vec}.b32 {outs}, [${words}];"
+        ret = I32 if words == 1 else ir.LiteralStructType([I32] * words)
+        # a writable pointer's load must stay ordered with the stores around it
+        clobber = [] if addr.readonly else ["~{memory}"]
+        asm = ir.InlineAsm(ir.FunctionType(ret, [I64]), template,
+                           ",".join(["=r"] * words + ["l"] + clobber),
+                           side_effect=not addr.readonly)
+        res = b.call(asm, [b.ptrtoint(addr.ptr, I64)])
+        word_vec = ir.VectorType(I32, words)
+        packed = ir.Constant(word_vec, ir.Undefined)
+        for k in range(words):
+            packed = b.insert_element(packed, res if words == 1 else b.extract_value(res, k),
+                                      ir.Constant(I32, k))
+        return b.bitcast(packed, vec_ty)
 
     def store_vector(self, ctx, addr, vec, site):
         self.check_address(ctx, addr.ptr, addr.elem, addr.origin, site,
