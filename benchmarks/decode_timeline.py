@@ -82,14 +82,53 @@ def load_tile_contig(kp, vp, kb, vb, slot: i32, key0: i32, last_key: i32, NP: Co
                 vb[at + w] = vw[w]
 
 
+@pk.func
+def accumulate_tile_raw_v(vb, s, m, den, oacc, slot: i32, NP: Const[int]):
+    """accumulate_tile (f16) with V's raw words as the mma A operand instead of their
+    movmatrix transposes: wrong numbers; timing only (what the 32 MOVM per tile cost)."""
+    for e in pk.static_range(2):
+        mx = max(s[e], s[e + 2])
+        for r in pk.static_range(3):
+            mx = max(mx, pk.shfl_xor(mx, 4 << r))
+        if mx > m[e]:
+            corr = pk.fast.exp2(m[e] - mx)
+            m[e] = mx
+            den[e] = den[e] * corr
+            for i in pk.static_range(NP * 2):
+                oacc[i * 4 + e] = oacc[i * 4 + e] * corr
+                oacc[i * 4 + 2 + e] = oacc[i * 4 + 2 + e] * corr
+        s[e] = pk.fast.exp2(s[e] - m[e])
+        s[e + 2] = pk.fast.exp2(s[e + 2] - m[e])
+        den[e] += s[e] + s[e + 2]
+    b0 = pk.movmatrix(pk.pack_f16x2(s[0], s[1]))
+    b1 = pk.movmatrix(pk.pack_f16x2(s[2], s[3]))
+    for p in pk.static_range(NP):
+        for wp in pk.static_range(2):
+            i = (p * 2 + wp) * 4
+            lo = ((slot * 2) * NP + p) * 4 + 2 * wp
+            hi = ((slot * 2 + 1) * NP + p) * 4 + 2 * wp
+            d0, d1, d2, d3 = pk.mma_m16n8k16_f16(vb[lo], vb[lo + 1], vb[hi], vb[hi + 1], b0, b1,
+                                                 oacc[i], oacc[i + 1], oacc[i + 2],
+                                                 oacc[i + 3])
+            oacc[i] = d0
+            oacc[i + 1] = d1
+            oacc[i + 2] = d2
+            oacc[i + 3] = d3
+
+
 @pk.kernel
 def decode_stamped(q: Ptr[f32], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro"],
                    k_scale: Ptr[u16, "ro"], lens: Ptr[i32, "ro"], max_len: i32, n_head: i32,
                    n_kv_head: i32, q_scale: f32, out: Ptr[f32], part_o: Ptr[f32],
                    part_ml: Ptr[f32], xq: Ptr[u32], stamps: Ptr[i64], slot: i32,
                    D: Const[int], GB: Const[int], NWARPS: Const[int], P: Const[int],
-                   CONTIG: Const[int], ROT: Const[int]):
-    """decode_mma's body (f16, no PDL, no fused / cluster merge) with stamps."""
+                   CONTIG: Const[int], ROT: Const[int], STRIP: Const[int]):
+    """decode_mma's body (f16, no PDL, no fused / cluster merge) with stamps. STRIP (timing
+    only, wrong numbers): 1 = each tile's words are only XORed together (the loads are waited
+    for as the scoring would, no math), then the merge as usual; 2 = that and no merge either
+    (one store per warp): what the stream costs without the work around it; 3 = the math but
+    V's words enter the mma untransposed (no movmatrix); 4 = the scores (Q K^T) only, V's words
+    XORed; 5 = the whole math for ring slot 0's tiles, slot 1's XORed."""
     st = pk.local_array(i64, STAMPS)
     st[0] = gtimer_after(u32(0))
     st[1] = clock_after(u32(0))
@@ -126,6 +165,7 @@ def decode_stamped(q: Ptr[f32], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro"]
     den = pk.local_array(f32, 2)
     clear_state(oacc, m, den, NP)
     s = pk.local_array(f32, 4)
+    sink = u32(0)
     st[3] = st[2]
     # ROT: each block starts its range at a different 16-key tile (and wraps around), so the
     # blocks' concurrent reads are not all the same offset into their 64 KB chunks
@@ -148,12 +188,31 @@ def decode_stamped(q: Ptr[f32], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro"]
             key0 = base + p * stride
             if key0 < k1:
                 key0 = k0 + (key0 - k0 + rot) % span
-                score_tile(kb, ksc, qb, dq, p, key0, k1, g, 0.0, s, NP, 0)
-                accumulate_tile(vb, ksc, s, m, den, oacc, p, NP, 0)
+                if STRIP == 3:
+                    score_tile(kb, ksc, qb, dq, p, key0, k1, g, 0.0, s, NP, 0)
+                    accumulate_tile_raw_v(vb, s, m, den, oacc, p, NP)
+                elif STRIP == 4 or (STRIP == 5 and p == 0):
+                    score_tile(kb, ksc, qb, dq, p, key0, k1, g, 0.0, s, NP, 0)
+                    if STRIP == 5:
+                        accumulate_tile(vb, ksc, s, m, den, oacc, p, NP, 0)
+                    else:
+                        m[0] = max(m[0], s[0] + s[1] + s[2] + s[3])
+                        for w in pk.static_range(2 * NP * 4):
+                            sink = sink ^ vb[p * 2 * NP * 4 + w]
+                elif STRIP:
+                    for w in pk.static_range(2 * NP * 4):
+                        sink = sink ^ kb[p * 2 * NP * 4 + w] ^ vb[p * 2 * NP * 4 + w]
+                else:
+                    score_tile(kb, ksc, qb, dq, p, key0, k1, g, 0.0, s, NP, 0)
+                    accumulate_tile(vb, ksc, s, m, den, oacc, p, NP, 0)
         base += P * stride
+    oacc[0] += f32(sink & u32(1))
     st[4] = clock_after(pk.bitcast(oacc[0] + m[0] + den[0], u32))
-    merge_warps(oacc, m, den, warp, g, t, z, h0, split, n_head, 0, out, part_o, part_ml, xq,
-                D, GB, NWARPS, NP, 0, 0)
+    if STRIP == 2:
+        out[pk.block_idx.x * NWARPS + warp] = oacc[0]
+    else:
+        merge_warps(oacc, m, den, warp, g, t, z, h0, split, n_head, 0, out, part_o, part_ml,
+                    xq, D, GB, NWARPS, NP, 0, 0)
     st[5] = clock_after(u32(0))
     st[6] = gtimer_after(u32(0))
     st[7] = clock_after(u32(0))
@@ -234,7 +293,7 @@ def analyse(stamps: np.ndarray, launches: int) -> dict:
 
 
 def decode_timeline(kv_len: int, combine: bool = True, contig: bool = False,
-                    rot: bool = False) -> tuple[dict, float, float]:
+                    rot: bool = False, strip: int = 0) -> tuple[dict, float, float]:
     n_head, n_kv, head_dim = 32, 8, 128
     config = mma_config(n_head // n_kv, head_dim)
     assert config.stages == 2, "decode_stamped's prologue loads one ring slot"
@@ -258,7 +317,7 @@ def decode_timeline(kv_len: int, combine: bool = True, contig: bool = False,
                 n_head, n_kv, head_dim ** -0.5 * LOG2E, out, ws.part_o, ws.part_ml,
                 out.reshape(-1).view(np.uint32), stamps, i, D=head_dim,
                 GB=config.heads_per_block, NWARPS=config.warps, P=config.stages,
-                CONTIG=int(contig), ROT=int(rot))
+                CONTIG=int(contig), ROT=int(rot), STRIP=strip)
             if combine:
                 combine_splits[(n_head,), 32 * cw](ws.part_o, ws.part_ml, out,
                                                    out.reshape(-1).view(np.uint32), splits,
@@ -299,8 +358,26 @@ def rows(label: str, res: dict) -> list[str]:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lens", default="128,4096,32768")
+    ap.add_argument("--strip", action="store_true", help="only the split kernel alone with "
+                    "STRIP 0 / 1 / 2 and the bare reads, at --lens")
     args = ap.parse_args()
     lines = ["| kernel | point | median | last / max |", "|---|---|---|---|"]
+    if args.strip:
+        for kv_len in (int(x) for x in args.lens.split(",")):
+            for strip in (0, 1, 3, 4, 5, 0, 1, 3, 4, 5):
+                res, stamped, _ = decode_timeline(kv_len, combine=False, strip=strip)
+                print(f"decode {kv_len} keys, split kernel alone, STRIP {strip}: "
+                      f"{stamped:.2f} us", flush=True)
+                lines += rows(f"split alone, STRIP {strip}, {kv_len}", res)
+            nbytes = 2 * 8 * kv_len * 128 * 2
+            for blocks in (128, 0):
+                unroll = min(32, nbytes // (128 * 256 * 16)) if blocks else 8
+                res, us = read_timeline(nbytes, 256, 4, unroll, blocks)
+                print(f"bare read of {nbytes / 1e6:.1f} MB, {blocks or '4 x SMs'} blocks, "
+                      f"{unroll} loads: {us:.2f} us", flush=True)
+                lines += rows(f"read {nbytes / 1e6:.1f} MB, {blocks} chunks", res)
+        print("\n".join(lines))
+        return
     for kv_len in (int(x) for x in args.lens.split(",")):
         res, stamped, shipped = decode_timeline(kv_len)
         print(f"decode {kv_len} keys: stamped split + combine {stamped:.2f} us per launch, "
