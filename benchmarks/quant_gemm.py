@@ -3,7 +3,8 @@
 Input: none (needs a CUDA GPU). Output: a markdown table on stdout, raw numbers as JSON at
 $OUT/quant_gemm.json when $OUT is set.
 
-    python3 benchmarks/quant_gemm.py [--types Q4_K,Q6_K,Q4_0,Q8_0] [--quick] [--all-shapes]
+    python3 benchmarks/quant_gemm.py [--types Q4_K,Q6_K,Q4_0,Q8_0,Q5_K,Q4_1,Q5_0,Q5_1] [--quick]
+        [--all-shapes]
 
 --all-shapes adds m=14336 n=512 k=4096 and m=4096 n=512 k=4096 (llama-8B's other prefill GEMMs).
 
@@ -49,8 +50,14 @@ SWEEP = {"Q4_K": (T(4, 2, 2, 8, 3), T(4, 4, 2, 4, 3), T(2, 4, 4, 4, 3), T(2, 8, 
          "Q8_0": (T(2, 4, 2, 4, 3), T(2, 2, 2, 8, 3), T(4, 4, 2, 2, 3), T(2, 4, 4, 2, 3),
                   T(1, 8, 4, 2, 3), T(1, 4, 4, 4, 3), T(4, 3, 2, 4, 3), T(2, 3, 4, 4, 3),
                   T(3, 4, 2, 4, 3), T(2, 5, 4, 2, 3))}   # last 4: 128x96 (2), 96x128, 128x80
-# f16 d (and dmin) inside each block
-SCALE_BYTES = {"Q4_K": (0, 4), "Q6_K": (208, 2), "Q4_0": (0, 2), "Q8_0": (0, 2)}
+SWEEP["Q6_K"] += (T(3, 4, 2, 4, 3), T(2, 6, 4, 2, 3), T(4, 4, 2, 4, 3))
+# Q5_K: Q4_K's candidates; Q4_1 / Q5_0 / Q5_1: Q4_0's and 96 x 128
+SWEEP["Q5_K"] = SWEEP["Q4_K"] + (T(3, 4, 2, 4, 3),)
+for _t in ("Q4_1", "Q5_0", "Q5_1"):
+    SWEEP[_t] = SWEEP["Q4_0"] + (T(3, 4, 2, 4, 3), T(4, 2, 2, 4, 3))
+# f16 d (and dmin / m) inside each block
+SCALE_BYTES = {"Q4_K": (0, 4), "Q6_K": (208, 2), "Q4_0": (0, 2), "Q8_0": (0, 2), "Q5_K": (0, 4),
+               "Q4_1": (0, 4), "Q5_0": (0, 2), "Q5_1": (0, 4)}
 
 
 def random_weights(type_name: str, rows: int, k: int, rng):

@@ -79,8 +79,11 @@ class Q8KTiles(NamedTuple):
 # files side by side")
 TUNED_KTILES = {"Q4_K": Q8KTiles(4, 4, 2, 4, 3), "Q6_K": Q8KTiles(2, 8, 4, 2, 3),
                 "Q4_0": Q8KTiles(4, 4, 2, 4, 3), "Q8_0": Q8KTiles(3, 4, 2, 4, 3)}
-# Q4_1 / Q5_0 / Q5_1 / Q5_K: Q4_0's tiles (not swept; 128 x 128 x 3 stages fit: <= 224 KB)
-TUNED_KTILES.update({t: TUNED_KTILES["Q4_0"] for t in ("Q4_1", "Q5_0", "Q5_1", "Q5_K")})
+# Q4_1 / Q5_1 / Q5_K: Q4_0's tiles, the fastest or within 1.2% of the sweep's best over the
+# 8B's three GEMMs; Q5_0: Q6_K's 32 x 64 warp tiles, 14.7% faster (H200, 2026-11-26;
+# benchmarks/RESULTS.md "The int8 GEMM's tiles for Q5_K, Q4_1, Q5_0, Q5_1")
+TUNED_KTILES.update({t: TUNED_KTILES["Q4_0"] for t in ("Q4_1", "Q5_1", "Q5_K")})
+TUNED_KTILES["Q5_0"] = Q8KTiles(2, 8, 4, 2, 3)
 CPU_KTILES = Q8KTiles(1, 1, 1, 1, 3)       # 16 x 8, one warp: the CPU target emulates threads
 # short prompts: (at most this many tokens, tiles), tried in order before TUNED_KTILES. A
 # 128 x 128 tile leaves most multiprocessors idle below ~256 tokens (llama-8B's down
