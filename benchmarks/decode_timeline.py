@@ -38,7 +38,7 @@ from stdlib_kernels.attention.decode import (LOG2E, DecodeWorkspace, combine_spe
 from stdlib_kernels.attention.decode_combine import combine_splits  # noqa: E402
 from stdlib_kernels.attention.decode_kernels import block_work  # noqa: E402
 from stdlib_kernels.attention.decode_mma import (accumulate_tile, clear_state, load_q,  # noqa: E402
-                                                 load_tile, merge_warps,
+                                                 load_tile, merge_warps, online_softmax,
                                                  score_tile)
 
 STAMPS = 8        # per warp: gt entry, clk entry, clk length, clk first tile, clk loop end,
@@ -86,22 +86,7 @@ def load_tile_contig(kp, vp, kb, vb, slot: i32, key0: i32, last_key: i32, NP: Co
 def accumulate_tile_raw_v(vb, s, m, den, oacc, slot: i32, NP: Const[int]):
     """accumulate_tile (f16) with V's raw words as the mma A operand instead of their
     movmatrix transposes: wrong numbers; timing only (what the 32 MOVM per tile cost)."""
-    for e in pk.static_range(2):
-        mx = max(s[e], s[e + 2])
-        for r in pk.static_range(3):
-            mx = max(mx, pk.shfl_xor(mx, 4 << r))
-        if mx > m[e]:
-            corr = pk.fast.exp2(m[e] - mx)
-            m[e] = mx
-            den[e] = den[e] * corr
-            for i in pk.static_range(NP * 2):
-                oacc[i * 4 + e] = oacc[i * 4 + e] * corr
-                oacc[i * 4 + 2 + e] = oacc[i * 4 + 2 + e] * corr
-        s[e] = pk.fast.exp2(s[e] - m[e])
-        s[e + 2] = pk.fast.exp2(s[e + 2] - m[e])
-        den[e] += s[e] + s[e + 2]
-    b0 = pk.movmatrix(pk.pack_f16x2(s[0], s[1]))
-    b1 = pk.movmatrix(pk.pack_f16x2(s[2], s[3]))
+    b0, b1 = online_softmax(s, m, den, oacc, NP)
     for p in pk.static_range(NP):
         for wp in pk.static_range(2):
             i = (p * 2 + wp) * 4

@@ -151,8 +151,10 @@ def score_tile(kb, ksc, qb, dq, slot: i32, key0: i32, k1: i32, g: i32, softcap: 
 
 
 @pk.func
-def accumulate_tile(vb, vsc, s, m, den, oacc, slot: i32, NP: Const[int], Q8: Const[int]):
-    """Online softmax over the tile's 16 keys for this lane's two heads, then O^T += V^T P^T."""
+def online_softmax(s, m, den, oacc, NP: Const[int]) -> tuple:
+    """The tile's scores s -> P = 2^(s - m) with the running max m of this lane's two heads
+    (over the 8 lanes sharing a head), den and O^T rescaled when m moves; returns P as the two
+    f16 B fragments of P^T."""
     for e in pk.static_range(2):
         mx = max(s[e], s[e + 2])
         for r in pk.static_range(3):                 # over g: lanes 4, 8, 16 apart
@@ -169,6 +171,13 @@ def accumulate_tile(vb, vsc, s, m, den, oacc, slot: i32, NP: Const[int], Q8: Con
         den[e] += s[e] + s[e + 2]
     b0 = pk.movmatrix(pk.pack_f16x2(s[0], s[1]))     # keys 2t, 2t+1 of rows 0..7; head g
     b1 = pk.movmatrix(pk.pack_f16x2(s[2], s[3]))     # keys 8 + 2t, 9 + 2t
+    return b0, b1
+
+
+@pk.func
+def accumulate_tile(vb, vsc, s, m, den, oacc, slot: i32, NP: Const[int], Q8: Const[int]):
+    """Online softmax over the tile's 16 keys for this lane's two heads, then O^T += V^T P^T."""
+    b0, b1 = online_softmax(s, m, den, oacc, NP)
     for p in pk.static_range(NP):
         for wp in pk.static_range(2):
             i = (p * 2 + wp) * 4
