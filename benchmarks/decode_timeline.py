@@ -17,6 +17,12 @@ warp), merge done (last warp), exit (last block), and the gap to the next launch
 (the combine kernel and the launch latencies in between).
 
     python3 benchmarks/decode_timeline.py [--lens 128,4096,32768]
+    python3 benchmarks/decode_timeline.py --strip [--lens 4096,32768]   (the split kernel alone
+        with parts taken out: decode_stamped's STRIP; timing only)
+
+The stamps are inline PTX reads of the clocks, which ptxas does not move loads across: Q's
+loads go out only after the length's stamp here, ~0.7 us later first tiles than the shipped
+kernel, where ptxas overlaps the two.
 """
 from __future__ import annotations
 
