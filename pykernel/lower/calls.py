@@ -1,4 +1,5 @@
-"""Call lowering: casts `f32(x)`, builtins min/max/abs, `pk.*` intrinsics and @pk.func calls."""
+"""Call lowering: casts `f32(x)`, builtins min/max/abs/print, `pk.*` intrinsics and @pk.func
+calls."""
 from __future__ import annotations
 
 import builtins
@@ -29,6 +30,9 @@ def lower_call_node(fl, node):
         return lower_minmax(fl, node, obj is builtins.max)
     if obj is builtins.abs:
         return lower_abs(fl, node)
+    if obj is builtins.print:
+        from .printing import lower_print
+        return lower_print(fl, node)
     if obj is builtins.range:
         raise fl.error(node, "range() can only be used as the iterable of a for loop")
     if isinstance(obj, Kernel):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -77,6 +78,9 @@ class CpuDevice:
             raise KernelRuntimeError(f"{compiled.name}: invalid launch grid={grid} "
                                      f"block={block} (at most 1024 threads per block)")
         entry = self._entry(compiled)
+        if "print" in compiled.uses:    # the kernel's lines come after what Python printed
+            sys.stdout.flush()
+            sys.stderr.flush()
         nblocks = grid[0] * grid[1] * grid[2]
         # a kernel whose cluster's blocks must live together runs whole clusters per worker
         together = cluster[0] * cluster[1] * cluster[2] \

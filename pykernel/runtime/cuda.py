@@ -12,6 +12,8 @@ parameter buffer) -> cuLaunchKernel with the prebuilt void*[] of field addresses
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 from collections import deque
 
@@ -230,6 +232,23 @@ def _function_of(handle):
     return handle
 
 
+def flush_c_stdio() -> None:
+    """Kernels' print() output: the driver writes its printf buffer through C stdio at a
+    synchronization, which is block-buffered when stdout is not a terminal; flush it there so
+    the lines come before what the host prints next."""
+    libc = _c_library()
+    if libc is not None:
+        libc.fflush(None)
+
+
+@functools.cache
+def _c_library():
+    try:
+        return ctypes.CDLL(None)          # the process's own C library (POSIX)
+    except (OSError, TypeError):          # Windows: no such handle; output flushes at exit
+        return None
+
+
 class CudaDevice:
     """One GPU. `launch` is the hot path; everything else is setup or error reporting."""
     kind = "cuda"
@@ -256,6 +275,7 @@ class CudaDevice:
         self._launch_handle = cu.CUstream(0)  # legacy default stream; a capture redirects it
         self._capture = None                  # the GraphCapture recording launches, if any
         self.programmatic_launch = False      # launch PDL-capable kernels with PDL (graphs.py)
+        self._prints = False                  # a loaded kernel calls print(): flush C stdio
 
     def __repr__(self) -> str:
         return f"cuda:{self.ordinal} ({self.name}, {self.arch})"
@@ -320,6 +340,7 @@ class CudaDevice:
                                limit, getattr(compiled, "shared_bytes", 0), code,
                                self.param_buffer, "pdl" in getattr(compiled, "uses", ()))
         self._kernels[compiled.cache_key] = kernel
+        self._prints = self._prints or "print" in getattr(compiled, "uses", ())
         return kernel
 
     def preload(self, compiled) -> None:
@@ -371,11 +392,15 @@ class CudaDevice:
         if err:
             raise self.fault_error(err, "at synchronize")
         self._recent.clear()
+        if self._prints:
+            flush_c_stdio()
 
     def synchronize_stream(self, handle) -> None:
         (err,) = cu.cuStreamSynchronize(handle)
         if err:
             raise self.fault_error(err, "at stream synchronize")
+        if self._prints:
+            flush_c_stdio()
 
     def _synchronize_after(self, kernel, handle):
         (err,) = cu.cuStreamSynchronize(handle)

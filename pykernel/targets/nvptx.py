@@ -234,24 +234,47 @@ class NVPTXTarget(NVPTXBulkOps):
         return None
 
     def _report_oob(self, ctx, site, offset, size):
-        b, m = ctx.builder, ctx.module
         where = ctx.sites[site]
-        text = (f"pykernel: kernel '{ctx.kernel_name}': {where.kind} at {where.file}:"
-                f"{where.line}:{where.col + 1} (byte offset %lld, size %lld)\n\0")
-        data = bytearray(text.encode())
-        fmt = ir.GlobalVariable(m, ir.ArrayType(ir.IntType(8), len(data)),
-                                m.get_unique_name("oobfmt"), addrspace=1)
-        fmt.global_constant, fmt.linkage = True, "internal"
-        fmt.initializer = ir.Constant(ir.ArrayType(ir.IntType(8), len(data)), data)
+        self._vprintf(ctx, f"pykernel: kernel '{ctx.kernel_name}': {where.kind} at "
+                      f"{where.file}:{where.line}:{where.col + 1} (byte offset %lld, size "
+                      f"%lld)\n", [offset, size])
+        ctx.builder.call(ctx.intrinsic_decl("llvm.trap", ret=ir.VoidType(), args=()), [])
+
+    def device_print(self, ctx, fmt: str, values: list) -> None:
+        """print() in a kernel (lower/printing.py): values are i64 / f64 IR values, or
+        ("bool", i1) for a True / False text."""
+        args = [self._text_of_bool(ctx, v[1]) if isinstance(v, tuple) else v for v in values]
+        self._vprintf(ctx, fmt, args)
+
+    def _text_of_bool(self, ctx, cond):
+        return ctx.builder.select(cond, self._string(ctx, "True"), self._string(ctx, "False"))
+
+    def _string(self, ctx, text: str):
+        """A NUL-terminated constant string in global memory, as a generic i8*."""
+        m = ctx.module
+        data = bytearray(text.encode() + b"\0")
+        ty = ir.ArrayType(ir.IntType(8), len(data))
+        g = ir.GlobalVariable(m, ty, m.get_unique_name("str"), addrspace=1)
+        g.global_constant, g.linkage = True, "internal"
+        g.initializer = ir.Constant(ty, data)
+        zero = ir.Constant(I32, 0)
+        return ctx.builder.addrspacecast(ctx.builder.gep(g, [zero, zero]),
+                                         ir.IntType(8).as_pointer())
+
+    def _vprintf(self, ctx, fmt: str, args: list) -> None:
+        """CUDA's device printf: the format and a buffer holding the arguments at their natural
+        alignment (a struct of their types)."""
+        b, m = ctx.builder, ctx.module
         i8p = ir.IntType(8).as_pointer()
         vprintf = m.globals.get("vprintf") or ir.Function(
             m, ir.FunctionType(I32, [i8p, i8p]), "vprintf")
-        argbuf = ctx.alloca(ir.LiteralStructType([I64, I64]), "oob.args")
-        b.store(offset, b.gep(argbuf, [ir.Constant(I32, 0), ir.Constant(I32, 0)]))
-        b.store(size, b.gep(argbuf, [ir.Constant(I32, 0), ir.Constant(I32, 1)]))
-        fmt_ptr = b.addrspacecast(b.gep(fmt, [ir.Constant(I32, 0), ir.Constant(I32, 0)]), i8p)
-        b.call(vprintf, [fmt_ptr, b.bitcast(argbuf, i8p)])
-        b.call(ctx.intrinsic_decl("llvm.trap", ret=ir.VoidType(), args=()), [])
+        buf = ir.Constant(i8p, None)
+        if args:
+            argbuf = ctx.alloca(ir.LiteralStructType([a.type for a in args]), "print.args")
+            for k, a in enumerate(args):
+                b.store(a, b.gep(argbuf, [ir.Constant(I32, 0), ir.Constant(I32, k)]))
+            buf = b.bitcast(argbuf, i8p)
+        b.call(vprintf, [self._string(ctx, fmt), buf])
 
     def load(self, ctx, ptr, elem, readonly):
         inst = ctx.builder.load(ptr, align=elem.nbytes)
