@@ -1,6 +1,7 @@
 """print() in kernels and device functions: Python's print for debugging, one formatted line
 per call and thread (vprintf on the GPU, C printf on the CPU target): constants as literal
-text, integers of every width, f16 / f32 values as %g, bools as True / False, sep= and end=;
+text, integers of every width, f16 / f32 values as %g, bools as True / False, sep= and end=,
+f-strings with the printf-expressible part of Python's format specs;
 on the CPU target in thread order and after what the host printed before the launch, on the
 GPU by the next synchronization; the PTX assembles for every arch; misuse is a compile error."""
 
@@ -51,6 +52,35 @@ def test_print_writes_each_threads_values(device, rng, seed, capfd):
         assert sorted(out[1:]) == sorted(want), f"n={n} (seed {seed})"
 
 
+@pk.kernel
+def print_formatted(x: Ptr[f32, "ro"], n: i32):
+    i = pk.thread_idx.x
+    if i < n:
+        print(f"[{i:3d}|{i:<4d}|{i:04d}|{i * 37:x}|{i * 37:X}|{i:o}] {x[i]:.3f} {x[i]:+10.2e}",
+              f"{x[i]:g} {x[i]:8.1f}% {u8(i + 250)} {i == 1} {2.5:.2f} {7:03d}", sep=" / ")
+
+
+def formatted_lines(x):
+    lines = []
+    for i, v in enumerate(float(t) for t in x):
+        lines.append(f"[{i:3d}|{i:<4d}|{i:04d}|{i * 37:x}|{i * 37:X}|{i:o}] {v:.3f} {v:+10.2e}"
+                     f" / {v:g} {v:8.1f}% {(i + 250) % 256} {i == 1} 2.50 007")
+    return lines
+
+
+def test_print_f_strings_follow_pythons_format_specs(device, rng, seed, capfd):
+    n = int(rng.integers(1, 32))
+    x = (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 5, n)).astype(np.float32)
+    print_formatted[1, 32](pk.to_device(x), n)
+    pk.synchronize()
+    out = capfd.readouterr().out.splitlines()
+    want = formatted_lines(x)
+    if device.kind == "cpu":
+        assert out == want, f"n={n} (seed {seed})"
+    else:
+        assert sorted(out) == sorted(want), f"n={n} (seed {seed})"
+
+
 @pytest.mark.parametrize("arch", pk.SUPPORTED_ARCHS)
 def test_print_ptx_assembles(arch, assemble):
     ptx = print_values.ptx(arch)
@@ -73,7 +103,28 @@ def print_runtime_sep(x: Ptr[f32], s: i32):
     print(x[0], x[1], sep=s)
 
 
+@pk.kernel
+def print_bad_spec(x: Ptr[f32]):
+    print(f"{x[0]:,}")
+
+
+@pk.kernel
+def print_int_as_float_type(x: Ptr[f32], i: i32):
+    print(f"{x[0]:d}")
+
+
+@pk.kernel
+def print_conversion(x: Ptr[f32]):
+    print(f"{x[0]!r}")
+
+
 def test_print_misuse_is_a_compile_error():
+    with pytest.raises(KernelSourceError, match="format spec ',' is not supported"):
+        print_bad_spec.ptx("sm_90")
+    with pytest.raises(KernelSourceError, match="format type 'd' needs an integer"):
+        print_int_as_float_type.ptx("sm_90")
+    with pytest.raises(KernelSourceError, match="conversions are not supported"):
+        print_conversion.ptx("sm_90")
     with pytest.raises(KernelSourceError, match="cannot print"):
         print_pointer.ptx("sm_90")
     with pytest.raises(KernelSourceError, match="sep= and end= only, not file="):
