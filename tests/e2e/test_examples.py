@@ -5,7 +5,8 @@ import runpy
 import pytest
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples")
-NAMES = ["vector_add", "block_reduction", "tiled_matmul", "softmax", "generic_kernel"]
+NAMES = ["vector_add", "block_reduction", "tiled_matmul", "softmax", "generic_kernel",
+         "debug_print"]
 
 
 @pytest.mark.parametrize("name", NAMES)
