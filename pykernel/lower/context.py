@@ -43,6 +43,23 @@ class KernelContext:
     target_data: dict = field(default_factory=dict)   # per-target scratch (e.g. CPU params)
     _decls: dict = field(default_factory=dict)
     _debug: object = None
+    _strings: dict = field(default_factory=dict)
+
+    def constant_string(self, text: str, addrspace: int = 0) -> ir.Value:
+        """A NUL-terminated constant C string in the module (one global per text and address
+        space), as an i8* in that address space."""
+        key = (text, addrspace)
+        g = self._strings.get(key)
+        if g is None:
+            data = bytearray(text.encode() + b"\0")
+            ty = ir.ArrayType(ir.IntType(8), len(data))
+            g = ir.GlobalVariable(self.module, ty, self.module.get_unique_name("str"),
+                                  addrspace=addrspace)
+            g.global_constant, g.linkage = True, "internal"
+            g.initializer = ir.Constant(ty, data)
+            self._strings[key] = g
+        zero = ir.Constant(ir.IntType(32), 0)
+        return self.builder.gep(g, [zero, zero])
 
     def append_block(self, name: str) -> ir.Block:
         return self.function.append_basic_block(name)

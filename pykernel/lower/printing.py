@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 import re
 
+from llvmlite import ir
+
 from ..types import f64, i64, u64
 from . import ops
 from .codegen import describe
@@ -47,6 +49,11 @@ def lower_print(fl, node):
     fl.ctx.uses.add("print")
     fl.ctx.target.device_print(fl.ctx, "".join(pieces), values)
     return ConstValue(None)
+
+
+def _bool_text(fl, cond):
+    target, ctx = fl.ctx.target, fl.ctx
+    return fl.b.select(cond, target.print_string(ctx, "True"), target.print_string(ctx, "False"))
 
 
 # the part of Python's format-spec mini-language that printf can say
@@ -87,7 +94,7 @@ def _escape(text: str) -> str:
     return text.replace("%", "%%")
 
 
-def _format_of(fl, arg, val: Value, spec: re.Match) -> tuple[str, object]:
+def _format_of(fl, arg, val: Value, spec: re.Match) -> tuple[str, ir.Value]:
     """The printf conversion for a runtime scalar under a (parsed) format spec, and the value
     widened to what that conversion reads."""
     b = fl.b
@@ -97,14 +104,14 @@ def _format_of(fl, arg, val: Value, spec: re.Match) -> tuple[str, object]:
     if val.ty.name == "bool_":      # the text True / False, chosen at run time
         if spec.group(0):
             raise fl.error(arg, "a bool prints as True / False: no format spec")
-        return "%s", ("bool", val.ir)
-    if val.ty.is_float or kind in "fFeEgG" and kind:
-        if kind in "dxXo" and kind:
+        return "%s", _bool_text(fl, val.ir)
+    if val.ty.is_float or (kind and kind in "fFeEgG"):
+        if kind and kind in "dxXo":
             raise fl.error(arg, f"format type {kind!r} needs an integer, got {val.ty}")
         return head + (kind or "g"), ops.cast(b, val.ty, f64, val.ir)
     if spec["prec"]:
         raise fl.error(arg, "an integer takes no precision (Python: 'Precision not allowed')")
-    if kind in "xXo" and kind:
+    if kind and kind in "xXo":
         return head + "ll" + kind, ops.cast(b, val.ty, u64 if not val.ty.is_signed else i64,
                                             val.ir)
     if val.ty.is_signed:

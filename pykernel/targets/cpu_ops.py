@@ -186,7 +186,7 @@ class CPUOps:
             b.store(b.zext(ctx.target_data["tlin"], I64),
                     b.gep(base, [ir.Constant(I64, abi.ERROR_THREAD)]))
 
-    def device_print(self, ctx, fmt: str, values: list) -> None:
+    def device_print(self, ctx, fmt: str, args: list) -> None:
         """print() in a kernel (lower/printing.py): C printf, flushed at once so the lines
         keep their order with the host's output (the runtime flushes sys.stdout first)."""
         b, m = ctx.builder, ctx.module
@@ -195,21 +195,13 @@ class CPUOps:
             m, ir.FunctionType(ir.IntType(32), [i8p], var_arg=True), "printf")
         fflush = m.globals.get("fflush") or ir.Function(
             m, ir.FunctionType(ir.IntType(32), [i8p]), "fflush")
-        args = [b.select(v[1], self._string(ctx, "True"), self._string(ctx, "False"))
-                if isinstance(v, tuple) else v for v in values]
-        b.call(printf, [self._string(ctx, fmt)] + args)
+        b.call(printf, [self.print_string(ctx, fmt)] + args)
         b.call(fflush, [ir.Constant(i8p, None)])
 
     @staticmethod
-    def _string(ctx, text: str):
-        m = ctx.module
-        data = bytearray(text.encode() + b"\0")
-        ty = ir.ArrayType(ir.IntType(8), len(data))
-        g = ir.GlobalVariable(m, ty, m.get_unique_name("str"))
-        g.global_constant, g.linkage = True, "internal"
-        g.initializer = ir.Constant(ty, data)
-        zero = ir.Constant(ir.IntType(32), 0)
-        return ctx.builder.gep(g, [zero, zero])
+    def print_string(ctx, text: str) -> ir.Value:
+        """A constant string as printf takes it."""
+        return ctx.constant_string(text)
 
     def load(self, ctx, ptr, elem, readonly):
         return ctx.builder.load(ptr, align=elem.nbytes)

@@ -240,25 +240,14 @@ class NVPTXTarget(NVPTXBulkOps):
                       f"%lld)\n", [offset, size])
         ctx.builder.call(ctx.intrinsic_decl("llvm.trap", ret=ir.VoidType(), args=()), [])
 
-    def device_print(self, ctx, fmt: str, values: list) -> None:
-        """print() in a kernel (lower/printing.py): values are i64 / f64 IR values, or
-        ("bool", i1) for a True / False text."""
-        args = [self._text_of_bool(ctx, v[1]) if isinstance(v, tuple) else v for v in values]
+    def device_print(self, ctx, fmt: str, args: list) -> None:
+        """print() in a kernel (lower/printing.py): args are i64 / f64 / string IR values."""
         self._vprintf(ctx, fmt, args)
 
-    def _text_of_bool(self, ctx, cond):
-        return ctx.builder.select(cond, self._string(ctx, "True"), self._string(ctx, "False"))
-
-    def _string(self, ctx, text: str):
-        """A NUL-terminated constant string in global memory, as a generic i8*."""
-        m = ctx.module
-        data = bytearray(text.encode() + b"\0")
-        ty = ir.ArrayType(ir.IntType(8), len(data))
-        g = ir.GlobalVariable(m, ty, m.get_unique_name("str"), addrspace=1)
-        g.global_constant, g.linkage = True, "internal"
-        g.initializer = ir.Constant(ty, data)
-        zero = ir.Constant(I32, 0)
-        return ctx.builder.addrspacecast(ctx.builder.gep(g, [zero, zero]),
+    @staticmethod
+    def print_string(ctx, text: str) -> ir.Value:
+        """A constant string in global memory, as the generic i8* vprintf takes."""
+        return ctx.builder.addrspacecast(ctx.constant_string(text, ADDRSPACE["global"]),
                                          ir.IntType(8).as_pointer())
 
     def _vprintf(self, ctx, fmt: str, args: list) -> None:
@@ -274,7 +263,7 @@ class NVPTXTarget(NVPTXBulkOps):
             for k, a in enumerate(args):
                 b.store(a, b.gep(argbuf, [ir.Constant(I32, 0), ir.Constant(I32, k)]))
             buf = b.bitcast(argbuf, i8p)
-        b.call(vprintf, [self._string(ctx, fmt), buf])
+        b.call(vprintf, [self.print_string(ctx, fmt), buf])
 
     def load(self, ctx, ptr, elem, readonly):
         inst = ctx.builder.load(ptr, align=elem.nbytes)
