@@ -14,6 +14,10 @@ Variants (bits of STRIP, combinable):
   8  (not Q6_K; exact, a candidate) the products d_w d_x of each mma tile's 16 rows x 8 tokens
      by one f16 mma (the rows' and tokens' f16 scales at k = 0: exact in f32) instead of an
      FMUL per value, one shared load per token instead of two; with 32: mma m16n8k8
+  16 (Q6_K; exact up to rounding, a candidate) the two halves' i8 scales applied in integers
+     (sc0 p + sc1 q, |.| < 2^24 so its float is exact), the token's d_x by one FFMA into a
+     per-step sum, the row's d once per step: 2 integer ops + I2FP + FFMA per value instead
+     of 2 I2FP + FMUL + 2 FFMA
 The variant replaces gemm_q8_k.compute_stage (looked up by name when the kernel compiles), so
 each variant is compiled into the same kernel and launched through gemm_q8k_into, tiles and
 split-K as shipped. CUDA-graph replays timed with CUDA events, weights on one buffer (as
@@ -39,8 +43,9 @@ from stdlib_kernels import _launch as L  # noqa: E402
 from stdlib_kernels.quant import gemm_q8_k  # noqa: E402
 from stdlib_kernels.quant.decode8 import Q4_K, Q5_K, Q6_K  # noqa: E402
 from stdlib_kernels.quant.gemm_q8_k import fold2, mma_halves, min_term  # noqa: E402
+from stdlib_kernels.quant.gemm_q8_k import Q8KTiles  # noqa: E402
 from stdlib_kernels.quant.gemm_q8_k_parts import (B_STRIDE, a_fragment,  # noqa: E402
-                                                  q6k_shift)
+                                                  q6k_shift, word_at)
 from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1_into  # noqa: E402
 
 SHAPE = (4096, 512, 14336)      # llama-8B's down projection: m rows x n tokens x k
@@ -73,6 +78,18 @@ def strip_body(FMT: Const[int], GPU: Const[int], STRIP: Const[int], sm: Ptr[u32]
     if FMT == Q4_K or FMT == Q5_K:
         min_term(sm, smf, sbase, bbase, acc, rbase, cbase, g, tg, MI, NI)
     k0_mask = u32(0xFFFF) if tg == 0 else u32(0)
+    # STRIP 16 (Q6_K): each fragment row's 16 i8 scales (4 words) and f16 d, read once per step
+    scw = pk.local_array(u32, 8 * MI)
+    drow = pk.local_array(f32, 2 * MI)
+    step = pk.local_array(f32, 4 * MI * NI)
+    if FMT == Q6_K and STRIP & 16 != 0:
+        for h in pk.static_range(2 * MI):
+            a = base + (rbase + 8 * h + g) * AS
+            for w in pk.static_range(4):
+                scw[4 * h + w] = word_at(sm, a, shift[h] + 192 + 4 * w)
+            drow[h], unused = pk.unpack_f16x2(word_at(sm, a, shift[h] + 208) & u32(0xFFFF))
+        for i in pk.static_range(4 * MI * NI):
+            step[i] = 0.0
     iacc = pk.local_array(i32, 4 * MI * NI)
     for i in pk.static_range(4 * MI * NI):
         iacc[i] = 0
@@ -144,7 +161,18 @@ def strip_body(FMT: Const[int], GPU: Const[int], STRIP: Const[int], sm: Ptr[u32]
                         acc[i + 3] = pk.fma(u8 * dx[2 * ni + 1], f32(p3), acc[i + 3])
                 else:
                     p0, p1, p2, p3, q0, q1, q2, q3 = mma_halves(GPU, a0, a1, a2, a3, b0, b1)
-                    if STRIP & 1 != 0:
+                    if STRIP & 16 != 0:   # the halves' i8 scales in integers, d once per step
+                        sg0 = i8_at(scw[8 * mi + kb // 2], 2 * (kb % 2))
+                        sg1 = i8_at(scw[8 * mi + kb // 2], 2 * (kb % 2) + 1)
+                        s80 = i8_at(scw[8 * mi + 4 + kb // 2], 2 * (kb % 2))
+                        s81 = i8_at(scw[8 * mi + 4 + kb // 2], 2 * (kb % 2) + 1)
+                        step[i] = pk.fma(dx[2 * ni], f32(sg0 * p0 + sg1 * q0), step[i])
+                        step[i + 1] = pk.fma(dx[2 * ni + 1], f32(sg0 * p1 + sg1 * q1),
+                                             step[i + 1])
+                        step[i + 2] = pk.fma(dx[2 * ni], f32(s80 * p2 + s81 * q2), step[i + 2])
+                        step[i + 3] = pk.fma(dx[2 * ni + 1], f32(s80 * p3 + s81 * q3),
+                                             step[i + 3])
+                    elif STRIP & 1 != 0:
                         acc[i] += f32(p0 + q0)
                         acc[i + 1] += f32(p1 + q1)
                         acc[i + 2] += f32(p2 + q2)
@@ -157,6 +185,20 @@ def strip_body(FMT: Const[int], GPU: Const[int], STRIP: Const[int], sm: Ptr[u32]
     if STRIP & 2 != 0:
         for i in pk.static_range(4 * MI * NI):
             acc[i] += f32(iacc[i])
+    if FMT == Q6_K and STRIP & 16 != 0:
+        for mi in pk.static_range(MI):
+            for ni in pk.static_range(NI):
+                i = 4 * (NI * mi + ni)
+                acc[i] = pk.fma(drow[2 * mi], step[i], acc[i])
+                acc[i + 1] = pk.fma(drow[2 * mi], step[i + 1], acc[i + 1])
+                acc[i + 2] = pk.fma(drow[2 * mi + 1], step[i + 2], acc[i + 2])
+                acc[i + 3] = pk.fma(drow[2 * mi + 1], step[i + 3], acc[i + 3])
+
+
+@pk.func
+def i8_at(w: u32, byte: Const[int]) -> i32:
+    """Byte `byte` of w as a signed integer."""
+    return i32(w << u32(24 - 8 * byte)) >> 24
 
 
 def variant(strip: int):
@@ -172,7 +214,7 @@ def variant(strip: int):
     return compute_stage
 
 
-def time_variant(type_name: str, strip: int | None, w, xq, y) -> float:
+def time_variant(type_name: str, strip: int | None, w, xq, y, tiles=None) -> float:
     M, TOKENS, K = SHAPE
     shipped = gemm_q8_k.compute_stage
     if strip is not None:
@@ -181,7 +223,7 @@ def time_variant(type_name: str, strip: int | None, w, xq, y) -> float:
     try:
         def record():
             for _ in range(3):
-                gemm_q8_k.gemm_q8k_into(w, type_name, xq, y, M, K, TOKENS)
+                gemm_q8_k.gemm_q8k_into(w, type_name, xq, y, M, K, TOKENS, tiles=tiles)
         return replay_seconds(record, 5) * 1e6 / 3
     finally:
         gemm_q8_k.compute_stage = shipped
@@ -192,6 +234,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--types", default="Q8_0,Q6_K")
     ap.add_argument("--strips", default="0,1,2,4,6,8,40")
+    ap.add_argument("--tiles", default="", help="extra tile shapes mi.ni.wm.wn.stages, comma "
+                    "separated: every variant is also timed with each")
     args = ap.parse_args()
     pk.set_device("cuda")
     rng = np.random.default_rng(0)
@@ -208,10 +252,18 @@ def main():
         y = pk.empty((TOKENS, M), np.float32)
         rows = [("library kernel", None)] + [(f"STRIP {s}", int(s))
                                               for s in args.strips.split(",")]
-        for label, strip in rows:
-            us = time_variant(type_name, strip, w, xq, y)
-            print(f"| {type_name} | {label} | {us:.0f} | {2.0 * M * TOKENS * K / us / 1e6:.1f} |",
-                  flush=True)
+        shapes = [None] + [Q8KTiles(*(int(v) for v in t.split("."))) for t in
+                           args.tiles.split(",") if t]
+        for tiles in shapes:
+            for label, strip in rows:
+                try:
+                    us = time_variant(type_name, strip, w, xq, y, tiles)
+                except Exception as e:     # e.g. a tile over the shared-memory limit
+                    print(f"| {type_name} | {label}, tiles {tiles} | failed: {e} | |")
+                    continue
+                name = label if tiles is None else f"{label}, tiles {tuple(tiles)}"
+                print(f"| {type_name} | {name} | {us:.0f} | "
+                      f"{2.0 * M * TOKENS * K / us / 1e6:.1f} |", flush=True)
 
 
 if __name__ == "__main__":
