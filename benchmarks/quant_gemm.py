@@ -4,9 +4,10 @@ Input: none (needs a CUDA GPU). Output: a markdown table on stdout, raw numbers 
 $OUT/quant_gemm.json when $OUT is set.
 
     python3 benchmarks/quant_gemm.py [--types Q4_K,Q6_K,Q4_0,Q8_0,Q5_K,Q4_1,Q5_0,Q5_1] [--quick]
-        [--all-shapes]
+        [--all-shapes] [--shipped]
 
 --all-shapes adds m=14336 n=512 k=4096 and m=4096 n=512 k=4096 (llama-8B's other prefill GEMMs).
+--shipped times only what the runner launches (tuned tiles, auto split-K): for A/B runs.
 
 Rows: the f16 tensor-core GEMM (gemm.py), the per-32-block int8 GEMM (gemm_q8.py, its tuned
 tiles: the "before"), and the super-block int8 GEMM (gemm_q8_k.py) over a sweep of tile shapes
@@ -145,6 +146,31 @@ def bench_type(type_name: str, shape, sweep, rng, results):
         best["with_quantize_us"] = sec * 1e6
 
 
+def shipped_table(types, shapes):
+    """us of gemm_q8k_into as the runner calls it (tuned tiles, auto split-K), per type and
+    shape, and the layer-weighted total of the 8B's GEMMs (RESULTS.md's tile sweeps)."""
+    from stdlib_kernels.quant.gemm_q8_k import gemm_q8k_into
+    pk.set_device("cuda")
+    rng = np.random.default_rng(0)
+    weights = {(4096, 512, 14336): 1.0, (14336, 512, 4096): 2.0, (4096, 512, 4096): 2.5}
+    print(f"{pk.current_device().name}: the shipped int8 GEMM, us per launch")
+    print("| type | " + " | ".join(str(s) for s in shapes) + " | weighted |")
+    print("|---" * (len(shapes) + 2) + "|")
+    for type_name in types:
+        cells, total = [], 0.0
+        for M, TOKENS, K in shapes:
+            w = random_weights(type_name, M, K, rng)
+            x = pk.to_device(rng.standard_normal((TOKENS, K)).astype(np.float32))
+            xq = pk.empty((TOKENS, q8_1_bytes(K)), np.uint8)
+            quantize_q8_1_into(x, xq)
+            y = pk.empty((TOKENS, M), np.float32)
+            us = timed(lambda s: gemm_q8k_into(w, type_name, xq, y, M, K, TOKENS,
+                                               stream=s)) * 1e6
+            cells.append(f"{us:.0f}")
+            total += weights.get((M, TOKENS, K), 1.0) * us
+        print(f"| {type_name} | " + " | ".join(cells) + f" | {total:.0f} |", flush=True)
+
+
 def row(results, shape, type_name, path, tiles, sec, diff):
     flop = 2.0 * shape[0] * shape[1] * shape[2]
     results.append(dict(shape=list(shape), type=type_name, path=path, tiles=list(tiles),
@@ -159,8 +185,13 @@ def main():
     ap.add_argument("--types", default="Q4_K,Q6_K")
     ap.add_argument("--quick", action="store_true", help="only the first two tile shapes")
     ap.add_argument("--all-shapes", action="store_true", help="also the k=4096 GEMMs")
+    ap.add_argument("--shipped", action="store_true",
+                    help="only the library's own choice (tiles, split-K) per type and shape")
     args = ap.parse_args()
     types = args.types.split(",")
+    if args.shipped:
+        shipped_table(types, SHAPES if args.all_shapes else SHAPES[:1])
+        return
     sweep = {t: v[:2] for t, v in SWEEP.items()} if args.quick else SWEEP
     precompile(types, sweep)
     pk.set_device("cuda")

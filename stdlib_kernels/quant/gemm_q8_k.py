@@ -21,8 +21,13 @@ zero-padded k32 mma on the CPU target). One barrier per K step.
 Q4_0 / Q8_0: a K step is 8 raw 32-blocks per row (144 / 272 B, 16-byte aligned as K % 256 == 0);
 the scale pass reads each block's f16 d, the fragments are word-aligned or funnel-shifted by 2
 bytes (known per block at compile time), Q4_0's nibbles minus 8 exactly as int8 (sign-bit trick).
+Q8_0 forms each tile's 16 x 8 products d_w d_x with one f16 mma (scale_products) from the raw
+f16 scales in the stage instead of an FMUL per value (-6.6% on an H100; Q4_0 gained nothing:
+benchmarks/gemm_strip.py), so its scale pass has nothing to do.
 Q4_1 / Q5_0 / Q5_1 (160 / 176 / 192 B steps) likewise, Q5's fifth bits merged from qh (Q5_0's
-values minus 16); the mins of Q4_1 / Q5_1 add m s_x per block (one fma per accumulator).
+values minus 16); the mins of Q4_1 / Q5_1 (W = d q + m: + m s_x per block) go through
+min_term as Q4_K's do (f16 mins, "dmin" -1), one f16 mma per tile and step instead of an fma
+per accumulator and block.
 Shared memory: see gemm_q8_k_parts.py (200 KB for 128 x 128 tiles, 3 stages; dynamic).
 Split-K (split > 1, auto_split by default on a GPU): grid z splits the K steps; each block
 writes its fragments to a per-stream workspace and the last block of a tile (a counter per
@@ -52,8 +57,6 @@ SUPERBLOCK_GEMM_TYPES = {**KQUANT_GEMM_TYPES, "Q4_0": Q4_0, "Q8_0": Q8_0, "Q4_1"
                          "Q5_0": Q5_0, "Q5_1": Q5_1}
 STEP_BYTES = {"Q4_K": 144, "Q6_K": 210, "Q4_0": 144, "Q8_0": 272, "Q4_1": 160, "Q5_0": 176,
               "Q5_1": 192, "Q5_K": 176}   # one row, one K step
-# the 32-value formats whose blocks carry a min m (W = d q + m): acc += m s_x per block
-MIN_BLOCK_FMTS = (Q4_1, Q5_1)
 
 
 class Q8KTiles(NamedTuple):
@@ -143,10 +146,24 @@ def mma_halves(GPU: Const[int], a0: u32, a1: u32, a2: u32, a3: u32, b0: u32, b1:
 
 
 @pk.func
+def scale_products(GPU: Const[int], a0: u32, a1: u32, b0: u32):
+    """(c0, c1, c2, c3): the products d_row d_token of an m16n8 tile, by one f16 mma of the
+    rows' and tokens' f16 scales at k = 0 (a0 / a1 / b0 of the lanes with t = 0, zero
+    elsewhere): exact in f32, as the FMUL of the two scales is. m16n8k8 on CUDA (half the
+    tensor work of k16); on the CPU target m16n8k16 with k 8..15 zero, the same values."""
+    if GPU == 1:
+        return pk.asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {$0,$1,$2,$3}, "
+                      "{$4,$5}, {$6}, {$7,$7,$7,$7};", "=f,=f,=f,=f,r,r,r,f",
+                      (f32, f32, f32, f32), a0, a1, b0, f32(0.0))
+    else:
+        return pk.mma_m16n8k16_f16(a0, a1, u32(0), u32(0), b0, u32(0), 0.0, 0.0, 0.0, 0.0)
+
+
+@pk.func
 def min_term(sm: Ptr[u32], smf: Ptr[f32], sbase: i32, bbase: i32, acc, rbase: i32, cbase: i32,
              g: i32, tg: i32, MI: Const[int], NI: Const[int]):
     """Q4_K's min term of one super-block step, acc -= dmin_r sum_kb m_r,kb s_t,kb, on the
-    tensor cores: the 8 mins (6-bit integers) and the activations' block sums (f16 in the Q8_1
+    tensor cores (also Q5_K's, and Q4_1's / Q5_1's with dmin -1 and their f16 mins): the 8 mins (6-bit integers) and the activations' block sums (f16 in the Q8_1
     words) are exact f16 operands of one m16n8k16 mma per tile (k 8..15 zero), whose f32 sum is
     scaled by the row's dmin: 8 mma + 4 MI NI fma instead of 32 MI NI fma."""
     bs = pk.local_array(u32, NI)
@@ -189,47 +206,54 @@ def compute_stage(FMT: Const[int], GPU: Const[int], sm: Ptr[u32], smf: Ptr[f32],
         shift[h] = 0
         if FMT == Q6_K:
             shift[h] = q6k_shift(min(row0 + rbase + 8 * h + g, rows - 1), row_bytes, sb)
-    if FMT == Q4_K or FMT == Q5_K:
+    if FMT == Q4_K or FMT == Q5_K or FMT == Q4_1 or FMT == Q5_1:
         min_term(sm, smf, sbase, bbase, acc, rbase, cbase, g, tg, MI, NI)
+    k0_mask = u32(0xFFFF) if tg == 0 else u32(0)    # Q8_0: scale_products' k = 0 lanes
     for kb in pk.static_range(8):
         bq = pk.local_array(u32, 2 * NI)
         dx = pk.local_array(f32, 2 * NI)
-        sx = pk.local_array(f32, 2 * NI)
+        bd = pk.local_array(u32, NI)
         for ni in pk.static_range(NI):
             t = cbase + 8 * ni
             bq[2 * ni] = sm[bbase + (t + g) * B_STRIDE + 9 * kb + 1 + tg]
             bq[2 * ni + 1] = sm[bbase + (t + g) * B_STRIDE + 9 * kb + 5 + tg]
-            for e in pk.static_range(2):   # (d, s) of the token's block: d (and s for a min)
-                dx[2 * ni + e] = smf[sbase + 16 * BM + 16 * (t + 2 * tg + e) + 2 * kb]
-                sx[2 * ni + e] = 0.0
-                if FMT == Q4_1 or FMT == Q5_1:
-                    sx[2 * ni + e] = smf[sbase + 16 * BM + 16 * (t + 2 * tg + e) + 2 * kb + 1]
+            if FMT == Q8_0:   # token g's f16 d, straight from its Q8_1 block's (d, s) word
+                bd[ni] = sm[bbase + (t + g) * B_STRIDE + 9 * kb] & k0_mask
+            else:
+                for e in pk.static_range(2):   # d of the token's block
+                    dx[2 * ni + e] = smf[sbase + 16 * BM + 16 * (t + 2 * tg + e) + 2 * kb]
         for mi in pk.static_range(MI):
             r = rbase + 16 * mi + g
             a0, a2 = a_fragment(FMT, sm, base + r * AS, shift[2 * mi], kb, tg)
             a1, a3 = a_fragment(FMT, sm, base + (r + 8) * AS, shift[2 * mi + 1], kb, tg)
-            u0 = smf[sbase + 16 * r + kb]          # Q4_K: d * sc (the min term: min_term)
+            # Q8_0: rows g and g + 8's f16 d, from the raw block (byte 34 kb of the step)
+            ad0 = (sm[base + r * AS + 34 * kb // 4] >> u32(8 * (34 * kb % 4))) & k0_mask
+            ad1 = (sm[base + (r + 8) * AS + 34 * kb // 4] >> u32(8 * (34 * kb % 4))) & k0_mask
+            # Q4_K / Q5_K: d * sc; Q4_1 / Q5_1: d (their mins: min_term)
+            u0 = smf[sbase + 16 * r + kb]
             u8 = smf[sbase + 16 * (r + 8) + kb]
             v0 = f32(0.0)
             v8 = f32(0.0)
-            if FMT != Q4_K and FMT != Q5_K:   # (d, 0) or (d, m) per block; Q6_K: its halves
-                u0, v0 = pk.load_vec(smf, sbase + 16 * r + 2 * kb, 2)
+            if FMT == Q4_0 or FMT == Q8_0 or FMT == Q5_0 or FMT == Q6_K:
+                u0, v0 = pk.load_vec(smf, sbase + 16 * r + 2 * kb, 2)   # (d, 0); Q6_K: halves
                 u8, v8 = pk.load_vec(smf, sbase + 16 * (r + 8) + 2 * kb, 2)
             for ni in pk.static_range(NI):
                 i = 4 * (NI * mi + ni)
                 b0 = bq[2 * ni]
                 b1 = bq[2 * ni + 1]
-                if FMT != Q6_K:   # u = the block's scale (Q4_K's min term: min_term)
+                if FMT == Q8_0:   # d_w d_x of the tile by the tensor cores, not 4 FMUL
+                    p0, p1, p2, p3 = pk.mma_m16n8k32_s8(a0, a1, a2, a3, b0, b1, 0, 0, 0, 0)
+                    s0, s1, s2, s3 = scale_products(GPU, ad0, ad1, bd[ni])
+                    acc[i] = pk.fma(s0, f32(p0), acc[i])
+                    acc[i + 1] = pk.fma(s1, f32(p1), acc[i + 1])
+                    acc[i + 2] = pk.fma(s2, f32(p2), acc[i + 2])
+                    acc[i + 3] = pk.fma(s3, f32(p3), acc[i + 3])
+                elif FMT != Q6_K:   # u = the block's scale
                     p0, p1, p2, p3 = pk.mma_m16n8k32_s8(a0, a1, a2, a3, b0, b1, 0, 0, 0, 0)
                     acc[i] = pk.fma(u0 * dx[2 * ni], f32(p0), acc[i])
                     acc[i + 1] = pk.fma(u0 * dx[2 * ni + 1], f32(p1), acc[i + 1])
                     acc[i + 2] = pk.fma(u8 * dx[2 * ni], f32(p2), acc[i + 2])
                     acc[i + 3] = pk.fma(u8 * dx[2 * ni + 1], f32(p3), acc[i + 3])
-                    if FMT == Q4_1 or FMT == Q5_1:   # v = the block's min m: + m s_x
-                        acc[i] = pk.fma(v0, sx[2 * ni], acc[i])
-                        acc[i + 1] = pk.fma(v0, sx[2 * ni + 1], acc[i + 1])
-                        acc[i + 2] = pk.fma(v8, sx[2 * ni], acc[i + 2])
-                        acc[i + 3] = pk.fma(v8, sx[2 * ni + 1], acc[i + 3])
                 else:             # (u, v) = scales of the two 16-value halves
                     p0, p1, p2, p3, q0, q1, q2, q3 = mma_halves(GPU, a0, a1, a2, a3, b0, b1)
                     acc[i] = fold2(acc[i], dx[2 * ni], u0, p0, v0, q0)

@@ -8,7 +8,8 @@ Shared memory (u32 words), STAGES stage buffers then two scale buffers (parity o
              B = BN tokens x B_STRIDE words (their 8 raw Q8_1 blocks: 72 words, 4 pad)
     scales p: SA = BM rows x 16 words (Q4_K: d*sc per 32-block, then the 8 mins as 4 f16
               pairs and dmin, for the min term's f16 mma; Q6_K: d*sc per 16;
-              Q4_0 / Q8_0 / Q5_0: (d, 0) per 32-block; Q4_1 / Q5_1: (d, m)),
+              Q4_0 / Q8_0 / Q5_0: (d, 0) per 32-block; Q4_1 / Q5_1: Q4_K's layout with d per
+              32-block, the mins m as f16 pairs and -1 as dmin),
               SB = BN tokens x 16 f32 ((d, s) per Q8_1 block)
 Copies are `pk.cp_async` (done at once on the CPU target), waited on with pk.cp_async_wait.
 """
@@ -137,6 +138,8 @@ def scale_pass(FMT: Const[int], sm: Ptr[u32], smf: Ptr[f32], base: i32, sbase: i
     """Block scales of a landed stage as floats: SA (BM x 16) and SB (BN x 16) at sbase."""
     # Q4_K / Q5_K, per (row, block pair p): words 2p, 2p + 1: d * sc of the two blocks; 8 + p:
     # their mins as an f16 pair (exact: 6-bit integers); 12: dmin (min_term's operands)
+    if FMT == Q8_0:        # compute_stage reads Q8_0's and the tokens' f16 d from the stage
+        return
     if FMT == Q4_K or FMT == Q5_K:
         for j in pk.static_range((BM * 4 + NT - 1) // NT):
             i = tid + NT * j
@@ -162,9 +165,17 @@ def scale_pass(FMT: Const[int], sm: Ptr[u32], smf: Ptr[f32], base: i32, sbase: i
             at = (18 if FMT == Q4_0 else (34 if FMT == Q8_0 else 22)) * (e // 2)
             d, unused = pk.unpack_f16x2((sm[a + at // 4] >> u32(8 * (at % 4))) & u32(0xFFFF))
             smf[sbase + i] = d if e % 2 == 0 else 0.0
-        elif FMT == Q4_1 or FMT == Q5_1:   # e = 2 * block + (0: d, 1: m), word-aligned pairs
-            d, m = pk.unpack_f16x2(sm[a + (5 if FMT == Q4_1 else 6) * (e // 2)])
-            smf[sbase + i] = d if e % 2 == 0 else m
+        elif FMT == Q4_1 or FMT == Q5_1:   # Q4_K's layout: d per block, mins as f16 pairs
+            words = 5 if FMT == Q4_1 else 6    # a block's (d, m) f16 pair: its first word
+            if e < 8:
+                d, m = pk.unpack_f16x2(sm[a + words * e])
+                smf[sbase + i] = d
+            elif e < 12:
+                p = e - 8
+                sm[sbase + i] = (sm[a + words * 2 * p] >> u32(16)) | \
+                    (sm[a + words * (2 * p + 1)] & u32(0xFFFF0000))
+            else:                  # word 12: min_term's "dmin", -1 as W = d q + m adds m s_x
+                smf[sbase + i] = -1.0 if e == 12 else 0.0
         else:              # e = 16-value group: i8 scale at byte 192 + e, d at byte 208
             sh = q6k_shift(min(row0 + r, rows - 1), row_bytes, sb)
             dbits = (sm[a + (sh + 208) // 4] >> u32(8 * ((sh + 208) % 4))) & u32(0xFFFF)
