@@ -76,7 +76,7 @@ def strip_body(FMT: Const[int], GPU: Const[int], STRIP: Const[int], sm: Ptr[u32]
         if FMT == Q6_K and STRIP & 4 == 0:
             shift[h] = q6k_shift(min(row0 + rbase + 8 * h + g, rows - 1), row_bytes, sb)
     if FMT == Q4_K or FMT == Q5_K:
-        min_term(sm, smf, sbase, bbase, acc, rbase, cbase, g, tg, MI, NI)
+        min_term(FMT, sm, smf, base, sbase, bbase, acc, rbase, cbase, g, tg, MI, NI, AS)
     k0_mask = u32(0xFFFF) if tg == 0 else u32(0)
     # STRIP 16 (Q6_K): each fragment row's 16 i8 scales (4 words) and f16 d, read once per step
     scw = pk.local_array(u32, 8 * MI)

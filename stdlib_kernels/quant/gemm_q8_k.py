@@ -160,30 +160,48 @@ def scale_products(GPU: Const[int], a0: u32, a1: u32, b0: u32):
 
 
 @pk.func
-def min_term(sm: Ptr[u32], smf: Ptr[f32], sbase: i32, bbase: i32, acc, rbase: i32, cbase: i32,
-             g: i32, tg: i32, MI: Const[int], NI: Const[int]):
-    """Q4_K's min term of one super-block step, acc -= dmin_r sum_kb m_r,kb s_t,kb, on the
-    tensor cores (also Q5_K's, and Q4_1's / Q5_1's with dmin -1 and their f16 mins): the 8 mins (6-bit integers) and the activations' block sums (f16 in the Q8_1
-    words) are exact f16 operands of one m16n8k16 mma per tile (k 8..15 zero), whose f32 sum is
-    scaled by the row's dmin: 8 mma + 4 MI NI fma instead of 32 MI NI fma."""
+def min_term(FMT: Const[int], sm: Ptr[u32], smf: Ptr[f32], base: i32, sbase: i32, bbase: i32,
+             acc, rbase: i32, cbase: i32, g: i32, tg: i32, MI: Const[int], NI: Const[int],
+             AS: Const[int]):
+    """The mins' term of one super-block step on the tensor cores: Q4_K / Q5_K's acc -=
+    dmin_r sum_kb m_r,kb s_t,kb (6-bit mins from the scale pass, scaled by the row's dmin),
+    Q4_1 / Q5_1's acc += sum_kb m_r,kb s_t,kb (W = d q + m; their f16 m straight from the
+    stage). The 8 mins and the activations' block sums (f16 in the Q8_1 words) are exact f16
+    operands of one m16n8k16 mma per tile (k 8..15 zero): 8 mma + 4 MI NI adds instead of
+    32 MI NI fma."""
     bs = pk.local_array(u32, NI)
     for ni in pk.static_range(NI):        # B: s of token g, blocks 2 tg and 2 tg + 1
         w = bbase + (cbase + 8 * ni + g) * B_STRIDE + 18 * tg
         bs[ni] = (sm[w] >> u32(16)) | (sm[w + 9] & u32(0xFFFF0000))
     for mi in pk.static_range(MI):
         r = rbase + 16 * mi + g
-        a0 = sm[sbase + 16 * r + 8 + tg]          # mins of blocks 2 tg, 2 tg + 1, row r
-        a1 = sm[sbase + 16 * (r + 8) + 8 + tg]
-        dmin0 = smf[sbase + 16 * r + 12]
-        dmin8 = smf[sbase + 16 * (r + 8) + 12]
-        for ni in pk.static_range(NI):
-            i = 4 * (NI * mi + ni)
-            c0, c1, c2, c3 = pk.mma_m16n8k16_f16(a0, a1, u32(0), u32(0), bs[ni], u32(0),
-                                                 0.0, 0.0, 0.0, 0.0)
-            acc[i] = pk.fma(-dmin0, c0, acc[i])
-            acc[i + 1] = pk.fma(-dmin0, c1, acc[i + 1])
-            acc[i + 2] = pk.fma(-dmin8, c2, acc[i + 2])
-            acc[i + 3] = pk.fma(-dmin8, c3, acc[i + 3])
+        if FMT == Q4_1 or FMT == Q5_1:    # m = high half of each block's (d, m) word
+            W = 5 if FMT == Q4_1 else 6   # words per block
+            a0 = (sm[base + r * AS + 2 * W * tg] >> u32(16)) | \
+                (sm[base + r * AS + W * (2 * tg + 1)] & u32(0xFFFF0000))
+            a1 = (sm[base + (r + 8) * AS + 2 * W * tg] >> u32(16)) | \
+                (sm[base + (r + 8) * AS + W * (2 * tg + 1)] & u32(0xFFFF0000))
+            for ni in pk.static_range(NI):
+                i = 4 * (NI * mi + ni)
+                c0, c1, c2, c3 = pk.mma_m16n8k16_f16(a0, a1, u32(0), u32(0), bs[ni], u32(0),
+                                                     0.0, 0.0, 0.0, 0.0)
+                acc[i] += c0
+                acc[i + 1] += c1
+                acc[i + 2] += c2
+                acc[i + 3] += c3
+        else:
+            a0 = sm[sbase + 16 * r + 8 + tg]          # mins of blocks 2 tg, 2 tg + 1, row r
+            a1 = sm[sbase + 16 * (r + 8) + 8 + tg]
+            dmin0 = smf[sbase + 16 * r + 12]
+            dmin8 = smf[sbase + 16 * (r + 8) + 12]
+            for ni in pk.static_range(NI):
+                i = 4 * (NI * mi + ni)
+                c0, c1, c2, c3 = pk.mma_m16n8k16_f16(a0, a1, u32(0), u32(0), bs[ni], u32(0),
+                                                     0.0, 0.0, 0.0, 0.0)
+                acc[i] = pk.fma(-dmin0, c0, acc[i])
+                acc[i + 1] = pk.fma(-dmin0, c1, acc[i + 1])
+                acc[i + 2] = pk.fma(-dmin8, c2, acc[i + 2])
+                acc[i + 3] = pk.fma(-dmin8, c3, acc[i + 3])
 
 
 @pk.func
@@ -207,8 +225,12 @@ def compute_stage(FMT: Const[int], GPU: Const[int], sm: Ptr[u32], smf: Ptr[f32],
         if FMT == Q6_K:
             shift[h] = q6k_shift(min(row0 + rbase + 8 * h + g, rows - 1), row_bytes, sb)
     if FMT == Q4_K or FMT == Q5_K or FMT == Q4_1 or FMT == Q5_1:
-        min_term(sm, smf, sbase, bbase, acc, rbase, cbase, g, tg, MI, NI)
-    k0_mask = u32(0xFFFF) if tg == 0 else u32(0)    # Q8_0: scale_products' k = 0 lanes
+        min_term(FMT, sm, smf, base, sbase, bbase, acc, rbase, cbase, g, tg, MI, NI, AS)
+    k0_mask = u32(0xFFFF) if tg == 0 else u32(0)    # scale_products' k = 0 lanes
+    # the 32-value formats: one f16 d at the start of each block of DB bytes
+    RAW_D = FMT == Q8_0 or FMT == Q4_0 or FMT == Q5_0 or FMT == Q4_1 or FMT == Q5_1
+    DB = 34 if FMT == Q8_0 else (18 if FMT == Q4_0 else (22 if FMT == Q5_0 else (
+        20 if FMT == Q4_1 else 24)))
     for kb in pk.static_range(8):
         bq = pk.local_array(u32, 2 * NI)
         dx = pk.local_array(f32, 2 * NI)
@@ -217,7 +239,7 @@ def compute_stage(FMT: Const[int], GPU: Const[int], sm: Ptr[u32], smf: Ptr[f32],
             t = cbase + 8 * ni
             bq[2 * ni] = sm[bbase + (t + g) * B_STRIDE + 9 * kb + 1 + tg]
             bq[2 * ni + 1] = sm[bbase + (t + g) * B_STRIDE + 9 * kb + 5 + tg]
-            if FMT == Q8_0:   # token g's f16 d, straight from its Q8_1 block's (d, s) word
+            if RAW_D:   # token g's f16 d, straight from its Q8_1 block's (d, s) word
                 bd[ni] = sm[bbase + (t + g) * B_STRIDE + 9 * kb] & k0_mask
             else:
                 for e in pk.static_range(2):   # d of the token's block
@@ -226,22 +248,21 @@ def compute_stage(FMT: Const[int], GPU: Const[int], sm: Ptr[u32], smf: Ptr[f32],
             r = rbase + 16 * mi + g
             a0, a2 = a_fragment(FMT, sm, base + r * AS, shift[2 * mi], kb, tg)
             a1, a3 = a_fragment(FMT, sm, base + (r + 8) * AS, shift[2 * mi + 1], kb, tg)
-            # Q8_0: rows g and g + 8's f16 d, from the raw block (byte 34 kb of the step)
-            ad0 = (sm[base + r * AS + 34 * kb // 4] >> u32(8 * (34 * kb % 4))) & k0_mask
-            ad1 = (sm[base + (r + 8) * AS + 34 * kb // 4] >> u32(8 * (34 * kb % 4))) & k0_mask
-            # Q4_K / Q5_K: d * sc; Q4_1 / Q5_1: d (their mins: min_term)
-            u0 = smf[sbase + 16 * r + kb]
+            # RAW_D: rows g and g + 8's f16 d, from the raw block (byte DB kb of the step)
+            ad0 = (sm[base + r * AS + DB * kb // 4] >> u32(8 * (DB * kb % 4))) & k0_mask
+            ad1 = (sm[base + (r + 8) * AS + DB * kb // 4] >> u32(8 * (DB * kb % 4))) & k0_mask
+            u0 = smf[sbase + 16 * r + kb]         # Q4_K / Q5_K: d * sc
             u8 = smf[sbase + 16 * (r + 8) + kb]
             v0 = f32(0.0)
             v8 = f32(0.0)
-            if FMT == Q4_0 or FMT == Q8_0 or FMT == Q5_0 or FMT == Q6_K:
-                u0, v0 = pk.load_vec(smf, sbase + 16 * r + 2 * kb, 2)   # (d, 0); Q6_K: halves
+            if FMT == Q6_K:   # the two halves' d * sc
+                u0, v0 = pk.load_vec(smf, sbase + 16 * r + 2 * kb, 2)
                 u8, v8 = pk.load_vec(smf, sbase + 16 * (r + 8) + 2 * kb, 2)
             for ni in pk.static_range(NI):
                 i = 4 * (NI * mi + ni)
                 b0 = bq[2 * ni]
                 b1 = bq[2 * ni + 1]
-                if FMT == Q8_0:   # d_w d_x of the tile by the tensor cores, not 4 FMUL
+                if RAW_D:   # d_w d_x of the tile by the tensor cores, not 4 FMUL
                     p0, p1, p2, p3 = pk.mma_m16n8k32_s8(a0, a1, a2, a3, b0, b1, 0, 0, 0, 0)
                     s0, s1, s2, s3 = scale_products(GPU, ad0, ad1, bd[ni])
                     acc[i] = pk.fma(s0, f32(p0), acc[i])

@@ -6,11 +6,11 @@ Shared memory (u32 words), STAGES stage buffers then two scale buffers (parity o
              Q4_1 / Q5_0 / Q5_1: their 8 raw 32-blocks, 144 / 272 / 160 / 176 / 192 B, 16-byte
              aligned when K % 256 == 0; AS pads a row to a stride of 4 mod 8 words),
              B = BN tokens x B_STRIDE words (their 8 raw Q8_1 blocks: 72 words, 4 pad)
-    scales p: SA = BM rows x 16 words (Q4_K: d*sc per 32-block, then the 8 mins as 4 f16
-              pairs and dmin, for the min term's f16 mma; Q6_K: d*sc per 16;
-              Q4_0 / Q8_0 / Q5_0: (d, 0) per 32-block; Q4_1 / Q5_1: Q4_K's layout with d per
-              32-block, the mins m as f16 pairs and -1 as dmin),
-              SB = BN tokens x 16 f32 ((d, s) per Q8_1 block)
+    scales p (Q4_K / Q5_K / Q6_K only): SA = BM rows x 16 words (Q4_K / Q5_K: d*sc per
+              32-block, then the 8 mins as 4 f16 pairs and dmin, for the min term's f16 mma;
+              Q6_K: d*sc per 16), SB = BN tokens x 16 f32 ((d, s) per Q8_1 block). The
+              32-value formats need no pass: their f16 d (Q4_1 / Q5_1: and m) and the tokens'
+              f16 d / s are tensor-core operands as they lie in the stage.
 Copies are `pk.cp_async` (done at once on the CPU target), waited on with pk.cp_async_wait.
 """
 from __future__ import annotations
@@ -135,11 +135,12 @@ def word_at(sm: Ptr[u32], base: i32, b: i32) -> u32:
 def scale_pass(FMT: Const[int], sm: Ptr[u32], smf: Ptr[f32], base: i32, sbase: i32,
                row0: i32, rows: i32, row_bytes: i32, sb: i32, tid: i32, BM: Const[int],
                BN: Const[int], NT: Const[int], AS: Const[int]):
-    """Block scales of a landed stage as floats: SA (BM x 16) and SB (BN x 16) at sbase."""
+    """Block scales of a landed K-quant stage as floats: SA (BM x 16) and SB (BN x 16) at
+    sbase (nothing for the 32-value formats)."""
     # Q4_K / Q5_K, per (row, block pair p): words 2p, 2p + 1: d * sc of the two blocks; 8 + p:
     # their mins as an f16 pair (exact: 6-bit integers); 12: dmin (min_term's operands)
-    if FMT == Q8_0:        # compute_stage reads Q8_0's and the tokens' f16 d from the stage
-        return
+    if FMT != Q4_K and FMT != Q5_K and FMT != Q6_K:   # the 32-value formats: compute_stage
+        return      # and min_term read their f16 d, m (and the tokens') from the stage itself
     if FMT == Q4_K or FMT == Q5_K:
         for j in pk.static_range((BM * 4 + NT - 1) // NT):
             i = tid + NT * j
@@ -161,27 +162,12 @@ def scale_pass(FMT: Const[int], sm: Ptr[u32], smf: Ptr[f32], base: i32, sbase: i
         r = i // 16
         e = i % 16
         a = base + r * AS
-        if FMT == Q4_0 or FMT == Q8_0 or FMT == Q5_0:   # e = 2 * block + (0: d, 1: unused 0)
-            at = (18 if FMT == Q4_0 else (34 if FMT == Q8_0 else 22)) * (e // 2)
-            d, unused = pk.unpack_f16x2((sm[a + at // 4] >> u32(8 * (at % 4))) & u32(0xFFFF))
-            smf[sbase + i] = d if e % 2 == 0 else 0.0
-        elif FMT == Q4_1 or FMT == Q5_1:   # Q4_K's layout: d per block, mins as f16 pairs
-            words = 5 if FMT == Q4_1 else 6    # a block's (d, m) f16 pair: its first word
-            if e < 8:
-                d, m = pk.unpack_f16x2(sm[a + words * e])
-                smf[sbase + i] = d
-            elif e < 12:
-                p = e - 8
-                sm[sbase + i] = (sm[a + words * 2 * p] >> u32(16)) | \
-                    (sm[a + words * (2 * p + 1)] & u32(0xFFFF0000))
-            else:                  # word 12: min_term's "dmin", -1 as W = d q + m adds m s_x
-                smf[sbase + i] = -1.0 if e == 12 else 0.0
-        else:              # e = 16-value group: i8 scale at byte 192 + e, d at byte 208
-            sh = q6k_shift(min(row0 + r, rows - 1), row_bytes, sb)
-            dbits = (sm[a + (sh + 208) // 4] >> u32(8 * ((sh + 208) % 4))) & u32(0xFFFF)
-            d, unused = pk.unpack_f16x2(dbits)
-            sc = i32(byte_at(sm, a, sh + 192 + e) << u32(24)) >> 24
-            smf[sbase + i] = d * f32(sc)
+        # Q6_K, e = 16-value group: i8 scale at byte 192 + e, d at byte 208
+        sh = q6k_shift(min(row0 + r, rows - 1), row_bytes, sb)
+        dbits = (sm[a + (sh + 208) // 4] >> u32(8 * ((sh + 208) % 4))) & u32(0xFFFF)
+        d, unused = pk.unpack_f16x2(dbits)
+        sc = i32(byte_at(sm, a, sh + 192 + e) << u32(24)) >> 24
+        smf[sbase + i] = d * f32(sc)
     bbase = base + BM * AS
     for j in pk.static_range((BN * 8 + NT - 1) // NT):
         i = tid + NT * j
