@@ -76,17 +76,17 @@ class Q8KTiles(NamedTuple):
 # tensor cores, ahead of 16 warps of 64 x 16 on all three 8B prefill shapes); Q6_K 499 us with
 # 32 x 64 warp tiles. (Q6_K with its fragment shifts as constants per step parity, two copies
 # of the step: -3..5% at k = 14336 and 4096 x 4096, +17% at 14336 x 4096: not kept.)
-# Q8_0: 96 x 128 (3 m16 tiles per warp), the largest tile whose 3 stages fit in shared memory
-# (128 x 128 needs 248 KB): 433 -> 394 / 425 -> 370 / 128 -> 127 us on the 8B's three shapes
-# against 64 x 128, llama-8B Q8_0 pp512 9115 -> 10159 t/s (H100, RESULTS.md "Q8_0 and Q6_K
-# files side by side")
+# (Q8_0 had 96 x 128 tiles while its scale pass ran: 433 -> 394 us at the down projection
+# against 64 x 128, H100, RESULTS.md "Q8_0 and Q6_K files side by side".)
 TUNED_KTILES = {"Q4_K": Q8KTiles(4, 4, 2, 4, 3), "Q6_K": Q8KTiles(2, 8, 4, 2, 3),
-                "Q4_0": Q8KTiles(4, 4, 2, 4, 3), "Q8_0": Q8KTiles(3, 4, 2, 4, 3)}
-# Q4_1 / Q5_1 / Q5_K: Q4_0's tiles, the fastest or within 1.2% of the sweep's best over the
-# 8B's three GEMMs; Q5_0: Q6_K's 32 x 64 warp tiles, 14.7% faster (H200, 2026-11-26;
-# benchmarks/RESULTS.md "The int8 GEMM's tiles for Q5_K, Q4_1, Q5_0, Q5_1")
-TUNED_KTILES.update({t: TUNED_KTILES["Q4_0"] for t in ("Q4_1", "Q5_1", "Q5_K")})
-TUNED_KTILES["Q5_0"] = Q8KTiles(2, 8, 4, 2, 3)
+                "Q5_K": Q8KTiles(4, 4, 2, 4, 3)}
+# The 32-value formats, swept again once their scale pass had gone (H100, 2026-11-27;
+# benchmarks/RESULTS.md "The int8 GEMM without its scale pass"): Q4_0 / Q4_1 / Q5_0 / Q5_1
+# fastest with Q6_K's 32 x 64 warp tiles (over the 8B's three GEMMs, layer-weighted, against
+# the 64 x 32 before: Q4_0 -4.9%, Q4_1 -1.3%, Q5_1 -14.1%; Q5_0 had them already), Q8_0 with
+# 128 x 64 block tiles of 32 x 32 per warp (-3.5% against 96 x 128)
+TUNED_KTILES.update({t: Q8KTiles(2, 8, 4, 2, 3) for t in ("Q4_0", "Q4_1", "Q5_0", "Q5_1")})
+TUNED_KTILES["Q8_0"] = Q8KTiles(2, 4, 4, 2, 3)
 CPU_KTILES = Q8KTiles(1, 1, 1, 1, 3)       # 16 x 8, one warp: the CPU target emulates threads
 # short prompts: (at most this many tokens, tiles), tried in order before TUNED_KTILES. A
 # 128 x 128 tile leaves most multiprocessors idle below ~256 tokens (llama-8B's down
