@@ -17,9 +17,8 @@ Variants (bits of STRIP, combinable):
      operand), converted once per step
   4  aligned A fragments: every weight word read as if 4-byte aligned (one shared load, no
      funnel shift; Q6_K: no run-time 2-byte shift)
-  8  (not Q6_K; exact, a candidate) the products d_w d_x of each mma tile's 16 rows x 8 tokens
-     by one f16 mma (the rows' and tokens' f16 scales at k = 0: exact in f32) instead of an
-     FMUL per value, one shared load per token instead of two; with 32: mma m16n8k8
+  (8 / 40, the 32-value formats' scale products by one f16 mma per tile, are now the library's
+   scale_products: 4ca09d4's tree has them here)
   16 (Q6_K; exact up to rounding, a candidate) the two halves' i8 scales applied in integers
      (sc0 p + sc1 q, |.| < 2^24 so its float is exact), the token's d_x by one FFMA into a
      per-step sum, the row's d once per step: 2 integer ops + I2FP + FFMA per value instead
@@ -58,18 +57,6 @@ SHAPE = (4096, 512, 14336)      # llama-8B's down projection: m rows x n tokens 
 
 
 @pk.func
-def scale_products(GPU: Const[int], STRIP: Const[int], a0: u32, a1: u32, b0: u32):
-    """The 16 x 8 outer product of the rows' and tokens' f16 scales (k = 0 of the fragments):
-    one f16 mma, m16n8k8 with STRIP 32 on the GPU, else m16n8k16 with k 8..15 zero."""
-    if GPU == 1 and STRIP & 32 != 0:
-        return pk.asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {$0,$1,$2,$3}, "
-                      "{$4,$5}, {$6}, {$7,$7,$7,$7};", "=f,=f,=f,=f,r,r,r,f",
-                      (f32, f32, f32, f32), a0, a1, b0, f32(0.0))
-    else:
-        return pk.mma_m16n8k16_f16(a0, a1, u32(0), u32(0), b0, u32(0), 0.0, 0.0, 0.0, 0.0)
-
-
-@pk.func
 def strip_body(FMT: Const[int], GPU: Const[int], STRIP: Const[int], sm: Ptr[u32],
                smf: Ptr[f32], base: i32, sbase: i32, acc, rbase: i32, cbase: i32, g: i32,
                tg: i32, row0: i32, rows: i32, row_bytes: i32, sb: i32, MI: Const[int],
@@ -83,7 +70,6 @@ def strip_body(FMT: Const[int], GPU: Const[int], STRIP: Const[int], sm: Ptr[u32]
             shift[h] = q6k_shift(min(row0 + rbase + 8 * h + g, rows - 1), row_bytes, sb)
     if FMT == Q4_K or FMT == Q5_K:
         min_term(FMT, sm, smf, base, sbase, bbase, acc, rbase, cbase, g, tg, MI, NI, AS)
-    k0_mask = u32(0xFFFF) if tg == 0 else u32(0)
     # STRIP 16 (Q6_K): each fragment row's 16 i8 scales (4 words) and f16 d, read once per step
     scw = pk.local_array(u32, 8 * MI)
     drow = pk.local_array(f32, 2 * MI)
@@ -102,17 +88,12 @@ def strip_body(FMT: Const[int], GPU: Const[int], STRIP: Const[int], sm: Ptr[u32]
     for kb in pk.static_range(8):
         bq = pk.local_array(u32, 2 * NI)
         dx = pk.local_array(f32, 2 * NI)
-        bd = pk.local_array(u32, NI)
         for ni in pk.static_range(NI):
             t = cbase + 8 * ni
             bq[2 * ni] = sm[bbase + (t + g) * B_STRIDE + 9 * kb + 1 + tg]
             bq[2 * ni + 1] = sm[bbase + (t + g) * B_STRIDE + 9 * kb + 5 + tg]
-            if STRIP & 8 == 0:
-                for e in pk.static_range(2):
-                    dx[2 * ni + e] = smf[sbase + 16 * BM + 16 * (t + 2 * tg + e) + 2 * kb]
-            else:   # B of the scales' outer product: token g's d at k = 0 (lanes tg = 0)
-                bd[ni] = pk.pack_f16x2(smf[sbase + 16 * BM + 16 * (t + g) + 2 * kb],
-                                       0.0) & k0_mask
+            for e in pk.static_range(2):
+                dx[2 * ni + e] = smf[sbase + 16 * BM + 16 * (t + 2 * tg + e) + 2 * kb]
         for mi in pk.static_range(MI):
             r = rbase + 16 * mi + g
             if STRIP & 4 == 0:
@@ -125,8 +106,6 @@ def strip_body(FMT: Const[int], GPU: Const[int], STRIP: Const[int], sm: Ptr[u32]
                 a3 = sm[base + (r + 8) * AS + 8 * kb + 4 + tg]
             u0, v0 = pk.load_vec(smf, sbase + 16 * r + 2 * kb, 2)
             u8, v8 = pk.load_vec(smf, sbase + 16 * (r + 8) + 2 * kb, 2)
-            ua0 = pk.pack_f16x2(u0, 0.0) & k0_mask    # A of the outer product: rows' d at k = 0
-            ua1 = pk.pack_f16x2(u8, 0.0) & k0_mask
             for ni in pk.static_range(NI):
                 i = 4 * (NI * mi + ni)
                 b0 = bq[2 * ni]
@@ -154,12 +133,6 @@ def strip_body(FMT: Const[int], GPU: Const[int], STRIP: Const[int], sm: Ptr[u32]
                         acc[i + 1] += f32(p1)
                         acc[i + 2] += f32(p2)
                         acc[i + 3] += f32(p3)
-                    elif STRIP & 8 != 0:   # d_w d_x by the tensor cores (exact in f32)
-                        s0, s1, s2, s3 = scale_products(GPU, STRIP, ua0, ua1, bd[ni])
-                        acc[i] = pk.fma(s0, f32(p0), acc[i])
-                        acc[i + 1] = pk.fma(s1, f32(p1), acc[i + 1])
-                        acc[i + 2] = pk.fma(s2, f32(p2), acc[i + 2])
-                        acc[i + 3] = pk.fma(s3, f32(p3), acc[i + 3])
                     else:
                         acc[i] = pk.fma(u0 * dx[2 * ni], f32(p0), acc[i])
                         acc[i + 1] = pk.fma(u0 * dx[2 * ni + 1], f32(p1), acc[i + 1])
