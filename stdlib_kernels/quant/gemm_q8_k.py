@@ -248,16 +248,22 @@ def compute_stage(FMT: Const[int], GPU: Const[int], sm: Ptr[u32], smf: Ptr[f32],
             r = rbase + 16 * mi + g
             a0, a2 = a_fragment(FMT, sm, base + r * AS, shift[2 * mi], kb, tg)
             a1, a3 = a_fragment(FMT, sm, base + (r + 8) * AS, shift[2 * mi + 1], kb, tg)
-            # RAW_D: rows g and g + 8's f16 d, from the raw block (byte DB kb of the step)
-            ad0 = (sm[base + r * AS + DB * kb // 4] >> u32(8 * (DB * kb % 4))) & k0_mask
-            ad1 = (sm[base + (r + 8) * AS + DB * kb // 4] >> u32(8 * (DB * kb % 4))) & k0_mask
-            u0 = smf[sbase + 16 * r + kb]         # Q4_K / Q5_K: d * sc
-            u8 = smf[sbase + 16 * (r + 8) + kb]
+            ad0 = u32(0)      # RAW_D: rows g and g + 8's f16 d (byte DB kb of the step)
+            ad1 = u32(0)
+            u0 = f32(0.0)     # the scale pass's floats: Q4_K / Q5_K d * sc, Q6_K the halves'
+            u8 = f32(0.0)
             v0 = f32(0.0)
             v8 = f32(0.0)
-            if FMT == Q6_K:   # the two halves' d * sc
+            if RAW_D:
+                ad0 = (sm[base + r * AS + DB * kb // 4] >> u32(8 * (DB * kb % 4))) & k0_mask
+                ad1 = (sm[base + (r + 8) * AS + DB * kb // 4] >> u32(8 * (DB * kb % 4))) & \
+                    k0_mask
+            elif FMT == Q6_K:
                 u0, v0 = pk.load_vec(smf, sbase + 16 * r + 2 * kb, 2)
                 u8, v8 = pk.load_vec(smf, sbase + 16 * (r + 8) + 2 * kb, 2)
+            else:
+                u0 = smf[sbase + 16 * r + kb]
+                u8 = smf[sbase + 16 * (r + 8) + kb]
             for ni in pk.static_range(NI):
                 i = 4 * (NI * mi + ni)
                 b0 = bq[2 * ni]
