@@ -12,18 +12,20 @@ once, instead of one fma per block and accumulator. One K step = one super-block
 raw bytes (the BM weight rows' super-blocks, the BN tokens' 8 Q8_1 blocks) are copied
 unchanged into a shared-memory stage with 16-byte `cp.async` (Q6_K's 210-byte blocks are only
 2-byte aligned: 4-byte copies of the aligned words around them), STAGES deep, so the copies
-of later steps overlap the mma of this one. Once a step has landed, one pass of the whole block
-turns its 6-bit scales (and the activations' (d, s)) into floats in shared memory, one step
-ahead of its use; the warps then build the int8 A fragments straight from the raw quants (Q4_K:
+of later steps overlap the mma of this one. For the K-quants, once a step has landed, one pass
+of the whole block turns its 6-bit scales (and the activations' (d, s)) into floats in shared
+memory, one step ahead of its use; the warps then build the int8 A fragments straight from the raw quants (Q4_K:
 a shift and a mask; Q6_K: low nibbles | high bits - 32; Q5_K: Q4_K's nibbles | the qh bit) and
 run the mma (Q6_K: `mma.m16n8k16` per 16-value half on CUDA, so both halves' scales apply; two
 zero-padded k32 mma on the CPU target). One barrier per K step.
 Q4_0 / Q8_0: a K step is 8 raw 32-blocks per row (144 / 272 B, 16-byte aligned as K % 256 == 0);
 the scale pass reads each block's f16 d, the fragments are word-aligned or funnel-shifted by 2
 bytes (known per block at compile time), Q4_0's nibbles minus 8 exactly as int8 (sign-bit trick).
-Q8_0 forms each tile's 16 x 8 products d_w d_x with one f16 mma (scale_products) from the raw
-f16 scales in the stage instead of an FMUL per value (-6.6% on an H100; Q4_0 gained nothing:
-benchmarks/gemm_strip.py), so its scale pass has nothing to do.
+The 32-value formats (Q4_0, Q8_0, Q4_1, Q5_0, Q5_1) form each tile's 16 x 8 products d_w d_x
+with one f16 mma (scale_products) from the f16 scales as they lie in the stage, exact, instead
+of an FMUL per value, and need no scale pass (the GEMM is issue-bound: the 8B's GEMMs took
+11-31% less on an H100, benchmarks/RESULTS.md "The int8 GEMM without its scale pass"; their
+scale buffers in shared memory stay allocated, unused).
 Q4_1 / Q5_0 / Q5_1 (160 / 176 / 192 B steps) likewise, Q5's fifth bits merged from qh (Q5_0's
 values minus 16); the mins of Q4_1 / Q5_1 (W = d q + m: + m s_x per block) go through
 min_term as Q4_K's do (f16 mins, "dmin" -1), one f16 mma per tile and step instead of an fma
