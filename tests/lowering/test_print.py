@@ -118,16 +118,13 @@ def print_conversion(x: Ptr[f32]):
     print(f"{x[0]!r}")
 
 
-def test_print_misuse_is_a_compile_error():
-    with pytest.raises(KernelSourceError, match="format spec ',' is not supported"):
-        print_bad_spec.ptx("sm_90")
-    with pytest.raises(KernelSourceError, match="format type 'd' needs an integer"):
-        print_int_as_float_type.ptx("sm_90")
-    with pytest.raises(KernelSourceError, match="conversions are not supported"):
-        print_conversion.ptx("sm_90")
-    with pytest.raises(KernelSourceError, match="cannot print"):
-        print_pointer.ptx("sm_90")
-    with pytest.raises(KernelSourceError, match="sep= and end= only, not file="):
-        print_to_file.ptx("sm_90")
-    with pytest.raises(KernelSourceError, match="sep= must be a constant string"):
-        print_runtime_sep.ptx("sm_90")
+@pytest.mark.parametrize("kernel, message", [
+    (print_bad_spec, "format spec ',' is not supported"),
+    (print_int_as_float_type, "format type 'd' needs an integer"),
+    (print_conversion, "conversions are not supported"),
+    (print_pointer, "cannot print"),
+    (print_to_file, "sep= and end= only, not file="),
+    (print_runtime_sep, "sep= must be a constant string")])
+def test_print_misuse_is_a_compile_error(kernel, message):
+    with pytest.raises(KernelSourceError, match=message):
+        kernel.ptx("sm_90")
