@@ -6,7 +6,7 @@ Shared memory (u32 words), STAGES stage buffers then two scale buffers (parity o
              Q4_1 / Q5_0 / Q5_1: their 8 raw 32-blocks, 144 / 272 / 160 / 176 / 192 B, 16-byte
              aligned when K % 256 == 0; AS pads a row to a stride of 4 mod 8 words),
              B = BN tokens x B_STRIDE words (their 8 raw Q8_1 blocks: 72 words, 4 pad)
-    scales p (Q4_K / Q5_K / Q6_K only): SA = BM rows x 16 words (Q4_K / Q5_K: d*sc per
+    scales p (Q4_K / Q5_K / Q6_K only; not allocated for the others): SA = BM rows x 16 words (Q4_K / Q5_K: d*sc per
               32-block, then the 8 mins as 4 f16 pairs and dmin, for the min term's f16 mma;
               Q6_K: d*sc per 16), SB = BN tokens x 16 f32 ((d, s) per Q8_1 block). The
               32-value formats need no pass: their f16 d (Q4_1 / Q5_1: and m) and the tokens'
@@ -48,7 +48,9 @@ def stage_words(fmt: int, bm: int, bn: int) -> int:
 
 
 def shared_bytes(fmt: int, bm: int, bn: int, stages: int) -> int:
-    return 4 * (stages * stage_words(fmt, bm, bn) + 2 * 16 * (bm + bn))
+    """The stages, then (K-quants only) the scale pass's two buffers."""
+    scales = 2 * 16 * (bm + bn) if fmt in (Q4_K, Q5_K, Q6_K) else 0
+    return 4 * (stages * stage_words(fmt, bm, bn) + scales)
 
 
 @pk.func
@@ -132,6 +134,31 @@ def word_at(sm: Ptr[u32], base: i32, b: i32) -> u32:
 
 
 @pk.func
+def align_q6k(sm: Ptr[u32], base: i32, row0: i32, rows: i32, row_bytes: i32, sb: i32, tid: i32,
+              BM: Const[int], NT: Const[int], AS: Const[int]):
+    """Move the quants (ql, qh: 192 B) of each Q6_K row of a landed stage whose super-block
+    starts 2 bytes into its first word down to word 0, so that the fragments read aligned words
+    (the copies can only move aligned words; a funnel shift per fragment word at run time cost
+    ~14% of the GEMM). One warp per row (its sh is uniform), lane l words l and 32 + l; every
+    lane loads before any stores (syncwarp), as the move is in place. Words 48.. (scales, d)
+    stay where they landed: the scale pass reads them at their shift."""
+    lane = tid % 32
+    for j in pk.static_range((BM + NT // 32 - 1) // (NT // 32)):
+        r = tid // 32 + NT // 32 * j
+        if r < BM:
+            if q6k_shift(min(row0 + r, rows - 1), row_bytes, sb) != 0:
+                a = base + r * AS + lane
+                lo = (sm[a] >> u32(16)) | (sm[a + 1] << u32(16))
+                hi = u32(0)
+                if lane < 16:
+                    hi = (sm[a + 32] >> u32(16)) | (sm[a + 33] << u32(16))
+                pk.syncwarp()
+                sm[a] = lo
+                if lane < 16:
+                    sm[a + 32] = hi
+
+
+@pk.func
 def scale_pass(FMT: Const[int], sm: Ptr[u32], smf: Ptr[f32], base: i32, sbase: i32,
                row0: i32, rows: i32, row_bytes: i32, sb: i32, tid: i32, BM: Const[int],
                BN: Const[int], NT: Const[int], AS: Const[int]):
@@ -163,11 +190,13 @@ def scale_pass(FMT: Const[int], sm: Ptr[u32], smf: Ptr[f32], base: i32, sbase: i
         e = i % 16
         a = base + r * AS
         # Q6_K, e = 16-value group: i8 scale at byte 192 + e, d at byte 208
-        sh = q6k_shift(min(row0 + r, rows - 1), row_bytes, sb)
+        sh = q6k_shift(min(row0 + r, rows - 1), row_bytes, sb)   # words >= 48: not moved
         dbits = (sm[a + (sh + 208) // 4] >> u32(8 * ((sh + 208) % 4))) & u32(0xFFFF)
         d, unused = pk.unpack_f16x2(dbits)
         sc = i32(byte_at(sm, a, sh + 192 + e) << u32(24)) >> 24
         smf[sbase + i] = d * f32(sc)
+    if FMT == Q6_K:
+        align_q6k(sm, base, row0, rows, row_bytes, sb, tid, BM, NT, AS)
     bbase = base + BM * AS
     for j in pk.static_range((BN * 8 + NT - 1) // NT):
         i = tid + NT * j
@@ -189,9 +218,9 @@ def word_at_const(sm: Ptr[u32], i: i32, SH: Const[int]) -> u32:
 
 
 @pk.func
-def a_fragment(FMT: Const[int], sm: Ptr[u32], a: i32, sh: i32, kb: Const[int], tg: i32):
+def a_fragment(FMT: Const[int], sm: Ptr[u32], a: i32, kb: Const[int], tg: i32):
     """(a0-or-a1 word, a2-or-a3 word) of one fragment row: int8 quants 32 kb + 4 tg .. +3 and
-    +16 of the row whose stage words start at a (Q6_K: super-block sh bytes in)."""
+    +16 of the row whose stage words start at a."""
     if FMT == Q4_0:   # block kb at byte 18 kb; qs byte l: value l (low nibble), 16 + l (high)
         v = word_at_const(sm, a + (18 * kb + 2) // 4 + tg, (18 * kb + 2) % 4)
         lo = ((v & u32(LOW_NIBBLES)) | u32(SIGN_BITS)) - u32(0x08080808)
@@ -226,13 +255,13 @@ def a_fragment(FMT: Const[int], sm: Ptr[u32], a: i32, sh: i32, kb: Const[int], t
         hi = sm[a + 8 + 8 * (kb // 2) + tg]
         return (lo >> u32(4 * (kb % 2))) & u32(LOW_NIBBLES), \
             (hi >> u32(4 * (kb % 2))) & u32(LOW_NIBBLES)
-    else:   # value o: ql byte 64 n + 32 (g % 2) + l nibble g // 2, qh byte 128 + 32 n + l bits 2 g
-        n = kb // 4
+    else:   # value o: ql byte 64 n + 32 (g % 2) + l nibble g // 2, qh byte 128 + 32 n + l bits
+        n = kb // 4     # 2 g; the scale pass has moved ql and qh to word 0 (align_q6k)
         g = kb % 4
         out = pk.local_array(u32, 2)
         for h in pk.static_range(2):
-            ql = word_at(sm, a, sh + 64 * n + 32 * (g % 2) + 16 * h + 4 * tg)
-            qh = word_at(sm, a, sh + 128 + 32 * n + 16 * h + 4 * tg)
+            ql = sm[a + 16 * n + 8 * (g % 2) + 4 * h + tg]
+            qh = sm[a + 32 + 8 * n + 4 * h + tg]
             v = ((ql >> u32(4 * (g // 2))) & u32(LOW_NIBBLES)) | \
                 (((qh >> u32(2 * g)) & u32(0x03030303)) << u32(4))
             out[h] = ((v | u32(0x80808080)) - u32(0x20202020)) ^ u32(0x80808080)
