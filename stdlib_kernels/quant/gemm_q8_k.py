@@ -88,7 +88,7 @@ TUNED_KTILES = {"Q4_K": Q8KTiles(4, 4, 2, 4, 3), "Q6_K": Q8KTiles(2, 8, 4, 2, 3)
 # the 64 x 32 before: Q4_0 -4.9%, Q4_1 -1.3%, Q5_1 -14.1%; Q5_0 had them already), Q8_0 with
 # 128 x 64 block tiles of 32 x 32 per warp (-3.5% against 96 x 128)
 TUNED_KTILES.update({t: Q8KTiles(2, 8, 4, 2, 3) for t in ("Q4_0", "Q4_1", "Q5_0", "Q5_1")})
-TUNED_KTILES["Q8_0"] = Q8KTiles(2, 4, 4, 2, 3)
+TUNED_KTILES["Q8_0"] = Q8KTiles(2, 8, 4, 2, 3)
 CPU_KTILES = Q8KTiles(1, 1, 1, 1, 3)       # 16 x 8, one warp: the CPU target emulates threads
 # short prompts: (at most this many tokens, tiles), tried in order before TUNED_KTILES. A
 # 128 x 128 tile leaves most multiprocessors idle below ~256 tokens (llama-8B's down
@@ -111,7 +111,7 @@ SMALL_KTILES: dict[str, list[tuple[int, Q8KTiles]]] = {
 # tokens: 545 / 544 / 863 us with the tiles used before, 64 x 64 up to 128 tokens and 128 x 64
 # after, 435 / 439 / 742 with 128 x 128; benchmarks/small_gemm.py, RESULTS.md "Prompts of
 # 65-256 tokens")
-WIDE_TYPES = ("Q4_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q5_K")
+WIDE_TYPES = ("Q4_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q5_K", "Q8_0")
 WIDE_MAX = 256
 
 
