@@ -7,11 +7,11 @@ the largest difference from the first row relative to max |y| (a wrong configura
 Each tile shape runs unsplit and with its K split over blocks (gemm_q8_k.auto_split's choice,
 and 2 / 4 / 8 for the first tiles).
 
-    python3 benchmarks/small_gemm.py [--tokens 2,4,8,16,32,64,128] [--shapes 8b|1.5b]
-        [--only N]   (the first N shapes)
+    python3 benchmarks/small_gemm.py [--tokens 2,4,8,16,32,64,128] [--shapes 8b|1.5b|8b-q8_0]
+        [--only N]   (the first N shapes)   [--tiles 2.4.4.2.3,...]   (more tile shapes)
 
 Shapes: llama-8B's (Q4_K_M: q|k 5120 x 4096 and v 1024 x 4096, gate|up 28672 x 4096, o 4096 x
-4096, down 4096 x 14336 as Q4_K and as Q6_K), or qwen2-1.5B's. Each launch reads its own copy
+4096, down 4096 x 14336 as Q4_K and as Q6_K), qwen2-1.5B's, or the 8B's of a Q8_0 file. Each launch reads its own copy
 of the weights out of >= 160 MB (more than three times the 50 MB L2 of an H200), as the 32
 layers of a prefill do; the launches are replayed from a CUDA graph and timed with events.
 """
@@ -36,8 +36,11 @@ from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1_into  # noqa: E4
 SHAPES = {"8b": [("Q4_K", 5120, 4096), ("Q6_K", 1024, 4096), ("Q4_K", 28672, 4096),
                  ("Q4_K", 4096, 4096), ("Q4_K", 4096, 14336), ("Q6_K", 4096, 14336)],
           "1.5b": [("Q4_K", 1792, 1536), ("Q4_K", 17920, 1536), ("Q4_K", 1536, 1536),
-                   ("Q6_K", 1536, 8960)]}
-BYTES_PER_VALUE = {"Q4_K": 144 / 256, "Q6_K": 210 / 256}
+                   ("Q6_K", 1536, 8960)],
+          # a Q8_0 file's: q|k|v fused, gate|up fused, o, down
+          "8b-q8_0": [("Q8_0", 6144, 4096), ("Q8_0", 28672, 4096), ("Q8_0", 4096, 4096),
+                      ("Q8_0", 4096, 14336)]}
+BYTES_PER_VALUE = {"Q4_K": 144 / 256, "Q6_K": 210 / 256, "Q8_0": 34 / 32}
 # candidate tiles (mi, ni, wm, wn, stages): BM = 16 mi wm weight rows, BN = 8 ni wn tokens
 CANDIDATES = [T(1, 2, 4, 1, 3), T(1, 2, 2, 1, 4), T(1, 1, 2, 1, 6), T(1, 4, 4, 1, 3),
               T(1, 4, 2, 1, 4), T(1, 4, 4, 2, 3), T(1, 4, 2, 2, 4), T(2, 4, 4, 2, 3),
@@ -51,7 +54,7 @@ def candidates(tokens: int) -> list[T]:
             and 4 * t.shape[1] >= tokens]
 
 
-def bench(type_name, rows, k, tokens, ws, rng):
+def bench(type_name, rows, k, tokens, ws, rng, extra=()):
     nbytes = rows * k * BYTES_PER_VALUE[type_name]
     copies = len(ws)
     x = pk.to_device(rng.standard_normal((tokens, k)).astype(np.float32))
@@ -62,7 +65,8 @@ def bench(type_name, rows, k, tokens, ws, rng):
     if tokens <= 8:
         runs.append(("GEMV", lambda w: gemv_q8_into(w, type_name, xq, y, rows, k, tokens)))
     default = gemm_q8_k.tuned_tiles(type_name, tokens)
-    tiles_list = [default] + [t for t in candidates(tokens) if t != default]
+    tiles_list = [default] + [t for t in [*extra, *candidates(tokens)] if t != default]
+    tiles_list = list(dict.fromkeys(tiles_list))
     for tiles in tiles_list:
         auto = gemm_q8_k.auto_split(-(-rows // tiles.shape[0]) * -(-tokens // tiles.shape[1]),
                                     k // 256)
@@ -96,7 +100,10 @@ def main():
     ap.add_argument("--tokens", default="2,4,8,16,32,64,128")
     ap.add_argument("--shapes", default="8b", choices=sorted(SHAPES))
     ap.add_argument("--only", type=int, default=0, help="the first N shapes only")
+    ap.add_argument("--tiles", default="", help="more tile shapes mi.ni.wm.wn.stages, comma "
+                    "separated, timed at every token count")
     args = ap.parse_args()
+    extra = [T(*(int(v) for v in t.split("."))) for t in args.tiles.split(",") if t]
     pk.set_device("cuda")
     rng = np.random.default_rng(0)
     print("| shape | tokens | kernel | us | TB/s of weights | max diff / max y |\n"
@@ -105,7 +112,7 @@ def main():
         copies = max(2, int(np.ceil(160e6 / (rows * k * BYTES_PER_VALUE[type_name]))))
         ws = [random_weights(type_name, rows, k, rng) for _ in range(copies)]
         for tokens in (int(t) for t in args.tokens.split(",")):
-            bench(type_name, rows, k, tokens, ws, rng)
+            bench(type_name, rows, k, tokens, ws, rng, extra)
         del ws
 
 

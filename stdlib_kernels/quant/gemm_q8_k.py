@@ -50,7 +50,7 @@ from .decode8 import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
 from .gemm import output_args, store_c
 from .gemv import word_dtype
 from .gemm_q8_k_parts import (B_STRIDE, STEP_WORDS, a_fragment, a_stride, issue_stage,
-                              scale_pass, shared_bytes, stage_words)
+                              q6k_shift, scale_pass, shared_bytes, stage_words)
 from .q8_1 import q8_1_bytes
 
 KQUANT_GEMM_TYPES = {"Q4_K": Q4_K, "Q5_K": Q5_K, "Q6_K": Q6_K}
@@ -215,11 +215,17 @@ def fold2(acc: f32, dx: f32, s0: f32, p: i32, s1: f32, q: i32) -> f32:
 
 @pk.func
 def compute_stage(FMT: Const[int], GPU: Const[int], sm: Ptr[u32], smf: Ptr[f32], base: i32,
-                  sbase: i32, acc, rbase: i32, cbase: i32, g: i32, tg: i32, MI: Const[int],
-                  NI: Const[int], BM: Const[int], AS: Const[int]):
+                  sbase: i32, acc, rbase: i32, cbase: i32, g: i32, tg: i32, row0: i32,
+                  rows: i32, row_bytes: i32, sb: i32, MI: Const[int], NI: Const[int],
+                  BM: Const[int], AS: Const[int]):
     """The warp's 16 MI x 8 NI tile over one landed super-block step. Fragment c_e of an m16n8
     tile: row g + 8 (e // 2), token 2 tg + e % 2."""
     bbase = base + BM * AS
+    shift = pk.local_array(i32, 2 * MI)
+    for h in pk.static_range(2 * MI):
+        shift[h] = 0
+        if FMT == Q6_K:
+            shift[h] = q6k_shift(min(row0 + rbase + 8 * h + g, rows - 1), row_bytes, sb)
     if FMT == Q4_K or FMT == Q5_K or FMT == Q4_1 or FMT == Q5_1:
         min_term(FMT, sm, smf, base, sbase, bbase, acc, rbase, cbase, g, tg, MI, NI, AS)
     k0_mask = u32(0xFFFF) if tg == 0 else u32(0)    # scale_products' k = 0 lanes
@@ -242,8 +248,8 @@ def compute_stage(FMT: Const[int], GPU: Const[int], sm: Ptr[u32], smf: Ptr[f32],
                     dx[2 * ni + e] = smf[sbase + 16 * BM + 16 * (t + 2 * tg + e) + 2 * kb]
         for mi in pk.static_range(MI):
             r = rbase + 16 * mi + g
-            a0, a2 = a_fragment(FMT, sm, base + r * AS, kb, tg)
-            a1, a3 = a_fragment(FMT, sm, base + (r + 8) * AS, kb, tg)
+            a0, a2 = a_fragment(FMT, sm, base + r * AS, shift[2 * mi], kb, tg)
+            a1, a3 = a_fragment(FMT, sm, base + (r + 8) * AS, shift[2 * mi + 1], kb, tg)
             ad0 = u32(0)      # RAW_D: rows g and g + 8's f16 d (byte DB kb of the step)
             ad1 = u32(0)
             u0 = f32(0.0)     # the scale pass's floats: Q4_K / Q5_K d * sc, Q6_K the halves'
@@ -336,7 +342,8 @@ def gemm_q8k_kernel(w: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], ldy: i3
             scale_pass(FMT, sm, smf, (j + 1) % STAGES * SW, SCALES + (j + 1) % 2 * 16 *
                        (BM + BN), row0, rows, row_bytes, first + j + 1, tid, BM, BN, NT, AS)
         compute_stage(FMT, GPU, sm, smf, j % STAGES * SW, SCALES + j % 2 * 16 * (BM + BN),
-                      acc, rbase, cbase, lane // 4, lane % 4, MI, NI, BM, AS)
+                      acc, rbase, cbase, lane // 4, lane % 4, row0, rows, row_bytes, first + j,
+                      MI, NI, BM, AS)
     r_out = row0 + rbase + lane // 4
     t_out = tok0 + cbase + 2 * (lane % 4)
     if SPLIT == 1:

@@ -134,38 +134,6 @@ def word_at(sm: Ptr[u32], base: i32, b: i32) -> u32:
 
 
 @pk.func
-def align_q6k(sm: Ptr[u32], base: i32, row0: i32, rows: i32, row_bytes: i32, sb: i32, tid: i32,
-              BM: Const[int], NT: Const[int], AS: Const[int]):
-    """Move the quants (ql, qh: 192 B) of each Q6_K row of a landed stage whose super-block
-    starts 2 bytes into its first word down to word 0, so that the fragments read aligned words
-    (the copies can only move aligned words; a funnel shift per fragment word at run time cost
-    ~14% of the GEMM). A warp moves rows warp, warp + warps, ...: lane l words l and 32 + l.
-    The move is in place, so every row's words are loaded before any is stored (one syncwarp
-    between; a load-sync-store chain per row measured 4% slower than the shifts it saved).
-    Words 48.. (scales, d) stay where they landed: the scale pass reads them at their shift."""
-    if row_bytes % 4 == 0 and q6k_shift(0, row_bytes, sb) == 0:
-        return      # every row of this step is aligned (even steps when K % 512 == 0)
-    lane = tid % 32
-    R = (BM + NT // 32 - 1) // (NT // 32)         # rows per warp
-    lo = pk.local_array(u32, R)
-    hi = pk.local_array(u32, R)
-    for j in pk.static_range(R):
-        r = min(tid // 32 + NT // 32 * j, BM - 1)
-        a = base + r * AS + lane
-        sh = u64(8 * q6k_shift(min(row0 + r, rows - 1), row_bytes, sb))
-        lo[j] = u32(((u64(sm[a + 1]) << u64(32)) | u64(sm[a])) >> sh)
-        hi[j] = u32(((u64(sm[a + 33]) << u64(32)) | u64(sm[a + 32])) >> sh)
-    pk.syncwarp()
-    for j in pk.static_range(R):
-        r = tid // 32 + NT // 32 * j
-        if r < BM:
-            a = base + r * AS + lane
-            sm[a] = lo[j]
-            if lane < 16:
-                sm[a + 32] = hi[j]
-
-
-@pk.func
 def scale_pass(FMT: Const[int], sm: Ptr[u32], smf: Ptr[f32], base: i32, sbase: i32,
                row0: i32, rows: i32, row_bytes: i32, sb: i32, tid: i32, BM: Const[int],
                BN: Const[int], NT: Const[int], AS: Const[int]):
@@ -197,13 +165,11 @@ def scale_pass(FMT: Const[int], sm: Ptr[u32], smf: Ptr[f32], base: i32, sbase: i
         e = i % 16
         a = base + r * AS
         # Q6_K, e = 16-value group: i8 scale at byte 192 + e, d at byte 208
-        sh = q6k_shift(min(row0 + r, rows - 1), row_bytes, sb)   # words >= 48: not moved
+        sh = q6k_shift(min(row0 + r, rows - 1), row_bytes, sb)
         dbits = (sm[a + (sh + 208) // 4] >> u32(8 * ((sh + 208) % 4))) & u32(0xFFFF)
         d, unused = pk.unpack_f16x2(dbits)
         sc = i32(byte_at(sm, a, sh + 192 + e) << u32(24)) >> 24
         smf[sbase + i] = d * f32(sc)
-    if FMT == Q6_K:
-        align_q6k(sm, base, row0, rows, row_bytes, sb, tid, BM, NT, AS)
     bbase = base + BM * AS
     for j in pk.static_range((BN * 8 + NT - 1) // NT):
         i = tid + NT * j
@@ -225,9 +191,9 @@ def word_at_const(sm: Ptr[u32], i: i32, SH: Const[int]) -> u32:
 
 
 @pk.func
-def a_fragment(FMT: Const[int], sm: Ptr[u32], a: i32, kb: Const[int], tg: i32):
+def a_fragment(FMT: Const[int], sm: Ptr[u32], a: i32, sh: i32, kb: Const[int], tg: i32):
     """(a0-or-a1 word, a2-or-a3 word) of one fragment row: int8 quants 32 kb + 4 tg .. +3 and
-    +16 of the row whose stage words start at a."""
+    +16 of the row whose stage words start at a (Q6_K: super-block sh bytes in)."""
     if FMT == Q4_0:   # block kb at byte 18 kb; qs byte l: value l (low nibble), 16 + l (high)
         v = word_at_const(sm, a + (18 * kb + 2) // 4 + tg, (18 * kb + 2) % 4)
         lo = ((v & u32(LOW_NIBBLES)) | u32(SIGN_BITS)) - u32(0x08080808)
@@ -262,13 +228,13 @@ def a_fragment(FMT: Const[int], sm: Ptr[u32], a: i32, kb: Const[int], tg: i32):
         hi = sm[a + 8 + 8 * (kb // 2) + tg]
         return (lo >> u32(4 * (kb % 2))) & u32(LOW_NIBBLES), \
             (hi >> u32(4 * (kb % 2))) & u32(LOW_NIBBLES)
-    else:   # value o: ql byte 64 n + 32 (g % 2) + l nibble g // 2, qh byte 128 + 32 n + l bits
-        n = kb // 4     # 2 g; the scale pass has moved ql and qh to word 0 (align_q6k)
+    else:   # value o: ql byte 64 n + 32 (g % 2) + l nibble g // 2, qh byte 128 + 32 n + l bits 2 g
+        n = kb // 4
         g = kb % 4
         out = pk.local_array(u32, 2)
         for h in pk.static_range(2):
-            ql = sm[a + 16 * n + 8 * (g % 2) + 4 * h + tg]
-            qh = sm[a + 32 + 8 * n + 4 * h + tg]
+            ql = word_at(sm, a, sh + 64 * n + 32 * (g % 2) + 16 * h + 4 * tg)
+            qh = word_at(sm, a, sh + 128 + 32 * n + 16 * h + 4 * tg)
             v = ((ql >> u32(4 * (g // 2))) & u32(LOW_NIBBLES)) | \
                 (((qh >> u32(2 * g)) & u32(0x03030303)) << u32(4))
             out[h] = ((v | u32(0x80808080)) - u32(0x20202020)) ^ u32(0x80808080)
