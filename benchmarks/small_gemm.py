@@ -28,7 +28,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import pykernel as pk  # noqa: E402
 from benchmarks._timing import replay_seconds  # noqa: E402
 from benchmarks.quant_gemm import random_weights  # noqa: E402
+from stdlib_kernels import _launch as L  # noqa: E402
 from stdlib_kernels.quant import gemm_q8_k  # noqa: E402
+from stdlib_kernels.quant.gemm_q8_k_parts import shared_bytes  # noqa: E402
 from stdlib_kernels.quant.gemm_q8_k import Q8KTiles as T, gemm_q8k_into  # noqa: E402
 from stdlib_kernels.quant.gemv import gemv_q8_into  # noqa: E402
 from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1_into  # noqa: E402
@@ -68,8 +70,11 @@ def bench(type_name, rows, k, tokens, ws, rng, extra=()):
     tiles_list = [default] + [t for t in [*extra, *candidates(tokens)] if t != default]
     tiles_list = list(dict.fromkeys(tiles_list))
     for tiles in tiles_list:
+        per_sm = L.blocks_per_multiprocessor(shared_bytes(
+            gemm_q8_k.SUPERBLOCK_GEMM_TYPES[type_name], *tiles.shape, tiles.stages),
+            32 * tiles.wm * tiles.wn)
         auto = gemm_q8_k.auto_split(-(-rows // tiles.shape[0]) * -(-tokens // tiles.shape[1]),
-                                    k // 256)
+                                    k // 256, per_sm)
         for split in sorted({1, auto} | ({2, 4, 8} if tiles in tiles_list[:4] else set())):
             if split > k // 256:
                 continue

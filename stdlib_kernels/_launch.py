@@ -59,6 +59,24 @@ def multiprocessors() -> int:
     return _SM_COUNTS[device]
 
 
+_SHARED_PER_SM: dict = {}
+
+
+def blocks_per_multiprocessor(shared_bytes: int, threads: int) -> int:
+    """How many blocks of `threads` threads and `shared_bytes` dynamic shared memory fit on one
+    multiprocessor by shared memory and threads (registers not counted; at least 1). The CPU
+    target answers as an H100 (228 KB, 1 KB reserved per block, 2048 threads)."""
+    device = current_device()
+    if device not in _SHARED_PER_SM:
+        core = getattr(device, "core", None)
+        props = None if core is None else core.properties
+        _SHARED_PER_SM[device] = (233472, 1024) if props is None else (
+            int(props.max_shared_memory_per_multiprocessor),
+            int(props.reserved_shared_memory_per_block))
+    per_sm, reserved = _SHARED_PER_SM[device]
+    return max(1, min(per_sm // (shared_bytes + reserved), 2048 // threads))
+
+
 _ZEROS: dict = {}
 
 

@@ -407,10 +407,10 @@ def gemm_q8k_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, stre
     row_words = row_bytes // w.itemsize
     words = xq.reshape(-1).view(np.uint32) if xq.dtype != np.uint32 else xq.reshape(-1)
     grid = ((rows + bm - 1) // bm, (tokens + bn - 1) // bn)
-    split, part, counters = _split_plan(device, stream, grid[0] * grid[1], bm * bn, K // 256,
-                                        split)
     dyn = shared_bytes(fmt, bm, bn, t.stages)
     threads = 32 * t.wm * t.wn
+    split, part, counters = _split_plan(device, stream, grid[0] * grid[1], bm * bn, K // 256,
+                                        split, (dyn, threads))
     spec = (("FMT", fmt), ("WT", w.dtype), ("GPU", int(gpu)), ("MI", t.mi), ("NI", t.ni),
             ("WM", t.wm), ("WN", t.wn), ("STAGES", t.stages), ("HAS_RES", has_res),
             ("SPLIT", split), ("AS", a_stride(fmt)), ("AW", STEP_WORDS.get(fmt, 0)))
@@ -430,24 +430,35 @@ MAX_SPLIT = 8
 MIN_SPLIT_STEPS = 2      # K steps per split at least
 
 
-def auto_split(tiles: int, steps: int) -> int:
-    """K splits for a launch of `tiles` output tiles over `steps` K steps."""
-    want = round(SPLIT_BLOCKS * L.multiprocessors() / tiles)
-    return max(1, min(want, steps // MIN_SPLIT_STEPS, MAX_SPLIT))
+def auto_split(tiles: int, steps: int, per_sm: int = 1) -> int:
+    """K splits for a launch of `tiles` output tiles over `steps` K steps, whose blocks fit
+    `per_sm` to a multiprocessor. A split is kept only where it packs the work into fewer
+    waves: 128 tiles of 128 x 128 (one block per multiprocessor by their shared memory; a
+    512-token prompt's 4096-row GEMMs) already fill one wave of 132, and split in two they run
+    as two waves of half the K steps plus the partial sums (Q8_0's down projection 246 ->
+    261 us on an H100, benchmarks/small_gemm.py)."""
+    slots = L.multiprocessors() * per_sm
+    split = max(1, min(round(SPLIT_BLOCKS * L.multiprocessors() / tiles),
+                       steps // MIN_SPLIT_STEPS, MAX_SPLIT))
+    if -(-tiles // slots) * split <= -(-tiles * split // slots):
+        return 1
+    return split
 
 
 _PLANS: dict = {}
 _WORKSPACES: dict = {}
 
 
-def _split_plan(device, stream, tiles: int, tile_values: int, steps: int, split):
-    """(splits, partials or None, counters) of a launch; remembered per launch shape, since
-    short prompts are bound by the host's time per launch."""
-    key = (id(device), id(stream), tiles, tile_values, steps, split)
+def _split_plan(device, stream, tiles: int, tile_values: int, steps: int, split, block):
+    """(splits, partials or None, counters) of a launch of blocks of block = (shared bytes,
+    threads); remembered per launch shape, since short prompts are bound by the host's time
+    per launch."""
+    key = (id(device), id(stream), tiles, tile_values, steps, split, block)
     plan = _PLANS.get(key)
     if plan is None:
         if split is None:
-            split = auto_split(tiles, steps) if device.kind != "cpu" else 1
+            split = 1 if device.kind == "cpu" else auto_split(
+                tiles, steps, L.blocks_per_multiprocessor(*block))
         if not 1 <= split <= steps:
             raise ValueError(f"gemm_q8k: split {split} must be in 1..{steps} (K steps of 256)")
         if split > 1 and split * tiles * tile_values >= 1 << 31:   # 32-bit partial indices
