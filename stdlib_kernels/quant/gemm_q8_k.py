@@ -24,8 +24,8 @@ bytes (known per block at compile time), Q4_0's nibbles minus 8 exactly as int8 
 The 32-value formats (Q4_0, Q8_0, Q4_1, Q5_0, Q5_1) form each tile's 16 x 8 products d_w d_x
 with one f16 mma (scale_products) from the f16 scales as they lie in the stage, exact, instead
 of an FMUL per value, and need no scale pass (the GEMM is issue-bound: the 8B's GEMMs took
-11-31% less on an H100, benchmarks/RESULTS.md "The int8 GEMM without its scale pass"; their
-scale buffers in shared memory stay allocated, unused).
+11-31% less on an H100, benchmarks/RESULTS.md "The int8 GEMM without its scale pass") and no
+scale buffers in shared memory.
 Q4_1 / Q5_0 / Q5_1 (160 / 176 / 192 B steps) likewise, Q5's fifth bits merged from qh (Q5_0's
 values minus 16); the mins of Q4_1 / Q5_1 (W = d q + m: + m s_x per block) go through
 min_term as Q4_K's do (f16 mins, "dmin" -1), one f16 mma per tile and step instead of an fma
@@ -83,12 +83,13 @@ class Q8KTiles(NamedTuple):
 TUNED_KTILES = {"Q4_K": Q8KTiles(4, 4, 2, 4, 3), "Q6_K": Q8KTiles(2, 8, 4, 2, 3),
                 "Q5_K": Q8KTiles(4, 4, 2, 4, 3)}
 # The 32-value formats, swept again once their scale pass had gone (H100, 2026-11-27;
-# benchmarks/RESULTS.md "The int8 GEMM without its scale pass"): Q4_0 / Q4_1 / Q5_0 / Q5_1
-# fastest with Q6_K's 32 x 64 warp tiles (over the 8B's three GEMMs, layer-weighted, against
-# the 64 x 32 before: Q4_0 -4.9%, Q4_1 -1.3%, Q5_1 -14.1%; Q5_0 had them already), Q8_0 with
-# 128 x 64 block tiles of 32 x 32 per warp (-3.5% against 96 x 128)
-TUNED_KTILES.update({t: Q8KTiles(2, 8, 4, 2, 3) for t in ("Q4_0", "Q4_1", "Q5_0", "Q5_1")})
-TUNED_KTILES["Q8_0"] = Q8KTiles(2, 8, 4, 2, 3)
+# benchmarks/RESULTS.md "The int8 GEMM without its scale pass"): fastest with Q6_K's 32 x 64
+# warp tiles (over the 8B's three GEMMs, layer-weighted, against the 64 x 32 before: Q4_0
+# -4.9%, Q4_1 -1.3%, Q5_1 -14.1%; Q5_0 had them already); Q8_0's 128 x 128 fit once the
+# unused scale buffers were no longer allocated (-7.5% against its 128 x 64 of 32 x 32 per
+# warp; RESULTS.md "Q8_0 on 128 x 128 tiles"). A fourth stage: Q4_0 -0.7% (not kept).
+TUNED_KTILES.update({t: Q8KTiles(2, 8, 4, 2, 3) for t in ("Q4_0", "Q4_1", "Q5_0", "Q5_1",
+                                                            "Q8_0")})
 CPU_KTILES = Q8KTiles(1, 1, 1, 1, 3)       # 16 x 8, one warp: the CPU target emulates threads
 # short prompts: (at most this many tokens, tiles), tried in order before TUNED_KTILES. A
 # 128 x 128 tile leaves most multiprocessors idle below ~256 tokens (llama-8B's down
@@ -104,7 +105,8 @@ _SMALL = [(16, Q8KTiles(1, 2, 4, 1, 3)), (32, Q8KTiles(1, 4, 4, 1, 3)),
 SMALL_KTILES: dict[str, list[tuple[int, Q8KTiles]]] = {
     "Q4_K": _SMALL, "Q6_K": _SMALL, "Q4_0": _SMALL, "Q4_1": _SMALL, "Q5_0": _SMALL,
     "Q5_1": _SMALL, "Q5_K": _SMALL, "Q8_0": _SMALL[:2] + [(64, Q8KTiles(1, 4, 4, 2, 3))]}
-# 65-256 tokens (Q4_K, Q6_K, Q4_0): 128 weight rows x as few token columns as cover the
+# 65-256 tokens (every type; Q8_0 since its 128-row tiles fit, RESULTS.md "Q8_0 on 128 x 128
+# tiles": 128 / 256 tokens +0.3 / +1.2% against its tuned tiles): 128 weight rows x as few token columns as cover the
 # tokens in ceil(tokens / 128) tiles, in steps of 16 (32 x 8 ni warp tiles, 8 warps); K split
 # by auto_split. The GEMM's time follows the token columns it computes, so 72 tokens take a
 # 128 x 80 tile rather than 128 x 128 (the 8B's GEMMs of a layer on an H100 at 72 / 128 / 256
