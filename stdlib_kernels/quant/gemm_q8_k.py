@@ -423,28 +423,44 @@ def gemm_q8k_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, stre
              stream, dyn, bounds=(threads, 1) if gpu else None)
 
 
-# split-K: a launch of fewer output tiles than ~SPLIT_BLOCKS per multiprocessor splits K over
-# blocks. A short prompt's GEMM otherwise runs a few warps per multiprocessor, too few loads in
-# flight to stream its weights (llama-8B's down projection at 16 tokens: 64 tiles, 99 -> 29
-# us with 4 splits on an H200; benchmarks/small_gemm.py, RESULTS.md "Short prompts: split-K")
+# split-K: a launch of few output tiles splits K over blocks. A short prompt's GEMM otherwise
+# runs a few warps per multiprocessor, too few loads in flight to stream its weights
+# (llama-8B's down projection at 16 tokens: 64 tiles, 99 -> 29 us with 4 splits on an H200;
+# benchmarks/small_gemm.py, RESULTS.md "Short prompts: split-K"); a launch of 128-row tiles
+# whose count is not a whole number of waves splits where that packs the work into fewer
+# waves (auto_split)
 SPLIT_BLOCKS = 2
 MAX_SPLIT = 8
 MIN_SPLIT_STEPS = 2      # K steps per split at least
 
 
+SPLIT_FILL_STEPS = 2     # a block's fixed cost in K steps (filling the stages, the epilogue)
+
+
 def auto_split(tiles: int, steps: int, per_sm: int = 1) -> int:
     """K splits for a launch of `tiles` output tiles over `steps` K steps, whose blocks fit
-    `per_sm` to a multiprocessor. A split is kept only where it packs the work into fewer
-    waves: 128 tiles of 128 x 128 (one block per multiprocessor by their shared memory; a
-    512-token prompt's 4096-row GEMMs) already fill one wave of 132, and split in two they run
-    as two waves of half the K steps plus the partial sums (Q8_0's down projection 246 ->
-    261 us on an H100, benchmarks/small_gemm.py)."""
-    slots = L.multiprocessors() * per_sm
-    split = max(1, min(round(SPLIT_BLOCKS * L.multiprocessors() / tiles),
-                       steps // MIN_SPLIT_STEPS, MAX_SPLIT))
-    if -(-tiles // slots) * split <= -(-tiles * split // slots):
-        return 1
-    return split
+    `per_sm` to a multiprocessor.
+
+    Several to an SM (short prompts' small tiles): about SPLIT_BLOCKS blocks per SM, so
+    that enough loads are in flight. One to an SM (128-row tiles) and fewer than two waves of
+    tiles: the split with the least modelled time, waves x (steps per split +
+    SPLIT_FILL_STEPS), the blocks of a wave running side by side, where that is at least 10%
+    under the unsplit launch's. Fitted to an H100 (benchmarks/small_gemm.py, RESULTS.md "K splits by
+    waves"): Q8_0 at K = 14336 with 128 tiles took 246 / 261 / 272 / 299 us at 1 / 2 / 4 / 8
+    splits (the same waves per K step: the fill is the difference); qwen2-1.5B's q|k|v at
+    512 tokens (56 tiles, 6 steps) 35.8 / 25.0 / 33.8 us at 1 / 2 / 3 splits."""
+    sms = L.multiprocessors()
+    most = max(1, min(steps // MIN_SPLIT_STEPS, MAX_SPLIT))
+    if per_sm > 1:
+        return max(1, min(round(SPLIT_BLOCKS * sms / tiles), most))
+
+    if tiles >= 2 * sms:
+        return 1      # waves enough: a split would add partial sums for little
+
+    def modelled(split: int) -> float:
+        return -(-tiles * split // sms) * (steps / split + SPLIT_FILL_STEPS)
+    best = min(range(1, most + 1), key=lambda split: (modelled(split), split))
+    return best if modelled(best) <= 0.9 * modelled(1) else 1
 
 
 _PLANS: dict = {}

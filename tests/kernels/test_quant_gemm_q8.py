@@ -227,20 +227,23 @@ def test_gemm_q8k_split_k(device, rng, seed, type_name):
 
 
 def test_auto_split(monkeypatch):
-    # a launch of few output tiles splits K (about 2 blocks per multiprocessor, at most 8 and
-    # at least 2 K steps per split); one of many tiles does not
+    # small tiles, several to a multiprocessor: about 2 blocks per multiprocessor, at most 8
+    # and at least 2 K steps per split; one to a multiprocessor: the fewest modelled waves x
+    # (steps per split + fill), only where that beats the unsplit launch by 10%
     from stdlib_kernels import _launch
     from stdlib_kernels.quant.gemm_q8_k import auto_split
     monkeypatch.setattr(_launch, "multiprocessors", lambda: 132)   # an H100 / H200
-    assert auto_split(64, 56) == 4           # llama-8B's down projection at 16 tokens
-    assert auto_split(16, 16) == 8           # a 1024-row v projection
-    assert auto_split(16, 6) == 3            # K = 1536: 3 splits of 2 steps
-    assert auto_split(448, 16) == 1          # gate|up: 448 tiles fill the GPU
+    assert auto_split(64, 56, per_sm=4) == 4   # llama-8B's down projection at 16 tokens
+    assert auto_split(16, 16, per_sm=4) == 8   # a 1024-row v projection
+    assert auto_split(16, 6, per_sm=4) == 3    # K = 1536: 3 splits of 2 steps
+    assert auto_split(96, 16, per_sm=3) == 3
     assert auto_split(1000, 1) == 1
-    # one block per multiprocessor: no split that does not pack the blocks into fewer waves
-    assert auto_split(128, 56) == 1          # a 512-token prompt's down projection, 128 x 128
-    assert auto_split(160, 16) == 2          # 2 waves unsplit, 3 half waves split
-    assert auto_split(96, 16, per_sm=3) == 3   # small tiles, three to a multiprocessor
+    assert auto_split(448, 16) == 1            # gate|up: 448 tiles fill the GPU
+    assert auto_split(128, 56) == 1            # 512 tokens, 4096 rows: one wave already
+    assert auto_split(192, 16) == 2            # 6144-row q|k|v: 1.45 waves -> 3 of half K
+    assert auto_split(56, 6) == 2              # qwen2-1.5B's q|k|v at 512 tokens
+    assert auto_split(48, 35) == 5             # its down projection
+    assert auto_split(32, 56) == 4             # 72 tokens, 128 x 80 tiles, 4096 rows
 
 
 def test_blocks_per_multiprocessor(device):
