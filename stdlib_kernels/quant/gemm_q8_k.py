@@ -444,8 +444,8 @@ def auto_split(tiles: int, steps: int, per_sm: int = 1) -> int:
     Several to an SM (short prompts' small tiles): about SPLIT_BLOCKS blocks per SM, so
     that enough loads are in flight. One to an SM (128-row tiles) and fewer than two waves of
     tiles: the split with the least modelled time, waves x (steps per split +
-    SPLIT_FILL_STEPS), the blocks of a wave running side by side, where that is at least 10%
-    under the unsplit launch's. Fitted to an H100 (benchmarks/small_gemm.py, RESULTS.md "K splits by
+    SPLIT_FILL_STEPS), the blocks of a wave running side by side (a last, partly filled wave
+    costs less than that when the GEMM streams its weights, so near ties favour splitting). Fitted to an H100 (benchmarks/small_gemm.py, RESULTS.md "K splits by
     waves"): Q8_0 at K = 14336 with 128 tiles took 246 / 261 / 272 / 299 us at 1 / 2 / 4 / 8
     splits (the same waves per K step: the fill is the difference); qwen2-1.5B's q|k|v at
     512 tokens (56 tiles, 6 steps) 35.8 / 25.0 / 33.8 us at 1 / 2 / 3 splits."""
@@ -459,8 +459,7 @@ def auto_split(tiles: int, steps: int, per_sm: int = 1) -> int:
 
     def modelled(split: int) -> float:
         return -(-tiles * split // sms) * (steps / split + SPLIT_FILL_STEPS)
-    best = min(range(1, most + 1), key=lambda split: (modelled(split), split))
-    return best if modelled(best) <= 0.9 * modelled(1) else 1
+    return min(range(1, most + 1), key=lambda split: (modelled(split), split))
 
 
 _PLANS: dict = {}

@@ -229,7 +229,7 @@ def test_gemm_q8k_split_k(device, rng, seed, type_name):
 def test_auto_split(monkeypatch):
     # small tiles, several to a multiprocessor: about 2 blocks per multiprocessor, at most 8
     # and at least 2 K steps per split; one to a multiprocessor: the fewest modelled waves x
-    # (steps per split + fill), only where that beats the unsplit launch by 10%
+    # (steps per split + fill) while the tiles are under two waves
     from stdlib_kernels import _launch
     from stdlib_kernels.quant.gemm_q8_k import auto_split
     monkeypatch.setattr(_launch, "multiprocessors", lambda: 132)   # an H100 / H200
@@ -244,6 +244,7 @@ def test_auto_split(monkeypatch):
     assert auto_split(56, 6) == 2              # qwen2-1.5B's q|k|v at 512 tokens
     assert auto_split(48, 35) == 5             # its down projection
     assert auto_split(32, 56) == 4             # 72 tokens, 128 x 80 tiles, 4096 rows
+    assert auto_split(140, 6) == 2             # qwen2-1.5B's gate|up at 72-128 tokens
 
 
 def test_blocks_per_multiprocessor(device):
