@@ -11,9 +11,10 @@ and 2 / 4 / 8 for the first tiles).
         [--only N]   (the first N shapes)   [--tiles 2.4.4.2.3,...]   (more tile shapes)
 
 Shapes: llama-8B's (Q4_K_M: q|k 5120 x 4096 and v 1024 x 4096, gate|up 28672 x 4096, o 4096 x
-4096, down 4096 x 14336 as Q4_K and as Q6_K), qwen2-1.5B's, or the 8B's of a Q8_0 file. Each launch reads its own copy
-of the weights out of >= 160 MB (more than three times the 50 MB L2 of an H200), as the 32
-layers of a prefill do; the launches are replayed from a CUDA graph and timed with events.
+4096, down 4096 x 14336 as Q4_K and as Q6_K), qwen2-1.5B's, or the 8B's of a Q8_0 file. Each
+launch reads its own copy of the weights out of >= 160 MB (more than three times the 50 MB L2
+of an H200), as the 32 layers of a prefill do; the launches are replayed from a CUDA graph
+and timed with events.
 """
 from __future__ import annotations
 
@@ -28,9 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import pykernel as pk  # noqa: E402
 from benchmarks._timing import replay_seconds  # noqa: E402
 from benchmarks.quant_gemm import random_weights  # noqa: E402
-from stdlib_kernels import _launch as L  # noqa: E402
 from stdlib_kernels.quant import gemm_q8_k  # noqa: E402
-from stdlib_kernels.quant.gemm_q8_k_parts import shared_bytes  # noqa: E402
 from stdlib_kernels.quant.gemm_q8_k import Q8KTiles as T, gemm_q8k_into  # noqa: E402
 from stdlib_kernels.quant.gemv import gemv_q8_into  # noqa: E402
 from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1_into  # noqa: E402
@@ -70,11 +69,7 @@ def bench(type_name, rows, k, tokens, ws, rng, extra=()):
     tiles_list = [default] + [t for t in [*extra, *candidates(tokens)] if t != default]
     tiles_list = list(dict.fromkeys(tiles_list))
     for tiles in tiles_list:
-        per_sm = L.blocks_per_multiprocessor(shared_bytes(
-            gemm_q8_k.SUPERBLOCK_GEMM_TYPES[type_name], *tiles.shape, tiles.stages),
-            32 * tiles.wm * tiles.wn)
-        auto = gemm_q8_k.auto_split(-(-rows // tiles.shape[0]) * -(-tokens // tiles.shape[1]),
-                                    k // 256, per_sm)
+        auto = gemm_q8_k.launch_split(type_name, rows, k, tokens, tiles)
         for split in sorted({1, auto} | ({2, 4, 8} if tiles in tiles_list[:4] else set())):
             if split > k // 256:
                 continue

@@ -14,10 +14,10 @@ unchanged into a shared-memory stage with 16-byte `cp.async` (Q6_K's 210-byte bl
 2-byte aligned: 4-byte copies of the aligned words around them), STAGES deep, so the copies
 of later steps overlap the mma of this one. For the K-quants, once a step has landed, one pass
 of the whole block turns its 6-bit scales (and the activations' (d, s)) into floats in shared
-memory, one step ahead of its use; the warps then build the int8 A fragments straight from the raw quants (Q4_K:
-a shift and a mask; Q6_K: low nibbles | high bits - 32; Q5_K: Q4_K's nibbles | the qh bit) and
-run the mma (Q6_K: `mma.m16n8k16` per 16-value half on CUDA, so both halves' scales apply; two
-zero-padded k32 mma on the CPU target). One barrier per K step.
+memory, one step ahead of its use; the warps then build the int8 A fragments straight from
+the raw quants (Q4_K: a shift and a mask; Q6_K: low nibbles | high bits - 32; Q5_K: Q4_K's
+nibbles | the qh bit) and run the mma (Q6_K: `mma.m16n8k16` per 16-value half on CUDA, so
+both halves' scales apply; two zero-padded k32 mma on the CPU target). One barrier per K step.
 Q4_0 / Q8_0: a K step is 8 raw 32-blocks per row (144 / 272 B, 16-byte aligned as K % 256 == 0);
 the scale pass reads each block's f16 d, the fragments are word-aligned or funnel-shifted by 2
 bytes (known per block at compile time), Q4_0's nibbles minus 8 exactly as int8 (sign-bit trick).
@@ -106,13 +106,13 @@ SMALL_KTILES: dict[str, list[tuple[int, Q8KTiles]]] = {
     "Q4_K": _SMALL, "Q6_K": _SMALL, "Q4_0": _SMALL, "Q4_1": _SMALL, "Q5_0": _SMALL,
     "Q5_1": _SMALL, "Q5_K": _SMALL, "Q8_0": _SMALL[:2] + [(64, Q8KTiles(1, 4, 4, 2, 3))]}
 # 65-256 tokens (every type; Q8_0 since its 128-row tiles fit, RESULTS.md "Q8_0 on 128 x 128
-# tiles": 128 / 256 tokens +0.3 / +1.2% against its tuned tiles): 128 weight rows x as few token columns as cover the
-# tokens in ceil(tokens / 128) tiles, in steps of 16 (32 x 8 ni warp tiles, 8 warps); K split
-# by auto_split. The GEMM's time follows the token columns it computes, so 72 tokens take a
-# 128 x 80 tile rather than 128 x 128 (the 8B's GEMMs of a layer on an H100 at 72 / 128 / 256
-# tokens: 545 / 544 / 863 us with the tiles used before, 64 x 64 up to 128 tokens and 128 x 64
-# after, 435 / 439 / 742 with 128 x 128; benchmarks/small_gemm.py, RESULTS.md "Prompts of
-# 65-256 tokens")
+# tiles": 128 / 256 tokens +0.3 / +1.2% against its tuned tiles): 128 weight rows x as few
+# token columns as cover the tokens in ceil(tokens / 128) tiles, in steps of 16 (32 x 8 ni
+# warp tiles, 8 warps); K split by auto_split. The GEMM's time follows the token columns it
+# computes, so 72 tokens take a 128 x 80 tile rather than 128 x 128 (the 8B's GEMMs of a
+# layer on an H100 at 72 / 128 / 256 tokens: 545 / 544 / 863 us with the tiles used before,
+# 64 x 64 up to 128 tokens and 128 x 64 after, 435 / 439 / 742 with 128 x 128;
+# benchmarks/small_gemm.py, RESULTS.md "Prompts of 65-256 tokens")
 WIDE_TYPES = ("Q4_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q5_K", "Q8_0")
 WIDE_MAX = 256
 
@@ -409,8 +409,7 @@ def gemm_q8k_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, stre
     row_words = row_bytes // w.itemsize
     words = xq.reshape(-1).view(np.uint32) if xq.dtype != np.uint32 else xq.reshape(-1)
     grid = ((rows + bm - 1) // bm, (tokens + bn - 1) // bn)
-    dyn = shared_bytes(fmt, bm, bn, t.stages)
-    threads = 32 * t.wm * t.wn
+    dyn, threads = block_resources(fmt, t)
     split, part, counters = _split_plan(device, stream, grid[0] * grid[1], bm * bn, K // 256,
                                         split, (dyn, threads))
     spec = (("FMT", fmt), ("WT", w.dtype), ("GPU", int(gpu)), ("MI", t.mi), ("NI", t.ni),
@@ -432,9 +431,20 @@ def gemm_q8k_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, stre
 SPLIT_BLOCKS = 2
 MAX_SPLIT = 8
 MIN_SPLIT_STEPS = 2      # K steps per split at least
-
-
 SPLIT_FILL_STEPS = 2     # a block's fixed cost in K steps (filling the stages, the epilogue)
+
+
+def block_resources(fmt: int, t: Q8KTiles) -> tuple[int, int]:
+    """(dynamic shared bytes, threads) of one block of tiles t."""
+    return shared_bytes(fmt, *t.shape, t.stages), 32 * t.wm * t.wn
+
+
+def launch_split(type_name: str, rows: int, K: int, tokens: int, t: Q8KTiles) -> int:
+    """The split auto_split gives a GPU launch of tiles t (what gemm_q8k_into uses when
+    split is None): for benchmarks that time the library's choice beside others."""
+    bm, bn = t.shape
+    per_sm = L.blocks_per_multiprocessor(*block_resources(SUPERBLOCK_GEMM_TYPES[type_name], t))
+    return auto_split(-(-rows // bm) * -(-tokens // bn), K // 256, per_sm)
 
 
 def auto_split(tiles: int, steps: int, per_sm: int = 1) -> int:
@@ -445,15 +455,15 @@ def auto_split(tiles: int, steps: int, per_sm: int = 1) -> int:
     that enough loads are in flight. One to an SM (128-row tiles) and fewer than two waves of
     tiles: the split with the least modelled time, waves x (steps per split +
     SPLIT_FILL_STEPS), the blocks of a wave running side by side (a last, partly filled wave
-    costs less than that when the GEMM streams its weights, so near ties favour splitting). Fitted to an H100 (benchmarks/small_gemm.py, RESULTS.md "K splits by
-    waves"): Q8_0 at K = 14336 with 128 tiles took 246 / 261 / 272 / 299 us at 1 / 2 / 4 / 8
-    splits (the same waves per K step: the fill is the difference); qwen2-1.5B's q|k|v at
+    costs less than that when the GEMM streams its weights, so near ties favour splitting).
+    Fitted to an H100 (benchmarks/small_gemm.py, RESULTS.md "K splits by waves"): Q8_0 at
+    K = 14336 with 128 tiles took 246 / 261 / 272 / 299 us at 1 / 2 / 4 / 8 splits (the same
+    waves per K step: the fill is the difference); qwen2-1.5B's q|k|v at
     512 tokens (56 tiles, 6 steps) 35.8 / 25.0 / 33.8 us at 1 / 2 / 3 splits."""
     sms = L.multiprocessors()
     most = max(1, min(steps // MIN_SPLIT_STEPS, MAX_SPLIT))
     if per_sm > 1:
         return max(1, min(round(SPLIT_BLOCKS * sms / tiles), most))
-
     if tiles >= 2 * sms:
         return 1      # waves enough: a split would add partial sums for little
 
@@ -525,5 +535,5 @@ def split_workspace_bytes(device=None) -> int:
     return sum(w.nbytes for w in _WORKSPACES.values() if w.device is device)
 
 
-__all__ = ["gemm_q8k_into", "auto_split", "split_workspace_bytes", "Q8KTiles", "TUNED_KTILES", "KQUANT_GEMM_TYPES",
-           "SUPERBLOCK_GEMM_TYPES", "stage_words"]
+__all__ = ["gemm_q8k_into", "auto_split", "launch_split", "split_workspace_bytes", "Q8KTiles",
+           "TUNED_KTILES", "KQUANT_GEMM_TYPES", "SUPERBLOCK_GEMM_TYPES", "stage_words"]

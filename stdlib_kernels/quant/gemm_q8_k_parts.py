@@ -6,11 +6,12 @@ Shared memory (u32 words), STAGES stage buffers then two scale buffers (parity o
              Q4_1 / Q5_0 / Q5_1: their 8 raw 32-blocks, 144 / 272 / 160 / 176 / 192 B, 16-byte
              aligned when K % 256 == 0; AS pads a row to a stride of 4 mod 8 words),
              B = BN tokens x B_STRIDE words (their 8 raw Q8_1 blocks: 72 words, 4 pad)
-    scales p (Q4_K / Q5_K / Q6_K only; not allocated for the others): SA = BM rows x 16 words (Q4_K / Q5_K: d*sc per
-              32-block, then the 8 mins as 4 f16 pairs and dmin, for the min term's f16 mma;
-              Q6_K: d*sc per 16), SB = BN tokens x 16 f32 ((d, s) per Q8_1 block). The
-              32-value formats need no pass: their f16 d (Q4_1 / Q5_1: and m) and the tokens'
-              f16 d / s are tensor-core operands as they lie in the stage.
+    scales p (Q4_K / Q5_K / Q6_K only; not allocated for the others): SA = BM rows x 16
+              words (Q4_K / Q5_K: d*sc per 32-block, then the 8 mins as 4 f16 pairs and
+              dmin, for the min term's f16 mma; Q6_K: d*sc per 16), SB = BN tokens x 16
+              f32 ((d, s) per Q8_1 block). The 32-value formats need no pass: their f16 d
+              (Q4_1 / Q5_1: and m) and the tokens' f16 d / s are tensor-core operands as
+              they lie in the stage.
 Copies are `pk.cp_async` (done at once on the CPU target), waited on with pk.cp_async_wait.
 """
 from __future__ import annotations
@@ -32,6 +33,7 @@ Q80_WORDS = 68         # 8 Q8_0 blocks (8 x 34 B): d | qs:i8[32]
 STEP_WORDS = {Q4_K: Q4K_WORDS, Q4_0: Q40_WORDS, Q8_0: Q80_WORDS, Q4_1: 40, Q5_0: 44, Q5_1: 48,
               Q5_K: 44}    # Q5_K super-block (176 B): d | dmin | scales:12 B | qh:32 B | qs:128 B
 SIGN_BITS = 0x80808080
+SCALE_PASS_FMTS = (Q4_K, Q5_K, Q6_K)   # the rest read their f16 scales from the stage
 
 
 def a_stride(fmt: int) -> int:
@@ -49,7 +51,7 @@ def stage_words(fmt: int, bm: int, bn: int) -> int:
 
 def shared_bytes(fmt: int, bm: int, bn: int, stages: int) -> int:
     """The stages, then (K-quants only) the scale pass's two buffers."""
-    scales = 2 * 16 * (bm + bn) if fmt in (Q4_K, Q5_K, Q6_K) else 0
+    scales = 2 * 16 * (bm + bn) if fmt in SCALE_PASS_FMTS else 0
     return 4 * (stages * stage_words(fmt, bm, bn) + scales)
 
 

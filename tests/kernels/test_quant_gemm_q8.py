@@ -247,6 +247,18 @@ def test_auto_split(monkeypatch):
     assert auto_split(140, 6) == 2             # qwen2-1.5B's gate|up at 72-128 tokens
 
 
+def test_launch_split_counts_tiles_and_blocks_per_sm(monkeypatch):
+    # what gemm_q8k_into picks on a GPU: tiles of the launch, blocks per SM by shared memory
+    from stdlib_kernels import _launch
+    from stdlib_kernels.quant.gemm_q8_k import launch_split, tuned_tiles
+    monkeypatch.setattr(_launch, "multiprocessors", lambda: 132)
+    monkeypatch.setattr(_launch, "blocks_per_multiprocessor", lambda shared, threads:
+                        max(1, min(233472 // (shared + 1024), 2048 // threads)))
+    assert launch_split("Q4_K", 4096, 14336, 72, tuned_tiles("Q4_K", 72)) == 4   # 32 tiles
+    assert launch_split("Q8_0", 4096, 14336, 512, tuned_tiles("Q8_0", 512)) == 1
+    assert launch_split("Q4_K", 4096, 14336, 16, tuned_tiles("Q4_K", 16)) == 4   # 64 x 16
+
+
 def test_blocks_per_multiprocessor(device):
     from stdlib_kernels._launch import blocks_per_multiprocessor
     assert blocks_per_multiprocessor(200 * 1024, 256) == 1
