@@ -11,6 +11,7 @@ from llm.chat import ChatTemplateError
 from llm.config import ModelConfig
 from llm.generate import ContextError, GenerationStats
 from llm.gguf_file import GGUFError, GGUFFile
+from llm.host_memory import HostMemoryError
 from llm.model import Model, load
 from llm.model_files import ModelFileError, resolve_model
 from llm.sampling import Sampler, SamplingParams
@@ -18,6 +19,6 @@ from llm.tokenizer import Tokenizer
 
 __all__ = [
     "BackendUnavailable", "ChatTemplateError", "ContextError", "GGUFError", "GGUFFile",
-    "GenerationStats", "Model", "ModelConfig", "ModelFileError", "Sampler", "SamplingParams",
+    "GenerationStats", "HostMemoryError", "Model", "ModelConfig", "ModelFileError", "Sampler", "SamplingParams",
     "Tokenizer", "load", "resolve_model",
 ]

@@ -2,8 +2,9 @@
 
 Input: parsed argparse arguments. Output: text on stdout (the continuation, the reply, ids, the
 file's tables), progress and statistics on stderr, and an exit code (0 ok, 1 error). Errors the
-user can act on (bad file, unknown model, prompt too long, unsafe template, missing backend) are
-printed as one line `pykernel: error: ...` without a traceback.
+user can act on (bad file, unknown model, prompt too long, unsafe template, missing backend, a
+model too big for the memory) are printed as one line `pykernel: error: ...` without a
+traceback.
 """
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from llm.generate import ContextError, GenerationStats
 from llm.gguf_file import GGUFError, GGUFFile
 from llm.model_files import DEFAULT_MODEL, ModelFileError, model_names, resolve_model
 
+# MemoryError: HostMemoryError / GPUMemoryError name what did not fit and by how much
 USER_ERRORS = (GGUFError, ModelFileError, ContextError, ChatTemplateError, BackendUnavailable,
-               ValueError, OSError)
+               ValueError, OSError, MemoryError)
 DEFAULT_PROMPT = "Once upon a time,"
 
 

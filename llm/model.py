@@ -20,6 +20,7 @@ from llm.config import ModelConfig, load_config
 from llm.generate import PREFILL_CHUNK, ContextError, GenerationStats, Session, stream
 from llm.gguf_file import GGUFError, GGUFFile
 from llm.gguf_reader_view import MetadataReader
+from llm.host_memory import available_memory, check_weights_fit
 from llm.model_files import resolve_model
 from llm.models.archs import ARCH_SPECS
 from llm.models.transformer import Transformer
@@ -32,14 +33,7 @@ KV_BUDGET_MAX = 4 << 30
 
 
 def _available_memory() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    return available_memory()
 
 
 def choose_context(cfg: ModelConfig, requested: int | None, value_bytes: float = 4,
@@ -187,6 +181,9 @@ def load(model: str | os.PathLike = "smollm2", device: str = "cpu", backend: str
     config = load_config(gguf)
     tokenizer = load_tokenizer(gguf)
     spec = ARCH_SPECS[config.arch]
+    check_weights_fit(path, backend_impl.name,
+                      backend_impl.host_weight_bytes(gguf.tensors.values()),
+                      _available_memory())
     transformer = Transformer(config, spec, load_weights(gguf, config, spec, backend_impl),
                               backend_impl)
     if backend_impl.name == "kernels":  # decode steps replay a captured device graph

@@ -12,7 +12,7 @@ Weights are matrices of shape (out_features, in_features); `matmul(x, w)` is x @
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -43,6 +43,11 @@ class Backend(ABC):
     rope_qk_together: bool = False
 
     # --- weights (called once at load) -------------------------------------------------------
+    def host_weight_bytes(self, tensors: Iterable[TensorInfo]) -> int:
+        """Host memory this backend will allocate for these tensors' weights (checked against
+        the free memory before loading; 0: nothing beyond the file's memory map)."""
+        return 0
+
     @abstractmethod
     def matrix(self, parts: Sequence[TensorInfo]) -> Weight:
         """Rows of `parts` stacked into one (sum of out_features, in_features) matrix, so fused

@@ -109,6 +109,9 @@ class NumpyBackend(Backend):
         self._rope_cache: tuple | None = None
 
     # --- weights -----------------------------------------------------------------------------
+    def host_weight_bytes(self, tensors) -> int:
+        return sum(4 * t.n_elements for t in tensors)   # every tensor dequantized to float32
+
     def _f32(self, t: TensorInfo) -> np.ndarray:
         if t.name not in self._dequantized:  # shared between a tied embedding and output
             self._dequantized[t.name] = dequantize(t.data, t.ggml_type, t.shape)

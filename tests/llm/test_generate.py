@@ -171,3 +171,36 @@ def test_prompt_time_waits_for_the_device(tiny, monkeypatch):
     monkeypatch.setattr(tiny.backend, "synchronize", lambda: time.sleep(0.3))
     list(tiny.generate("Hello there", max_tokens=1, temperature=0))
     assert tiny.last_stats.prompt_seconds >= 0.3
+
+
+def test_weights_too_big_for_host_memory_are_refused_before_loading(monkeypatch, capsys):
+    """The numpy backend's float32 copy of the weights is checked against the free memory
+    before anything is dequantized (not an out-of-memory kill minutes later)."""
+    from llm import host_memory
+    from llm import model as model_module
+    from pykernel.cli import main
+    gguf = llm.GGUFFile(TINY_LLAMA)
+    need = NumpyBackend().host_weight_bytes(gguf.tensors.values())
+    assert need == 4 * sum(t.n_elements for t in gguf.tensors.values()) > 0
+    dequantized = []
+    monkeypatch.setattr(NumpyBackend, "matrix", lambda self, parts: dequantized.append(parts))
+    small = need + host_memory.HEADROOM_BYTES - 1
+    monkeypatch.setattr(model_module, "_available_memory", lambda: small)
+    with pytest.raises(llm.HostMemoryError) as info:
+        llm.load(TINY_LLAMA)
+    message = str(info.value)
+    assert str(TINY_LLAMA) in message and "numpy" in message and "PYKERNEL_HOST_MEMORY_CHECK=0" \
+        in message and f"{need / 2**30:.2f} GiB" in message and f"{small / 2**30:.2f}" in message
+    assert isinstance(info.value, MemoryError) and not dequantized
+    # the command line prints it as one line, exit status 1
+    assert main(["run", "x", "--model", str(TINY_LLAMA), "-n", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("pykernel: error: ") and "Traceback" not in err and "GiB" in err
+    # the switch for machines whose swap should take the rest; exactly enough memory passes
+    monkeypatch.undo()
+    monkeypatch.setattr(model_module, "_available_memory", lambda: small)
+    monkeypatch.setenv("PYKERNEL_HOST_MEMORY_CHECK", "0")
+    assert llm.load(TINY_LLAMA).logits([1, 2]).shape[0] == 2
+    monkeypatch.delenv("PYKERNEL_HOST_MEMORY_CHECK")
+    monkeypatch.setattr(model_module, "_available_memory", lambda: small + 1)
+    llm.load(TINY_LLAMA)
