@@ -124,6 +124,13 @@ def capture_graph(stream: Stream | None = None, pdl: bool = False):
             yield graph
 
 
+def is_capturing(device) -> bool:
+    """Whether `device`'s launches are being recorded into a graph (so none of them runs)."""
+    if device.kind == "cuda":
+        return device._capture is not None
+    return "launch" in vars(device)      # _host_capture's recorder shadows the method
+
+
 @contextmanager
 def programmatic_launches(device=None, enabled: bool = True):
     """Eager launches in the `with` block use PDL as a `capture_graph(pdl=True)` would: kernels
