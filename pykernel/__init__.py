@@ -43,7 +43,8 @@ from .intrinsics.cluster import cluster_map, cluster_rank, cluster_size, cluster
 from .intrinsics.lowlevel import (asm, dp4a, mma_m16n8k16_bf16, mma_m16n8k16_f16,
                                   mma_m16n8k32_s8, mma_m16n8k128_b1, movmatrix)
 from .compile_pool import precompile
-from .autotune import AutotuneError, autotune
+from .autotuner import AutotuneError, autotune
+from .elementwise_kernels import elementwise
 from .rng import philox4x32, rand, randint, randint4x, randn
 from .runtime import (Array, Event, Graph, Stream, capture_graph, current_device, empty, full,
                       get_device, gpu_available, pinned_empty, programmatic_launches, set_device,

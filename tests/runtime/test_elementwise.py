@@ -1,0 +1,91 @@
+"""`@pk.elementwise`: a scalar @pk.func over arrays of one shape and scalars, against numpy on
+fresh random inputs (outputs poisoned first), on the CPU target and on CUDA; the grid-stride
+loop; in-place `out=`; errors that name the function, the parameter and the user's line."""
+import sys
+
+import numpy as np
+import pytest
+
+import pykernel as pk
+import pykernel.elementwise_kernels  # noqa: F401  (the module; pk.elementwise is the decorator)
+from pykernel import f16, f32, i32
+from pykernel.errors import KernelSourceError
+
+
+@pk.elementwise
+def axpb(x: f32, y: f32, a: f32) -> f32:
+    return a * x + y
+
+
+@pk.elementwise
+def scaled_half(h: f16, k: i32) -> f32:
+    """Mixed types: f16 input, i32 input, f32 result."""
+    return f32(h) * f32(k) + pk.exp(f32(h))
+
+
+@pytest.mark.parametrize("n", [1, 255, 1000, 70001])
+def test_matches_numpy(device, rng, seed, n):
+    x = rng.standard_normal(n).astype(np.float32)
+    y = rng.standard_normal(n).astype(np.float32)
+    a = float(rng.standard_normal())
+    z = axpb(pk.to_device(x), pk.to_device(y), a)
+    np.testing.assert_allclose(z.numpy(), np.float32(a) * x + y, rtol=1e-6, atol=1e-6,
+                               err_msg=f"n={n} (seed {seed})")
+    h = rng.standard_normal(n).astype(np.float16)
+    k = rng.integers(-5, 5, n).astype(np.int32)
+    out = pk.full(n, np.nan, np.float32)
+    got = scaled_half(pk.to_device(h), pk.to_device(k), out=out)
+    assert got is out
+    want = h.astype(np.float32) * k + np.exp(h.astype(np.float32))
+    np.testing.assert_allclose(out.numpy(), want, rtol=2e-6, atol=1e-6, err_msg=f"seed {seed}")
+
+
+def test_shapes_scalars_in_place_and_grid_stride(device, rng, seed, monkeypatch):
+    x = rng.standard_normal((37, 29)).astype(np.float32)
+    dx = pk.to_device(x)
+    z = axpb(dx, 1.5, 2.0)                       # scalars broadcast; the shape is kept
+    assert z.shape == (37, 29)
+    np.testing.assert_allclose(z.numpy(), 2 * x + 1.5, rtol=1e-6, err_msg=f"seed {seed}")
+    axpb(dx, dx, 3.0, out=dx)                    # in place: out is an input
+    np.testing.assert_allclose(dx.numpy(), 4 * x, rtol=1e-6, err_msg=f"seed {seed}")
+    assert axpb(pk.empty(0, np.float32), 1.0, 1.0).shape == (0,)     # nothing to launch
+    # a grid smaller than the array: each thread loops
+    monkeypatch.setattr(sys.modules["pykernel.elementwise_kernels"], "MAX_BLOCKS", 3)
+    y = rng.standard_normal(5000).astype(np.float32)
+    out = pk.full(5000, np.nan, np.float32)
+    axpb(pk.to_device(y), 0.0, -1.0, out=out)
+    np.testing.assert_array_equal(out.numpy(), -y)
+    assert len(axpb._kernels) >= 2           # one generated kernel per call pattern
+
+
+def test_errors_name_function_parameter_and_line():
+    x = pk.zeros(8, np.float32)
+    with pytest.raises(pk.LaunchError, match=r"axpb\(\): takes 3 arguments \(x, y, a\), got 2"):
+        axpb(x, 1.0)
+    with pytest.raises(pk.LaunchError, match=r"one shape \(no broadcasting\), got x \(8,\), "
+                                             r"y \(4,\)"):
+        axpb(x, pk.zeros(4, np.float32), 1.0)
+    with pytest.raises(pk.LaunchError, match="at least one array"):
+        axpb(1.0, 2.0, 3.0)
+    with pytest.raises(pk.LaunchError, match=r"parameter 'y' expects .*float32.*float16"):
+        axpb(x, pk.zeros(8, np.float16), 1.0)
+    with pytest.raises(TypeError, match="parameter 'b' needs a scalar type annotation"):
+        pk.elementwise(lambda_free_untyped)
+    with pytest.raises(TypeError, match="scalar return annotation"):
+        pk.elementwise(no_return_type)
+
+    @pk.elementwise
+    def mixed(v: f32) -> f32:
+        return v + i32(1)
+    with pytest.raises(KernelSourceError) as info:
+        mixed(x)
+    text = str(info.value)
+    assert "test_elementwise.py" in text and "return v + i32(1)" in text and "^" in text
+
+
+def lambda_free_untyped(a: f32, b) -> f32:
+    return a
+
+
+def no_return_type(a: f32):
+    return a
