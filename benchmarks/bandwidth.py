@@ -1,5 +1,6 @@
 """Memory bandwidth of pykernel kernels on the GPU: f32 vector add with one element per thread
-(scalar loads) vs four per thread with 16-byte vector loads (pk.load_vec), and a plain copy.
+(scalar loads) vs four per thread with 16-byte vector loads (pk.load_vec), the same add and an
+inverted dropout (pk.rand per element) as `@pk.elementwise` operations, and a plain copy.
 Buffers of 256 MiB each (far above the 50-60 MB L2), CUDA-event timing over 20 launches.
 Bytes counted: reads + writes. Usage: python benchmarks/bandwidth.py"""
 import numpy as np
@@ -22,6 +23,16 @@ def add_vec4(a: Ptr[f32, "ro"], b: Ptr[f32, "ro"], out: Ptr[f32], n4: i32):
         a0, a1, a2, a3 = pk.load_vec(a, 4 * i, 4)
         b0, b1, b2, b3 = pk.load_vec(b, 4 * i, 4)
         pk.store_vec(out, 4 * i, (a0 + b0, a1 + b1, a2 + b2, a3 + b3))
+
+
+@pk.elementwise
+def add_elementwise(a: f32, b: f32) -> f32:
+    return a + b
+
+
+@pk.elementwise
+def dropout_elementwise(a: f32, index: i32, seed: i32) -> f32:
+    return a * f32(2.0) if pk.rand(seed, index) >= f32(0.5) else f32(0.0)
 
 
 @pk.kernel
@@ -53,6 +64,16 @@ def main():
     t = timed(lambda: add_vec4[n // 4 // 256, 256](a, b, out, n // 4))
     rows.append(("vector add, 16-byte vector loads", 12 * n / t))
     assert float(out.numpy()[12345]) == 3.0
+    out.copy_from(np.zeros(n, np.float32))
+    t = timed(lambda: add_elementwise(a, b, out=out))
+    rows.append(("vector add, @pk.elementwise (scalar loads, 64-bit grid-stride index)",
+                 12 * n / t))
+    assert float(out.numpy()[12345]) == 3.0
+    index = pk.to_device(np.arange(n, dtype=np.int32))
+    t = timed(lambda: dropout_elementwise(a, index, 7, out=out))
+    rows.append(("dropout, @pk.elementwise with pk.rand (Philox per element; reads a, index)",
+                 12 * n / t))
+    assert abs(float(np.mean(out.numpy() == 0)) - 0.5) < 0.01
     t = timed(lambda: copy_vec4[n // 4 // 256, 256](a, out, n // 4))
     rows.append(("copy, 16-byte vector loads", 8 * n / t))
     try:
