@@ -9,9 +9,12 @@
     axpb(x, y, 2.0, out=z)         # or into an existing one (may be an input)
 
 The function is an ordinary @pk.func (its body follows the kernel language, its parameters and
-result are annotated scalar types). Each call pattern (which arguments are arrays) gets one
-generated kernel: thread i of a grid-stride loop computes out[i] = f(x[i], y[i], a), arrays
-flat and contiguous, scalars passed by value. The generated source is registered with
+result are annotated scalar types). Each call pattern (which arguments are arrays, and whether
+every array is aligned for VEC-wide loads) gets one generated kernel: a grid-stride loop in
+which each thread computes VEC consecutive outputs from VEC-wide vector loads (`pk.load_vec`,
+16 bytes for f32), the last n % VEC elements one by one; misaligned arrays (views at odd
+offsets) get a one-element-per-thread loop. Arrays are flat and contiguous, scalars passed by
+value. The generated source is registered with
 linecache, so the compiler, its disk cache and its error messages treat it like a file; errors
 in the function's body point at the user's own lines.
 """
@@ -27,6 +30,8 @@ from .types import Ptr, ScalarType, i64
 
 THREADS = 256
 MAX_BLOCKS = 65535 * 8   # the grid-stride loop covers larger arrays
+VEC = 4                  # elements per thread and vector load (16 bytes of f32)
+RESERVED = ("out", "stream")   # the call's keyword arguments
 
 
 def elementwise(fn=None, *, threads: int = THREADS):
@@ -40,6 +45,16 @@ def _is_array(value) -> bool:
     return hasattr(value, "shape") and hasattr(value, "dtype") and getattr(value, "ndim", 1) > 0
 
 
+def _address(value):
+    """The first element's address of an accepted array argument, else None."""
+    if hasattr(value, "ptr"):                         # pk.Array
+        return int(value.ptr)
+    if hasattr(value, "ctypes"):                      # numpy (cpu)
+        return int(value.ctypes.data)
+    interface = getattr(value, "__cuda_array_interface__", None)
+    return int(interface["data"][0]) if interface else None
+
+
 class Elementwise:
     def __init__(self, fn, threads: int):
         self.func = fn if isinstance(fn, DeviceFunction) else DeviceFunction(fn)
@@ -47,6 +62,10 @@ class Elementwise:
         self.threads = threads
         annotations = self.func.annotations()
         self.params = list(inspect.signature(self.func.fn).parameters)
+        taken = [p for p in self.params if p in RESERVED or p.startswith("_pk_")]
+        if taken:
+            raise TypeError(f"@pk.elementwise {self.name}: parameter name(s) {', '.join(taken)} "
+                            f"are reserved (out= and stream= are the call's keywords)")
         self.types = []
         for p in self.params:
             ann = annotations.get(p)
@@ -87,29 +106,57 @@ class Elementwise:
             n *= extent
         if n == 0:
             return out
-        blocks = min(-(-n // self.threads), MAX_BLOCKS)
-        self._kernel(pattern)[blocks, self.threads, stream](n, out, *args)
+        arrays = [(a, t) for a, t, is_arr in zip(args, self.types, pattern) if is_arr]
+        arrays.append((out, self.result))
+        vec = all(t.kind != "bool" and t.bits <= 32 and              # loads of <= 16 bytes
+                  (_address(a) or 1) % (VEC * t.bits // 8) == 0 for a, t in arrays)
+        per_thread = VEC if vec else 1
+        blocks = max(1, min(-(-n // (self.threads * per_thread)), MAX_BLOCKS))
+        self._kernel(pattern, vec)[blocks, self.threads, stream](n, out, *args)
         return out
 
-    def _kernel(self, pattern: tuple):
-        k = self._kernels.get(pattern)
+    def _kernel(self, pattern: tuple, vec: bool):
+        k = self._kernels.get((pattern, vec))
         if k is None:
-            k = self._kernels[pattern] = self._generate(pattern)
+            k = self._kernels[(pattern, vec)] = self._generate(pattern, vec)
         return k
 
-    def _generate(self, pattern: tuple):
-        """Source of the kernel for `pattern` (True: that argument is an array), compiled
-        through the ordinary front end."""
+    def _generate(self, pattern: tuple, vec: bool):
+        """Source of the kernel for `pattern` (True: that argument is an array), with VEC-wide
+        vector accesses when `vec`, compiled through the ordinary front end."""
         name = f"{self.name}_elementwise"
         params = ", ".join(f"{p}: Ptr[T{j}, 'ro']" if arr else f"{p}: T{j}"
                            for j, (p, arr) in enumerate(zip(self.params, pattern)))
-        call = ", ".join(f"{p}[i]" if arr else p for p, arr in zip(self.params, pattern))
-        source = (f"def {name}(n: i64, out: Ptr[R], {params}):\n"
-                  f"    i = i64(pk.block_idx.x) * i64(pk.block_dim.x) + i64(pk.thread_idx.x)\n"
-                  f"    step = i64(pk.grid_dim.x) * i64(pk.block_dim.x)\n"
-                  f"    while i < n:\n"
-                  f"        out[i] = FN({call})\n"
-                  f"        i += step\n")
+
+        def call(index: str) -> str:
+            return "FN(" + ", ".join(f"{p}{index}" if arr else p
+                                     for p, arr in zip(self.params, pattern)) + ")"
+        # locals and the length are _pk_-prefixed: user parameter names cannot collide
+        head = (f"def {name}(_pk_n: i64, out: Ptr[R], {params}):\n"
+                f"    _pk_i = i64(pk.block_idx.x) * i64(pk.block_dim.x) + "
+                f"i64(pk.thread_idx.x)\n"
+                f"    _pk_step = i64(pk.grid_dim.x) * i64(pk.block_dim.x)\n")
+        if not vec:
+            source = head + (f"    while _pk_i < _pk_n:\n"
+                             f"        out[_pk_i] = {call('[_pk_i]')}\n"
+                             f"        _pk_i += _pk_step\n")
+        else:
+            loads = "".join(
+                f"        {', '.join(f'_pk_{j}_{e}' for e in range(VEC))} = "
+                f"pk.load_vec({p}, {VEC} * _pk_j, {VEC})\n"
+                for j, (p, arr) in enumerate(zip(self.params, pattern)) if arr)
+            results = ", ".join(
+                "FN(" + ", ".join(f"_pk_{j}_{e}" if arr else p for j, (p, arr) in
+                                  enumerate(zip(self.params, pattern))) + ")"
+                for e in range(VEC))
+            source = head + (f"    _pk_j = _pk_i\n"
+                             f"    while _pk_j < _pk_n // {VEC}:\n"
+                             f"{loads}"
+                             f"        pk.store_vec(out, {VEC} * _pk_j, ({results}))\n"
+                             f"        _pk_j += _pk_step\n"
+                             f"    _pk_k = _pk_n // {VEC} * {VEC} + _pk_i\n"
+                             f"    if _pk_k < _pk_n:\n"
+                             f"        out[_pk_k] = {call('[_pk_k]')}\n")
         digest = hashlib.sha256(source.encode()).hexdigest()[:12]
         filename = f"<pykernel elementwise {self.name} {digest}>"
         import pykernel as pk

@@ -58,6 +58,32 @@ def test_shapes_scalars_in_place_and_grid_stride(device, rng, seed, monkeypatch)
     assert len(axpb._kernels) >= 2           # one generated kernel per call pattern
 
 
+@pk.elementwise
+def names_like_locals(n: f32, i: f32, k: i32, j: f32, step: f32) -> f32:
+    """Parameter names that a generated kernel might use for its own locals."""
+    return n * i + f32(k) - j * step
+
+
+def test_vector_and_scalar_paths_agree(device, rng, seed):
+    """Aligned arrays take the 4-wide vector kernel (tail included), a view one element in
+    (4 bytes off a 16-byte boundary) the one-by-one kernel; parameter names never collide."""
+    n = 1003                                      # n % 4 == 3: a tail
+    cols = [rng.standard_normal(n + 1).astype(np.float32) for _ in range(4)]
+    ks = rng.integers(-9, 9, n + 1).astype(np.int32)
+    want = cols[0] * cols[1] + ks - cols[2] * cols[3]
+    dev = [pk.to_device(c) for c in cols]
+    dk = pk.to_device(ks)
+    whole = names_like_locals(dev[0], dev[1], dk, dev[2], dev[3])
+    np.testing.assert_allclose(whole.numpy(), want, rtol=1e-5, atol=1e-5, err_msg=f"seed {seed}")
+    out = pk.full(n + 1, np.nan, np.float32)
+    names_like_locals(*(d[1:] for d in dev[:2]), dk[1:], *(d[1:] for d in dev[2:]),
+                      out=out[1:])
+    np.testing.assert_allclose(out.numpy()[1:], want[1:], rtol=1e-5, atol=1e-5,
+                               err_msg=f"seed {seed}")
+    assert np.isnan(out.numpy()[0])
+    assert {vec for _, vec in names_like_locals._kernels} == {True, False}
+
+
 def test_errors_name_function_parameter_and_line():
     x = pk.zeros(8, np.float32)
     with pytest.raises(pk.LaunchError, match=r"axpb\(\): takes 3 arguments \(x, y, a\), got 2"):
@@ -73,6 +99,8 @@ def test_errors_name_function_parameter_and_line():
         pk.elementwise(lambda_free_untyped)
     with pytest.raises(TypeError, match="scalar return annotation"):
         pk.elementwise(no_return_type)
+    with pytest.raises(TypeError, match="out are reserved"):
+        pk.elementwise(takes_out)
 
     @pk.elementwise
     def mixed(v: f32) -> f32:
@@ -88,4 +116,8 @@ def lambda_free_untyped(a: f32, b) -> f32:
 
 
 def no_return_type(a: f32):
+    return a
+
+
+def takes_out(a: f32, out: f32) -> f32:
     return a
