@@ -4,8 +4,9 @@ Input: none (needs a GPU). Output: a table of microseconds per launch, median an
 BATCHES batches, for: the raw cuLaunchKernel floor (prebuilt params, nothing checked; with
 kernelParams and with one `extra` buffer), cuda.core's `launch` with pre-converted arguments,
 the packer alone, pykernel's `device.launch` (checks and packs every argument; both parameter
-passing modes), a replayed CUDA graph (per captured kernel), and the compiler's
-`kernel[grid, block](...)` launcher.
+passing modes), a replayed CUDA graph (per captured kernel), the compiler's
+`kernel[grid, block](...)` launcher, the same computation as a `@pk.elementwise` call (shape
+and alignment checks, output given) and as an `@pk.autotune`d kernel once tuned.
 
 Only the launch calls are timed; each batch (shorter than the driver's launch queue) is followed
 by an untimed synchronize, so GPU execution time never leaks into the figures.
@@ -103,6 +104,30 @@ def bench_dsl(gpu, args):
     return lambda: six[1, N](*args)
 
 
+def bench_elementwise(gpu, args):
+    """`@pk.elementwise` with out= given: the call's checks on top of the launcher."""
+    @pk.elementwise
+    def six_elementwise(a: pk.f32, b: pk.f32, x: pk.f32, y: pk.f32) -> pk.f32:
+        return a * x + b * y
+    n, a, b, x, y, out = args
+    six_elementwise(a, b, x, y, out=out)
+    return lambda: six_elementwise(a, b, x, y, out=out)
+
+
+def bench_autotuned(gpu, args):
+    """An `@pk.autotune`d kernel after its tuning: binding and the key lookup on top."""
+    @pk.autotune(configs=[{"threads": N}, {"threads": N // 2}], key=["n"],
+                 launch=lambda a, c: (-(-a["n"] // c["threads"]), c["threads"]))
+    @pk.kernel
+    def six_tuned(n: pk.i32, a: pk.f32, b: pk.f32, x: pk.Ptr[pk.f32], y: pk.Ptr[pk.f32],
+                  out: pk.Ptr[pk.f32]):
+        i = pk.block_idx.x * pk.block_dim.x + pk.thread_idx.x
+        if i < n:
+            out[i] = a * x[i] + b * y[i]
+    six_tuned(*args)
+    return lambda: six_tuned(*args)
+
+
 def main() -> None:
     if not dv.gpu_available():
         sys.exit("launch_overhead: no usable CUDA GPU")
@@ -128,7 +153,9 @@ def main() -> None:
               lambda: bench_pykernel(buffered, kernel, args)),
              ("graph replay, per captured kernel", lambda: bench_graph_replay(gpu, kernel, args)),
              ("pykernel kernel[grid, block](...) (compiler's launcher)",
-              lambda: bench_dsl(gpu, args))]
+              lambda: bench_dsl(gpu, args)),
+             ("@pk.elementwise call, out= given", lambda: bench_elementwise(gpu, args)),
+             ("@pk.autotune'd kernel call, tuned", lambda: bench_autotuned(gpu, args))]
     for label, make in paths:
         try:
             launch_once = make()

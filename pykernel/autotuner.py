@@ -15,10 +15,15 @@ only when all do. Arrays named in `restore` are copied before tuning and copied 
 the real launch, so a kernel that updates its output in place (`y += ...`) still runs on it
 once. Inside a graph capture nothing can be timed: a key already tuned launches its choice, a
 new one raises. Under `pk.precompile` recording every configuration's specialization is
-recorded, so the workers compile all candidates in parallel.
+recorded, so the workers compile all candidates in parallel. With `persist=True` each choice
+is also written to the compile cache's folder (`autotune/`, one JSON file per kernel code,
+compiler, configs, key and device name) and read back by later processes instead of timing.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from typing import Callable, Iterable, Sequence
 
 from . import compile_pool
@@ -35,19 +40,20 @@ class AutotuneError(RuntimeError):
 
 
 def autotune(configs: Sequence[dict], key: Iterable[str] = (), launch: Callable = None,
-             restore: Iterable[str] = (), verbose: bool = False):
-    """Decorator over a `@pk.kernel`: see the module docstring and docs/language.md."""
+             restore: Iterable[str] = (), verbose: bool = False, persist: bool = False):
+    """Decorator over a `@pk.kernel`: see the module docstring and docs/runtime.md."""
     def wrap(kernel):
         if not isinstance(kernel, Kernel):
             raise TypeError("@pk.autotune(...) goes above @pk.kernel (it tunes a kernel's "
                             f"launches), got {kernel!r}")
-        return Autotuned(kernel, configs, key, launch, restore, verbose)
+        return Autotuned(kernel, configs, key, launch, restore, verbose, persist)
     return wrap
 
 
 class Autotuned:
-    def __init__(self, kernel: Kernel, configs, key, launch, restore, verbose: bool):
-        self.kernel, self.verbose = kernel, verbose
+    def __init__(self, kernel: Kernel, configs, key, launch, restore, verbose: bool,
+                 persist: bool = False):
+        self.kernel, self.verbose, self.persist = kernel, verbose, persist
         names = [p.name for p in kernel.params]
         self.configs = [dict(c) for c in configs]
         if not self.configs or not all(isinstance(c, dict) and c for c in configs):
@@ -94,7 +100,7 @@ class Autotuned:
         from .runtime.graphs import is_capturing
         device = current_device()
         key = self._key(bound, device)
-        config = self.cache.get(key)
+        config = self.cache.get(key) or self._load(key, device)
         if config is None:
             if compile_pool.RECORDING is not None:   # pk.precompile: compile every candidate
                 for c in self.configs:
@@ -115,7 +121,7 @@ class Autotuned:
         from .runtime.device import current_device
         device = current_device()
         key = self._key(bound, device)
-        if key not in self.cache:
+        if key not in self.cache and self._load(key, device) is None:
             self._tune(bound, key, device, None)
         return dict(self.cache[key])
 
@@ -190,7 +196,44 @@ class Autotuned:
                                 f"{self._shown(key)}:\n{lines}")
         best = self.configs[min(ran)[1]]
         self.cache[key] = best
+        if self.persist:
+            self._save(key, device, best, results)
         return best
+
+    # --- persist=True: choices on disk -----------------------------------------------------------
+    def _path(self, key, device):
+        from .cache import _dependencies, cache_dir, compiler_fingerprint
+        h = hashlib.sha256()
+        h.update(compiler_fingerprint().encode())
+        _dependencies(self.kernel.fn, h, set())
+        h.update(repr((self.configs, key, getattr(device, "name", ""))).encode())
+        return cache_dir() / "autotune" / f"{self.kernel.name}-{h.hexdigest()[:24]}.json"
+
+    def _load(self, key, device):
+        """The persisted choice for key (cached in memory), or None."""
+        if not self.persist:
+            return None
+        try:
+            with open(self._path(key, device)) as f:
+                config = json.load(f)["config"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None                 # absent or unreadable: tune again
+        if config not in self.configs:
+            return None
+        self.cache[key] = config
+        return config
+
+    def _save(self, key, device, best: dict, results) -> None:
+        path = self._path(key, device)
+        record = {"kernel": self.kernel.name, "key": repr(key), "config": best,
+                  "timings": [[c, ms, error] for c, ms, error in results]}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(record, indent=1, default=str))
+            os.replace(tmp, path)       # atomic: a reader sees the old file or the new one
+        except OSError:
+            pass                        # a read-only cache only loses the reuse
 
     def _time(self, bound: dict, config: dict, device, stream) -> float:
         from .runtime.streams import Event

@@ -117,3 +117,26 @@ def test_usage_errors():
         kernel(8, 1.0, x, x, WORK=3)
     with pytest.raises(pk.LaunchError, match="missing argument"):
         kernel(8, 1.0, x)
+
+
+def test_persisted_choices_are_reused_by_a_new_process(device, tmp_path, monkeypatch):
+    """persist=True writes each choice beside the compile cache; a fresh Autotuned object (as in
+    a new process) reads it instead of timing, even inside a capture; an unreadable file or a
+    changed config list means tuning again."""
+    monkeypatch.setenv("PYKERNEL_CACHE_DIR", str(tmp_path))
+    x, y = pk.zeros(512, np.float32), pk.zeros(512, np.float32)
+    first = tuned(persist=True)
+    first(512, 1.0, x, y)
+    files = list((tmp_path / "autotune").glob("axpy_busy-*.json"))
+    assert len(files) == 1 and first.timings
+    second = tuned(persist=True)
+    with pk.capture_graph() as graph:
+        second(512, 1.0, x, y)            # no timing possible here: the file answers
+    assert not second.timings and second.best_config(512, 1.0, x, y) == FAST
+    assert graph.launches[0].block[0] == FAST["threads"]
+    files[0].write_text("{not json")
+    third = tuned(persist=True)
+    assert third.best_config(512, 1.0, x, y) == FAST and third.timings
+    other = pk.autotune(configs=[FAST], key=["n"], launch=grid_of, persist=True)(axpy_busy)
+    other(512, 1.0, x, y)
+    assert other.timings and len(list((tmp_path / "autotune").glob("*.json"))) == 2
