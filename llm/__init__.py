@@ -19,6 +19,6 @@ from llm.tokenizer import Tokenizer
 
 __all__ = [
     "BackendUnavailable", "ChatTemplateError", "ContextError", "GGUFError", "GGUFFile",
-    "GenerationStats", "HostMemoryError", "Model", "ModelConfig", "ModelFileError", "Sampler", "SamplingParams",
-    "Tokenizer", "load", "resolve_model",
+    "GenerationStats", "HostMemoryError", "Model", "ModelConfig", "ModelFileError", "Sampler",
+    "SamplingParams", "Tokenizer", "load", "resolve_model",
 ]

@@ -29,6 +29,8 @@ from typing import Callable, Iterable, Sequence
 from . import compile_pool
 from .errors import KernelSourceError, LaunchError
 from .kernel import Kernel
+from .runtime.device import current_device
+from .runtime.graphs import is_capturing
 
 TARGET_MS = 10.0      # launches per timed batch: about this long, at least one
 MIN_BATCHES = 3       # best of this many batches per configuration
@@ -74,6 +76,8 @@ class Autotuned:
             raise ValueError(f"autotune({kernel.name}): Const parameter(s) {', '.join(partial)} "
                              "set by some configs but not all")
         self.params = [n for n in names if n not in self.tuned]   # what a call passes
+        self._names = names                                       # the kernel's, in order
+        self._arrays = [p.name for p in kernel.runtime_params if p.kind == "ptr"]
         self.key = tuple(key)
         unknown = [k for k in self.key if k not in self.params]
         if unknown:
@@ -96,29 +100,26 @@ class Autotuned:
     # --- calls ---------------------------------------------------------------------------------
     def __call__(self, *args, stream=None, **kwargs):
         bound = self._bind(args, kwargs)
-        from .runtime.device import current_device
-        from .runtime.graphs import is_capturing
         device = current_device()
         key = self._key(bound, device)
         config = self.cache.get(key) or self._load(key, device)
         if config is None:
             if compile_pool.RECORDING is not None:   # pk.precompile: compile every candidate
                 for c in self.configs:
-                    self._launcher(bound, c, stream)(**bound, **self._consts(c))
+                    self._launch(bound, c, stream)
                 return
             if is_capturing(device):
                 raise AutotuneError(
-                    f"autotune({self.kernel.name}): key {self._shown(key)} is not tuned yet and nothing "
-                    "runs during a graph capture; call the kernel once with these arguments "
-                    "before capturing")
+                    f"autotune({self.kernel.name}): key {self._shown(key)} is not tuned yet "
+                    "and nothing runs during a graph capture; call the kernel once with these "
+                    "arguments before capturing")
             config = self._tune(bound, key, device, stream)
-        self._launcher(bound, config, stream)(**bound, **self._consts(config))
+        self._launch(bound, config, stream)
 
     def best_config(self, *args, **kwargs) -> dict:
         """The configuration these arguments launch with (tuning now if their key is new; the
         arrays in `restore` are put back afterwards)."""
         bound = self._bind(args, kwargs)
-        from .runtime.device import current_device
         device = current_device()
         key = self._key(bound, device)
         if key not in self.cache and self._load(key, device) is None:
@@ -127,6 +128,8 @@ class Autotuned:
 
     # --- internals -----------------------------------------------------------------------------
     def _bind(self, args, kwargs) -> dict:
+        if not kwargs and len(args) == len(self.params):     # the common call, cheaply
+            return dict(zip(self.params, args))
         name = self.kernel.name
         if len(args) > len(self.params):
             raise LaunchError(f"{name}(): takes {len(self.params)} arguments when autotuned "
@@ -151,16 +154,16 @@ class Autotuned:
                 return (tuple(value.shape), str(value.dtype))
             return value
         values = tuple(part(bound[k]) for k in self.key)
-        dtypes = tuple(str(getattr(bound[p.name], "dtype", "")) for p in self.kernel.runtime_params
-                       if p.kind == "ptr")
+        dtypes = tuple(getattr(bound[n], "dtype", None) for n in self._arrays)
         return (values, dtypes, device.kind, device.arch, getattr(device, "ordinal", 0))
 
     def _shown(self, key) -> str:
         return ", ".join(f"{k}={v}" for k, v in zip(self.key, key[0])) or "(no key)"
 
-    def _consts(self, config: dict) -> dict:
-        consts = {p.name for p in self.kernel.const_params}
-        return {k: v for k, v in config.items() if k in consts}
+    def _launch(self, bound: dict, config: dict, stream) -> None:
+        """One launch of `config`, arguments positional in the kernel's order."""
+        self._launcher(bound, config, stream)(
+            *[bound[n] if n in bound else config[n] for n in self._names])
 
     def _launcher(self, bound: dict, config: dict, stream):
         shape = self.launch({**bound, **config}, dict(config))
@@ -238,14 +241,14 @@ class Autotuned:
     def _time(self, bound: dict, config: dict, device, stream) -> float:
         from .runtime.streams import Event
         launcher = self._launcher(bound, config, stream)
-        consts = self._consts(config)
-        launcher(**bound, **consts)             # compiles, loads; not timed
+        args = [bound[n] if n in bound else config[n] for n in self._names]
+        launcher(*args)                         # compiles, loads; not timed
         start, end = Event(device), Event(device)
 
         def batch(n: int) -> float:
             start.record(stream)
             for _ in range(n):
-                launcher(**bound, **consts)
+                launcher(*args)
             end.record(stream)
             return Event.elapsed(start, end) / n
 

@@ -4,9 +4,9 @@ and of cuRAND's Philox). A counter-based generator keeps no state: the numbers a
 function of (seed, offset), so every thread draws its own stream by offset (e.g. its element
 index) with no setup, no memory, and the same values on the GPU and the CPU target.
 
-    pk.philox4x32(c0, c1, c2, c3, k0, k1) -> (u32, u32, u32, u32)   ten rounds, Random123's
-    pk.randint4x(seed, offset) -> 4 x u32      counter (offset lo, offset hi, 0, 0), key (seed lo, hi)
-    pk.randint(seed, offset) -> u32            the first of them
+    pk.philox4x32(c0, c1, c2, c3, k0, k1) -> 4 x u32   ten rounds, as Random123's
+    pk.randint4x(seed, offset) -> 4 x u32   counter (offset lo, hi, 0, 0), key (seed lo, hi)
+    pk.randint(seed, offset) -> u32         the first of them
     pk.rand(seed, offset) -> f32               uniform in [0, 1), multiples of 2**-24
     pk.randn(seed, offset) -> f32              standard normal (Box-Muller on the first two words)
 

@@ -70,7 +70,8 @@ def test_failing_configs_are_skipped_and_all_failing_is_an_error(device):
     (_, results), = kernel.timings.items()
     assert results[0][1] is None and "max_threads=512" in results[0][2]
     broken = pk.autotune(configs=[too_big], key=["n"], launch=grid_of)(axpy_busy)
-    with pytest.raises(pk.AutotuneError, match=r"(?s)no configuration ran for key n=64:.*1024 threads"):
+    with pytest.raises(pk.AutotuneError,
+                       match=r"(?s)no configuration ran for key n=64:.*1024 threads"):
         broken(64, 1.0, x, y)
 
 
