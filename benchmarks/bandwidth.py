@@ -1,6 +1,7 @@
 """Memory bandwidth of pykernel kernels on the GPU: f32 vector add with one element per thread
 (scalar loads) vs four per thread with 16-byte vector loads (pk.load_vec), the same add and an
-inverted dropout (pk.rand per element) as `@pk.elementwise` operations, and a plain copy.
+inverted dropout (pk.rand per element) as `@pk.elementwise` operations, a `@pk.reduction` sum,
+and a plain copy.
 Buffers of 256 MiB each (far above the 50-60 MB L2), CUDA-event timing over 20 launches.
 Bytes counted: reads + writes. Usage: python benchmarks/bandwidth.py"""
 import numpy as np
@@ -33,6 +34,11 @@ def add_elementwise(a: f32, b: f32) -> f32:
 @pk.elementwise
 def dropout_elementwise(a: f32, index: i32, seed: i32) -> f32:
     return a * f32(2.0) if pk.rand(seed, index) >= f32(0.5) else f32(0.0)
+
+
+@pk.reduction(identity=0.0)
+def sum_reduction(a: f32, b: f32) -> f32:
+    return a + b
 
 
 @pk.kernel
@@ -74,6 +80,10 @@ def main():
     rows.append(("dropout, @pk.elementwise with pk.rand (Philox per element; reads a, index)",
                  12 * n / t))
     assert abs(float(np.mean(out.numpy() == 0)) - 0.5) < 0.01
+    total = pk.empty((), np.float32)
+    t = timed(lambda: sum_reduction(a, out=total))
+    rows.append(("sum, @pk.reduction (reads only; two launches)", 4 * n / t))
+    assert float(total.numpy()) == float(n)
     t = timed(lambda: copy_vec4[n // 4 // 256, 256](a, out, n // 4))
     rows.append(("copy, 16-byte vector loads", 8 * n / t))
     try:

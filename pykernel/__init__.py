@@ -45,6 +45,7 @@ from .intrinsics.lowlevel import (asm, dp4a, mma_m16n8k16_bf16, mma_m16n8k16_f16
 from .compile_pool import precompile
 from .autotuner import AutotuneError, autotune
 from .elementwise_kernels import elementwise
+from .reduction_kernels import reduction
 from .rng import philox4x32, rand, randint, randint4x, randn
 from .runtime import (Array, Event, Graph, Stream, capture_graph, current_device, empty, full,
                       get_device, gpu_available, pinned_empty, programmatic_launches, set_device,

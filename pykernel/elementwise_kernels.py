@@ -15,17 +15,16 @@ which each thread computes VEC consecutive outputs from VEC-wide vector loads (`
 16 bytes for f32), the last n % VEC elements one by one; misaligned arrays (views at odd
 offsets) get a one-element-per-thread loop. Arrays are flat and contiguous, scalars passed by
 value. The generated source is registered with
-linecache, so the compiler, its disk cache and its error messages treat it like a file; errors
-in the function's body point at the user's own lines.
+linecache (generated.py), so the compiler, its disk cache and its error messages treat it like
+a file; errors in the function's body point at the user's own lines.
 """
 from __future__ import annotations
 
-import hashlib
 import inspect
-import linecache
 
 from .errors import LaunchError
-from .kernel import DeviceFunction, kernel
+from .generated import define_kernel
+from .kernel import DeviceFunction
 from .types import Ptr, ScalarType, i64
 
 THREADS = 256
@@ -157,12 +156,7 @@ class Elementwise:
                              f"    _pk_k = _pk_n // {VEC} * {VEC} + _pk_i\n"
                              f"    if _pk_k < _pk_n:\n"
                              f"        out[_pk_k] = {call('[_pk_k]')}\n")
-        digest = hashlib.sha256(source.encode()).hexdigest()[:12]
-        filename = f"<pykernel elementwise {self.name} {digest}>"
         import pykernel as pk
-        namespace = {"__name__": f"pykernel.elementwise.generated.{digest}", "pk": pk,
-                     "Ptr": Ptr, "i64": i64, "R": self.result, "FN": self.func,
+        namespace = {"pk": pk, "Ptr": Ptr, "i64": i64, "R": self.result, "FN": self.func,
                      **{f"T{j}": t for j, t in enumerate(self.types)}}
-        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-        exec(compile(source, filename, "exec"), namespace)
-        return kernel(namespace[name])
+        return define_kernel(name, source, namespace, f"elementwise {self.name}")

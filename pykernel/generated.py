@@ -1,0 +1,22 @@
+"""Kernels whose source pykernel writes itself (`@pk.elementwise`, `@pk.reduction`): the text
+is registered with linecache under a name of its own, so the front end reads it as it reads a
+file (inspect finds the lines), the disk cache keys it by that text, and a compile error in it
+prints the generated line with its caret."""
+from __future__ import annotations
+
+import hashlib
+import linecache
+
+from .kernel import Kernel, kernel
+
+
+def define_kernel(name: str, source: str, namespace: dict, what: str) -> Kernel:
+    """`@pk.kernel` over function `name` defined by `source` with globals `namespace` (which
+    holds the types, functions and constants the source names); `what` labels the file."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:12]
+    filename = f"<pykernel {what} {digest}>"
+    # not in sys.modules: inspect then takes the registered lines as the whole "module"
+    namespace = {"__name__": f"pykernel.generated.{digest}", **namespace}
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), namespace)
+    return kernel(namespace[name])

@@ -1,0 +1,138 @@
+"""`@pk.reduction`: reduce every element of an array with a binary function (Numba's
+`cuda.reduce`, CuPy's ReductionKernel), optionally mapping each element first.
+
+    @pk.reduction(identity=0.0)
+    def total(a: f32, b: f32) -> f32:
+        return a + b
+
+    s = total(x)                           # a 0-d array on the device: s.numpy()
+    total(x, out=s)
+
+    @pk.reduction(identity=0.0, map=square)    # square: a @pk.func (v: f16) -> f32
+    def sum_of_squares(a: f32, b: f32) -> f32:
+        return a + b
+
+The function must be associative and commutative (sums, max, min, and, or, ...): partial results
+are combined in a tree whose shape depends on the launch. Two launches of generated kernels:
+the first has each thread fold a grid-stride slice of the (mapped) elements, then the block's
+threads combine theirs through warp shuffles and shared memory into one partial per block; the
+second folds the partials the same way in one block. Both are deterministic for a given length
+and device (no atomics). Accumulator types: 32- and 64-bit ints and floats.
+"""
+from __future__ import annotations
+
+import inspect
+
+from .errors import LaunchError
+from .generated import define_kernel
+from .kernel import DeviceFunction
+from .types import Ptr, ScalarType, i64
+
+THREADS = 256            # per block: 8 warps
+ITEMS_PER_THREAD = 8     # elements a thread folds before more blocks are worth launching
+MAX_PARTIALS = 1024      # blocks of the first pass (partials of the second)
+
+
+def reduction(fn=None, *, identity, map=None):
+    """Decorator: see the module docstring. `identity` is op's neutral element (0 for sums,
+    -inf for max, ...); `map` an optional one-argument @pk.func applied to each element."""
+    def wrap(f):
+        return Reduction(f, identity, map)
+    return wrap if fn is None else wrap(fn)
+
+
+def _annotations(func: DeviceFunction, what: str, count: int):
+    params = list(inspect.signature(func.fn).parameters)
+    ann = func.annotations()
+    types = [ann.get(p) for p in params] + [ann.get("return")]
+    if len(params) != count or not all(isinstance(t, ScalarType) for t in types):
+        raise TypeError(f"@pk.reduction {what} '{func.name}' must take {count} argument(s) and "
+                        f"return a value, every one annotated with a scalar type")
+    return types
+
+
+class Reduction:
+    def __init__(self, fn, identity, map_fn):
+        self.op = fn if isinstance(fn, DeviceFunction) else DeviceFunction(fn)
+        self.name = self.op.name
+        a, b, result = _annotations(self.op, "function", 2)
+        if not a == b == result:
+            raise TypeError(f"@pk.reduction {self.name}: both arguments and the result must "
+                            f"have one type (the accumulator's), got {a}, {b} -> {result}")
+        if result.kind == "bool" or result.bits not in (32, 64):
+            raise TypeError(f"@pk.reduction {self.name}: the accumulator must be a 32- or "
+                            f"64-bit int or float (warp shuffles move it), got {result}")
+        self.acc = result
+        self.input = result
+        self.map = None
+        if map_fn is not None:
+            self.map = map_fn if isinstance(map_fn, DeviceFunction) else DeviceFunction(map_fn)
+            source, mapped = _annotations(self.map, "map", 1)
+            if mapped != result:
+                raise TypeError(f"@pk.reduction {self.name}: map '{self.map.name}' returns "
+                                f"{mapped}, the accumulator is {result}")
+            self.input = source
+        if not isinstance(identity, (bool, int, float)):
+            raise TypeError(f"@pk.reduction {self.name}: identity must be a number, got "
+                            f"{identity!r}")
+        self.identity = identity
+        self._kernels = {}
+        self.__doc__ = self.op.fn.__doc__
+
+    def __call__(self, x, out=None, stream=None):
+        if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+            raise LaunchError(f"{self.name}(): expects an array, got {type(x).__name__}")
+        from .runtime import empty
+        if out is None:
+            out = empty((), self.acc.np_dtype)
+        elif getattr(out, "size", None) != 1:
+            raise LaunchError(f"{self.name}(): out must hold one element, got shape "
+                              f"{tuple(out.shape)}")
+        n = 1
+        for extent in x.shape:
+            n *= extent
+        blocks = max(1, min(-(-n // (THREADS * ITEMS_PER_THREAD)), MAX_PARTIALS))
+        if blocks == 1:
+            self._kernel(True)[1, THREADS, stream](n, out, x)
+            return out
+        partials = empty(blocks, self.acc.np_dtype)
+        self._kernel(True)[blocks, THREADS, stream](n, partials, x)
+        self._kernel(False)[1, THREADS, stream](blocks, out, partials)
+        return out
+
+    def _kernel(self, mapped: bool):
+        k = self._kernels.get(mapped)
+        if k is None:
+            k = self._kernels[mapped] = self._generate(mapped)
+        return k
+
+    def _generate(self, mapped: bool):
+        """First pass (mapped: the input elements through map) or second (the partials)."""
+        name = f"{self.name}_reduce" + ("" if mapped else "_partials")
+        element = "MAP(x[i])" if mapped and self.map is not None else "x[i]"
+        source = (
+            f"def {name}(n: i64, out: Ptr[A], x: Ptr[{'S' if mapped else 'A'}, 'ro']):\n"
+            f"    acc = A(IDENTITY)\n"
+            f"    i = i64(pk.block_idx.x) * i64(pk.block_dim.x) + i64(pk.thread_idx.x)\n"
+            f"    step = i64(pk.grid_dim.x) * i64(pk.block_dim.x)\n"
+            f"    while i < n:\n"
+            f"        acc = OP(acc, {element})\n"
+            f"        i += step\n"
+            f"    for k in pk.static_range(5):\n"
+            f"        acc = OP(acc, pk.shfl_xor(acc, 16 >> k))\n"
+            f"    warps = pk.shared_array(A, 32)\n"
+            f"    lane = pk.thread_idx.x % 32\n"
+            f"    warp = pk.thread_idx.x // 32\n"
+            f"    if lane == 0:\n"
+            f"        warps[warp] = acc\n"
+            f"    pk.syncthreads()\n"
+            f"    if warp == 0:\n"
+            f"        acc = warps[lane] if lane < pk.block_dim.x // 32 else A(IDENTITY)\n"
+            f"        for k in pk.static_range(5):\n"
+            f"            acc = OP(acc, pk.shfl_xor(acc, 16 >> k))\n"
+            f"        if lane == 0:\n"
+            f"            out[pk.block_idx.x] = acc\n")
+        import pykernel as pk
+        namespace = {"pk": pk, "Ptr": Ptr, "i64": i64, "A": self.acc, "S": self.input,
+                     "OP": self.op, "MAP": self.map, "IDENTITY": self.identity}
+        return define_kernel(name, source, namespace, f"reduction {self.name}")
