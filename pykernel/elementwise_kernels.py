@@ -23,7 +23,7 @@ from __future__ import annotations
 import inspect
 
 from .errors import LaunchError
-from .generated import define_kernel
+from .generated import array_address, define_kernel
 from .kernel import DeviceFunction
 from .types import Ptr, ScalarType, i64
 
@@ -42,16 +42,6 @@ def elementwise(fn=None, *, threads: int = THREADS):
 
 def _is_array(value) -> bool:
     return hasattr(value, "shape") and hasattr(value, "dtype") and getattr(value, "ndim", 1) > 0
-
-
-def _address(value):
-    """The first element's address of an accepted array argument, else None."""
-    if hasattr(value, "ptr"):                         # pk.Array
-        return int(value.ptr)
-    if hasattr(value, "ctypes"):                      # numpy (cpu)
-        return int(value.ctypes.data)
-    interface = getattr(value, "__cuda_array_interface__", None)
-    return int(interface["data"][0]) if interface else None
 
 
 class Elementwise:
@@ -108,7 +98,7 @@ class Elementwise:
         arrays = [(a, t) for a, t, is_arr in zip(args, self.types, pattern) if is_arr]
         arrays.append((out, self.result))
         vec = all(t.kind != "bool" and t.bits <= 32 and              # loads of <= 16 bytes
-                  (_address(a) or 1) % (VEC * t.bits // 8) == 0 for a, t in arrays)
+                  (array_address(a) or 1) % (VEC * t.bits // 8) == 0 for a, t in arrays)
         per_thread = VEC if vec else 1
         blocks = max(1, min(-(-n // (self.threads * per_thread)), MAX_BLOCKS))
         self._kernel(pattern, vec)[blocks, self.threads, stream](n, out, *args)

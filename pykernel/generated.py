@@ -20,3 +20,15 @@ def define_kernel(name: str, source: str, namespace: dict, what: str) -> Kernel:
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     exec(compile(source, filename, "exec"), namespace)
     return kernel(namespace[name])
+
+
+def array_address(value):
+    """The first element's address of an array argument (pk.Array, numpy on the cpu device,
+    `__cuda_array_interface__` objects), else None: the generators' alignment test for their
+    vector-load kernels."""
+    if hasattr(value, "ptr"):
+        return int(value.ptr)
+    if hasattr(value, "ctypes"):
+        return int(value.ctypes.data)
+    interface = getattr(value, "__cuda_array_interface__", None)
+    return int(interface["data"][0]) if interface else None

@@ -14,7 +14,8 @@
 
 The function must be associative and commutative (sums, max, min, and, or, ...): partial results
 are combined in a tree whose shape depends on the launch. Two launches of generated kernels:
-the first has each thread fold a grid-stride slice of the (mapped) elements, then the block's
+the first has each thread fold a grid-stride slice of the (mapped) elements (4-wide vector loads
+into 4 accumulators when the array is aligned for them), then the block's
 threads combine theirs through warp shuffles and shared memory into one partial per block; the
 second folds the partials the same way in one block. Both are deterministic for a given length
 and device (no atomics). Accumulator types: 32- and 64-bit ints and floats.
@@ -24,13 +25,14 @@ from __future__ import annotations
 import inspect
 
 from .errors import LaunchError
-from .generated import define_kernel
+from .generated import array_address, define_kernel
 from .kernel import DeviceFunction
 from .types import Ptr, ScalarType, i64
 
 THREADS = 256            # per block: 8 warps
 ITEMS_PER_THREAD = 8     # elements a thread folds before more blocks are worth launching
-MAX_PARTIALS = 1024      # blocks of the first pass (partials of the second)
+MAX_PARTIALS = 2048      # blocks of the first pass (partials of the second)
+VEC = 4                  # elements per vector load (16 bytes of f32) on aligned inputs
 
 
 def reduction(fn=None, *, identity, map=None):
@@ -92,32 +94,53 @@ class Reduction:
         for extent in x.shape:
             n *= extent
         blocks = max(1, min(-(-n // (THREADS * ITEMS_PER_THREAD)), MAX_PARTIALS))
+        vec = self.input.kind != "bool" and self.input.bits <= 32 and \
+            (array_address(x) or 1) % (VEC * self.input.bits // 8) == 0
         if blocks == 1:
-            self._kernel(True)[1, THREADS, stream](n, out, x)
+            self._kernel(True, vec)[1, THREADS, stream](n, out, x)
             return out
         partials = empty(blocks, self.acc.np_dtype)
-        self._kernel(True)[blocks, THREADS, stream](n, partials, x)
+        self._kernel(True, vec)[blocks, THREADS, stream](n, partials, x)
         self._kernel(False)[1, THREADS, stream](blocks, out, partials)
         return out
 
-    def _kernel(self, mapped: bool):
-        k = self._kernels.get(mapped)
+    def _kernel(self, mapped: bool, vec: bool = False):
+        k = self._kernels.get((mapped, vec))
         if k is None:
-            k = self._kernels[mapped] = self._generate(mapped)
+            k = self._kernels[(mapped, vec)] = self._generate(mapped, vec)
         return k
 
-    def _generate(self, mapped: bool):
-        """First pass (mapped: the input elements through map) or second (the partials)."""
+    def _generate(self, mapped: bool, vec: bool):
+        """First pass (mapped: the input elements through map) or second (the partials); vec:
+        VEC-wide vector loads into VEC accumulators (op is associative and commutative)."""
         name = f"{self.name}_reduce" + ("" if mapped else "_partials")
-        element = "MAP(x[i])" if mapped and self.map is not None else "x[i]"
+        fold = "OP(acc{e}, MAP({v}))" if mapped and self.map is not None else "OP(acc{e}, {v})"
+        if vec:
+            names = ", ".join(f"v{e}" for e in range(VEC))
+            loop = (f"    j = i\n"
+                    f"    while j < n // {VEC}:\n"
+                    f"        {names} = pk.load_vec(x, {VEC} * j, {VEC})\n" +
+                    "".join(f"        acc{e} = {fold.format(e=e, v=f'v{e}')}\n"
+                            for e in range(VEC)) +
+                    f"        j += step\n"
+                    f"    k = n // {VEC} * {VEC} + i\n"
+                    f"    if k < n:\n"
+                    f"        acc0 = {fold.format(e=0, v='x[k]')}\n")
+            accs = "".join(f"    acc{e} = A(IDENTITY)\n" for e in range(VEC))
+            combine = "    acc = " + _tree([f"acc{e}" for e in range(VEC)]) + "\n"
+        else:
+            loop = (f"    while i < n:\n"
+                    f"        acc0 = {fold.format(e=0, v='x[i]')}\n"
+                    f"        i += step\n")
+            accs = "    acc0 = A(IDENTITY)\n"
+            combine = "    acc = acc0\n"
         source = (
             f"def {name}(n: i64, out: Ptr[A], x: Ptr[{'S' if mapped else 'A'}, 'ro']):\n"
-            f"    acc = A(IDENTITY)\n"
+            f"{accs}"
             f"    i = i64(pk.block_idx.x) * i64(pk.block_dim.x) + i64(pk.thread_idx.x)\n"
             f"    step = i64(pk.grid_dim.x) * i64(pk.block_dim.x)\n"
-            f"    while i < n:\n"
-            f"        acc = OP(acc, {element})\n"
-            f"        i += step\n"
+            f"{loop}"
+            f"{combine}"
             f"    for k in pk.static_range(5):\n"
             f"        acc = OP(acc, pk.shfl_xor(acc, 16 >> k))\n"
             f"    warps = pk.shared_array(A, 32)\n"
@@ -136,3 +159,10 @@ class Reduction:
         namespace = {"pk": pk, "Ptr": Ptr, "i64": i64, "A": self.acc, "S": self.input,
                      "OP": self.op, "MAP": self.map, "IDENTITY": self.identity}
         return define_kernel(name, source, namespace, f"reduction {self.name}")
+
+
+def _tree(terms: list) -> str:
+    """OP(OP(a, b), OP(c, d)): the accumulators combined pairwise."""
+    while len(terms) > 1:
+        terms = [f"OP({terms[i]}, {terms[i + 1]})" for i in range(0, len(terms), 2)]
+    return terms[0]

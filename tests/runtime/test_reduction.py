@@ -59,6 +59,16 @@ def test_reductions_match_numpy(device, rng, seed, n):
     assert again.numpy().tobytes() == s.numpy().tobytes(), "not deterministic"
 
 
+def test_aligned_and_misaligned_inputs_agree(device, rng, seed):
+    """A view one element in (4 bytes off) takes the one-load-per-element kernel, the aligned
+    array the 4-wide one (with its n % 4 tail): integer sums are exact either way."""
+    k = rng.integers(-1000, 1000, 100_003).astype(np.int32)
+    dk = pk.to_device(k)
+    assert int(int_total(dk).numpy()) == int(k.astype(np.int64).sum()), seed
+    assert int(int_total(dk[1:]).numpy()) == int(k[1:].astype(np.int64).sum()), seed
+    assert {vec for mapped, vec in int_total._kernels if mapped} == {True, False}
+
+
 def test_2d_input_and_one_element_out(device, rng, seed):
     x = rng.standard_normal((300, 41)).astype(np.float32)
     out = pk.zeros(1, np.float32)
