@@ -15,9 +15,9 @@
 The function must be associative and commutative (sums, max, min, and, or, ...): partial results
 are combined in a tree whose shape depends on the launch. Two launches of generated kernels:
 the first has each thread fold a grid-stride slice of the (mapped) elements (4-wide vector loads
-into 4 accumulators when the array is aligned for them), then the block's
-threads combine theirs through warp shuffles and shared memory into one partial per block; the
-second folds the partials the same way in one block. Both are deterministic for a given length
+into 4 accumulators, two loads in flight per trip, when the array is aligned for them), then the
+block's threads combine theirs through warp shuffles and shared memory into one partial per
+block; the second folds the partials the same way in one block. Both are deterministic for a given length
 and device (no atomics). Accumulator types: 32- and 64-bit ints and floats.
 """
 from __future__ import annotations
@@ -79,6 +79,7 @@ class Reduction:
                             f"{identity!r}")
         self.identity = identity
         self._kernels = {}
+        self._scratch = {}      # (device, stream) -> the partials buffer
         self.__doc__ = self.op.fn.__doc__
 
     def __call__(self, x, out=None, stream=None):
@@ -99,10 +100,21 @@ class Reduction:
         if blocks == 1:
             self._kernel(True, vec)[1, THREADS, stream](n, out, x)
             return out
-        partials = empty(blocks, self.acc.np_dtype)
+        partials = self._partials(stream)
         self._kernel(True, vec)[blocks, THREADS, stream](n, partials, x)
         self._kernel(False)[1, THREADS, stream](blocks, out, partials)
         return out
+
+    def _partials(self, stream):
+        """The first pass's output, kept per device and stream: allocating (and freeing,
+        which waits for the device) a buffer per call would cost more than a small sum."""
+        from .runtime import current_device, empty
+        device = current_device()
+        key = (device.kind, getattr(device, "ordinal", 0), stream)
+        buf = self._scratch.get(key)
+        if buf is None:
+            buf = self._scratch[key] = empty(MAX_PARTIALS, self.acc.np_dtype)
+        return buf
 
     def _kernel(self, mapped: bool, vec: bool = False):
         k = self._kernels.get((mapped, vec))
@@ -117,12 +129,20 @@ class Reduction:
         fold = "OP(acc{e}, MAP({v}))" if mapped and self.map is not None else "OP(acc{e}, {v})"
         if vec:
             names = ", ".join(f"v{e}" for e in range(VEC))
+            later = ", ".join(f"w{e}" for e in range(VEC))
+            # two vectors per trip, both loads issued before the folds wait for either
             loop = (f"    j = i\n"
-                    f"    while j < n // {VEC}:\n"
+                    f"    while j + step < n // {VEC}:\n"
+                    f"        {names} = pk.load_vec(x, {VEC} * j, {VEC})\n"
+                    f"        {later} = pk.load_vec(x, {VEC} * (j + step), {VEC})\n" +
+                    "".join(f"        acc{e} = {fold.format(e=e, v=f'v{e}')}\n"
+                            f"        acc{e} = {fold.format(e=e, v=f'w{e}')}\n"
+                            for e in range(VEC)) +
+                    f"        j += 2 * step\n"
+                    f"    if j < n // {VEC}:\n"
                     f"        {names} = pk.load_vec(x, {VEC} * j, {VEC})\n" +
                     "".join(f"        acc{e} = {fold.format(e=e, v=f'v{e}')}\n"
                             for e in range(VEC)) +
-                    f"        j += step\n"
                     f"    k = n // {VEC} * {VEC} + i\n"
                     f"    if k < n:\n"
                     f"        acc0 = {fold.format(e=0, v='x[k]')}\n")
