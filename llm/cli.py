@@ -1,4 +1,4 @@
-"""The runner's `pykernel` subcommands: run, chat, tokenize, info.
+"""The runner's `pykernel` subcommands: run, chat, serve, tokenize, info.
 
 Input: parsed argparse arguments. Output: text on stdout (the continuation, the reply, ids, the
 file's tables), progress and statistics on stderr, and an exit code (0 ok, 1 error). Errors the
@@ -52,7 +52,7 @@ def _add_sampling_args(p, n_default: int) -> None:
 
 
 def register(sub) -> None:
-    """Add run, chat, tokenize and info to the `pykernel` subparsers."""
+    """Add run, chat, serve, tokenize and info to the `pykernel` subparsers."""
     run = sub.add_parser("run", help="generate a continuation of a prompt")
     run.add_argument("prompt", nargs="?", help="prompt text (default: stdin if piped)")
     _add_model_args(run)
@@ -66,6 +66,14 @@ def register(sub) -> None:
     _add_sampling_args(chat, 256)
     chat.add_argument("--system", default=None, help="system message")
     chat.set_defaults(func=cmd_chat)
+
+    serve = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
+    _add_model_args(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8080, help="port (default 8080; 0: any)")
+    serve.add_argument("-n", "--n-predict", type=int, default=256,
+                       help="max_tokens when a request gives none")
+    serve.set_defaults(func=cmd_serve)
 
     tok = sub.add_parser("tokenize", help="print the token ids of a text")
     tok.add_argument("text")
@@ -210,6 +218,23 @@ def cmd_chat(args) -> int:
         sys.stdout.flush()
         history.append({"role": "assistant", "content": "".join(pieces)})
         _print_stats(stats)
+    return 0
+
+
+@_guarded
+def cmd_serve(args) -> int:
+    """Serve /v1/completions, /v1/chat/completions, /v1/models, /health until interrupted."""
+    from llm.server import make_server
+    model = _load(args)
+    server = make_server(model, args.host, args.port)
+    server.default_max_tokens = args.n_predict
+    host, port = server.server_address[:2]
+    print(f"serving {server.model_name} on http://{host}:{port}/v1 (Ctrl-C stops)",
+          file=sys.stderr, flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
     return 0
 
 

@@ -88,3 +88,34 @@ def test_run_default_model_on_cpu():
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(" Paris"), out.stdout
     assert "SmolLM2-135M-Instruct.Q4_1.gguf" in out.stderr and "tok/s" in out.stderr
+
+
+def test_serve_answers_over_http_until_stopped():
+    """`pykernel serve --port 0` prints its address, answers a completion, stops on SIGINT."""
+    import json
+    import re
+    import signal
+    import urllib.request
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "pykernel.cli", "serve", "--model",
+                             str(TINY_LLAMA), "--port", "0", "--device", "cpu"], cwd=REPO,
+                            env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        address = None
+        for _ in range(20):
+            line = proc.stderr.readline()
+            found = re.search(r"serving \S+ on (http://[\d.]+:\d+)/v1", line)
+            if found:
+                address = found.group(1)
+                break
+        assert address, "no 'serving ... on' line"
+        request = urllib.request.Request(
+            address + "/v1/completions", headers={"Content-Type": "application/json"},
+            data=json.dumps({"prompt": "hello", "max_tokens": 3, "temperature": 0}).encode())
+        with urllib.request.urlopen(request, timeout=60) as response:
+            out = json.loads(response.read())
+        assert out["choices"][0]["text"] and out["usage"]["completion_tokens"] >= 1
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    assert "POST /v1/completions: prompt" in proc.stderr.read()

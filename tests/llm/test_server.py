@@ -1,0 +1,114 @@
+"""`pykernel serve` (llm/server.py): the OpenAI-compatible endpoints over real HTTP on a tiny
+model: greedy completions equal the model's own generate(), streamed events add up to the
+same text, chat answers use the template, bad requests get 400 errors and the server stays up."""
+import json
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+
+import llm
+from llm.server import make_server
+from tests.llm.gguf_helpers import TINY_LLAMA, require_for_module
+
+require_for_module(TINY_LLAMA)
+
+
+@pytest.fixture(scope="module")
+def served():
+    model = llm.load(TINY_LLAMA, progress=False)
+    server = make_server(model, "127.0.0.1", 0, model_name="tiny")
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield model, f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    server.server_close()
+
+
+def call(url, path, body=None, raw: bytes | None = None):
+    """(status, parsed JSON or the raw event text) of one request."""
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    request = urllib.request.Request(url + path, data=data,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            text = response.read().decode()
+            kind = response.headers.get("Content-Type", "")
+            return response.status, (json.loads(text) if "json" in kind else text)
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read().decode())
+
+
+def events(text: str) -> list:
+    chunks = [line[len("data: "):] for line in text.split("\n\n") if line.startswith("data: ")]
+    assert chunks[-1] == "[DONE]", text[-200:]
+    return [json.loads(c) for c in chunks[:-1]]
+
+
+def test_health_and_models(served):
+    _, url = served
+    assert call(url, "/health") == (200, {"status": "ok"})
+    status, models = call(url, "/v1/models")
+    assert status == 200 and models["data"][0]["id"] == "tiny"
+
+
+def test_completion_matches_generate_and_streams_the_same_text(served):
+    model, url = served
+    body = {"prompt": "hello world", "max_tokens": 12, "temperature": 0}
+    expected = "".join(model.generate("hello world", max_tokens=12, temperature=0))
+    status, out = call(url, "/v1/completions", body)
+    assert status == 200 and out["object"] == "text_completion" and out["model"] == "tiny"
+    choice = out["choices"][0]
+    assert choice["text"] == expected and choice["finish_reason"] in ("length", "stop")
+    prompt_ids = model.tokenizer.encode("hello world", add_special=True, parse_special=False)
+    assert out["usage"]["prompt_tokens"] == len(prompt_ids)
+    assert out["usage"]["total_tokens"] == len(prompt_ids) + out["usage"]["completion_tokens"]
+    status, text = call(url, "/v1/completions", {**body, "stream": True})
+    chunks = events(text)
+    assert status == 200 and "".join(c["choices"][0]["text"] for c in chunks) == expected
+    assert chunks[-1]["choices"][0]["finish_reason"] == choice["finish_reason"]
+    assert chunks[-1]["usage"] == out["usage"]
+
+
+def test_chat_completion_and_stream(served):
+    model, url = served
+    messages = [{"role": "user", "content": "hi there"}]
+    expected = "".join(model.generate(model.chat_ids(messages), max_tokens=8, temperature=0))
+    body = {"messages": messages, "max_tokens": 8, "temperature": 0, "seed": 3}
+    status, out = call(url, "/v1/chat/completions", body)
+    assert status == 200 and out["object"] == "chat.completion"
+    assert out["choices"][0]["message"] == {"role": "assistant", "content": expected}
+    status, text = call(url, "/v1/chat/completions", {**body, "stream": True})
+    chunks = events(text)
+    assert chunks[0]["object"] == "chat.completion.chunk"
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"}
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == expected
+
+
+@pytest.mark.parametrize("path, body, message", [
+    ("/v1/completions", {"prompt": 3}, "'prompt' must be a string"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "at least 1"),
+    ("/v1/completions", {"prompt": "x", "temperature": "hot"}, "'temperature' must be a number"),
+    ("/v1/completions", {"prompt": "x", "stop": [1]}, "'stop' must be a string"),
+    ("/v1/completions", {"prompt": "x", "n": 2}, "only n = 1"),
+    ("/v1/completions", {"prompt": "hello " * 400}, "context"),
+    ("/v1/chat/completions", {"messages": []}, "non-empty list"),
+    ("/v1/chat/completions", {"messages": [{"role": "user"}]}, "string 'content'"),
+    ("/v1/completions", [1, 2], "JSON object"),
+])
+def test_bad_requests_are_400_and_the_server_stays_up(served, path, body, message):
+    _, url = served
+    status, out = call(url, path, body)
+    assert status == 400 and message in out["error"]["message"], out
+    assert out["error"]["type"] == "invalid_request_error"
+    assert call(url, "/health")[0] == 200
+
+
+def test_unparsable_and_unknown(served):
+    _, url = served
+    status, out = call(url, "/v1/completions", raw=b"{not json")
+    assert status == 400 and "not JSON" in out["error"]["message"]
+    status, out = call(url, "/v1/embeddings", {"input": "x"})
+    assert status == 404 and out["error"]["type"] == "not_found_error"
+    assert call(url, "/nothing")[0] == 404
