@@ -15,9 +15,14 @@ from tests.llm.gguf_helpers import TINY_LLAMA, require_for_module
 require_for_module(TINY_LLAMA)
 
 
-@pytest.fixture(scope="module")
-def served():
-    model = llm.load(TINY_LLAMA, progress=False)
+@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def served(request):
+    """The tiny model served on the numpy backend, and on the GPU's kernels backend."""
+    if request.param == "cuda":
+        import pykernel as pk
+        if not pk.gpu_available():
+            pytest.skip("no usable CUDA GPU (driver or device missing)")
+    model = llm.load(TINY_LLAMA, device=request.param, progress=False)
     server = make_server(model, "127.0.0.1", 0, model_name="tiny")
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
