@@ -92,16 +92,18 @@ def bench_graph_replay(gpu, kernel, args):
     return replay_or_skip
 
 
+@pk.kernel
+def six_dsl(n: pk.i32, a: pk.f32, b: pk.f32, x: pk.Ptr[pk.f32], y: pk.Ptr[pk.f32],
+            out: pk.Ptr[pk.f32]):
+    i = pk.block_idx.x * pk.block_dim.x + pk.thread_idx.x
+    if i < n:
+        out[i] = a * x[i] + b * y[i]
+
+
 def bench_dsl(gpu, args):
     """The compiler's `kernel[grid, block](...)` launcher."""
-    @pk.kernel
-    def six(n: pk.i32, a: pk.f32, b: pk.f32, x: pk.Ptr[pk.f32], y: pk.Ptr[pk.f32],
-            out: pk.Ptr[pk.f32]):
-        i = pk.block_idx.x * pk.block_dim.x + pk.thread_idx.x
-        if i < n:
-            out[i] = a * x[i] + b * y[i]
-    six[1, N](*args)
-    return lambda: six[1, N](*args)
+    six_dsl[1, N](*args)
+    return lambda: six_dsl[1, N](*args)
 
 
 def bench_elementwise(gpu, args):
@@ -116,14 +118,9 @@ def bench_elementwise(gpu, args):
 
 def bench_autotuned(gpu, args):
     """An `@pk.autotune`d kernel after its tuning: binding and the key lookup on top."""
-    @pk.autotune(configs=[{"threads": N}, {"threads": N // 2}], key=["n"],
-                 launch=lambda a, c: (-(-a["n"] // c["threads"]), c["threads"]))
-    @pk.kernel
-    def six_tuned(n: pk.i32, a: pk.f32, b: pk.f32, x: pk.Ptr[pk.f32], y: pk.Ptr[pk.f32],
-                  out: pk.Ptr[pk.f32]):
-        i = pk.block_idx.x * pk.block_dim.x + pk.thread_idx.x
-        if i < n:
-            out[i] = a * x[i] + b * y[i]
+    six_tuned = pk.autotune(configs=[{"threads": N}, {"threads": N // 2}], key=["n"],
+                            launch=lambda a, c: (-(-a["n"] // c["threads"]), c["threads"]))(
+                                six_dsl)
     six_tuned(*args)
     return lambda: six_tuned(*args)
 
