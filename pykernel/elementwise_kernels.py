@@ -88,6 +88,9 @@ class Elementwise:
                               f"broadcasting), got {given}")
         shape = shapes.pop()
         if out is None:
+            if self.result.name == "bf16":
+                raise LaunchError(f"{self.name}(): a bf16 result needs out= (a bf16 DLPack "
+                                  f"tensor, e.g. torch's): numpy has no bfloat16 dtype")
             from .runtime import empty
             out = empty(shape, self.result.np_dtype)
         n = 1

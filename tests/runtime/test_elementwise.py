@@ -8,7 +8,7 @@ import pytest
 
 import pykernel as pk
 import pykernel.elementwise_kernels  # noqa: F401  (the module; pk.elementwise is the decorator)
-from pykernel import f16, f32, i32
+from pykernel import bf16, f16, f32, i32
 from pykernel.errors import KernelSourceError
 
 
@@ -97,6 +97,8 @@ def test_errors_name_function_parameter_and_line():
         axpb(x, pk.zeros(4, np.float32), 1.0)
     with pytest.raises(pk.LaunchError, match="at least one array"):
         axpb(1.0, 2.0, 3.0)
+    with pytest.raises(pk.LaunchError, match="bf16 result needs out="):
+        to_bf16(x)
     with pytest.raises(pk.LaunchError, match=r"parameter 'y' expects .*float32.*float16"):
         axpb(x, pk.zeros(8, np.float16), 1.0)
     with pytest.raises(TypeError, match="parameter 'b' needs a scalar type annotation"):
@@ -113,6 +115,11 @@ def test_errors_name_function_parameter_and_line():
         mixed(x)
     text = str(info.value)
     assert "test_elementwise.py" in text and "return v + i32(1)" in text and "^" in text
+
+
+@pk.elementwise
+def to_bf16(v: f32) -> bf16:
+    return bf16(v)
 
 
 def lambda_free_untyped(a: f32, b) -> f32:
