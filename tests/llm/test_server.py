@@ -117,3 +117,27 @@ def test_unparsable_and_unknown(served):
     status, out = call(url, "/v1/embeddings", {"input": "x"})
     assert status == 404 and out["error"]["type"] == "not_found_error"
     assert call(url, "/nothing")[0] == 404
+
+
+def test_a_client_leaving_mid_stream_leaves_the_model_usable(served):
+    """Closing the connection after the first event abandons that generation; the next
+    request (same prompt, greedy) gets the full, unchanged answer."""
+    import socket
+    from urllib.parse import urlparse
+    model, url = served
+    body = json.dumps({"prompt": "once upon", "max_tokens": 40, "temperature": 0,
+                       "stream": True}).encode()
+    where = urlparse(url)
+    with socket.create_connection((where.hostname, where.port), timeout=60) as conn:
+        conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     b"application/json\r\nContent-Length: " + str(len(body)).encode() +
+                     b"\r\n\r\n" + body)
+        received = b""
+        while b"data: " not in received:          # headers, then the first event
+            chunk = conn.recv(4096)
+            assert chunk, received
+            received += chunk
+    status, out = call(url, "/v1/completions", {"prompt": "once upon", "max_tokens": 40,
+                                                "temperature": 0})
+    expected = "".join(model.generate("once upon", max_tokens=40, temperature=0))
+    assert status == 200 and out["choices"][0]["text"] == expected
