@@ -8,6 +8,7 @@ traceback.
 """
 from __future__ import annotations
 
+import signal
 import sys
 
 from llm.backends import BackendUnavailable
@@ -229,10 +230,16 @@ def cmd_serve(args) -> int:
     server = make_server(model, args.host, args.port)
     server.default_max_tokens = args.n_predict
     host, port = server.server_address[:2]
-    print(f"serving {server.model_name} on http://{host}:{port}/v1 (Ctrl-C stops)",
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt      # SIGTERM (service managers, kill) stops as Ctrl-C does
+    signal.signal(signal.SIGTERM, stop)
+    print(f"serving {server.model_name} on http://{host}:{port}/v1 (Ctrl-C or SIGTERM stops)",
           file=sys.stderr, flush=True)
     try:
         server.serve_forever()
+    except KeyboardInterrupt:
+        print("server stopped", file=sys.stderr)
     finally:
         server.server_close()
     return 0
