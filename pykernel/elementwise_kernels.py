@@ -5,7 +5,7 @@
     def axpb(x: f32, y: f32, a: f32) -> f32:
         return a * x + y
 
-    z = axpb(x, y, 2.0)            # arrays of one shape and scalars -> a new array of that shape
+    z = axpb(x, y, 2.0)            # arrays (broadcast as numpy's) and scalars -> a new array
     axpb(x, y, 2.0, out=z)         # or into an existing one (may be an input)
 
 The function is an ordinary @pk.func (its body follows the kernel language, its parameters and
@@ -13,24 +13,28 @@ result are annotated scalar types). Each call pattern (which arguments are array
 every array is aligned for VEC-wide loads) gets one generated kernel: a grid-stride loop in
 which each thread computes VEC consecutive outputs from VEC-wide vector loads (`pk.load_vec`,
 16 bytes for f32), the last n % VEC elements one by one; misaligned arrays (views at odd
-offsets) get a one-element-per-thread loop. Arrays are flat and contiguous, scalars passed by
-value. The generated source is registered with
-linecache (generated.py), so the compiler, its disk cache and its error messages treat it like
-a file; errors in the function's body point at the user's own lines.
+offsets) get a one-element-per-thread loop. Arrays are contiguous, scalars passed by value.
+Arrays of different shapes broadcast as numpy's (up to MAX_DIMS dimensions): a kernel that
+maps each flat index to coordinates and each array's offset. The generated source is
+registered with linecache (generated.py), so the compiler, its disk cache and its error
+messages treat it like a file; errors in the function's body point at the user's own lines.
 """
 from __future__ import annotations
 
 import inspect
 
+import numpy as np
+
 from .errors import LaunchError
 from .generated import array_address, define_kernel
 from .kernel import DeviceFunction
-from .types import Ptr, ScalarType, i64
+from .types import Ptr, ScalarType, i32, i64
 
 THREADS = 256
 MAX_BLOCKS = 65535 * 8   # the grid-stride loop covers larger arrays
 VEC = 4                  # elements per thread and vector load (16 bytes of f32)
 RESERVED = ("out", "stream")   # the call's keyword arguments
+MAX_DIMS = 4             # broadcasting: dimensions of the result
 
 
 def elementwise(fn=None, *, threads: int = THREADS):
@@ -75,18 +79,10 @@ class Elementwise:
             raise LaunchError(f"{self.name}(): takes {len(self.params)} arguments "
                               f"({', '.join(self.params)}), got {len(args)}")
         pattern = tuple(_is_array(a) for a in args)
-        shapes = {tuple(a.shape) for a, is_arr in zip(args, pattern) if is_arr}
-        if out is not None:
-            shapes.add(tuple(out.shape))
-        if not shapes:
+        shapes = [tuple(a.shape) for a, is_arr in zip(args, pattern) if is_arr]
+        if not shapes and out is None:
             raise LaunchError(f"{self.name}(): needs at least one array argument (or out=)")
-        if len(shapes) > 1:
-            given = ", ".join(f"{n} {tuple(a.shape)}" for n, a, is_arr in
-                              zip(self.params, args, pattern) if is_arr)
-            given += f", out {tuple(out.shape)}" if out is not None else ""
-            raise LaunchError(f"{self.name}(): array arguments must have one shape (no "
-                              f"broadcasting), got {given}")
-        shape = shapes.pop()
+        shape = self._result_shape(args, pattern, shapes, out)
         if out is None:
             if self.result.name == "bf16":
                 raise LaunchError(f"{self.name}(): a bf16 result needs out= (a bf16 DLPack "
@@ -98,6 +94,9 @@ class Elementwise:
             n *= extent
         if n == 0:
             return out
+        if any(s != shape for s in shapes):
+            self._broadcast(args, pattern, shape, n, out, stream)
+            return out
         arrays = [(a, t) for a, t, is_arr in zip(args, self.types, pattern) if is_arr]
         arrays.append((out, self.result))
         vec = all(t.kind != "bool" and t.bits <= 32 and              # loads of <= 16 bytes
@@ -107,18 +106,96 @@ class Elementwise:
         self._kernel(pattern, vec)[blocks, self.threads, stream](n, out, *args)
         return out
 
-    def _kernel(self, pattern: tuple, vec: bool):
-        k = self._kernels.get((pattern, vec))
+    def _result_shape(self, args, pattern, shapes, out) -> tuple:
+        """numpy's broadcast of the array arguments and `out`, which must have that shape
+        itself (inputs broadcast to out, as with numpy's out=)."""
+        def given() -> str:
+            text = ", ".join(f"{n} {tuple(a.shape)}" for n, a, is_arr in
+                             zip(self.params, args, pattern) if is_arr)
+            return text + (f", out {tuple(out.shape)}" if out is not None else "")
+        every = shapes + ([tuple(out.shape)] if out is not None else [])
+        try:
+            shape = tuple(int(e) for e in np.broadcast_shapes(*every))
+        except ValueError:
+            raise LaunchError(f"{self.name}(): array shapes do not broadcast together: "
+                              f"{given()}") from None
+        if out is not None and tuple(out.shape) != shape:
+            raise LaunchError(f"{self.name}(): out must have the broadcast shape {shape}, got "
+                              f"{given()}")
+        if len(shape) > MAX_DIMS and any(s != shape for s in shapes):
+            raise LaunchError(f"{self.name}(): broadcasting supports up to {MAX_DIMS} "
+                              f"dimensions, got {shape}")
+        return shape
+
+    def _broadcast(self, args, pattern, shape, n, out, stream) -> None:
+        """Arrays of other shapes than the result: each read at its broadcast offset (extents
+        and element strides, 0 along broadcast dimensions, passed as scalars)."""
+        full = (1,) * (MAX_DIMS - len(shape)) + tuple(shape)
+        extents = full[1:]                      # the outermost extent follows from n
+        strides = []
+        for a, is_arr in zip(args, pattern):
+            if not is_arr:
+                continue
+            own = (1,) * (MAX_DIMS - len(a.shape)) + tuple(a.shape)
+            step, per_dim = 1, [0] * MAX_DIMS
+            for d in range(MAX_DIMS - 1, -1, -1):
+                per_dim[d] = step if own[d] != 1 else 0
+                step *= own[d]
+            strides.extend(per_dim)
+        # i32 index arithmetic (cheaper divisions) when no index can pass 2**31 - 1
+        index = "i32" if n + MAX_BLOCKS * self.threads < 2 ** 31 else "i64"
+        blocks = max(1, min(-(-n // self.threads), MAX_BLOCKS))
+        kernel = self._kernel(pattern, False, index)
+        kernel[blocks, self.threads, stream](n, out, *args, *extents, *strides)
+
+    def _kernel(self, pattern: tuple, vec: bool, broadcast: str | None = None):
+        key = (pattern, vec, broadcast)
+        k = self._kernels.get(key)
         if k is None:
-            k = self._kernels[(pattern, vec)] = self._generate(pattern, vec)
+            k = self._kernels[key] = (self._generate_broadcast(pattern, broadcast) if broadcast
+                                      else self._generate(pattern, vec))
         return k
+
+    def _signature(self, pattern: tuple) -> str:
+        return ", ".join(f"{p}: Ptr[T{j}, 'ro']" if arr else f"{p}: T{j}"
+                         for j, (p, arr) in enumerate(zip(self.params, pattern)))
+
+    def _namespace(self) -> dict:
+        import pykernel as pk
+        return {"pk": pk, "Ptr": Ptr, "i32": i32, "i64": i64, "R": self.result,
+                "FN": self.func, **{f"T{j}": t for j, t in enumerate(self.types)}}
+
+    def _generate_broadcast(self, pattern: tuple, index: str):
+        """The kernel for broadcast shapes: flat index -> MAX_DIMS coordinates (in `index`
+        arithmetic, i32 when the result has < 2**31 elements) -> each array's offset."""
+        name = f"{self.name}_elementwise_broadcast"
+        arrays = [j for j, arr in enumerate(pattern) if arr]
+        extra = ", ".join([f"_pk_e{d}: {index}" for d in range(1, MAX_DIMS)] +
+                          [f"_pk_s{j}_{d}: {index}" for j in arrays for d in range(MAX_DIMS)])
+        coords = "".join(f"        _pk_c{d} = _pk_r % _pk_e{d}\n        _pk_r = _pk_r // _pk_e{d}\n"
+                         for d in range(MAX_DIMS - 1, 0, -1))
+        offsets = "".join(
+            f"        _pk_o{j} = _pk_r * _pk_s{j}_0 + " +
+            " + ".join(f"_pk_c{d} * _pk_s{j}_{d}" for d in range(1, MAX_DIMS)) + "\n"
+            for j in arrays)
+        call = "FN(" + ", ".join(f"{p}[_pk_o{j}]" if arr else p
+                                 for j, (p, arr) in enumerate(zip(self.params, pattern))) + ")"
+        source = (f"def {name}(_pk_n: i64, out: Ptr[R], {self._signature(pattern)}, {extra}):\n"
+                  f"    _pk_i = {index}(pk.block_idx.x) * {index}(pk.block_dim.x) + "
+                  f"{index}(pk.thread_idx.x)\n"
+                  f"    _pk_step = {index}(pk.grid_dim.x) * {index}(pk.block_dim.x)\n"
+                  f"    while i64(_pk_i) < _pk_n:\n"
+                  f"        _pk_r = _pk_i\n"
+                  f"{coords}{offsets}"
+                  f"        out[_pk_i] = {call}\n"
+                  f"        _pk_i += _pk_step\n")
+        return define_kernel(name, source, self._namespace(), f"elementwise {self.name}")
 
     def _generate(self, pattern: tuple, vec: bool):
         """Source of the kernel for `pattern` (True: that argument is an array), with VEC-wide
         vector accesses when `vec`, compiled through the ordinary front end."""
         name = f"{self.name}_elementwise"
-        params = ", ".join(f"{p}: Ptr[T{j}, 'ro']" if arr else f"{p}: T{j}"
-                           for j, (p, arr) in enumerate(zip(self.params, pattern)))
+        params = self._signature(pattern)
 
         def call(index: str) -> str:
             return "FN(" + ", ".join(f"{p}{index}" if arr else p
@@ -149,7 +226,4 @@ class Elementwise:
                              f"    _pk_k = _pk_n // {VEC} * {VEC} + _pk_i\n"
                              f"    if _pk_k < _pk_n:\n"
                              f"        out[_pk_k] = {call('[_pk_k]')}\n")
-        import pykernel as pk
-        namespace = {"pk": pk, "Ptr": Ptr, "i64": i64, "R": self.result, "FN": self.func,
-                     **{f"T{j}": t for j, t in enumerate(self.types)}}
-        return define_kernel(name, source, namespace, f"elementwise {self.name}")
+        return define_kernel(name, source, self._namespace(), f"elementwise {self.name}")

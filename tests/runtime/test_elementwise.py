@@ -1,6 +1,7 @@
-"""`@pk.elementwise`: a scalar @pk.func over arrays of one shape and scalars, against numpy on
-fresh random inputs (outputs poisoned first), on the CPU target and on CUDA; the grid-stride
-loop; in-place `out=`; errors that name the function, the parameter and the user's line."""
+"""`@pk.elementwise`: a scalar @pk.func over arrays and scalars, against numpy on fresh random
+inputs (outputs poisoned first), on the CPU target and on CUDA; the vector and one-by-one flat
+kernels, numpy broadcasting (32- and 64-bit index arithmetic), the grid-stride loop, in-place
+`out=`; errors that name the function, the parameter and the user's line."""
 import sys
 
 import numpy as np
@@ -85,16 +86,45 @@ def test_vector_and_scalar_paths_agree(device, rng, seed):
     np.testing.assert_allclose(out.numpy()[1:], want[1:], rtol=1e-5, atol=1e-5,
                                err_msg=f"seed {seed}")
     assert np.isnan(out.numpy()[0])
-    assert {vec for _, vec in names_like_locals._kernels} == {True, False}
+    assert {key[1] for key in names_like_locals._kernels} == {True, False}
+
+
+@pytest.mark.parametrize("wide_index", [False, True])
+def test_broadcasting_like_numpy(device, rng, seed, monkeypatch, wide_index):
+    """Arrays of different shapes broadcast as numpy's do (a row, a column, leading
+    dimensions); wide_index forces the 64-bit index kernel on a small array."""
+    if wide_index:
+        monkeypatch.setattr(sys.modules["pykernel.elementwise_kernels"], "MAX_BLOCKS", 1 << 23)
+    cases = [((37, 29), (29,)), ((37, 1), (1, 29)), ((3, 1, 5), (4, 1)), ((2, 3, 4, 5), (3, 1, 1)),
+             ((1,), (6, 7))]
+    for sx, sy in cases:
+        x = rng.standard_normal(sx).astype(np.float32)
+        y = rng.standard_normal(sy).astype(np.float32)
+        a = float(rng.standard_normal())
+        got = axpb(pk.to_device(x), pk.to_device(y), a)
+        want = np.float32(a) * x + y
+        assert got.shape == want.shape, (sx, sy)
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-6,
+                                   err_msg=f"{sx} with {sy} (seed {seed})")
+    out = pk.full((4, 6), np.nan, np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    axpb(1.0, pk.to_device(b), 2.0, out=out)         # a scalar and a row into a matrix
+    np.testing.assert_array_equal(out.numpy(), np.broadcast_to(np.float32(2.0) + b, (4, 6)))
+    index = {broadcast for (_, _, broadcast) in axpb._kernels if broadcast}
+    assert index == {"i64" if wide_index else "i32"} or len(index) == 2
 
 
 def test_errors_name_function_parameter_and_line():
     x = pk.zeros(8, np.float32)
     with pytest.raises(pk.LaunchError, match=r"axpb\(\): takes 3 arguments \(x, y, a\), got 2"):
         axpb(x, 1.0)
-    with pytest.raises(pk.LaunchError, match=r"one shape \(no broadcasting\), got x \(8,\), "
+    with pytest.raises(pk.LaunchError, match=r"do not broadcast together: x \(8,\), "
                                              r"y \(4,\)"):
         axpb(x, pk.zeros(4, np.float32), 1.0)
+    with pytest.raises(pk.LaunchError, match=r"out must have the broadcast shape \(2, 8\)"):
+        axpb(pk.zeros((2, 1), np.float32), 1.0, 1.0, out=x)
+    with pytest.raises(pk.LaunchError, match="up to 4 dimensions"):
+        axpb(pk.zeros((2, 1, 2, 1, 3), np.float32), pk.zeros(3, np.float32), 1.0)
     with pytest.raises(pk.LaunchError, match="at least one array"):
         axpb(1.0, 2.0, 3.0)
     with pytest.raises(pk.LaunchError, match="bf16 result needs out="):
