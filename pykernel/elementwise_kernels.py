@@ -14,8 +14,9 @@ every array is aligned for VEC-wide loads) gets one generated kernel: a grid-str
 which each thread computes VEC consecutive outputs from VEC-wide vector loads (`pk.load_vec`,
 16 bytes for f32), the last n % VEC elements one by one; misaligned arrays (views at odd
 offsets) get a one-element-per-thread loop. Arrays are contiguous, scalars passed by value.
-Arrays of different shapes broadcast as numpy's (up to MAX_DIMS dimensions): a kernel that
-maps each flat index to coordinates and each array's offset. The generated source is
+Arrays of different shapes broadcast as numpy's: dimensions merged where every array walks
+them alike (_coalesce), then a kernel that maps each flat index to coordinates and each
+array's offset (4 outputs per thread when the innermost dimension allows). The generated source is
 registered with linecache (generated.py), so the compiler, its disk cache and its error
 messages treat it like a file; errors in the function's body point at the user's own lines.
 """
@@ -34,7 +35,7 @@ THREADS = 256
 MAX_BLOCKS = 65535 * 8   # the grid-stride loop covers larger arrays
 VEC = 4                  # elements per thread and vector load (16 bytes of f32)
 RESERVED = ("out", "stream")   # the call's keyword arguments
-MAX_DIMS = 4             # broadcasting: dimensions of the result
+MAX_DIMS = 6             # broadcasting: dimensions after merging contiguous ones
 
 
 def elementwise(fn=None, *, threads: int = THREADS):
@@ -122,31 +123,34 @@ class Elementwise:
         if out is not None and tuple(out.shape) != shape:
             raise LaunchError(f"{self.name}(): out must have the broadcast shape {shape}, got "
                               f"{given()}")
-        if len(shape) > MAX_DIMS and any(s != shape for s in shapes):
-            raise LaunchError(f"{self.name}(): broadcasting supports up to {MAX_DIMS} "
-                              f"dimensions, got {shape}")
         return shape
 
     def _broadcast(self, args, pattern, shape, n, out, stream) -> None:
-        """Arrays of other shapes than the result: each read at its broadcast offset (extents
-        and element strides, 0 along broadcast dimensions, passed as scalars)."""
-        full = (1,) * (MAX_DIMS - len(shape)) + tuple(shape)
-        extents = full[1:]                      # the outermost extent follows from n
-        strides = []
-        for a, is_arr in zip(args, pattern):
-            if not is_arr:
-                continue
-            own = (1,) * (MAX_DIMS - len(a.shape)) + tuple(a.shape)
-            step, per_dim = 1, [0] * MAX_DIMS
-            for d in range(MAX_DIMS - 1, -1, -1):
-                per_dim[d] = step if own[d] != 1 else 0
-                step *= own[d]
-            strides.extend(per_dim)
+        """Arrays of other shapes than the result: each read at its broadcast offset. The
+        dimensions are first coalesced (adjacent ones that every array walks contiguously, or
+        broadcasts along both, become one), so a matrix plus a row bias is 2-D and a
+        (2, 3, 4) + (1, 1, 4) sum 2-D too; then extents and element strides (0 along broadcast
+        dimensions) go to the kernel as scalars. When the innermost extent is a multiple of 4
+        and every array's innermost stride is 1 or 0, each thread does 4 outputs with vector
+        loads of the stride-1 arrays and one load of the broadcast ones."""
+        arrays = [a for a, is_arr in zip(args, pattern) if is_arr]
+        extents, strides = _coalesce(tuple(shape), [tuple(a.shape) for a in arrays])
+        if len(extents) > MAX_DIMS:
+            raise LaunchError(f"{self.name}(): broadcasting supports up to {MAX_DIMS} "
+                              f"dimensions after merging contiguous ones, got {shape}")
+        inner = tuple(st[-1] for st in strides)
+        vec = extents[-1] % VEC == 0 and all(i in (0, 1) for i in inner) and \
+            all(t.bits <= 32 and t.kind != "bool" for t in self.types + [self.result]) and \
+            all((array_address(a) or 1) % 16 == 0 for a, i in zip(arrays, inner) if i == 1) \
+            and (array_address(out) or 1) % 16 == 0
         # i32 index arithmetic (cheaper divisions) when no index can pass 2**31 - 1
-        index = "i32" if n + MAX_BLOCKS * self.threads < 2 ** 31 else "i64"
-        blocks = max(1, min(-(-n // self.threads), MAX_BLOCKS))
-        kernel = self._kernel(pattern, False, index)
-        kernel[blocks, self.threads, stream](n, out, *args, *extents, *strides)
+        index = "i32" if n + MAX_BLOCKS * self.threads * VEC < 2 ** 31 else "i64"
+        per_thread = VEC if vec else 1
+        blocks = max(1, min(-(-n // (self.threads * per_thread)), MAX_BLOCKS))
+        shape_key = (len(extents), inner if vec else None)
+        kernel = self._kernel(pattern, False, (index, shape_key))
+        kernel[blocks, self.threads, stream](n, out, *args, *extents[1:],
+                                             *[x for st in strides for x in st])
 
     def _kernel(self, pattern: tuple, vec: bool, broadcast: str | None = None):
         key = (pattern, vec, broadcast)
@@ -165,30 +169,54 @@ class Elementwise:
         return {"pk": pk, "Ptr": Ptr, "i32": i32, "i64": i64, "R": self.result,
                 "FN": self.func, **{f"T{j}": t for j, t in enumerate(self.types)}}
 
-    def _generate_broadcast(self, pattern: tuple, index: str):
-        """The kernel for broadcast shapes: flat index -> MAX_DIMS coordinates (in `index`
-        arithmetic, i32 when the result has < 2**31 elements) -> each array's offset."""
+    def _generate_broadcast(self, pattern: tuple, how: tuple):
+        """The kernel for broadcast shapes, how = (index type, (ndim, innermost strides or None)):
+        flat index -> ndim coordinates -> each array's offset; with innermost strides, VEC
+        outputs per thread (stride-1 arrays by vector loads, stride-0 ones by one load)."""
+        index, (nd, inner) = how
+        vec = inner is not None
         name = f"{self.name}_elementwise_broadcast"
         arrays = [j for j, arr in enumerate(pattern) if arr]
-        extra = ", ".join([f"_pk_e{d}: {index}" for d in range(1, MAX_DIMS)] +
-                          [f"_pk_s{j}_{d}: {index}" for j in arrays for d in range(MAX_DIMS)])
-        coords = "".join(f"        _pk_c{d} = _pk_r % _pk_e{d}\n        _pk_r = _pk_r // _pk_e{d}\n"
-                         for d in range(MAX_DIMS - 1, 0, -1))
+        extra = ", ".join([f"_pk_e{d}: {index}" for d in range(1, nd)] +
+                          [f"_pk_s{j}_{d}: {index}" for j in arrays for d in range(nd)])
+        coords = "".join(f"        _pk_c{d} = _pk_r % _pk_e{d}\n"
+                         f"        _pk_r = _pk_r // _pk_e{d}\n" for d in range(nd - 1, 0, -1))
         offsets = "".join(
-            f"        _pk_o{j} = _pk_r * _pk_s{j}_0 + " +
-            " + ".join(f"_pk_c{d} * _pk_s{j}_{d}" for d in range(1, MAX_DIMS)) + "\n"
-            for j in arrays)
-        call = "FN(" + ", ".join(f"{p}[_pk_o{j}]" if arr else p
-                                 for j, (p, arr) in enumerate(zip(self.params, pattern))) + ")"
-        source = (f"def {name}(_pk_n: i64, out: Ptr[R], {self._signature(pattern)}, {extra}):\n"
-                  f"    _pk_i = {index}(pk.block_idx.x) * {index}(pk.block_dim.x) + "
-                  f"{index}(pk.thread_idx.x)\n"
-                  f"    _pk_step = {index}(pk.grid_dim.x) * {index}(pk.block_dim.x)\n"
-                  f"    while i64(_pk_i) < _pk_n:\n"
-                  f"        _pk_r = _pk_i\n"
-                  f"{coords}{offsets}"
-                  f"        out[_pk_i] = {call}\n"
-                  f"        _pk_i += _pk_step\n")
+            f"        _pk_o{j} = " + " + ".join([f"_pk_r * _pk_s{j}_0"] + [
+                f"_pk_c{d} * _pk_s{j}_{d}" for d in range(1, nd)]) + "\n" for j in arrays)
+        head = (f"def {name}(_pk_n: i64, out: Ptr[R], {self._signature(pattern)}, {extra}):\n"
+                f"    _pk_i = {index}(pk.block_idx.x) * {index}(pk.block_dim.x) + "
+                f"{index}(pk.thread_idx.x)\n"
+                f"    _pk_step = {index}(pk.grid_dim.x) * {index}(pk.block_dim.x)\n")
+        if not vec:
+            call = "FN(" + ", ".join(f"{p}[_pk_o{j}]" if arr else p
+                                     for j, (p, arr) in enumerate(zip(self.params, pattern)))
+            source = head + (f"    while i64(_pk_i) < _pk_n:\n"
+                             f"        _pk_r = _pk_i\n"
+                             f"{coords}{offsets}"
+                             f"        out[_pk_i] = {call})\n"
+                             f"        _pk_i += _pk_step\n")
+        else:
+            stride = dict(zip(arrays, inner))
+            loads = "".join(
+                (f"        {', '.join(f'_pk_{j}_{e}' for e in range(VEC))} = "
+                 f"pk.load_vec({p}, _pk_o{j}, {VEC})\n") if stride[j] == 1 else
+                f"        _pk_{j} = {p}[_pk_o{j}]\n"
+                for j, (p, arr) in enumerate(zip(self.params, pattern)) if arr)
+
+            def operand(j, p, arr, e):
+                if not arr:
+                    return p
+                return f"_pk_{j}_{e}" if stride[j] == 1 else f"_pk_{j}"
+            results = ", ".join(
+                "FN(" + ", ".join(operand(j, p, arr, e) for j, (p, arr) in
+                                  enumerate(zip(self.params, pattern))) + ")"
+                for e in range(VEC))
+            source = head + (f"    while i64(_pk_i) < _pk_n // {VEC}:\n"
+                             f"        _pk_r = _pk_i * {VEC}\n"
+                             f"{coords}{offsets}{loads}"
+                             f"        pk.store_vec(out, _pk_i * {VEC}, ({results}))\n"
+                             f"        _pk_i += _pk_step\n")
         return define_kernel(name, source, self._namespace(), f"elementwise {self.name}")
 
     def _generate(self, pattern: tuple, vec: bool):
@@ -227,3 +255,31 @@ class Elementwise:
                              f"    if _pk_k < _pk_n:\n"
                              f"        out[_pk_k] = {call('[_pk_k]')}\n")
         return define_kernel(name, source, self._namespace(), f"elementwise {self.name}")
+
+
+def _coalesce(shape: tuple, shapes: list) -> tuple:
+    """(extents, per-array element strides) of the broadcast of `shapes` to `shape`, with
+    extent-1 dimensions dropped and adjacent dimensions merged wherever every array either
+    walks both contiguously (outer stride = inner stride x inner extent) or broadcasts along
+    both; at least one dimension."""
+    nd = len(shape)
+    strides = []
+    for own in shapes:
+        own = (1,) * (nd - len(own)) + tuple(own)
+        step, st = 1, [0] * nd
+        for d in range(nd - 1, -1, -1):
+            st[d] = step if own[d] != 1 else 0
+            step *= own[d]
+        strides.append(st)
+    keep = [d for d in range(nd) if shape[d] != 1] or [nd - 1] if nd else []
+    extents, merged = [], [[] for _ in shapes]
+    for d in reversed(keep):                # innermost first
+        if extents and all(st[d] == m[0] * extents[0] for st, m in zip(strides, merged)):
+            extents[0] *= shape[d]          # continues every array's walk: same group
+            continue
+        extents.insert(0, shape[d] if nd else 1)
+        for st, m in zip(strides, merged):
+            m.insert(0, st[d] if nd else 0)
+    if not extents:
+        extents, merged = [1], [[0] for _ in shapes]
+    return extents, merged

@@ -96,7 +96,9 @@ def test_broadcasting_like_numpy(device, rng, seed, monkeypatch, wide_index):
     if wide_index:
         monkeypatch.setattr(sys.modules["pykernel.elementwise_kernels"], "MAX_BLOCKS", 1 << 23)
     cases = [((37, 29), (29,)), ((37, 1), (1, 29)), ((3, 1, 5), (4, 1)), ((2, 3, 4, 5), (3, 1, 1)),
-             ((1,), (6, 7))]
+             ((1,), (6, 7)),                                   # one element per thread
+             ((37, 28), (28,)), ((2, 3, 4), (1, 1, 4)), ((5, 1, 8), (5, 3, 8)),   # 4 per thread
+             ((2, 1, 3, 1, 2, 2, 2, 4), (2, 2, 3, 2, 2, 2, 2, 4))]   # 8-D, merges to 5
     for sx, sy in cases:
         x = rng.standard_normal(sx).astype(np.float32)
         y = rng.standard_normal(sy).astype(np.float32)
@@ -110,8 +112,17 @@ def test_broadcasting_like_numpy(device, rng, seed, monkeypatch, wide_index):
     b = rng.standard_normal(6).astype(np.float32)
     axpb(1.0, pk.to_device(b), 2.0, out=out)         # a scalar and a row into a matrix
     np.testing.assert_array_equal(out.numpy(), np.broadcast_to(np.float32(2.0) + b, (4, 6)))
-    index = {broadcast for (_, _, broadcast) in axpb._kernels if broadcast}
-    assert index == {"i64" if wide_index else "i32"} or len(index) == 2
+    used = {how for (_, _, how) in axpb._kernels if how}
+    assert ("i64" if wide_index else "i32") in {index for index, _ in used}
+    assert {inner is not None for _, (_, inner) in used} == {True, False}   # both kernels ran
+
+
+def test_coalescing_merges_what_every_array_walks_alike():
+    coalesce = sys.modules["pykernel.elementwise_kernels"]._coalesce
+    assert coalesce((37, 28), [(37, 28), (28,)]) == ([37, 28], [[28, 1], [0, 1]])
+    assert coalesce((2, 3, 4), [(2, 3, 4), (1, 1, 4)]) == ([6, 4], [[4, 1], [0, 1]])
+    assert coalesce((4, 1, 6), [(4, 1, 6), (4, 1, 6), (1, 1, 1)]) == ([24], [[1], [1], [0]])
+    assert coalesce((3, 5), [(3, 1), (1, 5)]) == ([3, 5], [[1, 0], [0, 1]])
 
 
 def test_errors_name_function_parameter_and_line():
@@ -123,8 +134,9 @@ def test_errors_name_function_parameter_and_line():
         axpb(x, pk.zeros(4, np.float32), 1.0)
     with pytest.raises(pk.LaunchError, match=r"out must have the broadcast shape \(2, 8\)"):
         axpb(pk.zeros((2, 1), np.float32), 1.0, 1.0, out=x)
-    with pytest.raises(pk.LaunchError, match="up to 4 dimensions"):
-        axpb(pk.zeros((2, 1, 2, 1, 3), np.float32), pk.zeros(3, np.float32), 1.0)
+    with pytest.raises(pk.LaunchError, match="up to 6 dimensions after merging"):
+        axpb(pk.zeros((2, 1, 2, 1, 2, 1, 2), np.float32),
+             pk.zeros((1, 2, 1, 2, 1, 2, 1), np.float32), 1.0)
     with pytest.raises(pk.LaunchError, match="at least one array"):
         axpb(1.0, 2.0, 3.0)
     with pytest.raises(pk.LaunchError, match="bf16 result needs out="):
