@@ -1,6 +1,7 @@
 """Memory bandwidth of pykernel kernels on the GPU: f32 vector add with one element per thread
 (scalar loads) vs four per thread with 16-byte vector loads (pk.load_vec), the same add and an
-inverted dropout (pk.rand per element) as `@pk.elementwise` operations, a `@pk.reduction` sum,
+inverted dropout (pk.rand per element) as `@pk.elementwise` operations (and the add broadcast:
+a 256 MiB matrix plus a row bias or a column), a `@pk.reduction` sum,
 and a plain copy.
 Buffers of 256 MiB each (far above the 50-60 MB L2), CUDA-event timing over 20 launches.
 Bytes counted: reads + writes. Usage: python benchmarks/bandwidth.py"""
@@ -75,6 +76,12 @@ def main():
     rows.append(("vector add, @pk.elementwise (4-wide vector loads, 64-bit grid-stride)",
                  12 * n / t))
     assert float(out.numpy()[12345]) == 3.0
+    matrix = out.reshape(16384, 4096)             # 256 MiB as rows x columns
+    bias, column = pk.full(4096, 2.0, np.float32), pk.full((16384, 1), 2.0, np.float32)
+    for label, other in (("row bias", bias), ("column", column)):
+        t = timed(lambda: add_elementwise(a.reshape(16384, 4096), other, out=matrix))
+        rows.append((f"matrix + {label}, @pk.elementwise broadcast kernel", 8 * n / t))
+    assert float(matrix.numpy()[5, 7]) == 3.0
     index = pk.to_device(np.arange(n, dtype=np.int32))
     t = timed(lambda: dropout_elementwise(a, index, 7, out=out))
     rows.append(("dropout, @pk.elementwise with pk.rand (Philox per element; reads a, index)",
