@@ -204,20 +204,22 @@ class Elementwise:
                 f"        _pk_{j} = {p}[_pk_o{j}]\n"
                 for j, (p, arr) in enumerate(zip(self.params, pattern)) if arr)
 
-            def operand(j, p, arr, e):
-                if not arr:
-                    return p
-                return f"_pk_{j}_{e}" if stride[j] == 1 else f"_pk_{j}"
-            results = ", ".join(
-                "FN(" + ", ".join(operand(j, p, arr, e) for j, (p, arr) in
-                                  enumerate(zip(self.params, pattern))) + ")"
-                for e in range(VEC))
+            results = self._vec_calls(pattern, lambda j, p, e: f"_pk_{j}_{e}"
+                                      if stride[j] == 1 else f"_pk_{j}")
             source = head + (f"    while i64(_pk_i) < _pk_n // {VEC}:\n"
                              f"        _pk_r = _pk_i * {VEC}\n"
                              f"{coords}{offsets}{loads}"
                              f"        pk.store_vec(out, _pk_i * {VEC}, ({results}))\n"
                              f"        _pk_i += _pk_step\n")
         return define_kernel(name, source, self._namespace(), f"elementwise {self.name}")
+
+    def _vec_calls(self, pattern: tuple, element) -> str:
+        """"FN(..), FN(..), .." for the VEC outputs of a thread: array argument j's value for
+        output e is element(j, name, e), scalars are passed as they are."""
+        return ", ".join(
+            "FN(" + ", ".join(element(j, p, e) if arr else p for j, (p, arr) in
+                              enumerate(zip(self.params, pattern))) + ")"
+            for e in range(VEC))
 
     def _generate(self, pattern: tuple, vec: bool):
         """Source of the kernel for `pattern` (True: that argument is an array), with VEC-wide
@@ -242,10 +244,7 @@ class Elementwise:
                 f"        {', '.join(f'_pk_{j}_{e}' for e in range(VEC))} = "
                 f"pk.load_vec({p}, {VEC} * _pk_j, {VEC})\n"
                 for j, (p, arr) in enumerate(zip(self.params, pattern)) if arr)
-            results = ", ".join(
-                "FN(" + ", ".join(f"_pk_{j}_{e}" if arr else p for j, (p, arr) in
-                                  enumerate(zip(self.params, pattern))) + ")"
-                for e in range(VEC))
+            results = self._vec_calls(pattern, lambda j, p, e: f"_pk_{j}_{e}")
             source = head + (f"    _pk_j = _pk_i\n"
                              f"    while _pk_j < _pk_n // {VEC}:\n"
                              f"{loads}"
