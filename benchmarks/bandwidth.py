@@ -91,6 +91,12 @@ def main():
     t = timed(lambda: sum_reduction(a, out=total))
     rows.append(("sum, @pk.reduction (reads only; two launches)", 4 * n / t))
     assert float(total.numpy()) == float(n)
+    for rows_, cols in ((16384, 4096), (n // 64, 64)):      # a block per row; a warp per row
+        sums = pk.empty(rows_, np.float32)
+        t = timed(lambda: sum_reduction(a.reshape(rows_, cols), out=sums, axis=-1))
+        rows.append((f"row sums {rows_} x {cols}, @pk.reduction axis=-1 (reads only)",
+                     4 * n / t))
+        assert float(sums.numpy()[3]) == float(cols)
     t = timed(lambda: copy_vec4[n // 4 // 256, 256](a, out, n // 4))
     rows.append(("copy, 16-byte vector loads", 8 * n / t))
     try:

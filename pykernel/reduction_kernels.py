@@ -7,6 +7,7 @@
 
     s = total(x)                           # a 0-d array on the device: s.numpy()
     total(x, out=s)
+    rows = total(m, axis=-1)               # along the last axis: shape m.shape[:-1]
 
     @pk.reduction(identity=0.0, map=square)    # square: a @pk.func (v: f16) -> f32
     def sum_of_squares(a: f32, b: f32) -> f32:
@@ -17,8 +18,10 @@ are combined in a tree whose shape depends on the launch. Two launches of genera
 the first has each thread fold a grid-stride slice of the (mapped) elements (4-wide vector loads
 into 4 accumulators, two loads in flight per trip, when the array is aligned for them), then the
 block's threads combine theirs through warp shuffles and shared memory into one partial per
-block; the second folds the partials the same way in one block. Both are deterministic for a given length
-and device (no atomics). Accumulator types: 32- and 64-bit ints and floats.
+block; the second folds the partials the same way in one block. Along the last axis one launch:
+a warp per row for rows of up to WARP_ROW_MAX elements (shuffles only), else a block per row.
+All deterministic for a given shape and device (no atomics). Accumulator types: 32- and 64-bit
+ints and floats.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ THREADS = 256            # per block: 8 warps
 ITEMS_PER_THREAD = 8     # elements a thread folds before more blocks are worth launching
 MAX_PARTIALS = 2048      # blocks of the first pass (partials of the second)
 VEC = 4                  # elements per vector load (16 bytes of f32) on aligned inputs
+WARP_ROW_MAX = 2048      # axis=-1: rows up to this long get a warp each, longer a block each
 
 
 def reduction(fn=None, *, identity, map=None):
@@ -82,10 +86,12 @@ class Reduction:
         self._scratch = {}      # (device, stream) -> the partials buffer
         self.__doc__ = self.op.fn.__doc__
 
-    def __call__(self, x, out=None, stream=None):
+    def __call__(self, x, out=None, stream=None, axis=None):
         if not (hasattr(x, "shape") and hasattr(x, "dtype")):
             raise LaunchError(f"{self.name}(): expects an array, got {type(x).__name__}")
         from .runtime import empty
+        if axis is not None:
+            return self._rows(x, out, stream, axis)
         if out is None:
             out = empty((), self.acc.np_dtype)
         elif getattr(out, "size", None) != 1:
@@ -105,6 +111,35 @@ class Reduction:
         self._kernel(False)[1, THREADS, stream](blocks, out, partials)
         return out
 
+    def _rows(self, x, out, stream, axis):
+        """Reduce along the last axis: out[r] = fold of row r, out shaped x.shape[:-1]."""
+        from .runtime import empty
+        ndim = len(x.shape)
+        if ndim == 0 or axis not in (-1, ndim - 1):
+            raise LaunchError(f"{self.name}(): axis must be None (the whole array) or the last "
+                              f"axis ({ndim - 1} or -1), got {axis!r}")
+        shape = tuple(x.shape[:-1])
+        cols = int(x.shape[-1])
+        rows = 1
+        for extent in shape:
+            rows *= extent
+        if out is None:
+            out = empty(shape, self.acc.np_dtype)
+        elif tuple(out.shape) != shape:
+            raise LaunchError(f"{self.name}(): out must have shape {shape} (x without its last "
+                              f"axis), got {tuple(out.shape)}")
+        if rows == 0:
+            return out
+        vec = self.input.kind != "bool" and self.input.bits <= 32 and cols % VEC == 0 and \
+            (array_address(x) or 1) % (VEC * self.input.bits // 8) == 0
+        if cols <= WARP_ROW_MAX:        # a warp per row, THREADS // 32 rows per block
+            per_block = THREADS // 32
+            self._kernel(True, vec, "warp_rows")[-(-rows // per_block), THREADS, stream](
+                cols, out, x, rows)
+        else:                           # a block per row
+            self._kernel(True, vec, "block_rows")[rows, THREADS, stream](cols, out, x)
+        return out
+
     def _partials(self, stream):
         """The first pass's output, kept per device and stream: allocating (and freeing,
         which waits for the device) a buffer per call would cost more than a small sum."""
@@ -116,16 +151,20 @@ class Reduction:
             buf = self._scratch[key] = empty(MAX_PARTIALS, self.acc.np_dtype)
         return buf
 
-    def _kernel(self, mapped: bool, vec: bool = False):
-        k = self._kernels.get((mapped, vec))
+    def _kernel(self, mapped: bool, vec: bool = False, mode: str = "whole"):
+        k = self._kernels.get((mapped, vec, mode))
         if k is None:
-            k = self._kernels[(mapped, vec)] = self._generate(mapped, vec)
+            k = self._kernels[(mapped, vec, mode)] = self._generate(mapped, vec, mode)
         return k
 
-    def _generate(self, mapped: bool, vec: bool):
+    def _generate(self, mapped: bool, vec: bool, mode: str = "whole"):
         """First pass (mapped: the input elements through map) or second (the partials); vec:
-        VEC-wide vector loads into VEC accumulators (op is associative and commutative)."""
-        name = f"{self.name}_reduce" + ("" if mapped else "_partials")
+        VEC-wide vector loads into VEC accumulators (op is associative and commutative).
+        mode "whole": the grid folds n elements into one partial per block; "block_rows": block
+        b folds row b (n elements) into out[b]; "warp_rows": warp w of block b folds row
+        WARPS * b + w of `rows` into its out."""
+        name = f"{self.name}_reduce" + ("" if mapped else "_partials") + \
+            ("" if mode == "whole" else f"_{mode}")
         fold = "OP(acc{e}, MAP({v}))" if mapped and self.map is not None else "OP(acc{e}, {v})"
         if vec:
             names = ", ".join(f"v{e}" for e in range(VEC))
@@ -154,11 +193,38 @@ class Reduction:
                     f"        i += step\n")
             accs = "    acc0 = A(IDENTITY)\n"
             combine = "    acc = acc0\n"
+        element = 'S' if mapped else 'A'
+        if mode == "whole":
+            head = (f"def {name}(n: i64, out: Ptr[A], x: Ptr[{element}, 'ro']):\n"
+                    f"{accs}"
+                    f"    i = i64(pk.block_idx.x) * i64(pk.block_dim.x) + "
+                    f"i64(pk.thread_idx.x)\n"
+                    f"    step = i64(pk.grid_dim.x) * i64(pk.block_dim.x)\n")
+        elif mode == "block_rows":
+            head = (f"def {name}(n: i64, out: Ptr[A], rows_x: Ptr[{element}, 'ro']):\n"
+                    f"{accs}"
+                    f"    x = rows_x + i64(pk.block_idx.x) * n\n"
+                    f"    i = i64(pk.thread_idx.x)\n"
+                    f"    step = i64(pk.block_dim.x)\n")
+        else:                       # warp_rows: no block-wide combine
+            loop = "".join("    " + line + "\n" for line in loop.splitlines())
+            return self._define(name, (
+                f"def {name}(n: i64, out: Ptr[A], rows_x: Ptr[{element}, 'ro'], rows: i64):\n"
+                f"    row = i64(pk.block_idx.x) * i64(pk.block_dim.x // 32) + "
+                f"i64(pk.thread_idx.x // 32)\n"
+                f"    if row < rows:\n"
+                f"    {accs.replace(chr(10) + '    ', chr(10) + '        ')}"
+                f"        x = rows_x + row * n\n"
+                f"        i = i64(pk.thread_idx.x % 32)\n"
+                f"        step = i64(32)\n"
+                f"{loop}"
+                f"    {combine}"
+                f"        for k in pk.static_range(5):\n"
+                f"            acc = OP(acc, pk.shfl_xor(acc, 16 >> k))\n"
+                f"        if pk.thread_idx.x % 32 == 0:\n"
+                f"            out[row] = acc\n"))
         source = (
-            f"def {name}(n: i64, out: Ptr[A], x: Ptr[{'S' if mapped else 'A'}, 'ro']):\n"
-            f"{accs}"
-            f"    i = i64(pk.block_idx.x) * i64(pk.block_dim.x) + i64(pk.thread_idx.x)\n"
-            f"    step = i64(pk.grid_dim.x) * i64(pk.block_dim.x)\n"
+            f"{head}"
             f"{loop}"
             f"{combine}"
             f"    for k in pk.static_range(5):\n"
@@ -175,6 +241,9 @@ class Reduction:
             f"            acc = OP(acc, pk.shfl_xor(acc, 16 >> k))\n"
             f"        if lane == 0:\n"
             f"            out[pk.block_idx.x] = acc\n")
+        return self._define(name, source)
+
+    def _define(self, name: str, source: str):
         import pykernel as pk
         namespace = {"pk": pk, "Ptr": Ptr, "i64": i64, "A": self.acc, "S": self.input,
                      "OP": self.op, "MAP": self.map, "IDENTITY": self.identity}

@@ -1,6 +1,7 @@
 """`@pk.reduction`: sums, max, integer sums and a mapped sum of squares against float64 /
 exact numpy on fresh random inputs of awkward lengths (0, 1, one block, many blocks, more than
-the first pass's grid covers), on the CPU target and on CUDA; deterministic results; errors."""
+the first pass's grid covers) and along the last axis (warp and block per row, 4-wide and
+one-by-one loads), on the CPU target and on CUDA; deterministic results; errors."""
 import numpy as np
 import pytest
 
@@ -66,7 +67,27 @@ def test_aligned_and_misaligned_inputs_agree(device, rng, seed):
     dk = pk.to_device(k)
     assert int(int_total(dk).numpy()) == int(k.astype(np.int64).sum()), seed
     assert int(int_total(dk[1:]).numpy()) == int(k[1:].astype(np.int64).sum()), seed
-    assert {vec for mapped, vec in int_total._kernels if mapped} == {True, False}
+    assert {key[1] for key in int_total._kernels if key[0] and key[2] == "whole"} == {True, False}
+
+
+@pytest.mark.parametrize("shape", [(5, 7), (3, 4, 8), (1, 1), (9, 2048), (6, 2049), (2, 3000),
+                                   (300, 64), (4, 0)])
+def test_last_axis(device, rng, seed, shape):
+    """axis=-1: a warp per row (rows up to 2048), a block per row beyond; 4-wide loads when the
+    row length allows; exact integer sums, max, a mapped sum."""
+    k = rng.integers(-1000, 1000, shape).astype(np.int32)
+    got = int_total(pk.to_device(k), axis=-1)
+    assert got.shape == shape[:-1]
+    np.testing.assert_array_equal(got.numpy(), k.astype(np.int64).sum(-1), err_msg=f"{seed}")
+    x = rng.standard_normal(shape).astype(np.float32)
+    out = pk.full(shape[:-1], np.nan, np.float32)
+    assert largest(pk.to_device(x), out=out, axis=len(shape) - 1) is out
+    want = x.max(-1) if shape[-1] else np.full(shape[:-1], -np.inf, np.float32)
+    np.testing.assert_array_equal(out.numpy(), want, err_msg=f"seed {seed}")
+    h = rng.standard_normal(shape).astype(np.float16)
+    sq = sum_of_squares(pk.to_device(h), axis=-1).numpy()
+    want = (h.astype(np.float64) ** 2).sum(-1)
+    assert np.all(np.abs(sq - want) <= 1e-6 * want + 1e-30), f"seed {seed}"
 
 
 def test_2d_input_and_one_element_out(device, rng, seed):
@@ -83,6 +104,10 @@ def test_errors():
         total(3.0)
     with pytest.raises(pk.LaunchError, match="out must hold one element"):
         total(x, out=pk.zeros(2, np.float32))
+    with pytest.raises(pk.LaunchError, match="axis must be None .* or the last axis"):
+        total(pk.zeros((2, 3), np.float32), axis=0)
+    with pytest.raises(pk.LaunchError, match=r"out must have shape \(2,\)"):
+        total(pk.zeros((2, 3), np.float32), out=pk.zeros(3, np.float32), axis=-1)
     with pytest.raises(pk.LaunchError, match=r"parameter 'x' expects .*float32.*int32"):
         total(pk.zeros(8, np.int32))
     with pytest.raises(TypeError, match="one type"):
