@@ -87,8 +87,7 @@ class Autotuned:
             raise TypeError(f"autotune({kernel.name}): launch must be a callable "
                             "(args, config) -> (grid, block[, shared_bytes[, cluster]])")
         self.launch, self.restore = launch, tuple(restore)
-        arrays = {p.name for p in kernel.runtime_params if p.kind == "ptr"}
-        missing = [r for r in self.restore if r not in arrays]
+        missing = [r for r in self.restore if r not in self._arrays]
         if missing:
             raise ValueError(f"autotune({kernel.name}): restore names {', '.join(missing)}, "
                              "not array parameters")
@@ -161,9 +160,12 @@ class Autotuned:
         return ", ".join(f"{k}={v}" for k, v in zip(self.key, key[0])) or "(no key)"
 
     def _launch(self, bound: dict, config: dict, stream) -> None:
-        """One launch of `config`, arguments positional in the kernel's order."""
-        self._launcher(bound, config, stream)(
-            *[bound[n] if n in bound else config[n] for n in self._names])
+        """One launch of `config`."""
+        self._launcher(bound, config, stream)(*self._positional(bound, config))
+
+    def _positional(self, bound: dict, config: dict) -> list:
+        """The call's arguments and the config's Const values in the kernel's order."""
+        return [bound[n] if n in bound else config[n] for n in self._names]
 
     def _launcher(self, bound: dict, config: dict, stream):
         shape = self.launch({**bound, **config}, dict(config))
@@ -205,10 +207,8 @@ class Autotuned:
 
     # --- persist=True: choices on disk -----------------------------------------------------------
     def _path(self, key, device):
-        from .cache import _dependencies, cache_dir, compiler_fingerprint
-        h = hashlib.sha256()
-        h.update(compiler_fingerprint().encode())
-        _dependencies(self.kernel.fn, h, set())
+        from .cache import cache_dir, code_hash
+        h = hashlib.sha256(code_hash(self.kernel.fn).encode())
         h.update(repr((self.configs, key, getattr(device, "name", ""))).encode())
         return cache_dir() / "autotune" / f"{self.kernel.name}-{h.hexdigest()[:24]}.json"
 
@@ -241,7 +241,7 @@ class Autotuned:
     def _time(self, bound: dict, config: dict, device, stream) -> float:
         from .runtime.streams import Event
         launcher = self._launcher(bound, config, stream)
-        args = [bound[n] if n in bound else config[n] for n in self._names]
+        args = self._positional(bound, config)
         launcher(*args)                         # compiles, loads; not timed
         start, end = Event(device), Event(device)
 

@@ -107,6 +107,15 @@ def _all_names(code):
             yield from _all_names(const)
 
 
+def code_hash(fn) -> str:
+    """What a function compiles from: the compiler's own files and, through `_dependencies`,
+    its code and everything it reaches. (Keys of derived artifacts, e.g. autotune choices.)"""
+    h = hashlib.sha256()
+    h.update(compiler_fingerprint().encode())
+    _dependencies(fn, h, set())
+    return h.hexdigest()
+
+
 def kernel_key(kernel, arch, spec, options) -> str:
     h = hashlib.sha256()
     h.update(compiler_fingerprint().encode())

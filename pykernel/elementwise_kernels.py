@@ -23,11 +23,12 @@ messages treat it like a file; errors in the function's body point at the user's
 from __future__ import annotations
 
 import inspect
+import math
 
 import numpy as np
 
 from .errors import LaunchError
-from .generated import array_address, define_kernel
+from .generated import array_address, define_kernel, vector_aligned
 from .kernel import DeviceFunction
 from .types import Ptr, ScalarType, i32, i64
 
@@ -90,9 +91,7 @@ class Elementwise:
                                   f"tensor, e.g. torch's): numpy has no bfloat16 dtype")
             from .runtime import empty
             out = empty(shape, self.result.np_dtype)
-        n = 1
-        for extent in shape:
-            n *= extent
+        n = math.prod(shape)
         if n == 0:
             return out
         if any(s != shape for s in shapes):
@@ -100,8 +99,7 @@ class Elementwise:
             return out
         arrays = [(a, t) for a, t, is_arr in zip(args, self.types, pattern) if is_arr]
         arrays.append((out, self.result))
-        vec = all(t.kind != "bool" and t.bits <= 32 and              # loads of <= 16 bytes
-                  (array_address(a) or 1) % (VEC * t.bits // 8) == 0 for a, t in arrays)
+        vec = all(vector_aligned(a, t, VEC) for a, t in arrays)
         per_thread = VEC if vec else 1
         blocks = max(1, min(-(-n // (self.threads * per_thread)), MAX_BLOCKS))
         self._kernel(pattern, vec)[blocks, self.threads, stream](n, out, *args)

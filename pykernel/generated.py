@@ -32,3 +32,11 @@ def array_address(value):
         return int(value.ctypes.data)
     interface = getattr(value, "__cuda_array_interface__", None)
     return int(interface["data"][0]) if interface else None
+
+
+def vector_aligned(value, ty, width: int) -> bool:
+    """Whether `width`-element vector loads of `value` (elements of scalar type `ty`) are
+    possible: a type of at most 32 bits (loads of at most 16 bytes), not bool, and the first
+    element aligned to the vector's bytes (an unknown address counts as misaligned)."""
+    return ty.kind != "bool" and ty.bits <= 32 and \
+        (array_address(value) or 1) % (width * ty.bits // 8) == 0

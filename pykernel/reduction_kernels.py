@@ -26,9 +26,10 @@ ints and floats.
 from __future__ import annotations
 
 import inspect
+import math
 
 from .errors import LaunchError
-from .generated import array_address, define_kernel
+from .generated import define_kernel, vector_aligned
 from .kernel import DeviceFunction
 from .types import Ptr, ScalarType, i64
 
@@ -97,12 +98,9 @@ class Reduction:
         elif getattr(out, "size", None) != 1:
             raise LaunchError(f"{self.name}(): out must hold one element, got shape "
                               f"{tuple(out.shape)}")
-        n = 1
-        for extent in x.shape:
-            n *= extent
+        n = math.prod(x.shape)
         blocks = max(1, min(-(-n // (THREADS * ITEMS_PER_THREAD)), MAX_PARTIALS))
-        vec = self.input.kind != "bool" and self.input.bits <= 32 and \
-            (array_address(x) or 1) % (VEC * self.input.bits // 8) == 0
+        vec = vector_aligned(x, self.input, VEC)
         if blocks == 1:
             self._kernel(True, vec)[1, THREADS, stream](n, out, x)
             return out
@@ -120,9 +118,7 @@ class Reduction:
                               f"axis ({ndim - 1} or -1), got {axis!r}")
         shape = tuple(x.shape[:-1])
         cols = int(x.shape[-1])
-        rows = 1
-        for extent in shape:
-            rows *= extent
+        rows = math.prod(shape)
         if out is None:
             out = empty(shape, self.acc.np_dtype)
         elif tuple(out.shape) != shape:
@@ -130,8 +126,7 @@ class Reduction:
                               f"axis), got {tuple(out.shape)}")
         if rows == 0:
             return out
-        vec = self.input.kind != "bool" and self.input.bits <= 32 and cols % VEC == 0 and \
-            (array_address(x) or 1) % (VEC * self.input.bits // 8) == 0
+        vec = cols % VEC == 0 and vector_aligned(x, self.input, VEC)
         if cols <= WARP_ROW_MAX:        # a warp per row, THREADS // 32 rows per block
             per_block = THREADS // 32
             self._kernel(True, vec, "warp_rows")[-(-rows // per_block), THREADS, stream](
