@@ -74,6 +74,9 @@ def register(sub) -> None:
     serve.add_argument("--port", type=int, default=8080, help="port (default 8080; 0: any)")
     serve.add_argument("-n", "--n-predict", type=int, default=256,
                        help="max_tokens when a request gives none")
+    serve.add_argument("-np", "--parallel", type=int, default=1,
+                       help="requests decoded together, each in its own slot of the context "
+                            "(--ctx is split between them; default 1)")
     serve.set_defaults(func=cmd_serve)
 
     tok = sub.add_parser("tokenize", help="print the token ids of a text")
@@ -227,15 +230,16 @@ def cmd_serve(args) -> int:
     """Serve /v1/completions, /v1/chat/completions, /v1/models, /health until interrupted."""
     from llm.server import make_server
     model = _load(args)
-    server = make_server(model, args.host, args.port)
+    server = make_server(model, args.host, args.port, parallel=args.parallel)
     server.default_max_tokens = args.n_predict
     host, port = server.server_address[:2]
 
     def stop(signum, frame):
         raise KeyboardInterrupt      # SIGTERM (service managers, kill) stops as Ctrl-C does
     signal.signal(signal.SIGTERM, stop)
-    print(f"serving {server.model_name} on http://{host}:{port}/v1 (Ctrl-C or SIGTERM stops)",
-          file=sys.stderr, flush=True)
+    slots = server.scheduler
+    print(f"serving {server.model_name} on http://{host}:{port}/v1, {slots.slots} slot(s) of "
+          f"{slots.slot_ctx} tokens (Ctrl-C or SIGTERM stops)", file=sys.stderr, flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

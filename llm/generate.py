@@ -134,44 +134,79 @@ class _StopMatcher:
         return out
 
 
+class Generation:
+    """One request's decoding after its prompt: takes each sampled token and decides what text
+    is final and whether generation ends (end-of-generation token, stop string, max_tokens,
+    full context). `stream` drives one on a Session; the batch scheduler drives many."""
+
+    def __init__(self, tokenizer, prompt_ids: Sequence[int], sampler: Sampler, max_tokens: int,
+                 stop: Sequence[str] = (), stats: GenerationStats | None = None):
+        self.tokenizer, self.sampler, self.max_tokens = tokenizer, sampler, max_tokens
+        self.stats = stats if stats is not None else GenerationStats()
+        self.stats.stop_reason = "max_tokens"
+        self.history = list(prompt_ids)     # the penalties' window reads the prompt too
+        self._decoder, self._matcher = tokenizer.stream_decoder(), _StopMatcher(stop)
+        self.done = max_tokens <= 0
+
+    def accept(self, token: int, context_full: bool) -> str:
+        """Text made final by `token`; sets `done` when generation ends with it (context_full:
+        the sequence has no room to run this token, so it is the last)."""
+        stats = self.stats
+        if self.tokenizer.is_eog(token):
+            stats.stop_reason, self.done = "eog", True
+            return ""
+        self.history.append(token)
+        stats.generated_tokens += 1
+        text, stopped = self._matcher.push(self._decoder.add(token))
+        if stopped:
+            stats.stop_reason = "stop_string"
+        elif stats.generated_tokens >= self.max_tokens:
+            pass                                   # stop_reason stays "max_tokens"
+        elif context_full:
+            stats.stop_reason = "context"
+        else:
+            return text
+        self.done = True
+        return text
+
+    def finish(self) -> str:
+        """The text held back (an undecided stop-string prefix, an incomplete character), once
+        generation has ended for any reason but a stop string."""
+        if self.stats.stop_reason == "stop_string":
+            return ""
+        tail, _ = self._matcher.push(self._decoder.flush())
+        return tail + self._matcher.flush()
+
+
+def check_prompt_fits(prompt_ids: Sequence[int], n_ctx: int) -> None:
+    if len(prompt_ids) >= n_ctx:
+        raise ContextError(f"the prompt has {len(prompt_ids)} tokens but the context holds "
+                           f"{n_ctx} (one more is needed to generate); shorten the "
+                           f"prompt or raise the context (--ctx)")
+
+
 def stream(session: Session, tokenizer, prompt_ids: Sequence[int], sampler: Sampler,
            max_tokens: int, stop: Sequence[str] = (), stats: GenerationStats | None = None,
            ) -> Iterator[str]:
     """Generate after `prompt_ids`, yielding text pieces as soon as they are final."""
-    stats = stats if stats is not None else GenerationStats()
-    if len(prompt_ids) >= session.n_ctx:
-        raise ContextError(f"the prompt has {len(prompt_ids)} tokens but the context holds "
-                           f"{session.n_ctx} (one more is needed to generate); shorten the "
-                           f"prompt or raise the context (--ctx)")
+    gen = Generation(tokenizer, prompt_ids, sampler, max_tokens, stop, stats)
+    stats = gen.stats
+    check_prompt_fits(prompt_ids, session.n_ctx)
     t0 = time.perf_counter()
     logits, stats.prompt_tokens = session.prefill_act(prompt_ids)
     session.backend.synchronize()    # the prompt's time is its device work's, not its launches'
     stats.prompt_seconds = time.perf_counter() - t0
-    decoder, matcher = tokenizer.stream_decoder(), _StopMatcher(stop)
-    history, t0, stats.stop_reason = list(prompt_ids), time.perf_counter(), "max_tokens"
-    for n in range(max_tokens):
-        token = session.backend.sample(logits, sampler, history)
-        if tokenizer.is_eog(token):
-            stats.stop_reason = "eog"
-            break
-        history.append(token)
-        stats.generated_tokens = n + 1
-        text, stopped = matcher.push(decoder.add(token))
+    t0 = time.perf_counter()
+    while not gen.done:
+        token = session.backend.sample(logits, sampler, gen.history)
+        text = gen.accept(token, context_full=len(session.tokens) >= session.n_ctx)
         if text:
             yield text
-        if stopped:
-            stats.stop_reason = "stop_string"
-            break
-        if n + 1 == max_tokens:
-            break
-        if len(session.tokens) >= session.n_ctx:
-            stats.stop_reason = "context"
+        if gen.done:
             break
         logits = session.step_act(token)
         stats.decode_steps += 1
     stats.decode_seconds = time.perf_counter() - t0
-    if stats.stop_reason != "stop_string":
-        tail, _ = matcher.push(decoder.flush())
-        tail += matcher.flush()
-        if tail:
-            yield tail
+    tail = gen.finish()
+    if tail:
+        yield tail

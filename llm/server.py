@@ -10,8 +10,10 @@ with "stream": true answered as server-sent events (`data: {chunk}` ... `data: [
 Sampling fields: max_tokens, temperature, top_p, top_k, min_p, seed, stop (str or list),
 presence_penalty, frequency_penalty, repeat_penalty, repeat_last_n.
 
-Requests run one at a time (a lock around the model: one KV cache, one sequence), so a chat's
-next turn reuses the cached prefix of the previous one. Request bodies are untrusted: size,
+Requests run through a `BatchScheduler` (llm/batching.py): up to `parallel` sequences at once,
+each in its own slot of the KV cache, their decode steps batched; a request finding every
+slot busy waits for one. A chat's next turn goes to the slot caching its history and reuses
+that prefix. Request bodies are untrusted: size,
 JSON, field types and values are checked and refused with HTTP 400 and an OpenAI-style error
 object; nothing in a request can stop the server.
 """
@@ -19,11 +21,11 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from llm.batching import BatchScheduler
 from llm.chat import ChatTemplateError
 from llm.generate import ContextError, GenerationStats
 
@@ -80,19 +82,25 @@ def _messages(body: dict) -> list:
 class ModelServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, model, address: tuple, model_name: str, default_max_tokens: int = 256):
+    def __init__(self, model, address: tuple, model_name: str, default_max_tokens: int = 256,
+                 parallel: int = 1):
+        self.scheduler = BatchScheduler(model, parallel)   # its errors before binding the port
         super().__init__(address, Handler)
         self.model, self.model_name = model, model_name
         self.default_max_tokens = default_max_tokens
-        self.lock = threading.Lock()      # one sequence at a time on the one KV cache
+
+    def server_close(self) -> None:
+        super().server_close()
+        self.scheduler.close()
 
 
 def make_server(model, host: str = "127.0.0.1", port: int = 8080,
-                model_name: str | None = None) -> ModelServer:
-    """A server for `model` bound to (host, port) (port 0: any free port; see .server_port);
-    call .serve_forever() (or run it in a thread) and .shutdown()."""
+                model_name: str | None = None, parallel: int = 1) -> ModelServer:
+    """A server for `model` bound to (host, port) (port 0: any free port; see .server_port)
+    running up to `parallel` requests at once (the model's context split between them); call
+    .serve_forever() (or run it in a thread), then .shutdown() and .server_close()."""
     name = model_name or str(getattr(model, "path", "model")).rsplit("/", 1)[-1]
-    return ModelServer(model, (host, port), name)
+    return ModelServer(model, (host, port), name, parallel=parallel)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -127,6 +135,12 @@ class Handler(BaseHTTPRequestHandler):
             self._error(400, str(exc))
         except (BrokenPipeError, ConnectionResetError):
             pass                               # the client went away mid-stream
+        except ValueError as exc:              # e.g. temperature < 0, checked by SamplingParams
+            if not self._answered:
+                self._error(400, str(exc))
+        except Exception as exc:               # noqa: BLE001 (a failed run: the server stays)
+            if not self._answered:
+                self._error(500, f"{type(exc).__name__}: {exc}", "server_error")
 
     # --- endpoints -------------------------------------------------------------------------
     def _completion(self, body: dict) -> None:
@@ -145,7 +159,7 @@ class Handler(BaseHTTPRequestHandler):
         self._generate(ids, options, bool(body.get("stream")), chat=True)
 
     def _generate(self, ids: list, options: dict, streaming: bool, chat: bool) -> None:
-        model, stats = self.server.model, GenerationStats()
+        stats = GenerationStats()
         ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())
         kind = "chat.completion" if chat else "text_completion"
@@ -161,37 +175,40 @@ class Handler(BaseHTTPRequestHandler):
             return {"prompt_tokens": len(ids), "completion_tokens": stats.generated_tokens,
                     "total_tokens": len(ids) + stats.generated_tokens}
 
-        with self.server.lock:
-            pieces = model.generate(ids, stats=stats, **options)
-            if not streaming:
+        pieces = self.server.scheduler.generate(ids, stats=stats, **options)
+        try:
+            if streaming:
+                self._stream_events(pieces, envelope, usage, stats, chat)
+            else:
                 text = "".join(pieces)
                 finish = FINISH.get(stats.stop_reason, "stop")
                 choice = ({"index": 0, "message": {"role": "assistant", "content": text},
                            "finish_reason": finish} if chat else
                           {"index": 0, "text": text, "finish_reason": finish})
                 self._json(200, envelope(choice, usage()))
-                self._log(ids, stats)
-                return
-            first = next(pieces, None)         # errors (context too long) before any header
-            self._start_events()
-            if chat:
-                self._event(envelope({"index": 0, "delta": {"role": "assistant"},
-                                      "finish_reason": None}, chunk=True))
-            piece = first
-            while piece is not None:
-                delta = {"content": piece} if chat else None
-                self._event(envelope({"index": 0, "delta": delta, "finish_reason": None}
-                                     if chat else {"index": 0, "text": piece,
-                                                   "finish_reason": None}, chunk=True))
-                piece = next(pieces, None)
-            finish = FINISH.get(stats.stop_reason, "stop")
-            last = ({"index": 0, "delta": {}, "finish_reason": finish} if chat else
-                    {"index": 0, "text": "", "finish_reason": finish})
-            self._event(envelope(last, usage(), chunk=True))
-            self.wfile.write(b"data: [DONE]\n\n")
-            self.wfile.flush()
-            self.close_connection = True
+        finally:
+            pieces.close()           # a client gone mid-stream frees its slot
         self._log(ids, stats)
+
+    def _stream_events(self, pieces, envelope, usage, stats: GenerationStats, chat: bool) -> None:
+        first = next(pieces, None)         # errors of the run before any header
+        self._start_events()
+        if chat:
+            self._event(envelope({"index": 0, "delta": {"role": "assistant"},
+                                  "finish_reason": None}, chunk=True))
+        piece = first
+        while piece is not None:
+            self._event(envelope({"index": 0, "delta": {"content": piece}, "finish_reason": None}
+                                 if chat else {"index": 0, "text": piece,
+                                               "finish_reason": None}, chunk=True))
+            piece = next(pieces, None)
+        finish = FINISH.get(stats.stop_reason, "stop")
+        last = ({"index": 0, "delta": {}, "finish_reason": finish} if chat else
+                {"index": 0, "text": "", "finish_reason": finish})
+        self._event(envelope(last, usage(), chunk=True))
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+        self.close_connection = True
 
     def _log(self, ids: list, stats: GenerationStats) -> None:
         print(f"{self.command} {self.path}: prompt {len(ids)} tokens ({stats.prompt_tokens} "
@@ -215,8 +232,11 @@ class Handler(BaseHTTPRequestHandler):
             raise RequestError("request body must be a JSON object")
         return body
 
+    _answered = False      # a status line sent: a later error can only end the connection
+
     def _json(self, status: int, payload: dict) -> None:
         data = json.dumps(payload).encode()
+        self._answered = True
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -227,6 +247,7 @@ class Handler(BaseHTTPRequestHandler):
         self._json(status, {"error": {"message": message, "type": kind}})
 
     def _start_events(self) -> None:
+        self._answered = True
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")

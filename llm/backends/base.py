@@ -116,6 +116,13 @@ class Backend(ABC):
         grouped KV heads -> (n, n_head * head_dim_v)."""
 
     @abstractmethod
+    def attention_batch(self, q: Act, k: Act, v: Act, caches: Sequence[KVCache], layer: int,
+                        positions: np.ndarray, scale: float, window: int = 0) -> Act:
+        """Batched decode: row i of k, v written at positions[i] of caches[i]'s layer, then row
+        i of q attends over positions 0..positions[i] of caches[i] (windowed as `attention`)
+        -> (n, n_head * head_dim_v)."""
+
+    @abstractmethod
     def swiglu(self, gate: Act, up: Act) -> Act:
         """silu(gate) * up."""
 

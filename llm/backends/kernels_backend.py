@@ -148,8 +148,10 @@ class KernelsBackend(Backend):
         return cache
 
     # --- step inputs -------------------------------------------------------------------------
-    def begin_step(self, ids, start: int, device_io=None, prefill_io=None) -> None:
-        """Inputs of one forward: host ids/start uploaded, or (decode graphs) read from
+    def begin_step(self, ids, start: int, device_io=None, prefill_io=None,
+                   positions=None) -> None:
+        """Inputs of one forward: host ids/start uploaded (positions start.., or `positions`
+        for a batched decode's tokens of several sequences), or (decode graphs) read from
         device_io = [token, position] (int32, on the device), or (prefill graphs, len(ids)
         tokens of a padded prompt) from prefill_io = [ids..., positions..., index of the
         prompt's last row]: the step's start and last row are then device values too (the
@@ -168,8 +170,10 @@ class KernelsBackend(Backend):
             return
         self.arena = self.prefill_arena
         self.arena.reset()
+        if positions is None:
+            positions = np.arange(start, start + n, dtype=np.int32)
         host = np.concatenate([np.asarray(ids, np.int32).reshape(-1),
-                               np.arange(start, start + n, dtype=np.int32)])
+                               np.asarray(positions, np.int32).reshape(-1)])
         buf = self.arena.take((2 * n,), np.int32)
         buf.copy_from(host)
         self._step = (buf[0:n], buf[n:2 * n], buf[n:n + 1])
@@ -360,6 +364,29 @@ class KernelsBackend(Backend):
             X.attention(qa, k_cache, v_cache, out, start_dev, q3.shape[1], scale, window)
         return out
 
+    def attention_batch(self, q, k, v, caches, layer, positions, scale, window=0):
+        """Row i: RoPE'd q/k (one launch each for all rows), k/v stored at positions[i] of
+        caches[i], decode attention over that cache: two launches (store, attention; three
+        with a split's combine) per sequence, their lengths read from the step's positions."""
+        qa, ka, va = (self._contiguous(self.materialize(a)) for a in (q, k, v))
+        n, d = qa.shape[0], caches[0].head_dim
+        positions_dev, _ = self._positions(positions)
+        out = self.arena.take((n, qa.shape[1]), np.float32)
+        q3, out3 = qa.reshape(n, -1, d), out.reshape(n, -1, d)
+        for i, cache in enumerate(caches):
+            k_cache, v_cache = cache.k[layer], cache.v[layer]
+            pos_dev = positions_dev[i:i + 1]
+            store = kv_q8.store_rows if cache.q8 else X.store_kv
+            store(ka[i:i + 1], va[i:i + 1], k_cache, v_cache, pos_dev)
+            if d in HEAD_DIMS:
+                self._stdlib_attention(q3[i:i + 1], k_cache, v_cache, int(positions[i]),
+                                       pos_dev, out3[i:i + 1], scale, window, cache,
+                                       quantize_out=False)
+            else:
+                X.attention(qa[i:i + 1], k_cache, v_cache, out[i:i + 1], pos_dev, q3.shape[1],
+                            scale, window)
+        return out
+
     def _prefill_in_place(self, q, k, v, cache, layer, start, scale, window, norms=None):
         """Prefill on the fused q|k|v projection's output itself: (head norms and) RoPE of q
         in place, of k into the cache, v into the cache, then the tensor-core attention reading
@@ -396,9 +423,10 @@ class KernelsBackend(Backend):
         return k16, v16
 
     def _stdlib_attention(self, q3, k_cache, v_cache, start, start_dev, out3, scale, window,
-                          cache):
+                          cache, quantize_out: bool = True):
         """Launches the attention into out3; for a decode in the Q8_1 mode also returns the
-        output's Q8_1 copy, the o-projection's input (launch_decode's xq_out), else None."""
+        output's Q8_1 copy, the o-projection's input (launch_decode's xq_out; not with
+        quantize_out=False: a batched decode's rows are quantized together), else None."""
         if q3.shape[0] == 1:   # decode: kv_len = position + 1, split over the context
             config = self._decode_config(q3.shape[1], k_cache)
             workspace = None if self.direct_attention else cache.workspace(q3.shape[1], config)
@@ -406,7 +434,7 @@ class KernelsBackend(Backend):
             # also writes the o-projection's Q8_1 activations: no quantize launch for them
             xq = None
             wanted = ATTENTION_Q8 == "all" or (ATTENTION_Q8 == "split" and workspace is not None)
-            if wanted and self.activations == "q8_1" and q3.shape[2] % 32 == 0:
+            if wanted and quantize_out and self.activations == "q8_1" and q3.shape[2] % 32 == 0:
                 xq = self.arena.take(W.q8_buffer_shape(1, q3.shape[1] * q3.shape[2]), np.uint8)
             # early_kv (EARLY_KV): under PDL the split blocks read the length and start loading
             # older rows before their wait (the kernel before writes only the newest row)

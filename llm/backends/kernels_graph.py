@@ -150,6 +150,15 @@ class GraphedTransformer(Transformer):
         finally:
             b.end_step()
 
+    def forward_batch(self, ids, positions, caches):
+        """Batched decode of several sequences, run eagerly (one new token each; no graphs)."""
+        b = self.backend
+        b.begin_step(ids, 0, positions=positions)
+        try:
+            return b.materialize(super().forward_batch(ids, positions, caches))
+        finally:
+            b.end_step()
+
     def _record(self, io, cache, short: bool):
         """The device-input forward of one token plus the greedy pick; returns its logits."""
         b = self.backend

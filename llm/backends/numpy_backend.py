@@ -274,6 +274,11 @@ class NumpyBackend(Backend):
             return out.reshape(1, -1)
         return out.reshape(n_kv, group, n, dv).transpose(2, 0, 1, 3).reshape(n, -1)
 
+    def attention_batch(self, q, k, v, caches, layer, positions, scale, window=0):
+        rows = [self.attention(q[i:i + 1], k[i:i + 1], v[i:i + 1], cache, layer, int(pos), scale,
+                               window) for i, (cache, pos) in enumerate(zip(caches, positions))]
+        return np.concatenate(rows, axis=0)
+
     def swiglu(self, gate, up):
         out = np.negative(gate)
         np.exp(out, out=out)

@@ -1,7 +1,9 @@
 """One decoder-only transformer for every supported architecture, written against `Backend` ops.
 
-Input: token ids of one step, their start position and a KV cache. Output: logits (backend
-activation) for every position or only the last. Architectures differ by `ArchSpec` switches
+Input: token ids of one step, their start position and a KV cache (`forward`), or one new
+token for each of several sequences, with their positions and caches (`forward_batch`: batched
+decode, the weights read once for all of them). Output: logits (backend activation) for every
+position or only the last. Architectures differ by `ArchSpec` switches
 (norm kind, FFN kind, q/k norm, post-norms, learned positions) and `ModelConfig` values (RoPE
 per layer, sliding window, embedding scale), never by a second copy of this loop.
 """
@@ -26,7 +28,7 @@ class Transformer:
             return self.backend.layer_norm(x, norm.weight, norm.bias, self.cfg.eps)
         return self.backend.rms_norm(x, norm.weight, self.cfg.eps)
 
-    def _attention(self, h, lw: LayerWeights, il: int, positions, start: int, cache: KVCache):
+    def _attention(self, h, lw: LayerWeights, il: int, positions, attend):
         b, cfg = self.backend, self.cfg
         qkv = b.matmul(h, lw.qkv, lw.qkv_bias)
         rope = cfg.layer_rope(il)
@@ -44,7 +46,7 @@ class Transformer:
             if rope is not None:
                 q = b.rope(q, positions, cfg.head_dim, rope, self.w.rope_freqs)
                 k = b.rope(k, positions, cfg.head_dim, rope, self.w.rope_freqs)
-        out = b.attention(q, k, v, cache, il, start, cfg.attn_scale, cfg.layer_window(il))
+        out = attend(q, k, v, il)
         return b.matmul(out, lw.attn_out, lw.attn_out_bias)
 
     def _ffn(self, h, lw: LayerWeights):
@@ -60,15 +62,35 @@ class Transformer:
     def forward(self, ids: np.ndarray, start: int, cache: KVCache, all_logits: bool = False):
         """Logits (n, n_vocab) for ids at positions start..start+n-1, or (1, n_vocab) for the
         last one; the step's keys and values are written into `cache`."""
+        b, cfg = self.backend, self.cfg
+
+        def attend(q, k, v, il):
+            return b.attention(q, k, v, cache, il, start, cfg.attn_scale, cfg.layer_window(il))
+        positions = np.arange(start, start + len(ids), dtype=np.int64)
+        return self._run(ids, positions, attend, all_logits)
+
+    def forward_batch(self, ids: np.ndarray, positions: np.ndarray, caches: list):
+        """Logits (n, n_vocab): row i after token ids[i] of sequence i, at positions[i] of its
+        own cache caches[i] (where its key and value are written)."""
+        b, cfg = self.backend, self.cfg
+        if not len(ids) == len(positions) == len(caches):
+            raise ValueError(f"forward_batch: {len(ids)} ids, {len(positions)} positions and "
+                             f"{len(caches)} caches (one of each per sequence)")
+
+        def attend(q, k, v, il):
+            return b.attention_batch(q, k, v, caches, il, positions, cfg.attn_scale,
+                                     cfg.layer_window(il))
+        return self._run(ids, np.asarray(positions, np.int64), attend, all_logits=True)
+
+    def _run(self, ids, positions: np.ndarray, attend, all_logits: bool):
         b, w, cfg = self.backend, self.w, self.cfg
         b.begin_forward(len(ids))
-        positions = np.arange(start, start + len(ids), dtype=np.int64)
         x = b.embed(w.token_embd, ids, cfg.embed_scale)
         if w.position_embd is not None:
             x = b.add(x, b.embed(w.position_embd, positions))
         for il, lw in enumerate(w.layers):
             b.begin_layer(il)
-            h = self._attention(self._norm(x, lw.attn_norm), lw, il, positions, start, cache)
+            h = self._attention(self._norm(x, lw.attn_norm), lw, il, positions, attend)
             if lw.post_attn_norm is not None:
                 h = self._norm(h, lw.post_attn_norm)
             x = b.add(x, h)

@@ -141,3 +141,29 @@ def test_a_client_leaving_mid_stream_leaves_the_model_usable(served):
                                                 "temperature": 0})
     expected = "".join(model.generate("once upon", max_tokens=40, temperature=0))
     assert status == 200 and out["choices"][0]["text"] == expected
+
+
+def test_parallel_slots_answer_concurrent_requests_like_one_at_a_time():
+    """`serve --parallel 3`: four concurrent greedy requests (one waits for a slot) get the
+    answers the model gives each prompt alone."""
+    model = llm.load(TINY_LLAMA, progress=False, n_ctx=192)
+    prompts = ["once upon a time", "hello there", "the quick brown", "one two three"]
+    expected = ["".join(model.generate(p, max_tokens=16, temperature=0)) for p in prompts]
+    server = make_server(model, "127.0.0.1", 0, model_name="tiny", parallel=3)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url, answers = f"http://127.0.0.1:{server.server_port}", [None] * len(prompts)
+
+    def ask(i):
+        answers[i] = call(url, "/v1/completions", {"prompt": prompts[i], "max_tokens": 16,
+                                                   "temperature": 0})
+    try:
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [a[0] for a in answers] == [200] * len(prompts)
+    assert [a[1]["choices"][0]["text"] for a in answers] == expected

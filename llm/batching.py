@@ -1,0 +1,210 @@
+"""Continuous batching: several generations share one model, their decode steps run together.
+
+Input: a loaded `llm.Model` and a number of slots (sequences in flight at once, each with its
+own KV cache of `slot_ctx` positions). Output: `BatchScheduler.generate(ids, ...)`, an iterator
+of text pieces that any thread may call. One worker thread owns the model: between decode
+steps it admits waiting requests into free slots (their prompts' prefill, reusing what the slot
+already caches), then runs one decode step for every active slot at once
+(`Transformer.forward_batch`: each weight matrix is read once per step for all of them) and
+samples each row with its own request's sampler. A slot decoding alone takes the one-sequence
+path (the kernels backend's decode graph). This is what llama.cpp's server does with
+`--parallel N` slots; as there, the context is split between the slots.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from queue import SimpleQueue
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from llm.generate import Generation, GenerationStats, Session, check_prompt_fits
+from llm.sampling import Sampler, SamplingParams
+
+_END = object()      # a request's queue: generation over
+
+
+@dataclass(eq=False)
+class _Request:
+    ids: list
+    gen: Generation
+    pieces: SimpleQueue = field(default_factory=SimpleQueue)   # str, then _END or an error
+    slot: int = -1
+    token: int = -1              # sampled, not yet run through the model
+    decode_start: float = 0.0
+    cancelled: bool = False      # the consumer went away: the slot is freed at the next step
+
+
+class BatchScheduler:
+    def __init__(self, model, slots: int = 1, slot_ctx: int | None = None):
+        if not isinstance(slots, int) or slots < 1:
+            raise ValueError(f"slots must be a positive int, got {slots!r}")
+        slot_ctx = slot_ctx or model.n_ctx // slots
+        if slot_ctx < 2:
+            raise ValueError(f"{slots} slots leave {slot_ctx} positions of the {model.n_ctx}-"
+                             f"token context to each; raise the context (--ctx) or use fewer")
+        self.model, self.slot_ctx = model, slot_ctx
+        self.sessions = [Session(model.transformer, model.backend, slot_ctx)
+                         for _ in range(slots)]
+        self._busy: list[_Request | None] = [None] * slots
+        self._last_used = [0] * slots
+        self._clock = 0
+        self._waiting: deque[_Request] = deque()
+        self._wake = threading.Condition()
+        self._closed = False
+        self._worker = threading.Thread(target=self._work, name="pykernel-batching", daemon=True)
+        self._worker.start()
+
+    @property
+    def slots(self) -> int:
+        return len(self.sessions)
+
+    def generate(self, ids: Sequence[int], max_tokens: int = 128, stop: Sequence[str] = (),
+                 stats: GenerationStats | None = None, **sampling) -> Iterator[str]:
+        """Text pieces of the continuation of token ids (as Model.generate; sampling keywords
+        are SamplingParams fields). Bad options and a prompt longer than a slot's context
+        raise here, before anything is queued; errors of the run come out of the iterator."""
+        ids = [int(i) for i in ids]
+        if not ids:
+            raise ValueError("cannot run an empty prompt (no tokens)")
+        check_prompt_fits(ids, self.slot_ctx)
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+        sampler = Sampler(SamplingParams(**sampling))
+        stop = [stop] if isinstance(stop, str) else list(stop)
+        request = _Request(ids, Generation(self.model.tokenizer, ids, sampler, max_tokens, stop,
+                                           stats))
+        with self._wake:
+            if self._closed:
+                raise RuntimeError("the batch scheduler is closed")
+            self._waiting.append(request)
+            self._wake.notify()
+        return self._pieces(request)
+
+    def close(self) -> None:
+        """Stop the worker after its current step; requests still queued or running end with
+        an error."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        self._worker.join()
+
+    @staticmethod
+    def _pieces(request: _Request) -> Iterator[str]:
+        try:
+            while True:
+                item = request.pieces.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            request.cancelled = True
+
+    # --- the worker ----------------------------------------------------------------------
+    def _work(self) -> None:
+        while True:
+            with self._wake:
+                while not self._closed and not self._waiting and not any(self._busy):
+                    self._wake.wait()
+                if self._closed:
+                    break
+                admitted = self._admit()
+            for request in admitted:
+                self._guarded([request], self._start, request)
+            active = [r for r in self._busy if r is not None]
+            for request in active:
+                if request.cancelled:
+                    self._release(request)
+            active = [r for r in active if not r.cancelled]
+            if active:
+                self._guarded(active, self._step, active)
+        closed = RuntimeError("the batch scheduler was closed")
+        for request in [*self._waiting, *(r for r in self._busy if r is not None)]:
+            request.pieces.put(closed)
+
+    def _admit(self) -> list[_Request]:
+        """Waiting requests moved into free slots (called holding the lock)."""
+        admitted = []
+        while self._waiting and None in self._busy:
+            request = self._waiting.popleft()
+            if request.cancelled:
+                continue
+            request.slot = self._pick_slot(request.ids)
+            self._busy[request.slot] = request
+            admitted.append(request)
+        return admitted
+
+    def _pick_slot(self, ids: list) -> int:
+        """The free slot caching the longest prefix of ids (a chat's next turn finds its
+        history); among those, the least recently used."""
+        def score(slot: int) -> tuple:
+            common = 0
+            for a, b in zip(self.sessions[slot].tokens, ids):
+                if a != b:
+                    break
+                common += 1
+            return common, -self._last_used[slot]
+        return max((s for s, r in enumerate(self._busy) if r is None), key=score)
+
+    def _guarded(self, requests: list, run, *args) -> None:
+        """run(*args); an error ends `requests` with it (their slots emptied), never the
+        worker."""
+        try:
+            run(*args)
+        except Exception as exc:      # noqa: BLE001 (handed to the requests' consumers)
+            for request in requests:
+                if self._busy[request.slot] is request:
+                    self.sessions[request.slot].reset()
+                    request.pieces.put(exc)
+                    self._release(request)
+
+    def _start(self, request: _Request) -> None:
+        session, stats = self.sessions[request.slot], request.gen.stats
+        t0 = time.perf_counter()
+        logits, stats.prompt_tokens = session.prefill(request.ids)
+        stats.prompt_seconds = time.perf_counter() - t0
+        request.decode_start = time.perf_counter()
+        self._advance(request, logits)
+
+    def _step(self, active: list) -> None:
+        sessions = [self.sessions[r.slot] for r in active]
+        if len(active) == 1:
+            rows = [sessions[0].step(active[0].token)]
+        else:
+            ids = np.array([r.token for r in active], np.int64)
+            positions = np.array([len(s.tokens) for s in sessions], np.int64)
+            logits = self.model.transformer.forward_batch(ids, positions,
+                                                          [s.cache for s in sessions])
+            rows = self.model.backend.to_host(logits)
+            for session, request in zip(sessions, active):
+                session.tokens.append(request.token)
+        for request, row in zip(active, rows):
+            request.gen.stats.decode_steps += 1
+            self._advance(request, row)
+
+    def _advance(self, request: _Request, logits: np.ndarray) -> None:
+        """Sample the request's next token from its logits row and pass on the final text."""
+        gen, session = request.gen, self.sessions[request.slot]
+        token = gen.sampler.sample(logits, gen.history)
+        text = gen.accept(token, context_full=len(session.tokens) >= session.n_ctx)
+        if text:
+            request.pieces.put(text)
+        if not gen.done:
+            request.token = token
+            return
+        gen.stats.decode_seconds = time.perf_counter() - request.decode_start
+        tail = gen.finish()
+        if tail:
+            request.pieces.put(tail)
+        request.pieces.put(_END)
+        self._release(request)
+
+    def _release(self, request: _Request) -> None:
+        self._clock += 1
+        self._last_used[request.slot] = self._clock
+        self._busy[request.slot] = None

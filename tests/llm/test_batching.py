@@ -1,0 +1,163 @@
+"""Batched decode (Transformer.forward_batch) and the continuous-batching scheduler
+(llm/batching.py): rows of a batched step equal each sequence's step alone, on the numpy
+backend and the kernels backend (CPU target; the GPU's under -m gpu); concurrent greedy
+generations equal the same generations run alone; slots are reused, freed by consumers that
+leave, and errors reach the requests without stopping the worker."""
+import threading
+
+import numpy as np
+import pytest
+
+import llm
+from llm.batching import BatchScheduler
+from llm.generate import GenerationStats, Session
+from tests.llm.gguf_helpers import TINY, TINY_LLAMA, require_for_module
+
+require_for_module(TINY_LLAMA)
+
+BACKENDS = [("cpu", "numpy"), ("cpu", "kernels"),
+            pytest.param(("cuda", "kernels"), marks=pytest.mark.gpu)]
+
+
+def load(device: str, backend: str, name: str = TINY_LLAMA.name, **options):
+    if device == "cuda":
+        import pykernel as pk
+        if not pk.gpu_available():
+            pytest.skip("no usable CUDA GPU (driver or device missing)")
+    return llm.load(TINY / name, device=device, backend=backend, progress=False, **options)
+
+
+def rel_l2(a, b) -> float:
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+@pytest.mark.parametrize("name", ["tiny-llama-f32.gguf", "tiny-qwen3-f32.gguf",
+                                  "tiny-gpt2-f32.gguf", "tiny-llama-q8_0.gguf"])
+@pytest.mark.parametrize("where", BACKENDS, ids=lambda w: "-".join(w))
+def test_batched_rows_equal_each_sequence_alone(where, name, rng, seed):
+    """Four sequences of different lengths (1..12 tokens cached), three batched steps; every
+    row against the same sequence stepped alone in its own cache."""
+    model = load(*where, name=name, n_ctx=64)
+    n_vocab = model.config.n_vocab
+    prompts = [rng.integers(0, n_vocab, n).tolist() for n in (3, 7, 1, 12)]
+    steps = rng.integers(0, n_vocab, (3, len(prompts)))
+    alone = []
+    for i, prompt in enumerate(prompts):
+        session = Session(model.transformer, model.backend, 32)
+        session.prefill(prompt)
+        alone.append([session.step(int(t)) for t in steps[:, i]])
+    sessions = [Session(model.transformer, model.backend, 32) for _ in prompts]
+    for session, prompt in zip(sessions, prompts):
+        session.prefill(prompt)
+    for s, ids in enumerate(steps):
+        positions = np.array([len(x.tokens) for x in sessions])
+        rows = model.backend.to_host(model.transformer.forward_batch(
+            ids, positions, [x.cache for x in sessions]))
+        assert rows.shape == (len(prompts), n_vocab)
+        for i, session in enumerate(sessions):
+            session.tokens.append(int(ids[i]))
+            err = rel_l2(rows[i], alone[i][s])
+            assert err < 1e-5, f"seed {seed}: sequence {i} step {s}: relative L2 {err:.2e}"
+
+
+def test_forward_batch_checks_its_lists():
+    model = load("cpu", "numpy", n_ctx=16)
+    cache = Session(model.transformer, model.backend, 8).cache
+    with pytest.raises(ValueError, match="one of each per sequence"):
+        model.transformer.forward_batch(np.array([1, 2]), np.array([0, 0]), [cache])
+
+
+PROMPTS = ["once upon a time", "the quick brown fox", "hello", "in the beginning there was",
+           "one two three four five"]
+
+
+@pytest.mark.parametrize("where", BACKENDS, ids=lambda w: "-".join(w))
+def test_concurrent_greedy_generations_equal_each_alone(where):
+    """Five requests from five threads on three slots (two wait for a slot): each text is
+    what the model generates for that prompt alone."""
+    model = load(*where, n_ctx=192)
+    expected = ["".join(model.generate(p, max_tokens=24, temperature=0)) for p in PROMPTS]
+    scheduler = BatchScheduler(model, slots=3)
+    got, stats = [None] * len(PROMPTS), [GenerationStats() for _ in PROMPTS]
+    batch_sizes = []
+    forward_batch = model.transformer.forward_batch
+
+    def counted(ids, positions, caches):
+        batch_sizes.append(len(ids))
+        return forward_batch(ids, positions, caches)
+    model.transformer.forward_batch = counted
+    # queued from this thread (in order), consumed by five others
+    streams = [scheduler.generate(model.tokenizer.encode(p), max_tokens=24, temperature=0,
+                                  stats=s) for p, s in zip(PROMPTS, stats)]
+
+    def run(i):
+        got[i] = "".join(streams[i])
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    scheduler.close()
+    del model.transformer.forward_batch
+    assert got == expected
+    assert all(s.generated_tokens > 0 and s.stop_reason for s in stats)
+    assert scheduler.slot_ctx == 64
+    assert batch_sizes and max(batch_sizes) == 3, batch_sizes   # never more than the slots
+
+
+def test_slots_reuse_prefixes_and_consumers_that_leave_free_theirs():
+    model = load("cpu", "numpy", n_ctx=128)
+    scheduler = BatchScheduler(model, slots=2)
+    try:
+        ids = model.tokenizer.encode("once upon a time there was")
+        first = GenerationStats()
+        text = "".join(scheduler.generate(ids, max_tokens=6, temperature=0, stats=first))
+        assert first.prompt_tokens == len(ids)
+        # the next turn extends the first: its slot is chosen and only the new part runs
+        turn = ids + model.tokenizer.encode(text, add_special=False) + ids[1:3]
+        second = GenerationStats()
+        "".join(scheduler.generate(turn, max_tokens=4, temperature=0, stats=second))
+        assert second.prompt_tokens < len(turn) - len(ids) + 2
+        # two consumers that stop after one piece: both slots must come free again
+        for _ in range(2):
+            pieces = scheduler.generate(ids, max_tokens=50, temperature=0)
+            next(pieces)
+            pieces.close()
+        alone = "".join(model.generate(ids, max_tokens=10, temperature=0))
+        assert "".join(scheduler.generate(ids, max_tokens=10, temperature=0)) == alone
+    finally:
+        scheduler.close()
+
+
+def test_bad_requests_fail_before_queueing_and_close_ends_the_worker():
+    model = load("cpu", "numpy", n_ctx=32)
+    scheduler = BatchScheduler(model, slots=2)
+    with pytest.raises(llm.ContextError, match="context holds 16"):
+        scheduler.generate(list(range(1, 20)), max_tokens=4)
+    with pytest.raises(ValueError, match="temperature"):
+        scheduler.generate([1, 2], temperature=-1)
+    with pytest.raises(ValueError, match="max_tokens"):
+        scheduler.generate([1, 2], max_tokens=0)
+    with pytest.raises(ValueError, match="empty prompt"):
+        scheduler.generate([], max_tokens=4)
+    with pytest.raises(ValueError, match="raise the context"):
+        BatchScheduler(model, slots=32)
+    scheduler.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        scheduler.generate([1, 2], max_tokens=4)
+
+
+def test_an_error_in_a_step_reaches_its_request_and_the_worker_goes_on(monkeypatch):
+    model = load("cpu", "numpy", n_ctx=64)
+    scheduler = BatchScheduler(model, slots=1)
+    try:
+        session = scheduler.sessions[0]
+        real = session.prefill
+        monkeypatch.setattr(session, "prefill", lambda ids: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            "".join(scheduler.generate([1, 2, 3], max_tokens=4, temperature=0))
+        monkeypatch.setattr(session, "prefill", real)
+        alone = "".join(model.generate([1, 2, 3], max_tokens=4, temperature=0))
+        assert "".join(scheduler.generate([1, 2, 3], max_tokens=4, temperature=0)) == alone
+    finally:
+        scheduler.close()
