@@ -91,6 +91,9 @@ class BatchScheduler:
             self._closed = True
             self._wake.notify()
         self._worker.join()
+        drop = getattr(self.model.transformer, "drop_batch_graphs", None)
+        if drop is not None:       # the kernels backend's graphs hold the slots' caches
+            drop()
 
     @staticmethod
     def _pieces(request: _Request) -> Iterator[str]:

@@ -105,6 +105,7 @@ class KernelsBackend(Backend):
         self.prefill_arena = Arena(self.memory)
         self.decode_arena = Arena(self.memory, keep_replaced=True)
         self.graph_prefill_arena = Arena(self.memory, keep_replaced=True)  # prefill graphs
+        self.batch_arena = Arena(self.memory, keep_replaced=True)   # batched decode graphs
         self.arena = self.prefill_arena
         self._step = None           # (ids, positions, start) device arrays of the running step
         self._last_index = None     # prefill graphs: device index of the prompt's last row
@@ -149,14 +150,20 @@ class KernelsBackend(Backend):
 
     # --- step inputs -------------------------------------------------------------------------
     def begin_step(self, ids, start: int, device_io=None, prefill_io=None,
-                   positions=None) -> None:
+                   positions=None, batch_io=None) -> None:
         """Inputs of one forward: host ids/start uploaded (positions start.., or `positions`
         for a batched decode's tokens of several sequences), or (decode graphs) read from
         device_io = [token, position] (int32, on the device), or (prefill graphs, len(ids)
         tokens of a padded prompt) from prefill_io = [ids..., positions..., index of the
         prompt's last row]: the step's start and last row are then device values too (the
-        attention kernels add the start on the device; last_row gathers that row)."""
+        attention kernels add the start on the device; last_row gathers that row), or
+        (batched decode graphs) from batch_io = [ids..., positions...]."""
         n = len(ids)
+        if batch_io is not None:
+            self.arena = self.batch_arena
+            self.arena.reset()
+            self._step = (batch_io[0:n], batch_io[n:2 * n], batch_io[n:n + 1])
+            return
         if device_io is not None:
             self.arena = self.decode_arena
             self.arena.reset()
@@ -546,7 +553,8 @@ class KernelsBackend(Backend):
 
     def memory_report(self) -> dict:
         return self.memory.report(self.weights.nbytes, sum(
-            a.nbytes for a in (self.prefill_arena, self.decode_arena, self.graph_prefill_arena)),
+            a.nbytes for a in (self.prefill_arena, self.decode_arena, self.graph_prefill_arena,
+                               self.batch_arena)),
             split_workspace_bytes(self.device))
 
 

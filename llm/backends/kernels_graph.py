@@ -61,11 +61,19 @@ PREFILL_GRAPH_MAX = int(os.environ.get("PYKERNEL_PREFILL_GRAPH_MAX", "1024"))
 # allocated (the rest for the decode graphs, scratch and other processes)
 SMALLEST_STEP = 64
 PREFILL_GRAPHS = os.environ.get("PYKERNEL_PREFILL_GRAPHS", "1") not in ("", "0")
+# batched decode graphs kept (one per set of sequences stepping together; each holds its
+# sequences' caches alive)
+MAX_BATCH_GRAPHS = 32
 
 
 class DecodeGraph:
     def __init__(self, graph, logits, io):
         self.graph, self.logits, self.io = graph, logits, io
+
+
+class BatchGraph:
+    def __init__(self, io, logits):
+        self.io, self.logits, self.graph = io, logits, None
 
 
 class PrefillGraph:
@@ -137,6 +145,7 @@ class GraphedTransformer(Transformer):
     def __init__(self, inner: Transformer):
         self.__dict__.update(inner.__dict__)
         self._fitted_step: int | None = None     # fitted_step's, once a KV cache exists
+        self._batch_graphs: dict = {}     # tuple of caches -> BatchGraph, least recent first
 
     def forward(self, ids, start: int, cache, all_logits: bool = False):
         b = self.backend
@@ -151,11 +160,45 @@ class GraphedTransformer(Transformer):
             b.end_step()
 
     def forward_batch(self, ids, positions, caches):
-        """Batched decode of several sequences, run eagerly (one new token each; no graphs)."""
+        """Batched decode of several sequences (one new token each): a graph per set of caches
+        (the per-sequence attention launches are bound to them), read ids and positions from
+        a device buffer, run eagerly the first time a set is seen and captured the second."""
         b = self.backend
-        b.begin_step(ids, 0, positions=positions)
+        if not b.use_graphs:
+            b.begin_step(ids, 0, positions=positions)
+            try:
+                return b.materialize(super().forward_batch(ids, positions, caches))
+            finally:
+                b.end_step()
+        key = tuple(caches)
+        host = np.concatenate([np.asarray(ids).reshape(-1),
+                               np.asarray(positions).reshape(-1)]).astype(np.int32)
+        step = self._batch_graphs.pop(key, None)
+        if step is None:
+            if len(self._batch_graphs) >= MAX_BATCH_GRAPHS:     # the least recently used goes
+                self._batch_graphs.pop(next(iter(self._batch_graphs)))
+            step = BatchGraph(pk.to_device(host), None)
+            step.logits = self._run_as_captured(self._record_batch, step.io, positions, caches)
+        else:
+            step.io.copy_from(host)
+            if step.graph is None:
+                with pk.capture_graph(b.stream, pdl=PDL) as graph:
+                    step.logits = self._record_batch(step.io, positions, caches)  # recorded only
+                step.graph = graph
+            step.graph.replay()
+        self._batch_graphs[key] = step
+        return step.logits
+
+    def drop_batch_graphs(self) -> None:
+        """Forget the batched decode graphs (they keep their caches alive)."""
+        self._batch_graphs.clear()
+
+    def _record_batch(self, io, positions, caches):
+        b = self.backend
+        n = len(caches)
+        b.begin_step(np.zeros(n, np.int64), 0, batch_io=io)
         try:
-            return b.materialize(super().forward_batch(ids, positions, caches))
+            return b.materialize(super().forward_batch(np.zeros(n, np.int64), positions, caches))
         finally:
             b.end_step()
 
