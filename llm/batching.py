@@ -9,6 +9,13 @@ already caches), then runs one decode step for every active slot at once
 samples each row with its own request's sampler. A slot decoding alone takes the one-sequence
 path (the kernels backend's decode graph). This is what llama.cpp's server does with
 `--parallel N` slots; as there, the context is split between the slots.
+
+The running requests always hold slots 0 .. B-1: the slots' caches come from
+`Backend.kv_caches` (on the kernels backend one allocation, so a step's attention over the B
+first slots is one launch, and one graph serves every batch of B). A request finishing below
+the last running slot gets the last one's cache copied into its place; a request whose
+cached prefix sits in a slot beyond B is copied to slot B. An idle slot keeps what it holds
+for a later request with the same prefix (a chat's next turn) until it is reused.
 """
 from __future__ import annotations
 
@@ -47,8 +54,11 @@ class BatchScheduler:
             raise ValueError(f"{slots} slots leave {slot_ctx} positions of the {model.n_ctx}-"
                              f"token context to each; raise the context (--ctx) or use fewer")
         self.model, self.slot_ctx = model, slot_ctx
-        self.sessions = [Session(model.transformer, model.backend, slot_ctx)
-                         for _ in range(slots)]
+        cfg = model.config
+        caches = model.backend.kv_caches(slots, cfg.n_layer, slot_ctx, cfg.n_head_kv,
+                                         cfg.head_dim, cfg.head_dim_v)
+        self.sessions = [Session(model.transformer, model.backend, slot_ctx, cache=c)
+                         for c in caches]
         self._busy: list[_Request | None] = [None] * slots
         self._last_used = [0] * slots
         self._clock = 0
@@ -119,11 +129,9 @@ class BatchScheduler:
                 admitted = self._admit()
             for request in admitted:
                 self._guarded([request], self._start, request)
-            active = [r for r in self._busy if r is not None]
-            for request in active:
-                if request.cancelled:
-                    self._release(request)
-            active = [r for r in active if not r.cancelled]
+            for request in [r for r in self._busy if r is not None and r.cancelled]:
+                self._release(request)
+            active = [r for r in self._busy if r is not None]    # slots 0 .. B-1, in order
             if active:
                 self._guarded(active, self._step, active)
         closed = RuntimeError("the batch scheduler was closed")
@@ -137,22 +145,34 @@ class BatchScheduler:
             request = self._waiting.popleft()
             if request.cancelled:
                 continue
-            request.slot = self._pick_slot(request.ids)
+            request.slot = self._take_slot(request.ids)
             self._busy[request.slot] = request
             admitted.append(request)
         return admitted
 
-    def _pick_slot(self, ids: list) -> int:
-        """The free slot caching the longest prefix of ids (a chat's next turn finds its
-        history); among those, the least recently used."""
-        def score(slot: int) -> tuple:
-            common = 0
+    def _take_slot(self, ids: list) -> int:
+        """The first free slot (the running requests hold those before it), holding the
+        longest cached prefix of ids found in a free slot (a chat's next turn finds its
+        history; among equals the least recently used is copied)."""
+        def common(slot: int) -> int:
+            n = 0
             for a, b in zip(self.sessions[slot].tokens, ids):
                 if a != b:
                     break
-                common += 1
-            return common, -self._last_used[slot]
-        return max((s for s, r in enumerate(self._busy) if r is None), key=score)
+                n += 1
+            return n
+        target = self._busy.index(None)
+        best = max(range(target, self.slots),
+                   key=lambda s: (common(s), s == target, -self._last_used[s]))
+        if common(best) > common(target):
+            self._move(best, target)
+        return target
+
+    def _move(self, source: int, target: int) -> None:
+        """Slot source's cache and ids into slot target (source keeps its copy)."""
+        src, dst = self.sessions[source], self.sessions[target]
+        dst.cache.copy_from(src.cache, len(src.tokens))
+        dst.tokens = list(src.tokens)
 
     def _guarded(self, requests: list, run, *args) -> None:
         """run(*args); an error ends `requests` with it (their slots emptied), never the
@@ -208,6 +228,21 @@ class BatchScheduler:
         self._release(request)
 
     def _release(self, request: _Request) -> None:
+        """Free the request's slot; the last running request moves into it, so that the
+        running ones stay in slots 0 .. B-1."""
+        slot = request.slot
         self._clock += 1
-        self._last_used[request.slot] = self._clock
-        self._busy[request.slot] = None
+        self._last_used[slot] = self._clock
+        self._busy[slot] = None
+        last = max((s for s, r in enumerate(self._busy) if r is not None), default=-1)
+        if last > slot:
+            moved = self._busy[last]
+            try:
+                self._move(last, slot)
+            except Exception as exc:     # noqa: BLE001 (the moved request ends with it)
+                self._busy[last] = None
+                self.sessions[slot].reset()
+                moved.pieces.put(exc)
+                return
+            self._busy[slot], self._busy[last] = moved, None
+            moved.slot = slot

@@ -53,11 +53,11 @@ class GenerationStats:
 class Session:
     """One sequence in one KV cache of `n_ctx` positions."""
 
-    def __init__(self, transformer, backend, n_ctx: int):
+    def __init__(self, transformer, backend, n_ctx: int, cache=None):
         cfg = transformer.cfg
         self.transformer, self.backend, self.n_ctx = transformer, backend, n_ctx
-        self.cache = backend.kv_cache(cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim,
-                                      cfg.head_dim_v)
+        self.cache = cache or backend.kv_cache(cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim,
+                                               cfg.head_dim_v)
         self.tokens: list[int] = []
 
     def reset(self) -> None:

@@ -35,6 +35,11 @@ class KVCache(ABC):
     @abstractmethod
     def nbytes(self) -> int: ...
 
+    @abstractmethod
+    def copy_from(self, other: "KVCache", n_rows: int) -> None:
+        """Every layer's keys and values of `other` (a cache of the same shape) into this one:
+        at least positions 0 .. n_rows - 1."""
+
 
 class Backend(ABC):
     name: str = "abstract"
@@ -65,6 +70,13 @@ class Backend(ABC):
     @abstractmethod
     def kv_cache(self, n_layer: int, n_ctx: int, n_head_kv: int, head_dim: int,
                  head_dim_v: int) -> KVCache: ...
+
+    def kv_caches(self, n_slots: int, n_layer: int, n_ctx: int, n_head_kv: int, head_dim: int,
+                  head_dim_v: int) -> list[KVCache]:
+        """Caches of n_slots sequences that decode together (a backend may allocate them as
+        one, for attention launches over consecutive ones)."""
+        return [self.kv_cache(n_layer, n_ctx, n_head_kv, head_dim, head_dim_v)
+                for _ in range(n_slots)]
 
     # --- ops ---------------------------------------------------------------------------------
     def begin_forward(self, n_tokens: int) -> None:

@@ -24,7 +24,7 @@ from llm.backends import kernels_weights as W
 from llm.backends.base import KV_CACHE_TYPES, Backend
 from llm.backends.kernels_lazy import (Cols, GluHalf, HeadNormed, Normed, PendingGlu,
                                        PendingMatmul, Quantized, Roped)
-from llm.backends.kernels_memory import Arena, DeviceMemory, KernelsKVCache
+from llm.backends.kernels_memory import Arena, DeviceMemory, KernelsKVCache, KVPool
 from llm.config import RopeParams
 from llm.gguf_file import TensorInfo
 from stdlib_kernels import activation as activation_rows
@@ -137,6 +137,11 @@ class KernelsBackend(Backend):
         return DeviceTable(self.weights.raw(table), table.ggml_type.name, table.shape[-1], role)
 
     def kv_cache(self, n_layer, n_ctx, n_head_kv, head_dim, head_dim_v) -> KernelsKVCache:
+        return self.kv_caches(1, n_layer, n_ctx, n_head_kv, head_dim, head_dim_v)[0]
+
+    def kv_caches(self, n_slots, n_layer, n_ctx, n_head_kv, head_dim, head_dim_v) -> list:
+        """n_slots caches in one KVPool: a batched decode over consecutive ones reads them in
+        one attention launch."""
         if head_dim_v != head_dim:
             raise ValueError(f"kernels backend: value head size {head_dim_v} != key head size "
                              f"{head_dim} is not supported")
@@ -144,9 +149,9 @@ class KernelsBackend(Backend):
             raise ValueError(f"kernels backend: a q8_0 KV cache needs a head size that is a "
                              f"multiple of 32 among {HEAD_DIMS}; this model's is {head_dim} "
                              f"(use --cache-type f16)")
-        cache = KernelsKVCache(self.memory, n_layer, n_ctx, n_head_kv, head_dim, self.kv_dtype,
-                               self.weights.nbytes)
-        return cache
+        shape = (n_layer, n_ctx, n_head_kv, head_dim, self.kv_dtype, self.weights.nbytes)
+        pool = KVPool(self.memory, n_slots, *shape)
+        return [KernelsKVCache(self.memory, *shape, pool=pool, slot=s) for s in range(n_slots)]
 
     # --- step inputs -------------------------------------------------------------------------
     def begin_step(self, ids, start: int, device_io=None, prefill_io=None,
@@ -373,13 +378,26 @@ class KernelsBackend(Backend):
 
     def attention_batch(self, q, k, v, caches, layer, positions, scale, window=0):
         """Row i: RoPE'd q/k (one launch each for all rows), k/v stored at positions[i] of
-        caches[i], decode attention over that cache: two launches (store, attention; three
-        with a split's combine) per sequence, their lengths read from the step's positions."""
+        caches[i], decode attention over that cache, lengths read from the step's positions.
+        Consecutive slots of one f16/f32 KVPool (what BatchScheduler steps) take one store and
+        one attention launch (plus a split's combine) for all rows; other caches two or three
+        launches per row."""
         qa, ka, va = (self._contiguous(self.materialize(a)) for a in (q, k, v))
         n, d = qa.shape[0], caches[0].head_dim
         positions_dev, _ = self._positions(positions)
         out = self.arena.take((n, qa.shape[1]), np.float32)
         q3, out3 = qa.reshape(n, -1, d), out.reshape(n, -1, d)
+        first = caches[0]
+        if d in HEAD_DIMS and not first.q8 and all(
+                c.pool is first.pool and c.slot == first.slot + i for i, c in enumerate(caches)):
+            k_all = first.pool.k[layer][first.slot:first.slot + n]
+            v_all = first.pool.v[layer][first.slot:first.slot + n]
+            X.store_kv(ka, va, k_all, v_all, positions_dev)
+            config = self._decode_config(q3.shape[1], k_all)
+            launch_decode(q3, k_all, v_all, positions_dev, out3, scale, window=window or None,
+                          len_add=1, workspace=first.pool.workspace(n, q3.shape[1], config),
+                          config=config, early_kv=EARLY_KV)
+            return out
         for i, cache in enumerate(caches):
             k_cache, v_cache = cache.k[layer], cache.v[layer]
             pos_dev = positions_dev[i:i + 1]

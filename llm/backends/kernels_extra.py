@@ -82,14 +82,21 @@ def attention_rows(q: Ptr[f32, "ro"], k_cache: Ptr["C", "ro"], v_cache: Ptr["C",
 
 @pk.kernel
 def kv_store(k: Ptr[f32, "ro"], v: Ptr[f32, "ro"], k_cache: Ptr["C"], v_cache: Ptr["C"],
-             start: Ptr[i32, "ro"], n_kv: i32, max_len: i32, D: i32, C: Const[pk.dtype]):
-    # grid (tokens, n_kv): row t of k/v (n_kv heads of D) -> caches[head, start[0] + t]
+             start: Ptr[i32, "ro"], n_kv: i32, max_len: i32, D: i32, seq_stride: i64,
+             C: Const[pk.dtype]):
+    # grid (tokens, n_kv): row t of k/v (n_kv heads of D) -> caches[head, start[0] + t] of one
+    # sequence (seq_stride 0), or (a batched decode) -> caches[t][head, start[t]] of sequence t,
+    # seq_stride elements after sequence t - 1
     t = pk.block_idx.x
     h = pk.block_idx.y
     pos = start[0] + t
+    base = i64(0)
+    if seq_stride != i64(0):
+        pos = start[t]
+        base = i64(t) * seq_stride
     if pos >= 0 and pos < max_len:
         src = (i64(t) * i64(n_kv) + i64(h)) * i64(D)
-        dst = (i64(h) * i64(max_len) + i64(pos)) * i64(D)
+        dst = base + (i64(h) * i64(max_len) + i64(pos)) * i64(D)
         for d in range(pk.thread_idx.x, D, pk.block_dim.x):
             k_cache[dst + i64(d)] = C(k[src + i64(d)])
             v_cache[dst + i64(d)] = C(v[src + i64(d)])
@@ -189,8 +196,14 @@ def attention(q, k_cache, v_cache, out, start, n_head: int, scale: float, window
 
 
 def store_kv(k, v, k_cache, v_cache, start, stream=None) -> None:
-    n_kv, max_len, d = k_cache.shape
-    args = (k, v, k_cache, v_cache, start, n_kv, max_len, d)
+    """k, v rows (tokens, n_kv * D) into caches (n_kv, max_len, D) at start[0] + t, or into
+    caches (tokens, n_kv, max_len, D) row t at start[t] (one token per sequence)."""
+    n_kv, max_len, d = k_cache.shape[-3:]
+    seq_stride = n_kv * max_len * d if k_cache.ndim == 4 else 0
+    if seq_stride and k_cache.shape[0] != k.shape[0]:
+        raise ValueError(f"store_kv: {k.shape[0]} rows for caches of {k_cache.shape[0]} "
+                         f"sequences")
+    args = (k, v, k_cache, v_cache, start, n_kv, max_len, d, seq_stride)
     L.launch(kv_store, (k.shape[0], n_kv, 1), L.threads_for(d, 256), args,
              (("C", k_cache.dtype),), stream)
 

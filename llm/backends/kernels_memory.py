@@ -148,22 +148,25 @@ def _release_kv(memory: DeviceMemory, accounted: list) -> None:
     memory.kv_bytes -= accounted[0]
 
 
-class KernelsKVCache(KVCache):
-    """K and V per layer: (n_head_kv, n_ctx, head_dim) of `dtype` (float16, float32, or "q8_0":
-    a stdlib Q8Cache, int8 quants plus an f16 scale per 32 values), allocated up front."""
+class KVPool:
+    """K and V of `n_slots` sequences per layer in one allocation each: (n_slots, n_head_kv,
+    n_ctx, head_dim) of `dtype` (float16, float32, or "q8_0": a stdlib Q8Cache, int8 quants
+    plus an f16 scale per 32 values). Sequence s's cache is the contiguous view [s], so a
+    batched decode over consecutive slots reads them as one (n_seq, ...) cache."""
 
-    def __init__(self, memory: DeviceMemory, n_layer, n_ctx, n_head_kv, head_dim, dtype,
+    def __init__(self, memory: DeviceMemory, n_slots, n_layer, n_ctx, n_head_kv, head_dim, dtype,
                  weight_bytes: int):
         from stdlib_kernels.attention import kv_q8
-        self.n_layer, self.n_ctx, self.n_head_kv = n_layer, n_ctx, n_head_kv
-        self.head_dim, self.head_dim_v = head_dim, head_dim
+        self.n_slots, self.n_ctx = n_slots, n_ctx
         self.q8 = isinstance(dtype, str) and dtype == kv_q8.DTYPE
         self.dtype = kv_q8.DTYPE if self.q8 else np.dtype(dtype)
-        shape = (n_head_kv, n_ctx, head_dim)
+        shape = (n_slots, n_head_kv, n_ctx, head_dim)
         element = kv_q8.BYTES_PER_VALUE if self.q8 else self.dtype.itemsize
         total = int(2 * n_layer * int(np.prod(shape)) * element)
-        context = (f"The KV cache for {n_ctx} tokens needs {total / MIB:.1f} MiB in all "
-                   f"({n_layer} layers x K and V of {shape} {self.dtype}); the model's weights "
+        slots = f"{n_slots} sequences of {n_ctx} tokens" if n_slots > 1 else f"{n_ctx} tokens"
+        context = (f"The KV cache for {slots} needs {total / MIB:.1f} MiB in all "
+                   f"({n_layer} layers x K and V of {shape[1:]} {self.dtype}"
+                   f"{f' x {n_slots}' if n_slots > 1 else ''}); the model's weights "
                    f"take {weight_bytes / MIB:.1f} MiB.")
         self.k, self.v = [], []
         for il in range(n_layer):
@@ -174,18 +177,65 @@ class KernelsKVCache(KVCache):
                                                memory.allocate(sh, dt, what, context)))
                 else:
                     into.append(memory.allocate(shape, self.dtype, what, context))
-        self.k_bytes = total
+        self.nbytes = total
         memory.kv_bytes += total
-        self._memory = memory
+        self.memory = memory
         # the memory report counts live caches: a dropped cache (bench runs one per depth)
-        # gives its bytes back; a list, so the finalizer does not hold the cache itself
-        self._accounted = [total]
-        weakref.finalize(self, _release_kv, memory, self._accounted)
+        # gives its bytes back; a list, so the finalizer does not hold the pool itself
+        self.accounted = [total]
+        weakref.finalize(self, _release_kv, memory, self.accounted)
+        self._workspaces: dict = {}
+
+    def slot(self, array, s: int):
+        from stdlib_kernels.attention.kv_q8 import Q8Cache
+        if self.q8:
+            return Q8Cache(array.quants[s], array.scales[s])
+        return array[s]
+
+    def workspace(self, n_seq: int, n_head: int, config):
+        """Split partials of a decode attention over n_seq slots with `config`, sized for the
+        whole context."""
+        from stdlib_kernels.attention.decode import DecodeWorkspace, config_splits
+        key = (n_seq, n_head, config)
+        if key not in self._workspaces:
+            splits = config_splits(config, n_head, self.k[0].shape[1], self.n_ctx)
+            self._workspaces[key] = DecodeWorkspace.allocate(n_seq, n_head,
+                                                             self.k[0].shape[-1], splits)
+        return self._workspaces[key]
+
+
+class KernelsKVCache(KVCache):
+    """K and V per layer: (n_head_kv, n_ctx, head_dim) of `dtype`, slot `slot` of a KVPool
+    (a pool of its own unless one is given), allocated up front."""
+
+    def __init__(self, memory: DeviceMemory, n_layer, n_ctx, n_head_kv, head_dim, dtype,
+                 weight_bytes: int, pool: KVPool | None = None, slot: int = 0):
+        self.pool = pool or KVPool(memory, 1, n_layer, n_ctx, n_head_kv, head_dim, dtype,
+                                   weight_bytes)
+        self.slot = slot
+        self.n_layer, self.n_ctx, self.n_head_kv = n_layer, n_ctx, n_head_kv
+        self.head_dim, self.head_dim_v = head_dim, head_dim
+        self.q8, self.dtype = self.pool.q8, self.pool.dtype
+        self.k = [self.pool.slot(a, slot) for a in self.pool.k]
+        self.v = [self.pool.slot(a, slot) for a in self.pool.v]
+        self.k_bytes = self.pool.nbytes // self.pool.n_slots
+        self._memory = memory
         self._f16_rows = None   # q8_0: one layer's K and V as f16, the prefill attention's input
         self._workspaces: dict = {}
         self.graph = None     # set by kernels_graph: the captured decode step on this cache
         self.graphs: dict = {}  # kernels_graph: its decode graphs (short/long context)
         self.prefill_graphs: dict = {}  # kernels_graph: prompt length bucket -> PrefillGraph
+
+    def copy_from(self, other: "KernelsKVCache", n_rows: int) -> None:
+        """Every layer's K and V of `other` (same shape and type) into this cache: whole
+        layers (a row range would take one copy per head), on the legacy default stream,
+        which the backend's blocking stream waits for."""
+        for mine, theirs in zip(self.k + self.v, other.k + other.v):
+            if self.q8:
+                mine.quants.copy_from(theirs.quants)
+                mine.scales.copy_from(theirs.scales)
+            else:
+                mine.copy_from(theirs)
 
     def f16_rows(self):
         """q8_0 caches: (K, V) f16 buffers of one layer's shape, allocated on first use, into
@@ -198,7 +248,7 @@ class KernelsKVCache(KVCache):
                                                          context) for n in ("K", "V"))
             rows = sum(a.nbytes for a in self._f16_rows)
             self._memory.kv_bytes += rows
-            self._accounted[0] += rows
+            self.pool.accounted[0] += rows
         return self._f16_rows
 
     @property

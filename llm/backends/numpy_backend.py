@@ -53,6 +53,10 @@ class NumpyKVCache(KVCache):
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
 
+    def copy_from(self, other: "NumpyKVCache", n_rows: int) -> None:
+        for mine, theirs in zip(self.k + self.v, other.k + other.v):
+            mine[:, :n_rows] = theirs[:, :n_rows]    # untouched pages stay uncommitted
+
 
 def _kv_type(value) -> str:
     """"f32" (default), "f16" or "q8_0" from a name or a numpy dtype."""

@@ -19,7 +19,7 @@ BACKENDS = [("cpu", "numpy"), ("cpu", "kernels"),
             pytest.param(("cuda", "kernels"), marks=pytest.mark.gpu)]
 
 
-def load(device: str, backend: str, name: str = TINY_LLAMA.name, **options):
+def load(device: str, backend: str, name=TINY_LLAMA.name, **options):
     if device == "cuda":
         import pykernel as pk
         if not pk.gpu_available():
@@ -27,17 +27,33 @@ def load(device: str, backend: str, name: str = TINY_LLAMA.name, **options):
     return llm.load(TINY / name, device=device, backend=backend, progress=False, **options)
 
 
+@pytest.fixture(scope="module")
+def d64_path(tmp_path_factory):
+    """A tiny synthetic llama with head_dim 64 (2 query heads on 1 KV head): the stdlib decode
+    attention's head sizes (the tiny golden models' 16 take the runner's own kernel)."""
+    from llm import synth
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(synth.SHAPES, "tiny-d64", synth.Shape(
+            "llama", 128, 256, 2, 2, 1, 512, 64, 10000.0, 1e-5, True, False, "llama-bpe"))
+        return synth.write_synthetic("tiny-d64", "Q8_0",
+                                     tmp_path_factory.mktemp("d64") / "tiny-d64.gguf")
+
+
 def rel_l2(a, b) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
+@pytest.mark.parametrize("caches", ["separate", "slots", "slots-shuffled"])
 @pytest.mark.parametrize("name", ["tiny-llama-f32.gguf", "tiny-qwen3-f32.gguf",
-                                  "tiny-gpt2-f32.gguf", "tiny-llama-q8_0.gguf"])
+                                  "tiny-gpt2-f32.gguf", "tiny-llama-q8_0.gguf", "tiny-d64"])
 @pytest.mark.parametrize("where", BACKENDS, ids=lambda w: "-".join(w))
-def test_batched_rows_equal_each_sequence_alone(where, name, rng, seed):
-    """Four sequences of different lengths (1..12 tokens cached), three batched steps; every
-    row against the same sequence stepped alone in its own cache."""
-    model = load(*where, name=name, n_ctx=64)
+def test_batched_rows_equal_each_sequence_alone(where, name, caches, d64_path, rng, seed):
+    """Four sequences of different lengths (1..12 tokens cached), three batched steps (the
+    first eager, then a graph captured and replayed on the kernels backend); every row against
+    the same sequence stepped alone in its own cache. Caches: one each, consecutive slots of
+    Backend.kv_caches (the kernels backend's one-launch attention), or its slots out of
+    order (one launch per sequence)."""
+    model = load(*where, name=d64_path if name == "tiny-d64" else name, n_ctx=64)
     n_vocab = model.config.n_vocab
     prompts = [rng.integers(0, n_vocab, n).tolist() for n in (3, 7, 1, 12)]
     steps = rng.integers(0, n_vocab, (3, len(prompts)))
@@ -46,7 +62,12 @@ def test_batched_rows_equal_each_sequence_alone(where, name, rng, seed):
         session = Session(model.transformer, model.backend, 32)
         session.prefill(prompt)
         alone.append([session.step(int(t)) for t in steps[:, i]])
-    sessions = [Session(model.transformer, model.backend, 32) for _ in prompts]
+    cfg = model.config
+    pool = [None] * len(prompts) if caches == "separate" else model.backend.kv_caches(
+        len(prompts), cfg.n_layer, 32, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v)
+    if caches == "slots-shuffled":
+        pool = pool[2:] + pool[:2]
+    sessions = [Session(model.transformer, model.backend, 32, cache=c) for c in pool]
     for session, prompt in zip(sessions, prompts):
         session.prefill(prompt)
     for s, ids in enumerate(steps):
@@ -58,6 +79,12 @@ def test_batched_rows_equal_each_sequence_alone(where, name, rng, seed):
             session.tokens.append(int(ids[i]))
             err = rel_l2(rows[i], alone[i][s])
             assert err < 1e-5, f"seed {seed}: sequence {i} step {s}: relative L2 {err:.2e}"
+    graphs = getattr(model.transformer, "_batch_graphs", None)
+    if graphs and name == "tiny-d64":    # which attention the captured step took
+        (step,) = graphs.values()
+        stores = [x.name for x in step.graph.launches].count("kv_store")
+        per_layer = 1 if caches == "slots" else len(prompts)
+        assert stores == per_layer * model.config.n_layer, stores
 
 
 def test_forward_batch_checks_its_lists():
@@ -69,6 +96,7 @@ def test_forward_batch_checks_its_lists():
 
 PROMPTS = ["once upon a time", "the quick brown fox", "hello", "in the beginning there was",
            "one two three four five"]
+MAX_TOKENS = [24, 6, 15, 3, 30]   # requests end at different steps: the last slot moves down
 
 
 @pytest.mark.parametrize("where", BACKENDS, ids=lambda w: "-".join(w))
@@ -76,7 +104,8 @@ def test_concurrent_greedy_generations_equal_each_alone(where):
     """Five requests from five threads on three slots (two wait for a slot): each text is
     what the model generates for that prompt alone."""
     model = load(*where, n_ctx=192)
-    expected = ["".join(model.generate(p, max_tokens=24, temperature=0)) for p in PROMPTS]
+    expected = ["".join(model.generate(p, max_tokens=m, temperature=0))
+                for p, m in zip(PROMPTS, MAX_TOKENS)]
     scheduler = BatchScheduler(model, slots=3)
     got, stats = [None] * len(PROMPTS), [GenerationStats() for _ in PROMPTS]
     batch_sizes = []
@@ -87,8 +116,8 @@ def test_concurrent_greedy_generations_equal_each_alone(where):
         return forward_batch(ids, positions, caches)
     model.transformer.forward_batch = counted
     # queued from this thread (in order), consumed by five others
-    streams = [scheduler.generate(model.tokenizer.encode(p), max_tokens=24, temperature=0,
-                                  stats=s) for p, s in zip(PROMPTS, stats)]
+    streams = [scheduler.generate(model.tokenizer.encode(p), max_tokens=m, temperature=0,
+                                  stats=s) for p, m, s in zip(PROMPTS, MAX_TOKENS, stats)]
 
     def run(i):
         got[i] = "".join(streams[i])
