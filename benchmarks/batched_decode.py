@@ -4,7 +4,8 @@ tokens per second against the number of sequences stepping together.
 Input: argv = SHAPE:TYPE items of llm.synth (default llama-8b:Q4_K_M smollm2-135m:Q8_0), env
 SYNTH_DIR (where synthetic files are written, default /tmp), BATCHES (default 1,2,4,8,16),
 DEPTH (tokens already cached per sequence, default 512), STEPS (timed steps, default 32),
-DEVICE (default cuda).
+DEVICE (default cuda), POOL (default 1: the caches are slots of one pool, as the scheduler's;
+0: a cache each, one attention launch per sequence).
 Output: one table per model. Batch 1 is the one-sequence path (decode graph); larger batches
 run forward_batch eagerly plus the logits' copy to the host, as the scheduler does. Roofline:
 a step reads every weight once (file bytes) plus each sequence's KV cache; at copy bandwidth
@@ -24,6 +25,9 @@ from llm.generate import Session
 from llm.synth import write_synthetic
 
 COPY_TBS = float(os.environ.get("COPY_TBS", "2.97"))   # H100 torch copy (RESULTS.md)
+# 1: the sequences' caches are consecutive slots of one Backend.kv_caches pool (what the
+# scheduler runs: one attention launch per layer); 0: a cache each (one launch per sequence)
+POOL = os.environ.get("POOL", "1") != "0"
 
 
 def model_file(item: str) -> Path:
@@ -45,8 +49,10 @@ def bench(model, batch: int, depth: int, steps: int) -> tuple:
     each with `depth` tokens cached. A new set of sequences runs its first step eagerly and
     captures its graph on the second: what a server pays when its batch changes."""
     rng = np.random.default_rng(batch)
-    sessions = [Session(model.transformer, model.backend, depth + steps + 8)
-                for _ in range(batch)]
+    cfg, n_ctx = model.config, depth + steps + 8
+    caches = (model.backend.kv_caches(batch, cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim,
+                                      cfg.head_dim_v) if POOL else [None] * batch)
+    sessions = [Session(model.transformer, model.backend, n_ctx, cache=c) for c in caches]
     for s in sessions:
         s.prefill(rng.integers(0, model.config.n_vocab, depth).tolist())
     tokens = rng.integers(0, model.config.n_vocab, (steps + 2, batch))
@@ -84,7 +90,8 @@ def main(items: list) -> None:
                          n_ctx=depth + steps + 8)
         weights = path.stat().st_size
         print(f"\n{item}: {weights / 1e9:.2f} GB, {depth} tokens cached per sequence, "
-              f"{steps} steps; roofline at {COPY_TBS} TB/s", flush=True)
+              f"{steps} steps, {'one pool' if POOL else 'a cache each'}; roofline at "
+              f"{COPY_TBS} TB/s", flush=True)
         print("| batch | ms / step | tok/s | x batch 1 | roofline tok/s | of roofline | "
               "1st / 2nd step ms |")
         print("|---|---|---|---|---|---|---|")
