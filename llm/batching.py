@@ -46,7 +46,8 @@ class _Request:
 
 
 class BatchScheduler:
-    def __init__(self, model, slots: int = 1, slot_ctx: int | None = None):
+    def __init__(self, model, slots: int = 1, slot_ctx: int | None = None,
+                 warm_up: bool = False):
         if not isinstance(slots, int) or slots < 1:
             raise ValueError(f"slots must be a positive int, got {slots!r}")
         slot_ctx = slot_ctx or model.n_ctx // slots
@@ -65,8 +66,26 @@ class BatchScheduler:
         self._waiting: deque[_Request] = deque()
         self._wake = threading.Condition()
         self._closed = False
+        if warm_up:
+            self.warm_up()
         self._worker = threading.Thread(target=self._work, name="pykernel-batching", daemon=True)
         self._worker.start()
+
+    def warm_up(self) -> None:
+        """On a backend with graphs (kernels): compile and capture the batched step of every
+        batch size 2 .. slots on the still empty slots, so that the first time B requests run
+        together does not stall them all for its kernels' compile (seconds per size on the
+        first run of a model; the compile cache makes later starts quick). Before serving."""
+        transformer = self.model.transformer
+        if not hasattr(transformer, "drop_batch_graphs"):
+            return
+        for b in range(2, self.slots + 1):
+            zeros = np.zeros(b, np.int64)    # token 0 at position 0: rows no request reads
+            for _ in range(2):               # eager (compiles), then captured
+                transformer.forward_batch(zeros, zeros, [s.cache for s in self.sessions[:b]])
+        self.model.backend.synchronize()
+        for session in self.sessions:
+            session.reset()
 
     @property
     def slots(self) -> int:

@@ -83,8 +83,9 @@ class ModelServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, model, address: tuple, model_name: str, default_max_tokens: int = 256,
-                 parallel: int = 1):
-        self.scheduler = BatchScheduler(model, parallel)   # its errors before binding the port
+                 parallel: int = 1, warm_up: bool = False):
+        # its errors (and its warm-up) before the port is bound
+        self.scheduler = BatchScheduler(model, parallel, warm_up=warm_up)
         super().__init__(address, Handler)
         self.model, self.model_name = model, model_name
         self.default_max_tokens = default_max_tokens
@@ -95,12 +96,14 @@ class ModelServer(ThreadingHTTPServer):
 
 
 def make_server(model, host: str = "127.0.0.1", port: int = 8080,
-                model_name: str | None = None, parallel: int = 1) -> ModelServer:
+                model_name: str | None = None, parallel: int = 1,
+                warm_up: bool = False) -> ModelServer:
     """A server for `model` bound to (host, port) (port 0: any free port; see .server_port)
-    running up to `parallel` requests at once (the model's context split between them); call
-    .serve_forever() (or run it in a thread), then .shutdown() and .server_close()."""
+    running up to `parallel` requests at once (the model's context split between them; warm_up:
+    BatchScheduler.warm_up first); call .serve_forever() (or run it in a thread), then
+    .shutdown() and .server_close()."""
     name = model_name or str(getattr(model, "path", "model")).rsplit("/", 1)[-1]
-    return ModelServer(model, (host, port), name, parallel=parallel)
+    return ModelServer(model, (host, port), name, parallel=parallel, warm_up=warm_up)
 
 
 class Handler(BaseHTTPRequestHandler):

@@ -55,6 +55,11 @@ def test_batched_rows_equal_each_sequence_alone(where, name, caches, d64_path, r
     order (one launch per sequence)."""
     model = load(*where, name=d64_path if name == "tiny-d64" else name, n_ctx=64)
     n_vocab = model.config.n_vocab
+    # the GPU's head_dim-64 attention is the tensor-core kernel (Q and P rounded to f16): one
+    # sequence alone reads its short context in one split, a batch in several; measured up to
+    # 9.4e-3 on the H100 (this random model's decode and prefill differ as much: the 1e-2 of
+    # test_kernels_backend's test_split_decode_feeds_q8_1_to_the_o_projection)
+    tol = 2e-2 if where[0] == "cuda" and name == "tiny-d64" else 1e-5
     prompts = [rng.integers(0, n_vocab, n).tolist() for n in (3, 7, 1, 12)]
     steps = rng.integers(0, n_vocab, (3, len(prompts)))
     alone = []
@@ -78,7 +83,7 @@ def test_batched_rows_equal_each_sequence_alone(where, name, caches, d64_path, r
         for i, session in enumerate(sessions):
             session.tokens.append(int(ids[i]))
             err = rel_l2(rows[i], alone[i][s])
-            assert err < 1e-5, f"seed {seed}: sequence {i} step {s}: relative L2 {err:.2e}"
+            assert err < tol, f"seed {seed}: sequence {i} step {s}: relative L2 {err:.2e}"
     graphs = getattr(model.transformer, "_batch_graphs", None)
     if graphs and name == "tiny-d64":    # which attention the captured step took
         (step,) = graphs.values()
@@ -190,3 +195,19 @@ def test_an_error_in_a_step_reaches_its_request_and_the_worker_goes_on(monkeypat
         assert "".join(scheduler.generate([1, 2, 3], max_tokens=4, temperature=0)) == alone
     finally:
         scheduler.close()
+
+
+def test_warm_up_captures_every_batch_size_and_leaves_the_slots_empty(d64_path):
+    model = load("cpu", "kernels", name=d64_path, n_ctx=64)
+    scheduler = BatchScheduler(model, slots=3, warm_up=True)
+    try:
+        graphs = model.transformer._batch_graphs
+        sizes = sorted(len(key) for key, step in graphs.items() if step.graph is not None)
+        assert sizes == [2, 3]
+        assert all(not s.tokens for s in scheduler.sessions)
+        prompt = [5, 9, 13]
+        alone = "".join(model.generate(prompt, max_tokens=6, temperature=0))
+        assert "".join(scheduler.generate(prompt, max_tokens=6, temperature=0)) == alone
+    finally:
+        scheduler.close()
+    assert not graphs            # close() lets the slots' caches go
