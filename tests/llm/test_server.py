@@ -143,13 +143,18 @@ def test_a_client_leaving_mid_stream_leaves_the_model_usable(served):
     assert status == 200 and out["choices"][0]["text"] == expected
 
 
-def test_parallel_slots_answer_concurrent_requests_like_one_at_a_time():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_parallel_slots_answer_concurrent_requests_like_one_at_a_time(device):
     """`serve --parallel 3`: four concurrent greedy requests (one waits for a slot) get the
     answers the model gives each prompt alone."""
-    model = llm.load(TINY_LLAMA, progress=False, n_ctx=192)
+    if device == "cuda":
+        import pykernel as pk
+        if not pk.gpu_available():
+            pytest.skip("no usable CUDA GPU (driver or device missing)")
+    model = llm.load(TINY_LLAMA, device=device, progress=False, n_ctx=192)
     prompts = ["once upon a time", "hello there", "the quick brown", "one two three"]
     expected = ["".join(model.generate(p, max_tokens=16, temperature=0)) for p in prompts]
-    server = make_server(model, "127.0.0.1", 0, model_name="tiny", parallel=3)
+    server = make_server(model, "127.0.0.1", 0, model_name="tiny", parallel=3, warm_up=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url, answers = f"http://127.0.0.1:{server.server_port}", [None] * len(prompts)
 
