@@ -92,10 +92,13 @@ class BatchScheduler:
         return len(self.sessions)
 
     def generate(self, ids: Sequence[int], max_tokens: int = 128, stop: Sequence[str] = (),
-                 stats: GenerationStats | None = None, **sampling) -> Iterator[str]:
+                 stats: GenerationStats | None = None, logprobs: int | None = None,
+                 logprob_sink: list | None = None, **sampling) -> Iterator[str]:
         """Text pieces of the continuation of token ids (as Model.generate; sampling keywords
         are SamplingParams fields). Bad options and a prompt longer than a slot's context
-        raise here, before anything is queued; errors of the run come out of the iterator."""
+        raise here, before anything is queued; errors of the run come out of the iterator.
+        logprobs=N: each generated token's TokenLogprobs (with the N likeliest) is appended
+        to logprob_sink before the text it completes is yielded."""
         ids = [int(i) for i in ids]
         if not ids:
             raise ValueError("cannot run an empty prompt (no tokens)")
@@ -104,8 +107,12 @@ class BatchScheduler:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
         sampler = Sampler(SamplingParams(**sampling))
         stop = [stop] if isinstance(stop, str) else list(stop)
-        request = _Request(ids, Generation(self.model.tokenizer, ids, sampler, max_tokens, stop,
-                                           stats))
+        if logprobs is not None and not (isinstance(logprobs, int) and 0 <= logprobs <= 20):
+            raise ValueError(f"logprobs must be an int in 0..20, got {logprobs!r}")
+        gen = Generation(self.model.tokenizer, ids, sampler, max_tokens, stop, stats, logprobs)
+        if logprob_sink is not None:
+            gen.logprob_entries = logprob_sink
+        request = _Request(ids, gen)
         with self._wake:
             if self._closed:
                 raise RuntimeError("the batch scheduler is closed")
@@ -233,6 +240,7 @@ class BatchScheduler:
         """Sample the request's next token from its logits row and pass on the final text."""
         gen, session = request.gen, self.sessions[request.slot]
         token = gen.sampler.sample(logits, gen.history)
+        gen.note_logprobs(logits, token)
         text = gen.accept(token, context_full=len(session.tokens) >= session.n_ctx)
         if text:
             request.pieces.put(text)

@@ -134,19 +134,44 @@ class _StopMatcher:
         return out
 
 
+@dataclass
+class TokenLogprobs:
+    token: int
+    logprob: float
+    top: list          # [(token, logprob)], likeliest first
+
+
 class Generation:
     """One request's decoding after its prompt: takes each sampled token and decides what text
     is final and whether generation ends (end-of-generation token, stop string, max_tokens,
     full context). `stream` drives one on a Session; the batch scheduler drives many."""
 
     def __init__(self, tokenizer, prompt_ids: Sequence[int], sampler: Sampler, max_tokens: int,
-                 stop: Sequence[str] = (), stats: GenerationStats | None = None):
+                 stop: Sequence[str] = (), stats: GenerationStats | None = None,
+                 logprobs: int | None = None):
         self.tokenizer, self.sampler, self.max_tokens = tokenizer, sampler, max_tokens
+        # logprobs = N: each generated token's log-probability and the N likeliest (note_logprobs)
+        self.logprobs = logprobs
+        self.logprob_entries: list[TokenLogprobs] = []
         self.stats = stats if stats is not None else GenerationStats()
         self.stats.stop_reason = "max_tokens"
         self.history = list(prompt_ids)     # the penalties' window reads the prompt too
         self._decoder, self._matcher = tokenizer.stream_decoder(), _StopMatcher(stop)
         self.done = max_tokens <= 0
+
+    def note_logprobs(self, logits: np.ndarray, token: int) -> None:
+        """Record token's log-probability under the model (the softmax of the raw logits, before
+        penalties and temperature: what the model says, as OpenAI's API reports it) and the
+        `logprobs` likeliest tokens', unless token ends the generation."""
+        if self.logprobs is None or self.tokenizer.is_eog(token):
+            return
+        x = np.asarray(logits, np.float64)
+        top = x.max()
+        log_total = top + np.log(np.exp(x - top).sum())
+        best = np.argsort(-x, kind="stable")[:self.logprobs] if self.logprobs else []
+        self.logprob_entries.append(TokenLogprobs(
+            int(token), float(x[token] - log_total),
+            [(int(i), float(x[i] - log_total)) for i in best]))
 
     def accept(self, token: int, context_full: bool) -> str:
         """Text made final by `token`; sets `done` when generation ends with it (context_full:

@@ -8,7 +8,8 @@ Input: a loaded `llm.Model`, host and port. Output: a `ThreadingHTTPServer` answ
     POST /v1/chat/completions     {"messages": [...], ...} -> chat.completion
 with "stream": true answered as server-sent events (`data: {chunk}` ... `data: [DONE]`).
 Sampling fields: max_tokens, temperature, top_p, top_k, min_p, seed, stop (str or list),
-presence_penalty, frequency_penalty, repeat_penalty, repeat_last_n.
+presence_penalty, frequency_penalty, repeat_penalty, repeat_last_n; log-probabilities of the
+generated tokens: `logprobs: N` (completions), `logprobs: true` + `top_logprobs: N` (chat).
 
 Requests run through a `BatchScheduler` (llm/batching.py): up to `parallel` sequences at once,
 each in its own slot of the KV cache, their decode steps batched; a request finding every
@@ -66,6 +67,61 @@ def generation_options(body: dict, default_max_tokens: int) -> dict:
     if body.get("n", 1) != 1:
         raise RequestError("only n = 1 is supported")
     return options
+
+
+def logprob_count(body: dict, chat: bool) -> int | None:
+    """How many likeliest alternatives per generated token a request asks for with its
+    log-probabilities (None: no logprobs). Completions: `"logprobs": N`; chat: `"logprobs":
+    true` and `"top_logprobs": N` (OpenAI's two spellings)."""
+    if chat:
+        wanted = body.get("logprobs")
+        if wanted is None or wanted is False:
+            if body.get("top_logprobs") is not None:
+                raise RequestError("'top_logprobs' needs \"logprobs\": true")
+            return None
+        if wanted is not True:
+            raise RequestError("'logprobs' must be true or false")
+        count = body.get("top_logprobs")
+        count, field = (0 if count is None else count), "top_logprobs"
+    else:
+        count, field = body.get("logprobs"), "logprobs"
+        if count is None:
+            return None
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= 20:
+        raise RequestError(f"'{field}' must be an integer in 0..20")
+    return count
+
+
+class LogprobFormatter:
+    """The API's logprobs objects for the TokenLogprobs entries a generation appended to its
+    sink since the last call (one per chunk when streaming, all at once otherwise)."""
+
+    def __init__(self, tokenizer, chat: bool):
+        self.tokenizer, self.chat = tokenizer, chat
+        self.taken, self.offset = 0, 0
+
+    def take(self, sink: list) -> dict:
+        entries, self.taken = sink[self.taken:], len(sink)
+        if self.chat:
+            return {"content": [dict(self._token(e.token, e.logprob), top_logprobs=[
+                self._token(t, lp) for t, lp in e.top]) for e in entries]}
+        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for e in entries:
+            text = self._text(e.token)
+            out["tokens"].append(text)
+            out["token_logprobs"].append(e.logprob)
+            out["top_logprobs"].append({self._text(t): lp for t, lp in e.top})
+            out["text_offset"].append(self.offset)
+            self.offset += len(text)
+        return out
+
+    def _text(self, token: int) -> str:
+        return self.tokenizer.token_to_piece(token).decode("utf-8", errors="replace")
+
+    def _token(self, token: int, logprob: float) -> dict:
+        piece = self.tokenizer.token_to_piece(token)
+        return {"token": piece.decode("utf-8", errors="replace"), "logprob": logprob,
+                "bytes": list(piece)}
 
 
 def _messages(body: dict) -> list:
@@ -151,6 +207,7 @@ class Handler(BaseHTTPRequestHandler):
         if not isinstance(prompt, str):
             raise RequestError("'prompt' must be a string")
         options = generation_options(body, self.server.default_max_tokens)
+        options["logprobs"] = logprob_count(body, chat=False)
         model = self.server.model
         ids = model.tokenizer.encode(prompt, add_special=True, parse_special=False)
         self._generate(ids, options, bool(body.get("stream")), chat=False)
@@ -158,6 +215,7 @@ class Handler(BaseHTTPRequestHandler):
     def _chat(self, body: dict) -> None:
         messages = _messages(body)
         options = generation_options(body, self.server.default_max_tokens)
+        options["logprobs"] = logprob_count(body, chat=True)
         ids = self.server.model.chat_ids(messages)
         self._generate(ids, options, bool(body.get("stream")), chat=True)
 
@@ -178,22 +236,31 @@ class Handler(BaseHTTPRequestHandler):
             return {"prompt_tokens": len(ids), "completion_tokens": stats.generated_tokens,
                     "total_tokens": len(ids) + stats.generated_tokens}
 
-        pieces = self.server.scheduler.generate(ids, stats=stats, **options)
+        sink = [] if options["logprobs"] is not None else None
+        formatter = LogprobFormatter(self.server.model.tokenizer, chat)
+
+        def with_logprobs(choice: dict) -> dict:
+            """choice plus the logprobs of the tokens generated since the last choice."""
+            choice["logprobs"] = None if sink is None else formatter.take(sink)
+            return choice
+
+        pieces = self.server.scheduler.generate(ids, stats=stats, logprob_sink=sink, **options)
         try:
             if streaming:
-                self._stream_events(pieces, envelope, usage, stats, chat)
+                self._stream_events(pieces, envelope, usage, stats, chat, with_logprobs)
             else:
                 text = "".join(pieces)
                 finish = FINISH.get(stats.stop_reason, "stop")
                 choice = ({"index": 0, "message": {"role": "assistant", "content": text},
                            "finish_reason": finish} if chat else
                           {"index": 0, "text": text, "finish_reason": finish})
-                self._json(200, envelope(choice, usage()))
+                self._json(200, envelope(with_logprobs(choice), usage()))
         finally:
             pieces.close()           # a client gone mid-stream frees its slot
         self._log(ids, stats)
 
-    def _stream_events(self, pieces, envelope, usage, stats: GenerationStats, chat: bool) -> None:
+    def _stream_events(self, pieces, envelope, usage, stats: GenerationStats, chat: bool,
+                       with_logprobs) -> None:
         first = next(pieces, None)         # errors of the run before any header
         self._start_events()
         if chat:
@@ -201,14 +268,14 @@ class Handler(BaseHTTPRequestHandler):
                                   "finish_reason": None}, chunk=True))
         piece = first
         while piece is not None:
-            self._event(envelope({"index": 0, "delta": {"content": piece}, "finish_reason": None}
-                                 if chat else {"index": 0, "text": piece,
-                                               "finish_reason": None}, chunk=True))
+            choice = ({"index": 0, "delta": {"content": piece}, "finish_reason": None} if chat
+                      else {"index": 0, "text": piece, "finish_reason": None})
+            self._event(envelope(with_logprobs(choice), chunk=True))
             piece = next(pieces, None)
         finish = FINISH.get(stats.stop_reason, "stop")
         last = ({"index": 0, "delta": {}, "finish_reason": finish} if chat else
                 {"index": 0, "text": "", "finish_reason": finish})
-        self._event(envelope(last, usage(), chunk=True))
+        self._event(envelope(with_logprobs(last), usage(), chunk=True))
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
         self.close_connection = True

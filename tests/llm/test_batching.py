@@ -211,3 +211,32 @@ def test_warm_up_captures_every_batch_size_and_leaves_the_slots_empty(d64_path):
     finally:
         scheduler.close()
     assert not graphs            # close() lets the slots' caches go
+
+
+def test_logprobs_are_the_models_log_softmax():
+    """logprobs=3: one entry per generated token, its log-probability under the model's raw
+    logits (checked against a prefill of the same ids), the 3 likeliest first; greedy picks
+    the likeliest."""
+    model = load("cpu", "numpy", n_ctx=128)
+    scheduler = BatchScheduler(model, slots=2)
+    try:
+        ids = model.tokenizer.encode("hello world")    # 8 tokens before any end token
+        sink, stats = [], GenerationStats()
+        text = "".join(scheduler.generate(ids, max_tokens=8, temperature=0, stats=stats,
+                                          logprobs=3, logprob_sink=sink))
+        with pytest.raises(ValueError, match="logprobs"):
+            scheduler.generate(ids, logprobs=21)
+    finally:
+        scheduler.close()
+    assert len(sink) == stats.generated_tokens == 8 and text
+    generated = [e.token for e in sink]
+    logits = model.logits(ids + generated[:-1])[len(ids) - 1:].astype(np.float64)
+    reference = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1,
+                                keepdims=True)) - logits.max(-1, keepdims=True)
+    for i, entry in enumerate(sink):
+        assert entry.token == entry.top[0][0] == int(np.argmax(logits[i]))
+        assert abs(entry.logprob - reference[i, entry.token]) < 1e-4
+        assert len(entry.top) == 3 and [lp for _, lp in entry.top] == sorted(
+            [lp for _, lp in entry.top], reverse=True)
+        for token, lp in entry.top:
+            assert abs(lp - reference[i, token]) < 1e-4

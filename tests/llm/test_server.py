@@ -172,3 +172,53 @@ def test_parallel_slots_answer_concurrent_requests_like_one_at_a_time(device):
         server.server_close()
     assert [a[0] for a in answers] == [200] * len(prompts)
     assert [a[1]["choices"][0]["text"] for a in answers] == expected
+
+
+def test_logprobs_in_completions_and_chat(served):
+    """OpenAI's logprobs objects: completions (tokens, token_logprobs, top_logprobs,
+    text_offset), chat (content entries with bytes and top_logprobs); streamed chunks carry
+    the same entries as the whole answer."""
+    model, url = served
+    body = {"prompt": "hello world", "max_tokens": 6, "temperature": 0, "logprobs": 2}
+    status, out = call(url, "/v1/completions", body)
+    choice = out["choices"][0]
+    lp = choice["logprobs"]
+    assert status == 200 and len(lp["tokens"]) == out["usage"]["completion_tokens"]
+    # (this random model's tokens are bytes of no whole character: no join to compare)
+    assert lp["text_offset"] == [sum(map(len, lp["tokens"][:i])) for i in range(len(lp["tokens"]))]
+    assert all(x <= 0 for x in lp["token_logprobs"]) and choice["text"]
+    assert all(len(top) == 2 and tok in top for tok, top in zip(lp["tokens"],
+                                                                 lp["top_logprobs"]))
+    _, text = call(url, "/v1/completions", dict(body, stream=True))
+    streamed = [c["choices"][0]["logprobs"] for c in events(text)]
+    # (the second request reuses the cached prompt: float rounding differs, ~1e-6)
+    assert sum((c["token_logprobs"] for c in streamed), []) == pytest.approx(
+        lp["token_logprobs"], abs=1e-4)
+    assert [c["text_offset"] for c in streamed if c["text_offset"]][0][0] == 0
+
+    messages = [{"role": "user", "content": "Hi"}]
+    chat = {"messages": messages, "max_tokens": 5, "temperature": 0, "logprobs": True,
+            "top_logprobs": 3}
+    status, out = call(url, "/v1/chat/completions", chat)
+    content = out["choices"][0]["logprobs"]["content"]
+    assert status == 200 and len(content) == out["usage"]["completion_tokens"]
+    for entry in content:
+        assert len(entry["top_logprobs"]) == 3 and entry["logprob"] <= 0
+        assert bytes(entry["bytes"]).decode("utf-8", "replace") == entry["token"]
+    status, plain = call(url, "/v1/chat/completions", dict(chat, logprobs=False,
+                                                           top_logprobs=None))
+    assert status == 200 and plain["choices"][0]["logprobs"] is None
+
+
+@pytest.mark.parametrize("path, body, message", [
+    ("/v1/completions", {"prompt": "x", "logprobs": 21}, "'logprobs' must be an integer"),
+    ("/v1/completions", {"prompt": "x", "logprobs": True}, "'logprobs' must be an integer"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "logprobs": 2}, "'logprobs' must be true or false"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "top_logprobs": 2}, "needs"),
+])
+def test_bad_logprobs_are_400(served, path, body, message):
+    _, url = served
+    status, out = call(url, path, body)
+    assert status == 400 and message in out["error"]["message"], out
