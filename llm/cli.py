@@ -1,4 +1,4 @@
-"""The runner's `pykernel` subcommands: run, chat, serve, tokenize, info.
+"""The runner's `pykernel` subcommands: run, chat, serve, perplexity, tokenize, info.
 
 Input: parsed argparse arguments. Output: text on stdout (the continuation, the reply, ids, the
 file's tables), progress and statistics on stderr, and an exit code (0 ok, 1 error). Errors the
@@ -78,6 +78,14 @@ def register(sub) -> None:
                        help="requests decoded together, each in its own slot of the context "
                             "(--ctx is split between them; default 1)")
     serve.set_defaults(func=cmd_serve)
+
+    ppl = sub.add_parser("perplexity", help="perplexity over a text file (llama-perplexity's "
+                                            "method)")
+    _add_model_args(ppl)
+    ppl.set_defaults(ctx=512)
+    ppl.add_argument("-f", "--file", required=True, help="text file (- : stdin)")
+    ppl.add_argument("--chunks", type=int, default=0, help="score only the first N chunks")
+    ppl.set_defaults(func=cmd_perplexity)
 
     tok = sub.add_parser("tokenize", help="print the token ids of a text")
     tok.add_argument("text")
@@ -249,6 +257,27 @@ def cmd_serve(args) -> int:
         print("server stopped", file=sys.stderr)
     finally:
         server.server_close()
+    return 0
+
+
+@_guarded
+def cmd_perplexity(args) -> int:
+    """Chunks of --ctx tokens (default 512), the second half of each scored; the running
+    estimate per chunk on stderr, `Final estimate: PPL = X +/- E` on stdout."""
+    from llm.perplexity import perplexity
+    if args.file == "-":
+        text = sys.stdin.read()
+    else:
+        with open(args.file, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    model = _load(args)
+
+    def progress(chunk: int, chunks: int, estimate: float) -> None:
+        end = "\n" if chunk == chunks else ""
+        print(f"[{chunk}]{estimate:.4f},", end=end, file=sys.stderr, flush=True)
+    result = perplexity(model, text, n_ctx=args.ctx, max_chunks=args.chunks, progress=progress)
+    print(f"Final estimate: PPL = {result.ppl:.4f} +/- {result.ppl_error:.5f} "
+          f"({result.tokens_scored} tokens in {result.chunks} chunks of {result.n_ctx})")
     return 0
 
 
