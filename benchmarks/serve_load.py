@@ -1,0 +1,78 @@
+"""`pykernel serve` under load: C clients at once, each asking /v1/completions for T tokens
+over real HTTP, against a server of N slots; aggregate generated tokens per second (the
+scheduler, sampling, HTTP and JSON included, unlike batched_decode.py's bare steps).
+
+Input: argv = SHAPE:TYPE (llm.synth; default llama-8b:Q4_K_M), env SYNTH_DIR (default /tmp),
+CLIENTS (default 1,4,16), SLOTS (default: as many as clients), TOKENS (default 128),
+DEVICE (default cuda). Output: a table per model.
+
+    python3 benchmarks/serve_load.py llama-8b:Q4_K_M
+"""
+import json
+import os
+import sys
+import threading
+import time
+import urllib.request
+
+import llm
+from llm.server import make_server
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from batched_decode import model_file  # noqa: E402
+
+
+def ask(url: str, prompt: str, tokens: int) -> dict:
+    body = json.dumps({"prompt": prompt, "max_tokens": tokens, "temperature": 0}).encode()
+    request = urllib.request.Request(url + "/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=600) as response:
+        return json.loads(response.read())
+
+
+def run(model, clients: int, slots: int, tokens: int) -> tuple:
+    """(generated tokens, seconds, start-up seconds) of `clients` requests at once on `slots`
+    slots; start-up: the server's, whose warm-up compiles and captures batch sizes 2..slots
+    (those this process has not compiled yet)."""
+    t0 = time.perf_counter()
+    server = make_server(model, "127.0.0.1", 0, parallel=slots, warm_up=True)
+    start_up = time.perf_counter() - t0
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    try:
+        ask(url, "warm up", 4)            # the prompt and decode graphs of one request
+        answers = [None] * clients
+
+        def client(i: int) -> None:
+            answers[i] = ask(url, f"Request {i}: tell me a story about the number {i}", tokens)
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        seconds = time.perf_counter() - t0
+    finally:
+        server.shutdown()
+        server.server_close()
+    return sum(a["usage"]["completion_tokens"] for a in answers), seconds, start_up
+
+
+def main(item: str) -> None:
+    clients_list = [int(c) for c in os.environ.get("CLIENTS", "1,4,16").split(",")]
+    tokens = int(os.environ.get("TOKENS", "128"))
+    path = model_file(item)
+    model = llm.load(path, device=os.environ.get("DEVICE", "cuda"), progress=False,
+                     n_ctx=max(clients_list) * 512)
+    print(f"\n{item}: {tokens} tokens per request, greedy")
+    print("| clients | slots | generated | seconds | tok/s (all clients) | server start-up s |")
+    print("|---|---|---|---|---|---|")
+    for clients in clients_list:
+        slots = int(os.environ.get("SLOTS", clients))
+        generated, seconds, start_up = run(model, clients, slots, tokens)
+        print(f"| {clients} | {slots} | {generated} | {seconds:.2f} | {generated / seconds:.0f} "
+              f"| {start_up:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "llama-8b:Q4_K_M")
