@@ -42,6 +42,7 @@ class _Request:
     slot: int = -1
     token: int = -1              # sampled, not yet run through the model
     decode_start: float = 0.0
+    prompt_logprobs: bool = False
     cancelled: bool = False      # the consumer went away: the slot is freed at the next step
 
 
@@ -93,12 +94,15 @@ class BatchScheduler:
 
     def generate(self, ids: Sequence[int], max_tokens: int = 128, stop: Sequence[str] = (),
                  stats: GenerationStats | None = None, logprobs: int | None = None,
-                 logprob_sink: list | None = None, **sampling) -> Iterator[str]:
+                 logprob_sink: list | None = None, prompt_logprobs: bool = False,
+                 **sampling) -> Iterator[str]:
         """Text pieces of the continuation of token ids (as Model.generate; sampling keywords
         are SamplingParams fields). Bad options and a prompt longer than a slot's context
         raise here, before anything is queued; errors of the run come out of the iterator.
         logprobs=N: each generated token's TokenLogprobs (with the N likeliest) is appended
-        to logprob_sink before the text it completes is yielded."""
+        to logprob_sink before the text it completes is yielded; prompt_logprobs: first those
+        of the prompt's tokens after the first (its prefill then reads every position's
+        logits and reuses no cached prefix)."""
         ids = [int(i) for i in ids]
         if not ids:
             raise ValueError("cannot run an empty prompt (no tokens)")
@@ -112,7 +116,7 @@ class BatchScheduler:
         gen = Generation(self.model.tokenizer, ids, sampler, max_tokens, stop, stats, logprobs)
         if logprob_sink is not None:
             gen.logprob_entries = logprob_sink
-        request = _Request(ids, gen)
+        request = _Request(ids, gen, prompt_logprobs=prompt_logprobs and logprobs is not None)
         with self._wake:
             if self._closed:
                 raise RuntimeError("the batch scheduler is closed")
@@ -215,7 +219,12 @@ class BatchScheduler:
     def _start(self, request: _Request) -> None:
         session, stats = self.sessions[request.slot], request.gen.stats
         t0 = time.perf_counter()
-        logits, stats.prompt_tokens = session.prefill(request.ids)
+        if request.prompt_logprobs:
+            logits, scored = session.prefill_scored(request.ids, request.gen.logprobs)
+            request.gen.logprob_entries.extend(scored)
+            stats.prompt_tokens = len(request.ids)
+        else:
+            logits, stats.prompt_tokens = session.prefill(request.ids)
         stats.prompt_seconds = time.perf_counter() - t0
         request.decode_start = time.perf_counter()
         self._advance(request, logits)

@@ -68,6 +68,26 @@ class Session:
         logits, computed = self.prefill_act(ids)
         return self.backend.to_host(logits)[-1], computed
 
+    def prefill_scored(self, ids: Sequence[int], top: int) -> tuple[np.ndarray, list]:
+        """prefill from an empty cache with every position's logits read: (the last
+        position's logits, the TokenLogprobs of ids[1:], each under the logits before it, with
+        its `top` likeliest). For a prompt's own log-probabilities (the API's echo)."""
+        ids = [int(i) for i in ids]
+        if not ids or len(ids) > self.n_ctx:
+            raise ContextError(f"the prompt has {len(ids)} tokens; the context holds "
+                               f"{self.n_ctx} (and at least one is needed)")
+        self.tokens, entries, row = [], [], None
+        step = min(PREFILL_CHUNK, prefill_step_tokens(self.transformer))  # logits: step x vocab
+        for start in range(0, len(ids), step):
+            chunk = ids[start:start + step]
+            logits = self.backend.to_host(self.transformer.forward(
+                np.asarray(chunk, np.int64), start, self.cache, all_logits=True))
+            entries += [token_logprobs(logits[j], ids[start + j + 1], top)
+                        for j in range(len(chunk)) if start + j + 1 < len(ids)]
+            row = logits[-1]
+            self.tokens.extend(chunk)
+        return row, entries
+
     def step(self, token: int) -> np.ndarray:
         """Append one token; returns the logits after it."""
         return self.backend.to_host(self.step_act(token))[-1]
@@ -141,6 +161,21 @@ class TokenLogprobs:
     top: list          # [(token, logprob)], likeliest first
 
 
+def token_logprobs(logits: np.ndarray, token: int, top: int) -> TokenLogprobs:
+    """token's log-probability under the model (the softmax of the raw logits, before
+    penalties and temperature: what the model says, as OpenAI's API reports it) and the `top`
+    likeliest tokens'."""
+    x = np.asarray(logits, np.float64)
+    peak = x.max()
+    log_total = peak + np.log(np.exp(x - peak).sum())
+    best = []
+    if top:
+        best = np.argpartition(-x, top - 1)[:top] if top < len(x) else np.arange(len(x))
+        best = best[np.argsort(-x[best], kind="stable")]
+    return TokenLogprobs(int(token), float(x[token] - log_total),
+                         [(int(i), float(x[i] - log_total)) for i in best])
+
+
 class Generation:
     """One request's decoding after its prompt: takes each sampled token and decides what text
     is final and whether generation ends (end-of-generation token, stop string, max_tokens,
@@ -160,18 +195,9 @@ class Generation:
         self.done = max_tokens <= 0
 
     def note_logprobs(self, logits: np.ndarray, token: int) -> None:
-        """Record token's log-probability under the model (the softmax of the raw logits, before
-        penalties and temperature: what the model says, as OpenAI's API reports it) and the
-        `logprobs` likeliest tokens', unless token ends the generation."""
-        if self.logprobs is None or self.tokenizer.is_eog(token):
-            return
-        x = np.asarray(logits, np.float64)
-        top = x.max()
-        log_total = top + np.log(np.exp(x - top).sum())
-        best = np.argsort(-x, kind="stable")[:self.logprobs] if self.logprobs else []
-        self.logprob_entries.append(TokenLogprobs(
-            int(token), float(x[token] - log_total),
-            [(int(i), float(x[i] - log_total)) for i in best]))
+        """Record token's TokenLogprobs (token_logprobs) unless token ends the generation."""
+        if self.logprobs is not None and not self.tokenizer.is_eog(token):
+            self.logprob_entries.append(token_logprobs(logits, token, self.logprobs))
 
     def accept(self, token: int, context_full: bool) -> str:
         """Text made final by `token`; sets `done` when generation ends with it (context_full:

@@ -28,112 +28,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from llm.batching import BatchScheduler
 from llm.chat import ChatTemplateError
-from llm.generate import ContextError, GenerationStats
-
-MAX_BODY_BYTES = 4 << 20
-# request field -> (Model.generate keyword, accepted types)
-SAMPLING_FIELDS = {
-    "max_tokens": ("max_tokens", int), "temperature": ("temperature", (int, float)),
-    "top_p": ("top_p", (int, float)), "top_k": ("top_k", int), "min_p": ("min_p", (int, float)),
-    "seed": ("seed", int), "presence_penalty": ("presence_penalty", (int, float)),
-    "frequency_penalty": ("frequency_penalty", (int, float)),
-    "repeat_penalty": ("repeat_penalty", (int, float)), "repeat_last_n": ("repeat_last_n", int),
-}
-FINISH = {"max_tokens": "length", "context": "length", "eog": "stop", "stop_string": "stop"}
-
-
-class RequestError(ValueError):
-    """A request the server refuses (HTTP 400), with the message the client sees."""
-
-
-def generation_options(body: dict, default_max_tokens: int) -> dict:
-    """Model.generate keywords from a request body (RequestError on a bad field)."""
-    options = {"max_tokens": default_max_tokens}
-    for field, (keyword, types) in SAMPLING_FIELDS.items():
-        if field not in body or body[field] is None:
-            continue
-        value = body[field]
-        if isinstance(value, bool) or not isinstance(value, types):
-            raise RequestError(f"'{field}' must be a number, got {json.dumps(value)[:40]}")
-        options[keyword] = value
-    if options["max_tokens"] < 1:
-        raise RequestError("'max_tokens' must be at least 1")
-    stop = body.get("stop")
-    if stop is not None:
-        stops = [stop] if isinstance(stop, str) else stop
-        if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-            raise RequestError("'stop' must be a string or a list of strings")
-        options["stop"] = [s for s in stops if s]
-    if body.get("n", 1) != 1:
-        raise RequestError("only n = 1 is supported")
-    return options
-
-
-def logprob_count(body: dict, chat: bool) -> int | None:
-    """How many likeliest alternatives per generated token a request asks for with its
-    log-probabilities (None: no logprobs). Completions: `"logprobs": N`; chat: `"logprobs":
-    true` and `"top_logprobs": N` (OpenAI's two spellings)."""
-    if chat:
-        wanted = body.get("logprobs")
-        if wanted is None or wanted is False:
-            if body.get("top_logprobs") is not None:
-                raise RequestError("'top_logprobs' needs \"logprobs\": true")
-            return None
-        if wanted is not True:
-            raise RequestError("'logprobs' must be true or false")
-        count = body.get("top_logprobs")
-        count, field = (0 if count is None else count), "top_logprobs"
-    else:
-        count, field = body.get("logprobs"), "logprobs"
-        if count is None:
-            return None
-    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= 20:
-        raise RequestError(f"'{field}' must be an integer in 0..20")
-    return count
-
-
-class LogprobFormatter:
-    """The API's logprobs objects for the TokenLogprobs entries a generation appended to its
-    sink since the last call (one per chunk when streaming, all at once otherwise)."""
-
-    def __init__(self, tokenizer, chat: bool):
-        self.tokenizer, self.chat = tokenizer, chat
-        self.taken, self.offset = 0, 0
-
-    def take(self, sink: list) -> dict:
-        entries, self.taken = sink[self.taken:], len(sink)
-        if self.chat:
-            return {"content": [dict(self._token(e.token, e.logprob), top_logprobs=[
-                self._token(t, lp) for t, lp in e.top]) for e in entries]}
-        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-        for e in entries:
-            text = self._text(e.token)
-            out["tokens"].append(text)
-            out["token_logprobs"].append(e.logprob)
-            out["top_logprobs"].append({self._text(t): lp for t, lp in e.top})
-            out["text_offset"].append(self.offset)
-            self.offset += len(text)
-        return out
-
-    def _text(self, token: int) -> str:
-        return self.tokenizer.token_to_piece(token).decode("utf-8", errors="replace")
-
-    def _token(self, token: int, logprob: float) -> dict:
-        piece = self.tokenizer.token_to_piece(token)
-        return {"token": piece.decode("utf-8", errors="replace"), "logprob": logprob,
-                "bytes": list(piece)}
-
-
-def _messages(body: dict) -> list:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise RequestError("'messages' must be a non-empty list")
-    for m in messages:
-        if not (isinstance(m, dict) and isinstance(m.get("role"), str)
-                and isinstance(m.get("content"), str)):
-            raise RequestError("each message needs a string 'role' and a string 'content'")
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
-
+from llm.generate import ContextError, GenerationStats, TokenLogprobs
+from llm.server_api import (FINISH, MAX_BODY_BYTES, LogprobFormatter, RequestError,
+                            chat_messages, completion_prompts, flag, generation_options,
+                            logprob_count)
 
 class ModelServer(ThreadingHTTPServer):
     daemon_threads = True
@@ -203,79 +101,104 @@ class Handler(BaseHTTPRequestHandler):
 
     # --- endpoints -------------------------------------------------------------------------
     def _completion(self, body: dict) -> None:
-        prompt = body.get("prompt")
-        if not isinstance(prompt, str):
-            raise RequestError("'prompt' must be a string")
         options = generation_options(body, self.server.default_max_tokens)
         options["logprobs"] = logprob_count(body, chat=False)
         model = self.server.model
-        ids = model.tokenizer.encode(prompt, add_special=True, parse_special=False)
-        self._generate(ids, options, bool(body.get("stream")), chat=False)
+        prompts = completion_prompts(body, model.tokenizer, model.config.n_vocab)
+        streaming = bool(body.get("stream"))
+        if streaming and len(prompts) > 1:
+            raise RequestError("a streamed completion takes one prompt (send several prompts "
+                               "without \"stream\", or one request each)")
+        self._generate(prompts, options, streaming, chat=False, echo=flag(body, "echo"))
 
     def _chat(self, body: dict) -> None:
-        messages = _messages(body)
+        messages = chat_messages(body)
         options = generation_options(body, self.server.default_max_tokens)
         options["logprobs"] = logprob_count(body, chat=True)
         ids = self.server.model.chat_ids(messages)
-        self._generate(ids, options, bool(body.get("stream")), chat=True)
+        self._generate([(ids, None)], options, bool(body.get("stream")), chat=True)
 
-    def _generate(self, ids: list, options: dict, streaming: bool, chat: bool) -> None:
-        stats = GenerationStats()
+    def _generate(self, prompts: list, options: dict, streaming: bool, chat: bool,
+                  echo: bool = False) -> None:
+        """Answer (token ids, text or None) prompts, one choice each, all queued at once (so
+        they decode together); echo: each choice's text (and logprobs) begins with its
+        prompt's."""
+        tokenizer, scheduler = self.server.model.tokenizer, self.server.scheduler
         ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())
         kind = "chat.completion" if chat else "text_completion"
+        stats = [GenerationStats() for _ in prompts]
+        wants_logprobs = options["logprobs"] is not None
+        # an echoed prompt's first token has no log-probability: the entry leads its sink
+        sinks = [([TokenLogprobs(ids[0], None, None)] if echo else []) if wants_logprobs
+                 else None for ids, _ in prompts]
+        formatters = [LogprobFormatter(tokenizer, chat) for _ in prompts]
+        echoed = [(text if text is not None else tokenizer.decode(ids)) if echo else ""
+                  for ids, text in prompts]
 
-        def envelope(choice: dict, usage: dict | None = None, chunk: bool = False) -> dict:
+        def envelope(choices: list, usage: dict | None = None, chunk: bool = False) -> dict:
             out = {"id": ident, "object": kind + (".chunk" if chunk and chat else ""),
-                   "created": created, "model": self.server.model_name, "choices": [choice]}
+                   "created": created, "model": self.server.model_name, "choices": choices}
             if usage is not None:
                 out["usage"] = usage
             return out
 
         def usage() -> dict:
-            return {"prompt_tokens": len(ids), "completion_tokens": stats.generated_tokens,
-                    "total_tokens": len(ids) + stats.generated_tokens}
-
-        sink = [] if options["logprobs"] is not None else None
-        formatter = LogprobFormatter(self.server.model.tokenizer, chat)
+            prompt = sum(len(ids) for ids, _ in prompts)
+            completion = sum(s.generated_tokens for s in stats)
+            return {"prompt_tokens": prompt, "completion_tokens": completion,
+                    "total_tokens": prompt + completion}
 
         def with_logprobs(choice: dict) -> dict:
-            """choice plus the logprobs of the tokens generated since the last choice."""
-            choice["logprobs"] = None if sink is None else formatter.take(sink)
+            """choice plus the logprobs of the tokens generated since its last choice."""
+            i = choice["index"]
+            choice["logprobs"] = None if sinks[i] is None else formatters[i].take(sinks[i])
             return choice
 
-        pieces = self.server.scheduler.generate(ids, stats=stats, logprob_sink=sink, **options)
+        runs = []
         try:
+            for (ids, _), st, sink in zip(prompts, stats, sinks):
+                runs.append(scheduler.generate(ids, stats=st, logprob_sink=sink,
+                                               prompt_logprobs=echo, **options))
             if streaming:
-                self._stream_events(pieces, envelope, usage, stats, chat, with_logprobs)
+                self._stream_events(runs[0], envelope, usage, stats[0], chat, with_logprobs,
+                                    echoed[0])
             else:
-                text = "".join(pieces)
-                finish = FINISH.get(stats.stop_reason, "stop")
-                choice = ({"index": 0, "message": {"role": "assistant", "content": text},
-                           "finish_reason": finish} if chat else
-                          {"index": 0, "text": text, "finish_reason": finish})
-                self._json(200, envelope(with_logprobs(choice), usage()))
+                choices = []
+                for i, run in enumerate(runs):
+                    text = echoed[i] + "".join(run)
+                    finish = FINISH.get(stats[i].stop_reason, "stop")
+                    choices.append(with_logprobs(
+                        {"index": i, "message": {"role": "assistant", "content": text},
+                         "finish_reason": finish} if chat else
+                        {"index": i, "text": text, "finish_reason": finish}))
+                self._json(200, envelope(choices, usage()))
         finally:
-            pieces.close()           # a client gone mid-stream frees its slot
-        self._log(ids, stats)
+            for run in runs:
+                run.close()          # a client gone mid-stream frees its slot
+        for (ids, _), st in zip(prompts, stats):
+            self._log(ids, st)
 
     def _stream_events(self, pieces, envelope, usage, stats: GenerationStats, chat: bool,
-                       with_logprobs) -> None:
+                       with_logprobs, echoed: str = "") -> None:
         first = next(pieces, None)         # errors of the run before any header
         self._start_events()
         if chat:
-            self._event(envelope({"index": 0, "delta": {"role": "assistant"},
-                                  "finish_reason": None}, chunk=True))
+            self._event(envelope([{"index": 0, "delta": {"role": "assistant"},
+                                   "finish_reason": None}], chunk=True))
+        if echoed:
+            self._event(envelope([with_logprobs({"index": 0, "text": echoed,
+                                                 "finish_reason": None})], chunk=True))
         piece = first
         while piece is not None:
             choice = ({"index": 0, "delta": {"content": piece}, "finish_reason": None} if chat
                       else {"index": 0, "text": piece, "finish_reason": None})
-            self._event(envelope(with_logprobs(choice), chunk=True))
+            self._event(envelope([with_logprobs(choice)], chunk=True))
             piece = next(pieces, None)
         finish = FINISH.get(stats.stop_reason, "stop")
         last = ({"index": 0, "delta": {}, "finish_reason": finish} if chat else
                 {"index": 0, "text": "", "finish_reason": finish})
-        self._event(envelope(with_logprobs(last), usage(), chunk=True))
+        self._event(envelope([with_logprobs(last)], usage(), chunk=True))
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
         self.close_connection = True

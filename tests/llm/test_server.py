@@ -6,6 +6,7 @@ import threading
 import urllib.error
 import urllib.request
 
+import numpy as np
 import pytest
 
 import llm
@@ -221,4 +222,57 @@ def test_logprobs_in_completions_and_chat(served):
 def test_bad_logprobs_are_400(served, path, body, message):
     _, url = served
     status, out = call(url, path, body)
+    assert status == 400 and message in out["error"]["message"], out
+
+
+def test_prompts_as_token_ids_and_several_prompts(served):
+    model, url = served
+    ids = model.tokenizer.encode("hello world")
+    body = {"max_tokens": 6, "temperature": 0}
+    _, by_text = call(url, "/v1/completions", dict(body, prompt="hello world"))
+    status, by_ids = call(url, "/v1/completions", dict(body, prompt=ids))
+    assert status == 200 and by_ids["choices"][0]["text"] == by_text["choices"][0]["text"]
+    prompts = ["once upon", ids, "the quick brown"]
+    status, out = call(url, "/v1/completions", dict(body, prompt=prompts))
+    assert status == 200 and [c["index"] for c in out["choices"]] == [0, 1, 2]
+    alone = [call(url, "/v1/completions", dict(body, prompt=p))[1] for p in prompts]
+    assert [c["text"] for c in out["choices"]] == [a["choices"][0]["text"] for a in alone]
+    assert out["usage"]["completion_tokens"] == sum(a["usage"]["completion_tokens"]
+                                                    for a in alone)
+
+
+def test_echo_with_logprobs_scores_the_prompt(served):
+    """lm-evaluation-harness's loglikelihood request: token ids, echo, logprobs=1,
+    max_tokens=1: the prompt's tokens come back with their log-probabilities under the model
+    (the first with none), then the generated token's."""
+    model, url = served
+    ids = model.tokenizer.encode("the quick brown fox jumps")
+    status, out = call(url, "/v1/completions", {"prompt": ids, "max_tokens": 1,
+                                                "temperature": 0, "echo": True,
+                                                "logprobs": 1})
+    lp = out["choices"][0]["logprobs"]
+    assert status == 200 and len(lp["token_logprobs"]) == len(ids) + 1
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    logits = model.logits(ids).astype(np.float64)
+    peak = logits.max(axis=1, keepdims=True)
+    reference = logits - peak - np.log(np.exp(logits - peak).sum(axis=1, keepdims=True))
+    expected = [reference[j, ids[j + 1]] for j in range(len(ids) - 1)]
+    assert lp["token_logprobs"][1:len(ids)] == pytest.approx(expected, abs=2e-3)
+    assert all(len(top) == 1 for top in lp["top_logprobs"][1:])
+    assert out["choices"][0]["text"].startswith(model.tokenizer.decode(ids))
+    _, text = call(url, "/v1/completions", {"prompt": "hello", "max_tokens": 2,
+                                            "temperature": 0, "echo": True, "stream": True})
+    assert events(text)[0]["choices"][0]["text"] == "hello"
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"prompt": [1, 2, 10 ** 9]}, "outside the vocabulary"),
+    ({"prompt": [[1, 2], "x", 3]}, "'prompt' must be"),
+    ({"prompt": ["a"] * 17}, "1 to 16"),
+    ({"prompt": ["a", "b"], "stream": True}, "one prompt"),
+    ({"prompt": "a", "echo": "yes"}, "'echo' must be true or false"),
+])
+def test_bad_prompts_are_400(served, body, message):
+    _, url = served
+    status, out = call(url, "/v1/completions", body)
     assert status == 400 and message in out["error"]["message"], out

@@ -1,0 +1,154 @@
+"""The OpenAI request fields `pykernel serve` reads and the response pieces it writes: checked
+sampling options, prompts (text, token ids, or a list of either), the logprobs options, and the
+logprobs objects. Request bodies are untrusted: every check raises `RequestError` (HTTP 400)
+with the message the client sees.
+"""
+from __future__ import annotations
+
+import json
+
+MAX_BODY_BYTES = 4 << 20
+# request field -> (Model.generate keyword, accepted types)
+SAMPLING_FIELDS = {
+    "max_tokens": ("max_tokens", int), "temperature": ("temperature", (int, float)),
+    "top_p": ("top_p", (int, float)), "top_k": ("top_k", int), "min_p": ("min_p", (int, float)),
+    "seed": ("seed", int), "presence_penalty": ("presence_penalty", (int, float)),
+    "frequency_penalty": ("frequency_penalty", (int, float)),
+    "repeat_penalty": ("repeat_penalty", (int, float)), "repeat_last_n": ("repeat_last_n", int),
+}
+FINISH = {"max_tokens": "length", "context": "length", "eog": "stop", "stop_string": "stop"}
+
+
+MAX_PROMPTS = 16      # prompts of one completions request (one choice each)
+
+
+class RequestError(ValueError):
+    """A request the server refuses (HTTP 400), with the message the client sees."""
+
+
+def generation_options(body: dict, default_max_tokens: int) -> dict:
+    """Model.generate keywords from a request body (RequestError on a bad field)."""
+    options = {"max_tokens": default_max_tokens}
+    for field, (keyword, types) in SAMPLING_FIELDS.items():
+        if field not in body or body[field] is None:
+            continue
+        value = body[field]
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise RequestError(f"'{field}' must be a number, got {json.dumps(value)[:40]}")
+        options[keyword] = value
+    if options["max_tokens"] < 1:
+        raise RequestError("'max_tokens' must be at least 1")
+    stop = body.get("stop")
+    if stop is not None:
+        stops = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+            raise RequestError("'stop' must be a string or a list of strings")
+        options["stop"] = [s for s in stops if s]
+    if body.get("n", 1) != 1:
+        raise RequestError("only n = 1 is supported")
+    return options
+
+
+def logprob_count(body: dict, chat: bool) -> int | None:
+    """How many likeliest alternatives per generated token a request asks for with its
+    log-probabilities (None: no logprobs). Completions: `"logprobs": N`; chat: `"logprobs":
+    true` and `"top_logprobs": N` (OpenAI's two spellings)."""
+    if chat:
+        wanted = body.get("logprobs")
+        if wanted is None or wanted is False:
+            if body.get("top_logprobs") is not None:
+                raise RequestError("'top_logprobs' needs \"logprobs\": true")
+            return None
+        if wanted is not True:
+            raise RequestError("'logprobs' must be true or false")
+        count = body.get("top_logprobs")
+        count, field = (0 if count is None else count), "top_logprobs"
+    else:
+        count, field = body.get("logprobs"), "logprobs"
+        if count is None:
+            return None
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= 20:
+        raise RequestError(f"'{field}' must be an integer in 0..20")
+    return count
+
+
+class LogprobFormatter:
+    """The API's logprobs objects for the TokenLogprobs entries a generation appended to its
+    sink since the last call (one per chunk when streaming, all at once otherwise). An echoed
+    prompt's first token has no log-probability: an entry with logprob and top None."""
+
+    def __init__(self, tokenizer, chat: bool):
+        self.tokenizer, self.chat = tokenizer, chat
+        self.taken, self.offset = 0, 0
+
+    def take(self, sink: list) -> dict:
+        entries, self.taken = sink[self.taken:], len(sink)
+        if self.chat:
+            return {"content": [dict(self._token(e.token, e.logprob), top_logprobs=[
+                self._token(t, lp) for t, lp in e.top]) for e in entries]}
+        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for e in entries:
+            text = self._text(e.token)
+            out["tokens"].append(text)
+            out["token_logprobs"].append(e.logprob)
+            out["top_logprobs"].append(None if e.top is None else
+                                       {self._text(t): lp for t, lp in e.top})
+            out["text_offset"].append(self.offset)
+            self.offset += len(text)
+        return out
+
+    def _text(self, token: int) -> str:
+        return self.tokenizer.token_to_piece(token).decode("utf-8", errors="replace")
+
+    def _token(self, token: int, logprob: float) -> dict:
+        piece = self.tokenizer.token_to_piece(token)
+        return {"token": piece.decode("utf-8", errors="replace"), "logprob": logprob,
+                "bytes": list(piece)}
+
+
+def _is_ids(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def completion_prompts(body: dict, tokenizer, n_vocab: int) -> list[tuple[list, str | None]]:
+    """(token ids, text or None) per prompt of a completions request: `prompt` as a string
+    (tokenized with BOS where the model adds one), as a list of token ids (used as given: a
+    client that tokenizes itself, as lm-evaluation-harness does), or a list of up to
+    MAX_PROMPTS of either, each answered by its own choice."""
+    def one(prompt) -> tuple[list, str | None]:
+        if isinstance(prompt, str):
+            return tokenizer.encode(prompt, add_special=True, parse_special=False), prompt
+        if _is_ids(prompt):
+            bad = [t for t in prompt if not 0 <= t < n_vocab]
+            if bad:
+                raise RequestError(f"token id {bad[0]} is outside the vocabulary [0, {n_vocab})")
+            return list(prompt), None
+        raise RequestError("'prompt' must be a string, a list of token ids, or a list of those")
+    prompt = body.get("prompt")
+    if isinstance(prompt, str) or _is_ids(prompt):
+        return [one(prompt)]
+    if isinstance(prompt, list) and 0 < len(prompt) <= MAX_PROMPTS:
+        return [one(p) for p in prompt]
+    raise RequestError(f"'prompt' must be a string, a list of token ids, or a list of 1 to "
+                       f"{MAX_PROMPTS} of those")
+
+
+def flag(body: dict, field: str) -> bool:
+    value = body.get(field, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise RequestError(f"'{field}' must be true or false")
+    return value
+
+
+def chat_messages(body: dict) -> list:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("'messages' must be a non-empty list")
+    for m in messages:
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), str)):
+            raise RequestError("each message needs a string 'role' and a string 'content'")
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
