@@ -260,6 +260,18 @@ def test_echo_with_logprobs_scores_the_prompt(served):
     assert lp["token_logprobs"][1:len(ids)] == pytest.approx(expected, abs=2e-3)
     assert all(len(top) == 1 for top in lp["top_logprobs"][1:])
     assert out["choices"][0]["text"].startswith(model.tokenizer.decode(ids))
+    # lm_eval 0.4.13's local-completions loglikelihood payload, parsed as it parses it
+    ctxlen = 3
+    status, out = call(url, "/v1/completions", {"model": "tiny", "prompt": [ids],
+                                                "temperature": 0, "max_tokens": 1,
+                                                "logprobs": 1, "seed": 1234, "echo": True})
+    choice = out["choices"][0]["logprobs"]
+    total = sum(choice["token_logprobs"][ctxlen:-1])
+    greedy = all(t == max(top.values()) for t, top in zip(choice["token_logprobs"][ctxlen:-1],
+                                                          choice["top_logprobs"][ctxlen:-1]))
+    assert status == 200 and total == pytest.approx(sum(expected[ctxlen - 1:]), abs=1e-2)
+    assert greedy == all(reference[j].argmax() == ids[j + 1] for j in range(ctxlen - 1,
+                                                                           len(ids) - 1))
     _, text = call(url, "/v1/completions", {"prompt": "hello", "max_tokens": 2,
                                             "temperature": 0, "echo": True, "stream": True})
     assert events(text)[0]["choices"][0]["text"] == "hello"
