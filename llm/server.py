@@ -30,8 +30,8 @@ from llm.batching import BatchScheduler
 from llm.chat import ChatTemplateError
 from llm.generate import ContextError, GenerationStats, TokenLogprobs
 from llm.server_api import (FINISH, MAX_BODY_BYTES, LogprobFormatter, RequestError,
-                            chat_messages, completion_prompts, flag, generation_options,
-                            logprob_count)
+                            chat_messages, choice_count, completion_prompts, flag,
+                            generation_options, logprob_count)
 
 class ModelServer(ThreadingHTTPServer):
     daemon_threads = True
@@ -105,25 +105,33 @@ class Handler(BaseHTTPRequestHandler):
         options["logprobs"] = logprob_count(body, chat=False)
         model = self.server.model
         prompts = completion_prompts(body, model.tokenizer, model.config.n_vocab)
+        n = choice_count(body, len(prompts))
         streaming = bool(body.get("stream"))
-        if streaming and len(prompts) > 1:
-            raise RequestError("a streamed completion takes one prompt (send several prompts "
-                               "without \"stream\", or one request each)")
-        self._generate(prompts, options, streaming, chat=False, echo=flag(body, "echo"))
+        if streaming and len(prompts) * n > 1:
+            raise RequestError("a streamed completion has one choice (send several prompts or "
+                               "n > 1 without \"stream\", or one request each)")
+        self._generate(prompts, options, streaming, chat=False, echo=flag(body, "echo"), n=n)
 
     def _chat(self, body: dict) -> None:
         messages = chat_messages(body)
         options = generation_options(body, self.server.default_max_tokens)
         options["logprobs"] = logprob_count(body, chat=True)
         ids = self.server.model.chat_ids(messages)
-        self._generate([(ids, None)], options, bool(body.get("stream")), chat=True)
+        n, streaming = choice_count(body, 1), bool(body.get("stream"))
+        if streaming and n > 1:
+            raise RequestError("a streamed chat completion has one choice (n = 1)")
+        self._generate([(ids, None)], options, streaming, chat=True, n=n)
 
     def _generate(self, prompts: list, options: dict, streaming: bool, chat: bool,
-                  echo: bool = False) -> None:
-        """Answer (token ids, text or None) prompts, one choice each, all queued at once (so
-        they decode together); echo: each choice's text (and logprobs) begins with its
-        prompt's."""
+                  echo: bool = False, n: int = 1) -> None:
+        """Answer (token ids, text or None) prompts, n choices each (choice i * n + j: prompt
+        i's j-th, sampled with seed + j when a seed is given), all queued at once (so they
+        decode together); echo: each choice's text (and logprobs) begins with its prompt's."""
         tokenizer, scheduler = self.server.model.tokenizer, self.server.scheduler
+        prompt_tokens = sum(len(ids) for ids, _ in prompts)      # counted once per prompt
+        prompts = [p for p in prompts for _ in range(n)]
+        seeds = [None if options.get("seed") is None else options["seed"] + i % n
+                 for i in range(len(prompts))]
         ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())
         kind = "chat.completion" if chat else "text_completion"
@@ -144,10 +152,9 @@ class Handler(BaseHTTPRequestHandler):
             return out
 
         def usage() -> dict:
-            prompt = sum(len(ids) for ids, _ in prompts)
             completion = sum(s.generated_tokens for s in stats)
-            return {"prompt_tokens": prompt, "completion_tokens": completion,
-                    "total_tokens": prompt + completion}
+            return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                    "total_tokens": prompt_tokens + completion}
 
         def with_logprobs(choice: dict) -> dict:
             """choice plus the logprobs of the tokens generated since its last choice."""
@@ -157,9 +164,9 @@ class Handler(BaseHTTPRequestHandler):
 
         runs = []
         try:
-            for (ids, _), st, sink in zip(prompts, stats, sinks):
+            for (ids, _), st, sink, seed in zip(prompts, stats, sinks, seeds):
                 runs.append(scheduler.generate(ids, stats=st, logprob_sink=sink,
-                                               prompt_logprobs=echo, **options))
+                                               prompt_logprobs=echo, **dict(options, seed=seed)))
             if streaming:
                 self._stream_events(runs[0], envelope, usage, stats[0], chat, with_logprobs,
                                     echoed[0])

@@ -44,9 +44,19 @@ def generation_options(body: dict, default_max_tokens: int) -> dict:
         if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
             raise RequestError("'stop' must be a string or a list of strings")
         options["stop"] = [s for s in stops if s]
-    if body.get("n", 1) != 1:
-        raise RequestError("only n = 1 is supported")
     return options
+
+
+def choice_count(body: dict, prompts: int) -> int:
+    """`n`: choices per prompt (1..MAX_PROMPTS, at most MAX_PROMPTS choices in all)."""
+    n = body.get("n", 1)
+    n = 1 if n is None else n
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise RequestError("'n' must be a positive integer")
+    if n * prompts > MAX_PROMPTS:
+        raise RequestError(f"{n} choices for each of {prompts} prompt(s): at most "
+                           f"{MAX_PROMPTS} choices a request")
+    return n
 
 
 def logprob_count(body: dict, chat: bool) -> int | None:

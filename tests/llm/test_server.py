@@ -97,7 +97,9 @@ def test_chat_completion_and_stream(served):
     ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "at least 1"),
     ("/v1/completions", {"prompt": "x", "temperature": "hot"}, "'temperature' must be a number"),
     ("/v1/completions", {"prompt": "x", "stop": [1]}, "'stop' must be a string"),
-    ("/v1/completions", {"prompt": "x", "n": 2}, "only n = 1"),
+    ("/v1/completions", {"prompt": "x", "n": 0}, "'n' must be a positive integer"),
+    ("/v1/completions", {"prompt": ["x", "y"], "n": 9}, "at most 16 choices"),
+    ("/v1/completions", {"prompt": "x", "n": 2, "stream": True}, "one choice"),
     ("/v1/completions", {"prompt": "hello " * 400}, "context"),
     ("/v1/chat/completions", {"messages": []}, "non-empty list"),
     ("/v1/chat/completions", {"messages": [{"role": "user"}]}, "string 'content'"),
@@ -281,10 +283,27 @@ def test_echo_with_logprobs_scores_the_prompt(served):
     ({"prompt": [1, 2, 10 ** 9]}, "outside the vocabulary"),
     ({"prompt": [[1, 2], "x", 3]}, "'prompt' must be"),
     ({"prompt": ["a"] * 17}, "1 to 16"),
-    ({"prompt": ["a", "b"], "stream": True}, "one prompt"),
+    ({"prompt": ["a", "b"], "stream": True}, "one choice"),
     ({"prompt": "a", "echo": "yes"}, "'echo' must be true or false"),
 ])
 def test_bad_prompts_are_400(served, body, message):
     _, url = served
     status, out = call(url, "/v1/completions", body)
     assert status == 400 and message in out["error"]["message"], out
+
+
+def test_n_choices_sample_with_consecutive_seeds(served):
+    """n = 3 with a seed: choice j is what a request with seed + j gives alone; chat too."""
+    model, url = served
+    body = {"prompt": "once upon", "max_tokens": 8, "temperature": 1.0, "seed": 11, "n": 3}
+    status, out = call(url, "/v1/completions", body)
+    assert status == 200 and [c["index"] for c in out["choices"]] == [0, 1, 2]
+    alone = [call(url, "/v1/completions", dict(body, n=1, seed=11 + j))[1]["choices"][0]["text"]
+             for j in range(3)]
+    assert [c["text"] for c in out["choices"]] == alone
+    assert out["usage"]["prompt_tokens"] == len(model.tokenizer.encode("once upon"))
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "n": 2,
+            "temperature": 0}
+    status, out = call(url, "/v1/chat/completions", chat)
+    texts = [c["message"]["content"] for c in out["choices"]]
+    assert status == 200 and len(texts) == 2 and texts[0] == texts[1]    # greedy: the same
