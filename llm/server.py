@@ -6,6 +6,7 @@ Input: a loaded `llm.Model`, host and port. Output: a `ThreadingHTTPServer` answ
     GET  /v1/models               the one model
     POST /v1/completions          {"prompt": str, ...} -> text_completion
     POST /v1/chat/completions     {"messages": [...], ...} -> chat.completion
+    POST /tokenize, /detokenize   llama.cpp server's token endpoints
 with "stream": true answered as server-sent events (`data: {chunk}` ... `data: [DONE]`).
 Sampling fields: max_tokens, temperature, top_p, top_k, min_p, seed, stop (str or list),
 presence_penalty, frequency_penalty, repeat_penalty, repeat_last_n; log-probabilities of the
@@ -31,7 +32,7 @@ from llm.chat import ChatTemplateError
 from llm.generate import ContextError, GenerationStats, TokenLogprobs
 from llm.server_api import (FINISH, MAX_BODY_BYTES, LogprobFormatter, RequestError,
                             chat_messages, choice_count, completion_prompts, flag,
-                            generation_options, logprob_count)
+                            generation_options, logprob_count, token_ids)
 
 class ModelServer(ThreadingHTTPServer):
     daemon_threads = True
@@ -78,7 +79,8 @@ class Handler(BaseHTTPRequestHandler):
             self._error(404, f"no route GET {self.path}", "not_found_error")
 
     def do_POST(self):                         # noqa: N802
-        routes = {"/v1/completions": self._completion, "/v1/chat/completions": self._chat}
+        routes = {"/v1/completions": self._completion, "/v1/chat/completions": self._chat,
+                  "/tokenize": self._tokenize, "/detokenize": self._detokenize}
         route = routes.get(self.path)
         if route is None:
             self._error(404, f"no route POST {self.path}", "not_found_error")
@@ -121,6 +123,28 @@ class Handler(BaseHTTPRequestHandler):
         if streaming and n > 1:
             raise RequestError("a streamed chat completion has one choice (n = 1)")
         self._generate([(ids, None)], options, streaming, chat=True, n=n)
+
+    def _tokenize(self, body: dict) -> None:
+        """llama.cpp server's POST /tokenize: {"content", "add_special" (default false),
+        "with_pieces"} -> {"tokens": [id...]} or [{"id", "piece"}...]."""
+        content = body.get("content")
+        if not isinstance(content, str):
+            raise RequestError("'content' must be a string")
+        tokenizer = self.server.model.tokenizer
+        ids = tokenizer.encode(content, add_special=flag(body, "add_special"),
+                               parse_special=False)
+        if flag(body, "with_pieces"):
+            pieces = [tokenizer.token_to_piece(t).decode("utf-8", errors="replace")
+                      for t in ids]
+            self._json(200, {"tokens": [{"id": t, "piece": p} for t, p in zip(ids, pieces)]})
+        else:
+            self._json(200, {"tokens": ids})
+
+    def _detokenize(self, body: dict) -> None:
+        """llama.cpp server's POST /detokenize: {"tokens": [id...]} -> {"content"}."""
+        tokens, model = body.get("tokens"), self.server.model
+        ids = [] if tokens == [] else token_ids(tokens, model.config.n_vocab, "tokens")
+        self._json(200, {"content": model.tokenizer.decode(ids)})
 
     def _generate(self, prompts: list, options: dict, streaming: bool, chat: bool,
                   echo: bool = False, n: int = 1) -> None:

@@ -121,6 +121,16 @@ def _is_ids(value) -> bool:
         isinstance(t, int) and not isinstance(t, bool) for t in value)
 
 
+def token_ids(value, n_vocab: int, field: str) -> list:
+    """A non-empty list of token ids of the vocabulary, checked."""
+    if not _is_ids(value):
+        raise RequestError(f"'{field}' must be a non-empty list of token ids")
+    bad = [t for t in value if not 0 <= t < n_vocab]
+    if bad:
+        raise RequestError(f"token id {bad[0]} is outside the vocabulary [0, {n_vocab})")
+    return list(value)
+
+
 def completion_prompts(body: dict, tokenizer, n_vocab: int) -> list[tuple[list, str | None]]:
     """(token ids, text or None) per prompt of a completions request: `prompt` as a string
     (tokenized with BOS where the model adds one), as a list of token ids (used as given: a
@@ -130,10 +140,7 @@ def completion_prompts(body: dict, tokenizer, n_vocab: int) -> list[tuple[list, 
         if isinstance(prompt, str):
             return tokenizer.encode(prompt, add_special=True, parse_special=False), prompt
         if _is_ids(prompt):
-            bad = [t for t in prompt if not 0 <= t < n_vocab]
-            if bad:
-                raise RequestError(f"token id {bad[0]} is outside the vocabulary [0, {n_vocab})")
-            return list(prompt), None
+            return token_ids(prompt, n_vocab, "prompt"), None
         raise RequestError("'prompt' must be a string, a list of token ids, or a list of those")
     prompt = body.get("prompt")
     if isinstance(prompt, str) or _is_ids(prompt):

@@ -307,3 +307,22 @@ def test_n_choices_sample_with_consecutive_seeds(served):
     status, out = call(url, "/v1/chat/completions", chat)
     texts = [c["message"]["content"] for c in out["choices"]]
     assert status == 200 and len(texts) == 2 and texts[0] == texts[1]    # greedy: the same
+
+
+def test_tokenize_and_detokenize(served):
+    """llama.cpp server's /tokenize and /detokenize."""
+    model, url = served
+    status, out = call(url, "/tokenize", {"content": "hello world"})
+    assert status == 200 and out["tokens"] == model.tokenizer.encode("hello world",
+                                                                     add_special=False)
+    _, special = call(url, "/tokenize", {"content": "hello world", "add_special": True,
+                                         "with_pieces": True})
+    ids = [t["id"] for t in special["tokens"]]
+    assert ids == model.tokenizer.encode("hello world")
+    assert all(isinstance(t["piece"], str) for t in special["tokens"])
+    status, out = call(url, "/detokenize", {"tokens": out["tokens"]})
+    assert status == 200 and out["content"] == "hello world"
+    assert call(url, "/detokenize", {"tokens": []}) == (200, {"content": ""})
+    for path, body in (("/tokenize", {"content": 3}), ("/detokenize", {"tokens": [10 ** 9]}),
+                       ("/detokenize", {"tokens": "abc"})):
+        assert call(url, path, body)[0] == 400
