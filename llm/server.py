@@ -4,7 +4,8 @@ llama.cpp's llama-server and Ollama's /v1 endpoints offer for one model).
 Input: a loaded `llm.Model`, host and port. Output: a `ThreadingHTTPServer` answering
     GET  /health                  {"status": "ok"}
     GET  /v1/models               the one model
-    POST /v1/completions          {"prompt": str, ...} -> text_completion
+    POST /v1/completions          {"prompt": str | ids | [str | ids, ...], "n", "echo", ...}
+                                  -> text_completion, a choice per prompt and n
     POST /v1/chat/completions     {"messages": [...], ...} -> chat.completion
     POST /tokenize, /detokenize   llama.cpp server's token endpoints
 with "stream": true answered as server-sent events (`data: {chunk}` ... `data: [DONE]`).
