@@ -175,6 +175,27 @@ def test_parallel_slots_answer_concurrent_requests_like_one_at_a_time(device):
         server.server_close()
     assert [a[0] for a in answers] == [200] * len(prompts)
     assert [a[1]["choices"][0]["text"] for a in answers] == expected
+    # chat requests at once: their templates render through one worker process, in turn
+    chats = [[{"role": "user", "content": p}] for p in prompts]
+    expected = ["".join(model.generate(model.chat_ids(m), max_tokens=8, temperature=0))
+                for m in chats]
+    server = make_server(model, "127.0.0.1", 0, model_name="tiny", parallel=3)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}"
+
+    def chat(i):
+        answers[i] = call(url, "/v1/chat/completions", {"messages": chats[i], "max_tokens": 8,
+                                                        "temperature": 0})
+    try:
+        threads = [threading.Thread(target=chat, args=(i,)) for i in range(len(chats))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [a[1]["choices"][0]["message"]["content"] for a in answers] == expected
 
 
 def test_logprobs_in_completions_and_chat(served):
