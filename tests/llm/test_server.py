@@ -154,7 +154,7 @@ def test_parallel_slots_answer_concurrent_requests_like_one_at_a_time(device):
         import pykernel as pk
         if not pk.gpu_available():
             pytest.skip("no usable CUDA GPU (driver or device missing)")
-    model = llm.load(TINY_LLAMA, device=device, progress=False, n_ctx=192)
+    model = llm.load(TINY_LLAMA, device=device, progress=False, n_ctx=384)
     prompts = ["once upon a time", "hello there", "the quick brown", "one two three"]
     expected = ["".join(model.generate(p, max_tokens=16, temperature=0)) for p in prompts]
     server = make_server(model, "127.0.0.1", 0, model_name="tiny", parallel=3, warm_up=True)
@@ -195,6 +195,7 @@ def test_parallel_slots_answer_concurrent_requests_like_one_at_a_time(device):
     finally:
         server.shutdown()
         server.server_close()
+    assert [a[0] for a in answers] == [200] * len(chats), answers
     assert [a[1]["choices"][0]["message"]["content"] for a in answers] == expected
 
 
