@@ -42,7 +42,11 @@ class ModelServer(ThreadingHTTPServer):
                  parallel: int = 1, warm_up: bool = False):
         # its errors (and its warm-up) before the port is bound
         self.scheduler = BatchScheduler(model, parallel, warm_up=warm_up)
-        super().__init__(address, Handler)
+        try:
+            super().__init__(address, Handler)
+        except BaseException:        # e.g. the port is taken: no worker thread left behind
+            self.scheduler.close()
+            raise
         self.model, self.model_name = model, model_name
         self.default_max_tokens = default_max_tokens
 
