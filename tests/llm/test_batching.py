@@ -240,3 +240,20 @@ def test_logprobs_are_the_models_log_softmax():
             [lp for _, lp in entry.top], reverse=True)
         for token, lp in entry.top:
             assert abs(lp - reference[i, token]) < 1e-4
+
+
+def test_q8_0_cache_slots(d64_path):
+    """A q8_0 KV cache (int8 quants + f16 scales per slot): batched steps take the launches
+    per sequence, and slots move (a request ending below the last) with both arrays copied."""
+    model = load("cpu", "kernels", name=d64_path, n_ctx=96, kv_dtype="q8_0")
+    prompts = [[5, 9, 13], [7, 7, 7, 7], [11, 3]]
+    max_tokens = [3, 9, 6]
+    expected = ["".join(model.generate(p, max_tokens=m, temperature=0))
+                for p, m in zip(prompts, max_tokens)]
+    scheduler = BatchScheduler(model, slots=3)
+    try:
+        streams = [scheduler.generate(p, max_tokens=m, temperature=0)
+                   for p, m in zip(prompts, max_tokens)]
+        assert ["".join(s) for s in streams] == expected
+    finally:
+        scheduler.close()
