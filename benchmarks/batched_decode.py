@@ -1,7 +1,8 @@
 """Batched decode (Transformer.forward_batch, what `serve --parallel N` runs): aggregate decode
 tokens per second against the number of sequences stepping together.
 
-Input: argv = SHAPE:TYPE items of llm.synth (default llama-8b:Q4_K_M smollm2-135m:Q8_0), env
+Input: argv = SHAPE:TYPE items of llm.synth or GGUF paths (default llama-8b:Q4_K_M
+smollm2-135m:Q8_0), env
 SYNTH_DIR (where synthetic files are written, default /tmp), BATCHES (default 1,2,4,8,16),
 DEPTH (tokens already cached per sequence, default 512), STEPS (timed steps, default 32),
 DEVICE (default cuda), POOL (default 1: the caches are slots of one pool, as the scheduler's;
@@ -31,6 +32,9 @@ POOL = os.environ.get("POOL", "1") != "0"
 
 
 def model_file(item: str) -> Path:
+    """A GGUF path as it is, or SHAPE:TYPE of llm.synth (written once under SYNTH_DIR)."""
+    if os.path.isfile(item):
+        return Path(item)
     shape, qtype = item.split(":")
     path = Path(os.environ.get("SYNTH_DIR", "/tmp")) / f"{shape}-{qtype}.gguf"
     if not path.exists():
