@@ -157,37 +157,30 @@ def test_parallel_slots_answer_concurrent_requests_like_one_at_a_time(device):
     model = llm.load(TINY_LLAMA, device=device, progress=False, n_ctx=384)
     prompts = ["once upon a time", "hello there", "the quick brown", "one two three"]
     expected = ["".join(model.generate(p, max_tokens=16, temperature=0)) for p in prompts]
-    server = make_server(model, "127.0.0.1", 0, model_name="tiny", parallel=3, warm_up=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url, answers = f"http://127.0.0.1:{server.server_port}", [None] * len(prompts)
-
-    def ask(i):
-        answers[i] = call(url, "/v1/completions", {"prompt": prompts[i], "max_tokens": 16,
-                                                   "temperature": 0})
-    try:
-        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
-    finally:
-        server.shutdown()
-        server.server_close()
+    answers = ask_at_once(model, "/v1/completions", [
+        {"prompt": p, "max_tokens": 16, "temperature": 0} for p in prompts], warm_up=True)
     assert [a[0] for a in answers] == [200] * len(prompts)
     assert [a[1]["choices"][0]["text"] for a in answers] == expected
     # chat requests at once: their templates render through one worker process, in turn
     chats = [[{"role": "user", "content": p}] for p in prompts]
     expected = ["".join(model.generate(model.chat_ids(m), max_tokens=8, temperature=0))
                 for m in chats]
-    server = make_server(model, "127.0.0.1", 0, model_name="tiny", parallel=3)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_port}"
+    answers = ask_at_once(model, "/v1/chat/completions", [
+        {"messages": m, "max_tokens": 8, "temperature": 0} for m in chats])
+    assert [a[0] for a in answers] == [200] * len(chats), answers
+    assert [a[1]["choices"][0]["message"]["content"] for a in answers] == expected
 
-    def chat(i):
-        answers[i] = call(url, "/v1/chat/completions", {"messages": chats[i], "max_tokens": 8,
-                                                        "temperature": 0})
+
+def ask_at_once(model, path: str, bodies: list, warm_up: bool = False) -> list:
+    """(status, answer) of each body, all sent at once to a fresh server of 3 slots."""
+    server = make_server(model, "127.0.0.1", 0, model_name="tiny", parallel=3, warm_up=warm_up)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url, answers = f"http://127.0.0.1:{server.server_port}", [None] * len(bodies)
+
+    def ask(i):
+        answers[i] = call(url, path, bodies[i])
     try:
-        threads = [threading.Thread(target=chat, args=(i,)) for i in range(len(chats))]
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(bodies))]
         for t in threads:
             t.start()
         for t in threads:
@@ -195,8 +188,7 @@ def test_parallel_slots_answer_concurrent_requests_like_one_at_a_time(device):
     finally:
         server.shutdown()
         server.server_close()
-    assert [a[0] for a in answers] == [200] * len(chats), answers
-    assert [a[1]["choices"][0]["message"]["content"] for a in answers] == expected
+    return answers
 
 
 def test_logprobs_in_completions_and_chat(served):
