@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from llm.generate import ContextError, PREFILL_CHUNK
+from llm.generate import ContextError, Session
 
 
 @dataclass
@@ -29,26 +29,6 @@ class PerplexityResult:
     chunks: int
     n_ctx: int
     running: list = field(default_factory=list)   # the estimate after each chunk
-
-
-def chunk_nll(model, ids: Sequence[int], cache, first: int) -> np.ndarray:
-    """Negative log-likelihoods of ids[first + 1:] given what precedes each, from one pass
-    over ids (from position 0 of `cache`)."""
-    backend, transformer = model.backend, model.transformer
-    nll = []
-    for start in range(0, len(ids) - 1, PREFILL_CHUNK):
-        part = np.asarray(ids[start:start + PREFILL_CHUNK], np.int64)
-        logits = backend.to_host(transformer.forward(part, start, cache, all_logits=True))
-        rows = np.arange(len(part))
-        keep = (start + rows >= first) & (start + rows + 1 < len(ids))
-        if not keep.any():
-            continue
-        scored = logits[keep].astype(np.float64)
-        targets = np.asarray(ids, np.int64)[start + rows[keep] + 1]
-        top = scored.max(axis=1, keepdims=True)
-        log_total = top[:, 0] + np.log(np.exp(scored - top).sum(axis=1))
-        nll.append(log_total - scored[np.arange(len(targets)), targets])
-    return np.concatenate(nll) if nll else np.zeros(0)
 
 
 def perplexity(model, text: str | Sequence[int], n_ctx: int = 512, max_chunks: int = 0,
@@ -74,15 +54,15 @@ def perplexity(model, text: str | Sequence[int], n_ctx: int = 512, max_chunks: i
         raise ValueError(f"perplexity: the text has {len(ids)} tokens, fewer than one chunk "
                          f"of {n_ctx} (use a longer text or a smaller context)")
     bos = model.tokenizer.bos_id if model.tokenizer.vocab.add_bos else None
-    cache = model.backend.kv_cache(cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim,
-                                   cfg.head_dim_v)
+    session = Session(model.transformer, model.backend, n_ctx)
     first = n_ctx // 2
     nll, running = [], []
     for c in range(chunks):
         chunk = ids[c * n_ctx:(c + 1) * n_ctx]
         if bos is not None:
             chunk = [bos] + chunk[1:]
-        nll.append(chunk_nll(model, chunk, cache, first))
+        _, scored = session.prefill_scored(chunk, top=0)   # scored[j]: chunk[j + 1]
+        nll.append(-np.array([e.logprob for e in scored[first:]]))
         mean = float(np.concatenate(nll).mean())
         running.append(math.exp(mean))
         if progress is not None:

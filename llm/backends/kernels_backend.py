@@ -360,10 +360,8 @@ class KernelsBackend(Backend):
             rope_kv_cache(ka.reshape(n, -1, d), va.reshape(n, -1, d), k_cache, v_cache,
                           positions, p.base, _rope_style(p), q=q3,
                           rot_dim=p.n_rot, freq_factors=q.freq_factors, **_norm_args(norms))
-        elif cache.q8:
-            kv_q8.store_rows(ka, va, k_cache, v_cache, start_dev)
         else:
-            X.store_kv(ka, va, k_cache, v_cache, start_dev)
+            _store_rows(ka, va, cache, layer, start_dev)
         if cache.q8 and n > 1:     # prefill reads the rows as f16 (decode reads Q8_0 itself)
             k_cache, v_cache = self._dequantized(cache, layer, start + n)
         out = self.arena.take((n, qa.shape[1]), np.float32)
@@ -401,8 +399,7 @@ class KernelsBackend(Backend):
         for i, cache in enumerate(caches):
             k_cache, v_cache = cache.k[layer], cache.v[layer]
             pos_dev = positions_dev[i:i + 1]
-            store = kv_q8.store_rows if cache.q8 else X.store_kv
-            store(ka[i:i + 1], va[i:i + 1], k_cache, v_cache, pos_dev)
+            _store_rows(ka[i:i + 1], va[i:i + 1], cache, layer, pos_dev)
             if d in HEAD_DIMS:
                 self._stdlib_attention(q3[i:i + 1], k_cache, v_cache, int(positions[i]),
                                        pos_dev, out3[i:i + 1], scale, window, cache,
@@ -574,6 +571,12 @@ class KernelsBackend(Backend):
             a.nbytes for a in (self.prefill_arena, self.decode_arena, self.graph_prefill_arena,
                                self.batch_arena)),
             split_workspace_bytes(self.device))
+
+
+def _store_rows(k, v, cache: KernelsKVCache, layer: int, start_dev) -> None:
+    """k, v rows into the layer's cache from position start_dev[0] on (Q8_0 or f16/f32)."""
+    store = kv_q8.store_rows if cache.q8 else X.store_kv
+    store(k, v, cache.k[layer], cache.v[layer], start_dev)
 
 
 def _rope_style(p: RopeParams) -> str:

@@ -165,11 +165,7 @@ class GraphedTransformer(Transformer):
         a device buffer, run eagerly the first time a set is seen and captured the second."""
         b = self.backend
         if not b.use_graphs:
-            b.begin_step(ids, 0, positions=positions)
-            try:
-                return b.materialize(super().forward_batch(ids, positions, caches))
-            finally:
-                b.end_step()
+            return self._batch_step(ids, positions, caches, positions=positions)
         key = tuple(caches)
         host = np.concatenate([np.asarray(ids).reshape(-1),
                                np.asarray(positions).reshape(-1)]).astype(np.int32)
@@ -194,11 +190,15 @@ class GraphedTransformer(Transformer):
         self._batch_graphs.clear()
 
     def _record_batch(self, io, positions, caches):
+        return self._batch_step(np.zeros(len(caches), np.int64), positions, caches, batch_io=io)
+
+    def _batch_step(self, ids, positions, caches, **inputs):
+        """The batched forward with the step's inputs given to begin_step (host positions, or
+        the device buffer batch_io of a graph)."""
         b = self.backend
-        n = len(caches)
-        b.begin_step(np.zeros(n, np.int64), 0, batch_io=io)
+        b.begin_step(ids, 0, **inputs)
         try:
-            return b.materialize(super().forward_batch(np.zeros(n, np.int64), positions, caches))
+            return b.materialize(super().forward_batch(ids, positions, caches))
         finally:
             b.end_step()
 
