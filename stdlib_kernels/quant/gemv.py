@@ -201,7 +201,7 @@ def gemv_q8_into(w, type_name, xq, y, rows, n, batch=1, *, w2=None, res=None, mo
     _check_out(y, batch, rows, "gemv")
     if _bulk(type_name, batch, mode, rows, n, config):
         return gemv_bulk_into(w, type_name, xq, y, rows, n, w2=w2, res=res, mode=mode,
-                              stream=stream,
+                              stream=stream, batch=batch,
                               rows_per_warp=config.rows if config else None,
                               warps=config.warps if config else None,
                               stages=config.stages if config else None,
@@ -250,13 +250,14 @@ def register_plan(type_name: str, rows: int, n: int, xq, batch: int,
 
 
 def _bulk(type_name: str, batch: int, mode, rows: int, n: int, config) -> bool:
-    """BULK_TYPES, one token: the bulk-copy kernel (gemv_bulk.py) when asked for
-    (GemvConfig(kernel="bulk")) or, by default, where it applies (large weights)."""
-    if type_name not in BULK_TYPES or batch != 1:
+    """BULK_TYPES: the bulk-copy kernel (gemv_bulk.py) when asked for (GemvConfig(kernel=
+    "bulk")) or, by default, where it applies (gemv_bulk.bulk_eligible: for one token large
+    weights, for 2..8 tokens every matrix whose rows fit)."""
+    if type_name not in BULK_TYPES:
         return False
     if config is not None:
         return config.kernel == "bulk"
-    return pk.current_device().kind == "cuda" and bulk_eligible(type_name, rows, n)
+    return pk.current_device().kind == "cuda" and bulk_eligible(type_name, rows, n, batch)
 
 
 def gemv_f32_into(w, type_name, x, y, rows, n, batch=1, *, w2=None, res=None, mode=None,

@@ -47,7 +47,8 @@ from .decode8 import Q3_K, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0
 from .dot_q8 import act_copy, q4_0_half_dot, q4_1_half_dot, q8_0_half_dot
 from .dot_q8_k import (q3k_wide_sum, q3k_wide_values, q4k_half_dot, q5k_half_dot,
                        q6k_wide_sum, q6k_wide_values)
-from .gemv_kernels import MODE_GEGLU, MODE_PLAIN, MODE_RESIDUAL, MODE_SWIGLU, store_output
+from .gemv_kernels import (MAX_BATCH, MODE_GEGLU, MODE_PLAIN, MODE_RESIDUAL, MODE_SWIGLU,
+                           store_output)
 from .gemv_q1_0 import L2_BYTES, bulk_available
 from .q8_1 import q8_1_bytes
 
@@ -107,6 +108,10 @@ LONG_ROW = 8192
 LONG_SPLIT: dict[str, tuple[int, int]] = {"Q6_K": (4, 4), "Q5_K": (4, 4), "Q8_0": (4, 4),
                                            "Q4_0": (4, 4), "Q4_1": (4, 4)}   # (when taken)
 
+# 2..8 tokens: the types whose bulk kernel runs every matrix by default (the register kernel's
+# time grows with the tokens though it reads the same weights; benchmarks/RESULTS.md)
+BATCH_BULK = frozenset(BULK_TYPES)
+
 
 @pk.func
 def item_dot(FMT: Const[int], sm: Ptr[u32], wrow: i32, blk: i32, n: i32, a) -> f32:
@@ -155,18 +160,22 @@ def issue_group(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], sm, bars, bar: i32, stage
 
 @pk.kernel
 def gemv_bulk(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], xq: Ptr[u32], res: Ptr[f32],
-              y: Ptr[f32], rows: i32, row_words: i32, nb: i32, FMT: Const[int], R: Const[int],
-              WARPS: Const[int], S: Const[int], MODE: Const[int]):
+              y: Ptr[f32], rows: i32, row_words: i32, nb: i32, xq_words: i32, FMT: Const[int],
+              R: Const[int], WARPS: Const[int], S: Const[int], MODE: Const[int],
+              BATCH: Const[int]):
     """Each warp takes groups of R rows, first = its index in the grid, then every
     (grid warps)-th: a ring of S stages per warp, the first S groups' copies issued before
     the PDL wait, a stage refilled with the group S ahead once read. MODE: gemv_kernels'
-    (plain, residual, SwiGLU / GeGLU with w2's rows in the same stage)."""
+    (plain, residual, SwiGLU / GeGLU with w2's rows in the same stage). BATCH tokens (xq rows
+    xq_words apart): each token's activations are loaded once per item for all R rows, the
+    rows read from shared memory once per token."""
     GLU = 1 if MODE >= MODE_SWIGLU else 0
+    RR = R * (1 + GLU)
     lane = pk.lane_id()
     warp = pk.thread_idx.x // 32
     sm = pk.dynamic_shared(u32)
     bars = pk.shared_array(u64, WARPS * S)
-    SW = R * (1 + GLU) * row_words
+    SW = RR * row_words
     base = warp * S * SW
     init_warp_mbarriers(bars, warp, lane, S)
     step = pk.grid_dim.x * WARPS
@@ -180,32 +189,35 @@ def gemv_bulk(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], xq: Ptr[u32], res: Ptr[f32]
             issue_group(w, w2, sm, bars, warp * S + s, base + s * SW, (first + s * step) * R,
                         rows, row_words, lane, R, GLU)
     pk.grid_dependency_wait()
-    acc = pk.local_array(f32, 2 * R)
+    acc = pk.local_array(f32, RR * BATCH)     # token t's row r at t * RR + r
     a = pk.local_array(u32, 36)
     for rd in range(rounds):
         stage = base + rd % S * SW
         row0 = (first + rd * step) * R
-        for r in pk.static_range(2 * R):
+        for r in pk.static_range(RR * BATCH):
             acc[r] = 0.0
-        pre = pk.local_array(f32, R)     # the residuals, loaded while the rows arrive
-        for r in pk.static_range(R):
+        pre = pk.local_array(f32, R * BATCH)     # the residuals, loaded while the rows arrive
+        for r in pk.static_range(R * BATCH):
             pre[r] = 0.0
-            if MODE == MODE_RESIDUAL and lane == r % 32 and row0 + r < rows:
-                pre[r] = res[row0 + r]
+            if MODE == MODE_RESIDUAL and lane == r % 32 and row0 + r % R < rows:
+                pre[r] = res[r // R * rows + row0 + r % R]
         pk.mbarrier_wait(bars, warp * S + rd % S, (rd // S) % 2)
         for item in range(lane, 2 * nb, 32):
             blk = item // 2
             n = item % 2
-            act_copy(xq, 9 * (8 * blk + 4 * n), a, 36, 4)
-            for r in pk.static_range(R * (1 + GLU)):
-                acc[r] += item_dot(FMT, sm, stage + r * row_words, blk, n, a)
-        for r in pk.static_range(R):
-            total = warp_sum(acc[r])
+            for t in pk.static_range(BATCH):
+                act_copy(xq, t * xq_words + 9 * (8 * blk + 4 * n), a, 36, 4)
+                for r in pk.static_range(RR):
+                    acc[t * RR + r] += item_dot(FMT, sm, stage + r * row_words, blk, n, a)
+        for tr in pk.static_range(R * BATCH):
+            t = tr // R
+            r = tr % R
+            total = warp_sum(acc[t * RR + r])
             gate_up = total
             if GLU:
-                gate_up = warp_sum(acc[R + r])
-            if lane == r % 32 and row0 + r < rows:
-                store_output(total, gate_up, pre[r], y, row0 + r, MODE)
+                gate_up = warp_sum(acc[t * RR + R + r])
+            if lane == tr % 32 and row0 + r < rows:
+                store_output(total, gate_up, pre[tr], y, t * rows + row0 + r, MODE)
         pk.syncwarp()                          # the stage is read before it is refilled
         if rd + S < rounds:
             issue_group(w, w2, sm, bars, warp * S + rd % S, stage,
@@ -215,19 +227,19 @@ def gemv_bulk(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], xq: Ptr[u32], res: Ptr[f32]
 @pk.kernel
 def gemv_bulk_split(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], xq: Ptr[u32], res: Ptr[f32],
                     y: Ptr[f32], rows: i32, row_words: i32, unit_words: i32, units: i32,
-                    chunk_words: i32, FMT: Const[int], UNIT_BLOCKS: Const[int],
-                    WARPS: Const[int], SPLIT: Const[int], MODE: Const[int]):
+                    chunk_words: i32, xq_words: i32, FMT: Const[int], UNIT_BLOCKS: Const[int],
+                    WARPS: Const[int], SPLIT: Const[int], MODE: Const[int], BATCH: Const[int]):
     """Long rows: SPLIT warps share a row, warp c of the row copying and summing units
     [c units / SPLIT, (c + 1) units / SPLIT) of it (a unit: UNIT_BLOCKS blocks, the
     module's UNIT_BLOCKS[type]), a block holding WARPS / SPLIT rows; the partial sums meet in
     shared memory and the row's first warp adds them in a fixed order (deterministic) and runs
-    the epilogue."""
+    the epilogue, for each of BATCH tokens (xq rows xq_words apart)."""
     GLU = 1 if MODE >= MODE_SWIGLU else 0
     lane = pk.lane_id()
     warp = pk.thread_idx.x // 32
     sm = pk.dynamic_shared(u32)
     bars = pk.shared_array(u64, WARPS)
-    part = pk.shared_array(f32, 2 * WARPS)
+    part = pk.shared_array(f32, 2 * WARPS * BATCH)     # token t's sums at 2 WARPS t + ...
     init_warp_mbarriers(bars, warp, lane, 1)
     row = pk.block_idx.x * (WARPS // SPLIT) + warp // SPLIT
     c = warp % SPLIT
@@ -242,38 +254,46 @@ def gemv_bulk_split(w: Ptr[u32, "ro"], w2: Ptr[u32, "ro"], xq: Ptr[u32], res: Pt
         if GLU:
             pk.bulk_copy(sm, stage + chunk_words, w2, src, nbytes, bars, warp)
     pk.grid_dependency_wait()
-    pre = f32(0.0)                       # the residual, loaded while the rows arrive
-    if MODE == MODE_RESIDUAL and c == 0 and lane == 0 and row < rows:
-        pre = res[row]
+    pre = pk.local_array(f32, BATCH)     # the residuals, loaded while the rows arrive
+    for t in pk.static_range(BATCH):
+        pre[t] = 0.0
+        if MODE == MODE_RESIDUAL and c == 0 and lane == t and row < rows:
+            pre[t] = res[t * rows + row]
     a = pk.local_array(u32, 36)
-    acc = f32(0.0)
-    acc_up = f32(0.0)
+    acc = pk.local_array(f32, 2 * BATCH)     # token t: acc[2 t], its up sum acc[2 t + 1]
+    for t in pk.static_range(2 * BATCH):
+        acc[t] = 0.0
     b0 = u0 * UNIT_BLOCKS
     pk.mbarrier_wait(bars, warp, 0)
     for item in range(2 * b0 + lane, 2 * u1 * UNIT_BLOCKS, 32):
         blk = item // 2
         n = item % 2
-        act_copy(xq, 9 * (8 * blk + 4 * n), a, 36, 4)
-        acc += item_dot(FMT, sm, stage, blk - b0, n, a)
+        for t in pk.static_range(BATCH):
+            act_copy(xq, t * xq_words + 9 * (8 * blk + 4 * n), a, 36, 4)
+            acc[2 * t] += item_dot(FMT, sm, stage, blk - b0, n, a)
+            if GLU:
+                acc[2 * t + 1] += item_dot(FMT, sm, stage + chunk_words, blk - b0, n, a)
+    for t in pk.static_range(BATCH):
+        total = warp_sum(acc[2 * t])
+        up = total
         if GLU:
-            acc_up += item_dot(FMT, sm, stage + chunk_words, blk - b0, n, a)
-    total = warp_sum(acc)
-    if GLU:
-        acc_up = warp_sum(acc_up)
-    if lane == 0:
-        part[warp] = total
-        part[WARPS + warp] = acc_up
+            up = warp_sum(acc[2 * t + 1])
+        if lane == 0:
+            part[2 * WARPS * t + warp] = total
+            part[2 * WARPS * t + WARPS + warp] = up
     pk.syncthreads()
-    if c == 0 and lane == 0 and row < rows:
-        total = 0.0
-        gate_up = f32(0.0)
-        for k in pk.static_range(SPLIT):
-            total += part[warp + k]
-            gate_up += part[WARPS + warp + k]
-        store_output(total, gate_up, pre, y, row, MODE)
+    if c == 0 and lane < BATCH and row < rows:
+        for t in pk.static_range(BATCH):
+            if lane == t:
+                total = f32(0.0)
+                gate_up = f32(0.0)
+                for k in pk.static_range(SPLIT):
+                    total += part[2 * WARPS * t + warp + k]
+                    gate_up += part[2 * WARPS * t + WARPS + warp + k]
+                store_output(total, gate_up, pre[t], y, t * rows + row, MODE)
 
 
-def bulk_eligible(type_name: str, rows: int, n: int) -> bool:
+def bulk_eligible(type_name: str, rows: int, n: int, batch: int = 1) -> bool:
     """The bulk kernel applies by default: sm_90+ (or the CPU target), rows of whole 16-byte
     multiples (ROW_ALIGN), and large weights: Q3_K over L2 (below it the register kernel's
     reads hit L2 on later calls), Q6_K from Q6K_MIN_BYTES (its register kernel is slower from
@@ -282,7 +302,7 @@ def bulk_eligible(type_name: str, rows: int, n: int) -> bool:
     Q4_K, Q5_K from Q5K_MIN_BYTES and in every row over LONG_ROW values (split over
     LONG_SPLIT's warps), Q8_0 / Q4_0 / Q4_1 per BULK_FROM_BYTES (long rows split too); and
     only where the default launch's rows fit in shared memory (the gated modes' up rows
-    counted)."""
+    counted). For 2..8 tokens (batched decode) every size where BATCH_BULK lists the type."""
     if type_name not in BULK_TYPES or not bulk_available() or n % ROW_ALIGN[type_name]:
         return False
     row_bytes = n // 256 * BLOCK_BYTES[type_name]
@@ -296,6 +316,8 @@ def bulk_eligible(type_name: str, rows: int, n: int) -> bool:
     if 2 * warps * per_warp + SHARED_RESERVED > shared_limit():
         return False             # the default launch's rows (gated: and up rows) do not fit
     nbytes = rows * row_bytes
+    if batch > 1:
+        return type_name in BATCH_BULK
     if type_name == "Q4_K":
         return (n <= Q4K_MAX_N or type_name in LONG_SPLIT) and nbytes > Q4K_MIN_BYTES
     if type_name == "Q5_K":
@@ -326,10 +348,11 @@ def resident_blocks(shared: int, threads: int) -> int:
 def gemv_bulk_into(w, type_name: str, xq, y, rows: int, n: int, *, w2=None, res=None,
                    mode=None, stream=None, rows_per_warp: int | None = None,
                    warps: int | None = None, stages: int | None = None,
-                   split: int | None = None):
-    """y (rows,) = W x for one token, mode None, "residual" (+ res), "swiglu" / "geglu"
-    (act(W x) * (W2 x), w2 the up rows): w / w2 u32 words of the rows (gemv.weight_words), xq
-    its Q8_1 activations (q8_1_bytes(n) bytes); type_name one of BULK_TYPES. stages 1: one
+                   split: int | None = None, batch: int = 1):
+    """y (batch, rows) = W x for `batch` tokens (1..MAX_BATCH), mode None, "residual" (+ res,
+    (batch, rows)), "swiglu" / "geglu" (act(W x) * (W2 x), w2 the up rows): w / w2 u32 words of
+    the rows (gemv.weight_words), xq their Q8_1 activations (batch, q8_1_bytes(n)); type_name
+    one of BULK_TYPES. stages 1: one
     group of rows per warp, as many blocks as groups; >= 2: a ring of that many groups per
     warp and one wave of blocks that loop over the rows. split > 1 (with one row per warp and
     one stage): that many warps share each row (gemv_bulk_split)."""
@@ -347,10 +370,14 @@ def gemv_bulk_into(w, type_name: str, xq, y, rows: int, n: int, *, w2=None, res=
     if n % ROW_ALIGN[type_name]:
         raise ValueError(f"{what}: row length {n} must be a multiple of "
                          f"{ROW_ALIGN[type_name]} (16-byte rows for the bulk copies)")
-    if xq.nbytes < q8_1_bytes(n) or y.size != rows or y.dtype != np.float32:
+    if not 1 <= batch <= MAX_BATCH:
+        raise ValueError(f"{what}: batch {batch} outside 1..{MAX_BATCH}")
+    if xq.nbytes < batch * q8_1_bytes(n) or y.size != batch * rows or y.dtype != np.float32:
         raise ValueError(f"{what}: activations of {xq.nbytes} bytes (need "
-                         f"{q8_1_bytes(n)}) or output {y.dtype} {tuple(y.shape)} (need "
-                         f"float32 ({rows},)) do not fit")
+                         f"{batch * q8_1_bytes(n)}) or output {y.dtype} {tuple(y.shape)} (need "
+                         f"float32 ({batch}, {rows})) do not fit")
+    if res is not None and res.size != batch * rows:
+        raise ValueError(f"{what}: residual of shape {tuple(res.shape)}, need ({batch}, {rows})")
     row_words = n // 256 * BLOCK_BYTES[type_name] // 4
     for name, buf in (("weights", w), ("w2", w2)):
         if buf is not None and (buf.ptr % 16 or buf.nbytes < rows * row_words * 4):
@@ -362,7 +389,7 @@ def gemv_bulk_into(w, type_name: str, xq, y, rows: int, n: int, *, w2=None, res=
         warps, split = warps or LONG_SPLIT[type_name][0], LONG_SPLIT[type_name][1]
     if split and split > 1:
         return _launch_split(w, type_name, xq, y, rows, n, w2, res, MODES[mode], stream,
-                             warps or split, split, rows_per_warp or 1, stages or 1)
+                             warps or split, split, rows_per_warp or 1, stages or 1, batch)
     tuned = TUNED[type_name]
     warps = warps or tuned[0]
     rows_per_warp = rows_per_warp or tuned[1]
@@ -375,12 +402,12 @@ def gemv_bulk_into(w, type_name: str, xq, y, rows: int, n: int, *, w2=None, res=
     words = w.view(np.uint32)
     gemv_bulk[grid, 32 * warps, stream, shared](
         words, words if w2 is None else w2.view(np.uint32), xq.reshape(-1).view(np.uint32),
-        y if res is None else res, y, rows, row_words, n // 256, BULK_TYPES[type_name],
-        rows_per_warp, warps, stages, MODES[mode])
+        y if res is None else res, y, rows, row_words, n // 256, q8_1_bytes(n) // 4,
+        BULK_TYPES[type_name], rows_per_warp, warps, stages, MODES[mode], batch)
 
 
 def _launch_split(w, type_name, xq, y, rows, n, w2, res, mode, stream, warps, split,
-                  rows_per_warp, stages):
+                  rows_per_warp, stages, batch):
     """gemv_bulk_split: `split` warps per row, `warps` per block (a multiple of split)."""
     what = f"gemv {type_name} bulk, rows split over {split} warps"
     unit_blocks = UNIT_BLOCKS[type_name]
@@ -399,4 +426,5 @@ def _launch_split(w, type_name, xq, y, rows, n, w2, res, mode, stream, warps, sp
                     warps * (1 + glu) * chunk_words * 4](
         words, words if w2 is None else w2.view(np.uint32), xq.reshape(-1).view(np.uint32),
         y if res is None else res, y, rows, n // 256 * BLOCK_BYTES[type_name] // 4, unit_words,
-        units, chunk_words, BULK_TYPES[type_name], unit_blocks, warps, split, mode)
+        units, chunk_words, q8_1_bytes(n) // 4, BULK_TYPES[type_name], unit_blocks, warps,
+        split, mode, batch)

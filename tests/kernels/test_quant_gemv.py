@@ -24,6 +24,9 @@ OFFSET_BYTES = {"Q4_0": (2, 18), "Q4_1": (4, 20), "Q5_0": (2, 22), "Q5_1": (4, 2
                 "Q1_0": (2, 18), "Q4_K": (16, 144), "Q5_K": (16, 176)}
 
 
+GLU_MODES = ("swiglu", "geglu")
+
+
 def make_weights(rng, type_name, rows, n):
     w = rng.standard_normal((rows, n)).astype(np.float32)
     if type_name == "F32":
@@ -322,6 +325,56 @@ def test_gemv_bulk(device, rng, seed, type_name, rows, n, rows_per_warp, warps, 
                  config=GemvConfig(warps=warps, rows=rows_per_warp, kernel="bulk",
                                    stages=stages, split=split))
     np.testing.assert_array_equal(via_config.numpy(), y.numpy())
+
+
+@pytest.mark.parametrize("type_name,batch,rows,n,rows_per_warp,warps,stages,mode,split",
+                         [("Q4_K", 2, 37, 512, 2, 2, 1, None, 1),
+                          ("Q4_K", 8, 9, 1280, 4, 1, 1, "residual", 1),
+                          ("Q4_K", 3, 21, 768, 1, 2, 2, "swiglu", 1),
+                          ("Q6_K", 5, 13, 2048, 2, 2, 1, "geglu", 1),
+                          ("Q6_K", 4, 7, 10240, 1, 4, 1, "residual", 4),
+                          ("Q3_K", 7, 5, 4096, 1, 2, 1, None, 2),
+                          ("Q5_K", 6, 11, 3584, 1, 6, 1, "swiglu", 3),
+                          ("Q8_0", 2, 45, 512, 2, 1, 3, "residual", 1),
+                          ("Q4_0", 8, 19, 768, 4, 2, 1, None, 1),
+                          ("Q4_1", 4, 9, 9216, 1, 8, 1, "residual", 4)],
+                         ids=["q4k_b2", "q4k_b8_residual", "q4k_b3_ring_swiglu",
+                              "q6k_b5_geglu", "q6k_b4_split4_residual", "q3k_b7_split2",
+                              "q5k_b6_split3_swiglu", "q8_0_b2_ring3_residual", "q4_0_b8",
+                              "q4_1_b4_split4_residual"])
+def test_gemv_bulk_batch(device, rng, seed, type_name, batch, rows, n, rows_per_warp, warps,
+                         stages, mode, split):
+    """2..8 tokens through the bulk kernels (whole rows, rings, rows split over warps; every
+    mode): each token's row of the result is the Q8_1 model's and the register kernel's at
+    the same batch; a pre-filled output row past the batch stays untouched."""
+    from stdlib_kernels.quant.gemv_bulk import gemv_bulk_into
+    if device.kind == "cuda" and int(device.arch[3:]) < 90:
+        pytest.skip("bulk copies need sm_90+")
+    if device.kind == "cpu" and batch * rows_per_warp * (2 if mode in GLU_MODES else 1) > 4:
+        pytest.skip("CPU target: more than 4 unrolled row-token dots compile for minutes "
+                    "(the GPU runs this case)")
+    raw = make_weights(rng, type_name, rows, n)
+    raw2 = make_weights(rng, type_name, rows, n)
+    x = rng.standard_normal((batch, n)).astype(np.float32)
+    xq = quantize_q8_1(x)
+    w = weight_words(raw, type_name, n)[0]
+    w2 = weight_words(raw2, type_name, n)[0] if mode in ("swiglu", "geglu") else None
+    res = rng.standard_normal((batch, rows)).astype(np.float32) if mode == "residual" else None
+    res_d = None if res is None else pk.to_device(res)
+    out = pk.full((batch + 1, rows), np.nan, np.float32)
+    y = out[:batch]
+    gemv_bulk_into(w, type_name, xq, y, rows, n, w2=w2, res=res_d, mode=mode, batch=batch,
+                   rows_per_warp=rows_per_warp, warps=warps, stages=stages, split=split)
+    got = out.numpy()
+    assert np.isnan(got[batch]).all(), f"wrote past the batch (seed {seed})"
+    if w2 is None:
+        check_q8_1(got[:batch] - (0 if res is None else res), raw, type_name, x, seed)
+    register = pk.full((batch, rows), np.nan, np.float32)
+    gemv_q8_into(w, type_name, xq, register, rows, n, batch, w2=w2, res=res_d, mode=mode,
+                 config=GemvConfig(kernel=""))
+    want = register.numpy()
+    np.testing.assert_allclose(got[:batch], want, rtol=1e-5, atol=2e-5 * np.abs(want).max(),
+                               err_msg=f"vs register kernel (seed {seed})")
 
 
 @pytest.mark.parametrize("type_name", ["Q3_K", "Q6_K"])
