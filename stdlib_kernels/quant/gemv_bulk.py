@@ -108,9 +108,16 @@ LONG_ROW = 8192
 LONG_SPLIT: dict[str, tuple[int, int]] = {"Q6_K": (4, 4), "Q5_K": (4, 4), "Q8_0": (4, 4),
                                            "Q4_0": (4, 4), "Q4_1": (4, 4)}   # (when taken)
 
-# 2..8 tokens: the types whose bulk kernel runs every matrix by default (the register kernel's
-# time grows with the tokens though it reads the same weights; benchmarks/RESULTS.md)
-BATCH_BULK = frozenset(BULK_TYPES)
+# 2..8 tokens (batched decode): the types whose bulk kernel runs every matrix by default, with
+# BATCH_ROWS rows per warp of 4-warp blocks, long rows split over LONG_SPLIT's warps up to
+# BATCH_SPLIT_MAX tokens. H100, PDL graphs, us, register kernel -> bulk (benchmarks/
+# gemv_batch.py, RESULTS.md "Batched decode GEMVs"): Q6_K 4096 x 14336 at 2 / 4 / 8 tokens
+# 36.7 / 34.7 / 63.2 -> 21.3 / 29.0 / 44.9, 128256 x 4096 235 / 227 / 449 -> 143 / 157 /
+# 282. Q4_K stays on the register kernel (28672 x 4096: 27.1 / 37.3 / 76.9 against 27.3 /
+# 41.9 / 72.9): both decode its blocks once per token, which bounds them at 4-8 tokens
+BATCH_BULK = frozenset({"Q6_K"})
+BATCH_ROWS = 2
+BATCH_SPLIT_MAX = 4
 
 
 @pk.func
@@ -306,12 +313,11 @@ def bulk_eligible(type_name: str, rows: int, n: int, batch: int = 1) -> bool:
     if type_name not in BULK_TYPES or not bulk_available() or n % ROW_ALIGN[type_name]:
         return False
     row_bytes = n // 256 * BLOCK_BYTES[type_name]
-    if n > LONG_ROW and type_name in LONG_SPLIT:      # gemv_bulk_split: a chunk per warp
-        warps, split = LONG_SPLIT[type_name]
+    warps, rows_per_warp, stages, split = default_launch(type_name, n, batch)
+    if split > 1:                                     # gemv_bulk_split: a chunk per warp
         units = n // 256 // UNIT_BLOCKS[type_name]
         per_warp = -(-units // split) * UNIT_BLOCKS[type_name] * BLOCK_BYTES[type_name]
     else:
-        warps, rows_per_warp, stages = TUNED[type_name]
         per_warp = rows_per_warp * stages * row_bytes
     if 2 * warps * per_warp + SHARED_RESERVED > shared_limit():
         return False             # the default launch's rows (gated: and up rows) do not fit
@@ -326,6 +332,19 @@ def bulk_eligible(type_name: str, rows: int, n: int, batch: int = 1) -> bool:
         least = BULK_FROM_BYTES[type_name]
         return least is not None and nbytes > least
     return nbytes > (L2_BYTES if type_name == "Q3_K" else Q6K_MIN_BYTES)
+
+
+def default_launch(type_name: str, n: int, batch: int) -> tuple[int, int, int, int]:
+    """(warps per block, rows per warp, ring stages, warps per row) of the default launch:
+    one token TUNED, or LONG_SPLIT's split for rows over LONG_ROW values; 2..8 tokens
+    BATCH_ROWS rows per warp (each token's activations loaded once for them), or for long
+    rows up to BATCH_SPLIT_MAX tokens LONG_SPLIT's split."""
+    long_split = n > LONG_ROW and type_name in LONG_SPLIT
+    if long_split and (batch == 1 or batch <= BATCH_SPLIT_MAX):
+        return (*LONG_SPLIT[type_name][:1], 1, 1, LONG_SPLIT[type_name][1])
+    if batch > 1:
+        return 4, BATCH_ROWS, 1, 1
+    return (*TUNED[type_name], 1)
 
 
 def shared_limit() -> int:
@@ -384,9 +403,9 @@ def gemv_bulk_into(w, type_name: str, xq, y, rows: int, n: int, *, w2=None, res=
             raise ValueError(f"{what}: {name} must be a 16-byte aligned buffer of at least "
                              f"{rows} x {row_words * 4} bytes, got {buf.nbytes} bytes at "
                              f"offset {buf.ptr % 16} from 16-byte alignment")
-    long_default = rows_per_warp is None and stages is None and n > LONG_ROW
-    if split is None and long_default and type_name in LONG_SPLIT:
-        warps, split = warps or LONG_SPLIT[type_name][0], LONG_SPLIT[type_name][1]
+    if rows_per_warp is None and stages is None and split is None:
+        tuned_warps, rows_per_warp, stages, split = default_launch(type_name, n, batch)
+        warps = warps or tuned_warps
     if split and split > 1:
         return _launch_split(w, type_name, xq, y, rows, n, w2, res, MODES[mode], stream,
                              warps or split, split, rows_per_warp or 1, stages or 1, batch)
