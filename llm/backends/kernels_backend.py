@@ -257,8 +257,8 @@ class KernelsBackend(Backend):
     def _run_matmul(self, p: PendingMatmul, res=None):
         x, w = p.x, p.w
         n = x.shape[0]
-        one_launch_per_group = self.gemv and (n == 1 or (n <= W.GEMV_TOKENS and
-                                                         len(w.groups) == 1))
+        one_launch_per_group = self.gemv and (n == 1 or (len(w.groups) == 1 and
+                                                         not W.uses_gemm(w.groups[0], n)))
         in_place = one_launch_per_group and res is not None
         out = res if in_place else self.arena.take((n, w.n_out), np.float32)  # y may alias res
         # one token: the bias is the GEMV epilogue's "residual" (y = W x + bias, no launch)

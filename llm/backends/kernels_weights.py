@@ -22,7 +22,7 @@ from stdlib_kernels.quant.gemm_q8 import gemm_q8_into
 from stdlib_kernels.quant.gemv import Q8_1_TYPES, gemv_f32_into, gemv_q8_into, weight_words
 from stdlib_kernels.quant.gemv_kernels import MAX_BATCH
 from stdlib_kernels.quant.gemv_pair import GemvPart, gemv_q8_pair_into, pair_eligible
-from stdlib_kernels.quant.matmul import prefill_path
+from stdlib_kernels.quant.matmul import INT8_PREFILL_TYPES, prefill_path
 from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1_into
 
 from llm.backends import kernels_extra as X
@@ -31,6 +31,11 @@ from llm.backends import kernels_extra as X
 # prefill GEMM (with its short-prompt tiles the GEMM is faster from 9 tokens: each GEMV launch
 # streams all the weights again; benchmarks/short_prompts.py)
 GEMV_TOKENS = min(MAX_BATCH, int(os.environ.get("PYKERNEL_GEMV_TOKENS", MAX_BATCH)))
+# ... except the int8 GEMM's types (stdlib's INT8_PREFILL_TYPES), which take it from this many
+# tokens (a short prompt, or a batched decode step of that many sequences): the GEMV decodes
+# every weight block once per token, so its time grows with the tokens, and the GEMM's 64 x 8
+# tiles are faster from 6 tokens (benchmarks/RESULTS.md "Batched decode GEMVs")
+INT8_GEMM_TOKENS = int(os.environ.get("PYKERNEL_INT8_GEMM_TOKENS", 6))
 # up to this many tokens the GEMM adds the residual in its store (no add launch: short prompts
 # are bound by the host's launches); above, a separate add is as fast or faster (H200, 8B, 512
 # tokens: the fused add cost 6-15 us per GEMM in scattered reads, an add_into launch 11 us;
@@ -146,9 +151,12 @@ def gemv_rows(g: RowGroup, n_in: int, x, xq, y, mode=None, w2: RowGroup | None =
 
 
 def uses_gemm(g: RowGroup, n: int) -> bool:
-    """n tokens of group g run a prefill GEMM (F32 weights keep the f32 GEMV, 8 tokens per
-    launch: f16 would cost them ~1e-3 of precision)."""
-    return n > GEMV_TOKENS and g.type_name != "F32"
+    """n tokens of group g run a prefill GEMM: above GEMV_TOKENS, or from INT8_GEMM_TOKENS for
+    the int8 GEMM's types (F32 weights keep the f32 GEMV, 8 tokens per launch: f16 would cost
+    them ~1e-3 of precision)."""
+    if g.type_name == "F32":
+        return False
+    return n > GEMV_TOKENS or (n >= INT8_GEMM_TOKENS and g.type_name in INT8_PREFILL_TYPES)
 
 
 def group_matmul(g: RowGroup, n_in: int, x, xq, y, ldy=None, col0: int = 0, res=None) -> None:
@@ -170,9 +178,10 @@ def group_matmul(g: RowGroup, n_in: int, x, xq, y, ldy=None, col0: int = 0, res=
 
 def matmul(x, w: DeviceMatrix, out, xq, scratch: Callable, res=None, gemv=True) -> None:
     """out (n, w.n_out) = x @ W.T (+ res). With the GEMV, res is added in its store (one launch
-    per row group) when n == 1, or n <= 8 and W has one row group; `out` may then be `res`.
-    Above 8 tokens the GEMMs write each row group's columns of `out` (no copy launches) and,
-    up to GEMM_RESIDUAL_TOKENS, add res in their store, unless a group keeps the GEMV (F32).
+    per row group) when n == 1, or W has one row group and its n tokens run the GEMV
+    (uses_gemm false); `out` may then be `res`. Where every group takes the GEMM (uses_gemm)
+    the GEMMs write each group's columns of `out` (no copy launches) and, up to
+    GEMM_RESIDUAL_TOKENS, add res in their store.
     xq: x as Q8_1, or None.
     scratch(shape) -> a preallocated f32 array. gemv=False: kernels_extra's
     one-thread-per-output matmul (the fast choice on the CPU target), same activations."""
@@ -181,7 +190,7 @@ def matmul(x, w: DeviceMatrix, out, xq, scratch: Callable, res=None, gemv=True) 
         for g in w.groups:
             X.matmul(g.raw, g.type_name, x, xq if xq is not None and _q8(g, w) else None, out,
                      g.rows, g.row_off)
-    elif len(w.groups) == 1 and n <= GEMV_TOKENS:
+    elif len(w.groups) == 1 and not uses_gemm(w.groups[0], n):
         g = w.groups[0]
         gemv_rows(g, w.n_in, x, xq if xq is not None and _q8(g, w) else None, out,
                   None if res is None else "residual", res=res)
@@ -221,7 +230,7 @@ def glu(x, w: DeviceMatrix, out, xq, act: str, scratch: Callable) -> None:
     g = w.groups[0]
     half = w.part_rows[0]
     gq = xq if xq is not None and _q8(g, w) else None
-    if x.shape[0] > MAX_BATCH:
+    if uses_gemm(g, x.shape[0]):
         both = scratch((x.shape[0], 2 * half))
         group_matmul(g, w.n_in, x, gq, both)
         glu_fused(both, "silu" if act == "swiglu" else "gelu_tanh", out=out)

@@ -99,12 +99,14 @@ CPU_KTILES = Q8KTiles(1, 1, 1, 1, 3)       # 16 x 8, one warp: the CPU target em
 # tuned tiles were 64 x 128 then, only up to 64 tokens: the 8B's four GEMMs 889 -> 204 us at 16).
 # 33-48 tokens: one 128 x 48 tile (wide_tiles' rule; H100, prompts of 33 / 40 / 48 tokens:
 # llama-8B +20-23%, qwen2-1.5B +7-10%); 49-64: 64 x 64 (128 x 64 measured +4-6% on the 8B but
-# -2.5-4% on qwen2-1.5B)
-_SMALL = [(16, Q8KTiles(1, 2, 4, 1, 3)), (32, Q8KTiles(1, 4, 4, 1, 3)),
-          (48, Q8KTiles(2, 3, 4, 2, 3)), (64, Q8KTiles(1, 4, 4, 2, 3))]
+# -2.5-4% on qwen2-1.5B); up to 8 tokens (batched decode of 6-8 sequences): 64 x 8 (H100,
+# the 8B's GEMMs at 8 tokens against 64 x 16: gate|up 56.2 -> 46.2 us, down Q4_K 36.5 ->
+# 30.5, down Q6_K 45.6 -> 40.0; RESULTS.md "Batched decode GEMVs")
+_SMALL = [(8, Q8KTiles(1, 1, 4, 1, 3)), (16, Q8KTiles(1, 2, 4, 1, 3)),
+          (32, Q8KTiles(1, 4, 4, 1, 3)), (48, Q8KTiles(2, 3, 4, 2, 3)), (64, Q8KTiles(1, 4, 4, 2, 3))]
 SMALL_KTILES: dict[str, list[tuple[int, Q8KTiles]]] = {
     "Q4_K": _SMALL, "Q6_K": _SMALL, "Q4_0": _SMALL, "Q4_1": _SMALL, "Q5_0": _SMALL,
-    "Q5_1": _SMALL, "Q5_K": _SMALL, "Q8_0": _SMALL[:2] + [(64, Q8KTiles(1, 4, 4, 2, 3))]}
+    "Q5_1": _SMALL, "Q5_K": _SMALL, "Q8_0": _SMALL[:3] + [(64, Q8KTiles(1, 4, 4, 2, 3))]}
 # 65-256 tokens (every type; Q8_0 since its 128-row tiles fit, RESULTS.md "Q8_0 on 128 x 128
 # tiles": 128 / 256 tokens +0.3 / +1.2% against its tuned tiles): 128 weight rows x as few
 # token columns as cover the tokens in ceil(tokens / 128) tiles, in steps of 16 (32 x 8 ni
