@@ -22,6 +22,7 @@ from stdlib_kernels.quant.gemm_q8 import gemm_q8_into
 from stdlib_kernels.quant.gemv import Q8_1_TYPES, gemv_f32_into, gemv_q8_into, weight_words
 from stdlib_kernels.quant.gemv_kernels import MAX_BATCH
 from stdlib_kernels.quant.gemv_pair import GemvPart, gemv_q8_pair_into, pair_eligible
+from stdlib_kernels.quant.matmul import INT8_GEMM_TOKENS as STDLIB_INT8_GEMM_TOKENS
 from stdlib_kernels.quant.matmul import INT8_PREFILL_TYPES, prefill_path
 from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1_into
 
@@ -32,10 +33,9 @@ from llm.backends import kernels_extra as X
 # streams all the weights again; benchmarks/short_prompts.py)
 GEMV_TOKENS = min(MAX_BATCH, int(os.environ.get("PYKERNEL_GEMV_TOKENS", MAX_BATCH)))
 # ... except the int8 GEMM's types (stdlib's INT8_PREFILL_TYPES), which take it from this many
-# tokens (a short prompt, or a batched decode step of that many sequences): the GEMV decodes
-# every weight block once per token, so its time grows with the tokens, and the GEMM's 64 x 8
-# tiles are faster from 6 tokens (benchmarks/RESULTS.md "Batched decode GEMVs")
-INT8_GEMM_TOKENS = int(os.environ.get("PYKERNEL_INT8_GEMM_TOKENS", 6))
+# tokens (a short prompt, or a batched decode step of that many sequences): stdlib's
+# quant.matmul rule (its INT8_GEMM_TOKENS)
+INT8_GEMM_TOKENS = int(os.environ.get("PYKERNEL_INT8_GEMM_TOKENS", STDLIB_INT8_GEMM_TOKENS))
 # up to this many tokens the GEMM adds the residual in its store (no add launch: short prompts
 # are bound by the host's launches); above, a separate add is as fast or faster (H200, 8B, 512
 # tokens: the fused add cost 6-15 us per GEMM in scattered reads, an add_into launch 11 us;

@@ -138,14 +138,15 @@ SHORT_PROMPT_TILES = [Q8KTiles(2, 2, 4, 1, 3), Q8KTiles(2, 4, 4, 1, 3), Q8KTiles
 
 @pytest.mark.parametrize("type_name", SUPERBLOCK_TYPES)
 def test_gemm_q8k_short_prompt_tiles(device, rng, seed, type_name):
-    # narrow token tiles (16-128 tokens) and 32-128 row tiles of few warps, for short prompts
-    # (gemm_q8_k.SMALL_KTILES): token counts below, at and above a tile, rows off the tile;
+    # narrow token tiles (8-128 tokens) and 32-128 row tiles of few warps, for short prompts
+    # and batched decode steps (gemm_q8_k.SMALL_KTILES): token counts below, at and above a
+    # tile, rows off the tile;
     # tokens past the last one are zero-filled copies (72 on 128-token tiles); 65-256 tokens
     # take gemm_q8_k.wide_tiles (80 / 96 / 112-token tiles for 72 / 96 / 130 and 200)
     if device.kind == "cpu":
         pytest.skip("GPU tile shapes (the CPU target runs CPU_KTILES)")
     raw = make_weights(rng, type_name, 200, 2048)
-    for tokens in (9, 16, 31, 40, 64, 72, 96, 130, 200):
+    for tokens in (6, 8, 9, 16, 31, 40, 64, 72, 96, 130, 200):
         x = rng.standard_normal((tokens, 2048)).astype(np.float32)
         for tiles in SHORT_PROMPT_TILES:
             if type_name == "Q8_0" and tiles.shape == (128, 128):
