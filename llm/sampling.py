@@ -39,13 +39,15 @@ class SamplingParams:
 
 
 def apply_penalties(logits: np.ndarray, history: Sequence[int], p: SamplingParams) -> np.ndarray:
-    """A copy of logits with llama.cpp's penalties for tokens in the last-n window."""
-    logits = np.array(logits, dtype=np.float32)
+    """logits with llama.cpp's penalties for tokens in the last-n window: a copy where a
+    penalty applies, else logits itself as float32 (no copy of a 128k-entry row per token)."""
+    logits = np.asarray(logits, dtype=np.float32)
+    if p.repeat_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0:
+        return logits
     window = list(history) if p.repeat_last_n == -1 else list(history)[-p.repeat_last_n:]
     if p.repeat_last_n == 0 or not window:
         return logits
-    if p.repeat_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0:
-        return logits
+    logits = logits.copy()
     ids, counts = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
     chosen = logits[ids]
     chosen = np.where(chosen > 0, chosen / p.repeat_penalty, chosen * p.repeat_penalty)
@@ -63,8 +65,8 @@ def candidates(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.nd
     """(token ids, probabilities) left after top-k, top-p and min-p and the temperature, most
     likely first. Assumes temperature > 0."""
     n = logits.shape[0]
-    if 0 < p.top_k < n:
-        ids = np.argpartition(-logits, p.top_k - 1)[:p.top_k]
+    if 0 < p.top_k < n:       # the k largest (partitioning logits itself: no negated copy)
+        ids = np.argpartition(logits, n - p.top_k)[n - p.top_k:]
     else:
         ids = np.arange(n)
     ids = ids[np.argsort(-logits[ids], kind="stable")]
