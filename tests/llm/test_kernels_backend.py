@@ -10,6 +10,7 @@ from gguf import GGUFReader
 from gguf.constants import GGMLQuantizationType as Q
 
 import llm
+from llm.backends import kernels_weights as W
 from llm.bench import BenchResult, bench, run_bench, table
 from llm.synth import SHAPES, tensor_plan, write_synthetic
 from tests.llm.gguf_helpers import TINY, require_for_module
@@ -229,6 +230,14 @@ def test_bench_lists_like_llama_bench():
         bench(TINY_LLAMA, p=[-1], device="cpu", backend="kernels")
 
 
+def prompts_on_the_gemv(monkeypatch):
+    """Prompts of up to 8 tokens on the GEMV, as the decode steps they are compared with:
+    the int8 GEMM (from 6 tokens by default) takes Q4_0's offset exactly where the DP4A GEMV
+    uses the activations' f16 sum, ~5e-3 apart per matmul, which these random models amplify
+    past the decode-vs-prefill bounds (both paths are checked against the numpy backend)."""
+    monkeypatch.setattr(W, "INT8_GEMM_TOKENS", 9)
+
+
 def test_split_decode_feeds_q8_1_to_the_o_projection(tmp_path, monkeypatch):
     """A head_dim-64 model (a tiny synthetic llama): in both decode graphs the attention kernel
     that writes the output (the split kernel without splits, the combine kernel with them) also
@@ -240,6 +249,7 @@ def test_split_decode_feeds_q8_1_to_the_o_projection(tmp_path, monkeypatch):
         "llama", 128, 256, 2, 2, 1, 512, 64, 10000.0, 1e-5, True, False, "llama-bpe"))
     path = synth.write_synthetic("tiny-d64", "Q4_0", tmp_path / "tiny-d64.gguf")
     monkeypatch.setattr(kernels_graph, "SHORT_CONTEXT", 4)   # steps at 2, 3 | 4, 5
+    prompts_on_the_gemv(monkeypatch)
     model = llm.load(path, device="cpu", backend="kernels", n_ctx=16, gemv=True,
                      progress=False)
     ids = [5, 9, 13, 17, 21, 25]
@@ -289,6 +299,7 @@ def test_qwen3_head_norms_inside_the_rope_launch(tmp_path, monkeypatch):
     monkeypatch.setitem(synth.SHAPES, "tiny-q3", synth.Shape(
         "qwen3", 128, 256, 2, 2, 1, 512, 64, 1e6, 1e-6, False, False, "qwen2", qk_norm=True))
     path = synth.write_synthetic("tiny-q3", "Q4_0", tmp_path / "tiny-q3.gguf")
+    prompts_on_the_gemv(monkeypatch)
     model = llm.load(path, device="cpu", backend="kernels", n_ctx=24, gemv=True,
                      progress=False)
     reference = llm.load(path, device="cpu", backend="numpy", n_ctx=24, progress=False)
@@ -316,6 +327,7 @@ def test_q8_0_kv_cache(tmp_path, monkeypatch):
     monkeypatch.setitem(synth.SHAPES, "tiny-d64", synth.Shape(
         "llama", 128, 256, 2, 2, 1, 512, 64, 10000.0, 1e-5, True, False, "llama-bpe"))
     path = synth.write_synthetic("tiny-d64", "Q4_0", tmp_path / "tiny-d64.gguf")
+    prompts_on_the_gemv(monkeypatch)
     monkeypatch.setattr(kernels_graph, "SHORT_CONTEXT", 5)   # steps at 2..4 | 5..7
     ids = [5, 9, 13, 17, 21, 25, 3, 8, 40, 41, 42, 43, 44]
     kernels = {kv: llm.load(path, device="cpu", backend="kernels", n_ctx=24, gemv=True,
@@ -356,6 +368,7 @@ def test_activations_do_not_grow_with_layers(tmp_path, monkeypatch, arch):
     activation memory of a 2-layer one of the same width, and its logits (prefill, and decode
     through the captured graph) still follow the numpy backend's (qwen2: q/k/v biases, qwen3:
     per-head q/k norms)."""
+    prompts_on_the_gemv(monkeypatch)
     from llm import synth
     arena_bytes = {}
     for layers in (2, 6):
