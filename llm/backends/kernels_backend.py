@@ -258,7 +258,7 @@ class KernelsBackend(Backend):
         x, w = p.x, p.w
         n = x.shape[0]
         one_launch_per_group = self.gemv and (n == 1 or (len(w.groups) == 1 and
-                                                         not W.uses_gemm(w.groups[0], n)))
+                                                         W.gemv_launch(w.groups[0], n)))
         in_place = one_launch_per_group and res is not None
         out = res if in_place else self.arena.take((n, w.n_out), np.float32)  # y may alias res
         # one token: the bias is the GEMV epilogue's "residual" (y = W x + bias, no launch)

@@ -150,6 +150,11 @@ def gemv_rows(g: RowGroup, n_in: int, x, xq, y, mode=None, w2: RowGroup | None =
         gemv_f32_into(g.words, g.type_name, x, y, g.rows, n_in, n, w2=w2w, res=res, mode=mode)
 
 
+def gemv_launch(g: RowGroup, n: int) -> bool:
+    """n tokens of group g run one GEMV launch (at most MAX_BATCH tokens, no GEMM)."""
+    return n <= GEMV_TOKENS and not uses_gemm(g, n)
+
+
 def uses_gemm(g: RowGroup, n: int) -> bool:
     """n tokens of group g run a prefill GEMM: above GEMV_TOKENS, or from INT8_GEMM_TOKENS for
     the int8 GEMM's types (F32 weights keep the f32 GEMV, 8 tokens per launch: f16 would cost
@@ -178,8 +183,8 @@ def group_matmul(g: RowGroup, n_in: int, x, xq, y, ldy=None, col0: int = 0, res=
 
 def matmul(x, w: DeviceMatrix, out, xq, scratch: Callable, res=None, gemv=True) -> None:
     """out (n, w.n_out) = x @ W.T (+ res). With the GEMV, res is added in its store (one launch
-    per row group) when n == 1, or W has one row group and its n tokens run the GEMV
-    (uses_gemm false); `out` may then be `res`. Where every group takes the GEMM (uses_gemm)
+    per row group) when n == 1, or W has one row group and its n tokens run one GEMV launch
+    (gemv_launch); `out` may then be `res`. Where every group takes the GEMM (uses_gemm)
     the GEMMs write each group's columns of `out` (no copy launches) and, up to
     GEMM_RESIDUAL_TOKENS, add res in their store.
     xq: x as Q8_1, or None.
@@ -190,7 +195,7 @@ def matmul(x, w: DeviceMatrix, out, xq, scratch: Callable, res=None, gemv=True) 
         for g in w.groups:
             X.matmul(g.raw, g.type_name, x, xq if xq is not None and _q8(g, w) else None, out,
                      g.rows, g.row_off)
-    elif len(w.groups) == 1 and not uses_gemm(w.groups[0], n):
+    elif len(w.groups) == 1 and gemv_launch(w.groups[0], n):
         g = w.groups[0]
         gemv_rows(g, w.n_in, x, xq if xq is not None and _q8(g, w) else None, out,
                   None if res is None else "residual", res=res)
