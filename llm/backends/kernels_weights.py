@@ -235,7 +235,7 @@ def glu(x, w: DeviceMatrix, out, xq, act: str, scratch: Callable) -> None:
     g = w.groups[0]
     half = w.part_rows[0]
     gq = xq if xq is not None and _q8(g, w) else None
-    if uses_gemm(g, x.shape[0]):
+    if not gemv_launch(g, x.shape[0]):     # the GEMM (or F32's GEMV in 8-token launches)
         both = scratch((x.shape[0], 2 * half))
         group_matmul(g, w.n_in, x, gq, both)
         glu_fused(both, "silu" if act == "swiglu" else "gelu_tanh", out=out)

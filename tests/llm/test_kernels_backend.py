@@ -390,3 +390,14 @@ def test_activations_do_not_grow_with_layers(tmp_path, monkeypatch, arch):
             steps = [session.prefill(ids[:2])[0]] + [session.step(t) for t in ids[2:6]]
             assert rel_l2(np.stack(steps), model.logits(ids[:6])[1:]) < 1e-2
     assert arena_bytes[6] == arena_bytes[2], arena_bytes
+
+
+def test_f32_weights_past_8_tokens_on_the_gemv():
+    """F32 weights keep the f32 GEMV at any token count (8-token launches, the GLU's gate|up
+    then its activation launch): a 12-token prompt with gemv=True on the CPU target gives the
+    numpy backend's logits."""
+    path = TINY / "tiny-llama-f32.gguf"
+    ids = list(range(3, 15))
+    model = llm.load(path, device="cpu", backend="kernels", gemv=True, n_ctx=32, progress=False)
+    want = llm.load(path, device="cpu", backend="numpy", n_ctx=32, progress=False).logits(ids)
+    assert rel_l2(model.logits(ids), want) < 1e-5
