@@ -13,9 +13,10 @@ path (the kernels backend's decode graph). This is what llama.cpp's server does 
 The running requests always hold slots 0 .. B-1: the slots' caches come from
 `Backend.kv_caches` (on the kernels backend one allocation, so a step's attention over the B
 first slots is one launch, and one graph serves every batch of B). A request finishing below
-the last running slot gets the last one's cache copied into its place; a request whose
-cached prefix sits in a slot beyond B is copied to slot B. An idle slot keeps what it holds
-for a later request with the same prefix (a chat's next turn) until it is reused.
+the last running slot trades places with the last one (through one spare cache: the finished
+history goes to the last slot, the running request's cache into the freed one); a request
+whose cached prefix sits in a slot beyond B is copied to slot B. An idle slot keeps what it
+holds for a later request with the same prefix (a chat's next turn) until it is reused.
 """
 from __future__ import annotations
 
@@ -57,10 +58,13 @@ class BatchScheduler:
                              f"token context to each; raise the context (--ctx) or use fewer")
         self.model, self.slot_ctx = model, slot_ctx
         cfg = model.config
-        caches = model.backend.kv_caches(slots, cfg.n_layer, slot_ctx, cfg.n_head_kv,
-                                         cfg.head_dim, cfg.head_dim_v)
+        # one spare cache beyond the slots (with two or more): a finished request's history
+        # parks there while the last running request moves into its slot (_release)
+        caches = model.backend.kv_caches(slots + (slots > 1), cfg.n_layer, slot_ctx,
+                                         cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v)
+        self._spare = caches[slots] if slots > 1 else None
         self.sessions = [Session(model.transformer, model.backend, slot_ctx, cache=c)
-                         for c in caches]
+                         for c in caches[:slots]]
         self._busy: list[_Request | None] = [None] * slots
         self._last_used = [0] * slots
         self._clock = 0
@@ -204,6 +208,18 @@ class BatchScheduler:
         dst.cache.copy_from(src.cache, len(src.tokens))
         dst.tokens = list(src.tokens)
 
+    def _trade(self, freed: int, last: int) -> None:
+        """The running request's cache in slot last into slot freed, and freed's finished
+        history (kept in the spare cache meanwhile) into slot last."""
+        history = list(self.sessions[freed].tokens)
+        if history:
+            self._spare.copy_from(self.sessions[freed].cache, len(history))
+        self._move(last, freed)
+        kept = self.sessions[last]
+        if history:
+            kept.cache.copy_from(self._spare, len(history))
+        kept.tokens = history
+
     def _guarded(self, requests: list, run, *args) -> None:
         """run(*args); an error ends `requests` with it (their slots emptied), never the
         worker."""
@@ -274,11 +290,13 @@ class BatchScheduler:
         if last > slot:
             moved = self._busy[last]
             try:
-                self._move(last, slot)
+                self._trade(slot, last)
             except Exception as exc:     # noqa: BLE001 (the moved request ends with it)
                 self._busy[last] = None
                 self.sessions[slot].reset()
+                self.sessions[last].reset()
                 moved.pieces.put(exc)
                 return
             self._busy[slot], self._busy[last] = moved, None
+            self._last_used[last] = self._clock     # the finished history's recency
             moved.slot = slot

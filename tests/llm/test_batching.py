@@ -198,6 +198,30 @@ def test_slots_reuse_prefixes_and_consumers_that_leave_free_theirs():
         scheduler.close()
 
 
+@pytest.mark.parametrize("where", BACKENDS, ids=lambda w: "-".join(w))
+def test_a_finished_request_keeps_its_history_when_the_last_slot_moves_down(where):
+    """Request A in slot 0 ends while B in slot 1 runs on: B's cache moves down to slot 0 and
+    A's history goes to slot 1 (through the spare cache), so A's next turn reuses it (only
+    the new tokens run) and B's text is what it is alone."""
+    model = load(*where, n_ctx=128, **({"gemv": True} if where[1] == "kernels" else {}))
+    scheduler = BatchScheduler(model, slots=2)
+    try:
+        a_ids = model.tokenizer.encode("once upon a time there was")
+        b_ids = model.tokenizer.encode("the quick brown fox")
+        b_alone = "".join(model.generate(b_ids, max_tokens=12, temperature=0))
+        with scheduler._wake:                  # both admitted together: A in 0, B in 1
+            a = scheduler.generate(a_ids, max_tokens=2, temperature=0)
+            b = scheduler.generate(b_ids, max_tokens=12, temperature=0)
+        a_text = "".join(a)
+        assert "".join(b) == b_alone
+        turn = a_ids + model.tokenizer.encode(a_text, add_special=False) + a_ids[1:3]
+        stats = GenerationStats()
+        "".join(scheduler.generate(turn, max_tokens=2, temperature=0, stats=stats))
+        assert stats.prompt_tokens <= len(turn) - len(a_ids), (stats.prompt_tokens, len(turn))
+    finally:
+        scheduler.close()
+
+
 def test_bad_requests_fail_before_queueing_and_close_ends_the_worker():
     model = load("cpu", "numpy", n_ctx=32)
     scheduler = BatchScheduler(model, slots=2)
