@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import pykernel as pk  # noqa: E402
 from benchmarks._timing import replay_seconds  # noqa: E402
 from benchmarks.quant_matmul import (L2_BYTES, copy_bandwidth, gemv_module,  # noqa: E402
-                                     random_weights)
+                                     random_weights, round_cells)
 from stdlib_kernels.quant.gemv import GemvConfig, gemv_f32_into  # noqa: E402
 
 SHAPES = {"F16": ((57344, 4096), (128256, 4096), (4096, 14336)),
@@ -66,10 +66,9 @@ def main():
                 for label, config, words in variants:
                     times[label].append(bench(type_name, shape, config, rng, words))
             for label, runs in times.items():
-                best = min(s for s, _ in runs)
-                us = ", ".join(f"{s * 1e6:.2f}" for s, _ in runs)
-                print(f"| {type_name} | {shape[0]}x{shape[1]} | {label} | {us} | "
-                      f"{100 * runs[0][1] / best / copy:.1f}% |", flush=True)
+                us, pct = round_cells(runs, copy)
+                print(f"| {type_name} | {shape[0]}x{shape[1]} | {label} | {us} | {pct:.1f}% |",
+                      flush=True)
 
 
 if __name__ == "__main__":

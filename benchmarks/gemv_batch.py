@@ -18,7 +18,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pykernel as pk  # noqa: E402
-from benchmarks.quant_matmul import bench_gemv, copy_bandwidth  # noqa: E402
+from benchmarks.quant_matmul import bench_gemv, copy_bandwidth, round_cells  # noqa: E402
 from stdlib_kernels.quant.gemv import GemvConfig, gemv_config  # noqa: E402
 from stdlib_kernels.quant.gemv_bulk import LONG_ROW  # noqa: E402
 
@@ -70,10 +70,9 @@ def main():
                     times = [t for t in times if t]
                     if not times:
                         continue
-                    best = min(s for s, _ in times)
-                    us = ", ".join(f"{s * 1e6:.2f}" for s, _ in times)
-                    print(f"| {type_name} | {m}x{k} | {batch} | {label} | {us} | "
-                          f"{100 * times[0][1] / best / copy:.0f}% |", flush=True)
+                    us, pct = round_cells(times, copy)
+                    print(f"| {type_name} | {m}x{k} | {batch} | {label} | {us} | {pct:.0f}% |",
+                          flush=True)
 
 
 if __name__ == "__main__":

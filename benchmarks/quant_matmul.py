@@ -65,6 +65,14 @@ def copy_kernel(src: Ptr[f32, "ro"], dst: Ptr[f32], n4: i32):
         i += stride
 
 
+def round_cells(runs, copy: float) -> tuple[str, float]:
+    """("us, us, ..." of the rounds, % of copy bandwidth of the best) from rounds of
+    (seconds, bytes) timings (bench_gemv's) of one configuration."""
+    best = min(seconds for seconds, _ in runs)
+    return (", ".join(f"{seconds * 1e6:.2f}" for seconds, _ in runs),
+            100 * runs[0][1] / best / copy)
+
+
 def time_graph(launch_all, replays: int = 5) -> float:
     """Seconds per replay of a graph holding the launches made by launch_all(None)."""
     return replay_seconds(lambda: launch_all(None), replays)
