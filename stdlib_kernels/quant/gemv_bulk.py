@@ -1,13 +1,13 @@
-"""Decode GEMV (one token) of Q4_0, Q4_1, Q8_0, Q3_K, Q4_K, Q5_K and Q6_K weights from TMA
+"""Decode GEMV (1..8 tokens) of Q4_0, Q4_1, Q8_0, Q3_K, Q4_K, Q5_K and Q6_K weights from TMA
 bulk copies (sm_90+; the CPU target too): each warp's rows arrive whole in shared memory by
 one `cp.async.bulk` per row, issued before `griddepcontrol.wait`, then the DP4A math reads
-them there.
+them there, once per token (BATCH: a batched decode step, gemv_bulk_into(batch=)).
 
 Input: w (and w2, the up rows of the gated modes) = gemv.weight_words(raw, type, n) as u32
 words, rows of whole 16-byte multiples (Q3_K / Q6_K: n % 2048 == 0; the other types: any
 n % 256 == 0);
-xq the Q8_1 activations of the token; res (rows,) for the residual mode. Output: y (rows,) =
-W x, + res, or act(W x) * (W2 x) (gemv_kernels' modes and epilogue).
+xq the Q8_1 activations (batch, q8_1_bytes(n)); res (batch, rows) for the residual mode.
+Output: y (batch, rows) = W x, + res, or act(W x) * (W2 x) (gemv_kernels' modes and epilogue).
 
 Why: Q3_K and Q6_K blocks are only 2-byte aligned (110 and 210 bytes), so the register kernels
 (gemv_kernels) read them as scattered 4-byte loads, and ptxas keeps only so many of those in
