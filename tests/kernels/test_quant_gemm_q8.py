@@ -335,6 +335,25 @@ def test_matmul_int8_prefill(device, rng, seed):
                       1.2e-3 * (np.abs(x) @ np.abs(W).T) + 1e-30), seed
 
 
+def test_matmul_takes_the_int8_gemm_from_six_tokens(device, rng, seed):
+    """quant.matmul's rule (uses_gemm): the int8 GEMM's types take it from INT8_GEMM_TOKENS
+    (6) tokens, the others keep the GEMV up to 8; 6 tokens of Q4_K give the GEMM's own result
+    (bit for bit) and 5 the GEMV's."""
+    from stdlib_kernels.quant.gemv import gemv
+    from stdlib_kernels.quant.matmul import INT8_GEMM_TOKENS, uses_gemm
+    assert INT8_GEMM_TOKENS == 6
+    assert not uses_gemm("Q4_K", 256, 5, xq=True) and uses_gemm("Q4_K", 256, 6, xq=True)
+    assert not uses_gemm("Q4_K", 256, 6, xq=None)        # no Q8_1 workspace: the GEMV
+    assert not uses_gemm("Q2_K", 256, 8, xq=True) and uses_gemm("Q2_K", 256, 9, xq=True)
+    raw = make_weights(rng, "Q4_K", 7, 256)
+    x = rng.standard_normal((6, 256)).astype(np.float32)
+    np.testing.assert_array_equal(matmul(raw, "Q4_K", x).numpy(),
+                                  gemm_q8(raw, "Q4_K", x).numpy())
+    np.testing.assert_array_equal(matmul(raw, "Q4_K", x[:5]).numpy(),
+                                  gemv(raw, "Q4_K", x[:5]).numpy())
+    check(matmul(raw, "Q4_K", x).numpy(), raw, "Q4_K", x, seed)
+
+
 def test_gemm_q8_rejects_bad_input(device, rng):
     raw = make_weights(rng, "Q2_K", 2, 256)
     with pytest.raises(ValueError, match="no int8 GEMM for Q2_K"):
