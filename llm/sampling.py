@@ -66,12 +66,11 @@ SAMPLE_STRIDE = 32
 
 
 def top_k_ids(logits: np.ndarray, k: int) -> np.ndarray:
-    """Ids of the k largest logits, in no order (NaN never among them). A threshold from a
-    strided sample (its (k / stride + 4)-th largest) usually leaves a few hundred logits at
+    """Ids of the k largest logits (0 < k < len(logits)), in no order (NaN never among them).
+    A threshold from a strided sample (its (k / stride + 4)-th largest) usually leaves a few hundred logits at
     or above it, and the k largest are among them whenever at least k are: partitioning those
     instead of the whole row takes ~0.1 ms instead of ~0.35 on a 128k vocabulary. Rows where
     the sample misleads (fewer than k left) take the full partition."""
-    n = logits.shape[0]
     sample = logits[::SAMPLE_STRIDE]
     rank = k // SAMPLE_STRIDE + 4
     if rank < sample.shape[0] // 4:
@@ -79,7 +78,7 @@ def top_k_ids(logits: np.ndarray, k: int) -> np.ndarray:
         above = np.flatnonzero(logits >= threshold)
         if above.shape[0] >= k:
             return above[np.argpartition(-logits[above], k - 1)[:k]]
-    return np.argpartition(-logits, k - 1)[:k] if k < n else np.arange(n)
+    return np.argpartition(-logits, k - 1)[:k]
 
 
 def candidates(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:

@@ -103,7 +103,8 @@ CPU_KTILES = Q8KTiles(1, 1, 1, 1, 3)       # 16 x 8, one warp: the CPU target em
 # the 8B's GEMMs at 8 tokens against 64 x 16: gate|up 56.2 -> 46.2 us, down Q4_K 36.5 ->
 # 30.5, down Q6_K 45.6 -> 40.0; RESULTS.md "Batched decode GEMVs")
 _SMALL = [(8, Q8KTiles(1, 1, 4, 1, 3)), (16, Q8KTiles(1, 2, 4, 1, 3)),
-          (32, Q8KTiles(1, 4, 4, 1, 3)), (48, Q8KTiles(2, 3, 4, 2, 3)), (64, Q8KTiles(1, 4, 4, 2, 3))]
+          (32, Q8KTiles(1, 4, 4, 1, 3)), (48, Q8KTiles(2, 3, 4, 2, 3)),
+          (64, Q8KTiles(1, 4, 4, 2, 3))]
 SMALL_KTILES: dict[str, list[tuple[int, Q8KTiles]]] = {
     "Q4_K": _SMALL, "Q6_K": _SMALL, "Q4_0": _SMALL, "Q4_1": _SMALL, "Q5_0": _SMALL,
     "Q5_1": _SMALL, "Q5_K": _SMALL, "Q8_0": _SMALL[:3] + [(64, Q8KTiles(1, 4, 4, 2, 3))]}

@@ -252,7 +252,7 @@ def register_plan(type_name: str, rows: int, n: int, xq, batch: int,
 def _bulk(type_name: str, batch: int, mode, rows: int, n: int, config) -> bool:
     """BULK_TYPES: the bulk-copy kernel (gemv_bulk.py) when asked for (GemvConfig(kernel=
     "bulk")) or, by default, where it applies (gemv_bulk.bulk_eligible: for one token large
-    weights, for 2..8 tokens every matrix whose rows fit)."""
+    weights, for 2..8 tokens every matrix of the BATCH_BULK types whose rows fit)."""
     if type_name not in BULK_TYPES:
         return False
     if config is not None:

@@ -339,9 +339,9 @@ def default_launch(type_name: str, n: int, batch: int) -> tuple[int, int, int, i
     one token TUNED, or LONG_SPLIT's split for rows over LONG_ROW values; 2..8 tokens
     BATCH_ROWS rows per warp (each token's activations loaded once for them), or for long
     rows up to BATCH_SPLIT_MAX tokens LONG_SPLIT's split."""
-    long_split = n > LONG_ROW and type_name in LONG_SPLIT
-    if long_split and (batch == 1 or batch <= BATCH_SPLIT_MAX):
-        return (*LONG_SPLIT[type_name][:1], 1, 1, LONG_SPLIT[type_name][1])
+    if n > LONG_ROW and type_name in LONG_SPLIT and batch <= BATCH_SPLIT_MAX:
+        warps, split = LONG_SPLIT[type_name]
+        return warps, 1, 1, split
     if batch > 1:
         return 4, BATCH_ROWS, 1, 1
     return (*TUNED[type_name], 1)
