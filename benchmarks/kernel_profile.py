@@ -11,7 +11,12 @@ gaps between kernels, and "us added to the path" what each kernel adds after the
 ones before it (where the step's time goes when kernels overlap under PDL; it leaves out the
 idle time between replays and gaps where no kernel runs).
 
-    python3 benchmarks/kernel_profile.py MODEL.gguf [-p 512] [--cupti [-d DEPTH]]
+`--batch N` (with --cupti): the batched decode step of N sequences (what `serve --parallel N`
+runs: Transformer.forward_batch over slots of one pool, each holding DEPTH tokens, then all
+rows' logits into the backend's reused page-locked buffer, as the scheduler reads them), its
+wall time per step against its kernels' device time.
+
+    python3 benchmarks/kernel_profile.py MODEL.gguf [-p 512] [--cupti [-d DEPTH] [--batch N]]
 """
 from __future__ import annotations
 
@@ -130,6 +135,40 @@ def graph_decode_profile(model, args):
           f"{wall:.1f} us per token (GPU wall)\n\n{table}", flush=True)
 
 
+def batched_decode_profile(model, args):
+    """The batched decode step of args.batch sequences (graph per batch size, as the scheduler
+    runs it), with and without the logits' copy to the host."""
+    import time
+    from llm.generate import Session
+    cfg, t, b = model.config, model.transformer, model.backend
+    n_ctx = args.depth + 64
+    caches = b.kv_caches(args.batch, cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim,
+                         cfg.head_dim_v)
+    rng = np.random.default_rng(args.batch)
+    sessions = [Session(t, b, n_ctx, cache=c) for c in caches]
+    for s in sessions:
+        s.prefill(rng.integers(0, cfg.n_vocab - 2, args.depth).tolist())
+    ids = rng.integers(0, cfg.n_vocab - 2, args.batch)
+    positions = np.full(args.batch, args.depth)
+
+    def forward():
+        return t.forward_batch(ids, positions, [s.cache for s in sessions])
+
+    for _ in range(3):                                 # compile, capture
+        b.to_host(forward())
+    for label, run in (("step with the logits to the host",
+                        lambda: b.to_host_reused(forward())),
+                       ("step on the device only", forward)):
+        b.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(20):
+            run()
+        b.synchronize()
+        print(f"{os.path.basename(args.model)}: batch {args.batch}, {label}: "
+              f"{(time.perf_counter() - t0) / 20 * 1e3:.2f} ms (host wall)", flush=True)
+    print(f"\n{cupti_table(lambda: b.to_host_reused(forward()), 5)}", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
@@ -137,7 +176,13 @@ def main():
     parser.add_argument("--cupti", action="store_true")
     parser.add_argument("-d", "--depth", type=int, default=0,
                         help="--cupti: decode with this many tokens already in the cache")
+    parser.add_argument("--batch", type=int, default=0,
+                        help="--cupti: profile the batched decode step of this many sequences")
     args = parser.parse_args()
+    if args.cupti and args.batch:
+        model = llm.load(args.model, device="cuda", n_ctx=args.depth + 64, progress=False)
+        batched_decode_profile(model, args)
+        return
     if args.cupti:
         model = llm.load(args.model, device="cuda", n_ctx=max(args.p, args.depth + 160) + 8,
                          progress=False)

@@ -86,8 +86,12 @@ class BatchScheduler:
             return
         for b in range(2, self.slots + 1):
             zeros = np.zeros(b, np.int64)    # token 0 at position 0: rows no request reads
-            for _ in range(2):               # eager (compiles), then captured
-                transformer.forward_batch(zeros, zeros, [s.cache for s in self.sessions[:b]])
+            # first and last position: the attention's split plans of short and of full slots
+            # (kernels_graph keys graphs by them; their launch shapes compile apart)
+            for position in sorted({0, self.slot_ctx - 1}):
+                for _ in range(2):           # eager (compiles), then captured
+                    transformer.forward_batch(zeros, zeros + position,
+                                              [s.cache for s in self.sessions[:b]])
         self.model.backend.synchronize()
         for session in self.sessions:
             session.reset()
@@ -254,7 +258,7 @@ class BatchScheduler:
             positions = np.array([len(s.tokens) for s in sessions], np.int64)
             logits = self.model.transformer.forward_batch(ids, positions,
                                                           [s.cache for s in sessions])
-            rows = self.model.backend.to_host(logits)
+            rows = self.model.backend.to_host_reused(logits)   # sampled before the next step
             for session, request in zip(sessions, active):
                 session.tokens.append(request.token)
         for request, row in zip(active, rows):

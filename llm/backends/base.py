@@ -157,6 +157,11 @@ class Backend(ABC):
     def to_host(self, x: Act) -> np.ndarray:
         """float32 numpy copy (or view) of an activation."""
 
+    def to_host_reused(self, x: Act) -> np.ndarray:
+        """to_host, possibly as a view of one host buffer that the next call overwrites (for
+        rows read at once, as the batch scheduler's logits are; default: to_host)."""
+        return self.to_host(x)
+
     def sample(self, logits: Act, sampler, history) -> int:
         """Next token from the last row of `logits` (a backend may sample on its device and
         transfer only the id; this default copies the logits to the host)."""

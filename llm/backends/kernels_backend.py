@@ -34,8 +34,8 @@ from stdlib_kernels import layernorm, rmsnorm, rope_kv_cache
 from stdlib_kernels.rotary import rope_kv_cache_cols
 from stdlib_kernels import rope as rope_rows
 from stdlib_kernels.attention import kv_q8
-from stdlib_kernels.attention.decode import (HEAD_DIMS, default_config, direct_config,
-                                             gpu_config, launch_decode)
+from stdlib_kernels.attention.decode import (HEAD_DIMS, batch_splits, default_config,
+                                             direct_config, gpu_config, launch_decode)
 from stdlib_kernels.attention.kv_q8 import DTYPE as Q8_DTYPE, Q8Cache
 from stdlib_kernels.attention.prefill import launch_prefill, mma_available
 from stdlib_kernels.quant.gemm_q8_k import split_workspace_bytes
@@ -111,6 +111,7 @@ class KernelsBackend(Backend):
         self._last_index = None     # prefill graphs: device index of the prompt's last row
         self.direct_attention = False   # decode attention without splits (short contexts)
         self.stream = pk.Stream(self.device) if self.device.kind == "cuda" else None
+        self._host_rows = None      # to_host_reused's page-locked buffer
 
     def kv_device_budget(self) -> int | None:
         """Device bytes a default context's KV cache may take (model.choose_context): half of
@@ -392,9 +393,10 @@ class KernelsBackend(Backend):
             v_all = first.pool.v[layer][first.slot:first.slot + n]
             X.store_kv(ka, va, k_all, v_all, positions_dev)
             config = self._decode_config(q3.shape[1], k_all)
+            splits = self.batch_splits(caches, positions, window, q3.shape[1])
             launch_decode(q3, k_all, v_all, positions_dev, out3, scale, window=window or None,
-                          len_add=1, workspace=first.pool.workspace(n, q3.shape[1], config),
-                          config=config, early_kv=EARLY_KV)
+                          len_add=1, config=config, early_kv=EARLY_KV,
+                          workspace=first.pool.workspace(n, q3.shape[1], config, splits))
             return out
         for i, cache in enumerate(caches):
             k_cache, v_cache = cache.k[layer], cache.v[layer]
@@ -408,6 +410,20 @@ class KernelsBackend(Backend):
                 X.attention(qa[i:i + 1], k_cache, v_cache, out[i:i + 1], pos_dev, q3.shape[1],
                             scale, window)
         return out
+
+    def batch_splits(self, caches, positions, window, n_head: int) -> int:
+        """The split count of attention_batch's one launch over consecutive pool slots, from
+        the step's host positions (each row's keys: position + 1, within the window): the
+        batched graphs are keyed by it (kernels_graph), since it is fixed in a capture."""
+        first = caches[0]
+        if first.q8:
+            return 0          # per-row launches (the pool path takes f16 / f32 caches)
+        lens = np.asarray(positions, np.int64) + 1
+        if window:
+            lens = np.minimum(lens, window)
+        config = self._decode_config(n_head, first.pool.k[0])
+        return batch_splits(lens, config, n_head, first.n_head_kv, first.head_dim,
+                            np.dtype(first.dtype).itemsize, self.device)
 
     def _prefill_in_place(self, q, k, v, cache, layer, start, scale, window, norms=None):
         """Prefill on the fused q|k|v projection's output itself: (head norms and) RoPE of q
@@ -528,6 +544,17 @@ class KernelsBackend(Backend):
 
     def to_host(self, x):
         return self.materialize(x).numpy()
+
+    def to_host_reused(self, x):
+        """A view of one page-locked buffer (grown when needed, overwritten by the next call)
+        on a GPU: 16 rows of a 128k vocabulary's logits took 1.42 ms a step into pageable
+        memory on an H100 (benchmarks/RESULTS.md "Batched decode attention: splits per step")."""
+        a = self.materialize(x)
+        if self.device.kind != "cuda":
+            return a.numpy()
+        if self._host_rows is None or self._host_rows.size < a.size:
+            self._host_rows = pk.pinned_empty(a.size, np.float32, self.device)
+        return a.numpy(out=self._host_rows[:a.size].reshape(a.shape))
 
     def synchronize(self) -> None:
         pk.synchronize(self.device)

@@ -161,12 +161,17 @@ class GraphedTransformer(Transformer):
 
     def forward_batch(self, ids, positions, caches):
         """Batched decode of several sequences (one new token each): a graph per set of caches
-        (the per-sequence attention launches are bound to them), read ids and positions from
-        a device buffer, run eagerly the first time a set is seen and captured the second."""
+        (the per-sequence attention launches are bound to them) and attention split counts
+        (planned from the step's lengths, per distinct layer window), read ids and positions
+        from a device buffer, run eagerly the first time a key is seen and captured the
+        second."""
         b = self.backend
         if not b.use_graphs:
             return self._batch_step(ids, positions, caches, positions=positions)
-        key = tuple(caches)
+        cfg = self.cfg
+        windows = sorted({cfg.layer_window(il) for il in range(cfg.n_layer)})
+        key = (tuple(caches), tuple(b.batch_splits(caches, positions, w, cfg.n_head)
+                                    for w in windows))
         host = np.concatenate([np.asarray(ids).reshape(-1),
                                np.asarray(positions).reshape(-1)]).astype(np.int32)
         step = self._batch_graphs.pop(key, None)

@@ -192,13 +192,12 @@ class KVPool:
             return Q8Cache(array.quants[s], array.scales[s])
         return array[s]
 
-    def workspace(self, n_seq: int, n_head: int, config):
-        """Split partials of a decode attention over n_seq slots with `config`, sized for the
-        whole context."""
-        from stdlib_kernels.attention.decode import DecodeWorkspace, config_splits
-        key = (n_seq, n_head, config)
+    def workspace(self, n_seq: int, n_head: int, config, splits: int):
+        """Split partials of a decode attention over n_seq slots with `config` and `splits`
+        (stdlib attention.batch_splits, planned per step from the slots' lengths)."""
+        from stdlib_kernels.attention.decode import DecodeWorkspace
+        key = (n_seq, n_head, config, splits)
         if key not in self._workspaces:
-            splits = config_splits(config, n_head, self.k[0].shape[1], self.n_ctx)
             self._workspaces[key] = DecodeWorkspace.allocate(n_seq, n_head,
                                                              self.k[0].shape[-1], splits)
         return self._workspaces[key]

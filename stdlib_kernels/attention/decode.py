@@ -227,6 +227,34 @@ def config_splits(config: DecodeConfig, n_head: int, n_kv_head: int, max_kv_len:
     return plan_splits(max_kv_len, blocks, device, config.blocks_per_sm)
 
 
+# The batch planner's model of one split block (decode_mma, fitted to an H100's batched 8B
+# decode, benchmarks/RESULTS.md "Batched decode attention: splits per step"): a fixed cost,
+# then its keys at one block's streaming rate
+SPLIT_BLOCK_US = 3.0
+BLOCK_BYTES_PER_US = 21e3      # 21 GB/s
+
+
+def batch_splits(kv_lens, config: DecodeConfig, n_head: int, n_kv_head: int, head_dim: int,
+                 itemsize: int, device=None) -> int:
+    """Splits for one launch over sequences of these visible key counts (every sequence's
+    range cut into that many parts): the power of two, up to the one-sequence plan of the
+    longest, with the least modelled time max(all blocks' work over the multiprocessors' block
+    slots, the longest block). One sequence's splits fill the GPU by themselves; 16 sequences
+    planned that way ran 16 waves of short blocks (the 8B at 512 keys each: 60 us a layer,
+    15 with one split), while one long sequence among short ones still needs its splits."""
+    lens = np.maximum(np.asarray(kv_lens, np.int64).reshape(-1), 1)
+    blocks = n_kv_head * (n_head // n_kv_head // config.heads_per_block)
+    most = plan_splits(int(lens.max()), blocks, device, config.blocks_per_sm)
+    slots = multiprocessors(device) * config.blocks_per_sm
+    key_us = 2 * head_dim * itemsize / BLOCK_BYTES_PER_US     # one key's K and V row
+
+    def modelled(splits: int) -> float:
+        work = blocks * (len(lens) * splits * SPLIT_BLOCK_US + int(lens.sum()) * key_us)
+        return max(work / slots, SPLIT_BLOCK_US + int(lens.max()) / splits * key_us)
+    powers = [1 << i for i in range(most.bit_length()) if 1 << i <= most]
+    return min(powers, key=lambda splits: (modelled(splits), splits))
+
+
 def _lane_layout(head_dim: int, itemsize: int, max_lanes: int = 32) -> dict:
     """L lanes per key row, NCH 16-byte chunks per lane of CH elements each."""
     ch = 16 // itemsize

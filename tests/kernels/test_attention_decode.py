@@ -580,3 +580,24 @@ def test_gpu_pdl_graph_sees_the_new_row(rng, seed, dtype, mode):
         k_ref[:, position], v_ref[:, position] = k_new, v_new
         _check(out.numpy()[0], decode_reference(q, k_ref, v_ref, position + 1, scale), dtype,
                seed, f"PDL graph, new row at {position}, {splits} splits, {mode}")
+
+
+def test_batch_splits_plan_for_the_whole_batch(monkeypatch):
+    """The batch planner (8B shape on an H100's 132 multiprocessors): one sequence takes the
+    one-sequence plan, 16 short ones fill the GPU without splitting, a long sequence among
+    short ones keeps its splits; always a power of two up to the one-sequence plan."""
+    import sys
+    decode_module = sys.modules["stdlib_kernels.attention.decode"]
+    monkeypatch.setattr(decode_module, "multiprocessors", lambda device=None: 132)
+    config = mma_config(4)
+
+    def plan(lens):
+        return attention.batch_splits(lens, config, 32, 8, 128, 2)
+    assert plan([4096]) == config_splits(config, 32, 8, 4096) == 16
+    assert plan([512] * 16) == 1
+    assert plan([512] * 4) == 4
+    assert plan([32768] + [512] * 15) == 8
+    assert plan([3]) == 1                   # MIN_KEYS_PER_SPLIT
+    for lens in ([1], [700, 9], [100] * 40, [5000, 6000, 7000]):
+        splits = plan(lens)
+        assert splits & (splits - 1) == 0 and splits <= config_splits(config, 32, 8, max(lens))

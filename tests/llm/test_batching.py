@@ -94,6 +94,41 @@ def test_batched_rows_equal_each_sequence_alone(where, name, caches, d64_path, r
 
 
 @pytest.mark.parametrize("where", BACKENDS[1:], ids=lambda w: "-".join(w))
+def test_batched_attention_in_splits_and_graphs_keyed_by_them(where, d64_path, rng, seed,
+                                                              monkeypatch):
+    """The pool's one attention launch cut into the splits its planner gives (forced to 1 and
+    3 here: on the CPU target the planner keeps these short contexts in one split), each row
+    against the sequence stepped alone; the batched graphs are keyed by the split count."""
+    from llm.backends import kernels_backend
+    model = load(*where, name=d64_path, n_ctx=64)
+    cfg, n_vocab = model.config, model.config.n_vocab
+    prompts = [rng.integers(0, n_vocab, n).tolist() for n in (9, 2, 14)]
+    steps = rng.integers(0, n_vocab, (4, len(prompts)))
+    alone = []
+    for prompt, ids in zip(prompts, steps.T):
+        session = Session(model.transformer, model.backend, 32)
+        session.prefill(prompt)
+        alone.append([session.step(int(t)) for t in ids])
+    pool = model.backend.kv_caches(len(prompts), cfg.n_layer, 32, cfg.n_head_kv, cfg.head_dim,
+                                   cfg.head_dim_v)
+    sessions = [Session(model.transformer, model.backend, 32, cache=c) for c in pool]
+    for session, prompt in zip(sessions, prompts):
+        session.prefill(prompt)
+    for s, ids in enumerate(steps):
+        splits = 3 if s % 2 else 1
+        monkeypatch.setattr(kernels_backend, "batch_splits", lambda *args: splits)
+        positions = np.array([len(x.tokens) for x in sessions])
+        rows = model.backend.to_host_reused(model.transformer.forward_batch(ids, positions,
+                                                                            pool))
+        for i, session in enumerate(sessions):
+            session.tokens.append(int(ids[i]))
+            err = rel_l2(rows[i], alone[i][s])
+            assert err < 2e-2, f"seed {seed}: {splits} splits, sequence {i}, step {s}: {err:.2e}"
+    assert {key[1] for key in model.transformer._batch_graphs} == {(1,), (3,)}
+    assert {key[-1] for key in pool[0].pool._workspaces} == {1, 3}
+
+
+@pytest.mark.parametrize("where", BACKENDS[1:], ids=lambda w: "-".join(w))
 def test_six_sequences_take_the_int8_gemm(where, rng, seed):
     """From 6 sequences (stdlib's INT8_GEMM_TOKENS) a batched step's matmuls are the int8
     GEMM, not the GEMV that steps each sequence alone: rows still equal each sequence alone
@@ -261,7 +296,7 @@ def test_warm_up_captures_every_batch_size_and_leaves_the_slots_empty(d64_path):
     scheduler = BatchScheduler(model, slots=3, warm_up=True)
     try:
         graphs = model.transformer._batch_graphs
-        sizes = sorted(len(key) for key, step in graphs.items() if step.graph is not None)
+        sizes = sorted({len(key[0]) for key, step in graphs.items() if step.graph is not None})
         assert sizes == [2, 3]
         assert all(not s.tokens for s in scheduler.sessions)
         prompt = [5, 9, 13]

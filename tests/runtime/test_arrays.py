@@ -143,6 +143,23 @@ def test_copy_from_checks(rng, dev):
         x.copy_from(ar.zeros(5, np.float32, device=FakeHostDevice()))
 
 
+def test_numpy_into_an_out_array(rng, seed, dev):
+    host = rng.standard_normal((3, 7)).astype(np.float32)
+    x = ar.to_device(host, device=dev)
+    out = ar.pinned_empty((3, 7), np.float32, device=dev)
+    out[...] = np.nan                               # poisoned: every element must be copied
+    assert x.numpy(out=out) is out
+    np.testing.assert_array_equal(out, host, err_msg=f"seed={seed}")
+    with pytest.raises(ValueError, match=r"\(7, 3\)"):
+        x.numpy(out=np.empty((7, 3), np.float32))
+    with pytest.raises(ValueError, match="float64"):
+        x.numpy(out=np.empty((3, 7)))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        x.numpy(out=np.empty((7, 3), np.float32).T)
+    with pytest.raises(TypeError, match="numpy array"):
+        x.numpy(out=[0.0] * 21)
+
+
 def test_numpy_interop_is_zero_copy_on_cpu(dev):
     x = ar.to_device(np.arange(6, dtype=np.int32).reshape(2, 3), device=dev)
     view = np.asarray(x)
