@@ -1,5 +1,6 @@
 """The weight matmuls of a short prompt (2-128 tokens) on the GPU, one shape at a time: the
-super-block int8 GEMM (gemm_q8_k) over tile shapes, and the multi-token GEMV up to 8 tokens.
+super-block int8 GEMM (gemm_q8_k) over tile shapes, the multi-token GEMV up to 8 tokens, and
+the tensor-core GEMV (gemv_mma, Q4_K) up to 16 over its warps x unroll.
 
 Input: none (needs a CUDA GPU). Output: a markdown table per (shape, tokens): us per launch,
 weight bytes / time (TB/s: a short prompt's matmuls are bound by streaming the weights once),
@@ -9,6 +10,7 @@ and 2 / 4 / 8 for the first tiles).
 
     python3 benchmarks/small_gemm.py [--tokens 2,4,8,16,32,64,128] [--shapes 8b|1.5b|8b-q8_0]
         [--only N]   (the first N shapes)   [--tiles 2.4.4.2.3,...]   (more tile shapes)
+        [--no-gemm]  (only the GEMVs)
 
 Shapes: llama-8B's (Q4_K_M: q|k 5120 x 4096 and v 1024 x 4096, gate|up 28672 x 4096, o 4096 x
 4096, down 4096 x 14336 as Q4_K and as Q6_K), qwen2-1.5B's, or the 8B's of a Q8_0 file. Each
@@ -32,6 +34,7 @@ from benchmarks.quant_gemm import random_weights  # noqa: E402
 from stdlib_kernels.quant import gemm_q8_k  # noqa: E402
 from stdlib_kernels.quant.gemm_q8_k import Q8KTiles as T, gemm_q8k_into  # noqa: E402
 from stdlib_kernels.quant.gemv import gemv_q8_into  # noqa: E402
+from stdlib_kernels.quant.gemv_mma import MAX_TOKENS, MMA_GEMV_TYPES, gemv_mma_into  # noqa: E402
 from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1_into  # noqa: E402
 
 SHAPES = {"8b": [("Q4_K", 5120, 4096), ("Q6_K", 1024, 4096), ("Q4_K", 28672, 4096),
@@ -55,7 +58,11 @@ def candidates(tokens: int) -> list[T]:
             and 4 * t.shape[1] >= tokens]
 
 
-def bench(type_name, rows, k, tokens, ws, rng, extra=()):
+# gemv_mma (warps, unroll, m16 tiles per warp)
+MMA_CONFIGS = [(w, u, t) for w in (4, 8) for u in (1, 2) for t in (1, 2, 4)]
+
+
+def bench(type_name, rows, k, tokens, ws, rng, extra=(), gemm=True):
     nbytes = rows * k * BYTES_PER_VALUE[type_name]
     copies = len(ws)
     x = pk.to_device(rng.standard_normal((tokens, k)).astype(np.float32))
@@ -65,9 +72,15 @@ def bench(type_name, rows, k, tokens, ws, rng, extra=()):
     runs = []
     if tokens <= 8:
         runs.append(("GEMV", lambda w: gemv_q8_into(w, type_name, xq, y, rows, k, tokens)))
+    if type_name in MMA_GEMV_TYPES and tokens <= MAX_TOKENS:
+        for w_, u_, t_ in MMA_CONFIGS:
+            runs.append((f"MMA GEMV {w_} warps, unroll {u_}, {t_} tiles",
+                         lambda w, w_=w_, u_=u_, t_=t_: gemv_mma_into(
+                             w, type_name, xq, y, rows, k, tokens, warps=w_, unroll=u_,
+                             tiles=t_)))
     default = gemm_q8_k.tuned_tiles(type_name, tokens)
     tiles_list = [default] + [t for t in [*extra, *candidates(tokens)] if t != default]
-    tiles_list = list(dict.fromkeys(tiles_list))
+    tiles_list = list(dict.fromkeys(tiles_list))[:None if gemm else 1]
     for tiles in tiles_list:
         auto = gemm_q8_k.launch_split(type_name, rows, k, tokens, tiles)
         for split in sorted({1, auto} | ({2, 4, 8} if tiles in tiles_list[:4] else set())):
@@ -102,6 +115,7 @@ def main():
     ap.add_argument("--only", type=int, default=0, help="the first N shapes only")
     ap.add_argument("--tiles", default="", help="more tile shapes mi.ni.wm.wn.stages, comma "
                     "separated, timed at every token count")
+    ap.add_argument("--no-gemm", action="store_true", help="the GEMM's default tiles only")
     args = ap.parse_args()
     extra = [T(*(int(v) for v in t.split("."))) for t in args.tiles.split(",") if t]
     pk.set_device("cuda")
@@ -112,7 +126,7 @@ def main():
         copies = max(2, int(np.ceil(160e6 / (rows * k * BYTES_PER_VALUE[type_name]))))
         ws = [random_weights(type_name, rows, k, rng) for _ in range(copies)]
         for tokens in (int(t) for t in args.tokens.split(",")):
-            bench(type_name, rows, k, tokens, ws, rng, extra)
+            bench(type_name, rows, k, tokens, ws, rng, extra, gemm=not args.no_gemm)
         del ws
 
 

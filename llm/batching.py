@@ -82,16 +82,10 @@ class BatchScheduler:
         together does not stall them all for its kernels' compile (seconds per size on the
         first run of a model; the compile cache makes later starts quick). Before serving."""
         transformer = self.model.transformer
-        if not hasattr(transformer, "drop_batch_graphs"):
+        if not hasattr(transformer, "warm_batch"):
             return
-        for b in range(2, self.slots + 1):
-            zeros = np.zeros(b, np.int64)    # token 0 at position 0: rows no request reads
-            # first and last position: the attention's split plans of short and of full slots
-            # (kernels_graph keys graphs by them; their launch shapes compile apart)
-            for position in sorted({0, self.slot_ctx - 1}):
-                for _ in range(2):           # eager (compiles), then captured
-                    transformer.forward_batch(zeros, zeros + position,
-                                              [s.cache for s in self.sessions[:b]])
+        for b in range(2, self.slots + 1):    # every attention split plan of each size
+            transformer.warm_batch([s.cache for s in self.sessions[:b]])
         self.model.backend.synchronize()
         for session in self.sessions:
             session.reset()

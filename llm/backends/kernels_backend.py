@@ -34,8 +34,9 @@ from stdlib_kernels import layernorm, rmsnorm, rope_kv_cache
 from stdlib_kernels.rotary import rope_kv_cache_cols
 from stdlib_kernels import rope as rope_rows
 from stdlib_kernels.attention import kv_q8
-from stdlib_kernels.attention.decode import (HEAD_DIMS, batch_splits, default_config,
-                                             direct_config, gpu_config, launch_decode)
+from stdlib_kernels.attention.decode import (HEAD_DIMS, batch_splits, config_splits,
+                                             default_config, direct_config, gpu_config,
+                                             launch_decode)
 from stdlib_kernels.attention.kv_q8 import DTYPE as Q8_DTYPE, Q8Cache
 from stdlib_kernels.attention.prefill import launch_prefill, mma_available
 from stdlib_kernels.quant.gemm_q8_k import split_workspace_bytes
@@ -112,6 +113,7 @@ class KernelsBackend(Backend):
         self.direct_attention = False   # decode attention without splits (short contexts)
         self.stream = pk.Stream(self.device) if self.device.kind == "cuda" else None
         self._host_rows = None      # to_host_reused's page-locked buffer
+        self.forced_batch_splits = None     # set: batch_splits' answer (graph warm-up)
 
     def kv_device_budget(self) -> int | None:
         """Device bytes a default context's KV cache may take (model.choose_context): half of
@@ -418,12 +420,24 @@ class KernelsBackend(Backend):
         first = caches[0]
         if first.q8:
             return 0          # per-row launches (the pool path takes f16 / f32 caches)
+        if self.forced_batch_splits:
+            return self.forced_batch_splits
         lens = np.asarray(positions, np.int64) + 1
         if window:
             lens = np.minimum(lens, window)
         config = self._decode_config(n_head, first.pool.k[0])
         return batch_splits(lens, config, n_head, first.n_head_kv, first.head_dim,
                             np.dtype(first.dtype).itemsize, self.device)
+
+    def batch_split_choices(self, caches, n_head: int) -> list[int]:
+        """Every split count batch_splits can give these caches' slots (powers of two up to
+        one full slot's plan): what the scheduler's warm-up captures a graph for."""
+        first = caches[0]
+        if first.q8:
+            return [0]
+        config = self._decode_config(n_head, first.pool.k[0])
+        most = config_splits(config, n_head, first.n_head_kv, first.n_ctx, self.device)
+        return [1 << i for i in range(most.bit_length()) if 1 << i <= most]
 
     def _prefill_in_place(self, q, k, v, cache, layer, start, scale, window, norms=None):
         """Prefill on the fused q|k|v projection's output itself: (head norms and) RoPE of q

@@ -21,6 +21,7 @@ from stdlib_kernels.quant.gemm import gemm_into
 from stdlib_kernels.quant.gemm_q8 import gemm_q8_into
 from stdlib_kernels.quant.gemv import Q8_1_TYPES, gemv_f32_into, gemv_q8_into, weight_words
 from stdlib_kernels.quant.gemv_kernels import MAX_BATCH
+from stdlib_kernels.quant.gemv_mma import gemv_mma_into, mma_gemv_applies
 from stdlib_kernels.quant.gemv_pair import GemvPart, gemv_q8_pair_into, pair_eligible
 from stdlib_kernels.quant.matmul import INT8_GEMM_TOKENS as STDLIB_INT8_GEMM_TOKENS
 from stdlib_kernels.quant.matmul import INT8_PREFILL_TYPES, prefill_path
@@ -166,8 +167,9 @@ def uses_gemm(g: RowGroup, n: int) -> bool:
 
 def group_matmul(g: RowGroup, n_in: int, x, xq, y, ldy=None, col0: int = 0, res=None) -> None:
     """y (n, g.rows) = x @ W_g.T: GEMV up to 8 tokens; above (uses_gemm), the int8 tensor-core
-    GEMM on the Q8_1 activations where it is the faster one (stdlib's prefill_path), else the
-    f16 tensor-core GEMM. ldy / col0 / res (GEMM only): the result goes to columns col0.. of
+    GEMM on the Q8_1 activations where it is the faster one (stdlib's prefill_path; Q4_K up
+    to 16 tokens: the tensor-core GEMV, stdlib's mma_gemv_applies), else the f16 tensor-core
+    GEMM. ldy / col0 / res (GEMM only): the result goes to columns col0.. of
     y (n, ldy), plus res (stdlib's gemm.output_args), with no copy or add launch."""
     n = x.shape[0]
     if not uses_gemm(g, n):
@@ -176,7 +178,8 @@ def group_matmul(g: RowGroup, n_in: int, x, xq, y, ldy=None, col0: int = 0, res=
             t1 = min(n, t0 + MAX_BATCH)
             gemv_rows(g, n_in, x[t0:t1], None if xq is None else xq[t0:t1], y[t0:t1])
     elif xq is not None and prefill_path(g.type_name, n_in, xq) == "int8":
-        gemm_q8_into(g.words, g.type_name, xq, y, g.rows, n_in, n, ldy=ldy, col0=col0, res=res)
+        launch = gemv_mma_into if mma_gemv_applies(g.type_name, n) else gemm_q8_into
+        launch(g.words, g.type_name, xq, y, g.rows, n_in, n, ldy=ldy, col0=col0, res=res)
     else:
         gemm_into(g.words, g.type_name, x, y, g.rows, n_in, n, ldy=ldy, col0=col0, res=res)
 

@@ -7,7 +7,9 @@
 Up to GEMV_MAX_TOKENS tokens use the DP4A GEMV (Q8_1 activations where the type has a DP4A
 kernel, else f32 activations), except that the int8 GEMM's types take it from INT8_GEMM_TOKENS
 (the GEMV decodes each weight block once per token, so its time grows with the tokens; the
-GEMM's 64 x 8 tiles are faster from 6). More tokens use a tensor-core GEMM: the int8 one
+GEMM's 64 x 8 tiles are faster from 6). Where the int8 GEMM would run up to 16 tokens, Q4_K
+takes the tensor-core GEMV instead (gemv_mma.py, mma_gemv_applies: no shared-memory stages,
+faster there). More tokens use a tensor-core GEMM: the int8 one
 (gemm_q8.py, Q8_1 activations; Q4_K / Q6_K through gemm_q8_k.py) for the types in
 INT8_PREFILL_TYPES, where it measured faster than the f16 one (benchmarks/RESULTS.md), when a
 Q8_1 workspace xq is given; else the f16 GEMM (gemm.py).
@@ -20,6 +22,7 @@ from .gemm import gemm, gemm_into
 from .gemm_q8 import INT8_GEMM_TYPES, gemm_q8, gemm_q8_into
 from .gemv import Q8_1_TYPES, gemv, gemv_f32_into, gemv_q8_into
 from .gemv_kernels import MAX_BATCH
+from .gemv_mma import gemv_mma, gemv_mma_into, mma_gemv_applies
 from .q8_1 import quantize_q8_1_into
 
 GEMV_MAX_TOKENS = MAX_BATCH
@@ -54,6 +57,8 @@ def matmul(raw, type_name: str, x):
     if not uses_gemm(type_name, x.shape[-1], tokens, xq=True):
         return gemv(raw, type_name, x)
     if prefill_path(type_name, x.shape[1], xq=True) == "int8":
+        if mma_gemv_applies(type_name, tokens):
+            return gemv_mma(raw, type_name, x)
         return gemm_q8(raw, type_name, x)
     return gemm(raw, type_name, x)
 
@@ -70,7 +75,10 @@ def matmul_into(w, type_name: str, x, y, rows: int, n: int, tokens: int, xq=None
             gemv_f32_into(w, type_name, x, y, rows, n, tokens, stream=stream)
     elif prefill_path(type_name, n, xq) == "int8":
         quantize_q8_1_into(x, xq, stream=stream)
-        gemm_q8_into(w, type_name, xq, y, rows, n, tokens, stream=stream)
+        if mma_gemv_applies(type_name, tokens):
+            gemv_mma_into(w, type_name, xq, y, rows, n, tokens, stream=stream)
+        else:
+            gemm_q8_into(w, type_name, xq, y, rows, n, tokens, stream=stream)
     else:
         gemm_into(w, type_name, x, y, rows, n, tokens, stream=stream)
 

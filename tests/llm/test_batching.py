@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import llm
+from tests.launch_helpers import launched_by
 from llm.batching import BatchScheduler
 from llm.generate import GenerationStats, Session
 from tests.llm.gguf_helpers import TINY, TINY_LLAMA, require_for_module
@@ -162,6 +163,48 @@ def test_six_sequences_take_the_int8_gemm(where, rng, seed):
         assert bool(gemms) == (batch >= 6), (batch, gemms)
 
 
+@pytest.fixture(scope="module")
+def q4k_path(tmp_path_factory):
+    """A tiny synthetic llama whose matmuls are Q4_K (Q4_K_M: K a multiple of 256) or Q6_K."""
+    from llm import synth
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(synth.SHAPES, "tiny-q4k", synth.Shape(
+            "llama", 256, 512, 1, 4, 2, 512, 256, 10000.0, 1e-5, True, False, "llama-bpe"))
+        return synth.write_synthetic("tiny-q4k", "Q4_K_M",
+                                     tmp_path_factory.mktemp("q4k") / "tiny-q4k.gguf")
+
+
+@pytest.mark.parametrize("where", BACKENDS[1:], ids=lambda w: "-".join(w))
+def test_q4_k_batches_take_the_tensor_core_gemv(where, q4k_path, rng, seed):
+    """6 and 10 sequences of a Q4_K_M model: the Q4_K matmuls of the batched step are the
+    tensor-core GEMV (stdlib gemv_mma) where one sequence alone takes the DP4A GEMV; rows
+    still equal each sequence alone."""
+    model = load(*where, name=q4k_path, n_ctx=64, gemv=True)  # CPU: not the default path
+    cfg = model.config
+    for batch in (6, 10):
+        prompts = [rng.integers(0, cfg.n_vocab, n).tolist() for n in range(1, batch + 1)]
+        ids = rng.integers(0, cfg.n_vocab, batch)
+        alone = []
+        for i, prompt in enumerate(prompts):
+            session = Session(model.transformer, model.backend, 16)
+            session.prefill(prompt)
+            alone.append(session.step(int(ids[i])))
+        pool = model.backend.kv_caches(batch, cfg.n_layer, 16, cfg.n_head_kv, cfg.head_dim,
+                                       cfg.head_dim_v)
+        sessions = [Session(model.transformer, model.backend, 16, cache=c) for c in pool]
+        for session, prompt in zip(sessions, prompts):
+            session.prefill(prompt)
+        positions = np.array([len(x.tokens) for x in sessions])
+        rows = []
+        names = launched_by(lambda: rows.append(model.backend.to_host(
+            model.transformer.forward_batch(ids, positions, pool))))    # eager: launches
+        for i in range(batch):
+            err = rel_l2(rows[0][i], alone[i])
+            assert err < 1e-3, f"seed {seed}: batch {batch} row {i}: {err:.2e}"
+        assert any(x.startswith("gemv_mma_q4k") for x in names), sorted(set(names))
+        assert not any(x.startswith("gemm_q8k") and "FMT_12" in x for x in names)   # Q4_K
+
+
 def test_forward_batch_checks_its_lists():
     model = load("cpu", "numpy", n_ctx=16)
     cache = Session(model.transformer, model.backend, 8).cache
@@ -296,8 +339,12 @@ def test_warm_up_captures_every_batch_size_and_leaves_the_slots_empty(d64_path):
     scheduler = BatchScheduler(model, slots=3, warm_up=True)
     try:
         graphs = model.transformer._batch_graphs
-        sizes = sorted({len(key[0]) for key, step in graphs.items() if step.graph is not None})
-        assert sizes == [2, 3]
+        captured = {(len(key[0]), key[1]) for key, step in graphs.items()
+                    if step.graph is not None}
+        caches = [s.cache for s in scheduler.sessions]
+        plans = model.backend.batch_split_choices(caches, model.config.n_head)
+        assert len(plans) >= 2, plans          # this model's slots take several split plans
+        assert captured == {(size, (plan,)) for size in (2, 3) for plan in plans}
         assert all(not s.tokens for s in scheduler.sessions)
         prompt = [5, 9, 13]
         alone = "".join(model.generate(prompt, max_tokens=6, temperature=0))
