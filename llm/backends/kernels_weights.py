@@ -157,12 +157,14 @@ def gemv_launch(g: RowGroup, n: int) -> bool:
 
 
 def uses_gemm(g: RowGroup, n: int) -> bool:
-    """n tokens of group g run a prefill GEMM: above GEMV_TOKENS, or from INT8_GEMM_TOKENS for
-    the int8 GEMM's types (F32 weights keep the f32 GEMV, 8 tokens per launch: f16 would cost
-    them ~1e-3 of precision)."""
+    """n tokens of group g leave the DP4A GEMV for a GEMM: above GEMV_TOKENS, or from
+    INT8_GEMM_TOKENS for the int8 GEMM's types, or in stdlib's tensor-core GEMV range
+    (mma_gemv_applies: Q4_K, 5-16 tokens; group_matmul runs it there) (F32 weights keep the
+    f32 GEMV, 8 tokens per launch: f16 would cost them ~1e-3 of precision)."""
     if g.type_name == "F32":
         return False
-    return n > GEMV_TOKENS or (n >= INT8_GEMM_TOKENS and g.type_name in INT8_PREFILL_TYPES)
+    return n > GEMV_TOKENS or g.type_name in INT8_PREFILL_TYPES and (
+        n >= INT8_GEMM_TOKENS or mma_gemv_applies(g.type_name, n))
 
 
 def group_matmul(g: RowGroup, n_in: int, x, xq, y, ldy=None, col0: int = 0, res=None) -> None:

@@ -40,6 +40,10 @@ from .q8_1 import q8_1_bytes
 
 MMA_GEMV_TYPES = ("Q4_K",)
 MAX_TOKENS = 16          # two n8 tiles
+# fewest tokens routed here (quant.matmul, the runner): the 8B's batched decode step (H100) of
+# 5 sequences took 5.59 ms on the DP4A GEMV against 4.68 for 6 on this kernel; at 4 tokens the
+# GEMV is as fast (down 4096 x 14336: 18.3 us against 21.4)
+MIN_TOKENS = 5
 Q4K_WORDS = 36           # one Q4_K super-block: d | dmin | scales:12 B | qs:128 B
 # PYKERNEL_MMA_GEMV=0: quant.matmul and the runner keep the int8 GEMM (for comparisons)
 ENABLED = os.environ.get("PYKERNEL_MMA_GEMV", "1") not in ("", "0")
@@ -51,8 +55,9 @@ WIDE_ROWS = 16384
 
 
 def mma_gemv_applies(type_name: str, tokens: int) -> bool:
-    """Whether a batch that would take the int8 GEMM takes this GEMV instead."""
-    return ENABLED and type_name in MMA_GEMV_TYPES and tokens <= MAX_TOKENS
+    """Whether quant.matmul and the runner run `tokens` rows of a `type_name` matmul with
+    Q8_1 activations here (instead of the DP4A GEMV or the int8 GEMM)."""
+    return ENABLED and type_name in MMA_GEMV_TYPES and MIN_TOKENS <= tokens <= MAX_TOKENS
 
 
 def default_launch(rows: int, tokens: int, device=None) -> tuple[int, int, int]:
@@ -222,4 +227,4 @@ def gemv_mma(raw, type_name: str, x):
 
 
 __all__ = ["gemv_mma", "gemv_mma_into", "mma_gemv_applies", "default_launch",
-           "MMA_GEMV_TYPES", "MAX_TOKENS"]
+           "MMA_GEMV_TYPES", "MIN_TOKENS", "MAX_TOKENS"]

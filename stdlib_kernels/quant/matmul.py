@@ -7,9 +7,8 @@
 Up to GEMV_MAX_TOKENS tokens use the DP4A GEMV (Q8_1 activations where the type has a DP4A
 kernel, else f32 activations), except that the int8 GEMM's types take it from INT8_GEMM_TOKENS
 (the GEMV decodes each weight block once per token, so its time grows with the tokens; the
-GEMM's 64 x 8 tiles are faster from 6). Where the int8 GEMM would run up to 16 tokens, Q4_K
-takes the tensor-core GEMV instead (gemv_mma.py, mma_gemv_applies: no shared-memory stages,
-faster there). More tokens use a tensor-core GEMM: the int8 one
+GEMM's 64 x 8 tiles are faster from 6). Q4_K takes the tensor-core GEMV (gemv_mma.py,
+mma_gemv_applies: 5-16 tokens, no shared-memory stages) instead of either. More tokens use a tensor-core GEMM: the int8 one
 (gemm_q8.py, Q8_1 activations; Q4_K / Q6_K through gemm_q8_k.py) for the types in
 INT8_PREFILL_TYPES, where it measured faster than the f16 one (benchmarks/RESULTS.md), when a
 Q8_1 workspace xq is given; else the f16 GEMM (gemm.py).
@@ -45,10 +44,11 @@ def prefill_path(type_name: str, n: int, xq=None) -> str:
 
 
 def uses_gemm(type_name: str, n: int, tokens: int, xq=None) -> bool:
-    """Whether `tokens` rows of x take a GEMM (else the GEMV): above GEMV_MAX_TOKENS, or from
-    INT8_GEMM_TOKENS where the int8 GEMM applies (prefill_path)."""
-    return tokens > GEMV_MAX_TOKENS or (
-        tokens >= INT8_GEMM_TOKENS and prefill_path(type_name, n, xq) == "int8")
+    """Whether `tokens` rows of x leave the DP4A GEMV: above GEMV_MAX_TOKENS, or where the
+    int8 kernels apply (prefill_path) from INT8_GEMM_TOKENS, or within the tensor-core GEMV's
+    range (mma_gemv_applies), which then runs instead of the int8 GEMM."""
+    return tokens > GEMV_MAX_TOKENS or prefill_path(type_name, n, xq) == "int8" and (
+        tokens >= INT8_GEMM_TOKENS or mma_gemv_applies(type_name, tokens))
 
 
 def matmul(raw, type_name: str, x):

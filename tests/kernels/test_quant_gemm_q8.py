@@ -338,23 +338,24 @@ def test_matmul_int8_prefill(device, rng, seed):
 def test_matmul_takes_the_int8_gemm_from_six_tokens(device, rng, seed):
     """quant.matmul's rule (uses_gemm): the int8 GEMM's types take it from INT8_GEMM_TOKENS
     (6) tokens, the others keep the GEMV up to 8; 6 tokens of Q6_K give the GEMM's own result
-    (bit for bit), of Q4_K the tensor-core GEMV's (up to 16 tokens: mma_gemv_applies), and 5
-    the GEMV's."""
+    (bit for bit), 5-16 of Q4_K the tensor-core GEMV's (mma_gemv_applies), and 4 the GEMV's."""
     from stdlib_kernels.quant.gemv import gemv
     from stdlib_kernels.quant.gemv_mma import gemv_mma, mma_gemv_applies
     from stdlib_kernels.quant.matmul import INT8_GEMM_TOKENS, uses_gemm
     assert INT8_GEMM_TOKENS == 6
-    assert not uses_gemm("Q4_K", 256, 5, xq=True) and uses_gemm("Q4_K", 256, 6, xq=True)
+    assert not uses_gemm("Q6_K", 256, 5, xq=True) and uses_gemm("Q6_K", 256, 6, xq=True)
+    assert not uses_gemm("Q4_K", 256, 4, xq=True) and uses_gemm("Q4_K", 256, 5, xq=True)
     assert not uses_gemm("Q4_K", 256, 6, xq=None)        # no Q8_1 workspace: the GEMV
     assert not uses_gemm("Q2_K", 256, 8, xq=True) and uses_gemm("Q2_K", 256, 9, xq=True)
-    assert mma_gemv_applies("Q4_K", 16) and not mma_gemv_applies("Q4_K", 17)
+    assert mma_gemv_applies("Q4_K", 5) and mma_gemv_applies("Q4_K", 16)
+    assert not mma_gemv_applies("Q4_K", 4) and not mma_gemv_applies("Q4_K", 17)
     assert not mma_gemv_applies("Q6_K", 6)
     raw = make_weights(rng, "Q4_K", 7, 256)
     x = rng.standard_normal((6, 256)).astype(np.float32)
     np.testing.assert_array_equal(matmul(raw, "Q4_K", x).numpy(),
                                   gemv_mma(raw, "Q4_K", x).numpy())
-    np.testing.assert_array_equal(matmul(raw, "Q4_K", x[:5]).numpy(),
-                                  gemv(raw, "Q4_K", x[:5]).numpy())
+    np.testing.assert_array_equal(matmul(raw, "Q4_K", x[:4]).numpy(),
+                                  gemv(raw, "Q4_K", x[:4]).numpy())
     check(matmul(raw, "Q4_K", x).numpy(), raw, "Q4_K", x, seed)
     raw6 = make_weights(rng, "Q6_K", 7, 256)
     np.testing.assert_array_equal(matmul(raw6, "Q6_K", x).numpy(),

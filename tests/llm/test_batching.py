@@ -176,12 +176,13 @@ def q4k_path(tmp_path_factory):
 
 @pytest.mark.parametrize("where", BACKENDS[1:], ids=lambda w: "-".join(w))
 def test_q4_k_batches_take_the_tensor_core_gemv(where, q4k_path, rng, seed):
-    """6 and 10 sequences of a Q4_K_M model: the Q4_K matmuls of the batched step are the
+    """5 and 10 sequences of a Q4_K_M model: the Q4_K matmuls of the batched step are the
     tensor-core GEMV (stdlib gemv_mma) where one sequence alone takes the DP4A GEMV; rows
-    still equal each sequence alone."""
+    still equal each sequence alone (the int8 GEMM that 6-16 sequences took before was 1.1e-2
+    away here: its min term goes through f16)."""
     model = load(*where, name=q4k_path, n_ctx=64, gemv=True)  # CPU: not the default path
     cfg = model.config
-    for batch in (6, 10):
+    for batch in (5, 10):
         prompts = [rng.integers(0, cfg.n_vocab, n).tolist() for n in range(1, batch + 1)]
         ids = rng.integers(0, cfg.n_vocab, batch)
         alone = []
