@@ -562,7 +562,8 @@ class KernelsBackend(Backend):
     def to_host_reused(self, x):
         """A view of one page-locked buffer (grown when needed, overwritten by the next call)
         on a GPU: 16 rows of a 128k vocabulary's logits took 1.42 ms a step into pageable
-        memory on an H100 (benchmarks/RESULTS.md "Batched decode attention: splits per step")."""
+        memory on an H100 (benchmarks/RESULTS.md "Batched decode: attention splits for the
+        whole batch, ...")."""
         a = self.materialize(x)
         if self.device.kind != "cuda":
             return a.numpy()

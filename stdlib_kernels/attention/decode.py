@@ -228,8 +228,8 @@ def config_splits(config: DecodeConfig, n_head: int, n_kv_head: int, max_kv_len:
 
 
 # The batch planner's model of one split block (decode_mma, fitted to an H100's batched 8B
-# decode, benchmarks/RESULTS.md "Batched decode attention: splits per step"): a fixed cost,
-# then its keys at one block's streaming rate
+# decode, benchmarks/RESULTS.md "Batched decode: attention splits for the whole batch, ..."):
+# a fixed cost, then its keys at one block's streaming rate
 SPLIT_BLOCK_US = 3.0
 BLOCK_BYTES_PER_US = 21e3      # 21 GB/s
 

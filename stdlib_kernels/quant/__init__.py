@@ -6,8 +6,9 @@ __all__ = ["FORMATS", "QuantFormat", "get_format", "reference"]
 # quantized matmul on the device (gemv.py, gemm.py, matmul.py): decode GEMV, prefill GEMM
 from .gemv import gemv, gemv_glu, gemv_residual  # noqa: E402
 from .gemm import gemm  # noqa: E402
+from .gemv_mma import gemv_mma  # noqa: E402
 from .matmul import matmul, matmul_into  # noqa: E402
-__all__ += ["gemv", "gemv_glu", "gemv_residual", "gemm", "matmul", "matmul_into"]
+__all__ += ["gemv", "gemv_glu", "gemv_residual", "gemm", "gemv_mma", "matmul", "matmul_into"]
 # quantize / dequantize kernels on the current device (device.py)
 from .device import dequantize, quantize  # noqa: E402
 __all__ += ["quantize", "dequantize"]

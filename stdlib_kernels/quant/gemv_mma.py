@@ -48,9 +48,10 @@ Q4K_WORDS = 36           # one Q4_K super-block: d | dmin | scales:12 B | qs:128
 # PYKERNEL_MMA_GEMV=0: quant.matmul and the runner keep the int8 GEMM (for comparisons)
 ENABLED = os.environ.get("PYKERNEL_MMA_GEMV", "1") not in ("", "0")
 # default_launch's shapes, from benchmarks/small_gemm.py on an H100 (the 8B's Q4_K matmuls at
-# 4 / 8 / 16 tokens, benchmarks/RESULTS.md "A tensor-core GEMV for 6-16 tokens"): 8 warps
-# splitting K, one m16 tile per warp and 2 super-blocks ahead at up to 8 tokens; two tiles
-# (a B fragment load serves both) at 9-16 tokens or on wide matrices, where 4 warps suffice
+# 4 / 8 / 16 tokens, benchmarks/RESULTS.md "Batched decode: ..., a tensor-core GEMV for 5-16
+# tokens"): 8 warps splitting K, one m16 tile per warp and 2 super-blocks ahead at up to 8
+# tokens; two tiles (a B fragment load serves both) at 9-16 tokens or on wide matrices,
+# where 4 warps suffice
 WIDE_ROWS = 16384
 
 

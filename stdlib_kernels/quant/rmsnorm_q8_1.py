@@ -36,7 +36,8 @@ from .q8_1 import Q8_1_BLOCK_BYTES, q8_1_bytes, store_q8_1_block
 # each warp quantizing SPREAD_PER_WARP Q8_1 blocks; more rows: one block per row. H200, 8B
 # decode: 16 or 32 warps with one Q8_1 block each fastest (8 warps -0.2%, 2 per warp -1.2%).
 # 16 rows (H100, the 8B's batched step of 16 sequences): one block per row took 5.7 us a
-# launch, 65 a step (benchmarks/RESULTS.md "Batched decode attention: splits per step")
+# launch, 65 a step (benchmarks/RESULTS.md "Batched decode: attention splits for the whole
+# batch, ...")
 WARPS = 16
 SPREAD_ROWS = 16
 SPREAD_PER_WARP = 1
