@@ -2,21 +2,13 @@
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests.llm.cli_helpers import REPO, pykernel
 from tests.llm.gguf_helpers import TINY, TINY_LLAMA, require_for_module
 
 require_for_module(TINY_LLAMA)
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def pykernel(*args, stdin=None, timeout=120):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "pykernel.cli", *map(str, args)], input=stdin,
-                          capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
 
 
 def test_run_streams_continuation_and_stats():

@@ -10,8 +10,8 @@ import pytest
 
 import llm
 from llm.perplexity import perplexity
+from tests.llm.cli_helpers import pykernel
 from tests.llm.gguf_helpers import TINY, TINY_LLAMA, require_for_module
-from tests.llm.test_cli import pykernel
 
 require_for_module(TINY / "tiny-logits.json")
 
