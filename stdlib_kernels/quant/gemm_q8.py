@@ -331,15 +331,22 @@ def gemm_q8_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, strea
 
 def gemm_q8(raw, type_name: str, x, tiles: Q8GemmTiles | Q8KTiles | None = None):
     """Y (tokens, rows) = X (tokens, K) @ dequantize(W)^T, X quantized to Q8_1 here."""
+    return q8_1_product(raw, type_name, x, "gemm_q8", lambda *args: gemm_q8_into(
+        *args, tiles=tiles))
+
+
+def q8_1_product(raw, type_name: str, x, what: str, into):
+    """Allocating form of a Q8_1-activation matmul: X (tokens, K) float32 (numpy or device)
+    quantized to Q8_1, then into(w, type_name, xq, y, rows, K, tokens) fills the new y."""
     if isinstance(x, np.ndarray):
         x = pk.to_device(np.ascontiguousarray(x, dtype=np.float32))
     if x.dtype != np.float32 or x.ndim != 2:
-        raise ValueError(f"gemm_q8: activations must be float32 (tokens, K), got {x.dtype} "
+        raise ValueError(f"{what}: activations must be float32 (tokens, K), got {x.dtype} "
                          f"{tuple(x.shape)}")
     tokens, K = x.shape
     w, rows = weight_words(raw, type_name, K)
     xq = pk.empty((tokens, q8_1_bytes(K)), np.uint8)
     quantize_q8_1_into(x, xq)
     y = pk.empty((tokens, rows), np.float32)
-    gemm_q8_into(w, type_name, xq, y, rows, K, tokens, tiles=tiles)
+    into(w, type_name, xq, y, rows, K, tokens)
     return y

@@ -1,19 +1,21 @@
-"""Int8 tensor-core GEMV for a few tokens (batched decode, 2..16): Y[t, r] = sum_k W[r, k] X[t, k],
-Q4_K weights, Q8_1 activations.
+"""Int8 tensor-core GEMV for a few tokens (batched decode, short prompts; 1..16): Y[t, r] =
+sum_k W[r, k] X[t, k], Q4_K weights, Q8_1 activations.
 
     gemv_mma_into(w, type, xq, y, rows, K, tokens, stream=None, *, ldy=None, col0=0, res=None,
-                  warps=None, unroll=None)
+                  warps=None, unroll=None, tiles=None)
+    gemv_mma(raw, type, x) -> y                      allocating form
 
 Why a third kernel between the DP4A GEMV and the int8 GEMM: at 2..16 tokens the GEMV decodes
 every weight block once per token (issue-bound from 4 tokens) and the GEMM passes each K step
 through shared memory behind a barrier (1.2-1.4 TB/s on an H100; benchmarks/RESULTS.md
-"Batched decode GEMVs"). Here a warp owns 16 weight rows and a contiguous share of the K
-super-blocks, with all tokens as ceil(tokens / 8) n8 tiles; each thread loads its A fragment
+"Batched decode GEMVs"). Here a warp owns TILES x 16 weight rows and a contiguous share of the
+K super-blocks, with all tokens as ceil(tokens / 8) n8 tiles; each thread loads its A fragment
 bytes straight from the weights (16-byte header + four 8-byte loads of quants per row and
 super-block, UNROLL super-blocks in flight), its B fragments from the Q8_1 rows (small and read
-by every warp of the multiprocessor: L1 hits), and runs one `mma.m16n8k32` per 32-value block
-and n8 tile. The WARPS warps of a block share the 16 rows and split K; they sum their
-accumulators through shared memory at the end (one barrier per launch, none in the K loop).
+by every warp of the multiprocessor: L1 hits, each used for all the warp's row tiles), and runs
+one `mma.m16n8k32` per 32-value block, row tile and n8 tile. The WARPS warps of a block share
+its rows and split K; they sum their accumulators through shared memory at the end (one
+barrier per launch, none in the K loop).
 
 K order inside an mma: the four threads of a fragment row take the 32 values of a block as
 four runs of 8 (thread tg: values 8 tg .. 8 tg + 7, a0 / a2 = their halves) instead of the
@@ -35,6 +37,7 @@ from .. import _launch as L
 from .decode8 import scale_min_k4
 from .dot_q8 import LOW_NIBBLES
 from .gemm import output_args, store_c
+from .gemm_q8 import q8_1_product
 from .gemv import word_dtype
 from .q8_1 import q8_1_bytes
 
@@ -213,18 +216,7 @@ def gemv_mma_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, stre
 def gemv_mma(raw, type_name: str, x):
     """Allocating form: y (tokens, rows) float32 on the current device from raw weights
     (rows, row_bytes) uint8 and x (tokens, K) float32 (numpy or device)."""
-    from .gemv import weight_words
-    from .q8_1 import quantize_q8_1
-    if getattr(x, "ndim", 0) != 2:
-        raise ValueError(f"gemv_mma: x must be float32 (tokens, K), got shape "
-                         f"{tuple(getattr(x, 'shape', ()))}")
-    tokens, n = x.shape
-    w, rows = weight_words(raw, type_name, n)
-    xq = quantize_q8_1(x if isinstance(x, pk.Array) else pk.to_device(
-        np.ascontiguousarray(x, dtype=np.float32)))
-    y = pk.empty((tokens, rows), np.float32)
-    gemv_mma_into(w, type_name, xq, y, rows, n, tokens)
-    return y
+    return q8_1_product(raw, type_name, x, "gemv_mma", gemv_mma_into)
 
 
 __all__ = ["gemv_mma", "gemv_mma_into", "mma_gemv_applies", "default_launch",
