@@ -4,7 +4,9 @@ scheduler, sampling, HTTP and JSON included, unlike batched_decode.py's bare ste
 
 Input: argv = SHAPE:TYPE (llm.synth; default llama-8b:Q4_K_M), env SYNTH_DIR (default /tmp),
 CLIENTS (default 1,4,16), SLOTS (default: as many as clients), TOKENS (default 128),
-DEVICE (default cuda). Output: a table per model.
+DEVICE (default cuda). Output: a table per model, then for each row where the server's worker
+spent the clients' run (llm/serve_metrics.py: prompts, decode steps by batch size, sampling,
+slot moves, idle), from its counters before and after.
 
     python3 benchmarks/serve_load.py llama-8b:Q4_K_M
 """
@@ -17,6 +19,7 @@ import urllib.request
 
 import llm
 from llm.server import make_server
+from llm.serve_metrics import PHASES, difference
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from batched_decode import model_file  # noqa: E402
@@ -31,9 +34,9 @@ def ask(url: str, prompt: str, tokens: int) -> dict:
 
 
 def run(model, clients: int, slots: int, tokens: int) -> tuple:
-    """(generated tokens, seconds, start-up seconds) of `clients` requests at once on `slots`
-    slots; start-up: the server's, whose warm-up compiles and captures batch sizes 2..slots
-    (those this process has not compiled yet)."""
+    """(generated tokens, seconds, start-up seconds, the scheduler's counters over the run) of
+    `clients` requests at once on `slots` slots; start-up: the server's, whose warm-up
+    compiles and captures batch sizes 2..slots (those this process has not compiled yet)."""
     t0 = time.perf_counter()
     server = make_server(model, "127.0.0.1", 0, parallel=slots, warm_up=True)
     start_up = time.perf_counter() - t0
@@ -46,16 +49,28 @@ def run(model, clients: int, slots: int, tokens: int) -> tuple:
         def client(i: int) -> None:
             answers[i] = ask(url, f"Request {i}: tell me a story about the number {i}", tokens)
         threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+        before = server.scheduler.metrics.snapshot()
         t0 = time.perf_counter()
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         seconds = time.perf_counter() - t0
+        counters = difference(server.scheduler.metrics.snapshot(), before)
     finally:
         server.shutdown()
         server.server_close()
-    return sum(a["usage"]["completion_tokens"] for a in answers), seconds, start_up
+    return sum(a["usage"]["completion_tokens"] for a in answers), seconds, start_up, counters
+
+
+def breakdown(counters: dict, seconds: float) -> str:
+    """One line: the worker's seconds per phase, then decode steps per batch size (count x
+    mean ms)."""
+    phases = ", ".join(f"{p} {counters[f'{p}_seconds_total']:.2f} s" for p in PHASES)
+    steps = ", ".join(f"B{b}: {n} x {1e3 * s / n:.2f} ms"
+                      for b, (n, s) in counters["steps_by_batch"].items())
+    return (f"worker over {seconds:.2f} s: {phases}; {counters['prompt_tokens_total']} prompt "
+            f"tokens; decode steps {steps}")
 
 
 def main(item: str) -> None:
@@ -67,11 +82,14 @@ def main(item: str) -> None:
     print(f"\n{item}: {tokens} tokens per request, greedy")
     print("| clients | slots | generated | seconds | tok/s (all clients) | server start-up s |")
     print("|---|---|---|---|---|---|")
+    notes = []
     for clients in clients_list:
         slots = int(os.environ.get("SLOTS", clients))
-        generated, seconds, start_up = run(model, clients, slots, tokens)
+        generated, seconds, start_up, counters = run(model, clients, slots, tokens)
         print(f"| {clients} | {slots} | {generated} | {seconds:.2f} | {generated / seconds:.0f} "
               f"| {start_up:.1f} |", flush=True)
+        notes.append(f"{clients} clients: {breakdown(counters, seconds)}")
+    print("\n" + "\n".join(notes))
 
 
 if __name__ == "__main__":

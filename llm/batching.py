@@ -31,6 +31,7 @@ import numpy as np
 
 from llm.generate import Generation, GenerationStats, Session, check_prompt_fits
 from llm.sampling import Sampler, SamplingParams
+from llm.serve_metrics import ServeMetrics
 
 _END = object()      # a request's queue: generation over
 
@@ -71,6 +72,7 @@ class BatchScheduler:
         self._waiting: deque[_Request] = deque()
         self._wake = threading.Condition()
         self._closed = False
+        self.metrics = ServeMetrics()       # what the worker ran and where its time went
         if warm_up:
             self.warm_up()
         self._worker = threading.Thread(target=self._work, name="pykernel-batching", daemon=True)
@@ -123,6 +125,7 @@ class BatchScheduler:
             if self._closed:
                 raise RuntimeError("the batch scheduler is closed")
             self._waiting.append(request)
+            self.metrics.set("requests_waiting", len(self._waiting))
             self._wake.notify()
         return self._pieces(request)
 
@@ -152,13 +155,19 @@ class BatchScheduler:
 
     # --- the worker ----------------------------------------------------------------------
     def _work(self) -> None:
+        metrics = self.metrics
         while True:
             with self._wake:
-                while not self._closed and not self._waiting and not any(self._busy):
-                    self._wake.wait()
+                if not self._closed and not self._waiting and not any(self._busy):
+                    with metrics.timed("idle"):
+                        while not self._closed and not self._waiting and not any(self._busy):
+                            self._wake.wait()
                 if self._closed:
                     break
                 admitted = self._admit()
+                metrics.set("requests_waiting", len(self._waiting))
+            metrics.add("requests_total", len(admitted))
+            metrics.set("requests_running", sum(r is not None for r in self._busy))
             for request in admitted:
                 self._guarded([request], self._start, request)
             for request in [r for r in self._busy if r is not None and r.cancelled]:
@@ -197,7 +206,8 @@ class BatchScheduler:
         best = max(range(target, self.slots),
                    key=lambda s: (common(s), s == target, -self._last_used[s]))
         if common(best) > common(target):
-            self._move(best, target)
+            with self.metrics.timed("slots"):
+                self._move(best, target)
         return target
 
     def _move(self, source: int, target: int) -> None:
@@ -233,62 +243,79 @@ class BatchScheduler:
     def _start(self, request: _Request) -> None:
         session, stats = self.sessions[request.slot], request.gen.stats
         t0 = time.perf_counter()
-        if request.prompt_logprobs:
-            logits, scored = session.prefill_scored(request.ids, request.gen.logprobs)
-            request.gen.logprob_entries.extend(scored)
-            stats.prompt_tokens = len(request.ids)
-        else:
-            logits, stats.prompt_tokens = session.prefill(request.ids)
+        with self.metrics.timed("prompt"):
+            if request.prompt_logprobs:
+                logits, scored = session.prefill_scored(request.ids, request.gen.logprobs)
+                request.gen.logprob_entries.extend(scored)
+                stats.prompt_tokens = len(request.ids)
+            else:
+                logits, stats.prompt_tokens = session.prefill(request.ids)
+        self.metrics.add("prompt_tokens_total", stats.prompt_tokens)
         stats.prompt_seconds = time.perf_counter() - t0
         request.decode_start = time.perf_counter()
-        self._advance(request, logits)
+        with self.metrics.timed("sample"):
+            done = self._advance(request, logits)
+        if done:
+            self._release(request)
 
     def _step(self, active: list) -> None:
         sessions = [self.sessions[r.slot] for r in active]
-        if len(active) == 1:
-            rows = [sessions[0].step(active[0].token)]
-        else:
-            ids = np.array([r.token for r in active], np.int64)
-            positions = np.array([len(s.tokens) for s in sessions], np.int64)
-            logits = self.model.transformer.forward_batch(ids, positions,
-                                                          [s.cache for s in sessions])
-            rows = self.model.backend.to_host_reused(logits)   # sampled before the next step
-            for session, request in zip(sessions, active):
-                session.tokens.append(request.token)
-        for request, row in zip(active, rows):
-            request.gen.stats.decode_steps += 1
-            self._advance(request, row)
+        with self.metrics.timed("decode", batch=len(active)):
+            if len(active) == 1:
+                rows = [sessions[0].step(active[0].token)]
+            else:
+                ids = np.array([r.token for r in active], np.int64)
+                positions = np.array([len(s.tokens) for s in sessions], np.int64)
+                logits = self.model.transformer.forward_batch(ids, positions,
+                                                              [s.cache for s in sessions])
+                rows = self.model.backend.to_host_reused(logits)   # sampled before next step
+                for session, request in zip(sessions, active):
+                    session.tokens.append(request.token)
+        with self.metrics.timed("sample"):
+            done = []
+            for request, row in zip(active, rows):
+                request.gen.stats.decode_steps += 1
+                if self._advance(request, row):
+                    done.append(request)
+        for request in done:          # in the order they finished
+            self._release(request)
 
-    def _advance(self, request: _Request, logits: np.ndarray) -> None:
-        """Sample the request's next token from its logits row and pass on the final text."""
+    def _advance(self, request: _Request, logits: np.ndarray) -> bool:
+        """Sample the request's next token from its logits row and pass on the final text;
+        True when the request is done (its consumer has everything; the caller releases its
+        slot)."""
         gen, session = request.gen, self.sessions[request.slot]
         token = gen.sampler.sample(logits, gen.history)
+        self.metrics.add("tokens_generated_total")
         gen.note_logprobs(logits, token)
         text = gen.accept(token, context_full=len(session.tokens) >= session.n_ctx)
         if text:
             request.pieces.put(text)
         if not gen.done:
             request.token = token
-            return
+            return False
         gen.stats.decode_seconds = time.perf_counter() - request.decode_start
         tail = gen.finish()
         if tail:
             request.pieces.put(tail)
         request.pieces.put(_END)
-        self._release(request)
+        return True
 
     def _release(self, request: _Request) -> None:
         """Free the request's slot; the last running request moves into it, so that the
         running ones stay in slots 0 .. B-1."""
         slot = request.slot
+        self.metrics.add("requests_finished_total")
         self._clock += 1
         self._last_used[slot] = self._clock
         self._busy[slot] = None
+        self.metrics.set("requests_running", sum(r is not None for r in self._busy))
         last = max((s for s, r in enumerate(self._busy) if r is not None), default=-1)
         if last > slot:
             moved = self._busy[last]
             try:
-                self._trade(slot, last)
+                with self.metrics.timed("slots"):
+                    self._trade(slot, last)
             except Exception as exc:     # noqa: BLE001 (the moved request ends with it)
                 self._busy[last] = None
                 self.sessions[slot].reset()

@@ -4,6 +4,8 @@ llama.cpp's llama-server and Ollama's /v1 endpoints offer for one model).
 Input: a loaded `llm.Model`, host and port. Output: a `ThreadingHTTPServer` answering
     GET  /health                  {"status": "ok"}
     GET  /v1/models               the one model
+    GET  /metrics                 the scheduler's counters, Prometheus text format
+                                  (llm/serve_metrics.py)
     POST /v1/completions          {"prompt": str | ids | [str | ids, ...], "n", "echo", ...}
                                   -> text_completion, a choice per prompt and n
     POST /v1/chat/completions     {"messages": [...], ...} -> chat.completion
@@ -31,6 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from llm.batching import BatchScheduler
 from llm.chat import ChatTemplateError
 from llm.generate import ContextError, GenerationStats, TokenLogprobs
+from llm.serve_metrics import prometheus_text
 from llm.server_api import (FINISH, MAX_BODY_BYTES, LogprobFormatter, RequestError,
                             chat_messages, choice_count, completion_prompts, flag,
                             generation_options, logprob_count, token_ids)
@@ -77,6 +80,9 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):                          # noqa: N802 (http.server's naming)
         if self.path == "/health":
             self._json(200, {"status": "ok"})
+        elif self.path == "/metrics":
+            self._text(200, prometheus_text(self.server.scheduler.metrics.snapshot()),
+                       "text/plain; version=0.0.4")
         elif self.path == "/v1/models":
             self._json(200, {"object": "list", "data": [
                 {"id": self.server.model_name, "object": "model", "owned_by": "pykernel"}]})
@@ -264,10 +270,13 @@ class Handler(BaseHTTPRequestHandler):
     _answered = False      # a status line sent: a later error can only end the connection
 
     def _json(self, status: int, payload: dict) -> None:
-        data = json.dumps(payload).encode()
+        self._text(status, json.dumps(payload), "application/json")
+
+    def _text(self, status: int, text: str, content_type: str) -> None:
+        data = text.encode()
         self._answered = True
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)

@@ -12,6 +12,7 @@ import llm
 from tests.launch_helpers import launched_by
 from llm.batching import BatchScheduler
 from llm.generate import GenerationStats, Session
+from llm.serve_metrics import prometheus_text
 from tests.llm.gguf_helpers import TINY, TINY_LLAMA, require_for_module
 
 require_for_module(TINY_LLAMA)
@@ -401,3 +402,40 @@ def test_q8_0_cache_slots(d64_path):
         assert ["".join(s) for s in streams] == expected
     finally:
         scheduler.close()
+
+
+def test_metrics_count_what_the_worker_ran():
+    """The scheduler's counters (GET /metrics): two requests admitted together step as a
+    batch of 2, then the longer one alone; rows stepped equal the requests' decode steps, and
+    the Prometheus text carries the same numbers."""
+    model = load("cpu", "numpy", n_ctx=128)
+    scheduler = BatchScheduler(model, slots=2)
+    try:
+        a_ids = model.tokenizer.encode("once upon a time there was")
+        b_ids = model.tokenizer.encode("the quick brown fox")
+        stats = [GenerationStats(), GenerationStats()]
+        with scheduler._wake:                  # both admitted together
+            a = scheduler.generate(a_ids, max_tokens=2, temperature=0, stats=stats[0])
+            b = scheduler.generate(b_ids, max_tokens=9, temperature=0, stats=stats[1])
+            assert scheduler.metrics.snapshot()["requests_waiting"] == 2
+        "".join(a), "".join(b)
+    finally:
+        scheduler.close()
+    m = scheduler.metrics.snapshot()
+    assert (m["requests_total"], m["requests_finished_total"]) == (2, 2)
+    assert (m["requests_running"], m["requests_waiting"]) == (0, 0)
+    assert m["prompt_tokens_total"] == len(a_ids) + len(b_ids)
+    generated = sum(s.generated_tokens for s in stats)
+    assert generated <= m["tokens_generated_total"] <= generated + 2     # + end-of-text picks
+    steps = m["steps_by_batch"]
+    assert steps[2][0] == stats[0].decode_steps >= 1, steps
+    assert sum(b * n for b, (n, _) in steps.items()) == m["decode_rows_total"] \
+        == sum(s.decode_steps for s in stats)
+    assert m["decode_steps_total"] == sum(n for n, _ in steps.values())
+    assert all(m[f"{p}_seconds_total"] > 0 for p in ("prompt", "decode", "sample"))
+    assert m["decode_seconds_total"] == pytest.approx(sum(s for _, s in steps.values()))
+    text = prometheus_text(m)
+    assert f"pykernel:decode_rows_total {m['decode_rows_total']}\n" in text
+    assert f'pykernel:decode_steps_by_batch{{batch="2"}} {steps[2][0]}\n' in text
+    for line in text.splitlines():       # "# HELP/TYPE ..." or "name[{labels}] number"
+        assert line.startswith("# ") or float(line.rsplit(" ", 1)[1]) >= 0, line

@@ -77,6 +77,30 @@ def test_completion_matches_generate_and_streams_the_same_text(served):
     assert chunks[-1]["usage"] == out["usage"]
 
 
+def test_metrics_count_a_completion(served):
+    """GET /metrics: Prometheus text whose counters move by one request's numbers."""
+    model, url = served
+
+    def metrics() -> dict:
+        status, text = call(url, "/metrics")
+        assert status == 200 and "# TYPE pykernel:requests_total counter" in text, text
+        return {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+                if not line.startswith("#")}
+    before = metrics()
+    status, out = call(url, "/v1/completions", {"prompt": "hello there", "max_tokens": 5,
+                                                "temperature": 0})
+    after = metrics()
+    usage = out["usage"]
+    assert after["pykernel:requests_total"] - before["pykernel:requests_total"] == 1
+    assert after["pykernel:requests_finished_total"] == after["pykernel:requests_total"]
+    assert after["pykernel:prompt_tokens_total"] - before["pykernel:prompt_tokens_total"] \
+        <= usage["prompt_tokens"]                 # a cached prefix is not run again
+    generated = after["pykernel:tokens_generated_total"] - \
+        before["pykernel:tokens_generated_total"]
+    assert usage["completion_tokens"] <= generated <= usage["completion_tokens"] + 1
+    assert after['pykernel:decode_steps_by_batch{batch="1"}'] >= generated - 1
+
+
 def test_chat_completion_and_stream(served):
     model, url = served
     messages = [{"role": "user", "content": "hi there"}]
