@@ -17,7 +17,9 @@ the last real row from a device buffer, so one graph per bucket serves every pro
 and start in it. Padding is safe: attention is causal, so the real rows never see the padded
 ones, and the padded rows' K/V land past the prompt, where the next token's write replaces
 them before anything reads them. A bucket runs eagerly (padded) the first time it is seen and
-is captured the second, so a one-shot prompt pays no capture. q8_0 caches (their prefill
+is captured the second, so a one-shot prompt pays no capture. The prompt graphs belong to the
+KV pool, not to one cache: a prompt into another slot of a server's pool re-points the graph's
+cache arguments at that slot (graph_slots.py) instead of running and capturing it again. q8_0 caches (their prefill
 dequantizes a host-sized row count) and prompts that would run past the context stay eager.
 On the CPU target a "graph" is the recorded launch list (same code path, run in CI).
 On sm_90+ the graphs are captured with programmatic dependent launch (each kernel's launch
@@ -33,6 +35,7 @@ import numpy as np
 import pykernel as pk
 from pykernel import compile_pool
 from llm.backends import kernels_extra as X
+from llm.backends.graph_slots import slot_binding
 from llm.generate import PREFILL_CHUNK
 from llm.models.transformer import Transformer
 
@@ -78,11 +81,13 @@ class BatchGraph:
 
 
 class PrefillGraph:
-    """One prompt-length bucket on one cache: its input buffer [ids, positions, last row]
-    and logits; graph None until the bucket is seen a second time."""
+    """One prompt-length bucket of a KV pool: its input buffer [ids, positions, last row]
+    and logits; graph None until the bucket is seen a second time (on any slot), then the
+    binding that re-points it at the slot of each prompt (graph_slots; None: it stays with
+    the cache it was captured on)."""
 
     def __init__(self, io, logits):
-        self.io, self.logits, self.graph = io, logits, None
+        self.io, self.logits, self.graph, self.binding = io, logits, None, None
 
 
 def prefill_activation_bound(config, tokens: int) -> int:
@@ -249,10 +254,11 @@ class GraphedTransformer(Transformer):
         host[:n] = np.asarray(ids, np.int32).reshape(-1)
         host[bucket:2 * bucket] = np.arange(start, start + bucket, dtype=np.int32)
         host[2 * bucket] = n - 1
-        step = cache.prefill_graphs.get(bucket)
+        pool = cache.pool.prefill_graphs
+        step = cache.own_prefill_graphs.get(bucket) or pool.get(bucket)
         if step is None:
             io = pk.to_device(host)
-            step = cache.prefill_graphs[bucket] = PrefillGraph(io, None)
+            step = pool[bucket] = PrefillGraph(io, None)
             step.logits = self._run_as_captured(self._record_prefill, io, bucket, cache,
                                                 then_decode=(cache, start + n))
             return step.logits
@@ -261,6 +267,11 @@ class GraphedTransformer(Transformer):
             with pk.capture_graph(self.backend.stream, pdl=PDL) as graph:
                 step.logits = self._record_prefill(step.io, bucket, cache)   # recorded only
             step.graph = graph
+            step.binding = slot_binding(graph, cache)
+            if step.binding is None and pool.get(bucket) is step:     # stays with this cache
+                cache.own_prefill_graphs[bucket] = pool.pop(bucket)
+        elif step.binding is not None:
+            step.binding.bind(step.graph, cache)
         step.graph.replay()
         return step.logits
 

@@ -185,6 +185,7 @@ class KVPool:
         self.accounted = [total]
         weakref.finalize(self, _release_kv, memory, self.accounted)
         self._workspaces: dict = {}
+        self.prefill_graphs: dict = {}  # kernels_graph: bucket -> PrefillGraph (graph_slots)
 
     def slot(self, array, s: int):
         from stdlib_kernels.attention.kv_q8 import Q8Cache
@@ -223,7 +224,15 @@ class KernelsKVCache(KVCache):
         self._workspaces: dict = {}
         self.graph = None     # set by kernels_graph: the captured decode step on this cache
         self.graphs: dict = {}  # kernels_graph: its decode graphs (short/long context)
-        self.prefill_graphs: dict = {}  # kernels_graph: prompt length bucket -> PrefillGraph
+        # kernels_graph: prompt length bucket -> PrefillGraph of this cache alone (graphs that
+        # cannot move between slots, graph_slots); the others are the pool's prefill_graphs
+        self.own_prefill_graphs: dict = {}
+
+    @property
+    def prefill_graphs(self) -> dict:
+        """Prompt length bucket -> PrefillGraph that a prompt into this cache replays: its
+        own, then its pool's (captured on any slot, re-pointed at this one)."""
+        return {**self.pool.prefill_graphs, **self.own_prefill_graphs}
 
     def copy_from(self, other: "KernelsKVCache", n_rows: int) -> None:
         """Every layer's K and V of `other` (same shape and type) into this cache: whole

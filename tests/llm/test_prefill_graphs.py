@@ -113,6 +113,46 @@ def test_gpu_prefill_graphs_follow_the_eager_prefill(name, rng, seed, monkeypatc
     _check(model, rng, seed, monkeypatch, 1e-3)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_prompt_graphs_serve_every_slot_of_a_pool(device, rng, seed, monkeypatch):
+    """A server's slots share one KV pool: a bucket runs eagerly once, is captured once (on
+    the slot that prompts second) and replays on every slot, re-pointed at it (graph_slots).
+    Each prompt's logits, and each slot's next decode step after all the prompts (so no
+    prompt wrote into another slot), equal that prompt's eager prefill in a cache alone."""
+    if device == "cuda" and not dv.gpu_available():
+        pytest.skip("no usable CUDA GPU (driver missing or no device)")
+    model = llm.load(TINY / "tiny-qwen2-f32.gguf", device=device, backend="kernels",
+                     n_ctx=N_CTX, progress=False)
+    cfg, t, b = model.config, model.transformer, model.backend
+    tol = 1e-5 if device == "cpu" else 1e-4
+
+    def run(ids, cache, start=0):
+        return b.to_host(t.forward(np.asarray(ids, np.int64), start, cache))[-1]
+
+    order = [0, 1, 2, 1, 0, 2]                # bucket 5 on slots in this order
+    prompts = [[int(i) for i in rng.integers(0, cfg.n_vocab, 5)] for _ in order]
+    nxt = [int(i) for i in rng.integers(0, cfg.n_vocab, 3)]
+    monkeypatch.setattr(kernels_graph, "PREFILL_GRAPHS", False)
+    alone = []
+    for ids in prompts:
+        cache = b.kv_cache(cfg.n_layer, N_CTX, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v)
+        alone.append((run(ids, cache), cache))
+    last = {slot: i for i, slot in enumerate(order)}       # the prompt each slot holds at the end
+    want_next = {slot: run([nxt[slot]], alone[i][1], 5) for slot, i in last.items()}
+    monkeypatch.setattr(kernels_graph, "PREFILL_GRAPHS", True)
+    caches = b.kv_caches(3, cfg.n_layer, N_CTX, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v)
+    for i, (slot, ids) in enumerate(zip(order, prompts)):
+        got = run(ids, caches[slot])
+        assert rel_l2(got, alone[i][0]) < tol, f"prompt {i} on slot {slot} (seed {seed})"
+    for slot, want in want_next.items():
+        got = run([nxt[slot]], caches[slot], 5)
+        assert rel_l2(got, want) < tol, f"slot {slot}'s next step (seed {seed})"
+    step = caches[0].pool.prefill_graphs[5]
+    assert list(caches[0].pool.prefill_graphs) == [5] and step.graph is not None
+    assert step.binding is not None and step.binding.cache is caches[2]
+    assert all(not c.own_prefill_graphs and c.prefill_graphs == {5: step} for c in caches)
+
+
 def test_prompt_steps_shrink_to_the_free_device_memory(monkeypatch):
     """The prompt step (prefill_step_tokens) halves from PREFILL_GRAPH_MAX until the bound of
     its activations fits in half of the free device memory, measured once a KV cache exists
