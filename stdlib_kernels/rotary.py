@@ -104,18 +104,21 @@ def rope_heads(x: Ptr["T", "ro"], out: Ptr["T"], positions: Ptr[i32, "ro"], ff: 
 
 
 @pk.kernel
-def rope_qkv_cache(q: Ptr["T"], k: Ptr["T", "ro"], v: Ptr["T", "ro"], cache_k: Ptr["C"],
-                   cache_v: Ptr["C"], k_scales: Ptr[u16], v_scales: Ptr[u16],
+def rope_qkv_cache(q: Ptr["T"], q_out: Ptr["T"], k: Ptr["T", "ro"], v: Ptr["T", "ro"],
+                   cache_k: Ptr["C"], cache_v: Ptr["C"], k_scales: Ptr[u16], v_scales: Ptr[u16],
                    positions: Ptr[i32, "ro"], ff: Ptr[f32, "ro"],
                    qn: Ptr[f32, "ro"], kn: Ptr[f32, "ro"],
                    q_heads: i32, kv_heads: i32, head_dim: i32, rot_dim: i32, max_len: i32,
-                   q_row: i32, kv_row: i32, pos_offset: i32, log2_base: f32, eps: f32,
+                   seq_rows: i32, q_row: i32, q_out_row: i32, kv_row: i32, pos_offset: i32,
+                   log2_base: f32, eps: f32,
                    HAS_Q: Const[bool], HAS_FF: Const[bool], NEOX: Const[bool],
                    T: Const[pk.dtype], C: Const[pk.dtype], NORM: Const[bool],
                    Q8: Const[bool]):
-    # grid (tokens, q_heads + kv_heads): blocks y < q_heads rotate q in place, the others
-    # rotate one k head into the cache and copy the matching v head; token t's q heads start
-    # at q + t q_row, its k / v heads at k / v + t kv_row. NORM: q and k heads are first
+    # grid (tokens, q_heads + kv_heads): blocks y < q_heads rotate q into q_out (q itself, or
+    # a separate buffer), the others rotate one k head into the cache and copy the matching v
+    # head; token t's q heads start at q + t q_row (q_out + t q_out_row), its k / v heads at
+    # k / v + t kv_row, its cache rows at t seq_rows (0: every token in one sequence's cache;
+    # kv_heads max_len: token t in sequence t's, batched decode). NORM: q and k heads are first
     # RMS-normalized with weights qn / kn (head_dim each). Q8: a Q8_0 cache (C = i8 quants,
     # f16 scales in k_scales / v_scales): the rotated k and the v head are staged in shared
     # memory as f32 and quantized from there (kv_q8.store_q8_0_row)
@@ -128,20 +131,21 @@ def rope_qkv_cache(q: Ptr["T"], k: Ptr["T", "ro"], v: Ptr["T", "ro"], cache_k: P
     if h < q_heads:
         if HAS_Q:
             qb = q + i64(t) * i64(q_row) + i64(h) * i64(head_dim)
+            qd = q_out + i64(t) * i64(q_out_row) + i64(h) * i64(head_dim)
             rstd = f32(1.0)
             if NORM:
                 rstd = head_rstd(qb, head_dim, eps, scratch)
-            rope_head(qb, qb, pos, head_dim, rot_dim, log2_base, ff, HAS_FF, NEOX, T, rstd,
+            rope_head(qb, qd, pos, head_dim, rot_dim, log2_base, ff, HAS_FF, NEOX, T, rstd,
                       qn, NORM)
     elif pos >= 0 and pos < max_len:
         kvh = h - q_heads
         src = i64(t) * i64(kv_row) + i64(kvh) * i64(head_dim)
-        dst = (i64(kvh) * i64(max_len) + i64(pos)) * i64(head_dim)
+        row = i64(t) * i64(seq_rows) + i64(kvh) * i64(max_len) + i64(pos)
+        dst = row * i64(head_dim)
         rstd = f32(1.0)
         if NORM:
             rstd = head_rstd(k + src, head_dim, eps, scratch)
         if Q8:
-            row = i64(kvh) * i64(max_len) + i64(pos)
             rope_head(k + src, stage, pos, head_dim, rot_dim, log2_base, ff, HAS_FF, NEOX, f32,
                       rstd, kn, NORM)
             pk.syncthreads()
@@ -230,27 +234,37 @@ def rope_kv_cache(k, v, cache_k, cache_v, positions, theta: float = 10000.0,
 def rope_kv_cache_cols(qkv, q_heads: int, kv_heads: int, head_dim: int, cache_k, cache_v,
                        positions, theta: float = 10000.0, style: str = "normal", *,
                        rot_dim=None, freq_factors=None, pos_offset: int = 0,
-                       q_norm=None, k_norm=None, norm_eps: float = 1e-6,
+                       q_norm=None, k_norm=None, norm_eps: float = 1e-6, q_out=None,
                        stream=None) -> None:
     """rope_kv_cache on a fused projection's output read in place: qkv (tokens, W) float32
     holds q | k | v heads in its first (q_heads + 2 kv_heads) head_dim columns; q is rotated
-    there, k rotated into cache_k, v copied into cache_v (no copies of the columns).
-    q_norm / k_norm / norm_eps: as rope_kv_cache's."""
+    there (or into q_out, (tokens, q_heads * head_dim) float32, leaving qkv's q as it is), k
+    rotated into cache_k, v copied into cache_v (no copies of the columns). Caches of one
+    sequence, (kv_heads, max_len, head_dim), or f16 / f32 caches of one sequence per token,
+    (tokens, kv_heads, max_len, head_dim): token t's rows go to cache_k[t] / cache_v[t] at
+    its own position (batched decode). q_norm / k_norm / norm_eps: as rope_kv_cache's."""
     qkv = L.as_array(qkv, "rope_kv_cache_cols: qkv")
     nq, nkv = q_heads * head_dim, kv_heads * head_dim
     if qkv.ndim != 2 or qkv.dtype != np.float32 or qkv.shape[1] < nq + 2 * nkv:
         raise ValueError(f"rope_kv_cache_cols: qkv must be float32 (tokens, >= {nq + 2 * nkv})"
                          f" for {q_heads} + 2 x {kv_heads} heads of {head_dim}, got "
                          f"{qkv.dtype} {tuple(qkv.shape)}")
-    _check_caches(cache_k, cache_v, kv_heads, head_dim, "rope_kv_cache_cols")
     tokens, width = qkv.shape
+    _check_caches(cache_k, cache_v, kv_heads, head_dim, "rope_kv_cache_cols", tokens)
     pos, rot_dim, ff = _common(positions, tokens, head_dim, rot_dim, freq_factors, style,
                                "rope_kv_cache_cols")
     norms = _head_norms(q_norm, k_norm, head_dim, "rope_kv_cache_cols")
     flat = qkv.reshape(-1)
+    out = None
+    if q_out is not None:
+        q_out = L.as_array(q_out, "rope_kv_cache_cols: q_out")
+        if q_out.dtype != np.float32 or q_out.size != tokens * nq:
+            raise ValueError(f"rope_kv_cache_cols: q_out must be float32 ({tokens}, {nq}), got "
+                             f"{q_out.dtype} {tuple(q_out.shape)}")
+        out = (q_out.reshape(-1), nq)
     _launch_qkv(flat, flat[nq:], flat[nq + nkv:], cache_k, cache_v, pos, ff, tokens, q_heads,
                 kv_heads, head_dim, rot_dim, width, width, pos_offset, theta, style, True,
-                freq_factors is not None, qkv.dtype, stream, norms, norm_eps)
+                freq_factors is not None, qkv.dtype, stream, norms, norm_eps, q_out=out)
 
 
 def _head_norms(q_norm, k_norm, head_dim: int, name: str):
@@ -270,8 +284,12 @@ def _head_norms(q_norm, k_norm, head_dim: int, name: str):
 
 def _launch_qkv(q, k, v, cache_k, cache_v, pos, ff, tokens, q_heads, kv_heads, head_dim,
                 rot_dim, q_row, kv_row, pos_offset, theta, style, has_q, has_ff, dtype, stream,
-                norms=None, norm_eps=1e-6):
+                norms=None, norm_eps=1e-6, q_out=None):
+    """q_out: (array, row stride) that q's rotated heads go to; None: q in place."""
     qn, kn = norms if norms is not None else (ff, ff)   # not read without NORM
+    q_dst, q_dst_row = q_out if q_out is not None else (q, q_row)
+    max_len = cache_k.shape[-2]
+    seq_rows = kv_heads * max_len if len(cache_k.shape) == 4 else 0
     q8 = isinstance(cache_k, Q8Cache)
     if q8:
         caches = (cache_k.quants, cache_v.quants, cache_k.scales.view(np.uint16),
@@ -279,15 +297,28 @@ def _launch_qkv(q, k, v, cache_k, cache_v, pos, ff, tokens, q_heads, kv_heads, h
     else:   # the scale pointers are not read: any u16 view stands in
         stand_in = pos.view(np.uint16)
         caches = (cache_k, cache_v, stand_in, stand_in)
-    args = (q, k, v, *caches, pos, ff, qn, kn, q_heads, kv_heads, head_dim, rot_dim,
-            cache_k.shape[1], q_row, kv_row, pos_offset, math.log2(theta), float(norm_eps))
+    args = (q, q_dst, k, v, *caches, pos, ff, qn, kn, q_heads, kv_heads, head_dim, rot_dim,
+            max_len, seq_rows, q_row, q_dst_row, kv_row, pos_offset, math.log2(theta),
+            float(norm_eps))
     spec = (("HAS_Q", has_q), ("HAS_FF", has_ff), ("NEOX", style == "neox"), ("T", dtype),
             ("C", np.int8 if q8 else cache_k.dtype), ("NORM", norms is not None), ("Q8", q8))
     L.launch(rope_qkv_cache, (tokens, q_heads + kv_heads, 1), L.threads_for(head_dim, 256),
              args, spec, stream)
 
 
-def _check_caches(cache_k, cache_v, kv_heads: int, head_dim: int, name: str) -> None:
+def _check_caches(cache_k, cache_v, kv_heads: int, head_dim: int, name: str,
+                  tokens: int | None = None) -> None:
+    """(kv_heads, max_len, head_dim) caches; with `tokens`, f16 / f32 caches may also be
+    (tokens, kv_heads, max_len, head_dim): one sequence per token."""
+    if tokens is not None and not isinstance(cache_k, Q8Cache) and cache_k.ndim == 4:
+        for what, c in (("cache_k", cache_k), ("cache_v", cache_v)):
+            if c.ndim != 4 or c.shape[0] != tokens or c.shape[1] != kv_heads or \
+                    c.shape[3] != head_dim or c.dtype not in (np.float32, np.float16) or \
+                    c.dtype != cache_k.dtype or c.shape != cache_k.shape:
+                raise ValueError(f"{name}: {what} must be ({tokens}, {kv_heads}, max_len, "
+                                 f"{head_dim}) float32/float16 like cache_k (a sequence per "
+                                 f"token), got {c.shape} {c.dtype}")
+        return
     if isinstance(cache_k, Q8Cache) or isinstance(cache_v, Q8Cache):
         check_q8_pair(cache_k, cache_v, name)
         if cache_k.shape[0] != kv_heads or cache_k.shape[2] != head_dim:

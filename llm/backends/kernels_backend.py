@@ -378,28 +378,34 @@ class KernelsBackend(Backend):
         return out
 
     def attention_batch(self, q, k, v, caches, layer, positions, scale, window=0):
-        """Row i: RoPE'd q/k (one launch each for all rows), k/v stored at positions[i] of
-        caches[i], decode attention over that cache, lengths read from the step's positions.
-        Consecutive slots of one f16/f32 KVPool (what BatchScheduler steps) take one store and
-        one attention launch (plus a split's combine) for all rows; other caches two or three
-        launches per row."""
-        qa, ka, va = (self._contiguous(self.materialize(a)) for a in (q, k, v))
-        n, d = qa.shape[0], caches[0].head_dim
+        """Row i: RoPE'd q/k, k/v stored at positions[i] of caches[i], decode attention over
+        that cache, lengths read from the step's positions. Consecutive slots of one f16/f32
+        KVPool (what BatchScheduler steps) take one launch for RoPE and the cache writes of
+        all rows (on the fused q|k|v projection's columns in place: rope_kv_cache_cols into
+        the slots' caches, q into a contiguous buffer; else a RoPE launch each for q and k,
+        column copies and one store) and one attention launch (plus a split's combine); other
+        caches two or three launches per row."""
+        d, first, n = caches[0].head_dim, caches[0], len(caches)
         positions_dev, _ = self._positions(positions)
-        out = self.arena.take((n, qa.shape[1]), np.float32)
-        q3, out3 = qa.reshape(n, -1, d), out.reshape(n, -1, d)
-        first = caches[0]
         if d in HEAD_DIMS and not first.q8 and all(
                 c.pool is first.pool and c.slot == first.slot + i for i, c in enumerate(caches)):
             k_all = first.pool.k[layer][first.slot:first.slot + n]
             v_all = first.pool.v[layer][first.slot:first.slot + n]
-            X.store_kv(ka, va, k_all, v_all, positions_dev)
+            qa = self._rope_into_slots(q, k, v, k_all, v_all, positions_dev)
+            if qa is None:
+                qa, ka, va = (self._contiguous(self.materialize(a)) for a in (q, k, v))
+                X.store_kv(ka, va, k_all, v_all, positions_dev)
+            q3 = qa.reshape(n, -1, d)
+            out = self.arena.take((n, qa.shape[1]), np.float32)
             config = self._decode_config(q3.shape[1], k_all)
             splits = self.batch_splits(caches, positions, window, q3.shape[1])
-            launch_decode(q3, k_all, v_all, positions_dev, out3, scale, window=window or None,
-                          len_add=1, config=config, early_kv=EARLY_KV,
+            launch_decode(q3, k_all, v_all, positions_dev, out.reshape(n, -1, d), scale,
+                          window=window or None, len_add=1, config=config, early_kv=EARLY_KV,
                           workspace=first.pool.workspace(n, q3.shape[1], config, splits))
             return out
+        qa, ka, va = (self._contiguous(self.materialize(a)) for a in (q, k, v))
+        out = self.arena.take((n, qa.shape[1]), np.float32)
+        q3, out3 = qa.reshape(n, -1, d), out.reshape(n, -1, d)
         for i, cache in enumerate(caches):
             k_cache, v_cache = cache.k[layer], cache.v[layer]
             pos_dev = positions_dev[i:i + 1]
@@ -412,6 +418,26 @@ class KernelsBackend(Backend):
                 X.attention(qa[i:i + 1], k_cache, v_cache, out[i:i + 1], pos_dev, q3.shape[1],
                             scale, window)
         return out
+
+    def _rope_into_slots(self, q, k, v, k_all, v_all, positions_dev):
+        """The batched step's q / k RoPE and K / V writes in one launch, when q, k, v are
+        the fused projection's columns (rope_kv_cache_cols with a cache per row: row i into
+        k_all[i] / v_all[i] at its position); the rotated q in a new contiguous buffer (the
+        decode's input), or None where the columns are not fused."""
+        if not (isinstance(q, Roped) and isinstance(k, Roped) and q.params == k.params):
+            return None
+        d = k_all.shape[-1]
+        q_src, k_src, norms = q.x, k.x, _head_norms(q.x, k.x, d)
+        if norms is not None:      # the head norms run inside the RoPE launch
+            q_src, k_src = q_src.x, k_src.x
+        if not _qkv_in_place(q_src, k_src, v):
+            return None
+        qkv, p = q_src.src, q.params
+        qa = self.arena.take((qkv.shape[0], q_src.width), np.float32)
+        rope_kv_cache_cols(qkv, q_src.width // d, k_src.width // d, d, k_all, v_all,
+                           positions_dev, p.base, _rope_style(p), rot_dim=p.n_rot,
+                           freq_factors=q.freq_factors, q_out=qa, **_norm_args(norms))
+        return qa
 
     def batch_splits(self, caches, positions, window, n_head: int) -> int:
         """The split count of attention_batch's one launch over consecutive pool slots, from

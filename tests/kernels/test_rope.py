@@ -94,6 +94,42 @@ def test_rope_kv_cache_cols_matches_separate_arrays(device, rng, seed, style):
                              positions)
 
 
+@pytest.mark.parametrize("cache_dtype", [np.float32, np.float16])
+def test_rope_kv_cache_cols_one_sequence_per_token(device, rng, seed, cache_dtype):
+    # batched decode: token t of the fused projection belongs to sequence t, at its own
+    # position, in cache_k[t] / cache_v[t] of (tokens, kv_heads, max_len, head_dim) caches;
+    # its rotated q goes to q_out and qkv stays as it was. Each sequence alone through
+    # rope_kv_cache on its own 3-d cache is the reference
+    tokens, q_heads, kv_heads, head_dim, max_len = 3, 6, 2, 32, 9
+    width = (q_heads + 2 * kv_heads) * head_dim + 3
+    qkv = rng.standard_normal((tokens, width)).astype(np.float32)
+    nq, nkv = q_heads * head_dim, kv_heads * head_dim
+    pos = np.array([8, 0, 4], np.int32)
+    ck = pk.full((tokens, kv_heads, max_len, head_dim), np.nan, cache_dtype)
+    cv = pk.full((tokens, kv_heads, max_len, head_dim), np.nan, cache_dtype)
+    q_out = pk.full((tokens, nq), np.nan, np.float32)
+    qkvd = pk.to_device(qkv)
+    R.rope_kv_cache_cols(qkvd, q_heads, kv_heads, head_dim, ck, cv, pk.to_device(pos), 1e4,
+                         "neox", q_out=q_out)
+    np.testing.assert_array_equal(qkvd.numpy(), qkv)
+    for t in range(tokens):
+        one = [pk.full((kv_heads, max_len, head_dim), np.nan, cache_dtype) for _ in range(2)]
+        q = pk.to_device(qkv[t:t + 1, :nq].reshape(1, q_heads, head_dim))
+        R.rope_kv_cache(qkv[t:t + 1, nq:nq + nkv].reshape(1, kv_heads, head_dim),
+                        qkv[t:t + 1, nq + nkv:nq + 2 * nkv].reshape(1, kv_heads, head_dim),
+                        one[0], one[1], pk.to_device(pos[t:t + 1]), 1e4, "neox", q=q)
+        np.testing.assert_array_equal(q_out.numpy()[t], q.numpy().reshape(-1),
+                                      err_msg=f"seed {seed} token {t}")
+        np.testing.assert_array_equal(ck.numpy()[t], one[0].numpy(), f"seed {seed} token {t}")
+        np.testing.assert_array_equal(cv.numpy()[t], one[1].numpy(), f"seed {seed} token {t}")
+    with pytest.raises(ValueError, match=r"must be \(3, 2, max_len, 32\)"):
+        R.rope_kv_cache_cols(qkvd, q_heads, kv_heads, head_dim, ck[:2], cv[:2],
+                             pk.to_device(pos))
+    with pytest.raises(ValueError, match="q_out must be float32"):
+        R.rope_kv_cache_cols(qkvd, q_heads, kv_heads, head_dim, ck, cv, pk.to_device(pos),
+                             q_out=pk.zeros((tokens, nq - 1), np.float32))
+
+
 def rms_reference(x, weight, eps):
     x = np.asarray(x, np.float64)
     return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * weight

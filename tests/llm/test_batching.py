@@ -90,9 +90,12 @@ def test_batched_rows_equal_each_sequence_alone(where, name, caches, d64_path, r
     graphs = getattr(model.transformer, "_batch_graphs", None)
     if graphs and name == "tiny-d64":    # which attention the captured step took
         (step,) = graphs.values()
-        stores = [x.name for x in step.graph.launches].count("kv_store")
-        per_layer = 1 if caches == "slots" else len(prompts)
-        assert stores == per_layer * model.config.n_layer, stores
+        names, n_layer = [x.name for x in step.graph.launches], model.config.n_layer
+        if caches == "slots":     # one RoPE + K/V write launch for all rows, on the q|k|v columns
+            assert names.count("rope_qkv_cache") == n_layer and "kv_store" not in names, names
+            assert "rope_heads" not in names, sorted(set(names))
+        else:
+            assert names.count("kv_store") == len(prompts) * n_layer, names
 
 
 @pytest.mark.parametrize("where", BACKENDS[1:], ids=lambda w: "-".join(w))
