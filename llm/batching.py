@@ -34,6 +34,10 @@ from llm.sampling import Sampler, SamplingParams
 from llm.serve_metrics import ServeMetrics
 
 _END = object()      # a request's queue: generation over
+# prompt lengths whose graphs warm_up captures: the kernels of a 5-8 token prompt (the GEMVs),
+# of 9-16 and of longer ones differ; a fresh H100 compiled ~5 s for a server's first 40-token
+# prompt before (benchmarks/RESULTS.md "Prompts on any slot")
+WARM_PROMPTS = (8, 16, 64)
 
 
 @dataclass(eq=False)
@@ -82,12 +86,20 @@ class BatchScheduler:
         """On a backend with graphs (kernels): compile and capture the batched step of every
         batch size 2 .. slots on the still empty slots, so that the first time B requests run
         together does not stall them all for its kernels' compile (seconds per size on the
-        first run of a model; the compile cache makes later starts quick). Before serving."""
+        first run of a model; the compile cache makes later starts quick), and the prompt
+        graphs of WARM_PROMPTS' lengths (one kernel set each: the GEMV, the short-prompt and
+        the longer-prompt matmuls), shared by every slot. Before serving."""
         transformer = self.model.transformer
         if not hasattr(transformer, "warm_batch"):
             return
         for b in range(2, self.slots + 1):    # every attention split plan of each size
             transformer.warm_batch([s.cache for s in self.sessions[:b]])
+        first = self.sessions[0]
+        for n in WARM_PROMPTS:
+            if n < self.slot_ctx:
+                for _ in range(2):            # run eagerly (compiles), then captured
+                    first.reset()
+                    first.prefill_act([0] * n)
         self.model.backend.synchronize()
         for session in self.sessions:
             session.reset()

@@ -238,9 +238,10 @@ def cmd_serve(args) -> int:
     """Serve /v1/completions, /v1/chat/completions, /v1/models, /health until interrupted."""
     from llm.server import make_server
     model = _load(args)
-    if args.parallel > 1 and model.backend.name == "kernels":
-        print(f"compiling the batched decode of 2..{args.parallel} requests ...",
-              file=sys.stderr, flush=True)
+    if model.backend.name == "kernels":
+        batched = f" and the batched decode of 2..{args.parallel} requests" \
+            if args.parallel > 1 else ""
+        print(f"compiling the prompt steps{batched} ...", file=sys.stderr, flush=True)
     server = make_server(model, args.host, args.port, parallel=args.parallel, warm_up=True)
     server.default_max_tokens = args.n_predict
     host, port = server.server_address[:2]

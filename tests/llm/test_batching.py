@@ -342,6 +342,8 @@ def test_an_error_in_a_step_reaches_its_request_and_the_worker_goes_on(monkeypat
 
 
 def test_warm_up_captures_every_batch_size_and_leaves_the_slots_empty(d64_path):
+    """Every batch size and split plan captured, and the prompt graphs of WARM_PROMPTS that
+    fit a slot (21 positions here: 8 and 16), on empty slots."""
     model = load("cpu", "kernels", name=d64_path, n_ctx=64)
     scheduler = BatchScheduler(model, slots=3, warm_up=True)
     try:
@@ -353,6 +355,8 @@ def test_warm_up_captures_every_batch_size_and_leaves_the_slots_empty(d64_path):
         assert len(plans) >= 2, plans          # this model's slots take several split plans
         assert captured == {(size, (plan,)) for size in (2, 3) for plan in plans}
         assert all(not s.tokens for s in scheduler.sessions)
+        prompts = scheduler.sessions[0].cache.pool.prefill_graphs    # every slot's
+        assert sorted(prompts) == [8, 16] and all(p.graph is not None for p in prompts.values())
         prompt = [5, 9, 13]
         alone = "".join(model.generate(prompt, max_tokens=6, temperature=0))
         assert "".join(scheduler.generate(prompt, max_tokens=6, temperature=0)) == alone
