@@ -41,7 +41,8 @@ from .intrinsics.ldmatrix import ldmatrix
 from .intrinsics.packed import add_f16x2, mul_f16x2, prmt, sub_f16x2
 from .intrinsics.cluster import cluster_map, cluster_rank, cluster_size, cluster_sync
 from .intrinsics.lowlevel import (asm, dp4a, mma_m16n8k16_bf16, mma_m16n8k16_f16,
-                                  mma_m16n8k32_s8, mma_m16n8k128_b1, movmatrix)
+                                  mma_m16n8k16_s8, mma_m16n8k32_s8, mma_m16n8k128_b1,
+                                  movmatrix)
 from .compile_pool import precompile
 from .autotuner import AutotuneError, autotune
 from .elementwise_kernels import elementwise

@@ -48,48 +48,62 @@ def dp4a(fl, node):
     return Value(out_ty, acc)
 
 
-# mma fragment layouts (PTX ISA, "Matrix fragments for mma.m16n8k16/k32"): lane = 4*group+tig
+# mma fragment layouts (PTX ISA, "Matrix fragments for mma.m16n8k16/k32"): lane = 4*group+tig.
+# name: (instruction, k, values per register, k parts, accumulator type). A k part is one A
+# register pair (rows group, group + 8) and one B register, each lane holding per_reg
+# consecutive k; part p covers k p*k/parts .. (p+1)*k/parts - 1. Registers: a (2 parts), b
+# (parts), c (4).
 MMA = {
-    "f16": ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", 16, 2, f32),
-    "bf16": ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", 16, 2, f32),
-    "s8": ("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32", 32, 4, i32),
+    "m16n8k16_f16": ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", 16, 2, 2, f32),
+    "m16n8k16_bf16": ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", 16, 2, 2, f32),
+    "m16n8k32_s8": ("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32", 32, 4, 2, i32),
+    "m16n8k16_s8": ("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32", 16, 4, 1, i32),
 }
 
 
-def _mma(kind):
-    instr, ksize, per_reg, acc_ty = MMA[kind]
+def _mma(name):
+    instr, ksize, per_reg, parts, acc_ty = MMA[name]
+    a_names = ", ".join(f"a{k}" for k in range(2 * parts))
+    b_names = ", ".join(f"b{k}" for k in range(parts))
+    nregs = 3 * parts
 
     def lower(fl, node):
-        if len(node.args) != 10 or node.keywords:
-            raise fl.error(node, f"pk.mma_{kind} takes 10 arguments: a0..a3, b0, b1, c0..c3")
-        fl.ctx.require_arch(80, f"mma.sync m16n8k{ksize} ({kind})", fl, node)
+        if len(node.args) != nregs + 4 or node.keywords:
+            raise fl.error(node, f"pk.mma_{name} takes {nregs + 4} arguments: {a_names}, "
+                           f"{b_names}, c0..c3")
+        fl.ctx.require_arch(80, f"mma.sync m16n8k{ksize} ({name.split('_')[1]})", fl, node)
         args = [fl.expr(x) for x in node.args]
-        regs = [fl.coerce(v, u32, node) for v in args[:6]]
-        accs = [fl.coerce(v, acc_ty, node) for v in args[6:]]
+        regs = [fl.coerce(v, u32, node) for v in args[:nregs]]
+        accs = [fl.coerce(v, acc_ty, node) for v in args[nregs:]]
         fl.ctx.uses.add("warp")
         if fl.ctx.target.name == "nvptx":
-            outs = _mma_ptx(fl, instr, regs, accs, acc_ty)
+            outs = _mma_ptx(fl, instr, parts, regs, accs, acc_ty)
         else:
-            site = fl.ctx.site(fl, node, f"mma {kind}")
-            outs = _mma_cpu(fl, kind, ksize, per_reg, regs, accs, acc_ty, site)
+            site = fl.ctx.site(fl, node, f"mma {name}")
+            outs = _mma_cpu(fl, name, ksize, per_reg, parts, regs, accs, acc_ty, site)
         return TupleValue(tuple(Value(acc_ty, o) for o in outs))
-    lower.__doc__ = (f"`d0..d3 = pk.mma_{'m16n8k32_s8' if kind == 's8' else 'm16n8k16_' + kind}"
-                     f"(a0..a3, b0, b1, c0..c3)`: one `{instr}` (sm_80+).")
+    lower.__doc__ = (f"`d0..d3 = pk.mma_{name}({a_names}, {b_names}, c0..c3)`: one `{instr}` "
+                     f"(sm_80+).")
     return lower
 
 
-def _mma_ptx(fl, instr, regs, accs, acc_ty):
+def _mma_ptx(fl, instr, parts, regs, accs, acc_ty):
     ct = "f" if acc_ty is f32 else "r"
     acc_llvm = F32 if acc_ty is f32 else I32
     ret = ir.LiteralStructType([acc_llvm] * 4)
-    fnty = ir.FunctionType(ret, [I32] * 6 + [acc_llvm] * 4)
-    text = f"{instr} {{$0,$1,$2,$3}}, {{$4,$5,$6,$7}}, {{$8,$9}}, {{$10,$11,$12,$13}};"
-    cons = ",".join([f"={ct}"] * 4 + ["r"] * 6 + [ct] * 4)
+    fnty = ir.FunctionType(ret, [I32] * len(regs) + [acc_llvm] * 4)
+
+    def operands(first, count):
+        return "{" + ",".join(f"${first + k}" for k in range(count)) + "}"
+    na = 2 * parts
+    text = (f"{instr} {operands(0, 4)}, {operands(4, na)}, {operands(4 + na, parts)}, "
+            f"{operands(4 + 3 * parts, 4)};")
+    cons = ",".join([f"={ct}"] * 4 + ["r"] * len(regs) + [ct] * 4)
     res = fl.b.asm(fnty, text, cons, [r.ir for r in regs] + [a.ir for a in accs], True)
     return [fl.b.extract_value(res, k) for k in range(4)]
 
 
-def _mma_cpu(fl, kind, ksize, per_reg, regs, accs, acc_ty, site):
+def _mma_cpu(fl, name, ksize, per_reg, parts, regs, accs, acc_ty, site):
     from ..lower import ops
     from ..types import bf16, f16
     target, b = fl.ctx.target, fl.b
@@ -101,6 +115,7 @@ def _mma_cpu(fl, kind, ksize, per_reg, regs, accs, acc_ty, site):
     base = b.sub(tlin, lane)
     group, tig = b.lshr(lane, ir.Constant(I32, 2)), b.and_(lane, ir.Constant(I32, 3))
     bits = 32 // per_reg
+    kind = name.split("_")[1]
 
     def fetch(src_lane, w, part):
         raw = target.fetch_word(fl.ctx, slots, half, b.add(base, src_lane), w)
@@ -110,19 +125,20 @@ def _mma_cpu(fl, kind, ksize, per_reg, regs, accs, acc_ty, site):
         return ops.to_f32(b, f16 if kind == "f16" else bf16,
                           b.bitcast(piece, ir.HalfType()) if kind == "f16" else piece)
 
-    sub = ksize // 2          # k columns held by registers 0/1 of A (then 2/3)
+    sub = ksize // parts      # k columns per part: A registers 2p (row group), 2p + 1, B p
+    nregs = 3 * parts
     outs = []
     for k_out in range(4):    # c0, c1: row=group; c2, c3: row=group+8; col = 2*tig + k_out%2
         row_hi = k_out >= 2
         col = b.add(b.mul(tig, ir.Constant(I32, 2)), ir.Constant(I32, k_out % 2))
-        acc = b.bitcast(b.trunc(words[6 + k_out], I32), F32) if acc_ty is f32 else \
-            b.trunc(words[6 + k_out], I32)
+        acc = b.bitcast(b.trunc(words[nregs + k_out], I32), F32) if acc_ty is f32 else \
+            b.trunc(words[nregs + k_out], I32)
         for k in range(ksize):
             a_lane = b.add(b.mul(group, ir.Constant(I32, 4)),
                            ir.Constant(I32, (k % sub) // per_reg))
-            a_reg = int(row_hi) + 2 * (k >= sub)
+            a_reg = int(row_hi) + 2 * (k // sub)
             b_lane = b.add(b.mul(col, ir.Constant(I32, 4)), ir.Constant(I32, (k % sub) // per_reg))
-            b_reg = 4 + (k >= sub)
+            b_reg = 2 * parts + k // sub
             x = fetch(a_lane, a_reg, k % per_reg)
             y = fetch(b_lane, b_reg, k % per_reg)
             acc = b.fadd(acc, b.fmul(x, y)) if acc_ty is f32 else b.add(acc, b.mul(x, y))
@@ -130,9 +146,10 @@ def _mma_cpu(fl, kind, ksize, per_reg, regs, accs, acc_ty, site):
     return outs
 
 
-mma_m16n8k16_f16 = intrinsic("mma_m16n8k16_f16")(_mma("f16"))
-mma_m16n8k16_bf16 = intrinsic("mma_m16n8k16_bf16")(_mma("bf16"))
-mma_m16n8k32_s8 = intrinsic("mma_m16n8k32_s8")(_mma("s8"))
+mma_m16n8k16_f16 = intrinsic("mma_m16n8k16_f16")(_mma("m16n8k16_f16"))
+mma_m16n8k16_bf16 = intrinsic("mma_m16n8k16_bf16")(_mma("m16n8k16_bf16"))
+mma_m16n8k32_s8 = intrinsic("mma_m16n8k32_s8")(_mma("m16n8k32_s8"))
+mma_m16n8k16_s8 = intrinsic("mma_m16n8k16_s8")(_mma("m16n8k16_s8"))
 
 MMA_B1 = "mma.sync.aligned.m16n8k128.row.col.s32.b1.b1.s32.and.popc"
 

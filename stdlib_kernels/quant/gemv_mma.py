@@ -1,5 +1,5 @@
 """Int8 tensor-core GEMV for a few tokens (batched decode, short prompts; 1..16): Y[t, r] =
-sum_k W[r, k] X[t, k], Q4_K weights, Q8_1 activations.
+sum_k W[r, k] X[t, k], Q4_K or Q6_K weights (MMA_GEMV_TYPES), Q8_1 activations.
 
     gemv_mma_into(w, type, xq, y, rows, K, tokens, stream=None, *, ldy=None, col0=0, res=None,
                   warps=None, unroll=None, tiles=None)
@@ -23,6 +23,14 @@ architectural 4 + 4 interleave; B takes the same permutation (its words 1 + 2 tg
 the Q8_1 block), so each dot product is unchanged and a thread's quants are one aligned 8-byte
 load (Q4_K qs byte 32 j + l: value l of block 2 j in the low nibble, of block 2 j + 1 in the
 high one). Per block: acc += d sc_kb dx_kb isum - dmin m_kb s_kb (Q8_1's s = dx sum(q)).
+
+Q6_K (gemv_mma_q6k.py has its layout): one `mma.m16n8k16` per 16-value scale group (a k32 mma
+would mix two scales) in the architectural K order, since a thread's bytes of a group are
+then one 4-byte piece of a 16-byte window whatever the order; 16 mma per super-block, row
+tile and n8 tile, the values made q - 32 in registers. Its 210-byte super-blocks start only
+2-byte aligned: each quad loads the block's aligned words and a shuffle and a `prmt` per word
+realign them (no branch on the start's parity). It runs here but is not routed yet
+(ROUTED_TYPES: mma_gemv_applies, quant.matmul and the runner send Q4_K only).
 """
 from __future__ import annotations
 
@@ -31,46 +39,55 @@ import os
 import numpy as np
 
 import pykernel as pk
-from pykernel import Const, Ptr, f32, i32, u32
+from pykernel import Const, Ptr, f32, i32, u16, u32
 
 from .. import _launch as L
-from .decode8 import scale_min_k4
+from .decode8 import Q4_K, Q6_K, scale_min_k4
 from .dot_q8 import LOW_NIBBLES
 from .gemm import output_args, store_c
 from .gemm_q8 import q8_1_product
 from .gemv import word_dtype
+from .gemv_mma_q6k import Q6K_REGS, Q6K_U16, block_sums_q6k, load_q6k
 from .q8_1 import q8_1_bytes
 
-MMA_GEMV_TYPES = ("Q4_K",)
+MMA_GEMV_TYPES = ("Q4_K", "Q6_K")     # what gemv_mma_into runs
+ROUTED_TYPES = ("Q4_K",)      # what quant.matmul and the runner send here (Q6_K: not yet routed)
 MAX_TOKENS = 16          # two n8 tiles
 # fewest tokens routed here (quant.matmul, the runner): the 8B's batched decode step (H100) of
 # 5 sequences took 5.59 ms on the DP4A GEMV against 4.68 for 6 on this kernel; at 4 tokens the
 # GEMV is as fast (down 4096 x 14336: 18.3 us against 21.4)
 MIN_TOKENS = 5
 Q4K_WORDS = 36           # one Q4_K super-block: d | dmin | scales:12 B | qs:128 B
+Q4K_REGS = 12            # words a thread keeps per row and super-block: header 4 | quants 8
+SB_WORDS = {"Q4_K": Q4K_WORDS, "Q6_K": Q6K_U16}   # words of w per super-block (Q6_K: u16)
 # PYKERNEL_MMA_GEMV=0: quant.matmul and the runner keep the int8 GEMM (for comparisons)
 ENABLED = os.environ.get("PYKERNEL_MMA_GEMV", "1") not in ("", "0")
 # default_launch's shapes, from benchmarks/small_gemm.py on an H100 (the 8B's Q4_K matmuls at
 # 4 / 8 / 16 tokens, benchmarks/RESULTS.md "Batched decode: ..., a tensor-core GEMV for 5-16
 # tokens"): 8 warps splitting K, one m16 tile per warp and 2 super-blocks ahead at up to 8
 # tokens; two tiles (a B fragment load serves both) at 9-16 tokens or on wide matrices,
-# where 4 warps suffice
+# where 4 warps suffice. Q6_K keeps 17 words per row and super-block (Q4_K 12): its two
+# tiles load one super-block ahead (28672 x 4096 at 8 tokens, H200: 50.8 us against 60.3 for
+# two ahead), otherwise Q4_K's shapes were as fast as any tried on the 8B's Q6_K matrices
 WIDE_ROWS = 16384
 
 
 def mma_gemv_applies(type_name: str, tokens: int) -> bool:
     """Whether quant.matmul and the runner run `tokens` rows of a `type_name` matmul with
     Q8_1 activations here (instead of the DP4A GEMV or the int8 GEMM)."""
-    return ENABLED and type_name in MMA_GEMV_TYPES and MIN_TOKENS <= tokens <= MAX_TOKENS
+    return ENABLED and type_name in ROUTED_TYPES and MIN_TOKENS <= tokens <= MAX_TOKENS
 
 
-def default_launch(rows: int, tokens: int, device=None) -> tuple[int, int, int]:
-    """(warps, unroll, tiles) for `rows` weight rows and `tokens` tokens; the CPU target takes
-    the smallest kernel (its compile time grows with the unrolled code)."""
+def default_launch(rows: int, tokens: int, device=None,
+                   type_name: str = "Q4_K") -> tuple[int, int, int]:
+    """(warps, unroll, tiles) for `rows` weight rows of `type_name` and `tokens` tokens; the
+    CPU target takes the smallest kernel (its compile time grows with the unrolled code)."""
     if (device or pk.current_device()).kind == "cpu":
         return 2, 1, 1
     wide, two_tiles = rows >= WIDE_ROWS, tokens > 8
-    return 4 if wide else 8, 1 if two_tiles else 2, 2 if wide or two_tiles else 1
+    tiles = 2 if wide or two_tiles else 1
+    ahead = 1 if two_tiles or (tiles == 2 and type_name == "Q6_K") else 2
+    return 4 if wide else 8, ahead, tiles
 
 
 @pk.func
@@ -129,11 +146,13 @@ def block_sums(xq: Ptr[u32, "ro"], acc, q, o: Const[int], sb: i32, g: i32, tg: i
                 acc[i + 3] = pk.fma(ub * dx1, f32(p3), pk.fma(-vb, sx1, acc[i + 3]))
 
 
-@pk.kernel
-def gemv_mma_q4k(w: Ptr[u32, "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], ldy: i32, col0: i32,
-                 res: Ptr[f32], rows: i32, row_words: i32, nsb: i32, tokens: i32, xstride: i32,
-                 MI: Const[int], NT: Const[int], WARPS: Const[int], UNROLL: Const[int],
-                 HAS_RES: Const[bool]):
+@pk.func
+def gemv_mma_body(FMT: Const[int], w, xq: Ptr[u32, "ro"], y: Ptr[f32], ldy: i32, col0: i32,
+                  res: Ptr[f32], rows: i32, row_words: i32, nsb: i32, tokens: i32, xstride: i32,
+                  MI: Const[int], NT: Const[int], WARPS: Const[int], UNROLL: Const[int],
+                  HAS_RES: Const[bool]):
+    """Both formats' kernel: the warp's K share, then warps 1.. hand their sums to warp 0,
+    which stores C. row_words: w's words per row (Q4_K u32, Q6_K u16)."""
     lane = pk.thread_idx.x % 32
     warp = pk.thread_idx.x // 32
     g = lane // 4
@@ -141,22 +160,31 @@ def gemv_mma_q4k(w: Ptr[u32, "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], ldy: i32, c
     r0 = pk.block_idx.x * 16 * MI
     first = warp * nsb // WARPS
     last = (warp + 1) * nsb // WARPS
+    R = Q4K_REGS if FMT == Q4_K else Q6K_REGS       # words per fragment row and super-block
     acc = pk.local_array(f32, 4 * MI * NT)
     for i in pk.static_range(4 * MI * NT):
         acc[i] = 0.0
     base = pk.local_array(i32, 2 * MI)              # rows past the end: computed, not stored
     for h in pk.static_range(2 * MI):
         base[h] = min(r0 + 8 * h + g, rows - 1) * row_words
-    q = pk.local_array(u32, 24 * MI * UNROLL)
+    q = pk.local_array(u32, 2 * R * MI * UNROLL)
     sb = first
     while sb < last:
         for u in pk.static_range(UNROLL):           # every load of UNROLL super-blocks first
             s = min(sb + u, last - 1)
             for h in pk.static_range(2 * MI):
-                load_q4k(w, base[h] + Q4K_WORDS * s, tg, q, 24 * MI * u + 12 * h)
+                if FMT == Q4_K:
+                    load_q4k(w, base[h] + Q4K_WORDS * s, tg, q, 2 * R * MI * u + R * h)
+                else:
+                    load_q6k(w, base[h] + Q6K_U16 * s, lane, q, 2 * R * MI * u + R * h)
         for u in pk.static_range(UNROLL):
             if sb + u < last:
-                block_sums(xq, acc, q, 24 * MI * u, sb + u, g, tg, tokens, xstride, MI, NT)
+                if FMT == Q4_K:
+                    block_sums(xq, acc, q, 2 * R * MI * u, sb + u, g, tg, tokens, xstride, MI,
+                               NT)
+                else:
+                    block_sums_q6k(xq, acc, q, 2 * R * MI * u, sb + u, g, tg, tokens, xstride,
+                                   MI, NT)
         sb += UNROLL
     NACC = 4 * MI * NT
     if WARPS > 1:     # warps 1.. hand their sums to warp 0 (same order every launch)
@@ -173,14 +201,36 @@ def gemv_mma_q4k(w: Ptr[u32, "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], ldy: i32, c
         store_c(acc, y, ldy, col0, res, rows, tokens, r0 + g, 2 * tg, MI, NT, HAS_RES)
 
 
+@pk.kernel
+def gemv_mma_q4k(w: Ptr[u32, "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], ldy: i32, col0: i32,
+                 res: Ptr[f32], rows: i32, row_words: i32, nsb: i32, tokens: i32, xstride: i32,
+                 MI: Const[int], NT: Const[int], WARPS: Const[int], UNROLL: Const[int],
+                 HAS_RES: Const[bool]):
+    gemv_mma_body(Q4_K, w, xq, y, ldy, col0, res, rows, row_words, nsb, tokens, xstride, MI, NT,
+                  WARPS, UNROLL, HAS_RES)
+
+
+@pk.kernel
+def gemv_mma_q6k(w: Ptr[u16, "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], ldy: i32, col0: i32,
+                 res: Ptr[f32], rows: i32, row_words: i32, nsb: i32, tokens: i32, xstride: i32,
+                 MI: Const[int], NT: Const[int], WARPS: Const[int], UNROLL: Const[int],
+                 HAS_RES: Const[bool]):
+    gemv_mma_body(Q6_K, w, xq, y, ldy, col0, res, rows, row_words, nsb, tokens, xstride, MI, NT,
+                  WARPS, UNROLL, HAS_RES)
+
+
+KERNELS = {"Q4_K": gemv_mma_q4k, "Q6_K": gemv_mma_q6k}
+
+
 def gemv_mma_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, stream=None, *,
                   ldy=None, col0: int = 0, res=None, warps: int | None = None,
                   unroll: int | None = None, tiles: int | None = None) -> None:
     """y (tokens, rows) = X @ W^T for 1..MAX_TOKENS tokens, X as Q8_1 rows xq (tokens,
-    q8_1_bytes(K)), w from gemv.weight_words (16-byte aligned). ldy / col0 / res as
-    gemm_q8k_into's (C into columns col0.. of y (tokens, ldy), plus res). warps: K split over
-    that many warps per block; unroll: super-blocks loaded ahead; tiles: m16 row tiles per
-    warp (a block's rows: 16 tiles); each None: default_launch's. No host sync."""
+    q8_1_bytes(K)), w from gemv.weight_words (16-byte aligned; Q4_K u32, Q6_K u16). ldy /
+    col0 / res as gemm_q8k_into's (C into columns col0.. of y (tokens, ldy), plus res).
+    warps: K split over that many warps per block; unroll: super-blocks loaded ahead; tiles:
+    m16 row tiles per warp (a block's rows: 16 tiles); each None: default_launch's. No host
+    sync."""
     if type_name not in MMA_GEMV_TYPES:
         raise ValueError(f"gemv_mma: no tensor-core GEMV for {type_name}; supported: "
                          f"{list(MMA_GEMV_TYPES)}")
@@ -192,15 +242,15 @@ def gemv_mma_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, stre
     if xq.nbytes != tokens * q8_1_bytes(K):
         raise ValueError(f"gemv_mma: Q8_1 activations must hold {tokens} x {q8_1_bytes(K)} "
                          f"bytes, got {xq.nbytes}")
-    row_words = K // 256 * Q4K_WORDS
-    if w.dtype != word_dtype(type_name) or w.nbytes < rows * row_words * 4:
-        raise ValueError(f"gemv_mma {type_name}: weights must be "
-                         f"{np.dtype(word_dtype(type_name))} words of {rows} rows x "
-                         f"{row_words * 4} bytes (gemv.weight_words), got {w.dtype} "
+    wt = np.dtype(word_dtype(type_name))
+    row_words = K // 256 * SB_WORDS[type_name]
+    if w.dtype != wt or w.nbytes < rows * row_words * wt.itemsize:
+        raise ValueError(f"gemv_mma {type_name}: weights must be {wt} words of {rows} rows x "
+                         f"{row_words * wt.itemsize} bytes (gemv.weight_words), got {w.dtype} "
                          f"{w.nbytes} bytes")
     if w.ptr % 16 or xq.ptr % 4:
         raise ValueError("gemv_mma: weights must be 16-byte aligned, activations 4-byte")
-    default = default_launch(rows, tokens)
+    default = default_launch(rows, tokens, type_name=type_name)
     warps, unroll, tiles = warps or default[0], unroll or default[1], tiles or default[2]
     if not 1 <= warps <= 32 or not 1 <= unroll <= 8 or not 1 <= tiles <= 8:
         raise ValueError(f"gemv_mma: warps {warps} (1..32), unroll {unroll} (1..8) and tiles "
@@ -208,7 +258,7 @@ def gemv_mma_into(w, type_name: str, xq, y, rows: int, K: int, tokens: int, stre
     words = xq.reshape(-1).view(np.uint32) if xq.dtype != np.uint32 else xq.reshape(-1)
     spec = (("MI", tiles), ("NT", -(-tokens // 8)), ("WARPS", warps), ("UNROLL", unroll),
             ("HAS_RES", has_res))
-    L.launch(gemv_mma_q4k, -(-rows // (16 * tiles)), 32 * warps,
+    L.launch(KERNELS[type_name], -(-rows // (16 * tiles)), 32 * warps,
              (w, words, y, ld, col0, rv, rows, row_words, K // 256, tokens, K // 32 * 9),
              spec, stream)
 
@@ -220,4 +270,4 @@ def gemv_mma(raw, type_name: str, x):
 
 
 __all__ = ["gemv_mma", "gemv_mma_into", "mma_gemv_applies", "default_launch",
-           "MMA_GEMV_TYPES", "MIN_TOKENS", "MAX_TOKENS"]
+           "MMA_GEMV_TYPES", "ROUTED_TYPES", "MIN_TOKENS", "MAX_TOKENS"]

@@ -54,7 +54,8 @@ def test_feature_kernels_assemble(name, arch, tmp_path):
 def tensor_core(a: Ptr[f32], out: Ptr[f32]):
     r = pk.mma_m16n8k16_f16(1, 2, 3, 4, 5, 6, a[0], a[1], a[2], a[3])
     s = pk.mma_m16n8k32_s8(1, 2, 3, 4, 5, 6, 0, 0, 0, 0)
-    out[0] = r[0] + f32(s[1])
+    h = pk.mma_m16n8k16_s8(u32(7), u32(8), u32(9), s[0], s[1], s[2], s[3])
+    out[0] = r[0] + f32(h[1])
     out[1] = f32(pk.dp4a(i32(7), i32(9), 1))
     out[2] = pk.fast.exp2(a[0]) + pk.fast.tanh(a[1]) + pk.fast.rsqrt(a[2])
 
@@ -63,7 +64,8 @@ def tensor_core(a: Ptr[f32], out: Ptr[f32]):
 def test_tensor_core_and_fast_math_ptx(arch, tmp_path):
     ptx = tensor_core.ptx(arch)
     for instr in ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
-                  "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32", "dp4a.s32.s32",
+                  "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32",
+                  "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32", "dp4a.s32.s32",
                   "ex2.approx", "tanh.approx.f32", "rsqrt.approx"):
         assert instr in ptx, instr
     if PTXAS is None:
