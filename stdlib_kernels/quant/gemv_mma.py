@@ -30,7 +30,7 @@ then one 4-byte piece of a 16-byte window whatever the order; 16 mma per super-b
 tile and n8 tile, the values made q - 32 in registers. Its 210-byte super-blocks start only
 2-byte aligned: each quad loads the block's aligned words and a shuffle and a `prmt` per word
 realign them (no branch on the start's parity). It runs here but is not routed yet
-(ROUTED_TYPES: mma_gemv_applies, quant.matmul and the runner send Q4_K only).
+(ROUTED_TYPES: what mma_gemv_applies, quant.matmul and the runner send here).
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ from .gemv_mma_q6k import Q6K_REGS, Q6K_U16, block_sums_q6k, load_q6k
 from .q8_1 import q8_1_bytes
 
 MMA_GEMV_TYPES = ("Q4_K", "Q6_K")     # what gemv_mma_into runs
-ROUTED_TYPES = ("Q4_K",)      # what quant.matmul and the runner send here (Q6_K: not yet routed)
+ROUTED_TYPES = ("Q4_K", "Q6_K")   # what quant.matmul and the runner send here
 MAX_TOKENS = 16          # two n8 tiles
 # fewest tokens routed here (quant.matmul, the runner): the 8B's batched decode step (H100) of
 # 5 sequences took 5.59 ms on the DP4A GEMV against 4.68 for 6 on this kernel; at 4 tokens the

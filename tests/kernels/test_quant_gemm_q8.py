@@ -337,19 +337,21 @@ def test_matmul_int8_prefill(device, rng, seed):
 
 def test_matmul_takes_the_int8_gemm_from_six_tokens(device, rng, seed):
     """quant.matmul's rule (uses_gemm): the int8 GEMM's types take it from INT8_GEMM_TOKENS
-    (6) tokens, the others keep the GEMV up to 8; 6 tokens of Q6_K give the GEMM's own result
-    (bit for bit), 5-16 of Q4_K the tensor-core GEMV's (mma_gemv_applies), and 4 the GEMV's."""
+    (6) tokens, the others keep the GEMV up to 8; 6 tokens of Q8_0 give the GEMM's own result
+    (bit for bit), 5-16 of Q4_K and Q6_K the tensor-core GEMV's (mma_gemv_applies), and 4 the
+    GEMV's."""
     from stdlib_kernels.quant.gemv import gemv
     from stdlib_kernels.quant.gemv_mma import gemv_mma, mma_gemv_applies
     from stdlib_kernels.quant.matmul import INT8_GEMM_TOKENS, uses_gemm
     assert INT8_GEMM_TOKENS == 6
-    assert not uses_gemm("Q6_K", 256, 5, xq=True) and uses_gemm("Q6_K", 256, 6, xq=True)
+    assert not uses_gemm("Q8_0", 256, 5, xq=True) and uses_gemm("Q8_0", 256, 6, xq=True)
+    assert not uses_gemm("Q6_K", 256, 4, xq=True) and uses_gemm("Q6_K", 256, 5, xq=True)
     assert not uses_gemm("Q4_K", 256, 4, xq=True) and uses_gemm("Q4_K", 256, 5, xq=True)
     assert not uses_gemm("Q4_K", 256, 6, xq=None)        # no Q8_1 workspace: the GEMV
     assert not uses_gemm("Q2_K", 256, 8, xq=True) and uses_gemm("Q2_K", 256, 9, xq=True)
     assert mma_gemv_applies("Q4_K", 5) and mma_gemv_applies("Q4_K", 16)
     assert not mma_gemv_applies("Q4_K", 4) and not mma_gemv_applies("Q4_K", 17)
-    assert not mma_gemv_applies("Q6_K", 6)
+    assert mma_gemv_applies("Q6_K", 5) and not mma_gemv_applies("Q8_0", 6)
     raw = make_weights(rng, "Q4_K", 7, 256)
     x = rng.standard_normal((6, 256)).astype(np.float32)
     np.testing.assert_array_equal(matmul(raw, "Q4_K", x).numpy(),
@@ -359,7 +361,10 @@ def test_matmul_takes_the_int8_gemm_from_six_tokens(device, rng, seed):
     check(matmul(raw, "Q4_K", x).numpy(), raw, "Q4_K", x, seed)
     raw6 = make_weights(rng, "Q6_K", 7, 256)
     np.testing.assert_array_equal(matmul(raw6, "Q6_K", x).numpy(),
-                                  gemm_q8(raw6, "Q6_K", x).numpy())
+                                  gemv_mma(raw6, "Q6_K", x).numpy())
+    raw8 = make_weights(rng, "Q8_0", 7, 256)
+    np.testing.assert_array_equal(matmul(raw8, "Q8_0", x).numpy(),
+                                  gemm_q8(raw8, "Q8_0", x).numpy())
 
 
 def test_gemm_q8_rejects_bad_input(device, rng):

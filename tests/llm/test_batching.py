@@ -180,8 +180,8 @@ def q4k_path(tmp_path_factory):
 
 @pytest.mark.parametrize("where", BACKENDS[1:], ids=lambda w: "-".join(w))
 def test_q4_k_batches_take_the_tensor_core_gemv(where, q4k_path, rng, seed):
-    """5 and 10 sequences of a Q4_K_M model: the Q4_K matmuls of the batched step are the
-    tensor-core GEMV (stdlib gemv_mma), not the int8 GEMM, where one sequence alone takes the
+    """5 and 10 sequences of a Q4_K_M model: the Q4_K and Q6_K matmuls of the batched step are
+    the tensor-core GEMV (stdlib gemv_mma), not the int8 GEMM, where one sequence alone takes the
     DP4A GEMV; rows still equal each sequence alone: to f32 rounding (~1e-7), except where an
     activation's Q8_1 byte sits on a rounding boundary and flips between the paths (their f32
     sums differ in order), which this random one-layer model amplifies to up to 8e-3 (16
@@ -209,7 +209,8 @@ def test_q4_k_batches_take_the_tensor_core_gemv(where, q4k_path, rng, seed):
             err = rel_l2(rows[0][i], alone[i])
             assert err < 2e-2, f"seed {seed}: batch {batch} row {i}: {err:.2e}"
         assert any(x.startswith("gemv_mma_q4k") for x in names), sorted(set(names))
-        assert not any(x.startswith("gemm_q8k") and "FMT_12" in x for x in names)   # Q4_K
+        assert any(x.startswith("gemv_mma_q6k") for x in names), sorted(set(names))
+        assert not any(x.startswith("gemm_q8k") for x in names), sorted(set(names))
 
 
 def test_forward_batch_checks_its_lists():
