@@ -159,7 +159,7 @@ def gemv_launch(g: RowGroup, n: int) -> bool:
 def uses_gemm(g: RowGroup, n: int) -> bool:
     """n tokens of group g leave the DP4A GEMV for a GEMM: above GEMV_TOKENS, or from
     INT8_GEMM_TOKENS for the int8 GEMM's types, or in stdlib's tensor-core GEMV range
-    (mma_gemv_applies: Q4_K, 5-16 tokens; group_matmul runs it there) (F32 weights keep the
+    (mma_gemv_applies: Q4_K and Q6_K, 5-16 tokens; group_matmul runs it there) (F32 weights keep the
     f32 GEMV, 8 tokens per launch: f16 would cost them ~1e-3 of precision)."""
     if g.type_name == "F32":
         return False
@@ -169,7 +169,7 @@ def uses_gemm(g: RowGroup, n: int) -> bool:
 
 def group_matmul(g: RowGroup, n_in: int, x, xq, y, ldy=None, col0: int = 0, res=None) -> None:
     """y (n, g.rows) = x @ W_g.T: GEMV up to 8 tokens; above (uses_gemm), the int8 tensor-core
-    GEMM on the Q8_1 activations where it is the faster one (stdlib's prefill_path; Q4_K up
+    GEMM on the Q8_1 activations where it is the faster one (stdlib's prefill_path; Q4_K and Q6_K up
     to 16 tokens: the tensor-core GEMV, stdlib's mma_gemv_applies), else the f16 tensor-core
     GEMM. ldy / col0 / res (GEMM only): the result goes to columns col0.. of
     y (n, ldy), plus res (stdlib's gemm.output_args), with no copy or add launch."""

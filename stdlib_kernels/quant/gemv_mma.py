@@ -29,8 +29,8 @@ would mix two scales) in the architectural K order, since a thread's bytes of a 
 then one 4-byte piece of a 16-byte window whatever the order; 16 mma per super-block, row
 tile and n8 tile, the values made q - 32 in registers. Its 210-byte super-blocks start only
 2-byte aligned: each quad loads the block's aligned words and a shuffle and a `prmt` per word
-realign them (no branch on the start's parity). It runs here but is not routed yet
-(ROUTED_TYPES: what mma_gemv_applies, quant.matmul and the runner send here).
+realign them (no branch on the start's parity). ROUTED_TYPES: what mma_gemv_applies,
+quant.matmul and the runner send here (both, at MIN_TOKENS..MAX_TOKENS).
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@
 Up to GEMV_MAX_TOKENS tokens use the DP4A GEMV (Q8_1 activations where the type has a DP4A
 kernel, else f32 activations), except that the int8 GEMM's types take it from INT8_GEMM_TOKENS
 (the GEMV decodes each weight block once per token, so its time grows with the tokens; the
-GEMM's 64 x 8 tiles are faster from 6). Q4_K takes the tensor-core GEMV (gemv_mma.py,
+GEMM's 64 x 8 tiles are faster from 6). Q4_K and Q6_K take the tensor-core GEMV (gemv_mma.py,
 mma_gemv_applies: 5-16 tokens, no shared-memory stages) instead of either. More tokens use a
 tensor-core GEMM: the int8 one (gemm_q8.py, Q8_1 activations; Q4_K / Q6_K through
 gemm_q8_k.py) for the types in
