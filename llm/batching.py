@@ -34,10 +34,11 @@ from llm.sampling import Sampler, SamplingParams
 from llm.serve_metrics import ServeMetrics
 
 _END = object()      # a request's queue: generation over
-# prompt lengths whose graphs warm_up captures: the kernels of a 5-8 token prompt (the GEMVs),
-# of 9-16 and of longer ones differ; a fresh H100 compiled ~5 s for a server's first 40-token
-# prompt before (benchmarks/RESULTS.md "Prompts on any slot")
-WARM_PROMPTS = (8, 16, 64)
+# prompt lengths whose graphs warm_up captures, one per tile class of the prompt matmuls
+# (stdlib gemm_q8_k.SMALL_KTILES up to 64 tokens, then 128-row tiles; the GEMVs up to 8): a
+# fresh H100 compiled ~5 s for a server's first 40-token prompt (benchmarks/RESULTS.md
+# "Prompts on any slot"). Other lengths of a class may still compile a K-split variant.
+WARM_PROMPTS = (8, 16, 32, 48, 64, 128, 256)
 
 
 @dataclass(eq=False)
@@ -87,8 +88,8 @@ class BatchScheduler:
         batch size 2 .. slots on the still empty slots, so that the first time B requests run
         together does not stall them all for its kernels' compile (seconds per size on the
         first run of a model; the compile cache makes later starts quick), and the prompt
-        graphs of WARM_PROMPTS' lengths (one kernel set each: the GEMV, the short-prompt and
-        the longer-prompt matmuls), shared by every slot. Before serving."""
+        graphs of WARM_PROMPTS' lengths (a kernel set each: the GEMVs, the short- and
+        longer-prompt matmuls), shared by every slot. Before serving."""
         transformer = self.model.transformer
         if not hasattr(transformer, "warm_batch"):
             return

@@ -40,6 +40,10 @@ from llm.server_api import (FINISH, MAX_BODY_BYTES, LogprobFormatter, RequestErr
 
 class ModelServer(ThreadingHTTPServer):
     daemon_threads = True
+    # the listen backlog: socketserver's default of 5 made a burst of 16 clients lose
+    # connection attempts, which the clients' TCP retried ~1 s later (benchmarks/RESULTS.md
+    # "Prompts on any slot": requests joining the batch late)
+    request_queue_size = 1024
 
     def __init__(self, model, address: tuple, model_name: str, default_max_tokens: int = 256,
                  parallel: int = 1, warm_up: bool = False):

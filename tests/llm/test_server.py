@@ -77,6 +77,26 @@ def test_completion_matches_generate_and_streams_the_same_text(served):
     assert chunks[-1]["usage"] == out["usage"]
 
 
+def test_a_burst_of_connections_is_queued_not_dropped():
+    """64 clients connecting at once, before the server accepts any: every connection is
+    established at once (the listen backlog holds them), none waits for a TCP retry."""
+    import socket
+    model = llm.load(TINY_LLAMA, device="cpu", progress=False)
+    server = make_server(model, "127.0.0.1", 0, model_name="tiny")    # listening, not serving
+    clients = []
+    try:
+        for _ in range(64):
+            client = socket.socket()
+            client.settimeout(0.5)
+            client.connect(("127.0.0.1", server.server_port))   # times out if the SYN is dropped
+            clients.append(client)
+    finally:
+        for client in clients:
+            client.close()
+        server.server_close()
+    assert len(clients) == 64
+
+
 def test_metrics_count_a_completion(served):
     """GET /metrics: Prometheus text whose counters move by one request's numbers."""
     model, url = served
