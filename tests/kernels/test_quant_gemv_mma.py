@@ -100,12 +100,13 @@ def test_gemv_mma_ptx_assembles(arch, type_name, assemble):
 
 
 def test_gemv_mma_default_launch_and_routing():
-    # Q6_K runs here but is not routed yet; its wide two-tile launch loads one super-block
-    # ahead (17 words per row and super-block), Q4_K's two
+    # both types are routed here at MIN_TOKENS..MAX_TOKENS; Q6_K's wide two-tile launch loads
+    # one super-block ahead (17 words per row and super-block), Q4_K's two
     gpu = SimpleNamespace(kind="cuda")
     assert default_launch(28672, 8, gpu, "Q4_K") == (4, 2, 2)
     assert default_launch(28672, 8, gpu, "Q6_K") == (4, 1, 2)
     for type_name in TYPES:
         assert default_launch(4096, 8, gpu, type_name) == (8, 2, 1)
         assert default_launch(4096, 16, gpu, type_name) == (8, 1, 2)
-    assert mma_gemv_applies("Q4_K", 8) and not mma_gemv_applies("Q6_K", 8)
+    assert mma_gemv_applies("Q4_K", 8) and mma_gemv_applies("Q6_K", 8)
+    assert not mma_gemv_applies("Q5_K", 8) and not mma_gemv_applies("Q6_K", 4)
