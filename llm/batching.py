@@ -77,7 +77,10 @@ class BatchScheduler:
         self._waiting: deque[_Request] = deque()
         self._wake = threading.Condition()
         self._closed = False
-        self.metrics = ServeMetrics()       # what the worker ran and where its time went
+        # what the worker ran and where its time went; gauges read at each snapshot
+        self.metrics = ServeMetrics(lambda: {
+            "requests_running": sum(r is not None for r in self._busy),
+            "requests_waiting": len(self._waiting)})
         if warm_up:
             self.warm_up()
         self._worker = threading.Thread(target=self._work, name="pykernel-batching", daemon=True)
@@ -138,7 +141,6 @@ class BatchScheduler:
             if self._closed:
                 raise RuntimeError("the batch scheduler is closed")
             self._waiting.append(request)
-            self.metrics.set("requests_waiting", len(self._waiting))
             self._wake.notify()
         return self._pieces(request)
 
@@ -178,9 +180,7 @@ class BatchScheduler:
                 if self._closed:
                     break
                 admitted = self._admit()
-                metrics.set("requests_waiting", len(self._waiting))
             metrics.add("requests_total", len(admitted))
-            metrics.set("requests_running", sum(r is not None for r in self._busy))
             for request in admitted:
                 self._guarded([request], self._start, request)
             for request in [r for r in self._busy if r is not None and r.cancelled]:
@@ -322,7 +322,6 @@ class BatchScheduler:
         self._clock += 1
         self._last_used[slot] = self._clock
         self._busy[slot] = None
-        self.metrics.set("requests_running", sum(r is not None for r in self._busy))
         last = max((s for s, r in enumerate(self._busy) if r is not None), default=-1)
         if last > slot:
             moved = self._busy[last]

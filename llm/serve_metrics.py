@@ -2,8 +2,9 @@
 `pykernel serve`'s GET /metrics (Prometheus text format, as llama.cpp's server offers with
 --metrics) and behind benchmarks/serve_load.py's breakdown.
 
-Input: the worker's calls (`count_*`, `timed(kind)`). Output: `snapshot()` (a dict of numbers,
-the per-batch-size tables as dicts) and `prometheus_text(snapshot)`. The worker is one thread
+Input: the worker's calls (`add`, `timed(phase)`) and a callable giving the gauges. Output:
+`snapshot()` (a dict of numbers, the per-batch-size tables as dicts) and
+`prometheus_text(snapshot)`. The worker is one thread
 and readers (HTTP handlers) others, so updates and snapshots take a lock; an update is a few
 additions per step, nothing that waits on the GPU.
 
@@ -36,9 +37,12 @@ SCALARS = (
 
 
 class ServeMetrics:
-    def __init__(self):
+    def __init__(self, gauges=lambda: {}):
+        """gauges: a callable giving the gauges' values now (read from the scheduler's own
+        state at each snapshot, not tracked here)."""
         self._lock = threading.Lock()
-        self._values = {name: 0 for name, _, _ in SCALARS}
+        self._gauges = gauges
+        self._values = {name: 0 for name, kind, _ in SCALARS if kind == "counter"}
         self._steps_by_batch: dict[int, list] = {}      # batch size -> [steps, seconds]
 
     @contextmanager
@@ -63,15 +67,12 @@ class ServeMetrics:
         with self._lock:
             self._values[name] += amount
 
-    def set(self, name: str, value: int) -> None:
-        with self._lock:
-            self._values[name] = value
-
     def snapshot(self) -> dict:
         """Every scalar, plus "steps_by_batch": {batch size: (steps, seconds)}."""
         with self._lock:
             out = dict(self._values)
             out["steps_by_batch"] = {b: tuple(r) for b, r in sorted(self._steps_by_batch.items())}
+        out.update(self._gauges())
         return out
 
 

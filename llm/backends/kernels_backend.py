@@ -345,10 +345,7 @@ class KernelsBackend(Backend):
     def attention(self, q, k, v, cache: KernelsKVCache, layer, start, scale, window=0):
         d = cache.head_dim
         k_cache, v_cache = cache.k[layer], cache.v[layer]
-        fused = isinstance(q, Roped) and isinstance(k, Roped) and q.params == k.params
-        q_src, k_src, norms = (q.x, k.x, _head_norms(q.x, k.x, d)) if fused else (q, k, None)
-        if norms is not None:      # the head norms run inside the RoPE launch
-            q_src, k_src = q_src.x, k_src.x
+        fused, q_src, k_src, norms = _rope_sources(q, k, d)
         if fused and d in HEAD_DIMS and self._tensor_core_prefill(k_cache) and \
                 _qkv_in_place(q_src, k_src, v):
             return self._prefill_in_place(q, k, v, cache, layer, start, scale, window, norms)
@@ -424,13 +421,9 @@ class KernelsBackend(Backend):
         the fused projection's columns (rope_kv_cache_cols with a cache per row: row i into
         k_all[i] / v_all[i] at its position); the rotated q in a new contiguous buffer (the
         decode's input), or None where the columns are not fused."""
-        if not (isinstance(q, Roped) and isinstance(k, Roped) and q.params == k.params):
-            return None
         d = k_all.shape[-1]
-        q_src, k_src, norms = q.x, k.x, _head_norms(q.x, k.x, d)
-        if norms is not None:      # the head norms run inside the RoPE launch
-            q_src, k_src = q_src.x, k_src.x
-        if not _qkv_in_place(q_src, k_src, v):
+        fused, q_src, k_src, norms = _rope_sources(q, k, d)
+        if not fused or not _qkv_in_place(q_src, k_src, v):
             return None
         qkv, p = q_src.src, q.params
         qa = self.arena.take((qkv.shape[0], q_src.width), np.float32)
@@ -665,6 +658,18 @@ def _norm_args(norms) -> dict:
     if norms is None:
         return {}
     return {"q_norm": norms[0], "k_norm": norms[1], "norm_eps": norms[2]}
+
+
+def _rope_sources(q, k, head_dim: int) -> tuple:
+    """(fused, q source, k source, head norms): fused when q and k are deferred RoPEs of one
+    kind, which one launch applies (with the cache write) to their sources, the head norms
+    (_head_norms) included; else (False, q, k, None)."""
+    if not (isinstance(q, Roped) and isinstance(k, Roped) and q.params == k.params):
+        return False, q, k, None
+    norms = _head_norms(q.x, k.x, head_dim)
+    if norms is not None:      # the head norms run inside the RoPE launch
+        return True, q.x.x, k.x.x, norms
+    return True, q.x, k.x, None
 
 
 def _qkv_in_place(q, k, v) -> bool:

@@ -19,8 +19,9 @@ ones, and the padded rows' K/V land past the prompt, where the next token's writ
 them before anything reads them. A bucket runs eagerly (padded) the first time it is seen and
 is captured the second, so a one-shot prompt pays no capture. The prompt graphs belong to the
 KV pool, not to one cache: a prompt into another slot of a server's pool re-points the graph's
-cache arguments at that slot (graph_slots.py) instead of running and capturing it again. q8_0 caches (their prefill
-dequantizes a host-sized row count) and prompts that would run past the context stay eager.
+cache arguments at that slot (graph_slots.py) instead of running and capturing it again. q8_0
+caches (their prefill dequantizes a host-sized row count) and prompts that would run past the
+context stay eager.
 On the CPU target a "graph" is the recorded launch list (same code path, run in CI).
 On sm_90+ the graphs are captured with programmatic dependent launch (each kernel's launch
 overlaps its predecessor's tail); PYKERNEL_PDL=0 captures plain edges, for comparison.
