@@ -4,7 +4,8 @@ Input: a loaded `llm.Model` and a number of slots (sequences in flight at once, 
 own KV cache of `slot_ctx` positions). Output: `BatchScheduler.generate(ids, ...)`, an iterator
 of text pieces that any thread may call. One worker thread owns the model: between decode
 steps it admits waiting requests into free slots (their prompts' prefill, reusing what the slot
-already caches), then runs one decode step for every active slot at once
+already caches; the prompts admitted together in one forward pass, `Transformer.forward_prompts`,
+as far as one prefill step holds them), then runs one decode step for every active slot at once
 (`Transformer.forward_batch`: each weight matrix is read once per step for all of them) and
 samples each row with its own request's sampler. A slot decoding alone takes the one-sequence
 path (the kernels backend's decode graph). This is what llama.cpp's server does with
@@ -29,7 +30,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from llm.generate import Generation, GenerationStats, Session, check_prompt_fits
+from llm.generate import (Generation, GenerationStats, Session, check_prompt_fits,
+                          prefill_step_tokens, prefill_together)
 from llm.sampling import Sampler, SamplingParams
 from llm.serve_metrics import ServeMetrics
 
@@ -181,8 +183,8 @@ class BatchScheduler:
                     break
                 admitted = self._admit()
             metrics.add("requests_total", len(admitted))
-            for request in admitted:
-                self._guarded([request], self._start, request)
+            for group in self._prompt_groups(admitted):
+                self._guarded(group, self._start, group)
             for request in [r for r in self._busy if r is not None and r.cancelled]:
                 self._release(request)
             active = [r for r in self._busy if r is not None]    # slots 0 .. B-1, in order
@@ -253,22 +255,54 @@ class BatchScheduler:
                     request.pieces.put(exc)
                     self._release(request)
 
-    def _start(self, request: _Request) -> None:
-        session, stats = self.sessions[request.slot], request.gen.stats
+    def _prompt_groups(self, admitted: list) -> list[list]:
+        """The admitted requests in groups whose prompts run in one forward pass
+        (`prefill_together`): consecutive ones whose new tokens (after what their slots
+        reuse) fit one prefill step together; a prompt scored token by token (echo with
+        logprobs), or one longer than a step, alone."""
+        budget = prefill_step_tokens(self.model.transformer)
+        groups: list[list] = []
+        tokens = budget + 1                  # what the last group holds (none open yet)
+        for request in admitted:
+            session = self.sessions[request.slot]
+            try:
+                new = len(request.ids) - session.reusable(request.ids)
+            except ValueError:               # fails again in the request's own group
+                new = budget + 1
+            alone = request.prompt_logprobs or new > budget
+            if alone or tokens + new > budget:
+                groups.append([request])
+                tokens = budget + 1 if alone else new
+            else:
+                groups[-1].append(request)
+                tokens += new
+        return groups
+
+    def _start(self, group: list) -> None:
+        """Run the group's prompts (one forward pass for two or more) and sample each one's
+        first token."""
         t0 = time.perf_counter()
         with self.metrics.timed("prompt"):
-            if request.prompt_logprobs:
-                logits, scored = session.prefill_scored(request.ids, request.gen.logprobs)
-                request.gen.logprob_entries.extend(scored)
-                stats.prompt_tokens = len(request.ids)
+            if len(group) > 1:
+                rows, computed = prefill_together([self.sessions[r.slot] for r in group],
+                                                  [r.ids for r in group])
             else:
-                logits, stats.prompt_tokens = session.prefill(request.ids)
-        self.metrics.add("prompt_tokens_total", stats.prompt_tokens)
-        stats.prompt_seconds = time.perf_counter() - t0
-        request.decode_start = time.perf_counter()
+                request, session = group[0], self.sessions[group[0].slot]
+                if request.prompt_logprobs:
+                    row, scored = session.prefill_scored(request.ids, request.gen.logprobs)
+                    request.gen.logprob_entries.extend(scored)
+                    rows, computed = [row], [len(request.ids)]
+                else:
+                    row, n = session.prefill(request.ids)
+                    rows, computed = [row], [n]
+        seconds = time.perf_counter() - t0
+        for request, n in zip(group, computed):
+            request.gen.stats.prompt_tokens, request.gen.stats.prompt_seconds = n, seconds
+            request.decode_start = time.perf_counter()
+            self.metrics.add("prompt_tokens_total", n)
         with self.metrics.timed("sample"):
-            done = self._advance(request, logits)
-        if done:
+            done = [r for r, row in zip(group, rows) if self._advance(r, row)]
+        for request in done:          # after every first token (a release moves slots)
             self._release(request)
 
     def _step(self, active: list) -> None:

@@ -97,14 +97,7 @@ class Session:
         ids = [int(i) for i in ids]
         if not ids:
             raise ValueError("cannot run an empty prompt (no tokens)")
-        if len(ids) > self.n_ctx:
-            raise ContextError(f"the prompt has {len(ids)} tokens but the context holds "
-                               f"{self.n_ctx}; shorten the prompt or raise the context (--ctx)")
-        reuse = 0
-        for a, b in zip(self.tokens, ids[:-1]):  # the last id is always recomputed for logits
-            if a != b:
-                break
-            reuse += 1
+        reuse = self.reusable(ids)
         self.tokens = self.tokens[:reuse]
         logits = None
         step = prefill_step_tokens(self.transformer)
@@ -114,6 +107,19 @@ class Session:
             self.tokens.extend(int(i) for i in chunk)
         return logits, len(ids) - reuse
 
+    def reusable(self, ids: Sequence[int]) -> int:
+        """How many of ids' first tokens the cache holds already (never the last one, which
+        runs again for its logits); ContextError where ids do not fit the context."""
+        if len(ids) > self.n_ctx:
+            raise ContextError(f"the prompt has {len(ids)} tokens but the context holds "
+                               f"{self.n_ctx}; shorten the prompt or raise the context (--ctx)")
+        reuse = 0
+        for a, b in zip(self.tokens, ids[:-1]):
+            if a != b:
+                break
+            reuse += 1
+        return reuse
+
     def step_act(self, token: int):
         """step, with the logits left as a backend activation (1, n_vocab)."""
         if len(self.tokens) >= self.n_ctx:
@@ -122,6 +128,25 @@ class Session:
                                           len(self.tokens), self.cache)
         self.tokens.append(int(token))
         return logits
+
+
+def prefill_together(sessions: Sequence[Session], prompts: Sequence[Sequence[int]]):
+    """Session.prefill of several sessions in one forward pass (Transformer.forward_prompts:
+    the weights read once for all their new tokens, which should fit one prefill step
+    together). Returns (each prompt's last logits, (len(prompts), n_vocab) on the host; the
+    ids computed for each)."""
+    prompts = [[int(i) for i in ids] for ids in prompts]
+    if not all(prompts):
+        raise ValueError("cannot run an empty prompt (no tokens)")
+    starts = [session.reusable(ids) for session, ids in zip(sessions, prompts)]
+    for session, start in zip(sessions, starts):
+        session.tokens = session.tokens[:start]
+    first = sessions[0]
+    logits = first.transformer.forward_prompts([ids[s:] for ids, s in zip(prompts, starts)],
+                                               starts, [s.cache for s in sessions])
+    for session, ids, start in zip(sessions, prompts, starts):
+        session.tokens.extend(ids[start:])
+    return first.backend.to_host(logits), [len(ids) - s for ids, s in zip(prompts, starts)]
 
 
 class _StopMatcher:

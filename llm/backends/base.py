@@ -135,6 +135,14 @@ class Backend(ABC):
         -> (n, n_head * head_dim_v)."""
 
     @abstractmethod
+    def attention_prompts(self, q: Act, k: Act, v: Act, caches: Sequence[KVCache], layer: int,
+                          starts: Sequence[int], counts: Sequence[int], scale: float,
+                          window: int = 0) -> Act:
+        """Several prompts in one step: their rows follow each other (prompt i's counts[i]
+        rows after those of prompts 0..i-1), and prompt i's rows are `attention` over
+        caches[i] from starts[i] on -> (sum(counts), n_head * head_dim_v)."""
+
+    @abstractmethod
     def swiglu(self, gate: Act, up: Act) -> Act:
         """silu(gate) * up."""
 
@@ -149,6 +157,10 @@ class Backend(ABC):
     @abstractmethod
     def last_row(self, x: Act) -> Act:
         """x[-1:] (decode only needs the last position's logits)."""
+
+    @abstractmethod
+    def rows(self, x: Act, indices: np.ndarray) -> Act:
+        """x[indices] (len(indices), width): the rows whose logits a step needs."""
 
     def synchronize(self) -> None:
         """Wait for the work queued on the backend's device (for timings); no-op on the host."""

@@ -416,6 +416,50 @@ class KernelsBackend(Backend):
                             scale, window)
         return out
 
+    def attention_prompts(self, q, k, v, caches, layer, starts, counts, scale, window=0):
+        """Prompt i's rows (after those of prompts 0..i-1) through `attention`'s launches on
+        its own cache, the outputs in one buffer: on the fused q|k|v columns in place (rows
+        of them per prompt: RoPE + K/V writes, then the tensor-core prefill reading q's
+        columns), else on contiguous q, k, v (RoPE applied first) with a K/V store and an
+        attention launch per prompt."""
+        d = caches[0].head_dim
+        ends = np.cumsum(counts)
+        positions_dev = self._step[1]             # the step's positions, prompt by prompt
+        fused, q_src, k_src, norms = _rope_sources(q, k, d)
+        if fused and d in HEAD_DIMS and _qkv_in_place(q_src, k_src, v) and all(
+                self._tensor_core_prefill(c.k[layer]) for c in caches):
+            qkv, p = q_src.src, q.params
+            out = self.arena.take((qkv.shape[0], q_src.width), np.float32)
+            for cache, start, n, end in zip(caches, starts, counts, ends):
+                k_cache, v_cache = cache.k[layer], cache.v[layer]
+                rows = qkv[end - n:end]
+                rope_kv_cache_cols(rows, q_src.width // d, k_src.width // d, d, k_cache,
+                                   v_cache, positions_dev[end - n:end], p.base, _rope_style(p),
+                                   rot_dim=p.n_rot, freq_factors=q.freq_factors,
+                                   **_norm_args(norms))
+                if cache.q8:
+                    k_cache, v_cache = self._dequantized(cache, layer, int(start) + n)
+                launch_prefill(rows, k_cache, v_cache, out[end - n:end].reshape(n, -1, d),
+                               int(start), scale, window=window or None,
+                               n_head=q_src.width // d)
+            return out
+        qa, ka, va = (self._contiguous(self.materialize(a)) for a in (q, k, v))
+        out = self.arena.take((qa.shape[0], qa.shape[1]), np.float32)
+        for cache, start, n, end in zip(caches, starts, counts, ends):
+            rows, start_dev = slice(end - n, end), positions_dev[end - n:end - n + 1]
+            _store_rows(ka[rows], va[rows], cache, layer, start_dev)
+            k_cache, v_cache = cache.k[layer], cache.v[layer]
+            if cache.q8 and n > 1:
+                k_cache, v_cache = self._dequantized(cache, layer, int(start) + n)
+            if d in HEAD_DIMS:
+                self._stdlib_attention(qa[rows].reshape(n, -1, d), k_cache, v_cache, int(start),
+                                       start_dev, out[rows].reshape(n, -1, d), scale, window,
+                                       cache, quantize_out=False)
+            else:
+                X.attention(qa[rows], k_cache, v_cache, out[rows], start_dev,
+                            qa.shape[1] // d, scale, window)
+        return out
+
     def _rope_into_slots(self, q, k, v, k_all, v_all, positions_dev):
         """The batched step's q / k RoPE and K / V writes in one launch, when q, k, v are
         the fused projection's columns (rope_kv_cache_cols with a cache per row: row i into
@@ -567,6 +611,13 @@ class KernelsBackend(Backend):
     def gelu(self, x):
         x = self.materialize(x)
         return activation_rows(x, "gelu_tanh", out=self.arena.take(x.shape, np.float32))
+
+    def rows(self, x, indices):
+        x = self.materialize(x)
+        index = self.arena.take((len(indices),), np.int32)
+        index.copy_from(np.asarray(indices, np.int32))
+        return embedding_rows(x, index, out=self.arena.take((len(indices), x.shape[1]),
+                                                            np.float32))
 
     def last_row(self, x):
         x = self.materialize(x)

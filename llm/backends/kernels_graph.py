@@ -38,7 +38,7 @@ from pykernel import compile_pool
 from llm.backends import kernels_extra as X
 from llm.backends.graph_slots import slot_binding
 from llm.generate import PREFILL_CHUNK
-from llm.models.transformer import Transformer
+from llm.models.transformer import Transformer, prompt_rows
 
 
 # positions below it: decode attention without splits. H200 tg128 over positions 256-383,
@@ -197,6 +197,25 @@ class GraphedTransformer(Transformer):
         self._batch_graphs[key] = step
         return step.logits
 
+    def forward_prompts(self, prompts, starts, caches):
+        """Several prompts' tokens in one eager forward (their lengths vary too much to keep a
+        graph per combination; a server's prompts admitted together, each over its own
+        cache)."""
+        b = self.backend
+        ids, positions = prompt_rows(prompts, starts)
+        with self._launch_mode():       # the prompt graphs' kernel variants: compiled already
+            b.begin_step(ids, 0, positions=positions)
+            try:
+                return b.materialize(super().forward_prompts(prompts, starts, caches))
+            finally:
+                b.end_step()
+
+    def _launch_mode(self):
+        """Launches with (PDL) or without programmatic dependencies, as the graphs record
+        them: an eager run in this mode takes the captured steps' kernel variants."""
+        stream = self.backend.stream
+        return pk.programmatic_launches(stream.device if stream is not None else None, PDL)
+
     def warm_batch(self, caches) -> None:
         """Compile and capture the batched step over these caches for every attention split
         count the step's lengths may plan (batch_split_choices), so that a server's steps find
@@ -284,8 +303,7 @@ class GraphedTransformer(Transformer):
         then_decode=(cache, pos): a prompt's step, after which a decode at pos follows (in
         generate); where workers compile, the dry run takes that decode step's kernels too, so
         they compile in the same batch (one round of worker start-up, not two)."""
-        stream = self.backend.stream
-        with pk.programmatic_launches(stream.device if stream is not None else None, PDL):
+        with self._launch_mode():
             if PRECOMPILE and self.backend.device.kind == "cuda":
                 try:
                     pk.precompile(self._dry_run, record, args, then_decode)

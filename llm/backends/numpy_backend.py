@@ -289,6 +289,13 @@ class NumpyBackend(Backend):
                                window) for i, (cache, pos) in enumerate(zip(caches, positions))]
         return np.concatenate(rows, axis=0)
 
+    def attention_prompts(self, q, k, v, caches, layer, starts, counts, scale, window=0):
+        ends = np.cumsum(counts)
+        return np.concatenate([
+            self.attention(q[end - n:end], k[end - n:end], v[end - n:end], cache, layer,
+                           int(start), scale, window)
+            for cache, start, n, end in zip(caches, starts, counts, ends)], axis=0)
+
     def swiglu(self, gate, up):
         out = np.negative(gate)
         np.exp(out, out=out)
@@ -313,6 +320,9 @@ class NumpyBackend(Backend):
         out = self.gelu(gate)
         out *= up
         return out
+
+    def rows(self, x, indices):
+        return x[np.asarray(indices, np.int64)]
 
     def last_row(self, x):
         return x[-1:]

@@ -2,8 +2,9 @@
 
 Input: token ids of one step, their start position and a KV cache (`forward`), or one new
 token for each of several sequences, with their positions and caches (`forward_batch`: batched
-decode, the weights read once for all of them). Output: logits (backend activation) for every
-position or only the last. Architectures differ by `ArchSpec` switches
+decode, the weights read once for all of them), or several prompts, each with its start and
+cache (`forward_prompts`: their tokens through the matmuls together, attention per prompt).
+Output: logits (backend activation) for every position, the last, or each prompt's last. Architectures differ by `ArchSpec` switches
 (norm kind, FFN kind, q/k norm, post-norms, learned positions) and `ModelConfig` values (RoPE
 per layer, sliding window, embedding scale), never by a second copy of this loop.
 """
@@ -82,7 +83,25 @@ class Transformer:
                                      cfg.layer_window(il))
         return self._run(ids, np.asarray(positions, np.int64), attend, all_logits=True)
 
-    def _run(self, ids, positions: np.ndarray, attend, all_logits: bool):
+    def forward_prompts(self, prompts: list, starts: list, caches: list):
+        """Logits (len(prompts), n_vocab): row i after the last token of prompts[i] (token
+        ids), run at positions starts[i].. of its own cache caches[i]. One pass for all their
+        tokens: each weight matrix is read once for the lot, as a server wants for the prompts
+        it admits together; each prompt's attention sees its own cache alone."""
+        b, cfg = self.backend, self.cfg
+        if not len(prompts) == len(starts) == len(caches) or not all(len(p) for p in prompts):
+            raise ValueError(f"forward_prompts: {len(prompts)} prompts (none empty), "
+                             f"{len(starts)} starts and {len(caches)} caches (one each)")
+        ids, positions = prompt_rows(prompts, starts)
+        counts = [len(p) for p in prompts]
+
+        def attend(q, k, v, il):
+            return b.attention_prompts(q, k, v, caches, il, starts, counts, cfg.attn_scale,
+                                       cfg.layer_window(il))
+        return self._run(ids, positions, attend, all_logits=True,
+                         rows=np.cumsum(counts) - 1)
+
+    def _run(self, ids, positions: np.ndarray, attend, all_logits: bool, rows=None):
         b, w, cfg = self.backend, self.w, self.cfg
         b.begin_forward(len(ids))
         x = b.embed(w.token_embd, ids, cfg.embed_scale)
@@ -99,8 +118,18 @@ class Transformer:
                 h = self._norm(h, lw.post_ffw_norm)
             x = b.add(x, h)
         b.end_layers()
-        if not all_logits:
+        if rows is not None:
+            x = b.rows(x, rows)
+        elif not all_logits:
             x = b.last_row(x)
         logits = b.matmul(self._norm(x, w.output_norm), w.output)
         b.end_forward()
         return logits
+
+
+def prompt_rows(prompts: list, starts: list) -> tuple[np.ndarray, np.ndarray]:
+    """forward_prompts' rows: every prompt's ids one after the other, and their positions."""
+    ids = np.concatenate([np.asarray(p, np.int64).reshape(-1) for p in prompts])
+    positions = np.concatenate([np.arange(s, s + len(p), dtype=np.int64)
+                                for p, s in zip(prompts, starts)])
+    return ids, positions

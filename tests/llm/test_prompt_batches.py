@@ -1,0 +1,122 @@
+"""Prompts run together (Transformer.forward_prompts, generate.prefill_together, and the batch
+scheduler admitting several requests at once): each prompt's last logits, and the cache it
+leaves for the next step, equal the same prompt run alone, on the numpy backend and the
+kernels backend (CPU target; the GPU's under -m gpu), with prompts of one token, prompts that
+reuse a cached prefix, and caches of one pool or apart."""
+import numpy as np
+import pytest
+
+from llm.batching import BatchScheduler
+from llm.generate import GenerationStats, Session, prefill_together
+from tests.llm.gguf_helpers import TINY_LLAMA, require_for_module
+from tests.llm.test_batching import BACKENDS, d64_path, load, rel_l2  # noqa: F401 (fixture)
+
+require_for_module(TINY_LLAMA)
+
+
+def tolerance(where, name) -> float:
+    # the head_dim-64 model's attention is the tensor-core kernel (Q and P rounded to f16):
+    # a 1-token prompt alone takes the decode kernel, together the prefill one (test_batching)
+    return 2e-2 if where[1] == "kernels" and name == "tiny-d64" else 1e-5
+
+
+@pytest.mark.parametrize("pool", [False, True], ids=["apart", "pool"])
+@pytest.mark.parametrize("name", ["tiny-llama-f32.gguf", "tiny-qwen3-f32.gguf",
+                                  "tiny-gpt2-f32.gguf", "tiny-llama-q8_0.gguf", "tiny-d64"])
+@pytest.mark.parametrize("where", BACKENDS, ids=lambda w: "-".join(w))
+def test_prompts_together_equal_each_alone(where, name, pool, d64_path, rng, seed):
+    """Four prompts (1, 6, 13 and 3 new tokens; the last two after 5 and 9 cached tokens of
+    their own) in one forward pass: each last-logits row against the prompt prefilled alone,
+    then one step of each session (reading what the batched pass wrote into its cache)
+    against the step alone."""
+    model = load(*where, name=d64_path if name == "tiny-d64" else name, n_ctx=64)
+    cfg, n_vocab = model.config, model.config.n_vocab
+    tol = tolerance(where, name)
+    cached = [[], [], rng.integers(0, n_vocab, 5).tolist(), rng.integers(0, n_vocab, 9).tolist()]
+    prompts = [c + rng.integers(0, n_vocab, n).tolist() for c, n in zip(cached, (1, 6, 13, 3))]
+    nxt = rng.integers(0, n_vocab, len(prompts))
+    caches = [None] * len(prompts) if not pool else model.backend.kv_caches(
+        len(prompts), cfg.n_layer, 32, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v)
+    alone, sessions = [], []
+    for c, prompt, token, cache in zip(cached, prompts, nxt, caches):
+        reference = Session(model.transformer, model.backend, 32)
+        session = Session(model.transformer, model.backend, 32, cache=cache)
+        for s in (reference, session):
+            if c:
+                s.prefill(c)
+        alone.append((reference.prefill(prompt)[0], reference.step(int(token))))
+        sessions.append(session)
+    rows, computed = prefill_together(sessions, prompts)
+    assert rows.shape == (len(prompts), n_vocab)
+    assert computed == [1, 6, 13, 3]
+    for i, (session, token) in enumerate(zip(sessions, nxt)):
+        assert session.tokens == prompts[i]
+        err = rel_l2(rows[i], alone[i][0])
+        assert err < tol, f"seed {seed}: prompt {i}'s logits: relative L2 {err:.2e}"
+        err = rel_l2(session.step(int(token)), alone[i][1])
+        assert err < tol, f"seed {seed}: prompt {i}'s next step: relative L2 {err:.2e}"
+
+
+def test_forward_prompts_checks_its_lists():
+    model = load("cpu", "numpy", n_ctx=32)
+    session = Session(model.transformer, model.backend, 16)
+    with pytest.raises(ValueError, match="one each"):
+        model.transformer.forward_prompts([[1, 2]], [0, 0], [session.cache])
+    with pytest.raises(ValueError, match="none empty"):
+        model.transformer.forward_prompts([[]], [0], [session.cache])
+    with pytest.raises(ValueError, match="empty prompt"):
+        prefill_together([session], [[]])
+
+
+@pytest.mark.parametrize("where", BACKENDS, ids=lambda w: "-".join(w))
+def test_scheduler_runs_the_prompts_it_admits_together(where, d64_path):
+    """Four requests admitted at once on four slots: their prompts run in one forward pass
+    (a fifth, echoing its prompt's log-probabilities, alone after them), and every greedy
+    text equals the prompt's generation alone."""
+    model = load(*where, name=d64_path, n_ctx=5 * 48)
+    prompts = [[5, 9, 13], [7], [11, 3, 8, 1, 2, 30, 31], [4, 4, 4, 4, 4], [6, 2, 9]]
+    max_tokens = [4, 6, 1, 5, 3]
+    expected = ["".join(model.generate(p, max_tokens=m, temperature=0))
+                for p, m in zip(prompts, max_tokens)]
+    calls = []
+    together = model.transformer.forward_prompts
+
+    def counted(batch, starts, caches):
+        calls.append([len(p) for p in batch])
+        return together(batch, starts, caches)
+    model.transformer.forward_prompts = counted
+    scheduler = BatchScheduler(model, slots=5)
+    try:
+        stats = [GenerationStats() for _ in prompts]
+        with scheduler._wake:                 # all admitted in one round
+            streams = [scheduler.generate(p, max_tokens=m, temperature=0, stats=s,
+                                          logprobs=0 if i == 4 else None,
+                                          prompt_logprobs=i == 4)
+                       for i, (p, m, s) in enumerate(zip(prompts, max_tokens, stats))]
+        got = ["".join(s) for s in streams]
+    finally:
+        scheduler.close()
+        del model.transformer.forward_prompts
+    assert got == expected
+    assert calls == [[3, 1, 7, 5]], calls
+    assert [s.prompt_tokens for s in stats] == [len(p) for p in prompts]
+    assert scheduler.metrics.snapshot()["prompt_tokens_total"] == sum(map(len, prompts))
+
+
+def test_prompt_groups_fit_one_prefill_step(monkeypatch):
+    """The scheduler's groups: consecutive prompts while their new tokens fit one prefill
+    step (after what each slot reuses); a longer prompt and a scored one alone."""
+    import llm.batching as batching
+    model = load("cpu", "numpy", n_ctx=8 * 64)
+    monkeypatch.setattr(batching, "prefill_step_tokens", lambda transformer: 16)
+    scheduler = BatchScheduler(model, slots=8)
+    try:
+        scheduler.sessions[2].tokens = [1] * 10          # a cached prefix of request 2's
+        lengths = [6, 9, 12, 20, 3, 3, 4, 4]
+        requests = [batching._Request([1] * n, None, slot=i, prompt_logprobs=i == 5)
+                    for i, n in enumerate(lengths)]
+        groups = scheduler._prompt_groups(requests)
+    finally:
+        scheduler.close()
+    # 6 + 9 fit; 12 reuses 10 (2 new, over 15 + 2); 20 alone; 3; the scored one alone; 4 + 4
+    assert [[r.slot for r in g] for g in groups] == [[0, 1], [2], [3], [4], [5], [6, 7]]
