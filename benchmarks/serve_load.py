@@ -4,7 +4,8 @@ scheduler, sampling, HTTP and JSON included, unlike batched_decode.py's bare ste
 
 Input: argv = SHAPE:TYPE (llm.synth; default llama-8b:Q4_K_M), env SYNTH_DIR (default /tmp),
 CLIENTS (default 1,4,16), SLOTS (default: as many as clients), TOKENS (default 128),
-DEVICE (default cuda). Output: a table per model, then for each row where the server's worker
+DEVICE (default cuda), PROMPT_REPEAT (default 1: each client's prompt of ~14 tokens, repeated
+that many times). Output: a table per model, then for each row where the server's worker
 spent the clients' run (llm/serve_metrics.py: prompts, decode steps by batch size, sampling,
 slot moves, idle), from its counters before and after.
 
@@ -23,6 +24,8 @@ from llm.serve_metrics import PHASES, difference
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from batched_decode import model_file  # noqa: E402
+
+PROMPT_REPEAT = int(os.environ.get("PROMPT_REPEAT", "1"))
 
 
 def ask(url: str, prompt: str, tokens: int) -> dict:
@@ -47,7 +50,8 @@ def run(model, clients: int, slots: int, tokens: int) -> tuple:
         answers = [None] * clients
 
         def client(i: int) -> None:
-            answers[i] = ask(url, f"Request {i}: tell me a story about the number {i}", tokens)
+            prompt = f"Request {i}: tell me a story about the number {i}. " * PROMPT_REPEAT
+            answers[i] = ask(url, prompt, tokens)
         threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
         before = server.scheduler.metrics.snapshot()
         t0 = time.perf_counter()
@@ -70,7 +74,7 @@ def breakdown(counters: dict, seconds: float) -> str:
     steps = ", ".join(f"B{b}: {n} x {1e3 * s / n:.2f} ms"
                       for b, (n, s) in counters["steps_by_batch"].items())
     return (f"worker over {seconds:.2f} s: {phases}; {counters['prompt_tokens_total']} prompt "
-            f"tokens; decode steps {steps}")
+            f"tokens in {counters.get('prompt_passes_total', '?')} passes; decode steps {steps}")
 
 
 def main(item: str) -> None:

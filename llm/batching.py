@@ -296,6 +296,7 @@ class BatchScheduler:
                     row, n = session.prefill(request.ids)
                     rows, computed = [row], [n]
         seconds = time.perf_counter() - t0
+        self.metrics.add("prompt_passes_total")
         for request, n in zip(group, computed):
             request.gen.stats.prompt_tokens, request.gen.stats.prompt_seconds = n, seconds
             request.decode_start = time.perf_counter()

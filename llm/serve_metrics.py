@@ -30,6 +30,8 @@ SCALARS = (
     ("requests_running", "gauge", "Requests holding a slot now."),
     ("requests_waiting", "gauge", "Requests queued for a free slot now."),
     ("prompt_tokens_total", "counter", "Prompt tokens run through the model (after reuse)."),
+    ("prompt_passes_total", "counter",
+     "Prompt prefills (one for the prompts admitted together)."),
     ("tokens_generated_total", "counter", "Tokens sampled."),
     ("decode_steps_total", "counter", "Decode steps (one forward pass of every running slot)."),
     ("decode_rows_total", "counter", "Sequences stepped, summed over decode steps."),

@@ -100,7 +100,9 @@ def test_scheduler_runs_the_prompts_it_admits_together(where, d64_path):
     assert got == expected
     assert calls == [[3, 1, 7, 5]], calls
     assert [s.prompt_tokens for s in stats] == [len(p) for p in prompts]
-    assert scheduler.metrics.snapshot()["prompt_tokens_total"] == sum(map(len, prompts))
+    counters = scheduler.metrics.snapshot()
+    assert counters["prompt_tokens_total"] == sum(map(len, prompts))
+    assert counters["prompt_passes_total"] == 2
 
 
 def test_prompt_groups_fit_one_prefill_step(monkeypatch):
