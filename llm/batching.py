@@ -37,9 +37,8 @@ from llm.serve_metrics import ServeMetrics
 
 _END = object()      # a request's queue: generation over
 # prompt lengths whose graphs warm_up captures, one per tile class of the prompt matmuls
-# (stdlib gemm_q8_k.SMALL_KTILES up to 64 tokens, then 128-row tiles; the GEMVs up to 8): a
-# fresh H100 compiled ~5 s for a server's first 40-token prompt (benchmarks/RESULTS.md
-# "Prompts on any slot"). Other lengths of a class may still compile a K-split variant.
+# (stdlib gemm_q8_k.SMALL_KTILES up to 64 tokens, then 128-row tiles; the GEMVs up to 8);
+# their kernels, and those of every other length, compiled before by precompile_prompts
 WARM_PROMPTS = (8, 16, 32, 48, 64, 128, 256)
 
 
@@ -92,14 +91,19 @@ class BatchScheduler:
         """On a backend with graphs (kernels): compile and capture the batched step of every
         batch size 2 .. slots on the still empty slots, so that the first time B requests run
         together does not stall them all for its kernels' compile (seconds per size on the
-        first run of a model; the compile cache makes later starts quick), and the prompt
-        graphs of WARM_PROMPTS' lengths (a kernel set each: the GEMVs, the short- and
-        longer-prompt matmuls), shared by every slot. Before serving."""
+        first run of a model; the compile cache makes later starts quick); compile the
+        kernels of prompt passes of every length up to one prefill step (precompile_prompts:
+        a 40-token prompt's first pass compiled ~5 s under the requests, a 960-token pass of
+        prompts admitted together ~9 s); and capture the prompt graphs of WARM_PROMPTS'
+        lengths (one per tile class of the prompt matmuls), shared by every slot. Before
+        serving."""
         transformer = self.model.transformer
         if not hasattr(transformer, "warm_batch"):
             return
         for b in range(2, self.slots + 1):    # every attention split plan of each size
             transformer.warm_batch([s.cache for s in self.sessions[:b]])
+        caches = [s.cache for s in self.sessions]
+        transformer.precompile_prompts(caches, prefill_step_tokens(transformer))
         first = self.sessions[0]
         for n in WARM_PROMPTS:
             if n < self.slot_ctx:

@@ -109,6 +109,14 @@ def prefill_bucket(n: int) -> int:
     return n if n <= 8 else -(-n // 8) * 8
 
 
+def precompile_lengths(most: int) -> list[int]:
+    """Prompt pass lengths whose kernels cover those of every length up to `most`: each up to
+    16 tokens (the GEMVs' kernels change with every token count), then each multiple of 8,
+    since the prompt matmuls' kernels change only there (stdlib gemm_q8_k's tile classes and
+    K splits; tests/llm/test_prompt_batches.py checks the claim on the GPU)."""
+    return sorted(set(range(1, min(16, most) + 1)) | set(range(8, most + 1, 8)))
+
+
 def _short(pos: int) -> bool:
     return pos < SHORT_CONTEXT
 
@@ -209,6 +217,23 @@ class GraphedTransformer(Transformer):
                 return b.materialize(super().forward_prompts(prompts, starts, caches))
             finally:
                 b.end_step()
+
+    def precompile_prompts(self, caches, most: int) -> dict:
+        """Compile, in worker processes, the kernels of every prompt pass of up to `most`
+        tokens over these caches (a server's warm-up: a specialization first met under a
+        request costs it seconds): recorded, not run, passes of each of
+        precompile_lengths(most). Returns pk.precompile's counts."""
+        return pk.precompile(self.record_prompts, caches, precompile_lengths(most))
+
+    def record_prompts(self, caches, lengths) -> None:
+        """A prompt pass of each length over these caches (one prompt, or as many as a
+        length longer than a cache needs, as prompts admitted together are)."""
+        ctx = caches[0].n_ctx
+        for n in lengths:
+            pieces = [min(ctx, n - i) for i in range(0, n, ctx)]
+            if len(pieces) <= len(caches):
+                self.forward_prompts([[0] * p for p in pieces], [0] * len(pieces),
+                                     caches[:len(pieces)])
 
     def _launch_mode(self):
         """Launches with (PDL) or without programmatic dependencies, as the graphs record

@@ -122,3 +122,37 @@ def test_prompt_groups_fit_one_prefill_step(monkeypatch):
         scheduler.close()
     # 6 + 9 fit; 12 reuses 10 (2 new, over 15 + 2); 20 alone; 3; the scored one alone; 4 + 4
     assert [[r.slot for r in g] for g in groups] == [[0, 1], [2], [3], [4], [5], [6, 7]]
+
+
+@pytest.fixture(scope="module")
+def k256_path(tmp_path_factory):
+    """A one-layer synthetic llama (Q4_K_M) whose matmuls all take the super-block int8 GEMM
+    (K = 256 and 512) with its tile classes."""
+    from llm import synth
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(synth.SHAPES, "tiny-k256", synth.Shape(
+            "llama", 256, 512, 1, 4, 1, 512, 512, 10000.0, 1e-5, False, False, "llama-bpe"))
+        return synth.write_synthetic("tiny-k256", "Q4_K_M",
+                                     tmp_path_factory.mktemp("k256") / "tiny-k256.gguf")
+
+
+@pytest.mark.gpu
+def test_precompiled_lengths_cover_every_prompt_length(k256_path):
+    """The kernels a server's warm-up compiles (precompile_lengths' passes) are every kernel
+    specialization a prompt pass of any length up to one step launches: recorded, not run,
+    passes of each length 1..384 (four caches of 96: the 65-256 token tile classes and the
+    128-row tiles after them) against those of the precompiled lengths."""
+    from llm.backends.kernels_graph import precompile_lengths
+    from pykernel.compile_pool import recorded_launches
+    model = load("cuda", "kernels", name=k256_path, n_ctx=4 * 96)
+    cfg, most = model.config, 4 * 96
+    caches = model.backend.kv_caches(4, cfg.n_layer, 96, cfg.n_head_kv, cfg.head_dim,
+                                     cfg.head_dim_v)
+
+    def specs(lengths) -> set:
+        with recorded_launches() as recorded:
+            model.transformer.record_prompts(caches, lengths)
+        return {(kernel.name, repr(sorted(spec.items()))) for kernel, _, spec, _ in recorded}
+    every = specs(range(1, most + 1))
+    assert any(name == "gemm_q8k_kernel" for name, _ in every), sorted(every)
+    assert specs(precompile_lengths(most)) == every
