@@ -388,7 +388,7 @@ PREFILL_PATHS = (("mma", 64, 4, 3, 1), ("mma", 32, 4, 3, 1), ("mma", 64, 4, 2, 1
 
 
 def _prefill_spec(head_dim, bn, warps=MMA_WARPS, stages=MMA_STAGES, m_tiles=1) -> dict:
-    return dict(D=head_dim, BN=bn, NWARPS=warps, STAGES=stages, MT=m_tiles)
+    return dict(D=head_dim, BN=bn, NWARPS=warps, STAGES=stages, MT=m_tiles, VARLEN=False)
 
 
 def prefill_table() -> list[str]:

@@ -110,15 +110,16 @@ def rope_qkv_cache(q: Ptr["T"], q_out: Ptr["T"], k: Ptr["T", "ro"], v: Ptr["T", 
                    qn: Ptr[f32, "ro"], kn: Ptr[f32, "ro"],
                    q_heads: i32, kv_heads: i32, head_dim: i32, rot_dim: i32, max_len: i32,
                    seq_rows: i32, q_row: i32, q_out_row: i32, kv_row: i32, pos_offset: i32,
-                   log2_base: f32, eps: f32,
+                   log2_base: f32, eps: f32, slots: Ptr[i32, "ro"],
                    HAS_Q: Const[bool], HAS_FF: Const[bool], NEOX: Const[bool],
                    T: Const[pk.dtype], C: Const[pk.dtype], NORM: Const[bool],
-                   Q8: Const[bool]):
+                   Q8: Const[bool], SLOTS: Const[bool]):
     # grid (tokens, q_heads + kv_heads): blocks y < q_heads rotate q into q_out (q itself, or
     # a separate buffer), the others rotate one k head into the cache and copy the matching v
     # head; token t's q heads start at q + t q_row (q_out + t q_out_row), its k / v heads at
     # k / v + t kv_row, its cache rows at t seq_rows (0: every token in one sequence's cache;
-    # kv_heads max_len: token t in sequence t's, batched decode). NORM: q and k heads are first
+    # kv_heads max_len: token t in sequence t's, batched decode; with SLOTS, in sequence
+    # slots[t]'s: several prompts' tokens in one pass). NORM: q and k heads are first
     # RMS-normalized with weights qn / kn (head_dim each). Q8: a Q8_0 cache (C = i8 quants,
     # f16 scales in k_scales / v_scales): the rotated k and the v head are staged in shared
     # memory as f32 and quantized from there (kv_q8.store_q8_0_row)
@@ -140,7 +141,8 @@ def rope_qkv_cache(q: Ptr["T"], q_out: Ptr["T"], k: Ptr["T", "ro"], v: Ptr["T", 
     elif pos >= 0 and pos < max_len:
         kvh = h - q_heads
         src = i64(t) * i64(kv_row) + i64(kvh) * i64(head_dim)
-        row = i64(t) * i64(seq_rows) + i64(kvh) * i64(max_len) + i64(pos)
+        seq = slots[t] if SLOTS else t
+        row = i64(seq) * i64(seq_rows) + i64(kvh) * i64(max_len) + i64(pos)
         dst = row * i64(head_dim)
         rstd = f32(1.0)
         if NORM:
@@ -235,14 +237,17 @@ def rope_kv_cache_cols(qkv, q_heads: int, kv_heads: int, head_dim: int, cache_k,
                        positions, theta: float = 10000.0, style: str = "normal", *,
                        rot_dim=None, freq_factors=None, pos_offset: int = 0,
                        q_norm=None, k_norm=None, norm_eps: float = 1e-6, q_out=None,
-                       stream=None) -> None:
+                       slots=None, slots_dev=None, stream=None) -> None:
     """rope_kv_cache on a fused projection's output read in place: qkv (tokens, W) float32
     holds q | k | v heads in its first (q_heads + 2 kv_heads) head_dim columns; q is rotated
     there (or into q_out, (tokens, q_heads * head_dim) float32, leaving qkv's q as it is), k
     rotated into cache_k, v copied into cache_v (no copies of the columns). Caches of one
     sequence, (kv_heads, max_len, head_dim), or f16 / f32 caches of one sequence per token,
     (tokens, kv_heads, max_len, head_dim): token t's rows go to cache_k[t] / cache_v[t] at
-    its own position (batched decode). q_norm / k_norm / norm_eps: as rope_kv_cache's."""
+    its own position (batched decode). slots: host ints, a cache slot per token, for f16 / f32
+    caches of (n_slots, kv_heads, max_len, head_dim): token t's rows go to slot slots[t]
+    (several prompts' tokens in one pass; slots_dev: the same values already on the device,
+    int32, trusted to equal them). q_norm / k_norm / norm_eps: as rope_kv_cache's."""
     qkv = L.as_array(qkv, "rope_kv_cache_cols: qkv")
     nq, nkv = q_heads * head_dim, kv_heads * head_dim
     if qkv.ndim != 2 or qkv.dtype != np.float32 or qkv.shape[1] < nq + 2 * nkv:
@@ -250,7 +255,10 @@ def rope_kv_cache_cols(qkv, q_heads: int, kv_heads: int, head_dim: int, cache_k,
                          f" for {q_heads} + 2 x {kv_heads} heads of {head_dim}, got "
                          f"{qkv.dtype} {tuple(qkv.shape)}")
     tokens, width = qkv.shape
-    _check_caches(cache_k, cache_v, kv_heads, head_dim, "rope_kv_cache_cols", tokens)
+    if slots is not None:
+        slots, slots_dev = _slot_table(slots, slots_dev, tokens, cache_k)
+    _check_caches(cache_k, cache_v, kv_heads, head_dim, "rope_kv_cache_cols", tokens,
+                  slots is not None)
     pos, rot_dim, ff = _common(positions, tokens, head_dim, rot_dim, freq_factors, style,
                                "rope_kv_cache_cols")
     norms = _head_norms(q_norm, k_norm, head_dim, "rope_kv_cache_cols")
@@ -264,7 +272,25 @@ def rope_kv_cache_cols(qkv, q_heads: int, kv_heads: int, head_dim: int, cache_k,
         out = (q_out.reshape(-1), nq)
     _launch_qkv(flat, flat[nq:], flat[nq + nkv:], cache_k, cache_v, pos, ff, tokens, q_heads,
                 kv_heads, head_dim, rot_dim, width, width, pos_offset, theta, style, True,
-                freq_factors is not None, qkv.dtype, stream, norms, norm_eps, q_out=out)
+                freq_factors is not None, qkv.dtype, stream, norms, norm_eps, q_out=out,
+                slots=slots_dev)
+
+
+def _slot_table(slots, slots_dev, tokens: int, cache_k):
+    """(host slots, device int32 slots) of rope_kv_cache_cols, checked against the caches."""
+    slots = np.asarray(slots)
+    n_slots = cache_k.shape[0] if getattr(cache_k, "ndim", 0) == 4 else 0
+    if slots.shape != (tokens,) or not np.issubdtype(slots.dtype, np.integer) or \
+            (tokens and (slots.min() < 0 or slots.max() >= n_slots)):
+        raise ValueError(f"rope_kv_cache_cols: slots must be {tokens} ints in 0..{n_slots - 1}"
+                         f" (a slot of (n_slots, kv_heads, max_len, head_dim) caches per "
+                         f"token), got {slots.dtype} {slots.shape}")
+    if slots_dev is None:
+        slots_dev = pk.to_device(slots.astype(np.int32))
+    elif slots_dev.dtype != np.int32 or slots_dev.size != tokens:
+        raise ValueError(f"rope_kv_cache_cols: slots_dev must be {tokens} int32, got "
+                         f"{slots_dev.dtype} {slots_dev.size}")
+    return slots, slots_dev
 
 
 def _head_norms(q_norm, k_norm, head_dim: int, name: str):
@@ -284,7 +310,7 @@ def _head_norms(q_norm, k_norm, head_dim: int, name: str):
 
 def _launch_qkv(q, k, v, cache_k, cache_v, pos, ff, tokens, q_heads, kv_heads, head_dim,
                 rot_dim, q_row, kv_row, pos_offset, theta, style, has_q, has_ff, dtype, stream,
-                norms=None, norm_eps=1e-6, q_out=None):
+                norms=None, norm_eps=1e-6, q_out=None, slots=None):
     """q_out: (array, row stride) that q's rotated heads go to; None: q in place."""
     qn, kn = norms if norms is not None else (ff, ff)   # not read without NORM
     q_dst, q_dst_row = q_out if q_out is not None else (q, q_row)
@@ -299,23 +325,28 @@ def _launch_qkv(q, k, v, cache_k, cache_v, pos, ff, tokens, q_heads, kv_heads, h
         caches = (cache_k, cache_v, stand_in, stand_in)
     args = (q, q_dst, k, v, *caches, pos, ff, qn, kn, q_heads, kv_heads, head_dim, rot_dim,
             max_len, seq_rows, q_row, q_dst_row, kv_row, pos_offset, math.log2(theta),
-            float(norm_eps))
+            float(norm_eps), pos if slots is None else slots)
     spec = (("HAS_Q", has_q), ("HAS_FF", has_ff), ("NEOX", style == "neox"), ("T", dtype),
-            ("C", np.int8 if q8 else cache_k.dtype), ("NORM", norms is not None), ("Q8", q8))
+            ("C", np.int8 if q8 else cache_k.dtype), ("NORM", norms is not None), ("Q8", q8),
+            ("SLOTS", slots is not None))
     L.launch(rope_qkv_cache, (tokens, q_heads + kv_heads, 1), L.threads_for(head_dim, 256),
              args, spec, stream)
 
 
 def _check_caches(cache_k, cache_v, kv_heads: int, head_dim: int, name: str,
-                  tokens: int | None = None) -> None:
+                  tokens: int | None = None, slotted: bool = False) -> None:
     """(kv_heads, max_len, head_dim) caches; with `tokens`, f16 / f32 caches may also be
-    (tokens, kv_heads, max_len, head_dim): one sequence per token."""
-    if tokens is not None and not isinstance(cache_k, Q8Cache) and cache_k.ndim == 4:
+    (tokens, kv_heads, max_len, head_dim): one sequence per token; slotted: (any, kv_heads,
+    max_len, head_dim), a slot table saying which."""
+    if slotted or (tokens is not None and not isinstance(cache_k, Q8Cache) and
+                   cache_k.ndim == 4):
+        lead = cache_k.shape[0] if slotted and cache_k.ndim == 4 else tokens
         for what, c in (("cache_k", cache_k), ("cache_v", cache_v)):
-            if c.ndim != 4 or c.shape[0] != tokens or c.shape[1] != kv_heads or \
+            if c.ndim != 4 or c.shape[0] != lead or c.shape[1] != kv_heads or \
                     c.shape[3] != head_dim or c.dtype not in (np.float32, np.float16) or \
                     c.dtype != cache_k.dtype or c.shape != cache_k.shape:
-                raise ValueError(f"{name}: {what} must be ({tokens}, {kv_heads}, max_len, "
+                raise ValueError(f"{name}: {what} must be ({'n_slots' if slotted else tokens}"
+                                 f", {kv_heads}, max_len, "
                                  f"{head_dim}) float32/float16 like cache_k (a sequence per "
                                  f"token), got {c.shape} {c.dtype}")
         return

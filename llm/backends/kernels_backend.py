@@ -38,7 +38,8 @@ from stdlib_kernels.attention.decode import (HEAD_DIMS, batch_splits, config_spl
                                              default_config, direct_config, gpu_config,
                                              launch_decode)
 from stdlib_kernels.attention.kv_q8 import DTYPE as Q8_DTYPE, Q8Cache
-from stdlib_kernels.attention.prefill import launch_prefill, mma_available
+from stdlib_kernels.attention.prefill import (launch_prefill, launch_prefill_seqs,
+                                              mma_available)
 from stdlib_kernels.quant.gemm_q8_k import split_workspace_bytes
 from stdlib_kernels.quant.rmsnorm_q8_1 import rmsnorm_q8_1_into
 
@@ -110,6 +111,7 @@ class KernelsBackend(Backend):
         self.arena = self.prefill_arena
         self._step = None           # (ids, positions, start) device arrays of the running step
         self._last_index = None     # prefill graphs: device index of the prompt's last row
+        self._prompt_tables = None  # a pass of several prompts: its slot / sequence tables
         self.direct_attention = False   # decode attention without splits (short contexts)
         self.stream = pk.Stream(self.device) if self.device.kind == "cuda" else None
         self._host_rows = None      # to_host_reused's page-locked buffer
@@ -196,6 +198,7 @@ class KernelsBackend(Backend):
     def end_step(self) -> None:
         self._step = None
         self._last_index = None
+        self._prompt_tables = None
 
     def begin_layer(self, layer: int) -> None:
         self.arena.begin_layer(layer)
@@ -417,17 +420,33 @@ class KernelsBackend(Backend):
         return out
 
     def attention_prompts(self, q, k, v, caches, layer, starts, counts, scale, window=0):
-        """Prompt i's rows (after those of prompts 0..i-1) through `attention`'s launches on
-        its own cache, the outputs in one buffer: on the fused q|k|v columns in place (rows
-        of them per prompt: RoPE + K/V writes, then the tensor-core prefill reading q's
-        columns), else on contiguous q, k, v (RoPE applied first) with a K/V store and an
-        attention launch per prompt."""
-        d = caches[0].head_dim
+        """Prompt i's rows (after those of prompts 0..i-1) over its own cache, the outputs in
+        one buffer. On the fused q|k|v columns in place with f16 caches of one KVPool: one
+        launch for every prompt's RoPE + K/V writes (rope_kv_cache_cols with a slot per
+        token) and one tensor-core prefill over them all (launch_prefill_seqs, a row per
+        prompt); caches apart: those two launches per prompt on its rows; otherwise on
+        contiguous q, k, v (RoPE applied first) with a K/V store and an attention launch per
+        prompt."""
+        d, pool = caches[0].head_dim, caches[0].pool
         ends = np.cumsum(counts)
         positions_dev = self._step[1]             # the step's positions, prompt by prompt
         fused, q_src, k_src, norms = _rope_sources(q, k, d)
-        if fused and d in HEAD_DIMS and _qkv_in_place(q_src, k_src, v) and all(
-                self._tensor_core_prefill(c.k[layer]) for c in caches):
+        in_place = fused and d in HEAD_DIMS and _qkv_in_place(q_src, k_src, v) and all(
+            self._tensor_core_prefill(c.k[layer]) for c in caches)
+        if in_place and not pool.q8 and all(c.pool is pool for c in caches):
+            qkv, p = q_src.src, q.params
+            slots, slots_dev, seqs, seqs_dev = self._prompts_in_pool(caches, starts, counts)
+            out = self.arena.take((qkv.shape[0], q_src.width), np.float32)
+            rope_kv_cache_cols(qkv, q_src.width // d, k_src.width // d, d, pool.k[layer],
+                               pool.v[layer], positions_dev, p.base, _rope_style(p),
+                               rot_dim=p.n_rot, freq_factors=q.freq_factors, slots=slots,
+                               slots_dev=slots_dev, **_norm_args(norms))
+            launch_prefill_seqs(qkv, pool.k[layer], pool.v[layer],
+                                out.reshape(qkv.shape[0], -1, d), seqs, scale,
+                                seqs_dev=seqs_dev, window=window or None,
+                                n_head=q_src.width // d)
+            return out
+        if in_place:
             qkv, p = q_src.src, q.params
             out = self.arena.take((qkv.shape[0], q_src.width), np.float32)
             for cache, start, n, end in zip(caches, starts, counts, ends):
@@ -459,6 +478,18 @@ class KernelsBackend(Backend):
                 X.attention(qa[rows], k_cache, v_cache, out[rows], start_dev,
                             qa.shape[1] // d, scale, window)
         return out
+
+    def _prompts_in_pool(self, caches, starts, counts) -> tuple:
+        """attention_prompts' tables over one KVPool, made once per forward (on the device
+        for every layer): a slot per token (host, device) and a row per prompt (first row,
+        tokens, start, slot; host, device)."""
+        if self._prompt_tables is None:
+            slot_of = np.array([c.slot for c in caches], np.int32)
+            slots = np.repeat(slot_of, counts)
+            first = np.cumsum(counts) - np.asarray(counts)
+            seqs = np.stack([first, counts, starts, slot_of], axis=1).astype(np.int32)
+            self._prompt_tables = (slots, pk.to_device(slots), seqs, pk.to_device(seqs))
+        return self._prompt_tables
 
     def _rope_into_slots(self, q, k, v, k_all, v_all, positions_dev):
         """The batched step's q / k RoPE and K / V writes in one launch, when q, k, v are

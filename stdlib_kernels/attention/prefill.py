@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+import pykernel as pk
+
 from .._launch import zero_i32
 from .decode import HEAD_DIMS, cuda_sm, launch_decode
 from .decode_kernels import LOG2E
@@ -99,20 +101,79 @@ def launch_prefill(q, k_cache, v_cache, out, start: int, scale: float, *, window
     if path != "mma" or k_cache.dtype != np.float16:
         raise ValueError(f"attention.prefill: path {path!r} needs 'simt', or 'mma' with an f16 "
                          f"cache (cache is {k_cache.dtype})")
+    _launch_flash(q, k_cache, v_cache, out, tokens, q_row, start, start_at, n_head, scale,
+                  window, softcap, stream, block_keys, warps, stages, m_tiles)
+    return out
+
+
+def launch_prefill_seqs(q, k_pool, v_pool, out, seqs, scale: float, *, seqs_dev=None,
+                        window=None, softcap=None, n_head: int | None = None, stream=None,
+                        block_keys=None, warps: int = MMA_WARPS, stages: int = MMA_STAGES,
+                        m_tiles: int = 1):
+    """Prefill attention of several sequences in one launch (tensor cores, f16 caches of a
+    pool: (slots, n_kv_head, max_len, D)). seqs: host int32 (n_seq, 4), a row per sequence:
+    its first token row in q / out, its tokens, its first position, its slot; each sequence's
+    cache slot must already hold its positions 0 .. start + tokens - 1 (rows of different
+    sequences may share a slot only if they do not overlap). q / out / n_head as
+    launch_prefill's. seqs_dev: the same table already on the device (e.g. uploaded once for
+    every layer of a forward; trusted to equal seqs), else it is uploaded here."""
+    seqs = np.asarray(seqs)
+    if k_pool.ndim != 4 or k_pool.shape != v_pool.shape or k_pool.dtype != np.float16 or \
+            v_pool.dtype != np.float16:
+        raise ValueError(f"attention.prefill_seqs: caches must both be f16 (slots, n_kv_head, "
+                         f"max_len, head_dim), got {k_pool.shape} {k_pool.dtype} and "
+                         f"{v_pool.shape} {v_pool.dtype}")
+    slots, n_kv_head, max_len, head_dim = k_pool.shape
+    tokens, n_head, _, q_row = _q_geometry(q, k_pool[0], n_head)
+    if head_dim not in HEAD_DIMS or n_head % n_kv_head:
+        raise ValueError(f"attention.prefill_seqs: q {q.shape} does not fit caches "
+                         f"{k_pool.shape} (head_dim in {HEAD_DIMS}, n_head a multiple of "
+                         f"n_kv_head)")
+    if seqs.ndim != 2 or seqs.shape[1] != 4 or len(seqs) < 1 or \
+            not np.issubdtype(seqs.dtype, np.integer):
+        raise ValueError(f"attention.prefill_seqs: seqs must be integer (n_seq >= 1, 4), got "
+                         f"{seqs.dtype} {seqs.shape}")
+    first, count, start, slot = (seqs[:, i].astype(np.int64) for i in range(4))
+    bad = (first < 0) | (count < 1) | (first + count > tokens) | (start < 0) | \
+        (start + count > max_len) | (slot < 0) | (slot >= slots)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(f"attention.prefill_seqs: sequence {i} {seqs[i].tolist()} (first "
+                         f"row, tokens, start, slot) does not fit q of {tokens} tokens and "
+                         f"{slots} cache slots of max_len {max_len}")
+    if seqs_dev is None:
+        seqs_dev = pk.to_device(seqs.astype(np.int32))
+    elif seqs_dev.dtype != np.int32 or seqs_dev.size != seqs.size:
+        raise ValueError(f"attention.prefill_seqs: seqs_dev must be int32 of {seqs.size} "
+                         f"values, got {seqs_dev.dtype} {seqs_dev.size}")
+    _launch_flash(q, k_pool, v_pool, out, int(count.max()), q_row, 0, zero_i32(), n_head,
+                  scale, window, softcap, stream, block_keys, warps, stages, m_tiles,
+                  seqs=seqs_dev, n_seq=len(seqs))
+    return out
+
+
+def _launch_flash(q, k_cache, v_cache, out, tokens: int, q_row: int, start: int, start_at,
+                  n_head: int, scale, window, softcap, stream, block_keys, warps, stages,
+                  m_tiles, seqs=None, n_seq: int = 1):
+    """prefill_flash over caches (n_kv_head, max_len, D), or a pool of them (slots first)
+    with a sequence table seqs (VARLEN; grid z over its n_seq rows, x over `tokens`, the
+    longest)."""
+    head_dim = k_cache.shape[-1]
     bn = block_keys or default_block_keys(head_dim)
     if bn % 16 or not 16 <= bn <= 128 or not 1 <= warps <= 16 or not 2 <= stages <= 8 \
             or m_tiles not in (1, 2):
         raise ValueError(f"attention.prefill: block_keys {bn} must be a multiple of 16 in "
                          f"16..128, warps 1..16 (got {warps}), stages 2..8 (got {stages}), "
                          f"m_tiles 1 or 2 (got {m_tiles})")
-    n_kv_head, max_len, _ = k_cache.shape
+    n_kv_head, max_len, _ = k_cache.shape[-3:]
     use_softcap = softcap is not None and softcap > 0
     q_scale = float(scale) if use_softcap else float(scale) * LOG2E
     rows = tokens * (n_head // n_kv_head)
-    grid = (-(-rows // (16 * m_tiles * warps)), n_kv_head)
+    grid = (-(-rows // (16 * m_tiles * warps)), n_kv_head, n_seq)
     shared = stages * 2 * bn * (head_dim // 2 + 4) * 4     # the ring: K + V tiles per stage
     prefill_flash[grid, 32 * warps, stream, shared](
         q, k_cache.view(np.uint32), v_cache.view(np.uint32), out, tokens, q_row,
-        start, start_at, max_len, n_head, n_kv_head, q_scale, float(softcap) if use_softcap else 0.0,
-        int(window or 0), D=head_dim, BN=bn, NWARPS=warps, STAGES=stages, MT=m_tiles)
-    return out
+        start, start_at, max_len, n_head, n_kv_head, q_scale,
+        float(softcap) if use_softcap else 0.0, int(window or 0),
+        start_at if seqs is None else seqs, D=head_dim, BN=bn, NWARPS=warps, STAGES=stages,
+        MT=m_tiles, VARLEN=seqs is not None)

@@ -7,6 +7,11 @@ K/V cache viewed as u32
 pairs of f16, (n_kv_head, max_len, D / 2), holding positions 0 .. start + tokens - 1.
 Output: out (tokens, n_head, D) f32.
 
+Several sequences in one launch (VARLEN): grid z is the sequence, and its 4 ints in `seqs`
+(first token row of q / out, tokens, first position, slot of a pool cache (slots, n_kv_head,
+max_len, D / 2)) replace tokens, start and the cache; grid x covers the longest, and the
+blocks past a shorter one's rows return at once.
+
 Work split: grid (row blocks, n_kv_head). A block's 16 * MT * NWARPS rows are (token, head)
 pairs of one KV head's query group (row r -> token r // group, head r % group), so the group
 shares every K/V tile; each warp owns MT 16-row m-tiles, their Q as f16 A fragments in
@@ -66,11 +71,11 @@ def finish_scores(sacc, kt: i32, t: i32, pos, lo, softcap: f32, masked: bool, BN
 
 
 @pk.func
-def load_q(q, qf, row0: i32, n_rows: i32, group: i32, q_row: i32, kvh: i32, t: i32,
+def load_q(q, qf, q0: i64, row0: i32, n_rows: i32, group: i32, q_row: i32, kvh: i32, t: i32,
            q_scale: f32, D: Const[int], MT: Const[int]):
     """qf[(mt * D/16 + kstep) * 4 + w]: the A fragments of m-tile mt (rows row0 + 16 mt + g,
-    + 8), pre-scaled, as f16 pairs; rows past n_rows are zero. A token's heads start q_row
-    values after the previous token's."""
+    + 8), pre-scaled, as f16 pairs; rows past n_rows are zero. The first token's heads start
+    at q + q0, each next token's q_row values after the previous one's."""
     for mt in pk.static_range(MT):
         for kstep in pk.static_range(D // 16):
             for half in pk.static_range(2):
@@ -80,7 +85,8 @@ def load_q(q, qf, row0: i32, n_rows: i32, group: i32, q_row: i32, kvh: i32, t: i
                     x0 = f32(0.0)
                     x1 = f32(0.0)
                     if r < n_rows:
-                        base = (r // group) * q_row + (kvh * group + r % group) * D + col
+                        base = q0 + i64((r // group) * q_row + (kvh * group + r % group) * D
+                                        + col)
                         x0 = q[base] * q_scale
                         x1 = q[base + 1] * q_scale
                     qf[(mt * (D // 16) + kstep) * 4 + half * 2 + which] = pk.pack_f16x2(x0, x1)
@@ -170,11 +176,21 @@ def tile_pv(tile, sacc, oacc, v_lane: i32, D: Const[int], BN: Const[int], MT: Co
 def prefill_flash(q: Ptr[f32, "ro"], k32: Ptr[u32, "ro"], v32: Ptr[u32, "ro"], out: Ptr[f32],
                   tokens: i32, q_row: i32, start0: i32, start_at: Ptr[i32, "ro"], max_len: i32,
                   n_head: i32, n_kv_head: i32,
-                  q_scale: f32, softcap: f32, window: i32,
+                  q_scale: f32, softcap: f32, window: i32, seqs: Ptr[i32, "ro"],
                   D: Const[int], BN: Const[int], NWARPS: Const[int], STAGES: Const[int],
-                  MT: Const[int]):
+                  MT: Const[int], VARLEN: Const[bool]):
     NT = NWARPS * 32
     start = start0 + start_at[0]                   # device part: graphs replay at new starts
+    q0 = i64(0)                                    # the sequence's first q / out values
+    o0 = i64(0)
+    cache = i64(0)
+    if VARLEN:        # sequence z: its tokens' rows, count, first position and cache slot
+        z = pk.block_idx.z
+        q0 = i64(seqs[4 * z]) * i64(q_row)
+        o0 = i64(seqs[4 * z]) * i64(n_head * D)
+        tokens = seqs[4 * z + 1]
+        start = seqs[4 * z + 2]
+        cache = i64(seqs[4 * z + 3]) * i64(n_kv_head) * i64(max_len) * i64(D // 2)
     RSW = D // 2 + 4                               # row stride in u32 words (D + 8 halves)
     STAGE = 2 * BN * RSW                           # words of one stage (K tile + V tile)
     ROWS = 16 * MT * NWARPS                        # rows of a block
@@ -187,6 +203,8 @@ def prefill_flash(q: Ptr[f32, "ro"], k32: Ptr[u32, "ro"], v32: Ptr[u32, "ro"], o
     group = n_head // n_kv_head
     n_rows = tokens * group
     block = pk.grid_dim.x - 1 - pk.block_idx.x     # heaviest (latest) rows first
+    if VARLEN and block * ROWS >= n_rows:          # past a shorter sequence's rows
+        return
     row0 = block * ROWS + (tid // 32) * 16 * MT + g
     pos = pk.local_array(i32, 2 * MT)              # row (mt, half)'s position and lowest
     lo = pk.local_array(i32, 2 * MT)               # invisible key (window), for the mask
@@ -201,7 +219,7 @@ def prefill_flash(q: Ptr[f32, "ro"], k32: Ptr[u32, "ro"], v32: Ptr[u32, "ro"], o
     kv_lo = 0
     if window > 0:
         kv_lo = max(0, start + first_tok - window + 1)
-    cache = i64(kvh) * i64(max_len) * i64(D // 2)
+    cache += i64(kvh) * i64(max_len) * i64(D // 2)
     n_tiles = (kv_hi - kv_lo + BN - 1) // BN
 
     for st in pk.static_range(STAGES - 1):          # the ring's first tiles
@@ -211,7 +229,7 @@ def prefill_flash(q: Ptr[f32, "ro"], k32: Ptr[u32, "ro"], v32: Ptr[u32, "ro"], o
         pk.cp_async_commit()
 
     qf = pk.local_array(u32, MT * D // 4)
-    load_q(q, qf, row0, n_rows, group, q_row, kvh, t, q_scale, D, MT)
+    load_q(q, qf, q0, row0, n_rows, group, q_row, kvh, t, q_scale, D, MT)
     oacc = pk.local_array(f32, MT * D // 2)        # MT x (16 x D): D/8 n-tiles x 4 each
     for i in pk.static_range(MT * D // 2):
         oacc[i] = 0.0
@@ -248,7 +266,7 @@ def prefill_flash(q: Ptr[f32, "ro"], k32: Ptr[u32, "ro"], v32: Ptr[u32, "ro"], o
         inv = 1.0 / total
         row = row0 + 8 * r
         if row < n_rows:
-            base = ((row // group) * n_head + kvh * group + row % group) * D + 2 * t
+            base = o0 + i64(((row // group) * n_head + kvh * group + row % group) * D + 2 * t)
             for dt in pk.static_range(D // 8):
                 i = ((r // 2) * (D // 8) + dt) * 4 + (r % 2) * 2
                 out[base + dt * 8] = oacc[i] * inv

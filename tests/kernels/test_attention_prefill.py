@@ -120,6 +120,46 @@ def test_prefill_start_on_the_device(device, rng, seed, path):
                        path=path, start_dev=pk.to_device(np.array([1.0], np.float32)))
 
 
+@pytest.mark.parametrize("window", [None, 6])
+def test_prefill_seqs_equal_each_sequence_alone(device, rng, seed, window):
+    """launch_prefill_seqs: four sequences of 19, 1, 7 and 33 tokens (after 8, 20, 0 and 3
+    cached positions) in one launch over a pool of five cache slots, their q rows in one
+    (tokens, W) array read in place; each sequence's out rows against launch_prefill on its
+    own slot and rows (the same tiles: bit-equal), rows of no sequence left untouched."""
+    from stdlib_kernels.attention.prefill import launch_prefill_seqs
+    counts, starts, slots = [19, 1, 7, 33], [8, 20, 0, 3], [3, 0, 4, 1]
+    n_head, n_kv_head, d, max_len = 4, 2, 64, 40
+    first = np.concatenate([[2], 2 + np.cumsum(counts)[:-1]])     # two rows of no sequence
+    tokens = int(first[-1] + counts[-1] + 1)
+    wide = rng.standard_normal((tokens, n_head * d + 24)).astype(np.float32)
+    k = rng.standard_normal((5, n_kv_head, max_len, d)).astype(np.float16)
+    v = rng.standard_normal((5, n_kv_head, max_len, d)).astype(np.float16)
+    kw = dict(warps=1, block_keys=16) if device.kind == "cpu" else {}
+    qd, kd, vd = pk.to_device(wide), pk.to_device(k), pk.to_device(v)
+    seqs = np.stack([first, counts, starts, slots], axis=1).astype(np.int32)
+    out = pk.full((tokens, n_head, d), np.nan, np.float32)
+    launch_prefill_seqs(qd, kd, vd, out, seqs, 0.125, window=window, n_head=n_head, **kw)
+    got = out.numpy()
+    for f, n, start, slot in seqs:
+        alone = pk.full((n, n_head, d), np.nan, np.float32)
+        launch_prefill(qd[f:f + n], kd[slot], vd[slot], alone, int(start), 0.125,
+                       window=window, path="mma", n_head=n_head, **kw)
+        np.testing.assert_array_equal(got[f:f + n], alone.numpy(), err_msg=f"seed {seed}")
+        q = wide[f:f + n, :n_head * d].reshape(n, n_head, d)
+        _check(got[f:f + n], _expected(q, k[slot], v[slot], start, 0.125, window, None),
+               np.float16, seed, f"sequence at row {f}")
+    untouched = np.ones(tokens, bool)
+    for f, n, _, _ in seqs:
+        untouched[f:f + n] = False
+    assert np.isnan(got[untouched]).all()
+    with pytest.raises(ValueError, match=r"sequence 1 \[21, 1, 40, 0\]"):
+        bad = seqs.copy()
+        bad[1, 2] = 40                                 # positions past max_len
+        launch_prefill_seqs(qd, kd, vd, out, bad, 0.125, n_head=n_head, **kw)
+    with pytest.raises(ValueError, match="must both be f16"):
+        launch_prefill_seqs(qd, kd[0], vd[0], out, seqs, 0.125, n_head=n_head)
+
+
 def test_prefill_contract_api(device, rng, seed):
     tokens, kv_tokens = 5, 12
     q = rng.standard_normal((tokens, 4, 64)).astype(np.float32)
@@ -179,3 +219,14 @@ def test_gpu_prefill_long_simt_and_mma(rng, seed, dtype):
     for path in ("simt", "mma") if dtype == np.float16 else ("simt",):
         got = _run(q, k, v, 1500, 128 ** -0.5, None, None, path)
         _check(got, expected, dtype, seed, f"512 tokens after 1500, {path}")
+
+
+@pytest.mark.parametrize("arch", [a for a in pk.SUPPORTED_ARCHS if int(a[3:]) >= 80])
+@pytest.mark.parametrize("varlen", [False, True])
+def test_prefill_flash_ptx_assembles(arch, varlen, assemble):
+    """The tensor-core prefill, one sequence or a table of them (VARLEN), at the runner's
+    tiling for head_dim 128: PTX that ptxas accepts for every mma-capable arch."""
+    from stdlib_kernels.attention.prefill_flash import prefill_flash
+    ptx = prefill_flash.ptx(arch, D=128, BN=64, NWARPS=4, STAGES=3, MT=1, VARLEN=varlen)
+    assert ("%ctaid.z" in ptx) == varlen
+    assemble(ptx, arch)

@@ -120,7 +120,8 @@ def entry_wait_variants():
     yield "q8_1_quantize", q8_1_quantize_kernel, dict(U=1, WARPS=8)
     for norm in (False, True):
         yield f"rope_qkv_cache-norm{int(norm)}", rope_qkv_cache, dict(
-            HAS_Q=True, HAS_FF=False, NEOX=False, T=pk.f32, C=pk.f16, NORM=norm, Q8=False)
+            HAS_Q=True, HAS_FF=False, NEOX=False, T=pk.f32, C=pk.f16, NORM=norm, Q8=False,
+            SLOTS=False)
     yield "argmax_next", argmax_next, dict(ADVANCE=True, UNITS=4, VEC=4)
     yield "embed_generic", embed_generic, dict(FMT=12, BE=256, BB=144)
     yield "combine_splits", combine_splits, combine_spec(128, 4, True, True)

@@ -130,6 +130,40 @@ def test_rope_kv_cache_cols_one_sequence_per_token(device, rng, seed, cache_dtyp
                              q_out=pk.zeros((tokens, nq - 1), np.float32))
 
 
+@pytest.mark.parametrize("cache_dtype", [np.float32, np.float16])
+def test_rope_kv_cache_cols_slot_table(device, rng, seed, cache_dtype):
+    # several prompts in one pass: token t's rows go to slot slots[t] of (n_slots, kv_heads,
+    # max_len, head_dim) caches at its own position (q rotated in place); each prompt alone
+    # through rope_kv_cache_cols on its own slot is the reference, other slots untouched
+    q_heads, kv_heads, head_dim, max_len = 4, 2, 32, 12
+    slots = np.array([3, 3, 3, 0, 2, 2], np.int32)          # prompts of 3, 1 and 2 tokens
+    pos = np.array([5, 6, 7, 0, 9, 10], np.int32)
+    tokens, width = len(slots), (q_heads + 2 * kv_heads) * head_dim + 5
+    qkv = rng.standard_normal((tokens, width)).astype(np.float32)
+    ck = pk.full((4, kv_heads, max_len, head_dim), np.nan, cache_dtype)
+    cv = pk.full((4, kv_heads, max_len, head_dim), np.nan, cache_dtype)
+    qkvd = pk.to_device(qkv)
+    R.rope_kv_cache_cols(qkvd, q_heads, kv_heads, head_dim, ck, cv, pk.to_device(pos), 1e4,
+                         "normal", slots=slots)
+    for first, n in ((0, 3), (3, 1), (4, 2)):
+        slot = int(slots[first])
+        one = [pk.full((kv_heads, max_len, head_dim), np.nan, cache_dtype) for _ in range(2)]
+        alone = pk.to_device(qkv[first:first + n])
+        R.rope_kv_cache_cols(alone, q_heads, kv_heads, head_dim, one[0], one[1],
+                             pk.to_device(pos[first:first + n]), 1e4, "normal")
+        np.testing.assert_array_equal(qkvd.numpy()[first:first + n], alone.numpy(),
+                                      err_msg=f"seed {seed} prompt at {first}")
+        np.testing.assert_array_equal(ck.numpy()[slot], one[0].numpy(), f"seed {seed}")
+        np.testing.assert_array_equal(cv.numpy()[slot], one[1].numpy(), f"seed {seed}")
+    assert np.isnan(ck.numpy()[1]).all() and np.isnan(cv.numpy()[1]).all()
+    with pytest.raises(ValueError, match=r"slots must be 6 ints in 0..3"):
+        R.rope_kv_cache_cols(qkvd, q_heads, kv_heads, head_dim, ck, cv, pk.to_device(pos),
+                             slots=np.array([0, 0, 0, 0, 0, 4]))
+    with pytest.raises(ValueError, match="slots_dev must be 6 int32"):
+        R.rope_kv_cache_cols(qkvd, q_heads, kv_heads, head_dim, ck, cv, pk.to_device(pos),
+                             slots=slots, slots_dev=pk.to_device(slots[:5]))
+
+
 def rms_reference(x, weight, eps):
     x = np.asarray(x, np.float64)
     return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * weight
@@ -176,3 +210,12 @@ def test_rope_errors(device):
         R.rope(x, np.zeros(3, np.int32))
     with pytest.raises(ValueError, match="rot_dim"):
         R.rope(x, np.zeros(2, np.int32), rot_dim=5)
+
+
+@pytest.mark.parametrize("arch", pk.SUPPORTED_ARCHS)
+def test_rope_qkv_cache_slot_table_ptx_assembles(arch, assemble):
+    """rope_qkv_cache with a slot per token (SLOTS): PTX that ptxas accepts for every arch."""
+    ptx = R.rope_qkv_cache.ptx(arch, HAS_Q=True, HAS_FF=False, NEOX=True, T=pk.f32,
+                               C=pk.f16, NORM=False, Q8=False, SLOTS=True)
+    assemble(ptx, arch)
+
