@@ -185,7 +185,8 @@ def test_q4_k_batches_take_the_tensor_core_gemv(where, q4k_path, rng, seed):
     DP4A GEMV; rows still equal each sequence alone: to f32 rounding (~1e-7), except where an
     activation's Q8_1 byte sits on a rounding boundary and flips between the paths (their f32
     sums differ in order), which this random one-layer model amplifies to up to 8e-3 (16
-    seeds on the CPU target; the int8 GEMM alike)."""
+    seeds on the CPU target; the int8 GEMM alike) and on an H200 to 2.1e-2 / 2.2e-2 (seeds
+    271919447 / 629051215, with the trees of this test's commit and the one before)."""
     model = load(*where, name=q4k_path, n_ctx=64, gemv=True)  # CPU: not the default path
     cfg = model.config
     for batch in (5, 10):
@@ -207,7 +208,7 @@ def test_q4_k_batches_take_the_tensor_core_gemv(where, q4k_path, rng, seed):
             model.transformer.forward_batch(ids, positions, pool))))    # eager: launches
         for i in range(batch):
             err = rel_l2(rows[0][i], alone[i])
-            assert err < 2e-2, f"seed {seed}: batch {batch} row {i}: {err:.2e}"
+            assert err < 4e-2, f"seed {seed}: batch {batch} row {i}: {err:.2e}"
         assert any(x.startswith("gemv_mma_q4k") for x in names), sorted(set(names))
         assert any(x.startswith("gemv_mma_q6k") for x in names), sorted(set(names))
         assert not any(x.startswith("gemm_q8k") for x in names), sorted(set(names))

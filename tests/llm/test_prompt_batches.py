@@ -16,8 +16,12 @@ require_for_module(TINY_LLAMA)
 
 def tolerance(where, name) -> float:
     # the head_dim-64 model's attention is the tensor-core kernel (Q and P rounded to f16):
-    # a 1-token prompt alone takes the decode kernel, together the prefill one (test_batching)
-    return 2e-2 if where[1] == "kernels" and name == "tiny-d64" else 1e-5
+    # a 1-token prompt alone takes the decode kernel, together the prefill one (test_batching).
+    # The kernels backend's f32 matmuls sum in another order at another token count (a
+    # 6-token prompt alone, 23 tokens together): 1.3e-5 on an H200 for seed 10 of 1..12
+    if where[1] == "kernels":
+        return 2e-2 if name == "tiny-d64" else 1e-4
+    return 1e-5
 
 
 @pytest.mark.parametrize("pool", [False, True], ids=["apart", "pool"])
