@@ -5,9 +5,10 @@ own KV cache of `slot_ctx` positions). Output: `BatchScheduler.generate(ids, ...
 of text pieces that any thread may call. One worker thread owns the model: between decode
 steps it admits waiting requests into free slots (their prompts' prefill, reusing what the slot
 already caches; the prompts admitted together in one forward pass, `Transformer.forward_prompts`,
-as far as one prefill step holds them), then runs one decode step for every active slot at once
-(`Transformer.forward_batch`: each weight matrix is read once per step for all of them) and
-samples each row with its own request's sampler. A slot decoding alone takes the one-sequence
+as far as one prefill step holds them, the running requests' next tokens riding along as
+one-token prompts so that they do not pause), then runs one decode step for every active
+slot at once (`Transformer.forward_batch`: each weight matrix is read once per step for all
+of them) and samples each row with its own request's sampler. A slot decoding alone takes the one-sequence
 path (the kernels backend's decode graph). This is what llama.cpp's server does with
 `--parallel N` slots; as there, the context is split between the slots.
 
@@ -187,8 +188,14 @@ class BatchScheduler:
                     break
                 admitted = self._admit()
             metrics.add("requests_total", len(admitted))
-            for group in self._prompt_groups(admitted):
-                self._guarded(group, self._start, group)
+            riders = [r for r in self._busy if r is not None and r not in admitted
+                      and not r.cancelled]            # decoding already: they step along
+            for group, tokens in self._prompt_groups(admitted):
+                if group[0].prompt_logprobs or tokens + len(riders) > self._step_tokens:
+                    self._guarded(group, self._start, group)
+                else:
+                    self._guarded(group + riders, self._start, group, riders)
+                    riders = []
             for request in [r for r in self._busy if r is not None and r.cancelled]:
                 self._release(request)
             active = [r for r in self._busy if r is not None]    # slots 0 .. B-1, in order
@@ -259,14 +266,13 @@ class BatchScheduler:
                     request.pieces.put(exc)
                     self._release(request)
 
-    def _prompt_groups(self, admitted: list) -> list[list]:
+    def _prompt_groups(self, admitted: list) -> list[tuple[list, int]]:
         """The admitted requests in groups whose prompts run in one forward pass
-        (`prefill_together`): consecutive ones whose new tokens (after what their slots
-        reuse) fit one prefill step together; a prompt scored token by token (echo with
-        logprobs), or one longer than a step, alone."""
-        budget = prefill_step_tokens(self.model.transformer)
-        groups: list[list] = []
-        tokens = budget + 1                  # what the last group holds (none open yet)
+        (`prefill_together`), each with its new tokens: consecutive ones whose new tokens
+        (after what their slots reuse) fit one prefill step together; a prompt scored token
+        by token (echo with logprobs), or one longer than a step, alone."""
+        budget = self._step_tokens
+        groups: list[tuple[list, int]] = []
         for request in admitted:
             session = self.sessions[request.slot]
             try:
@@ -274,22 +280,28 @@ class BatchScheduler:
             except ValueError:               # fails again in the request's own group
                 new = budget + 1
             alone = request.prompt_logprobs or new > budget
-            if alone or tokens + new > budget:
-                groups.append([request])
-                tokens = budget + 1 if alone else new
+            if alone or not groups or groups[-1][1] + new > budget:
+                groups.append(([request], budget + 1 if alone else new))
             else:
-                groups[-1].append(request)
-                tokens += new
+                groups[-1] = (groups[-1][0] + [request], groups[-1][1] + new)
         return groups
 
-    def _start(self, group: list) -> None:
-        """Run the group's prompts (one forward pass for two or more) and sample each one's
-        first token."""
+    @property
+    def _step_tokens(self) -> int:
+        return prefill_step_tokens(self.model.transformer)
+
+    def _start(self, group: list, riders: Sequence = ()) -> None:
+        """Run the group's prompts (one forward pass for two or more, or with riders) and
+        sample each one's first token. riders: running requests whose pending token steps in
+        the same pass (a one-token prompt each, over their own slot), so that they go on
+        while new requests start instead of pausing for them."""
         t0 = time.perf_counter()
         with self.metrics.timed("prompt"):
-            if len(group) > 1:
-                rows, computed = prefill_together([self.sessions[r.slot] for r in group],
-                                                  [r.ids for r in group])
+            if len(group) > 1 or riders:
+                sessions = [self.sessions[r.slot] for r in (*group, *riders)]
+                prompts = [r.ids for r in group] + [
+                    [*self.sessions[r.slot].tokens, r.token] for r in riders]
+                rows, computed = prefill_together(sessions, prompts)
             else:
                 request, session = group[0], self.sessions[group[0].slot]
                 if request.prompt_logprobs:
@@ -305,9 +317,12 @@ class BatchScheduler:
             request.gen.stats.prompt_tokens, request.gen.stats.prompt_seconds = n, seconds
             request.decode_start = time.perf_counter()
             self.metrics.add("prompt_tokens_total", n)
+        self.metrics.add("prompt_pass_decode_rows_total", len(riders))
         with self.metrics.timed("sample"):
-            done = [r for r, row in zip(group, rows) if self._advance(r, row)]
-        for request in done:          # after every first token (a release moves slots)
+            for request in riders:
+                request.gen.stats.decode_steps += 1
+            done = [r for r, row in zip((*group, *riders), rows) if self._advance(r, row)]
+        for request in done:          # after every one is sampled (a release moves slots)
             self._release(request)
 
     def _step(self, active: list) -> None:

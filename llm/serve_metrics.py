@@ -32,6 +32,8 @@ SCALARS = (
     ("prompt_tokens_total", "counter", "Prompt tokens run through the model (after reuse)."),
     ("prompt_passes_total", "counter",
      "Prompt prefills (one for the prompts admitted together)."),
+    ("prompt_pass_decode_rows_total", "counter",
+     "Running requests' tokens stepped inside prompt passes."),
     ("tokens_generated_total", "counter", "Tokens sampled."),
     ("decode_steps_total", "counter", "Decode steps (one forward pass of every running slot)."),
     ("decode_rows_total", "counter", "Sequences stepped, summed over decode steps."),

@@ -109,6 +109,35 @@ def test_scheduler_runs_the_prompts_it_admits_together(where, d64_path):
     assert counters["prompt_passes_total"] == 2
 
 
+@pytest.mark.parametrize("where", BACKENDS, ids=lambda w: "-".join(w))
+def test_running_requests_step_inside_prompt_passes(where, d64_path):
+    """Two requests admitted while a third is decoding: the running one's next token rides in
+    their prompt pass (a one-token prompt over its own slot) instead of waiting for it; every
+    greedy text equals the prompt's generation alone."""
+    model = load(*where, name=d64_path, n_ctx=3 * 64)
+    prompts, max_tokens = [[5, 9, 13, 2], [7, 1], [11, 3, 8]], [24, 5, 6]
+    expected = ["".join(model.generate(p, max_tokens=m, temperature=0))
+                for p, m in zip(prompts, max_tokens)]
+    scheduler = BatchScheduler(model, slots=3)
+    start, rest = scheduler._start, []
+
+    def start_then_queue(group, riders=()):
+        start(group, riders)
+        if not rest:           # the first request has its first token: queue the other two
+            rest.extend(scheduler.generate(p, max_tokens=m, temperature=0)
+                        for p, m in zip(prompts[1:], max_tokens[1:]))
+    scheduler._start = start_then_queue
+    try:
+        first = scheduler.generate(prompts[0], max_tokens=max_tokens[0], temperature=0)
+        got = ["".join(first)] + ["".join(s) for s in rest]
+    finally:
+        scheduler.close()
+    assert got == expected
+    counters = scheduler.metrics.snapshot()
+    assert counters["prompt_pass_decode_rows_total"] == 1, counters
+    assert counters["prompt_passes_total"] == 2
+
+
 def test_prompt_groups_fit_one_prefill_step(monkeypatch):
     """The scheduler's groups: consecutive prompts while their new tokens fit one prefill
     step (after what each slot reuses); a longer prompt and a scored one alone."""
@@ -125,7 +154,8 @@ def test_prompt_groups_fit_one_prefill_step(monkeypatch):
     finally:
         scheduler.close()
     # 6 + 9 fit; 12 reuses 10 (2 new, over 15 + 2); 20 alone; 3; the scored one alone; 4 + 4
-    assert [[r.slot for r in g] for g in groups] == [[0, 1], [2], [3], [4], [5], [6, 7]]
+    assert [[r.slot for r in g] for g, _ in groups] == [[0, 1], [2], [3], [4], [5], [6, 7]]
+    assert [n for _, n in groups] == [15, 2, 17, 3, 17, 8]      # alone: over the step
 
 
 @pytest.fixture(scope="module")
