@@ -5,7 +5,9 @@ scheduler, sampling, HTTP and JSON included, unlike batched_decode.py's bare ste
 Input: argv = SHAPE:TYPE (llm.synth; default llama-8b:Q4_K_M), env SYNTH_DIR (default /tmp),
 CLIENTS (default 1,4,16), SLOTS (default: as many as clients), TOKENS (default 128),
 DEVICE (default cuda), PROMPT_REPEAT (default 1: each client's prompt of ~14 tokens, repeated
-that many times). Output: a table per model, then for each row where the server's worker
+that many times), STAGGER_MS (default 0: all at once; else client i starts i x STAGGER_MS
+later and streams its answer, and the gaps between a stream's chunks are reported: how
+long the running streams stall while new requests start). Output: a table per model, then for each row where the server's worker
 spent the clients' run (llm/serve_metrics.py: prompts, decode steps by batch size, sampling,
 slot moves, idle), from its counters before and after.
 
@@ -18,6 +20,8 @@ import threading
 import time
 import urllib.request
 
+import numpy as np
+
 import llm
 from llm.server import make_server
 from llm.serve_metrics import PHASES, difference
@@ -26,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from batched_decode import model_file  # noqa: E402
 
 PROMPT_REPEAT = int(os.environ.get("PROMPT_REPEAT", "1"))
+STAGGER_MS = float(os.environ.get("STAGGER_MS", "0"))
 
 
 def ask(url: str, prompt: str, tokens: int) -> dict:
@@ -34,6 +39,23 @@ def ask(url: str, prompt: str, tokens: int) -> dict:
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=600) as response:
         return json.loads(response.read())
+
+
+def ask_streaming(url: str, prompt: str, tokens: int) -> dict:
+    """ask, streamed: the answer's usage, plus the gaps (seconds) between its text chunks."""
+    body = json.dumps({"prompt": prompt, "max_tokens": tokens, "temperature": 0,
+                       "stream": True}).encode()
+    request = urllib.request.Request(url + "/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    times, usage = [], None
+    with urllib.request.urlopen(request, timeout=600) as response:
+        for line in response:
+            if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            times.append(time.perf_counter())
+            usage = chunk.get("usage") or usage
+    return {"usage": usage, "gaps": np.diff(times[:-1]).tolist()}   # the last: usage only
 
 
 def run(model, clients: int, slots: int, tokens: int) -> tuple:
@@ -51,7 +73,11 @@ def run(model, clients: int, slots: int, tokens: int) -> tuple:
 
         def client(i: int) -> None:
             prompt = f"Request {i}: tell me a story about the number {i}. " * PROMPT_REPEAT
-            answers[i] = ask(url, prompt, tokens)
+            if STAGGER_MS:
+                time.sleep(i * STAGGER_MS / 1e3)
+                answers[i] = ask_streaming(url, prompt, tokens)
+            else:
+                answers[i] = ask(url, prompt, tokens)
         threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
         before = server.scheduler.metrics.snapshot()
         t0 = time.perf_counter()
@@ -64,6 +90,12 @@ def run(model, clients: int, slots: int, tokens: int) -> tuple:
     finally:
         server.shutdown()
         server.server_close()
+    if STAGGER_MS:
+        gaps = np.array([g for a in answers for g in a["gaps"]]) * 1e3
+        worst = sorted(max(a["gaps"], default=0.0) * 1e3 for a in answers)
+        counters["gaps"] = (f"gaps between a stream's chunks: median {np.median(gaps):.1f} "
+                            f"ms, p99 {np.percentile(gaps, 99):.1f} ms, each stream's longest: "
+                            f"median {worst[len(worst) // 2]:.1f} ms, max {worst[-1]:.1f} ms")
     return sum(a["usage"]["completion_tokens"] for a in answers), seconds, start_up, counters
 
 
@@ -74,7 +106,8 @@ def breakdown(counters: dict, seconds: float) -> str:
     steps = ", ".join(f"B{b}: {n} x {1e3 * s / n:.2f} ms"
                       for b, (n, s) in counters["steps_by_batch"].items())
     return (f"worker over {seconds:.2f} s: {phases}; {counters['prompt_tokens_total']} prompt "
-            f"tokens in {counters.get('prompt_passes_total', '?')} passes; decode steps {steps}")
+            f"tokens in {counters.get('prompt_passes_total', '?')} passes; decode steps {steps}"
+            + (f"; {counters['gaps']}" if "gaps" in counters else ""))
 
 
 def main(item: str) -> None:
