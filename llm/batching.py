@@ -5,8 +5,9 @@ own KV cache of `slot_ctx` positions). Output: `BatchScheduler.generate(ids, ...
 of text pieces that any thread may call. One worker thread owns the model: between decode
 steps it admits waiting requests into free slots (their prompts' prefill, reusing what the slot
 already caches; the prompts admitted together in one forward pass, `Transformer.forward_prompts`,
-as far as one prefill step holds them, the running requests' next tokens riding along as
-one-token prompts so that they do not pause), then runs one decode step for every active
+as far as one prefill step holds them and where they are enough to beat their graphs one by
+one, the running requests' next tokens riding along as one-token prompts so that they do not
+pause), then runs one decode step for every active
 slot at once (`Transformer.forward_batch`: each weight matrix is read once per step for all
 of them) and samples each row with its own request's sampler. A slot decoding alone takes the one-sequence
 path (the kernels backend's decode graph). This is what llama.cpp's server does with
@@ -190,8 +191,12 @@ class BatchScheduler:
             metrics.add("requests_total", len(admitted))
             riders = [r for r in self._busy if r is not None and r not in admitted
                       and not r.cancelled]            # decoding already: they step along
+            together = getattr(self.model.transformer, "min_prompts_together", 2)
             for group, tokens in self._prompt_groups(admitted):
-                if group[0].prompt_logprobs or tokens + len(riders) > self._step_tokens:
+                if len(group) < together:         # one by one (the prompts' graphs)
+                    for request in group:
+                        self._guarded([request], self._start, [request])
+                elif tokens + len(riders) > self._step_tokens:
                     self._guarded(group, self._start, group)
                 else:
                     self._guarded(group + riders, self._start, group, riders)

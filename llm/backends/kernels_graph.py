@@ -101,6 +101,16 @@ def prefill_activation_bound(config, tokens: int) -> int:
     return 16 * tokens * (6 * config.n_embd + 4 * config.n_ff)
 
 
+# An eager pass of several prompts costs the 8B ~30 ms of host time whatever its size (16
+# prompts of 15 tokens: 29-36 ms), a prompt's graph 5.6 ms at 15 tokens and ~13 ms at 60
+# (H200, benchmarks/prompt_batches.py); with requests arriving 20 ms apart (groups of 1-2
+# prompts, serve_load.py STAGGER_MS=20) eager passes carrying the running requests made the
+# streams' p99 gap 30-38 ms against 10-19 ms one by one (RESULTS.md "Prompts admitted
+# together in one pass"). So fewer prompts than this run one by one; from about 5 short
+# prompts on, one pass is the faster (derived from those figures, not timed at 2-4)
+MIN_PROMPTS_TOGETHER = 4
+
+
 def prefill_bucket(n: int) -> int:
     """The padded length of an n-token prompt: n itself up to 8 tokens (the multi-token
     GEMV's range, whose time grows with its tokens: 5 tokens padded to 8 measured as slow as
@@ -149,6 +159,13 @@ class GraphedTransformer(Transformer):
         if free is not None and memory.kv_bytes:   # before a cache exists, free memory shrinks
             self._fitted_step = step
         return step
+
+    @property
+    def min_prompts_together(self) -> int:
+        """The fewest prompts the batch scheduler runs as one eager pass (forward_prompts)
+        rather than one by one through their graphs: MIN_PROMPTS_TOGETHER where prompts run
+        as graphs, else 2."""
+        return MIN_PROMPTS_TOGETHER if self.prefill_graph_max else 2
 
     @property
     def prefill_step_tokens(self) -> int:

@@ -111,23 +111,24 @@ def test_scheduler_runs_the_prompts_it_admits_together(where, d64_path):
 
 @pytest.mark.parametrize("where", BACKENDS, ids=lambda w: "-".join(w))
 def test_running_requests_step_inside_prompt_passes(where):
-    """Two requests admitted while a third is decoding: the running one's next token rides in
+    """Four requests admitted while a fifth is decoding: the running one's next token rides in
     their prompt pass (a one-token prompt over its own slot) instead of waiting for it; every
     greedy text equals the prompt's generation alone. On the f32 tiny llama, whose attention
     is the same kernel for a decode step and a prompt (head_dim 16): with the tensor-core
     kernels (head_dim 64) a rider's logits come from the prefill kernel, which differs from
     the decode kernel by f16 roundings (test_prompts_together_equal_each_alone bounds it) and
     flipped a greedy pick of a random model on an H200."""
-    model = load(*where, n_ctx=3 * 64)
-    prompts, max_tokens = [[5, 9, 13, 2], [7, 1], [11, 3, 8]], [24, 5, 6]
+    model = load(*where, n_ctx=5 * 64)
+    prompts = [[5, 9, 13, 2], [7, 1], [11, 3, 8], [4, 4, 4], [30, 31]]
+    max_tokens = [24, 5, 6, 3, 7]
     expected = ["".join(model.generate(p, max_tokens=m, temperature=0))
                 for p, m in zip(prompts, max_tokens)]
-    scheduler = BatchScheduler(model, slots=3)
+    scheduler = BatchScheduler(model, slots=5)
     start, rest = scheduler._start, []
 
     def start_then_queue(group, riders=()):
         start(group, riders)
-        if not rest:           # the first request has its first token: queue the other two
+        if not rest:           # the first request has its first token: queue the others
             rest.extend(scheduler.generate(p, max_tokens=m, temperature=0)
                         for p, m in zip(prompts[1:], max_tokens[1:]))
     scheduler._start = start_then_queue
@@ -140,6 +141,27 @@ def test_running_requests_step_inside_prompt_passes(where):
     counters = scheduler.metrics.snapshot()
     assert counters["prompt_pass_decode_rows_total"] == 1, counters
     assert counters["prompt_passes_total"] == 2
+
+
+def test_fewer_prompts_than_min_together_run_one_by_one(monkeypatch):
+    """Admitted prompts fewer than the transformer's min_prompts_together (the kernels
+    backend's graphs: MIN_PROMPTS_TOGETHER) run one by one, not in an eager pass."""
+    model = load("cpu", "numpy", n_ctx=4 * 64)
+    monkeypatch.setattr(type(model.transformer), "min_prompts_together", 3, raising=False)
+    calls = []
+    together = model.transformer.forward_prompts
+    model.transformer.forward_prompts = lambda *args: calls.append(args) or together(*args)
+    scheduler = BatchScheduler(model, slots=4)
+    try:
+        for batch in ([[5, 9], [7, 1, 2]], [[3], [4, 4], [6, 2, 1]]):
+            with scheduler._wake:
+                streams = [scheduler.generate(p, max_tokens=2, temperature=0) for p in batch]
+            [("".join(s)) for s in streams]
+    finally:
+        scheduler.close()
+        del model.transformer.forward_prompts
+    assert [len(args[0]) for args in calls] == [3]           # the pair ran one by one
+    assert scheduler.metrics.snapshot()["prompt_passes_total"] == 3
 
 
 def test_prompt_groups_fit_one_prefill_step(monkeypatch):
