@@ -9,8 +9,8 @@ Contract API (numpy in -> numpy out; pykernel Arrays in -> pykernel Array out):
         q (tokens, n_head, D), k/v (kv_tokens, n_kv_head, D), the last `tokens` positions the
         queries' own (causal) -> (tokens, n_head, D) f32
 Runner entry points (preallocated outputs, lengths on the device, graph-capturable):
-    launch_decode, DecodeWorkspace, plan_splits, batch_splits (decode.py); launch_prefill
-    (prefill.py).
+    launch_decode, DecodeWorkspace, plan_splits, batch_splits (decode.py); launch_prefill,
+    launch_prefill_seqs (prefill.py).
 """
 from __future__ import annotations
 
@@ -21,12 +21,13 @@ import pykernel as pk
 from .decode import (DecodeConfig, DecodeWorkspace, batch_splits, config_splits,
                      default_config, launch_decode, plan_splits)
 from .kv_q8 import Q8Cache, dequantize_kv, quantize_kv
-from .prefill import launch_prefill
+from .prefill import launch_prefill, launch_prefill_seqs
 from .reference import attention_reference, decode_reference
 
-__all__ = ["decode", "prefill", "launch_decode", "launch_prefill", "DecodeWorkspace",
-           "DecodeConfig", "plan_splits", "batch_splits", "attention_reference",
-           "decode_reference", "Q8Cache", "quantize_kv", "dequantize_kv"]
+__all__ = ["decode", "prefill", "launch_decode", "launch_prefill", "launch_prefill_seqs",
+           "DecodeWorkspace", "DecodeConfig", "plan_splits", "batch_splits",
+           "attention_reference", "decode_reference", "Q8Cache", "quantize_kv",
+           "dequantize_kv"]
 
 
 def _on_device(x, dtype=None):
