@@ -4,12 +4,12 @@ Input: a loaded `llm.Model` and a number of slots (sequences in flight at once, 
 own KV cache of `slot_ctx` positions). Output: `BatchScheduler.generate(ids, ...)`, an iterator
 of text pieces that any thread may call. One worker thread owns the model: between decode
 steps it admits waiting requests into free slots (their prompts' prefill, reusing what the slot
-already caches; the prompts admitted together in one forward pass, `Transformer.forward_prompts`,
-as far as one prefill step holds them and where they are enough to beat their graphs one by
-one, the running requests' next tokens riding along as one-token prompts so that they do not
-pause), then runs one decode step for every active
-slot at once (`Transformer.forward_batch`: each weight matrix is read once per step for all
-of them) and samples each row with its own request's sampler. A slot decoding alone takes the one-sequence
+already caches; the prompts admitted together in one forward pass,
+`Transformer.forward_prompts`, as far as one prefill step holds them and where they are enough
+to beat their graphs one by one, the running requests' next tokens riding along as one-token
+prompts so that they do not pause), then runs one decode step for every active slot at once
+(`Transformer.forward_batch`: each weight matrix is read once per step for all of them) and
+samples each row with its own request's sampler. A slot decoding alone takes the one-sequence
 path (the kernels backend's decode graph). This is what llama.cpp's server does with
 `--parallel N` slots; as there, the context is split between the slots.
 
