@@ -7,9 +7,9 @@ CLIENTS (default 1,4,16), SLOTS (default: as many as clients), TOKENS (default 1
 DEVICE (default cuda), PROMPT_REPEAT (default 1: each client's prompt of ~14 tokens, repeated
 that many times), STAGGER_MS (default 0: all at once; else client i starts i x STAGGER_MS
 later and streams its answer, and the gaps between a stream's chunks are reported: how
-long the running streams stall while new requests start). Output: a table per model, then for each row where the server's worker
-spent the clients' run (llm/serve_metrics.py: prompts, decode steps by batch size, sampling,
-slot moves, idle), from its counters before and after.
+long the running streams stall while new requests start). Output: a table per model, then
+for each row where the server's worker spent the clients' run (llm/serve_metrics.py: prompts,
+decode steps by batch size, sampling, slot moves, idle), from its counters before and after.
 
     python3 benchmarks/serve_load.py llama-8b:Q4_K_M
 """

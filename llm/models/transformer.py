@@ -4,9 +4,10 @@ Input: token ids of one step, their start position and a KV cache (`forward`), o
 token for each of several sequences, with their positions and caches (`forward_batch`: batched
 decode, the weights read once for all of them), or several prompts, each with its start and
 cache (`forward_prompts`: their tokens through the matmuls together, attention per prompt).
-Output: logits (backend activation) for every position, the last, or each prompt's last. Architectures differ by `ArchSpec` switches
-(norm kind, FFN kind, q/k norm, post-norms, learned positions) and `ModelConfig` values (RoPE
-per layer, sliding window, embedding scale), never by a second copy of this loop.
+Output: logits (backend activation) for every position, the last, or each prompt's last.
+Architectures differ by `ArchSpec` switches (norm kind, FFN kind, q/k norm, post-norms,
+learned positions) and `ModelConfig` values (RoPE per layer, sliding window, embedding scale),
+never by a second copy of this loop.
 """
 from __future__ import annotations
 
