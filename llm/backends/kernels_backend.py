@@ -351,7 +351,13 @@ class KernelsBackend(Backend):
         fused, q_src, k_src, norms = _rope_sources(q, k, d)
         if fused and d in HEAD_DIMS and self._tensor_core_prefill(k_cache) and \
                 _qkv_in_place(q_src, k_src, v):
-            return self._prefill_in_place(q, k, v, cache, layer, start, scale, window, norms)
+            qkv = q_src.src
+            n = qkv.shape[0]
+            out = self.arena.take((n, q_src.width), np.float32)
+            positions, _ = self._positions(np.arange(start, start + n))
+            self._prefill_in_place(q, q_src, k_src, norms, qkv, cache, layer, start, positions,
+                                   out, scale, window)
+            return out
         qa = self._contiguous(q_src if fused else self.materialize(q))
         ka = self._contiguous(k_src if fused else self.materialize(k))
         va = self._contiguous(v)
@@ -447,20 +453,12 @@ class KernelsBackend(Backend):
                                 n_head=q_src.width // d)
             return out
         if in_place:
-            qkv, p = q_src.src, q.params
+            qkv = q_src.src
             out = self.arena.take((qkv.shape[0], q_src.width), np.float32)
             for cache, start, n, end in zip(caches, starts, counts, ends):
-                k_cache, v_cache = cache.k[layer], cache.v[layer]
-                rows = qkv[end - n:end]
-                rope_kv_cache_cols(rows, q_src.width // d, k_src.width // d, d, k_cache,
-                                   v_cache, positions_dev[end - n:end], p.base, _rope_style(p),
-                                   rot_dim=p.n_rot, freq_factors=q.freq_factors,
-                                   **_norm_args(norms))
-                if cache.q8:
-                    k_cache, v_cache = self._dequantized(cache, layer, int(start) + n)
-                launch_prefill(rows, k_cache, v_cache, out[end - n:end].reshape(n, -1, d),
-                               int(start), scale, window=window or None,
-                               n_head=q_src.width // d)
+                self._prefill_in_place(q, q_src, k_src, norms, qkv[end - n:end], cache, layer,
+                                       int(start), positions_dev[end - n:end],
+                                       out[end - n:end], scale, window)
             return out
         qa, ka, va = (self._contiguous(self.materialize(a)) for a in (q, k, v))
         out = self.arena.take((qa.shape[0], qa.shape[1]), np.float32)
@@ -533,25 +531,22 @@ class KernelsBackend(Backend):
         most = config_splits(config, n_head, first.n_head_kv, first.n_ctx, self.device)
         return [1 << i for i in range(most.bit_length()) if 1 << i <= most]
 
-    def _prefill_in_place(self, q, k, v, cache, layer, start, scale, window, norms=None):
-        """Prefill on the fused q|k|v projection's output itself: (head norms and) RoPE of q
-        in place, of k into the cache, v into the cache, then the tensor-core attention reading
-        q's columns (no copies of the three column blocks)."""
+    def _prefill_in_place(self, q, q_src, k_src, norms, rows, cache, layer, start: int,
+                          positions, out, scale, window) -> None:
+        """Prefill on rows of the fused q|k|v projection's output itself (all of them, or one
+        prompt's): (head norms and) RoPE of q in place, of k into the cache, v into the cache,
+        then the tensor-core attention reading q's columns into out (no copies of the three
+        column blocks). q: the deferred RoPE; q_src, k_src, norms: _rope_sources'."""
         k_cache, v_cache = cache.k[layer], cache.v[layer]
-        qc, kc = (q.x.x, k.x.x) if norms is not None else (q.x, k.x)
-        qkv, d = qc.src, k_cache.shape[-1]
-        n, p = qkv.shape[0], q.params
-        positions, _ = self._positions(np.arange(start, start + n))
-        rope_kv_cache_cols(qkv, qc.width // d, kc.width // d, d, k_cache, v_cache, positions,
-                           p.base, _rope_style(p), rot_dim=p.n_rot,
+        d, n, p = cache.head_dim, rows.shape[0], q.params
+        rope_kv_cache_cols(rows, q_src.width // d, k_src.width // d, d, k_cache, v_cache,
+                           positions, p.base, _rope_style(p), rot_dim=p.n_rot,
                            freq_factors=q.freq_factors, **_norm_args(norms))
         if cache.q8:
             k_cache, v_cache = self._dequantized(cache, layer, start + n)
-        out = self.arena.take((n, qc.width), np.float32)
         first, first_dev = self._prefill_start(start)
-        launch_prefill(qkv, k_cache, v_cache, out.reshape(n, -1, d), first, scale,
-                       window=window or None, n_head=qc.width // d, start_dev=first_dev)
-        return out
+        launch_prefill(rows, k_cache, v_cache, out.reshape(n, -1, d), first, scale,
+                       window=window or None, n_head=q_src.width // d, start_dev=first_dev)
 
     def _prefill_start(self, start: int) -> tuple:
         """launch_prefill's (start, start_dev): a prefill graph's start is on the device."""
