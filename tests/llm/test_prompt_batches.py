@@ -61,6 +61,36 @@ def test_prompts_together_equal_each_alone(where, name, pool, d64_path, rng, see
         assert err < tol, f"seed {seed}: prompt {i}'s next step: relative L2 {err:.2e}"
 
 
+@pytest.mark.parametrize("kv", ["f16", "q8_0"])
+def test_tensor_core_prompt_paths_on_the_cpu_target(d64_path, kv, monkeypatch):
+    """The GPU's prompt paths, forced on the CPU target (its mma emulated exactly): on the
+    fused q|k|v columns in place, one RoPE + K/V launch and one launch_prefill_seqs per layer
+    for the slots of one f16 pool, two launches per prompt for caches apart or a q8_0 pool;
+    every prompt's logits equal to the prompt prefilled alone on that path, bit for bit."""
+    import sys
+    from llm.backends import kernels_backend
+    from tests.launch_helpers import launched_by
+    prefill = sys.modules["stdlib_kernels.attention.prefill"]
+    monkeypatch.setattr(kernels_backend.KernelsBackend, "_tensor_core_prefill",
+                        lambda self, k_cache: True)
+    monkeypatch.setattr(prefill, "default_path", lambda k_cache, device=None: "mma")
+    model = load("cpu", "kernels", name=d64_path, n_ctx=64, kv_dtype=kv, graphs=False)
+    cfg, rng = model.config, np.random.default_rng(0)
+    prompts = [rng.integers(0, cfg.n_vocab, n).tolist() for n in (1, 6, 13, 3)]
+    alone = [Session(model.transformer, model.backend, 32).prefill(p)[0] for p in prompts]
+    for pool in (False, True):
+        caches = [None] * 4 if not pool else model.backend.kv_caches(
+            4, cfg.n_layer, 32, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v)
+        sessions = [Session(model.transformer, model.backend, 32, cache=c) for c in caches]
+        rows = []
+        names = launched_by(lambda: rows.append(prefill_together(sessions, prompts)[0]))
+        one_launch = pool and kv == "f16"
+        assert names.count("prefill_flash") == cfg.n_layer * (1 if one_launch else 4), names
+        assert names.count("rope_qkv_cache") == names.count("prefill_flash")
+        for i, row in enumerate(rows[0]):
+            np.testing.assert_array_equal(row, alone[i], err_msg=f"{kv} pool {pool} prompt {i}")
+
+
 def test_forward_prompts_checks_its_lists():
     model = load("cpu", "numpy", n_ctx=32)
     session = Session(model.transformer, model.backend, 16)
