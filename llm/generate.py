@@ -276,12 +276,13 @@ def stream(session: Session, tokenizer, prompt_ids: Sequence[int], sampler: Samp
     while not gen.done:
         token = session.backend.sample(logits, sampler, gen.history)
         text = gen.accept(token, context_full=len(session.tokens) >= session.n_ctx)
+        if not gen.done:
+            # the next step is queued before the text goes out: on a GPU it runs while the
+            # consumer prints or sends the text (the next sample waits for it)
+            logits = session.step_act(token)
+            stats.decode_steps += 1
         if text:
             yield text
-        if gen.done:
-            break
-        logits = session.step_act(token)
-        stats.decode_steps += 1
     stats.decode_seconds = time.perf_counter() - t0
     tail = gen.finish()
     if tail:

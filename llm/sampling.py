@@ -107,6 +107,15 @@ class Sampler:
         self.params.validate()
         self.rng = np.random.default_rng(self.params.seed)
 
+    @property
+    def plain_argmax(self) -> bool:
+        """Greedy with no penalty in effect: the token is the logits' argmax alone, which a
+        backend may take on its device (Backend.argmax_rows) without copying the logits."""
+        p = self.params
+        return p.temperature <= 0 and (p.repeat_last_n == 0 or (
+            p.repeat_penalty == 1.0 and p.presence_penalty == 0.0
+            and p.frequency_penalty == 0.0))
+
     def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         logits = apply_penalties(logits, history, self.params)
         if self.params.temperature <= 0:

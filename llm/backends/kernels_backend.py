@@ -33,6 +33,7 @@ from stdlib_kernels import glu as glu_rows
 from stdlib_kernels import layernorm, rmsnorm, rope_kv_cache
 from stdlib_kernels.rotary import rope_kv_cache_cols
 from stdlib_kernels import rope as rope_rows
+from stdlib_kernels.sampling import argmax
 from stdlib_kernels.attention import kv_q8
 from stdlib_kernels.attention.decode import (HEAD_DIMS, batch_splits, config_splits,
                                              default_config, direct_config, gpu_config,
@@ -115,6 +116,7 @@ class KernelsBackend(Backend):
         self.direct_attention = False   # decode attention without splits (short contexts)
         self.stream = pk.Stream(self.device) if self.device.kind == "cuda" else None
         self._host_rows = None      # to_host_reused's page-locked buffer
+        self._argmax_out = None     # argmax_rows' device ids
         self.forced_batch_splits = None     # set: batch_splits' answer (graph warm-up)
 
     def kv_device_budget(self) -> int | None:
@@ -644,6 +646,15 @@ class KernelsBackend(Backend):
         index.copy_from(np.asarray(indices, np.int32))
         return embedding_rows(x, index, out=self.arena.take((len(indices), x.shape[1]),
                                                             np.float32))
+
+    def argmax_rows(self, x):
+        x = self.materialize(x)
+        rows, vocab = x.shape
+        if self._argmax_out is None or self._argmax_out.size < rows:
+            self._argmax_out = pk.empty(max(rows, 16), np.int32)
+        ids = argmax(x, out=self._argmax_out[:rows]).numpy().astype(np.int64)
+        ids[ids >= vocab] = 0            # an all-NaN row: 0, as numpy's argmax
+        return ids
 
     def last_row(self, x):
         x = self.materialize(x)

@@ -261,6 +261,43 @@ def test_concurrent_greedy_generations_equal_each_alone(where):
     assert batch_sizes and max(batch_sizes) == 3, batch_sizes   # never more than the slots
 
 
+@pytest.mark.parametrize("where", BACKENDS, ids=lambda w: "-".join(w))
+def test_greedy_steps_copy_ids_not_logits_and_text_goes_out_during_steps(where, monkeypatch):
+    """Steps whose requests are all plain greedy take their tokens from Backend.argmax_rows
+    (on the kernels backend the device's argmax: no logits row copied); a request with a
+    repeat penalty makes its steps copy the rows to the host. Either way every text is the
+    request's text alone, and the previous step's text has been handed to the consumers
+    before the worker waits for a step's logits (it goes out while the step runs)."""
+    model = load(*where, n_ctx=192)
+    options = [dict(temperature=0)] * 3 + [dict(temperature=0, repeat_penalty=1.3)]
+    expected = ["".join(model.generate(p, max_tokens=m, **o))
+                for p, m, o in zip(PROMPTS, MAX_TOKENS, options)]
+    scheduler = BatchScheduler(model, slots=3)
+    backend, calls = model.backend, []
+
+    def spy(name, read):
+        def call(x):
+            calls.append((name, len(scheduler._handoffs)))
+            return read(x)
+        return call
+    monkeypatch.setattr(backend, "argmax_rows", spy("argmax", backend.argmax_rows))
+    monkeypatch.setattr(backend, "to_host_reused", spy("rows", backend.to_host_reused))
+    try:
+        def run(group):
+            streams = [scheduler.generate(model.tokenizer.encode(PROMPTS[i]),
+                                          max_tokens=MAX_TOKENS[i], **options[i])
+                       for i in group]
+            return ["".join(s) for s in streams]
+        assert run([0, 1, 2]) == expected[:3]
+        greedy_calls, calls[:] = list(calls), []
+        assert run([0, 3]) == [expected[0], expected[3]]
+    finally:
+        scheduler.close()
+    assert greedy_calls and {name for name, _ in greedy_calls} == {"argmax"}, greedy_calls
+    assert ("rows", 0) in calls, calls              # the penalised request's batch of 2
+    assert all(pending == 0 for _, pending in greedy_calls + calls)
+
+
 def test_slots_reuse_prefixes_and_consumers_that_leave_free_theirs():
     model = load("cpu", "numpy", n_ctx=128)
     scheduler = BatchScheduler(model, slots=2)

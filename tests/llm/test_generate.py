@@ -68,6 +68,24 @@ def test_stop_string_across_tokens_is_never_leaked(tiny):
     assert "".join(pieces) == "hello world, more text"  # held-back prefix released at the end
 
 
+def test_next_step_runs_before_the_text_goes_out(tiny):
+    """stream queues the next decode step before it yields a token's text (so a GPU computes
+    it while the consumer prints or sends that text), and none after the last token."""
+    script = text_ids(tiny, " one two three")
+    prompt = text_ids(tiny, "count:")
+    fake = ScriptedTransformer(tiny.config, script, len(prompt))
+    session = Session(fake, NumpyBackend(), 64)
+    greedy = Sampler(SamplingParams(temperature=0))
+    seen = []
+    for piece in stream(session, tiny.tokenizer, prompt, greedy, max_tokens=len(script)):
+        seen.append((piece, fake.forwarded))
+    generated = [n - len(prompt) for _, n in seen]
+    assert "".join(p for p, _ in seen) == " one two three"
+    # the k-th token's text comes out once the k-th token has been run (k < the last), and
+    # the last token, which ends the generation (max_tokens), is never run
+    assert generated[0] >= 1 and fake.forwarded == len(prompt) + len(script) - 1
+
+
 def test_prompt_longer_than_context(tiny):
     with pytest.raises(ContextError, match="prompt has 10 tokens but the context holds 8"):
         run_script(tiny, [104], [104] * 10, n_ctx=8, max_tokens=4)

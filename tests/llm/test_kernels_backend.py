@@ -60,6 +60,24 @@ def test_graph_decode_equals_prefill(models, name):
     assert rel_l2(np.stack(steps), full[1:]) < 1e-5
 
 
+@pytest.mark.parametrize("vocab", [1, 1000, 49153])
+def test_argmax_rows_equal_numpy(models, rng, seed, vocab):
+    """Backend.argmax_rows on the kernels backend (the device's argmax; a batched step's
+    greedy tokens): numpy's argmax on random rows with ties (the lowest index wins) and an
+    all-NaN row (0, as numpy); a NaN beside numbers is never chosen."""
+    import pykernel as pk
+    backend = models["tiny-llama-f32.gguf"].backend
+    x = rng.integers(-50, 50, (5, vocab)).astype(np.float32)     # many ties
+    x[3] = np.nan
+    expected = np.argmax(x, axis=1)
+    if vocab > 1:
+        x[4, 0] = np.nan
+        expected[4] = 1 + np.argmax(x[4, 1:])
+    got = backend.argmax_rows(pk.to_device(x))
+    assert got.tolist() == expected.tolist(), f"seed {seed}"
+    assert backend.argmax_rows(pk.to_device(x[1:2])).tolist() == [expected[1]]
+
+
 @pytest.mark.parametrize("short_context", [256, 3])
 def test_greedy_on_device_matches_host_argmax(models, monkeypatch, short_context):
     """short_context 3: the greedy run crosses from the short-context graph to the split one."""

@@ -97,6 +97,24 @@ def test_penalty_changes_greedy_choice():
     assert sampler.sample(logits, history=[0]) == 1
 
 
+@pytest.mark.parametrize("params,plain", [
+    (dict(temperature=0), True),
+    (dict(temperature=0, repeat_penalty=1.5), False),
+    (dict(temperature=0, presence_penalty=0.5), False),
+    (dict(temperature=0, frequency_penalty=-0.2), False),
+    (dict(temperature=0, repeat_penalty=1.5, repeat_last_n=0), True),   # window off
+    (dict(temperature=0.7), False)])
+def test_plain_argmax_means_the_argmax_alone_decides(params, plain, rng):
+    """plain_argmax (a backend may then take the token on its device): exactly the samplers
+    whose pick is np.argmax of the raw logits whatever the history."""
+    sampler = Sampler(SamplingParams(seed=0, **params))
+    assert sampler.plain_argmax is plain
+    if plain:
+        logits = rng.standard_normal(500).astype(np.float32)
+        history = [int(np.argmax(logits))] * 3
+        assert sampler.sample(logits, history) == np.argmax(logits)
+
+
 def test_seed_reproducible_and_different_seeds_differ(rng):
     logits = rng.standard_normal(2000).astype(np.float32)
 
