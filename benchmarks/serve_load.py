@@ -7,7 +7,10 @@ CLIENTS (default 1,4,16), SLOTS (default: as many as clients), TOKENS (default 1
 DEVICE (default cuda), PROMPT_REPEAT (default 1: each client's prompt of ~14 tokens, repeated
 that many times), STAGGER_MS (default 0: all at once; else client i starts i x STAGGER_MS
 later and streams its answer, and the gaps between a stream's chunks are reported: how
-long the running streams stall while new requests start). Output: a table per model, then
+long the running streams stall while new requests start), TEMPERATURE (default 0: greedy;
+else each request samples with llama.cpp's default filters and seed = its index), WARM_UP
+(default 1; 0: servers start without warm-up, so the first run of a process compiles under
+its requests and only later runs time the steady state). Output: a table per model, then
 for each row where the server's worker spent the clients' run (llm/serve_metrics.py: prompts,
 decode steps by batch size, sampling, slot moves, idle), from its counters before and after.
 
@@ -31,20 +34,26 @@ from batched_decode import model_file  # noqa: E402
 
 PROMPT_REPEAT = int(os.environ.get("PROMPT_REPEAT", "1"))
 STAGGER_MS = float(os.environ.get("STAGGER_MS", "0"))
+TEMPERATURE = float(os.environ.get("TEMPERATURE", "0"))
+WARM_UP = os.environ.get("WARM_UP", "1") != "0"
 
 
-def ask(url: str, prompt: str, tokens: int) -> dict:
-    body = json.dumps({"prompt": prompt, "max_tokens": tokens, "temperature": 0}).encode()
+def request_body(prompt: str, tokens: int, seed: int, **extra) -> bytes:
+    return json.dumps({"prompt": prompt, "max_tokens": tokens, "temperature": TEMPERATURE,
+                       "seed": seed, **extra}).encode()
+
+
+def ask(url: str, prompt: str, tokens: int, seed: int = 0) -> dict:
+    body = request_body(prompt, tokens, seed)
     request = urllib.request.Request(url + "/v1/completions", data=body,
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=600) as response:
         return json.loads(response.read())
 
 
-def ask_streaming(url: str, prompt: str, tokens: int) -> dict:
+def ask_streaming(url: str, prompt: str, tokens: int, seed: int = 0) -> dict:
     """ask, streamed: the answer's usage, plus the gaps (seconds) between its text chunks."""
-    body = json.dumps({"prompt": prompt, "max_tokens": tokens, "temperature": 0,
-                       "stream": True}).encode()
+    body = request_body(prompt, tokens, seed, stream=True)
     request = urllib.request.Request(url + "/v1/completions", data=body,
                                      headers={"Content-Type": "application/json"})
     times, usage = [], None
@@ -63,7 +72,7 @@ def run(model, clients: int, slots: int, tokens: int) -> tuple:
     `clients` requests at once on `slots` slots; start-up: the server's, whose warm-up
     compiles and captures batch sizes 2..slots (those this process has not compiled yet)."""
     t0 = time.perf_counter()
-    server = make_server(model, "127.0.0.1", 0, parallel=slots, warm_up=True)
+    server = make_server(model, "127.0.0.1", 0, parallel=slots, warm_up=WARM_UP)
     start_up = time.perf_counter() - t0
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_port}"
@@ -75,9 +84,9 @@ def run(model, clients: int, slots: int, tokens: int) -> tuple:
             prompt = f"Request {i}: tell me a story about the number {i}. " * PROMPT_REPEAT
             if STAGGER_MS:
                 time.sleep(i * STAGGER_MS / 1e3)
-                answers[i] = ask_streaming(url, prompt, tokens)
+                answers[i] = ask_streaming(url, prompt, tokens, seed=i)
             else:
-                answers[i] = ask(url, prompt, tokens)
+                answers[i] = ask(url, prompt, tokens, seed=i)
         threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
         before = server.scheduler.metrics.snapshot()
         t0 = time.perf_counter()
@@ -116,7 +125,8 @@ def main(item: str) -> None:
     path = model_file(item)
     model = llm.load(path, device=os.environ.get("DEVICE", "cuda"), progress=False,
                      n_ctx=max(clients_list) * 512)
-    print(f"\n{item}: {tokens} tokens per request, greedy")
+    how = "greedy" if TEMPERATURE <= 0 else f"temperature {TEMPERATURE}, top-k 40, top-p 0.95"
+    print(f"\n{item}: {tokens} tokens per request, {how}")
     print("| clients | slots | generated | seconds | tok/s (all clients) | server start-up s |")
     print("|---|---|---|---|---|---|")
     notes = []
