@@ -350,34 +350,46 @@ class BatchScheduler:
                 for session, request in zip(sessions, active):
                     session.tokens.append(request.token)
             self._flush()        # the last step's text, while this one runs on the device
-            tokens, rows = self._step_picks(active, logits)
+            picks, rows = self._step_picks(active, logits)
         with self.metrics.timed("sample"):
             done = []
-            for request, row, token in zip(active, rows, tokens):
+            for request, row, pick in zip(active, rows, picks):
                 request.gen.stats.decode_steps += 1
-                if self._advance(request, row, token):
+                if self._advance(request, row, pick):
                     done.append(request)
         for request in done:          # in the order they finished
             self._release(request)
 
     def _step_picks(self, active: list, logits) -> tuple[list, list]:
-        """(tokens, host rows) of a step's logits, one per active request. When every request
-        is plain greedy (no penalty, no logprobs) the tokens come from the backend's
-        argmax_rows (on the device: 16 ids copied instead of 8 MB of logits rows) and no row
-        is copied; otherwise every row is copied to the host to be sampled there."""
+        """(picks, host rows) of a step's logits, one each per active request, so that the
+        logits stay on the device where the requests allow: when every request is plain
+        greedy (no penalty, no logprobs) its pick is its token, from the backend's
+        argmax_rows (16 ids copied instead of 8 MB of logits rows); when each is greedy or
+        samples with top-k (Sampler.candidate_k), its pick is its row's largest logits
+        (Backend.top_candidates, a few hundred values a row); otherwise, or where a list
+        overflowed, every row is copied to the host (rows) and sampled there."""
         backend, n = self.model.backend, len(active)
-        if all(r.gen.sampler.plain_argmax and r.gen.logprobs is None for r in active):
+        wanted = [r.gen.sampler.candidate_k if r.gen.logprobs is None else 0 for r in active]
+        if all(k == 1 for k in wanted):
             return [int(t) for t in backend.argmax_rows(logits)], [None] * n
+        if all(wanted):
+            lists = backend.top_candidates(logits, max(wanted))
+            if lists is not None and all(c is not None for c in lists):
+                return lists, [None] * n
         rows = backend.to_host(logits)[-1:] if n == 1 else backend.to_host_reused(logits)
         return [None] * n, rows
 
-    def _advance(self, request: _Request, logits: np.ndarray | None,
-                 token: int | None = None) -> bool:
-        """Take the request's next token (given, or sampled from its logits row) and pass on
-        the final text; True when the request is done (its consumer has everything; the
-        caller releases its slot)."""
+    def _advance(self, request: _Request, logits: np.ndarray | None, pick=None) -> bool:
+        """Take the request's next token (pick: the token, or (values, ids) of its row's
+        largest logits to sample among; else sampled from its logits row) and pass on the
+        final text; True when the request is done (its consumer has everything; the caller
+        releases its slot)."""
         gen, session = request.gen, self.sessions[request.slot]
-        if token is None:
+        if isinstance(pick, tuple):
+            token = gen.sampler.sample_among(*pick)
+        elif pick is not None:
+            token = pick
+        else:
             token = gen.sampler.sample(logits, gen.history)
         self.metrics.add("tokens_generated_total")
         gen.note_logprobs(logits, token)

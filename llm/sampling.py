@@ -61,6 +61,8 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
+# Sampler.candidate_k: the largest top_k whose candidates a backend sends instead of the row
+CANDIDATE_K_MAX = 256
 # top_k_ids: every SAMPLE_STRIDE-th logit estimates a threshold when k is this small a share
 SAMPLE_STRIDE = 32
 
@@ -108,13 +110,39 @@ class Sampler:
         self.rng = np.random.default_rng(self.params.seed)
 
     @property
+    def _penalised(self) -> bool:
+        p = self.params
+        return p.repeat_last_n != 0 and (p.repeat_penalty != 1.0 or p.presence_penalty != 0.0
+                                         or p.frequency_penalty != 0.0)
+
+    @property
     def plain_argmax(self) -> bool:
         """Greedy with no penalty in effect: the token is the logits' argmax alone, which a
         backend may take on its device (Backend.argmax_rows) without copying the logits."""
-        p = self.params
-        return p.temperature <= 0 and (p.repeat_last_n == 0 or (
-            p.repeat_penalty == 1.0 and p.presence_penalty == 0.0
-            and p.frequency_penalty == 0.0))
+        return self.params.temperature <= 0 and not self._penalised
+
+    @property
+    def candidate_k(self) -> int:
+        """k such that a row's k largest logits alone decide the token (1 when plain greedy,
+        else top_k up to CANDIDATE_K_MAX with no penalty in effect), so that a backend may
+        send only its largest logits (Backend.top_candidates, sample_among); 0 when the whole
+        row is needed."""
+        if self.plain_argmax:
+            return 1
+        k = self.params.top_k
+        if self.params.temperature > 0 and not self._penalised and 0 < k <= CANDIDATE_K_MAX:
+            return k
+        return 0
+
+    def sample_among(self, values: np.ndarray, ids: np.ndarray) -> int:
+        """The token `sample` picks from a row whose largest logits (candidate_k of them at
+        least, every logit equal to the smallest of those included) are `values` at `ids`:
+        the same filters and one draw from the same generator, so the same token for a seed
+        (unless logits tie at the top-k cut, where either pick is top-k's)."""
+        if self.params.temperature <= 0:
+            return int(ids[values == values.max()].min())     # argmax: lowest index on ties
+        local, probs = candidates(np.asarray(values, np.float32), self.params)
+        return int(ids[local[self.rng.choice(len(local), p=probs)]])
 
     def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         logits = apply_penalties(logits, history, self.params)

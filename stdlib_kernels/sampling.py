@@ -1,6 +1,8 @@
 """Sampling on the device, so a decode step moves one int32 token id to the host: greedy
 argmax, temperature + top-k + top-p + min-p sampling from logits with a given uniform random
-number, and repetition/presence/frequency penalties; numpy references next to them.
+number, and repetition/presence/frequency penalties; numpy references next to them. Also each
+row's largest logits as a short candidate list (top_k_candidates, top_k_rows.py) for samplers
+that run on the host.
 
 Input: logits (vocab,) f32 ((rows, vocab) for argmax), u (a device float32 array of 1, or a
 float) in [0, 1), history (n,) int32 of recent token ids (entries < 0 are empty slots, so a
@@ -32,6 +34,7 @@ from pykernel.runtime.device import current_device
 from . import _launch as L
 from . import sample_kernels as K
 from .sample_filter import sample_hist, sample_pick
+from .top_k_rows import rows_hist, rows_pick
 
 @dataclass
 class _Workspace:
@@ -108,6 +111,68 @@ def argmax(x, *, out=None, stream=None):
     args = (x, out, ws.blk_max, ws.part_i, ws.counters, n)
     spec = (("VEC", L.vector_width(n, x)), ("UNITS", units))
     L.launch(K.argmax_blocks, (blocks, rows, 1), K.PASS_THREADS, args, spec, stream)
+    return out
+
+
+@dataclass
+class _TopKWorkspace:
+    """top_k_candidates' scratch per (device, stream), for `rows` rows: the histograms and
+    tickets start zeroed and the kernels leave them zeroed."""
+    hist: Array           # i32 (rows * HIST_BINS,)
+    tickets: Array        # i32 (rows,)
+    bound: Array          # i32 (rows,)
+
+
+_TOPK_WORKSPACES: dict = {}
+
+
+def top_k_candidates(x, k: int, *, cap: int = 1024, values=None, ids=None, counts=None,
+                     stream=None):
+    """Each row's largest logits for a sampler on the host: x (rows, n) or (n,) f32 ->
+    (values (rows, cap) f32, ids (rows, cap) int32, counts (rows,) int32). Row r's first
+    min(counts[r], cap) entries hold, in no order, every logit whose order-key bin (1/8 of an
+    octave) is at or above the bin of the row's k-th largest, hence the k largest (ties
+    included) and never a NaN; counts[r] > cap: the list overflowed (the row is flat at the
+    top) and is incomplete. Two launches; 1 <= k <= n."""
+    x = L.as_array(x, "top_k_candidates: x", np.float32)
+    rows, n = L.rows_and_length(x, "top_k_candidates: x")
+    if not 1 <= k <= n:
+        raise ValueError(f"top_k_candidates: k must be in 1..{n}, got {k}")
+    if cap < 1:
+        raise ValueError(f"top_k_candidates: cap must be >= 1, got {cap}")
+    values = L.output(values, "top_k_candidates: values", (rows, cap), np.float32)
+    ids = L.output(ids, "top_k_candidates: ids", (rows, cap), np.int32)
+    counts = L.output(counts, "top_k_candidates: counts", (rows,), np.int32)
+    key = (id(current_device()), id(stream))
+    ws = _TOPK_WORKSPACES.get(key)
+    if ws is None or ws.tickets.size < rows:
+        size = max(rows, 16)
+        ws = _TOPK_WORKSPACES[key] = _TopKWorkspace(
+            pk.zeros(size * K.HIST_BINS, np.int32), pk.zeros(size, np.int32),
+            pk.empty(size, np.int32))
+    units = _units_per_thread(n)
+    grid = (-(-n // (4 * units * K.PASS_THREADS)), rows, 1)
+    spec = (("VEC", L.vector_width(n, x)), ("UNITS", units))
+    L.launch(rows_hist, grid, K.PASS_THREADS, (x, n, k, ws.hist, ws.tickets, ws.bound, counts),
+             spec, stream)
+    L.launch(rows_pick, grid, K.PASS_THREADS, (x, n, ws.bound, counts, values, ids, cap),
+             spec, stream)
+    return values, ids, counts
+
+
+def top_k_candidates_reference(x, k: int):
+    """The set of (row, index) pairs top_k_candidates lists (cap permitting), in numpy."""
+    x = np.asarray(x, np.float32).reshape(-1, np.shape(x)[-1])
+    bits = x.view(np.uint32)
+    keys = np.where(bits >> 31 == 1, ~bits, bits | np.uint32(0x80000000)) >> np.uint32(20)
+    out = []
+    for row, key in zip(x, keys):
+        numbers = ~np.isnan(row)
+        if numbers.sum() < k:
+            low = 0
+        else:
+            low = np.sort(key[numbers])[::-1][k - 1]
+        out.append(set(np.flatnonzero(numbers & (key >= low)).tolist()))
     return out
 
 

@@ -181,10 +181,23 @@ class Backend(ABC):
         never chosen (an all-NaN row gives 0, as numpy's argmax does)."""
         return np.argmax(self.to_host(x), axis=-1)
 
+    def top_candidates(self, x: Act, k: int) -> list | None:
+        """Each row's largest logits for a host sampler (Sampler.sample_among): per row
+        (values, ids) holding its k largest (ties included), or None for a row whose list
+        overflowed; None when the backend sends whole rows instead (this default: a host
+        backend copies nothing)."""
+        return None
+
     def sample(self, logits: Act, sampler, history) -> int:
         """Next token from the last row of `logits`: a plain greedy sampler's through
-        argmax_rows (on the device where the backend has one), any other on the host over a
-        copy of the row."""
-        if sampler.plain_argmax:
+        argmax_rows (on the device where the backend has one), a top-k sampler's from the
+        row's top_candidates where the backend gives them, any other on the host over a copy
+        of the row."""
+        k = sampler.candidate_k
+        if k == 1:
             return int(self.argmax_rows(self.last_row(logits))[0])
+        if k:
+            lists = self.top_candidates(self.last_row(logits), k)
+            if lists is not None and lists[0] is not None:
+                return sampler.sample_among(*lists[0])
         return sampler.sample(self.to_host(logits)[-1], history)

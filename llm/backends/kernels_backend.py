@@ -33,7 +33,7 @@ from stdlib_kernels import glu as glu_rows
 from stdlib_kernels import layernorm, rmsnorm, rope_kv_cache
 from stdlib_kernels.rotary import rope_kv_cache_cols
 from stdlib_kernels import rope as rope_rows
-from stdlib_kernels.sampling import argmax
+from stdlib_kernels.sampling import argmax, top_k_candidates
 from stdlib_kernels.attention import kv_q8
 from stdlib_kernels.attention.decode import (HEAD_DIMS, batch_splits, config_splits,
                                              default_config, direct_config, gpu_config,
@@ -60,6 +60,9 @@ EARLY_KV = os.environ.get("PYKERNEL_EARLY_KV", "1") not in ("", "0")
 EARLY_TRIGGER = os.environ.get("PYKERNEL_EARLY_TRIGGER", "1") not in ("", "0")
 
 
+# top_candidates: room for each row's largest logits (top-k's bin and those above it: a few
+# hundred on real rows; more, and that row's logits are copied whole)
+CANDIDATES_CAP = 1024
 CACHE_TYPES = dict(zip(KV_CACHE_TYPES, (np.dtype(np.float16), np.dtype(np.float32),
                                          Q8_DTYPE)))
 
@@ -117,6 +120,7 @@ class KernelsBackend(Backend):
         self.stream = pk.Stream(self.device) if self.device.kind == "cuda" else None
         self._host_rows = None      # to_host_reused's page-locked buffer
         self._argmax_out = None     # argmax_rows' device ids
+        self._candidates = None     # top_candidates' device lists (values, ids, counts)
         self.forced_batch_splits = None     # set: batch_splits' answer (graph warm-up)
 
     def kv_device_budget(self) -> int | None:
@@ -655,6 +659,20 @@ class KernelsBackend(Backend):
         ids = argmax(x, out=self._argmax_out[:rows]).numpy().astype(np.int64)
         ids[ids >= vocab] = 0            # an all-NaN row: 0, as numpy's argmax
         return ids
+
+    def top_candidates(self, x, k):
+        x = self.materialize(x)
+        rows = x.shape[0]
+        if self._candidates is None or self._candidates[2].size < rows:
+            size = max(rows, 16)
+            self._candidates = (pk.empty((size, CANDIDATES_CAP), np.float32),
+                                pk.empty((size, CANDIDATES_CAP), np.int32),
+                                pk.empty(size, np.int32))
+        values, ids, counts = (a[:rows] for a in self._candidates)
+        top_k_candidates(x, k, cap=CANDIDATES_CAP, values=values, ids=ids, counts=counts)
+        counts, values, ids = counts.numpy(), values.numpy(), ids.numpy()
+        return [(values[r, :c], ids[r, :c]) if c <= CANDIDATES_CAP else None
+                for r, c in enumerate(counts)]
 
     def last_row(self, x):
         x = self.materialize(x)

@@ -140,3 +140,53 @@ def test_argmax_ties_across_blocks_and_rows(device, rng, seed):
     x[2, 2048:4096] = 7.0
     got = S.argmax(x).numpy()
     assert got.tolist() == [4097, 12345, 2048], f"seed={seed}: {got}"
+
+
+@pytest.mark.parametrize("rows,n,k", [(3, 1000, 40), (1, 1, 1), (2, 45, 45), (16, 32001, 64),
+                                      (5, 4099, 1)])
+def test_top_k_candidates_hold_the_k_largest(device, rng, seed, rows, n, k):
+    """top_k_candidates lists exactly the reference's set (every logit at or above the k-th
+    largest's histogram bin), values with their ids; NaN never; a row with fewer than k
+    numbers lists them all; a row flat at the top overflows cap and says so; twice in a
+    row (the kernels leave their scratch zeroed), outputs poisoned before each launch."""
+    x = (rng.standard_normal((rows, n)) * 3).astype(np.float32)
+    x[0, rng.integers(0, n, 3)] = x.max()                      # ties at the top
+    if rows > 2:
+        x[1, ::3] = np.nan
+        x[2, :] = 0.5                                          # flat: more than cap
+    cap = min(n, 512)          # real rows list tens to hundreds; the flat row overflows
+    expected = S.top_k_candidates_reference(x, k)
+    for _ in range(2):
+        values = pk.full((rows, cap), -7.0, np.float32)
+        ids = pk.full((rows, cap), -7, np.int32)
+        counts = pk.full(rows, -7, np.int32)
+        S.top_k_candidates(x, k, cap=cap, values=values, ids=ids, counts=counts)
+        values, ids, counts = values.numpy(), ids.numpy(), counts.numpy()
+        for r in range(rows):
+            assert counts[r] == len(expected[r]), f"seed={seed} row {r}"
+            listed = ids[r, :min(counts[r], cap)]
+            assert np.array_equal(values[r, :len(listed)], x[r, listed]), f"seed={seed}"
+            if counts[r] <= cap:
+                assert set(listed.tolist()) == expected[r], f"seed={seed} row {r}"
+            else:
+                assert set(listed.tolist()) <= expected[r] and rows > 2 and r == 2
+            top = np.argsort(-np.nan_to_num(x[r], nan=-np.inf), kind="stable")[:k]
+            assert set(top[~np.isnan(x[r, top])].tolist()) <= expected[r]
+
+
+def test_top_k_candidates_checks_its_arguments(device):
+    x = np.zeros((2, 10), np.float32)
+    with pytest.raises(ValueError, match="k must be in 1..10"):
+        S.top_k_candidates(x, 0)
+    with pytest.raises(ValueError, match="k must be in 1..10"):
+        S.top_k_candidates(x, 11)
+    with pytest.raises(ValueError, match="cap must be >= 1"):
+        S.top_k_candidates(x, 3, cap=0)
+
+
+@pytest.mark.parametrize("arch", pk.SUPPORTED_ARCHS)
+def test_top_k_candidate_kernels_ptx_assemble(arch, assemble):
+    """rows_hist and rows_pick: PTX that ptxas accepts for every arch."""
+    from stdlib_kernels.top_k_rows import rows_hist, rows_pick
+    for kernel in (rows_hist, rows_pick):
+        assemble(kernel.ptx(arch, VEC=4, UNITS=2), arch)

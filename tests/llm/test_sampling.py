@@ -115,6 +115,26 @@ def test_plain_argmax_means_the_argmax_alone_decides(params, plain, rng):
         assert sampler.sample(logits, history) == np.argmax(logits)
 
 
+@pytest.mark.parametrize("params,k", [
+    (dict(temperature=0), 1), (dict(temperature=0.8, top_k=40), 40),
+    (dict(temperature=0.8, top_k=256), 256), (dict(temperature=0.8, top_k=257), 0),
+    (dict(temperature=0.8, top_k=0), 0), (dict(temperature=0.8, repeat_penalty=1.1), 0),
+    (dict(temperature=0.8, top_k=40, repeat_penalty=1.1, repeat_last_n=0), 40)])
+def test_candidate_k_and_sampling_among_the_largest_logits(params, k, rng, seed):
+    """candidate_k: how many of a row's largest logits decide the token (0: the whole row).
+    sample_among over a superset of those (here the 3k largest, shuffled) draws the same
+    tokens as sample over the whole row with the same seed."""
+    assert Sampler(SamplingParams(**params)).candidate_k == k
+    if not k:
+        return
+    whole, among = Sampler(SamplingParams(seed=seed, **params)), \
+        Sampler(SamplingParams(seed=seed, **params))
+    for _ in range(20):
+        logits = (rng.standard_normal(5000) * 3).astype(np.float32)
+        ids = rng.permutation(np.argsort(-logits)[:3 * k])
+        assert among.sample_among(logits[ids], ids) == whole.sample(logits), f"seed {seed}"
+
+
 def test_seed_reproducible_and_different_seeds_differ(rng):
     logits = rng.standard_normal(2000).astype(np.float32)
 
