@@ -34,7 +34,7 @@ import numpy as np
 
 from llm.generate import (Generation, GenerationStats, Session, check_prompt_fits,
                           prefill_step_tokens, prefill_together)
-from llm.sampling import Sampler, SamplingParams
+from llm.sampling import Sampler, SamplingParams, sample_among_rows
 from llm.serve_metrics import ServeMetrics
 
 _END = object()      # a request's queue: generation over
@@ -352,6 +352,8 @@ class BatchScheduler:
             self._flush()        # the last step's text, while this one runs on the device
             picks, rows = self._step_picks(active, logits)
         with self.metrics.timed("sample"):
+            if isinstance(picks[0], tuple):      # candidate lists: every row in one pass
+                picks = sample_among_rows([r.gen.sampler for r in active], picks)
             done = []
             for request, row, pick in zip(active, rows, picks):
                 request.gen.stats.decode_steps += 1
@@ -367,7 +369,9 @@ class BatchScheduler:
         argmax_rows (16 ids copied instead of 8 MB of logits rows); when each is greedy or
         samples with top-k (Sampler.candidate_k), its pick is its row's largest logits
         (Backend.top_candidates, a few hundred values a row); otherwise, or where a list
-        overflowed, every row is copied to the host (rows) and sampled there."""
+        overflowed, every row is copied to the host (rows) and sampled there. The candidate
+        lists are sampled together (sample_among_rows: one numpy pass for all rows, ~0.1 ms
+        for 16 where one by one took ~0.7 ms on a 2-core machine)."""
         backend, n = self.model.backend, len(active)
         wanted = [r.gen.sampler.candidate_k if r.gen.logprobs is None else 0 for r in active]
         if all(k == 1 for k in wanted):
@@ -379,17 +383,13 @@ class BatchScheduler:
         rows = backend.to_host(logits)[-1:] if n == 1 else backend.to_host_reused(logits)
         return [None] * n, rows
 
-    def _advance(self, request: _Request, logits: np.ndarray | None, pick=None) -> bool:
-        """Take the request's next token (pick: the token, or (values, ids) of its row's
-        largest logits to sample among; else sampled from its logits row) and pass on the
-        final text; True when the request is done (its consumer has everything; the caller
-        releases its slot)."""
+    def _advance(self, request: _Request, logits: np.ndarray | None,
+                 token: int | None = None) -> bool:
+        """Take the request's next token (given, or sampled from its logits row) and pass on
+        the final text; True when the request is done (its consumer has everything; the
+        caller releases its slot)."""
         gen, session = request.gen, self.sessions[request.slot]
-        if isinstance(pick, tuple):
-            token = gen.sampler.sample_among(*pick)
-        elif pick is not None:
-            token = pick
-        else:
+        if token is None:
             token = gen.sampler.sample(logits, gen.history)
         self.metrics.add("tokens_generated_total")
         gen.note_logprobs(logits, token)

@@ -287,9 +287,10 @@ def test_greedy_steps_copy_ids_not_logits_and_text_goes_out_during_steps(where, 
     monkeypatch.setattr(backend, "to_host_reused", spy("rows", backend.to_host_reused))
     try:
         def run(group):
-            streams = [scheduler.generate(model.tokenizer.encode(PROMPTS[i]),
-                                          max_tokens=MAX_TOKENS[i], **options[i])
-                       for i in group]
+            with scheduler._wake:                  # admitted together
+                streams = [scheduler.generate(model.tokenizer.encode(PROMPTS[i]),
+                                              max_tokens=MAX_TOKENS[i], **options[i])
+                           for i in group]
             return ["".join(s) for s in streams]
         assert run([0, 1, 2]) == expected[:3]
         greedy_calls, calls[:] = list(calls), []

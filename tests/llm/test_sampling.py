@@ -158,3 +158,46 @@ def test_draws_follow_the_distribution(seed):
 def test_invalid_parameters(bad):
     with pytest.raises(ValueError, match="invalid sampling parameter"):
         Sampler(SamplingParams(**bad))
+
+
+def test_rows_sampled_together_pick_what_each_picks_alone(rng, seed):
+    """sample_among_rows (a batched step's rows in one numpy pass, lists of different lengths
+    padded) gives each sampler the token Sampler.sample gives it over its whole row with the
+    same seed: greedy, top-k with top-p / min-p / temperatures, top-k above the list."""
+    from llm.sampling import sample_among_rows
+    params = [dict(temperature=0), dict(top_k=40), dict(top_k=5, top_p=0.5, temperature=1.3),
+              dict(top_k=100, min_p=0.2), dict(top_k=3, top_p=1.0, min_p=0.0, temperature=2)]
+    together = [Sampler(SamplingParams(seed=seed + i, **p)) for i, p in enumerate(params)]
+    alone = [Sampler(SamplingParams(seed=seed + i, **p)) for i, p in enumerate(params)]
+    for _ in range(30):
+        rows = (rng.standard_normal((len(params), 3000)) * 3).astype(np.float32)
+        lists = []
+        for row, p in zip(rows, params):
+            ids = rng.permutation(np.argsort(-row)[:p.get("top_k", 1) + rng.integers(0, 50)])
+            lists.append((row[ids], ids))
+        assert sample_among_rows(together, lists) == [s.sample(r) for s, r in
+                                                      zip(alone, rows)], f"seed {seed}"
+
+
+def test_ties_at_the_top_k_cut_keep_the_lowest_ids(rng):
+    """top_k_ids and the filters' order: the lowest ids first among equal logits, so a cut
+    through a tie is the same from any superset of the k largest (a device's candidates)."""
+    logits = np.zeros(5000, np.float32)
+    logits[[4000, 17, 2500, 900]] = [3.0, 1.0, 1.0, 1.0]
+    assert sorted(top_k_ids(logits, 3).tolist()) == [17, 900, 4000]
+    assert sorted(top_k_ids(logits, 6).tolist()) == [0, 1, 17, 900, 2500, 4000]
+    ids, probs = candidates(logits, SamplingParams(temperature=1.0, **OFF))
+    assert ids[:5].tolist() == [4000, 17, 900, 2500, 0] and probs[1] == probs[2]
+
+
+def test_draw_rows_is_numpys_choice(rng):
+    """draw_rows with a generator's next uniform picks what Generator.choice(p=) picks."""
+    from llm.sampling import draw_rows
+    for _ in range(200):
+        n = int(rng.integers(1, 200))
+        probs = rng.random(n) ** 6
+        probs /= probs.sum()
+        s = int(rng.integers(1 << 30))
+        expected = np.random.default_rng(s).choice(n, p=probs)
+        got = draw_rows(np.arange(n)[None], probs[None], [np.random.default_rng(s).random()])
+        assert got[0] == expected
