@@ -148,6 +148,33 @@ def draw_rows(ids: np.ndarray, probs: np.ndarray, uniforms: np.ndarray) -> np.nd
     return ids[np.arange(len(ids)), (cdf <= np.asarray(uniforms)[:, None]).sum(axis=-1)]
 
 
+def _draw_one(values: np.ndarray, ids: np.ndarray, p: SamplingParams, u: float) -> int:
+    """filter_rows + draw_rows for one list (a sampler alone: the single-stream step), in
+    fewer numpy calls (~2x faster on short lists): each filter cuts the sorted list to its
+    kept prefix instead of masking, which leaves every sum and so every pick bit for bit
+    those of the masked rows (their masked tails add zeros after the prefix)."""
+    values = np.asarray(values, np.float32)
+    ids = np.asarray(ids)
+    if np.isnan(values).any():
+        ids, values = ids[~np.isnan(values)], values[~np.isnan(values)]
+    order = np.lexsort((ids, -values.astype(np.float64)))
+    if 0 < p.top_k < len(order):
+        order = order[:p.top_k]
+    x, ids = values[order].astype(np.float64), ids[order]
+    if p.top_p < 1.0:
+        e = np.exp(x - x[0])
+        cut = int((np.cumsum(e / np.cumsum(e)[-1]) < p.top_p).sum()) + 1
+        x, ids = x[:cut], ids[:cut]
+    if p.min_p > 0.0:
+        kept = int((x >= x[0] + np.log(p.min_p)).sum())
+        x, ids = x[:kept], ids[:kept]
+    x = x / p.temperature
+    e = np.exp(x - x[0])
+    cdf = np.cumsum(e / np.cumsum(e)[-1])
+    cdf /= cdf[-1]
+    return int(ids[(cdf <= u).sum()])
+
+
 def candidates(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
     """(token ids, probabilities) left after top-k, top-p and min-p and the temperature, most
     likely first (the lowest id first among equal logits). Assumes temperature > 0."""
@@ -221,7 +248,10 @@ def sample_among_rows(samplers: Sequence[Sampler], lists: Sequence) -> list[int]
             drawn.append(r)
         else:
             tokens[r] = int(np.asarray(ids)[values == np.nanmax(values)].min())
-    if drawn:
+    if len(drawn) == 1:
+        sampler = samplers[drawn[0]]
+        tokens[drawn[0]] = _draw_one(*lists[drawn[0]], sampler.params, sampler.rng.random())
+    elif drawn:
         values, ids = _padded([lists[r] for r in drawn])
         ids, probs, _ = filter_rows(values, ids, [samplers[r].params for r in drawn])
         uniforms = [samplers[r].rng.random() for r in drawn]

@@ -201,3 +201,26 @@ def test_draw_rows_is_numpys_choice(rng):
         expected = np.random.default_rng(s).choice(n, p=probs)
         got = draw_rows(np.arange(n)[None], probs[None], [np.random.default_rng(s).random()])
         assert got[0] == expected
+
+
+def test_one_list_alone_draws_what_padded_rows_draw(rng, seed):
+    """A sampler alone takes a shorter path (its list cut to each filter's prefix) than a
+    batch (masked, padded rows): the same pick for the same uniform on random lists, ties,
+    every filter on or off, a row padded beside a longer one."""
+    from llm.sampling import _draw_one, _padded, draw_rows, filter_rows
+    for trial in range(500):
+        n = int(rng.integers(1, 300))
+        values = (rng.standard_normal(n) * rng.uniform(0.1, 5)).astype(np.float32)
+        if trial % 5 == 0:
+            values[rng.integers(0, n, 3)] = values[0]
+        ids = rng.permutation(100000)[:n]
+        p = SamplingParams(temperature=float(rng.uniform(0.1, 2)),
+                           top_k=int(rng.integers(0, n + 5)),
+                           top_p=float(rng.choice([1.0, rng.uniform(0.05, 1)])),
+                           min_p=float(rng.choice([0.0, rng.uniform(0, 0.5)])))
+        u = float(rng.random())
+        other = (rng.standard_normal(400).astype(np.float32), np.arange(400))
+        rows_v, rows_i = _padded([(values, ids), other])
+        sorted_ids, probs, _ = filter_rows(rows_v, rows_i, [p, SamplingParams()])
+        together = int(draw_rows(sorted_ids, probs, [u, 0.5])[0])
+        assert _draw_one(values, ids, p, u) == together, f"seed {seed} trial {trial}"
