@@ -120,7 +120,8 @@ class KernelsBackend(Backend):
         self.stream = pk.Stream(self.device) if self.device.kind == "cuda" else None
         self._host_rows = None      # to_host_reused's page-locked buffer
         self._argmax_out = None     # argmax_rows' device ids
-        self._candidates = None     # top_candidates' device lists (values, ids, counts)
+        self._candidates = None     # top_candidates' device lists (ids, values, counts)
+        self._candidates_host = None
         self.forced_batch_splits = None     # set: batch_splits' answer (graph warm-up)
 
     def kv_device_budget(self) -> int | None:
@@ -661,18 +662,26 @@ class KernelsBackend(Backend):
         return ids
 
     def top_candidates(self, x, k):
+        """One launch pair and one copy: the lists' ids, values and counts share one device
+        buffer, read back into one page-locked buffer (overwritten by the next call; the
+        lists are sampled at once)."""
         x = self.materialize(x)
-        rows = x.shape[0]
-        if self._candidates is None or self._candidates[2].size < rows:
-            size = max(rows, 16)
-            self._candidates = (pk.empty((size, CANDIDATES_CAP), np.float32),
-                                pk.empty((size, CANDIDATES_CAP), np.int32),
-                                pk.empty(size, np.int32))
-        values, ids, counts = (a[:rows] for a in self._candidates)
-        top_k_candidates(x, k, cap=CANDIDATES_CAP, values=values, ids=ids, counts=counts)
-        counts, values, ids = counts.numpy(), values.numpy(), ids.numpy()
-        return [(values[r, :c], ids[r, :c]) if c <= CANDIDATES_CAP else None
-                for r, c in enumerate(counts)]
+        rows, cap = x.shape[0], CANDIDATES_CAP
+        words = rows * (2 * cap + 1)
+        if self._candidates is None or self._candidates.size < words:
+            self._candidates = pk.empty(max(words, 16 * (2 * cap + 1)), np.int32)
+            self._candidates_host = (pk.pinned_empty(self._candidates.size, np.int32)
+                                     if self.device.kind == "cuda" else None)
+        buf = self._candidates[:words]
+        ids = buf[:rows * cap].reshape(rows, cap)
+        values = buf[rows * cap:2 * rows * cap].view(np.float32).reshape(rows, cap)
+        top_k_candidates(x, k, cap=cap, values=values, ids=ids, counts=buf[2 * rows * cap:])
+        host = buf.numpy(out=None if self._candidates_host is None else
+                         self._candidates_host[:words])
+        ids = host[:rows * cap].reshape(rows, cap)
+        values = host[rows * cap:2 * rows * cap].view(np.float32).reshape(rows, cap)
+        return [(values[r, :c], ids[r, :c]) if c <= cap else None
+                for r, c in enumerate(host[2 * rows * cap:])]
 
     def last_row(self, x):
         x = self.materialize(x)

@@ -78,6 +78,28 @@ def test_argmax_rows_equal_numpy(models, rng, seed, vocab):
     assert backend.argmax_rows(pk.to_device(x[1:2])).tolist() == [expected[1]]
 
 
+def test_top_candidates_list_each_rows_largest(models, rng, seed):
+    """Backend.top_candidates on the kernels backend: per row its k largest logits (with the
+    ids they sit at) among a short list, twice over the same buffers; a row flat at the top
+    (more logits in the k-th's bin than the lists hold) gives None."""
+    import pykernel as pk
+    from llm.backends.kernels_backend import CANDIDATES_CAP
+    backend = models["tiny-llama-f32.gguf"].backend
+    for rows in (3, 1):
+        x = (rng.standard_normal((rows, 5000)) * 3).astype(np.float32)
+        if rows == 3:
+            x[1, :CANDIDATES_CAP + 10] = 20.0
+        lists = backend.top_candidates(pk.to_device(x), 40)
+        for r, got in enumerate(lists):
+            if rows == 3 and r == 1:
+                assert got is None
+                continue
+            values, ids = got
+            assert np.array_equal(values, x[r, ids]), f"seed {seed}"
+            assert set(np.argsort(-x[r])[:40].tolist()) <= set(ids.tolist()), f"seed {seed}"
+            assert len(ids) < 400
+
+
 @pytest.mark.parametrize("short_context", [256, 3])
 def test_greedy_on_device_matches_host_argmax(models, monkeypatch, short_context):
     """short_context 3: the greedy run crosses from the short-context graph to the split one."""
