@@ -14,7 +14,8 @@ from ._device import NEG_INF, block_max, block_sum
 from ._select import (block_scan, last_block_done, order_key, radix_select, search_cum,
                       warp_slot)
 from .sample_full import draw_full
-from .sample_kernels import CANDIDATES, HIST_BINS, PASS_THREADS, unit_values
+from .sample_kernels import (CANDIDATES, HIST_BINS, PASS_THREADS, count_before_bins,
+                             span_values, unit_values)
 
 BINS_PER_THREAD = HIST_BINS // PASS_THREADS
 
@@ -32,21 +33,11 @@ def sample_hist(x: Ptr[f32, "ro"], n: i32, top_k: i32, min_p: f32, blk_max: Ptr[
     tid = pk.thread_idx.x
     for k in range(tid, HIST_BINS, pk.block_dim.x):
         counts[k] = 0
-    span = pk.block_idx.x * (4 * UNITS * pk.block_dim.x)
     m = f32(NEG_INF)
-    for j in pk.static_range(UNITS):
-        c = span + (j * pk.block_dim.x + tid) * 4
-        nan = f32(0.0) / f32(0.0)
-        a, b, d, e = nan, nan, nan, nan
-        if c < n:
-            a, b, d, e = unit_values(x, c, n, VEC)
-        vals[4 * j] = a
-        vals[4 * j + 1] = b
-        vals[4 * j + 2] = d
-        vals[4 * j + 3] = e
-        for k in pk.static_range(4):
-            if vals[4 * j + k] == vals[4 * j + k]:
-                m = max(m, vals[4 * j + k])
+    span_values(x, n, vals, f32(0.0) / f32(0.0), UNITS, VEC)
+    for k in pk.static_range(4 * UNITS):
+        if vals[k] == vals[k]:
+            m = max(m, vals[k])
     pk.syncthreads()
     m = block_max(m, scratch)
     s = f32(0.0)
@@ -84,15 +75,7 @@ def merge_hist(hist, params, blk_max, blk_sum, top_k: i32, min_p: f32, tops, sca
         if blk_max[b] > f32(NEG_INF):
             z += blk_sum[b] * pk.exp(blk_max[b] - gm)
     z = block_sum(z, scratch)
-    # thread t owns bins 4095 - 16t down to 4080 - 16t: a prefix over t counts from the top
-    top_bin = HIST_BINS - 1 - BINS_PER_THREAD * tid
-    own = f32(0.0)
-    for k in pk.static_range(BINS_PER_THREAD):
-        own += f32(hist[top_bin - k])
-    tops[tid] = own
-    pk.syncthreads()
-    block_scan(tops, pk.block_dim.x, scan_tmp)
-    cum = tops[tid] - own
+    top_bin, cum = count_before_bins(hist, tops, scan_tmp)
     lowest = f32(HIST_BINS)   # lowest bin with <= CANDIDATES logits at or above it
     kth = f32(-1.0)           # bin of the k-th largest logit
     for k in pk.static_range(BINS_PER_THREAD):

@@ -34,6 +34,38 @@ MAX_BLOCKS = 1024
 
 
 @pk.func
+def span_values(xr, n: i32, vals, fill: f32, UNITS: Const[int], VEC: Const[int]):
+    """This block's span of 4 * UNITS * block_dim elements into the thread's local vals
+    (its UNITS units of 4, unit j at j * block_dim + thread); units past n read as fill."""
+    span = pk.block_idx.x * (4 * UNITS * pk.block_dim.x)
+    for j in pk.static_range(UNITS):
+        c = span + (j * pk.block_dim.x + pk.thread_idx.x) * 4
+        a, b, d, e = fill, fill, fill, fill
+        if c < n:
+            a, b, d, e = unit_values(xr, c, n, VEC)
+        vals[4 * j] = a
+        vals[4 * j + 1] = b
+        vals[4 * j + 2] = d
+        vals[4 * j + 3] = e
+
+
+@pk.func
+def count_before_bins(hist, tops, scan_tmp):
+    """(top_bin, count): thread t owns the HIST_BINS / block_dim bins from top_bin = 4095 -
+    16t down (PASS_THREADS threads); count is how many of hist's entries lie in the bins
+    above them (a block-wide prefix over the threads' sums, counted from the top)."""
+    per = HIST_BINS // PASS_THREADS
+    top_bin = HIST_BINS - 1 - per * pk.thread_idx.x
+    own = f32(0.0)
+    for k in pk.static_range(per):
+        own += f32(hist[top_bin - k])
+    tops[pk.thread_idx.x] = own
+    pk.syncthreads()
+    block_scan(tops, pk.block_dim.x, scan_tmp)
+    return top_bin, tops[pk.thread_idx.x] - own
+
+
+@pk.func
 def unit_values(xr, c: i32, n: i32, VEC: Const[int]):
     """Elements c..c+3 as f32; those past n read as NaN (never chosen, no weight)."""
     a, b, d, e = load4(xr, c, n, VEC)
@@ -121,20 +153,11 @@ def sample_temp(x: Ptr[f32, "ro"], u: Ptr[f32, "ro"], out: Ptr[i32], n_draws: i3
     vals = pk.local_array(f32, 4 * UNITS)
     tid = pk.thread_idx.x
     units = UNITS * pk.block_dim.x
-    span = pk.block_idx.x * 4 * units
     m = f32(NEG_INF)
-    for j in pk.static_range(UNITS):
-        c = span + (j * pk.block_dim.x + tid) * 4
-        a, b, d, e = f32(NEG_INF), f32(NEG_INF), f32(NEG_INF), f32(NEG_INF)
-        if c < n:
-            a, b, d, e = unit_values(x, c, n, VEC)
-        vals[4 * j] = a
-        vals[4 * j + 1] = b
-        vals[4 * j + 2] = d
-        vals[4 * j + 3] = e
-        for k in pk.static_range(4):
-            if vals[4 * j + k] == vals[4 * j + k]:
-                m = max(m, vals[4 * j + k])
+    span_values(x, n, vals, f32(NEG_INF), UNITS, VEC)
+    for k in pk.static_range(4 * UNITS):
+        if vals[k] == vals[k]:
+            m = max(m, vals[k])
     m = block_max(m, scratch)
     for j in pk.static_range(UNITS):
         cum[j * pk.block_dim.x + tid] = (

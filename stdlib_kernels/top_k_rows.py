@@ -17,8 +17,9 @@ import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, i64, u32
 
 from ._device import block_max
-from ._select import block_scan, last_block_done, order_key, warp_slot
-from .sample_kernels import HIST_BINS, PASS_THREADS, unit_values
+from ._select import last_block_done, order_key, warp_slot
+from .sample_kernels import (HIST_BINS, PASS_THREADS, count_before_bins, span_values,
+                             unit_values)
 
 BINS_PER_THREAD = HIST_BINS // PASS_THREADS
 
@@ -53,15 +54,7 @@ def rows_hist(x: Ptr[f32, "ro"], n: i32, k: i32, hist: Ptr[i32], tickets: Ptr[i3
             pk.atomic_add(row_hist, h, counts_s[h])
     if not last_block_done(tickets, row, pk.grid_dim.x, flag):
         return
-    # thread t owns the 16 bins below 4095 - 16t: a prefix over t counts from the top
-    top_bin = HIST_BINS - 1 - BINS_PER_THREAD * tid
-    own = f32(0.0)
-    for j in pk.static_range(BINS_PER_THREAD):
-        own += f32(row_hist[top_bin - j])
-    tops[tid] = own
-    pk.syncthreads()
-    block_scan(tops, pk.block_dim.x, scan_tmp)
-    cum = tops[tid] - own
+    top_bin, cum = count_before_bins(row_hist, tops, scan_tmp)
     kth = -1                  # the bin where the count from the top first reaches k
     for j in pk.static_range(BINS_PER_THREAD):
         cum += f32(row_hist[top_bin - j])
@@ -96,27 +89,17 @@ def rows_pick(x: Ptr[f32, "ro"], n: i32, bound: Ptr[i32, "ro"], counts: Ptr[i32]
     pk.syncthreads()
     vals = pk.local_array(f32, 4 * UNITS)
     slots = pk.local_array(i32, 4 * UNITS)
-    span = pk.block_idx.x * (4 * UNITS * pk.block_dim.x)
-    for j in pk.static_range(UNITS):
-        c = span + (j * pk.block_dim.x + tid) * 4
-        nan = f32(0.0) / f32(0.0)
-        a, b, d, e = nan, nan, nan, nan
-        if c < n:
-            a, b, d, e = unit_values(xr, c, n, VEC)
-        vals[4 * j] = a
-        vals[4 * j + 1] = b
-        vals[4 * j + 2] = d
-        vals[4 * j + 3] = e
-        for q in pk.static_range(4):      # every lane of a warp calls warp_slot together
-            v = vals[4 * j + q]
-            slots[4 * j + q] = warp_slot(v == v and (order_key(v) >> u32(20)) >= low,
-                                         local, 0)
+    span_values(xr, n, vals, f32(0.0) / f32(0.0), UNITS, VEC)
+    for q in pk.static_range(4 * UNITS):  # every lane of a warp calls warp_slot together
+        v = vals[q]
+        slots[q] = warp_slot(v == v and (order_key(v) >> u32(20)) >= low, local, 0)
     pk.syncthreads()
     if tid == 0:
         local[1] = pk.atomic_add(counts, row, local[0])
     pk.syncthreads()
     base = local[1]
     out = i64(row) * i64(cap)
+    span = pk.block_idx.x * (4 * UNITS * pk.block_dim.x)
     for j in pk.static_range(UNITS):
         c = span + (j * pk.block_dim.x + tid) * 4
         for q in pk.static_range(4):
