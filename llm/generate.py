@@ -261,6 +261,32 @@ def check_prompt_fits(prompt_ids: Sequence[int], n_ctx: int) -> None:
                            f"prompt or raise the context (--ctx)")
 
 
+def _device_greedy(session: Session, gen: Generation, greedy_tokens, token: int,
+                   text: str) -> Iterator[str]:
+    """stream's loop when the tokens come from greedy_tokens (the transformer's pipelined
+    greedy steps): the same texts, stats and session.tokens as stepping token by token."""
+    if gen.done:
+        if text:
+            yield text
+        return
+    tokens = greedy_tokens(token, len(session.tokens), session.cache,
+                           session.n_ctx - len(session.tokens))
+    try:
+        for following in tokens:          # the step that ran `token` made `following`
+            session.tokens.append(token)
+            gen.stats.decode_steps += 1
+            if text:
+                yield text
+            token, text = following, gen.accept(
+                following, context_full=len(session.tokens) >= session.n_ctx)
+            if gen.done:
+                break
+        if text:
+            yield text
+    finally:
+        tokens.close()
+
+
 def stream(session: Session, tokenizer, prompt_ids: Sequence[int], sampler: Sampler,
            max_tokens: int, stop: Sequence[str] = (), stats: GenerationStats | None = None,
            ) -> Iterator[str]:
@@ -273,16 +299,27 @@ def stream(session: Session, tokenizer, prompt_ids: Sequence[int], sampler: Samp
     session.backend.synchronize()    # the prompt's time is its device work's, not its launches'
     stats.prompt_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
-    while not gen.done:
-        token = session.backend.sample(logits, sampler, gen.history)
-        text = gen.accept(token, context_full=len(session.tokens) >= session.n_ctx)
-        if not gen.done:
-            # the next step is queued before the text goes out: on a GPU it runs while the
-            # consumer prints or sends the text (the next sample waits for it)
-            logits = session.step_act(token)
-            stats.decode_steps += 1
-        if text:
-            yield text
+    token = session.backend.sample(logits, sampler, gen.history)
+    text = gen.accept(token, context_full=len(session.tokens) >= session.n_ctx)
+    on_device = getattr(session.transformer, "greedy_tokens", None)
+    if (on_device is not None and sampler.plain_argmax
+            and getattr(session.backend, "use_graphs", False)):
+        # greedy on a graphed backend: each step's argmax feeds the next step on the device,
+        # one step queued ahead of the token the host reads (the GPU never waits)
+        yield from _device_greedy(session, gen, on_device, token, text)
+    else:
+        while True:
+            if not gen.done:
+                # the next step is queued before the text goes out: on a GPU it runs while
+                # the consumer prints or sends the text (the next sample waits for it)
+                logits = session.step_act(token)
+                stats.decode_steps += 1
+            if text:
+                yield text
+            if gen.done:
+                break
+            token = session.backend.sample(logits, sampler, gen.history)
+            text = gen.accept(token, context_full=len(session.tokens) >= session.n_ctx)
     stats.decode_seconds = time.perf_counter() - t0
     tail = gen.finish()
     if tail:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from typing import Iterator
 
 import numpy as np
 
@@ -396,40 +397,56 @@ class GraphedTransformer(Transformer):
         return logits
 
     def greedy(self, first_token: int, pos: int, cache, n: int) -> list[int]:
-        """n greedy tokens after `first_token` at `pos`. The argmax kernel feeds each step's
-        token to the next one on the device, so on cuda step i + 1 is queued before the host
-        reads token i (a 4-byte asynchronous copy into pinned memory): the GPU never waits
-        for the host's read-back."""
+        """n greedy tokens after `first_token` at `pos` (greedy_tokens, all of them)."""
+        return list(self.greedy_tokens(first_token, pos, cache, n))
+
+    def greedy_tokens(self, first_token: int, pos: int, cache, n: int) -> Iterator[int]:
+        """Up to n greedy tokens after `first_token` at `pos`, each yielded once on the host;
+        step k runs at position pos + k. The argmax kernel feeds each step's token to the
+        next one on the device, so on cuda step i + 1 is queued before the host reads token
+        i (a 4-byte asynchronous copy into pinned memory): the GPU never waits for the host,
+        nor for the consumer of the tokens. A consumer that stops early leaves one step run
+        past the last token it read (its K/V written one position beyond: harmless, a later
+        step overwrites it); closing waits for the steps in flight."""
+        if n <= 0:
+            return
         self.decode_step(first_token, pos, cache)
         io = cache.graph.io
-        out = [int(io[0:1].numpy()[0])]
+        known = int(io[0:1].numpy()[0])      # the token of the step at pos, not yet yielded
         if self.backend.device.kind != "cuda":
             for i in range(1, n):
-                self._replay_or_capture(out[-1], pos + i, cache)
-                out.append(int(io[0:1].numpy()[0]))
-            return out
+                yield known
+                self._replay_or_capture(known, pos + i, cache)
+                known = int(io[0:1].numpy()[0])
+            yield known
+            return
         slots = [pk.pinned_empty(1, np.int32) for _ in range(2)]
         events = [pk.Event(), pk.Event()]
         stream = self.backend.stream
         pending = None   # the step whose token is in flight to the host
-        for i in range(1, n):
-            step = cache.graphs.get(_short(pos + i))
-            if step is None:      # first step past SHORT_CONTEXT: drain, capture synchronously
-                if pending is not None:
-                    out.append(self._read(slots, events, pending))
-                    pending = None
-                self.decode_step(out[-1], pos + i, cache)
-                out.append(int(io[0:1].numpy()[0]))
-                continue
-            step.graph.replay(stream)
-            io[0:1].copy_to_host_async(slots[i % 2], stream)
-            events[i % 2].record(stream)
-            if pending is not None:
-                out.append(self._read(slots, events, pending))
-            pending = i
-        if pending is not None:
-            out.append(self._read(slots, events, pending))
-        return out
+        try:
+            for i in range(1, n):
+                step = cache.graphs.get(_short(pos + i))
+                if step is None:   # first step past SHORT_CONTEXT: drain, capture synchronously
+                    if pending is not None:
+                        known, pending = self._read(slots, events, pending), None
+                    yield known
+                    self.decode_step(known, pos + i, cache)
+                    known = int(io[0:1].numpy()[0])
+                    continue
+                step.graph.replay(stream)
+                io[0:1].copy_to_host_async(slots[i % 2], stream)
+                events[i % 2].record(stream)
+                if pending is None:
+                    yield known
+                else:
+                    yield self._read(slots, events, pending)
+                pending = i
+            yield known if pending is None else self._read(slots, events, pending)
+            pending = None
+        finally:
+            if pending is not None:     # copies into slots still in flight
+                stream.synchronize()
 
     @staticmethod
     def _read(slots, events, i: int) -> int:

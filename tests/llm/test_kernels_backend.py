@@ -100,6 +100,51 @@ def test_top_candidates_list_each_rows_largest(models, rng, seed):
             assert len(ids) < 400
 
 
+@pytest.mark.parametrize("limit", ["max_tokens", "stop", "context", "consumer"])
+def test_greedy_stream_pipelined_on_the_device_equals_step_by_step(models, monkeypatch, limit):
+    """A greedy generate on the graphed kernels backend takes its tokens from greedy_tokens
+    (the device's argmax feeding the next step, one step queued ahead), never from
+    step-by-step sampling, and gives the same text, stats and cached ids as stepping token
+    by token; for every way a generation ends (max_tokens, a stop string, a full context, a
+    consumer that stops reading)."""
+    from llm.backends.kernels_graph import GraphedTransformer
+    from llm.generate import GenerationStats
+    model = models["tiny-llama-f32.gguf"]
+    ids = CASES["tiny-llama-f32.gguf"][0]["tokens"][:5]
+    plain = "".join(model.generate(ids, max_tokens=24, temperature=0))
+    options = dict(max_tokens=24, temperature=0)
+    if limit == "stop":
+        options["stop"] = [plain[8:11]]
+    n_ctx = model.session().n_ctx
+
+    def run():
+        stats, session = GenerationStats(), model.session()
+        session.reset()
+        if limit == "context":
+            session.n_ctx = len(ids) + 7
+        pieces = model.generate(ids, stats=stats, **options)
+        text = "".join(p for _, p in zip(range(3), pieces)) if limit == "consumer" else \
+            "".join(pieces)
+        if limit == "consumer":
+            pieces.close()
+        kept = list(session.tokens)
+        session.n_ctx = n_ctx
+        return text, (stats.generated_tokens, stats.decode_steps, stats.stop_reason), kept
+
+    calls = []
+    greedy_tokens = GraphedTransformer.greedy_tokens
+
+    def spy(self, *args):
+        calls.append(args[1:])
+        return greedy_tokens(self, *args)
+    monkeypatch.setattr(GraphedTransformer, "greedy_tokens", spy)
+    pipelined = run()
+    assert len(calls) == 1
+    monkeypatch.setattr(GraphedTransformer, "greedy_tokens", None)   # step by step
+    assert pipelined == run()
+    assert pipelined[0] and (limit != "context" or pipelined[1][2] == "context"), pipelined
+
+
 @pytest.mark.parametrize("short_context", [256, 3])
 def test_greedy_on_device_matches_host_argmax(models, monkeypatch, short_context):
     """short_context 3: the greedy run crosses from the short-context graph to the split one."""

@@ -94,6 +94,32 @@ def test_pipelined_greedy_matches_step_by_step(tmp_path, monkeypatch, short_cont
     assert picked == expected
 
 
+@pytest.mark.parametrize("short_context,stop_after", [(256, None), (5, None), (256, 3)])
+def test_greedy_stream_on_the_gpu_equals_step_by_step(tmp_path, monkeypatch, short_context,
+                                                       stop_after):
+    """generate(temperature=0) through greedy_tokens (steps queued ahead of the host's
+    reads) gives the text, stats and cached ids of stepping token by token; crossing to the
+    split-attention graph (short_context 5) and a consumer that stops after 3 pieces."""
+    from llm.backends import kernels_graph
+    from llm.backends.kernels_graph import GraphedTransformer
+    from llm.generate import GenerationStats
+    from llm.synth import write_synthetic
+    monkeypatch.setattr(kernels_graph, "SHORT_CONTEXT", short_context)
+    path = write_synthetic("smollm2-135m", "Q4_1", tmp_path / "smol.gguf")
+    model = llm.load(path, device="cuda", n_ctx=64, progress=False)
+
+    def run():
+        stats = GenerationStats()
+        model.session().reset()
+        pieces = model.generate([7, 8, 9], max_tokens=20, temperature=0, stats=stats)
+        text = "".join(p for _, p in zip(range(stop_after or 99), pieces))
+        pieces.close()
+        return text, stats.generated_tokens, stats.decode_steps, list(model.session().tokens)
+    pipelined = run()
+    monkeypatch.setattr(GraphedTransformer, "greedy_tokens", None)
+    assert pipelined == run()
+
+
 @pytest.mark.parametrize("arch,file_type,tol", [("qwen2", "Q4_0", 1e-2), ("llama", "Q4_0", 1e-2),
                                               ("qwen2", "Q4_K_M", 0.15)])
 def test_model_width_over_1024_matches_numpy(tmp_path, monkeypatch, arch, file_type, tol):
