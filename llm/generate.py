@@ -261,16 +261,29 @@ def check_prompt_fits(prompt_ids: Sequence[int], n_ctx: int) -> None:
                            f"prompt or raise the context (--ctx)")
 
 
-def _device_greedy(session: Session, gen: Generation, greedy_tokens, token: int,
-                   text: str) -> Iterator[str]:
-    """stream's loop when the tokens come from greedy_tokens (the transformer's pipelined
-    greedy steps): the same texts, stats and session.tokens as stepping token by token."""
-    if gen.done:
-        if text:
-            yield text
-        return
-    tokens = greedy_tokens(token, len(session.tokens), session.cache,
-                           session.n_ctx - len(session.tokens))
+def _device_steps(session: Session, sampler: Sampler, token: int, limit: int):
+    """The tokens after `token` picked on the device, step by step ahead of the host (a
+    graphed backend's greedy_tokens or sampled_tokens; at most `limit` and what the context
+    holds), or None where the host picks them: penalties, logprobs' rows, a seeded sampler
+    (its draws are the host's, so that a seed gives the same tokens on every backend)."""
+    transformer, start = session.transformer, len(session.tokens)
+    if not getattr(session.backend, "use_graphs", False):
+        return None
+    n = min(session.n_ctx - start, limit)
+    greedy = getattr(transformer, "greedy_tokens", None)
+    sampled = getattr(transformer, "sampled_tokens", None)
+    if sampler.plain_argmax and greedy is not None:
+        return greedy(token, start, session.cache, n)
+    if sampler.device_draws and sampled is not None:
+        return sampled(token, start, session.cache, n, sampler.params,
+                       sampler.rng.random(max(n, 0)))
+    return None
+
+
+def _stream_on_device(session: Session, gen: Generation, tokens: Iterator[int], token: int,
+                      text: str) -> Iterator[str]:
+    """stream's loop when the tokens come from _device_steps: the same texts, stats and
+    session.tokens as stepping token by token."""
     try:
         for following in tokens:          # the step that ran `token` made `following`
             session.tokens.append(token)
@@ -301,12 +314,11 @@ def stream(session: Session, tokenizer, prompt_ids: Sequence[int], sampler: Samp
     t0 = time.perf_counter()
     token = session.backend.sample(logits, sampler, gen.history)
     text = gen.accept(token, context_full=len(session.tokens) >= session.n_ctx)
-    on_device = getattr(session.transformer, "greedy_tokens", None)
-    if (on_device is not None and sampler.plain_argmax
-            and getattr(session.backend, "use_graphs", False)):
-        # greedy on a graphed backend: each step's argmax feeds the next step on the device,
-        # one step queued ahead of the token the host reads (the GPU never waits)
-        yield from _device_greedy(session, gen, on_device, token, text)
+    steps = None if gen.done else _device_steps(session, sampler, token, max_tokens)
+    if steps is not None:
+        # each step's pick feeds the next step on the device, one step queued ahead of the
+        # token the host reads (the GPU never waits)
+        yield from _stream_on_device(session, gen, steps, token, text)
     else:
         while True:
             if not gen.done:

@@ -218,6 +218,14 @@ class Sampler:
             return k
         return 0
 
+    @property
+    def device_draws(self) -> bool:
+        """Unseeded, temperature > 0, no penalty in effect: a device may draw the tokens with
+        its own sampler (stdlib sampling.sample: the same filters and distribution, its own
+        draws), since no seed asks for the host's draws."""
+        p = self.params
+        return p.seed is None and p.temperature > 0 and not self._penalised
+
     def sample_among(self, values: np.ndarray, ids: np.ndarray) -> int:
         """The token `sample` picks from a row whose largest logits (candidate_k of them at
         least, with every logit tied with the k-th) are `values` at `ids`: the same filters

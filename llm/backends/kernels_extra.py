@@ -11,6 +11,8 @@ into preallocated arrays (nothing allocated, so every launch can sit in a captur
     argmax_next      greedy id of the last logits row -> io[0]; io[1] (the position) += 1 (many
                      blocks, the last one merging: stdlib's argmax_blocks plus the advance),
                      so a replayed decode graph feeds itself
+    sample_into      the same with stdlib's sampler (top-k / top-p / min-p / temperature), its
+                     uniform taken from a per-position table (take_uniform, advance_position)
     embed_generic    embedding rows of any GGUF type (stdlib's embedding covers five types)
     matmul_rows      y = x @ W.T, one thread per output element, no barriers or shuffles: the
                      CPU target runs it as plain compiled loops (stdlib's GEMV, built for the
@@ -150,6 +152,20 @@ def argmax_next(x: Ptr[f32, "ro"], io: Ptr[i32], part_v: Ptr[f32], part_i: Ptr[i
 
 
 @pk.kernel
+def take_uniform(uniforms: Ptr[f32, "ro"], io: Ptr[i32, "ro"], u: Ptr[f32]):
+    # u[0] = uniforms[io[1]]: the draw of the step at position io[1] (a sampled decode graph)
+    if pk.thread_idx.x == 0:
+        u[0] = uniforms[io[1]]
+
+
+@pk.kernel
+def advance_position(io: Ptr[i32]):
+    # io[1] += 1, after a sampled decode graph's draw wrote its token to io[0]
+    if pk.thread_idx.x == 0:
+        io[1] = io[1] + 1
+
+
+@pk.kernel
 def embed_generic(table: Ptr[u8, "ro"], ids: Ptr[i32, "ro"], out: Ptr[f32], n: i32,
                   row_bytes: i32, scale: f32, FMT: Const[int], BE: Const[int], BB: Const[int]):
     # grid (tokens): out[t] = dequantized row ids[t] of the table, times scale
@@ -246,6 +262,16 @@ def argmax_into(x, io, advance: bool, scratch: tuple, stream=None) -> None:
     spec = (("VEC", L.vector_width(n, x)), ("UNITS", ARGMAX_UNITS), ("ADVANCE", advance))
     L.launch(argmax_next, part_v.size, ARGMAX_THREADS, (x, io, part_v, part_i, counter, n),
              spec, stream)
+
+
+def sample_into(x, io, uniforms, u, params, stream=None) -> None:
+    """io[0] = stdlib's sampler's draw from the f32 row x (n,) with params' filters and
+    temperature, using uniforms[io[1]] (copied to the device scalar u first); io[1] += 1."""
+    from stdlib_kernels.sampling import sample
+    L.launch(take_uniform, 1, 32, (uniforms, io, u), (), stream)
+    sample(x, u, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+           min_p=params.min_p, out=io[0:1], stream=stream)
+    L.launch(advance_position, 1, 32, (io,), (), stream)
 
 
 def embed_rows(table, type_name: str, ids, out, scale: float, stream=None) -> None:

@@ -132,6 +132,14 @@ def _short(pos: int) -> bool:
     return pos < SHORT_CONTEXT
 
 
+def _graph_key(pos: int, sampling) -> object:
+    """A cache's decode graph for a step at pos: short or long context, and the pick of the
+    next token (None: greedy; else the sampler's filter settings, baked into its launches)."""
+    if sampling is None:
+        return _short(pos)
+    return (_short(pos), sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p)
+
+
 class GraphedTransformer(Transformer):
     """A Transformer whose forward runs on the kernels backend, with graph-replayed decode
     and short prompts."""
@@ -290,15 +298,19 @@ class GraphedTransformer(Transformer):
         finally:
             b.end_step()
 
-    def _record(self, io, cache, short: bool):
-        """The device-input forward of one token plus the greedy pick; returns its logits."""
+    def _record(self, io, cache, short: bool, sampling=None):
+        """The device-input forward of one token plus the pick of the next (greedy, or a draw
+        of stdlib's sampler with `sampling`'s filters: _device_tokens); returns its logits."""
         b = self.backend
         b.begin_step([0], 0, device_io=io)
         b.direct_attention = short
         try:
             logits = b.materialize(super().forward(np.zeros(1, np.int64), 0, cache))
-            X.argmax_into(logits.reshape(-1), io, advance=True,
-                          scratch=self._argmax_scratch(logits.size))
+            if sampling is None:
+                X.argmax_into(logits.reshape(-1), io, advance=True,
+                              scratch=self._argmax_scratch(logits.size))
+            else:
+                X.sample_into(logits.reshape(-1), io, *self._uniforms(cache), sampling)
         finally:
             b.direct_attention = False
             b.end_step()
@@ -379,21 +391,29 @@ class GraphedTransformer(Transformer):
             b.argmax_scratch = X.argmax_scratch(n)
         return b.argmax_scratch
 
-    def decode_step(self, token: int, pos: int, cache):
-        """Logits (1, n_vocab) after `token` at position `pos` (written into the cache)."""
-        graphs = cache.graphs
-        if _short(pos) in graphs:
-            step = graphs[_short(pos)]
+    def _uniforms(self, cache) -> tuple:
+        """(a uniform per position, the step's uniform) on the device, made on the first
+        sampled step of the cache (before its capture)."""
+        if getattr(cache, "uniforms", None) is None:
+            cache.uniforms = (pk.zeros(cache.n_ctx, np.float32), pk.zeros(1, np.float32))
+        return cache.uniforms
+
+    def decode_step(self, token: int, pos: int, cache, sampling=None):
+        """Logits (1, n_vocab) after `token` at position `pos` (written into the cache); the
+        next token goes to the step's io on the device (greedy, or `sampling`'s draw)."""
+        graphs, key = cache.graphs, _graph_key(pos, sampling)
+        if key in graphs:
+            step = graphs[key]
             step.io.copy_from(np.array([token, pos], np.int32))
             step.graph.replay()
             cache.graph = step
             return step.logits
         io = cache.graph.io if cache.graph is not None else pk.to_device(np.zeros(2, np.int32))
         io.copy_from(np.array([token, pos], np.int32))
-        logits = self._run_as_captured(self._record, io, cache, _short(pos))
+        logits = self._run_as_captured(self._record, io, cache, _short(pos), sampling)
         with pk.capture_graph(self.backend.stream, pdl=PDL) as graph:
-            self._record(io, cache, _short(pos))      # recorded, not run: same launches, buffers
-        cache.graph = graphs[_short(pos)] = DecodeGraph(graph, logits, io)
+            self._record(io, cache, _short(pos), sampling)   # recorded, not run
+        cache.graph = graphs[key] = DecodeGraph(graph, logits, io)
         return logits
 
     def greedy(self, first_token: int, pos: int, cache, n: int) -> list[int]:
@@ -408,15 +428,29 @@ class GraphedTransformer(Transformer):
         nor for the consumer of the tokens. A consumer that stops early leaves one step run
         past the last token it read (its K/V written one position beyond: harmless, a later
         step overwrites it); closing waits for the steps in flight."""
+        return self._device_tokens(first_token, pos, cache, n, None)
+
+    def sampled_tokens(self, first_token: int, pos: int, cache, n: int, params,
+                       uniforms) -> Iterator[int]:
+        """greedy_tokens with stdlib's sampler drawing each step's token on the device
+        (params' top-k, top-p, min-p and temperature; no penalties): step k draws with
+        uniforms[k], which go to the device at once, so the steps run ahead of the host as
+        greedy ones do. One decode graph per filter setting."""
+        if n > 0:
+            table = self._uniforms(cache)[0]
+            table[pos:pos + n].copy_from(np.asarray(uniforms[:n], np.float32))
+        return self._device_tokens(first_token, pos, cache, n, params)
+
+    def _device_tokens(self, first_token: int, pos: int, cache, n: int, sampling):
         if n <= 0:
             return
-        self.decode_step(first_token, pos, cache)
+        self.decode_step(first_token, pos, cache, sampling)
         io = cache.graph.io
         known = int(io[0:1].numpy()[0])      # the token of the step at pos, not yet yielded
         if self.backend.device.kind != "cuda":
             for i in range(1, n):
                 yield known
-                self._replay_or_capture(known, pos + i, cache)
+                self._replay_or_capture(known, pos + i, cache, sampling)
                 known = int(io[0:1].numpy()[0])
             yield known
             return
@@ -426,12 +460,12 @@ class GraphedTransformer(Transformer):
         pending = None   # the step whose token is in flight to the host
         try:
             for i in range(1, n):
-                step = cache.graphs.get(_short(pos + i))
+                step = cache.graphs.get(_graph_key(pos + i, sampling))
                 if step is None:   # first step past SHORT_CONTEXT: drain, capture synchronously
                     if pending is not None:
                         known, pending = self._read(slots, events, pending), None
                     yield known
-                    self.decode_step(known, pos + i, cache)
+                    self.decode_step(known, pos + i, cache, sampling)
                     known = int(io[0:1].numpy()[0])
                     continue
                 step.graph.replay(stream)
@@ -453,10 +487,10 @@ class GraphedTransformer(Transformer):
         events[i % 2].synchronize()
         return int(slots[i % 2][0])
 
-    def _replay_or_capture(self, token: int, pos: int, cache) -> None:
-        step = cache.graphs.get(_short(pos))
+    def _replay_or_capture(self, token: int, pos: int, cache, sampling=None) -> None:
+        step = cache.graphs.get(_graph_key(pos, sampling))
         if step is None:
-            self.decode_step(token, pos, cache)
+            self.decode_step(token, pos, cache, sampling)
         else:
             step.graph.replay()
 

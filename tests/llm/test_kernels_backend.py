@@ -145,6 +145,58 @@ def test_greedy_stream_pipelined_on_the_device_equals_step_by_step(models, monke
     assert pipelined[0] and (limit != "context" or pipelined[1][2] == "context"), pipelined
 
 
+def sampled_on_device_vs_stepped(model, ids, n, uniforms_seed):
+    """(tokens of an unseeded sampled stream, which draws on the device with uniforms from
+    the sampler's generator, and the tokens of stepping one token at a time with stdlib's
+    sampler and the same uniforms)."""
+    from llm.generate import GenerationStats, Session, stream
+    from llm.sampling import Sampler, SamplingParams
+    from stdlib_kernels.sampling import sample
+    params = dict(temperature=0.9, top_k=20, top_p=0.9, min_p=0.02)
+    session = model.session()
+    session.reset()
+    sampler = Sampler(SamplingParams(**params))
+    sampler.rng = np.random.default_rng(uniforms_seed)
+    stats = GenerationStats()
+    list(stream(session, model.tokenizer, ids, sampler, n, stats=stats))
+    got = list(session.tokens[len(ids):])
+    twin = Sampler(SamplingParams(**params))
+    twin.rng = np.random.default_rng(uniforms_seed)
+    alone = Session(model.transformer, model.backend, session.n_ctx)
+    logits, _ = alone.prefill_act(ids)
+    token = model.backend.sample(logits, twin, ids)       # the first token: on the host
+    uniforms = twin.rng.random(n)
+    expected = []
+    for k in range(len(got)):
+        expected.append(token)
+        row = model.backend.materialize(alone.step_act(token)).reshape(-1)
+        token = int(sample(row, float(uniforms[k]), **params).numpy()[0])
+    return got, expected, stats
+
+
+def test_unseeded_sampling_draws_on_the_device(models, monkeypatch):
+    """An unseeded sampled generate on the graphed kernels backend draws each token on the
+    device (sampled_tokens: stdlib's sampler in the decode graph, one uniform per position)
+    with the tokens of stepping one at a time with stdlib's sampler and the same uniforms; a
+    seeded one samples on the host (a seed gives the host's draws on every backend)."""
+    from llm.backends.kernels_graph import GraphedTransformer
+    model = models["tiny-llama-f32.gguf"]
+    ids = CASES["tiny-llama-f32.gguf"][0]["tokens"][:5]
+    calls = []
+    sampled_tokens = GraphedTransformer.sampled_tokens
+
+    def spy(self, *args):
+        calls.append(args[1])
+        return sampled_tokens(self, *args)
+    monkeypatch.setattr(GraphedTransformer, "sampled_tokens", spy)
+    for seed in (1, 2, 3):
+        got, expected, stats = sampled_on_device_vs_stepped(model, ids, 16, seed)
+        assert got == expected and len(got) >= 1, (seed, got, expected)
+    assert len(calls) == 3
+    "".join(model.generate(ids, max_tokens=8, temperature=0.9, seed=4))
+    assert len(calls) == 3                               # seeded: not on the device
+
+
 @pytest.mark.parametrize("short_context", [256, 3])
 def test_greedy_on_device_matches_host_argmax(models, monkeypatch, short_context):
     """short_context 3: the greedy run crosses from the short-context graph to the split one."""

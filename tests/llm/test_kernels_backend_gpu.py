@@ -120,6 +120,22 @@ def test_greedy_stream_on_the_gpu_equals_step_by_step(tmp_path, monkeypatch, sho
     assert pipelined == run()
 
 
+@pytest.mark.parametrize("short_context", [256, 5])
+def test_unseeded_sampling_on_the_gpu_draws_as_stepping(tmp_path, monkeypatch, short_context):
+    """An unseeded sampled stream's device draws (stdlib's sampler in the decode graph, steps
+    queued ahead of the host) equal stepping one token at a time with stdlib's sampler and
+    the same uniforms; short_context 5 crosses to the split-attention graph."""
+    from llm.backends import kernels_graph
+    from llm.synth import write_synthetic
+    from tests.llm.test_kernels_backend import sampled_on_device_vs_stepped
+    monkeypatch.setattr(kernels_graph, "SHORT_CONTEXT", short_context)
+    path = write_synthetic("smollm2-135m", "Q4_1", tmp_path / "smol.gguf")
+    model = llm.load(path, device="cuda", n_ctx=64, progress=False)
+    for seed in (1, 2):
+        got, expected, _ = sampled_on_device_vs_stepped(model, [7, 8, 9], 20, seed)
+        assert got == expected and len(got) >= 5, (seed, got, expected)
+
+
 @pytest.mark.parametrize("arch,file_type,tol", [("qwen2", "Q4_0", 1e-2), ("llama", "Q4_0", 1e-2),
                                               ("qwen2", "Q4_K_M", 0.15)])
 def test_model_width_over_1024_matches_numpy(tmp_path, monkeypatch, arch, file_type, tol):
