@@ -264,8 +264,8 @@ def check_prompt_fits(prompt_ids: Sequence[int], n_ctx: int) -> None:
 def _device_steps(session: Session, sampler: Sampler, token: int, limit: int):
     """The tokens after `token` picked on the device, step by step ahead of the host (a
     graphed backend's greedy_tokens or sampled_tokens; at most `limit` and what the context
-    holds), or None where the host picks them: penalties, logprobs' rows, a seeded sampler
-    (its draws are the host's, so that a seed gives the same tokens on every backend)."""
+    holds), or None where the host picks them: no graphs, penalties, a seeded sampler (its
+    draws are the host's, so that a seed gives the same tokens on every backend)."""
     transformer, start = session.transformer, len(session.tokens)
     if not getattr(session.backend, "use_graphs", False):
         return None
