@@ -25,6 +25,7 @@ from llm.backends.base import KV_CACHE_TYPES, Backend
 from llm.backends.kernels_lazy import (Cols, GluHalf, HeadNormed, Normed, PendingGlu,
                                        PendingMatmul, Quantized, Roped)
 from llm.backends.kernels_memory import Arena, DeviceMemory, KernelsKVCache, KVPool
+from llm.backends.logits_readback import LogitsReadback
 from llm.config import RopeParams
 from llm.gguf_file import TensorInfo
 from stdlib_kernels import activation as activation_rows
@@ -33,7 +34,6 @@ from stdlib_kernels import glu as glu_rows
 from stdlib_kernels import layernorm, rmsnorm, rope_kv_cache
 from stdlib_kernels.rotary import rope_kv_cache_cols
 from stdlib_kernels import rope as rope_rows
-from stdlib_kernels.sampling import argmax, top_k_candidates
 from stdlib_kernels.attention import kv_q8
 from stdlib_kernels.attention.decode import (HEAD_DIMS, batch_splits, config_splits,
                                              default_config, direct_config, gpu_config,
@@ -60,9 +60,6 @@ EARLY_KV = os.environ.get("PYKERNEL_EARLY_KV", "1") not in ("", "0")
 EARLY_TRIGGER = os.environ.get("PYKERNEL_EARLY_TRIGGER", "1") not in ("", "0")
 
 
-# top_candidates: room for each row's largest logits (top-k's bin and those above it: a few
-# hundred on real rows; more, and that row's logits are copied whole)
-CANDIDATES_CAP = 1024
 CACHE_TYPES = dict(zip(KV_CACHE_TYPES, (np.dtype(np.float16), np.dtype(np.float32),
                                          Q8_DTYPE)))
 
@@ -118,10 +115,7 @@ class KernelsBackend(Backend):
         self._prompt_tables = None  # a pass of several prompts: its slot / sequence tables
         self.direct_attention = False   # decode attention without splits (short contexts)
         self.stream = pk.Stream(self.device) if self.device.kind == "cuda" else None
-        self._host_rows = None      # to_host_reused's page-locked buffer
-        self._argmax_out = None     # argmax_rows' device ids
-        self._candidates = None     # top_candidates' device lists (ids, values, counts)
-        self._candidates_host = None
+        self.readback = LogitsReadback(self.device)   # logits rows, greedy ids, top-k lists
         self.forced_batch_splits = None     # set: batch_splits' answer (graph warm-up)
 
     def kv_device_budget(self) -> int | None:
@@ -653,35 +647,10 @@ class KernelsBackend(Backend):
                                                             np.float32))
 
     def argmax_rows(self, x):
-        x = self.materialize(x)
-        rows, vocab = x.shape
-        if self._argmax_out is None or self._argmax_out.size < rows:
-            self._argmax_out = pk.empty(max(rows, 16), np.int32)
-        ids = argmax(x, out=self._argmax_out[:rows]).numpy().astype(np.int64)
-        ids[ids >= vocab] = 0            # an all-NaN row: 0, as numpy's argmax
-        return ids
+        return self.readback.argmax_rows(self.materialize(x))
 
     def top_candidates(self, x, k):
-        """One launch pair and one copy: the lists' ids, values and counts share one device
-        buffer, read back into one page-locked buffer (overwritten by the next call; the
-        lists are sampled at once)."""
-        x = self.materialize(x)
-        rows, cap = x.shape[0], CANDIDATES_CAP
-        words = rows * (2 * cap + 1)
-        if self._candidates is None or self._candidates.size < words:
-            self._candidates = pk.empty(max(words, 16 * (2 * cap + 1)), np.int32)
-            self._candidates_host = (pk.pinned_empty(self._candidates.size, np.int32)
-                                     if self.device.kind == "cuda" else None)
-        buf = self._candidates[:words]
-        ids = buf[:rows * cap].reshape(rows, cap)
-        values = buf[rows * cap:2 * rows * cap].view(np.float32).reshape(rows, cap)
-        top_k_candidates(x, k, cap=cap, values=values, ids=ids, counts=buf[2 * rows * cap:])
-        host = buf.numpy(out=None if self._candidates_host is None else
-                         self._candidates_host[:words])
-        ids = host[:rows * cap].reshape(rows, cap)
-        values = host[rows * cap:2 * rows * cap].view(np.float32).reshape(rows, cap)
-        return [(values[r, :c], ids[r, :c]) if c <= cap else None
-                for r, c in enumerate(host[2 * rows * cap:])]
+        return self.readback.top_candidates(self.materialize(x), k)
 
     def last_row(self, x):
         x = self.materialize(x)
@@ -694,16 +663,7 @@ class KernelsBackend(Backend):
         return self.materialize(x).numpy()
 
     def to_host_reused(self, x):
-        """A view of one page-locked buffer (grown when needed, overwritten by the next call)
-        on a GPU: 16 rows of a 128k vocabulary's logits took 1.42 ms a step into pageable
-        memory on an H100 (benchmarks/RESULTS.md "Batched decode: attention splits for the
-        whole batch, ...")."""
-        a = self.materialize(x)
-        if self.device.kind != "cuda":
-            return a.numpy()
-        if self._host_rows is None or self._host_rows.size < a.size:
-            self._host_rows = pk.pinned_empty(a.size, np.float32, self.device)
-        return a.numpy(out=self._host_rows[:a.size].reshape(a.shape))
+        return self.readback.rows(self.materialize(x))
 
     def synchronize(self) -> None:
         pk.synchronize(self.device)

@@ -29,6 +29,7 @@ from stdlib_kernels import _launch as L
 from stdlib_kernels._device import warp_sum
 from stdlib_kernels._select import last_block_done
 from stdlib_kernels.sample_kernels import parts_argmax, span_argmax
+from stdlib_kernels.sampling import sample
 from stdlib_kernels.quant.dequant_kernels import CODES, dequantize_one, load_half
 from stdlib_kernels.quant.formats import get_format
 
@@ -267,7 +268,6 @@ def argmax_into(x, io, advance: bool, scratch: tuple, stream=None) -> None:
 def sample_into(x, io, uniforms, u, params, stream=None) -> None:
     """io[0] = stdlib's sampler's draw from the f32 row x (n,) with params' filters and
     temperature, using uniforms[io[1]] (copied to the device scalar u first); io[1] += 1."""
-    from stdlib_kernels.sampling import sample
     L.launch(take_uniform, 1, 32, (uniforms, io, u), (), stream)
     sample(x, u, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
            min_p=params.min_p, out=io[0:1], stream=stream)

@@ -394,7 +394,7 @@ class GraphedTransformer(Transformer):
     def _uniforms(self, cache) -> tuple:
         """(a uniform per position, the step's uniform) on the device, made on the first
         sampled step of the cache (before its capture)."""
-        if getattr(cache, "uniforms", None) is None:
+        if cache.uniforms is None:
             cache.uniforms = (pk.zeros(cache.n_ctx, np.float32), pk.zeros(1, np.float32))
         return cache.uniforms
 

@@ -223,7 +223,8 @@ class KernelsKVCache(KVCache):
         self._f16_rows = None   # q8_0: one layer's K and V as f16, the prefill attention's input
         self._workspaces: dict = {}
         self.graph = None     # set by kernels_graph: the captured decode step on this cache
-        self.graphs: dict = {}  # kernels_graph: its decode graphs (short/long context)
+        self.graphs: dict = {}  # kernels_graph: its decode graphs (short/long context, pick)
+        self.uniforms = None    # kernels_graph: sampled decode graphs' uniform per position
         # kernels_graph: prompt length bucket -> PrefillGraph of this cache alone (graphs that
         # cannot move between slots, graph_slots); the others are the pool's prefill_graphs
         self.own_prefill_graphs: dict = {}

@@ -83,7 +83,7 @@ def test_top_candidates_list_each_rows_largest(models, rng, seed):
     ids they sit at) among a short list, twice over the same buffers; a row flat at the top
     (more logits in the k-th's bin than the lists hold) gives None."""
     import pykernel as pk
-    from llm.backends.kernels_backend import CANDIDATES_CAP
+    from llm.backends.logits_readback import CANDIDATES_CAP
     backend = models["tiny-llama-f32.gguf"].backend
     for rows in (3, 1):
         x = (rng.standard_normal((rows, 5000)) * 3).astype(np.float32)

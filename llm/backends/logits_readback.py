@@ -1,0 +1,65 @@
+"""What a step's logits send to the host on the kernels backend: whole rows into one
+page-locked buffer, the rows' greedy ids, or each row's largest logits (top-k candidate
+lists), each into buffers kept between steps.
+
+Input: f32 device arrays (rows, vocab). Output: host numpy arrays, views of buffers that the
+next call of the same kind overwrites (the scheduler samples a step's rows at once).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import pykernel as pk
+from stdlib_kernels.sampling import argmax, top_k_candidates
+
+# top_candidates: room for each row's largest logits (top-k's bin and those above it: a few
+# hundred on real rows; more, and that row's logits are copied whole)
+CANDIDATES_CAP = 1024
+
+
+class LogitsReadback:
+    def __init__(self, device):
+        self.device = device
+        self._rows = None          # rows' page-locked buffer (cuda)
+        self._ids = None           # argmax_rows' device ids
+        self._lists = None         # top_candidates' device lists: ids, values, counts
+        self._lists_host = None    # and their page-locked copy (cuda)
+
+    def rows(self, x) -> np.ndarray:
+        """x whole; on a GPU into one page-locked buffer: 16 rows of a 128k vocabulary's
+        logits took 1.42 ms a step into pageable memory on an H100 (benchmarks/RESULTS.md
+        "Batched decode: attention splits for the whole batch, ...")."""
+        if self.device.kind != "cuda":
+            return x.numpy()
+        if self._rows is None or self._rows.size < x.size:
+            self._rows = pk.pinned_empty(x.size, np.float32, self.device)
+        return x.numpy(out=self._rows[:x.size].reshape(x.shape))
+
+    def argmax_rows(self, x) -> np.ndarray:
+        """Each row's argmax on the device, the ids alone copied (an all-NaN row: 0)."""
+        rows, vocab = x.shape
+        if self._ids is None or self._ids.size < rows:
+            self._ids = pk.empty(max(rows, 16), np.int32)
+        ids = argmax(x, out=self._ids[:rows]).numpy().astype(np.int64)
+        ids[ids >= vocab] = 0            # an all-NaN row: 0, as numpy's argmax
+        return ids
+
+    def top_candidates(self, x, k: int) -> list:
+        """Per row (values, ids) of its k largest logits and their bin, or None where the list
+        overflowed. One launch pair and one copy: the lists' ids, values and counts share one
+        device buffer, read back into one page-locked buffer."""
+        rows, cap = x.shape[0], CANDIDATES_CAP
+        words = rows * (2 * cap + 1)
+        if self._lists is None or self._lists.size < words:
+            self._lists = pk.empty(max(words, 16 * (2 * cap + 1)), np.int32)
+            self._lists_host = (pk.pinned_empty(self._lists.size, np.int32)
+                                if self.device.kind == "cuda" else None)
+        buf = self._lists[:words]
+        ids = buf[:rows * cap].reshape(rows, cap)
+        values = buf[rows * cap:2 * rows * cap].view(np.float32).reshape(rows, cap)
+        top_k_candidates(x, k, cap=cap, values=values, ids=ids, counts=buf[2 * rows * cap:])
+        host = buf.numpy(out=None if self._lists_host is None else self._lists_host[:words])
+        ids = host[:rows * cap].reshape(rows, cap)
+        values = host[rows * cap:2 * rows * cap].view(np.float32).reshape(rows, cap)
+        return [(values[r, :c], ids[r, :c]) if c <= cap else None
+                for r, c in enumerate(host[2 * rows * cap:])]
