@@ -147,26 +147,40 @@ def sample_pick(x: Ptr[f32, "ro"], u: Ptr[f32, "ro"], out: Ptr[i32], n_draws: i3
         cv[k] = cand_v[k]
         ci[k] = cand_i[k]
     pk.syncthreads()
-    m = params[0]
-    floor, ok = candidate_floor(cv, count, ok, bound << u32(20), n, m, params[1], top_k, top_p,
-                                min_p, hist, bcast, scratch)
+    draw_from_candidates(x, u, out, n_draws, n, cv, ci, count, ok, bound << u32(20),
+                         params[0], params[1], top_k, top_p, min_p, inv_temp, sw, si, local,
+                         hist, bcast, scratch)
+
+
+@pk.func
+def draw_from_candidates(x, u, out, n_draws: i32, n: i32, cv, ci, count: i32, ok: bool_,
+                         low_key: u32, m: f32, z_all: f32, top_k: i32, top_p: f32, min_p: f32,
+                         inv_temp: f32, sw, si, local, hist, bcast, scratch):
+    """The draws from a candidate list in shared memory (cv values, ci indices, `count` of
+    them, every logit with key >= low_key; m the row's max, z_all its softmax mass, needed
+    with top-k off): the thresholds, the survivors sorted by index, out[0:n_draws] for the
+    uniforms u. Where the candidates cannot decide (ok false, or they hold no survivor), the
+    exact single-block pass over the whole row x decides. Every thread of the block calls."""
+    floor, ok = candidate_floor(cv, count, ok, low_key, n, m, z_all, top_k, top_p, min_p,
+                                hist, bcast, scratch)
     kept = 0
     if ok:
         kept = gather_survivors(cv, ci, count, floor, m, inv_temp, sw, si, local)
     if kept == 0:   # the candidates cannot decide: exact single-block pass over all logits
         draw_full(x, u, out, n_draws, n, top_k, top_p, min_p, inv_temp, scratch, sw)
-        return
-    for k in range(tid, kept, pk.block_dim.x):   # indices are distinct: rank = sorted slot
-        rank = 0
-        for j in range(0, kept):
-            if si[j] < si[k]:
-                rank += 1
-        cv[rank] = sw[k]
-        ci[rank] = si[k]
-    pk.syncthreads()
-    block_scan(cv, kept, sw)
-    for k in range(tid, n_draws, pk.block_dim.x):
-        out[k] = ci[search_cum(cv, kept, u[k] * cv[kept - 1])]
+    else:
+        tid = pk.thread_idx.x
+        for k in range(tid, kept, pk.block_dim.x):   # indices are distinct: rank = sorted slot
+            rank = 0
+            for j in range(0, kept):
+                if si[j] < si[k]:
+                    rank += 1
+            cv[rank] = sw[k]
+            ci[rank] = si[k]
+        pk.syncthreads()
+        block_scan(cv, kept, sw)
+        for k in range(tid, n_draws, pk.block_dim.x):
+            out[k] = ci[search_cum(cv, kept, u[k] * cv[kept - 1])]
 
 
 @pk.func

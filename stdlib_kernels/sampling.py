@@ -34,6 +34,7 @@ from pykernel.runtime.device import current_device
 from . import _launch as L
 from . import sample_kernels as K
 from .sample_filter import sample_hist, sample_pick
+from .sample_rows import ROW_PARAMS, rows_draw
 from .top_k_rows import rows_hist, rows_pick
 
 @dataclass
@@ -134,15 +135,19 @@ def top_k_candidates(x, k: int, *, cap: int = 1024, values=None, ids=None, count
     octave) is at or above the bin of the row's k-th largest, hence the k largest (ties
     included) and never a NaN; counts[r] > cap: the list overflowed (the row is flat at the
     top) and is incomplete. Two launches; 1 <= k <= n."""
-    x = L.as_array(x, "top_k_candidates: x", np.float32)
-    rows, n = L.rows_and_length(x, "top_k_candidates: x")
+    return _top_k_lists(x, k, cap, values, ids, counts, stream, "top_k_candidates")
+
+
+def _top_k_lists(x, k, cap, values, ids, counts, stream, who):
+    x = L.as_array(x, f"{who}: x", np.float32)
+    rows, n = L.rows_and_length(x, f"{who}: x")
     if not 1 <= k <= n:
-        raise ValueError(f"top_k_candidates: k must be in 1..{n}, got {k}")
+        raise ValueError(f"{who}: k must be in 1..{n}, got {k}")
     if cap < 1:
-        raise ValueError(f"top_k_candidates: cap must be >= 1, got {cap}")
-    values = L.output(values, "top_k_candidates: values", (rows, cap), np.float32)
-    ids = L.output(ids, "top_k_candidates: ids", (rows, cap), np.int32)
-    counts = L.output(counts, "top_k_candidates: counts", (rows,), np.int32)
+        raise ValueError(f"{who}: cap must be >= 1, got {cap}")
+    values = L.output(values, f"{who}: values", (rows, cap), np.float32)
+    ids = L.output(ids, f"{who}: ids", (rows, cap), np.int32)
+    counts = L.output(counts, f"{who}: counts", (rows,), np.int32)
     key = (id(current_device()), id(stream))
     ws = _TOPK_WORKSPACES.get(key)
     if ws is None or ws.tickets.size < rows:
@@ -158,6 +163,75 @@ def top_k_candidates(x, k: int, *, cap: int = 1024, values=None, ids=None, count
     L.launch(rows_pick, grid, K.PASS_THREADS, (x, n, ws.bound, counts, values, ids, cap),
              spec, stream)
     return values, ids, counts
+
+
+def row_settings(u, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0) -> np.ndarray:
+    """sample_rows' per-row settings, (rows, ROW_PARAMS) float32: u (rows,) uniforms in [0, 1);
+    each filter a scalar for every row or one value per row, with sample's meanings
+    (temperature <= 0: greedy; top_k <= 0, top_p >= 1, min_p <= 0: that filter off)."""
+    u = np.asarray(u, np.float64).reshape(-1)
+    rows = u.size
+    t, k, p, mp = (np.broadcast_to(np.asarray(v, np.float64), (rows,))
+                   for v in (temperature, top_k, top_p, min_p))
+    if not ((u >= 0) & (u < 1)).all():
+        raise ValueError("row_settings: every u must be in [0, 1)")
+    greedy = t <= 0      # greedy = top-k 1 drawn at u 0: the lowest index of the maxima
+    out = np.empty((rows, ROW_PARAMS), np.float32)
+    out[:, 0] = np.where(greedy, 0.0, u)
+    out[:, 1] = np.where(greedy, 1.0, 1.0 / np.where(greedy, 1.0, t))
+    out[:, 2] = np.where(greedy, 1.0, p)
+    out[:, 3] = np.where(greedy, 0.0, mp)
+    out[:, 4] = np.where(greedy, 1, np.clip(np.floor(k), 0, 1 << 24))
+    return out
+
+
+@dataclass
+class _RowsWorkspace:
+    """sample_rows' scratch per (device, stream) for `rows` rows and lists of `cap`."""
+    values: Array         # f32 (rows, cap)
+    ids: Array            # i32 (rows, cap)
+    counts: Array         # i32 (rows,)
+    settings: Array       # f32 (rows, ROW_PARAMS)
+
+
+_ROWS_WORKSPACES: dict = {}
+
+
+def sample_rows(x, settings, *, cap: int = 1024, out=None, stream=None):
+    """One draw per row of x (rows, n) f32, each row with its own uniform and filters
+    (settings: row_settings(...), a (rows, ROW_PARAMS) host array, copied to the device in
+    order on the default stream) -> int32 (rows,): row r's token is the one
+    sample(x[r], u[r], <row r's filters>) draws (the same thresholds and survivors, so the
+    same token for the same uniform where row r's top-k is on). Three launches for the batch:
+    top_k_candidates with the rows' largest top_k, then one block per row draws from its list
+    (SAMPLE_THREADS threads). A row with top-k off, or whose list overflowed cap (a row flat
+    at the top), takes the exact single-block pass over its whole row: tens of microseconds
+    per pass on a 128k vocabulary, so for such rows sample() (multi-block) is faster."""
+    x = L.as_array(x, "sample_rows: x", np.float32)
+    rows, n = L.rows_and_length(x, "sample_rows: x")
+    settings = np.ascontiguousarray(settings, np.float32)
+    if settings.shape != (rows, ROW_PARAMS):
+        raise ValueError(f"sample_rows: settings must be ({rows}, {ROW_PARAMS}) (row_settings),"
+                         f" got {settings.shape}")
+    if not 1 <= cap <= K.CANDIDATES:
+        raise ValueError(f"sample_rows: cap must be in 1..{K.CANDIDATES}, got {cap}")
+    out = L.output(out, "sample_rows", (rows,), np.int32)
+    top_k = settings[:, 4]
+    on = top_k[(top_k > 0) & (top_k < n)]
+    k = int(on.max()) if on.size else 1
+    key = (id(current_device()), id(stream))
+    ws = _ROWS_WORKSPACES.get(key)
+    if ws is None or ws.counts.size < rows or ws.values.shape[1] != cap:
+        size = max(rows, 16)
+        ws = _ROWS_WORKSPACES[key] = _RowsWorkspace(
+            pk.empty((size, cap), np.float32), pk.empty((size, cap), np.int32),
+            pk.empty(size, np.int32), pk.empty((size, ROW_PARAMS), np.float32))
+    values, ids, counts = ws.values[:rows], ws.ids[:rows], ws.counts[:rows]
+    ws.settings[:rows].copy_from(settings)
+    _top_k_lists(x, k, cap, values, ids, counts, stream, "sample_rows")
+    args = (x, n, ws.settings, out, counts, values, ids, cap)
+    L.launch(rows_draw, rows, K.SAMPLE_THREADS, args, (), stream)
+    return out
 
 
 def top_k_candidates_reference(x, k: int):

@@ -188,6 +188,13 @@ class Backend(ABC):
         backend copies nothing)."""
         return None
 
+    def sample_rows(self, x: Act, samplers) -> np.ndarray | None:
+        """Each row's token drawn on the device, for samplers that allow it (device_draws
+        with candidate_k > 0, or plain_argmax: Sampler's properties), one uniform from each
+        drawing sampler's generator: host ints; None when the backend has no device sampler
+        (this default: the samplers are left untouched)."""
+        return None
+
     def sample(self, logits: Act, sampler, history) -> int:
         """Next token from the last row of `logits`: a plain greedy sampler's through
         argmax_rows (on the device where the backend has one), a top-k sampler's from the

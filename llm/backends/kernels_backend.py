@@ -652,6 +652,9 @@ class KernelsBackend(Backend):
     def top_candidates(self, x, k):
         return self.readback.top_candidates(self.materialize(x), k)
 
+    def sample_rows(self, x, samplers):
+        return self.readback.sample_rows(self.materialize(x), samplers)
+
     def last_row(self, x):
         x = self.materialize(x)
         if self._last_index is None:

@@ -1,6 +1,6 @@
 """What a step's logits send to the host on the kernels backend: whole rows into one
-page-locked buffer, the rows' greedy ids, or each row's largest logits (top-k candidate
-lists), each into buffers kept between steps.
+page-locked buffer, the rows' greedy ids, their sampled ids (drawn on the device), or each
+row's largest logits (top-k candidate lists), each into buffers kept between steps.
 
 Input: f32 device arrays (rows, vocab). Output: host numpy arrays, views of buffers that the
 next call of the same kind overwrites (the scheduler samples a step's rows at once).
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 import pykernel as pk
-from stdlib_kernels.sampling import argmax, top_k_candidates
+from stdlib_kernels.sampling import argmax, row_settings, sample_rows, top_k_candidates
 
 # top_candidates: room for each row's largest logits (top-k's bin and those above it: a few
 # hundred on real rows; more, and that row's logits are copied whole)
@@ -37,11 +37,31 @@ class LogitsReadback:
 
     def argmax_rows(self, x) -> np.ndarray:
         """Each row's argmax on the device, the ids alone copied (an all-NaN row: 0)."""
-        rows, vocab = x.shape
+        return self._ids_of(argmax(x, out=self._ids_buffer(x.shape[0])), x.shape[1])
+
+    def sample_rows(self, x, samplers) -> np.ndarray:
+        """Each row's token drawn on the device by stdlib's sample_rows with its sampler's
+        filters and one uniform from its sampler's generator (none for a greedy one); the ids
+        alone copied."""
+        params = [s.params for s in samplers]
+        uniforms = [s.rng.random() if p.temperature > 0 else 0.0
+                    for s, p in zip(samplers, params)]
+        settings = row_settings(uniforms, temperature=[p.temperature for p in params],
+                                top_k=[p.top_k for p in params],
+                                top_p=[p.top_p for p in params],
+                                min_p=[p.min_p for p in params])
+        return self._ids_of(sample_rows(x, settings, out=self._ids_buffer(x.shape[0])),
+                            x.shape[1])
+
+    def _ids_buffer(self, rows: int):
         if self._ids is None or self._ids.size < rows:
             self._ids = pk.empty(max(rows, 16), np.int32)
-        ids = argmax(x, out=self._ids[:rows]).numpy().astype(np.int64)
-        ids[ids >= vocab] = 0            # an all-NaN row: 0, as numpy's argmax
+        return self._ids[:rows]
+
+    @staticmethod
+    def _ids_of(ids, vocab: int) -> np.ndarray:
+        ids = ids.numpy().astype(np.int64)
+        ids[(ids < 0) | (ids >= vocab)] = 0   # an all-NaN row: 0, as numpy's argmax
         return ids
 
     def top_candidates(self, x, k: int) -> list:

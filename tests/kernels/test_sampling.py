@@ -190,3 +190,66 @@ def test_top_k_candidate_kernels_ptx_assemble(arch, assemble):
     from stdlib_kernels.top_k_rows import rows_hist, rows_pick
     for kernel in (rows_hist, rows_pick):
         assemble(kernel.ptx(arch, VEC=4, UNITS=2), arch)
+
+
+def row_filters(rng, rows):
+    """Random per-row settings: greedy rows, top-k on and off, top-p, min-p."""
+    temperature = np.where(rng.random(rows) < 0.2, 0.0, rng.uniform(0.3, 1.7, rows))
+    top_k = np.where(rng.random(rows) < 0.25, 0, rng.integers(1, 300, rows))
+    top_p = np.where(rng.random(rows) < 0.4, 1.0, rng.uniform(0.2, 0.99, rows))
+    min_p = np.where(rng.random(rows) < 0.5, 0.0, rng.uniform(0.0, 0.3, rows))
+    return dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+
+
+@pytest.mark.parametrize("rows,n", [(7, 5003), (16, 32001), (3, 2), (1, 700)])
+def test_sample_rows_draw_what_sample_draws(device, rng, seed, rows, n):
+    """sample_rows: each row's token is the one sample() draws from that row alone with the
+    same uniform and filters where top-k is on (the same survivors and sums); elsewhere (top-k
+    off, an overflowed list: a row flat at the top, NaN rows) a token of the row's filtered
+    support. Outputs poisoned; twice (the kernels' scratch is left reusable)."""
+    x = (rng.standard_normal((rows, n)) * 2.5).astype(np.float32)
+    if rows > 2:
+        x[1, :] = 0.25                       # flat: overflows the candidate list
+        x[2, ::2] = np.nan
+    kw = row_filters(rng, rows)
+    for _ in range(2):
+        u = rng.random(rows)
+        settings = S.row_settings(u, **kw)
+        got = S.sample_rows(x, settings, out=pk.full(rows, -7, np.int32)).numpy()
+        for r in range(rows):
+            mine = {name: value[r] for name, value in kw.items()}
+            alone = S.sample(x[r], np.float32(u[r]), **mine).numpy()[0]
+            probs = S.filtered_probs_reference(x[r], **mine) if mine["temperature"] > 0 else \
+                (np.arange(n) == np.nanargmax(x[r])).astype(float)
+            assert probs[got[r]] > 0, f"seed={seed} row {r} {mine}: drew a filtered token"
+            if 0 < mine["top_k"] < n and r != 1:
+                assert got[r] == alone, f"seed={seed} row {r} {mine}: {got[r]} vs {alone}"
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
+                                dict(temperature=1.3, top_k=12), dict(top_p=0.7)])
+def test_sample_rows_distribution(device, rng, seed, kw):
+    rows, vocab = 600, 300
+    logits = (rng.standard_normal(vocab) * 1.5).astype(np.float32)
+    u = np.random.default_rng(4321).random(rows)     # fixed seed: chi-square
+    got = S.sample_rows(np.tile(logits, (rows, 1)), S.row_settings(u, **kw)).numpy()
+    probs = S.filtered_probs_reference(logits, **kw)
+    assert np.all(probs[got] > 0), f"seed={seed} {kw}: drew a filtered token"
+    chi2, dof = pooled_chi_square(np.bincount(got, minlength=vocab), probs, rows)
+    assert chi2 < dof + 6 * np.sqrt(2 * dof) + 10, f"seed={seed} {kw}: chi2 {chi2} dof {dof}"
+
+
+def test_sample_rows_checks_its_arguments(device):
+    x = np.zeros((2, 10), np.float32)
+    with pytest.raises(ValueError, match=r"settings must be \(2, 5\)"):
+        S.sample_rows(x, S.row_settings([0.5]))
+    with pytest.raises(ValueError, match="cap must be in 1..2048"):
+        S.sample_rows(x, S.row_settings([0.5, 0.5]), cap=4096)
+    with pytest.raises(ValueError, match=r"every u must be in \[0, 1\)"):
+        S.row_settings([0.5, 1.0])
+
+
+@pytest.mark.parametrize("arch", pk.SUPPORTED_ARCHS)
+def test_sample_rows_kernel_ptx_assembles(arch, assemble):
+    from stdlib_kernels.sample_rows import rows_draw
+    assemble(rows_draw.ptx(arch), arch)

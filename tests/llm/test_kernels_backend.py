@@ -100,6 +100,37 @@ def test_top_candidates_list_each_rows_largest(models, rng, seed):
             assert len(ids) < 400
 
 
+def test_sample_rows_draw_each_row_on_the_device(models, rng, seed):
+    """Backend.sample_rows on the kernels backend: a greedy sampler's row gives its argmax
+    (the lowest index on ties); a top-k sampler's the token stdlib's one-row sampler draws
+    with the uniform its generator gave, which advanced by exactly that one draw; twice over
+    the same buffers, the second time for a single row."""
+    import copy
+    import pykernel as pk
+    from llm.sampling import Sampler, SamplingParams
+    from stdlib_kernels.sampling import sample
+    backend = models["tiny-llama-f32.gguf"].backend
+    params = [SamplingParams(temperature=0), SamplingParams(top_k=40),
+              SamplingParams(temperature=1.4, top_k=7, top_p=0.8, min_p=0.0),
+              SamplingParams(temperature=0.5, top_k=200, top_p=1.0, min_p=0.2)]
+    for rows in (4, 1):
+        x = (rng.standard_normal((rows, 3001)) * 3).astype(np.float32)
+        x[0, [5, 900]] = x.max() + 1.0                    # ties: the lowest index
+        samplers = [Sampler(p) for p in params[-rows:]]
+        before = [copy.deepcopy(s.rng) for s in samplers]
+        got = backend.sample_rows(pk.to_device(x), samplers)
+        for r, (s, old) in enumerate(zip(samplers, before)):
+            p = s.params
+            if p.temperature <= 0:
+                assert got[r] == 5 and s.rng.random() == old.random(), f"seed {seed}"
+                continue
+            u = old.random()
+            alone = sample(x[r], np.float32(u), temperature=p.temperature, top_k=p.top_k,
+                           top_p=p.top_p, min_p=p.min_p).numpy()[0]
+            assert got[r] == alone, f"seed {seed} row {r}"
+            assert s.rng.random() == old.random(), f"seed {seed}: one draw per row"
+
+
 @pytest.mark.parametrize("limit", ["max_tokens", "stop", "context", "consumer"])
 def test_greedy_stream_pipelined_on_the_device_equals_step_by_step(models, monkeypatch, limit):
     """A greedy generate on the graphed kernels backend takes its tokens from greedy_tokens
