@@ -185,11 +185,19 @@ def row_settings(u, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0) -> np.nda
     return out
 
 
+def lists_k(settings: np.ndarray, n: int) -> int:
+    """The k whose candidate lists serve every row of row_settings' host array over rows of
+    n logits: the largest top_k that is on (1 when none is)."""
+    top_k = np.asarray(settings)[:, 4]
+    on = top_k[(top_k > 0) & (top_k < n)]
+    return int(on.max()) if on.size else 1
+
+
 @dataclass
 class _RowsWorkspace:
-    """sample_rows' scratch per (device, stream) for `rows` rows and lists of `cap`."""
-    values: Array         # f32 (rows, cap)
-    ids: Array            # i32 (rows, cap)
+    """sample_rows' scratch per (device, stream): lists of `cap` for `rows` rows."""
+    values: Array         # f32 (rows * cap,)
+    ids: Array            # i32 (rows * cap,)
     counts: Array         # i32 (rows,)
     settings: Array       # f32 (rows, ROW_PARAMS)
 
@@ -197,39 +205,49 @@ class _RowsWorkspace:
 _ROWS_WORKSPACES: dict = {}
 
 
-def sample_rows(x, settings, *, cap: int = 1024, out=None, stream=None):
-    """One draw per row of x (rows, n) f32, each row with its own uniform and filters
-    (settings: row_settings(...), a (rows, ROW_PARAMS) host array, copied to the device in
-    order on the default stream) -> int32 (rows,): row r's token is the one
-    sample(x[r], u[r], <row r's filters>) draws (the same thresholds and survivors, so the
-    same token for the same uniform where row r's top-k is on). Three launches for the batch:
-    top_k_candidates with the rows' largest top_k, then one block per row draws from its list
-    (SAMPLE_THREADS threads). A row with top-k off, or whose list overflowed cap (a row flat
-    at the top), takes the exact single-block pass over its whole row: tens of microseconds
-    per pass on a 128k vocabulary, so for such rows sample() (multi-block) is faster."""
+def sample_rows(x, settings, *, k: int | None = None, cap: int = 1024, out=None,
+                stream=None):
+    """One draw per row of x (rows, n) f32, each row with its own uniform and filters -> int32
+    (rows,). settings: row_settings(...), a (rows, ROW_PARAMS) f32 host array (copied into a
+    workspace in order on the default stream), or a device copy of one, which the caller
+    keeps and updates (then k, the largest top_k of the rows in 1..n, must be given: that
+    is what the candidate lists are made for; no host copy, so the launches replay in a CUDA
+    graph). Row r's token is the one sample(x[r], u[r], <row r's filters>) draws (the same
+    thresholds and survivors, so the same token for the same uniform where row r's top-k is
+    on). Three launches for the batch: top_k_candidates, then one block per row draws from
+    its list (SAMPLE_THREADS threads). A row with top-k off, or whose list overflowed cap (a
+    row flat at the top), takes the exact single-block pass over its whole row: tens of
+    microseconds per pass on a 128k vocabulary, so for such rows sample() is faster."""
     x = L.as_array(x, "sample_rows: x", np.float32)
     rows, n = L.rows_and_length(x, "sample_rows: x")
-    settings = np.ascontiguousarray(settings, np.float32)
-    if settings.shape != (rows, ROW_PARAMS):
-        raise ValueError(f"sample_rows: settings must be ({rows}, {ROW_PARAMS}) (row_settings),"
-                         f" got {settings.shape}")
     if not 1 <= cap <= K.CANDIDATES:
         raise ValueError(f"sample_rows: cap must be in 1..{K.CANDIDATES}, got {cap}")
+    on_device = isinstance(settings, Array)
+    if not on_device:
+        settings = np.ascontiguousarray(settings, np.float32)
+    if tuple(settings.shape) != (rows, ROW_PARAMS) or settings.dtype != np.float32:
+        raise ValueError(f"sample_rows: settings must be ({rows}, {ROW_PARAMS}) float32 "
+                         f"(row_settings), got {tuple(settings.shape)} {settings.dtype}")
+    if on_device and k is None:
+        raise ValueError("sample_rows: settings on the device need k (the rows' largest "
+                         "top_k)")
+    if k is None:
+        k = lists_k(settings, n)
     out = L.output(out, "sample_rows", (rows,), np.int32)
-    top_k = settings[:, 4]
-    on = top_k[(top_k > 0) & (top_k < n)]
-    k = int(on.max()) if on.size else 1
     key = (id(current_device()), id(stream))
     ws = _ROWS_WORKSPACES.get(key)
-    if ws is None or ws.counts.size < rows or ws.values.shape[1] != cap:
+    if ws is None or ws.counts.size < rows or ws.values.size < rows * cap:
         size = max(rows, 16)
         ws = _ROWS_WORKSPACES[key] = _RowsWorkspace(
-            pk.empty((size, cap), np.float32), pk.empty((size, cap), np.int32),
+            pk.empty(size * cap, np.float32), pk.empty(size * cap, np.int32),
             pk.empty(size, np.int32), pk.empty((size, ROW_PARAMS), np.float32))
-    values, ids, counts = ws.values[:rows], ws.ids[:rows], ws.counts[:rows]
-    ws.settings[:rows].copy_from(settings)
+    values = ws.values[:rows * cap].reshape(rows, cap)
+    ids = ws.ids[:rows * cap].reshape(rows, cap)
+    counts = ws.counts[:rows]
+    if not on_device:
+        settings = ws.settings[:rows].copy_from(settings)
     _top_k_lists(x, k, cap, values, ids, counts, stream, "sample_rows")
-    args = (x, n, ws.settings, out, counts, values, ids, cap)
+    args = (x, n, settings, out, counts, values, ids, cap)
     L.launch(rows_draw, rows, K.SAMPLE_THREADS, args, (), stream)
     return out
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 import pykernel as pk
-from stdlib_kernels.sampling import argmax, row_settings, sample_rows, top_k_candidates
+from stdlib_kernels.sample_rows import ROW_PARAMS
+from stdlib_kernels.sampling import (argmax, lists_k, row_settings, sample_rows,
+                                     top_k_candidates)
 
 # top_candidates: room for each row's largest logits (top-k's bin and those above it: a few
 # hundred on real rows; more, and that row's logits are copied whole)
@@ -24,6 +26,8 @@ class LogitsReadback:
         self._ids = None           # argmax_rows' device ids
         self._lists = None         # top_candidates' device lists: ids, values, counts
         self._lists_host = None    # and their page-locked copy (cuda)
+        self._settings = None      # sample_rows' per-row settings on the device
+        self._settings_host = None # and their page-locked source
 
     def rows(self, x) -> np.ndarray:
         """x whole; on a GPU into one page-locked buffer: 16 rows of a 128k vocabulary's
@@ -42,7 +46,10 @@ class LogitsReadback:
     def sample_rows(self, x, samplers) -> np.ndarray:
         """Each row's token drawn on the device by stdlib's sample_rows with its sampler's
         filters and one uniform from its sampler's generator (none for a greedy one); the ids
-        alone copied."""
+        alone copied. The settings go up asynchronously from page-locked memory, so the
+        draw's launches queue behind the step still running instead of waiting for it (the
+        buffer is rewritten only after this call's ids, queued after the copy, came back)."""
+        rows = x.shape[0]
         params = [s.params for s in samplers]
         uniforms = [s.rng.random() if p.temperature > 0 else 0.0
                     for s, p in zip(samplers, params)]
@@ -50,8 +57,16 @@ class LogitsReadback:
                                 top_k=[p.top_k for p in params],
                                 top_p=[p.top_p for p in params],
                                 min_p=[p.min_p for p in params])
-        return self._ids_of(sample_rows(x, settings, out=self._ids_buffer(x.shape[0])),
-                            x.shape[1])
+        if self._settings is None or self._settings.shape[0] < rows:
+            size = max(rows, 16)
+            self._settings = pk.empty((size, ROW_PARAMS), np.float32)
+            self._settings_host = pk.pinned_empty((size, ROW_PARAMS), np.float32, self.device)
+        host, device = self._settings_host[:rows], self._settings[:rows]
+        host[...] = settings
+        device.copy_from_host_async(host)
+        ids = sample_rows(x, device, k=lists_k(settings, x.shape[1]),
+                          out=self._ids_buffer(rows))
+        return self._ids_of(ids, x.shape[1])
 
     def _ids_buffer(self, rows: int):
         if self._ids is None or self._ids.size < rows:

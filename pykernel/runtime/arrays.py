@@ -51,6 +51,9 @@ class HostMemory:
     def download_async(self, host: np.ndarray, src: int, stream) -> None:
         self.download(host, src)
 
+    def upload_async(self, dst: int, host: np.ndarray, stream) -> None:
+        self.upload(dst, host)
+
 
 HOST_MEMORY = HostMemory()
 
@@ -171,6 +174,23 @@ class Array:
         if self.nbytes:
             memory_of(self._device).download_async(host, self._ptr, stream)
         return host
+
+    def copy_from_host_async(self, host: np.ndarray, stream=None) -> "Array":
+        """Copy `host` (same shape and dtype, C-contiguous; from `pinned_empty` for a truly
+        asynchronous copy) into this array in stream order on `stream` (None: the default
+        stream): the host goes on at once, and kernels queued after the copy read the new
+        values. `host` must stay unchanged until the copy has run (synchronize an Event
+        recorded after it, or read something back that was queued after it). On the cpu
+        device the copy is immediate."""
+        if not isinstance(host, np.ndarray):
+            raise TypeError(f"copy_from_host_async: host must be a numpy array, got "
+                            f"{type(host).__name__}")
+        self._check_same_layout(host.shape, host.dtype, "host array")
+        if not host.flags.c_contiguous:
+            raise ValueError("copy_from_host_async: host array must be C-contiguous")
+        if self.nbytes:
+            memory_of(self._device).upload_async(self._ptr, host, stream)
+        return self
 
     def copy_from(self, source) -> "Array":
         """Copy a numpy array or an Array of the same shape and dtype into this array."""

@@ -149,6 +149,11 @@ class CudaMemory:
         if err:
             raise self._device.fault_error(err, "while copying device -> host")
 
+    def upload_async(self, dst: int, host, stream) -> None:
+        handle = self._device._launch_handle if stream is None else _stream_handle(stream)
+        check(cu.cuMemcpyHtoDAsync(dst, host.ctypes.data, host.nbytes, handle),
+              "copy host -> device")
+
     def memset(self, dst: int, byte: int, nbytes: int) -> None:
         self._device.activate()
         check(cu.cuMemsetD8(dst, byte, nbytes), "memset")

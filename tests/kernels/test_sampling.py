@@ -239,6 +239,28 @@ def test_sample_rows_distribution(device, rng, seed, kw):
     assert chi2 < dof + 6 * np.sqrt(2 * dof) + 10, f"seed={seed} {kw}: chi2 {chi2} dof {dof}"
 
 
+def test_sample_rows_replay_with_settings_on_the_device(device, rng, seed):
+    """Settings kept on the device (k given): the launches capture into a graph whose
+    replays draw with whatever settings the array holds, as eager calls do."""
+    rows, n = 5, 3000
+    x = pk.to_device((rng.standard_normal((rows, n)) * 2).astype(np.float32))
+    kw = dict(temperature=0.7, top_k=[40, 3, 0, 90, 1], top_p=0.9, min_p=0.05)
+    settings = pk.to_device(S.row_settings(rng.random(rows), **kw))
+    out = pk.full(rows, -7, np.int32)
+    assert S.lists_k(S.row_settings(np.zeros(rows), **kw), n) == 90
+    S.sample_rows(x, settings, k=90, out=out)           # workspace made before the capture
+    with pk.capture_graph() as graph:
+        S.sample_rows(x, settings, k=90, out=out)
+    for _ in range(2):
+        host = S.row_settings(rng.random(rows), **kw)
+        settings.copy_from(host)
+        out.fill(-7)
+        graph.replay()
+        pk.synchronize()
+        eager = S.sample_rows(x, host).numpy()
+        assert np.array_equal(out.numpy(), eager), f"seed={seed}"
+
+
 def test_sample_rows_checks_its_arguments(device):
     x = np.zeros((2, 10), np.float32)
     with pytest.raises(ValueError, match=r"settings must be \(2, 5\)"):
@@ -247,6 +269,8 @@ def test_sample_rows_checks_its_arguments(device):
         S.sample_rows(x, S.row_settings([0.5, 0.5]), cap=4096)
     with pytest.raises(ValueError, match=r"every u must be in \[0, 1\)"):
         S.row_settings([0.5, 1.0])
+    with pytest.raises(ValueError, match="need k"):
+        S.sample_rows(x, pk.to_device(S.row_settings([0.5, 0.5])))
 
 
 @pytest.mark.parametrize("arch", pk.SUPPORTED_ARCHS)

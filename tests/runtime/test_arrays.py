@@ -201,3 +201,25 @@ def test_dlpack_read_describes_numpy(rng):
     assert (view.ptr, view.shape, view.dtype, view.device_type) == \
         (host.ctypes.data, (4, 6), np.dtype(np.int16), dlpack.KDL_CPU)
     assert view.is_c_contiguous() and not dlpack.read_dlpack(host[:, ::2]).is_c_contiguous()
+
+
+def test_copy_from_host_async_in_stream_order(rng, seed, device):
+    """copy_from_host_async from page-locked memory: a read-back queued after it (the default
+    stream, or a synchronized stream) sees every element; wrong layouts are refused."""
+    import pykernel as pk
+    host = pk.pinned_empty((4, 9), np.float32)
+    host[...] = rng.standard_normal((4, 9))
+    x = pk.full((4, 9), np.nan, np.float32)                # poisoned
+    assert x.copy_from_host_async(host) is x
+    np.testing.assert_array_equal(x.numpy(), host, err_msg=f"seed={seed}")
+    stream = pk.Stream()
+    host[...] = rng.standard_normal((4, 9))
+    x.copy_from_host_async(host, stream)
+    stream.synchronize()
+    np.testing.assert_array_equal(x.numpy(), host, err_msg=f"seed={seed}")
+    with pytest.raises(ValueError, match=r"\(9, 4\)"):
+        x.copy_from_host_async(np.zeros((9, 4), np.float32))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        x.copy_from_host_async(np.zeros((9, 4), np.float32).T)
+    with pytest.raises(TypeError, match="numpy array"):
+        x.copy_from_host_async([0.0] * 36)
