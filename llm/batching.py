@@ -42,6 +42,10 @@ _END = object()      # a request's queue: generation over
 # (stdlib gemm_q8_k.SMALL_KTILES up to 64 tokens, then 128-row tiles; the GEMVs up to 8);
 # their kernels, and those of every other length, compiled before by precompile_prompts
 WARM_PROMPTS = (8, 16, 32, 48, 64, 128, 256)
+# the fewest rows a step's tokens are drawn on the device for (Backend.sample_rows); a lone
+# row's candidate list drawn on the host was ~0.1 ms a step quicker on an H100's host
+# (benchmarks/RESULTS.md, "Sampled server steps drawn on the device")
+DEVICE_DRAW_ROWS = 2
 
 
 @dataclass(eq=False)
@@ -338,7 +342,6 @@ class BatchScheduler:
 
     def _step(self, active: list) -> None:
         sessions = [self.sessions[r.slot] for r in active]
-        backend = self.model.backend
         with self.metrics.timed("decode", batch=len(active)):
             if len(active) == 1:
                 logits = sessions[0].step_act(active[0].token)
@@ -366,20 +369,21 @@ class BatchScheduler:
         """(picks, host rows) of a step's logits, one each per active request, so that the
         logits stay on the device where the requests allow: when every request is plain
         greedy (no penalty, no logprobs) its pick is its token, from the backend's
-        argmax_rows (16 ids copied instead of 8 MB of logits rows); when each is greedy or
-        an unseeded top-k sampler (Sampler.device_draws), the device draws every token
-        (Backend.sample_rows: the host's sampling phase, ~1 ms a 16-row step on an H100's
-        host, leaves the step's critical path); when each is greedy or samples with top-k
-        (Sampler.candidate_k), its pick is its row's largest logits (Backend.top_candidates,
-        a few hundred values a row); otherwise, or where a list overflowed, every row is
-        copied to the host (rows) and sampled there. The candidate lists are sampled
-        together (sample_among_rows: one numpy pass for all rows, ~0.1 ms for 16 where one
-        by one took ~0.7 ms on a 2-core machine)."""
+        argmax_rows (16 ids copied instead of 8 MB of logits rows); when each of two or
+        more is greedy or an unseeded top-k sampler (Sampler.device_draws), the device draws
+        every token (Backend.sample_rows: the host's sampling phase, ~1 ms a 16-row step on
+        an H100's host, leaves the step's critical path); when each is greedy or samples with
+        top-k (Sampler.candidate_k), its pick is its row's largest logits
+        (Backend.top_candidates, a few hundred values a row); otherwise, or where a list
+        overflowed, every row is copied to the host (rows) and sampled there. The candidate
+        lists are sampled together (sample_among_rows: one numpy pass for all rows, ~0.1 ms
+        for 16 where one by one took ~0.7 ms on a 2-core machine)."""
         backend, n = self.model.backend, len(active)
         wanted = [r.gen.sampler.candidate_k if r.gen.logprobs is None else 0 for r in active]
         if all(k == 1 for k in wanted):
             return [int(t) for t in backend.argmax_rows(logits)], [None] * n
-        if all(k == 1 or (k and r.gen.sampler.device_draws) for k, r in zip(wanted, active)):
+        if n >= DEVICE_DRAW_ROWS and all(k == 1 or (k and r.gen.sampler.device_draws)
+                                         for k, r in zip(wanted, active)):
             tokens = backend.sample_rows(logits, [r.gen.sampler for r in active])
             if tokens is not None:
                 return [int(t) for t in tokens], [None] * n

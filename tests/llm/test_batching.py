@@ -339,9 +339,10 @@ def test_top_k_requests_sample_among_candidates_as_from_whole_rows(where, monkey
 
 @pytest.mark.parametrize("where", BACKENDS[1:], ids=lambda w: "-".join(w))
 def test_unseeded_top_k_requests_draw_on_the_device(where, monkeypatch):
-    """Steps whose requests are unseeded top-k samplers and greedy ones take every token
-    from Backend.sample_rows (drawn on the device: no logits row, no candidate list to the
-    host); the greedy request still gets its text alone. A seeded request in the batch sends
+    """Steps of two or more requests, unseeded top-k samplers and greedy ones, take every
+    token from Backend.sample_rows (drawn on the device: no logits row, no candidate list to
+    the host; a lone request's step draws from its candidates on the host); the greedy
+    request still gets its text alone. A seeded request in the batch sends
     its steps back to the host's draws (candidate lists), so the seed keeps its text."""
     model = load(*where, n_ctx=192)
     greedy = "".join(model.generate(PROMPTS[1], max_tokens=MAX_TOKENS[1], temperature=0))
@@ -350,9 +351,9 @@ def test_unseeded_top_k_requests_draw_on_the_device(where, monkeypatch):
     backend, calls = model.backend, []
 
     def spy(name, read):
-        def call(*args):
-            calls.append(name)
-            return read(*args)
+        def call(x, *args):
+            calls.append((name, x.shape[0]))
+            return read(x, *args)
         return call
     for name in ("sample_rows", "top_candidates", "to_host_reused"):
         monkeypatch.setattr(backend, name, spy(name, getattr(backend, name)))
@@ -370,11 +371,13 @@ def test_unseeded_top_k_requests_draw_on_the_device(where, monkeypatch):
     unseeded = dict(temperature=0.9, top_k=40, top_p=0.95, min_p=0.05)
     got = texts([unseeded, dict(temperature=0), dict(temperature=1.3, top_k=3)])
     assert got[1] == greedy and all(got), got
-    assert calls and set(calls) == {"sample_rows"}, calls
+    assert ("sample_rows", 3) in calls, calls
+    assert all(name == "sample_rows" for name, rows in calls if rows > 1), calls
+    assert all(name == "top_candidates" for name, rows in calls if rows == 1), calls
     calls.clear()
     got = texts([unseeded, dict(temperature=0), seeded])
     assert got[1] == greedy and got[2] == seeded_text, got
-    assert "top_candidates" in calls, calls        # (device draws once the seeded one ends)
+    assert ("top_candidates", 3) in calls, calls   # (device draws once the seeded one ends)
 
 
 def test_slots_reuse_prefixes_and_consumers_that_leave_free_theirs():
