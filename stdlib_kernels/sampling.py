@@ -2,7 +2,8 @@
 argmax, temperature + top-k + top-p + min-p sampling from logits with a given uniform random
 number, and repetition/presence/frequency penalties; numpy references next to them. Also each
 row's largest logits as a short candidate list (top_k_candidates, top_k_rows.py) for samplers
-that run on the host.
+that run on the host, and one draw per row of a batch with each row's own uniform and filters
+(sample_rows, sample_rows.py: a server step's requests).
 
 Input: logits (vocab,) f32 ((rows, vocab) for argmax), u (a device float32 array of 1, or a
 float) in [0, 1), history (n,) int32 of recent token ids (entries < 0 are empty slots, so a
