@@ -165,12 +165,7 @@ class Array:
         asynchronous copy) in stream order on `stream` (None: the default stream); record an
         Event after it and synchronize that before reading `host`. On the cpu device the copy
         is immediate."""
-        if not isinstance(host, np.ndarray):
-            raise TypeError(f"copy_to_host_async: host must be a numpy array, got "
-                            f"{type(host).__name__}")
-        self._check_same_layout(host.shape, host.dtype, "host array")
-        if not host.flags.c_contiguous:
-            raise ValueError("copy_to_host_async: host array must be C-contiguous")
+        self._check_host_array(host, "copy_to_host_async")
         if self.nbytes:
             memory_of(self._device).download_async(host, self._ptr, stream)
         return host
@@ -182,15 +177,18 @@ class Array:
         values. `host` must stay unchanged until the copy has run (synchronize an Event
         recorded after it, or read something back that was queued after it). On the cpu
         device the copy is immediate."""
-        if not isinstance(host, np.ndarray):
-            raise TypeError(f"copy_from_host_async: host must be a numpy array, got "
-                            f"{type(host).__name__}")
-        self._check_same_layout(host.shape, host.dtype, "host array")
-        if not host.flags.c_contiguous:
-            raise ValueError("copy_from_host_async: host array must be C-contiguous")
+        self._check_host_array(host, "copy_from_host_async")
         if self.nbytes:
             memory_of(self._device).upload_async(self._ptr, host, stream)
         return self
+
+    def _check_host_array(self, host, what: str) -> None:
+        """An asynchronous copy's host side: a C-contiguous numpy array of this layout."""
+        if not isinstance(host, np.ndarray):
+            raise TypeError(f"{what}: host must be a numpy array, got {type(host).__name__}")
+        self._check_same_layout(host.shape, host.dtype, "host array")
+        if not host.flags.c_contiguous:
+            raise ValueError(f"{what}: host array must be C-contiguous")
 
     def copy_from(self, source) -> "Array":
         """Copy a numpy array or an Array of the same shape and dtype into this array."""

@@ -302,6 +302,20 @@ def test_greedy_steps_copy_ids_not_logits_and_text_goes_out_during_steps(where, 
     assert all(pending == 0 for _, pending in greedy_calls + calls)
 
 
+def texts_together(model, options: list) -> list:
+    """The texts of requests i = 0.. (PROMPTS[i], MAX_TOKENS[i], options[i]) admitted together
+    into a scheduler of as many slots, so that they step as one batch."""
+    scheduler = BatchScheduler(model, slots=len(options))
+    try:
+        with scheduler._wake:
+            streams = [scheduler.generate(model.tokenizer.encode(PROMPTS[i]),
+                                          max_tokens=MAX_TOKENS[i], **o)
+                       for i, o in enumerate(options)]
+        return ["".join(s) for s in streams]
+    finally:
+        scheduler.close()
+
+
 @pytest.mark.parametrize("where", BACKENDS[1:], ids=lambda w: "-".join(w))
 def test_top_k_requests_sample_among_candidates_as_from_whole_rows(where, monkeypatch):
     """Steps of top-k requests (and greedy ones beside them) on the kernels backend take each
@@ -320,15 +334,7 @@ def test_top_k_requests_sample_among_candidates_as_from_whole_rows(where, monkey
 
     def texts(candidates):
         monkeypatch.setattr(backend, "top_candidates", candidates)
-        scheduler = BatchScheduler(model, slots=3)
-        try:
-            with scheduler._wake:                  # admitted together: batches of 3
-                streams = [scheduler.generate(model.tokenizer.encode(PROMPTS[i]),
-                                              max_tokens=MAX_TOKENS[i], **options[i])
-                           for i in range(3)]
-            return ["".join(s) for s in streams]
-        finally:
-            scheduler.close()
+        return texts_together(model, options)
     whole = texts(lambda x, k: None)               # no candidates: rows copied, host samples
     assert texts(spy) == whole
     assert calls and set(calls) == {40}, calls     # the largest top_k of the batch
@@ -358,24 +364,14 @@ def test_unseeded_top_k_requests_draw_on_the_device(where, monkeypatch):
     for name in ("sample_rows", "top_candidates", "to_host_reused"):
         monkeypatch.setattr(backend, name, spy(name, getattr(backend, name)))
 
-    def texts(options):
-        scheduler = BatchScheduler(model, slots=3)
-        try:
-            with scheduler._wake:                  # admitted together: batches of 3
-                streams = [scheduler.generate(model.tokenizer.encode(PROMPTS[i]),
-                                              max_tokens=MAX_TOKENS[i], **options[i])
-                           for i in range(3)]
-            return ["".join(s) for s in streams]
-        finally:
-            scheduler.close()
     unseeded = dict(temperature=0.9, top_k=40, top_p=0.95, min_p=0.05)
-    got = texts([unseeded, dict(temperature=0), dict(temperature=1.3, top_k=3)])
+    got = texts_together(model, [unseeded, dict(temperature=0), dict(temperature=1.3, top_k=3)])
     assert got[1] == greedy and all(got), got
     assert ("sample_rows", 3) in calls, calls
     assert all(name == "sample_rows" for name, rows in calls if rows > 1), calls
     assert all(name == "top_candidates" for name, rows in calls if rows == 1), calls
     calls.clear()
-    got = texts([unseeded, dict(temperature=0), seeded])
+    got = texts_together(model, [unseeded, dict(temperature=0), seeded])
     assert got[1] == greedy and got[2] == seeded_text, got
     assert ("top_candidates", 3) in calls, calls   # (device draws once the seeded one ends)
 
