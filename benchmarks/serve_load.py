@@ -9,7 +9,8 @@ that many times), STAGGER_MS (default 0: all at once; else client i starts i x S
 later and streams its answer, and the gaps between a stream's chunks are reported: how
 long the running streams stall while new requests start), TEMPERATURE (default 0: greedy;
 else each request samples with llama.cpp's default filters and seed = its index; SEEDED=0:
-without a seed, as API clients mostly ask, which lets the device draw), WARM_UP
+without a seed, as API clients mostly ask, which lets the device draw; PRESENCE: a
+presence_penalty for every request), WARM_UP
 (default 1; 0: servers start without warm-up, so the first run of a process compiles under
 its requests and only later runs time the steady state). Output: a table per model, then
 for each row where the server's worker spent the clients' run (llm/serve_metrics.py: prompts,
@@ -38,12 +39,14 @@ STAGGER_MS = float(os.environ.get("STAGGER_MS", "0"))
 TEMPERATURE = float(os.environ.get("TEMPERATURE", "0"))
 WARM_UP = os.environ.get("WARM_UP", "1") != "0"
 SEEDED = os.environ.get("SEEDED", "1") != "0"
+PRESENCE = float(os.environ.get("PRESENCE", "0"))
 
 
 def request_body(prompt: str, tokens: int, seed: int, **extra) -> bytes:
     seeding = {"seed": seed} if SEEDED else {}
+    penalty = {"presence_penalty": PRESENCE} if PRESENCE else {}
     return json.dumps({"prompt": prompt, "max_tokens": tokens, "temperature": TEMPERATURE,
-                       **seeding, **extra}).encode()
+                       **seeding, **penalty, **extra}).encode()
 
 
 def ask(url: str, prompt: str, tokens: int, seed: int = 0) -> dict:

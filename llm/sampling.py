@@ -38,14 +38,21 @@ class SamplingParams:
                 raise ValueError(f"invalid sampling parameter: {message}")
 
 
+def penalty_window(history: Sequence[int], p: SamplingParams) -> list:
+    """The ids whose penalties apply next: the last repeat_last_n of history (-1: all of
+    it); empty when no penalty is in effect."""
+    if p.repeat_last_n == 0 or (p.repeat_penalty == 1.0 and p.presence_penalty == 0.0
+                                and p.frequency_penalty == 0.0):
+        return []
+    return list(history) if p.repeat_last_n == -1 else list(history)[-p.repeat_last_n:]
+
+
 def apply_penalties(logits: np.ndarray, history: Sequence[int], p: SamplingParams) -> np.ndarray:
     """logits with llama.cpp's penalties for tokens in the last-n window: a copy where a
     penalty applies, else logits itself as float32 (no copy of a 128k-entry row per token)."""
     logits = np.asarray(logits, dtype=np.float32)
-    if p.repeat_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0:
-        return logits
-    window = list(history) if p.repeat_last_n == -1 else list(history)[-p.repeat_last_n:]
-    if p.repeat_last_n == 0 or not window:
+    window = penalty_window(history, p)
+    if not window:
         return logits
     logits = logits.copy()
     ids, counts = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
@@ -225,6 +232,15 @@ class Sampler:
         draws), since no seed asks for the host's draws."""
         p = self.params
         return p.seed is None and p.temperature > 0 and not self._penalised
+
+    @property
+    def batch_device_draws(self) -> bool:
+        """A batched step may draw this sampler's token on the device (Backend.sample_rows):
+        plain greedy, or unseeded with top-k on up to CANDIDATE_K_MAX, penalties or not
+        (the device applies them first, over penalty_window)."""
+        p = self.params
+        return self.plain_argmax or (p.seed is None and p.temperature > 0
+                                     and 0 < p.top_k <= CANDIDATE_K_MAX)
 
     def sample_among(self, values: np.ndarray, ids: np.ndarray) -> int:
         """The token `sample` picks from a row whose largest logits (candidate_k of them at

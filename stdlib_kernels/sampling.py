@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import pykernel as pk
-from pykernel import Ptr, f32, i32
+from pykernel import Ptr, f32, i32, i64
 
 from pykernel.runtime.arrays import Array
 from pykernel.runtime.device import current_device
@@ -84,6 +84,23 @@ def _units_per_thread(n: int) -> int:
 @pk.kernel
 def penalties_row(logits: Ptr[f32], history: Ptr[i32, "ro"], n_hist: i32, vocab: i32,
                   repeat: f32, presence: f32, frequency: f32):
+    penalise(logits, history, n_hist, vocab, repeat, presence, frequency)
+
+
+@pk.kernel
+def penalties_rows(logits: Ptr[f32], history: Ptr[i32, "ro"], n_hist: i32, vocab: i32,
+                   settings: Ptr[f32, "ro"]):
+    """Block r: row r of logits (rows, vocab) with its history row (rows, n_hist) and its
+    settings row [repeat, presence, frequency]."""
+    row = pk.block_idx.x
+    p = settings + i64(row) * i64(3)
+    penalise(logits + i64(row) * i64(vocab), history + i64(row) * i64(n_hist), n_hist, vocab,
+             p[0], p[1], p[2])
+
+
+@pk.func
+def penalise(logits, history, n_hist: i32, vocab: i32, repeat: f32, presence: f32,
+             frequency: f32):
     # each distinct token of the history is handled once, by the thread owning its first slot
     for i in range(pk.thread_idx.x, n_hist, pk.block_dim.x):
         tok = history[i]
@@ -280,6 +297,27 @@ def apply_penalties(logits, history, *, repeat: float = 1.0, presence: float = 0
     if history.size:
         args = (logits, history, history.size, logits.size, repeat, presence, frequency)
         L.launch(penalties_row, 1, L.threads_for(history.size, 256), args, (), stream)
+    return logits
+
+
+def apply_penalties_rows(logits, history, settings, *, stream=None):
+    """apply_penalties for each row of logits (rows, vocab), in place: history (rows, n)
+    int32, row r's window of ids (entries < 0 empty), and settings (rows, 3) f32, row r's
+    [repeat, presence, frequency] (1, 0, 0: untouched). Each a host array (copied in order on
+    the default stream) or a device array the caller keeps. One launch, a block per row."""
+    logits = L.as_array(logits, "apply_penalties_rows: logits", np.float32)
+    rows, vocab = L.rows_and_length(logits, "apply_penalties_rows: logits")
+    history = L.as_array(history, "apply_penalties_rows: history", np.int32)
+    settings = L.as_array(settings, "apply_penalties_rows: settings", np.float32)
+    if history.ndim != 2 or history.shape[0] != rows:
+        raise ValueError(f"apply_penalties_rows: history must be ({rows}, n), got "
+                         f"{history.shape}")
+    if tuple(settings.shape) != (rows, 3):
+        raise ValueError(f"apply_penalties_rows: settings must be ({rows}, 3), got "
+                         f"{settings.shape}")
+    if history.shape[1]:
+        args = (logits, history, history.shape[1], vocab, settings)
+        L.launch(penalties_rows, rows, L.threads_for(history.shape[1], 256), args, (), stream)
     return logits
 
 

@@ -188,11 +188,12 @@ class Backend(ABC):
         backend copies nothing)."""
         return None
 
-    def sample_rows(self, x: Act, samplers) -> np.ndarray | None:
-        """Each row's token drawn on the device, for samplers that allow it (device_draws
-        with candidate_k > 0, or plain_argmax: Sampler's properties), one uniform from each
-        drawing sampler's generator: host ints; None when the backend has no device sampler
-        (this default: the samplers are left untouched)."""
+    def sample_rows(self, x: Act, samplers, histories) -> np.ndarray | None:
+        """Each row's token drawn on the device, for samplers that allow it
+        (Sampler.batch_device_draws), after each row's penalties over its history (the
+        generation's ids; a row's logits may change in place), one uniform from each drawing
+        sampler's generator: host ints; None when the backend has no device sampler (this
+        default: the samplers are left untouched)."""
         return None
 
     def sample(self, logits: Act, sampler, history) -> int:

@@ -652,8 +652,8 @@ class KernelsBackend(Backend):
     def top_candidates(self, x, k):
         return self.readback.top_candidates(self.materialize(x), k)
 
-    def sample_rows(self, x, samplers):
-        return self.readback.sample_rows(self.materialize(x), samplers)
+    def sample_rows(self, x, samplers, histories):
+        return self.readback.sample_rows(self.materialize(x), samplers, histories)
 
     def last_row(self, x):
         x = self.materialize(x)

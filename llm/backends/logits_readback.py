@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 import pykernel as pk
-from stdlib_kernels.sample_rows import ROW_PARAMS
-from stdlib_kernels.sampling import (argmax, lists_k, row_settings, sample_rows,
-                                     top_k_candidates)
+from llm.sampling import penalty_window
+from stdlib_kernels.sampling import (apply_penalties_rows, argmax, lists_k, row_settings,
+                                     sample_rows, top_k_candidates)
 
 # top_candidates: room for each row's largest logits (top-k's bin and those above it: a few
 # hundred on real rows; more, and that row's logits are copied whole)
@@ -26,8 +26,7 @@ class LogitsReadback:
         self._ids = None           # argmax_rows' device ids
         self._lists = None         # top_candidates' device lists: ids, values, counts
         self._lists_host = None    # and their page-locked copy (cuda)
-        self._settings = None      # sample_rows' per-row settings on the device
-        self._settings_host = None # and their page-locked source
+        self._staged = {}          # sample_rows' uploads: name -> (page-locked, device)
 
     def rows(self, x) -> np.ndarray:
         """x whole; on a GPU into one page-locked buffer: 16 rows of a 128k vocabulary's
@@ -43,30 +42,46 @@ class LogitsReadback:
         """Each row's argmax on the device, the ids alone copied (an all-NaN row: 0)."""
         return self._ids_of(argmax(x, out=self._ids_buffer(x.shape[0])), x.shape[1])
 
-    def sample_rows(self, x, samplers) -> np.ndarray:
+    def sample_rows(self, x, samplers, histories) -> np.ndarray:
         """Each row's token drawn on the device by stdlib's sample_rows with its sampler's
-        filters and one uniform from its sampler's generator (none for a greedy one); the ids
-        alone copied. The settings go up asynchronously from page-locked memory, so the
-        draw's launches queue behind the step still running instead of waiting for it (the
-        buffer is rewritten only after this call's ids, queued after the copy, came back)."""
-        rows = x.shape[0]
+        filters and one uniform from its sampler's generator (none for a greedy one), after
+        its penalties over its history's window (apply_penalties_rows, in place on x, when
+        any sampler has them); the ids alone copied. Settings and windows go up
+        asynchronously from page-locked memory, so the launches queue behind the step still
+        running instead of waiting for it (the buffers are rewritten only after this call's
+        ids, queued after the copies, came back)."""
+        rows, vocab = x.shape
         params = [s.params for s in samplers]
+        windows = [penalty_window(h, p) for h, p in zip(histories, params)]
+        if any(windows):
+            ids = np.full((rows, max(len(w) for w in windows)), -1, np.int32)
+            for r, window in enumerate(windows):
+                ids[r, :len(window)] = window
+            penalties = np.array([(p.repeat_penalty, p.presence_penalty, p.frequency_penalty)
+                                  for p in params], np.float32)
+            apply_penalties_rows(x, self._upload("windows", ids),
+                                 self._upload("penalties", penalties))
         uniforms = [s.rng.random() if p.temperature > 0 else 0.0
                     for s, p in zip(samplers, params)]
         settings = row_settings(uniforms, temperature=[p.temperature for p in params],
                                 top_k=[p.top_k for p in params],
                                 top_p=[p.top_p for p in params],
                                 min_p=[p.min_p for p in params])
-        if self._settings is None or self._settings.shape[0] < rows:
-            size = max(rows, 16)
-            self._settings = pk.empty((size, ROW_PARAMS), np.float32)
-            self._settings_host = pk.pinned_empty((size, ROW_PARAMS), np.float32, self.device)
-        host, device = self._settings_host[:rows], self._settings[:rows]
-        host[...] = settings
-        device.copy_from_host_async(host)
-        ids = sample_rows(x, device, k=lists_k(settings, x.shape[1]),
-                          out=self._ids_buffer(rows))
-        return self._ids_of(ids, x.shape[1])
+        drawn = sample_rows(x, self._upload("settings", settings), k=lists_k(settings, vocab),
+                            out=self._ids_buffer(rows))
+        return self._ids_of(drawn, vocab)
+
+    def _upload(self, name: str, values: np.ndarray):
+        """values on the device, copied asynchronously through a page-locked buffer kept per
+        name (grown on demand): the device view of its first values.size elements."""
+        staged = self._staged.get(name)
+        if staged is None or staged[0].size < values.size:
+            size = max(values.size, 1024)
+            staged = self._staged[name] = (pk.pinned_empty(size, values.dtype, self.device),
+                                           pk.empty(size, values.dtype))
+        host = staged[0][:values.size].reshape(values.shape)
+        host[...] = values
+        return staged[1][:values.size].reshape(values.shape).copy_from_host_async(host)
 
     def _ids_buffer(self, rows: int):
         if self._ids is None or self._ids.size < rows:
@@ -98,3 +113,4 @@ class LogitsReadback:
         values = host[rows * cap:2 * rows * cap].view(np.float32).reshape(rows, cap)
         return [(values[r, :c], ids[r, :c]) if c <= cap else None
                 for r, c in enumerate(host[2 * rows * cap:])]
+

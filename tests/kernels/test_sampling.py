@@ -33,6 +33,31 @@ def test_penalties(device, rng, seed):
     assert np.array_equal(arr.numpy()[untouched], logits[untouched])
 
 
+def test_penalties_rows(device, rng, seed):
+    """apply_penalties_rows: each row as penalties_reference gives it with its own window
+    and settings; a row whose settings are (1, 0, 0) and every id outside its window stay
+    bit for bit; poisoned nothing: the call works in place."""
+    rows, vocab = 5, 300
+    logits = (rng.standard_normal((rows, vocab)) * 3).astype(np.float32)
+    history = rng.integers(-1, 60, (rows, 48)).astype(np.int32)   # -1: empty slots
+    history[3, :] = -1
+    settings = np.array([[1.3, 0.4, 0.25], [1.0, 0.0, 0.0], [0.8, -0.5, 0.1], [1.5, 1.0, 1.0],
+                         [1.1, 0.0, 0.0]], np.float32)
+    arr = pk.to_device(logits)
+    S.apply_penalties_rows(arr, history, settings)
+    got = arr.numpy()
+    for r in range(rows):
+        ref = S.penalties_reference(logits[r], history[r], *settings[r])
+        assert np.allclose(got[r], ref, rtol=1e-6, atol=1e-6), f"seed={seed} row {r}"
+        untouched = np.setdiff1d(np.arange(vocab), history[r])
+        assert np.array_equal(got[r, untouched], logits[r, untouched]), f"seed={seed} row {r}"
+    assert np.array_equal(got[1], logits[1]) and np.array_equal(got[3], logits[3])
+    with pytest.raises(ValueError, match=r"history must be \(5, n\)"):
+        S.apply_penalties_rows(arr, history[:2], settings)
+    with pytest.raises(ValueError, match=r"settings must be \(5, 3\)"):
+        S.apply_penalties_rows(arr, history, settings[:, :2])
+
+
 FILTERS = [dict(), dict(top_k=7), dict(top_p=0.6), dict(min_p=0.15),
            dict(temperature=0.6, top_k=20, top_p=0.9, min_p=0.02),
            dict(temperature=1.7, top_k=1)]
@@ -274,6 +299,7 @@ def test_sample_rows_checks_its_arguments(device):
 
 
 @pytest.mark.parametrize("arch", pk.SUPPORTED_ARCHS)
-def test_sample_rows_kernel_ptx_assembles(arch, assemble):
+def test_sample_rows_kernels_ptx_assemble(arch, assemble):
     from stdlib_kernels.sample_rows import rows_draw
     assemble(rows_draw.ptx(arch), arch)
+    assemble(S.penalties_rows.ptx(arch), arch)

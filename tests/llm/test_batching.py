@@ -348,8 +348,9 @@ def test_unseeded_top_k_requests_draw_on_the_device(where, monkeypatch):
     """Steps of two or more requests, unseeded top-k samplers and greedy ones, take every
     token from Backend.sample_rows (drawn on the device: no logits row, no candidate list to
     the host; a lone request's step draws from its candidates on the host); the greedy
-    request still gets its text alone. A seeded request in the batch sends
-    its steps back to the host's draws (candidate lists), so the seed keeps its text."""
+    request still gets its text alone; requests with penalties draw there too (the device
+    applies them first). A seeded request in the batch sends its steps back to the host's
+    draws (candidate lists), so the seed keeps its text."""
     model = load(*where, n_ctx=192)
     greedy = "".join(model.generate(PROMPTS[1], max_tokens=MAX_TOKENS[1], temperature=0))
     seeded = dict(temperature=0.9, top_k=40, seed=5)
@@ -374,6 +375,12 @@ def test_unseeded_top_k_requests_draw_on_the_device(where, monkeypatch):
     got = texts_together(model, [unseeded, dict(temperature=0), seeded])
     assert got[1] == greedy and got[2] == seeded_text, got
     assert ("top_candidates", 3) in calls, calls   # (device draws once the seeded one ends)
+    calls.clear()                                  # penalties: applied on the device too
+    penalised = dict(unseeded, repeat_penalty=1.2, presence_penalty=0.3, frequency_penalty=0.1)
+    got = texts_together(model, [penalised, dict(temperature=0), penalised])
+    assert got[1] == greedy and all(got), got
+    assert ("sample_rows", 3) in calls and all(name == "sample_rows"
+                                               for name, rows in calls if rows > 1), calls
 
 
 def test_slots_reuse_prefixes_and_consumers_that_leave_free_theirs():

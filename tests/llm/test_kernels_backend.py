@@ -103,31 +103,42 @@ def test_top_candidates_list_each_rows_largest(models, rng, seed):
 def test_sample_rows_draw_each_row_on_the_device(models, rng, seed):
     """Backend.sample_rows on the kernels backend: a greedy sampler's row gives its argmax
     (the lowest index on ties); a top-k sampler's the token stdlib's one-row sampler draws
-    with the uniform its generator gave, which advanced by exactly that one draw; twice over
-    the same buffers, the second time for a single row."""
+    with the uniform its generator gave, which advanced by exactly that one draw, after the
+    row's penalties over its window of the history where it has them (stdlib's one-row
+    penalties first); twice over the same buffers, the second time for a single row."""
     import copy
     import pykernel as pk
-    from llm.sampling import Sampler, SamplingParams
-    from stdlib_kernels.sampling import sample
+    from llm.sampling import Sampler, SamplingParams, penalty_window
+    from stdlib_kernels.sampling import apply_penalties, sample
     backend = models["tiny-llama-f32.gguf"].backend
     params = [SamplingParams(temperature=0), SamplingParams(top_k=40),
-              SamplingParams(temperature=1.4, top_k=7, top_p=0.8, min_p=0.0),
-              SamplingParams(temperature=0.5, top_k=200, top_p=1.0, min_p=0.2)]
+              SamplingParams(temperature=1.4, top_k=7, top_p=0.8, min_p=0.0,
+                             repeat_penalty=1.3, presence_penalty=40.0, repeat_last_n=12),
+              SamplingParams(temperature=0.5, top_k=200, top_p=1.0, min_p=0.2,
+                             frequency_penalty=30.0, repeat_last_n=-1)]
     for rows in (4, 1):
         x = (rng.standard_normal((rows, 3001)) * 3).astype(np.float32)
         x[0, [5, 900]] = x.max() + 1.0                    # ties: the lowest index
         samplers = [Sampler(p) for p in params[-rows:]]
+        # windows holding each row's 8 largest logits, which the penalties take out of reach
+        histories = [np.argsort(-x[r])[:8].tolist() + rng.integers(0, 60, 4).tolist()
+                     for r in range(rows)]
         before = [copy.deepcopy(s.rng) for s in samplers]
-        got = backend.sample_rows(pk.to_device(x), samplers)
-        for r, (s, old) in enumerate(zip(samplers, before)):
+        got = backend.sample_rows(pk.to_device(x), samplers, histories)
+        for r, (s, old, history) in enumerate(zip(samplers, before, histories)):
             p = s.params
             if p.temperature <= 0:
                 assert got[r] == 5 and s.rng.random() == old.random(), f"seed {seed}"
                 continue
-            u = old.random()
-            alone = sample(x[r], np.float32(u), temperature=p.temperature, top_k=p.top_k,
-                           top_p=p.top_p, min_p=p.min_p).numpy()[0]
+            row = pk.to_device(x[r])
+            window = penalty_window(history, p)
+            if window:
+                apply_penalties(row, np.array(window, np.int32), repeat=p.repeat_penalty,
+                                presence=p.presence_penalty, frequency=p.frequency_penalty)
+            alone = sample(row, np.float32(old.random()), temperature=p.temperature,
+                           top_k=p.top_k, top_p=p.top_p, min_p=p.min_p).numpy()[0]
             assert got[r] == alone, f"seed {seed} row {r}"
+            assert not window or got[r] not in window, f"seed {seed} row {r}"
             assert s.rng.random() == old.random(), f"seed {seed}: one draw per row"
 
 
