@@ -367,7 +367,7 @@ def test_unseeded_top_k_requests_draw_on_the_device(where, monkeypatch):
 
     unseeded = dict(temperature=0.9, top_k=40, top_p=0.95, min_p=0.05)
     got = texts_together(model, [unseeded, dict(temperature=0), dict(temperature=1.3, top_k=3)])
-    assert got[1] == greedy and all(got), got
+    assert got[1] == greedy, got       # (an unseeded text may be empty: EOS drawn first)
     assert ("sample_rows", 3) in calls, calls
     assert all(name == "sample_rows" for name, rows in calls if rows > 1), calls
     assert all(name == "top_candidates" for name, rows in calls if rows == 1), calls
@@ -378,7 +378,7 @@ def test_unseeded_top_k_requests_draw_on_the_device(where, monkeypatch):
     calls.clear()                                  # penalties: applied on the device too
     penalised = dict(unseeded, repeat_penalty=1.2, presence_penalty=0.3, frequency_penalty=0.1)
     got = texts_together(model, [penalised, dict(temperature=0), penalised])
-    assert got[1] == greedy and all(got), got
+    assert got[1] == greedy, got
     assert ("sample_rows", 3) in calls and all(name == "sample_rows"
                                                for name, rows in calls if rows > 1), calls
 
