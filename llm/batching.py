@@ -370,21 +370,22 @@ class BatchScheduler:
         logits stay on the device where the requests allow: when every request is plain
         greedy (no penalty, no logprobs) its pick is its token, from the backend's
         argmax_rows (16 ids copied instead of 8 MB of logits rows); when each of two or
-        more is greedy or an unseeded top-k sampler, penalties or not
-        (Sampler.batch_device_draws), the device draws every token (Backend.sample_rows: the
-        host's sampling phase, ~1 ms a 16-row step on an H100's host, leaves the step's
-        critical path, and penalised rows are not copied whole); when each is greedy or
-        samples with top-k (Sampler.candidate_k), its pick is its row's largest logits
-        (Backend.top_candidates, a few hundred values a row); otherwise, or where a list
-        overflowed, every row is copied to the host (rows) and sampled there. The candidate
-        lists are sampled together (sample_among_rows: one numpy pass for all rows, ~0.1 ms
-        for 16 where one by one took ~0.7 ms on a 2-core machine)."""
+        more (or a lone one with penalties) is greedy or an unseeded top-k sampler,
+        penalties or not (Sampler.device_row_draws), the device draws every token
+        (Backend.sample_rows: the host's sampling phase, ~1 ms a 16-row step on an H100's
+        host, leaves the step's critical path, and penalised rows are not copied whole);
+        when each is greedy or samples with top-k (Sampler.candidate_k), its pick is its
+        row's largest logits (Backend.top_candidates, a few hundred values a row);
+        otherwise, or where a list overflowed, every row is copied to the host (rows) and
+        sampled there. The candidate lists are sampled together (sample_among_rows: one
+        numpy pass for all rows, ~0.1 ms for 16 where one by one took ~0.7 ms on a 2-core
+        machine)."""
         backend, n = self.model.backend, len(active)
         wanted = [r.gen.sampler.candidate_k if r.gen.logprobs is None else 0 for r in active]
         if all(k == 1 for k in wanted):
             return [int(t) for t in backend.argmax_rows(logits)], [None] * n
-        if n >= DEVICE_DRAW_ROWS and all(r.gen.logprobs is None and
-                                         r.gen.sampler.batch_device_draws for r in active):
+        if (n >= DEVICE_DRAW_ROWS or 0 in wanted) and all(
+                r.gen.logprobs is None and r.gen.sampler.device_row_draws for r in active):
             tokens = backend.sample_rows(logits, [r.gen.sampler for r in active],
                                          [r.gen.history for r in active])
             if tokens is not None:

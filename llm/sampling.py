@@ -234,10 +234,11 @@ class Sampler:
         return p.seed is None and p.temperature > 0 and not self._penalised
 
     @property
-    def batch_device_draws(self) -> bool:
-        """A batched step may draw this sampler's token on the device (Backend.sample_rows):
-        plain greedy, or unseeded with top-k on up to CANDIDATE_K_MAX, penalties or not
-        (the device applies them first, over penalty_window)."""
+    def device_row_draws(self) -> bool:
+        """Backend.sample_rows may draw this sampler's token on the device (a batched step's
+        rows, or a lone penalised row): plain greedy, or unseeded with top-k on up to
+        CANDIDATE_K_MAX, penalties or not (the device applies them first, over
+        penalty_window)."""
         p = self.params
         return self.plain_argmax or (p.seed is None and p.temperature > 0
                                      and 0 < p.top_k <= CANDIDATE_K_MAX)

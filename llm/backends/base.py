@@ -190,7 +190,7 @@ class Backend(ABC):
 
     def sample_rows(self, x: Act, samplers, histories) -> np.ndarray | None:
         """Each row's token drawn on the device, for samplers that allow it
-        (Sampler.batch_device_draws), after each row's penalties over its history (the
+        (Sampler.device_row_draws), after each row's penalties over its history (the
         generation's ids; a row's logits may change in place), one uniform from each drawing
         sampler's generator: host ints; None when the backend has no device sampler (this
         default: the samplers are left untouched)."""
@@ -199,11 +199,17 @@ class Backend(ABC):
     def sample(self, logits: Act, sampler, history) -> int:
         """Next token from the last row of `logits`: a plain greedy sampler's through
         argmax_rows (on the device where the backend has one), a top-k sampler's from the
-        row's top_candidates where the backend gives them, any other on the host over a copy
-        of the row."""
+        row's top_candidates where the backend gives them, an unseeded top-k sampler's with
+        penalties through sample_rows (penalties and draw on the device, rather than the
+        whole row on the host; the row's logits change in place), any other on the host over
+        a copy of the row."""
         k = sampler.candidate_k
         if k == 1:
             return int(self.argmax_rows(self.last_row(logits))[0])
+        if k == 0 and sampler.device_row_draws:
+            tokens = self.sample_rows(self.last_row(logits), [sampler], [history])
+            if tokens is not None:
+                return int(tokens[0])
         if k:
             lists = self.top_candidates(self.last_row(logits), k)
             if lists is not None and lists[0] is not None:
