@@ -383,6 +383,30 @@ def test_unseeded_top_k_requests_draw_on_the_device(where, monkeypatch):
     assert {name for name, _ in calls} == {"sample_rows"}, calls
 
 
+@pytest.mark.parametrize("where", BACKENDS[1:], ids=lambda w: "-".join(w))
+def test_a_penalised_unseeded_stream_draws_on_the_device(where, monkeypatch):
+    """A single stream (Model.generate: Backend.sample each step) with an unseeded top-k
+    sampler and penalties draws through sample_rows (penalties and draw on the device),
+    never copying a logits row to the host; the same sampler with a seed keeps the host's
+    draw over the whole row."""
+    model = load(*where, n_ctx=192)
+    backend, calls = model.backend, []
+
+    def spy(name, read):
+        def call(*args):
+            calls.append(name)
+            return read(*args)
+        return call
+    for name in ("sample_rows", "to_host", "top_candidates"):
+        monkeypatch.setattr(backend, name, spy(name, getattr(backend, name)))
+    options = dict(max_tokens=8, temperature=0.9, top_k=20, repeat_penalty=1.3)
+    "".join(model.generate(PROMPTS[0], **options))
+    assert calls and set(calls) == {"sample_rows"}, calls
+    calls.clear()
+    "".join(model.generate(PROMPTS[0], seed=3, **options))
+    assert calls and set(calls) == {"to_host"}, calls
+
+
 def test_slots_reuse_prefixes_and_consumers_that_leave_free_theirs():
     model = load("cpu", "numpy", n_ctx=128)
     scheduler = BatchScheduler(model, slots=2)

@@ -142,28 +142,6 @@ def test_sample_rows_draw_each_row_on_the_device(models, rng, seed):
             assert s.rng.random() == old.random(), f"seed {seed}: one draw per row"
 
 
-def test_a_penalised_unseeded_stream_draws_on_the_device(models, monkeypatch):
-    """Backend.sample for an unseeded top-k sampler with penalties goes through sample_rows
-    (penalties and draw on the device), never copying a logits row to the host; the same
-    sampler with a seed keeps the host's draw over the whole row."""
-    model = models["tiny-llama-f32.gguf"]
-    backend, calls = model.backend, []
-
-    def spy(name, read):
-        def call(*args):
-            calls.append(name)
-            return read(*args)
-        return call
-    for name in ("sample_rows", "to_host", "top_candidates"):
-        monkeypatch.setattr(backend, name, spy(name, getattr(backend, name)))
-    options = dict(max_tokens=8, temperature=0.9, top_k=20, repeat_penalty=1.3)
-    "".join(model.generate("once upon a time", **options))
-    assert calls and set(calls) == {"sample_rows"}, calls
-    calls.clear()
-    "".join(model.generate("once upon a time", seed=3, **options))
-    assert calls and set(calls) == {"to_host"}, calls
-
-
 @pytest.mark.parametrize("limit", ["max_tokens", "stop", "context", "consumer"])
 def test_greedy_stream_pipelined_on_the_device_equals_step_by_step(models, monkeypatch, limit):
     """A greedy generate on the graphed kernels backend takes its tokens from greedy_tokens
