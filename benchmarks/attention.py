@@ -11,8 +11,9 @@ writes), the issue's yardstick (~3.0 TB/s on the H100); a torch read-only reduct
 is printed too. Reported per length: the default (default_config, config_splits, DEFAULT_FUSED: what
 the runner launches) and the best of a sweep over SWEEP configurations (warps, keys per row
 group U, register-ring stages P, max lanes per key row; `mma` = the tensor-core kernel) x split
-counts filling 0.5..2 x the configuration's blocks per multiprocessor x {two launches (split kernel + combine kernel), one launch (the last split
-block of each head group combines)}; every sweep point is printed.
+counts filling 0.5..2 x the configuration's blocks per multiprocessor x {two launches (split
+kernel + combine kernel), one launch (the last split block of each head group combines)};
+every sweep point is printed.
 Prefill: 512 and 4096 tokens at start 0, f16 cache, tensor-core path (and the SIMT path at 512);
 FLOPs = 4 * D * n_head * (visible query-key pairs), reported against the device's bf16 matrix
 rate measured here (torch.matmul of 8192 x 8192 bf16 matrices, f32 accumulation).

@@ -6,7 +6,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 KERNEL = '''
 import pykernel as pk

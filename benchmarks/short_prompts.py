@@ -26,8 +26,8 @@ from stdlib_kernels.quant import gemm_q8_k  # noqa: E402
 gemm = importlib.import_module("stdlib_kernels.quant.gemm")   # the package exports gemm()
 
 
-# other short-prompt tiles of the int8 GEMM (Q4_K, Q6_K, Q4_0, Q8_0): (at most tokens, (mi, ni, wm, wn, stages)); BM =
-# 16 mi wm weight rows, BN = 8 ni wn tokens per block
+# other short-prompt tiles of the int8 GEMM (Q4_K, Q6_K, Q4_0, Q8_0): (at most tokens,
+# (mi, ni, wm, wn, stages)); BM = 16 mi wm weight rows, BN = 8 ni wn tokens per block
 SMALL_SETS = {
     "BM 64 to 256 tokens": ((16, (1, 2, 4, 1, 3)), (32, (1, 4, 4, 1, 3)),
                             (256, (1, 4, 4, 2, 3))),

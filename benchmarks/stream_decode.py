@@ -4,8 +4,9 @@ detokenizing and handing out text included, unlike `pykernel bench`'s tg).
 Input: argv = a GGUF file (e.g. `pykernel synth` output); env DEVICE (default cuda), TOKENS
 (default 256), SEED (default none, as `pykernel run` without --seed: an unseeded sampler
 draws on the GPU; with a seed the host draws), REPEAT_PENALTY (default 1: off; else every
-generation's repeat_penalty over the last 64 tokens). Output: per temperature (greedy, then llama.cpp's default filters at 0.8),
-decode tok/s of three generations (the first includes capturing the decode graphs).
+generation's repeat_penalty over the last 64 tokens). Output: per temperature (greedy, then
+llama.cpp's default filters at 0.8), decode tok/s of three generations (the first includes
+capturing the decode graphs).
 
     python3 benchmarks/stream_decode.py /tmp/llama-8b-Q4_K_M.gguf
 """

@@ -9,9 +9,9 @@ scales chosen so that every weight matrix has mean 0 and a trained model's sprea
 activations stay finite through every layer). No float weights are generated or quantized. The
 Q4_K_M (and Q5_K_M) per-tensor mix follows llama.cpp's rules: output (or a tied token_embd)
 Q6_K; attn_v and ffn_down Q6_K in the `use_more_bits` layers (first and last eighth, every third
-in between), the base K-quant (Q4_K / Q5_K) elsewhere. Q4_0 / Q4_1 / Q6_K: every matrix in that type, output Q6_K; Q8_0: every
-matrix and the output Q8_0 (as llama.cpp's Q8_0 files). Norms and biases are F32 (qwen3: also
-the per-head attn_q_norm / attn_k_norm).
+in between), the base K-quant (Q4_K / Q5_K) elsewhere. Q4_0 / Q4_1 / Q6_K: every matrix in
+that type, output Q6_K; Q8_0: every matrix and the output Q8_0 (as llama.cpp's Q8_0 files).
+Norms and biases are F32 (qwen3: also the per-head attn_q_norm / attn_k_norm).
 """
 from __future__ import annotations
 

@@ -125,7 +125,8 @@ def compile_kernel(kernel, arch: str, spec: dict, options: Options,
     compiled = CompiledKernel(
         name=fast.name, entry=entry, target=target.name, arch=arch, params=param_abi(params),
         shared_bytes=ctx.shared_bytes, cache_key=key,
-        hidden_extents=sum(1 for n, _ in params if n.startswith("__nbytes_")), llvm_ir=text, sites=ctx.sites,
+        hidden_extents=sum(1 for n, _ in params if n.startswith("__nbytes_")), llvm_ir=text,
+        sites=ctx.sites,
         uses=frozenset(ctx.uses), min_arch=f"sm_{ctx.min_arch[0]}", source_hash=fast.source_hash)
     if target.name == "nvptx":
         compiled.ptx = target.emit(ref, options)               # stage 4

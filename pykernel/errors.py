@@ -31,7 +31,8 @@ class UnsupportedArchError(KernelSourceError):
 
 
 class LaunchError(TypeError):
-    """Arguments that do not match a kernel's signature (names kernel, parameter, expected, given)."""
+    """Arguments that do not match a kernel's signature (names kernel, parameter, expected,
+    given)."""
 
 
 class KernelRuntimeError(RuntimeError):

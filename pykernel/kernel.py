@@ -128,7 +128,8 @@ def kernel(fn=None, *, debug: bool = False, bounds_check: bool = False, lineinfo
     """Decorator: `@pk.kernel` or `@pk.kernel(debug=True, bounds_check=True, fp_contract=True,
     max_threads=256, min_blocks=2, pdl=False)` (options: docs/language.md, "Kernel options")."""
     if not (isinstance(max_threads, int) and 0 <= max_threads <= 1024):
-        raise ValueError(f"max_threads must be an int in 1..1024 (0 = no bound), got {max_threads!r}")
+        raise ValueError(f"max_threads must be an int in 1..1024 (0 = no bound), got "
+                         f"{max_threads!r}")
     if not (isinstance(min_blocks, int) and min_blocks >= 0):
         raise ValueError(f"min_blocks must be a non-negative int, got {min_blocks!r}")
     if min_blocks and not max_threads:

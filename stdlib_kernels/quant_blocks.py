@@ -13,7 +13,7 @@ element index j within the row. Output: the dequantized f32 value. Layouts (REFE
 Reading is byte-wise (blocks are not 4-byte aligned: 18, 34, 210 bytes).
 """
 import pykernel as pk
-from pykernel import f16, f32, i8, i32, u8, u16
+from pykernel import f16, f32, i8, i32, u16
 
 Q4_0, Q4_1, Q8_0, Q4_K, Q6_K = 2, 3, 8, 12, 14   # ggml type ids
 BLOCK_SHAPES = {Q4_0: (32, 18), Q4_1: (32, 20), Q8_0: (32, 34), Q4_K: (256, 144),

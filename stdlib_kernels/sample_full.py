@@ -1,7 +1,7 @@
 """The exact single-block sampler over a whole vocabulary (@pk.func): thresholds by 32-step
 bisections over the order keys of all logits, then a draw over per-thread contiguous chunks.
-O(64 passes over the logits, LOADS loads in flight per thread): the multi-block path (sample_filter.py) calls it only when its
-candidate list cannot hold every survivor.
+O(64 passes over the logits, LOADS loads in flight per thread): the multi-block path
+(sample_filter.py) calls it only when its candidate list cannot hold every survivor.
 
 Input: logits x (n,), uniforms u (n_draws,), filter settings; shared scratch (f32[32]) and
 sums (f32, >= block_dim). Output: out[0:n_draws] token ids.

@@ -288,7 +288,8 @@ def matmul(w, type_name: str, x, xq, y, rows: int, y_off: int, stream=None) -> N
     f32, or xq (n, k/32*36) Q8_1 bytes when given."""
     fmt = get_format(type_name)
     n, k = x.shape
-    args = (w, x, L.dummy(np.uint8) if xq is None else xq, y, rows, k, w.shape[-1], y.shape[-1], y_off)
+    args = (w, x, L.dummy(np.uint8) if xq is None else xq, y, rows, k, w.shape[-1],
+            y.shape[-1], y_off)
     spec = (("FMT", CODES[type_name]), ("BE", fmt.block_elems), ("BB", fmt.block_bytes),
             ("Q8", xq is not None))
     L.launch(matmul_rows, (-(-rows // 64), n, 1), 64, args, spec, stream)

@@ -113,4 +113,3 @@ class LogitsReadback:
         values = host[rows * cap:2 * rows * cap].view(np.float32).reshape(rows, cap)
         return [(values[r, :c], ids[r, :c]) if c <= cap else None
                 for r, c in enumerate(host[2 * rows * cap:])]
-

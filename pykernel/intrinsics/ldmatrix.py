@@ -1,7 +1,7 @@
 """`pk.ldmatrix`: the warp loads 8x8 tiles of 16-bit values from shared memory straight into
 mma fragment layout (`ldmatrix.sync.aligned.m8n8.x{1,2,4}[.trans].shared.b16`, sm_75+).
 
-    r0, r1, r2, r3 = pk.ldmatrix(tile, i)            # 4 tiles; lane l gives row l % 8 of tile l // 8
+    r0, r1, r2, r3 = pk.ldmatrix(tile, i)        # 4 tiles; lane l gives row l % 8 of tile l // 8
     b0, b1 = pk.ldmatrix(tile, i, 2, trans=True)     # 2 tiles, transposed
 
 Each lane passes the element index i of one 16-byte row (8 halves) in the shared array `tile`:

@@ -17,7 +17,8 @@ I64 = ir.IntType(64)
 
 class Address:
     def __init__(self, ptr, elem: ScalarType, readonly: bool, origin, node):
-        self.ptr, self.elem, self.readonly, self.origin, self.node = ptr, elem, readonly, origin, node
+        self.ptr, self.elem, self.readonly = ptr, elem, readonly
+        self.origin, self.node = origin, node
 
 
 def _index(fl, node, base):

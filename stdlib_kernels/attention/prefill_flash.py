@@ -18,11 +18,12 @@ shares every K/V tile; each warp owns MT 16-row m-tiles, their Q as f16 A fragme
 registers. Every K/V fragment a warp loads serves its MT m-tiles: with MT = 2 a tile costs half
 the shared-memory reads per mma, which is what bounds MT = 1 (one ldmatrix per two mma).
 Per tile of BN keys (a ring of STAGES shared-memory stages: tiles j + 1 .. j + STAGES - 1 in
-flight while tile j is computed, one barrier per tile): S = Q K^T by mma with K's B fragments from `ldmatrix` (K row-major = B column-major),
-masking only where the tile crosses the causal diagonal or a window, the online softmax in the
-log2 domain, and O += P V with P's A fragments taken from the score accumulators and V's B
-fragments from `ldmatrix(trans=True)` on the row-major V tile (no transposing stores). Rows are
-padded by 8 halves, so the 8 rows of every ldmatrix tile fall in distinct banks.
+flight while tile j is computed, one barrier per tile): S = Q K^T by mma with K's B fragments
+from `ldmatrix` (K row-major = B column-major), masking only where the tile crosses the
+causal diagonal or a window, the online softmax in the log2 domain, and O += P V with P's A
+fragments taken from the score accumulators and V's B fragments from `ldmatrix(trans=True)` on
+the row-major V tile (no transposing stores). Rows are padded by 8 halves, so the 8 rows of
+every ldmatrix tile fall in distinct banks.
 No tokens x tokens matrix is ever stored.
 """
 import pykernel as pk

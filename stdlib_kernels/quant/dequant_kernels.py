@@ -5,8 +5,9 @@ Output: `out` (rows, n) of f32 or f16 (f16 = the f32 value rounded to nearest ev
 `dequantize_rows8`: each thread decodes 8 consecutive elements of one block (the block header
 loaded once, 16-byte stores); used whenever rows are whole multiples of 8 elements, i.e. for
 every quantized format. `dequantize_rows`: one thread per element (float rows of any length).
-Neighbouring threads share their block's bytes through the L1 cache. Products follow ggml's dequantize_row_* order, e.g. Q4_K is
-`(d*sc)*q - (dmin*m)` in float32, so the results match ggml's bits.
+Neighbouring threads share their block's bytes through the L1 cache. Products follow ggml's
+dequantize_row_* order, e.g. Q4_K is `(d*sc)*q - (dmin*m)` in float32, so the results match
+ggml's bits.
 """
 from __future__ import annotations
 

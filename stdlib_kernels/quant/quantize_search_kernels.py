@@ -10,7 +10,7 @@ thread; the parallelism is across sub-blocks (16 per super-block, many super-blo
 from __future__ import annotations
 
 import pykernel as pk
-from pykernel import Const, f32, i32
+from pykernel import Const, f32
 
 from .quantize_kernels import clamp, nearest_int
 

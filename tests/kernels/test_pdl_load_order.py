@@ -10,10 +10,10 @@ read-only path is 1-3% faster there, measured): the previous kernel writes only 
 row, which is read after the wait, and the SASS test below checks that ptxas keeps it there.
 The kernels that wait at entry (the compiler's implicit wait) and read the previous kernel's
 output through "ro" pointers (the quantize, RoPE, combine, argmax, embedding kernels of
-the decode graph) are checked the same way. Two checks: the parameters' flags (always), and the SASS itself (ptxas + nvdisasm: no more
-global loads before the first ACQBULK than the PTX has before the wait, and no coherent one;
-skipped where nvdisasm is absent: it comes with the CUDA toolkit or the nvidia-cuda-nvdisasm
-wheel, and $PYKERNEL_NVDISASM may name it)."""
+the decode graph) are checked the same way. Two checks: the parameters' flags (always), and
+the SASS itself (ptxas + nvdisasm: no more global loads before the first ACQBULK than the
+PTX has before the wait, and no coherent one; skipped where nvdisasm is absent: it comes with
+the CUDA toolkit or the nvidia-cuda-nvdisasm wheel, and $PYKERNEL_NVDISASM may name it)."""
 import os
 import re
 import shutil

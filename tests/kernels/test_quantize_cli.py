@@ -1,7 +1,6 @@
 """`pykernel quantize` (stdlib_kernels.quant.cli / quantize_file): type rules, metadata kept,
 tensors bit-exact with the reference codecs, output readable by gguf-py and the runner."""
 import numpy as np
-import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, LlamaFileType
 
 from pykernel.cli import main as pykernel_main

@@ -58,7 +58,8 @@ def body_lines(ptx: str) -> list[str]:
     body = ptx[ptx.index("{"):ptx.index(".section")] if ".section" in ptx else \
         ptx[ptx.index("{"):]
     return [ln.strip() for ln in body.splitlines()
-            if ln.strip() and not ln.strip().startswith(("//", ".loc", "$L", ".reg", "{", "}", "ld.param"))]
+            if ln.strip() and not ln.strip().startswith(("//", ".loc", "$L", ".reg", "{", "}",
+                                                         "ld.param"))]
 
 
 def test_launch_bounds_in_ptx():
