@@ -7,7 +7,7 @@ memory (its max is the row's max: the top bin is always listed) and draws exactl
 one-row sampler's last block does (sample_filter.draw_from_candidates: thresholds by radix
 select, survivors sorted by index, one search of the cumulative weights). A row whose list
 overflowed, or with top-k off (its top-p / min-p cut may lie below the listed bins), runs the
-exact single-block pass over its whole row instead.
+exact single-block pass over its whole row instead. A row without a number (all NaN) gives -1.
 
 Per-row settings: params (rows, ROW_PARAMS) f32 = [u, 1 / temperature, top_p, min_p, top_k]
 (top_k exact as f32 below 2**24). Wrapper: sampling.sample_rows.
@@ -36,6 +36,8 @@ def rows_draw(x: Ptr[f32, "ro"], n: i32, params: Ptr[f32, "ro"], out: Ptr[i32],
     hist = pk.shared_array(f32, 256)
     bcast = pk.shared_array(f32, 2)
     row = pk.block_idx.x
+    if pk.thread_idx.x == 0:
+        out[row] = -1         # stays when nothing can be drawn (a row without a number)
     p = params + i64(row) * i64(ROW_PARAMS)
     top_k = i32(p[4])
     total = counts[row]

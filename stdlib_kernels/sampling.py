@@ -235,7 +235,8 @@ def sample_rows(x, settings, *, k: int | None = None, cap: int = 1024, out=None,
     on). Three launches for the batch: top_k_candidates, then one block per row draws from
     its list (SAMPLE_THREADS threads). A row with top-k off, or whose list overflowed cap (a
     row flat at the top), takes the exact single-block pass over its whole row: tens of
-    microseconds per pass on a 128k vocabulary, so for such rows sample() is faster."""
+    microseconds per pass on a 128k vocabulary, so for such rows sample() is faster. A row
+    without a number (all NaN) gives -1."""
     x = L.as_array(x, "sample_rows: x", np.float32)
     rows, n = L.rows_and_length(x, "sample_rows: x")
     if not 1 <= cap <= K.CANDIDATES:

@@ -231,17 +231,23 @@ def test_sample_rows_draw_what_sample_draws(device, rng, seed, rows, n):
     """sample_rows: each row's token is the one sample() draws from that row alone with the
     same uniform and filters where top-k is on (the same survivors and sums); elsewhere (top-k
     off, an overflowed list: a row flat at the top, NaN rows) a token of the row's filtered
-    support. Outputs poisoned; twice (the kernels' scratch is left reusable)."""
+    support; an all-NaN row gives -1. Outputs poisoned; twice (the kernels' scratch is left
+    reusable)."""
     x = (rng.standard_normal((rows, n)) * 2.5).astype(np.float32)
     if rows > 2:
         x[1, :] = 0.25                       # flat: overflows the candidate list
         x[2, ::2] = np.nan
+    if rows > 3:
+        x[3, :] = np.nan                     # nothing to draw: -1
     kw = row_filters(rng, rows)
     for _ in range(2):
         u = rng.random(rows)
         settings = S.row_settings(u, **kw)
         got = S.sample_rows(x, settings, out=pk.full(rows, -7, np.int32)).numpy()
         for r in range(rows):
+            if r == 3:
+                assert got[r] == -1, f"seed={seed}: an all-NaN row drew {got[r]}"
+                continue
             mine = {name: value[r] for name, value in kw.items()}
             alone = S.sample(x[r], np.float32(u[r]), **mine).numpy()[0]
             probs = S.filtered_probs_reference(x[r], **mine) if mine["temperature"] > 0 else \
