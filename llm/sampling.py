@@ -44,7 +44,8 @@ def penalty_window(history: Sequence[int], p: SamplingParams) -> list:
     if p.repeat_last_n == 0 or (p.repeat_penalty == 1.0 and p.presence_penalty == 0.0
                                 and p.frequency_penalty == 0.0):
         return []
-    return list(history) if p.repeat_last_n == -1 else list(history)[-p.repeat_last_n:]
+    # slice before copying: this runs every step, and a history grows with the context
+    return list(history) if p.repeat_last_n == -1 else list(history[-p.repeat_last_n:])
 
 
 def apply_penalties(logits: np.ndarray, history: Sequence[int], p: SamplingParams) -> np.ndarray:
