@@ -10,7 +10,9 @@ later and streams its answer, and the gaps between a stream's chunks are reporte
 long the running streams stall while new requests start), TEMPERATURE (default 0: greedy;
 else each request samples with llama.cpp's default filters and seed = its index; SEEDED=0:
 without a seed, as API clients mostly ask, which lets the device draw; PRESENCE: a
-presence_penalty for every request), WARM_UP
+presence_penalty for every request; SEEDED_CLIENTS=N: with SEEDED=0, the first N clients
+still send their seed; LOGPROBS_CLIENTS=N: the first N clients ask for logprobs 1: a step
+of mixed requests), WARM_UP
 (default 1; 0: servers start without warm-up, so the first run of a process compiles under
 its requests and only later runs time the steady state). Output: a table per model, then
 for each row where the server's worker spent the clients' run (llm/serve_metrics.py: prompts,
@@ -40,13 +42,17 @@ TEMPERATURE = float(os.environ.get("TEMPERATURE", "0"))
 WARM_UP = os.environ.get("WARM_UP", "1") != "0"
 SEEDED = os.environ.get("SEEDED", "1") != "0"
 PRESENCE = float(os.environ.get("PRESENCE", "0"))
+SEEDED_CLIENTS = int(os.environ.get("SEEDED_CLIENTS", "0"))
+LOGPROBS_CLIENTS = int(os.environ.get("LOGPROBS_CLIENTS", "0"))
 
 
 def request_body(prompt: str, tokens: int, seed: int, **extra) -> bytes:
-    seeding = {"seed": seed} if SEEDED else {}
+    """The completion request of client `seed` (its index)."""
+    seeding = {"seed": seed} if SEEDED or seed < SEEDED_CLIENTS else {}
     penalty = {"presence_penalty": PRESENCE} if PRESENCE else {}
+    logprobs = {"logprobs": 1} if seed < LOGPROBS_CLIENTS else {}
     return json.dumps({"prompt": prompt, "max_tokens": tokens, "temperature": TEMPERATURE,
-                       **seeding, **penalty, **extra}).encode()
+                       **seeding, **penalty, **logprobs, **extra}).encode()
 
 
 def ask(url: str, prompt: str, tokens: int, seed: int = 0) -> dict:

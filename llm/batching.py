@@ -355,8 +355,12 @@ class BatchScheduler:
             self._flush()        # the last step's text, while this one runs on the device
             picks, rows = self._step_picks(active, logits)
         with self.metrics.timed("sample"):
-            if isinstance(picks[0], tuple):      # candidate lists: every row in one pass
-                picks = sample_among_rows([r.gen.sampler for r in active], picks)
+            listed = [i for i, pick in enumerate(picks) if isinstance(pick, tuple)]
+            if listed:                           # candidate lists: all of them in one pass
+                drawn = sample_among_rows([active[i].gen.sampler for i in listed],
+                                          [picks[i] for i in listed])
+                for i, token in zip(listed, drawn):
+                    picks[i] = token
             done = []
             for request, row, pick in zip(active, rows, picks):
                 request.gen.stats.decode_steps += 1
@@ -367,35 +371,53 @@ class BatchScheduler:
 
     def _step_picks(self, active: list, logits) -> tuple[list, list]:
         """(picks, host rows) of a step's logits, one each per active request, so that the
-        logits stay on the device where the requests allow: when every request is plain
-        greedy (no penalty, no logprobs) its pick is its token, from the backend's
-        argmax_rows (16 ids copied instead of 8 MB of logits rows); when each of two or
-        more (or a lone one with penalties) is greedy or an unseeded top-k sampler,
-        penalties or not (Sampler.device_row_draws), the device draws every token
-        (Backend.sample_rows: the host's sampling phase, ~1 ms a 16-row step on an H100's
-        host, leaves the step's critical path, and penalised rows are not copied whole);
-        when each is greedy or samples with top-k (Sampler.candidate_k), its pick is its
-        row's largest logits (Backend.top_candidates, a few hundred values a row);
-        otherwise, or where a list overflowed, every row is copied to the host (rows) and
-        sampled there. The candidate lists are sampled together (sample_among_rows: one
-        numpy pass for all rows, ~0.1 ms for 16 where one by one took ~0.7 ms on a 2-core
-        machine)."""
+        logits stay on the device where the requests allow. Each request's row goes the
+        cheapest way it allows, and a step's rows may go different ways:
+        - every request plain greedy (no penalty, no logprobs): the backend's argmax_rows
+          (16 ids copied instead of 8 MB of logits rows);
+        - greedy or an unseeded top-k sampler, penalties or not (Sampler.device_row_draws),
+          when two or more such rows (or one with penalties) are in the step: drawn on the
+          device (Backend.sample_rows: the host's sampling phase, ~1 ms a 16-row step on an
+          H100's host, leaves the step's critical path, and penalised rows are not copied
+          whole); the pick is the token;
+        - greedy or top-k with no penalty (Sampler.candidate_k): the row's largest logits
+          (Backend.top_candidates, a few hundred values a row); the pick is that list,
+          sampled on the host for all such rows in one pass (sample_among_rows);
+        - otherwise (a seed with top-k off, logprobs wanted, a list that overflowed): the
+          row is copied to the host (rows) and sampled there.
+        A seeded request or one wanting logprobs thus takes only its own row off the
+        device path, not the whole step's."""
         backend, n = self.model.backend, len(active)
         wanted = [r.gen.sampler.candidate_k if r.gen.logprobs is None else 0 for r in active]
         if all(k == 1 for k in wanted):
             return [int(t) for t in backend.argmax_rows(logits)], [None] * n
-        if (n >= DEVICE_DRAW_ROWS or 0 in wanted) and all(
-                r.gen.logprobs is None and r.gen.sampler.device_row_draws for r in active):
-            tokens = backend.sample_rows(logits, [r.gen.sampler for r in active],
-                                         [r.gen.history for r in active])
+        picks: list = [None] * n
+        rows: list = [None] * n
+
+        def part(indices: list):
+            return logits if len(indices) == n else backend.rows(logits, indices)
+
+        drawable = [i for i, r in enumerate(active)
+                    if r.gen.logprobs is None and r.gen.sampler.device_row_draws]
+        if len(drawable) >= DEVICE_DRAW_ROWS or any(wanted[i] == 0 for i in drawable):
+            tokens = backend.sample_rows(part(drawable),
+                                         [active[i].gen.sampler for i in drawable],
+                                         [active[i].gen.history for i in drawable])
             if tokens is not None:
-                return [int(t) for t in tokens], [None] * n
-        if all(wanted):
-            lists = backend.top_candidates(logits, max(wanted))
-            if lists is not None and all(c is not None for c in lists):
-                return lists, [None] * n
-        rows = backend.to_host(logits)[-1:] if n == 1 else backend.to_host_reused(logits)
-        return [None] * n, rows
+                for i, token in zip(drawable, tokens):
+                    picks[i] = int(token)
+        listed = [i for i in range(n) if picks[i] is None and wanted[i]]
+        if listed:
+            lists = backend.top_candidates(part(listed), max(wanted[i] for i in listed))
+            for i, candidates in zip(listed, lists or ()):
+                picks[i] = candidates          # (None where the list overflowed)
+        whole = [i for i in range(n) if picks[i] is None]
+        if whole:
+            host = (backend.to_host(logits)[-1:] if n == 1 else
+                    backend.to_host_reused(part(whole)))
+            for i, row in zip(whole, host):
+                rows[i] = row
+        return picks, rows
 
     def _advance(self, request: _Request, logits: np.ndarray | None,
                  token: int | None = None) -> bool:

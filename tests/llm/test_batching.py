@@ -378,8 +378,9 @@ def test_unseeded_top_k_requests_draw_on_the_device(where, monkeypatch):
     token from Backend.sample_rows (drawn on the device: no logits row, no candidate list to
     the host; a lone request's step draws from its candidates on the host); the greedy
     request still gets its text alone; requests with penalties draw there too (the device
-    applies them first). A seeded request in the batch sends its steps back to the host's
-    draws (candidate lists), so the seed keeps its text."""
+    applies them first). A seeded request in the batch draws on the host from its row's
+    candidate list (the seed keeps its text), and a request wanting logprobs gets its row
+    whole, while the others' rows still draw on the device."""
     model = load(*where, n_ctx=192)
     greedy = "".join(model.generate(PROMPTS[1], max_tokens=MAX_TOKENS[1], temperature=0))
     seeded = dict(temperature=0.9, top_k=40, seed=5)
@@ -401,9 +402,17 @@ def test_unseeded_top_k_requests_draw_on_the_device(where, monkeypatch):
     assert ("sample_rows", 3) in calls, calls
     assert all(name == "sample_rows" for name, rows in calls if rows > 1), calls
     assert all(name == "top_candidates" for name, rows in calls if rows == 1), calls
+    # a seeded request takes only its own row to the host's draws (its candidate list)
     got = together_until(model, [unseeded, dict(temperature=0), seeded], calls, everyone_steps)
     assert got[1] == greedy and got[2] == seeded_text, got
-    assert ("top_candidates", 3) in calls, calls   # (device draws once the seeded one ends)
+    assert ("sample_rows", 2) in calls and ("top_candidates", 1) in calls, calls
+    assert all(rows < 3 for _, rows in calls), calls
+    # one wanting logprobs: its row alone copied whole
+    got = together_until(model, [unseeded, dict(temperature=0, logprobs=2), unseeded], calls,
+                         everyone_steps)
+    assert got[1] == greedy, got
+    assert ("sample_rows", 2) in calls and ("to_host_reused", 1) in calls, calls
+    assert all(rows < 3 for _, rows in calls), calls
     # penalties: applied on the device too, for a request left alone as well
     penalised = dict(unseeded, repeat_penalty=1.2, presence_penalty=0.3, frequency_penalty=0.1)
     got = together_until(model, [penalised, dict(temperature=0), penalised], calls, one_outlives)
