@@ -237,12 +237,11 @@ class Sampler:
     @property
     def device_row_draws(self) -> bool:
         """Backend.sample_rows may draw this sampler's token on the device (a batched step's
-        rows, or a lone penalised row): plain greedy, or unseeded with top-k on up to
-        CANDIDATE_K_MAX, penalties or not (the device applies them first, over
-        penalty_window)."""
+        rows, or a lone penalised row): greedy (a seed changes nothing there), or unseeded
+        with top-k on up to CANDIDATE_K_MAX; penalties or not (the device applies them
+        first, over penalty_window)."""
         p = self.params
-        return self.plain_argmax or (p.seed is None and p.temperature > 0
-                                     and 0 < p.top_k <= CANDIDATE_K_MAX)
+        return p.temperature <= 0 or (p.seed is None and 0 < p.top_k <= CANDIDATE_K_MAX)
 
     def sample_among(self, values: np.ndarray, ids: np.ndarray) -> int:
         """The token `sample` picks from a row whose largest logits (candidate_k of them at

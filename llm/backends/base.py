@@ -199,10 +199,10 @@ class Backend(ABC):
     def sample(self, logits: Act, sampler, history) -> int:
         """Next token from the last row of `logits`: a plain greedy sampler's through
         argmax_rows (on the device where the backend has one), a top-k sampler's from the
-        row's top_candidates where the backend gives them, an unseeded top-k sampler's with
-        penalties through sample_rows (penalties and draw on the device, rather than the
-        whole row on the host; the row's logits change in place), any other on the host over
-        a copy of the row."""
+        row's top_candidates where the backend gives them, a greedy or unseeded top-k
+        sampler's with penalties through sample_rows (penalties and pick on the device,
+        rather than the whole row on the host; the row's logits change in place), any other
+        on the host over a copy of the row."""
         k = sampler.candidate_k
         if k == 1:
             return int(self.argmax_rows(self.last_row(logits))[0])

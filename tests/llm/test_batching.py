@@ -267,8 +267,9 @@ def test_concurrent_greedy_generations_equal_each_alone(where):
 @pytest.mark.parametrize("where", BACKENDS, ids=lambda w: "-".join(w))
 def test_greedy_steps_copy_ids_not_logits_and_text_goes_out_during_steps(where, monkeypatch):
     """Steps whose requests are all plain greedy take their tokens from Backend.argmax_rows
-    (on the kernels backend the device's argmax: no logits row copied); a request with a
-    repeat penalty makes its steps copy the rows to the host. Either way every text is the
+    (on the kernels backend the device's argmax: no logits row copied); a greedy request
+    with a repeat penalty makes its steps draw on the device (kernels backend: penalties and
+    argmax there) or copy the rows to the host (numpy). Either way every text is the
     request's text alone, and the previous step's text has been handed to the consumers
     before the worker waits for a step's logits (it goes out while the step runs)."""
     model = load(*where, n_ctx=192)
@@ -279,12 +280,13 @@ def test_greedy_steps_copy_ids_not_logits_and_text_goes_out_during_steps(where, 
     backend, calls = model.backend, []
 
     def spy(name, read):
-        def call(x):
+        def call(x, *rest):
             calls.append((name, len(scheduler._handoffs)))
-            return read(x)
+            return read(x, *rest)
         return call
     monkeypatch.setattr(backend, "argmax_rows", spy("argmax", backend.argmax_rows))
     monkeypatch.setattr(backend, "to_host_reused", spy("rows", backend.to_host_reused))
+    monkeypatch.setattr(backend, "sample_rows", spy("draw", backend.sample_rows))
     try:
         def run(group):
             with scheduler._wake:                  # admitted together
@@ -298,7 +300,8 @@ def test_greedy_steps_copy_ids_not_logits_and_text_goes_out_during_steps(where, 
     finally:
         scheduler.close()
     assert greedy_calls and {name for name, _ in greedy_calls} == {"argmax"}, greedy_calls
-    assert ("rows", 0) in calls, calls              # the penalised request's batch of 2
+    # the penalised greedy request's batch of 2: drawn on the device where there is one
+    assert (("draw", 0) if where[1] == "kernels" else ("rows", 0)) in calls, calls
     assert all(pending == 0 for _, pending in greedy_calls + calls)
 
 
@@ -426,7 +429,8 @@ def test_a_penalised_unseeded_stream_draws_on_the_device(where, monkeypatch):
     """A single stream (Model.generate: Backend.sample each step) with an unseeded top-k
     sampler and penalties draws through sample_rows (penalties and draw on the device),
     never copying a logits row to the host; the same sampler with a seed keeps the host's
-    draw over the whole row."""
+    draw over the whole row. A greedy one with penalties draws there too, and gets the
+    text of the host's penalties and argmax."""
     model = load(*where, n_ctx=192)
     backend, calls = model.backend, []
 
@@ -443,6 +447,13 @@ def test_a_penalised_unseeded_stream_draws_on_the_device(where, monkeypatch):
     calls.clear()
     "".join(model.generate(PROMPTS[0], seed=3, **options))
     assert calls and set(calls) == {"to_host"}, calls
+    # greedy with penalties: drawn on the device too, the tokens the host's argmax picks
+    greedy = dict(max_tokens=12, temperature=0, repeat_penalty=1.5, presence_penalty=0.4)
+    calls.clear()
+    on_device = "".join(model.generate(PROMPTS[4], **greedy))
+    assert calls and set(calls) == {"sample_rows"}, calls
+    monkeypatch.setattr(backend, "sample_rows", lambda *args: None)   # no device sampler
+    assert "".join(model.generate(PROMPTS[4], **greedy)) == on_device
 
 
 def test_slots_reuse_prefixes_and_consumers_that_leave_free_theirs():

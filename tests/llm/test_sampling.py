@@ -115,6 +115,18 @@ def test_plain_argmax_means_the_argmax_alone_decides(params, plain, rng):
         assert sampler.sample(logits, history) == np.argmax(logits)
 
 
+@pytest.mark.parametrize("params,drawable", [
+    (dict(temperature=0), True), (dict(temperature=0, repeat_penalty=1.3, seed=4), True),
+    (dict(temperature=0.8, top_k=40), True), (dict(temperature=0.8, top_k=40, seed=4), False),
+    (dict(temperature=0.8, top_k=40, presence_penalty=0.5), True),
+    (dict(temperature=0.8, top_k=0), False), (dict(temperature=0.8, top_k=257), False)])
+def test_device_row_draws_means_greedy_or_unseeded_top_k(params, drawable):
+    """device_row_draws (Backend.sample_rows may draw the token on the device, penalties
+    applied there first): any greedy sampler (a seed decides nothing there), or an unseeded
+    one whose top-k list (up to CANDIDATE_K_MAX) holds every token it may draw."""
+    assert Sampler(SamplingParams(**params)).device_row_draws is drawable
+
+
 @pytest.mark.parametrize("params,k", [
     (dict(temperature=0), 1), (dict(temperature=0.8, top_k=40), 40),
     (dict(temperature=0.8, top_k=256), 256), (dict(temperature=0.8, top_k=257), 0),
