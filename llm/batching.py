@@ -395,7 +395,7 @@ class BatchScheduler:
         rows: list = [None] * n
 
         def part(indices: list):
-            return logits if len(indices) == n else backend.rows(logits, indices)
+            return logits if len(indices) == n else backend.logits_rows(logits, indices)
 
         drawable = [i for i, r in enumerate(active)
                     if r.gen.logprobs is None and r.gen.sampler.device_row_draws]

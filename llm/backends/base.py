@@ -196,6 +196,12 @@ class Backend(ABC):
         default: the samplers are left untouched)."""
         return None
 
+    def logits_rows(self, x: Act, indices: Sequence[int]) -> Act:
+        """x[indices] of a step's logits, for the rows that go one way (device draws,
+        candidate lists, copies) when the step's rows go different ways; valid until the
+        next call (default: rows)."""
+        return self.rows(x, np.asarray(indices, np.int64))
+
     def sample(self, logits: Act, sampler, history) -> int:
         """Next token from the last row of `logits`: a plain greedy sampler's through
         argmax_rows (on the device where the backend has one), a top-k sampler's from the

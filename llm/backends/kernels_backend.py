@@ -655,6 +655,9 @@ class KernelsBackend(Backend):
     def sample_rows(self, x, samplers, histories):
         return self.readback.sample_rows(self.materialize(x), samplers, histories)
 
+    def logits_rows(self, x, indices):
+        return self.readback.pick(self.materialize(x), indices)
+
     def last_row(self, x):
         x = self.materialize(x)
         if self._last_index is None:

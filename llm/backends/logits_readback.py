@@ -11,6 +11,7 @@ import numpy as np
 
 import pykernel as pk
 from llm.sampling import penalty_window
+from stdlib_kernels import embedding as embedding_rows
 from stdlib_kernels.sampling import (apply_penalties_rows, argmax, lists_k, row_settings,
                                      sample_rows, top_k_candidates)
 
@@ -27,6 +28,7 @@ class LogitsReadback:
         self._lists = None         # top_candidates' device lists: ids, values, counts
         self._lists_host = None    # and their page-locked copy (cuda)
         self._staged = {}          # sample_rows' uploads: name -> (page-locked, device)
+        self._picked = None        # pick's rows
 
     def rows(self, x) -> np.ndarray:
         """x whole; on a GPU into one page-locked buffer: 16 rows of a 128k vocabulary's
@@ -37,6 +39,16 @@ class LogitsReadback:
         if self._rows is None or self._rows.size < x.size:
             self._rows = pk.pinned_empty(x.size, np.float32, self.device)
         return x.numpy(out=self._rows[:x.size].reshape(x.shape))
+
+    def pick(self, x, indices) -> "pk.Array":
+        """x's rows at indices, copied into a buffer of this readback's own (not the step's
+        activation arena, whose slots the captured steps' graphs use), for a step whose rows
+        are read back in different ways; valid until the next pick."""
+        rows, width = len(indices), x.shape[1]
+        if self._picked is None or self._picked.size < rows * width:
+            self._picked = pk.empty(rows * width, np.float32)
+        index = self._upload("picked", np.asarray(indices, np.int32))
+        return embedding_rows(x, index, out=self._picked[:rows * width].reshape(rows, width))
 
     def argmax_rows(self, x) -> np.ndarray:
         """Each row's argmax on the device, the ids alone copied (an all-NaN row: 0)."""

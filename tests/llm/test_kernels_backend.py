@@ -78,6 +78,19 @@ def test_argmax_rows_equal_numpy(models, rng, seed, vocab):
     assert backend.argmax_rows(pk.to_device(x[1:2])).tolist() == [expected[1]]
 
 
+def test_logits_rows_pick_a_steps_rows_into_a_buffer_of_their_own(models, rng, seed):
+    """Backend.logits_rows on the kernels backend: the chosen rows in the order asked, in a
+    buffer that is not the step's activation arena (a later pick of fewer rows reuses it)."""
+    import pykernel as pk
+    backend = models["tiny-llama-f32.gguf"].backend
+    x = rng.standard_normal((6, 3001)).astype(np.float32)
+    device_x = pk.to_device(x)
+    for indices in ([4, 0, 5], [2]):
+        got = backend.logits_rows(device_x, indices)
+        assert np.array_equal(got.numpy(), x[indices]), f"seed {seed}"
+    assert np.array_equal(device_x.numpy(), x)
+
+
 def test_top_candidates_list_each_rows_largest(models, rng, seed):
     """Backend.top_candidates on the kernels backend: per row its k largest logits (with the
     ids they sit at) among a short list, twice over the same buffers; a row flat at the top
