@@ -8,6 +8,7 @@ decode step reads contiguous rows per head.
 from __future__ import annotations
 
 import math
+import mmap
 import os
 import time
 from typing import Sequence
@@ -44,14 +45,26 @@ def kv_round_trip(x: np.ndarray, kv_type: str) -> np.ndarray:
     return x
 
 
+def zeros_committed_on_write(shape: tuple) -> np.ndarray:
+    """float32 zeros whose memory the OS commits page by page as it is first written (an
+    anonymous mmap of 4 KB pages). np.zeros asks for transparent huge pages on arrays this
+    large, and a cache's first token then touched each head's 2 MB page of every layer:
+    a 8192-token SmolLM2 cache (360 MiB) was zeroed whole under the first prompt, 0.4 s of
+    its 0.55 s on a 2-core machine."""
+    nbytes = math.prod(shape) * 4
+    if nbytes == 0:
+        return np.zeros(shape, np.float32)
+    return np.frombuffer(mmap.mmap(-1, nbytes), np.float32).reshape(shape)
+
+
 class NumpyKVCache(KVCache):
     def __init__(self, n_layer, n_ctx, n_head_kv, head_dim, head_dim_v, kv_type: str = "f32"):
         self.n_layer, self.n_ctx, self.n_head_kv = n_layer, n_ctx, n_head_kv
         self.head_dim, self.head_dim_v = head_dim, head_dim_v
         self.kv_type = kv_type   # the values stored are rounded as this type would hold them
-        # np.zeros maps untouched pages lazily: memory is committed as positions get written
-        self.k = [np.zeros((n_head_kv, n_ctx, head_dim), np.float32) for _ in range(n_layer)]
-        self.v = [np.zeros((n_head_kv, n_ctx, head_dim_v), np.float32) for _ in range(n_layer)]
+        self.k = [zeros_committed_on_write((n_head_kv, n_ctx, head_dim)) for _ in range(n_layer)]
+        self.v = [zeros_committed_on_write((n_head_kv, n_ctx, head_dim_v))
+                  for _ in range(n_layer)]
 
     @property
     def nbytes(self) -> int:

@@ -2,6 +2,7 @@
 activation-quantization emulation, RoPE, attention (causal, GQA, sliding window), norms and
 activations, on fresh random inputs with awkward sizes."""
 import math
+import os
 
 import numpy as np
 import pytest
@@ -154,3 +155,24 @@ def test_thread_chooser_prefers_measured_faster_count():
     if previous is not None:                      # numpy's OpenBLAS is reachable here
         assert get_threads() == 1
         set_threads(previous)
+
+
+def resident_kib() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux's /proc")
+def test_kv_cache_memory_is_committed_as_positions_are_written():
+    """A fresh cache's first token commits a few pages per head, not the whole cache (numpy's
+    huge pages had committed all of a 8192-token cache, 2 MB per head, at the first token),
+    and its values start at zero."""
+    from llm.backends.numpy_backend import NumpyKVCache
+    cache = NumpyKVCache(n_layer=30, n_ctx=8192, n_head_kv=3, head_dim=64, head_dim_v=64)
+    assert cache.nbytes == 360 << 20
+    before = resident_kib()
+    for k, v in zip(cache.k, cache.v):
+        k[:, :5] = 1.0
+        v[:, :5] = 2.0
+    assert resident_kib() - before < 16 << 10, "more than 16 MiB committed for 5 positions"
+    assert cache.k[7][:, 5:].max() == 0.0 and cache.v[29][1, :5].min() == 2.0
