@@ -2,13 +2,12 @@
 
 Input: GGUF tensors, dequantized once at load to float32 (out_features, in_features) arrays, and
 activations as float32 ndarrays. Output: float32 ndarrays. Matmuls go to BLAS (x @ w.T, a GEMV at
-decode); the KV cache is one preallocated (n_head_kv, n_ctx, head_dim) array per layer so a
-decode step reads contiguous rows per head.
+decode); the KV cache is one (n_head_kv, rows, head_dim) array per layer, rows growing up to
+n_ctx as positions are written, so a decode step reads contiguous rows per head.
 """
 from __future__ import annotations
 
 import math
-import mmap
 import os
 import time
 from typing import Sequence
@@ -45,34 +44,52 @@ def kv_round_trip(x: np.ndarray, kv_type: str) -> np.ndarray:
     return x
 
 
-def zeros_committed_on_write(shape: tuple) -> np.ndarray:
-    """float32 zeros whose memory the OS commits page by page as it is first written (an
-    anonymous mmap of 4 KB pages). np.zeros asks for transparent huge pages on arrays this
-    large, and a cache's first token then touched each head's 2 MB page of every layer:
-    a 8192-token SmolLM2 cache (360 MiB) was zeroed whole under the first prompt, 0.4 s of
-    its 0.55 s on a 2-core machine."""
-    nbytes = math.prod(shape) * 4
-    if nbytes == 0:
-        return np.zeros(shape, np.float32)
-    return np.frombuffer(mmap.mmap(-1, nbytes), np.float32).reshape(shape)
-
-
 class NumpyKVCache(KVCache):
+    """Per layer K and V arrays (n_head_kv, rows, head_dim), rows growing on demand up to
+    n_ctx (reserve): a cache preallocated whole had numpy's transparent huge pages (asked
+    for on arrays of 4 MB or more) commit each head's 2 MB page of every layer at the first
+    token: a 8192-token SmolLM2 cache (360 MiB) was zeroed under the first prompt, 0.4 s of
+    its 0.55 s on a 2-core machine. Grown by doubling, the cache commits at most about twice
+    the positions written; its arrays get huge pages again once they pass 4 MB (long
+    contexts, where they pay: 4 KB pages read a 2048-token context's keys 8% slower)."""
+    FIRST_ROWS = 256
+
     def __init__(self, n_layer, n_ctx, n_head_kv, head_dim, head_dim_v, kv_type: str = "f32"):
         self.n_layer, self.n_ctx, self.n_head_kv = n_layer, n_ctx, n_head_kv
         self.head_dim, self.head_dim_v = head_dim, head_dim_v
         self.kv_type = kv_type   # the values stored are rounded as this type would hold them
-        self.k = [zeros_committed_on_write((n_head_kv, n_ctx, head_dim)) for _ in range(n_layer)]
-        self.v = [zeros_committed_on_write((n_head_kv, n_ctx, head_dim_v))
-                  for _ in range(n_layer)]
+        self.k: list[np.ndarray] = []
+        self.v: list[np.ndarray] = []
+        self._grow(min(n_ctx, self.FIRST_ROWS))
+
+    @property
+    def rows(self) -> int:
+        """Positions the arrays hold now (reserve grows them)."""
+        return self.k[0].shape[1] if self.k else 0
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
+        """The cache's size at its full n_ctx."""
+        return self.n_layer * self.n_head_kv * self.n_ctx * (self.head_dim + self.head_dim_v) * 4
+
+    def reserve(self, rows: int) -> None:
+        """Room for positions [0, rows) (at most n_ctx), the ones held kept."""
+        if rows > self.rows:
+            self._grow(min(self.n_ctx, max(rows, 2 * self.rows)))
+
+    def _grow(self, rows: int) -> None:
+        old_k, old_v, held = self.k, self.v, self.rows
+        self.k = [np.zeros((self.n_head_kv, rows, self.head_dim), np.float32)
+                  for _ in range(self.n_layer)]
+        self.v = [np.zeros((self.n_head_kv, rows, self.head_dim_v), np.float32)
+                  for _ in range(self.n_layer)]
+        for new, old in zip(self.k + self.v, old_k + old_v):
+            new[:, :held] = old
 
     def copy_from(self, other: "NumpyKVCache", n_rows: int) -> None:
+        self.reserve(n_rows)
         for mine, theirs in zip(self.k + self.v, other.k + other.v):
-            mine[:, :n_rows] = theirs[:, :n_rows]    # untouched pages stay uncommitted
+            mine[:, :n_rows] = theirs[:, :n_rows]
 
 
 def _kv_type(value) -> str:
@@ -268,6 +285,7 @@ class NumpyBackend(Backend):
     def attention(self, q, k, v, cache: NumpyKVCache, layer, start, scale, window=0):
         n, end = q.shape[0], start + q.shape[0]
         n_kv, d, dv = cache.n_head_kv, cache.head_dim, cache.head_dim_v
+        cache.reserve(end)
         k_cache, v_cache = cache.k[layer], cache.v[layer]
         k_rows = kv_round_trip(k.reshape(n, n_kv, d), cache.kv_type)
         v_rows = kv_round_trip(v.reshape(n, n_kv, dv), cache.kv_type)

@@ -164,15 +164,43 @@ def resident_kib() -> int:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux's /proc")
 def test_kv_cache_memory_is_committed_as_positions_are_written():
-    """A fresh cache's first token commits a few pages per head, not the whole cache (numpy's
-    huge pages had committed all of a 8192-token cache, 2 MB per head, at the first token),
-    and its values start at zero."""
+    """A fresh cache's first token commits little, not the whole cache (numpy's huge pages
+    had committed all of a 8192-token cache, 2 MB per head and layer, at the first token);
+    the cache grows to a position written beyond it, keeping what it held."""
     from llm.backends.numpy_backend import NumpyKVCache
+    before = resident_kib()
     cache = NumpyKVCache(n_layer=30, n_ctx=8192, n_head_kv=3, head_dim=64, head_dim_v=64)
     assert cache.nbytes == 360 << 20
-    before = resident_kib()
+    cache.reserve(5)
     for k, v in zip(cache.k, cache.v):
         k[:, :5] = 1.0
         v[:, :5] = 2.0
     assert resident_kib() - before < 16 << 10, "more than 16 MiB committed for 5 positions"
+    cache.reserve(3000)
+    assert cache.rows >= 3000
     assert cache.k[7][:, 5:].max() == 0.0 and cache.v[29][1, :5].min() == 2.0
+    assert cache.k[0][:, :5].min() == 1.0
+    cache.reserve(10 ** 6)
+    assert cache.rows == 8192
+
+
+def test_attention_over_a_growing_cache_equals_a_preallocated_one(rng, seed, monkeypatch):
+    """Prefill then decode steps through the numpy backend's attention, across the cache's
+    growth (FIRST_ROWS 4), give exactly the outputs of a cache that never grows."""
+    from llm.backends.numpy_backend import NumpyKVCache
+    n_kv, d, n_head = 2, 16, 6
+    outputs = []
+    for first_rows in (64, 4):
+        monkeypatch.setattr(NumpyKVCache, "FIRST_ROWS", first_rows)
+        cache = NumpyKVCache(n_layer=1, n_ctx=40, n_head_kv=n_kv, head_dim=d, head_dim_v=d)
+        gen = np.random.default_rng(seed)
+        q, k, v = (gen.standard_normal((7, w), dtype=np.float32)
+                   for w in (n_head * d, n_kv * d, n_kv * d))
+        got = [NumpyBackend.attention(None, q, k, v, cache, 0, 0, 0.25)]
+        for pos in range(7, 30):
+            q, k, v = (gen.standard_normal((1, w), dtype=np.float32)
+                       for w in (n_head * d, n_kv * d, n_kv * d))
+            got.append(NumpyBackend.attention(None, q, k, v, cache, 0, pos, 0.25))
+        outputs.append(np.concatenate(got))
+    assert cache.rows == 32
+    assert np.array_equal(outputs[0], outputs[1]), f"seed {seed}"
