@@ -175,7 +175,7 @@ def test_kv_cache_memory_is_committed_as_positions_are_written():
     for k, v in zip(cache.k, cache.v):
         k[:, :5] = 1.0
         v[:, :5] = 2.0
-    assert resident_kib() - before < 16 << 10, "more than 16 MiB committed for 5 positions"
+    assert resident_kib() - before < 64 << 10, "more than 64 MiB committed for 5 positions"
     cache.reserve(3000)
     assert cache.rows >= 3000
     assert cache.k[7][:, 5:].max() == 0.0 and cache.v[29][1, :5].min() == 2.0
