@@ -397,8 +397,9 @@ class BatchScheduler:
         def part(indices: list):
             return logits if len(indices) == n else backend.logits_rows(logits, indices)
 
-        drawable = [i for i, r in enumerate(active)
-                    if r.gen.logprobs is None and r.gen.sampler.device_row_draws]
+        on_device = backend.logits_on_device    # (a host backend's rows: nothing to gather)
+        drawable = [i for i, r in enumerate(active) if on_device
+                    and r.gen.logprobs is None and r.gen.sampler.device_row_draws]
         if len(drawable) >= DEVICE_DRAW_ROWS or any(wanted[i] == 0 for i in drawable):
             tokens = backend.sample_rows(part(drawable),
                                          [active[i].gen.sampler for i in drawable],
@@ -406,7 +407,7 @@ class BatchScheduler:
             if tokens is not None:
                 for i, token in zip(drawable, tokens):
                     picks[i] = int(token)
-        listed = [i for i in range(n) if picks[i] is None and wanted[i]]
+        listed = [i for i in range(n) if on_device and picks[i] is None and wanted[i]]
         if listed:
             lists = backend.top_candidates(part(listed), max(wanted[i] for i in listed))
             for i, candidates in zip(listed, lists or ()):

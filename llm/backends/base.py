@@ -46,6 +46,10 @@ class Backend(ABC):
     # True: the model may call rope() once on the adjacent q|k columns (fewer calls); False:
     # rope() is called on q and on k separately (a backend may fuse each with the KV write)
     rope_qk_together: bool = False
+    # True: a step's logits live on a device that can draw tokens and list candidates there
+    # (sample_rows, top_candidates answer); False: they are host rows already (those return
+    # None), so the scheduler copies nothing to try them
+    logits_on_device: bool = False
 
     # --- weights (called once at load) -------------------------------------------------------
     def host_weight_bytes(self, tensors: Iterable[TensorInfo]) -> int:

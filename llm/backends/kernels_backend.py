@@ -88,6 +88,7 @@ class DeviceTable:
 
 class KernelsBackend(Backend):
     name = "kernels"
+    logits_on_device = True
 
     def __init__(self, device: str = "cuda", activations: str = "q8_1", kv_dtype=None,
                  graphs: bool = True, gemv: bool | None = None):
