@@ -15,7 +15,7 @@ import numpy as np
 
 import llm
 
-TINY = Path(os.environ.get("TINY_DIR", "/work/shared/golden/tiny"))
+TINY = Path(os.environ.get("TINY_DIR", str(Path(__file__).resolve().parents[1] / "tests" / "data" / "golden" / "tiny")))
 
 
 def rel_l2(a, b):

@@ -1,18 +1,16 @@
-"""Where the oracle data lives: ../shared beside the checkout ($PYKERNEL_SHARED overrides).
-Tests that need a file skip with the reason when it is absent (e.g. on a GPU machine that
-received only the working tree); CI always has it."""
-import os
+"""Where the oracle data lives: tests/data/golden inside the checkout, copied from the team's
+shared folder (../shared/golden, made by llama.cpp) so that a fresh clone tests with nothing
+beside it. A test that needs a file it cannot find fails: missing oracle data is a broken
+checkout, not a reason to skip."""
 from pathlib import Path
 
-import pytest
-
-SHARED = Path(os.environ.get("PYKERNEL_SHARED",
-                             Path(__file__).resolve().parents[2] / "shared"))
-GOLDEN = SHARED / "golden"
+DATA = Path(__file__).resolve().parent / "data"
+GOLDEN = DATA / "golden"
 
 
 def require(path) -> Path:
+    """The path itself, after checking it exists (a clear error instead of a later one)."""
     path = Path(path)
     if not path.exists():
-        pytest.skip(f"oracle data {path} not present (needs ../shared beside the checkout)")
+        raise FileNotFoundError(f"oracle data {path} is missing from the checkout (tests/data)")
     return path

@@ -1,6 +1,5 @@
 """Device quantize/dequantize kernels (stdlib_kernels.quant.device) against ggml's golden bytes
 and the numpy reference codecs, on the CPU target and (marked gpu) on CUDA."""
-import os
 
 import numpy as np
 import pytest
@@ -9,9 +8,9 @@ import pykernel as pk
 from stdlib_kernels.quant import dequantize, quantize
 from stdlib_kernels.quant import reference as ref
 
-from shared_data import GOLDEN as _GOLDEN_DIR
+from shared_data import GOLDEN as _GOLDEN_DIR, require
 
-GOLDEN = os.environ.get("PYKERNEL_QUANT_GOLDEN", str(_GOLDEN_DIR / "ggml-quants-seed1.npz"))
+GOLDEN = str(_GOLDEN_DIR / "ggml-quants-seed1.npz")
 LEGACY = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q1_0"]
 KQUANTS = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 FLOATS = ["F32", "F16", "BF16"]
@@ -21,9 +20,7 @@ SPECIAL_ROWS = [1, 3, 4, 5, 6, 9, 10]
 
 @pytest.fixture(scope="module")
 def golden():
-    if not os.path.exists(GOLDEN):
-        pytest.skip(f"golden file {GOLDEN} missing (set PYKERNEL_QUANT_GOLDEN)")
-    return np.load(GOLDEN)
+    return np.load(require(GOLDEN))
 
 
 def _rows_for(fmt, golden_x):

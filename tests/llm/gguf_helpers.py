@@ -17,10 +17,8 @@ TINY_LLAMA = TINY / "tiny-llama-f32.gguf"
 
 
 def require_for_module(path: Path) -> None:
-    """Skip the whole test module, with the reason, when oracle data is absent."""
-    if not Path(path).exists():
-        pytest.skip(f"oracle data {path} not present (needs ../shared beside the checkout)",
-                    allow_module_level=True)
+    """Fail at collection, naming the file, when oracle data is absent from tests/data."""
+    require(path)
 
 
 def rewrite(src: Path, dst: Path, set_keys: dict | None = None, drop_keys=(),

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden"
+from tests.shared_data import GOLDEN
+
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
@@ -28,8 +29,8 @@ VOCAB_TEST_SEPARATOR = "\n__ggml_vocab_test__\n"
 
 
 def golden_dir() -> Path:
-    """The shared oracle folder (beside the repo in the workspace, or $PYKERNEL_GOLDEN)."""
-    return Path(os.environ.get("PYKERNEL_GOLDEN", GOLDEN))
+    """The oracle folder inside the checkout (tests/data/golden)."""
+    return GOLDEN
 
 
 def cache_dir() -> Path:
