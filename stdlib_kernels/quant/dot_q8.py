@@ -7,7 +7,7 @@ bt < BATCH adds its dot product with that token's Q8_1 row (starting at word bt 
 `xq`; Q8_1 block = 9 u32 words: d | s << 16, then 32 int8) to acc[a0 + bt]. Loading the weights
 once and applying them to all tokens is what makes batched decode cost about one weight read.
 Weights come as u32 words where every block (or block pair) is 4-byte aligned and as u16 words
-otherwise. The Q8_1 `s` is sum(x) (llama.cpp's CUDA convention), so constant offsets such as
+otherwise. The Q8_1 `s` is the block's sum (d sum(q), q8_1.py), so constant offsets such as
 Q4_0's -8 or Q4_1's m cost one multiply per block instead of a dp4a.
 """
 from __future__ import annotations

@@ -34,8 +34,8 @@ FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
     _fmt("Q5_0", 32, 22),    # d:f16 | qh:u32 (5th bit of x[j] = bit j) | qs:16 B; (q-16)*d
     _fmt("Q5_1", 32, 24),    # d:f16 | m:f16 | qh:u32 | qs:16 B; q*d + m
     _fmt("Q8_0", 32, 34),    # d:f16 | qs:i8[32]; q*d
-    # Activation format. d:f16 | s:f16 | qs:i8[32]. ggml's CPU stores s = d*sum(q); llama.cpp's
-    # CUDA quantize_q8_1 (and ours) stores s = sum(x). gguf-py's size table still says 40 B.
+    # Activation format. d:f16 | s:f16 | qs:i8[32]. s = d*sum(q) as ggml's CPU stores it (ours;
+    # llama.cpp's CUDA quantize_q8_1 stores sum(x)). gguf-py's size table still says 40 B.
     _fmt("Q8_1", 32, 36),
     # scales:16 B (low nibble scale, high nibble min) | qs:64 B (2 bits) | d:f16 | dmin:f16
     _fmt("Q2_K", QK_K, 84),

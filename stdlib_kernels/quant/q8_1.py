@@ -4,8 +4,13 @@
     quantize_q8_1_into(x, out)                      preallocated out, no host sync, no allocation
 
 Q8_1 block (36 B = 9 u32 words): word 0 = d:f16 | s:f16 << 16, words 1..8 = qs: i8[32].
-Bit-exact with `reference.quantize_q8_1` (llama.cpp's CUDA convention): d = amax/127,
-q = roundf(x/d) (0 when amax == 0), s = sum(x) as a warp butterfly (halves 16, 8, 4, 2, 1).
+Bit-exact with `reference.quantize_q8_1`: d = amax/127, q = roundf(x/d) (0 when amax == 0) as
+llama.cpp's CUDA kernel, and s = d * sum(q) as ggml's CPU quantizer (not CUDA's sum(x)).
+Why the quantized sum: a weight block with a min (Q4_1, Q5_1, Q4_K, Q5_K: w = d_w q_w + m,
+q_w >= 0) dots as d_w d_x sum(q_w q_x) + m s. With s = d sum(q) that is exactly the dot of the
+dequantized x, whose rounding errors the centred weights mostly cancel; with s = sum(x) the
+d_w q_w term (mean ~7.5 d_w, not centred) keeps its share of the same errors uncancelled, and
+the product's error doubles (SmolLM2 Q4_1's prompts: 4-5.6e-2 against the f32 oracle).
 store_q8_1_block: one warp per block, lane l holds x[l] (the fused kernels' form); the quantize
 kernel: 8 lanes per block, lane j holds x[4j .. 4j + 3] (store_q8_1_quarter: the same bits).
 """
@@ -40,14 +45,15 @@ def round_half_away(v: f32) -> f32:
 def store_q8_1_block(v: f32, lane: i32, out: Ptr[u32], block: i32):
     """Warp-collective: lane l holds value l of Q8_1 block `block`; writes its 9 words."""
     amax = abs(v)
-    total = v
     for step in pk.static_range(5):
         amax = max(amax, pk.shfl_xor(amax, 16 >> step))
-        total = total + pk.shfl_xor(total, 16 >> step)
     d = amax / 127.0
     q = i32(0)
     if amax != 0.0:
         q = i32(round_half_away(v / d))
+    total = q           # integers: the sum is exact in any order
+    for step in pk.static_range(5):
+        total = total + pk.shfl_xor(total, 16 >> step)
     # gather four neighbouring int8 into one word: lane 4i writes word 1 + i
     byte = u32(q) & u32(0xFF)
     b1 = pk.shfl_down(byte, 1)
@@ -58,7 +64,7 @@ def store_q8_1_block(v: f32, lane: i32, out: Ptr[u32], block: i32):
     if lane % 4 == 0:
         out[base + 1 + lane // 4] = word
     if lane == 0:
-        out[base] = pk.pack_f16x2(d, total)
+        out[base] = pk.pack_f16x2(d, d * f32(total))
 
 
 @pk.func
@@ -66,33 +72,29 @@ def store_q8_1_quarter(v0: f32, v1: f32, v2: f32, v3: f32, j: i32, out: Ptr[u32]
                        valid: bool):
     """8-lane-collective (all 32 lanes call it, each 8-lane group for its own block): lane j of
     the group holds values 4j .. 4j + 3 of Q8_1 block `block` and, if valid, writes word 1 + j
-    (lane 0 of the group: word 0). s is summed in the same tree as store_q8_1_block's butterfly
-    (values 16, 8, 4 apart across lanes, then 2 and 1 apart in the lane): the same bits."""
+    (lane 0 of the group: word 0). The same bits as store_q8_1_block."""
     amax = max(max(abs(v0), abs(v1)), max(abs(v2), abs(v3)))
-    s0 = v0
-    s1 = v1
-    s2 = v2
-    s3 = v3
     for step in pk.static_range(3):
-        m = 4 >> step
-        amax = max(amax, pk.shfl_xor(amax, m))
-        s0 = s0 + pk.shfl_xor(s0, m)
-        s1 = s1 + pk.shfl_xor(s1, m)
-        s2 = s2 + pk.shfl_xor(s2, m)
-        s3 = s3 + pk.shfl_xor(s3, m)
-    total = (s0 + s2) + (s1 + s3)
+        amax = max(amax, pk.shfl_xor(amax, 4 >> step))
     d = amax / 127.0
-    word = u32(0)
+    q0 = i32(0)
+    q1 = i32(0)
+    q2 = i32(0)
+    q3 = i32(0)
     if amax != 0.0:
-        q0 = u32(i32(round_half_away(v0 / d))) & u32(0xFF)
-        q1 = u32(i32(round_half_away(v1 / d))) & u32(0xFF)
-        q2 = u32(i32(round_half_away(v2 / d))) & u32(0xFF)
-        q3 = u32(i32(round_half_away(v3 / d))) & u32(0xFF)
-        word = q0 | (q1 << u32(8)) | (q2 << u32(16)) | (q3 << u32(24))
+        q0 = i32(round_half_away(v0 / d))
+        q1 = i32(round_half_away(v1 / d))
+        q2 = i32(round_half_away(v2 / d))
+        q3 = i32(round_half_away(v3 / d))
+    total = (q0 + q1) + (q2 + q3)
+    for step in pk.static_range(3):
+        total = total + pk.shfl_xor(total, 4 >> step)
+    word = (u32(q0) & u32(0xFF)) | ((u32(q1) & u32(0xFF)) << u32(8)) | \
+        ((u32(q2) & u32(0xFF)) << u32(16)) | ((u32(q3) & u32(0xFF)) << u32(24))
     if valid:
         out[block * 9 + 1 + j] = word
         if j == 0:
-            out[block * 9] = pk.pack_f16x2(d, total)
+            out[block * 9] = pk.pack_f16x2(d, d * f32(total))
 
 
 @pk.kernel

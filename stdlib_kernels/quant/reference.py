@@ -123,22 +123,19 @@ def _as_byte_rows(raw, fmt: QuantFormat, n: int, per_row: int) -> np.ndarray:
 def quantize_q8_1(x: np.ndarray) -> np.ndarray:
     """Activations to Q8_1 as llama.cpp's CUDA quantize_q8_1 does: uint8 (rows, n//32*36).
 
-    Per 32-block: d = amax/127, q = roundf(x/d) (0 when amax == 0), s = sum(x) summed as the
-    warp's butterfly (halves 16, 8, 4, 2, 1); d and s stored as f16.
+    Per 32-block: d = amax/127, q = roundf(x/d) (0 when amax == 0) as llama.cpp's CUDA kernel;
+    s = d * sum(q) as ggml's CPU quantizer (q8_1.py says why); d and s stored as f16.
     """
     return quantize(x, "Q8_1")
 
 
 def _quantize_q8_1_blocks(blocks: np.ndarray) -> np.ndarray:
     amax = np.abs(blocks).max(axis=1)
-    total = blocks
-    while total.shape[1] > 1:
-        half = total.shape[1] // 2
-        total = total[:, :half] + total[:, half:]
     d = amax / F32(127)
     with np.errstate(divide="ignore", invalid="ignore"):
         q = np.where(amax[:, None] == 0, F32(0), roundf(blocks / d[:, None]))
-    header = np.stack([to_f16(d), to_f16(total[:, 0])], axis=1).view(np.uint8)
+    s = d * q.sum(axis=1, dtype=F32)          # |sum| <= 32 * 127: exact in f32
+    header = np.stack([to_f16(d), to_f16(s)], axis=1).view(np.uint8)
     return np.concatenate([header, q.astype(np.int8).view(np.uint8)], axis=1)
 
 

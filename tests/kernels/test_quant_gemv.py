@@ -2,7 +2,7 @@
 
 Q8_1 path: the kernel must equal, to float32 rounding, its exact model
     y = sum_k (W - O)[k] * xh[k] + sum_b O[b] * s[b]
-(xh = dequantized Q8_1 activations, s = their stored f16 sum(x), O = the weight offset a block
+(xh = dequantized Q8_1 activations, s = their stored f16 d sum(q), O = the weight offset a block
 applies through s: -8d for Q4_0, m for Q4_1, -dmin*m for Q4_K, 0 otherwise), and be within
     sum_k |W - O|[k] |xh - x|[k] + sum_b |O[b]| |s[b] - sum_{k in b} x[k]|  (+ rounding)
 of the float64 product: the Q8_1 rounding bound documented in docs/stdlib.md.
@@ -19,7 +19,7 @@ from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1, quantize_q8_1_i
 from stdlib_kernels.quant.rmsnorm_q8_1 import rmsnorm_q8_1
 
 # bytes of a block holding quantized values: zeroing them leaves the offset the block applies
-# through Q8_1's s = sum(x) (the DP4A kernels of these types use s)
+# through Q8_1's s = d sum(q) (the DP4A kernels of these types use s)
 OFFSET_BYTES = {"Q4_0": (2, 18), "Q4_1": (4, 20), "Q5_0": (2, 22), "Q5_1": (4, 24),
                 "Q1_0": (2, 18), "Q4_K": (16, 144), "Q5_K": (16, 176)}
 
