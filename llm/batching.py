@@ -107,7 +107,7 @@ class BatchScheduler:
         lengths (one per tile class of the prompt matmuls), shared by every slot. Before
         serving."""
         transformer = self.model.transformer
-        if not hasattr(transformer, "warm_batch"):
+        if not self.model.backend.use_graphs:
             return
         for b in range(2, self.slots + 1):    # every attention split plan of each size
             transformer.warm_batch([s.cache for s in self.sessions[:b]])
@@ -166,9 +166,7 @@ class BatchScheduler:
             self._closed = True
             self._wake.notify()
         self._worker.join()
-        drop = getattr(self.model.transformer, "drop_batch_graphs", None)
-        if drop is not None:       # the kernels backend's graphs hold the slots' caches
-            drop()
+        self.model.transformer.drop_batch_graphs()   # graphs hold the slots' caches
 
     @staticmethod
     def _pieces(request: _Request) -> Iterator[str]:
@@ -199,7 +197,7 @@ class BatchScheduler:
             metrics.add("requests_total", len(admitted))
             riders = [r for r in self._busy if r is not None and r not in admitted
                       and not r.cancelled]            # decoding already: they step along
-            together = getattr(self.model.transformer, "min_prompts_together", 2)
+            together = self.model.transformer.min_prompts_together
             for group, tokens in self._prompt_groups(admitted):
                 if len(group) < together:         # one by one (the prompts' graphs)
                     for request in group:

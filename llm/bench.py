@@ -40,10 +40,7 @@ class BenchResult:
 
 
 def _sync(model) -> None:
-    device = getattr(model.backend, "device", None)
-    if device is not None:
-        import pykernel as pk
-        pk.synchronize(device)
+    model.backend.synchronize()
 
 
 def prompt_speed(model, cache, ids: np.ndarray, start: int = 0) -> float:
@@ -62,8 +59,10 @@ def decode_speed(model, cache, n: int, first: int, start: int = 0) -> float:
     t = model.transformer
     _sync(model)
     t0 = time.perf_counter()
-    if hasattr(t, "greedy") and model.backend.use_graphs:
-        t.greedy(first, start, cache, n)
+    steps = t.greedy_tokens(first, start, cache, n) if model.backend.use_graphs else None
+    if steps is not None:
+        for _ in steps:     # the device picks each token; the host only reads them
+            pass
     else:
         token = first
         for pos in range(start, start + n):
@@ -92,7 +91,7 @@ def run_bench(model, p=512, n=128, r: int = 3, seed: int = 0,
     for length in (x for x in ps if x > 0):
         prompt = ids[:length]
         prompt_speed(model, cache, prompt, depth)            # warm-up: compile, allocate
-        if getattr(model.transformer, "prefill_graph_max", 0):
+        if model.transformer.prefill_graph_max:
             prompt_speed(model, cache, prompt, depth)        # the steps' graph captures
         results.append(BenchResult(f"pp{length}{suffix}",
                                    [prompt_speed(model, cache, prompt, depth) for _ in range(r)]))
@@ -139,8 +138,8 @@ def bench(model_path, p=512, n=128, r=3, device="cuda", backend=None, depth=0,
     cache = f", {options['kv_dtype']} cache" if options.get("kv_dtype") else ""
     label = f"pykernel {model.backend.name} ({device}{cache})"
     out = table(model, label, results)
-    report = getattr(model.backend, "memory_report", None)
+    report = model.backend.memory_report()
     if report is not None:
         from llm.backends.kernels_memory import format_report
-        out += "\n\n" + format_report(report())
+        out += "\n\n" + format_report(report)
     return out

@@ -190,10 +190,10 @@ def cmd_run(args) -> int:
 
 def _print_memory(model) -> None:
     """GPU backends report what the weights, KV cache and activations take on the device."""
-    report = getattr(model.backend, "memory_report", None)
+    report = model.backend.memory_report()
     if report is not None:
         from llm.backends.kernels_memory import format_report
-        print(format_report(report()), file=sys.stderr)
+        print(format_report(report), file=sys.stderr)
 
 
 @_guarded

@@ -25,7 +25,7 @@ PREFILL_CHUNK = int(os.environ.get("PYKERNEL_PREFILL_CHUNK", "256"))
 def prefill_step_tokens(transformer) -> int:
     """Tokens per step of a prompt's prefill: the transformer's own (the kernels backend's
     largest prompt graph, kernels_graph.PREFILL_GRAPH_MAX) or PREFILL_CHUNK."""
-    return getattr(transformer, "prefill_step_tokens", PREFILL_CHUNK)
+    return transformer.prefill_step_tokens or PREFILL_CHUNK
 
 
 class ContextError(ValueError):
@@ -267,16 +267,14 @@ def _device_steps(session: Session, sampler: Sampler, token: int, limit: int):
     holds), or None where the host picks them: no graphs, penalties, a seeded sampler (its
     draws are the host's, so that a seed gives the same tokens on every backend)."""
     transformer, start = session.transformer, len(session.tokens)
-    if not getattr(session.backend, "use_graphs", False):
+    if not session.backend.use_graphs:
         return None
     n = min(session.n_ctx - start, limit)
-    greedy = getattr(transformer, "greedy_tokens", None)
-    sampled = getattr(transformer, "sampled_tokens", None)
-    if sampler.plain_argmax and greedy is not None:
-        return greedy(token, start, session.cache, n)
-    if sampler.device_draws and sampled is not None:
-        return sampled(token, start, session.cache, n, sampler.params,
-                       sampler.rng.random(max(n, 0)))
+    if sampler.plain_argmax:
+        return transformer.greedy_tokens(token, start, session.cache, n)
+    if sampler.device_draws:
+        return transformer.sampled_tokens(token, start, session.cache, n, sampler.params,
+                                          sampler.rng.random(max(n, 0)))
     return None
 
 

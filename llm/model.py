@@ -192,8 +192,8 @@ def load(model: str | os.PathLike = "smollm2", device: str = "cpu", backend: str
     if spec.learned_positions and n_ctx is not None and n_ctx > config.n_ctx_train:
         raise ContextError(f"context {n_ctx} exceeds the {config.n_ctx_train} learned positions "
                            f"of this {config.arch} model")
-    device_budget = getattr(backend_impl, "kv_device_budget", lambda: None)()
-    n_ctx, note = choose_context(config, n_ctx, getattr(backend_impl, "kv_value_bytes", 4),
+    device_budget = backend_impl.kv_device_budget()
+    n_ctx, note = choose_context(config, n_ctx, backend_impl.kv_value_bytes,
                                  device_budget)
     return Model(path, gguf, config, transformer, tokenizer, backend_impl, n_ctx, note,
                  time.perf_counter() - t0)

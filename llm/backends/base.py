@@ -50,6 +50,19 @@ class Backend(ABC):
     # (sample_rows, top_candidates answer); False: they are host rows already (those return
     # None), so the scheduler copies nothing to try them
     logits_on_device: bool = False
+    # decode steps replay captured device graphs (the kernels backend's default)
+    use_graphs: bool = False
+    # bytes per cached K/V value, from which model.choose_context sizes a default context
+    kv_value_bytes: float = 4
+
+    def kv_device_budget(self) -> int | None:
+        """Device bytes a default context's KV cache may take; None: no device limit."""
+        return None
+
+    def memory_report(self) -> dict | None:
+        """What the weights, KV cache and activations take on the device (name -> bytes), for
+        `run` and `bench` to print; None for a host backend."""
+        return None
 
     # --- weights (called once at load) -------------------------------------------------------
     def host_weight_bytes(self, tensors: Iterable[TensorInfo]) -> int:

@@ -20,6 +20,31 @@ from llm.models.weights import LayerWeights, ModelWeights, Norm
 
 
 class Transformer:
+    # What a graphed wrapper (llm/backends/kernels_graph.py) adds; these defaults mean "not
+    # here", so callers ask without probing.
+    prefill_graph_max = 0          # longest prompt that runs as a captured graph (0: none)
+    min_prompts_together = 2       # fewest admitted prompts run as one pass (batching)
+    prefill_step_tokens: int | None = None   # tokens per prefill step (None: generate's own)
+
+    def greedy_tokens(self, first_token: int, pos: int, cache, n: int):
+        """Up to n greedy tokens after first_token picked on the device, or None: the host
+        picks them."""
+        return None
+
+    def sampled_tokens(self, first_token: int, pos: int, cache, n: int, params, uniforms):
+        """As greedy_tokens, drawn by the device's sampler; None: the host draws them."""
+        return None
+
+    def warm_batch(self, caches) -> None:
+        """Compile and capture the batched steps over these caches ahead of serving (graphs)."""
+
+    def precompile_prompts(self, caches, most: int) -> dict:
+        """Compile the kernels of prompt passes of up to `most` tokens ahead of serving."""
+        return {}
+
+    def drop_batch_graphs(self) -> None:
+        """Forget captured batched steps (they hold the slots' caches)."""
+
     def __init__(self, cfg: ModelConfig, spec: ArchSpec, weights: ModelWeights, backend: Backend):
         self.cfg, self.spec, self.w, self.backend = cfg, spec, weights, backend
         q, k = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim

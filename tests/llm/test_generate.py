@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import llm
+from llm.models.transformer import Transformer
 from llm.backends.numpy_backend import NumpyBackend
 from llm.generate import ContextError, GenerationStats, Session, stream
 from llm.sampling import Sampler, SamplingParams
@@ -13,8 +14,9 @@ from tests.llm.gguf_helpers import TINY_LLAMA, require_for_module
 require_for_module(TINY_LLAMA)
 
 
-class ScriptedTransformer:
-    """Predicts script[k] after the k-th position past the prompt (one-hot logits), then `end`."""
+class ScriptedTransformer(Transformer):
+    """Predicts script[k] after the k-th position past the prompt (one-hot logits), then `end`.
+    (A Transformer for the capabilities it declares; none of its layers run.)"""
 
     def __init__(self, cfg, script, prompt_len, end=262):
         self.cfg, self.script, self.prompt_len, self.end = cfg, script, prompt_len, end
