@@ -6,9 +6,8 @@ from llvmlite import ir
 
 from ..types import ArrayType, PtrType, ScalarType, f16, f32, f64, i32, u32, u64
 from ..lower import ops
-from ..lower.codegen import describe
 from ..lower.memory import element_pointer
-from ..lower.values import ArrayValue, ConstValue, PtrValue, TupleValue, TypeValue, Value
+from ..lower.values import ArrayValue, ConstValue, PtrValue, TupleValue, TypeValue, Value, describe
 from .base import args_of, intrinsic
 
 

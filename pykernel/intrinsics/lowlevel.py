@@ -8,8 +8,7 @@ import ast
 
 from llvmlite import ir
 
-from ..lower.codegen import describe
-from ..lower.values import ConstValue, TupleValue, TypeValue, Value
+from ..lower.values import ConstValue, TupleValue, TypeValue, Value, describe
 from ..types import f32, i32, u32
 from .base import intrinsic
 
