@@ -7,7 +7,7 @@ from llvmlite import ir
 
 from ..errors import KernelSourceError
 from ..types import PtrType, ScalarType
-from . import SUPPORTED_ARCHS
+from .archs import SUPPORTED_ARCHS
 from .base import IntrinsicTable
 from .nvptx_bulk import NVPTXBulkOps, _asm
 from .nvptx_intrinsics import INTRINSICS
