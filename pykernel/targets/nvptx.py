@@ -9,7 +9,7 @@ from ..errors import KernelSourceError
 from ..types import PtrType, ScalarType
 from .archs import SUPPORTED_ARCHS
 from .base import IntrinsicTable
-from .nvptx_bulk import NVPTXBulkOps, _asm
+from .nvptx_bulk import NVPTXBulkOps, _asm, ptx_isa
 from .nvptx_intrinsics import INTRINSICS
 
 I32, I64 = ir.IntType(32), ir.IntType(64)
@@ -141,14 +141,17 @@ class NVPTXTarget(NVPTXBulkOps, IntrinsicTable):
                          [])
 
     # --- thread-block clusters (intrinsics/cluster.py) -------------------------------------------
+    @ptx_isa(80)
     def cluster_register(self, ctx, which):
         reg = "%cluster_ctarank" if which == "rank" else "%cluster_nctarank"
         return _asm(ctx.builder, f"mov.u32 $0, {reg};", "=r", [], ret=I32)
 
+    @ptx_isa(80)   # .release / .acquire on barrier.cluster
     def cluster_sync(self, ctx, site):
         _asm(ctx.builder, "barrier.cluster.arrive.release.aligned; "
              "barrier.cluster.wait.acquire.aligned;", "", [])
 
+    @ptx_isa(80)
     def cluster_map(self, ctx, ptr, origin, rank, site):
         """The generic address of a shared pointer, mapped into block `rank` by mapa."""
         b = ctx.builder
