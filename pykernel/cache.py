@@ -57,7 +57,7 @@ def _dependencies(fn, h, seen):
     annotations and defaults, and, through the names it uses, every @pk.func it reaches and the
     global constants it reads. Marshalling code objects is microseconds; re-reading and
     tokenizing source would cost tens of ms."""
-    from .kernel import DeviceFunction
+    from .device_function import DeviceFunction
     code = fn.__code__
     h.update(marshal.dumps(code))
     # annotations (Ptr[f32, "ro"], Const[int], scalar types) and defaults live on the function,

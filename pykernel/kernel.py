@@ -3,38 +3,12 @@ per (arch, Const values, dtypes) and launches numba-style: `kernel[grid, block](
 from __future__ import annotations
 
 import functools
-import inspect
 
+from .device_function import DeviceFunction
 from .errors import KernelSourceError
 from .lower.context import Options
 from .signature import normalize_const, read_signature, type_var_name
 from .types import from_numpy
-
-
-class DeviceFunction:
-    """A @pk.func: inlined into the kernels that call it."""
-
-    def __init__(self, fn):
-        self.fn = fn
-        self.name = fn.__name__
-        functools.update_wrapper(self, fn)
-        self._parsed = None
-        self._annotations = None
-
-    def parsed(self):
-        if self._parsed is None:
-            from .frontend.parse import parse
-            self._parsed = parse(self.fn)
-        return self._parsed
-
-    def annotations(self) -> dict:
-        if self._annotations is None:
-            self._annotations = inspect.get_annotations(self.fn, eval_str=True)
-        return self._annotations
-
-    def __call__(self, *args, **kwargs):
-        raise RuntimeError(f"@pk.func '{self.name}' can only be called from a kernel or another "
-                           "@pk.func")
 
 
 # launch configurations whose validated Launcher a kernel keeps (then it starts over)
@@ -42,6 +16,9 @@ MAX_LAUNCHERS = 256
 
 
 class Kernel:
+    is_kernel = True    # lower/calls.py rejects calling one from device code without importing
+                        # this module (which imports the compiler)
+
     def __init__(self, fn, options: Options):
         self.fn, self.name, self.options = fn, fn.__name__, options
         functools.update_wrapper(self, fn)

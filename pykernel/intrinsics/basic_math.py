@@ -3,8 +3,7 @@ ceil (cvt.rpi), fma (fma.rn), trunc/round. f16/bf16 inputs compute in f32 and ro
 from __future__ import annotations
 
 from ..lower import ops
-from ..lower.codegen import describe
-from ..lower.values import ConstValue, Value
+from ..lower.values import ConstValue, Value, describe
 from ..types import f32, f64
 from .base import args_of, intrinsic
 

@@ -65,7 +65,6 @@ def _mbarrier_op(name, nargs, doc):
         if len(node.args) != nargs or node.keywords:
             raise fl.error(node, f"pk.{name}() takes {nargs} arguments")
         fl.ctx.require_arch(90, "mbarrier", fl, node)
-        fl.ctx.target.need_ptx(80)
         bar = _barrier(fl, node, node.args[0], node.args[1], name)
         site = fl.ctx.site(fl, node, name)
         extra = None
@@ -111,7 +110,6 @@ def bulk_copy(fl, node):
     if len(node.args) != 7 or node.keywords:
         raise fl.error(node, "pk.bulk_copy(dst, i, src, j, nbytes, bar, k) takes 7 arguments")
     fl.ctx.require_arch(90, "cp.async.bulk", fl, node)
-    fl.ctx.target.need_ptx(80)
     if _space(fl.expr(node.args[0])) != "shared":
         raise fl.error(node.args[0], "pk.bulk_copy copies into shared memory: dst must be a "
                        "pk.shared_array or pk.dynamic_shared pointer")
@@ -137,7 +135,6 @@ def bulk_prefetch_l2(fl, node):
     if len(node.args) != 3 or node.keywords:
         raise fl.error(node, "pk.bulk_prefetch_l2(src, j, nbytes) takes 3 arguments")
     fl.ctx.require_arch(90, "cp.async.bulk.prefetch", fl, node)
-    fl.ctx.target.need_ptx(80)
     if _space(fl.expr(node.args[0])) != "global":
         raise fl.error(node.args[0], "pk.bulk_prefetch_l2 prefetches global memory: src must be "
                        "a kernel pointer argument")
@@ -152,7 +149,6 @@ def _fence(name, doc):
     def lower(fl, node):
         args_of(fl, node, 0, name)
         fl.ctx.require_arch(90, name.replace("_", "."), fl, node)
-        fl.ctx.target.need_ptx(80)
         getattr(fl.ctx.target, name)(fl.ctx)
         return ConstValue(None)
     lower.__doc__ = doc

@@ -33,7 +33,6 @@ def _cluster(fl, node, name, together=False):
     """together: the blocks of a cluster must run at the same time (CPU target: one worker
     runs them interleaved, cpu_runner.cluster_scheduler)."""
     fl.ctx.require_arch(90, f"pk.{name}", fl, node)
-    fl.ctx.target.need_ptx(80)   # .release / .acquire on barrier.cluster
     fl.ctx.uses.add("cluster")
     if together:
         fl.ctx.uses.add("cluster_together")

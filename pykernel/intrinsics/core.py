@@ -6,9 +6,8 @@ from llvmlite import ir
 
 from ..types import ArrayType, PtrType, ScalarType, f16, f32, f64, i32, u32, u64
 from ..lower import ops
-from ..lower.codegen import describe
 from ..lower.memory import element_pointer
-from ..lower.values import ArrayValue, ConstValue, PtrValue, TupleValue, TypeValue, Value
+from ..lower.values import ArrayValue, ConstValue, PtrValue, TupleValue, TypeValue, Value, describe
 from .base import args_of, intrinsic
 
 
@@ -91,12 +90,9 @@ def pack_f16x2(fl, node):
     for v in vals:
         if not isinstance(v, Value) or not v.ty.is_float:
             raise fl.error(node, f"pk.pack_f16x2 packs floats, got {describe(v)}")
-    target = fl.ctx.target
-    if target.name == "nvptx" and (target.sm or 0) >= 80 and all(v.ty is f32 for v in vals):
-        fnty = ir.FunctionType(ir.IntType(32), [ir.FloatType(), ir.FloatType()])
-        # the instruction's first source goes to the upper half
-        return Value(u32, fl.b.asm(fnty, "cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f",
-                                   [vals[0].ir, vals[1].ir], False))
+    packed = fl.ctx.target.lower_intrinsic("pack_f16x2", fl, vals)
+    if packed is not None:
+        return Value(u32, packed)
     halves = []
     for v in vals:
         h = ops.cast(fl.b, v.ty, f16, v.ir)

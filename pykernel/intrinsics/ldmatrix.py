@@ -13,20 +13,16 @@ lane and every lane's row can be anywhere (padded rows avoid bank conflicts).
 
 Rows must be 16-byte aligned. On the CPU target the lanes publish their row addresses through
 the warp-exchange slots and each lane reads its halves from them (each lane's own row is
-bounds-checked); every lane of the warp must reach the call, as on the GPU.
+bounds-checked: targets/cpu_intrinsics.py); every lane of the warp must reach the call, as on
+the GPU.
 """
 from __future__ import annotations
-
-from llvmlite import ir
 
 from ..lower.memory import element_pointer
 from ..lower.values import ConstValue, TupleValue, Value
 from ..types import u32
 from .async_copy import _space
 from .base import intrinsic
-
-I16, I32, I64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
-ROW_BYTES = 16
 
 
 @intrinsic("ldmatrix")
@@ -54,50 +50,6 @@ def ldmatrix(fl, node):
     row = element_pointer(fl, node, node.args[0], node.args[1])
     fl.ctx.uses.add("warp")
     count, transposed = n.value, bool(trans.value)
-    if fl.ctx.target.name == "nvptx":
-        words = _ldmatrix_ptx(fl, row, count, transposed)
-    else:
-        site = fl.ctx.site(fl, node, "out-of-bounds ldmatrix row")
-        words = _ldmatrix_cpu(fl, row, count, transposed, site)
+    words = fl.ctx.target.lower_intrinsic("ldmatrix", fl, node, row, count, transposed)
     vals = tuple(Value(u32, w) for w in words)
     return vals[0] if count == 1 else TupleValue(vals)
-
-
-def _ldmatrix_ptx(fl, row, count: int, transposed: bool):
-    b = fl.b
-    outs = ",".join(f"${k}" for k in range(count))
-    text = (f"ldmatrix.sync.aligned.m8n8.x{count}{'.trans' if transposed else ''}.shared.b16 "
-            f"{{{outs}}}, [${count}];")
-    ret = I32 if count == 1 else ir.LiteralStructType([I32] * count)
-    # a side effect keeps it after the barrier / cp.async wait that made the tile valid
-    res = b.asm(ir.FunctionType(ret, [I32]), text, ",".join(["=r"] * count + ["r"]),
-                [b.ptrtoint(row.ptr, I32)], True)
-    return [res] if count == 1 else [b.extract_value(res, k) for k in range(count)]
-
-
-def _ldmatrix_cpu(fl, row, count: int, transposed: bool, site):
-    """Lane 4g + t, word j: halves (g, 2t), (g, 2t + 1) of tile j, or (2t, g), (2t + 1, g)
-    transposed; tile j's row r lives at the address lane 8j + r published."""
-    target, b = fl.ctx.target, fl.b
-    mine = target.check_address(fl.ctx, row.ptr, row.elem, row.origin, site, ROW_BYTES)
-    slots, half, _ = target.exchange_words(fl.ctx, [b.ptrtoint(mine, I64)], site)
-    tlin = fl.ctx.target_data["tlin"]
-    lane = b.and_(tlin, ir.Constant(I32, 31))
-    base = b.sub(tlin, lane)
-    group, tig = b.lshr(lane, ir.Constant(I32, 2)), b.and_(lane, ir.Constant(I32, 3))
-    halves_ptr = I16.as_pointer()
-
-    def half_at(tile: int, r, c):
-        owner = b.add(base, b.add(ir.Constant(I32, 8 * tile), r))
-        addr = target.fetch_word(fl.ctx, slots, half, owner, 0, width=64)
-        ptr = b.gep(b.inttoptr(addr, halves_ptr), [c])
-        return b.zext(b.load(ptr, align=2), I32)
-
-    words = []
-    for tile in range(count):
-        parts = []
-        for k in range(2):
-            pair = b.add(b.mul(tig, ir.Constant(I32, 2)), ir.Constant(I32, k))
-            parts.append(half_at(tile, pair, group) if transposed else half_at(tile, group, pair))
-        words.append(b.or_(parts[0], b.shl(parts[1], ir.Constant(I32, 16))))
-    return words

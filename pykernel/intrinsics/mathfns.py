@@ -1,12 +1,11 @@
 """`pk.exp exp2 log log2 tanh erf sin cos` (accurate, implemented in pykernel: mathlib.py),
 `pk.sqrt rsqrt floor ceil fma` (one instruction each: basic_math.py) and `pk.fast.*`, the
 `.approx` PTX instructions (ex2.approx, lg2.approx, rsqrt.approx, sin/cos.approx,
-tanh.approx). On the CPU target pk.fast.* computes the accurate functions."""
+tanh.approx: targets/nvptx_intrinsics.py). A target without them (the CPU target) computes the
+accurate functions."""
 from __future__ import annotations
 
 import ast
-
-from llvmlite import ir
 
 from .. import mathlib
 from ..lower import ops
@@ -51,43 +50,18 @@ def accurate(name):
 exp, exp2, log, log2 = accurate("exp"), accurate("exp2"), accurate("log"), accurate("log2")
 tanh, erf, sin, cos = accurate("tanh"), accurate("erf"), accurate("sin"), accurate("cos")
 
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
-# name -> (PTX instruction, NVVM intrinsic or None for inline asm, pre-scale, post-scale)
-FAST = {"exp2": ("ex2.approx.ftz.f32", "llvm.nvvm.ex2.approx.ftz.f", 1.0, 1.0),
-        "exp": ("ex2.approx.ftz.f32", "llvm.nvvm.ex2.approx.ftz.f", LOG2E, 1.0),
-        "log2": ("lg2.approx.ftz.f32", "llvm.nvvm.lg2.approx.ftz.f", 1.0, 1.0),
-        "log": ("lg2.approx.ftz.f32", "llvm.nvvm.lg2.approx.ftz.f", 1.0, LN2),
-        "rsqrt": ("rsqrt.approx.ftz.f32", "llvm.nvvm.rsqrt.approx.ftz.f", 1.0, 1.0),
-        "sqrt": ("sqrt.approx.ftz.f32", "llvm.nvvm.sqrt.approx.ftz.f", 1.0, 1.0),
-        "sin": ("sin.approx.ftz.f32", "llvm.nvvm.sin.approx.ftz.f", 1.0, 1.0),
-        "cos": ("cos.approx.ftz.f32", "llvm.nvvm.cos.approx.ftz.f", 1.0, 1.0),
-        "tanh": ("tanh.approx.f32", None, 1.0, 1.0)}
 ACCURATE = {"exp2": exp2, "exp": exp, "log2": log2, "log": log, "rsqrt": rsqrt, "sqrt": sqrt,
             "sin": sin, "cos": cos, "tanh": tanh}
 
 
 def fast_fn(name):
-    instr, nvvm, pre, post = FAST[name]
-
     def lower(fl, node):
-        if fl.ctx.target.name != "nvptx":
+        if not fl.ctx.target.has_intrinsic("fast_math"):    # no .approx form: the accurate one
             return ACCURATE[name].lower_call(fl, node)
         (x,), ty = float_args(fl, node, f"fast.{name}", 1)
-        b = fl.b
-        v = ops.cast(b, ty, f32, x.ir)
-        if pre != 1.0:
-            v = b.fmul(v, ir.Constant(ir.FloatType(), pre))
-        fnty = ir.FunctionType(ir.FloatType(), [ir.FloatType()])
-        if nvvm is not None:
-            r = b.call(fl.ctx.intrinsic_decl(nvvm, ret=ir.FloatType(), args=(ir.FloatType(),)),
-                       [v])
-        else:
-            r = b.asm(fnty, f"{instr} $0, $1;", "=f,f", [v], False)
-        if post != 1.0:
-            r = b.fmul(r, ir.Constant(ir.FloatType(), post))
-        return Value(ty, ops.cast(b, f32, ty, r))
-    lower.__doc__ = f"Approximate {name}: `{instr}` (accurate version on the CPU target)."
+        return Value(ty, fl.ctx.target.lower_intrinsic("fast_math", fl, name, ty, x))
+    lower.__doc__ = (f"Approximate {name}: the GPU's `.approx` instruction (accurate version on "
+                     "the CPU target).")
     return intrinsic(f"fast.{name}")(lower)
 
 
@@ -95,7 +69,7 @@ class FastMath:
     """`pk.fast.exp2(x)` etc.: the PTX `.approx` instructions."""
 
     def __init__(self):
-        for name in FAST:
+        for name in ACCURATE:
             setattr(self, name, fast_fn(name))
 
     def __repr__(self):

@@ -1,6 +1,7 @@
 """Packed-register intrinsics: byte permutes (`pk.prmt`) and arithmetic on two f16 held in one
-u32 (`pk.add_f16x2`, `pk.sub_f16x2`, `pk.mul_f16x2`). On the GPU each is one PTX instruction;
-the CPU target computes the same bits (f16 results correctly rounded: the f32 operation
+u32 (`pk.add_f16x2`, `pk.sub_f16x2`, `pk.mul_f16x2`). On the GPU each is one PTX instruction
+(targets/nvptx_intrinsics.py); the portable IR here, which the CPU target runs, computes the
+same bits (f16 results correctly rounded: the f32 operation
 rounded to f16 once, which for +, -, x of f16 operands is the f16 operation's rounding)."""
 from __future__ import annotations
 
@@ -25,10 +26,9 @@ def prmt(fl, node):
     of the 8-byte value b:a (a's bytes 0-3, b's 4-7); a nibble with bit 3 set gives that byte's
     sign replicated instead (`prmt.b32`, default mode)."""
     a, b, sel = _u32_args(fl, node, 3, "prmt")
-    if fl.ctx.target.name == "nvptx":
-        fnty = ir.FunctionType(I32, [I32, I32, I32])
-        return Value(u32, fl.b.asm(fnty, "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r",
-                                   [a.ir, b.ir, sel.ir], False))
+    lowered = fl.ctx.target.lower_intrinsic("prmt", fl, a, b, sel)
+    if lowered is not None:
+        return Value(u32, lowered)
     bld = fl.b
     both = bld.or_(bld.zext(a.ir, I64), bld.shl(bld.zext(b.ir, I64), ir.Constant(I64, 32)))
     out = ir.Constant(I32, 0)
@@ -64,11 +64,9 @@ def _packed(bld, lo, hi):
 def _f16x2_op(name: str, ptx: str, apply):
     def lower(fl, node):
         a, b = _u32_args(fl, node, 2, name)
-        if fl.ctx.target.name == "nvptx":
-            fl.ctx.require_arch(53, f"{ptx}.rn.f16x2", fl, node)
-            fnty = ir.FunctionType(I32, [I32, I32])
-            return Value(u32, fl.b.asm(fnty, f"{ptx}.rn.f16x2 $0, $1, $2;", "=r,r,r",
-                                       [a.ir, b.ir], False))
+        lowered = fl.ctx.target.lower_intrinsic("f16x2", fl, node, ptx, a, b)
+        if lowered is not None:
+            return Value(u32, lowered)
         bld = fl.b
         (a0, a1), (b0, b1) = _halves(bld, a.ir), _halves(bld, b.ir)
         return Value(u32, _packed(bld, apply(bld, a0, b0), apply(bld, a1, b1)))

@@ -5,8 +5,7 @@ from llvmlite import ir
 
 from ..types import ScalarType, bool_, i32, u32
 from ..lower import ops
-from ..lower.codegen import describe
-from ..lower.values import ConstValue, Value
+from ..lower.values import ConstValue, Value, describe
 from .base import args_of, intrinsic
 
 I32 = ir.IntType(32)

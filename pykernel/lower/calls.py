@@ -6,10 +6,10 @@ import builtins
 
 from llvmlite import ir
 
+from ..device_function import DeviceFunction
 from ..types import ScalarType, bool_, f32
 from . import ops
-from .codegen import describe
-from .values import ConstValue, GlobalRef, PtrValue, TypeValue, Value
+from .values import ConstValue, GlobalRef, PtrValue, TypeValue, Value, describe
 
 
 def lower_call_node(fl, node):
@@ -22,7 +22,6 @@ def lower_call_node(fl, node):
     from ..intrinsics.base import Intrinsic
     if isinstance(obj, Intrinsic):
         return obj.lower_call(fl, node)
-    from ..kernel import DeviceFunction, Kernel
     if isinstance(obj, DeviceFunction):
         from .functions import inline_call
         return inline_call(fl, obj, node)
@@ -35,7 +34,7 @@ def lower_call_node(fl, node):
         return lower_print(fl, node)
     if obj is builtins.range:
         raise fl.error(node, "range() can only be used as the iterable of a for loop")
-    if isinstance(obj, Kernel):
+    if getattr(obj, "is_kernel", False) is True:     # a @pk.kernel (kernel.py)
         raise fl.error(node, f"kernel '{obj.name}' cannot be called from device code",
                        hint="make the shared code a @pk.func")
     name = getattr(obj, "__name__", repr(obj))

@@ -12,7 +12,8 @@ from llvmlite import ir
 from ..errors import KernelSourceError
 from ..types import PtrType, ScalarType, bool_
 from . import ops
-from .values import ArrayValue, ConstValue, GlobalRef, PtrValue, TupleValue, TypeValue, Value
+from .values import (ArrayValue, ConstValue, GlobalRef, PtrValue, TupleValue, TypeValue, Value,
+                     describe)
 
 UNSUPPORTED = {
     ast.List: "lists", ast.ListComp: "list comprehensions", ast.Dict: "dicts",
@@ -233,21 +234,3 @@ def _bound_names(target) -> list:
     if isinstance(target, _ast.Starred):
         return _bound_names(target.value)
     return []
-
-
-def describe(val) -> str:
-    if isinstance(val, Value):
-        return str(val.ty)
-    if isinstance(val, PtrValue):
-        return str(val.ty)
-    if isinstance(val, ConstValue):
-        return f"constant {val.value!r}"
-    if isinstance(val, TupleValue):
-        return f"tuple of {len(val.items)}"
-    if isinstance(val, ArrayValue):
-        return f"{val.ty.space} array {val.ty.elem}{list(val.ty.shape)}"
-    if isinstance(val, TypeValue):
-        return f"type {val.ty}"
-    if isinstance(val, GlobalRef):
-        return f"Python object {val.obj!r}"
-    return type(val).__name__

@@ -9,8 +9,7 @@ from llvmlite import ir
 
 from ..types import bool_
 from . import ops
-from .codegen import describe
-from .values import ConstValue, GlobalRef, PtrValue, TupleValue, TypeValue, Value
+from .values import ConstValue, GlobalRef, PtrValue, TupleValue, TypeValue, Value, describe
 
 PY_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
              ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import ast
 
 from ..types import ConstAnnotation, PtrAnnotation, PtrType, ScalarType, bool_
-from .codegen import FunctionLowering, describe
-from .values import ArrayValue, ConstValue, PtrValue, TupleValue, TypeValue, Value
+from .codegen import FunctionLowering
+from .values import ArrayValue, ConstValue, PtrValue, TupleValue, TypeValue, Value, describe
 
 
 def bind_arguments(fl, dfunc, fast, node):

@@ -9,8 +9,7 @@ from llvmlite import ir
 
 from ..types import ScalarType, bool_
 from . import ops
-from .codegen import describe
-from .values import ArrayValue, PtrValue, Value
+from .values import ArrayValue, PtrValue, Value, describe
 
 I64 = ir.IntType(64)
 

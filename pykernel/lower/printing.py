@@ -15,8 +15,7 @@ from llvmlite import ir
 
 from ..types import f64, i64, u64
 from . import ops
-from .codegen import describe
-from .values import ConstValue, Value
+from .values import ConstValue, Value, describe
 
 
 def lower_print(fl, node):

@@ -6,8 +6,8 @@ import ast
 from llvmlite import ir
 
 from ..types import SCALARS, ScalarType
-from .codegen import LoopTarget, describe
-from .values import ConstValue, GlobalRef, TupleValue, Value
+from .codegen import LoopTarget
+from .values import ConstValue, GlobalRef, TupleValue, Value, describe
 
 
 def lower_assign(fl, node: ast.Assign):

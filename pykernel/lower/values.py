@@ -53,3 +53,22 @@ class TypeValue:
 class GlobalRef:
     """A Python object (module, function, intrinsic) named in kernel source."""
     obj: object
+
+
+def describe(val) -> str:
+    """How error messages name a value: `f32`, `constant 3`, `shared array f32[64]`..."""
+    if isinstance(val, Value):
+        return str(val.ty)
+    if isinstance(val, PtrValue):
+        return str(val.ty)
+    if isinstance(val, ConstValue):
+        return f"constant {val.value!r}"
+    if isinstance(val, TupleValue):
+        return f"tuple of {len(val.items)}"
+    if isinstance(val, ArrayValue):
+        return f"{val.ty.space} array {val.ty.elem}{list(val.ty.shape)}"
+    if isinstance(val, TypeValue):
+        return f"type {val.ty}"
+    if isinstance(val, GlobalRef):
+        return f"Python object {val.obj!r}"
+    return type(val).__name__

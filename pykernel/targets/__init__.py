@@ -2,7 +2,9 @@
 operations, emission). `get_target("sm_90")` or `get_target("cpu")`."""
 from __future__ import annotations
 
-SUPPORTED_ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120")
+from .archs import SUPPORTED_ARCHS
+
+__all__ = ["SUPPORTED_ARCHS", "get_target"]
 
 
 def get_target(arch: str):

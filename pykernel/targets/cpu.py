@@ -14,8 +14,10 @@ from llvmlite import ir
 
 from ..types import PtrType
 from . import cpu_abi as abi
+from .base import IntrinsicTable
 from .cpu_bulk import CPUBulkOps
 from .cpu_cluster import CPUClusterOps
+from .cpu_intrinsics import INTRINSICS
 from .cpu_ops import CPUOps
 from .cpu_runner import build_entry, coro_decls, patch_coroutine_text
 
@@ -23,8 +25,9 @@ I8P = ir.IntType(8).as_pointer()
 I64, I32, I1 = ir.IntType(64), ir.IntType(32), ir.IntType(1)
 
 
-class CPUTarget(CPUOps, CPUBulkOps, CPUClusterOps):
+class CPUTarget(CPUOps, CPUBulkOps, CPUClusterOps, IntrinsicTable):
     name = "cpu"
+    INTRINSICS = INTRINSICS    # the warp-collective intrinsics, emulated (cpu_intrinsics.py)
     sm = None          # no arch gating: every instruction is emulated
 
     def __init__(self):

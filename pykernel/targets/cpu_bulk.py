@@ -41,9 +41,6 @@ def _pack(b, tx, pending, expected, phase):
 
 
 class CPUBulkOps:
-    def need_ptx(self, version: int):
-        pass
-
     def _bar(self, ctx, bar, site):
         ptr = self.check_address(ctx, bar.ptr, bar.elem, bar.origin, site)
         return ctx.builder.bitcast(ptr, I64.as_pointer())

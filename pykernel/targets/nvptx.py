@@ -7,8 +7,10 @@ from llvmlite import ir
 
 from ..errors import KernelSourceError
 from ..types import PtrType, ScalarType
-from . import SUPPORTED_ARCHS
-from .nvptx_bulk import NVPTXBulkOps, _asm
+from .archs import SUPPORTED_ARCHS
+from .base import IntrinsicTable
+from .nvptx_bulk import NVPTXBulkOps, _asm, ptx_isa
+from .nvptx_intrinsics import INTRINSICS
 
 I32, I64 = ir.IntType(32), ir.IntType(64)
 ADDRSPACE = {"global": 1, "shared": 3, "local": 0, "cluster": 0}   # cluster: generic (mapa)
@@ -17,8 +19,9 @@ PTX_VERSION = {75: 78, 80: 78, 86: 78, 89: 78, 90: 78, 100: 86, 120: 87}
 SREG = {"thread_idx": "tid", "block_idx": "ctaid", "block_dim": "ntid", "grid_dim": "nctaid"}
 
 
-class NVPTXTarget(NVPTXBulkOps):
+class NVPTXTarget(NVPTXBulkOps, IntrinsicTable):
     name = "nvptx"
+    INTRINSICS = INTRINSICS    # intrinsics with a PTX form of their own (nvptx_intrinsics.py)
     triple = "nvptx64-nvidia-cuda"
     datalayout = "e-i64:64-i128:128-v16:16-v32:32-n16:32:64"
 
@@ -138,14 +141,17 @@ class NVPTXTarget(NVPTXBulkOps):
                          [])
 
     # --- thread-block clusters (intrinsics/cluster.py) -------------------------------------------
+    @ptx_isa(80)
     def cluster_register(self, ctx, which):
         reg = "%cluster_ctarank" if which == "rank" else "%cluster_nctarank"
         return _asm(ctx.builder, f"mov.u32 $0, {reg};", "=r", [], ret=I32)
 
+    @ptx_isa(80)   # .release / .acquire on barrier.cluster
     def cluster_sync(self, ctx, site):
         _asm(ctx.builder, "barrier.cluster.arrive.release.aligned; "
              "barrier.cluster.wait.acquire.aligned;", "", [])
 
+    @ptx_isa(80)
     def cluster_map(self, ctx, ptr, origin, rank, site):
         """The generic address of a shared pointer, mapped into block `rank` by mapa."""
         b = ctx.builder
