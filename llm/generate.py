@@ -8,7 +8,6 @@ UTF-8 text; text that could be the start of a stop string is held back until it 
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import Iterator, Sequence
@@ -17,15 +16,12 @@ import numpy as np
 
 from llm.sampling import Sampler
 
-# tokens per prefill step: bounds the (heads, n, n_ctx) attention scores of the numpy backend
-# (PYKERNEL_PREFILL_CHUNK=N another step, for comparisons)
-PREFILL_CHUNK = int(os.environ.get("PYKERNEL_PREFILL_CHUNK", "256"))
 
 
 def prefill_step_tokens(transformer) -> int:
     """Tokens per step of a prompt's prefill: the transformer's own (the kernels backend's
-    largest prompt graph, kernels_graph.PREFILL_GRAPH_MAX) or PREFILL_CHUNK."""
-    return transformer.prefill_step_tokens or PREFILL_CHUNK
+    largest prompt graph, options.prefill_graph_max) or the backend's options.prefill_chunk."""
+    return transformer.prefill_step_tokens or transformer.backend.options.prefill_chunk
 
 
 class ContextError(ValueError):
@@ -77,7 +73,8 @@ class Session:
             raise ContextError(f"the prompt has {len(ids)} tokens; the context holds "
                                f"{self.n_ctx} (and at least one is needed)")
         self.tokens, entries, row = [], [], None
-        step = min(PREFILL_CHUNK, prefill_step_tokens(self.transformer))  # logits: step x vocab
+        # every row's logits come back: step x vocab floats
+        step = min(self.backend.options.prefill_chunk, prefill_step_tokens(self.transformer))
         for start in range(0, len(ids), step):
             chunk = ids[start:start + step]
             logits = self.backend.to_host(self.transformer.forward(

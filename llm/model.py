@@ -17,7 +17,7 @@ import numpy as np
 from llm import chat as chat_templates
 from llm.backends import create_backend
 from llm.config import ModelConfig, load_config
-from llm.generate import PREFILL_CHUNK, ContextError, GenerationStats, Session, stream
+from llm.generate import ContextError, GenerationStats, Session, stream
 from llm.gguf_file import GGUFError, GGUFFile
 from llm.gguf_reader_view import MetadataReader
 from llm.host_memory import available_memory, check_weights_fit
@@ -81,8 +81,9 @@ class Model:
         cache = self.backend.kv_cache(self.config.n_layer, len(ids), self.config.n_head_kv,
                                       self.config.head_dim, self.config.head_dim_v)
         rows = []
-        for start in range(0, len(ids), PREFILL_CHUNK):
-            out = self.transformer.forward(ids[start:start + PREFILL_CHUNK], start, cache,
+        chunk = self.backend.options.prefill_chunk
+        for start in range(0, len(ids), chunk):
+            out = self.transformer.forward(ids[start:start + chunk], start, cache,
                                            all_logits=True)
             rows.append(self.backend.to_host(out))
         return np.concatenate(rows, axis=0)

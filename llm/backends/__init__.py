@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 
 from llm.backends.base import Backend
+from llm.options import RunnerOptions
 
 DEVICES = ("cpu", "cuda")
 DEFAULT_BACKEND = {"cpu": "numpy", "cuda": "kernels"}
@@ -18,6 +19,9 @@ class BackendUnavailable(NotImplementedError):
 
 
 def create_backend(device: str = "cpu", backend: str | None = None, **options) -> Backend:
+    """A backend; `options` are its constructor's (e.g. options=RunnerOptions(...), the
+    performance switches; RunnerOptions.from_env() when not given)."""
+    options.setdefault("options", RunnerOptions.from_env())
     if device not in DEVICES:
         raise ValueError(f"unknown device {device!r} (expected one of {', '.join(DEVICES)})")
     name = backend or DEFAULT_BACKEND[device]

@@ -18,6 +18,7 @@ import numpy as np
 
 from llm.config import RopeParams
 from llm.gguf_file import TensorInfo
+from llm.options import RunnerOptions
 
 Act = Any       # a backend's activation (numpy array on the CPU, device buffer on the GPU)
 Weight = Any    # a backend's weight handle
@@ -50,6 +51,8 @@ class Backend(ABC):
     # (sample_rows, top_candidates answer); False: they are host rows already (those return
     # None), so the scheduler copies nothing to try them
     logits_on_device: bool = False
+    # the performance switches (llm/options.py); a backend's constructor takes them
+    options: RunnerOptions = RunnerOptions()
     # decode steps replay captured device graphs (the kernels backend's default)
     use_graphs: bool = False
     # bytes per cached K/V value, from which model.choose_context sizes a default context

@@ -13,7 +13,6 @@ no combine launch).
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Sequence
 
 import numpy as np
@@ -26,6 +25,7 @@ from llm.backends.kernels_lazy import (Cols, GluHalf, HeadNormed, Normed, Pendin
                                        PendingMatmul, Quantized, Roped)
 from llm.backends.kernels_memory import Arena, DeviceMemory, KernelsKVCache, KVPool
 from llm.backends.logits_readback import LogitsReadback
+from llm.options import RunnerOptions
 from llm.config import RopeParams
 from llm.gguf_file import TensorInfo
 from stdlib_kernels import activation as activation_rows
@@ -44,20 +44,10 @@ from stdlib_kernels.attention.prefill import (launch_prefill, launch_prefill_seq
 from stdlib_kernels.quant.gemm_q8_k import split_workspace_bytes
 from stdlib_kernels.quant.rmsnorm_q8_1 import rmsnorm_q8_1_into
 
-TENSOR_CORE_PREFILL = True   # False: prefill attention on the SIMT kernel (tests compare both)
-# which decode attention launches write the o-projection's Q8_1 input themselves (xq_out):
-# "all", "split" (only the combine kernel of split attention) or "none" (a quantize launch);
-# PYKERNEL_ATTN_Q8 overrides, for comparisons (benchmarks/RESULTS.md)
-ATTENTION_Q8 = os.environ.get("PYKERNEL_ATTN_Q8", "all")
-# launch_decode(early_kv=) in the decode graphs: on. It was off for a while (session 8): ptxas
+# options.early_kv (launch_decode(early_kv=) in the decode graphs) was off for a while: ptxas
 # had scheduled the attention kernel's Q loads (ld.global.nc) above its late PDL wait, so
 # pipelined greedy decode sometimes picked different tokens; Q is a plain pointer now, and
-# tests/kernels/test_pdl_load_order.py checks the SASS (benchmarks/RESULTS.md, "early_kv
-# again"). PYKERNEL_EARLY_KV=0 turns it off, for comparisons.
-EARLY_KV = os.environ.get("PYKERNEL_EARLY_KV", "1") not in ("", "0")
-# decode attention's split / combine kernels trigger their dependents at entry (in PDL graphs;
-# DecodeConfig.early_trigger); PYKERNEL_EARLY_TRIGGER=0 turns it off, for comparisons
-EARLY_TRIGGER = os.environ.get("PYKERNEL_EARLY_TRIGGER", "1") not in ("", "0")
+# tests/kernels/test_pdl_load_order.py checks the SASS (benchmarks/RESULTS.md, "early_kv again").
 
 
 CACHE_TYPES = dict(zip(KV_CACHE_TYPES, (np.dtype(np.float16), np.dtype(np.float32),
@@ -91,7 +81,9 @@ class KernelsBackend(Backend):
     logits_on_device = True
 
     def __init__(self, device: str = "cuda", activations: str = "q8_1", kv_dtype=None,
-                 graphs: bool = True, gemv: bool | None = None):
+                 graphs: bool = True, gemv: bool | None = None,
+                 options: RunnerOptions | None = None):
+        self.options = options or RunnerOptions()
         if activations not in ("q8_1", "f32"):
             raise ValueError(f"activations must be 'q8_1' or 'f32', got {activations!r}")
         self.device = pk.set_device(device) if device == "cuda" else pk.get_device("cpu")
@@ -408,7 +400,8 @@ class KernelsBackend(Backend):
             config = self._decode_config(q3.shape[1], k_all)
             splits = self.batch_splits(caches, positions, window, q3.shape[1])
             launch_decode(q3, k_all, v_all, positions_dev, out.reshape(n, -1, d), scale,
-                          window=window or None, len_add=1, config=config, early_kv=EARLY_KV,
+                          window=window or None, len_add=1, config=config,
+                          early_kv=self.options.early_kv,
                           workspace=first.pool.workspace(n, q3.shape[1], config, splits))
             return out
         qa, ka, va = (self._contiguous(self.materialize(a)) for a in (q, k, v))
@@ -576,14 +569,15 @@ class KernelsBackend(Backend):
             # the kernel writing the output (the combine, or the split kernel without splits)
             # also writes the o-projection's Q8_1 activations: no quantize launch for them
             xq = None
-            wanted = ATTENTION_Q8 == "all" or (ATTENTION_Q8 == "split" and workspace is not None)
+            q8_out = self.options.attention_q8
+            wanted = q8_out == "all" or (q8_out == "split" and workspace is not None)
             if wanted and quantize_out and self.activations == "q8_1" and q3.shape[2] % 32 == 0:
                 xq = self.arena.take(W.q8_buffer_shape(1, q3.shape[1] * q3.shape[2]), np.uint8)
-            # early_kv (EARLY_KV): under PDL the split blocks read the length and start loading
-            # older rows before their wait (the kernel before writes only the newest row)
+            # early_kv: under PDL the split blocks read the length and start loading older
+            # rows before their wait (the kernel before writes only the newest row)
             launch_decode(q3, k_cache, v_cache, start_dev, out3, scale, window=window or None,
-                          len_add=1, workspace=workspace, config=config, early_kv=EARLY_KV,
-                          xq_out=xq)
+                          len_add=1, workspace=workspace, config=config,
+                          early_kv=self.options.early_kv, xq_out=xq)
             return xq
         elif self._tensor_core_prefill(k_cache):   # Q, K, V, P rounded to f16 like llama.cpp's
             first, first_dev = self._prefill_start(start)
@@ -609,12 +603,12 @@ class KernelsBackend(Backend):
         # in the decode graph the split and combine kernels let the next kernel launch at their
         # start (its blocks then prefetch weights meanwhile): 8B @ d4096 +0.5% on an H200
         # (benchmarks/RESULTS.md, "Decode attention's early trigger in the runner")
-        return dataclasses.replace(config, early_trigger=EARLY_TRIGGER)
+        return dataclasses.replace(config, early_trigger=self.options.early_trigger)
 
     def _tensor_core_prefill(self, k_cache) -> bool:
         """Flash attention on tensor cores for prefill: f16 cache, sm_80+, and the llama.cpp-like
         Q8_1 activation mode (activations="f32" keeps the f32 SIMT path, the accurate one)."""
-        return (TENSOR_CORE_PREFILL and self.activations == "q8_1"
+        return (self.options.tensor_core_prefill and self.activations == "q8_1"
                 and (isinstance(k_cache, Q8Cache) or k_cache.dtype == np.float16)
                 and mma_available(self.device))
 

@@ -6,10 +6,11 @@ array) of each step. The graph reads the token and its position from a 2-int dev
 `io = [token, position]`, so a step is one 8-byte host-to-device copy, the replay, and the
 caller's device-to-host copy; its last launch writes the greedy next token into io[0] and
 advances io[1], so `greedy` decodes with no host-to-device copy at all and reads 4 bytes per
-token. Two graphs per cache: positions below SHORT_CONTEXT run decode attention in one split per
-head (no partials, no combine launch: a short context gives too little work to split), later
-positions the split attention sized for the whole cache. Both read and advance the same `io`.
-Short prompts (2..PREFILL_GRAPH_MAX tokens, a chat turn) are graphs too: a prefill of ~370
+token. Two graphs per cache: positions below options.short_context run decode attention in
+one split per head (no partials, no combine launch: a short context gives too little work to
+split), later positions the split attention sized for the whole cache. Both read and advance
+the same `io`. Short prompts (2..options.prefill_graph_max tokens, a chat turn) are graphs
+too: a prefill of ~370
 launches costs ~30 us of Python each, more than the GPU needs below ~64 tokens on an 8B
 model and ~256 on a 1.5B one (and a graph's launches overlap under PDL). The prompt is
 padded to a length bucket (`prefill_bucket`); the graph reads ids, positions and the index of
@@ -28,7 +29,6 @@ overlaps its predecessor's tail); PYKERNEL_PDL=0 captures plain edges, for compa
 """
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Iterator
 
@@ -38,34 +38,20 @@ import pykernel as pk
 from pykernel import compile_pool
 from llm.backends import kernels_extra as X
 from llm.backends.graph_slots import slot_binding
-from llm.generate import PREFILL_CHUNK
 from llm.models.transformer import Transformer, prompt_rows
 
 
-# positions below it: decode attention without splits. H200 tg128 over positions 256-383,
-# one split / splits + combine: llama-8B 520.7 / 513.0, qwen2-1.5B 973.7 / 951.0; over
-# 384-511: 511.5 / 513.2 and 946.3 / 936.0 (benchmarks/RESULTS.md, "Where one split stops
-# paying")
-SHORT_CONTEXT = 384
-PDL = os.environ.get("PYKERNEL_PDL", "1") not in ("", "0")
-# a graph's first run compiles its kernels in parallel first (PYKERNEL_PRECOMPILE=0: one by one,
-# as the launches reach them)
-PRECOMPILE = os.environ.get("PYKERNEL_PRECOMPILE", "1") not in ("", "0")
-# prompts of 2..PREFILL_GRAPH_MAX tokens run as captured graphs (PYKERNEL_PREFILL_GRAPHS=0:
-# always eagerly, PYKERNEL_PREFILL_GRAPH_MAX=N another limit, for comparisons)
-# (H100, graphs against eager at 72-256 tokens: synthetic qwen2-1.5B +34-130%, llama-8B
-# +3-26%; benchmarks/RESULTS.md "Prompts of 65-256 tokens"). Longer prompts run in steps of
-# this many tokens (prefill_step_tokens), each a graph: 1024 (H100, prompts of 2048 tokens
-# against 256-token steps: SmolLM2-135M 50.8k -> 145.5k t/s, qwen2-1.5B 26.9k -> 40.6k,
-# llama-8B 9.3k -> 11.2k; RESULTS.md "Prompts in 1024-token graph steps"; an 8B step's
-# activations ~0.6 GiB)
-PREFILL_GRAPH_MAX = int(os.environ.get("PYKERNEL_PREFILL_GRAPH_MAX", "1024"))
+# Prompts of 2..options.prefill_graph_max tokens run as captured graphs (H100, graphs against
+# eager at 72-256 tokens: synthetic qwen2-1.5B +34-130%, llama-8B +3-26%; RESULTS.md "Prompts of
+# 65-256 tokens"); longer prompts run in steps of that many tokens (prefill_step_tokens), each a
+# graph (1024: RESULTS.md "Prompts in 1024-token graph steps"; an 8B step's activations ~0.6 GiB).
+# Positions below options.short_context run decode attention without splits (RESULTS.md, "Where
+# one split stops paying").
 # ... unless the device lacks the memory: a step of T tokens may take up to
 # prefill_activation_bound(config, T) bytes of activations, and the step halves (down to
 # SMALLEST_STEP) until that fits in half of the device memory free once the KV cache is
 # allocated (the rest for the decode graphs, scratch and other processes)
 SMALLEST_STEP = 64
-PREFILL_GRAPHS = os.environ.get("PYKERNEL_PREFILL_GRAPHS", "1") not in ("", "0")
 # batched decode graphs kept (one per set of sequences stepping together and attention split
 # plan: warm_batch captures up to ~8 plans per batch size; each holds its sequences' caches
 # alive)
@@ -128,40 +114,28 @@ def precompile_lengths(most: int) -> list[int]:
     return sorted(set(range(1, min(16, most) + 1)) | set(range(8, most + 1, 8)))
 
 
-def _short(pos: int) -> bool:
-    return pos < SHORT_CONTEXT
-
-
-def _graph_key(pos: int, sampling) -> object:
-    """A cache's decode graph for a step at pos: short or long context, and the pick of the
-    next token (None: greedy; else the sampler's filter settings, baked into its launches)."""
-    if sampling is None:
-        return _short(pos)
-    return (_short(pos), sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p)
-
-
 class GraphedTransformer(Transformer):
     """A Transformer whose forward runs on the kernels backend, with graph-replayed decode
     and short prompts."""
 
     @property
     def prefill_graph_max(self) -> int:
-        """Longest prompt that runs as a graph (0: none): PREFILL_GRAPH_MAX, or less where
+        """Longest prompt that runs as a graph (0: none): options.prefill_graph_max, or less where
         the device's free memory asks for it (fitted_step); a bucket's graph is captured on its
         second prompt, so benchmarks warm up twice."""
-        if not (PREFILL_GRAPHS and self.backend.use_graphs):
+        if not (self.backend.options.prefill_graphs and self.backend.use_graphs):
             return 0
         return self.fitted_step()
 
     def fitted_step(self) -> int:
-        """PREFILL_GRAPH_MAX halved until prefill_activation_bound fits in half of the free
+        """options.prefill_graph_max halved until prefill_activation_bound fits in half of the free
         device memory (not below SMALLEST_STEP); measured once a KV cache is allocated, and
-        kept (on the GPU). The CPU target: PREFILL_GRAPH_MAX."""
+        kept (on the GPU). The CPU target: options.prefill_graph_max."""
         if self._fitted_step is not None:
             return self._fitted_step
         memory = self.backend.memory
         free = memory.free_bytes()
-        step = PREFILL_GRAPH_MAX
+        step = self.backend.options.prefill_graph_max
         if free is not None:
             while step > SMALLEST_STEP and prefill_activation_bound(self.cfg, step) > free // 2:
                 step = max(SMALLEST_STEP, step // 2)
@@ -181,7 +155,19 @@ class GraphedTransformer(Transformer):
         """Tokens per prefill step of a long prompt (generate, bench): one graph's bucket at
         most, so every step of a long prompt replays a graph; eagerly (graphs off) the numpy
         backend's step."""
-        return self.prefill_graph_max or PREFILL_CHUNK
+        return self.prefill_graph_max or self.backend.options.prefill_chunk
+
+    def _short(self, pos: int) -> bool:
+        """A step at pos runs decode attention in one split (options.short_context)."""
+        return pos < self.backend.options.short_context
+
+    def _graph_key(self, pos: int, sampling) -> object:
+        """A cache's decode graph for a step at pos: short or long context, and the pick of the
+        next token (None: greedy; else the sampler's filter settings, baked into its launches)."""
+        if sampling is None:
+            return self._short(pos)
+        return (self._short(pos), sampling.temperature, sampling.top_k, sampling.top_p,
+                sampling.min_p)
 
     def __init__(self, inner: Transformer):
         self.__dict__.update(inner.__dict__)
@@ -224,7 +210,7 @@ class GraphedTransformer(Transformer):
         else:
             step.io.copy_from(host)
             if step.graph is None:
-                with pk.capture_graph(b.stream, pdl=PDL) as graph:
+                with pk.capture_graph(b.stream, pdl=self.backend.options.pdl) as graph:
                     step.logits = self._record_batch(step.io, positions, caches)  # recorded only
                 step.graph = graph
             step.graph.replay()
@@ -265,7 +251,8 @@ class GraphedTransformer(Transformer):
         """Launches with (PDL) or without programmatic dependencies, as the graphs record
         them: an eager run in this mode takes the captured steps' kernel variants."""
         stream = self.backend.stream
-        return pk.programmatic_launches(stream.device if stream is not None else None, PDL)
+        return pk.programmatic_launches(stream.device if stream is not None else None,
+                                        self.backend.options.pdl)
 
     def warm_batch(self, caches) -> None:
         """Compile and capture the batched step over these caches for every attention split
@@ -339,7 +326,7 @@ class GraphedTransformer(Transformer):
             return step.logits
         step.io.copy_from(host)
         if step.graph is None:
-            with pk.capture_graph(self.backend.stream, pdl=PDL) as graph:
+            with pk.capture_graph(self.backend.stream, pdl=self.backend.options.pdl) as graph:
                 step.logits = self._record_prefill(step.io, bucket, cache)   # recorded only
             step.graph = graph
             step.binding = slot_binding(graph, cache)
@@ -359,7 +346,7 @@ class GraphedTransformer(Transformer):
         generate); where workers compile, the dry run takes that decode step's kernels too, so
         they compile in the same batch (one round of worker start-up, not two)."""
         with self._launch_mode():
-            if PRECOMPILE and self.backend.device.kind == "cuda":
+            if self.backend.options.precompile and self.backend.device.kind == "cuda":
                 try:
                     pk.precompile(self._dry_run, record, args, then_decode)
                 except Exception as exc:   # only saves time: the real run compiles what it needs
@@ -372,8 +359,8 @@ class GraphedTransformer(Transformer):
         record(*args)
         if then_decode is not None and compile_pool.worker_count(2) >= 2:
             cache, pos = then_decode
-            if self.backend.use_graphs and _short(pos) not in cache.graphs:
-                self._record(pk.to_device(np.zeros(2, np.int32)), cache, _short(pos))
+            if self.backend.use_graphs and self._short(pos) not in cache.graphs:
+                self._record(pk.to_device(np.zeros(2, np.int32)), cache, self._short(pos))
 
     def _record_prefill(self, io, bucket: int, cache):
         b = self.backend
@@ -401,7 +388,7 @@ class GraphedTransformer(Transformer):
     def decode_step(self, token: int, pos: int, cache, sampling=None):
         """Logits (1, n_vocab) after `token` at position `pos` (written into the cache); the
         next token goes to the step's io on the device (greedy, or `sampling`'s draw)."""
-        graphs, key = cache.graphs, _graph_key(pos, sampling)
+        graphs, key = cache.graphs, self._graph_key(pos, sampling)
         if key in graphs:
             step = graphs[key]
             step.io.copy_from(np.array([token, pos], np.int32))
@@ -410,9 +397,9 @@ class GraphedTransformer(Transformer):
             return step.logits
         io = cache.graph.io if cache.graph is not None else pk.to_device(np.zeros(2, np.int32))
         io.copy_from(np.array([token, pos], np.int32))
-        logits = self._run_as_captured(self._record, io, cache, _short(pos), sampling)
-        with pk.capture_graph(self.backend.stream, pdl=PDL) as graph:
-            self._record(io, cache, _short(pos), sampling)   # recorded, not run
+        logits = self._run_as_captured(self._record, io, cache, self._short(pos), sampling)
+        with pk.capture_graph(self.backend.stream, pdl=self.backend.options.pdl) as graph:
+            self._record(io, cache, self._short(pos), sampling)   # recorded, not run
         cache.graph = graphs[key] = DecodeGraph(graph, logits, io)
         return logits
 
@@ -460,8 +447,8 @@ class GraphedTransformer(Transformer):
         pending = None   # the step whose token is in flight to the host
         try:
             for i in range(1, n):
-                step = cache.graphs.get(_graph_key(pos + i, sampling))
-                if step is None:   # first step past SHORT_CONTEXT: drain, capture synchronously
+                step = cache.graphs.get(self._graph_key(pos + i, sampling))
+                if step is None:   # first step past short_context: drain, capture synchronously
                     if pending is not None:
                         known, pending = self._read(slots, events, pending), None
                     yield known
@@ -488,7 +475,7 @@ class GraphedTransformer(Transformer):
         return int(slots[i % 2][0])
 
     def _replay_or_capture(self, token: int, pos: int, cache, sampling=None) -> None:
-        step = cache.graphs.get(_graph_key(pos, sampling))
+        step = cache.graphs.get(self._graph_key(pos, sampling))
         if step is None:
             self.decode_step(token, pos, cache, sampling)
         else:

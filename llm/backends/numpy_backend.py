@@ -17,6 +17,7 @@ from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
 
 from llm.backends.act_quant import activation_kind, round_trip
+from llm.options import RunnerOptions
 from llm.backends.base import KV_CACHE_TYPES, Backend, KVCache
 from llm.backends.blas_threads import ThreadChooser, set_threads
 from llm.backends.dequant import dequantize
@@ -129,7 +130,8 @@ class NumpyBackend(Backend):
     rope_qk_together = True
 
     def __init__(self, quantized_activations: bool = False, threads: int | None = None,
-                 kv_dtype=None):
+                 kv_dtype=None, options: RunnerOptions | None = None):
+        self.options = options or RunnerOptions()
         self.quantized_activations = quantized_activations
         self.kv_type = _kv_type(kv_dtype)
         # BLAS threads: fixed when given (argument or PYKERNEL_THREADS), else chosen per forward

@@ -6,7 +6,6 @@ import struct
 from pathlib import Path
 
 import numpy as np
-import pytest
 from gguf import GGUFValueType, GGUFWriter
 
 from llm.gguf_file import GGUFFile

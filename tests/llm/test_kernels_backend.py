@@ -10,6 +10,8 @@ from gguf import GGUFReader
 from gguf.constants import GGMLQuantizationType as Q
 
 import llm
+from dataclasses import replace
+from llm.options import RunnerOptions
 from llm.backends import kernels_weights as W
 from llm.bench import BenchResult, bench, run_bench, table
 from llm.synth import SHAPES, tensor_plan, write_synthetic
@@ -195,7 +197,7 @@ def test_greedy_stream_pipelined_on_the_device_equals_step_by_step(models, monke
     monkeypatch.setattr(GraphedTransformer, "greedy_tokens", spy)
     pipelined = run()
     assert len(calls) == 1
-    monkeypatch.setattr(GraphedTransformer, "greedy_tokens", None)   # step by step
+    monkeypatch.setattr(GraphedTransformer, "greedy_tokens", lambda self, *args: None)  # host
     assert pipelined == run()
     assert pipelined[0] and (limit != "context" or pipelined[1][2] == "context"), pipelined
 
@@ -255,9 +257,9 @@ def test_unseeded_sampling_draws_on_the_device(models, monkeypatch):
 @pytest.mark.parametrize("short_context", [256, 3])
 def test_greedy_on_device_matches_host_argmax(models, monkeypatch, short_context):
     """short_context 3: the greedy run crosses from the short-context graph to the split one."""
-    from llm.backends import kernels_graph
-    monkeypatch.setattr(kernels_graph, "SHORT_CONTEXT", short_context)
     model = models["tiny-qwen2-f32.gguf"]
+    monkeypatch.setattr(model.backend, "options",
+                        replace(model.backend.options, short_context=short_context))
     cfg = model.config
     ids = CASES["tiny-qwen2-f32.gguf"][0]["tokens"]
     cache = model.backend.kv_cache(cfg.n_layer, 32, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v)
@@ -436,13 +438,12 @@ def test_split_decode_feeds_q8_1_to_the_o_projection(tmp_path, monkeypatch):
     writes the o-projection's Q8_1 input, so each layer has one quantize launch fewer; the
     decode steps still give the prefill's logits."""
     from llm import synth
-    from llm.backends import kernels_graph
     monkeypatch.setitem(synth.SHAPES, "tiny-d64", synth.Shape(
         "llama", 128, 256, 2, 2, 1, 512, 64, 10000.0, 1e-5, True, False, "llama-bpe"))
     path = synth.write_synthetic("tiny-d64", "Q4_0", tmp_path / "tiny-d64.gguf")
-    monkeypatch.setattr(kernels_graph, "SHORT_CONTEXT", 4)   # steps at 2, 3 | 4, 5
     prompts_on_the_gemv(monkeypatch)
     model = llm.load(path, device="cpu", backend="kernels", n_ctx=16, gemv=True,
+                     options=RunnerOptions(short_context=4),
                      progress=False)
     ids = [5, 9, 13, 17, 21, 25]
     full = model.logits(ids)
@@ -514,15 +515,14 @@ def test_q8_0_kv_cache(tmp_path, monkeypatch):
     f16 rounding of the rows a prefill reads), decode steps through both graphs (one split /
     splits + combine) follow the prefill, and the cache takes 34/32 bytes per value."""
     from llm import synth
-    from llm.backends import kernels_graph
     from stdlib_kernels.attention import Q8Cache
     monkeypatch.setitem(synth.SHAPES, "tiny-d64", synth.Shape(
         "llama", 128, 256, 2, 2, 1, 512, 64, 10000.0, 1e-5, True, False, "llama-bpe"))
     path = synth.write_synthetic("tiny-d64", "Q4_0", tmp_path / "tiny-d64.gguf")
     prompts_on_the_gemv(monkeypatch)
-    monkeypatch.setattr(kernels_graph, "SHORT_CONTEXT", 5)   # steps at 2..4 | 5..7
     ids = [5, 9, 13, 17, 21, 25, 3, 8, 40, 41, 42, 43, 44]
     kernels = {kv: llm.load(path, device="cpu", backend="kernels", n_ctx=24, gemv=True,
+                            options=RunnerOptions(short_context=5),
                             activations="f32", kv_dtype=kv, progress=False)
                for kv in ("f32", "q8_0")}
     numpy = {kv: llm.load(path, device="cpu", backend="numpy", n_ctx=24, kv_dtype=kv,

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 import llm
+from dataclasses import replace
+from llm.options import RunnerOptions
 from pykernel.runtime import device as dv
 from tests.llm.gguf_helpers import TINY
 from tests.shared_data import require
@@ -50,22 +52,23 @@ def test_tensor_core_prefill_attention_matches_simt(tmp_path, monkeypatch, short
     (equal) and vs the SIMT kernel, and vs token-by-token graph decode
     (short_context 8: the split-attention graph, whose combine kernel also writes the
     o-projection's Q8_1 input)."""
-    from llm.backends import kernels_backend, kernels_graph
+    from llm.backends import kernels_backend
     from llm.synth import write_synthetic
-    monkeypatch.setattr(kernels_graph, "SHORT_CONTEXT", short_context)
     # Q4_0: no block minimum, so the decode's Q8_1 activations stay within ~3e-3 of the
     # prefill (with Q4_1 / Q4_K the minimum times the raw block sum of the Q8_1 activations,
     # llama.cpp's scheme, puts decode and an f32-activation prefill 2-10% apart on random
     # weights: see test_model_width_over_1024_matches_numpy)
     path = write_synthetic("smollm2-135m", "Q4_0", tmp_path / "smol.gguf")
     ids = list(np.random.default_rng(1).integers(0, 49000, 96))
-    model = llm.load(path, device="cuda", n_ctx=128, progress=False)
+    model = llm.load(path, device="cuda", n_ctx=128, progress=False,
+                     options=RunnerOptions(short_context=short_context))
     fast = model.logits(ids)
     # the fused q|k|v output read in place (RoPE and attention on its columns) gives what
     # the three copied column blocks give, bit for bit
     monkeypatch.setattr(kernels_backend, "_qkv_in_place", lambda q, k, v: False)
     np.testing.assert_array_equal(model.logits(ids), fast)
-    monkeypatch.setattr(kernels_backend, "TENSOR_CORE_PREFILL", False)
+    monkeypatch.setattr(model.backend, "options",
+                        replace(model.backend.options, tensor_core_prefill=False))
     simt = model.logits(ids)
     assert rel_l2(fast, simt) < 5e-3, f"mma vs simt prefill: {rel_l2(fast, simt):.2e}"
     session = model.session()
@@ -78,11 +81,10 @@ def test_tensor_core_prefill_attention_matches_simt(tmp_path, monkeypatch, short
 def test_pipelined_greedy_matches_step_by_step(tmp_path, monkeypatch, short_context):
     """greedy() queues step i + 1 before reading token i back; the tokens must be those of
     one-step-at-a-time decoding (short_context 5: it crosses to the split-attention graph)."""
-    from llm.backends import kernels_graph
     from llm.synth import write_synthetic
-    monkeypatch.setattr(kernels_graph, "SHORT_CONTEXT", short_context)
     path = write_synthetic("smollm2-135m", "Q4_1", tmp_path / "smol.gguf")
-    model = llm.load(path, device="cuda", n_ctx=64, progress=False)
+    model = llm.load(path, device="cuda", n_ctx=64, progress=False,
+                     options=RunnerOptions(short_context=short_context))
     cfg = model.config
     cache = model.backend.kv_cache(cfg.n_layer, 32, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v)
     picked = model.transformer.greedy(7, 0, cache, 12)
@@ -100,13 +102,12 @@ def test_greedy_stream_on_the_gpu_equals_step_by_step(tmp_path, monkeypatch, sho
     """generate(temperature=0) through greedy_tokens (steps queued ahead of the host's
     reads) gives the text, stats and cached ids of stepping token by token; crossing to the
     split-attention graph (short_context 5) and a consumer that stops after 3 pieces."""
-    from llm.backends import kernels_graph
     from llm.backends.kernels_graph import GraphedTransformer
     from llm.generate import GenerationStats
     from llm.synth import write_synthetic
-    monkeypatch.setattr(kernels_graph, "SHORT_CONTEXT", short_context)
     path = write_synthetic("smollm2-135m", "Q4_1", tmp_path / "smol.gguf")
-    model = llm.load(path, device="cuda", n_ctx=64, progress=False)
+    model = llm.load(path, device="cuda", n_ctx=64, progress=False,
+                     options=RunnerOptions(short_context=short_context))
 
     def run():
         stats = GenerationStats()
@@ -116,7 +117,7 @@ def test_greedy_stream_on_the_gpu_equals_step_by_step(tmp_path, monkeypatch, sho
         pieces.close()
         return text, stats.generated_tokens, stats.decode_steps, list(model.session().tokens)
     pipelined = run()
-    monkeypatch.setattr(GraphedTransformer, "greedy_tokens", None)
+    monkeypatch.setattr(GraphedTransformer, "greedy_tokens", lambda self, *args: None)
     assert pipelined == run()
 
 
@@ -125,12 +126,11 @@ def test_unseeded_sampling_on_the_gpu_draws_as_stepping(tmp_path, monkeypatch, s
     """An unseeded sampled stream's device draws (stdlib's sampler in the decode graph, steps
     queued ahead of the host) equal stepping one token at a time with stdlib's sampler and
     the same uniforms; short_context 5 crosses to the split-attention graph."""
-    from llm.backends import kernels_graph
     from llm.synth import write_synthetic
     from tests.llm.test_kernels_backend import sampled_on_device_vs_stepped
-    monkeypatch.setattr(kernels_graph, "SHORT_CONTEXT", short_context)
     path = write_synthetic("smollm2-135m", "Q4_1", tmp_path / "smol.gguf")
-    model = llm.load(path, device="cuda", n_ctx=64, progress=False)
+    model = llm.load(path, device="cuda", n_ctx=64, progress=False,
+                     options=RunnerOptions(short_context=short_context))
     for seed in (1, 2):
         got, expected, _ = sampled_on_device_vs_stepped(model, [7, 8, 9], 20, seed)
         assert got == expected and len(got) >= 5, (seed, got, expected)
@@ -201,14 +201,13 @@ def test_q8_0_kv_cache_production_settings(tmp_path, monkeypatch, short_context)
     against the numpy backend's q8_0 emulation, graph decode against the prefill
     (short_context 40: the split-attention graph from position 40 on)."""
     from llm import synth
-    from llm.backends import kernels_graph
-    monkeypatch.setattr(kernels_graph, "SHORT_CONTEXT", short_context)
     monkeypatch.setitem(synth.SHAPES, "small-d128", synth.Shape(
         "llama", 512, 1024, 2, 4, 2, 2048, 256, 10000.0, 1e-5, False, False, "llama-bpe"))
     path = synth.write_synthetic("small-d128", "Q4_0", tmp_path / "d128.gguf")
     ids = list(np.random.default_rng(3).integers(0, 2000, 56))
     want = llm.load(path, device="cpu", n_ctx=64, kv_dtype="q8_0", progress=False).logits(ids)
-    model = llm.load(path, device="cuda", n_ctx=64, kv_dtype="q8_0", progress=False)
+    model = llm.load(path, device="cuda", n_ctx=64, kv_dtype="q8_0", progress=False,
+                     options=RunnerOptions(short_context=short_context))
     got = model.logits(ids)
     assert rel_l2(got, want) < 1e-2, rel_l2(got, want)
     f16 = llm.load(path, device="cuda", n_ctx=64, progress=False).logits(ids)

@@ -10,10 +10,14 @@ import numpy as np
 import pytest
 
 import llm
+from dataclasses import replace
+from llm.options import RunnerOptions
 from llm.backends import kernels_graph
 from llm.backends.kernels_graph import prefill_bucket
 from pykernel.runtime import device as dv
 from tests.llm.gguf_helpers import TINY, require_for_module
+
+DEFAULT = RunnerOptions()
 
 require_for_module(TINY / "tiny-logits.json")
 
@@ -34,8 +38,8 @@ def test_prefill_buckets():
 
 def _chunk_logits(model, ids, monkeypatch, graphs: bool, lengths=LENGTHS, n_ctx=N_CTX):
     """Last-row logits after each chunk of `lengths`, then after one decode step; the cache."""
-    monkeypatch.setattr(kernels_graph, "PREFILL_GRAPHS", graphs)
     cfg, t, b = model.config, model.transformer, model.backend
+    monkeypatch.setattr(b, "options", replace(b.options, prefill_graphs=graphs))
     cache = b.kv_cache(cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v)
     out, pos = [], 0
     for n in lengths:
@@ -70,14 +74,15 @@ def test_prefill_graphs_follow_the_eager_prefill(name, rng, seed, monkeypatch):
 
 
 def test_prefill_graphs_stay_out_of_their_limits(rng, monkeypatch):
-    """Eager: a prompt over PREFILL_GRAPH_MAX, one whose bucket would run past the context, a
+    """Eager: a prompt over options.prefill_graph_max, one whose bucket would run past the
+    context, a
     q8_0 cache (its prefill dequantizes a host-sized row count) and all_logits."""
     model = llm.load(TINY / "tiny-qwen2-f32.gguf", device="cpu", backend="kernels",
                      n_ctx=N_CTX, progress=False)
     cfg, t = model.config, model.transformer
     cache = model.backend.kv_cache(cfg.n_layer, N_CTX, cfg.n_head_kv, cfg.head_dim,
                                    cfg.head_dim_v)
-    assert not t._prefill_graphable(kernels_graph.PREFILL_GRAPH_MAX + 1, 0, cache)
+    assert not t._prefill_graphable(DEFAULT.prefill_graph_max + 1, 0, cache)
     assert not t._prefill_graphable(9, N_CTX - 15, cache)        # bucket 16 from 49: past 64
     assert t._prefill_graphable(9, N_CTX - 16, cache)
     # (the tiny models' head_dim 16 cannot hold a q8_0 cache: a stand-in with its two fields)
@@ -96,7 +101,7 @@ def test_gpu_long_prompt_steps_replay_one_graph(rng, seed, monkeypatch, tmp_path
     from llm.synth import write_synthetic
     path = write_synthetic("smollm2-135m", "Q4_1", tmp_path / "smol.gguf")
     model = llm.load(path, device="cuda", n_ctx=2048, progress=False)
-    assert model.transformer.prefill_step_tokens == kernels_graph.PREFILL_GRAPH_MAX >= 600
+    assert model.transformer.prefill_step_tokens == DEFAULT.prefill_graph_max >= 600
     _check(model, rng, seed, monkeypatch, 1e-3, lengths=(600, 600, 600), n_ctx=2048)
 
 
@@ -132,14 +137,14 @@ def test_prompt_graphs_serve_every_slot_of_a_pool(device, rng, seed, monkeypatch
     order = [0, 1, 2, 1, 0, 2]                # bucket 5 on slots in this order
     prompts = [[int(i) for i in rng.integers(0, cfg.n_vocab, 5)] for _ in order]
     nxt = [int(i) for i in rng.integers(0, cfg.n_vocab, 3)]
-    monkeypatch.setattr(kernels_graph, "PREFILL_GRAPHS", False)
+    monkeypatch.setattr(b, "options", replace(b.options, prefill_graphs=False))
     alone = []
     for ids in prompts:
         cache = b.kv_cache(cfg.n_layer, N_CTX, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v)
         alone.append((run(ids, cache), cache))
     last = {slot: i for i, slot in enumerate(order)}       # the prompt each slot holds at the end
     want_next = {slot: run([nxt[slot]], alone[i][1], 5) for slot, i in last.items()}
-    monkeypatch.setattr(kernels_graph, "PREFILL_GRAPHS", True)
+    monkeypatch.setattr(b, "options", replace(b.options, prefill_graphs=True))
     caches = b.kv_caches(3, cfg.n_layer, N_CTX, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v)
     for i, (slot, ids) in enumerate(zip(order, prompts)):
         got = run(ids, caches[slot])
@@ -154,20 +159,21 @@ def test_prompt_graphs_serve_every_slot_of_a_pool(device, rng, seed, monkeypatch
 
 
 def test_prompt_steps_shrink_to_the_free_device_memory(monkeypatch):
-    """The prompt step (prefill_step_tokens) halves from PREFILL_GRAPH_MAX until the bound of
+    """The prompt step (prefill_step_tokens) halves from options.prefill_graph_max until the
+    bound of
     its activations fits in half of the free device memory, measured once a KV cache exists
-    and kept; the CPU target (no free-memory figure) keeps PREFILL_GRAPH_MAX. The bound holds
+    and kept; the CPU target (no free-memory figure) keeps it. The bound holds
     the H100 measurements it names."""
     model = llm.load(TINY / "tiny-qwen2-f32.gguf", device="cpu", backend="kernels",
                      n_ctx=N_CTX, progress=False)
     t, memory = model.transformer, model.backend.memory
-    assert t.prefill_step_tokens == kernels_graph.PREFILL_GRAPH_MAX
+    assert t.prefill_step_tokens == DEFAULT.prefill_graph_max
     bound = kernels_graph.prefill_activation_bound
     eight_b = SimpleNamespace(n_embd=4096, n_ff=14336)
     assert bound(eight_b, 1024) >= 939 * 2 ** 20           # measured after steps up to 1024
     assert bound(SimpleNamespace(n_embd=1536, n_ff=8960), 1024) >= 489 * 2 ** 20
     assert bound(SimpleNamespace(n_embd=576, n_ff=1536), 1024) >= 115 * 2 ** 20
-    step = kernels_graph.PREFILL_GRAPH_MAX
+    step = DEFAULT.prefill_graph_max
     free = 2 * bound(t.cfg, step // 4)                  # room for a quarter of the step
     monkeypatch.setattr(memory, "free_bytes", lambda: free)
     assert t.prefill_step_tokens == step // 4

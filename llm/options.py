@@ -1,0 +1,71 @@
+"""The runner's performance switches, in one place: `RunnerOptions`, a frozen value that
+`llm.load` hands to the backend (and through it to the graphs and the generation loop).
+
+The defaults are the measured best (benchmarks/RESULTS.md says where each was measured); the
+PYKERNEL_* environment variables below override them for comparisons, read once by
+`RunnerOptions.from_env()` when a model is loaded, never at import. Tests build the options they
+want (`RunnerOptions(short_context=4)`) instead of patching module globals.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+
+def _flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    return default if value is None else value not in ("", "0")
+
+
+@dataclass(frozen=True)
+class RunnerOptions:
+    # tokens per prefill step of the numpy backend and of eager passes: bounds the (heads, n,
+    # n_ctx) attention scores (PYKERNEL_PREFILL_CHUNK)
+    prefill_chunk: int = 256
+    # decode graphs: positions below it run decode attention without splits (one split beat
+    # splits + combine up to 383 positions on the H200)
+    short_context: int = 384
+    # graphs capture programmatic dependent launches (PYKERNEL_PDL)
+    pdl: bool = True
+    # a graph's first run compiles its kernels in parallel first (PYKERNEL_PRECOMPILE)
+    precompile: bool = True
+    # prompts of 2..prefill_graph_max tokens run as captured graphs (PYKERNEL_PREFILL_GRAPHS,
+    # PYKERNEL_PREFILL_GRAPH_MAX); longer prompts run in steps of that many tokens
+    prefill_graphs: bool = True
+    prefill_graph_max: int = 1024
+    # prefill attention on tensor cores (False: the SIMT kernel; tests compare both)
+    tensor_core_prefill: bool = True
+    # which decode attention launches write the o-projection's Q8_1 input themselves: "all",
+    # "split" (only split attention's combine kernel) or "none" (PYKERNEL_ATTN_Q8)
+    attention_q8: str = "all"
+    # decode attention reads its length and first K/V rows before the PDL wait
+    # (launch_decode(early_kv=), PYKERNEL_EARLY_KV)
+    early_kv: bool = True
+    # decode attention's split / combine kernels trigger their dependents at entry
+    # (PYKERNEL_EARLY_TRIGGER)
+    early_trigger: bool = True
+
+    def __post_init__(self):
+        if self.attention_q8 not in ("all", "split", "none"):
+            raise ValueError(f"attention_q8 must be 'all', 'split' or 'none', got "
+                             f"{self.attention_q8!r}")
+        if self.prefill_chunk < 1 or self.prefill_graph_max < 0 or self.short_context < 0:
+            raise ValueError(f"prefill_chunk must be >= 1 and prefill_graph_max, short_context "
+                             f">= 0: {self}")
+
+    @classmethod
+    def from_env(cls, **overrides) -> "RunnerOptions":
+        """The defaults, with the PYKERNEL_* variables set in the environment, then overrides."""
+        base = cls()
+        env = dict(
+            prefill_chunk=int(os.environ.get("PYKERNEL_PREFILL_CHUNK", base.prefill_chunk)),
+            pdl=_flag("PYKERNEL_PDL", base.pdl),
+            precompile=_flag("PYKERNEL_PRECOMPILE", base.precompile),
+            prefill_graphs=_flag("PYKERNEL_PREFILL_GRAPHS", base.prefill_graphs),
+            prefill_graph_max=int(os.environ.get("PYKERNEL_PREFILL_GRAPH_MAX",
+                                                 base.prefill_graph_max)),
+            attention_q8=os.environ.get("PYKERNEL_ATTN_Q8", base.attention_q8),
+            early_kv=_flag("PYKERNEL_EARLY_KV", base.early_kv),
+            early_trigger=_flag("PYKERNEL_EARLY_TRIGGER", base.early_trigger))
+        return dataclasses.replace(base, **{**env, **overrides})
