@@ -66,8 +66,10 @@ class ModelServer(ThreadingHTTPServer):
 
     def __init__(self, model, address: tuple, model_name: str, default_max_tokens: int = 256,
                  parallel: int = 1, warm_up: bool = False,
-                 limits: ServerLimits = ServerLimits()):
+                 limits: ServerLimits = ServerLimits(), parse_special_in_messages: bool = False):
         self.limits = limits
+        # False: a chat message's <|im_start|> is text, not a control token (llm.chat)
+        self.parse_special_in_messages = parse_special_in_messages
         # its errors (and its warm-up) before the port is bound
         self.scheduler = BatchScheduler(model, parallel, warm_up=warm_up)
         try:
@@ -94,14 +96,16 @@ class ModelServer(ThreadingHTTPServer):
 
 def make_server(model, host: str = "127.0.0.1", port: int = 8080,
                 model_name: str | None = None, parallel: int = 1,
-                warm_up: bool = False, limits: ServerLimits = ServerLimits()) -> ModelServer:
+                warm_up: bool = False, limits: ServerLimits = ServerLimits(),
+                parse_special_in_messages: bool = False) -> ModelServer:
     """A server for `model` bound to (host, port) (port 0: any free port; see .server_port)
     running up to `parallel` requests at once (the model's context split between them; warm_up:
-    BatchScheduler.warm_up first; limits: body size and I/O timeout); call .serve_forever()
-    (or run it in a thread), then .shutdown() and .server_close()."""
+    BatchScheduler.warm_up first; limits: body size and I/O timeout; parse_special_in_messages:
+    control tokens read from chat messages' contents too, as before issue 45); call
+    .serve_forever() (or run it in a thread), then .shutdown() and .server_close()."""
     name = model_name or str(getattr(model, "path", "model")).rsplit("/", 1)[-1]
     return ModelServer(model, (host, port), name, parallel=parallel, warm_up=warm_up,
-                       limits=limits)
+                       limits=limits, parse_special_in_messages=parse_special_in_messages)
 
 
 class Handler(JsonHandler):
@@ -162,7 +166,7 @@ class Handler(JsonHandler):
         messages = chat_messages(body)
         options = generation_options(body, self.server.default_max_tokens)
         options["logprobs"] = logprob_count(body, chat=True)
-        ids = self.server.model.chat_ids(messages)
+        ids = self.server.model.chat_ids(messages, self.server.parse_special_in_messages)
         n, streaming = choice_count(body, 1), flag(body, "stream")
         if streaming and n > 1:
             raise RequestError("a streamed chat completion has one choice (n = 1)")
