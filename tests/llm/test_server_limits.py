@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 
+import numpy as np
 import pytest
 
 import llm
@@ -246,5 +247,48 @@ def test_chat_messages_cannot_write_control_tokens(model, url):
         _, out = call(old_url, "/v1/chat/completions", hostile)
         assert out["usage"]["prompt_tokens"] == len(
             model.chat_ids(hostile["messages"], parse_special_in_messages=True)) < len(safe)
+    finally:
+        stop(server)
+
+
+def test_nan_weights_fail_their_request_alone(tmp_path, monkeypatch):
+    """A model whose embedding row of one token is NaN: a prompt holding that token gets
+    NaN logits, which the sampler cannot draw from (HTTP 500, at its first token); the
+    request decoding meanwhile gets the answer it gets alone. (Failing mid-batch, after
+    decode steps together: test_a_failing_generation_is_500_alone_and_the_others_go_on.)"""
+    from llm.gguf_file import GGUFFile
+    from tests.llm.gguf_helpers import rewrite
+    poisoned_id = 200
+    embd = GGUFFile(TINY_LLAMA).tensors["token_embd.weight"]
+    table = embd.data.view(np.float32).reshape(embd.shape).copy()
+    table[poisoned_id] = np.nan
+    path = rewrite(TINY_LLAMA, tmp_path / "nan.gguf",
+                   tensors={"token_embd.weight": (table, None)})
+    nan_model = llm.load(path, device="cpu", progress=False, n_ctx=256)
+    real = sampling.Sampler.sample
+
+    def slowed(sampler, logits, history=()):
+        time.sleep(0.003)            # the good request runs long enough for the two to meet
+        return real(sampler, logits, history)
+    good = {"prompt": [5, 6, 7, 8], "max_tokens": 100, "temperature": 0.5, "seed": 1}
+    expected = "".join(nan_model.generate(good["prompt"], max_tokens=100, temperature=0.5,
+                                          seed=1))
+    monkeypatch.setattr(sampling.Sampler, "sample", slowed)
+    server, url = serve(nan_model, parallel=2)
+    answers = {}
+    try:
+        bad = dict(good, prompt=[5, poisoned_id, 7], max_tokens=10)
+        threads = [threading.Thread(target=lambda k=k, b=b: answers.__setitem__(
+            k, call(url, "/v1/completions", b))) for k, b in (("good", good), ("bad", bad))]
+        for t in threads:
+            t.start()
+            time.sleep(0.1)
+        for t in threads:
+            t.join(60)
+        status, out = answers["bad"]
+        assert status == 500 and out["error"]["type"] == "server_error", out
+        assert answers["good"][0] == 200
+        assert answers["good"][1]["choices"][0]["text"] == expected
+        assert call(url, "/v1/completions", good)[1]["choices"][0]["text"] == expected
     finally:
         stop(server)
