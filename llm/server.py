@@ -57,6 +57,7 @@ def _failures_as_500(pieces):
         raise GenerationFailed(f"generation failed: {type(exc).__name__}: "
                                f"{one_line(exc)}") from exc
 
+
 class ModelServer(ThreadingHTTPServer):
     daemon_threads = True
     # the listen backlog: socketserver's default of 5 made a burst of 16 clients lose
@@ -117,7 +118,7 @@ class Handler(JsonHandler):
             self.send_json(200, {"status": "ok"})
         elif self.path == "/metrics":
             self.send_text(200, prometheus_text(self.server.scheduler.metrics.snapshot()),
-                       "text/plain; version=0.0.4")
+                           "text/plain; version=0.0.4")
         elif self.path == "/v1/models":
             self.send_json(200, {"object": "list", "data": [
                 {"id": self.server.model_name, "object": "model", "owned_by": "pykernel"}]})
