@@ -276,6 +276,7 @@ class BatchScheduler:
             for request in requests:
                 if self._busy[request.slot] is request:
                     self.sessions[request.slot].reset()
+                    self.metrics.add("requests_failed_total")
                     request.pieces.put(exc)
                     self._release(request)
 
@@ -334,7 +335,7 @@ class BatchScheduler:
         with self.metrics.timed("sample"):
             for request in riders:
                 request.gen.stats.decode_steps += 1
-            done = [r for r, row in zip((*group, *riders), rows) if self._advance(r, row)]
+            done = [r for r, row in zip((*group, *riders), rows) if self._advance_one(r, row)]
         for request in done:          # after every one is sampled (a release moves slots)
             self._release(request)
 
@@ -362,7 +363,7 @@ class BatchScheduler:
             done = []
             for request, row, pick in zip(active, rows, picks):
                 request.gen.stats.decode_steps += 1
-                if self._advance(request, row, pick):
+                if self._advance_one(request, row, pick):
                     done.append(request)
         for request in done:          # in the order they finished
             self._release(request)
@@ -417,6 +418,20 @@ class BatchScheduler:
             for i, row in zip(whole, host):
                 rows[i] = row
         return picks, rows
+
+    def _advance_one(self, request: _Request, logits: np.ndarray | None,
+                     token: int | None = None) -> bool:
+        """_advance, where an error (a sampler refusing non-finite logits, a stop string's
+        decode...) ends this request alone: its consumer gets the error after the text it
+        already has, its slot's cache is dropped, and the step's other requests go on. True
+        when the request is done either way (the caller releases its slot)."""
+        try:
+            return self._advance(request, logits, token)
+        except Exception as exc:      # noqa: BLE001 (handed to the request's consumer)
+            self.sessions[request.slot].reset()    # its history is not worth keeping
+            self._handoffs.append((request, exc))
+            self.metrics.add("requests_failed_total")
+            return True
 
     def _advance(self, request: _Request, logits: np.ndarray | None,
                  token: int | None = None) -> bool:

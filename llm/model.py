@@ -144,13 +144,16 @@ class Model:
             eos_token=self._special_text(self.tokenizer.eos_id),
             source=f"{self.path}: chat template")
 
-    def chat_ids(self, messages: Sequence[dict]) -> list[int]:
-        ids = self.tokenizer.encode(self.chat_prompt(messages), add_special=True,
-                                    parse_special=True)
-        bos = self.tokenizer.bos_id
-        if len(ids) >= 2 and ids[0] == ids[1] == bos:  # the template wrote BOS itself
-            ids = ids[1:]
-        return ids
+    def chat_ids(self, messages: Sequence[dict],
+                 parse_special_in_messages: bool = False) -> list[int]:
+        """The chat prompt's ids; control tokens come from the template's text only, unless
+        parse_special_in_messages (llm.chat.prompt_ids)."""
+        return chat_templates.prompt_ids(
+            self.tokenizer, self.chat_template, messages,
+            bos_token=self._special_text(self.tokenizer.bos_id),
+            eos_token=self._special_text(self.tokenizer.eos_id),
+            source=f"{self.path}: chat template",
+            parse_special_in_messages=parse_special_in_messages)
 
     def chat(self, messages: Sequence[dict], max_tokens: int = 256, **options) -> str:
         """The assistant's reply to `messages` (rendered with the model's chat template)."""

@@ -27,6 +27,8 @@ PHASES = ("prompt", "decode", "sample", "slots", "idle")
 SCALARS = (
     ("requests_total", "counter", "Requests admitted into a slot."),
     ("requests_finished_total", "counter", "Requests that ended (done, failed or cancelled)."),
+    ("requests_failed_total", "counter",
+     "Requests whose generation raised (each ended alone, with an error)."),
     ("requests_running", "gauge", "Requests holding a slot now."),
     ("requests_waiting", "gauge", "Requests queued for a free slot now."),
     ("prompt_tokens_total", "counter", "Prompt tokens run through the model (after reuse)."),

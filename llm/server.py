@@ -18,9 +18,12 @@ generated tokens: `logprobs: N` (completions), `logprobs: true` + `top_logprobs:
 Requests run through a `BatchScheduler` (llm/batching.py): up to `parallel` sequences at once,
 each in its own slot of the KV cache, their decode steps batched; a request finding every
 slot busy waits for one. A chat's next turn goes to the slot caching its history and reuses
-that prefix. Request bodies are untrusted: size,
-JSON, field types and values are checked and refused with HTTP 400 and an OpenAI-style error
-object; nothing in a request can stop the server.
+that prefix. Request bodies are untrusted: size, JSON (nesting, finite numbers), field types
+and ranges are checked and refused with HTTP 4xx and an OpenAI-style error object naming the
+field; a request whose generation fails gets HTTP 500 alone; a client that stalls is dropped
+after `ServerLimits.io_timeout_s`, one that misbehaves costs one line on stderr (never a
+traceback); nothing in a request can stop the server. The wire (limits, body, answers):
+llm/server_wire.py.
 """
 from __future__ import annotations
 
@@ -28,15 +31,32 @@ import json
 import sys
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 from llm.batching import BatchScheduler
 from llm.chat import ChatTemplateError
 from llm.generate import ContextError, GenerationStats, TokenLogprobs
 from llm.serve_metrics import prometheus_text
-from llm.server_api import (FINISH, MAX_BODY_BYTES, LogprobFormatter, RequestError,
-                            chat_messages, choice_count, completion_prompts, flag,
-                            generation_options, logprob_count, token_ids)
+from llm.server_api import (FINISH, LogprobFormatter, RequestError, chat_messages,
+                            choice_count, completion_prompts, flag, generation_options,
+                            logprob_count, token_ids)
+from llm.server_wire import JsonHandler, ServerLimits, one_line
+
+
+class GenerationFailed(Exception):
+    """A request's generation raised (e.g. non-finite logits): that request gets HTTP 500,
+    the others go on."""
+
+
+def _failures_as_500(pieces):
+    """The text pieces of one run; an error of the run comes out as GenerationFailed (a
+    ValueError raised while generating is the server's failure, not a bad request)."""
+    try:
+        yield from pieces
+    except Exception as exc:       # noqa: BLE001 (whatever failed, this request alone ends)
+        raise GenerationFailed(f"generation failed: {type(exc).__name__}: "
+                               f"{one_line(exc)}") from exc
+
 
 class ModelServer(ThreadingHTTPServer):
     daemon_threads = True
@@ -46,7 +66,11 @@ class ModelServer(ThreadingHTTPServer):
     request_queue_size = 1024
 
     def __init__(self, model, address: tuple, model_name: str, default_max_tokens: int = 256,
-                 parallel: int = 1, warm_up: bool = False):
+                 parallel: int = 1, warm_up: bool = False,
+                 limits: ServerLimits = ServerLimits(), parse_special_in_messages: bool = False):
+        self.limits = limits
+        # False: a chat message's <|im_start|> is text, not a control token (llm.chat)
+        self.parse_special_in_messages = parse_special_in_messages
         # its errors (and its warm-up) before the port is bound
         self.scheduler = BatchScheduler(model, parallel, warm_up=warm_up)
         try:
@@ -61,34 +85,42 @@ class ModelServer(ThreadingHTTPServer):
         super().server_close()
         self.scheduler.close()
 
+    def handle_error(self, request, client_address) -> None:
+        """A connection that ended with an error the handler did not answer (a client that
+        hung up mid-request or mid-answer): one line, where socketserver prints a traceback
+        (two, chained, when the final flush fails too)."""
+        exc = sys.exc_info()[1]
+        host, port = client_address[:2]
+        print(f"client {host}:{port}: connection ended: {type(exc).__name__}: "
+              f"{one_line(exc)}", file=sys.stderr)
+
 
 def make_server(model, host: str = "127.0.0.1", port: int = 8080,
                 model_name: str | None = None, parallel: int = 1,
-                warm_up: bool = False) -> ModelServer:
+                warm_up: bool = False, limits: ServerLimits = ServerLimits(),
+                parse_special_in_messages: bool = False) -> ModelServer:
     """A server for `model` bound to (host, port) (port 0: any free port; see .server_port)
     running up to `parallel` requests at once (the model's context split between them; warm_up:
-    BatchScheduler.warm_up first); call .serve_forever() (or run it in a thread), then
-    .shutdown() and .server_close()."""
+    BatchScheduler.warm_up first; limits: body size and I/O timeout; parse_special_in_messages:
+    control tokens read from chat messages' contents too, as before issue 45); call
+    .serve_forever() (or run it in a thread), then .shutdown() and .server_close()."""
     name = model_name or str(getattr(model, "path", "model")).rsplit("/", 1)[-1]
-    return ModelServer(model, (host, port), name, parallel=parallel, warm_up=warm_up)
+    return ModelServer(model, (host, port), name, parallel=parallel, warm_up=warm_up,
+                       limits=limits, parse_special_in_messages=parse_special_in_messages)
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(JsonHandler):
     server: ModelServer
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format, *args):      # noqa: A002 (the base class's name)
-        pass                                   # quiet: the CLI prints one line per request
 
     # --- routing ---------------------------------------------------------------------------
     def do_GET(self):                          # noqa: N802 (http.server's naming)
         if self.path == "/health":
-            self._json(200, {"status": "ok"})
+            self.send_json(200, {"status": "ok"})
         elif self.path == "/metrics":
-            self._text(200, prometheus_text(self.server.scheduler.metrics.snapshot()),
-                       "text/plain; version=0.0.4")
+            self.send_text(200, prometheus_text(self.server.scheduler.metrics.snapshot()),
+                           "text/plain; version=0.0.4")
         elif self.path == "/v1/models":
-            self._json(200, {"object": "list", "data": [
+            self.send_json(200, {"object": "list", "data": [
                 {"id": self.server.model_name, "object": "model", "owned_by": "pykernel"}]})
         else:
             self._error(404, f"no route GET {self.path}", "not_found_error")
@@ -101,20 +133,22 @@ class Handler(BaseHTTPRequestHandler):
             self._error(404, f"no route POST {self.path}", "not_found_error")
             return
         try:
-            body = self._body()
-            route(body)
-        except RequestError as exc:
+            route(self.read_json_body())
+        except (RequestError, ContextError, ChatTemplateError) as exc:
+            self.log_client(f"{self.command} {self.path}: refused: {exc}")
+            self._error(getattr(exc, "status", 400), str(exc))
+        except (ConnectionError, TimeoutError) as exc:    # the client left or stalled
+            self.log_client(f"{self.command} {self.path}: {type(exc).__name__}: {exc}")
+            self.close_connection = True
+        except GenerationFailed as exc:
+            self.log_client(f"{self.command} {self.path}: {exc}")
+            self._error(500, str(exc), "server_error")
+        except ValueError as exc:              # e.g. an option Model.generate refuses
+            self.log_client(f"{self.command} {self.path}: refused: {exc}")
             self._error(400, str(exc))
-        except (ContextError, ChatTemplateError) as exc:
-            self._error(400, str(exc))
-        except (BrokenPipeError, ConnectionResetError):
-            pass                               # the client went away mid-stream
-        except ValueError as exc:              # e.g. temperature < 0, checked by SamplingParams
-            if not self._answered:
-                self._error(400, str(exc))
-        except Exception as exc:               # noqa: BLE001 (a failed run: the server stays)
-            if not self._answered:
-                self._error(500, f"{type(exc).__name__}: {exc}", "server_error")
+        except Exception as exc:               # noqa: BLE001 (the server stays)
+            self.log_client(f"{self.command} {self.path}: {type(exc).__name__}: {exc}")
+            self._error(500, f"{type(exc).__name__}: {exc}", "server_error")
 
     # --- endpoints -------------------------------------------------------------------------
     def _completion(self, body: dict) -> None:
@@ -123,7 +157,7 @@ class Handler(BaseHTTPRequestHandler):
         model = self.server.model
         prompts = completion_prompts(body, model.tokenizer, model.config.n_vocab)
         n = choice_count(body, len(prompts))
-        streaming = bool(body.get("stream"))
+        streaming = flag(body, "stream")
         if streaming and len(prompts) * n > 1:
             raise RequestError("a streamed completion has one choice (send several prompts or "
                                "n > 1 without \"stream\", or one request each)")
@@ -133,8 +167,8 @@ class Handler(BaseHTTPRequestHandler):
         messages = chat_messages(body)
         options = generation_options(body, self.server.default_max_tokens)
         options["logprobs"] = logprob_count(body, chat=True)
-        ids = self.server.model.chat_ids(messages)
-        n, streaming = choice_count(body, 1), bool(body.get("stream"))
+        ids = self.server.model.chat_ids(messages, self.server.parse_special_in_messages)
+        n, streaming = choice_count(body, 1), flag(body, "stream")
         if streaming and n > 1:
             raise RequestError("a streamed chat completion has one choice (n = 1)")
         self._generate([(ids, None)], options, streaming, chat=True, n=n)
@@ -151,15 +185,15 @@ class Handler(BaseHTTPRequestHandler):
         if flag(body, "with_pieces"):
             pieces = [tokenizer.token_to_piece(t).decode("utf-8", errors="replace")
                       for t in ids]
-            self._json(200, {"tokens": [{"id": t, "piece": p} for t, p in zip(ids, pieces)]})
+            self.send_json(200, {"tokens": [{"id": t, "piece": p} for t, p in zip(ids, pieces)]})
         else:
-            self._json(200, {"tokens": ids})
+            self.send_json(200, {"tokens": ids})
 
     def _detokenize(self, body: dict) -> None:
         """llama.cpp server's POST /detokenize: {"tokens": [id...]} -> {"content"}."""
         tokens, model = body.get("tokens"), self.server.model
         ids = [] if tokens == [] else token_ids(tokens, model.config.n_vocab, "tokens")
-        self._json(200, {"content": model.tokenizer.decode(ids)})
+        self.send_json(200, {"content": model.tokenizer.decode(ids)})
 
     def _generate(self, prompts: list, options: dict, streaming: bool, chat: bool,
                   echo: bool = False, n: int = 1) -> None:
@@ -206,19 +240,20 @@ class Handler(BaseHTTPRequestHandler):
             for (ids, _), st, sink, seed in zip(prompts, stats, sinks, seeds):
                 runs.append(scheduler.generate(ids, stats=st, logprob_sink=sink,
                                                prompt_logprobs=echo, **dict(options, seed=seed)))
+            texts = [_failures_as_500(run) for run in runs]
             if streaming:
-                self._stream_events(runs[0], envelope, usage, stats[0], chat, with_logprobs,
+                self._stream_events(texts[0], envelope, usage, stats[0], chat, with_logprobs,
                                     echoed[0])
             else:
                 choices = []
-                for i, run in enumerate(runs):
-                    text = echoed[i] + "".join(run)
+                for i, pieces in enumerate(texts):
+                    text = echoed[i] + "".join(pieces)
                     finish = FINISH.get(stats[i].stop_reason, "stop")
                     choices.append(with_logprobs(
                         {"index": i, "message": {"role": "assistant", "content": text},
                          "finish_reason": finish} if chat else
                         {"index": i, "text": text, "finish_reason": finish}))
-                self._json(200, envelope(choices, usage()))
+                self.send_json(200, envelope(choices, usage()))
         finally:
             for run in runs:
                 run.close()          # a client gone mid-stream frees its slot
@@ -228,23 +263,23 @@ class Handler(BaseHTTPRequestHandler):
     def _stream_events(self, pieces, envelope, usage, stats: GenerationStats, chat: bool,
                        with_logprobs, echoed: str = "") -> None:
         first = next(pieces, None)         # errors of the run before any header
-        self._start_events()
+        self.start_events()
         if chat:
-            self._event(envelope([{"index": 0, "delta": {"role": "assistant"},
+            self.send_event(envelope([{"index": 0, "delta": {"role": "assistant"},
                                    "finish_reason": None}], chunk=True))
         if echoed:
-            self._event(envelope([with_logprobs({"index": 0, "text": echoed,
+            self.send_event(envelope([with_logprobs({"index": 0, "text": echoed,
                                                  "finish_reason": None})], chunk=True))
         piece = first
         while piece is not None:
             choice = ({"index": 0, "delta": {"content": piece}, "finish_reason": None} if chat
                       else {"index": 0, "text": piece, "finish_reason": None})
-            self._event(envelope([with_logprobs(choice)], chunk=True))
+            self.send_event(envelope([with_logprobs(choice)], chunk=True))
             piece = next(pieces, None)
         finish = FINISH.get(stats.stop_reason, "stop")
         last = ({"index": 0, "delta": {}, "finish_reason": finish} if chat else
                 {"index": 0, "text": "", "finish_reason": finish})
-        self._event(envelope([with_logprobs(last)], usage(), chunk=True))
+        self.send_event(envelope([with_logprobs(last)], usage(), chunk=True))
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
         self.close_connection = True
@@ -254,48 +289,5 @@ class Handler(BaseHTTPRequestHandler):
               f"run), {stats.generated_tokens} generated ({stats.decode_tps:.1f} tok/s), "
               f"stop: {stats.stop_reason}", file=sys.stderr)
 
-    # --- wire ------------------------------------------------------------------------------
-    def _body(self) -> dict:
-        try:
-            length = int(self.headers.get("Content-Length", ""))
-        except ValueError:
-            raise RequestError("a Content-Length header is required") from None
-        if not 0 <= length <= MAX_BODY_BYTES:
-            raise RequestError(f"request body of {length} bytes (at most {MAX_BODY_BYTES})")
-        raw = self.rfile.read(length)
-        try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise RequestError(f"request body is not JSON: {exc}") from None
-        if not isinstance(body, dict):
-            raise RequestError("request body must be a JSON object")
-        return body
-
-    _answered = False      # a status line sent: a later error can only end the connection
-
-    def _json(self, status: int, payload: dict) -> None:
-        self._text(status, json.dumps(payload), "application/json")
-
-    def _text(self, status: int, text: str, content_type: str) -> None:
-        data = text.encode()
-        self._answered = True
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
     def _error(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
-        self._json(status, {"error": {"message": message, "type": kind}})
-
-    def _start_events(self) -> None:
-        self._answered = True
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Connection", "close")
-        self.end_headers()
-
-    def _event(self, payload: dict) -> None:
-        self.wfile.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
-        self.wfile.flush()
+        self.send_error_json(status, message, kind)

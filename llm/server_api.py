@@ -7,15 +7,24 @@ from __future__ import annotations
 
 import json
 
-MAX_BODY_BYTES = 4 << 20
-# request field -> (Model.generate keyword, accepted types)
+# request field -> (Model.generate keyword, integer only, lowest, highest): the ranges of
+# OpenAI's API reference where it gives one (penalties, top_p), else what SamplingParams and
+# numpy accept (a seed is a uint64; top_k <= 0 and repeat_last_n -1 mean off / the whole
+# history, as in llama.cpp)
 SAMPLING_FIELDS = {
-    "max_tokens": ("max_tokens", int), "temperature": ("temperature", (int, float)),
-    "top_p": ("top_p", (int, float)), "top_k": ("top_k", int), "min_p": ("min_p", (int, float)),
-    "seed": ("seed", int), "presence_penalty": ("presence_penalty", (int, float)),
-    "frequency_penalty": ("frequency_penalty", (int, float)),
-    "repeat_penalty": ("repeat_penalty", (int, float)), "repeat_last_n": ("repeat_last_n", int),
+    "max_tokens": ("max_tokens", True, 1, 2**31 - 1),
+    "temperature": ("temperature", False, 0.0, 1e6),
+    "top_p": ("top_p", False, 1e-9, 1.0),
+    "top_k": ("top_k", True, -1, 2**31 - 1),
+    "min_p": ("min_p", False, 0.0, 1.0),
+    "seed": ("seed", True, 0, 2**64 - 1),
+    "presence_penalty": ("presence_penalty", False, -2.0, 2.0),
+    "frequency_penalty": ("frequency_penalty", False, -2.0, 2.0),
+    "repeat_penalty": ("repeat_penalty", False, 1e-9, 1e6),
+    "repeat_last_n": ("repeat_last_n", True, -1, 2**31 - 1),
 }
+# the roles OpenAI's chat API defines; a chat template sees no other
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 FINISH = {"max_tokens": "length", "context": "length", "eog": "stop", "stop_string": "stop"}
 
 
@@ -23,27 +32,42 @@ MAX_PROMPTS = 16      # prompts of one completions request (one choice each)
 
 
 class RequestError(ValueError):
-    """A request the server refuses (HTTP 400), with the message the client sees."""
+    """A request the server refuses (HTTP 400 unless `status` says otherwise: 411, 413),
+    with the message the client sees."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+def _number(body: dict, field: str, integer: bool, low, high):
+    """body[field] checked to be a number (an integer if asked) in [low, high]."""
+    value = body[field]
+    wanted = "an integer" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+        raise RequestError(f"'{field}' must be {wanted}, got {json.dumps(value)[:40]}")
+    if value < low:
+        raise RequestError(f"'{field}' must be at least {low}, got {value}")
+    if value > high:
+        raise RequestError(f"'{field}' must be at most {high}, got {value}")
+    return value
 
 
 def generation_options(body: dict, default_max_tokens: int) -> dict:
     """Model.generate keywords from a request body (RequestError on a bad field)."""
     options = {"max_tokens": default_max_tokens}
-    for field, (keyword, types) in SAMPLING_FIELDS.items():
-        if field not in body or body[field] is None:
-            continue
-        value = body[field]
-        if isinstance(value, bool) or not isinstance(value, types):
-            raise RequestError(f"'{field}' must be a number, got {json.dumps(value)[:40]}")
-        options[keyword] = value
-    if options["max_tokens"] < 1:
-        raise RequestError("'max_tokens' must be at least 1")
+    for field, (keyword, integer, low, high) in SAMPLING_FIELDS.items():
+        if body.get(field) is not None:
+            options[keyword] = _number(body, field, integer, low, high)
     stop = body.get("stop")
     if stop is not None:
         stops = [stop] if isinstance(stop, str) else stop
         if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
             raise RequestError("'stop' must be a string or a list of strings")
         options["stop"] = [s for s in stops if s]
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise RequestError("'model' must be a string")
     return options
 
 
@@ -161,11 +185,29 @@ def flag(body: dict, field: str) -> bool:
 
 
 def chat_messages(body: dict) -> list:
+    """The messages of a chat request as {"role", "content"} dicts of strings: a known role,
+    and content as a string or OpenAI's list of text parts (joined)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("'messages' must be a non-empty list")
-    for m in messages:
-        if not (isinstance(m, dict) and isinstance(m.get("role"), str)
-                and isinstance(m.get("content"), str)):
-            raise RequestError("each message needs a string 'role' and a string 'content'")
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
+    checked = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise RequestError(f"'messages[{i}]' must be an object with a string 'role' and "
+                               "a string 'content'")
+        if m.get("role") not in CHAT_ROLES:
+            raise RequestError(f"'messages[{i}].role' must be one of {', '.join(CHAT_ROLES)}, "
+                               f"got {json.dumps(m.get('role'))[:40]}")
+        checked.append({"role": m["role"], "content": _content(m.get("content"), i)})
+    return checked
+
+
+def _content(content, i: int) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            for p in content):
+        return "".join(p["text"] for p in content)
+    raise RequestError(f"'messages[{i}].content' must be a string (each message needs a "
+                       "string 'content') or a list of {\"type\": \"text\", \"text\"} parts")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import codecs
 import os
+from typing import Sequence
 
 from gguf import GGUFReader
 
@@ -64,7 +65,28 @@ class Tokenizer:
         """Token ids of text; add_special adds BOS/EOS where the vocab asks for them."""
         if not isinstance(text, str):
             raise TypeError(f"encode() takes a str, not {type(text).__name__}")
-        fragments = self._special.partition(text, parse_special)
+        return self._encode_fragments(self._special.partition(text, parse_special), add_special)
+
+    def encode_parts(self, parts: Sequence[tuple[str, bool]], add_special: bool = True
+                     ) -> list[int]:
+        """Token ids of the texts of parts joined, each (text, parse_special) searched for
+        control tokens only where its flag says (a chat prompt: the template's text parsed,
+        the messages' contents plain). The plain text on either side of a part's edge is
+        tokenized as one, so parts with no control text give encode(joined text)'s ids."""
+        fragments: list[str | int] = []
+        for text, parse_special in parts:
+            for fragment in self._special.partition(text, parse_special):
+                if isinstance(fragment, str) and fragments and isinstance(fragments[-1], str):
+                    fragments[-1] += fragment
+                else:
+                    fragments.append(fragment)
+        return self._encode_fragments(fragments, add_special)
+
+    def holds_control_text(self, text: str) -> bool:
+        """Whether encode(text, parse_special=True) would find a control token in text."""
+        return self._special.holds_control_text(text)
+
+    def _encode_fragments(self, fragments: list[str | int], add_special: bool) -> list[int]:
         ids: list[int] = []
         if add_special and self.vocab.add_bos:
             ids.append(self._required("bos"))

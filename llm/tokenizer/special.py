@@ -36,6 +36,13 @@ class SpecialSplitter:
         self.all = [_Special(i, vocab.tokens[i], bool(vocab.attrs[i] & TokenAttr.LSTRIP),
                              bool(vocab.attrs[i] & TokenAttr.RSTRIP)) for i in ids]
         self.user_defined = [s for s in self.all if not vocab.attrs[s.token_id] & _NOT_PLAIN]
+        # what only parse_special splits out (Gemma 3: thousands of unused control tokens)
+        self.control = [s for s in self.all if vocab.attrs[s.token_id] & _NOT_PLAIN]
+
+    def holds_control_text(self, text: str) -> bool:
+        """Whether text holds the text of a token that only parse_special splits out (a
+        CONTROL or UNKNOWN token: <|im_start|>, <s>, ...)."""
+        return any(s.text in text for s in self.control)
 
     def partition(self, text: str, parse_special: bool) -> list[str | int]:
         if not text:
