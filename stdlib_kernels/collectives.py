@@ -218,8 +218,9 @@ def bitonic_sort(keys, vals, PAIRS: Const[bool], N: Const[int], BLOCK: Const[int
 def block_sort(keys, N: Const[int], BLOCK: Const[int]):
     """Sort the N keys of the shared array `keys` ascending (bitonic network, not stable).
 
-    N = BLOCK * ITEMS a power of two (>= 2): pad a partial tile with the largest key (+inf,
-    0x7fffffff) and it sorts to the end. Keys compare with `>` (i32, u32, f32, ...; NaN keys
+    N a power of two (>= 2), any BLOCK (N = BLOCK * ITEMS, or more or fewer keys than
+    threads): pad a partial tile with the largest key (+inf, 0x7fffffff) and it sorts to the
+    end. Keys compare with `>` (i32, u32, f32, ...; NaN keys
     leave the order undefined). Called by all BLOCK threads, converged, after a barrier that
     ends the writes of `keys`; on return the sorted keys are visible to every thread.
     Shared memory: `keys` itself (in place). Barriers: log2(N) (log2(N) + 1) / 2 `bar.sync 0`,

@@ -103,3 +103,149 @@ def test_block_reduce(device, rng, seed, op, op2, dtype, block, n):
                 scale[:, None] if op == C.SUM else None)
     check_close(out2.numpy(), np.repeat(ref2[:, None], block, 1), seed, what,
                 scale[:, None] if op2 == C.SUM else None)
+
+
+# ---- scans ------------------------------------------------------------------------------
+
+@pk.kernel
+def warp_scan_kernel(x: Ptr[T, "ro"], out: Ptr[T], INCLUSIVE: Const[bool]):
+    t = pk.block_idx.x * pk.block_dim.x + pk.thread_idx.x
+    out[t] = C.warp_scan(x[t], INCLUSIVE)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+@pytest.mark.parametrize("inclusive", [True, False])
+def test_warp_scan(device, rng, seed, inclusive, dtype):
+    x = random_values(rng, dtype, 3 * 64)
+    out = poisoned(x.shape, dtype)
+    warp_scan_kernel[3, 64](pk.to_device(x), out, inclusive)
+    wide = x.reshape(-1, 32).astype(np.float64 if dtype == np.float32 else np.int64)
+    ref = np.cumsum(wide, axis=1) - (0 if inclusive else wide)
+    scale = np.cumsum(np.abs(wide), axis=1)
+    check_close(out.numpy().reshape(-1, 32), ref.astype(dtype), seed,
+                f"warp scan inclusive={inclusive}", scale)
+
+
+@pk.kernel
+def block_scan_kernel(x: Ptr[T, "ro"], out: Ptr[T], totals: Ptr[T], n: i32,
+                      INCLUSIVE: Const[bool], BLOCK: Const[int]):
+    """One block scans the whole array tile by tile, carrying the running total."""
+    scratch = pk.shared_array(T, 32)
+    t = pk.thread_idx.x
+    carry: T = 0
+    tile = 0
+    for base in range(0, n, BLOCK):
+        v = x[base + t] if base + t < n else 0
+        s, total = C.block_scan(v, scratch, INCLUSIVE, BLOCK)
+        if base + t < n:
+            out[base + t] = s + carry
+        if t == BLOCK - 1:
+            totals[tile] = total
+        carry += total
+        tile += 1
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+@pytest.mark.parametrize("inclusive", [True, False])
+@pytest.mark.parametrize("block,n", [(32, 45), (64, 64), (96, 1000), (256, 257), (1024, 3001)])
+def test_block_scan(device, rng, seed, inclusive, dtype, block, n):
+    x = random_values(rng, dtype, n)
+    tiles = -(-n // block)
+    out, totals = poisoned(n, dtype), poisoned(tiles, dtype)
+    block_scan_kernel[1, block](pk.to_device(x), out, totals, n, inclusive, block)
+    wide = x.astype(np.float64 if dtype == np.float32 else np.int64)
+    ref = np.cumsum(wide) - (0 if inclusive else wide)
+    what = f"block scan inclusive={inclusive} ({block} threads, n={n})"
+    check_close(out.numpy(), ref.astype(dtype), seed, what, np.cumsum(np.abs(wide)))
+    pad = np.zeros(tiles * block)
+    pad[:n] = wide
+    tile_sums = pad.reshape(tiles, block).sum(1)
+    check_close(totals.numpy(), tile_sums.astype(dtype), seed, what + " totals",
+                np.abs(pad).reshape(tiles, block).sum(1))
+
+
+# ---- histogram --------------------------------------------------------------------------
+
+@pk.kernel
+def histogram_kernel(ids: Ptr[i32, "ro"], per_block: Ptr[i32], total: Ptr[i32], n: i32,
+                     BINS: Const[int], BLOCK: Const[int], ITEMS: Const[int]):
+    """Block b counts items b * BLOCK * ITEMS ..: its first item per thread with
+    block_histogram (written to per_block), then all its items added into `total`."""
+    bins = pk.shared_array(i32, BINS)
+    t = pk.thread_idx.x
+    first = pk.block_idx.x * BLOCK * ITEMS
+    C.block_histogram(bins, ids[first + t] if first + t < n else -1, BINS, BLOCK)
+    for b in range(t, BINS, BLOCK):
+        per_block[pk.block_idx.x * BINS + b] = bins[b]
+    pk.syncthreads()
+    C.histogram_clear(bins, BINS, BLOCK)
+    for k in pk.static_range(ITEMS):
+        i = first + k * BLOCK + t
+        if i < n:
+            C.histogram_count(bins, ids[i], BINS)
+    pk.syncthreads()
+    C.histogram_flush(bins, total, BINS, BLOCK)
+
+
+@pytest.mark.parametrize("bins,block,items,n", [(7, 64, 1, 100), (100, 96, 3, 1000),
+                                                (256, 256, 4, 5000), (1000, 128, 2, 777)])
+def test_block_histogram(device, rng, seed, bins, block, items, n):
+    ids = rng.integers(-3, bins + 3, n).astype(np.int32)   # some out of range: not counted
+    ids[: n // 4] = bins // 2                               # a hot bin: contended atomics
+    rng.shuffle(ids)
+    grid = -(-n // (block * items))
+    per_block = poisoned((grid, bins), np.int32)
+    total = pk.to_device(np.zeros(bins, np.int32))
+    histogram_kernel[grid, block](pk.to_device(ids), per_block, total, n, bins, block, items)
+
+    def hist(v):
+        return np.bincount(v[(v >= 0) & (v < bins)], minlength=bins)
+
+    firsts = [ids[g * block * items: g * block * items + block] for g in range(grid)]
+    ref = np.stack([hist(f) for f in firsts])
+    assert np.array_equal(per_block.numpy(), ref), f"seed={seed} block_histogram"
+    assert np.array_equal(total.numpy(), hist(ids)), f"seed={seed} histogram_flush"
+
+
+# ---- sort -------------------------------------------------------------------------------
+
+@pk.kernel
+def sort_kernel(keys: Ptr[T, "ro"], out: Ptr[T], idx: Ptr[i32], n: i32, pad: T,
+                PAIRS: Const[bool], N: Const[int], BLOCK: Const[int]):
+    """Sort n <= N keys in one block (padded with `pad`), write the first n; idx gets each
+    sorted key's original index (PAIRS) or stays untouched."""
+    k = pk.shared_array(T, N)
+    v = pk.shared_array(i32, N)
+    t = pk.thread_idx.x
+    for i in range(t, N, BLOCK):
+        k[i] = keys[i] if i < n else pad
+        v[i] = i
+    pk.syncthreads()
+    if PAIRS:
+        C.block_sort_pairs(k, v, N, BLOCK)
+    else:
+        C.block_sort(k, N, BLOCK)
+    for i in range(t, n, BLOCK):
+        out[i] = k[i]
+        if PAIRS:
+            idx[i] = v[i]
+
+
+@pytest.mark.parametrize("pairs", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+@pytest.mark.parametrize("block,N,n", [(32, 32, 32), (64, 128, 100), (96, 128, 70),
+                                       (256, 1024, 1000), (1024, 2048, 2048), (64, 2, 1)])
+def test_block_sort(device, rng, seed, pairs, dtype, block, N, n):
+    keys = rng.integers(-20, 20, n).astype(dtype)           # many ties, negatives
+    if dtype == np.float32:
+        keys += rng.integers(0, 4, n).astype(np.float32) * 0.25
+    pad = np.float32(np.inf) if dtype == np.float32 else np.int32(np.iinfo(np.int32).max)
+    out, idx = poisoned(n, dtype), pk.full(n, -1, np.int32)
+    sort_kernel[1, block](pk.to_device(keys), out, idx, n, pad, pairs, N, block)
+    got = out.numpy()
+    what = f"sort of {n} keys in {N} slots, {block} threads"
+    assert np.array_equal(got, np.sort(keys)), f"seed={seed} {what}: {got}"
+    if pairs:
+        perm = idx.numpy()
+        assert np.array_equal(np.sort(perm), np.arange(n)), f"seed={seed} {what}: permutation"
+        assert np.array_equal(keys[perm], got), f"seed={seed} {what}: values did not follow"
