@@ -11,9 +11,9 @@ of 32, <= 1024) and a `scratch = pk.shared_array(T, 32)` of v's type that the ca
     warp_reduce, block_reduce (SUM / MAX / MIN)       shfl.sync.bfly, st/ld.shared, bar.sync
     warp_scan, block_scan (inclusive / exclusive sum)  shfl.sync.up / idx, bar.sync
     histogram_clear / histogram_count / block_histogram / histogram_flush
-                                                       atom.shared.add, red.global.add
+                                                       atom.shared.add, atom.global.add
     block_sort, block_sort_pairs (bitonic, ascending)  ld/st.shared, bar.sync per stage
-    load4 / store4 (4 x f32, scalar tail)              ld.global[.nc].v4.f32 / st.global.v4.f32
+    load4 / store4 (4 x f32, scalar tail)              ld.global[.nc].v4.b32 / st.global.v4.b32
 """
 import pykernel as pk
 from pykernel import Const, f32, i32
@@ -153,7 +153,7 @@ def histogram_count(bins, b: i32, BINS: Const[int]):
     """Count one item in bin b of the shared histogram `bins`; b outside [0, BINS) (a masked
     or out-of-range item) counts nothing. Any subset of threads may call it, any number of
     times, between histogram_clear and the barrier that precedes reading the counts. PTX: one
-    `atom.shared.add.u32` (`red.shared.add` when the old value is unused) per item."""
+    `atom.shared.add.u32` per item."""
     if b >= 0 and b < BINS:
         pk.atomic_add(bins, b, 1)
 
@@ -176,7 +176,7 @@ def histogram_flush(bins, out, BINS: Const[int], BLOCK: Const[int]):
     """Add the block's shared counts to the global histogram `out` (BINS counters of the
     same type), so a grid of blocks builds one histogram. Called by all BLOCK threads after the
     barrier that ends the counting; zero bins are skipped. PTX: `ld.shared` +
-    `red.global.add.u32` per nonzero bin."""
+    `atom.global.add.u32` per nonzero bin (result unused: ptxas emits a RED)."""
     for b in range(pk.thread_idx.x, BINS, BLOCK):
         c = bins[b]
         if c != 0:
@@ -243,7 +243,7 @@ def load4(p, i: i32, n: i32, fill: f32, VEC: Const[bool]):
     0 before a sum).
 
     Per thread, no barrier. VEC (a compile-time promise: p 16-byte aligned, i a multiple of 4):
-    one `ld.global.v4.f32` (`.nc` for a "ro" pointer) when the four are all inside n, else the
+    one `ld.global.v4.b32` (`.nc` for a "ro" pointer) when the four are all inside n, else the
     scalar tail: up to four predicated `ld.global.f32`. Without VEC always the scalar path
     (a row whose start is not 16-byte aligned: row * n with n % 4 != 0)."""
     a = fill
@@ -270,7 +270,7 @@ def load4_tail(p, i: i32, n: i32, fill: f32):
 def store4(p, i: i32, n: i32, a: f32, b: f32, c: f32, d: f32, VEC: Const[bool]):
     """Store a, b, c, d to elements i .. i + 3 of the f32 pointer p, dropping those at or past
     n. Per thread, no barrier. VEC (p 16-byte aligned, i a multiple of 4): one
-    `st.global.v4.f32` when all four are inside n; else predicated scalar `st.global.f32`."""
+    `st.global.v4.b32` when all four are inside n; else predicated scalar `st.global.f32`."""
     if VEC:
         if i + 4 <= n:
             pk.store_vec(p, i, (a, b, c, d))

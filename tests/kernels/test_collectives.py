@@ -249,3 +249,70 @@ def test_block_sort(device, rng, seed, pairs, dtype, block, N, n):
         perm = idx.numpy()
         assert np.array_equal(np.sort(perm), np.arange(n)), f"seed={seed} {what}: permutation"
         assert np.array_equal(keys[perm], got), f"seed={seed} {what}: values did not follow"
+
+
+# ---- 16-byte loads and stores -----------------------------------------------------------
+
+@pk.kernel
+def scale_rows(x: Ptr[f32, "ro"], out: Ptr[f32], n: i32, alpha: f32, BLOCK: Const[int],
+               VEC: Const[bool]):
+    """out = alpha * x, one block per row, 4 elements per thread per step."""
+    src = x + pk.block_idx.x * n
+    dst = out + pk.block_idx.x * n
+    for i in range(pk.thread_idx.x * 4, n, BLOCK * 4):
+        a, b, c, d = C.load4(src, i, n, f32(0.0), VEC)
+        C.store4(dst, i, n, a * alpha, b * alpha, c * alpha, d * alpha, VEC)
+
+
+@pytest.mark.parametrize("n,vec", [(1, False), (3, False), (4, True), (45, False),
+                                   (64, True), (1001, False), (1000, True), (1000, False)])
+def test_load4_store4(device, rng, seed, n, vec):
+    x = rng.standard_normal((5, n)).astype(np.float32)
+    out = poisoned(x.shape, np.float32)
+    scale_rows[5, 64](pk.to_device(x), out, n, np.float32(-1.5), 64, vec)
+    assert np.array_equal(out.numpy(), x * np.float32(-1.5)), f"seed={seed} n={n} vec={vec}"
+
+
+@pk.kernel
+def tail_fill(x: Ptr[f32, "ro"], out: Ptr[f32], n: i32):
+    """Each thread's four values with the fill past n, stored unguarded (n_out = 4 * block)."""
+    i = pk.thread_idx.x * 4
+    a, b, c, d = C.load4(x, i, n, -pk.inf, True)
+    pk.store_vec(out, i, (a, b, c, d))
+
+
+def test_load4_fills_past_n(device, rng, seed):
+    x = rng.standard_normal(64).astype(np.float32)
+    out = poisoned(64, np.float32)
+    tail_fill[1, 16](pk.to_device(x), out, 47)
+    ref = np.concatenate([x[:47], np.full(17, -np.inf, np.float32)])
+    assert np.array_equal(out.numpy(), ref), f"seed={seed}"
+
+
+# ---- PTX: each collective in a kernel that ptxas accepts --------------------------------
+
+PTX_CASES = {
+    "warp_reduce": (warp_reduce_kernel, dict(T=np.float32, OP=C.MAX), ["shfl.sync.bfly.b32"]),
+    "block_reduce": (block_reduce_kernel, dict(T=np.float32, OP=C.SUM, OP2=C.MAX, BLOCK=256),
+                     ["shfl.sync.bfly.b32", "shfl.sync.down.b32", "shfl.sync.idx.b32",
+                      "bar.sync", "st.shared"]),
+    "warp_scan": (warp_scan_kernel, dict(T=np.int32, INCLUSIVE=False), ["shfl.sync.up.b32"]),
+    "block_scan": (block_scan_kernel, dict(T=np.float32, INCLUSIVE=True, BLOCK=96),
+                   ["shfl.sync.up.b32", "shfl.sync.idx.b32", "bar.sync", "ld.shared"]),
+    "histogram": (histogram_kernel, dict(BINS=100, BLOCK=128, ITEMS=2),
+                  ["atom.shared.add", "atom.global.add"]),
+    "sort": (sort_kernel, dict(T=np.float32, PAIRS=True, N=512, BLOCK=128),
+             ["bar.sync", "ld.shared"]),
+    "load4_store4": (scale_rows, dict(BLOCK=64, VEC=True),
+                     ["ld.global.nc.v4.b32", "st.global.v4.b32"]),
+}
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("name", sorted(PTX_CASES))
+def test_collective_ptx_assembles(name, arch, assemble):
+    kernel, consts, instructions = PTX_CASES[name]
+    ptx = kernel.ptx(arch, **consts)
+    for instr in instructions:
+        assert instr in ptx, f"{name}: {instr} missing"
+    assemble(ptx, arch)
