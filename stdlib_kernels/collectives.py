@@ -244,7 +244,7 @@ def load4(p, i: i32, n: i32, fill: f32, VEC: Const[bool]):
 
     Per thread, no barrier. VEC (a compile-time promise: p 16-byte aligned, i a multiple of 4):
     one `ld.global.v4.b32` (`.nc` for a "ro" pointer) when the four are all inside n, else the
-    scalar tail: up to four predicated `ld.global.f32`. Without VEC always the scalar path
+    scalar tail: up to four predicated `ld.global.b32`. Without VEC always the scalar path
     (a row whose start is not 16-byte aligned: row * n with n % 4 != 0)."""
     a = fill
     b = fill
@@ -270,7 +270,7 @@ def load4_tail(p, i: i32, n: i32, fill: f32):
 def store4(p, i: i32, n: i32, a: f32, b: f32, c: f32, d: f32, VEC: Const[bool]):
     """Store a, b, c, d to elements i .. i + 3 of the f32 pointer p, dropping those at or past
     n. Per thread, no barrier. VEC (p 16-byte aligned, i a multiple of 4): one
-    `st.global.v4.b32` when all four are inside n; else predicated scalar `st.global.f32`."""
+    `st.global.v4.b32` when all four are inside n; else predicated scalar `st.global.b32`."""
     if VEC:
         if i + 4 <= n:
             pk.store_vec(p, i, (a, b, c, d))

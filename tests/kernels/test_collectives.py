@@ -133,16 +133,14 @@ def block_scan_kernel(x: Ptr[T, "ro"], out: Ptr[T], totals: Ptr[T], n: i32,
     scratch = pk.shared_array(T, 32)
     t = pk.thread_idx.x
     carry: T = 0
-    tile = 0
     for base in range(0, n, BLOCK):
         v = x[base + t] if base + t < n else 0
         s, total = C.block_scan(v, scratch, INCLUSIVE, BLOCK)
         if base + t < n:
             out[base + t] = s + carry
         if t == BLOCK - 1:
-            totals[tile] = total
+            totals[base // BLOCK] = total
         carry += total
-        tile += 1
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.int32])
@@ -292,18 +290,19 @@ def test_load4_fills_past_n(device, rng, seed):
 # ---- PTX: each collective in a kernel that ptxas accepts --------------------------------
 
 PTX_CASES = {
-    "warp_reduce": (warp_reduce_kernel, dict(T=np.float32, OP=C.MAX), ["shfl.sync.bfly.b32"]),
-    "block_reduce": (block_reduce_kernel, dict(T=np.float32, OP=C.SUM, OP2=C.MAX, BLOCK=256),
+    "warp_reduce": (warp_reduce_kernel, {"T": np.float32, "OP": C.MAX}, ["shfl.sync.bfly.b32"]),
+    "block_reduce": (block_reduce_kernel,
+                     {"T": np.float32, "OP": C.SUM, "OP2": C.MAX, "BLOCK": 256},
                      ["shfl.sync.bfly.b32", "shfl.sync.down.b32", "shfl.sync.idx.b32",
                       "bar.sync", "st.shared"]),
-    "warp_scan": (warp_scan_kernel, dict(T=np.int32, INCLUSIVE=False), ["shfl.sync.up.b32"]),
-    "block_scan": (block_scan_kernel, dict(T=np.float32, INCLUSIVE=True, BLOCK=96),
+    "warp_scan": (warp_scan_kernel, {"T": np.int32, "INCLUSIVE": False}, ["shfl.sync.up.b32"]),
+    "block_scan": (block_scan_kernel, {"T": np.float32, "INCLUSIVE": True, "BLOCK": 96},
                    ["shfl.sync.up.b32", "shfl.sync.idx.b32", "bar.sync", "ld.shared"]),
-    "histogram": (histogram_kernel, dict(BINS=100, BLOCK=128, ITEMS=2),
+    "histogram": (histogram_kernel, {"BINS": 100, "BLOCK": 128, "ITEMS": 2},
                   ["atom.shared.add", "atom.global.add"]),
-    "sort": (sort_kernel, dict(T=np.float32, PAIRS=True, N=512, BLOCK=128),
+    "sort": (sort_kernel, {"T": np.float32, "PAIRS": True, "N": 512, "BLOCK": 128},
              ["bar.sync", "ld.shared"]),
-    "load4_store4": (scale_rows, dict(BLOCK=64, VEC=True),
+    "load4_store4": (scale_rows, {"BLOCK": 64, "VEC": True},
                      ["ld.global.nc.v4.b32", "st.global.v4.b32"]),
 }
 
