@@ -57,6 +57,10 @@ def fold_binop(fl, op, x, y, node):
     grows = isinstance(x, int) and isinstance(y, int) and (
         (op is ast.LShift and x != 0 and y > MAX_FOLD_BITS) or
         (op is ast.Pow and abs(x) > 1 and y * abs(x).bit_length() > MAX_FOLD_BITS))
+    if op is ast.Mult and isinstance(x, (str, int)) and isinstance(y, (str, int)) and \
+            isinstance(x, str) != isinstance(y, str):    # "ab" * 10**9: a string of 2 GB
+        text, times = (x, y) if isinstance(x, str) else (y, x)
+        grows = len(text) * times > MAX_FOLD_BITS
     if grows:
         raise fl.error(node, f"constant expression too large to fold (more than "
                        f"{MAX_FOLD_BITS} bits); no kernel type holds it")

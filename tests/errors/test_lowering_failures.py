@@ -63,6 +63,17 @@ def float_modulo_zero(x: Ptr[f32]):
     x[0] = 1.5 % 0.0  # MARK-fmod
 
 
+@pk.kernel
+def huge_unroll(x: Ptr[i32]):
+    for i in pk.static_range(10**12):  # MARK-unroll
+        x[0] = i
+
+
+@pk.kernel
+def huge_string(x: Ptr[f32]):
+    x[0] = "ab" * 10**12  # MARK-string
+
+
 CASES = [
     (negative_shift, "MARK-shift", "negative shift count", "1 << -1"),
     (string_store, "MARK-str", "the constant 'a' cannot be used as a f32", "x[0] = 'a'"),
@@ -70,6 +81,8 @@ CASES = [
     (huge_power, "MARK-pow", "too large to fold", "10 ** 1000000000"),
     (huge_shift, "MARK-bigshift", "too large to fold", "1 << 1000000000"),
     (float_modulo_zero, "MARK-fmod", "cannot fold constant expression", "1.5 % 0.0"),
+    (huge_unroll, "MARK-unroll", "unrolls 1000000000000 iterations", "pk.static_range("),
+    (huge_string, "MARK-string", "too large to fold", '"ab" * 10**12'),
 ]
 
 
