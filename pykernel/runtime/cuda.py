@@ -183,6 +183,17 @@ class _LoadedKernel:
         self.non_portable = False     # clusters of more than 8 blocks allowed (set on demand)
 
 
+def _bad_geometry(kernel, grid, block, shared_bytes, exc) -> LaunchError:
+    """The LaunchError for extents the launch call could not even convert: the limit broken
+    (runtime/limits.py), else what the conversion said."""
+    try:
+        check_geometry(kernel.name, grid, block, shared_bytes)
+    except LaunchError as err:
+        return err
+    return LaunchError(f"{kernel.name}[grid={tuple(grid)}, block={tuple(block)}, "
+                       f"shared={shared_bytes}]: invalid launch geometry ({exc})")
+
+
 def _pdl_config():
     attribute = cu.CUlaunchAttribute()
     attribute.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
@@ -314,9 +325,7 @@ class CudaDevice:
             else:
                 (err,) = _launch_pdl(kernel, grid, block, shared_bytes, handle)
         except (OverflowError, TypeError) as exc:
-            check_geometry(kernel.name, grid, block, shared_bytes)   # names the extent
-            raise LaunchError(f"{kernel.name}[grid={tuple(grid)}, block={tuple(block)}, "
-                              f"shared={shared_bytes}]: invalid launch geometry ({exc})") from None
+            raise _bad_geometry(kernel, grid, block, shared_bytes, exc) from None
         if err:
             self._launch_failed(err, kernel, grid, block, shared_bytes, cluster)
         if self._capture is not None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import pykernel as pk
-from pykernel import Const, Ptr, f32, f64, i32
+from pykernel import Const, Ptr, f32, f64
 
 THIS_FILE = os.path.abspath(__file__)
 ARCHS = ["sm_90", "cpu"]
