@@ -39,11 +39,11 @@ def load_module(path, name, text):
             compile(text, str(path), "exec")
         except (SyntaxError, ValueError):
             return None
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module                 # inspect.getsource finds it like any module
-    spec.loader.exec_module(module)
+        path.write_text(text)
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module             # inspect.getsource finds it like any module
+        spec.loader.exec_module(module)
     return module
 
 
