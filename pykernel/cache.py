@@ -185,8 +185,8 @@ def _load_disk(key, arch: str = "sm_90"):
     try:
         head, body = path.read_bytes().split(b"\n", 1)
         meta = json.loads(head)
-        if hashlib.sha256(body).hexdigest() != meta.pop("sha256"):
-            return None   # corrupt: recompile
+        if not _valid_header(meta, cpu) or hashlib.sha256(body).hexdigest() != meta.pop("sha256"):
+            return None   # corrupt or from elsewhere: a miss, recompiled and overwritten
         params = [ParamABI(**dict(p, dtype=p["dtype"] if p["dtype"] == "bfloat16"
                                   else np.dtype(p["dtype"]))) for p in meta.pop("params")]
         sites = [Site(**s) for s in meta.pop("sites")]
@@ -201,7 +201,32 @@ def _load_disk(key, arch: str = "sm_90"):
         else:
             compiled = CompiledKernel(**meta, params=params, sites=sites, uses=uses,
                                       ptx=body.decode())
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError):
         return None
     _MEMORY[key] = compiled
     return compiled
+
+
+# the header's fields and their JSON types (CompiledKernel's fields plus the body's checksum)
+_HEADER = {"name": str, "entry": str, "target": str, "arch": str, "shared_bytes": int,
+           "cache_key": str, "min_arch": str, "source_hash": str, "hidden_extents": int,
+           "sha256": str, "params": list, "sites": list, "uses": list}
+_PARAM = {"name": str, "kind": str, "dtype": str, "size": int, "align": int, "readonly": bool,
+          "type_name": str}
+_SITE = {"kind": str, "file": str, "line": int, "col": int, "text": str}
+
+
+def _valid_header(meta, cpu: bool) -> bool:
+    """Whether a decoded header has exactly the fields `_store_disk` writes, of their types: a
+    file truncated, hand-edited or written by another version (`null`, a list, a missing key)
+    is a cache miss, never an exception in every later compile."""
+    fields = dict(_HEADER, cpu_coroutine=bool) if cpu else _HEADER
+    return _fields_ok(meta, fields) and \
+        all(_fields_ok(p, _PARAM) for p in meta["params"]) and \
+        all(_fields_ok(s, _SITE) for s in meta["sites"]) and \
+        all(isinstance(u, str) for u in meta["uses"])
+
+
+def _fields_ok(obj, fields: dict) -> bool:
+    return isinstance(obj, dict) and obj.keys() == fields.keys() and \
+        all(isinstance(obj[k], t) for k, t in fields.items())

@@ -42,7 +42,26 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    try:
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()        # a closed pipe shows up here for buffered output
+        return status
+    except BrokenPipeError:
+        return _reader_went_away()
+
+
+# exit status of a process that SIGPIPE ended, as `cat`, `grep`, ... report it
+EXIT_BROKEN_PIPE = 128 + 13
+
+
+def _reader_went_away() -> int:
+    """`pykernel ptx k.py | head`: the reader closed the pipe. Exit quietly, like a C tool
+    ended by SIGPIPE; stdout goes to /dev/null so the interpreter's final flush cannot raise
+    a second BrokenPipeError at shutdown."""
+    import os
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

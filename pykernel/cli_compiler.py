@@ -95,8 +95,14 @@ PTXAS_USAGE = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
 def cmd_check(args) -> int:
     from . import aot
     from .errors import KernelSourceError
-    kernels = aot.load_kernels(args.file)
-    consts = aot.parse_consts(args.const)
+    try:
+        kernels = aot.load_kernels(args.file)
+        consts = aot.parse_consts(args.const)
+    except KernelSourceError as exc:      # e.g. a parameter without an annotation
+        return _report_source_error(exc)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"pykernel check: {exc}", file=sys.stderr)
+        return 2
     ptxas = shutil.which("ptxas")
     if not ptxas:
         print("ptxas not found on PATH: compiling only (no register/spill report)")

@@ -109,7 +109,7 @@ def compile_kernel(kernel, arch: str, spec: dict, options: Options,
         return hit
     fast = parse(kernel.fn)                                    # stage 1
     target = get_target(arch)
-    params = concrete_params(kernel.params, spec)
+    params = concrete_params(kernel.params, spec, kernel.fn)
     if options.bounds_check and target.name == "nvptx":
         # Hidden trailing parameters: the byte size of each pointer argument (the launcher
         # appends them), so generated code can check every access.

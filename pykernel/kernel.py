@@ -38,18 +38,28 @@ class Kernel:
         typevars = {type_var_name(getattr(p.ann, "elem", p.ann)) for p in self.runtime_params}
         typevars.discard(None)
         for name, value in kwargs.items():
-            if name in known:
-                spec[name] = normalize_const(known[name], value)
-            elif name in typevars:
-                spec[name] = from_numpy(value)
-            else:
-                raise TypeError(f"{self.name}: unknown compile-time argument '{name}' (Const "
-                                f"parameters: {', '.join(known) or 'none'})")
+            try:
+                if name in known:
+                    spec[name] = normalize_const(known[name], value)
+                elif name in typevars:
+                    spec[name] = from_numpy(value)
+                else:
+                    self._spec_error(None, f"unknown compile-time argument '{name}' (Const "
+                                     f"parameters: {', '.join(known) or 'none'})")
+            except TypeError as exc:
+                self._spec_error(name if name in known else None, str(exc))
         missing = [p.name for p in self.const_params if p.name not in spec]
         if missing:
-            raise TypeError(f"{self.name}: missing compile-time argument(s): "
-                            f"{', '.join(missing)}")
+            self._spec_error(missing[0], f"missing compile-time argument(s): "
+                             f"{', '.join(missing)}",
+                             hint=f"{self.name}.ptx(arch, {missing[0]}=...)")
         return spec
+
+    def _spec_error(self, param, message, hint=None):
+        """Raise a bad compile-time argument as a source error at the parameter (or `def`)."""
+        from .signature import signature_error
+        err = signature_error(self.fn, param, message, hint)
+        raise err.with_traceback(None) from None
 
     def compile(self, arch: str = "sm_90", options: Options | None = None, **spec_kwargs):
         from . import cache

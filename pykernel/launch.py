@@ -6,6 +6,7 @@ import numpy as np
 
 from . import compile_pool
 from .errors import LaunchError
+from .runtime.limits import check_geometry
 from .signature import type_var_name
 from .types import from_numpy
 
@@ -13,13 +14,24 @@ from .types import from_numpy
 def _dim3(value, what, kernel_name):
     if type(value) is int and value >= 1:       # the common case, cheaply
         return (value, 1, 1)
-    if isinstance(value, (int, np.integer)):
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         value = (int(value),)
     if not isinstance(value, tuple) or not 1 <= len(value) <= 3 or \
-            not all(isinstance(v, (int, np.integer)) and v >= 1 for v in value):
-        raise LaunchError(f"{kernel_name}: {what} must be a positive int or a tuple of 1-3 "
+            not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1
+                    for v in value):
+        raise LaunchError(f"{kernel_name}[...]: {what} must be a positive int or a tuple of 1-3 "
                           f"positive ints, got {value!r}")
     return tuple(int(v) for v in value) + (1,) * (3 - len(value))
+
+
+def _shared_bytes(value, kernel_name) -> int:
+    """The dynamic shared-memory size: a non-negative int (None: 0)."""
+    if value is None:
+        return 0
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
+        raise LaunchError(f"{kernel_name}[...]: shared_bytes (dynamic shared memory per "
+                          f"block) must be a non-negative int, got {value!r}")
+    return int(value)
 
 
 MAX_CLUSTER = 16     # blocks per cluster on sm_90 with the non-portable opt-in (8 without)
@@ -49,7 +61,8 @@ class Launcher:
         self.grid = _dim3(config[0], "grid", kernel.name)
         self.block = _dim3(config[1], "block", kernel.name)
         self.stream = config[2] if len(config) > 2 else None
-        self.shared_bytes = int(config[3]) if len(config) > 3 else 0
+        self.shared_bytes = _shared_bytes(config[3], kernel.name) if len(config) > 3 else 0
+        check_geometry(kernel.name, self.grid, self.block, self.shared_bytes)
         self.cluster = _cluster(config[4], self.grid, kernel.name) \
             if len(config) > 4 and config[4] is not None else None
         limit, threads = kernel.options.max_threads, self.block[0] * self.block[1] * self.block[2]

@@ -26,22 +26,46 @@ def _reject_parameter_tricks(fn) -> None:
     for p in inspect.signature(fn).parameters.values():
         what = bad.get(p.kind) or ("default values" if p.default is not p.empty else None)
         if what:
-            from .frontend.parse import parse
-            fast = parse(fn)
-            node = next((a for a in ast.walk(fast.tree.args) if isinstance(a, ast.arg)
-                         and a.arg == p.name), fast.tree)
-            raise fast.error(node, f"{what} are not supported in kernel signatures "
-                             f"(parameter '{p.name}')",
-                             hint="list every parameter positionally; use Const[...] for "
-                                  "compile-time options")
+            raise signature_error(fn, p.name, f"{what} are not supported in kernel signatures "
+                                  f"(parameter '{p.name}')",
+                                  hint="list every parameter positionally; use Const[...] "
+                                       "for compile-time options")
+
+
+def signature_error(fn, param: str | None, message: str, hint: str | None = None):
+    """A KernelSourceError at parameter `param` of `fn` (at the `def` when None or not
+    found); a TypeError when the source cannot be read (a function built by exec)."""
+    from .frontend.parse import parse
+    try:
+        fast = parse(fn)
+    except TypeError:
+        return TypeError(f"{fn.__name__}: {message}")
+    node = next((a for a in ast.walk(fast.tree.args) if isinstance(a, ast.arg)
+                 and a.arg == param), fast.tree)
+    return fast.error(node, message, hint)
+
+
+def _annotations(fn) -> dict:
+    """The parameter annotations, evaluated; a failing one is named with its location."""
+    try:
+        return inspect.get_annotations(fn, eval_str=True)
+    except Exception:   # noqa: BLE001 - find which one, for the message
+        pass
+    anns = {}
+    for name, ann in inspect.get_annotations(fn).items():
+        try:
+            anns[name] = eval(ann, fn.__globals__) if isinstance(ann, str) else ann
+        except Exception as exc:   # noqa: BLE001 - any failure is the user's annotation
+            raise signature_error(fn, name, f"cannot evaluate the annotation {ann!r} of "
+                                  f"parameter '{name}': {exc}",
+                                  hint="a type variable needs `T = typing.TypeVar('T')` in "
+                                       "the module; a dtype is f32, Ptr[f32], ...") from None
+    return anns
 
 
 def read_signature(fn) -> list[Param]:
     _reject_parameter_tricks(fn)
-    try:
-        anns = inspect.get_annotations(fn, eval_str=True)
-    except Exception as exc:  # a bad annotation is a source error the user must see
-        raise TypeError(f"{fn.__name__}: cannot evaluate parameter annotations: {exc}") from None
+    anns = _annotations(fn)
     params = []
     for name in inspect.signature(fn).parameters:
         ann = anns.get(name)
@@ -54,11 +78,11 @@ def read_signature(fn) -> list[Param]:
         elif isinstance(ann, typing.TypeVar):
             params.append(Param(name, "scalar", ann))
         elif ann is None:
-            raise TypeError(f"{fn.__name__}: parameter '{name}' needs a type annotation "
-                            "(e.g. f32, Ptr[f32], Const[int])")
+            raise signature_error(fn, name, f"parameter '{name}' needs a type annotation "
+                                  "(e.g. f32, Ptr[f32], Const[int])")
         else:
-            raise TypeError(f"{fn.__name__}: parameter '{name}' has unsupported annotation "
-                            f"{ann!r}")
+            raise signature_error(fn, name, f"parameter '{name}' has unsupported annotation "
+                                  f"{ann!r}")
     return params
 
 
@@ -80,14 +104,20 @@ def resolve_elem(elem, spec: dict) -> ScalarType:
                     "argument or let it be inferred from an array argument")
 
 
-def concrete_params(params: list[Param], spec: dict) -> list[tuple[str, object]]:
-    """The runtime parameters of one specialization: (name, PtrType | ScalarType)."""
+def concrete_params(params: list[Param], spec: dict, fn=None) -> list[tuple[str, object]]:
+    """The runtime parameters of one specialization: (name, PtrType | ScalarType); an
+    unbound type variable is a source error at its parameter of `fn`."""
     out = []
     for p in params:
-        if p.kind == "ptr":
-            out.append((p.name, PtrType(resolve_elem(p.ann.elem, spec), p.ann.readonly)))
-        elif p.kind == "scalar":
-            out.append((p.name, resolve_elem(p.ann, spec)))
+        try:
+            if p.kind == "ptr":
+                out.append((p.name, PtrType(resolve_elem(p.ann.elem, spec), p.ann.readonly)))
+            elif p.kind == "scalar":
+                out.append((p.name, resolve_elem(p.ann, spec)))
+        except TypeError as exc:
+            if fn is None:
+                raise
+            raise signature_error(fn, p.name, f"parameter '{p.name}': {exc}") from None
     return out
 
 

@@ -39,8 +39,20 @@ def lower_call_node(fl, node):
                        hint="make the shared code a @pk.func")
     name = getattr(obj, "__name__", repr(obj))
     raise fl.error(node, f"cannot call Python function '{name}' from a kernel",
-                   hint="decorate it with @pk.func to make it a device function"
-                   if callable(obj) else None)
+                   hint=_call_hint(obj, name))
+
+
+def _call_hint(obj, name: str) -> str | None:
+    """A library function (math.exp, numpy.sqrt) has a pk intrinsic of the same name when
+    one exists; only the user's own functions are worth decorating with @pk.func."""
+    import pykernel
+    module = getattr(obj, "__module__", None) or ""
+    if module in ("math", "cmath", "builtins") or module.startswith("numpy") or \
+            getattr(obj, "__self__", None) is not None:
+        if callable(getattr(pykernel, name, None)):
+            return f"use pk.{name}(...), the kernel intrinsic"
+        return "library functions cannot run in kernels; see docs/language.md for intrinsics"
+    return "decorate it with @pk.func to make it a device function" if callable(obj) else None
 
 
 def positional(fl, node, count, name):

@@ -26,6 +26,15 @@ UNSUPPORTED = {
     ast.JoinedStr: "f-strings", ast.Starred: "starred expressions", ast.NamedExpr: ":=",
     ast.AsyncFunctionDef: "async functions", ast.Match: "match statements",
 }
+# what wrapped errors call the construct being lowered (others: the AST class's name)
+CONSTRUCTS = {
+    ast.BinOp: "arithmetic", ast.UnaryOp: "unary operation", ast.BoolOp: "and/or",
+    ast.Compare: "comparison", ast.Call: "call", ast.Subscript: "subscript",
+    ast.Attribute: "attribute", ast.Assign: "assignment", ast.AugAssign: "assignment",
+    ast.AnnAssign: "assignment", ast.For: "for loop", ast.While: "while loop", ast.If: "if",
+    ast.IfExp: "conditional expression", ast.Return: "return", ast.Expr: "expression",
+    ast.Constant: "constant", ast.Name: "name",
+}
 if hasattr(ast, "TryStar"):
     UNSUPPORTED[ast.TryStar] = "try/except*"
 
@@ -70,8 +79,10 @@ class FunctionLowering:
         self.ctx.set_location(self, node)
         try:
             handler(self, node)
-        except ops.TypeMismatch as exc:
-            raise self.error(node, str(exc), exc.hint) from None
+        except KernelSourceError:
+            raise
+        except Exception as exc:   # noqa: BLE001 - every failure gets the node's location
+            raise self.wrap_exception(node, exc) from None
 
     def expr(self, node):
         handler = self._expr_table.get(type(node))
@@ -79,8 +90,24 @@ class FunctionLowering:
             raise self.unsupported(node)
         try:
             return handler(self, node)
-        except ops.TypeMismatch as exc:
-            raise self.error(node, str(exc), exc.hint) from None
+        except KernelSourceError:
+            raise
+        except Exception as exc:   # noqa: BLE001 - every failure gets the node's location
+            raise self.wrap_exception(node, exc) from None
+
+    def wrap_exception(self, node, exc) -> KernelSourceError:
+        """Any non-KernelSourceError raised while lowering `node` (the innermost node that
+        failed: inner visits wrap first) as a located KernelSourceError. A TypeMismatch is a
+        user error with its own hint; Python's own refusals (a negative shift, a string
+        where a float goes, an int too big for C) are user errors too, said plainly; anything
+        else is our bug, reported at the construct so the user can work around it."""
+        if isinstance(exc, ops.TypeMismatch):
+            return self.error(node, str(exc), exc.hint)
+        construct = CONSTRUCTS.get(type(node), type(node).__name__)
+        if isinstance(exc, (ValueError, TypeError, OverflowError, ZeroDivisionError)):
+            return self.error(node, f"invalid {construct}: {exc}")
+        return self.error(node, f"internal error while lowering {construct}: "
+                          f"{type(exc).__name__}: {exc}")
 
     def unsupported(self, node) -> KernelSourceError:
         what = UNSUPPORTED.get(type(node), type(node).__name__)

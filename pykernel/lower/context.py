@@ -38,6 +38,7 @@ class KernelContext:
     call_stack: list = field(default_factory=list)
     shared: list = field(default_factory=list)        # (name, ArrayType, offset) static shared
     shared_bytes: int = 0
+    local_bytes: int = 0                              # pk.local_array bytes per thread so far
     uses: set = field(default_factory=set)            # features used: "barrier", "warp", ...
     min_arch: tuple = (75, "")                        # (sm number, instruction that needs it)
     target_data: dict = field(default_factory=dict)   # per-target scratch (e.g. CPU params)

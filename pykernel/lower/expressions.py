@@ -46,13 +46,33 @@ def unify(fl, a, b, node):
     return a, b, a.ty
 
 
+# Folded integers beyond this many bits fit no kernel type: refuse before Python computes a
+# huge number (`10 ** 10**9`, `1 << 10**9` would take minutes and gigabytes)
+MAX_FOLD_BITS = 4096
+
+
+def fold_binop(fl, op, x, y, node):
+    """A binary operation on two compile-time values, as Python computes it."""
+    grows = isinstance(x, int) and isinstance(y, int) and (
+        (op is ast.LShift and x != 0 and y > MAX_FOLD_BITS) or
+        (op is ast.Pow and abs(x) > 1 and y * abs(x).bit_length() > MAX_FOLD_BITS))
+    if op is ast.Mult and isinstance(x, (str, int)) and isinstance(y, (str, int)) and \
+            isinstance(x, str) != isinstance(y, str):    # "ab" * 10**9: a string of 2 GB
+        text, times = (x, y) if isinstance(x, str) else (y, x)
+        grows = len(text) * times > MAX_FOLD_BITS
+    if grows:
+        raise fl.error(node, f"constant expression too large to fold (more than "
+                       f"{MAX_FOLD_BITS} bits); no kernel type holds it")
+    try:
+        return ConstValue(PY_BINOPS[op](x, y))
+    except (ArithmeticError, TypeError, ValueError, KeyError) as exc:
+        raise fl.error(node, f"cannot fold constant expression: {exc}") from None
+
+
 def binop_values(fl, op, a, b, node):
     op = type(op)
     if isinstance(a, ConstValue) and isinstance(b, ConstValue):
-        try:
-            return ConstValue(PY_BINOPS[op](a.value, b.value))
-        except (ZeroDivisionError, TypeError, KeyError) as exc:
-            raise fl.error(node, f"cannot fold constant expression: {exc}") from None
+        return fold_binop(fl, op, a.value, b.value, node)
     if isinstance(a, PtrValue) and op in (ast.Add, ast.Sub):
         return ptr_offset(fl, a, b, op, node)
     if op is ast.Pow:

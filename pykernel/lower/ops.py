@@ -32,6 +32,8 @@ def literal_type(value) -> ScalarType:
 
 def const_ir(ty: ScalarType, value) -> ir.Constant:
     """An LLVM constant of DSL type `ty` for a Python value (checked to fit)."""
+    if not isinstance(value, (bool, int, float)):   # e.g. x[0] = 'a'
+        raise TypeMismatch(f"the constant {value!r} cannot be used as a {ty} value")
     if ty.kind == "bool":
         return ir.Constant(ir.IntType(1), int(bool(value)))
     if ty.is_int:
@@ -41,7 +43,8 @@ def const_ir(ty: ScalarType, value) -> ir.Constant:
         lo, hi = INT_RANGES[ty.name]
         v = int(value)
         if not lo <= v <= hi:
-            raise TypeMismatch(f"literal {v} does not fit in {ty} (range {lo}..{hi})")
+            shown = str(v) if v.bit_length() <= 128 else f"of {v.bit_length()} bits"
+            raise TypeMismatch(f"literal {shown} does not fit in {ty} (range {lo}..{hi})")
         return ir.Constant(ty.llvm, v & ((1 << ty.bits) - 1))
     if ty is bf16:
         import numpy as np

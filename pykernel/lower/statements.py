@@ -205,9 +205,12 @@ def lower_static_for(fl, node, call):
                        hint="use Const[int] parameters or literals; range() for runtime bounds")
     if not isinstance(node.target, ast.Name):
         raise fl.error(node.target, "the loop variable must be a plain name")
-    values = list(range(*[v.value for v in vals]))
-    if len(values) > 4096:
-        raise fl.error(call, f"pk.static_range unrolls {len(values)} iterations (limit 4096)")
+    if len(vals) == 3 and vals[2].value == 0:
+        raise fl.error(call, "pk.static_range step must not be zero")
+    values = range(*[v.value for v in vals])     # a range: 10**12 iterations cost nothing
+    count = values.__len__() if abs(values.stop - values.start) < 2**62 else 2**62
+    if count > 4096:
+        raise fl.error(call, f"pk.static_range unrolls {count} iterations (limit 4096)")
     end_bb = fl.ctx.append_block("unroll.end")
     name = node.target.id
     saved = fl.vars.get(name)

@@ -15,11 +15,11 @@ import numpy as np
 from ..errors import KernelRuntimeError
 from ..targets import cpu_abi as abi
 from .device import register_device_kind
+from .limits import check_geometry
 from .packer import ArgPacker
 
 _ENTRY = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                           ctypes.c_int64)
-MAX_THREADS_PER_BLOCK = 1024
 # shared memory starts each launch as 0xFF bytes (NaN as f16 / f32 / f64, -1 as integers), as
 # undefined as a GPU's: a kernel that reads shared memory it did not write gets poison, not
 # zeros or the previous kernel's values, so the tests see it (PYKERNEL_CPU_POISON_SHARED=0:
@@ -73,10 +73,8 @@ class CpuDevice:
         for k, ext in enumerate(packer.pointer_extents(args)):
             if ext is not None:
                 extents[2 * k], extents[2 * k + 1] = ext
+        check_geometry(compiled.name, grid, block, shared_bytes)   # as a GPU would refuse
         nthreads = block[0] * block[1] * block[2]
-        if nthreads > MAX_THREADS_PER_BLOCK or min(block) < 1 or min(grid) < 1:
-            raise KernelRuntimeError(f"{compiled.name}: invalid launch grid={grid} "
-                                     f"block={block} (at most 1024 threads per block)")
         entry = self._entry(compiled)
         if "print" in compiled.uses:    # the kernel's lines come after what Python printed
             sys.stdout.flush()

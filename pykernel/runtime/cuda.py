@@ -23,6 +23,7 @@ from cuda.core import ObjectCode
 
 from ..errors import KernelRuntimeError, LaunchError
 from .device import register_device_kind
+from .limits import check_geometry
 from .packer import ArgPacker
 
 _KERNEL_FAULTS = {700, 702, 710, 714, 715, 716, 717, 718, 719}  # sticky: context is lost
@@ -182,6 +183,17 @@ class _LoadedKernel:
         self.non_portable = False     # clusters of more than 8 blocks allowed (set on demand)
 
 
+def _bad_geometry(kernel, grid, block, shared_bytes, exc) -> LaunchError:
+    """The LaunchError for extents the launch call could not even convert: the limit broken
+    (runtime/limits.py), else what the conversion said."""
+    try:
+        check_geometry(kernel.name, grid, block, shared_bytes)
+    except LaunchError as err:
+        return err
+    return LaunchError(f"{kernel.name}[grid={tuple(grid)}, block={tuple(block)}, "
+                       f"shared={shared_bytes}]: invalid launch geometry ({exc})")
+
+
 def _pdl_config():
     attribute = cu.CUlaunchAttribute()
     attribute.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
@@ -313,8 +325,7 @@ class CudaDevice:
             else:
                 (err,) = _launch_pdl(kernel, grid, block, shared_bytes, handle)
         except (OverflowError, TypeError) as exc:
-            raise LaunchError(f"{kernel.name}[grid={tuple(grid)}, block={tuple(block)}, "
-                              f"shared={shared_bytes}]: invalid launch geometry ({exc})") from None
+            raise _bad_geometry(kernel, grid, block, shared_bytes, exc) from None
         if err:
             self._launch_failed(err, kernel, grid, block, shared_bytes, cluster)
         if self._capture is not None:
@@ -383,6 +394,7 @@ class CudaDevice:
             registers = check(cu.cuFuncGetAttribute(_NUM_REGS, kernel.func), "attribute")
             raise LaunchError(f"{where}: {threads} threads per block, this kernel allows at "
                               f"most {max_threads} ({registers} registers per thread)")
+        check_geometry(kernel.name, grid, block, shared_bytes)   # the device's own limits next
         if min(*grid, *block) <= 0 or any(g > m for g, m in zip(grid, self.max_grid)):
             raise LaunchError(f"{where}: grid and block extents must be >= 1 and the grid at "
                               f"most {self.max_grid}")

@@ -118,6 +118,11 @@ class ArgPacker:
                    f"got {_describe(value)}")
         return LaunchError(message + (f"; {hint}" if hint else ""))
 
+    def expected(self, param) -> str:
+        """What a scalar parameter takes, in words: 'an integer (i32)', 'a float (f32)'."""
+        kind = "a float" if np.dtype(param.dtype).kind == "f" else "an integer"
+        return f"{kind} ({type_label(param)})"
+
     def _raise_count(self, args):
         if len(args) == self._count:  # right count but not unpackable: not a sequence
             raise LaunchError(f"{self.kernel_name}(): arguments must be a tuple, got "
@@ -158,6 +163,10 @@ def _generate_pack(packer):
         elif dtype_name(param.dtype) in ("bool", "bfloat16"):
             scope[f"C{name}"] = _converter(packer, param)
             lines.append(f"    {name} = C{name}({name})")
+        else:   # struct packs True as 1: a bool for a number is a mistake, not a 1
+            scope[f"P{name}"] = param
+            lines += [f"    if {name}.__class__ is bool:",
+                      f"        raise packer.error(P{name}, packer.expected(P{name}), {name})"]
     lines += ["    try:", f"        pack_into(storage, base, {', '.join(names)})",
               "    except (struct_error, TypeError, ValueError, OverflowError):",
               "        packer._diagnose_scalars(args)", "        raise",

@@ -154,18 +154,24 @@ def test_unknown_arch_rejected():
 def test_missing_annotation_is_reported():
     def body(x, n: i32):
         pass
-    with pytest.raises(TypeError, match="parameter 'x' needs a type annotation"):
+    with pytest.raises(pk.KernelSourceError, match="parameter 'x' needs a type annotation") \
+            as info:
         pk.kernel(body)
+    assert (info.value.file, info.value.line) == (THIS_FILE, body.__code__.co_firstlineno)
+    assert info.value.source_line[info.value.col:].startswith("x, n: i32")
 
 
 def test_const_arguments_checked():
     @pk.kernel
     def k(out: Ptr[f32], N: Const[int]):
         out[0] = f32(N)
-    with pytest.raises(TypeError, match="missing compile-time argument"):
+    with pytest.raises(pk.KernelSourceError, match="missing compile-time argument") as info:
         k.ptx("sm_90")
-    with pytest.raises(TypeError, match="unknown compile-time argument"):
+    assert info.value.file == THIS_FILE and info.value.source_line[info.value.col:] \
+        .startswith("N: Const[int]")
+    with pytest.raises(pk.KernelSourceError, match="unknown compile-time argument") as info:
         k.ptx("sm_90", N=3, M=4)
+    assert "def k(" in info.value.source_line
 
 
 def test_closure_over_mutable_python_object_is_rejected():

@@ -127,3 +127,44 @@ def test_cpu_objects_load_after_another_kernel_was_dropped(tmp_path):
         out = subprocess.run([sys.executable, str(tmp_path / "two_kernels.py")], env=env,
                              capture_output=True, text=True)
         assert out.returncode == 0 and out.stdout.strip() == "[2.0, 2.0, 2.0, 2.0]", out.stderr
+
+
+BAD_HEADERS = {
+    "null": lambda meta: None,
+    "list": lambda meta: [meta],
+    "number": lambda meta: 3,
+    "string": lambda meta: "header",
+    "missing-key": lambda meta: {k: v for k, v in meta.items() if k != "entry"},
+    "extra-key": lambda meta: dict(meta, surprise=1),
+    "wrong-type": lambda meta: dict(meta, shared_bytes="0"),
+    "bad-param": lambda meta: dict(meta, params=[None]),
+    "bad-site": lambda meta: dict(meta, sites=[{"kind": 1}]),
+}
+
+
+@pytest.mark.parametrize("arch, suffix", [("sm_90", "ptxcache"), ("cpu", "cpucache")])
+def test_malformed_header_is_a_miss_and_overwritten(tmp_path, monkeypatch, arch, suffix):
+    """A header that is JSON but not the header (issue 45, item 8) made every later compile
+    fail with AttributeError until the file was deleted: now a miss, recompiled, rewritten."""
+    import json
+
+    import pykernel as pk
+    from pykernel import Ptr, f32, cache
+    monkeypatch.setenv("PYKERNEL_CACHE_DIR", str(tmp_path))
+
+    @pk.kernel
+    def cached(out: Ptr[f32]):
+        out[0] = 2.0
+    key = cached.compile(arch).cache_key
+    entry = tmp_path / f"{key}.{suffix}"
+    head, body = entry.read_bytes().split(b"\n", 1)
+    meta = json.loads(head)
+    for name, corrupt in BAD_HEADERS.items():
+        entry.write_bytes(json.dumps(corrupt(meta)).encode() + b"\n" + body)
+        cache._MEMORY.pop(key, None)
+        assert cache.lookup(key, arch) is None, name
+        compiled = cached.compile(arch)
+        assert compiled.cache_key == key and compiled.entry == meta["entry"], name
+        assert json.loads(entry.read_bytes().split(b"\n", 1)[0]) == meta, name
+        cache._MEMORY.pop(key, None)
+        assert cache.lookup(key, arch) is not None, name    # the rewritten entry loads

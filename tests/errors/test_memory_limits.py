@@ -1,0 +1,105 @@
+"""Issue 45, item 5: arrays larger than a GPU holds are source errors at their declaration on
+every target. `pk.local_array(f32, 2**21)` (8 MiB per thread) killed the process on the CPU
+target (rc -11) and only made LLVM warn at 2**31; static shared memory beyond 48 KiB failed in
+ptxas. Limits: 512 KiB of local arrays per thread (summed), 48 KiB static shared per block."""
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import pykernel as pk
+from pykernel import Const, Ptr, f32, f64
+
+THIS_FILE = os.path.abspath(__file__)
+ARCHS = ["sm_90", "cpu"]
+
+
+def line_of(marker: str) -> int:
+    with open(THIS_FILE) as f:
+        for n, line in enumerate(f, 1):
+            if marker in line and "line_of(" not in line:
+                return n
+    raise AssertionError(marker)
+
+
+@pk.kernel
+def local_of(x: Ptr[f32], N: Const[int]):
+    a = pk.local_array(f32, N)  # MARK-local
+    a[0] = x[0]
+    x[1] = a[0]
+
+
+@pk.func
+def scratch(v: f32) -> f32:
+    b = pk.local_array(f64, 40000)  # MARK-func-local
+    b[0] = f64(v)
+    return f32(b[0])
+
+
+@pk.kernel
+def two_locals(x: Ptr[f32]):
+    a = pk.local_array(f32, (256, 256))
+    a[0, 0] = x[0]
+    x[1] = scratch(a[0, 0])
+
+
+@pk.kernel
+def shared_of(x: Ptr[f32], N: Const[int]):
+    a = pk.shared_array(f32, 1024)
+    b = pk.shared_array(f32, N)  # MARK-shared
+    a[pk.thread_idx.x] = x[0]
+    b[pk.thread_idx.x] = x[0]
+    pk.syncthreads()
+    x[1] = a[pk.thread_idx.x + 1] + b[pk.thread_idx.x + 1]
+
+
+def located(err, marker, underlined):
+    assert (err.file, err.line) == (THIS_FILE, line_of(marker)), str(err)
+    assert err.source_line[err.col:].startswith(underlined), str(err)
+    assert err.__cause__ is None and "pykernel/" not in str(err)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("n", [2**21, 2**31, 131073])
+def test_local_array_over_512_kib_is_a_source_error(arch, n):
+    with pytest.raises(pk.KernelSourceError, match=r"local memory per thread; CUDA allows "
+                       r"at most 524288 \(512 KiB\)") as info:
+        local_of.compile(arch, N=n)
+    located(info.value, "MARK-local", "pk.local_array(f32, N)")
+    assert f"pk.local_array of {4 * n} bytes" in str(info.value)
+    assert "hint: keep large data in global memory" in str(info.value)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_local_arrays_add_up_across_inlined_functions(arch):
+    with pytest.raises(pk.KernelSourceError, match=r"320000 bytes \(262144 bytes declared "
+                       r"before it\): 582144 bytes") as info:
+        two_locals.compile(arch)
+    located(info.value, "MARK-func-local", "pk.local_array(f64, 40000)")
+
+
+def test_local_array_at_the_limit_runs_on_the_cpu():
+    pk.set_device("cpu")
+    x = pk.to_device(np.array([3.0, 0.0], np.float32))
+    local_of[1, 32](x, 131072)
+    assert x.numpy()[1] == 3.0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_static_shared_over_48_kib_is_a_source_error(arch):
+    with pytest.raises(pk.KernelSourceError, match=r"49156 bytes of static shared memory per "
+                       r"block; at most 49152 \(48 KiB\)") as info:
+        shared_of.compile(arch, N=11265)
+    located(info.value, "MARK-shared", "pk.shared_array(f32, N)")
+    assert "pk.dynamic_shared" in str(info.value)
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas not on PATH")
+def test_static_shared_at_the_limit_assembles(tmp_path):
+    ptx = tmp_path / "k.ptx"
+    ptx.write_text(shared_of.ptx("sm_90", N=11264))          # 4 KiB + 44 KiB = 48 KiB
+    out = subprocess.run(["ptxas", "-arch=sm_90", str(ptx), "-o", os.devnull],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
