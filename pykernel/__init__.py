@@ -39,6 +39,11 @@ from .intrinsics.bulk_copy import (bulk_copy, bulk_prefetch_l2, fence_mbarrier_i
                                    mbarrier_expect_tx, mbarrier_init, mbarrier_wait)
 from .intrinsics.ldmatrix import ldmatrix
 from .intrinsics.packed import add_f16x2, mul_f16x2, prmt, sub_f16x2
+from .intrinsics.bits import (brev, byte_perm, clz, ffs, funnel_shift_l, funnel_shift_r,
+                               popc)
+from .intrinsics.collectives import (activemask, match_all, match_any, redux_sync,
+                                    syncthreads_and, syncthreads_count, syncthreads_or)
+from .intrinsics.timing import clock64, globaltimer, nanosleep
 from .intrinsics.cluster import cluster_map, cluster_rank, cluster_size, cluster_sync
 from .intrinsics.lowlevel import (asm, dp4a, mma_m16n8k16_bf16, mma_m16n8k16_f16,
                                   mma_m16n8k16_s8, mma_m16n8k32_s8, mma_m16n8k128_b1,

@@ -34,14 +34,20 @@ def call_f32(fl, node, dfunc, x: Value) -> Value:
     return Value(x.ty, ops.cast(fl.b, f32, x.ty, r.ir))
 
 
+def no_f64(fl, node, name):
+    """The transcendental functions have no f64 form on any target: PTX has no f64 exp/log/
+    sin instructions, pykernel ships no libdevice, and mathlib.py is written for f32."""
+    return fl.error(node, f"pk.{name} has no f64 form (f32, f16 and bf16 only): pykernel has "
+                    "no libdevice and its math library is f32", hint=f"convert: pk.{name}(f32(x))")
+
+
 def accurate(name):
     dfunc = getattr(mathlib, name)
 
     def lower(fl, node):
         (x,), ty = float_args(fl, node, name, 1)
         if ty.bits == 64:
-            raise fl.error(node, f"pk.{name} is implemented for f32 (and f16/bf16) only",
-                           hint="convert: pk.%s(f32(x))" % name)
+            raise no_f64(fl, node, name)
         return call_f32(fl, node, dfunc, x)
     lower.__doc__ = f"Accurate {name} (see mathlib.py for the error bound)."
     return intrinsic(name)(lower)
@@ -59,6 +65,11 @@ def fast_fn(name):
         if not fl.ctx.target.has_intrinsic("fast_math"):    # no .approx form: the accurate one
             return ACCURATE[name].lower_call(fl, node)
         (x,), ty = float_args(fl, node, f"fast.{name}", 1)
+        if ty.bits == 64:   # never demoted to f32: the accurate f64 forms, or an error
+            if name in ("sqrt", "rsqrt"):   # sqrt.rn.f64 (and div.rn.f64)
+                r = fl.b.call(fl.ctx.intrinsic_decl("llvm.sqrt", ty.llvm), [x.ir])
+                return Value(ty, r if name == "sqrt" else fl.b.fdiv(ops.const_ir(ty, 1.0), r))
+            raise no_f64(fl, node, f"fast.{name}")
         return Value(ty, fl.ctx.target.lower_intrinsic("fast_math", fl, name, ty, x))
     lower.__doc__ = (f"Approximate {name}: the GPU's `.approx` instruction (accurate version on "
                      "the CPU target).")

@@ -26,9 +26,14 @@ def prmt(fl, node):
     of the 8-byte value b:a (a's bytes 0-3, b's 4-7); a nibble with bit 3 set gives that byte's
     sign replicated instead (`prmt.b32`, default mode)."""
     a, b, sel = _u32_args(fl, node, 3, "prmt")
+    return Value(u32, prmt_ir(fl, a, b, sel))
+
+
+def prmt_ir(fl, a: Value, b: Value, sel: Value) -> ir.Value:
+    """pk.prmt on checked u32 operands: the target's instruction, else the portable IR."""
     lowered = fl.ctx.target.lower_intrinsic("prmt", fl, a, b, sel)
     if lowered is not None:
-        return Value(u32, lowered)
+        return lowered
     bld = fl.b
     both = bld.or_(bld.zext(a.ir, I64), bld.shl(bld.zext(b.ir, I64), ir.Constant(I64, 32)))
     out = ir.Constant(I32, 0)
@@ -42,7 +47,7 @@ def prmt(fl, node):
                                       ir.Constant(I32, 0))
         picked = bld.zext(bld.select(replicate, sign, byte), I32)
         out = bld.or_(out, bld.shl(picked, ir.Constant(I32, 8 * i)))
-    return Value(u32, out)
+    return out
 
 
 def _halves(bld, word):

@@ -130,6 +130,7 @@ class CPUTarget(CPUOps, CPUBulkOps, CPUClusterOps, IntrinsicTable):
         b.call(d["end"], [hdl, ir.Constant(I1, 0)])
         b.ret(hdl)
         b = ir.IRBuilder(ctx.exit_block)
+        self.clear_warp_flag(ctx, b)
         self._set_state(ctx, b, abi.FINISHED << 24)
         s = b.call(d["suspend"], [ir.Constant(I1, 1)])       # final suspension
         sw = b.switch(s, td["suspend_ret"])

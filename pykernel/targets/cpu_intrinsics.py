@@ -9,6 +9,7 @@ from llvmlite import ir
 
 from ..lower import ops
 from ..types import bf16, f16, f32
+from .cpu_collectives import INTRINSICS as COLLECTIVES
 
 I16, I32, I64, F32 = ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
 LDMATRIX_ROW_BYTES = 16
@@ -133,4 +134,5 @@ def ldmatrix(fl, node, row, count: int, transposed: bool):
     return words
 
 
-INTRINSICS = {"mma": mma, "mma_b1": mma_b1, "movmatrix": movmatrix, "ldmatrix": ldmatrix}
+INTRINSICS = {"mma": mma, "mma_b1": mma_b1, "movmatrix": movmatrix, "ldmatrix": ldmatrix,
+              **COLLECTIVES}

@@ -95,32 +95,45 @@ class CPUOps:
         src_t = b.select(ok, src_t, tlin)
         return self.fetch_word(ctx, slots, half, src_t, 0)
 
+    PRESENT = 2   # bit of a lane's first exchange word: it takes part (cleared when it returns)
+
     def vote(self, ctx, kind, pred, mask, site):
         b, td = ctx.builder, ctx.target_data
-        slots, half, nt = self._exchange(ctx, b.zext(pred, I64), site)
+        flag = b.or_(b.zext(pred, I64), ir.Constant(I64, self.PRESENT))
+        slots, half, nt = self._exchange(ctx, flag, site)
         tlin = td["tlin"]
         base = b.sub(tlin, b.and_(tlin, ir.Constant(I32, 31)))
-        ballot = ir.Constant(I32, 0)
+        ballot = present = ir.Constant(I32, 0)
         for lane in range(32):   # unrolled: 32 loads, no loop blocks needed
             t = b.add(base, ir.Constant(I32, lane))
             live = b.icmp_signed("<", t, nt)
             safe = b.select(live, t, tlin)
-            bit = b.trunc(self.fetch_word(ctx, slots, half, safe, 0), I1)
-            bit = b.and_(bit, live)
-            ballot = b.or_(ballot, b.shl(b.zext(bit, I32), ir.Constant(I32, lane)))
+            word = b.select(live, self.fetch_word(ctx, slots, half, safe, 0),
+                            ir.Constant(I32, 0))
+            ballot = b.or_(ballot, b.shl(b.and_(word, ir.Constant(I32, 1)),
+                                         ir.Constant(I32, lane)))
+            present = b.or_(present, b.shl(b.and_(b.lshr(word, ir.Constant(I32, 1)),
+                                                  ir.Constant(I32, 1)), ir.Constant(I32, lane)))
         if kind == "ballot":
             return ballot
         if kind == "any_sync":
             return b.icmp_unsigned("!=", ballot, ir.Constant(I32, 0))
-        live_mask = self._live_mask(ctx, base, nt)
-        return b.icmp_unsigned("==", ballot, live_mask)
+        return b.icmp_unsigned("==", ballot, present)   # lanes that returned do not vote
 
-    def _live_mask(self, ctx, base, nt):
-        b = ctx.builder
-        count = b.sub(nt, base)
-        full = b.icmp_signed(">=", count, ir.Constant(I32, 32))
-        partial = b.sub(b.shl(ir.Constant(I32, 1), count), ir.Constant(I32, 1))
-        return b.select(full, ir.Constant(I32, 0xFFFFFFFF), partial)
+    def clear_warp_flag(self, ctx, b):
+        """At a thread's return: zero its first word of the half the warp's next operation
+        uses, so the lanes still running see that it takes no part (not PRESENT, votes 0)."""
+        counter = ctx.target_data.get("warp_counter")
+        if counter is None:
+            return
+        td = ctx.target_data
+        nt = self.ctx_slot(ctx, abi.BLOCK, b)
+        for k in (1, 2):
+            nt = b.mul(nt, self.ctx_slot(ctx, abi.BLOCK + k, b))
+        half = b.mul(b.and_(b.load(counter), ir.Constant(I32, 1)), b.trunc(nt, I32))
+        slots = b.inttoptr(self.ctx_slot(ctx, abi.EXCHANGE_PTR, b), I64.as_pointer())
+        mine = b.mul(b.add(half, td["tlin"]), ir.Constant(I32, self.SLOT_WORDS))
+        b.store(ir.Constant(I64, 0), b.gep(slots, [mine]))
 
     # --- shared memory -------------------------------------------------------------------------
     def shared_array(self, ctx, aty):

@@ -8,7 +8,7 @@ from llvmlite import ir
 from ..lower import ops
 from ..types import f32
 
-I32, F32 = ir.IntType(32), ir.FloatType()
+I32, I64, F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -119,6 +119,58 @@ def fast_math(fl, name, ty, x):
     return ops.cast(b, f32, ty, r)
 
 
+def activemask(fl, node):
+    """`activemask.b32`: a side effect keeps it where it is written (inside its branch)."""
+    return fl.b.asm(ir.FunctionType(I32, []), "activemask.b32 $0;", "=r", [], True)
+
+
+def match(fl, node, kind: str, mask, value):
+    """`match.{any,all}.sync.b32/.b64` (NVVM): any -> mask; all -> (mask, i1)."""
+    width = value.type.width
+    if kind == "any":
+        fn = fl.ctx.intrinsic_decl(f"llvm.nvvm.match.any.sync.i{width}", ret=I32,
+                                   args=(I32, value.type))
+        return fl.b.call(fn, [mask, value])
+    ret = ir.LiteralStructType([I32, ir.IntType(1)])
+    fn = fl.ctx.intrinsic_decl(f"llvm.nvvm.match.all.sync.i{width}p", ret=ret,
+                               args=(I32, value.type))
+    res = fl.b.call(fn, [mask, value])
+    return fl.b.extract_value(res, 0), fl.b.extract_value(res, 1)
+
+
+def redux(fl, node, op: str, signed: bool, mask, value):
+    """`redux.sync.<op>.{u32,s32,b32}` (NVVM llvm.nvvm.redux.sync.*; sm_80+, checked by the
+    caller)."""
+    name = op if op not in ("min", "max") or signed else "u" + op
+    fn = fl.ctx.intrinsic_decl(f"llvm.nvvm.redux.sync.{name}", ret=I32, args=(I32, I32))
+    return fl.b.call(fn, [value, mask])
+
+
+BAR_RED = {"popc": "bar.red.popc.u32 $0, 0, %p;",
+           "and": "bar.red.and.pred %q, 0, %p; selp.u32 $0, 1, 0, %q;",
+           "or": "bar.red.or.pred %q, 0, %p; selp.u32 $0, 1, 0, %q;"}
+
+
+def barrier_reduce(fl, node, op: str, pred, site):
+    """`bar.red.{popc,and,or}` (CUDA's __syncthreads_count / _and / _or): i32 result."""
+    text = ("{ .reg .pred %p, %q; setp.ne.u32 %p, $1, 0; " + BAR_RED[op] + " }")
+    word = fl.b.zext(pred, I32)
+    return fl.b.asm(ir.FunctionType(I32, [I32]), text, "=r,r,~{memory}", [word], True)
+
+
+def timer(fl, node, which: str):
+    """`mov.u64 %clock64` / `%globaltimer`: volatile reads (side effect: never merged)."""
+    reg = {"clock64": "%clock64", "globaltimer": "%globaltimer"}[which]
+    return fl.b.asm(ir.FunctionType(I64, []), f"mov.u64 $0, {reg};", "=l", [], True)
+
+
+def nanosleep(fl, node, ns):
+    """`nanosleep.u32` (sm_70+)."""
+    fl.b.asm(ir.FunctionType(ir.VoidType(), [I32]), "nanosleep.u32 $0;", "r", [ns], True)
+
+
 INTRINSICS = {"dp4a": dp4a, "mma": mma, "mma_b1": mma_b1, "movmatrix": movmatrix,
               "ldmatrix": ldmatrix, "asm": inline_asm, "pack_f16x2": pack_f16x2,
-              "prmt": prmt, "f16x2": f16x2, "fast_math": fast_math}
+              "prmt": prmt, "f16x2": f16x2, "fast_math": fast_math,
+              "activemask": activemask, "match": match, "redux": redux,
+              "barrier_reduce": barrier_reduce, "timer": timer, "nanosleep": nanosleep}
