@@ -15,7 +15,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from llm.sampling import Sampler
+from llm.sampling import Sampler, check_finite_logits
 
 # tokens per prefill step: bounds the (heads, n, n_ctx) attention scores of the numpy backend
 # (PYKERNEL_PREFILL_CHUNK=N another step, for comparisons)
@@ -300,6 +300,16 @@ def _stream_on_device(session: Session, gen: Generation, tokens: Iterator[int], 
         tokens.close()
 
 
+def _check_logits(session: Session, logits, sampler: Sampler, first: bool) -> None:
+    """NonFiniteLogitsError where the model's logits are NaN/Inf (broken weights or
+    hyperparameters): the prompt's row always (one row copied, on a device too), each later
+    row where a greedy pick would not look at it otherwise (host argmax takes NaN as a
+    token; the host samplers check the rows they read themselves)."""
+    backend = session.backend
+    if first or (sampler.plain_argmax and not backend.logits_on_device):
+        check_finite_logits(backend.to_host(backend.last_row(logits)))
+
+
 def stream(session: Session, tokenizer, prompt_ids: Sequence[int], sampler: Sampler,
            max_tokens: int, stop: Sequence[str] = (), stats: GenerationStats | None = None,
            ) -> Iterator[str]:
@@ -312,6 +322,7 @@ def stream(session: Session, tokenizer, prompt_ids: Sequence[int], sampler: Samp
     session.backend.synchronize()    # the prompt's time is its device work's, not its launches'
     stats.prompt_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
+    _check_logits(session, logits, sampler, first=True)
     token = session.backend.sample(logits, sampler, gen.history)
     text = gen.accept(token, context_full=len(session.tokens) >= session.n_ctx)
     steps = None if gen.done else _device_steps(session, sampler, token, max_tokens)
@@ -330,6 +341,7 @@ def stream(session: Session, tokenizer, prompt_ids: Sequence[int], sampler: Samp
                 yield text
             if gen.done:
                 break
+            _check_logits(session, logits, sampler, first=False)
             token = session.backend.sample(logits, sampler, gen.history)
             text = gen.accept(token, context_full=len(session.tokens) >= session.n_ctx)
     stats.decode_seconds = time.perf_counter() - t0
