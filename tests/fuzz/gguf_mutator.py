@@ -10,6 +10,7 @@ new bytes with a description of what it did (for the failure report):
     type          a value type, array element type or tensor type swapped for another (or junk)
     offset        a tensor's data offset moved onto another's, unaligned, past the end
     value         a scalar hyperparameter set to NaN, Inf, 0, -1, or a huge integer
+    elements      elements of a numeric array (token types, scores) set to the same extremes
     nan           a tensor's bytes overwritten with 0xff (NaN in f32, f16 and block scales)
     string        a string's length past the end of the file, or its bytes made invalid UTF-8
     bytes         a few header bytes flipped at random
@@ -40,6 +41,7 @@ class Layout:
     offsets: list = field(default_factory=list)     # tensor data offsets (u64)
     scalars: list = field(default_factory=list)     # (offset, value type) of scalar values
     strings: list = field(default_factory=list)     # (offset, length) of string bytes
+    arrays: list = field(default_factory=list)      # (offset, count, type) of numeric arrays
     data_start: int = 0
     header_end: int = 0
 
@@ -70,6 +72,7 @@ class _Walker:
                 for _ in range(count):
                     self.value(item)
             else:
+                self.out.arrays.append((self.pos, count, item))
                 self.pos += count * _SCALAR_SIZES[item]
         else:
             self.out.scalars.append((self.pos, vtype))
@@ -143,8 +146,8 @@ def _offset(buf, lay, rng):
     return f"offset: tensor offset at {at} -> {value}"
 
 
-def _value(buf, lay, rng):
-    at, vtype = _pick(rng, lay.scalars)
+def _value(buf, lay, rng, at_type=None):
+    at, vtype = at_type or _pick(rng, lay.scalars)
     if vtype in _FLOAT_FORMATS:
         value = _pick(rng, [float("nan"), float("inf"), -float("inf"), 0.0, -1.0, 1e38, 1e-45])
         _put(buf, at, _FLOAT_FORMATS[vtype], value)
@@ -158,6 +161,16 @@ def _value(buf, lay, rng):
         value = int(rng.integers(0, 256))
         buf[at] = value
     return f"value: scalar at {at} (type {vtype}) -> {value}"
+
+
+def _elements(buf, lay, rng):
+    arrays = [a for a in lay.arrays if a[1]]
+    if not arrays:
+        return _value(buf, lay, rng)
+    start, count, item = _pick(rng, arrays)
+    picked = rng.integers(count, size=int(rng.integers(1, 17)))
+    return "elements: " + "; ".join(
+        _value(buf, lay, rng, (start + int(i) * _SCALAR_SIZES[item], item)) for i in picked)
 
 
 def _nan(buf, lay, rng):
@@ -188,7 +201,8 @@ def _bytes(buf, lay, rng):
 
 
 MUTATIONS = {"truncate": _truncate, "huge": _huge, "type": _type, "offset": _offset,
-             "value": _value, "nan": _nan, "string": _string, "bytes": _bytes}
+             "value": _value, "elements": _elements, "nan": _nan, "string": _string,
+             "bytes": _bytes}
 
 
 def mutate(data: bytes, rng: np.random.Generator) -> tuple[bytes, list[str]]:
