@@ -8,9 +8,9 @@ replays alone), then reads it with `GGUFFile` and the tokenizer's `MetadataReade
 with `llm.load` (numpy backend, CPU) and, when that works, generates two tokens greedily and two
 sampled. The rules: everything works, or a `GGUFError` / `NonFiniteLogitsError` (or a
 `ContextError`) with a non-empty message comes out. Any other exception, an empty message, or
-a case running past CASE_SECONDS (a hang) is reported. The parent test caps this process's address space, so a
-header that makes the loader allocate without bound fails as a MemoryError here instead of
-exhausting the machine.
+a case running past CASE_SECONDS (a hang) is reported. The parent test caps this process's
+address space, so a header that makes the loader allocate without bound fails as a MemoryError
+here instead of exhausting the machine.
 """
 from __future__ import annotations
 
