@@ -2,8 +2,11 @@
 types the runner cannot use, header counts that would allocate without bound, overlapping tensor
 data. Each must end in one GGUFError naming the file and the key or tensor (or, for NaN weights
 that only show at run time, NonFiniteLogitsError), never a traceback from deep inside."""
+import os
+import resource
 import struct
-import tracemalloc
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -13,7 +16,7 @@ import llm
 from llm.cli import error_line
 from llm.gguf_file import GGUFError, GGUFFile
 from llm.sampling import NonFiniteLogitsError
-from tests.llm.cli_helpers import pykernel
+from tests.llm.cli_helpers import REPO, pykernel
 from tests.llm.gguf_helpers import (GGUFValueType, TINY_LLAMA, patch, require_for_module,
                                     rewrite, tensor_info_offset)
 
@@ -132,18 +135,38 @@ def _as_gemma3(tmp_path, **overrides):
     return rewrite(TINY_LLAMA, tmp_path / "gemma3.gguf", set_keys=keys, drop_keys=drop)
 
 
+LOAD_SCRIPT = """
+import sys, tracemalloc, llm
+tracemalloc.start()
+try:
+    llm.load(sys.argv[1], n_ctx=64, progress=False)
+except llm.GGUFError as exc:
+    print(f"GGUFError|{tracemalloc.get_traced_memory()[1]}|{exc}")
+"""
+
+
+def _load_capped(path) -> tuple[str, int, str]:
+    """(exception type, peak traced bytes, message) of llm.load in a process whose address
+    space is capped at 2 GiB and time at 60 s: a regression fails the test instead of
+    exhausting the machine (block_count 2^40 once built a 2^40-entry tuple)."""
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+    out = subprocess.run([sys.executable, "-c", LOAD_SCRIPT, str(path)], capture_output=True,
+                         text=True, timeout=60, preexec_fn=cap, cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO), "OPENBLAS_NUM_THREADS": "1"})
+    assert out.stdout.startswith("GGUFError|"), out.stdout + out.stderr[-2000:]
+    kind, peak, message = out.stdout.strip().split("|", 2)
+    return kind, int(peak), message
+
+
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_huge_block_count_fails_fast_without_allocating(tmp_path, arch):
     key = f"{arch}.block_count"
     path = (_as_gemma3(tmp_path, **{key: (2**40, U64)}) if arch == "gemma3" else
             rewrite(TINY_LLAMA, tmp_path / "big.gguf", set_keys={key: (2**40, U64)}))
-    tracemalloc.start()
-    try:
-        message = _load_error(path)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert repr(key) in message and "no tensors for block 2" in message
+    _, peak, message = _load_capped(path)
+    assert message.startswith(f"{path}: ") and repr(key) in message
+    assert "no tensors for block 2" in message
     assert peak < 64 << 20, f"loading allocated {peak >> 20} MiB"
 
 
