@@ -300,13 +300,13 @@ def _stream_on_device(session: Session, gen: Generation, tokens: Iterator[int], 
         tokens.close()
 
 
-def _check_logits(session: Session, logits, sampler: Sampler, first: bool) -> None:
-    """NonFiniteLogitsError where the model's logits are NaN/Inf (broken weights or
-    hyperparameters): the prompt's row always (one row copied, on a device too), each later
-    row where a greedy pick would not look at it otherwise (host argmax takes NaN as a
-    token; the host samplers check the rows they read themselves)."""
+def _check_host_greedy(session: Session, logits, sampler: Sampler) -> None:
+    """NonFiniteLogitsError where a plain greedy pick on the host would take a NaN row's
+    argmax for a token (broken weights or hyperparameters); every other host path checks the
+    rows it reads (Sampler.sample, sample_among). Rows that stay on a device are not read
+    here: that would copy the very rows device sampling exists to keep there."""
     backend = session.backend
-    if first or (sampler.plain_argmax and not backend.logits_on_device):
+    if sampler.plain_argmax and not backend.logits_on_device:
         check_finite_logits(backend.to_host(backend.last_row(logits)))
 
 
@@ -322,7 +322,7 @@ def stream(session: Session, tokenizer, prompt_ids: Sequence[int], sampler: Samp
     session.backend.synchronize()    # the prompt's time is its device work's, not its launches'
     stats.prompt_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
-    _check_logits(session, logits, sampler, first=True)
+    _check_host_greedy(session, logits, sampler)
     token = session.backend.sample(logits, sampler, gen.history)
     text = gen.accept(token, context_full=len(session.tokens) >= session.n_ctx)
     steps = None if gen.done else _device_steps(session, sampler, token, max_tokens)
@@ -341,7 +341,7 @@ def stream(session: Session, tokenizer, prompt_ids: Sequence[int], sampler: Samp
                 yield text
             if gen.done:
                 break
-            _check_logits(session, logits, sampler, first=False)
+            _check_host_greedy(session, logits, sampler)
             token = session.backend.sample(logits, sampler, gen.history)
             text = gen.accept(token, context_full=len(session.tokens) >= session.n_ctx)
     stats.decode_seconds = time.perf_counter() - t0
