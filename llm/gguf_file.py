@@ -8,9 +8,9 @@ map) and `tensor_bytes(name)`.
 Every length and count read from the file is checked against the bytes that remain before it is
 used, so a corrupt file fails with one `GGUFError` naming the file, the key or tensor and what was
 expected; it never allocates more than the file's size or loops past its end. Tensors whose data
-overlap are rejected. The `gguf`
-package's own `GGUFReader` is correct but builds a Python object per vocab entry (5-25 s on the
-real models), which is why the header is parsed here with struct/numpy in bulk.
+overlap are rejected. The `gguf` package's own `GGUFReader` is correct but builds a Python object
+per vocab entry (5-25 s on the real models), which is why the header is parsed here with
+struct/numpy in bulk.
 """
 from __future__ import annotations
 

@@ -31,9 +31,10 @@ def check_finite_logits(logits: np.ndarray) -> None:
 def _non_finite_message(top: np.ndarray) -> str:
     bad = top[~np.isfinite(top)]
     what = ("NaN" if np.isnan(bad).any() else "+Inf" if (bad > 0).any()
-            else "only -Inf (or no candidates)")
-    return (f"the model produced logits with {what} ({bad.size} of {top.size} rows); its "
-            f"weights or hyperparameters (norm epsilon, RoPE base) are broken")
+            else "only -Inf (or no candidate)")
+    rows = f" in {bad.size} of {top.size} rows" if top.size > 1 else ""
+    return (f"the model produced logits with {what}{rows}: its weights are broken (a corrupt "
+            f"model file?)")
 
 
 @dataclass
