@@ -7,6 +7,7 @@ import resource
 import struct
 import subprocess
 import sys
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -180,6 +181,22 @@ def test_huge_block_count_fails_fast_without_allocating(tmp_path, arch):
 def test_count_contradicted_by_the_tensors_is_rejected(tmp_path, key, value, named):
     path = rewrite(TINY_LLAMA, tmp_path / "count.gguf", set_keys={key: (value, U64)})
     assert named in _load_error(path)
+
+
+def test_huge_context_length_is_capped_by_memory_not_allocated(tmp_path):
+    """context_length is not checked against a tensor (rope models have none): the default
+    context is capped to the KV budget and the numpy cache grows with use."""
+    path = rewrite(TINY_LLAMA, tmp_path / "ctx.gguf",
+                   set_keys={"llama.context_length": (2**40, U64)})
+    tracemalloc.start()
+    try:
+        model = llm.load(path, progress=False)
+        text = "".join(model.generate("hello", max_tokens=4, temperature=0))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert text and model.n_ctx < 2**40 and "capped" in model.context_note
+    assert peak < 64 << 20, f"loading allocated {peak >> 20} MiB"
 
 
 def test_more_tokens_than_embedding_rows_is_rejected(tmp_path):
