@@ -17,10 +17,11 @@ from llm.chat import ChatTemplateError
 from llm.generate import ContextError, GenerationStats
 from llm.gguf_file import GGUFError, GGUFFile
 from llm.model_files import DEFAULT_MODEL, ModelFileError, model_names, resolve_model
+from llm.sampling import NonFiniteLogitsError
 
 # MemoryError: HostMemoryError / GPUMemoryError name what did not fit and by how much
 USER_ERRORS = (GGUFError, ModelFileError, ContextError, ChatTemplateError, BackendUnavailable,
-               ValueError, OSError, MemoryError)
+               NonFiniteLogitsError, ValueError, OSError, MemoryError)
 DEFAULT_PROMPT = "Once upon a time,"
 
 
@@ -102,8 +103,14 @@ def register(sub) -> None:
     info.set_defaults(func=cmd_info)
 
 
+def error_line(exc: BaseException) -> str:
+    """The one-line message for exc; never empty (a bare MemoryError() has no text)."""
+    text = str(exc)
+    return text if text.strip() else f"{type(exc).__name__} ({exc!r})"
+
+
 def _fail(exc: BaseException) -> int:
-    print(f"pykernel: error: {exc}", file=sys.stderr)
+    print(f"pykernel: error: {error_line(exc)}", file=sys.stderr)
     return 1
 
 

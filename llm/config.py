@@ -2,7 +2,10 @@
 
 Input: a `GGUFFile`. Output: a frozen dataclass with the shapes, RoPE and normalization
 parameters the forward pass needs. Keys are `{arch}.*` as llama.cpp writes them; an absent
-required key or an unsupported architecture is a `GGUFError` naming the key.
+required key, an unsupported architecture, a float that is not finite and positive (norm epsilon,
+RoPE base) or a count the tensors contradict (block_count, embedding_length, vocab size) is a
+`GGUFError` naming the key. Counts are checked against the tensor table before anything
+proportional to them is built, so a header cannot make the loader allocate without bound.
 """
 from __future__ import annotations
 
@@ -67,6 +70,41 @@ def _positive(g: GGUFFile, key: str, default=None) -> int:
     return value
 
 
+def _positive_float(g: GGUFFile, key: str, default=None) -> float:
+    """A finite float > 0 (NaN, Inf, 0 or a negative epsilon or RoPE base would make every
+    logit NaN at run time)."""
+    value = g.require(key, float) if default is None else g.get(key, default, float)
+    if not (math.isfinite(value) and value > 0):
+        raise GGUFError(g.path, f"key {key!r}", f"expected a finite number > 0, got {value!r}")
+    return value
+
+
+def _check_block_count(g: GGUFFile, arch: str, n_layer: int) -> None:
+    """Every block 0..n_layer-1 has tensors in the file (checked before any per-layer table;
+    the loop is bounded by the tensor count, not by the header's number)."""
+    blocks = {name.split(".")[1] for name in g.tensors if name.startswith("blk.")}
+    missing = next(il for il in range(len(blocks) + 1) if str(il) not in blocks)
+    if missing < n_layer:
+        raise GGUFError(g.path, f"key '{arch}.block_count'", f"{n_layer} blocks, but the file "
+                        f"has no tensors for block {missing} (expected blk.0 to "
+                        f"blk.{n_layer - 1})")
+
+
+def _check_embedding(g: GGUFFile, arch: str, n_vocab: int, n_embd: int) -> None:
+    """The token embedding table is (n_vocab, n_embd) and the tokenizer has no more tokens."""
+    shape = g.tensor("token_embd.weight").shape
+    if len(shape) != 2 or shape[1] != n_embd:
+        raise GGUFError(g.path, f"key '{arch}.embedding_length'", f"{n_embd} does not match "
+                        f"tensor 'token_embd.weight' of shape {shape} (n_vocab, n_embd)")
+    if shape[0] != n_vocab:
+        raise GGUFError(g.path, "tensor 'token_embd.weight'", f"expected {n_vocab} rows (the "
+                        f"vocabulary size), got shape {shape}")
+    tokens = g.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, list) and len(tokens) > n_vocab:
+        raise GGUFError(g.path, "key 'tokenizer.ggml.tokens'", f"{len(tokens)} tokens, but the "
+                        f"model has {n_vocab} embedding rows (expected at most as many)")
+
+
 def _n_vocab(g: GGUFFile, arch: str) -> int:
     if f"{arch}.vocab_size" in g.metadata:
         return _positive(g, f"{arch}.vocab_size")
@@ -81,10 +119,13 @@ def _rope(g: GGUFFile, arch: str, head_dim: int, neox: bool) -> RopeParams:
     if n_rot > head_dim or n_rot % 2:
         raise GGUFError(g.path, f"key '{arch}.rope.dimension_count'",
                         f"expected an even number <= head size {head_dim}, got {n_rot}")
-    base = g.get(f"{arch}.rope.freq_base", 10000.0, float)
+    base = _positive_float(g, f"{arch}.rope.freq_base", 10000.0)
     scale = 1.0
     scaling_type = g.get(f"{arch}.rope.scaling.type", "none", str)
     factor = g.get(f"{arch}.rope.scaling.factor", 0.0, float)
+    if not (math.isfinite(factor) and factor >= 0):
+        raise GGUFError(g.path, f"key '{arch}.rope.scaling.factor'",
+                        f"expected a finite number >= 0, got {factor!r}")
     if scaling_type == "linear" and factor > 0:
         scale = 1.0 / factor
     elif scaling_type not in ("none", "linear"):
@@ -100,6 +141,10 @@ def load_config(g: GGUFFile) -> ModelConfig:
         raise GGUFError(g.path, "key 'general.architecture'", f"architecture {arch!r} is not "
                         f"supported (expected one of {', '.join(SUPPORTED_ARCHITECTURES)})")
     n_embd = _positive(g, f"{arch}.embedding_length")
+    n_layer = _positive(g, f"{arch}.block_count")
+    _check_block_count(g, arch, n_layer)
+    n_vocab = _n_vocab(g, arch)
+    _check_embedding(g, arch, n_vocab, n_embd)
     n_head = _positive(g, f"{arch}.attention.head_count")
     n_head_kv = _positive(g, f"{arch}.attention.head_count_kv", n_head)
     if n_head % n_head_kv:
@@ -109,11 +154,11 @@ def load_config(g: GGUFFile) -> ModelConfig:
     head_dim_v = _positive(g, f"{arch}.attention.value_length", head_dim)
     norm_key = "layer_norm_epsilon" if arch == "gpt2" else "layer_norm_rms_epsilon"
     common = dict(
-        arch=arch, n_layer=_positive(g, f"{arch}.block_count"), n_embd=n_embd, n_head=n_head,
+        arch=arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
         n_head_kv=n_head_kv, head_dim=head_dim, head_dim_v=head_dim_v,
-        n_ff=_positive(g, f"{arch}.feed_forward_length"), n_vocab=_n_vocab(g, arch),
+        n_ff=_positive(g, f"{arch}.feed_forward_length"), n_vocab=n_vocab,
         n_ctx_train=_positive(g, f"{arch}.context_length"),
-        eps=g.require(f"{arch}.attention.{norm_key}", float),
+        eps=_positive_float(g, f"{arch}.attention.{norm_key}"),
         attn_scale=1.0 / math.sqrt(head_dim),
     )
     if arch == "gpt2":
@@ -121,7 +166,6 @@ def load_config(g: GGUFFile) -> ModelConfig:
     rope = _rope(g, arch, head_dim, neox=arch != "llama")
     if arch != "gemma3":
         return ModelConfig(**common, rope=rope)
-    n_layer = common["n_layer"]
     sliding = tuple(il % GEMMA3_SLIDING_PERIOD < GEMMA3_SLIDING_PERIOD - 1 for il in range(n_layer))
     local = RopeParams(n_rot=rope.n_rot, base=GEMMA3_SLIDING_ROPE_BASE, neox=True)
     return ModelConfig(**common, rope=rope, rope_local=local,

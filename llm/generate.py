@@ -14,7 +14,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from llm.sampling import Sampler
+from llm.sampling import Sampler, check_finite_logits
 
 
 
@@ -295,6 +295,16 @@ def _stream_on_device(session: Session, gen: Generation, tokens: Iterator[int], 
         tokens.close()
 
 
+def _check_host_greedy(session: Session, logits, sampler: Sampler) -> None:
+    """NonFiniteLogitsError where a plain greedy pick on the host would take a NaN row's
+    argmax for a token (broken weights or hyperparameters); every other host path checks the
+    rows it reads (Sampler.sample, sample_among). Rows that stay on a device are not read
+    here: that would copy the very rows device sampling exists to keep there."""
+    backend = session.backend
+    if sampler.plain_argmax and not backend.logits_on_device:
+        check_finite_logits(backend.to_host(backend.last_row(logits)))
+
+
 def stream(session: Session, tokenizer, prompt_ids: Sequence[int], sampler: Sampler,
            max_tokens: int, stop: Sequence[str] = (), stats: GenerationStats | None = None,
            ) -> Iterator[str]:
@@ -307,6 +317,7 @@ def stream(session: Session, tokenizer, prompt_ids: Sequence[int], sampler: Samp
     session.backend.synchronize()    # the prompt's time is its device work's, not its launches'
     stats.prompt_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
+    _check_host_greedy(session, logits, sampler)
     token = session.backend.sample(logits, sampler, gen.history)
     text = gen.accept(token, context_full=len(session.tokens) >= session.n_ctx)
     steps = None if gen.done else _device_steps(session, sampler, token, max_tokens)
@@ -325,6 +336,7 @@ def stream(session: Session, tokenizer, prompt_ids: Sequence[int], sampler: Samp
                 yield text
             if gen.done:
                 break
+            _check_host_greedy(session, logits, sampler)
             token = session.backend.sample(logits, sampler, gen.history)
             text = gen.accept(token, context_full=len(session.tokens) >= session.n_ctx)
     stats.decode_seconds = time.perf_counter() - t0

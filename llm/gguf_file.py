@@ -7,9 +7,10 @@ map) and `tensor_bytes(name)`.
 
 Every length and count read from the file is checked against the bytes that remain before it is
 used, so a corrupt file fails with one `GGUFError` naming the file, the key or tensor and what was
-expected; it never allocates more than the file's size or loops past its end. The `gguf`
-package's own `GGUFReader` is correct but builds a Python object per vocab entry (5-25 s on the
-real models), which is why the header is parsed here with struct/numpy in bulk.
+expected; it never allocates more than the file's size or loops past its end. Tensors whose data
+overlap are rejected. The `gguf` package's own `GGUFReader` is correct but builds a Python object
+per vocab entry (5-25 s on the real models), which is why the header is parsed here with
+struct/numpy in bulk.
 """
 from __future__ import annotations
 
@@ -211,6 +212,19 @@ def _make_tensor(buf, path, data_start: int, info: tuple, alignment: int) -> Ten
     return TensorInfo(name, ggml_type, tuple(reversed(dims)), offset, n_bytes, data)
 
 
+def _check_no_overlap(tensors: dict, path) -> None:
+    """Each tensor's bytes are its own: two tensors sharing bytes (a crafted offset) would
+    alias one weight into another. llama.cpp requires each tensor's data to follow the
+    previous one's; any order without overlap is accepted here."""
+    ordered = sorted(tensors.values(), key=lambda t: t.offset)
+    for before, after in zip(ordered, ordered[1:]):
+        if after.offset < before.offset + before.n_bytes:
+            raise GGUFError(path, f"tensor {after.name!r}", f"data [{after.offset}, "
+                            f"{after.offset + after.n_bytes}) overlaps tensor {before.name!r} "
+                            f"[{before.offset}, {before.offset + before.n_bytes}); each tensor's "
+                            f"data must follow the previous one's")
+
+
 def _alignment(metadata: dict, path) -> int:
     alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
     if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
@@ -245,6 +259,7 @@ class GGUFFile:
             if info[0] in self.tensors:
                 raise GGUFError(self.path, f"tensor {info[0]!r}", "appears twice")
             self.tensors[info[0]] = _make_tensor(buf, self.path, data_start, info, self.alignment)
+        _check_no_overlap(self.tensors, self.path)
 
     @property
     def architecture(self) -> str:

@@ -3,7 +3,9 @@
 The chain follows llama.cpp's default order: repetition/frequency/presence penalties over the
 last `repeat_last_n` tokens -> top-k -> top-p (nucleus, on temperature-1 probabilities) -> min-p
 -> temperature -> a draw from the seeded generator. `temperature <= 0` is greedy (argmax after
-the penalties). The same seed and inputs give the same tokens.
+the penalties). The same seed and inputs give the same tokens. A row whose largest logit is NaN
+or +Inf, or that holds nothing but -Inf (broken weights or hyperparameters), raises
+`NonFiniteLogitsError` instead of picking a meaningless token.
 """
 from __future__ import annotations
 
@@ -11,6 +13,28 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+
+
+class NonFiniteLogitsError(RuntimeError):
+    """The model produced logits no token can be drawn from (NaN, +Inf, or every logit -Inf):
+    its weights or hyperparameters are broken. Raised per request, never a crash."""
+
+
+def check_finite_logits(logits: np.ndarray) -> None:
+    """NonFiniteLogitsError unless each row's largest logit is finite (-Inf entries are
+    fine: masked tokens). np.max propagates NaN, so one reduction per row checks it all."""
+    top = np.max(np.asarray(logits), axis=-1)
+    if not np.isfinite(top).all():
+        raise NonFiniteLogitsError(_non_finite_message(np.asarray(top).reshape(-1)))
+
+
+def _non_finite_message(top: np.ndarray) -> str:
+    bad = top[~np.isfinite(top)]
+    what = ("NaN" if np.isnan(bad).any() else "+Inf" if (bad > 0).any()
+            else "only -Inf (or no candidate)")
+    rows = f" in {bad.size} of {top.size} rows" if top.size > 1 else ""
+    return (f"the model produced logits with {what}{rows}: its weights are broken (a corrupt "
+            f"model file?)")
 
 
 @dataclass
@@ -128,6 +152,7 @@ def filter_rows(values: np.ndarray, ids: np.ndarray, params: Sequence[SamplingPa
     order = (np.argsort(-x, axis=-1, kind="stable") if ids_ascending else
              np.lexsort((ids, -x), axis=-1))
     x, ids = np.take_along_axis(x, order, -1), np.take_along_axis(ids, order, -1)
+    check_finite_logits(x[:, :1])                    # an empty or NaN/+Inf row has no draw
     top_k, top_p, min_p, temperature = np.array(
         [(p.top_k, p.top_p, p.min_p, p.temperature) for p in params], np.float64).T
     position = np.arange(x.shape[1])
@@ -165,6 +190,7 @@ def _draw_one(values: np.ndarray, ids: np.ndarray, p: SamplingParams, u: float) 
     ids = np.asarray(ids)
     if np.isnan(values).any():
         ids, values = ids[~np.isnan(values)], values[~np.isnan(values)]
+    check_finite_logits(values if values.size else np.array([np.nan], np.float32))
     order = np.lexsort((ids, -values.astype(np.float64)))
     if 0 < p.top_k < len(order):
         order = order[:p.top_k]
@@ -251,6 +277,7 @@ class Sampler:
 
     def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         logits = apply_penalties(logits, history, self.params)
+        check_finite_logits(logits)
         if self.params.temperature <= 0:
             return int(np.argmax(logits))
         n, k = logits.shape[0], self.params.top_k
@@ -259,6 +286,13 @@ class Sampler:
         ids, probs, _ = filter_rows(logits[None], np.arange(n)[None], [self.params],
                                     ids_ascending=True)
         return int(draw_rows(ids, probs, [self.rng.random()])[0])
+
+
+def _greedy_among(values: np.ndarray, ids: np.ndarray) -> int:
+    """The lowest id among the largest of values (NaN entries are padding)."""
+    real = ~np.isnan(values)
+    check_finite_logits(values[real] if real.any() else np.array([np.nan], np.float32))
+    return int(ids[real][values[real] == values[real].max()].min())
 
 
 def sample_among_rows(samplers: Sequence[Sampler], lists: Sequence) -> list[int]:
@@ -272,7 +306,7 @@ def sample_among_rows(samplers: Sequence[Sampler], lists: Sequence) -> list[int]
         if sampler.params.temperature > 0:
             drawn.append(r)
         else:
-            tokens[r] = int(np.asarray(ids)[values == np.nanmax(values)].min())
+            tokens[r] = _greedy_among(np.asarray(values), np.asarray(ids))
     if len(drawn) == 1:
         sampler = samplers[drawn[0]]
         tokens[drawn[0]] = _draw_one(*lists[drawn[0]], sampler.params, sampler.rng.random())

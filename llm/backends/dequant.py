@@ -3,7 +3,9 @@
 Fast numpy paths for the block formats the default models use most (Q4_0, Q4_1, Q5_0, Q8_0),
 written to give bit-identical floats to `gguf.quants.dequantize` (same f32 operation order) but
 with fewer temporaries and in cache-sized chunks: loading SmolLM2 drops from ~2.2 s to well under
-1 s. Every other type goes through `gguf.quants.dequantize`.
+1 s. Every other type in `WEIGHT_TYPES` goes through `gguf.quants.dequantize`; the loader
+rejects tensors of any other type (F64, integer tensors, the Q8_1/Q8_K activation formats) by
+name before it dequantizes anything.
 """
 from __future__ import annotations
 
@@ -12,6 +14,16 @@ from gguf import quants
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 
 CHUNK_BLOCKS = 1 << 14  # blocks per chunk: keeps the temporaries inside the L2/L3 caches
+
+# Tensor types usable as weights: those this module or gguf-py can dequantize (names, since
+# older gguf-py releases lack some). Integer and F64 tensors are valid GGUF but not weights.
+_WEIGHT_TYPE_NAMES = (
+    "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+    "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "IQ4_NL",
+    "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4")
+WEIGHT_TYPES = frozenset(
+    Q[name] for name in _WEIGHT_TYPE_NAMES
+    if name in Q.__members__ and (name in ("F32", "F16") or Q[name] in quants._type_traits))
 
 
 def _f16(blocks: np.ndarray, start: int) -> np.ndarray:

@@ -2,8 +2,10 @@
 
 Input: `GGUFFile`, `ModelConfig`, `ArchSpec`, a `Backend`. Output: `ModelWeights` (embedding,
 output norm and projection, and one `LayerWeights` per block). A tensor that is missing or has
-the wrong shape is a `GGUFError` naming it and the expected shape. Fused projections (q|k|v,
-gate|up) are stacked into one matrix so each takes one matmul.
+the wrong shape or a type no backend can use as a weight (F64, integer types) is a `GGUFError`
+naming it and what was expected, found by a first pass that checks every tensor before any is
+dequantized or uploaded. Fused projections (q|k|v, gate|up) are stacked into one matrix so each
+takes one matmul.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llm.backends.base import Backend
+from llm.backends.dequant import WEIGHT_TYPES
 from llm.config import ModelConfig
 from llm.gguf_file import GGUFError, GGUFFile, TensorInfo
 from llm.models.archs import ArchSpec
@@ -50,6 +53,27 @@ class ModelWeights:
     layers: list[LayerWeights]
 
 
+def _usable(g: GGUFFile, t: TensorInfo) -> TensorInfo:
+    if t.ggml_type not in WEIGHT_TYPES:
+        known = ", ".join(sorted(w.name for w in WEIGHT_TYPES))
+        raise GGUFError(g.path, f"tensor {t.name!r}", f"type {t.ggml_type.name} cannot be used "
+                        f"as a weight (expected one of {known})")
+    return t
+
+
+class _ChecksOnly:
+    """A backend that builds nothing: load_weights runs through it first so that a missing,
+    misshapen or unusable tensor fails before any work on the others."""
+
+    def matrix(self, parts):
+        return None
+
+    vector = matrix
+
+    def embedding(self, table):
+        return None
+
+
 class _Source:
     """Looks tensors up by name and checks their numpy-order shapes."""
 
@@ -61,7 +85,7 @@ class _Source:
         if tuple(t.shape) != tuple(shape):
             raise GGUFError(self.g.path, f"tensor {name!r}", f"expected shape {tuple(shape)} "
                             f"(numpy order), got {tuple(t.shape)}")
-        return t
+        return _usable(self.g, t)
 
     def optional(self, name: str, shape: tuple[int, ...]) -> TensorInfo | None:
         return self.take(name, shape) if name in self.g.tensors else None
@@ -131,12 +155,17 @@ def _layer(src: _Source, cfg: ModelConfig, spec: ArchSpec, il: int) -> LayerWeig
 
 
 def load_weights(g: GGUFFile, cfg: ModelConfig, spec: ArchSpec, backend: Backend) -> ModelWeights:
+    _build(g, cfg, spec, _ChecksOnly())   # every tensor checked before any is loaded
+    return _build(g, cfg, spec, backend)
+
+
+def _build(g: GGUFFile, cfg: ModelConfig, spec: ArchSpec, backend) -> ModelWeights:
     src = _Source(g, backend)
     embd = src.take("token_embd.weight", (cfg.n_vocab, cfg.n_embd))
     output = src.optional("output.weight", (cfg.n_vocab, cfg.n_embd)) or embd  # tied if absent
     positions = None
     if spec.learned_positions:
-        table = g.tensor("position_embd.weight")
+        table = _usable(g, g.tensor("position_embd.weight"))
         if table.shape[1:] != (cfg.n_embd,) or table.shape[0] < cfg.n_ctx_train:
             raise GGUFError(g.path, "tensor 'position_embd.weight'", f"expected shape "
                             f"({cfg.n_ctx_train}, {cfg.n_embd}), got {table.shape}")

@@ -236,3 +236,30 @@ def test_one_list_alone_draws_what_padded_rows_draw(rng, seed):
         sorted_ids, probs, _ = filter_rows(rows_v, rows_i, [p, SamplingParams()])
         together = int(draw_rows(sorted_ids, probs, [u, 0.5])[0])
         assert _draw_one(values, ids, p, u) == together, f"seed {seed} trial {trial}"
+
+
+@pytest.mark.parametrize("params", [dict(temperature=0), dict(temperature=0.8, top_k=40),
+                                    dict(temperature=0.8, top_k=0)], ids=["greedy", "k", "row"])
+@pytest.mark.parametrize("poison", ["nan", "inf", "all-neg-inf"])
+def test_non_finite_rows_raise_one_error_on_every_path(rng, params, poison):
+    """A NaN/+Inf row (broken weights) or one with nothing drawable: NonFiniteLogitsError from
+    the whole-row sampler, the candidate-list paths (a device's lists drop NaN, so a NaN row
+    arrives empty) alone and batched; a finite neighbour in a batch is not the culprit."""
+    from llm.sampling import NonFiniteLogitsError, filter_rows, sample_among_rows
+    row = rng.standard_normal(300).astype(np.float32)
+    row[rng.integers(300)] = {"nan": np.nan, "inf": np.inf, "all-neg-inf": -np.inf}[poison]
+    if poison == "all-neg-inf":
+        row[:] = -np.inf                         # one -Inf is a masked token, all: no draw
+    samplers = [Sampler(SamplingParams(seed=1, **params)) for _ in range(3)]
+    with pytest.raises(NonFiniteLogitsError):
+        samplers[0].sample(row)                  # one NaN / +Inf in the whole row is enough
+    if poison == "nan":
+        row[:] = np.nan                          # broken weights: every logit NaN
+    finite = rng.standard_normal(300).astype(np.float32)
+    ids = np.arange(300)
+    listed = (row[~np.isnan(row)], ids[~np.isnan(row)])
+    for lists in ([listed], [(finite, ids), listed, (finite, ids)]):
+        with pytest.raises(NonFiniteLogitsError):
+            sample_among_rows(samplers[:len(lists)], lists)
+    with pytest.raises(NonFiniteLogitsError):
+        filter_rows(np.stack([finite, row]), np.stack([ids, ids]), [samplers[0].params] * 2)
