@@ -14,11 +14,13 @@ from llm.gguf_file import GGUFError, GGUFFile
 from llm.host_memory import HostMemoryError
 from llm.model import Model, load
 from llm.model_files import ModelFileError, resolve_model
-from llm.sampling import Sampler, SamplingParams
+from llm.options import RunnerOptions
+from llm.sampling import NonFiniteLogitsError, Sampler, SamplingParams
 from llm.tokenizer import Tokenizer
 
 __all__ = [
     "BackendUnavailable", "ChatTemplateError", "ContextError", "GGUFError", "GGUFFile",
-    "GenerationStats", "HostMemoryError", "Model", "ModelConfig", "ModelFileError", "Sampler",
-    "SamplingParams", "Tokenizer", "load", "resolve_model",
+    "GenerationStats", "HostMemoryError", "Model", "ModelConfig", "ModelFileError",
+    "NonFiniteLogitsError", "RunnerOptions", "Sampler", "SamplingParams", "Tokenizer", "load",
+    "resolve_model",
 ]

@@ -19,6 +19,7 @@ import numpy as np
 from llm.config import RopeParams
 from llm.gguf_file import TensorInfo
 from llm.options import RunnerOptions
+from llm.sampling import check_finite_logits
 
 Act = Any       # a backend's activation (numpy array on the CPU, device buffer on the GPU)
 Weight = Any    # a backend's weight handle
@@ -198,8 +199,11 @@ class Backend(ABC):
         """Each row's argmax (the lowest index on ties) as host ints: the greedy tokens of a
         step's logits rows. The kernels backend takes them on its device and copies only the
         ids (a 16-row step's logits are 8 MB at a 128k vocabulary); there a NaN logit is
-        never chosen (an all-NaN row gives 0, as numpy's argmax does)."""
-        return np.argmax(self.to_host(x), axis=-1)
+        never chosen (an all-NaN row gives 0, as numpy's argmax does). On the host a row
+        without a finite maximum is NonFiniteLogitsError, as the samplers' is."""
+        rows = self.to_host(x)
+        check_finite_logits(rows)
+        return np.argmax(rows, axis=-1)
 
     def top_candidates(self, x: Act, k: int) -> list | None:
         """Each row's largest logits for a host sampler (Sampler.sample_among): per row
