@@ -42,16 +42,17 @@ import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, u16, u32
 
 from .. import _launch as L
-from .decode8 import Q4_K, Q6_K, scale_min_k4
+from .decode8 import scale_min_k4
 from .dot_q8 import LOW_NIBBLES
+from .formats import GEMV_MMA, Q4_K, Q6_K, type_ids
 from .gemm import output_args, store_c
 from .gemm_q8 import q8_1_product
 from .gemv import word_dtype
 from .gemv_mma_q6k import Q6K_REGS, Q6K_U16, block_sums_q6k, load_q6k
 from .q8_1 import q8_1_bytes
 
-MMA_GEMV_TYPES = ("Q4_K", "Q6_K")     # what gemv_mma_into runs
-ROUTED_TYPES = ("Q4_K", "Q6_K")   # what quant.matmul and the runner send here
+MMA_GEMV_TYPES = tuple(type_ids(GEMV_MMA))   # what gemv_mma_into runs (formats.py)
+ROUTED_TYPES = MMA_GEMV_TYPES   # what quant.matmul and the runner send here
 MAX_TOKENS = 16          # two n8 tiles
 # fewest tokens routed here (quant.matmul, the runner): the 8B's batched decode step (H100) of
 # 5 sequences took 5.59 ms on the DP4A GEMV against 4.68 for 6 on this kernel; at 4 tokens the

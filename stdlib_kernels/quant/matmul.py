@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from .formats import GEMM_Q8, type_ids
 from .gemm import gemm, gemm_into
-from .gemm_q8 import INT8_GEMM_TYPES, gemm_q8, gemm_q8_into
+from .gemm_q8 import gemm_q8, gemm_q8_into
 from .gemv import Q8_1_TYPES, gemv, gemv_f32_into, gemv_q8_into
 from .gemv_kernels import MAX_BATCH
 from .gemv_mma import gemv_mma, gemv_mma_into, mma_gemv_applies
@@ -32,9 +33,7 @@ GEMV_MAX_TOKENS = MAX_BATCH
 INT8_GEMM_TOKENS = 6
 # int8 GEMM faster than f16 on the H200 at m=4096 n=512 k=14336 (benchmarks/RESULTS.md:
 # Q4_0 701 vs 1064 us, Q8_0 517 vs 1093 us, Q4_K 442 vs 1132 us, Q6_K 494 vs 1069 us)
-INT8_PREFILL_TYPES = frozenset({"Q4_0", "Q8_0", "Q4_K", "Q6_K", "Q4_1", "Q5_0", "Q5_1",
-                                "Q5_K"}) & \
-    frozenset(INT8_GEMM_TYPES)
+INT8_PREFILL_TYPES = frozenset(type_ids(GEMM_Q8))
 
 
 def prefill_path(type_name: str, n: int, xq=None) -> str:
