@@ -3,8 +3,9 @@
 Input: `TensorInfo`s (raw GGUF bytes, ggml type, numpy-order shape). Output: `DeviceMatrix`
 (row groups of one GGUF type each, uploaded once as uint8 (rows, row_bytes), no f32 expansion)
 and `matmul(x, w, out)` = x @ W.T written into a preallocated `out`, through stdlib_kernels'
-quantized GEMV for up to 8 tokens (DP4A on Q8_1 activations for Q4_0/Q4_1/Q8_0/Q4_K/Q6_K,
-float32 activations for the other types) and their f16 tensor-core GEMM for prefill batches.
+quantized GEMV for up to 8 tokens (DP4A on Q8_1 activations for the formats of the GEMV_Q8
+family, float32 activations for the others) and their tensor-core GEMV / GEMMs above, as
+stdlib's choose_matmul_path decides with this module's OPTIONS.
 """
 from __future__ import annotations
 

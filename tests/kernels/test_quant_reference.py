@@ -222,7 +222,9 @@ def test_kernel_tables_derive_from_the_format_table():
     assert set(CODES) == set(DEVICE_TYPES) == names(F.DEQUANT) == names(F.QUANTIZE)
     assert all(CODES[t] == FORMATS[t].id for t in CODES)
     assert set(gemv.F32_TYPES) == names(F.GEMV) and set(gemv.Q8_1_TYPES) == names(F.GEMV_Q8)
-    assert set(gemv_bulk.BULK_TYPES) == names(F.GEMV_BULK)
+    assert set(gemv_bulk.BULK_TYPES) == names(F.GEMV_BULK) == set(gemv_bulk.ROW_ALIGN) == \
+        set(gemv_bulk.UNIT_BLOCKS) == set(gemv_bulk.TUNED)
+    assert set(gemm_q8_k.SMALL_KTILES) == names(F.GEMM_Q8_K)
     assert set(gemv_mma.MMA_GEMV_TYPES) == set(gemv_mma.KERNELS) == names(F.GEMV_MMA)
     assert set(gemm_q8.INT8_GEMM_TYPES) == set(gemm_q8.TUNED_TILES) == names(F.GEMM_Q8)
     assert set(gemm_q8_k.SUPERBLOCK_GEMM_TYPES) == set(gemm_q8_k.TUNED_KTILES) == \
