@@ -23,9 +23,7 @@ from pykernel import Const, Ptr, f32, i32, u32
 from . import decode8_k as d8
 from . import dot_q8 as q8
 from . import dot_q8_k as q8k
-
-from .formats import (BF16, F16, F32, Q1_0, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0,  # noqa: F401
-                      Q5_1, Q5_K, Q6_K, Q8_0)
+from .formats import Q1_0, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q8_0
 
 MAX_BATCH = 8
 # The FMT Const: a ggml type id (formats.py) for a format's base kernel, or one of these kernel
