@@ -57,8 +57,8 @@ class QuantFormat:
 
 
 _CODEC = frozenset({DEQUANT, QUANTIZE, GEMV})
-_LEGACY = _CODEC | {GEMV_Q8, GEMM_Q8, GEMM_Q8_K}     # Q4_1, Q5_0, Q5_1
-_KQUANT = _CODEC | {GEMV_Q8, GEMV_BULK, GEMM_Q8, GEMM_Q8_K}   # Q3_K..Q6_K's shared families
+_LEGACY = _CODEC | {GEMV_Q8, GEMM_Q8, GEMM_Q8_K}     # the 32-value formats' common families
+_KQUANT = _CODEC | {GEMV_Q8, GEMV_BULK, GEMM_Q8, GEMM_Q8_K}   # Q4_K, Q5_K, Q6_K's common ones
 
 
 def _fmt(name: str, block_elems: int, block_bytes: int, layout: str, kernels) -> QuantFormat:
