@@ -10,6 +10,7 @@ before), the other tile sets of SMALL_SETS (int8) and SMALL_WARPS (f16), and wit
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import os
 import sys
@@ -54,7 +55,8 @@ def prompt_seconds(model, cache, ids) -> float:
 
 def use(way):
     gemv_tokens, small, warps = way
-    kernels_weights.GEMV_TOKENS = gemv_tokens
+    kernels_weights.OPTIONS = dataclasses.replace(kernels_weights.OPTIONS,
+                                                  gemv_tokens=gemv_tokens)
     gemm_q8_k.SMALL_KTILES.clear()
     gemm_q8_k.SMALL_KTILES.update(small)
     gemm.SMALL_WARPS[:] = warps
@@ -74,7 +76,7 @@ def main():
     cache = model.backend.kv_cache(cfg.n_layer, max(sizes) + 8, cfg.n_head_kv, cfg.head_dim,
                                    cfg.head_dim_v)
     ids = np.random.default_rng(0).integers(0, cfg.n_vocab - 2, max(sizes))
-    shipped = (kernels_weights.GEMV_TOKENS, dict(gemm_q8_k.SMALL_KTILES),
+    shipped = (kernels_weights.OPTIONS.gemv_tokens, dict(gemm_q8_k.SMALL_KTILES),
                list(gemm.SMALL_WARPS))
     T = gemm_q8_k.Q8KTiles
     ways = {"shipped": shipped}

@@ -15,10 +15,11 @@ Reading is byte-wise (blocks are not 4-byte aligned: 18, 34, 210 bytes).
 import pykernel as pk
 from pykernel import f16, f32, i8, i32, u16
 
-Q4_0, Q4_1, Q8_0, Q4_K, Q6_K = 2, 3, 8, 12, 14   # ggml type ids
-BLOCK_SHAPES = {Q4_0: (32, 18), Q4_1: (32, 20), Q8_0: (32, 34), Q4_K: (256, 144),
-                Q6_K: (256, 210)}                 # (elements, bytes) per block
-TYPE_IDS = {"Q4_0": Q4_0, "Q4_1": Q4_1, "Q8_0": Q8_0, "Q4_K": Q4_K, "Q6_K": Q6_K}
+from .quant.formats import EMBED, FORMATS, Q4_0, Q4_1, Q4_K, Q8_0, type_ids
+
+TYPE_IDS = type_ids(EMBED)   # type name -> ggml id: the formats quant_element decodes
+BLOCK_SHAPES = {i: (FORMATS[t].block_elems, FORMATS[t].block_bytes)
+                for t, i in TYPE_IDS.items()}   # ggml id -> (elements, bytes) per block
 
 
 @pk.func
@@ -95,13 +96,13 @@ def q6_k_element(row, j: i32) -> f32:
 @pk.func
 def quant_element(row, j: i32, QTYPE: pk.Const[int]) -> f32:
     """Element j of a row of QTYPE blocks (QTYPE a ggml type id known at compile time)."""
-    if QTYPE == 2:
+    if QTYPE == Q4_0:
         return q4_0_element(row, j)
-    elif QTYPE == 3:
+    elif QTYPE == Q4_1:
         return q4_1_element(row, j)
-    elif QTYPE == 8:
+    elif QTYPE == Q8_0:
         return q8_0_element(row, j)
-    elif QTYPE == 12:
+    elif QTYPE == Q4_K:
         return q4_k_element(row, j)
-    else:
+    else:  # Q6_K
         return q6_k_element(row, j)

@@ -249,7 +249,7 @@ class KernelsBackend(Backend):
             return self._rms_norm_now(p), None
         n = p.x.shape[0]
         xq = self.arena.take(W.q8_buffer_shape(n, p.x.shape[1]), np.uint8)
-        keep_f32 = not W.all_q8_1(w, self.activations) or (self.gemv and n > W.GEMV_TOKENS)
+        keep_f32 = not W.all_q8_1(w, self.activations) or (self.gemv and n > W.OPTIONS.gemv_tokens)
         out = self.arena.take(p.x.shape, np.float32) if keep_f32 else None
         rmsnorm_q8_1_into(p.x, p.weight, p.eps, xq, out)
         return (out if keep_f32 else p.x), xq

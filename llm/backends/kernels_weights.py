@@ -3,12 +3,12 @@
 Input: `TensorInfo`s (raw GGUF bytes, ggml type, numpy-order shape). Output: `DeviceMatrix`
 (row groups of one GGUF type each, uploaded once as uint8 (rows, row_bytes), no f32 expansion)
 and `matmul(x, w, out)` = x @ W.T written into a preallocated `out`, through stdlib_kernels'
-quantized GEMV for up to 8 tokens (DP4A on Q8_1 activations for Q4_0/Q4_1/Q8_0/Q4_K/Q6_K,
-float32 activations for the other types) and their f16 tensor-core GEMM for prefill batches.
+quantized GEMV for up to 8 tokens (DP4A on Q8_1 activations for the formats of the GEMV_Q8
+family, float32 activations for the others) and their tensor-core GEMV / GEMMs above, as
+stdlib's choose_matmul_path decides with this module's OPTIONS.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -21,22 +21,18 @@ from stdlib_kernels.quant.gemm import gemm_into
 from stdlib_kernels.quant.gemm_q8 import gemm_q8_into
 from stdlib_kernels.quant.gemv import Q8_1_TYPES, gemv_f32_into, gemv_q8_into, weight_words
 from stdlib_kernels.quant.gemv_kernels import MAX_BATCH
-from stdlib_kernels.quant.gemv_mma import gemv_mma_into, mma_gemv_applies
+from stdlib_kernels.quant.gemv_mma import gemv_mma_into
 from stdlib_kernels.quant.gemv_pair import GemvPart, gemv_q8_pair_into, pair_eligible
-from stdlib_kernels.quant.matmul import INT8_GEMM_TOKENS as STDLIB_INT8_GEMM_TOKENS
-from stdlib_kernels.quant.matmul import INT8_PREFILL_TYPES, prefill_path
+from stdlib_kernels.quant.matmul import GEMM_F16, GEMV, GEMV_MMA, choose_matmul_path
 from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1_into
+from stdlib_kernels.options import KernelOptions
 
 from llm.backends import kernels_extra as X
 
-# prompts of up to this many tokens run the GEMV, MAX_BATCH tokens per launch, instead of the
-# prefill GEMM (with its short-prompt tiles the GEMM is faster from 9 tokens: each GEMV launch
-# streams all the weights again; benchmarks/short_prompts.py)
-GEMV_TOKENS = min(MAX_BATCH, int(os.environ.get("PYKERNEL_GEMV_TOKENS", MAX_BATCH)))
-# ... except the int8 GEMM's types (stdlib's INT8_PREFILL_TYPES), which take it from this many
-# tokens (a short prompt, or a batched decode step of that many sequences): stdlib's
-# quant.matmul rule (its INT8_GEMM_TOKENS)
-INT8_GEMM_TOKENS = int(os.environ.get("PYKERNEL_INT8_GEMM_TOKENS", STDLIB_INT8_GEMM_TOKENS))
+# The routing switches (stdlib_kernels/options.py: PYKERNEL_GEMV_TOKENS, PYKERNEL_INT8_GEMM_TOKENS,
+# PYKERNEL_MMA_GEMV), with the runner's two choices: F32 weights keep the f32 GEMV, and a
+# group leaves the GEMV by its format alone (stdlib's choose_matmul_path). Tests replace it.
+OPTIONS: KernelOptions = KernelOptions.from_env(f32_weights_gemv=True, route_by_format=True)
 # up to this many tokens the GEMM adds the residual in its store (no add launch: short prompts
 # are bound by the host's launches); above, a separate add is as fast or faster (H200, 8B, 512
 # tokens: the fused add cost 6-15 us per GEMM in scattered reads, an add_into launch 11 us;
@@ -153,37 +149,33 @@ def gemv_rows(g: RowGroup, n_in: int, x, xq, y, mode=None, w2: RowGroup | None =
 
 def gemv_launch(g: RowGroup, n: int) -> bool:
     """n tokens of group g run one GEMV launch (at most MAX_BATCH tokens, no GEMM)."""
-    return n <= GEMV_TOKENS and not uses_gemm(g, n)
+    return n <= OPTIONS.gemv_tokens and not uses_gemm(g, n)
 
 
 def uses_gemm(g: RowGroup, n: int) -> bool:
-    """n tokens of group g leave the DP4A GEMV for a GEMM: above GEMV_TOKENS, or from
-    INT8_GEMM_TOKENS for the int8 GEMM's types, or in stdlib's tensor-core GEMV range
-    (mma_gemv_applies: Q4_K and Q6_K, 5-16 tokens; group_matmul runs it there) (F32 weights keep the
-    f32 GEMV, 8 tokens per launch: f16 would cost them ~1e-3 of precision)."""
-    if g.type_name == "F32":
-        return False
-    return n > GEMV_TOKENS or g.type_name in INT8_PREFILL_TYPES and (
-        n >= INT8_GEMM_TOKENS or mma_gemv_applies(g.type_name, n))
+    """n tokens of group g leave the DP4A GEMV for a GEMM (stdlib's choose_matmul_path with
+    OPTIONS: by the format alone, so whether Q8_1 activations come does not matter here)."""
+    return choose_matmul_path(g.type_name, n, True, OPTIONS) != GEMV
 
 
 def group_matmul(g: RowGroup, n_in: int, x, xq, y, ldy=None, col0: int = 0, res=None) -> None:
-    """y (n, g.rows) = x @ W_g.T: GEMV up to 8 tokens; above (uses_gemm), the int8 tensor-core
-    GEMM on the Q8_1 activations where it is the faster one (stdlib's prefill_path; Q4_K and Q6_K up
-    to 16 tokens: the tensor-core GEMV, stdlib's mma_gemv_applies), else the f16 tensor-core
-    GEMM. ldy / col0 / res (GEMM only): the result goes to columns col0.. of
-    y (n, ldy), plus res (stdlib's gemm.output_args), with no copy or add launch."""
+    """y (n, g.rows) = x @ W_g.T on stdlib's choice (choose_matmul_path with OPTIONS): the GEMV
+    (8 tokens per launch), the tensor-core GEMV or the int8 tensor-core GEMM on the Q8_1
+    activations xq, or the f16 tensor-core GEMM. ldy / col0 / res (GEMM only): the result goes
+    to columns col0.. of y (n, ldy), plus res (stdlib's gemm.output_args), with no copy or add
+    launch."""
     n = x.shape[0]
-    if not uses_gemm(g, n):
+    path = choose_matmul_path(g.type_name, n, xq is not None and n_in % 32 == 0, OPTIONS)
+    if path == GEMV:
         assert ldy is None and res is None, "strided output / residual: GEMM paths only"
         for t0 in range(0, n, MAX_BATCH):
             t1 = min(n, t0 + MAX_BATCH)
             gemv_rows(g, n_in, x[t0:t1], None if xq is None else xq[t0:t1], y[t0:t1])
-    elif xq is not None and prefill_path(g.type_name, n_in, xq) == "int8":
-        launch = gemv_mma_into if mma_gemv_applies(g.type_name, n) else gemm_q8_into
-        launch(g.words, g.type_name, xq, y, g.rows, n_in, n, ldy=ldy, col0=col0, res=res)
-    else:
+    elif path == GEMM_F16:
         gemm_into(g.words, g.type_name, x, y, g.rows, n_in, n, ldy=ldy, col0=col0, res=res)
+    else:
+        launch = gemv_mma_into if path == GEMV_MMA else gemm_q8_into
+        launch(g.words, g.type_name, xq, y, g.rows, n_in, n, ldy=ldy, col0=col0, res=res)
 
 
 def matmul(x, w: DeviceMatrix, out, xq, scratch: Callable, res=None, gemv=True) -> None:

@@ -12,9 +12,7 @@ import pykernel as pk
 from pykernel import Const, Ptr, bf16, f16, f32, i32, u16, u32
 
 from .dot_q8 import half16, pair16
-
-F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
-Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16, Q1_0 = 10, 11, 12, 13, 14, 30, 41
+from .formats import F16, F32, Q4_0, Q4_1, Q5_0, Q8_0
 # F16 / BF16 rows read as u32 words (rows of a multiple of 8 halves in a 16-byte aligned
 # buffer): one 16-byte load per 8 values instead of 8 u16 loads. Not ggml ids: ours.
 F16_WORDS, BF16_WORDS = 1001, 1030

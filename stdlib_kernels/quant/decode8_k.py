@@ -5,10 +5,10 @@ from __future__ import annotations
 import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, u16, u32
 
-from .decode8 import (BF16, BF16_WORDS, F16, F16_WORDS, F32, Q2_K, Q3_K, Q4_1, Q4_K, Q5_1,
-                      Q5_K, Q6_K, affine_values, byte_of, decode8_halves, decode8_legacy,
-                      decode8_legacy_aligned, decode8_plain, scale_min_k4)
+from .decode8 import (BF16_WORDS, F16_WORDS, affine_values, byte_of, decode8_halves,
+                      decode8_legacy, decode8_legacy_aligned, decode8_plain, scale_min_k4)
 from .dot_q8 import half16, pair16
+from .formats import BF16, F16, F32, Q2_K, Q3_K, Q4_1, Q4_K, Q5_1, Q5_K, Q6_K
 
 
 @pk.func

@@ -14,9 +14,11 @@ from __future__ import annotations
 import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, u8, u32
 
-# Compile-time format codes (the `FMT` Const of the kernel).
-CODES = {"Q4_0": 0, "Q4_1": 1, "Q5_0": 2, "Q5_1": 3, "Q8_0": 4, "Q2_K": 5, "Q3_K": 6,
-         "Q4_K": 7, "Q5_K": 8, "Q6_K": 9, "Q1_0": 10, "F32": 11, "F16": 12, "BF16": 13}
+from .formats import (DEQUANT, F16, F32, Q1_0, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K,
+                      Q6_K, Q8_0, type_ids)
+
+# type name -> the `FMT` Const of the kernels: its ggml id (formats.py)
+CODES = type_ids(DEQUANT)
 
 
 @pk.func
@@ -164,37 +166,37 @@ def deq_q1_0(b: Ptr[u8, "ro"], j: i32) -> f32:
 
 @pk.func
 def deq_float(b: Ptr[u8, "ro"], FMT: Const[int]) -> f32:
-    if FMT == 11:
+    if FMT == F32:
         return pk.bitcast(load_u32(b, 0), f32)
-    if FMT == 12:
+    if FMT == F16:
         return load_half(b, 0)
-    return pk.bitcast((u32(b[0]) << 16) | (u32(b[1]) << 24), f32)
+    return pk.bitcast((u32(b[0]) << 16) | (u32(b[1]) << 24), f32)  # BF16
 
 
 @pk.func
 def dequantize_one(b: Ptr[u8, "ro"], j: i32, FMT: Const[int]) -> f32:
-    """Element j of the block at b (format FMT, see CODES)."""
-    if FMT == 0:
+    """Element j of the block at b (FMT: its ggml id, formats.py)."""
+    if FMT == Q4_0:
         return deq_q4_0(b, j)
-    if FMT == 1:
+    if FMT == Q4_1:
         return deq_q4_1(b, j)
-    if FMT == 2:
+    if FMT == Q5_0:
         return deq_q5_0(b, j)
-    if FMT == 3:
+    if FMT == Q5_1:
         return deq_q5_1(b, j)
-    if FMT == 4:
+    if FMT == Q8_0:
         return deq_q8_0(b, j)
-    if FMT == 5:
+    if FMT == Q2_K:
         return deq_q2_k(b, j)
-    if FMT == 6:
+    if FMT == Q3_K:
         return deq_q3_k(b, j)
-    if FMT == 7:
+    if FMT == Q4_K:
         return deq_k4(b, j, 16, False)
-    if FMT == 8:
+    if FMT == Q5_K:
         return deq_k4(b, j, 48, True)
-    if FMT == 9:
+    if FMT == Q6_K:
         return deq_q6_k(b, j)
-    if FMT == 10:
+    if FMT == Q1_0:
         return deq_q1_0(b, j)
     return deq_float(b, FMT)
 

@@ -17,12 +17,12 @@ import numpy as np
 
 import pykernel as pk
 
-from .dequant_kernels import CODES, dequantize_rows, dequantize_rows8
-from .formats import QuantFormat, check_byte_rows, get_format
+from .dequant_kernels import dequantize_rows, dequantize_rows8
+from .formats import DEQUANT, QUANTIZE, QuantFormat, check_byte_rows, get_format, type_ids
 from .quantize_kernels import convert_floats, quantize_blocks32, quantize_q1_0
 from .quantize_kquant_kernels import quantize_kquant
 
-DEVICE_TYPES = tuple(CODES)
+DEVICE_TYPES = tuple(type_ids(DEQUANT))   # the types both directions serve (formats.py)
 _INPUT_DTYPES = {np.dtype(np.float32): False, np.dtype(np.float16): False,
                  np.dtype(np.uint16): True}          # uint16 = bfloat16 bits
 _OUTPUT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
@@ -34,11 +34,11 @@ _KQUANT = {"Q2_K": (16, 16, 3), "Q3_K": (16, 16, 0), "Q4_K": (8, 32, 15),
            "Q5_K": (8, 32, 31), "Q6_K": (16, 16, 0)}
 
 
-def _device_format(type_name: str) -> QuantFormat:
+def _device_format(type_name: str, family: str) -> QuantFormat:
     fmt = get_format(type_name)
-    if fmt.name not in CODES:
+    if family not in fmt.kernels:
         raise ValueError(f"{fmt.name}: no device kernel for this type; device types: "
-                         f"{', '.join(DEVICE_TYPES)}")
+                         f"{', '.join(type_ids(family))}")
     return fmt
 
 
@@ -73,7 +73,7 @@ def _to_device_rows(x, fmt: QuantFormat):
 
 def quantize(x, type_name: str):
     """Quantize rows to ggml `type_name` blocks on the current device: uint8 (rows, row_bytes)."""
-    fmt = _device_format(type_name)
+    fmt = _device_format(type_name, QUANTIZE)
     rows, is_numpy = _to_device_rows(x, fmt)
     n_rows, n = rows.shape
     per_row = n // fmt.block_elems * fmt.block_bytes
@@ -89,7 +89,7 @@ def _quantize_launch(flat_x, flat_out, fmt: QuantFormat) -> None:
     bf16 = _INPUT_DTYPES[flat_x.dtype]
     dtype = flat_x.dtype
     n_blocks = flat_x.size // fmt.block_elems
-    code = CODES[fmt.name]
+    code = fmt.id
     if fmt.name in _KQUANT:
         subs, sub_len, nmax = _KQUANT[fmt.name]
         per_launch = _THREADS // subs
@@ -127,7 +127,7 @@ def _as_device_bytes(raw, fmt: QuantFormat, n: int, per_row: int):
 def dequantize(raw, type_name: str, n: int, dtype=np.float32):
     """Decode ggml `type_name` rows of n elements on the current device: (rows, n) of dtype
     (float32, or float16 rounded to nearest even from the float32 value)."""
-    fmt = _device_format(type_name)
+    fmt = _device_format(type_name, DEQUANT)
     dtype = np.dtype(dtype)
     if dtype not in _OUTPUT_DTYPES:
         raise ValueError(f"{fmt.name}: dequantize writes float32 or float16, not {dtype}")
@@ -142,5 +142,5 @@ def dequantize(raw, type_name: str, n: int, dtype=np.float32):
         kernel, per_thread = (dequantize_rows8, 8) if n % 8 == 0 else (dequantize_rows, 1)
         kernel[(total // per_thread + 255) // 256, 256](
             rows[start:stop].reshape(-1), out[start:stop].reshape(-1), total, n, per_row,
-            CODES[fmt.name], fmt.block_elems, fmt.block_bytes, dtype)
+            fmt.id, fmt.block_elems, fmt.block_bytes, dtype)
     return out.numpy() if is_numpy else out

@@ -29,21 +29,20 @@ import numpy as np
 import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, u32
 
-from .decode8 import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, scale_min_k4
+from .decode8 import scale_min_k4
 from .dot_q8 import LOW_NIBBLES, half16, pair16
+from .formats import GEMM_Q8, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, type_ids
 from .gemm import output_args, store_c
 from .gemm_q8_k import SUPERBLOCK_GEMM_TYPES, Q8KTiles, gemm_q8k_into
 from .gemm_q8_k_parts import fifth_bits
 from .gemv import weight_words
 from .q8_1 import Q8_1_WORDS, q8_1_bytes, quantize_q8_1_into
 
-INT8_GEMM_TYPES = {"Q4_0": Q4_0, "Q8_0": Q8_0, "Q4_K": Q4_K, "Q6_K": Q6_K, "Q4_1": Q4_1,
-                   "Q5_0": Q5_0, "Q5_1": Q5_1, "Q5_K": Q5_K}
-# types that go to the super-block kernel (gemm_q8_k.py) without explicit tiles (K % 256 == 0);
-# measured faster than this file's per-block kernel for all four on an H200 (RESULTS.md):
+INT8_GEMM_TYPES = type_ids(GEMM_Q8)   # type name -> ggml id (formats.py)
+# types that go to the super-block kernel (gemm_q8_k.py) without explicit tiles (K % 256 == 0):
+# all it serves; measured faster than this file's per-block kernel on an H200 (RESULTS.md):
 # Q4_0 4096x512x14336 711 -> 294 us, Q8_0 506 -> 430 us
-SUPERBLOCK_DEFAULT_TYPES = frozenset({"Q4_K", "Q6_K", "Q4_0", "Q8_0", "Q4_1", "Q5_0", "Q5_1",
-                                      "Q5_K"})
+SUPERBLOCK_DEFAULT_TYPES = frozenset(SUPERBLOCK_GEMM_TYPES)
 SIGN_BITS = 0x80808080
 
 

@@ -46,19 +46,20 @@ from pykernel import Const, Ptr, f32, i32, u32
 
 from .. import _launch as L
 from .._select import last_block_done
-from .decode8 import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
+from .formats import (FORMATS, GEMM_Q8_K, QK_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
+                      type_ids)
 from .gemm import output_args, store_c
 from .gemv import word_dtype
 from .gemm_q8_k_parts import (B_STRIDE, STEP_WORDS, a_fragment, a_stride, issue_stage,
                               q6k_shift, scale_pass, shared_bytes, stage_words)
 from .q8_1 import q8_1_bytes
 
-KQUANT_GEMM_TYPES = {"Q4_K": Q4_K, "Q5_K": Q5_K, "Q6_K": Q6_K}
-# the 32-value formats also run here (8 blocks per K step of 256) when K % 256 == 0
-SUPERBLOCK_GEMM_TYPES = {**KQUANT_GEMM_TYPES, "Q4_0": Q4_0, "Q8_0": Q8_0, "Q4_1": Q4_1,
-                         "Q5_0": Q5_0, "Q5_1": Q5_1}
-STEP_BYTES = {"Q4_K": 144, "Q6_K": 210, "Q4_0": 144, "Q8_0": 272, "Q4_1": 160, "Q5_0": 176,
-              "Q5_1": 192, "Q5_K": 176}   # one row, one K step
+# type name -> ggml id (formats.py): the K-quants, and the 32-value formats (8 blocks per K
+# step of 256) when K % 256 == 0
+SUPERBLOCK_GEMM_TYPES = type_ids(GEMM_Q8_K)
+KQUANT_GEMM_TYPES = {t: i for t, i in SUPERBLOCK_GEMM_TYPES.items()
+                     if FORMATS[t].block_elems == QK_K}
+STEP_BYTES = {t: FORMATS[t].superblock_bytes for t in SUPERBLOCK_GEMM_TYPES}   # one row, K step
 
 
 class Q8KTiles(NamedTuple):
@@ -116,7 +117,7 @@ SMALL_KTILES: dict[str, list[tuple[int, Q8KTiles]]] = {
 # layer on an H100 at 72 / 128 / 256 tokens: 545 / 544 / 863 us with the tiles used before,
 # 64 x 64 up to 128 tokens and 128 x 64 after, 435 / 439 / 742 with 128 x 128;
 # benchmarks/small_gemm.py, RESULTS.md "Prompts of 65-256 tokens")
-WIDE_TYPES = ("Q4_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q5_K", "Q8_0")
+WIDE_TYPES = tuple(SUPERBLOCK_GEMM_TYPES)
 WIDE_MAX = 256
 
 

@@ -19,8 +19,9 @@ from __future__ import annotations
 import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, u32, u64
 
-from .decode8 import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, scale_min_k4
+from .decode8 import scale_min_k4
 from .dot_q8 import LOW_NIBBLES
+from .formats import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
 
 B_STRIDE = 76          # 72 words of Q8_1 + 4: fragment rows g = 0..7 land in distinct bank quads
 Q4K_WORDS = 36         # Q4_K super-block (144 B): d | dmin | scales:12 B | qs:128 B

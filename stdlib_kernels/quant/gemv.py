@@ -23,15 +23,16 @@ import pykernel as pk
 
 from . import decode8 as d8
 from . import gemv_kernels as gk
-from .formats import get_format
+from .formats import GEMV, GEMV_Q8, get_format, type_ids
 from .gemv_q1_0 import bmma_available, gemv_q1_0_into
 from .gemv_bulk import BULK_TYPES, bulk_eligible, gemv_bulk_into
 from .q8_1 import q8_1_bytes, quantize_q8_1_into
 from .q8_planes import q8_planes_bytes, quantize_q8_planes_into
 
-# type -> items per block of the DP4A path (dot_q8.py, dot_q8_k.py)
-Q8_1_TYPES = {"Q4_0": 1, "Q4_1": 1, "Q5_0": 1, "Q5_1": 1, "Q8_0": 1, "Q1_0": 4, "Q2_K": 4,
-              "Q3_K": 4, "Q4_K": 8, "Q5_K": 8, "Q6_K": 8}
+# items per block of the DP4A path (dot_q8.py, dot_q8_k.py): 32-value blocks 1, Q1_0 and the
+# K-quants more; Q8_1_TYPES: type -> items for the formats' GEMV_Q8 family (formats.py)
+_DP4A_ITEMS = {"Q1_0": 4, "Q2_K": 4, "Q3_K": 4, "Q4_K": 8, "Q5_K": 8, "Q6_K": 8}
+Q8_1_TYPES = {t: _DP4A_ITEMS.get(t, 1) for t in type_ids(GEMV_Q8)}
 PAIR_TYPES = {"Q4_0": gk.Q4_0_PAIR, "Q8_0": gk.Q8_0_PAIR}
 # Kernel variants: type -> {name: (format id, items per block, Q8_1 row alignment in bytes the
 # activation vector loads need, most tokens it runs for: registers)}. VARIANT names the default
@@ -156,8 +157,7 @@ def gemv_config(type_name: str, batch: int, n: int = 0) -> GemvConfig:
     return table.get(type_name, DEFAULT_CONFIG)
 
 
-F32_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K",
-             "Q4_K", "Q5_K", "Q6_K", "Q1_0")
+F32_TYPES = tuple(type_ids(GEMV))   # the f32-activation GEMV's (and gemm.py's) formats
 MODES = {None: gk.MODE_PLAIN, "residual": gk.MODE_RESIDUAL, "swiglu": gk.MODE_SWIGLU,
          "geglu": gk.MODE_GEGLU}
 

@@ -43,20 +43,18 @@ import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, u32, u64
 
 from .._device import init_warp_mbarriers, warp_sum
-from .decode8 import Q3_K, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0
 from .dot_q8 import act_copy, q4_0_half_dot, q4_1_half_dot, q8_0_half_dot
 from .dot_q8_k import (q3k_wide_sum, q3k_wide_values, q4k_half_dot, q5k_half_dot,
                        q6k_wide_sum, q6k_wide_values)
 from .gemv_kernels import (MAX_BATCH, MODE_GEGLU, MODE_PLAIN, MODE_RESIDUAL, MODE_SWIGLU,
                            store_output)
+from .formats import FORMATS, GEMV_BULK, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0, type_ids
 from .gemv_q1_0 import L2_BYTES, bulk_available
 from .q8_1 import q8_1_bytes
 
 # BLOCK_BYTES: bytes per 256 values (Q8_0 / Q4_0 / Q4_1: 8 blocks of 34 / 18 / 20 B)
-BULK_TYPES = {"Q3_K": Q3_K, "Q4_K": Q4_K, "Q5_K": Q5_K, "Q6_K": Q6_K, "Q8_0": Q8_0,
-              "Q4_0": Q4_0, "Q4_1": Q4_1}
-BLOCK_BYTES = {"Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q8_0": 272, "Q4_0": 144,
-               "Q4_1": 160}
+BULK_TYPES = type_ids(GEMV_BULK)   # type name -> ggml id (formats.py)
+BLOCK_BYTES = {t: FORMATS[t].superblock_bytes for t in BULK_TYPES}
 # row lengths whose rows are whole 16-byte multiples (bulk copies): 8 blocks of 110 / 210 B,
 # any number of 144 / 176 / 272 B units
 ROW_ALIGN = {"Q3_K": 2048, "Q4_K": 256, "Q5_K": 256, "Q6_K": 2048, "Q8_0": 256, "Q4_0": 256,

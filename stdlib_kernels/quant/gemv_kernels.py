@@ -23,11 +23,11 @@ from pykernel import Const, Ptr, f32, i32, u32
 from . import decode8_k as d8
 from . import dot_q8 as q8
 from . import dot_q8_k as q8k
+from .formats import Q1_0, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q8_0
 
 MAX_BATCH = 8
-# ggml type ids (gguf.GGMLQuantizationType) as plain ints: compile-time branch keys
-F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
-Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16, Q1_0 = 10, 11, 12, 13, 14, 30, 41
+# The FMT Const: a ggml type id (formats.py) for a format's base kernel, or one of these kernel
+# variants (ids of ours, above every ggml id).
 # block-pair variants (rows of an even number of 2-byte-aligned blocks, read as u32 words)
 Q4_0_PAIR, Q8_0_PAIR = 1002, 1008
 # Q6_K rows of an even number of blocks read as u32 words, 4 items per block (dot_q8_k.py)

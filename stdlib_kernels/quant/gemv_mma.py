@@ -34,24 +34,24 @@ quant.matmul and the runner send here (both, at MIN_TOKENS..MAX_TOKENS).
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, u16, u32
 
 from .. import _launch as L
-from .decode8 import Q4_K, Q6_K, scale_min_k4
+from ..options import KernelOptions, env_options
+from .decode8 import scale_min_k4
 from .dot_q8 import LOW_NIBBLES
+from .formats import GEMV_MMA, Q4_K, Q6_K, type_ids
 from .gemm import output_args, store_c
 from .gemm_q8 import q8_1_product
 from .gemv import word_dtype
 from .gemv_mma_q6k import Q6K_REGS, Q6K_U16, block_sums_q6k, load_q6k
 from .q8_1 import q8_1_bytes
 
-MMA_GEMV_TYPES = ("Q4_K", "Q6_K")     # what gemv_mma_into runs
-ROUTED_TYPES = ("Q4_K", "Q6_K")   # what quant.matmul and the runner send here
+MMA_GEMV_TYPES = tuple(type_ids(GEMV_MMA))   # what gemv_mma_into runs (formats.py)
+ROUTED_TYPES = MMA_GEMV_TYPES   # what quant.matmul and the runner send here
 MAX_TOKENS = 16          # two n8 tiles
 # fewest tokens routed here (quant.matmul, the runner): the 8B's batched decode step (H100) of
 # 5 sequences took 5.59 ms on the DP4A GEMV against 4.68 for 6 on this kernel; at 4 tokens the
@@ -60,8 +60,6 @@ MIN_TOKENS = 5
 Q4K_WORDS = 36           # one Q4_K super-block: d | dmin | scales:12 B | qs:128 B
 Q4K_REGS = 12            # words a thread keeps per row and super-block: header 4 | quants 8
 SB_WORDS = {"Q4_K": Q4K_WORDS, "Q6_K": Q6K_U16}   # words of w per super-block (Q6_K: u16)
-# PYKERNEL_MMA_GEMV=0: quant.matmul and the runner keep the int8 GEMM (for comparisons)
-ENABLED = os.environ.get("PYKERNEL_MMA_GEMV", "1") not in ("", "0")
 # default_launch's shapes, from benchmarks/small_gemm.py on an H100 (the 8B's Q4_K matmuls at
 # 4 / 8 / 16 tokens, benchmarks/RESULTS.md "Batched decode: ..., a tensor-core GEMV for 5-16
 # tokens"): 8 warps splitting K, one m16 tile per warp and 2 super-blocks ahead at up to 8
@@ -72,10 +70,12 @@ ENABLED = os.environ.get("PYKERNEL_MMA_GEMV", "1") not in ("", "0")
 WIDE_ROWS = 16384
 
 
-def mma_gemv_applies(type_name: str, tokens: int) -> bool:
+def mma_gemv_applies(type_name: str, tokens: int, options: KernelOptions | None = None) -> bool:
     """Whether quant.matmul and the runner run `tokens` rows of a `type_name` matmul with
-    Q8_1 activations here (instead of the DP4A GEMV or the int8 GEMM)."""
-    return ENABLED and type_name in ROUTED_TYPES and MIN_TOKENS <= tokens <= MAX_TOKENS
+    Q8_1 activations here (instead of the DP4A GEMV or the int8 GEMM); options.mma_gemv off
+    (PYKERNEL_MMA_GEMV=0): never. options None: env_options()."""
+    return (options or env_options()).mma_gemv and type_name in ROUTED_TYPES and \
+        MIN_TOKENS <= tokens <= MAX_TOKENS
 
 
 def default_launch(rows: int, tokens: int, device=None,

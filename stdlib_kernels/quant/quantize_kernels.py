@@ -13,6 +13,8 @@ import pykernel as pk
 from pykernel import Const, Ptr, f16, f32, i32, u8, u32
 from pykernel.intrinsics.mathfns import trunc
 
+from .formats import F16, F32, Q4_0, Q4_1, Q5_0, Q5_1
+
 GROUP_MAX_EPS = 1e-15  # ggml: a group whose largest |x| is below this counts as all zero
 
 
@@ -151,22 +153,22 @@ def quantize_q8_0(xs, out: Ptr[u8], o: i32):
 @pk.kernel
 def quantize_blocks32(x: Ptr["T", "ro"], out: Ptr[u8], n_blocks: i32, FMT: Const[int],
                       BLOCK_BYTES: Const[int], BF16: Const[bool], T: Const[pk.dtype]):
-    """One 32-element block per thread; FMT: 0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q5_1, 4 Q8_0."""
+    """One 32-element block per thread; FMT: the ggml id of Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0."""
     b = pk.block_idx.x * pk.block_dim.x + pk.thread_idx.x
     if b < n_blocks:
         xs = pk.local_array(f32, 32)
         for j in pk.static_range(32):
             xs[j] = load_x(x, 32 * b + j, BF16)
         o = b * BLOCK_BYTES
-        if FMT == 0:
+        if FMT == Q4_0:
             quantize_q4_0_q5_0(xs, out, o, False)
-        elif FMT == 2:
+        elif FMT == Q5_0:
             quantize_q4_0_q5_0(xs, out, o, True)
-        elif FMT == 1:
+        elif FMT == Q4_1:
             quantize_q4_1_q5_1(xs, out, o, False)
-        elif FMT == 3:
+        elif FMT == Q5_1:
             quantize_q4_1_q5_1(xs, out, o, True)
-        else:
+        else:  # Q8_0
             quantize_q8_0(xs, out, o)
 
 
@@ -191,17 +193,17 @@ def quantize_q1_0(x: Ptr["T", "ro"], out: Ptr[u8], n_blocks: i32, BF16: Const[bo
 @pk.kernel
 def convert_floats(x: Ptr["T", "ro"], out: Ptr[u8], n: i32, FMT: Const[int], BF16: Const[bool],
                    T: Const[pk.dtype]):
-    """Element-wise F32 / F16 / BF16 storage (FMT 11, 12, 13) as little-endian bytes."""
+    """Element-wise F32 / F16 / BF16 storage (FMT: the ggml id) as little-endian bytes."""
     i = pk.block_idx.x * pk.block_dim.x + pk.thread_idx.x
     if i < n:
         v = load_x(x, i, BF16)
-        if FMT == 11:
+        if FMT == F32:
             bits = pk.bitcast(v, u32)
             for k in pk.static_range(4):
                 out[4 * i + k] = u8((bits >> u32(8 * k)) & u32(255))
-        elif FMT == 12:
+        elif FMT == F16:
             put_half(out, 2 * i, v)
-        else:
+        else:  # BF16
             bits = pk.bitcast(v, u32)
             if (bits & u32(0x7FFFFFFF)) > u32(0x7F800000):
                 bits = (bits & u32(0xFFFF0000)) | u32(64 << 16)   # quiet the NaN

@@ -17,6 +17,7 @@ from __future__ import annotations
 import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, u8, u32
 
+from .formats import Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
 from .quantize_kernels import clamp, f16_round, half_bits, load_x, nearest_int
 from .quantize_search_kernels import (affine_level, first_absmax, make_q3_quants,
                                       make_qkx2_quants, make_qx_quants)
@@ -68,10 +69,10 @@ def q6_k_sub(xs, lv, sc_sh, slot: i32, base: i32) -> u32:
 @pk.func
 def qkx_sub(xs, lv, sc_sh, slot: i32, base: i32, FMT: Const[int], SUBS: Const[int],
             N: Const[int], NMAX: Const[int]) -> u32:
-    """Q2_K (FMT 5), Q4_K (7), Q5_K (8) phase 1+2 for sub-block g: fills lv, stores the
+    """Q2_K, Q4_K, Q5_K (FMT: the ggml id) phase 1+2 for sub-block g: fills lv, stores the
     sub-block's scale byte(s), returns the header (d | dmin << 16 as f16 bits)."""
     ws = pk.local_array(f32, N)
-    if FMT == 5:
+    if FMT == Q2_K:
         for i in pk.static_range(N):
             ws[i] = abs(xs[i])
         scale, the_min, it, lo, flat = make_qkx2_quants(xs, ws, -0.5, N, NMAX, 15, True)
@@ -83,13 +84,13 @@ def qkx_sub(xs, lv, sc_sh, slot: i32, base: i32, FMT: Const[int], SUBS: Const[in
         for i in pk.static_range(N):
             ws[i] = av_x + abs(xs[i])
         scale, the_min, it, lo, flat = make_qkx2_quants(
-            xs, ws, -1.0 if FMT == 7 else -0.5, N, NMAX, 20 if FMT == 7 else 15, False)
+            xs, ws, -1.0 if FMT == Q4_K else -0.5, N, NMAX, 20 if FMT == Q4_K else 15, False)
     group = pk.local_array(f32, SUBS)
     gather(scale, group, base, SUBS)
     max_scale = positive_max(group, SUBS)
     gather(the_min, group, base, SUBS)
     max_min = positive_max(group, SUBS)
-    if FMT == 5:
+    if FMT == Q2_K:
         inv_s = 15.0 / max_scale if max_scale > 0.0 else f32(0.0)
         inv_m = 15.0 / max_min if max_min > 0.0 else f32(0.0)
         ls = (nearest_int(inv_s * scale) & 255) if max_scale > 0.0 else 0
@@ -243,13 +244,13 @@ def pack_q3_k(lv, sc, b: i32, s: i32, head: u32, o: i32) -> u8:
 @pk.func
 def pack_byte(lv, sc, b: i32, s: i32, head: u32, o: i32, FMT: Const[int]) -> u8:
     """Byte o of a super-block whose levels start at lv[b] and scale bytes at sc[s]."""
-    if FMT == 5:
+    if FMT == Q2_K:
         return pack_q2_k(lv, sc, b, s, head, o)
-    if FMT == 6:
+    if FMT == Q3_K:
         return pack_q3_k(lv, sc, b, s, head, o)
-    if FMT == 9:
+    if FMT == Q6_K:
         return pack_q6_k(lv, sc, b, s, head, o)
-    return pack_k4(lv, sc, b, s, head, o, FMT == 8)
+    return pack_k4(lv, sc, b, s, head, o, FMT == Q5_K)
 
 
 @pk.kernel
@@ -257,7 +258,7 @@ def quantize_kquant(x: Ptr["T", "ro"], out: Ptr[u8], n_super: i32, FMT: Const[in
                     SUBS: Const[int], N: Const[int], NMAX: Const[int], NT: Const[int],
                     SB: Const[int], BLOCK_BYTES: Const[int], BF16: Const[bool], T: Const[pk.dtype]):
     """NT threads = SB super-blocks x SUBS sub-blocks of N elements; levels 0..NMAX (Q2_K,
-    Q4_K, Q5_K); FMT as dequant_kernels.CODES."""
+    Q4_K, Q5_K); FMT: the ggml id (formats.py)."""
     tid = pk.thread_idx.x
     local = tid // SUBS
     g = tid % SUBS
@@ -270,9 +271,9 @@ def quantize_kquant(x: Ptr["T", "ro"], out: Ptr[u8], n_super: i32, FMT: Const[in
         xs[i] = load_x(x, 256 * sb + N * g + i, BF16) if sb < n_super else f32(0.0)
     lv = pk.local_array(i32, N)
     base = pk.lane_id() - pk.lane_id() % SUBS
-    if FMT == 9:
+    if FMT == Q6_K:
         head = q6_k_sub(xs, lv, scales_sh, 16 * local + g, base)
-    elif FMT == 6:
+    elif FMT == Q3_K:
         head = q3_k_sub(xs, lv, scales_sh, 16 * local + g, base)
     else:
         head = qkx_sub(xs, lv, scales_sh, 16 * local + g, base, FMT, SUBS, N, NMAX)

@@ -367,6 +367,32 @@ def test_matmul_takes_the_int8_gemm_from_six_tokens(device, rng, seed):
                                   gemm_q8(raw8, "Q8_0", x).numpy())
 
 
+def test_choose_matmul_path_and_its_options():
+    """One rule for quant.matmul and the runner (kernels_weights.OPTIONS adds its two
+    choices); the options come from the environment once, or are set directly."""
+    from stdlib_kernels.options import KernelOptions
+    from stdlib_kernels.quant.matmul import (GEMM_F16, GEMM_Q8, GEMV, GEMV_MMA,
+                                             choose_matmul_path as path)
+    o = KernelOptions()
+    assert [path("Q4_K", t, True, o) for t in (4, 5, 16, 17)] == [GEMV, GEMV_MMA, GEMV_MMA,
+                                                                  GEMM_Q8]
+    assert [path("Q8_0", t, True, o) for t in (5, 6)] == [GEMV, GEMM_Q8]
+    assert [path("Q2_K", t, True, o) for t in (8, 9)] == [GEMV, GEMM_F16]
+    assert path("Q4_K", 6, False, o) == GEMV and path("Q4_K", 9, False, o) == GEMM_F16
+    assert path("F32", 40, True, o) == GEMM_F16
+    runner = KernelOptions(f32_weights_gemv=True, route_by_format=True)
+    assert path("F32", 40, True, runner) == GEMV
+    assert path("Q4_K", 6, False, runner) == GEMM_F16      # left the GEMV by its format
+    assert path("Q4_K", 6, True, KernelOptions(mma_gemv=False)) == GEMM_Q8
+    assert path("Q8_0", 7, True, KernelOptions(int8_gemm_tokens=9)) == GEMV
+    assert path("Q2_K", 5, True, KernelOptions(gemv_tokens=4)) == GEMM_F16
+    env = {"PYKERNEL_GEMV_TOKENS": "12", "PYKERNEL_INT8_GEMM_TOKENS": "9",
+           "PYKERNEL_MMA_GEMV": "0"}
+    assert KernelOptions.from_env(env) == KernelOptions(8, 9, False)     # GEMV: 8 at most
+    assert KernelOptions.from_env({}, route_by_format=True) == KernelOptions(
+        route_by_format=True)
+
+
 def test_gemm_q8_rejects_bad_input(device, rng):
     raw = make_weights(rng, "Q2_K", 2, 256)
     with pytest.raises(ValueError, match="no int8 GEMM for Q2_K"):

@@ -205,6 +205,40 @@ def test_format_table_agrees_with_gguf():
     assert ref.row_bytes("Q6_K", 4096) == 16 * 210
 
 
+def test_kernel_tables_derive_from_the_format_table():
+    """The named ids are the ggml ids, and each kernel family's type table is the registry's."""
+    import importlib
+    from stdlib_kernels import quant_blocks
+    from stdlib_kernels.quant import formats as F
+    from stdlib_kernels.quant import gemm_q8, gemm_q8_k, gemv_bulk, gemv_kernels
+    from stdlib_kernels.quant.dequant_kernels import CODES
+    from stdlib_kernels.quant.device import DEVICE_TYPES
+    from stdlib_kernels.options import GEMV_MAX_TOKENS
+    gemv = importlib.import_module("stdlib_kernels.quant.gemv")    # quant.gemv: the function
+    gemv_mma = importlib.import_module("stdlib_kernels.quant.gemv_mma")
+    for name, fmt in FORMATS.items():
+        assert getattr(F, name) == fmt.id == int(GGMLQuantizationType[name])
+        assert fmt.kernels <= set(F.FAMILIES) and fmt.layout
+    names = lambda family: {f.name for f in F.serving(family)}  # noqa: E731
+    assert set(CODES) == set(DEVICE_TYPES) == names(F.DEQUANT) == names(F.QUANTIZE)
+    assert all(CODES[t] == FORMATS[t].id for t in CODES)
+    assert set(gemv.F32_TYPES) == names(F.GEMV) and set(gemv.Q8_1_TYPES) == names(F.GEMV_Q8)
+    assert set(gemv_bulk.BULK_TYPES) == names(F.GEMV_BULK) == set(gemv_bulk.ROW_ALIGN) == \
+        set(gemv_bulk.UNIT_BLOCKS) == set(gemv_bulk.TUNED)
+    assert set(gemm_q8_k.SMALL_KTILES) == names(F.GEMM_Q8_K)
+    assert set(gemv_mma.MMA_GEMV_TYPES) == set(gemv_mma.KERNELS) == names(F.GEMV_MMA)
+    assert set(gemm_q8.INT8_GEMM_TYPES) == set(gemm_q8.TUNED_TILES) == names(F.GEMM_Q8)
+    assert set(gemm_q8_k.SUPERBLOCK_GEMM_TYPES) == set(gemm_q8_k.TUNED_KTILES) == \
+        names(F.GEMM_Q8_K)
+    assert gemm_q8_k.STEP_BYTES["Q8_0"] == 8 * 34 and gemv_bulk.BLOCK_BYTES["Q6_K"] == 210
+    assert set(quant_blocks.TYPE_IDS) == names(F.EMBED)
+    assert quant_blocks.BLOCK_SHAPES[F.Q4_K] == (256, 144)
+    assert gemv_kernels.MAX_BATCH == GEMV_MAX_TOKENS
+    assert min(gemv_kernels.Q4_0_PAIR, gemv.HALF_WORDS["F16"]) > max(F.type_ids(F.GEMV).values())
+    with pytest.raises(ValueError, match="unknown kernel family"):
+        F.serving("mxfp4_gemv")
+
+
 @pytest.mark.parametrize("type_name,n", [("Q4_K", 100), ("Q8_0", 33), ("Q1_0", 64), ("Q6_K", 0)])
 def test_bad_row_length_names_type_length_and_block(type_name, n):
     block = str(ref.block_size(type_name)[0])

@@ -1,6 +1,7 @@
 """The kernels backend on the CPU target: llama.cpp's logits for the tiny models, agreement with
 the numpy backend, graph-replayed decode equal to prefill; `pykernel synth` files read back by
 gguf-py; the `pykernel bench` table format."""
+import dataclasses
 import json
 import re
 
@@ -429,7 +430,7 @@ def prompts_on_the_gemv(monkeypatch):
     the int8 GEMM (from 6 tokens by default) takes Q4_0's offset exactly where the DP4A GEMV
     uses the activations' f16 sum, ~5e-3 apart per matmul, which these random models amplify
     past the decode-vs-prefill bounds (both paths are checked against the numpy backend)."""
-    monkeypatch.setattr(W, "INT8_GEMM_TOKENS", 9)
+    monkeypatch.setattr(W, "OPTIONS", dataclasses.replace(W.OPTIONS, int8_gemm_tokens=9))
 
 
 def test_split_decode_feeds_q8_1_to_the_o_projection(tmp_path, monkeypatch):

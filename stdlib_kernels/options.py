@@ -1,0 +1,60 @@
+"""Performance switches of the kernels' host code, in one frozen object.
+
+Input: the environment (read once, by `env_options()`), or values a caller or a test sets.
+Output: a `KernelOptions`, passed to the routing rule (`quant.matmul.choose_matmul_path`) and the
+runner's weight matmuls; nothing else reads these variables.
+
+    PYKERNEL_GEMV_TOKENS=n       gemv_tokens (at most GEMV_MAX_TOKENS)
+    PYKERNEL_INT8_GEMM_TOKENS=n  int8_gemm_tokens
+    PYKERNEL_MMA_GEMV=0          mma_gemv off (keep the int8 GEMM there, for comparisons)
+"""
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+GEMV_MAX_TOKENS = 8   # tokens one GEMV launch takes (gemv_kernels.MAX_BATCH: its registers)
+
+
+@dataclass(frozen=True)
+class KernelOptions:
+    # up to this many tokens the matmuls run the GEMV (MAX_BATCH tokens per launch) instead of
+    # a GEMM (with its short-prompt tiles the GEMM is faster from 9 tokens: each GEMV launch
+    # streams all the weights again; benchmarks/short_prompts.py)
+    gemv_tokens: int = GEMV_MAX_TOKENS
+    # ... except the int8 GEMM's formats (formats.GEMM_Q8), which take it from this many.
+    # H100, llama-8B Q4_K_M's matmuls (benchmarks/RESULTS.md "Batched decode GEMVs"): at 8
+    # tokens gate|up 64.6 us on the GEMV, 46.2 on the GEMM; a batched decode step of 5
+    # sequences 5.68 ms with the GEMV, 5.78 with the GEMM; 6: 7.06 -> 6.10
+    int8_gemm_tokens: int = 6
+    # the tensor-core GEMV (gemv_mma.py) for its formats at 5-16 tokens, instead of the DP4A
+    # GEMV or the int8 GEMM
+    mma_gemv: bool = True
+    # F32 weights keep the f32 GEMV at any token count, 8 tokens per launch (the f16 GEMM
+    # would cost them ~1e-3 of precision): the runner's choice
+    f32_weights_gemv: bool = False
+    # whether tokens leave the GEMV for the int8 kernels' thresholds depends on the format
+    # alone, not on Q8_1 activations being at hand (which then only pick int8 or f16 GEMM):
+    # the runner's choice (it decides before it has the activations)
+    route_by_format: bool = False
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ, **fields) -> KernelOptions:
+        """The defaults overridden by the PYKERNEL_* variables (module docstring) and `fields`."""
+        tokens = int(environ.get("PYKERNEL_GEMV_TOKENS", GEMV_MAX_TOKENS))
+        values = dict(gemv_tokens=min(GEMV_MAX_TOKENS, tokens),
+                      int8_gemm_tokens=int(environ.get("PYKERNEL_INT8_GEMM_TOKENS",
+                                                       cls.int8_gemm_tokens)),
+                      mma_gemv=environ.get("PYKERNEL_MMA_GEMV", "1") not in ("", "0"))
+        return cls(**{**values, **fields})
+
+
+@functools.lru_cache(maxsize=None)
+def env_options() -> KernelOptions:
+    """KernelOptions.from_env() of this process's environment, read once."""
+    return KernelOptions.from_env()
+
+
+__all__ = ["KernelOptions", "env_options", "GEMV_MAX_TOKENS"]
