@@ -6,17 +6,14 @@ import traceback
 import pytest
 
 import pykernel as pk
+from tests.errors.markers import line_of as marker_line
 from pykernel import Const, Ptr, f32, i32
 
 THIS_FILE = os.path.abspath(__file__)
 
 
 def line_of(marker: str) -> int:
-    with open(THIS_FILE) as f:
-        for n, line in enumerate(f, 1):
-            if marker in line and "line_of(" not in line:
-                return n
-    raise AssertionError(marker)
+    return marker_line(THIS_FILE, marker)
 
 
 @pk.kernel
