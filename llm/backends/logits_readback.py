@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 import pykernel as pk
-from llm.sampling import penalty_window
+from llm.sampling import NonFiniteLogitsError, penalty_window
 from stdlib_kernels import embedding as embedding_rows
 from stdlib_kernels.sampling import (apply_penalties_rows, argmax, lists_k, row_settings,
                                      sample_rows, top_k_candidates)
@@ -51,7 +51,8 @@ class LogitsReadback:
         return embedding_rows(x, index, out=self._picked[:rows * width].reshape(rows, width))
 
     def argmax_rows(self, x) -> np.ndarray:
-        """Each row's argmax on the device, the ids alone copied (an all-NaN row: 0)."""
+        """Each row's argmax on the device, the ids alone copied (an all-NaN row:
+        NonFiniteLogitsError)."""
         return self._ids_of(argmax(x, out=self._ids_buffer(x.shape[0])), x.shape[1])
 
     def sample_rows(self, x, samplers, histories) -> np.ndarray:
@@ -102,8 +103,14 @@ class LogitsReadback:
 
     @staticmethod
     def _ids_of(ids, vocab: int) -> np.ndarray:
+        """The ids on the host; a row the kernels could not pick from (all NaN: argmax gives
+        2**31 - 1, the samplers -1) is NonFiniteLogitsError, as on the host backends."""
         ids = ids.numpy().astype(np.int64)
-        ids[(ids < 0) | (ids >= vocab)] = 0   # an all-NaN row: 0, as numpy's argmax
+        bad = (ids < 0) | (ids >= vocab)
+        if bad.any():
+            raise NonFiniteLogitsError(f"the model produced logits with no finite value in "
+                                       f"{int(bad.sum())} of {ids.size} rows: its weights are "
+                                       f"broken (a corrupt model file?)")
         return ids
 
     def top_candidates(self, x, k: int) -> list:

@@ -66,12 +66,12 @@ def test_graph_decode_equals_prefill(models, name):
 @pytest.mark.parametrize("vocab", [1, 1000, 49153])
 def test_argmax_rows_equal_numpy(models, rng, seed, vocab):
     """Backend.argmax_rows on the kernels backend (the device's argmax; a batched step's
-    greedy tokens): numpy's argmax on random rows with ties (the lowest index wins) and an
-    all-NaN row (0, as numpy); a NaN beside numbers is never chosen."""
+    greedy tokens): numpy's argmax on random rows with ties (the lowest index wins); a NaN
+    beside numbers is never chosen; an all-NaN row is NonFiniteLogitsError (a broken model),
+    not a token."""
     import pykernel as pk
     backend = models["tiny-llama-f32.gguf"].backend
     x = rng.integers(-50, 50, (5, vocab)).astype(np.float32)     # many ties
-    x[3] = np.nan
     expected = np.argmax(x, axis=1)
     if vocab > 1:
         x[4, 0] = np.nan
@@ -79,6 +79,9 @@ def test_argmax_rows_equal_numpy(models, rng, seed, vocab):
     got = backend.argmax_rows(pk.to_device(x))
     assert got.tolist() == expected.tolist(), f"seed {seed}"
     assert backend.argmax_rows(pk.to_device(x[1:2])).tolist() == [expected[1]]
+    x[3] = np.nan
+    with pytest.raises(llm.NonFiniteLogitsError, match="1 of 5 rows"):
+        backend.argmax_rows(pk.to_device(x))
 
 
 def test_logits_rows_pick_a_steps_rows_into_a_buffer_of_their_own(models, rng, seed):
