@@ -7,7 +7,7 @@ from llvmlite import ir
 from ..types import ArrayType, PtrType, ScalarType, f16, f32, f64, i32, u32, u64
 from ..lower import ops
 from ..lower.memory import element_pointer
-from ..lower.resources import check_static_shared, reserve_local
+from ..lower.resources import reserve_local
 from ..lower.values import (ArrayValue, ConstValue, PtrValue, TupleValue, TypeValue, Value,
                             describe)
 from .base import args_of, intrinsic
@@ -45,7 +45,6 @@ def shared_array(fl, node):
     elem, shape = _type_and_shape(fl, node, "shared_array")
     aty = ArrayType(elem, shape, "shared")
     ptr = fl.ctx.target.shared_array(fl.ctx, aty)
-    check_static_shared(fl, node, aty.count * elem.nbytes)
     return ArrayValue(aty, ptr, ("array", ptr, aty.count * elem.nbytes))
 
 
