@@ -112,7 +112,8 @@ class BatchScheduler:
         for b in range(2, self.slots + 1):    # every attention split plan of each size
             transformer.warm_batch([s.cache for s in self.sessions[:b]])
         caches = [s.cache for s in self.sessions]
-        transformer.precompile_prompts(caches, prefill_step_tokens(transformer))
+        transformer.precompile_prompts(caches, prefill_step_tokens(transformer,
+                                                                 self.model.backend.options))
         first = self.sessions[0]
         for n in WARM_PROMPTS:
             if n < self.slot_ctx:
@@ -302,7 +303,7 @@ class BatchScheduler:
 
     @property
     def _step_tokens(self) -> int:
-        return prefill_step_tokens(self.model.transformer)
+        return prefill_step_tokens(self.model.transformer, self.model.backend.options)
 
     def _start(self, group: list, riders: Sequence = ()) -> None:
         """Run the group's prompts (one forward pass for two or more, or with riders) and

@@ -46,7 +46,7 @@ def _sync(model) -> None:
 def prompt_speed(model, cache, ids: np.ndarray, start: int = 0) -> float:
     """Tokens/s of prefilling ids at `start` in generate's steps (prefill_step_tokens), as
     `pykernel run` prefills a prompt."""
-    step = prefill_step_tokens(model.transformer)
+    step = prefill_step_tokens(model.transformer, model.backend.options)
     _sync(model)
     t0 = time.perf_counter()
     for at in range(0, len(ids), step):

@@ -18,10 +18,10 @@ from llm.sampling import Sampler, check_finite_logits
 
 
 
-def prefill_step_tokens(transformer) -> int:
+def prefill_step_tokens(transformer, options) -> int:
     """Tokens per step of a prompt's prefill: the transformer's own (the kernels backend's
     largest prompt graph, options.prefill_graph_max) or the backend's options.prefill_chunk."""
-    return transformer.prefill_step_tokens or transformer.backend.options.prefill_chunk
+    return transformer.prefill_step_tokens or options.prefill_chunk
 
 
 class ContextError(ValueError):
@@ -74,7 +74,8 @@ class Session:
                                f"{self.n_ctx} (and at least one is needed)")
         self.tokens, entries, row = [], [], None
         # every row's logits come back: step x vocab floats
-        step = min(self.backend.options.prefill_chunk, prefill_step_tokens(self.transformer))
+        options = self.backend.options
+        step = min(options.prefill_chunk, prefill_step_tokens(self.transformer, options))
         for start in range(0, len(ids), step):
             chunk = ids[start:start + step]
             logits = self.backend.to_host(self.transformer.forward(
@@ -97,7 +98,7 @@ class Session:
         reuse = self.reusable(ids)
         self.tokens = self.tokens[:reuse]
         logits = None
-        step = prefill_step_tokens(self.transformer)
+        step = prefill_step_tokens(self.transformer, self.backend.options)
         for start in range(reuse, len(ids), step):
             chunk = np.asarray(ids[start:start + step], dtype=np.int64)
             logits = self.transformer.forward(chunk, start, self.cache)

@@ -199,7 +199,7 @@ def test_prompt_groups_fit_one_prefill_step(monkeypatch):
     step (after what each slot reuses); a longer prompt and a scored one alone."""
     import llm.batching as batching
     model = load("cpu", "numpy", n_ctx=8 * 64)
-    monkeypatch.setattr(batching, "prefill_step_tokens", lambda transformer: 16)
+    monkeypatch.setattr(batching, "prefill_step_tokens", lambda transformer, options: 16)
     scheduler = BatchScheduler(model, slots=8)
     try:
         scheduler.sessions[2].tokens = [1] * 10          # a cached prefix of request 2's
