@@ -43,7 +43,10 @@ def two_locals(x: Ptr[f32]):
 def located(err, marker, underlined):
     assert (err.file, err.line) == (THIS_FILE, line_of(marker)), str(err)
     assert err.source_line[err.col:].startswith(underlined), str(err)
-    assert err.__cause__ is None and "pykernel/" not in str(err)
+    # no compiler frames: the message names the user's file alone (a checkout may itself sit
+    # in a folder called pykernel, so look for the compiler's own modules)
+    internals = (os.path.join("pykernel", d) for d in ("lower", "intrinsics", "targets"))
+    assert err.__cause__ is None and not any(d in str(err) for d in internals), str(err)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
