@@ -7,6 +7,8 @@ runner's weight matmuls; nothing else reads these variables.
     PYKERNEL_GEMV_TOKENS=n       gemv_tokens (at most GEMV_MAX_TOKENS)
     PYKERNEL_INT8_GEMM_TOKENS=n  int8_gemm_tokens
     PYKERNEL_MMA_GEMV=0          mma_gemv off (keep the int8 GEMM there, for comparisons)
+    PYKERNEL_DECODE_MMA=0        decode_mma off (decode attention on the SIMT kernel)
+    PYKERNEL_DECODE_BULK=1       decode_bulk on (split decode attention by bulk copies)
 """
 from __future__ import annotations
 
@@ -39,6 +41,11 @@ class KernelOptions:
     # alone, not on Q8_1 activations being at hand (which then only pick int8 or f16 GEMM):
     # the runner's choice (it decides before it has the activations)
     route_by_format: bool = False
+    # f16 caches decode on tensor cores (attention/decode_mma.py) where they can
+    decode_mma: bool = True
+    # split decode launches of f16 caches (head_dim <= 128, sm_90+) on decode_bulk: an option,
+    # not the default (benchmarks/RESULTS.md "Decode by bulk copies")
+    decode_bulk: bool = False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ, **fields) -> KernelOptions:
@@ -47,7 +54,9 @@ class KernelOptions:
         values = dict(gemv_tokens=min(GEMV_MAX_TOKENS, tokens),
                       int8_gemm_tokens=int(environ.get("PYKERNEL_INT8_GEMM_TOKENS",
                                                        cls.int8_gemm_tokens)),
-                      mma_gemv=environ.get("PYKERNEL_MMA_GEMV", "1") not in ("", "0"))
+                      mma_gemv=environ.get("PYKERNEL_MMA_GEMV", "1") not in ("", "0"),
+                      decode_mma=environ.get("PYKERNEL_DECODE_MMA", "1") != "0",
+                      decode_bulk=environ.get("PYKERNEL_DECODE_BULK", "0") not in ("", "0"))
         return cls(**{**values, **fields})
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +21,7 @@ from .decode_bulk import TILE as BULK_TILE, decode_bulk
 from .decode_kernels import LOG2E, decode_partial
 from .decode_mma import decode_mma
 from .kv_q8 import DTYPE as Q8_DTYPE, Q8Cache
+from ..options import KernelOptions, env_options
 from ..quant.q8_1 import q8_1_bytes, quantize_q8_1_into
 
 HEAD_DIMS = (64, 80, 96, 128, 256)
@@ -32,12 +32,6 @@ MAX_HEADS_PER_BLOCK = 4      # query heads sharing one block's K/V reads: more w
 SHARED_LIMIT = 48 * 1024     # static shared memory of the cross-warp merge
 DEFAULT_FUSED = False        # workspaces combine in the last split block (one launch)
 MAX_CLUSTER_SPLITS = 16      # blocks per thread-block cluster (sm_90, non-portable above 8)
-# f16 caches decode on tensor cores (decode_mma) where they can; PYKERNEL_DECODE_MMA=0 keeps
-# the SIMT kernel (for comparisons)
-DEFAULT_MMA = os.environ.get("PYKERNEL_DECODE_MMA", "1") != "0"
-# PYKERNEL_DECODE_BULK=1: split launches of f16 caches (head_dim <= 128, sm_90+) use decode_bulk
-# (for comparisons: not the default, benchmarks/RESULTS.md "Decode by bulk copies")
-DEFAULT_BULK = os.environ.get("PYKERNEL_DECODE_BULK", "0") not in ("", "0")
 
 
 @dataclass(frozen=True)
@@ -164,16 +158,19 @@ def mma_capable(head_dim: int, dtype, device=None) -> bool:
     return np.dtype(dtype) == np.float16 and head_dim % 32 == 0 and cuda_sm(device) >= 80
 
 
-def default_config(group: int, head_dim: int, device=None, dtype=np.float16) -> DecodeConfig:
+def default_config(group: int, head_dim: int, device=None, dtype=np.float16,
+                   options: KernelOptions | None = None) -> DecodeConfig:
     """CPU target: the smallest kernel (compile time of unrolled code dominates there).
-    GPU: tensor cores where decode_mma applies (f16 cache), else the SIMT kernel."""
+    GPU: tensor cores where decode_mma applies (f16 cache; options.decode_mma), on decode_bulk
+    where options.decode_bulk asks and it applies, else the SIMT kernel."""
     device = device or pk.current_device()
+    options = options or env_options()
     if isinstance(dtype, str) and dtype == Q8_DTYPE:      # only the tensor-core kernel reads it
         return mma_config(group, head_dim, warps=2 if device.kind == "cpu" else 8)
     if device.kind == "cpu":
         return DecodeConfig(heads_per_block=1, warps=2, unroll=1)
-    if DEFAULT_MMA and mma_capable(head_dim, dtype, device):
-        if DEFAULT_BULK and bulk_capable(head_dim, device):
+    if options.decode_mma and mma_capable(head_dim, dtype, device):
+        if options.decode_bulk and bulk_capable(head_dim, device):
             return bulk_config(group, head_dim, stages=1)
         return mma_config(group, head_dim)
     return gpu_config(group, head_dim, dtype)

@@ -601,3 +601,24 @@ def test_batch_splits_plan_for_the_whole_batch(monkeypatch):
     for lens in ([1], [700, 9], [100] * 40, [5000, 6000, 7000]):
         splits = plan(lens)
         assert splits & (splits - 1) == 0 and splits <= config_splits(config, 32, 8, max(lens))
+
+
+def test_default_config_follows_the_kernel_options():
+    """default_config's choice on a GPU (an sm_90 stand-in: only kind and arch are read):
+    decode_mma for f16 caches by default, the SIMT kernel with options.decode_mma off,
+    decode_bulk where options.decode_bulk asks and head_dim allows; the CPU target keeps its
+    small kernel whatever the options."""
+    from types import SimpleNamespace
+    from stdlib_kernels.options import KernelOptions
+    h200 = SimpleNamespace(kind="cuda", arch="sm_90")
+    f16 = np.float16
+    assert default_config(4, 128, h200, f16, KernelOptions()) == mma_config(4, 128)
+    assert default_config(4, 128, h200, f16, KernelOptions(decode_mma=False)) == \
+        gpu_config(4, 128, f16)
+    assert default_config(4, 128, h200, f16, KernelOptions(decode_bulk=True)) == \
+        bulk_config(4, 128, stages=1)
+    assert default_config(4, 256, h200, f16, KernelOptions(decode_bulk=True)) == \
+        mma_config(4, 256)
+    cpu = SimpleNamespace(kind="cpu", arch="cpu")
+    assert default_config(4, 128, cpu, f16, KernelOptions(decode_mma=False)) == \
+        default_config(4, 128, cpu, f16)
