@@ -14,8 +14,10 @@ from .nvptx_intrinsics import INTRINSICS
 
 I32, I64 = ir.IntType(32), ir.IntType(64)
 ADDRSPACE = {"global": 1, "shared": 3, "local": 0, "cluster": 0}   # cluster: generic (mapa)
-# PTX ISA version per arch: the oldest that supports it (LLVM aborts on a mismatch).
-PTX_VERSION = {75: 78, 80: 78, 86: 78, 89: 78, 90: 78, 100: 86, 120: 87}
+# PTX ISA version per arch: the oldest that supports it (LLVM aborts on a mismatch), so a
+# kernel loads on the oldest driver that knows the arch; an instruction needing a newer ISA
+# raises the module's .version where it is emitted (ptx_isa, nvptx_intrinsics.needs_ptx).
+PTX_VERSION = {75: 63, 80: 70, 86: 71, 89: 78, 90: 78, 100: 86, 120: 87}
 SREG = {"thread_idx": "tid", "block_idx": "ctaid", "block_dim": "ntid", "grid_dim": "nctaid"}
 
 
@@ -293,8 +295,8 @@ class NVPTXTarget(NVPTXBulkOps, IntrinsicTable):
             inst.set_metadata("invariant.load", ctx.module.add_metadata([]))
         return inst
 
-    @staticmethod
-    def _load_l2_fetch(ctx, addr, vec_ty, l2_fetch):
+    @ptx_isa(74)   # the .L2::<size>B prefetch qualifier
+    def _load_l2_fetch(self, ctx, addr, vec_ty, l2_fetch):
         """`ld.global[.nc].L2::<size>B.v<w>.b32`: LLVM's loads have no prefetch-size
         qualifier, so the hinted load is inline PTX of 32-bit words, bitcast back."""
         b = ctx.builder
