@@ -54,6 +54,8 @@ class FunctionLowering:
         self.fast, self.ctx = fast, ctx               # ctx: KernelContext (target, builder, ...)
         self.vars: dict[str, object] = {}             # name -> ("slot", alloca, type) | value
         self.vars.update(bindings)
+        # variables whose type came from a literal (`acc = 0` -> i32): where, for errors
+        self.literal_typed: dict[str, ast.AST] = {}
         self.loops: list[LoopTarget] = []
         self.parent = parent
         self.return_block = None                      # inlined funcs: where `return` goes
@@ -170,6 +172,7 @@ class FunctionLowering:
                 val = self.coerce(val, existing[2], node)
             elif existing is None or isinstance(existing, ConstValue):
                 val = self.materialize(val, node)
+                self.literal_typed.setdefault(name, node)
         if isinstance(val, (TupleValue, TypeValue, GlobalRef, ArrayValue)):
             if name in self.vars and isinstance(self.vars[name], tuple):
                 raise self.error(node, f"'{name}' holds a scalar; cannot rebind it to "
