@@ -334,6 +334,42 @@ class CudaDevice:
         elif self.sync_launches:
             self._synchronize_after(kernel, handle)
 
+    def bind(self, compiled, grid, block, args, stream=None, shared_bytes=0, cluster=None):
+        """A function repeating this launch (BoundLaunch.launch): arguments checked and packed
+        now into a private copy of the parameter buffer, the driver called directly later.
+        Captures, PDL launch modes, clusters and synchronous launches take the full path."""
+        kernel = self._kernels.get(compiled.cache_key) or self.load(compiled)
+        kernel.pack(args)
+        owner, params, extra = kernel.packer.snapshot()
+        if self.param_buffer:
+            params = 0
+        else:
+            extra = 0
+        if shared_bytes > kernel.dynamic_shared_limit:
+            self._raise_shared_limit(kernel, shared_bytes)
+        handle = None if stream is None else _stream_handle(stream)
+        func, name = kernel.func, kernel.name
+        (g0, g1, g2), (b0, b1, b2) = grid, block
+        plain = cluster in (None, (1, 1, 1)) and kernel.launch_config is None
+        full = functools.partial(self.launch, compiled, grid, block, args, stream, shared_bytes,
+                                 cluster)
+
+        def launch():
+            if self._capture is not None or self.sync_launches or not plain or \
+                    self.programmatic_launch:
+                return full()
+            self._recent.append(name)
+            try:
+                (err,) = _launch_kernel(func, g0, g1, g2, b0, b1, b2, shared_bytes,
+                                        self._launch_handle if handle is None else handle,
+                                        params, extra)
+            except (OverflowError, TypeError) as exc:
+                raise _bad_geometry(kernel, grid, block, shared_bytes, exc) from None
+            if err:
+                self._launch_failed(err, kernel, grid, block, shared_bytes, cluster)
+        launch.keepalive = (owner, args)
+        return launch
+
     def load(self, compiled) -> _LoadedKernel:
         """Load the kernel's PTX once per device (keyed by compiled.cache_key)."""
         target = getattr(compiled, "target", "nvptx")
