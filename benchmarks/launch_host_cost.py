@@ -18,7 +18,6 @@ import os
 import statistics
 import sys
 import time
-from collections import deque
 
 import numpy as np
 
@@ -28,6 +27,7 @@ import pykernel as pk  # noqa: E402
 from pykernel.runtime import cuda as cuda_runtime  # noqa: E402
 from pykernel.runtime.arrays import Array  # noqa: E402
 from pykernel.runtime.device import set_device  # noqa: E402
+from tests.runtime import fakes  # noqa: E402
 
 N, BATCH, BATCHES = 1 << 20, 2000, 25
 
@@ -39,41 +39,11 @@ def add4(x: pk.Ptr[pk.f32], y: pk.Ptr[pk.f32], out: pk.Ptr[pk.f32], n: pk.i32):
         out[i] = x[i] + y[i]
 
 
-class _NoDriverMemory:
-    """Allocation without a driver: fake device addresses (nothing is ever dereferenced)."""
-    kind = "cuda"
-    _next = 1 << 32
-
-    def alloc(self, nbytes):
-        address, _NoDriverMemory._next = _NoDriverMemory._next, _NoDriverMemory._next + nbytes
-        return None, address
-
-
 def mock_cuda_device():
-    """A CudaDevice whose driver calls are no-ops: module loads skip cuda.core and
-    cuLaunchKernel returns success at once."""
-    from cuda.bindings import driver as cu
-    device = cuda_runtime.CudaDevice.__new__(cuda_runtime.CudaDevice)
-    device.ordinal, device.param_buffer, device.arch, device.name = 0, False, "sm_90", "mock"
-    device.max_shared_optin, device.max_threads_per_block = 227 * 1024, 1024
-    device.max_grid = (2 ** 31 - 1, 65535, 65535)
-    device.memory, device.sync_launches = _NoDriverMemory(), False
-    device._kernels, device._recent = {}, deque(maxlen=16)
-    device._launch_handle, device._capture = cu.CUstream(0), None
-    device.programmatic_launch, device._prints = False, False
-    device.load = lambda compiled: _mock_load(device, compiled)
+    device = fakes.mock_cuda_device("sm_90")
     ok = (0,)
     cuda_runtime._launch_kernel = lambda *args: ok
     return device
-
-
-def _mock_load(device, compiled):
-    from cuda.bindings import driver as cu
-    kernel = cuda_runtime._LoadedKernel(
-        compiled.name, cu.CUfunction(), cuda_runtime.ArgPacker(compiled, "cuda", 0),
-        48 * 1024, compiled.shared_bytes, None, False, "pdl" in compiled.uses)
-    device._kernels[compiled.cache_key] = kernel
-    return kernel
 
 
 def per_launch_us(launch_once) -> float:

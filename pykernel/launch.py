@@ -107,14 +107,15 @@ class Launcher:
         repeats it at the cost of the driver call (loops that launch the same kernel with
         the same arguments; the arrays are kept alive by the object)."""
         k = self.kernel
-        args, spec_kwargs = self._bind(args, kwargs)
+        runtime_args, spec_kwargs = self._bind(args, kwargs)
         device = current_device()
         compiled = self._specialize(device, getattr(device, "programmatic_launch", False),
                                     spec_kwargs or _NO_SPEC, record=False)
         if compiled.hidden_extents:
-            args += tuple(_nbytes(k, a) for p, a in zip(k.runtime_params, args)
-                          if p.kind == "ptr")
-        return BoundLaunch(device, compiled, self, args)
+            runtime_args += tuple(_nbytes(k, a) for p, a in zip(k.runtime_params, runtime_args)
+                                  if p.kind == "ptr")
+        return BoundLaunch(device, compiled, self, runtime_args,
+                           functools.partial(self, *args, **kwargs))
 
     def _bind(self, args, kwargs) -> tuple:
         """(runtime arguments in parameter order, Const and type-variable values)."""
@@ -181,17 +182,18 @@ class BoundLaunch:
     `kernel[grid, block].bind(*args)`; `launch()` runs it again. On cuda it owns a copy of
     the packed parameters, so other launches of the kernel do not disturb it, and calls the
     driver directly; while a graph capture, a programmatic_launches() block or
-    PYKERNEL_SYNC_LAUNCH is active it goes through the ordinary launch path instead."""
+    PYKERNEL_SYNC_LAUNCH is active it is the ordinary call `kernel[grid, block](*args)`
+    (which picks the variant that mode loads)."""
     __slots__ = ("launch", "compiled", "args", "grid", "block")
 
-    def __init__(self, device, compiled, launcher, args):
+    def __init__(self, device, compiled, launcher, args, as_a_call):
         self.compiled, self.args = compiled, args
         self.grid, self.block = launcher.grid, launcher.block
         extra = () if launcher.cluster is None else (launcher.cluster,)
         bind = getattr(device, "bind", None)
         if bind is not None:
             self.launch = bind(compiled, launcher.grid, launcher.block, args, launcher.stream,
-                               launcher.shared_bytes, *extra)
+                               launcher.shared_bytes, *extra, fallback=as_a_call)
         else:
             self.launch = functools.partial(device.launch, compiled, launcher.grid,
                                             launcher.block, args, launcher.stream,
