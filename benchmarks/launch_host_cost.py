@@ -15,7 +15,6 @@ CUDA ones; skipped without torch) and an object exposing `__cuda_array_interface
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 import time
 
