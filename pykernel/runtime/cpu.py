@@ -48,6 +48,7 @@ class CpuDevice:
     arch = "cpu"
     name = "host CPU (pykernel CPU target)"
     ordinal = 0
+    programmatic_launch = False     # no PDL on the CPU target: launches are synchronous
 
     def __init__(self, ordinal: int = 0):
         self.workers_n = max(1, min(int(os.environ.get("PYKERNEL_CPU_THREADS", 0)) or
