@@ -21,7 +21,7 @@ import struct
 import numpy as np
 
 from ..errors import LaunchError
-from . import dlpack
+from . import array_args, dlpack
 from .arrays import Array
 
 _FORMAT = {"int8": "b", "uint8": "B", "int16": "h", "uint16": "H", "int32": "i",
@@ -75,7 +75,7 @@ class ArgPacker:
         self.device_ordinal = device_ordinal
         fields, offsets, offset = ["="], [], 0
         for param in self.params:
-            fmt = "Q" if param.kind == "ptr" else _scalar_format(param)
+            fmt = "Q" if param.kind in ("ptr", "array") else _scalar_format(param)
             pad = (-offset) % param.align
             fields.append(f"{pad}x{fmt}" if pad else fmt)
             offset += pad
@@ -98,6 +98,7 @@ class ArgPacker:
         self.extra_address = ctypes.addressof(self._extra)
         self._count = len(self.params)
         self.pack = _generate_pack(self)
+        array_args.install(self)   # pk.Array parameters: expand each argument into its fields
 
     def pack(self, args) -> int:  # replaced per instance by the generated function
         """Check and write `args`; returns the buffer address (CPU entry point's argument)."""
