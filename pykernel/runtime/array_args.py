@@ -44,13 +44,9 @@ class ArrayView:
 def install(packer) -> None:
     """Make `packer.pack(args)` / `packer.pointer_extents(args)` take one argument per kernel
     parameter and fill the expanded array fields (no-op for kernels without arrays)."""
-    abi = packer.params
-    if not any(p.kind == "array" for p in abi):
+    if not any(p.kind == "array" for p in packer.params):
         return
-    user, k = [], 0          # (ABI index, ParamABI) of each parameter the caller passes
-    while k < len(abi):
-        user.append((k, abi[k]))
-        k += 1 + 2 * abi[k].rank if abi[k].kind == "array" else 1
+    user = caller_params(packer.params)
     inner_pack, inner_extents = packer.pack, packer.pointer_extents
 
     def expand(args):
@@ -84,6 +80,16 @@ def install(packer) -> None:
         return extents
 
     packer.pack, packer.pointer_extents = pack, pointer_extents
+
+
+def caller_params(abi) -> list:
+    """(ABI index, ParamABI) of each parameter a caller passes: the ABI without the extents
+    and strides that follow each array parameter."""
+    user, k = [], 0
+    while k < len(abi):
+        user.append((k, abi[k]))
+        k += 1 + 2 * getattr(abi[k], "rank", 0) if abi[k].kind == "array" else 1
+    return user
 
 
 def _dtype_name(dtype) -> str:

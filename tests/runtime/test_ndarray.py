@@ -196,3 +196,16 @@ def test_launch_errors_name_kernel_parameter_rank_and_dtype():
             assert str(err.value) == "add2(): " + expected
     with pytest.raises(pk.LaunchError, match=r"add2\(\): missing argument\(s\) out"):
         add2[(1, 1), (4, 4)](ok, ok)
+
+
+def test_graph_update_by_name_after_an_array_parameter(rng):
+    """A host graph replays an Array launch; update_kernel_args names the parameters as the
+    caller passes them (not the expanded ABI)."""
+    pk.set_device("cpu")
+    a = rng.standard_normal(50, np.float32)
+    out = poisoned(50)
+    with pk.capture_graph() as graph:
+        scale1[1, 64](a, out, 2.0)
+    graph.update_kernel_args(0, alpha=3.0)
+    graph.replay()
+    np.testing.assert_array_equal(out, np.float32(3.0) * a)
