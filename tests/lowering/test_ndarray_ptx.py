@@ -149,3 +149,17 @@ def test_annotation_errors():
         with pytest.raises(TypeError, match=text):
             pk.Array[bad]
     assert pk.ReadOnly[pk.Array[f32, 2]] == pk.Array[f32, 2, "ro"]
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "cpu"])
+def test_disk_cache_keeps_the_array_abi(arch):
+    """A warm load (disk cache header) restores the array entry's rank, which the packer's
+    argument expansion reads."""
+    from pykernel import cache
+    c = pk.compile(add2, arch)
+    cache._MEMORY.pop(c.cache_key, None)
+    hit = cache.lookup(c.cache_key, arch)
+    if hit is None:
+        pytest.skip("the disk cache is off in this environment")
+    assert [(p.name, p.kind, p.rank) for p in hit.params[:2]] == [
+        ("x", "array", 2), ("x_shape0", "scalar", 0)]
