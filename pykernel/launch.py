@@ -210,7 +210,8 @@ def _plan(kernel):
     if plan is None:
         typevars = []
         for p in kernel.runtime_params:
-            tv = type_var_name(getattr(p.ann, "elem", None)) if p.kind == "ptr" else None
+            tv = type_var_name(getattr(p.ann, "elem", None)) \
+                if p.kind in ("ptr", "array") else None
             if tv is not None:
                 typevars.append((p, tv))
         plan = kernel._launch_plan = ([p.name for p in kernel.params], tuple(typevars))

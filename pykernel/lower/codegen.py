@@ -12,8 +12,8 @@ from llvmlite import ir
 from ..errors import KernelSourceError
 from ..types import PtrType, ScalarType, bool_
 from . import ops
-from .values import (ArrayValue, ConstValue, GlobalRef, PtrValue, TupleValue, TypeValue, Value,
-                     describe)
+from .values import (ArrayValue, ConstValue, GlobalRef, NdArrayValue, PtrValue, TupleValue,
+                     TypeValue, Value, describe)
 
 UNSUPPORTED = {
     ast.List: "lists", ast.ListComp: "list comprehensions", ast.Dict: "dicts",
@@ -173,7 +173,7 @@ class FunctionLowering:
             elif existing is None or isinstance(existing, ConstValue):
                 val = self.materialize(val, node)
                 self.literal_typed.setdefault(name, node)
-        if isinstance(val, (TupleValue, TypeValue, GlobalRef, ArrayValue)):
+        if isinstance(val, (TupleValue, TypeValue, GlobalRef, ArrayValue, NdArrayValue)):
             if name in self.vars and isinstance(self.vars[name], tuple):
                 raise self.error(node, f"'{name}' holds a scalar; cannot rebind it to "
                                  f"{type(val).__name__}")

@@ -23,6 +23,7 @@ import numpy as np
 from typing import Callable, NamedTuple
 
 from ..errors import LaunchError
+from . import array_args
 from .arrays import Array
 from .pointer_sources import ARRAY, NUMPY, source_of
 
@@ -99,6 +100,7 @@ class ArgPacker:
         self.extra_address = ctypes.addressof(self._extra)
         self._count = len(self.params)
         self.pack = _generate_pack(self)
+        array_args.install(self)   # pk.Array parameters: expand each argument into its fields
 
     def pack(self, args) -> int:  # replaced per instance by the generated function
         """Check and write `args`; returns the buffer address (CPU entry point's argument)."""
@@ -209,7 +211,14 @@ def _scalar_emit(packer, param, name, scope):
             f"    raise packer.error(P{name}, packer.expected(P{name}), {name})"], [name]
 
 
+def _array_emit(packer, param, name, scope):
+    """An n-d array's data address: array_args.install already turned the argument into its
+    address (then its extents and strides, which are scalar fields of their own)."""
+    return [], [name]
+
+
 FIELD_KINDS = {"ptr": FieldKind(lambda param: "Q", _pointer_emit),
+               "array": FieldKind(lambda param: "Q", _array_emit),
                "scalar": FieldKind(lambda param: _scalar_format(param), _scalar_emit)}
 
 

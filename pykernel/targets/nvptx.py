@@ -241,6 +241,20 @@ class NVPTXTarget(NVPTXBulkOps, IntrinsicTable):
             return origin[1], ir.Constant(I64, origin[2])
         return None
 
+    def check_index(self, ctx, index, extent, make_site):
+        """With bounds_check: trap (after printing kernel, file:line, index and extent) on an
+        n-d array index (i64) outside [0, extent)."""
+        if not ctx.options.bounds_check:
+            return index
+        b = ctx.builder
+        with b.if_then(b.icmp_unsigned(">=", index, extent), likely=False):
+            where = ctx.sites[make_site()]
+            self._vprintf(ctx, f"pykernel: kernel '{ctx.kernel_name}': {where.kind} at "
+                          f"{where.file}:{where.line}:{where.col + 1} (index %lld, extent "
+                          f"%lld)\n", [index, extent])
+            b.call(ctx.intrinsic_decl("llvm.trap", ret=ir.VoidType(), args=()), [])
+        return index
+
     def _report_oob(self, ctx, site, offset, size):
         where = ctx.sites[site]
         self._vprintf(ctx, f"pykernel: kernel '{ctx.kernel_name}': {where.kind} at "
