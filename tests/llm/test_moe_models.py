@@ -218,3 +218,13 @@ def test_backend_without_moe_ops_is_a_clear_error(name):
     cfg = load_config(GGUFFile(TINY / name))
     with pytest.raises(BackendUnavailable, match=f"{cfg.arch} needs the numpy backend"):
         check_backend_runs(cfg, ARCH_SPECS[cfg.arch], DenseOnly())
+
+
+def test_gpt_oss_chat_renders_harmony_through_the_sandbox():
+    """The tiny file has no template: the harmony fallback renders in the sandboxed worker."""
+    model = load("tiny-gpt-oss-f32.gguf")
+    text = model.chat_prompt([{"role": "system", "content": "Be brief."},
+                              {"role": "user", "content": "hello"}])
+    assert text == ("<|start|>developer<|message|># Instructions\n\nBe brief.<|end|>"
+                    "<|start|>user<|message|>hello<|end|><|start|>assistant")
+    assert model.chat_ids([{"role": "user", "content": "hello"}])
