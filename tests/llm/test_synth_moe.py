@@ -86,3 +86,13 @@ def test_mxfp4_blocks_are_centred_with_a_trained_models_spread(seed):
 def test_mxfp4_file_type_needs_experts(tmp_path):
     with pytest.raises(ValueError, match="no experts"):
         synth.write_synthetic("smollm2-135m", "MXFP4", tmp_path / "x.gguf")
+
+
+@pytest.mark.parametrize("qtype", [Q.Q5_0, Q.Q5_1])
+def test_k_quant_fallback_blocks_are_centred_with_a_trained_models_spread(qtype, seed):
+    """Q5_0 / Q5_1 (the fallbacks for rows that are not whole K-quant blocks): random quants
+    centred by d's offset (Q5_0's mean is -d/2, 5% of its spread)."""
+    rng = np.random.default_rng(seed)
+    w = quants.dequantize(synth.random_blocks(rng, qtype, 32, 2048), qtype)
+    assert abs(w.mean()) < 0.1 * synth.WEIGHT_STD, f"{qtype.name} mean {w.mean()}"
+    assert 0.8 * synth.WEIGHT_STD < w.std() < 1.25 * synth.WEIGHT_STD, f"std {w.std()}"
