@@ -16,12 +16,12 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
 
+from llm.backends import numpy_moe
 from llm.backends.act_quant import activation_kind, round_trip
 from llm.options import RunnerOptions
 from llm.backends.base import KV_CACHE_TYPES, Backend, KVCache
 from llm.backends.blas_threads import ThreadChooser, set_threads
 from llm.backends.dequant import dequantize
-from llm.backends import numpy_moe
 from llm.config import RopeParams
 from llm.gguf_file import TensorInfo
 

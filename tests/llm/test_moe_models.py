@@ -22,7 +22,6 @@ import math
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType as Q
 
 import llm
 from llm.backends.act_quant import activation_kind
@@ -169,6 +168,7 @@ def test_batched_decode_and_prompts_equal_single_sequences(name):
 
 def write_variant(tmp_path, name, **keys):
     from gguf import GGUFValueType as V
+
     from tests.llm.gguf_helpers import rewrite
     arch = "gpt-oss" if "gpt-oss" in name else "qwen3moe"
     kinds = {str: V.STRING, int: V.UINT32, float: V.FLOAT32}
