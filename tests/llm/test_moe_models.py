@@ -228,3 +228,15 @@ def test_gpt_oss_chat_renders_harmony_through_the_sandbox():
     assert text == ("<|start|>developer<|message|># Instructions\n\nBe brief.<|end|>"
                     "<|start|>user<|message|>hello<|end|><|start|>assistant")
     assert model.chat_ids([{"role": "user", "content": "hello"}])
+
+
+def test_gpt_4o_pre_tokenizer_splits_as_o200k():
+    """gpt-oss's `gpt-4o` split: upper/lower case runs with their contraction, digits in
+    threes, spaces before a digit left alone, '/' starting a symbol run."""
+    import regex
+
+    from llm.tokenizer.pretokenize import REGEXES
+    (pattern,) = REGEXES["gpt-4o"]
+    assert regex.findall(pattern, "Hello WORLD's  123456 a/b\n\n x") == [
+        "Hello", " WORLD's", " ", " ", "123", "456", " a", "/b", "\n\n", " x"]
+    assert regex.findall(pattern, "camelCase") == ["camel", "Case"]
