@@ -33,6 +33,10 @@ def run_numba(sizes, first_only: bool) -> dict:
     import math
 
     import numpy as np
+    if not hasattr(np, "row_stack"):
+        # numba-cuda 0.30 registers an overload of np.row_stack, which NumPy 2.4 removed;
+        # without this alias its import fails (the alias changes nothing that is timed)
+        np.row_stack = np.vstack
     from numba import cuda, float32
 
     @cuda.jit
@@ -182,8 +186,11 @@ def run_cuda_core(sizes, first_only: bool) -> dict:
     stream, sync = device.default_stream, device.sync
     rows, cols = sizes.rows, sizes.cols
     res = Results()
-    x, out = device.allocate(4 * rows * cols), device.allocate(4 * rows * cols)
-    w = device.allocate(4 * cols)
+
+    def allocate(nbytes):     # cuda.core >= 1.0 wants the stream the allocation orders on
+        return device.allocate(nbytes, stream=stream)
+    x, out = allocate(4 * rows * cols), allocate(4 * rows * cols)
+    w = allocate(4 * cols)
     start = time.perf_counter()
     program = Program(CUDA_SOURCE, code_type="c++",
                       options=ProgramOptions(arch=f"sm_{device.arch}", std="c++17"))
@@ -199,12 +206,12 @@ def run_cuda_core(sizes, first_only: bool) -> dict:
                                                    rmsnorm, *norm_args),
                 sync, 8 * rows * cols, sizes)
     add, add_vec4 = module.get_kernel("add"), module.get_kernel("add_vec4")
-    small = [device.allocate(512) for _ in range(3)]
+    small = [allocate(512) for _ in range(3)]
     config = LaunchConfig(grid=1, block=128)
     res.measure("launch_own_us", launch_us,
                 lambda: launch(stream, config, add, *small, np.int32(128)), sync, sizes)
     n = sizes.vec_n
-    big = [device.allocate(4 * n) for _ in range(3)]
+    big = [allocate(4 * n) for _ in range(3)]
     scalar_config = LaunchConfig(grid=-(-n // 256), block=256)
     res.measure("add_scalar_gbs", gbs, lambda: launch(stream, scalar_config, add, *big,
                                                       np.int32(n)), sync, 12 * n, sizes)
