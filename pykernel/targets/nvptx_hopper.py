@@ -32,8 +32,9 @@ def _element_ptrs(fl, acc):
 
 def wgmma(fl, node, spec, acc, a, b_desc, scale):
     """`{ setp.ne.b32 p, scale, 0; wgmma... {d..}, a, b, p[, 1, 1[, 0, 0]]; }`: imm-scale-a/b
-    (f16, bf16, fp8) are 1 and imm-trans-a/b (f16, bf16) 0 (K-major operands)."""
-    needs_ptx(fl, 80)
+    (f16, bf16, fp8) are 1 and imm-trans-a/b (f16, bf16) 0 (K-major operands). Mixed integer
+    operands (s8.u8) need PTX ISA 8.4."""
+    needs_ptx(fl, 84 if spec.family == "int8" and spec.a_kind != spec.b_kind else 80)
     b = fl.b
     count = acc.ty.count
     reg = "r" if spec.acc_ty is i32 else "f"
@@ -108,3 +109,27 @@ def setmaxnreg(fl, direction, count):
 HOPPER_INTRINSICS = {"shared_address": shared_address, "wgmma": wgmma,
                      "wgmma_fence": wgmma_fence, "wgmma_commit_group": wgmma_commit_group,
                      "wgmma_wait_group": wgmma_wait_group, "setmaxnreg": setmaxnreg}
+
+
+def fp8_encode(fl, value, fmt):
+    """`cvt.rn.satfinite.{fmt}x2.f32 d, 0, x` (sm_89+): the low byte is x's code."""
+    if fl.ctx.target.sm < 89:
+        return None
+    needs_ptx(fl, 81 if fl.ctx.target.sm == 89 else 78)   # sm_89's fp8 cvt: PTX ISA 8.1
+    pair = _asm(fl, f"cvt.rn.satfinite.{fmt}x2.f32 $0, 0f00000000, $1;", "=h,f", [value],
+                ret=I16)
+    return fl.b.trunc(pair, ir.IntType(8))
+
+
+def fp8_decode(fl, code, fmt):
+    """`cvt.rn.f16x2.{fmt}x2 d, {0, code}` (sm_89+), then the low f16 to f32 (exact)."""
+    if fl.ctx.target.sm < 89:
+        return None
+    needs_ptx(fl, 81 if fl.ctx.target.sm == 89 else 78)   # sm_89's fp8 cvt: PTX ISA 8.1
+    b = fl.b
+    pair = _asm(fl, f"cvt.rn.f16x2.{fmt}x2 $0, $1;", "=r,h", [b.zext(code, I16)], ret=I32)
+    half = b.bitcast(b.trunc(pair, I16), ir.HalfType())
+    return b.fpext(half, F32)
+
+
+HOPPER_INTRINSICS.update(fp8_encode=fp8_encode, fp8_decode=fp8_decode)
