@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import pykernel as pk
+from pykernel import fp8
 from pykernel import Const, Ptr, f32, i32, u8, u32
 
 STEP_BYTES = 32          # one wgmma's K extent in bytes (k16 x 2 B, k32 x 1 B)
@@ -77,6 +78,9 @@ def _operands(rng, kind, rows, k):
             rng.integers(0, 256, (rows, k))
         return vals.astype(np.int8 if kind == "s8" else np.uint8).view(np.uint8), vals
     x = rng.standard_normal((rows, k)).astype(np.float32)
+    if kind in ("e4m3", "e5m2"):
+        codes = fp8.encode(x * 8, kind)
+        return codes, fp8.decode(codes, kind)
     if kind == "f16":
         h = x.astype(np.float16)
         return h.view(np.uint8).reshape(rows, 2 * k), h.astype(np.float32)
@@ -113,7 +117,8 @@ def run_gemm(rng, kind, n, kbytes, swizzle, a_regs):
 CASES = [("f16", 64, 32, 0, False), ("f16", 8, 64, 0, False), ("f16", 256, 32, 0, False),
          ("f16", 24, 32, 32, False), ("f16", 64, 64, 64, False), ("bf16", 40, 128, 128, False),
          ("f16", 16, 64, 0, True), ("s8", 64, 32, 0, False), ("u8", 24, 128, 128, False),
-         ("s8", 32, 64, 64, True), ("u8", 48, 32, 32, True)]
+         ("s8", 32, 64, 64, True), ("u8", 48, 32, 32, True), ("e4m3", 32, 64, 64, False),
+         ("e5m2", 16, 32, 0, True)]
 
 
 @pytest.mark.parametrize("kind,n,kbytes,swizzle,a_regs", CASES)
