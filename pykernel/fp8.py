@@ -38,7 +38,7 @@ def decode(codes, fmt: str) -> np.ndarray:
 
 
 def encode(values, fmt: str) -> np.ndarray:
-    ebits, mbits, bias, top = _spec(fmt)
+    _, mbits, bias, top = _spec(fmt)
     x = np.asarray(values, dtype=np.float32).astype(np.float64)
     mag = np.nan_to_num(np.abs(x), nan=0.0, posinf=np.inf)
     with np.errstate(divide="ignore", invalid="ignore"):

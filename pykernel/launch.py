@@ -102,7 +102,7 @@ class Launcher:
             device.launch(compiled, self.grid, self.block, args, self.stream,
                           self.shared_bytes, self.cluster)
 
-    def bind(self, *args, **kwargs) -> "BoundLaunch":
+    def bind(self, *args, **kwargs) -> BoundLaunch:
         """This launch with these arguments, checked and packed once: `.launch()` then
         repeats it at the cost of the driver call (loops that launch the same kernel with
         the same arguments; the arrays are kept alive by the object)."""
@@ -197,7 +197,7 @@ class BoundLaunch:
     driver directly; while a graph capture, a programmatic_launches() block or
     PYKERNEL_SYNC_LAUNCH is active it is the ordinary call `kernel[grid, block](*args)`
     (which picks the variant that mode loads)."""
-    __slots__ = ("launch", "compiled", "args", "grid", "block")
+    __slots__ = ("args", "block", "compiled", "grid", "launch")
 
     def __init__(self, device, compiled, launcher, args, as_a_call):
         self.compiled, self.args = compiled, args

@@ -148,11 +148,10 @@ class WgmmaSpec:
 
 def _desc_field(fl, arg_node, what):
     val = fl.expr(arg_node)
-    if isinstance(val, ConstValue):
-        if not isinstance(val.value, int) or not 0 <= val.value < FIELD_LIMIT or \
-                val.value % 16:
-            raise fl.error(arg_node, f"pk.wgmma_desc: {what} must be a multiple of 16 in "
-                           f"0..{FIELD_LIMIT - 16} (bytes), got {val.value!r}")
+    if isinstance(val, ConstValue) and (not isinstance(val.value, int) or
+                                        not 0 <= val.value < FIELD_LIMIT or val.value % 16):
+        raise fl.error(arg_node, f"pk.wgmma_desc: {what} must be a multiple of 16 in "
+                       f"0..{FIELD_LIMIT - 16} (bytes), got {val.value!r}")
     return fl.b.zext(fl.coerce(val, u32, arg_node).ir, ir.IntType(64))
 
 

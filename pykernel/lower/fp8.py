@@ -46,7 +46,7 @@ def decode(b: ir.IRBuilder, byte, fmt: str):
 def encode(b: ir.IRBuilder, module, value, fmt: str):
     """An f32 -> the i8 fp8 code, `cvt.rn.satfinite`: |x| is rounded to the format's grid at
     its binade (exact in f64, roundeven), saturated at the largest finite value."""
-    ebits, mbits, bias, top = FORMATS[fmt]
+    _, mbits, bias, top = FORMATS[fmt]
     bits = b.bitcast(value, I32)
     sign = b.trunc(b.shl(b.lshr(bits, _c(31)), _c(7)), I8)
     mag = b.fpext(b.bitcast(b.and_(bits, _c(0x7FFFFFFF)), F32), F64)

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 import pykernel as pk
-from pykernel import fp8
-from pykernel import Const, Ptr, f32, i32, u8, u32
+from pykernel import Const, Ptr, f32, fp8, i32, u8, u32
 
 STEP_BYTES = 32          # one wgmma's K extent in bytes (k16 x 2 B, k32 x 1 B)
 

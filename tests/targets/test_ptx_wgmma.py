@@ -3,8 +3,7 @@ that use them, and a compile error naming sm_90a for any other arch."""
 import pytest
 
 import pykernel as pk
-from pykernel import Ptr, f32, i32, u32, u8
-
+from pykernel import Ptr, f32, i32, u8, u32
 from tests.kernels.test_wgmma import wgmma_gemm
 
 
