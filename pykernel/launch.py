@@ -102,7 +102,7 @@ class Launcher:
             device.launch(compiled, self.grid, self.block, args, self.stream,
                           self.shared_bytes, self.cluster)
 
-    def bind(self, *args, **kwargs) -> "BoundLaunch":
+    def bind(self, *args, **kwargs) -> BoundLaunch:
         """This launch with these arguments, checked and packed once: `.launch()` then
         repeats it at the cost of the driver call (loops that launch the same kernel with
         the same arguments; the arrays are kept alive by the object)."""
@@ -153,11 +153,24 @@ class Launcher:
                tuple((n, getattr(v, "name", v)) for n, v in spec_kwargs.items()))
         compiled = k._launch_cache.get(key)
         if compiled is None:
-            compiled = k.compile(device.arch, options, **spec_kwargs)
+            compiled = _compile_for_device(k, device.arch, options, spec_kwargs)
             k._launch_cache[key] = compiled
         if spec_kwargs is _NO_SPEC:
             self._fixed = (device, programmatic, compiled)
         return compiled
+
+
+def _compile_for_device(kernel, arch, options, spec_kwargs):
+    """Kernels compile for the device's plain arch; one that uses an arch-specific instruction
+    (wgmma, setmaxnreg: ArchSpecificError) compiles for the variant, so only it gets
+    `.target sm_90a`."""
+    from .errors import ArchSpecificError
+    try:
+        return kernel.compile(arch, options, **spec_kwargs)
+    except ArchSpecificError as err:
+        if err.arch.rstrip("a") != arch:
+            raise
+        return kernel.compile(err.arch, options, **spec_kwargs)
 
 
 _NO_SPEC: dict = {}     # a kernel without Const or type-variable parameters (never mutated)
@@ -184,7 +197,7 @@ class BoundLaunch:
     driver directly; while a graph capture, a programmatic_launches() block or
     PYKERNEL_SYNC_LAUNCH is active it is the ordinary call `kernel[grid, block](*args)`
     (which picks the variant that mode loads)."""
-    __slots__ = ("launch", "compiled", "args", "grid", "block")
+    __slots__ = ("args", "block", "compiled", "grid", "launch")
 
     def __init__(self, device, compiled, launcher, args, as_a_call):
         self.compiled, self.args = compiled, args

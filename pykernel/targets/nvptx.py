@@ -7,9 +7,10 @@ from llvmlite import ir
 
 from ..errors import KernelSourceError
 from ..types import PtrType, ScalarType
-from .archs import SUPPORTED_ARCHS
+from .archs import ARCH_SPECIFIC, SUPPORTED_ARCHS
 from .base import IntrinsicTable
 from .nvptx_bulk import NVPTXBulkOps, _asm, ptx_isa
+from .nvptx_hopper import HOPPER_INTRINSICS
 from .nvptx_intrinsics import INTRINSICS
 
 I32, I64 = ir.IntType(32), ir.IntType(64)
@@ -23,14 +24,19 @@ SREG = {"thread_idx": "tid", "block_idx": "ctaid", "block_dim": "ntid", "grid_di
 
 class NVPTXTarget(NVPTXBulkOps, IntrinsicTable):
     name = "nvptx"
-    INTRINSICS = INTRINSICS    # intrinsics with a PTX form of their own (nvptx_intrinsics.py)
+    # intrinsics with a PTX form of their own (nvptx_intrinsics.py, nvptx_hopper.py)
+    INTRINSICS = {**INTRINSICS, **HOPPER_INTRINSICS}
     triple = "nvptx64-nvidia-cuda"
     datalayout = "e-i64:64-i128:128-v16:16-v32:32-n16:32:64"
 
     def __init__(self, arch: str = "sm_90"):
-        if arch not in SUPPORTED_ARCHS:
-            raise ValueError(f"unsupported arch {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}")
-        self.arch, self.sm = arch, int(arch[3:])
+        if arch not in SUPPORTED_ARCHS + ARCH_SPECIFIC:
+            raise ValueError(f"unsupported arch {arch!r}; supported: "
+                             f"{', '.join(SUPPORTED_ARCHS + ARCH_SPECIFIC)}")
+        self.arch, self.sm = arch, int(arch[3:].rstrip("a"))
+        self.arch_specific = arch.endswith("a")     # sm_90a: wgmma, setmaxnreg
+        if self.arch_specific:
+            self.min_ptx = 80     # the oldest PTX ISA that knows sm_90a
 
     # --- function shape ------------------------------------------------------------------------
     def pointer_type(self, ty: PtrType) -> ir.Type:
