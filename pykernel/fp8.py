@@ -1,6 +1,7 @@
 """Host (numpy) codecs of the 8-bit float formats: numpy has no fp8 dtype, so fp8 arrays are
 uint8 codes. `encode` rounds as the hardware's `cvt.rn.satfinite` (nearest even; finite
-overflow and infinities saturate to the largest finite value; NaN -> 0x7F with the sign);
+overflow and infinities saturate to the largest finite value; NaN -> 0x7F with the sign;
+decoding any NaN code gives 0x7FFFFFFF, as the hardware does);
 `decode` is exact. Formats: e4m3 (bias 7, max 448, no infinities) and e5m2 (bias 15, max
 57344; the top byte of an f16). The kernels' pk.fp8_encode / pk.fp8_decode give the same bits.
 
@@ -34,7 +35,10 @@ def decode(codes, fmt: str) -> np.ndarray:
         mag = np.where((exp == top) & (man == 7), np.nan, mag)
     else:
         mag = np.where(exp == top, np.where(man == 0, np.inf, np.nan), mag)
-    return np.where(c >> 7, -mag, mag).astype(np.float32)
+    out = np.where(c >> 7, -mag, mag).astype(np.float32)
+    # every NaN code decodes to 0x7FFFFFFF, sign dropped, as sm_89+'s cvt does (H200)
+    out.view(np.uint32)[np.isnan(out)] = 0x7FFFFFFF
+    return out
 
 
 def encode(values, fmt: str) -> np.ndarray:

@@ -34,13 +34,13 @@ def decode(b: ir.IRBuilder, byte, fmt: str):
     bits = b.select(b.icmp_unsigned("==", exp, _c(0)), sub_bits, normal)
     top = _c((1 << ebits) - 1)
     if fmt == "e4m3":
-        special = b.and_(b.icmp_unsigned("==", exp, top), b.icmp_unsigned("==", man, _c(7)))
-        bits = b.select(special, _c(0x7FC00000), bits)
+        nan = b.and_(b.icmp_unsigned("==", exp, top), b.icmp_unsigned("==", man, _c(7)))
     else:
         inf = b.icmp_unsigned("==", exp, top)
-        bits = b.select(inf, b.select(b.icmp_unsigned("==", man, _c(0)), _c(0x7F800000),
-                                      _c(0x7FC00000)), bits)
-    return b.bitcast(b.or_(bits, sign), F32)
+        bits = b.select(inf, _c(0x7F800000), bits)
+        nan = b.and_(inf, b.icmp_unsigned("!=", man, _c(0)))
+    # every NaN code decodes to 0x7FFFFFFF, sign dropped: what sm_89+'s cvt gives (H200)
+    return b.bitcast(b.select(nan, _c(0x7FFFFFFF), b.or_(bits, sign)), F32)
 
 
 def encode(b: ir.IRBuilder, module, value, fmt: str):

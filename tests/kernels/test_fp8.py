@@ -25,7 +25,10 @@ def _table(fmt):
         else:
             v = (1 + m / 2 ** mbits) * 2.0 ** (e - bias)
         out.append(-v if s else v)
-    return np.array(out, np.float32)
+    table = np.array(out, np.float32)
+    # the hardware's NaN (sm_89+ cvt, measured on an H200): 0x7FFFFFFF whatever the sign
+    table.view(np.uint32)[np.isnan(table)] = 0x7FFFFFFF
+    return table
 
 
 def _probe_values(fmt, rng):
