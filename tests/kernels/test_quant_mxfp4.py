@@ -87,3 +87,21 @@ def test_matmul_route():
     assert choose_matmul_path("MXFP4", 8, True) == GEMV
     assert choose_matmul_path("MXFP4", 9, True) == GEMM_F16
     assert choose_matmul_path("MXFP4", 512, True) == GEMM_F16
+
+
+def test_kernels_assemble_for_the_gpu(assemble):
+    """The GEMV (DP4A + prmt tables, with the PDL prefetch of byte rows), the f32-activation
+    GEMV and the dequantizer lower to PTX that ptxas accepts."""
+    from stdlib_kernels.quant import dequant_kernels as dk
+    from stdlib_kernels.quant import gemv_kernels as gk
+    from stdlib_kernels.quant.formats import MXFP4 as FMT
+    q8 = gk.gemv_q8_kernel.ptx("sm_90", FMT=FMT, WT=np.uint8, ITEMS=1, WARPS=4, BATCH=2,
+                               MODE=gk.MODE_SWIGLU, ROWS=2, KW=2, UNROLL=2, WIDEN=1, STAGE_X=0,
+                               PREFETCH=True)
+    assert "dp4a" in q8 and "prmt" in q8
+    f32 = gk.gemv_f32_kernel.ptx("sm_90", FMT=FMT, WT=np.uint8, WARPS=4, BATCH=1, MODE=0, KW=1,
+                                 PREFETCH=False)
+    deq = dk.dequantize_rows8.ptx("sm_80", FMT=FMT, BLOCK_ELEMS=32, BLOCK_BYTES=17,
+                                  T=np.float16)
+    for ptx, arch in ((q8, "sm_90"), (f32, "sm_90"), (deq, "sm_80")):
+        assemble(ptx, arch)
