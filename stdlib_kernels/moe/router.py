@@ -13,9 +13,10 @@ Modes (llama.cpp's build_moe_ffn):
   normal f16).
 - "softmax" (qwen2moe style, no renormalisation): the k largest p as they are.
 - "topk_softmax" (gpt-oss): the k largest logits; weights = softmax over those k.
-The ids come largest first. Ties: llama.cpp's CPU argsort is std::sort (unstable), so its
-order among exactly equal values is unspecified; ours takes the lower expert index first
-(deterministic, the order a stable sort gives). Softmax is monotonic, so selecting on the
+The ids come largest first. Ties go to the lower expert index, as in llama.cpp's fused CUDA
+router (topk-moe.cu: an iterative warp argmax preferring the lower index); its CPU path
+(ggml_argsort_top_k: std::sort, unstable) leaves the order of exactly equal values
+unspecified. Softmax is monotonic, so selecting on the
 logits selects the same experts as llama.cpp's selection on p except where two logits round
 to the same p. NaN logits are never selected.
 """

@@ -151,3 +151,33 @@ def test_grouping_matches_reference(device, rng, seed, pairs, n_expert, batch):
     want = group_reference(ids, n_expert, batch)
     for got, exp, name in zip((order, slot_of, tiles), want, ("order", "slot_of", "tiles")):
         assert np.array_equal(got.numpy(), exp), f"{name} differs (seed {seed})"
+
+
+def test_kernels_assemble_for_the_gpu(assemble):
+    """The GPU configurations (MoeConfig()) of every MoE kernel lower to PTX ptxas accepts."""
+    from stdlib_kernels.moe import expert_kernels as ek
+    from stdlib_kernels.moe import grouping, router
+    from stdlib_kernels.quant.formats import F16, MXFP4, Q4_K, Q6_K
+    c = MoeConfig()
+    common = dict(WARPS=c.warps, ROWS=c.rows)
+    ptx = [
+        router.router_kernel.ptx("sm_90", K=8, MODE=router.SOFTMAX_NORM, HAS_BIAS=False,
+                                 PER_LANE=4),
+        ek.moe_gemv_kernel.ptx("sm_90", FMT=Q4_K, WT=np.uint32, XT=np.uint32, ACT=ek.ACT_Q8,
+                               ITEMS=Q8_1_TYPES["Q4_K"], BATCH=c.batch, GLU=ek.GLU_SILU,
+                               HAS_BIAS=False, TILED=True, **common),
+        ek.moe_gemv_kernel.ptx("sm_90", FMT=MXFP4, WT=np.uint8, XT=np.uint32, ACT=ek.ACT_Q8,
+                               ITEMS=1, BATCH=1, GLU=ek.GLU_OAI, HAS_BIAS=True, TILED=False,
+                               **common),
+        ek.moe_gemv_kernel.ptx("sm_90", FMT=F16, WT=np.uint16, XT=np.float32, ACT=ek.ACT_F32,
+                               ITEMS=1, BATCH=c.batch, GLU=ek.GLU_NONE, HAS_BIAS=True,
+                               TILED=True, **common),
+        ek.moe_down_kernel.ptx("sm_90", FMT=Q6_K, WT=np.uint16, XT=np.uint32, ACT=ek.ACT_Q8,
+                               ITEMS=Q8_1_TYPES["Q6_K"], K=8, HAS_BIAS=True, HAS_RES=True,
+                               **common),
+        grouping.group_kernel.ptx("sm_90", BATCH=c.batch, MAX_EXPERTS=128),
+        grouping.gather_kernel.ptx("sm_90"),
+        grouping.combine_kernel.ptx("sm_90", K=8, HAS_RES=True),
+    ]
+    for text in ptx:
+        assemble(text, "sm_90")
