@@ -105,3 +105,20 @@ def test_kernels_assemble_for_the_gpu(assemble):
                                   T=np.float16)
     for ptx, arch in ((q8, "sm_90"), (f32, "sm_90"), (deq, "sm_80")):
         assemble(ptx, arch)
+
+
+def test_gpt_oss_file_experts_dequantize_bit_exact(device):
+    """The MXFP4 expert tensors of the tiny gpt-oss file (written by llama.cpp's tools), as
+    stacked (expert, rows, row_bytes) bytes: the device decode equals gguf-py's."""
+    from gguf import GGUFReader
+
+    from shared_data import GOLDEN, require
+    reader = GGUFReader(require(str(GOLDEN / "tiny" / "tiny-gpt-oss-mxfp4.gguf")))
+    tensors = [t for t in reader.tensors if t.tensor_type == MXFP4]
+    assert tensors, "the file holds MXFP4 experts"
+    for t in tensors[:3]:
+        raw = np.ascontiguousarray(t.data).reshape(-1, t.data.shape[-1])
+        n = raw.shape[1] // 17 * 32
+        want = gguf_quants.dequantize(raw, MXFP4)
+        got = dequantize(raw, "MXFP4", n)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), t.name
