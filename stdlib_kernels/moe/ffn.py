@@ -14,13 +14,17 @@ from .grouping import combine_kernel, gather_kernel, group_into, max_tiles
 def moe_ffn_into(ws: MoeWorkspace, gate: ExpertWeights, up: ExpertWeights,
                  down: ExpertWeights, x, y, ids, route_w, tokens: int, act: str = "silu",
                  gate_bias=None, up_bias=None, down_bias=None, res=None, stream=None,
-                 grouped: bool | None = None) -> None:
+                 grouped: bool | None = None, xq=None) -> None:
     """y (tokens, n_embd) = (res +) the k experts' weighted outputs (res may be y).
-    grouped None: the grouped path above DECODE_TOKENS tokens; True/False forces one."""
+    grouped None: the grouped path above DECODE_TOKENS tokens; True/False forces one.
+    xq: x already as Q8_1 rows (tokens, q8_1_bytes(n_embd)) uint8 (e.g. from rmsnorm_q8_1),
+    used instead of quantizing x when the gate/up type takes Q8_1."""
     _check(ws, gate, up, down, x, y, ids, route_w, tokens)
     k = ws.k
     xin = x
-    if _q8(gate):
+    if _q8(gate) and xq is not None:
+        xin = xq.reshape(tokens, -1)
+    elif _q8(gate):
         xin = ws.xq[:tokens]
         quantize_q8_1_into(x.reshape(tokens, -1), xin, stream=stream)
     if not (tokens > DECODE_TOKENS if grouped is None else grouped):
@@ -37,7 +41,7 @@ def moe_ffn_into(ws: MoeWorkspace, gate: ExpertWeights, up: ExpertWeights,
                stream)
     words = xin.nbytes // tokens // 4        # one token's Q8_1 or f32 row in u32 words
     x_sorted = ws.x_sorted.reshape(-1)[:padded * words]
-    gather_kernel[(1, pairs), 128, stream](xin.reshape(-1).view(np.uint32), x_sorted,
+    gather_kernel[pairs, 128, stream](xin.reshape(-1).view(np.uint32), x_sorted,
                                            ws.order, words, k)
     h = ws.h[:padded]
     glu_into(gate, up, x_sorted, h, ids, ws.tiles, n_tiles, 1, act, gate_bias, up_bias,

@@ -73,7 +73,7 @@ def group_kernel(ids: Ptr[i32, "ro"], order: Ptr[i32], slot_of: Ptr[i32], tiles:
 @pk.kernel
 def gather_kernel(src: Ptr[u32, "ro"], dst: Ptr[u32], order: Ptr[i32, "ro"], words: i32,
                   k: i32):
-    s = pk.block_idx.y
+    s = pk.block_idx.x         # x: pairs may exceed the 65535 blocks of a grid's y
     t = order[s] // k
     for i in range(pk.thread_idx.x, words, pk.block_dim.x):
         dst[s * words + i] = src[t * words + i]

@@ -22,6 +22,7 @@ from stdlib_kernels.moe.reference import glu_reference
 from stdlib_kernels.moe.router import route_reference
 from stdlib_kernels.quant import reference as ref
 from stdlib_kernels.quant.gemv import Q8_1_TYPES
+from stdlib_kernels.quant.q8_1 import quantize_q8_1
 
 from test_quant_gemv import offsets
 
@@ -91,7 +92,8 @@ CASES = [  # (gate/up type, down type, n_embd, n_ff, n_expert, k, act)
 ]
 
 
-def run_ffn(rng, seed, case, tokens, grouped, with_bias, with_res, config=None):
+def run_ffn(rng, seed, case, tokens, grouped, with_bias, with_res, config=None,
+            given_xq=False):
     gtype, dtype_, n_embd, n_ff, n_expert, k, act = case
     gate, up = (make_experts(rng, gtype, n_expert, n_ff, n_embd) for _ in range(2))
     down = make_experts(rng, dtype_, n_expert, n_embd, n_ff)
@@ -111,7 +113,7 @@ def run_ffn(rng, seed, case, tokens, grouped, with_bias, with_res, config=None):
     dev_bias = [pk.to_device(b) if with_bias else None for b in biases]
     moe_ffn_into(ws, *wts, pk.to_device(x), y, pk.to_device(ids), pk.to_device(route_w),
                  tokens, act, *dev_bias, res=None if res is None else pk.to_device(res),
-                 grouped=grouped)
+                 grouped=grouped, xq=quantize_q8_1(x) if given_xq else None)
     want, bound = expected_and_bound(x, [(m[1], m[2]) for m in (gate, up, down)],
                                      (gtype, gtype, dtype_), ids, route_w, act, biases, res)
     err = np.abs(y.numpy() - want)
@@ -137,7 +139,7 @@ def test_launch_shapes(device, rng, seed):
     run_ffn(rng, seed, CASES[0], tokens=5, grouped=True, with_bias=True, with_res=False,
             config=config)
     run_ffn(rng, seed, CASES[0], tokens=1, grouped=False, with_bias=False, with_res=False,
-            config=config)
+            config=config, given_xq=True)
 
 
 @pytest.mark.parametrize("pairs,n_expert,batch", [(21, 5, 4), (64, 128, 8), (9, 3, 8)])
