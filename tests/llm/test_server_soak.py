@@ -123,6 +123,7 @@ def test_soak_many_clients_leaving_and_failing_loses_nothing(monkeypatch, capsys
                          limits=ServerLimits(io_timeout_s=2.0))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_port}"
+    rss_start = rss_bytes()
     soak = Soak(url, expected, time.monotonic() + SOAK_SECONDS)
     clients = [threading.Thread(target=soak.client, args=(seed,)) for seed in range(CLIENTS)]
     try:
@@ -152,7 +153,8 @@ def test_soak_many_clients_leaving_and_failing_loses_nothing(monkeypatch, capsys
     assert threading.active_count() <= threads_before
     err = capsys.readouterr().err
     assert "Traceback" not in err, err[-3000:]
-    print(soak.counts, f"RSS {rss_warm >> 20} -> {rss_end >> 20} MiB")
+    print(f"soak {SOAK_SECONDS:.0f} s: {soak.counts} ({done_end} requests); RSS start "
+          f"{rss_start >> 20} MiB, after the warm third {rss_warm >> 20}, end {rss_end >> 20}")
 
 
 if __name__ == "__main__":
