@@ -28,6 +28,20 @@ def check_finite_logits(logits: np.ndarray) -> None:
         raise NonFiniteLogitsError(_non_finite_message(np.asarray(top).reshape(-1)))
 
 
+def check_device_picks(ids, vocab: int) -> np.ndarray:
+    """Token ids a device picked (host ints), checked: an id outside [0, vocab) marks a row
+    the kernels could not pick from (no finite largest logit: stdlib's argmax gives 2**31 - 1
+    on an all-NaN row, its samplers and the decode graph's argmax -1), which is
+    NonFiniteLogitsError, as the host's check_finite_logits makes it."""
+    ids = np.asarray(ids).astype(np.int64).reshape(-1)
+    bad = (ids < 0) | (ids >= vocab)
+    if bad.any():
+        rows = f" in {int(bad.sum())} of {ids.size} rows" if ids.size > 1 else ""
+        raise NonFiniteLogitsError(f"the model produced logits with no finite value{rows}: "
+                                   f"its weights are broken (a corrupt model file?)")
+    return ids
+
+
 def _non_finite_message(top: np.ndarray) -> str:
     bad = top[~np.isfinite(top)]
     what = ("NaN" if np.isnan(bad).any() else "+Inf" if (bad > 0).any()

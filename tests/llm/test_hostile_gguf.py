@@ -92,6 +92,38 @@ def test_cli_prints_non_finite_logits_as_one_line(tmp_path):
     assert len(lines) == 1 and "NaN" in lines[0], out.stderr
 
 
+@pytest.mark.parametrize("sampling", [
+    None,                                                    # greedy_tokens: argmax_next
+    dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),  # sampled: the filters' launches
+    dict(temperature=0.8, top_k=0, top_p=1.0, min_p=0.0),     # sampled: temperature alone
+], ids=["greedy", "sampled-filters", "sampled-temperature"])
+def test_device_picked_tokens_raise_non_finite_logits(tmp_path, sampling):
+    """The graphed kernels backend's one-stream loops (the decode graph picks each token on
+    the device and feeds it to the next step), on the CPU target: a NaN model's step flags
+    its pick (-1 in the io the host reads each token) and the loop raises
+    NonFiniteLogitsError at that token instead of going on with token 0. A step that embeds
+    the flag (on a GPU the next one is queued already) reads in bounds: the CPU target
+    checks every access and raises on one out of range."""
+    from llm.sampling import SamplingParams
+    model = llm.load(_weights_with(tmp_path, "blk.0.attn_norm.weight", np.nan), device="cpu",
+                     backend="kernels", n_ctx=64, progress=False)
+    cfg, t = model.config, model.transformer
+    cache = model.backend.kv_cache(cfg.n_layer, 32, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v)
+    if sampling is None:
+        with pytest.raises(NonFiniteLogitsError, match="no finite value: its weights"):
+            t.greedy(1, 0, cache, 4)
+        params = None
+    else:
+        params = SamplingParams(**sampling)
+        tokens = t.sampled_tokens(1, 0, cache, 4, params, np.random.default_rng(0).random(4))
+        with pytest.raises(NonFiniteLogitsError, match="no finite value: its weights"):
+            next(tokens)
+    assert int(cache.graph.io.numpy()[0]) == -1
+    logits = t.decode_step(-1, 1, cache, params)      # the flag as the next step's token
+    assert np.isnan(logits.numpy()).all()
+    assert int(cache.graph.io.numpy()[0]) == -1
+
+
 def test_cli_error_line_is_never_empty():
     assert error_line(MemoryError()) == "MemoryError (MemoryError())"
     assert error_line(ValueError("  ")).startswith("ValueError")
