@@ -487,8 +487,11 @@ class GraphedTransformer(Transformer):
 
 def _picked(io_token, vocab: int) -> int:
     """The token a decode step picked on the device (its io[0], on the host); -1, a row
-    without a finite logit, is NonFiniteLogitsError."""
-    return int(check_device_picks(io_token, vocab)[0])
+    without a finite logit, is NonFiniteLogitsError (a comparison per token, no numpy)."""
+    token = int(io_token[0])
+    if 0 <= token < vocab:
+        return token
+    return int(check_device_picks([token], vocab)[0])     # raises
 
 
 def wrap(transformer: Transformer) -> GraphedTransformer:
