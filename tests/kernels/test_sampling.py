@@ -336,3 +336,14 @@ def test_sample_rows_kernels_ptx_assemble(arch, assemble):
     from stdlib_kernels.sample_rows import rows_draw
     assemble(rows_draw.ptx(arch), arch)
     assemble(S.penalties_rows.ptx(arch), arch)
+
+
+@pytest.mark.parametrize("arch", pk.SUPPORTED_ARCHS)
+def test_one_row_sampler_kernels_ptx_assemble(arch, assemble):
+    """sample_temp, sample_hist and sample_pick (sample()'s launches, with their -1 for a row
+    without a finite maximum): PTX that ptxas accepts for every arch."""
+    from stdlib_kernels.sample_filter import sample_hist, sample_pick
+    from stdlib_kernels.sample_kernels import sample_temp
+    assemble(sample_temp.ptx(arch, VEC=4, UNITS=2), arch)
+    assemble(sample_hist.ptx(arch, VEC=4, UNITS=2), arch)
+    assemble(sample_pick.ptx(arch, VEC=4), arch)

@@ -516,6 +516,15 @@ def test_embed_rows_of_an_id_out_of_range_are_nan(rng, seed):
     assert np.array_equal(got[~bad], expected), f"seed {seed}"
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_pick_and_embedding_kernels_ptx_assemble(arch, assemble):
+    """argmax_next (its -1 flag) and embed_generic (its id check): PTX that ptxas accepts."""
+    from llm.backends.kernels_extra import argmax_next, embed_generic
+    from stdlib_kernels.quant.dequant_kernels import CODES
+    assemble(argmax_next.ptx(arch, VEC=4, UNITS=4, ADVANCE=True), arch)
+    assemble(embed_generic.ptx(arch, FMT=CODES["Q8_0"], BE=32, BB=34), arch)
+
+
 def test_qwen3_head_norms_inside_the_rope_launch(tmp_path, monkeypatch):
     """A tiny synthetic qwen3 (head_dim 64: the runner's tensor-core attention paths): q_norm /
     k_norm applied inside the RoPE + KV-cache launch in prefill (q|k|v read in place) and in the
