@@ -175,7 +175,8 @@ def advance_position(io: Ptr[i32]):
 
 @pk.kernel
 def embed_generic(table: Ptr[u8, "ro"], ids: Ptr[i32, "ro"], out: Ptr[f32], n: i32,
-                  row_bytes: i32, vocab: i32, scale: f32, FMT: Const[int], BE: Const[int], BB: Const[int]):
+                  row_bytes: i32, vocab: i32, scale: f32, FMT: Const[int], BE: Const[int],
+                  BB: Const[int]):
     # grid (tokens): out[t] = dequantized row ids[t] of the table, times scale; an id outside
     # [0, vocab) (a device pick's -1 for a broken row) gives a NaN row, never a wild read
     t = pk.block_idx.x
