@@ -198,13 +198,13 @@ class NVPTXTarget(NVPTXBulkOps, NVPTXTmaOps, IntrinsicTable):
         return ctx.builder.call(fn, [mask, pred])
 
     # --- memory --------------------------------------------------------------------------------
-    def shared_array(self, ctx, aty):
+    def shared_array(self, ctx, aty, align=16):
         gv = ir.GlobalVariable(ctx.module, ir.ArrayType(aty.elem.storage, aty.count),
                                ctx.module.get_unique_name("shared"), addrspace=3)
-        gv.align = 16
+        gv.align = align
         gv.linkage = "internal"
         gv.initializer = ir.Constant(gv.value_type, ir.Undefined)
-        ctx.shared_bytes = (ctx.shared_bytes + 15) // 16 * 16 + aty.count * aty.elem.nbytes
+        ctx.shared_bytes = -(-ctx.shared_bytes // align) * align + aty.count * aty.elem.nbytes
         zero = ir.Constant(I32, 0)
         return ctx.builder.gep(gv, [zero, zero])
 
