@@ -174,3 +174,47 @@ def test_multicast_into_the_cluster(device, rng, seed):
     out = pk.full(512, np.nan, np.float32)
     multicast_rows[2, 64, None, 0, 2](pk.tensor_map(pk.to_device(a), (8, 16)), out)
     assert np.array_equal(out.numpy().reshape(2, 16, 16), np.stack([a, a])), f"seed {seed}"
+
+
+@pk.kernel
+def tma_wgmma(ta: pk.TensorMap, tb: pk.TensorMap, c: Ptr[f32], N: Const[int]):
+    """C (64 x N) = A (64 x 64) . B (N x 64)^T, f16: both tiles land by TMA with 128-byte
+    swizzle (rows of 64 f16 = one 128-byte atom), read by wgmma through 128B descriptors."""
+    sa = pk.shared_array(f16, 64 * 64, align=1024)
+    sb = pk.shared_array(f16, N * 64, align=1024)
+    bar = pk.shared_array(u64, 1)
+    t = pk.thread_idx.x
+    if t == 0:
+        pk.mbarrier_init(bar, 0, 1)
+        pk.fence_mbarrier_init()
+    pk.syncthreads()
+    if t == 0:
+        pk.mbarrier_arrive_expect_tx(bar, 0, (64 + N) * 64 * 2)
+        pk.tma_load(sa, 0, ta, (0, 0), bar, 0)
+        pk.tma_load(sb, 0, tb, (0, 0), bar, 0)
+    pk.mbarrier_wait(bar, 0, 0)
+    acc = pk.local_array(f32, N // 2)
+    for s in pk.static_range(4):             # k16 steps: 32 bytes further along the atom
+        pk.wgmma_fence()
+        pk.wgmma(acc, pk.wgmma_desc(sa, 16 * s, 16, 1024, 128),
+                 pk.wgmma_desc(sb, 16 * s, 16, 1024, 128), "f16", s > 0)
+        pk.wgmma_commit_group()
+        pk.wgmma_wait_group(0, acc)
+    w, g, q = t // 32, (t % 32) // 4, t % 4
+    for i in pk.static_range(N // 2):
+        c[(16 * w + g + 8 * ((i // 2) % 2)) * N + 8 * (i // 4) + 2 * q + i % 2] = acc[i]
+
+
+@pytest.mark.parametrize("n", [24, 72, 128])
+def test_swizzled_tma_feeds_wgmma(device, rng, seed, n):
+    """A has 45 rows: the box's last 19 rows are TMA's zero fill. Halves and small integers
+    keep every f32 sum exact, so the product is compared bit for bit."""
+    a = (rng.integers(-6, 7, (45, 64)) / 2).astype(np.float16)
+    b = (rng.integers(-6, 7, (n, 64)) / 2).astype(np.float16)
+    c = pk.full(64 * n, np.nan, np.float32)
+    ta = pk.tensor_map(pk.to_device(a), (64, 64), swizzle=128)
+    tb = pk.tensor_map(pk.to_device(b), (n, 64), swizzle=128)
+    tma_wgmma[1, 128](ta, tb, c, n)
+    want = np.zeros((64, n), np.float32)
+    want[:45] = a.astype(np.float32) @ b.astype(np.float32).T
+    assert np.array_equal(c.numpy().reshape(64, n), want), f"N = {n} (seed {seed})"
