@@ -169,5 +169,5 @@ def prefetch_tensormap(fl, node):
     return ConstValue(None)
 
 
-__all__ = ["tma_load", "tma_store", "bulk_commit_group", "bulk_wait_group",
-           "bulk_wait_group_read", "prefetch_tensormap"]
+__all__ = ["bulk_commit_group", "bulk_wait_group", "bulk_wait_group_read",
+           "prefetch_tensormap", "tma_load", "tma_store"]

@@ -222,8 +222,8 @@ def _tensormap_emit(packer, param, name, scope):
     from .tensor_map import TiledTensorMap
     scope["TiledTensorMap"], scope[f"P{name}"] = TiledTensorMap, param
     return [f"if type({name}) is not TiledTensorMap or {name}.device_kind != kind:",
-            f"    raise packer.error(P{name}, 'a tensor map of a ' + kind + ' array "
-            f"(pk.tensor_map)', {name})",
+            (f"    raise packer.error(P{name}, 'a tensor map of a ' + kind + ' array "
+             f"(pk.tensor_map)', {name})"),
             f"{name} = {name}.data"], [name]
 
 

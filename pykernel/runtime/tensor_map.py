@@ -43,7 +43,7 @@ assert RECORD.size == 128
 class TiledTensorMap:
     """What `pk.tensor_map` returns: the 128 bytes a `pk.TensorMap` parameter takes, for
     arrays of one device kind; it keeps the array alive."""
-    __slots__ = ("data", "device_kind", "array", "box_shape", "swizzle", "oob_fill")
+    __slots__ = ("array", "box_shape", "data", "device_kind", "oob_fill", "swizzle")
 
     def __init__(self, data: bytes, device_kind: str, array, box_shape, swizzle, oob_fill):
         self.data, self.device_kind, self.array = data, device_kind, array
