@@ -158,9 +158,12 @@ def _encode_cuda(dtype, rank, address, dims, strides, box, swizzle, l2_promotion
     from cuda.bindings import driver as cu
 
     from .cuda import check
+    # the binding takes its lists as cuuint64_t / cuuint32_t objects, not ints
+    u64, u32 = cu.cuuint64_t, cu.cuuint32_t
     tmap = check(cu.cuTensorMapEncodeTiled(
-        cu.CUtensorMapDataType(DATA_TYPES[dtype]), rank, address, dims, strides,
-        list(reversed(box)), [1] * rank, cu.CUtensorMapInterleave(0),
+        cu.CUtensorMapDataType(DATA_TYPES[dtype]), rank, address, [u64(d) for d in dims],
+        [u64(s) for s in strides], [u32(b) for b in reversed(box)], [u32(1)] * rank,
+        cu.CUtensorMapInterleave(0),
         cu.CUtensorMapSwizzle(SWIZZLES[swizzle]),
         cu.CUtensorMapL2promotion(L2_PROMOTIONS[l2_promotion]),
         cu.CUtensorMapFloatOOBfill(OOB_FILLS[oob_fill])), "cuTensorMapEncodeTiled")

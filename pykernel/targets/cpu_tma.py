@@ -89,11 +89,15 @@ class CPUTmaOps:
         self._checked_copy(ctx, m, coords, src, _c(0), False, site)
 
     def _checked_copy(self, ctx, m, coords, smem, delta, load, site):
-        """The map must be a CPU record of this rank and the shared side 128-byte aligned."""
+        """The map must be a CPU record of this rank, the shared side 128-byte aligned and the
+        innermost coordinate a whole number of 16 bytes (an H200 traps with an illegal
+        instruction on 4 or 8: measured, tests/kernels/test_tma.py)."""
         b = ctx.builder
         base = self.ctx_slot(ctx, abi.SHARED_PTR)
         start = b.sub(b.ptrtoint(smem.ptr, I64), base)
         aligned = b.icmp_unsigned("==", b.urem(start, _c(ALIGN)), _c(0))
+        inner_bytes = b.mul(b.sext(coords[-1], I64), m.elem)
+        aligned = b.and_(aligned, b.icmp_signed("==", b.srem(inner_bytes, _c(16)), _c(0)))
         with b.if_else(b.and_(m.valid, aligned)) as (then, otherwise):
             with then:
                 self._copy_box(ctx, m, coords, smem, start, delta, load, site)

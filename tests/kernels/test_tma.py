@@ -57,9 +57,10 @@ def swizzle_bytes(dense: np.ndarray, swizzle: int) -> np.ndarray:
     return out
 
 
-def _start(rng, n, b):
-    """A box start: anywhere from hanging over the low edge to hanging over the high one."""
-    return int(rng.integers(-b + 1, n))
+def _start(rng, n, b, step=1):
+    """A box start: anywhere from hanging over the low edge to hanging over the high one, a
+    multiple of `step` (the innermost coordinate: 16 bytes' worth of elements)."""
+    return step * int(rng.integers(-(b - 1) // step, -(-n // step)))
 
 
 def _run_load(a, box, start, **options):
@@ -76,7 +77,7 @@ def test_load_2d_over_the_edges(device, rng, seed, dtype, box):
     rows, cols = int(rng.integers(20, 50)), 16 * int(rng.integers(2, 5))
     a = rng.integers(1, 100, (rows, cols)).astype(dtype)
     for _ in range(3):
-        start = [_start(rng, rows, box[0]), _start(rng, cols, box[1])]
+        start = [_start(rng, rows, box[0]), _start(rng, cols, box[1], 16 // a.itemsize)]
         got = _run_load(a, box, start).view(dtype).reshape(box)
         assert np.array_equal(got, box_reference(a, start, box)), \
             f"{dtype.__name__} {a.shape} box {box} at {start} (seed {seed})"
@@ -85,12 +86,12 @@ def test_load_2d_over_the_edges(device, rng, seed, dtype, box):
 def test_load_3d_and_5d_over_the_edges(device, rng, seed):
     a = rng.standard_normal((7, 9, 24)).astype(np.float16)
     box = (3, 4, 8)
-    start = [_start(rng, n, b) for n, b in zip(a.shape, box)]
+    start = [_start(rng, n, b, 8 if d == 2 else 1) for d, (n, b) in enumerate(zip(a.shape, box))]
     got = _run_load(a, box, start).view(np.float16).reshape(box)
     assert np.array_equal(got, box_reference(a, start, box)), f"at {start} (seed {seed})"
     a5 = rng.standard_normal((3, 2, 4, 3, 8)).astype(np.float32)
     box5 = (2, 2, 3, 2, 4)
-    start5 = [_start(rng, n, b) for n, b in zip(a5.shape, box5)]
+    start5 = [_start(rng, n, b, 4 if d == 4 else 1) for d, (n, b) in enumerate(zip(a5.shape, box5))]
     got5 = _run_load(a5, box5, start5).view(np.float32).reshape(box5)
     assert np.array_equal(got5, box_reference(a5, start5, box5)), f"at {start5} (seed {seed})"
 
@@ -134,7 +135,7 @@ def store_tile(tm: pk.TensorMap, src: Ptr[f32], y: i32, x: i32, BOX: Const[int])
 def test_store_clipped_at_the_edges(device, rng, seed):
     rows, cols, box = int(rng.integers(10, 30)), 32, (6, 8)
     for _ in range(3):
-        y, x = _start(rng, rows, box[0]), _start(rng, cols, box[1])
+        y, x = _start(rng, rows, box[0]), _start(rng, cols, box[1], 4)
         src = rng.standard_normal(box).astype(np.float32)
         dst = pk.full((rows, cols), np.nan, np.float32)
         store_tile[1, 32](pk.tensor_map(dst, box), pk.to_device(src), y, x, src.size)

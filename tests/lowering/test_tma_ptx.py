@@ -139,6 +139,37 @@ def load_rank2(tm: pk.TensorMap, out: Ptr[f32], OFFSET: Const[int]):
         out[0] = tile[OFFSET]
 
 
+@pk.kernel
+def load_at_column(tm: pk.TensorMap, out: Ptr[f32], x: i32):
+    tile = pk.shared_array(f32, 256, align=128)
+    bar = pk.shared_array(u64, 1)
+    if pk.thread_idx.x == 0:
+        pk.mbarrier_init(bar, 0, 1)
+        pk.mbarrier_arrive_expect_tx(bar, 0, 64)
+        pk.tma_load(tile, 0, tm, (0, x), bar, 0)
+        pk.mbarrier_wait(bar, 0, 0)
+        out[0] = tile[0]
+
+
+def test_cpu_refuses_an_innermost_coordinate_off_16_bytes():
+    # an H200 traps (illegal instruction) on an f32 box at column 1, 2 or 30 and loads it at
+    # 0, 4, 8, 12, -4 (measured 2026-11-28): the CPU target reports what the GPU would crash on
+    previous = pk.current_device()
+    pk.set_device("cpu")
+    try:
+        out = pk.zeros(1, np.float32)
+        tm = pk.tensor_map(pk.to_device(np.arange(64, dtype=np.float32).reshape(4, 16)),
+                           (1, 16))
+        load_at_column[1, 32](tm, out, -4)
+        assert out.numpy()[0] == 0.0            # out of bounds: zero fill
+        load_at_column[1, 32](tm, out, 4)
+        assert out.numpy()[0] == 4.0
+        with pytest.raises(KernelRuntimeError, match="innermost coordinate"):
+            load_at_column[1, 32](tm, out, 1)
+    finally:
+        pk.set_device(previous)
+
+
 def test_cpu_reports_runtime_misuse():
     previous = pk.current_device()
     pk.set_device("cpu")
