@@ -85,7 +85,13 @@ class CPUTmaOps:
                 self._update(ctx, remote_bar, b.neg(m.total), False, site)
 
     def tma_store(self, ctx, tmap, coords, src, site):
-        m = _MapFields(ctx.builder, tmap.ir, len(coords))
+        """A store's box may run past the tensor's end (clipped) but not start before it: an
+        H200 traps (illegal instruction) on a negative store coordinate (measured)."""
+        b = ctx.builder
+        m = _MapFields(b, tmap.ir, len(coords))
+        for c in coords:
+            with b.if_then(b.icmp_signed("<", c, ir.Constant(c.type, 0)), likely=False):
+                self.fail(ctx, TMA_ERROR, site, b.sext(c, I64))
         self._checked_copy(ctx, m, coords, src, _c(0), False, site)
 
     def _checked_copy(self, ctx, m, coords, smem, delta, load, site):

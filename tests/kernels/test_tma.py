@@ -135,7 +135,8 @@ def store_tile(tm: pk.TensorMap, src: Ptr[f32], y: i32, x: i32, BOX: Const[int])
 def test_store_clipped_at_the_edges(device, rng, seed):
     rows, cols, box = int(rng.integers(10, 30)), 32, (6, 8)
     for _ in range(3):
-        y, x = _start(rng, rows, box[0]), _start(rng, cols, box[1], 4)
+        # a store may hang over the far edges only (an H200 traps on negative coordinates)
+        y, x = int(rng.integers(0, rows)), 4 * int(rng.integers(0, cols // 4))
         src = rng.standard_normal(box).astype(np.float32)
         dst = pk.full((rows, cols), np.nan, np.float32)
         store_tile[1, 32](pk.tensor_map(dst, box), pk.to_device(src), y, x, src.size)

@@ -170,6 +170,34 @@ def test_cpu_refuses_an_innermost_coordinate_off_16_bytes():
         pk.set_device(previous)
 
 
+@pk.kernel
+def store_at(tm: pk.TensorMap, y: i32):
+    tile = pk.shared_array(f32, 16, align=128)
+    if pk.thread_idx.x == 0:
+        for k in range(16):
+            tile[k] = 1.0
+        pk.fence_proxy_async()
+        pk.tma_store(tm, (y, 0), tile, 0)
+        pk.bulk_commit_group()
+        pk.bulk_wait_group(0)
+
+
+def test_cpu_refuses_a_negative_store_coordinate():
+    # an H200 traps on a store at row -1 or column -4 and clips one past the far edges
+    # (measured 2026-11-28): the CPU target reports the first as TMA misuse
+    previous = pk.current_device()
+    pk.set_device("cpu")
+    try:
+        dst = pk.zeros((4, 16), np.float32)
+        tm = pk.tensor_map(dst, (1, 16))
+        store_at[1, 32](tm, 3)
+        assert dst.numpy()[3].tolist() == [1.0] * 16
+        with pytest.raises(KernelRuntimeError, match="negative store coordinate"):
+            store_at[1, 32](tm, -1)
+    finally:
+        pk.set_device(previous)
+
+
 def test_cpu_reports_runtime_misuse():
     previous = pk.current_device()
     pk.set_device("cpu")
