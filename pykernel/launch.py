@@ -8,6 +8,7 @@ import numpy as np
 
 from . import compile_pool
 from .errors import LaunchError
+from .runtime import device as _devices
 from .runtime.device import current_device
 from .runtime.limits import check_geometry
 from .signature import type_var_name
@@ -53,8 +54,30 @@ def _cluster(value, grid, kernel_name):
     return dims
 
 
-class Launcher:
-    def __init__(self, kernel, config):
+class Launcher(functools.partial):
+    """`kernel[grid, block, ...]`: one validated launch configuration, called with the
+    kernel's arguments. A functools.partial subclass so that a call goes from C straight into
+    the per-launcher function `_entry` made in __new__ (a Python `__call__` taking *args and
+    **kwargs measured ~100 ns more per launch). Once a plain call has picked its compiled
+    variant on a device that offers one (`device.fast_launch`), later calls on that device
+    in the same launch mode go through the device's fast function: pack and driver call,
+    nothing looked up again."""
+
+    def __new__(cls, kernel, config):
+        fast = [None, None]    # [the device's fast launch function, that device]
+
+        def _entry(*args, **kwargs):
+            launch, device = fast
+            if launch is not None and not kwargs and _devices._current is device and \
+                    compile_pool.RECORDING is None:
+                return launch(args)
+            return launcher._call(args, kwargs)
+        launcher = super().__new__(cls, _entry)
+        launcher._fast = fast
+        launcher._configure(kernel, config)
+        return launcher
+
+    def _configure(self, kernel, config):
         if not isinstance(config, tuple):
             config = (config,)
         if not 2 <= len(config) <= 5:
@@ -73,10 +96,17 @@ class Launcher:
             raise LaunchError(f"{kernel.name}[grid={self.grid}, block={self.block}]: {threads} "
                               f"threads per block, but the kernel is declared with "
                               f"max_threads={limit}")
-
         self._fixed = None     # (device, programmatic mode, compiled) of the last plain call
 
-    def __call__(self, *args, **kwargs):
+    def __repr__(self):
+        return f"<launcher {self.kernel.name}[{self.grid}, {self.block}]>"
+
+    def __reduce__(self):
+        raise TypeError("a Launcher cannot be pickled: pickle the kernel's module and name")
+
+    def _call(self, args, kwargs):
+        """The general call: bind arguments, pick (or compile) the variant, launch; and, for a
+        plain call on a device with `fast_launch`, keep the fast function for the next ones."""
         k = self.kernel
         if kwargs or k.const_params or len(args) != len(k.runtime_params) or _plan(k)[1]:
             args, spec_kwargs = self._bind(args, kwargs)
@@ -101,6 +131,23 @@ class Launcher:
         else:
             device.launch(compiled, self.grid, self.block, args, self.stream,
                           self.shared_bytes, self.cluster)
+        if spec_kwargs is _NO_SPEC and not programmatic and self.cluster is None and \
+                not compiled.hidden_extents and self._fast[1] is not device:
+            self._keep_fast(device, compiled)
+
+    def _keep_fast(self, device, compiled):
+        """After a plain call went through: the device's fast function for the next ones
+        (it checks the device's launch mode per call and comes back here when it changed)."""
+        make = getattr(device, "fast_launch", None)
+        if make is None:
+            return
+        launch = make(compiled, self.grid, self.block, self.stream, self.shared_bytes,
+                      fallback=self._fallback)
+        if launch is not None:
+            self._fast[:] = launch, device
+
+    def _fallback(self, args):
+        return self._call(args, _NO_SPEC)
 
     def bind(self, *args, **kwargs) -> "BoundLaunch":
         """This launch with these arguments, checked and packed once: `.launch()` then

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import sys
 from collections import deque
 
 from cuda.bindings import driver as cu
@@ -371,6 +372,49 @@ class CudaDevice:
             if err:
                 self._launch_failed(err, kernel, grid, block, shared_bytes, cluster)
         launch.keepalive = (owner, args)
+        return launch
+
+    def fast_launch(self, compiled, grid, block, stream=None, shared_bytes=0, fallback=None):
+        """`launch(args)` for a Launcher's plain calls of `compiled` with this geometry: the
+        shared-memory opt-in, stream handle and driver arguments resolved now; per call the
+        launch mode is checked, the packer's checks run inline and the driver is called. In
+        a capture, a programmatic_launches() block or with synchronous launches it calls
+        `fallback(args)` (the full path) instead, and so does a wrong argument count, so that
+        errors read as the full path's. None while capturing (the stream's handle is the
+        capture's then)."""
+        if self._capture is not None:
+            return None
+        kernel = self._kernels.get(compiled.cache_key) or self.load(compiled)
+        if shared_bytes > kernel.dynamic_shared_limit:
+            self._raise_shared_limit(kernel, shared_bytes)
+        # outside a capture (the only time this runs) the handles are the streams' own
+        handle = self._launch_handle if stream is None else _stream_handle(stream)
+        scope = {"device": self, "fallback": fallback, "runtime": sys.modules[__name__],
+                 "func": kernel.func, "handle": handle, "params": kernel.kernel_params,
+                 "extra": kernel.extra, "recent": self._recent.append, "name": kernel.name,
+                 "failed": functools.partial(self._launch_failed, kernel=kernel, grid=grid,
+                                             block=block, shared_bytes=shared_bytes)}
+        geometry = ", ".join(str(int(v)) for v in (*grid, *block, shared_bytes))
+        head = ["if device._capture is not None or device.sync_launches or "
+                "device.programmatic_launch:", "    return fallback(args)"]
+        # the module attribute, read per call: tests replace the driver call there
+        tail = ["recent(name)",
+                f"err, = runtime._launch_kernel(func, {geometry}, handle, params, extra)",
+                "if err:", "    failed(err)"]
+        launch = kernel.packer.fused("launch", head, tail, scope, "fallback(args)")
+        if launch is None:          # n-d array arguments: their pack, then the same tail
+            pack = kernel.pack
+
+            def launch(args):
+                if self._capture is not None or self.sync_launches or \
+                        self.programmatic_launch:
+                    return fallback(args)
+                pack(args)
+                self._recent.append(kernel.name)
+                (err,) = _launch_kernel(kernel.func, *grid, *block, shared_bytes, handle,
+                                        kernel.kernel_params, kernel.extra)
+                if err:
+                    self._launch_failed(err, kernel, grid, block, shared_bytes)
         return launch
 
     def load(self, compiled) -> _LoadedKernel:
