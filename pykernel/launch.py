@@ -56,26 +56,24 @@ def _cluster(value, grid, kernel_name):
 
 class Launcher(functools.partial):
     """`kernel[grid, block, ...]`: one validated launch configuration, called with the
-    kernel's arguments. A functools.partial subclass so that a call goes from C straight into
-    the per-launcher function `_entry` made in __new__ (a Python `__call__` taking *args and
-    **kwargs measured ~100 ns more per launch). Once a plain call has picked its compiled
-    variant on a device that offers one (`device.fast_launch`), later calls on that device
-    in the same launch mode go through the device's fast function: pack and driver call,
-    nothing looked up again."""
+    kernel's arguments. A functools.partial subclass, so that a call goes from C straight
+    into the function the partial holds (a Python `__call__` taking *args and **kwargs
+    measured ~100 ns more per launch): first `_call`, the full path; once a plain call has
+    picked its compiled variant on a device that offers one (`device.fast_launch`), that
+    device's generated function, which checks the launch mode, packs and calls the driver,
+    and hands anything else (keywords, another current device, a capture, a dry run) back to
+    `_call`."""
 
     def __new__(cls, kernel, config):
-        fast = [None, None]    # [the device's fast launch function, that device]
-
-        def _entry(*args, **kwargs):
-            launch, device = fast
-            if launch is not None and not kwargs and _devices._current is device and \
-                    compile_pool.RECORDING is None:
-                return launch(args)
-            return launcher._call(args, kwargs)
-        launcher = super().__new__(cls, _entry)
-        launcher._fast = fast
+        launcher = super().__new__(cls, _unbound)
         launcher._configure(kernel, config)
+        launcher._fast = {}        # device -> its fast function for this launcher
+        launcher._use(launcher._call)
         return launcher
+
+    def _use(self, function):
+        """Make `function` what a call of this launcher runs (partial's own setter)."""
+        self.__setstate__((function, (), None, self.__dict__))
 
     def _configure(self, kernel, config):
         if not isinstance(config, tuple):
@@ -104,9 +102,9 @@ class Launcher(functools.partial):
     def __reduce__(self):
         raise TypeError("a Launcher cannot be pickled: pickle the kernel's module and name")
 
-    def _call(self, args, kwargs):
+    def _call(self, *args, **kwargs):
         """The general call: bind arguments, pick (or compile) the variant, launch; and, for a
-        plain call on a device with `fast_launch`, keep the fast function for the next ones."""
+        plain call on a device with `fast_launch`, switch to its fast function."""
         k = self.kernel
         if kwargs or k.const_params or len(args) != len(k.runtime_params) or _plan(k)[1]:
             args, spec_kwargs = self._bind(args, kwargs)
@@ -132,22 +130,23 @@ class Launcher(functools.partial):
             device.launch(compiled, self.grid, self.block, args, self.stream,
                           self.shared_bytes, self.cluster)
         if spec_kwargs is _NO_SPEC and not programmatic and self.cluster is None and \
-                not compiled.hidden_extents and self._fast[1] is not device:
-            self._keep_fast(device, compiled)
+                not compiled.hidden_extents:
+            self._switch_to_fast(device, compiled)
 
-    def _keep_fast(self, device, compiled):
-        """After a plain call went through: the device's fast function for the next ones
-        (it checks the device's launch mode per call and comes back here when it changed)."""
-        make = getattr(device, "fast_launch", None)
-        if make is None:
-            return
-        launch = make(compiled, self.grid, self.block, self.stream, self.shared_bytes,
-                      fallback=self._fallback)
-        if launch is not None:
-            self._fast[:] = launch, device
-
-    def _fallback(self, args):
-        return self._call(args, _NO_SPEC)
+    def _switch_to_fast(self, device, compiled):
+        """After a plain call went through: the device's fast function for the next calls
+        (made once per device; it comes back to `_call` whenever the mode changed)."""
+        fast = self._fast.get(device)
+        if fast is None:
+            make = getattr(device, "fast_launch", None)
+            fast = None if make is None else make(
+                compiled, self.grid, self.block, self.stream, self.shared_bytes,
+                fallback=self._call, guard=_FAST_GUARD)
+            if fast is None:
+                return
+            self._fast[device] = fast
+        if self.func is not fast:
+            self._use(fast)
 
     def bind(self, *args, **kwargs) -> "BoundLaunch":
         """This launch with these arguments, checked and packed once: `.launch()` then
@@ -208,6 +207,15 @@ class Launcher(functools.partial):
 
 
 _NO_SPEC: dict = {}     # a kernel without Const or type-variable parameters (never mutated)
+
+# what a device's fast function checks besides its own mode (an expression over these names;
+# `device` is the device itself): the current device, and no pk.precompile dry run
+_FAST_GUARD = ("_devices._current is not device or _pool.RECORDING is not None",
+               {"_devices": _devices, "_pool": compile_pool})
+
+
+def _unbound(*args, **kwargs):
+    raise RuntimeError("a Launcher is being constructed")
 
 
 def _element_type(kernel, param, type_var, value):

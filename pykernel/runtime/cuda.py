@@ -374,14 +374,16 @@ class CudaDevice:
         launch.keepalive = (owner, args)
         return launch
 
-    def fast_launch(self, compiled, grid, block, stream=None, shared_bytes=0, fallback=None):
-        """`launch(args)` for a Launcher's plain calls of `compiled` with this geometry: the
-        shared-memory opt-in, stream handle and driver arguments resolved now; per call the
-        launch mode is checked, the packer's checks run inline and the driver is called. In
-        a capture, a programmatic_launches() block or with synchronous launches it calls
-        `fallback(args)` (the full path) instead, and so does a wrong argument count, so that
-        errors read as the full path's. None while capturing (the stream's handle is the
-        capture's then)."""
+    def fast_launch(self, compiled, grid, block, stream=None, shared_bytes=0, fallback=None,
+                    guard=("False", {})):
+        """A function `launch(*args, **kwargs)` for a Launcher's plain calls of `compiled`
+        with this geometry, generated with the packer's checks inline (one Python frame per
+        launch): the shared-memory opt-in, stream handle and driver arguments are resolved
+        now. Keywords, the caller's `guard` (an expression and the names it reads), a capture,
+        a programmatic_launches() block, synchronous launches or a wrong argument count go to
+        `fallback(*args, **kwargs)`, the full path (whose errors users then see). None where
+        there is no such function: while capturing (the stream's handle is the capture's then)
+        and for n-d array parameters (their pack expands arguments)."""
         if self._capture is not None:
             return None
         kernel = self._kernels.get(compiled.cache_key) or self.load(compiled)
@@ -389,33 +391,22 @@ class CudaDevice:
             self._raise_shared_limit(kernel, shared_bytes)
         # outside a capture (the only time this runs) the handles are the streams' own
         handle = self._launch_handle if stream is None else _stream_handle(stream)
-        scope = {"device": self, "fallback": fallback, "runtime": sys.modules[__name__],
-                 "func": kernel.func, "handle": handle, "params": kernel.kernel_params,
-                 "extra": kernel.extra, "recent": self._recent.append, "name": kernel.name,
+        condition, names = guard
+        scope = {**names, "device": self, "fallback": fallback, "func": kernel.func,
+                 "runtime": sys.modules[__name__], "handle": handle,
+                 "params": kernel.kernel_params, "extra": kernel.extra,
+                 "recent": self._recent.append, "name": kernel.name,
                  "failed": functools.partial(self._launch_failed, kernel=kernel, grid=grid,
                                              block=block, shared_bytes=shared_bytes)}
         geometry = ", ".join(str(int(v)) for v in (*grid, *block, shared_bytes))
-        head = ["if device._capture is not None or device.sync_launches or "
-                "device.programmatic_launch:", "    return fallback(args)"]
+        head = [f"if kwargs or {condition} or device._capture is not None or "
+                "device.sync_launches or device.programmatic_launch:",
+                "    return fallback(*args, **kwargs)"]
         # the module attribute, read per call: tests replace the driver call there
         tail = ["recent(name)",
                 f"err, = runtime._launch_kernel(func, {geometry}, handle, params, extra)",
                 "if err:", "    failed(err)"]
-        launch = kernel.packer.fused("launch", head, tail, scope, "fallback(args)")
-        if launch is None:          # n-d array arguments: their pack, then the same tail
-            pack = kernel.pack
-
-            def launch(args):
-                if self._capture is not None or self.sync_launches or \
-                        self.programmatic_launch:
-                    return fallback(args)
-                pack(args)
-                self._recent.append(kernel.name)
-                (err,) = _launch_kernel(kernel.func, *grid, *block, shared_bytes, handle,
-                                        kernel.kernel_params, kernel.extra)
-                if err:
-                    self._launch_failed(err, kernel, grid, block, shared_bytes)
-        return launch
+        return kernel.packer.fused("launch", head, tail, scope, "fallback(*args, **kwargs)")
 
     def load(self, compiled) -> _LoadedKernel:
         """Load the kernel's PTX once per device (keyed by compiled.cache_key)."""

@@ -109,12 +109,13 @@ class ArgPacker:
         raise NotImplementedError
 
     def fused(self, function: str, head: list, tail: list, scope: dict, on_count: str):
-        """A function `function(args)` that runs `head`, packs `args` as `pack` does, then
-        runs `tail` (a device's launch: one Python frame instead of two); None for kernels
-        whose arguments expand into several fields (n-d arrays), whose pack is a wrapper."""
+        """A function `function(*args, **kwargs)` that runs `head`, packs `args` as `pack`
+        does, then runs `tail` (a device's launch: one Python frame for the whole launch);
+        None for kernels whose arguments expand into several fields (n-d arrays), whose pack
+        is a wrapper."""
         if any(p.kind == "array" for p in self.params):
             return None
-        return _generate(self, function, head, tail, scope, on_count)
+        return _generate(self, function, head, tail, scope, on_count, "*args, **kwargs")
 
     def snapshot(self) -> tuple:
         """A private copy of the buffer as last packed: (owner to keep alive, its void*[] of
@@ -168,14 +169,14 @@ class ArgPacker:
 def _generate_pack(packer):
     """`pack(args)` -> the buffer's address (see `_generate`)."""
     return _generate(packer, "pack", [], ["return address"], {},
-                     "packer._raise_count(args)")
+                     "packer._raise_count(args)", "args")
 
 
 def _generate(packer, function: str, head: list, tail: list, extra_scope: dict,
-              on_count: str):
-    """Build `function(args)` for this signature, unrolled: `head` lines, a tuple unpack
-    (`on_count` when the count is wrong), each parameter's lines from its FIELD_KINDS entry,
-    one pack_into, then `tail` lines. Generated from the ABI alone (names are a0, a1, ...)
+              on_count: str, signature: str):
+    """Build `function(<signature>)` (its arguments in `args`), unrolled: `head` lines, a
+    tuple unpack (`on_count` when the count is wrong), each parameter's lines from its
+    FIELD_KINDS entry, one pack_into, then `tail` lines. Generated from the ABI alone (names are a0, a1, ...)
     and the callers' fixed lines, so no user text is evaluated; any argument the inline checks
     do not accept goes to the precise converters."""
     names = [f"a{i}" for i in range(len(packer.params))]
@@ -183,7 +184,7 @@ def _generate(packer, function: str, head: list, tail: list, extra_scope: dict,
              "pack_into": packer._struct.pack_into, "storage": packer._storage,
              "base": packer._base, "address": packer.address, "kind": packer.device_kind,
              "Tensor": _NoTorchYet, **extra_scope}
-    lines = [f"def {function}(args):"] + ["    " + line for line in head]
+    lines = [f"def {function}({signature}):"] + ["    " + line for line in head]
     if names:
         lines += ["    try:", f"        {', '.join(names)}, = args",
                   "    except (ValueError, TypeError):", f"        return {on_count}"]

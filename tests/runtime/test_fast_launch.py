@@ -29,11 +29,14 @@ def gpu(monkeypatch):
     monkeypatch.setattr(cuda_runtime, "_launch_kernel_ex", calls.ex)
     full = []
     call = Launcher._call
-    monkeypatch.setattr(Launcher, "_call", lambda self, a, k: full.append(a) or call(self, a, k))
+    monkeypatch.setattr(Launcher, "_call",
+                        lambda self, *a, **k: full.append(a) or call(self, *a, **k))
+    add._launchers.clear()        # launchers made from here on count their full-path calls
     saved = pk.runtime.device._current
     pk.set_device(device)
     yield device, calls, full
     pk.runtime.device._current = saved
+    add._launchers.clear()
 
 
 def arrays(device, n, dtype=np.float32):
