@@ -113,7 +113,8 @@ class Kernel:
             from .launch import Launcher
             return Launcher(self, config)
         if launcher is None:
-            from .launch import Launcher   # here, not per call: an import statement costs ~1 us
+            # imported here, not per call: an import statement costs ~1 us
+            from .launch import Launcher
             launcher = Launcher(self, config)
             if len(self._launchers) >= MAX_LAUNCHERS:
                 self._launchers.clear()

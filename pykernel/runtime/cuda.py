@@ -399,8 +399,8 @@ class CudaDevice:
                  "failed": functools.partial(self._launch_failed, kernel=kernel, grid=grid,
                                              block=block, shared_bytes=shared_bytes)}
         geometry = ", ".join(str(int(v)) for v in (*grid, *block, shared_bytes))
-        head = [f"if kwargs or {condition} or device._capture is not None or "
-                "device.sync_launches or device.programmatic_launch:",
+        head = [(f"if kwargs or {condition} or device._capture is not None or "
+                 "device.sync_launches or device.programmatic_launch:"),
                 "    return fallback(*args, **kwargs)"]
         # the module attribute, read per call: tests replace the driver call there
         tail = ["recent(name)",

@@ -225,13 +225,13 @@ def _pointer_emit(packer, param, name, scope):
     refuses."""
     scope[f"D{name}"] = np.dtype(_accepted_names(param)[0])
     scope[f"C{name}"] = _pointer_converter(packer, param)
-    lines = [f"if type({name}) is Array and {name}._dtype is D{name} and "
-             f"{name}._device_kind == kind:", f"    {name} = {name}._ptr"]
+    lines = [(f"if type({name}) is Array and {name}._dtype is D{name} and "
+              f"{name}._device_kind == kind:"), f"    {name} = {name}._ptr"]
     device = _TORCH_DEVICE.get(packer.device_kind, packer.device_ordinal)
     if device is not None:      # get_device(): the CUDA ordinal, -1 for host tensors
         scope[f"T{name}"] = None
-        lines += [f"elif type({name}) is Tensor and {name}.dtype is T{name} and "
-                  f"{name}.get_device() == {int(device)} and {name}.is_contiguous():",
+        lines += [(f"elif type({name}) is Tensor and {name}.dtype is T{name} and "
+                   f"{name}.get_device() == {int(device)} and {name}.is_contiguous():"),
                   f"    {name} = {name}.data_ptr()"]
     return lines + ["else:", f"    {name} = C{name}({name})"], [name]
 

@@ -103,7 +103,7 @@ def test_mode_changes_go_through_the_full_path(gpu, monkeypatch):
 
 
 def test_a_capture_records_through_the_full_path(gpu):
-    device, calls, full = gpu
+    device, _, full = gpu
     x, y, out = arrays(device, 32)
     add[1, 32](x, y, out, 32)
 
