@@ -68,6 +68,7 @@ class Launcher(functools.partial):
         launcher = super().__new__(cls, _unbound)
         launcher._configure(kernel, config)
         launcher._fast = {}        # device -> its fast function for this launcher
+        launcher._seen = None      # the device of a first plain call (no fast function yet)
         launcher._use(launcher._call)
         return launcher
 
@@ -135,9 +136,14 @@ class Launcher(functools.partial):
 
     def _switch_to_fast(self, device, compiled):
         """After a plain call went through: the device's fast function for the next calls
-        (made once per device; it comes back to `_call` whenever the mode changed)."""
+        (made once per device, at the second plain call: generating it takes ~0.2 ms, which
+        a configuration launched once should not pay; it comes back to `_call` whenever the
+        mode changed)."""
         fast = self._fast.get(device)
         if fast is None:
+            if self._seen is not device:        # its first plain call there
+                self._seen = device
+                return
             make = getattr(device, "fast_launch", None)
             fast = None if make is None else make(
                 compiled, self.grid, self.block, self.stream, self.shared_bytes,

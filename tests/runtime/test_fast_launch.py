@@ -1,4 +1,4 @@
-"""The launcher's fast path without a GPU (cuLaunchKernel mocked): after one plain call, a
+"""The launcher's fast path without a GPU (cuLaunchKernel mocked): after two plain calls, a
 `kernel[grid, block](...)` goes through the device's fused check-pack-launch function, with the
 same results and the same errors as the full path, and the full path again whenever the launch
 mode or the current device changes; torch tensors take the packer's inline branch once seen."""
@@ -53,14 +53,21 @@ def test_repeated_calls_take_the_fast_path_with_their_own_arguments(gpu, rng, se
         add[7, 96](x, y, out, n)
         launched.append(((7, 1, 1), (96, 1, 1), 0, (x.ptr, y.ptr, out.ptr, n)))
     assert calls.calls == launched, f"seed={seed}"
-    assert len(full) == 1, "only the first call takes the full path"
+    assert len(full) == 2, "only the first two calls take the full path"
     assert device._recent[-1] == "add" and len(device._recent) == len(sizes)
+
+
+def warm(launcher, *args):
+    """Two plain calls: the launcher then holds its device's fast function."""
+    launcher(*args)
+    launcher(*args)
+    assert launcher.func.__name__ == "launch", "the generated fast function is in place"
 
 
 def test_fast_path_errors_read_as_the_full_paths(gpu):
     device, calls, _ = gpu
     x, y, out = arrays(device, 64)
-    add[1, 64](x, y, out, 64)
+    warm(add[1, 64], x, y, out, 64)
     wrong = arrays(device, 64, np.int32)[0]
     with pytest.raises(LaunchError, match=r"add\(\): parameter 'y' expects .*float32.* got "
                                           r"Array of int32"):
@@ -75,37 +82,37 @@ def test_fast_path_errors_read_as_the_full_paths(gpu):
         add[1, 64](x, y, out, 2**40)
     with pytest.raises(LaunchError, match=r"pk.to_device"):
         add[1, 64](x, np.zeros(64, np.float32), out, 64)
-    assert len(calls.calls) == 1, "a refused launch reaches no driver call"
+    assert len(calls.calls) == 2, "a refused launch reaches no driver call"
 
 
 def test_mode_changes_go_through_the_full_path(gpu, monkeypatch):
     device, calls, full = gpu
     x, y, out = arrays(device, 128)
     launcher = add[1, 128]
-    launcher(x, y, out, 128)
+    warm(launcher, x, y, out, 128)
     with pk.programmatic_launches(device):      # the PDL variant, with the PDL attribute
         launcher(x, y, out, 128)
     pdl = int(cuda_runtime.cu.CUlaunchAttributeID
               .CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
-    assert calls.calls[-1][4] == (pdl,) and len(full) == 2
+    assert calls.calls[-1][4] == (pdl,) and len(full) == 3
     synchronized = []
     monkeypatch.setattr(device, "_synchronize_after",
                         lambda kernel, handle: synchronized.append(kernel.name))
     device.sync_launches = True
     launcher(x, y, out, 128)
     device.sync_launches = False
-    assert synchronized == ["add"] and len(full) == 3
+    assert synchronized == ["add"] and len(full) == 4
     with compile_pool.recorded_launches() as jobs:
         launcher(x, y, out, 128)
-    assert len(jobs) == 1 and len(calls.calls) == 3, "a recorded launch is not made"
+    assert len(jobs) == 1 and len(calls.calls) == 4, "a recorded launch is not made"
     launcher(x, y, out, 128)
-    assert len(full) == 4 and len(calls.calls) == 4, "back on the fast path"
+    assert len(full) == 5 and len(calls.calls) == 5, "back on the fast path"
 
 
 def test_a_capture_records_through_the_full_path(gpu):
     device, _, full = gpu
     x, y, out = arrays(device, 32)
-    add[1, 32](x, y, out, 32)
+    warm(add[1, 32], x, y, out, 32)
 
     class Recorder:
         def __init__(self):
@@ -118,21 +125,26 @@ def test_a_capture_records_through_the_full_path(gpu):
         add[1, 32](x, y, out, 16)
     finally:
         device._capture = None
-    assert recorder.launches == [("add", (1, 1, 1), (x, y, out, 16))] and len(full) == 2
+    assert recorder.launches == [("add", (1, 1, 1), (x, y, out, 16))] and len(full) == 3
 
 
 def test_another_current_device_gets_the_launch(gpu):
     device, calls, full = gpu
     x, y, out = arrays(device, 32)
-    add[1, 32](x, y, out, 32)
+    warm(add[1, 32], x, y, out, 32)
     other = mock_cuda_device("sm_90")
     pk.set_device(other)
     a, b, c = arrays(other, 32)
     add[1, 32](a, b, c, 32)
-    assert len(full) == 2 and other._kernels, "launched through the new current device"
+    assert len(full) == 3 and other._kernels, "launched through the new current device"
     assert list(other._recent) == ["add"]
+    warm(add[1, 32], a, b, c, 16)
     add[1, 32](a, b, c, 8)
-    assert len(full) == 2 and calls.calls[-1][3] == (a.ptr, b.ptr, c.ptr, 8)
+    assert len(full) == 4 and calls.calls[-1][3] == (a.ptr, b.ptr, c.ptr, 8)
+    pk.set_device(device)                      # back: its fast function is kept
+    add[1, 32](x, y, out, 4)
+    add[1, 32](x, y, out, 2)
+    assert len(full) == 5 and calls.calls[-1][3] == (x.ptr, y.ptr, out.ptr, 2)
 
 
 def torch_kernel():
