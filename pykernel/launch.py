@@ -139,15 +139,16 @@ class Launcher(functools.partial):
         (made once per device, at the second plain call: generating it takes ~0.2 ms, which
         a configuration launched once should not pay; it comes back to `_call` whenever the
         mode changed)."""
+        make = getattr(device, "fast_launch", None)
+        if make is None:
+            return
         fast = self._fast.get(device)
         if fast is None:
             if self._seen is not device:        # its first plain call there
                 self._seen = device
                 return
-            make = getattr(device, "fast_launch", None)
-            fast = None if make is None else make(
-                compiled, self.grid, self.block, self.stream, self.shared_bytes,
-                fallback=self._call, guard=_FAST_GUARD)
+            fast = make(compiled, self.grid, self.block, self.stream, self.shared_bytes,
+                        fallback=self._call, guard=_FAST_GUARD)
             if fast is None:
                 return
             self._fast[device] = fast
