@@ -200,3 +200,34 @@ def test_torch_cuda_tensor_stand_in_through_the_cuda_kind():
     w = torch.zeros(4, dtype=torch.bfloat16).as_subclass(OnCuda)
     packer.pack((x, w, 4))
     assert packer.unpack() == (0x7000_0000, 0x7000_0000, 4)
+
+
+@pytest.mark.gpu
+def test_torch_cuda_tensors_through_the_fast_path_on_a_gpu(rng, seed):
+    """On a real GPU: torch CUDA tensors through the launcher's generated function (the inline
+    torch branch from the third call on), results checked, refusals still precise."""
+    torch = pytest.importorskip("torch")
+    from pykernel.runtime import device as devices
+    if not devices.gpu_available() or not torch.cuda.is_available():
+        pytest.skip("no usable CUDA GPU (driver missing or no device)")
+    saved = devices._current
+    pk.set_device("cuda")
+    try:
+        n = int(rng.integers(1000, 5000))
+        launcher = add[-(-n // 256), 256]
+        for _ in range(4):
+            hx, hy = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+            x, y = torch.from_numpy(hx).cuda(), torch.from_numpy(hy).cuda()
+            out = torch.full((n,), float("nan"), device="cuda")
+            launcher(x, y, out, n)
+            torch.cuda.synchronize()
+            np.testing.assert_array_equal(out.cpu().numpy(), hx + hy, err_msg=f"seed={seed}")
+        assert launcher.func.__name__ == "launch"
+        with pytest.raises(LaunchError, match="parameter 'x' expects C-contiguous"):
+            launcher(torch.zeros(2 * n, device="cuda")[::2], y, out, n)
+        with pytest.raises(LaunchError, match="element type is float64"):
+            launcher(x.double(), y, out, n)
+        with pytest.raises(LaunchError, match="it is on cpu"):
+            launcher(x.cpu(), y, out, n)
+    finally:
+        devices._current = saved
