@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import sys
 from collections import deque
 
 from cuda.bindings import driver as cu
@@ -372,6 +373,40 @@ class CudaDevice:
                 self._launch_failed(err, kernel, grid, block, shared_bytes, cluster)
         launch.keepalive = (owner, args)
         return launch
+
+    def fast_launch(self, compiled, grid, block, stream=None, shared_bytes=0, fallback=None,
+                    guard=("False", {})):
+        """A function `launch(*args, **kwargs)` for a Launcher's plain calls of `compiled`
+        with this geometry, generated with the packer's checks inline (one Python frame per
+        launch): the shared-memory opt-in, stream handle and driver arguments are resolved
+        now. Keywords, the caller's `guard` (an expression and the names it reads), a capture,
+        a programmatic_launches() block, synchronous launches or a wrong argument count go to
+        `fallback(*args, **kwargs)`, the full path (whose errors users then see). None where
+        there is no such function: while capturing (the stream's handle is the capture's then)
+        and for n-d array parameters (their pack expands arguments)."""
+        if self._capture is not None:
+            return None
+        kernel = self._kernels.get(compiled.cache_key) or self.load(compiled)
+        if shared_bytes > kernel.dynamic_shared_limit:
+            self._raise_shared_limit(kernel, shared_bytes)
+        # outside a capture (the only time this runs) the handles are the streams' own
+        handle = self._launch_handle if stream is None else _stream_handle(stream)
+        condition, names = guard
+        scope = {**names, "device": self, "fallback": fallback, "func": kernel.func,
+                 "runtime": sys.modules[__name__], "handle": handle,
+                 "params": kernel.kernel_params, "extra": kernel.extra,
+                 "recent": self._recent.append, "name": kernel.name,
+                 "failed": functools.partial(self._launch_failed, kernel=kernel, grid=grid,
+                                             block=block, shared_bytes=shared_bytes)}
+        geometry = ", ".join(str(int(v)) for v in (*grid, *block, shared_bytes))
+        head = [(f"if kwargs or {condition} or device._capture is not None or "
+                 "device.sync_launches or device.programmatic_launch:"),
+                "    return fallback(*args, **kwargs)"]
+        # the module attribute, read per call: tests replace the driver call there
+        tail = ["recent(name)",
+                f"err, = runtime._launch_kernel(func, {geometry}, handle, params, extra)",
+                "if err:", "    failed(err)"]
+        return kernel.packer.fused("launch", head, tail, scope, "fallback(*args, **kwargs)")
 
     def load(self, compiled) -> _LoadedKernel:
         """Load the kernel's PTX once per device (keyed by compiled.cache_key)."""
