@@ -6,9 +6,9 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ..errors import KernelSourceError
-from ..types import PtrType, ScalarType
+from ..types import PtrType, ScalarType, i64
 from .archs import SUPPORTED_ARCHS
-from .base import IntrinsicTable
+from .base import Target
 from .nvptx_bulk import NVPTXBulkOps, _asm, ptx_isa
 from .nvptx_intrinsics import INTRINSICS
 
@@ -19,8 +19,9 @@ PTX_VERSION = {75: 78, 80: 78, 86: 78, 89: 78, 90: 78, 100: 86, 120: 87}
 SREG = {"thread_idx": "tid", "block_idx": "ctaid", "block_dim": "ntid", "grid_dim": "nctaid"}
 
 
-class NVPTXTarget(NVPTXBulkOps, IntrinsicTable):
+class NVPTXTarget(NVPTXBulkOps, Target):
     name = "nvptx"
+    RESULT_FIELD = "ptx"       # PTX text, loaded by the driver (runtime/cuda.py)
     INTRINSICS = INTRINSICS    # intrinsics with a PTX form of their own (nvptx_intrinsics.py)
     triple = "nvptx64-nvidia-cuda"
     datalayout = "e-i64:64-i128:128-v16:16-v32:32-n16:32:64"
@@ -339,8 +340,22 @@ class NVPTXTarget(NVPTXBulkOps, IntrinsicTable):
         ctx.builder.call(ctx.intrinsic_decl("llvm.trap", ret=ir.VoidType(), args=()), [])
         ctx.builder.unreachable()
 
-    # --- emission ------------------------------------------------------------------------------
-    def emit(self, llvm_module, options) -> str:
+    # --- compile decisions and emission --------------------------------------------------------
+    def hidden_params(self, params, options) -> list:
+        """With bounds_check: the byte size of each pointer argument (the launcher appends
+        them), so generated code can check every access."""
+        if not options.bounds_check:
+            return []
+        return [(f"__nbytes_{n}", i64) for n, t in params if isinstance(t, PtrType)]
+
+    def debug_info(self, module, fn, fast, options):
+        """With lineinfo: `.file` / `.loc` line tables, for profilers to map PTX to Python."""
+        if not options.lineinfo:
+            return None
+        from ..lower.debuginfo import DebugInfo
+        return DebugInfo(module, fn, fast)
+
+    def emit(self, llvm_module, options, ctx=None) -> str:
         import llvmlite.binding as llvm
         _init_nvptx()
         target = llvm.Target.from_triple(self.triple)
