@@ -15,7 +15,6 @@ llama.cpp does, so its absolute error grows like p * 2^-24 rad; sin/cos are the 
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -228,7 +227,7 @@ def _resolve(spec: RopeSpec, head_dim: int, name: str) -> RopeSpec:
         ff = L.as_array(ff, f"{name}: freq_factors", np.float32)
         if ff.size < rot_dim // 2:
             raise ValueError(f"{name}: freq_factors has {ff.size} entries, needs {rot_dim // 2}")
-    return dataclasses.replace(spec, rot_dim=rot_dim, freq_factors=ff)
+    return RopeSpec(spec.theta, spec.style, rot_dim, ff, spec.pos_offset)
 
 
 def _positions(positions, tokens: int, name: str):
