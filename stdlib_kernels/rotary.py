@@ -5,7 +5,9 @@ cache" kernel used by the decode step, with numpy references.
 Input: x (tokens, heads, head_dim) f32/f16; positions (tokens,) int32 on the device (read by
 the kernel, so a captured CUDA graph replays with new positions); theta (the frequency base,
 per call: Gemma 3 uses two); rot_dim (rotate the first rot_dim dims, copy the rest);
-freq_factors (rot_dim/2,) f32 dividing each frequency (Llama 3.1 `rope_freqs`).
+freq_factors (rot_dim/2,) f32 dividing each frequency (Llama 3.1 `rope_freqs`); `rope` takes
+them as arguments, the fused `rope_kv_cache*` as one `RopeSpec` (and qwen3's per-head norms
+as `HeadNorms`).
 KV cache: (n_kv_head, max_len, head_dim) f32 or f16, or a Q8_0 cache (attention.Q8Cache, head_dim
 a multiple of 32, at most 256; quantized as ggml does); token t's k, v go to slot
 positions[t] + pos_offset (slots outside [0, max_len) are skipped, not written).

@@ -433,8 +433,8 @@ def launch_split_kernel(q, k_cache, v_cache, keys: KeyRange, out, scale: float, 
                           else None](
         q, *caches, keys.lens, keys.stride, keys.add, keys.step, z_stride, max_len, n_head,
         n_kv_head, q_scale, float(softcap) if use_softcap else 0.0, int(keys.window or 0),
-        int(direct), out,
-        part_o, part_ml, counters, _q8_words(xq_out if q8_out else None, out), **spec)
+        int(direct), out, part_o, part_ml, counters,
+        _q8_words(xq_out if q8_out else None, out), **spec)
     return not direct and (has_counters or cluster)
 
 
@@ -444,9 +444,9 @@ def launch_decode(q, k_cache, v_cache, keys: KeyRange, out, scale: float, *, sof
                   xq_out=None):
     """Attention of each q row z against its cache over the keys `keys` gives it (KeyRange:
     kv_len(z) and the window). share_cache: all rows read one (n_kv_head, max_len, D) cache
-    (prefill fallback). Without a workspace, or with one of
-    one split, the kernel writes `out` directly; otherwise it writes partials and, with the
-    workspace's counters, its last block per head group combines them (else combine_splits).
+    (prefill fallback). Without a workspace, or with one of one split, the kernel writes `out`
+    directly; otherwise it writes partials and, with the workspace's counters, its last block
+    per head group combines them (else combine_splits).
     early_kv (a promise, used only when captured under PDL): the kernels before this launch in
     the graph write neither `keys.lens` nor any cache row other than each sequence's newest
     (kv_len - 1), as a decode step's KV-cache write does; the split blocks then issue their
