@@ -74,6 +74,9 @@ class RunnerOptions:
         """`kernels` with the runner's choices: F32 weights keep the f32 GEMV, and a row group
         leaves the GEMV by its format alone (the runner decides before it has activations)."""
         from stdlib_kernels.options import KernelOptions
+        if self.kernels is not None and not isinstance(self.kernels, KernelOptions):
+            raise TypeError(f"RunnerOptions.kernels must be a stdlib_kernels.options."
+                            f"KernelOptions or None, got {type(self.kernels).__name__}")
         return dataclasses.replace(self.kernels or KernelOptions(), f32_weights_gemv=True,
                                    route_by_format=True)
 

@@ -78,9 +78,14 @@ def test_the_routing_options_come_from_the_runner_options(device, rng, monkeypat
     """One value: the kernels backend's RunnerOptions carries the KernelOptions the weight
     matmuls route by (the runner's two choices always added); the environment is read by
     RunnerOptions.from_env only, and a routing call takes the options it is given."""
+    import re
+    from llm.options import KERNEL_VARIABLES
+    from stdlib_kernels import options as kernel_options
     from stdlib_kernels.options import KernelOptions
-    for name in ("PYKERNEL_GEMV_TOKENS", "PYKERNEL_INT8_GEMM_TOKENS", "PYKERNEL_MMA_GEMV",
-                 "PYKERNEL_DECODE_MMA", "PYKERNEL_DECODE_BULK"):
+    # llm names the variables without importing stdlib: the same set that from_env reads
+    source = open(kernel_options.__file__).read()
+    assert set(re.findall(r"PYKERNEL_\w+", source)) == set(KERNEL_VARIABLES)
+    for name in KERNEL_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     assert OPTIONS == KernelOptions(f32_weights_gemv=True, route_by_format=True)
     assert RunnerOptions.from_env().kernels is None
@@ -90,6 +95,8 @@ def test_the_routing_options_come_from_the_runner_options(device, rng, monkeypat
     assert (from_env.int8_gemm_tokens, from_env.decode_bulk, from_env.route_by_format) == \
         (9, True, True)
     assert RunnerOptions().kernel_options == OPTIONS          # set by hand: no environment
+    with pytest.raises(TypeError, match="must be a stdlib_kernels.options.KernelOptions"):
+        RunnerOptions(kernels={"int8_gemm_tokens": 9}).kernel_options
     later = RunnerOptions(kernels=KernelOptions(int8_gemm_tokens=9)).kernel_options
     assert later.f32_weights_gemv and later.route_by_format
     q8_0 = make_group(rng, "Q8_0", 8, 0, 64)
