@@ -102,3 +102,19 @@ def test_the_routing_options_come_from_the_runner_options(device, rng, monkeypat
     q8_0 = make_group(rng, "Q8_0", 8, 0, 64)
     assert W.uses_gemm(q8_0, 7, OPTIONS) and not W.uses_gemm(q8_0, 7, later)
     assert not W.gemv_launch(q8_0, 7, OPTIONS) and W.gemv_launch(q8_0, 7, later)
+
+
+def test_runner_options_import_no_kernel_code():
+    """`import llm` and RunnerOptions.from_env() (which the numpy backend runs) import neither
+    stdlib_kernels nor pykernel while no kernel variable is set."""
+    import os
+    import subprocess
+    import sys
+    from llm.options import KERNEL_VARIABLES
+    env = {k: v for k, v in os.environ.items() if k not in KERNEL_VARIABLES}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    code = ("import sys, llm; llm.RunnerOptions.from_env(); "
+            "print(sorted(m for m in ('pykernel', 'stdlib_kernels') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]", out
