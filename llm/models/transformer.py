@@ -16,6 +16,7 @@ import numpy as np
 from llm.backends.base import Backend, KVCache
 from llm.config import ModelConfig
 from llm.models.archs import ArchSpec
+from llm.models.moe import moe_ffn
 from llm.models.weights import LayerWeights, ModelWeights, Norm
 
 
@@ -73,11 +74,13 @@ class Transformer:
             if rope is not None:
                 q = b.rope(q, positions, cfg.head_dim, rope, self.w.rope_freqs)
                 k = b.rope(k, positions, cfg.head_dim, rope, self.w.rope_freqs)
-        out = attend(q, k, v, il)
+        out = attend(q, k, v, il, lw.attn_sinks)
         return b.matmul(out, lw.attn_out, lw.attn_out_bias)
 
     def _ffn(self, h, lw: LayerWeights):
         b = self.backend
+        if lw.moe is not None:   # a mixture of experts (llm/models/moe.py)
+            return moe_ffn(b, h, lw.moe, self.cfg, self.spec)
         up = b.matmul(h, lw.gate_up, lw.gate_up_bias)
         if self.spec.ffn == "gelu":
             act = b.gelu(up)
@@ -91,8 +94,9 @@ class Transformer:
         last one; the step's keys and values are written into `cache`."""
         b, cfg = self.backend, self.cfg
 
-        def attend(q, k, v, il):
-            return b.attention(q, k, v, cache, il, start, cfg.attn_scale, cfg.layer_window(il))
+        def attend(q, k, v, il, sinks=None):
+            return b.attention(q, k, v, cache, il, start, cfg.attn_scale, cfg.layer_window(il),
+                               **sinks_arg(sinks))
         positions = np.arange(start, start + len(ids), dtype=np.int64)
         return self._run(ids, positions, attend, all_logits)
 
@@ -104,9 +108,9 @@ class Transformer:
             raise ValueError(f"forward_batch: {len(ids)} ids, {len(positions)} positions and "
                              f"{len(caches)} caches (one of each per sequence)")
 
-        def attend(q, k, v, il):
+        def attend(q, k, v, il, sinks=None):
             return b.attention_batch(q, k, v, caches, il, positions, cfg.attn_scale,
-                                     cfg.layer_window(il))
+                                     cfg.layer_window(il), **sinks_arg(sinks))
         return self._run(ids, np.asarray(positions, np.int64), attend, all_logits=True)
 
     def forward_prompts(self, prompts: list, starts: list, caches: list):
@@ -121,9 +125,9 @@ class Transformer:
         ids, positions = prompt_rows(prompts, starts)
         counts = [len(p) for p in prompts]
 
-        def attend(q, k, v, il):
+        def attend(q, k, v, il, sinks=None):
             return b.attention_prompts(q, k, v, caches, il, starts, counts, cfg.attn_scale,
-                                       cfg.layer_window(il))
+                                       cfg.layer_window(il), **sinks_arg(sinks))
         return self._run(ids, positions, attend, all_logits=True,
                          rows=np.cumsum(counts) - 1)
 
@@ -151,6 +155,12 @@ class Transformer:
         logits = b.matmul(self._norm(x, w.output_norm), w.output)
         b.end_forward()
         return logits
+
+
+def sinks_arg(sinks) -> dict:
+    """The attention ops' `sinks` argument, passed only for a layer that has sinks, so a
+    backend without them (the kernels backend, for now) is called as before."""
+    return {} if sinks is None else {"sinks": sinks}
 
 
 def prompt_rows(prompts: list, starts: list) -> tuple[np.ndarray, np.ndarray]:
