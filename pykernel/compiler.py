@@ -9,6 +9,8 @@
 from __future__ import annotations
 
 import ast
+
+import numpy as np
 from llvmlite import ir
 
 from . import cache
@@ -18,10 +20,10 @@ from .frontend.parse import FunctionAST, parse
 from .lower.codegen import FunctionLowering
 from .lower.context import KernelContext, Options
 from .lower.ndarray import bind_array_param, is_array_extent
-from .lower.values import ConstValue, PtrValue, TypeValue, Value
+from .lower.values import ConstValue, PtrValue, TensorMapValue, TypeValue, Value
 from .signature import concrete_params
 from .targets import get_target
-from .types import ArrayPtrType, PtrType, ScalarType
+from .types import ArrayPtrType, PtrType, ScalarType, TensorMapType
 
 
 def lower(fast: FunctionAST, params, spec: dict, target, options: Options, entry: str):
@@ -45,6 +47,8 @@ def lower(fast: FunctionAST, params, spec: dict, target, options: Options, entry
             bindings[pname] = bind_array_param(params, raw_args, k)
         elif isinstance(pty, PtrType):
             bindings[pname] = PtrValue(pty, raw, ("param", k))
+        elif isinstance(pty, TensorMapType):  # the parameter's address: read-only, by value
+            bindings[pname] = TensorMapValue(pty, raw, pname)
         elif not is_array_extent(params, k):
             bindings[pname] = Value(pty, raw if pty.kind != "bool" else
                                     ctx.builder.icmp_unsigned("!=", raw,
@@ -90,6 +94,9 @@ def param_abi(params) -> list[ParamABI]:
                                 rank=ty.rank))
         elif isinstance(ty, PtrType):
             out.append(ParamABI(name, "ptr", ty.elem.np_dtype, 8, 8, ty.readonly, repr(ty)))
+        elif isinstance(ty, TensorMapType):
+            out.append(ParamABI(name, "tensormap", np.dtype(np.uint8), ty.nbytes, ty.align,
+                                True, repr(ty)))
         else:
             out.append(ParamABI(name, "scalar", ty.np_dtype, ty.nbytes, ty.nbytes, False,
                                 ty.name))

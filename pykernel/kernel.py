@@ -27,7 +27,8 @@ class Kernel:
             self.params = read_signature(fn)
         except KernelSourceError as err:
             raise err.with_traceback(None) from None
-        self.runtime_params = [p for p in self.params if p.kind in ("scalar", "ptr", "array")]
+        self.runtime_params = [p for p in self.params if p.kind in ("scalar", "ptr", "array",
+                                                                 "tensormap")]
         self.const_params = [p for p in self.params if p.kind in ("const", "dtype")]
         self._launch_cache = {}
         self._launchers = {}     # launch configuration -> its checked Launcher

@@ -1,6 +1,7 @@
 """The one type table: DSL scalar types -> llvmlite type, numpy dtype, PTX suffix; plus the
 annotation markers `Ptr[T]`, `Const[...]`, `ReadOnly[...]`, the n-d array parameter
-`pk.Array[T, rank]` (ArrayAnnotation -> ArrayPtrType) and the dtype generic `pk.dtype`."""
+`pk.Array[T, rank]` (ArrayAnnotation -> ArrayPtrType), the dtype generic `pk.dtype` and the
+tensor-map parameter `pk.TensorMap`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -198,6 +199,18 @@ class _DTypeMarker:
         return "pk.dtype"
 
 
+@dataclass(frozen=True)
+class TensorMapType:
+    """`pk.TensorMap`: a TMA tensor map (CUtensorMap) passed by value, 128 bytes aligned to 64
+    (`.param .align 64 .b8 name[128]`); built on the host by `pk.tensor_map`."""
+    nbytes: int = 128
+    align: int = 64
+
+    def __repr__(self) -> str:
+        return "TensorMap"
+
+
+TensorMap = TensorMapType()
 Ptr = _PtrMarker()
 ReadOnly = _ReadOnlyMarker()
 Const = _ConstMarker()

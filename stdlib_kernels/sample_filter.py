@@ -10,7 +10,7 @@ block the thresholds, the survivors sorted by index, and the draws: out[0:n_draw
 import pykernel as pk
 from pykernel import Const, Ptr, bool_, f32, i32, u32
 
-from ._device import NEG_INF, block_max, block_sum
+from ._device import NEG_INF, block_max, block_sum, finite
 from ._select import (block_scan, last_block_done, order_key, radix_select, search_cum,
                       warp_slot)
 from .sample_full import draw_full
@@ -159,28 +159,35 @@ def draw_from_candidates(x, u, out, n_draws: i32, n: i32, cv, ci, count: i32, ok
     """The draws from a candidate list in shared memory (cv values, ci indices, `count` of
     them, every logit with key >= low_key; m the row's max, z_all its softmax mass, needed
     with top-k off): the thresholds, the survivors sorted by index, out[0:n_draws] for the
-    uniforms u. Where the candidates cannot decide (ok false, or they hold no survivor), the
-    exact single-block pass over the whole row x decides. Every thread of the block calls."""
-    floor, ok = candidate_floor(cv, count, ok, low_key, n, m, z_all, top_k, top_p, min_p,
-                                hist, bcast, scratch)
-    kept = 0
-    if ok:
-        kept = gather_survivors(cv, ci, count, floor, m, inv_temp, sw, si, local)
-    if kept == 0:   # the candidates cannot decide: exact single-block pass over all logits
-        draw_full(x, u, out, n_draws, n, top_k, top_p, min_p, inv_temp, scratch, sw)
+    uniforms u; -1 each where m is not finite (m block-uniform: the branch keeps the block's
+    barriers together). Where the candidates cannot decide (ok false, or they hold no
+    survivor), the exact single-block pass over the whole row x decides. Every thread of the
+    block calls."""
+    if not finite(m):   # no finite largest logit (all NaN, only -Inf, or +Inf): -1
+        for k in range(pk.thread_idx.x, n_draws, pk.block_dim.x):
+            out[k] = -1
     else:
-        tid = pk.thread_idx.x
-        for k in range(tid, kept, pk.block_dim.x):   # indices are distinct: rank = sorted slot
-            rank = 0
-            for j in range(0, kept):
-                if si[j] < si[k]:
-                    rank += 1
-            cv[rank] = sw[k]
-            ci[rank] = si[k]
-        pk.syncthreads()
-        block_scan(cv, kept, sw)
-        for k in range(tid, n_draws, pk.block_dim.x):
-            out[k] = ci[search_cum(cv, kept, u[k] * cv[kept - 1])]
+        floor, ok = candidate_floor(cv, count, ok, low_key, n, m, z_all, top_k, top_p, min_p,
+                                    hist, bcast, scratch)
+        kept = 0
+        if ok:
+            kept = gather_survivors(cv, ci, count, floor, m, inv_temp, sw, si, local)
+        if kept == 0:   # the candidates cannot decide: exact single-block pass over all logits
+            draw_full(x, u, out, n_draws, n, top_k, top_p, min_p, inv_temp, scratch, sw)
+        else:
+            tid = pk.thread_idx.x
+            # indices are distinct: rank = sorted slot
+            for k in range(tid, kept, pk.block_dim.x):
+                rank = 0
+                for j in range(0, kept):
+                    if si[j] < si[k]:
+                        rank += 1
+                cv[rank] = sw[k]
+                ci[rank] = si[k]
+            pk.syncthreads()
+            block_scan(cv, kept, sw)
+            for k in range(tid, n_draws, pk.block_dim.x):
+                out[k] = ci[search_cum(cv, kept, u[k] * cv[kept - 1])]
 
 
 @pk.func

@@ -7,7 +7,8 @@ results, so one launch covers a whole vocabulary:
 - sample_temp (temperature only): per-block max m_b and weights exp((x - m_b) / T), an
   inclusive prefix over the block's 4-element units (global `unit_cum`, block-local scale);
   the last block rescales the block sums to the global max, prefix-sums them, and each draw
-  binary-searches block -> unit -> element (first cumulative weight > u * total).
+  binary-searches block -> unit -> element (first cumulative weight > u * total); a row
+  whose largest logit is not finite (all NaN, only -Inf, or +Inf) draws -1.
 - sample_hist + sample_pick (any of top-k/top-p/min-p): pass 1 builds a 4096-bin histogram of
   the top 12 bits of the order keys and the global max M; its last block picks a bin B: the
   bin of the k-th largest logit (top-k on), else of min-p's threshold (min-p on), else the
@@ -23,7 +24,7 @@ launches replay in a CUDA graph.
 import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, i64
 
-from ._device import NEG_INF, block_max, load4
+from ._device import NEG_INF, block_max, finite, load4
 from ._select import BIG_INDEX, better, block_argmax, block_scan, last_block_done, search_cum
 
 PASS_THREADS = 256
@@ -182,8 +183,11 @@ def sample_temp(x: Ptr[f32, "ro"], u: Ptr[f32, "ro"], out: Ptr[i32], n_draws: i3
     pk.syncthreads()
     block_scan(cum, blocks, tmp)
     for q in range(tid, n_draws, pk.block_dim.x):
-        out[q] = draw_temp(x, u[q] * cum[blocks - 1], cum, blocks, gm, inv_temp, blk_max,
-                           unit_cum, units, n, VEC)
+        pick = -1   # no finite largest logit (all NaN, only -Inf, or +Inf): nothing to draw
+        if finite(gm):
+            pick = draw_temp(x, u[q] * cum[blocks - 1], cum, blocks, gm, inv_temp, blk_max,
+                             unit_cum, units, n, VEC)
+        out[q] = pick
 
 
 @pk.func

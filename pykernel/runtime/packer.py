@@ -151,7 +151,7 @@ class ArgPacker:
 
     def _diagnose_scalars(self, args):
         for param, value in zip(self.params, args):
-            if param.kind != "ptr":
+            if param.kind not in ("ptr", "tensormap"):
                 _check_scalar(self, param, value)
 
 
@@ -217,8 +217,19 @@ def _array_emit(packer, param, name, scope):
     return [], [name]
 
 
+def _tensormap_emit(packer, param, name, scope):
+    """A pk.tensor_map result for this device kind: its 128 bytes, by value."""
+    from .tensor_map import TiledTensorMap
+    scope["TiledTensorMap"], scope[f"P{name}"] = TiledTensorMap, param
+    return [f"if type({name}) is not TiledTensorMap or {name}.device_kind != kind:",
+            (f"    raise packer.error(P{name}, 'a tensor map of a ' + kind + ' array "
+             f"(pk.tensor_map)', {name})"),
+            f"{name} = {name}.data"], [name]
+
+
 FIELD_KINDS = {"ptr": FieldKind(lambda param: "Q", _pointer_emit),
                "array": FieldKind(lambda param: "Q", _array_emit),
+               "tensormap": FieldKind(lambda param: f"{param.size}s", _tensormap_emit),
                "scalar": FieldKind(lambda param: _scalar_format(param), _scalar_emit)}
 
 

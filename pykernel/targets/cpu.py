@@ -12,7 +12,7 @@ import re
 
 from llvmlite import ir
 
-from ..types import PtrType
+from ..types import PtrType, TensorMapType
 from . import cpu_abi as abi
 from .base import Target
 from .cpu_bulk import CPUBulkOps
@@ -21,12 +21,13 @@ from .cpu_hopper import HOPPER_INTRINSICS
 from .cpu_intrinsics import INTRINSICS
 from .cpu_ops import CPUOps
 from .cpu_runner import build_entry, coro_decls, patch_coroutine_text
+from .cpu_tma import CPUTmaOps
 
 I8P = ir.IntType(8).as_pointer()
 I64, I32, I1 = ir.IntType(64), ir.IntType(32), ir.IntType(1)
 
 
-class CPUTarget(CPUOps, CPUBulkOps, CPUClusterOps, Target):
+class CPUTarget(CPUOps, CPUBulkOps, CPUClusterOps, CPUTmaOps, Target):
     name = "cpu"
     RESULT_FIELD = "cpu"       # a CPUProgram: the JIT-compiled entry point
     # the warp-collective intrinsics, emulated (cpu_intrinsics.py, cpu_hopper.py)
@@ -67,9 +68,11 @@ class CPUTarget(CPUOps, CPUBulkOps, CPUClusterOps, Target):
         loaded, offset = [], 0
         for name, ty in ctx.target_data.get("params", ()):
             size = 8 if isinstance(ty, PtrType) else ty.nbytes
-            offset += (-offset) % size
+            offset += (-offset) % getattr(ty, "align", size)
             raw = b.gep(fn.args[0], [ir.Constant(I64, offset)])
-            if isinstance(ty, PtrType):
+            if isinstance(ty, TensorMapType):     # its record stays in the buffer
+                loaded.append(raw)
+            elif isinstance(ty, PtrType):
                 addr = b.load(b.bitcast(raw, I64.as_pointer()))
                 loaded.append(b.inttoptr(addr, self.pointer_type(ty), name=name))
             else:

@@ -36,4 +36,8 @@ ERRORS = {1: "out-of-bounds memory access", 2: "syncthreads() reached in diverge
           8: "cluster_sync() reached in divergent control flow (threads of the cluster at "
              "different barriers)",
           9: "cluster_map() rank outside the cluster",
-          10: "array index out of range"}
+          10: "array index out of range",
+          11: "tensor copy (TMA) misuse: shared address not 128-byte aligned, an innermost "
+              "coordinate whose byte offset is not a multiple of 16, a tensor map whose rank "
+              "differs from the coordinates' (or not from pk.tensor_map for this device), or "
+              "a multicast mask naming a rank outside the cluster"}

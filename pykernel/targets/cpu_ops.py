@@ -136,12 +136,17 @@ class CPUOps:
         b.store(ir.Constant(I64, 0), b.gep(slots, [mine]))
 
     # --- shared memory -------------------------------------------------------------------------
-    def shared_array(self, ctx, aty):
+    def shared_array(self, ctx, aty, align=16):
+        """Offsets from the shared base (what swizzles and wgmma descriptors see) are aligned:
+        the dynamic part before the static arrays is a runtime size, so an array aligned
+        beyond 16 bytes rounds its offset up at run time, within align - 16 reserved bytes."""
         b = ctx.builder
         offset = (ctx.shared_bytes + 15) // 16 * 16
-        ctx.shared_bytes = offset + aty.count * aty.elem.nbytes
-        base = b.add(self.ctx_slot(ctx, abi.SHARED_PTR), self.ctx_slot(ctx, abi.DYN_BYTES))
-        addr = b.add(base, ir.Constant(I64, offset))
+        ctx.shared_bytes = offset + (align - 16) + aty.count * aty.elem.nbytes
+        rel = b.add(self.ctx_slot(ctx, abi.DYN_BYTES), ir.Constant(I64, offset))
+        if align > 16:
+            rel = b.and_(b.add(rel, ir.Constant(I64, align - 1)), ir.Constant(I64, -align))
+        addr = b.add(self.ctx_slot(ctx, abi.SHARED_PTR), rel)
         return b.inttoptr(addr, aty.elem.storage.as_pointer())
 
     def dynamic_shared(self, ctx, elem):

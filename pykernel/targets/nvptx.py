@@ -6,12 +6,13 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ..errors import KernelSourceError
-from ..types import PtrType, ScalarType, i64
+from ..types import PtrType, ScalarType, TensorMapType, i64
 from .archs import ARCH_SPECIFIC, SUPPORTED_ARCHS
 from .base import Target
 from .nvptx_bulk import NVPTXBulkOps, _asm, ptx_isa
 from .nvptx_hopper import HOPPER_INTRINSICS
 from .nvptx_intrinsics import INTRINSICS
+from .nvptx_tma import NVPTXTmaOps, mark_tensor_map_param, tensor_map_param_type
 
 I32, I64 = ir.IntType(32), ir.IntType(64)
 ADDRSPACE = {"global": 1, "shared": 3, "local": 0, "cluster": 0}   # cluster: generic (mapa)
@@ -22,7 +23,7 @@ PTX_VERSION = {75: 63, 80: 70, 86: 71, 89: 78, 90: 78, 100: 86, 120: 87}
 SREG = {"thread_idx": "tid", "block_idx": "ctaid", "block_dim": "ntid", "grid_dim": "nctaid"}
 
 
-class NVPTXTarget(NVPTXBulkOps, Target):
+class NVPTXTarget(NVPTXBulkOps, NVPTXTmaOps, Target):
     name = "nvptx"
     RESULT_FIELD = "ptx"       # PTX text, loaded by the driver (runtime/cuda.py)
     # intrinsics with a PTX form of their own (nvptx_intrinsics.py, nvptx_hopper.py)
@@ -45,14 +46,17 @@ class NVPTXTarget(NVPTXBulkOps, Target):
 
     def create_kernel(self, module, name, params, options):
         """params: list of (name, PtrType | ScalarType). Returns (function, [ir values])."""
-        types = [self.pointer_type(t) if isinstance(t, PtrType) else t.storage
+        types = [self.pointer_type(t) if isinstance(t, PtrType) else
+                 tensor_map_param_type() if isinstance(t, TensorMapType) else t.storage
                  for _, t in params]
         fn = ir.Function(module, ir.FunctionType(ir.VoidType(), types), name)
         fn.calling_convention = "ptx_kernel"
-        for arg, (pname, t) in zip(fn.args, params):
+        for index, (arg, (pname, t)) in enumerate(zip(fn.args, params)):
             arg.name = pname
             if isinstance(t, PtrType) and t.readonly:
                 arg.add_attribute("noalias")
+            if isinstance(t, TensorMapType):
+                mark_tensor_map_param(module, fn, arg, index)
         values = [a if not (isinstance(t, ScalarType) and t.kind == "bool")
                   else None for a, (_, t) in zip(fn.args, params)]
         self._launch_bounds(module, fn, options)
@@ -195,13 +199,13 @@ class NVPTXTarget(NVPTXBulkOps, Target):
         return ctx.builder.call(fn, [mask, pred])
 
     # --- memory --------------------------------------------------------------------------------
-    def shared_array(self, ctx, aty):
+    def shared_array(self, ctx, aty, align=16):
         gv = ir.GlobalVariable(ctx.module, ir.ArrayType(aty.elem.storage, aty.count),
                                ctx.module.get_unique_name("shared"), addrspace=3)
-        gv.align = 16
+        gv.align = align
         gv.linkage = "internal"
         gv.initializer = ir.Constant(gv.value_type, ir.Undefined)
-        ctx.shared_bytes = (ctx.shared_bytes + 15) // 16 * 16 + aty.count * aty.elem.nbytes
+        ctx.shared_bytes = -(-ctx.shared_bytes // align) * align + aty.count * aty.elem.nbytes
         zero = ir.Constant(I32, 0)
         return ctx.builder.gep(gv, [zero, zero])
 

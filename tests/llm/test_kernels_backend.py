@@ -462,7 +462,7 @@ def test_split_decode_feeds_q8_1_to_the_o_projection(tmp_path, monkeypatch):
 def test_graph_argmax_many_blocks(device_kind, rng, seed):
     """The decode graph's argmax (kernels_extra.argmax_into): several blocks and the last-block
     merge, ties to the lowest index, the position advanced only when asked, replayable (the
-    ticket counter resets)."""
+    ticket counter resets); -1 for a row without a finite largest logit."""
     import pykernel as pk
     from llm.backends.kernels_extra import argmax_into, argmax_scratch
     if device_kind == "cuda" and not pk.gpu_available():
@@ -480,9 +480,46 @@ def test_graph_argmax_many_blocks(device_kind, rng, seed):
             assert io.numpy().tolist() == [int(top.min()), 42 + step], f"n={n} (seed {seed})"
         argmax_into(dx, io, advance=False, scratch=scratch)
         assert io.numpy().tolist() == [int(top.min()), 43], f"n={n} (seed {seed})"
-    argmax_into(pk.full((9001,), np.nan, np.float32), io, advance=True,
-                scratch=argmax_scratch(9001))
-    assert io.numpy().tolist() == [0, 44]         # all NaN: a valid id, never 2**31 - 1
+    # no finite largest logit (all NaN, only -Inf, a +Inf among numbers): -1, the host's
+    # NonFiniteLogitsError (a broken model), never 2**31 - 1 nor a token
+    x = rng.standard_normal(9001).astype(np.float32)
+    x[rng.integers(0, 9001)] = np.inf
+    for position, row in enumerate([np.full(9001, np.nan, np.float32),
+                                    np.full(9001, -np.inf, np.float32), x], start=44):
+        io = pk.to_device(np.array([7, position - 1], np.int32))
+        argmax_into(pk.to_device(row), io, advance=True, scratch=argmax_scratch(9001))
+        assert io.numpy().tolist() == [-1, position], f"seed {seed}"
+
+
+def test_embed_rows_of_an_id_out_of_range_are_nan(rng, seed):
+    """kernels_extra.embed_rows (rows of any GGUF type; Q8_0 here, as the q8_0 models' decode
+    graphs read them): an id outside [0, vocab) (the decode graph's -1 flag for a broken row,
+    argmax's 2**31 - 1) gives a NaN row, never a read outside the table (the CPU target
+    checks every access); the valid ids their rows, bit for bit. Output poisoned."""
+    import pykernel as pk
+    from gguf import quants
+    from llm.backends.kernels_extra import embed_rows
+    from stdlib_kernels.embed import embedding_reference
+    pk.set_device("cpu")
+    vocab, n = 37, 64
+    table = quants.quantize(rng.standard_normal((vocab, n)).astype(np.float32), Q.Q8_0)
+    ids = np.array([-1, 3, vocab, vocab - 1, 2**31 - 1, 0, -2**31], np.int32)
+    out = pk.full((ids.size, n), 7.0, np.float32)
+    embed_rows(pk.to_device(table), "Q8_0", pk.to_device(ids), out, 2.0)
+    got = out.numpy()
+    bad = (ids < 0) | (ids >= vocab)
+    assert np.isnan(got[bad]).all(), f"seed {seed}"
+    expected = embedding_reference(table, ids[~bad], 2.0, qtype="Q8_0").astype(np.float32)
+    assert np.array_equal(got[~bad], expected), f"seed {seed}"
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_pick_and_embedding_kernels_ptx_assemble(arch, assemble):
+    """argmax_next (its -1 flag) and embed_generic (its id check): PTX that ptxas accepts."""
+    from llm.backends.kernels_extra import argmax_next, embed_generic
+    from stdlib_kernels.quant.dequant_kernels import CODES
+    assemble(argmax_next.ptx(arch, VEC=4, UNITS=4, ADVANCE=True), arch)
+    assemble(embed_generic.ptx(arch, FMT=CODES["Q8_0"], BE=32, BB=34), arch)
 
 
 def test_qwen3_head_norms_inside_the_rope_launch(tmp_path, monkeypatch):
