@@ -14,7 +14,7 @@ from llvmlite import ir
 
 from ..types import PtrType, TensorMapType
 from . import cpu_abi as abi
-from .base import IntrinsicTable
+from .base import Target
 from .cpu_bulk import CPUBulkOps
 from .cpu_cluster import CPUClusterOps
 from .cpu_hopper import HOPPER_INTRINSICS
@@ -27,8 +27,9 @@ I8P = ir.IntType(8).as_pointer()
 I64, I32, I1 = ir.IntType(64), ir.IntType(32), ir.IntType(1)
 
 
-class CPUTarget(CPUOps, CPUBulkOps, CPUClusterOps, CPUTmaOps, IntrinsicTable):
+class CPUTarget(CPUOps, CPUBulkOps, CPUClusterOps, CPUTmaOps, Target):
     name = "cpu"
+    RESULT_FIELD = "cpu"       # a CPUProgram: the JIT-compiled entry point
     # the warp-collective intrinsics, emulated (cpu_intrinsics.py, cpu_hopper.py)
     INTRINSICS = {**INTRINSICS, **HOPPER_INTRINSICS}
     sm = None          # no arch gating: every instruction is emulated

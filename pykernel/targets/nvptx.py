@@ -6,9 +6,9 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ..errors import KernelSourceError
-from ..types import PtrType, ScalarType, TensorMapType
+from ..types import PtrType, ScalarType, TensorMapType, i64
 from .archs import ARCH_SPECIFIC, SUPPORTED_ARCHS
-from .base import IntrinsicTable
+from .base import Target
 from .nvptx_bulk import NVPTXBulkOps, _asm, ptx_isa
 from .nvptx_hopper import HOPPER_INTRINSICS
 from .nvptx_intrinsics import INTRINSICS
@@ -23,8 +23,9 @@ PTX_VERSION = {75: 63, 80: 70, 86: 71, 89: 78, 90: 78, 100: 86, 120: 87}
 SREG = {"thread_idx": "tid", "block_idx": "ctaid", "block_dim": "ntid", "grid_dim": "nctaid"}
 
 
-class NVPTXTarget(NVPTXBulkOps, NVPTXTmaOps, IntrinsicTable):
+class NVPTXTarget(NVPTXBulkOps, NVPTXTmaOps, Target):
     name = "nvptx"
+    RESULT_FIELD = "ptx"       # PTX text, loaded by the driver (runtime/cuda.py)
     # intrinsics with a PTX form of their own (nvptx_intrinsics.py, nvptx_hopper.py)
     INTRINSICS = {**INTRINSICS, **HOPPER_INTRINSICS}
     triple = "nvptx64-nvidia-cuda"
@@ -365,8 +366,23 @@ class NVPTXTarget(NVPTXBulkOps, NVPTXTmaOps, IntrinsicTable):
         ctx.builder.call(ctx.intrinsic_decl("llvm.trap", ret=ir.VoidType(), args=()), [])
         ctx.builder.unreachable()
 
-    # --- emission ------------------------------------------------------------------------------
-    def emit(self, llvm_module, options) -> str:
+    # --- compile decisions and emission --------------------------------------------------------
+    def hidden_params(self, params, options) -> list:
+        """With bounds_check: the byte size of each plain pointer argument (the launcher
+        appends them), so generated code can check every access. (Array parameters carry
+        their shape instead: each index is checked against it.)"""
+        if not options.bounds_check:
+            return []
+        return [(f"__nbytes_{n}", i64) for n, t in params if type(t) is PtrType]
+
+    def debug_info(self, module, fn, fast, options):
+        """With lineinfo: `.file` / `.loc` line tables, for profilers to map PTX to Python."""
+        if not options.lineinfo:
+            return None
+        from ..lower.debuginfo import DebugInfo
+        return DebugInfo(module, fn, fast)
+
+    def emit(self, llvm_module, options, ctx=None) -> str:
         import llvmlite.binding as llvm
         _init_nvptx()
         target = llvm.Target.from_triple(self.triple)

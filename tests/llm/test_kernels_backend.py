@@ -1,7 +1,6 @@
 """The kernels backend on the CPU target: llama.cpp's logits for the tiny models, agreement with
 the numpy backend, graph-replayed decode equal to prefill; `pykernel synth` files read back by
 gguf-py; the `pykernel bench` table format."""
-import dataclasses
 import json
 import re
 
@@ -13,7 +12,7 @@ from gguf.constants import GGMLQuantizationType as Q
 import llm
 from dataclasses import replace
 from llm.options import RunnerOptions
-from llm.backends import kernels_weights as W
+from stdlib_kernels.options import KernelOptions
 from llm.bench import BenchResult, bench, run_bench, table
 from llm.synth import SHAPES, tensor_plan, write_synthetic
 from tests.llm.gguf_helpers import TINY, require_for_module
@@ -428,12 +427,11 @@ def test_bench_lists_like_llama_bench():
         bench(TINY_LLAMA, p=[-1], device="cpu", backend="kernels")
 
 
-def prompts_on_the_gemv(monkeypatch):
-    """Prompts of up to 8 tokens on the GEMV, as the decode steps they are compared with:
-    the int8 GEMM (from 6 tokens by default) takes Q4_0's offset exactly where the DP4A GEMV
-    uses the activations' f16 sum, ~5e-3 apart per matmul, which these random models amplify
-    past the decode-vs-prefill bounds (both paths are checked against the numpy backend)."""
-    monkeypatch.setattr(W, "OPTIONS", dataclasses.replace(W.OPTIONS, int8_gemm_tokens=9))
+# Prompts of up to 8 tokens on the GEMV, as the decode steps they are compared with: the int8
+# GEMM (from 6 tokens by default) takes Q4_0's offset exactly where the DP4A GEMV uses the
+# activations' f16 sum, ~5e-3 apart per matmul, which these random models amplify past the
+# decode-vs-prefill bounds (both paths are checked against the numpy backend)
+GEMV_PROMPTS = RunnerOptions(kernels=KernelOptions(int8_gemm_tokens=9))
 
 
 def test_split_decode_feeds_q8_1_to_the_o_projection(tmp_path, monkeypatch):
@@ -445,9 +443,8 @@ def test_split_decode_feeds_q8_1_to_the_o_projection(tmp_path, monkeypatch):
     monkeypatch.setitem(synth.SHAPES, "tiny-d64", synth.Shape(
         "llama", 128, 256, 2, 2, 1, 512, 64, 10000.0, 1e-5, True, False, "llama-bpe"))
     path = synth.write_synthetic("tiny-d64", "Q4_0", tmp_path / "tiny-d64.gguf")
-    prompts_on_the_gemv(monkeypatch)
     model = llm.load(path, device="cpu", backend="kernels", n_ctx=16, gemv=True,
-                     options=RunnerOptions(short_context=4),
+                     options=replace(GEMV_PROMPTS, short_context=4),
                      progress=False)
     ids = [5, 9, 13, 17, 21, 25]
     full = model.logits(ids)
@@ -533,9 +530,8 @@ def test_qwen3_head_norms_inside_the_rope_launch(tmp_path, monkeypatch):
     monkeypatch.setitem(synth.SHAPES, "tiny-q3", synth.Shape(
         "qwen3", 128, 256, 2, 2, 1, 512, 64, 1e6, 1e-6, False, False, "qwen2", qk_norm=True))
     path = synth.write_synthetic("tiny-q3", "Q4_0", tmp_path / "tiny-q3.gguf")
-    prompts_on_the_gemv(monkeypatch)
     model = llm.load(path, device="cpu", backend="kernels", n_ctx=24, gemv=True,
-                     progress=False)
+                     options=GEMV_PROMPTS, progress=False)
     reference = llm.load(path, device="cpu", backend="numpy", n_ctx=24, progress=False)
     ids = list(range(3, 3 + 13))                        # 13 tokens: the prefill GEMM path
     err = rel_l2(model.logits(ids), reference.logits(ids))
@@ -560,10 +556,9 @@ def test_q8_0_kv_cache(tmp_path, monkeypatch):
     monkeypatch.setitem(synth.SHAPES, "tiny-d64", synth.Shape(
         "llama", 128, 256, 2, 2, 1, 512, 64, 10000.0, 1e-5, True, False, "llama-bpe"))
     path = synth.write_synthetic("tiny-d64", "Q4_0", tmp_path / "tiny-d64.gguf")
-    prompts_on_the_gemv(monkeypatch)
     ids = [5, 9, 13, 17, 21, 25, 3, 8, 40, 41, 42, 43, 44]
     kernels = {kv: llm.load(path, device="cpu", backend="kernels", n_ctx=24, gemv=True,
-                            options=RunnerOptions(short_context=5),
+                            options=replace(GEMV_PROMPTS, short_context=5),
                             activations="f32", kv_dtype=kv, progress=False)
                for kv in ("f32", "q8_0")}
     numpy = {kv: llm.load(path, device="cpu", backend="numpy", n_ctx=24, kv_dtype=kv,
@@ -601,7 +596,6 @@ def test_activations_do_not_grow_with_layers(tmp_path, monkeypatch, arch):
     activation memory of a 2-layer one of the same width, and its logits (prefill, and decode
     through the captured graph) still follow the numpy backend's (qwen2: q/k/v biases, qwen3:
     per-head q/k norms)."""
-    prompts_on_the_gemv(monkeypatch)
     from llm import synth
     arena_bytes = {}
     for layers in (2, 6):
@@ -610,7 +604,7 @@ def test_activations_do_not_grow_with_layers(tmp_path, monkeypatch, arch):
             arch == "qwen2", "llama-bpe", qk_norm=arch == "qwen3"))
         path = synth.write_synthetic(f"tiny-l{layers}", "Q4_0", tmp_path / f"l{layers}.gguf")
         model = llm.load(path, device="cpu", backend="kernels", n_ctx=24, gemv=True,
-                         progress=False)
+                         options=GEMV_PROMPTS, progress=False)
         ids = [5, 9, 13, 17, 21, 25, 3, 8, 40, 41, 42, 43, 44]
         logits = model.logits(ids)
         arena_bytes[layers] = model.backend.prefill_arena.nbytes
