@@ -169,10 +169,7 @@ def pick_digit(hist, above: f32, target: f32):
         if best < 0 and acc + bin_measure >= target:
             best = 8 * lane + 7 - b
         acc += bin_measure
-    top = best
-    for k in pk.static_range(5):
-        top = max(top, pk.shfl_xor(top, 16 >> k))
-    top = max(top, 0)
+    top = max(C.warp_reduce(best, C.MAX), 0)
     above_top = higher   # meaningful in the lane owning bin `top`
     for b in pk.static_range(8):
         if 8 * lane + 7 - b > top:
