@@ -87,7 +87,7 @@ def block_scan(arr, length: i32, scratch, BLOCK: Const[int]):
     for i in range(lo, hi):
         run += arr[i]
         arr[i] = run
-    before, total = C.block_scan(run, scratch, False, BLOCK)
+    before, _total = C.block_scan(run, scratch, False, BLOCK)
     for i in range(lo, hi):
         arr[i] += before
     pk.syncthreads()

@@ -62,7 +62,7 @@ def count_before_bins(hist, scan_tmp):
     own = f32(0.0)
     for k in pk.static_range(per):
         own += f32(hist[top_bin - k])
-    before, total = C.block_scan(own, scan_tmp, False, PASS_THREADS)
+    before, _total = C.block_scan(own, scan_tmp, False, PASS_THREADS)
     return top_bin, before
 
 
