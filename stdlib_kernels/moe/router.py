@@ -27,6 +27,8 @@ import numpy as np
 import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, u32
 
+from ..collectives import SUM, warp_reduce
+
 MODES = {"softmax_norm": 0, "softmax": 1, "topk_softmax": 2}
 SOFTMAX_NORM, SOFTMAX, TOPK_SOFTMAX = 0, 1, 2
 NORM_FLOOR = 6.103515625e-5        # llama.cpp clamps the renormalising sum to this (2^-14)
@@ -50,13 +52,6 @@ def warp_best(v: f32, i: i32):
             v = ov
             i = oi
     return v, i
-
-
-@pk.func
-def warp_total(v: f32) -> f32:
-    for step in pk.static_range(5):
-        v = v + pk.shfl_xor(v, 16 >> step)
-    return v
 
 
 @pk.kernel
@@ -111,7 +106,7 @@ def store_weights(vals, chosen, weights: Ptr[f32], row: i32, n_expert: i32, K: C
         for s in pk.static_range(PER_LANE):
             if lane + 32 * s < n_expert:
                 part += pk.exp(vals[s] - top)
-        denom = warp_total(part)
+        denom = warp_reduce(part, SUM)
     inv = 1.0 / denom
     probs = pk.local_array(f32, K)
     norm = f32(0.0)

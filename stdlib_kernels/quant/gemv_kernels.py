@@ -20,6 +20,7 @@ from __future__ import annotations
 import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, u16, u32
 
+from .._device import warp_sum
 from . import decode8_k as d8
 from . import dot_q8 as q8
 from . import dot_q8_k as q8k
@@ -227,13 +228,6 @@ def rows_dot(w, w2, xq, res: Ptr[f32], y: Ptr[f32], rows: i32, row_words: i32, n
 @pk.func
 def group_first_row(bgroup: i32, ROWS: Const[int], WARPS: Const[int], KW: Const[int]) -> i32:
     return (bgroup * (WARPS // KW) + pk.thread_idx.x // (32 * KW)) * ROWS
-
-
-@pk.func
-def warp_sum(v: f32) -> f32:
-    for step in pk.static_range(5):
-        v = v + pk.shfl_xor(v, 16 >> step)
-    return v
 
 
 @pk.func
