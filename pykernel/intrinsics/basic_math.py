@@ -1,5 +1,6 @@
 """Math that maps to one LLVM intrinsic / PTX instruction: sqrt (sqrt.rn), floor (cvt.rmi),
-ceil (cvt.rpi), fma (fma.rn), trunc/round. f16/bf16 inputs compute in f32 and round back."""
+ceil (cvt.rpi), fma (fma.rn), trunc/round. f16/bf16 inputs compute in f32 and round back,
+except fma (lower/ops.py: in the half type where the target has it)."""
 from __future__ import annotations
 
 from ..lower import ops
@@ -52,12 +53,11 @@ rint = _make("rint", "llvm.rint", "Round to nearest even: `cvt.rni.f32.f32` (exa
 
 @intrinsic("fma")
 def fma(fl, node):
-    """Fused multiply-add a*b+c with one rounding: `fma.rn.f32` (0 ulp)."""
+    """Fused multiply-add a*b+c with one rounding: `fma.rn.f32` (0 ulp); f16/bf16 in their
+    own type (`fma.rn.f16`, `fma.rn.bf16` sm_80+), else emulated with the same rounding."""
     (a, b, c), ty = float_args(fl, node, "fma", 3)
-    ct = compute_type(ty)
-    vals = [ops.cast(fl.b, ty, ct, v.ir) for v in (a, b, c)]
-    r = fl.b.call(fl.ctx.intrinsic_decl("llvm.fma", ct.llvm), vals)
-    return Value(ty, ops.cast(fl.b, ct, ty, r))
+    native = ops.is_half(ty) and fl.ctx.target.half_native(ty, "fma")
+    return Value(ty, ops.float_fma(fl.b, ty, a.ir, b.ir, c.ir, fl.ctx.intrinsic_decl, native))
 
 
 @intrinsic("rsqrt")

@@ -7,7 +7,7 @@ import builtins
 from llvmlite import ir
 
 from ..device_function import DeviceFunction
-from ..types import ScalarType, bool_, f32
+from ..types import ScalarType, bool_
 from . import ops
 from .values import ConstValue, GlobalRef, PtrValue, TypeValue, Value, describe
 
@@ -93,12 +93,8 @@ def lower_minmax(fl, node, is_max):
 def minmax_ir(fl, ty, x, y, is_max):
     b = fl.b
     if ty.is_float:
-        if ops.is_half(ty):
-            r = minmax_ir(fl, f32,
-                          ops.to_f32(b, ty, x), ops.to_f32(b, ty, y), is_max)
-            return ops.from_f32(b, ty, r)
-        fn = fl.ctx.intrinsic_decl("llvm.maxnum" if is_max else "llvm.minnum", ty.llvm)
-        return b.call(fn, [x, y])
+        native = ops.is_half(ty) and fl.ctx.target.half_native(ty, "max" if is_max else "min")
+        return ops.float_minmax(b, ty, x, y, is_max, fl.ctx.intrinsic_decl, native)
     cmp = (b.icmp_signed if ty.is_signed else b.icmp_unsigned)(">" if is_max else "<", x, y)
     return b.select(cmp, x, y)
 
@@ -111,12 +107,7 @@ def lower_abs(fl, node):
         raise fl.error(node, f"abs() of {describe(val)}")
     b = fl.b
     if val.ty.is_float:
-        if ops.is_half(val.ty):
-            f = ops.to_f32(b, val.ty, val.ir)
-            fn = fl.ctx.intrinsic_decl("llvm.fabs", ir.FloatType())
-            return Value(val.ty, ops.from_f32(b, val.ty, b.call(fn, [f])))
-        fn = fl.ctx.intrinsic_decl("llvm.fabs", val.ty.llvm)
-        return Value(val.ty, b.call(fn, [val.ir]))
+        return Value(val.ty, ops.fabs(b, val.ty, val.ir, fl.ctx.intrinsic_decl))
     if not val.ty.is_signed:
         return val
     neg = b.icmp_signed("<", val.ir, ir.Constant(val.ty.llvm, 0))

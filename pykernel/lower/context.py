@@ -121,6 +121,8 @@ def _mangle(t: ir.Type) -> str:
         return "f64"
     if isinstance(t, ir.HalfType):
         return "f16"
+    if str(t) == "bfloat":        # ops.BFloatType (llvmlite has none of its own)
+        return "bf16"
     if isinstance(t, ir.IntType):
         return f"i{t.width}"
     raise TypeError(t)

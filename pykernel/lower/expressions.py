@@ -80,8 +80,9 @@ def binop_values(fl, op, a, b, node):
         return power(fl, a, b, node)
     x, y, ty = unify(fl, a, b, node)
     if ty.is_float:
+        native = ops.is_half(ty) and fl.ctx.target.half_native(ty, HALF_OP_NAMES.get(op, ""))
         res = ops.float_binop(fl.b, op, ty, x.ir, y.ir, lambda t, v: floor_value(fl, t, v),
-                              fl.ctx.options.fp_contract)
+                              fl.ctx.options.fp_contract, native)
     elif ty is bool_ and op in (ast.BitAnd, ast.BitOr, ast.BitXor):
         res = ops.int_binop(fl.b, op, ty, x.ir, y.ir)
     elif ty.is_int:
@@ -89,6 +90,9 @@ def binop_values(fl, op, a, b, node):
     else:
         raise ops.TypeMismatch(f"cannot {ops.OP_NAMES.get(op, op.__name__)} {ty} values")
     return Value(ty, res)
+
+
+HALF_OP_NAMES = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul"}
 
 
 def floor_value(fl, ty, v):
@@ -135,12 +139,7 @@ def lower_unaryop(fl, node: ast.UnaryOp):
     if isinstance(node.op, ast.UAdd):
         return v
     if isinstance(node.op, ast.USub):
-        if v.ty.is_float:
-            if ops.is_half(v.ty):
-                return Value(v.ty, ops.from_f32(fl.b, v.ty, fl.b.fneg(ops.to_f32(fl.b, v.ty,
-                                                                                v.ir))))
-            return Value(v.ty, fl.b.fneg(v.ir))
-        return Value(v.ty, fl.b.neg(v.ir))
+        return Value(v.ty, ops.negate(fl.b, v.ty, v.ir))
     if not v.ty.is_int and v.ty is not bool_:
         raise fl.error(node, f"~ needs an integer, got {v.ty}")
     return Value(v.ty, fl.b.not_(v.ir))
@@ -190,7 +189,8 @@ def compare_values(fl, op, a, b, node):
                                  f"not {describe(a)} and {describe(b)}")
         return ConstValue(PY_CMPS[type(op)](a.ty, b.ty))
     x, y, ty = unify(fl, a, b, node)
-    return Value(bool_, ops.compare(fl.b, type(op), ty, x.ir, y.ir))
+    native = ops.is_half(ty) and fl.ctx.target.half_native(ty, "cmp")
+    return Value(bool_, ops.compare(fl.b, type(op), ty, x.ir, y.ir, native))
 
 
 def lower_compare(fl, node: ast.Compare):

@@ -1,5 +1,13 @@
 """Scalar operations with C semantics for ints (Python floor semantics for // and % on signed
-ints), IEEE floats, f16/bf16 computed in f32 and rounded back, and explicit casts."""
+ints), IEEE floats, f16/bf16 arithmetic and explicit casts.
+
+f16/bf16 `+ - *`, fma, min/max and comparisons compute in the half type itself where the
+target says it has the instruction (`target.half_native(ty, op)`: NVPTX `add.rn.f16`,
+`fma.rn.bf16`, `setp.lt.bf16` ...; LLVM expands what an arch lacks, exactly); elsewhere (the CPU
+target, bf16 fma before sm_80) they are emulated with the same rounding: + - * min max in f32
+rounded once to the half type (f32 has more than 2p+2 bits, so the double rounding is
+innocuous), fma in f64 rounded to odd to f32 and then to nearest even. Negation and abs are
+sign-bit operations (NaN payloads kept, as numpy does). /, // and % compute in f32."""
 from __future__ import annotations
 
 import ast
@@ -9,7 +17,24 @@ from llvmlite import ir
 from ..types import INT_RANGES, ScalarType, bf16, bool_, common_int_literal_type, f16, f32
 
 F32 = ir.FloatType()
+F64 = ir.DoubleType()
+I16 = ir.IntType(16)
 I32 = ir.IntType(32)
+I64 = ir.IntType(64)
+
+
+class BFloatType(ir.types._BaseFloatType):
+    """LLVM's `bfloat` (llvmlite has no such type). bf16 values live as i16 bits and become
+    `bfloat` only around the operations computed in bf16 (bitcasts cost nothing)."""
+    null = "0.0"
+    intrinsic_name = "bf16"
+
+    def __str__(self):
+        return "bfloat"
+
+
+BFloatType._create_instance()
+BFLOAT = BFloatType()
 
 
 class TypeMismatch(Exception):
@@ -81,6 +106,76 @@ def from_f32(b: ir.IRBuilder, ty: ScalarType, v):
 
 def is_half(ty: ScalarType) -> bool:
     return ty is f16 or ty is bf16
+
+
+def as_half(b: ir.IRBuilder, ty: ScalarType, v):
+    """A stored f16/bf16 value as the LLVM type that computes in it (`half` / `bfloat`)."""
+    return b.bitcast(v, BFLOAT) if ty is bf16 else v
+
+
+def from_half(b: ir.IRBuilder, ty: ScalarType, v):
+    return b.bitcast(v, I16) if ty is bf16 else v
+
+
+def half_bits(b: ir.IRBuilder, ty: ScalarType, v):
+    return v if ty is bf16 else b.bitcast(v, I16)
+
+
+def bits_to_half(b: ir.IRBuilder, ty: ScalarType, bits):
+    return bits if ty is bf16 else b.bitcast(bits, ty.llvm)
+
+
+# --- f16 / bf16 operations beyond + - * ---------------------------------------------------------
+
+def negate(b: ir.IRBuilder, ty: ScalarType, v):
+    """-x: the sign bit flipped (for halves an integer xor: NaN payloads kept on every target)."""
+    if is_half(ty):
+        return bits_to_half(b, ty, b.xor(half_bits(b, ty, v), ir.Constant(I16, 0x8000)))
+    return b.fneg(v) if ty.is_float else b.neg(v)
+
+
+def fabs(b: ir.IRBuilder, ty: ScalarType, v, decl):
+    """|x| of a float: the sign bit cleared. `decl(name, llvm_type)` declares an intrinsic."""
+    if is_half(ty):
+        return bits_to_half(b, ty, b.and_(half_bits(b, ty, v), ir.Constant(I16, 0x7FFF)))
+    return b.call(decl("llvm.fabs", ty.llvm), [v])
+
+
+def float_minmax(b: ir.IRBuilder, ty: ScalarType, x, y, is_max, decl, native=False):
+    """IEEE maxNum/minNum (a NaN operand gives the other one): `max.f32`, `max.f16`..."""
+    name = "llvm.maxnum" if is_max else "llvm.minnum"
+    if is_half(ty) and native:
+        llty = BFLOAT if ty is bf16 else ty.llvm
+        return from_half(b, ty, b.call(decl(name, llty), [as_half(b, ty, x), as_half(b, ty, y)]))
+    if is_half(ty):   # min/max of two halves is one of them: exact in f32
+        return from_f32(b, ty, b.call(decl(name, F32), [to_f32(b, ty, x), to_f32(b, ty, y)]))
+    return b.call(decl(name, ty.llvm), [x, y])
+
+
+def float_fma(b: ir.IRBuilder, ty: ScalarType, x, y, z, decl, native=False):
+    """x*y+z rounded once (`fma.rn.f32`, `fma.rn.f16`, `fma.rn.bf16`)."""
+    if not is_half(ty) or native:
+        llty = BFLOAT if ty is bf16 else ty.llvm
+        vals = [as_half(b, ty, v) for v in (x, y, z)]
+        return from_half(b, ty, b.call(decl("llvm.fma", llty), vals))
+    # f64: x*y is exact (22 bits at most) and the sum is rounded once to 53 bits, which no
+    # half-precision rounding can tell from the exact value; f64 -> f32 rounds to odd so that
+    # the final f32 -> half rounding to nearest even is correct (round-to-odd with p+2 bits)
+    wide = [b.fpext(to_f32(b, ty, v), F64) for v in (x, y, z)]
+    exact = b.call(decl("llvm.fma", F64), wide)
+    return from_f32(b, ty, _round_to_odd_f32(b, exact, decl))
+
+
+def _round_to_odd_f32(b: ir.IRBuilder, v, decl):
+    """An f64 as f32 rounded to odd: truncated toward zero, lowest bit set if inexact."""
+    near = b.fptrunc(v, F32)
+    inexact = b.fcmp_ordered("one", b.fpext(near, F64), v)   # NaN, inf, exact: as is
+    fabs64 = decl("llvm.fabs", F64)
+    overshot = b.fcmp_ordered(">", b.call(fabs64, [b.fpext(near, F64)]), b.call(fabs64, [v]))
+    bits = b.bitcast(near, I32)
+    toward_zero = b.select(overshot, b.sub(bits, ir.Constant(I32, 1)), bits)
+    odd = b.or_(toward_zero, ir.Constant(I32, 1))
+    return b.bitcast(b.select(inexact, odd, bits), F32)
 
 
 # --- casts --------------------------------------------------------------------------------------
@@ -171,9 +266,14 @@ def int_binop(b: ir.IRBuilder, op, ty: ScalarType, x, y):
     raise TypeMismatch(f"operator {op.__name__} is not supported on {ty}")
 
 
-def float_binop(b: ir.IRBuilder, op, ty: ScalarType, x, y, floor_fn, contract=False):
-    """IEEE arithmetic; `contract` lets LLVM fuse a*b+c into one fma (fp_contract option)."""
+def float_binop(b: ir.IRBuilder, op, ty: ScalarType, x, y, floor_fn, contract=False,
+                native=False):
+    """IEEE arithmetic; `contract` lets LLVM fuse a*b+c into one fma (fp_contract option);
+    `native`: f16/bf16 + - * in the half type (the target has the instruction)."""
     if is_half(ty):
+        if native and op in (ast.Add, ast.Sub, ast.Mult):
+            r = float_binop(b, op, None, as_half(b, ty, x), as_half(b, ty, y), floor_fn, contract)
+            return from_half(b, ty, r)
         r = float_binop(b, op, f32, to_f32(b, ty, x), to_f32(b, ty, y), floor_fn, contract)
         return from_f32(b, ty, r)
     flags = ("contract",) if contract else ()
@@ -196,13 +296,15 @@ def float_binop(b: ir.IRBuilder, op, ty: ScalarType, x, y, floor_fn, contract=Fa
 CMP_OPS = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
 
 
-def compare(b: ir.IRBuilder, op, ty: ScalarType, x, y):
+def compare(b: ir.IRBuilder, op, ty: ScalarType, x, y, native=False):
+    """`native`: f16/bf16 compared in the half type (`setp.lt.f16`); else in f32 (exact)."""
     sym = CMP_OPS.get(op)
     if sym is None:
         raise TypeMismatch(f"comparison {op.__name__} is not supported in kernels")
     if ty.is_float:
         if is_half(ty):
-            x, y = to_f32(b, ty, x), to_f32(b, ty, y)
+            convert = as_half if native else to_f32
+            x, y = convert(b, ty, x), convert(b, ty, y)
         if sym == "!=":
             return b.fcmp_unordered("!=", x, y)
         return b.fcmp_ordered(sym, x, y)

@@ -51,6 +51,12 @@ class CPUTarget(CPUOps, CPUBulkOps, CPUClusterOps, CPUTmaOps, Target):
     def pointer_type(self, ty: PtrType) -> ir.Type:
         return ir.PointerType(ty.elem.storage)
 
+    @staticmethod
+    def half_native(ty, op: str) -> bool:
+        """f16/bf16 arithmetic is emulated here (ops.py, same rounding): LLVM's own x86
+        lowering of `bfloat` needs runtime-library calls that the JIT does not provide."""
+        return False
+
     # --- function shape ------------------------------------------------------------------------
     def create_kernel(self, module, name, params, options):
         fnty = ir.FunctionType(I8P, [I8P, I64.as_pointer()] + [I32] * 7)

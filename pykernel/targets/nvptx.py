@@ -40,6 +40,13 @@ class NVPTXTarget(NVPTXBulkOps, NVPTXTmaOps, Target):
         if self.arch_specific:
             self.min_ptx = 80     # the oldest PTX ISA that knows sm_90a
 
+    def half_native(self, ty: ScalarType, op: str) -> bool:
+        """Whether f16/bf16 `op` ("add" "sub" "mul" "fma" "min" "max" "cmp") is emitted in the
+        half type. LLVM picks the instruction per arch (`add.rn.f16` sm_53+; `add.rn.bf16`
+        sm_90+, `fma.rn.bf16 a, 1.0, b` on sm_80; f32 and one rounding before), all exact,
+        except bf16 fma before sm_80, which LLVM computes as an f32 fma rounded again."""
+        return not (ty.name == "bf16" and op == "fma" and self.sm < 80)
+
     # --- function shape ------------------------------------------------------------------------
     def pointer_type(self, ty: PtrType) -> ir.Type:
         return ir.PointerType(ty.elem.storage, addrspace=ADDRSPACE[ty.space])
