@@ -48,9 +48,12 @@ class CPUOps:
         counter = td.get("warp_counter")
         if counter is None:
             counter = ctx.alloca(I32, "warp.ops")
-            ir.IRBuilder(ctx.entry).store(ir.Constant(I32, 0), counter)
+            entry = ir.IRBuilder(ctx.entry)
+            entry.store(ir.Constant(I32, 0), counter)
+            entry.store(ir.Constant(I64, -1), self._returned_word(ctx, entry))
             td["warp_counter"] = counter
         k = b.load(counter)
+        td["warp_op_index"] = k
         b.store(b.add(k, ir.Constant(I32, 1)), counter)
         nt = self.block_threads(ctx)
         half = b.mul(b.and_(k, ir.Constant(I32, 1)), nt)
@@ -93,7 +96,53 @@ class CPUOps:
         src_t = b.add(base, src)
         ok = b.and_(in_warp, b.icmp_signed("<", src_t, nt))
         src_t = b.select(ok, src_t, tlin)
+        self._check_shuffle_source(ctx, mask, lane, b.select(ok, src, lane), src_t, site)
         return self.fetch_word(ctx, slots, half, src_t, 0)
+
+    def _check_shuffle_source(self, ctx, mask, lane, src, src_t, site):
+        """The GPU gives an undefined value when the source lane has returned or is not in
+        the mask, and is undefined when the calling lane is not in it: errors
+        SHUFFLE_SOURCE_GONE and MASK_NAMES_GONE."""
+        b = ctx.builder
+        src_in_mask = b.trunc(b.lshr(mask, src), I1)
+        bad_source = b.or_(b.not_(src_in_mask), b.not_(self.lane_running(ctx, src_t)))
+        with b.if_then(bad_source, likely=False):
+            self.fail(ctx, abi.SHUFFLE_SOURCE_GONE, site, b.zext(src, I64))
+        with b.if_then(b.not_(b.trunc(b.lshr(mask, lane), I1)), likely=False):
+            self.fail(ctx, abi.MASK_NAMES_GONE, site, b.zext(mask, I64))
+
+    RETURNED_WORD = 14   # of a thread's half-1 slot: -1 while it runs, then its warp-op count
+
+    def _returned_word(self, ctx, b, thread=None):
+        nt = self.ctx_slot(ctx, abi.BLOCK, b)
+        for k in (1, 2):
+            nt = b.mul(nt, self.ctx_slot(ctx, abi.BLOCK + k, b))
+        thread = ctx.target_data["tlin"] if thread is None else thread
+        idx = b.add(b.mul(b.add(b.trunc(nt, I32), thread), ir.Constant(I32, self.SLOT_WORDS)),
+                    ir.Constant(I32, self.RETURNED_WORD))
+        slots = b.inttoptr(self.ctx_slot(ctx, abi.EXCHANGE_PTR, b), I64.as_pointer())
+        return b.gep(slots, [idx])
+
+    def lane_running(self, ctx, thread):
+        """i1: block thread `thread` takes part in the current warp operation: it has not
+        returned, or returned after this operation (its state cannot tell: a lane may finish
+        before the others have read the operation's words)."""
+        b = ctx.builder
+        done = b.load(self._returned_word(ctx, b, thread))
+        k = b.zext(ctx.target_data["warp_op_index"], I64)
+        return b.icmp_unsigned(">", done, k)      # -1: still running
+
+    def check_warp_mask(self, ctx, mask, present, exists, site):
+        """A warp operation whose mask names a lane that has returned (present: the lanes at
+        the operation, exists: the warp's lanes in the block), or that the calling lane is not
+        in, is undefined on the GPU: error MASK_NAMES_GONE (value: the mask)."""
+        b = ctx.builder
+        lane = b.and_(ctx.target_data["tlin"], ir.Constant(I32, 31))
+        returned = b.and_(exists, b.not_(present))
+        names_returned = b.icmp_unsigned("!=", b.and_(mask, returned), ir.Constant(I32, 0))
+        caller_outside = b.not_(b.trunc(b.lshr(mask, lane), I1))
+        with b.if_then(b.or_(names_returned, caller_outside), likely=False):
+            self.fail(ctx, abi.MASK_NAMES_GONE, site, b.zext(mask, I64))
 
     PRESENT = 2   # bit of a lane's first exchange word: it takes part (cleared when it returns)
 
@@ -103,17 +152,19 @@ class CPUOps:
         slots, half, nt = self._exchange(ctx, flag, site)
         tlin = td["tlin"]
         base = b.sub(tlin, b.and_(tlin, ir.Constant(I32, 31)))
-        ballot = present = ir.Constant(I32, 0)
+        ballot = present = exists = ir.Constant(I32, 0)
         for lane in range(32):   # unrolled: 32 loads, no loop blocks needed
             t = b.add(base, ir.Constant(I32, lane))
             live = b.icmp_signed("<", t, nt)
             safe = b.select(live, t, tlin)
-            word = b.select(live, self.fetch_word(ctx, slots, half, safe, 0),
+            running = b.and_(live, self.lane_running(ctx, safe))   # a returned lane's word is
+            word = b.select(running, self.fetch_word(ctx, slots, half, safe, 0),   # stale
                             ir.Constant(I32, 0))
             ballot = b.or_(ballot, b.shl(b.and_(word, ir.Constant(I32, 1)),
                                          ir.Constant(I32, lane)))
-            present = b.or_(present, b.shl(b.and_(b.lshr(word, ir.Constant(I32, 1)),
-                                                  ir.Constant(I32, 1)), ir.Constant(I32, lane)))
+            present = b.or_(present, b.shl(b.zext(running, I32), ir.Constant(I32, lane)))
+            exists = b.or_(exists, b.shl(b.zext(live, I32), ir.Constant(I32, lane)))
+        self.check_warp_mask(ctx, mask, present, exists, site)
         if kind == "ballot":
             return ballot
         if kind == "any_sync":
@@ -134,6 +185,7 @@ class CPUOps:
         slots = b.inttoptr(self.ctx_slot(ctx, abi.EXCHANGE_PTR, b), I64.as_pointer())
         mine = b.mul(b.add(half, td["tlin"]), ir.Constant(I32, self.SLOT_WORDS))
         b.store(ir.Constant(I64, 0), b.gep(slots, [mine]))
+        b.store(b.zext(b.load(counter), I64), self._returned_word(ctx, b))
 
     # --- shared memory -------------------------------------------------------------------------
     def shared_array(self, ctx, aty, align=16):

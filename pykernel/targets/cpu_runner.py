@@ -252,6 +252,12 @@ def scheduler(module, waits: bool = False, cluster: bool = False):
         retry_blocked(b, fn, e, state, nt, before, phase)
     # Every thread is at a barrier or finished: check they agree, release them, repeat.
     first, mismatch, waiting = scan(b, state, ir.Constant(I64, 0), nt, abi.AT_BARRIER)
+    _, _, finished = scan(b, state, ir.Constant(I64, 0), nt, abi.FINISHED)
+    partial = b.and_(b.icmp_signed("!=", finished, ir.Constant(I64, 0)),
+                     b.icmp_signed("!=", waiting, ir.Constant(I64, 0)))
+    with b.if_then(partial, likely=False):      # threads that returned never arrive
+        record_error(b, ctx_ptr, abi.BARRIER_AFTER_RETURN, first)
+        b.ret_void()
     if cluster:
         _, _, at_cluster = scan(b, state, ir.Constant(I64, 0), nt, abi.AT_CLUSTER)
         mismatch = b.or_(mismatch, b.icmp_signed("!=", at_cluster, ir.Constant(I64, 0)))
