@@ -165,7 +165,7 @@ class CudaMemory:
 class _LoadedKernel:
     __slots__ = ("name", "func", "packer", "pack", "params_address", "kernel_params", "extra",
                  "dynamic_shared_limit", "static_shared", "code", "launch_config",
-                 "non_portable")
+                 "non_portable", "cooperative", "co_resident")
 
     def __init__(self, name, func, packer, dynamic_shared_limit, static_shared, code,
                  param_buffer: bool, pdl: bool = False):
@@ -183,6 +183,8 @@ class _LoadedKernel:
         # asks for it (capture_graph(pdl=True))
         self.launch_config = _pdl_config() if pdl else None
         self.non_portable = False     # clusters of more than 8 blocks allowed (set on demand)
+        self.cooperative = False      # pk.grid_sync: launched cooperatively (set by load)
+        self.co_resident = {}         # (threads, shared bytes) -> blocks resident at once
 
 
 def _bad_geometry(kernel, grid, block, shared_bytes, exc) -> LaunchError:
@@ -231,6 +233,35 @@ def _launch_pdl(kernel, grid, block, shared_bytes, handle):
     config.blockDimX, config.blockDimY, config.blockDimZ = block
     config.sharedMemBytes, config.hStream = shared_bytes, handle
     return _launch_kernel_ex(config, kernel.func, kernel.kernel_params, kernel.extra)
+
+
+def _launch_cooperative(device, kernel, grid, block, shared_bytes, handle, cluster):
+    """A kernel with pk.grid_sync: cuLaunchKernelEx with the cooperative attribute, after
+    checking that every block of the grid can be resident at once (else the barrier would
+    wait for ever; the driver refuses too, with a less telling error)."""
+    where = f"{kernel.name}[grid={tuple(grid)}, block={tuple(block)}, shared={shared_bytes}]"
+    if cluster is not None and tuple(cluster) != (1, 1, 1):
+        raise LaunchError(f"{where}: a kernel with pk.grid_sync() cannot use clusters")
+    threads, blocks = block[0] * block[1] * block[2], grid[0] * grid[1] * grid[2]
+    fits = kernel.co_resident.get((threads, shared_bytes))
+    if fits is None:
+        per_sm = check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            kernel.func, threads, shared_bytes), f"{kernel.name}: occupancy")
+        fits = kernel.co_resident[(threads, shared_bytes)] = \
+            per_sm * device.core.properties.multiprocessor_count
+    if blocks > fits:
+        raise LaunchError(f"{where}: pk.grid_sync() needs every block resident at once; "
+                          f"{blocks} blocks, this GPU holds at most {fits} of this kernel's "
+                          f"blocks together")
+    attribute = cu.CUlaunchAttribute()
+    attribute.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+    attribute.value.cooperative = 1
+    config = cu.CUlaunchConfig()
+    config.attrs, config.numAttrs = [attribute], 1
+    config.gridDimX, config.gridDimY, config.gridDimZ = grid
+    config.blockDimX, config.blockDimY, config.blockDimZ = block
+    config.sharedMemBytes, config.hStream = shared_bytes, handle
+    return cu.cuLaunchKernelEx(config, kernel.func, kernel.kernel_params, kernel.extra)
 
 
 class _PinnedAllocation:
@@ -317,7 +348,10 @@ class CudaDevice:
         self._recent.append(kernel.name)
         try:
             pdl = kernel.launch_config is not None and self.programmatic_launch
-            if cluster is not None and cluster != (1, 1, 1):
+            if kernel.cooperative:
+                (err,) = _launch_cooperative(self, kernel, grid, block, shared_bytes, handle,
+                                             cluster)
+            elif cluster is not None and cluster != (1, 1, 1):
                 (err,) = _launch_cluster(kernel, grid, block, shared_bytes, handle, cluster,
                                          pdl)
             elif not pdl:
@@ -429,6 +463,7 @@ class CudaDevice:
         kernel = _LoadedKernel(compiled.name, func, ArgPacker(compiled, "cuda", self.ordinal),
                                limit, getattr(compiled, "shared_bytes", 0), code,
                                self.param_buffer, "pdl" in getattr(compiled, "uses", ()))
+        kernel.cooperative = "grid_sync" in getattr(compiled, "uses", ())
         self._kernels[compiled.cache_key] = kernel
         self._prints = self._prints or "print" in getattr(compiled, "uses", ())
         return kernel

@@ -33,8 +33,8 @@ ERRORS = {1: "out-of-bounds memory access", 2: "syncthreads() reached in diverge
           6: "mbarrier wait that can never complete (no thread left to arrive, no copy "
              "left to land)",
           7: "mbarrier misuse (arrival count or tx-count out of range, or not initialised)",
-          8: "cluster_sync() reached in divergent control flow (threads of the cluster at "
-             "different barriers)",
+          8: "cluster_sync() / grid_sync() reached in divergent control flow (threads of "
+             "the cluster or grid at different barriers, or some returned before it)",
           9: "cluster_map() rank outside the cluster",
           10: "array index out of range",
           11: "tensor copy (TMA) misuse: shared address not 128-byte aligned, an innermost "

@@ -48,9 +48,12 @@ class CPUOps:
         counter = td.get("warp_counter")
         if counter is None:
             counter = ctx.alloca(I32, "warp.ops")
-            entry = ir.IRBuilder(ctx.entry)
-            entry.store(ir.Constant(I32, 0), counter)
-            entry.store(ir.Constant(I64, -1), self._returned_word(ctx, entry))
+            ir.IRBuilder(ctx.entry).store(ir.Constant(I32, 0), counter)
+            # at the body's start, not the entry (which runs when the coroutine is created,
+            # before a cluster's scheduler points EXCHANGE_PTR at this block's words)
+            start = ir.IRBuilder()
+            start.position_at_start(td["body"])
+            start.store(ir.Constant(I64, -1), self._returned_word(ctx, start))
             td["warp_counter"] = counter
         k = b.load(counter)
         td["warp_op_index"] = k
@@ -186,6 +189,13 @@ class CPUOps:
         mine = b.mul(b.add(half, td["tlin"]), ir.Constant(I32, self.SLOT_WORDS))
         b.store(ir.Constant(I64, 0), b.gep(slots, [mine]))
         b.store(b.zext(b.load(counter), I64), self._returned_word(ctx, b))
+
+    @staticmethod
+    def constant_table(ctx, init: ir.Constant) -> ir.GlobalVariable:
+        """A pk.const_array: a read-only global of the JIT-compiled module."""
+        gv = ir.GlobalVariable(ctx.module, init.type, ctx.module.get_unique_name("const_table"))
+        gv.initializer, gv.global_constant, gv.linkage, gv.align = init, True, "internal", 16
+        return gv
 
     # --- shared memory -------------------------------------------------------------------------
     def shared_array(self, ctx, aty, align=16):

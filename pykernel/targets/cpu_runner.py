@@ -192,10 +192,11 @@ def cluster_scheduler(module, waits: bool):
     ctx_ptr, nt, csize = fn.args
     e = Entry(fn, ctx_ptr)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    slots = (abi.HANDLES_PTR, abi.STATE_PTR, abi.SHARED_PTR)
+    # each block its own handles, states, shared memory and warp-exchange words
+    slots = (abi.HANDLES_PTR, abi.STATE_PTR, abi.SHARED_PTR, abi.EXCHANGE_PTR)
     bases = [e.slot(b, k) for k in slots]
     steps = [b.mul(nt, ir.Constant(I64, 8)), b.mul(nt, ir.Constant(I64, 4)),
-             e.slot(b, abi.SHARED_STRIDE)]
+             e.slot(b, abi.SHARED_STRIDE), b.mul(nt, ir.Constant(I64, 2 * 16 * 8))]
 
     def point(r):
         for k, base, step in zip(slots, bases, steps):

@@ -15,7 +15,8 @@ from .nvptx_intrinsics import INTRINSICS
 from .nvptx_tma import NVPTXTmaOps, mark_tensor_map_param, tensor_map_param_type
 
 I32, I64 = ir.IntType(32), ir.IntType(64)
-ADDRSPACE = {"global": 1, "shared": 3, "local": 0, "cluster": 0}   # cluster: generic (mapa)
+ADDRSPACE = {"global": 1, "shared": 3, "local": 0, "cluster": 0,   # cluster: generic (mapa)
+             "const": 4}
 # PTX ISA version per arch: the oldest that supports it (LLVM aborts on a mismatch), so a
 # kernel loads on the oldest driver that knows the arch; an instruction needing a newer ISA
 # raises the module's .version where it is emitted (ptx_isa, nvptx_intrinsics.needs_ptx).
@@ -215,6 +216,14 @@ class NVPTXTarget(NVPTXBulkOps, NVPTXTmaOps, Target):
         ctx.shared_bytes = -(-ctx.shared_bytes // align) * align + aty.count * aty.elem.nbytes
         zero = ir.Constant(I32, 0)
         return ctx.builder.gep(gv, [zero, zero])
+
+    @staticmethod
+    def constant_table(ctx, init: ir.Constant) -> ir.GlobalVariable:
+        """A pk.const_array in the `.const` state space (addrspace 4): `ld.const`."""
+        gv = ir.GlobalVariable(ctx.module, init.type, ctx.module.get_unique_name("const_table"),
+                               addrspace=ADDRSPACE["const"])
+        gv.initializer, gv.global_constant, gv.linkage, gv.align = init, True, "internal", 16
+        return gv
 
     def dynamic_shared(self, ctx, elem):
         gv = ctx.module.globals.get("__pk_dynamic_shared")

@@ -61,7 +61,9 @@ def barrier_after_return(out: Ptr[i32], gone: i32):
 
 def _location(kernel, marker: str) -> str:
     """file:line:col of the pk.* call on the line of this file tagged `marker`."""
-    for number, text in enumerate(open(__file__).read().splitlines(), start=1):
+    with open(__file__) as source:
+        lines = source.read().splitlines()
+    for number, text in enumerate(lines, start=1):
         if marker in text and not text.lstrip().startswith(("_raises", "\"")):
             col = re.search(r"pk\.\w+\(", text).start() + 1
             return f"{__file__}:{number}:{col}"

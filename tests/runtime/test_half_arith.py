@@ -3,7 +3,7 @@ operation bit-exact against the exactly rounded reference (tests/runtime/half_or
 random bit patterns (all exponents, subnormals, zeros, infinities) and a few NaNs."""
 import numpy as np
 import pytest
-from half_oracle import reference, random_bits, to_bits, to_float64
+from half_oracle import random_bits, reference, to_bits, to_float64
 
 import pykernel as pk
 from pykernel import Const, Ptr, i32
