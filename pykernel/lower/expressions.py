@@ -79,6 +79,10 @@ def binop_values(fl, op, a, b, node):
     if op is ast.Pow:
         return power(fl, a, b, node)
     x, y, ty = unify(fl, a, b, node)
+    if ops.is_packed(ty):
+        native = fl.ctx.target.half_native(ty.elem, HALF_OP_NAMES.get(op, ""))
+        return Value(ty, ops.packed_binop(fl.b, op, ty, x.ir, y.ir, fl.ctx.options.fp_contract,
+                                          native))
     if ty.is_float:
         native = ops.is_half(ty) and fl.ctx.target.half_native(ty, HALF_OP_NAMES.get(op, ""))
         res = ops.float_binop(fl.b, op, ty, x.ir, y.ir, lambda t, v: floor_value(fl, t, v),
@@ -268,6 +272,8 @@ def lower_attribute(fl, node: ast.Attribute):
         return ndarray.attribute(fl, node, base)
     if isinstance(base, TypeValue) and node.attr in ("bits", "nbytes"):
         return ConstValue(getattr(base.ty, node.attr))
+    if isinstance(base, Value) and ops.is_packed(base.ty) and node.attr in ("x", "y"):
+        return packed_lane(fl, base, "xy".index(node.attr))
     raise fl.error(node, f"{describe(base)} has no attribute '{node.attr}'")
 
 
@@ -286,8 +292,33 @@ def lower_subscript(fl, node: ast.Subscript):
         except IndexError:
             raise fl.error(node.slice, f"tuple index {idx.value} out of range "
                            f"(size {len(base.items)})") from None
+    if isinstance(base, Value) and ops.is_packed(base.ty):
+        idx = fl.expr(node.slice)
+        if not (isinstance(idx, ConstValue) and idx.value in (0, 1)
+                and not isinstance(idx.value, bool)):
+            raise fl.error(node.slice, f"a {base.ty} lane is [0] or [1] (a constant), or .x / .y")
+        return packed_lane(fl, base, idx.value)
     from .memory import load_subscript
     return load_subscript(fl, node, None, base)
+
+
+def packed_lane(fl, pair: Value, k: int) -> Value:
+    return Value(pair.ty.elem, fl.b.extract_element(pair.ir, ir.Constant(ir.IntType(32), k)))
+
+
+def construct_packed(fl, ty, node):
+    """`f16x2(a, b)`: a pair from two values of the element type (literals adapt); a in
+    lane x (the low 16 bits in memory)."""
+    if node.keywords or len(node.args) != ty.lanes:
+        raise fl.error(node, f"{ty}() takes {ty.lanes} values (the lanes x, y)")
+    lanes = []
+    for arg in node.args:
+        v = fl.expr(arg)
+        if isinstance(v, Value) and v.ty != ty.elem:
+            raise fl.error(arg, f"{ty} lanes are {ty.elem}, got {describe(v)}",
+                           hint=f"convert explicitly, e.g. {ty.elem}(x)")
+        lanes.append(fl.coerce(v, ty.elem, arg).ir)
+    return Value(ty, ops.pack_lanes(fl.b, ty, lanes))
 
 
 def lower_call(fl, node: ast.Call):

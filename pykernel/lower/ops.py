@@ -71,6 +71,8 @@ def const_ir(ty: ScalarType, value) -> ir.Constant:
             shown = str(v) if v.bit_length() <= 128 else f"of {v.bit_length()} bits"
             raise TypeMismatch(f"literal {shown} does not fit in {ty} (range {lo}..{hi})")
         return ir.Constant(ty.llvm, v & ((1 << ty.bits) - 1))
+    if is_packed(ty):                  # a literal next to a packed pair: both lanes
+        return ir.Constant(ty.llvm, [const_ir(ty.elem, value)] * ty.lanes)
     if ty is bf16:
         import numpy as np
         bits = int(np.array(float(value), np.float32).view(np.uint32))
@@ -108,16 +110,34 @@ def is_half(ty: ScalarType) -> bool:
     return ty is f16 or ty is bf16
 
 
+def is_packed(ty) -> bool:
+    return getattr(ty, "lanes", 0) > 1
+
+
 def as_half(b: ir.IRBuilder, ty: ScalarType, v):
-    """A stored f16/bf16 value as the LLVM type that computes in it (`half` / `bfloat`)."""
+    """A stored f16/bf16 value (or packed pair) as the LLVM type that computes in it
+    (`half`, `bfloat`, `<2 x half>`, `<2 x bfloat>`)."""
+    if is_packed(ty):
+        return b.bitcast(v, ir.VectorType(BFLOAT, ty.lanes)) if ty.elem is bf16 else v
     return b.bitcast(v, BFLOAT) if ty is bf16 else v
 
 
 def from_half(b: ir.IRBuilder, ty: ScalarType, v):
+    if is_packed(ty):
+        return b.bitcast(v, ty.llvm) if ty.elem is bf16 else v
     return b.bitcast(v, I16) if ty is bf16 else v
 
 
+def compute_type(ty: ScalarType) -> ir.Type:
+    """The LLVM type a half (or packed) value computes in natively."""
+    if is_packed(ty):
+        return ir.VectorType(compute_type(ty.elem), ty.lanes)
+    return BFLOAT if ty is bf16 else ty.llvm
+
+
 def half_bits(b: ir.IRBuilder, ty: ScalarType, v):
+    if is_packed(ty):
+        return b.bitcast(v, ir.VectorType(I16, ty.lanes))
     return v if ty is bf16 else b.bitcast(v, I16)
 
 
@@ -125,28 +145,56 @@ def bits_to_half(b: ir.IRBuilder, ty: ScalarType, bits):
     return bits if ty is bf16 else b.bitcast(bits, ty.llvm)
 
 
+def _sign_mask(ty: ScalarType, value: int) -> ir.Constant:
+    if is_packed(ty):
+        return ir.Constant(ir.VectorType(I16, ty.lanes), [value] * ty.lanes)
+    return ir.Constant(I16, value)
+
+
+# --- packed pairs: one vector operation, or lane by lane where the target lacks it ---------
+
+def lanes_of(b: ir.IRBuilder, ty: ScalarType, v) -> list:
+    return [b.extract_element(v, ir.Constant(I32, k)) for k in range(ty.lanes)]
+
+
+def pack_lanes(b: ir.IRBuilder, ty: ScalarType, values) -> ir.Value:
+    out = ir.Constant(ty.llvm, ir.Undefined)
+    for k, v in enumerate(values):
+        out = b.insert_element(out, v, ir.Constant(I32, k))
+    return out
+
+
+def lane_by_lane(b: ir.IRBuilder, ty: ScalarType, scalar_op, *operands):
+    """A packed operation as the element type's operation on each lane."""
+    per_lane = zip(*(lanes_of(b, ty, v) for v in operands))
+    return pack_lanes(b, ty, [scalar_op(*lane) for lane in per_lane])
+
+
 # --- f16 / bf16 operations beyond + - * ---------------------------------------------------------
 
 def negate(b: ir.IRBuilder, ty: ScalarType, v):
     """-x: the sign bit flipped (for halves an integer xor: NaN payloads kept on every target)."""
-    if is_half(ty):
-        return bits_to_half(b, ty, b.xor(half_bits(b, ty, v), ir.Constant(I16, 0x8000)))
+    if is_half(ty) or is_packed(ty):
+        return bits_to_half(b, ty, b.xor(half_bits(b, ty, v), _sign_mask(ty, 0x8000)))
     return b.fneg(v) if ty.is_float else b.neg(v)
 
 
 def fabs(b: ir.IRBuilder, ty: ScalarType, v, decl):
     """|x| of a float: the sign bit cleared. `decl(name, llvm_type)` declares an intrinsic."""
-    if is_half(ty):
-        return bits_to_half(b, ty, b.and_(half_bits(b, ty, v), ir.Constant(I16, 0x7FFF)))
+    if is_half(ty) or is_packed(ty):
+        return bits_to_half(b, ty, b.and_(half_bits(b, ty, v), _sign_mask(ty, 0x7FFF)))
     return b.call(decl("llvm.fabs", ty.llvm), [v])
 
 
 def float_minmax(b: ir.IRBuilder, ty: ScalarType, x, y, is_max, decl, native=False):
     """IEEE maxNum/minNum (a NaN operand gives the other one): `max.f32`, `max.f16`..."""
     name = "llvm.maxnum" if is_max else "llvm.minnum"
-    if is_half(ty) and native:
-        llty = BFLOAT if ty is bf16 else ty.llvm
-        return from_half(b, ty, b.call(decl(name, llty), [as_half(b, ty, x), as_half(b, ty, y)]))
+    if (is_half(ty) or is_packed(ty)) and native:
+        return from_half(b, ty, b.call(decl(name, compute_type(ty)),
+                                       [as_half(b, ty, x), as_half(b, ty, y)]))
+    if is_packed(ty):
+        return lane_by_lane(b, ty, lambda p, q: float_minmax(b, ty.elem, p, q, is_max, decl),
+                            x, y)
     if is_half(ty):   # min/max of two halves is one of them: exact in f32
         return from_f32(b, ty, b.call(decl(name, F32), [to_f32(b, ty, x), to_f32(b, ty, y)]))
     return b.call(decl(name, ty.llvm), [x, y])
@@ -154,10 +202,12 @@ def float_minmax(b: ir.IRBuilder, ty: ScalarType, x, y, is_max, decl, native=Fal
 
 def float_fma(b: ir.IRBuilder, ty: ScalarType, x, y, z, decl, native=False):
     """x*y+z rounded once (`fma.rn.f32`, `fma.rn.f16`, `fma.rn.bf16`)."""
-    if not is_half(ty) or native:
-        llty = BFLOAT if ty is bf16 else ty.llvm
+    if not (is_half(ty) or is_packed(ty)) or native:
         vals = [as_half(b, ty, v) for v in (x, y, z)]
-        return from_half(b, ty, b.call(decl("llvm.fma", llty), vals))
+        return from_half(b, ty, b.call(decl("llvm.fma", compute_type(ty)), vals))
+    if is_packed(ty):
+        return lane_by_lane(b, ty, lambda p, q, r: float_fma(b, ty.elem, p, q, r, decl),
+                            x, y, z)
     # x*y is exact in f64 (16 bits at most); the sum is rounded to odd in f64 (TwoSum gives
     # its exact error), then to odd in f32, then to nearest even in the half format: rounding
     # to odd with at least two more bits than the last rounding is a correct single rounding
@@ -208,6 +258,10 @@ def cast(b: ir.IRBuilder, src: ScalarType, dst: ScalarType, v):
     """Explicit conversion `dst(v)`: C semantics (float->int truncates toward zero)."""
     if src is dst:
         return v
+    if is_packed(src) or is_packed(dst):
+        raise TypeMismatch(f"cannot convert {src} to {dst}",
+                           hint="build a pair with f16x2(a, b), read lanes as p.x / p.y, or "
+                                "reinterpret bits with pk.bitcast(p, u32)")
     if dst.kind == "bool":
         if src.is_float:
             return b.fcmp_unordered("une", to_f32(b, src, v) if is_half(src) else v,
@@ -317,6 +371,19 @@ def float_binop(b: ir.IRBuilder, op, ty: ScalarType, x, y, floor_fn, contract=Fa
                        hint="bit operations need integers: use pk.bitcast(x, u32)")
 
 
+def packed_binop(b: ir.IRBuilder, op, ty: ScalarType, x, y, contract=False, native=False):
+    """+ - * of two packed pairs: one `add.rn.f16x2` / `mul.rn.bf16x2` where the target has
+    it (`native`), else lane by lane with the element type's rounding."""
+    if op not in (ast.Add, ast.Sub, ast.Mult):
+        raise TypeMismatch(f"operator {OP_NAMES.get(op, op.__name__)} is not defined on {ty}",
+                           hint="packed pairs have + - *, pk.fma, min, max, abs and negation")
+    if native:
+        r = float_binop(b, op, None, as_half(b, ty, x), as_half(b, ty, y), None, contract)
+        return from_half(b, ty, r)
+    return lane_by_lane(b, ty, lambda p, q: float_binop(b, op, ty.elem, p, q, None, contract),
+                        x, y)
+
+
 CMP_OPS = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
 
 
@@ -325,6 +392,9 @@ def compare(b: ir.IRBuilder, op, ty: ScalarType, x, y, native=False):
     sym = CMP_OPS.get(op)
     if sym is None:
         raise TypeMismatch(f"comparison {op.__name__} is not supported in kernels")
+    if is_packed(ty):
+        raise TypeMismatch(f"{ty} values do not compare as a whole",
+                           hint="compare lanes: p.x < q.x")
     if ty.is_float:
         if is_half(ty):
             convert = as_half if native else to_f32

@@ -141,6 +141,8 @@ class CPUTarget(CPUOps, CPUBulkOps, CPUClusterOps, CPUTmaOps, Target):
         b = ir.IRBuilder(td["suspend_ret"])
         b.call(d["end"], [hdl, ir.Constant(I1, 0)])
         b.ret(hdl)
+        if td.get("warp_counter") is not None:
+            self.mark_running(ctx)
         b = ir.IRBuilder(ctx.exit_block)
         self.clear_warp_flag(ctx, b)
         self._set_state(ctx, b, abi.FINISHED << 24)

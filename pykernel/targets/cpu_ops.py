@@ -49,11 +49,6 @@ class CPUOps:
         if counter is None:
             counter = ctx.alloca(I32, "warp.ops")
             ir.IRBuilder(ctx.entry).store(ir.Constant(I32, 0), counter)
-            # at the body's start, not the entry (which runs when the coroutine is created,
-            # before a cluster's scheduler points EXCHANGE_PTR at this block's words)
-            start = ir.IRBuilder()
-            start.position_at_start(td["body"])
-            start.store(ir.Constant(I64, -1), self._returned_word(ctx, start))
             td["warp_counter"] = counter
         k = b.load(counter)
         td["warp_op_index"] = k
@@ -125,6 +120,14 @@ class CPUOps:
                     ir.Constant(I32, self.RETURNED_WORD))
         slots = b.inttoptr(self.ctx_slot(ctx, abi.EXCHANGE_PTR, b), I64.as_pointer())
         return b.gep(slots, [idx])
+
+    def mark_running(self, ctx):
+        """At the body's start (once the body is complete: no builder is inside it any more),
+        not in the entry, which runs when the coroutine is created, before a cluster's
+        scheduler points EXCHANGE_PTR at this block's words: this thread has not returned."""
+        start = ir.IRBuilder()
+        start.position_at_start(ctx.target_data["body"])
+        start.store(ir.Constant(I64, -1), self._returned_word(ctx, start))
 
     def lane_running(self, ctx, thread):
         """i1: block thread `thread` takes part in the current warp operation: it has not

@@ -63,3 +63,34 @@ def test_fma_and_compare_instructions():
 def test_half_arithmetic_assembles(arch, ty, assemble):
     assemble(six_ops.ptx(arch, T=ty), arch)
     assemble(half_ops.ptx(arch, T=ty), arch)
+
+
+def _pair_kernel():
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(__file__), "..", "runtime", "test_packed_half.py")
+    spec = importlib.util.spec_from_file_location("packed_kernels", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.pair_ops
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_100", "sm_120"])
+def test_packed_pairs_are_one_instruction_each(arch):
+    pair_ops = _pair_kernel()
+    f16_ops = instructions(pair_ops.ptx(arch, P=pk.f16x2))
+    for op in ("add.rn.f16x2", "sub.rn.f16x2", "mul.rn.f16x2", "fma.rn.f16x2", "max.f16x2"):
+        assert op in f16_ops, (op, f16_ops)
+    assert not [op for op in f16_ops if op.startswith("cvt")], f16_ops
+    bf16_ops = instructions(pair_ops.ptx(arch, P=pk.bf16x2))
+    wanted = ["fma.rn.bf16x2", "max.bf16x2"] + \
+        (["add.rn.bf16x2", "sub.rn.bf16x2", "mul.rn.bf16x2"] if int(arch[3:]) >= 90 else [])
+    for op in wanted:
+        assert op in bf16_ops, (op, bf16_ops)
+    assert not [op for op in bf16_ops if op.startswith("cvt")], bf16_ops
+
+
+@pytest.mark.parametrize("arch", SUPPORTED_ARCHS)
+@pytest.mark.parametrize("pair", ["f16x2", "bf16x2"])
+def test_packed_pairs_assemble(arch, pair, assemble):
+    assemble(_pair_kernel().ptx(arch, P=getattr(pk, pair)), arch)
