@@ -160,3 +160,13 @@ def test_grid_sync_ptx():
 def test_const_and_grid_assemble(arch, assemble):
     assemble(lookup.ptx(arch), arch)
     assemble(normalize.ptx(arch), arch)
+
+
+@pytest.mark.gpu
+def test_grid_sync_grid_too_large_for_residency_is_a_launch_error(device):
+    if device.kind != "cuda":
+        pytest.skip("co-residency is a GPU limit (the CPU target runs any grid)")
+    blocks = 1 << 20                          # far more than any GPU holds at once
+    z = pk.zeros(2 * blocks, np.float32, device)
+    with pytest.raises(pk.LaunchError, match="resident at once"):
+        normalize[blocks, 32](z, z, z, 1)
