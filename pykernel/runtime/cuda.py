@@ -388,7 +388,8 @@ class CudaDevice:
         handle = None if stream is None else _stream_handle(stream)
         func, name = kernel.func, kernel.name
         (g0, g1, g2), (b0, b1, b2) = grid, block
-        plain = cluster in (None, (1, 1, 1)) and kernel.launch_config is None
+        plain = cluster in (None, (1, 1, 1)) and kernel.launch_config is None and \
+            not kernel.cooperative
         full = fallback or functools.partial(self.launch, compiled, grid, block, args, stream,
                                              shared_bytes, cluster)
 
@@ -417,10 +418,13 @@ class CudaDevice:
         a programmatic_launches() block, synchronous launches or a wrong argument count go to
         `fallback(*args, **kwargs)`, the full path (whose errors users then see). None where
         there is no such function: while capturing (the stream's handle is the capture's then)
-        and for n-d array parameters (their pack expands arguments)."""
+        and for n-d array parameters (their pack expands arguments) and cooperative kernels
+        (pk.grid_sync: the full path launches them with the cooperative attribute)."""
         if self._capture is not None:
             return None
         kernel = self._kernels.get(compiled.cache_key) or self.load(compiled)
+        if kernel.cooperative:      # pk.grid_sync: only the full path launches cooperatively
+            return None
         if shared_bytes > kernel.dynamic_shared_limit:
             self._raise_shared_limit(kernel, shared_bytes)
         # outside a capture (the only time this runs) the handles are the streams' own
