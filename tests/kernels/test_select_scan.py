@@ -11,7 +11,6 @@ import pytest
 import pykernel as pk
 from pykernel import Const, Ptr, f32, i32
 from stdlib_kernels._select import block_scan, search_cum
-
 from tests.kernels import scan_model as M
 
 MAX_LEN = 2048
