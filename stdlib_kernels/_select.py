@@ -73,13 +73,32 @@ def last_block_done(counter, slot: i32, nblocks: i32, flag) -> bool:
 
 @pk.func
 def block_scan(arr, length: i32, scratch, BLOCK: Const[int]):
-    """Inclusive prefix sum of arr[0:length] in place (shared arr, its writes followed by a
-    barrier before the call; scratch: shared f32[32] of its own; BLOCK: the launch's block
-    size). Each thread scans a contiguous chunk serially, collectives.block_scan gives every
-    chunk its offset (warp shuffles, two barriers). Accurate to a few ulp of the total; as
-    with any tree order, a chunk's offset need not equal the previous chunk's last sum bit
-    for bit, so at chunk boundaries the result can step back by an ulp (search_cum still
-    returns an entry whose cumulative weight exceeds its target)."""
+    """Inclusive prefix sum of the non-negative arr[0:length] in place (shared arr, its writes
+    followed by a barrier before the call; scratch: shared f32[32] of its own; BLOCK: the
+    launch's block size). Each thread scans a contiguous chunk serially, collectives.block_scan
+    gives every chunk its offset, a max scan makes the offsets monotone (warp shuffles, three
+    barriers). Accurate to a few ulp of the total, and exact in the two properties a draw
+    needs: the result never decreases, and a zero weight repeats its predecessor's sum (0 at
+    index 0), so search_cum never lands on a zero weight.
+
+    Why the clamp: the tree gives chunk t an offset `before_t` that need not equal chunk t-1's
+    last sum fl(before_{t-1} + run_{t-1}) bit for bit (either way, and the tree's offsets are
+    not even monotone), so the plain sum fl(before_t + run_i) can step back by an ulp at a chunk
+    boundary, or step up at a leading zero weight: a draw could then pick a zero weight (a
+    padding entry). Instead, with end_t = fl(before_t + run_t) for a chunk holding weight (0
+    for an all-zero or empty one), stop_t = max(end_0..end_t) and start_t = stop_{t-1}
+    (start_0 = 0), chunk t stores
+        cum[i] = stop_t                          where run_i == run_t (nothing left to add)
+        cum[i] = min(fl(start_t + run_i), stop_t) elsewhere.
+    Non-decreasing: run_i never decreases along the chunk (adding w >= 0 cannot lower a
+    float), fl(start_t + r) is monotone in r and >= start_t, min keeps the order and the
+    values <= stop_t, and once run_i == run_t it stays so; the chunk's last entry is stop_t
+    (run_last == run_t), the next chunk starts at >= start_{t+1} = stop_t (empty chunks
+    between leave stop unchanged). Zero weight w_i: inside a chunk run_i == run_{i-1}, so both
+    take the same branch and value; at a chunk's first entry run_i = 0, so cum[i] = stop_t if
+    the chunk is all zero (then stop_t = start_t) else fl(start_t + 0) = start_t, and start_t
+    equals the previous non-empty chunk's last entry (0 at index 0). Cost over the plain scan:
+    one max scan of the chunk ends (shuffles and one barrier), no extra pass over arr."""
     per = (length + BLOCK - 1) // BLOCK
     lo = min(length, pk.thread_idx.x * per)
     hi = min(length, lo + per)
@@ -88,15 +107,52 @@ def block_scan(arr, length: i32, scratch, BLOCK: Const[int]):
         run += arr[i]
         arr[i] = run
     before, _total = C.block_scan(run, scratch, False, BLOCK)
+    end = f32(0.0)
+    if run > 0.0:
+        end = before + run
+    start, stop = running_max(end, scratch, BLOCK)
     for i in range(lo, hi):
-        arr[i] += before
+        r = arr[i]
+        arr[i] = stop if r == run else min(start + r, stop)
     pk.syncthreads()
 
 
 @pk.func
+def running_max(v: f32, scratch, BLOCK: Const[int]):
+    """(max of v over the threads before this one, 0 for thread 0; max including it) for
+    v >= 0, in thread order (max is exact, so any tree gives the same bits). One barrier:
+    scratch is read after it, so the caller's next barrier must precede any reuse."""
+    lane = pk.lane_id()
+    inc = v
+    for k in pk.static_range(5):
+        other = pk.shfl_up(inc, 1 << k)
+        if lane >= (1 << k):
+            inc = max(inc, other)
+    prev = pk.shfl_up(inc, 1)
+    exc = prev if lane > 0 else f32(0.0)
+    if BLOCK > 32:
+        w = pk.thread_idx.x // 32
+        if lane == 31:
+            scratch[w] = inc
+        pk.syncthreads()
+        t = scratch[lane] if lane < BLOCK // 32 else f32(0.0)
+        for k in pk.static_range(5):
+            other = pk.shfl_up(t, 1 << k)
+            if lane >= (1 << k):
+                t = max(t, other)
+        prior = pk.shfl_idx(t, max(w - 1, 0))
+        if w > 0:
+            inc = max(inc, prior)
+            exc = max(exc, prior)
+    return exc, inc
+
+
+@pk.func
 def search_cum(cum, length: i32, target: f32) -> i32:
-    """First i with cum[i] > target (cum non-decreasing); when rounding put target at or past
-    the total, the first i reaching the total: the last entry with positive weight."""
+    """First i with cum[i] > target (0 <= target, cum as block_scan leaves it); when rounding
+    put target at or past the total, the first i reaching the total. Either way cum[i] >
+    cum[i-1] (or i == 0 and cum[0] > 0), which block_scan's result allows only for a positive
+    weight: the pick always has weight > 0 when the total is > 0."""
     total = cum[length - 1]
     past = target >= total
     lo = 0

@@ -7,8 +7,10 @@ results, so one launch covers a whole vocabulary:
 - sample_temp (temperature only): per-block max m_b and weights exp((x - m_b) / T), an
   inclusive prefix over the block's 4-element units (global `unit_cum`, block-local scale);
   the last block rescales the block sums to the global max, prefix-sums them, and each draw
-  binary-searches block -> unit -> element (first cumulative weight > u * total); a row
-  whose largest logit is not finite (all NaN, only -Inf, or +Inf) draws -1.
+  binary-searches block -> unit -> element (first cumulative weight > u * total; the sums
+  from _select.block_scan never step at a zero weight, so a search never lands on a
+  weightless block or unit, or on padding past n); a row whose largest logit is not finite
+  (all NaN, only -Inf, or +Inf) draws -1.
 - sample_hist + sample_pick (any of top-k/top-p/min-p): pass 1 builds a 4096-bin histogram of
   the top 12 bits of the order keys and the global max M; its last block picks a bin B: the
   bin of the k-th largest logit (top-k on), else of min-p's threshold (min-p on), else the
