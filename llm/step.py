@@ -41,10 +41,14 @@ class Step:
     splits: int | None = None
     tables: Any = None        # a backend's per-step tables (kernels: prompt slots), begin_forward's
 
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown step kind {self.kind!r} (expected one of {KINDS})")
+
     @property
     def n(self) -> int:
         """Rows (tokens) in the step."""
-        return int(self.ids.shape[0]) if hasattr(self.ids, "shape") else len(self.ids)
+        return int(self.ids.shape[0])
 
     @property
     def keeps_last(self) -> bool:
@@ -56,7 +60,7 @@ class Step:
         """Ids and positions are numpy arrays (not yet on a device)."""
         return isinstance(self.ids, np.ndarray)
 
-    def with_inputs(self, ids, positions, **changes) -> "Step":
+    def with_inputs(self, ids, positions, **changes) -> Step:
         """This step reading ids and positions from other arrays (a backend's device copy)."""
         return replace(self, ids=ids, positions=positions, **changes)
 

@@ -41,8 +41,8 @@ import numpy as np
 
 import pykernel as pk
 from pykernel import compile_pool
-from llm.backends import kernels_extra as X
 from llm import step as S
+from llm.backends import kernels_extra as X
 from llm.backends.graph_slots import slot_binding
 from llm.models.transformer import StepRunner, Transformer
 from llm.step import Step

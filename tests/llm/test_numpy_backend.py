@@ -9,10 +9,10 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
+from llm import step as S
 from llm.backends.act_quant import round_trip
 from llm.backends.dequant import dequantize
 from llm.backends.numpy_backend import NumpyBackend
-from llm import step as S
 from llm.config import RopeParams
 from tests.llm.gguf_helpers import GOLDEN, require
 
