@@ -46,6 +46,20 @@ def per_launch_us(launch_once, synchronize) -> tuple[float, float]:
     return statistics.median(samples), min(samples)
 
 
+def bench_ctypes(gpu, kernel, args):
+    """The same driver call through ctypes (libcuda's C entry point, no cuda.bindings
+    wrapper): how much of the floor is the binding's argument conversion."""
+    import ctypes
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    launch = libcuda.cuLaunchKernel
+    launch.restype = ctypes.c_int
+    launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    loaded = gpu.load(kernel)
+    loaded.packer.pack(args)
+    func, params = int(loaded.func), loaded.params_address
+    return lambda: launch(func, 1, 1, 1, N, 1, 1, 0, None, params, None)
+
+
 def bench_raw(gpu, kernel, args, param_buffer=False):
     from cuda.bindings import driver as cu
     loaded = gpu.load(kernel)
@@ -139,6 +153,8 @@ def main() -> None:
     print(f"{'path':58s} {'median':>8s} {'best':>8s}")
     buffered = CudaDevice(gpu.ordinal, param_buffer=True)
     paths = [("raw cuLaunchKernel, prebuilt params (floor)", lambda: bench_raw(gpu, kernel, args)),
+             ("raw cuLaunchKernel through ctypes, prebuilt params",
+              lambda: bench_ctypes(gpu, kernel, args)),
              ("raw cuLaunchKernel, one param buffer via `extra`",
               lambda: bench_raw(gpu, kernel, args, param_buffer=True)),
              ("cuda.core launch(), pre-converted args", lambda: bench_cuda_core(gpu, kernel, args)),

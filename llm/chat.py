@@ -7,7 +7,7 @@ RENDER_TIMEOUT_S (template_sandbox.py, template_worker.py). Any failure is a
 `ChatTemplateError`.
 Templates get the variables and helpers HF-style templates use: `messages`, `add_generation_prompt`,
 `bos_token`, `eos_token`, `tools`, `raise_exception`, `strftime_now`. Models without a template
-use ChatML.
+use their family's format (gemma3, gpt-oss's harmony) or ChatML.
 
 `prompt_ids` tokenizes the rendered prompt with control tokens (`<|im_start|>`, ...) parsed in
 the template's own text only: a message's content is plain text, so a user who writes
@@ -46,7 +46,21 @@ GEMMA_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
 )
 
-FALLBACK_TEMPLATES = {"gemma3": GEMMA_TEMPLATE}
+# gpt-oss's harmony format, for a file without its own template: every turn is
+# <|start|>role<|message|>text<|end|>; the system message's instructions go to the developer
+# role, and the model answers after <|start|>assistant (on its channels, ending at <|return|>)
+HARMONY_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}"
+    "{{ '<|start|>developer<|message|># Instructions\n\n' + message['content'] + '<|end|>' }}"
+    "{% else %}"
+    "{{ '<|start|>' + message['role'] + '<|message|>' + message['content'] + '<|end|>' }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start|>assistant' }}{% endif %}"
+)
+
+FALLBACK_TEMPLATES = {"gemma3": GEMMA_TEMPLATE, "gpt-oss": HARMONY_TEMPLATE}
 
 
 def fallback_template(arch: str) -> str:

@@ -4,7 +4,8 @@ Input: a `GGUFFile`. Output: a frozen dataclass with the shapes, RoPE and normal
 parameters the forward pass needs. Keys are `{arch}.*` as llama.cpp writes them; an absent
 required key, an unsupported architecture, a float that is not finite and positive (norm epsilon,
 RoPE base) or a count the tensors contradict (block_count, embedding_length, vocab size) is a
-`GGUFError` naming the key. Counts are checked against the tensor table before anything
+`GGUFError` naming the key. Mixture-of-experts architectures add `MoeParams` (expert counts and
+width); gpt-oss adds sliding-window layers and YaRN RoPE scaling (`rope.scaling.*`). Counts are checked against the tensor table before anything
 proportional to them is built, so a header cannot make the loader allocate without bound.
 """
 from __future__ import annotations
@@ -14,9 +15,25 @@ from dataclasses import dataclass, field
 
 from llm.gguf_file import GGUFError, GGUFFile
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "gpt2")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "gpt2", "qwen3moe", "gpt-oss")
+MOE_ARCHITECTURES = ("qwen3moe", "gpt-oss")
 GEMMA3_SLIDING_ROPE_BASE = 10000.0
 GEMMA3_SLIDING_PERIOD = 6   # layers il with il % 6 < 5 use the sliding window
+GPT_OSS_SLIDING_PERIOD = 2  # layers il with il % 2 == 0 use the sliding window
+ROPE_SCALING_TYPES = ("none", "linear", "yarn")
+
+
+@dataclass(frozen=True)
+class YarnParams:
+    """YaRN RoPE scaling (ggml's rope_yarn): each dim's angle mixes the interpolated angle
+    (position * freq_scale) and the extrapolated one by a ramp over the dims between the
+    correction dims that beta_fast / beta_slow rotations at n_ctx_orig positions give; cos and
+    sin are scaled by attn_factor * (1 + 0.1 ln(1 / freq_scale))."""
+    n_ctx_orig: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    ext_factor: float = 1.0
+    attn_factor: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -27,6 +44,16 @@ class RopeParams:
     base: float
     neox: bool
     freq_scale: float = 1.0          # linear scaling: positions multiplied by this
+    yarn: YarnParams | None = None   # YaRN scaling (freq_scale is then 1 / factor)
+
+
+@dataclass(frozen=True)
+class MoeParams:
+    """A mixture-of-experts FFN: each token runs `n_expert_used` of `n_expert` experts, each a
+    gated FFN of width `n_ff_exp`."""
+    n_expert: int
+    n_expert_used: int
+    n_ff_exp: int
 
 
 @dataclass(frozen=True)
@@ -48,6 +75,7 @@ class ModelConfig:
     sliding_window: int = 0          # 0: none
     sliding_layers: tuple[bool, ...] = field(default=())
     embed_scale: float = 1.0         # token embeddings multiplied by this (gemma3: sqrt(n_embd))
+    moe: MoeParams | None = None     # None: a dense FFN of width n_ff
 
     def layer_rope(self, layer: int) -> RopeParams | None:
         if self.sliding_layers and self.sliding_layers[layer] and self.rope_local is not None:
@@ -120,18 +148,44 @@ def _rope(g: GGUFFile, arch: str, head_dim: int, neox: bool) -> RopeParams:
         raise GGUFError(g.path, f"key '{arch}.rope.dimension_count'",
                         f"expected an even number <= head size {head_dim}, got {n_rot}")
     base = _positive_float(g, f"{arch}.rope.freq_base", 10000.0)
-    scale = 1.0
     scaling_type = g.get(f"{arch}.rope.scaling.type", "none", str)
+    if scaling_type not in ROPE_SCALING_TYPES:
+        raise GGUFError(g.path, f"key '{arch}.rope.scaling.type'", f"RoPE scaling "
+                        f"{scaling_type!r} is not supported ({', '.join(ROPE_SCALING_TYPES)})")
     factor = g.get(f"{arch}.rope.scaling.factor", 0.0, float)
     if not (math.isfinite(factor) and factor >= 0):
         raise GGUFError(g.path, f"key '{arch}.rope.scaling.factor'",
                         f"expected a finite number >= 0, got {factor!r}")
-    if scaling_type == "linear" and factor > 0:
-        scale = 1.0 / factor
-    elif scaling_type not in ("none", "linear"):
-        raise GGUFError(g.path, f"key '{arch}.rope.scaling.type'",
-                        f"RoPE scaling {scaling_type!r} is not supported (none or linear)")
-    return RopeParams(n_rot=n_rot, base=base, neox=neox, freq_scale=scale)
+    scale = 1.0 / factor if scaling_type != "none" and factor > 0 else 1.0
+    yarn = _yarn(g, arch) if scaling_type == "yarn" else None
+    return RopeParams(n_rot=n_rot, base=base, neox=neox, freq_scale=scale, yarn=yarn)
+
+
+def _yarn(g: GGUFFile, arch: str) -> YarnParams:
+    key = f"{arch}.rope.scaling"
+    return YarnParams(
+        n_ctx_orig=_positive(g, f"{key}.original_context_length",
+                             _positive(g, f"{arch}.context_length")),
+        beta_fast=_positive_float(g, f"{key}.yarn_beta_fast", 32.0),
+        beta_slow=_positive_float(g, f"{key}.yarn_beta_slow", 1.0),
+        attn_factor=_positive_float(g, f"{key}.attn_factor", 1.0))
+
+
+def _moe(g: GGUFFile, arch: str) -> MoeParams:
+    n_expert = _positive(g, f"{arch}.expert_count")
+    n_used = _positive(g, f"{arch}.expert_used_count")
+    if n_used > n_expert:
+        raise GGUFError(g.path, f"key '{arch}.expert_used_count'", f"expected at most "
+                        f"expert_count {n_expert}, got {n_used}")
+    return MoeParams(n_expert=n_expert, n_expert_used=n_used,
+                     n_ff_exp=_positive(g, f"{arch}.expert_feed_forward_length"))
+
+
+def _sliding(g: GGUFFile, arch: str, n_layer: int, period: int) -> dict:
+    """gemma3 (period 6): layers il % 6 < 5 slide; gpt-oss (period 2): layers il % 2 == 0."""
+    sliding = tuple(il % period < period - 1 for il in range(n_layer))
+    return dict(sliding_window=_positive(g, f"{arch}.attention.sliding_window"),
+                sliding_layers=sliding)
 
 
 def load_config(g: GGUFFile) -> ModelConfig:
@@ -164,10 +218,13 @@ def load_config(g: GGUFFile) -> ModelConfig:
     if arch == "gpt2":
         return ModelConfig(**common, rope=None)
     rope = _rope(g, arch, head_dim, neox=arch != "llama")
+    if arch in MOE_ARCHITECTURES:
+        common["moe"] = _moe(g, arch)
+    if arch == "gpt-oss":
+        return ModelConfig(**common, rope=rope,
+                           **_sliding(g, arch, n_layer, GPT_OSS_SLIDING_PERIOD))
     if arch != "gemma3":
         return ModelConfig(**common, rope=rope)
-    sliding = tuple(il % GEMMA3_SLIDING_PERIOD < GEMMA3_SLIDING_PERIOD - 1 for il in range(n_layer))
     local = RopeParams(n_rot=rope.n_rot, base=GEMMA3_SLIDING_ROPE_BASE, neox=True)
-    return ModelConfig(**common, rope=rope, rope_local=local,
-                       sliding_window=_positive(g, "gemma3.attention.sliding_window"),
-                       sliding_layers=sliding, embed_scale=math.sqrt(n_embd))
+    return ModelConfig(**common, rope=rope, rope_local=local, embed_scale=math.sqrt(n_embd),
+                       **_sliding(g, arch, n_layer, GEMMA3_SLIDING_PERIOD))

@@ -15,14 +15,14 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from llm import chat as chat_templates
-from llm.backends import create_backend
+from llm.backends import BackendUnavailable, create_backend
 from llm.config import ModelConfig, load_config
 from llm.generate import ContextError, GenerationStats, Session, stream
 from llm.gguf_file import GGUFError, GGUFFile
 from llm.gguf_reader_view import MetadataReader
 from llm.host_memory import available_memory, check_weights_fit
 from llm.model_files import resolve_model
-from llm.models.archs import ARCH_SPECS
+from llm.models.archs import ARCH_SPECS, model_features
 from llm.models.transformer import StepRunner, Transformer
 from llm.models.weights import load_weights
 from llm.sampling import Sampler, SamplingParams
@@ -175,6 +175,16 @@ def load_tokenizer(gguf: GGUFFile) -> Tokenizer:
         raise GGUFError(gguf.path, "tokenizer", message) from None
 
 
+def check_backend_runs(config: ModelConfig, spec, backend) -> None:
+    """BackendUnavailable (so `--device auto` falls back to the CPU) when the model needs ops
+    the backend lacks, before any weight is loaded."""
+    missing = model_features(config, spec) - backend.model_features
+    if missing:
+        raise BackendUnavailable(
+            f"{config.arch} needs the numpy backend for now: the {backend.name} backend lacks "
+            f"{', '.join(sorted(missing))} (use --backend numpy, or backend='numpy')")
+
+
 def load(model: str | os.PathLike = "smollm2", device: str = "cpu", backend: str | None = None,
          n_ctx: int | None = None, progress: bool = True, **backend_options) -> Model:
     """Load a GGUF model by path or name ("smollm2", "gemma3-270m") on `device`."""
@@ -185,6 +195,7 @@ def load(model: str | os.PathLike = "smollm2", device: str = "cpu", backend: str
     config = load_config(gguf)
     tokenizer = load_tokenizer(gguf)
     spec = ARCH_SPECS[config.arch]
+    check_backend_runs(config, spec, backend_impl)
     check_weights_fit(path, backend_impl.name,
                       backend_impl.host_weight_bytes(gguf.tensors.values()),
                       _available_memory())

@@ -48,6 +48,9 @@ from .intrinsics.cluster import cluster_map, cluster_rank, cluster_size, cluster
 from .intrinsics.lowlevel import (asm, dp4a, mma_m16n8k16_bf16, mma_m16n8k16_f16,
                                   mma_m16n8k16_s8, mma_m16n8k32_s8, mma_m16n8k128_b1,
                                   movmatrix)
+from .intrinsics.wgmma import (setmaxnreg_dec, setmaxnreg_inc, wgmma, wgmma_commit_group,
+                               wgmma_desc, wgmma_fence, wgmma_wait_group)
+from .intrinsics.fp8 import fp8_decode, fp8_encode
 from .compile_pool import precompile
 from .autotuner import AutotuneError, autotune
 from .elementwise_kernels import elementwise

@@ -103,8 +103,7 @@ def manifest_entry(c, filename, spec) -> dict:
     return {"name": c.name, "entry": c.entry, "arch": c.arch, "ptx": filename,
             "consts": {k: getattr(v, "name", v) if not isinstance(v, np.dtype) else str(v)
                        for k, v in spec.items()},
-            "params": [{"name": p.name, "type": p.type_name, "kind": p.kind, "size": p.size,
-                        "align": p.align, "readonly": p.readonly} for p in c.params],
+            "params": [_manifest_param(p) for p in c.params],
             "shared_bytes": c.shared_bytes, "source_hash": c.source_hash,
             "min_arch": c.min_arch,
             # true: the PTX waits for its predecessor in its prologue, so a host may launch it
@@ -112,9 +111,20 @@ def manifest_entry(c, filename, spec) -> dict:
             "pdl": "pdl" in c.uses}
 
 
+def _manifest_param(p) -> dict:
+    """One ABI parameter. An array parameter (kind "array", `rank` r) is its data pointer; the
+    r extents and r strides (i64, in elements) follow it as scalar parameters NAME_shapeD and
+    NAME_strideD."""
+    entry = {"name": p.name, "type": p.type_name, "kind": p.kind, "size": p.size,
+             "align": p.align, "readonly": p.readonly}
+    if p.kind == "array":
+        entry["rank"] = p.rank
+    return entry
+
+
 def _c_param(p: dict) -> str:
-    if p["kind"] == "ptr":
-        elem = p["type"][4:-1].split(",")[0].strip()
+    if p["kind"] in ("ptr", "array"):      # "Ptr[f32, "ro"]", "Array[f32, 2]"
+        elem = p["type"].split("[", 1)[1].split(",")[0].rstrip("]").strip()
         const = "const " if p["readonly"] else ""
         return f"{const}{C_TYPES[elem].split(' ')[0]}* {p['name']}"
     return f"{C_TYPES[p['type']].split(' ')[0]} {p['name']}"

@@ -77,7 +77,7 @@ class Autotuned:
                              "set by some configs but not all")
         self.params = [n for n in names if n not in self.tuned]   # what a call passes
         self._names = names                                       # the kernel's, in order
-        self._arrays = [p.name for p in kernel.runtime_params if p.kind == "ptr"]
+        self._arrays = [p.name for p in kernel.runtime_params if p.kind in ("ptr", "array")]
         self.key = tuple(key)
         unknown = [k for k in self.key if k not in self.params]
         if unknown:

@@ -212,7 +212,7 @@ _HEADER = {"name": str, "entry": str, "target": str, "arch": str, "shared_bytes"
            "cache_key": str, "min_arch": str, "source_hash": str, "hidden_extents": int,
            "sha256": str, "params": list, "sites": list, "uses": list}
 _PARAM = {"name": str, "kind": str, "dtype": str, "size": int, "align": int, "readonly": bool,
-          "type_name": str}
+          "type_name": str, "rank": int}
 _SITE = {"kind": str, "file": str, "line": int, "col": int, "text": str}
 
 

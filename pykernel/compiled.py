@@ -21,12 +21,14 @@ class Site:
 @dataclass(frozen=True)
 class ParamABI:
     name: str
-    kind: str            # "ptr" | "scalar"
+    kind: str            # "ptr" | "array" | "scalar"
     dtype: object        # numpy dtype (pointee for ptr), "bfloat16" for bf16
     size: int
     align: int
     readonly: bool = False
-    type_name: str = ""  # DSL spelling: "Ptr[f32]", "i32"
+    type_name: str = ""  # DSL spelling: "Ptr[f32]", "Array[f32, 2]", "i32"
+    rank: int = 0        # kind "array": the data pointer, followed by `rank` i64 extents and
+                         # `rank` i64 strides (in elements), each its own "scalar" parameter
 
 
 @dataclass

@@ -17,10 +17,11 @@ from .errors import KernelSourceError
 from .frontend.parse import FunctionAST, parse
 from .lower.codegen import FunctionLowering
 from .lower.context import KernelContext, Options
+from .lower.ndarray import bind_array_param, is_array_extent
 from .lower.values import ConstValue, PtrValue, TypeValue, Value
 from .signature import concrete_params
 from .targets import get_target
-from .types import PtrType, ScalarType, i64
+from .types import ArrayPtrType, PtrType, ScalarType, i64
 
 
 def lower(fast: FunctionAST, params, spec: dict, target, options: Options, entry: str):
@@ -42,9 +43,11 @@ def lower(fast: FunctionAST, params, spec: dict, target, options: Options, entry
         ctx._debug = DebugInfo(module, fn, fast)
     bindings = dict(spec_bindings(spec))
     for k, ((pname, pty), raw) in enumerate(zip(params, raw_args)):
-        if isinstance(pty, PtrType):
+        if isinstance(pty, ArrayPtrType):    # its shape/stride parameters follow it
+            bindings[pname] = bind_array_param(params, raw_args, k)
+        elif isinstance(pty, PtrType):
             bindings[pname] = PtrValue(pty, raw, ("param", k))
-        else:
+        elif not is_array_extent(params, k):
             bindings[pname] = Value(pty, raw if pty.kind != "bool" else
                                     ctx.builder.icmp_unsigned("!=", raw,
                                                               ir.Constant(raw.type, 0)))
@@ -84,7 +87,10 @@ def verify(module: ir.Module, text: str | None = None):
 def param_abi(params) -> list[ParamABI]:
     out = []
     for name, ty in params:
-        if isinstance(ty, PtrType):
+        if isinstance(ty, ArrayPtrType):
+            out.append(ParamABI(name, "array", ty.elem.np_dtype, 8, 8, ty.readonly, repr(ty),
+                                rank=ty.rank))
+        elif isinstance(ty, PtrType):
             out.append(ParamABI(name, "ptr", ty.elem.np_dtype, 8, 8, ty.readonly, repr(ty)))
         else:
             out.append(ParamABI(name, "scalar", ty.np_dtype, ty.nbytes, ty.nbytes, False,
@@ -113,7 +119,8 @@ def compile_kernel(kernel, arch: str, spec: dict, options: Options,
     if options.bounds_check and target.name == "nvptx":
         # Hidden trailing parameters: the byte size of each pointer argument (the launcher
         # appends them), so generated code can check every access.
-        params = params + [(f"__nbytes_{n}", i64) for n, t in params if isinstance(t, PtrType)]
+        # (Array parameters carry their shape instead: each index is checked against it.)
+        params = params + [(f"__nbytes_{n}", i64) for n, t in params if type(t) is PtrType]
     entry = entry_name(fast.name, spec)
     try:
         module, ctx = lower(fast, params, spec, target, options, entry)   # stage 2

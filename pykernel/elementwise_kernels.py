@@ -105,6 +105,23 @@ class Elementwise:
         self._kernel(pattern, vec)[blocks, self.threads, stream](n, out, *args)
         return out
 
+    def kernel(self, arrays=None, vector: bool = True):
+        """The generated @pk.kernel a call of same-shaped arrays launches: arrays[j] says
+        whether argument j is an array (default: all are), vector whether every array is
+        16-byte aligned (the 4-wide path; types over 32 bits never take it). Inspect it with
+        `.ptx(arch)` / `.llvm_ir(arch)`."""
+        pattern = tuple(True for _ in self.params) if arrays is None else tuple(map(bool, arrays))
+        if len(pattern) != len(self.params):
+            raise ValueError(f"{self.name}.kernel(): arrays needs one flag per parameter "
+                             f"({', '.join(self.params)}), got {len(pattern)}")
+        vector = vector and all(t.bits <= 32 and t.kind != "bool"
+                                for t in self.types + [self.result])
+        return self._kernel(pattern, vector)
+
+    def ptx(self, arch: str = "sm_90", arrays=None, vector: bool = True) -> str:
+        """PTX of the kernel `kernel(arrays, vector)` names."""
+        return self.kernel(arrays, vector).ptx(arch)
+
     def _result_shape(self, args, pattern, shapes, out) -> tuple:
         """numpy's broadcast of the array arguments and `out`, which must have that shape
         itself (inputs broadcast to out, as with numpy's out=)."""

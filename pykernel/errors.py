@@ -37,3 +37,9 @@ class LaunchError(TypeError):
 
 class KernelRuntimeError(RuntimeError):
     """A kernel failed while running (illegal address, out-of-bounds on the CPU target, ...)."""
+
+
+class ArchSpecificError(UnsupportedArchError):
+    """An instruction that only an arch-specific target has (wgmma, setmaxnreg: sm_90a); the
+    launcher catches it when compiling for the plain arch and compiles for `arch` instead."""
+    arch = "sm_90a"

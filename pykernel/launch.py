@@ -2,10 +2,13 @@
 from runtime ones, pick (or compile) the specialization for the current device, and launch it."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from . import compile_pool
 from .errors import LaunchError
+from .runtime.device import current_device
 from .runtime.limits import check_geometry
 from .signature import type_var_name
 from .types import from_numpy
@@ -71,7 +74,51 @@ class Launcher:
                               f"threads per block, but the kernel is declared with "
                               f"max_threads={limit}")
 
+        self._fixed = None     # (device, programmatic mode, compiled) of the last plain call
+
     def __call__(self, *args, **kwargs):
+        k = self.kernel
+        if kwargs or k.const_params or len(args) != len(k.runtime_params) or _plan(k)[1]:
+            args, spec_kwargs = self._bind(args, kwargs)
+        else:
+            spec_kwargs = _NO_SPEC
+        device = current_device()
+        programmatic = getattr(device, "programmatic_launch", False)
+        fixed = self._fixed
+        if fixed is not None and fixed[0] is device and fixed[1] == programmatic and \
+                spec_kwargs is _NO_SPEC and compile_pool.RECORDING is None:
+            compiled = fixed[2]
+        else:
+            compiled = self._specialize(device, programmatic, spec_kwargs)
+            if compiled is None:
+                return                      # recorded by pk.precompile's dry run
+        if compiled.hidden_extents:
+            args += tuple(_nbytes(k, a) for p, a in zip(k.runtime_params, args)
+                          if p.kind == "ptr")
+        if self.cluster is None:
+            device.launch(compiled, self.grid, self.block, args, self.stream,
+                          self.shared_bytes)
+        else:
+            device.launch(compiled, self.grid, self.block, args, self.stream,
+                          self.shared_bytes, self.cluster)
+
+    def bind(self, *args, **kwargs) -> BoundLaunch:
+        """This launch with these arguments, checked and packed once: `.launch()` then
+        repeats it at the cost of the driver call (loops that launch the same kernel with
+        the same arguments; the arrays are kept alive by the object)."""
+        k = self.kernel
+        runtime_args, spec_kwargs = self._bind(args, kwargs)
+        device = current_device()
+        compiled = self._specialize(device, getattr(device, "programmatic_launch", False),
+                                    spec_kwargs or _NO_SPEC, record=False)
+        if compiled.hidden_extents:
+            runtime_args += tuple(_nbytes(k, a) for p, a in zip(k.runtime_params, runtime_args)
+                                  if p.kind == "ptr")
+        return BoundLaunch(device, compiled, self, runtime_args,
+                           functools.partial(self, *args, **kwargs))
+
+    def _bind(self, args, kwargs) -> tuple:
+        """(runtime arguments in parameter order, Const and type-variable values)."""
         k = self.kernel
         names, typevars = _plan(k)
         if len(args) > len(names):
@@ -90,32 +137,83 @@ class Launcher:
         spec_kwargs = {p.name: bound[p.name] for p in k.const_params}
         for p, tv in typevars:       # infer type variables from array arguments
             if tv not in spec_kwargs:
-                dtype = getattr(bound[p.name], "dtype", None)
-                if dtype is None:
-                    raise LaunchError(f"{k.name}(): parameter '{p.name}' needs an array to "
-                                      f"infer its element type {tv}")
-                spec_kwargs[tv] = from_numpy(dtype)
-        runtime_args = tuple(bound[p.name] for p in k.runtime_params)
-        from .runtime.device import current_device
-        device = current_device()
-        if compile_pool.RECORDING is not None and \
-                compile_pool.record(k, device.arch, spec_kwargs, None):
-            return
+                spec_kwargs[tv] = _element_type(k, p, tv, bound[p.name])
+        return tuple(bound[p.name] for p in k.runtime_params), spec_kwargs
+
+    def _specialize(self, device, programmatic, spec_kwargs, record=True):
+        """The compiled variant for this device, launch mode and specialization (compiled on
+        first use, then kept); None when pk.precompile's dry run recorded it instead."""
+        k = self.kernel
+        options = k.launch_options(device.arch, programmatic)
+        if record and compile_pool.RECORDING is not None and \
+                compile_pool.record(k, device.arch, spec_kwargs, options):
+            return None
         # spec_kwargs is built in parameter order, so the key needs no sorting
-        key = (device.arch, tuple((n, getattr(v, "name", v)) for n, v in spec_kwargs.items()))
+        key = (device.arch, options.pdl,
+               tuple((n, getattr(v, "name", v)) for n, v in spec_kwargs.items()))
         compiled = k._launch_cache.get(key)
         if compiled is None:
-            compiled = k.compile(device.arch, **spec_kwargs)
+            compiled = _compile_for_device(k, device.arch, options, spec_kwargs)
             k._launch_cache[key] = compiled
-        if compiled.hidden_extents:
-            runtime_args += tuple(_nbytes(k, a) for p, a in zip(k.runtime_params, runtime_args)
-                                  if p.kind == "ptr")
-        if self.cluster is None:
-            device.launch(compiled, self.grid, self.block, runtime_args, stream=self.stream,
-                          shared_bytes=self.shared_bytes)
+        if spec_kwargs is _NO_SPEC:
+            self._fixed = (device, programmatic, compiled)
+        return compiled
+
+
+def _compile_for_device(kernel, arch, options, spec_kwargs):
+    """Kernels compile for the device's plain arch; one that uses an arch-specific instruction
+    (wgmma, setmaxnreg: ArchSpecificError) compiles for the variant, so only it gets
+    `.target sm_90a`."""
+    from .errors import ArchSpecificError
+    try:
+        return kernel.compile(arch, options, **spec_kwargs)
+    except ArchSpecificError as err:
+        if err.arch.rstrip("a") != arch:
+            raise
+        return kernel.compile(err.arch, options, **spec_kwargs)
+
+
+_NO_SPEC: dict = {}     # a kernel without Const or type-variable parameters (never mutated)
+
+
+def _element_type(kernel, param, type_var, value):
+    """The pykernel scalar type of an array argument's elements (torch dtypes by name)."""
+    dtype = getattr(value, "dtype", None)
+    if dtype is None:
+        raise LaunchError(f"{kernel.name}(): parameter '{param.name}' needs an array to "
+                          f"infer its element type {type_var}")
+    if type(dtype).__module__ == "torch":
+        dtype = str(dtype).removeprefix("torch.")
+    try:
+        return from_numpy(dtype)
+    except TypeError as exc:
+        raise LaunchError(f"{kernel.name}(): parameter '{param.name}': {exc}") from None
+
+
+class BoundLaunch:
+    """One launch (kernel variant, geometry, stream, arguments) prepared by
+    `kernel[grid, block].bind(*args)`; `launch()` runs it again. On cuda it owns a copy of
+    the packed parameters, so other launches of the kernel do not disturb it, and calls the
+    driver directly; while a graph capture, a programmatic_launches() block or
+    PYKERNEL_SYNC_LAUNCH is active it is the ordinary call `kernel[grid, block](*args)`
+    (which picks the variant that mode loads)."""
+    __slots__ = ("args", "block", "compiled", "grid", "launch")
+
+    def __init__(self, device, compiled, launcher, args, as_a_call):
+        self.compiled, self.args = compiled, args
+        self.grid, self.block = launcher.grid, launcher.block
+        extra = () if launcher.cluster is None else (launcher.cluster,)
+        bind = getattr(device, "bind", None)
+        if bind is not None:
+            self.launch = bind(compiled, launcher.grid, launcher.block, args, launcher.stream,
+                               launcher.shared_bytes, *extra, fallback=as_a_call)
         else:
-            device.launch(compiled, self.grid, self.block, runtime_args, stream=self.stream,
-                          shared_bytes=self.shared_bytes, cluster=self.cluster)
+            self.launch = functools.partial(device.launch, compiled, launcher.grid,
+                                            launcher.block, args, launcher.stream,
+                                            launcher.shared_bytes, *extra)
+
+    def __repr__(self):
+        return f"<bound launch of {self.compiled.name}[{self.grid}, {self.block}]>"
 
 
 def _plan(kernel):
@@ -125,7 +223,8 @@ def _plan(kernel):
     if plan is None:
         typevars = []
         for p in kernel.runtime_params:
-            tv = type_var_name(getattr(p.ann, "elem", None)) if p.kind == "ptr" else None
+            tv = type_var_name(getattr(p.ann, "elem", None)) \
+                if p.kind in ("ptr", "array") else None
             if tv is not None:
                 typevars.append((p, tv))
         plan = kernel._launch_plan = ([p.name for p in kernel.params], tuple(typevars))

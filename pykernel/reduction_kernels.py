@@ -146,6 +146,21 @@ class Reduction:
             buf = self._scratch[key] = empty(MAX_PARTIALS, self.acc.np_dtype)
         return buf
 
+    def kernel(self, first_pass: bool = True, vector: bool = False, mode: str = "whole"):
+        """A generated @pk.kernel of this reduction: the first pass over the input (through
+        map) or the second over the per-block partials; vector: 4-wide loads (taken for
+        16-byte aligned inputs); mode "whole" (the whole array), "block_rows" or "warp_rows"
+        (axis=-1: a block or a warp per row). Inspect it with `.ptx(arch)` / `.llvm_ir(arch)`."""
+        if mode not in ("whole", "block_rows", "warp_rows"):
+            raise ValueError(f"{self.name}.kernel(): mode is 'whole', 'block_rows' or "
+                             f"'warp_rows', got {mode!r}")
+        return self._kernel(first_pass, vector and first_pass and mode == "whole", mode)
+
+    def ptx(self, arch: str = "sm_90", first_pass: bool = True, vector: bool = False,
+            mode: str = "whole") -> str:
+        """PTX of the kernel `kernel(first_pass, vector, mode)` names."""
+        return self.kernel(first_pass, vector, mode).ptx(arch)
+
     def _kernel(self, mapped: bool, vec: bool = False, mode: str = "whole"):
         k = self._kernels.get((mapped, vec, mode))
         if k is None:

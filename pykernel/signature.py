@@ -7,14 +7,16 @@ import inspect
 import typing
 from dataclasses import dataclass
 
-from .types import ConstAnnotation, PtrAnnotation, PtrType, ScalarType, dtype as DTYPE, from_numpy
+from .types import (ArrayAnnotation, ArrayPtrType, ConstAnnotation, PtrAnnotation, PtrType,
+                    ScalarType, dtype as DTYPE, from_numpy, i64)
 
 
 @dataclass(frozen=True)
 class Param:
     name: str
-    kind: str              # "scalar" | "ptr" | "const" | "dtype"
-    ann: object            # ScalarType | PtrAnnotation | ConstAnnotation | TypeVar
+    kind: str              # "scalar" | "ptr" | "array" | "const" | "dtype"
+    ann: object            # ScalarType | PtrAnnotation | ArrayAnnotation | ConstAnnotation
+                           # | TypeVar
 
 
 def _reject_parameter_tricks(fn) -> None:
@@ -73,13 +75,15 @@ def read_signature(fn) -> list[Param]:
             params.append(Param(name, "scalar", ann))
         elif isinstance(ann, PtrAnnotation):
             params.append(Param(name, "ptr", ann))
+        elif isinstance(ann, ArrayAnnotation):
+            params.append(Param(name, "array", ann))
         elif isinstance(ann, ConstAnnotation):
             params.append(Param(name, "dtype" if ann.kind is DTYPE else "const", ann))
         elif isinstance(ann, typing.TypeVar):
             params.append(Param(name, "scalar", ann))
         elif ann is None:
             raise signature_error(fn, name, f"parameter '{name}' needs a type annotation "
-                                  "(e.g. f32, Ptr[f32], Const[int])")
+                                  "(e.g. f32, Ptr[f32], pk.Array[f32, 2], Const[int])")
         else:
             raise signature_error(fn, name, f"parameter '{name}' has unsupported annotation "
                                   f"{ann!r}")
@@ -105,20 +109,40 @@ def resolve_elem(elem, spec: dict) -> ScalarType:
 
 
 def concrete_params(params: list[Param], spec: dict, fn=None) -> list[tuple[str, object]]:
-    """The runtime parameters of one specialization: (name, PtrType | ScalarType); an
-    unbound type variable is a source error at its parameter of `fn`."""
+    """The runtime parameters of one specialization, as the kernel ABI lists them:
+    (name, PtrType | ScalarType); an array parameter `x` of rank r expands to
+    (x, ArrayPtrType), (x_shape0, i64) .. (x_shape{r-1}, i64), (x_stride0, i64) .. in
+    elements. An unbound type variable is a source error at its parameter of `fn`."""
     out = []
     for p in params:
         try:
             if p.kind == "ptr":
                 out.append((p.name, PtrType(resolve_elem(p.ann.elem, spec), p.ann.readonly)))
+            elif p.kind == "array":
+                out += array_abi(p, resolve_elem(p.ann.elem, spec))
             elif p.kind == "scalar":
                 out.append((p.name, resolve_elem(p.ann, spec)))
         except TypeError as exc:
             if fn is None:
                 raise
             raise signature_error(fn, p.name, f"parameter '{p.name}': {exc}") from None
+    names = [name for name, _ in out]
+    clash = next((n for n in names if names.count(n) > 1), None)
+    if clash is not None:
+        message = (f"parameter name '{clash}' is also the name of an array parameter's "
+                   "shape/stride argument")
+        if fn is None:
+            raise TypeError(message)
+        raise signature_error(fn, clash, message, hint="rename the parameter")
     return out
+
+
+def array_abi(param: Param, elem: ScalarType) -> list[tuple[str, object]]:
+    """An array parameter's ABI: data pointer, `rank` extents, `rank` strides (elements)."""
+    rank = param.ann.rank
+    return ([(param.name, ArrayPtrType(elem, param.ann.readonly, rank=rank))]
+            + [(f"{param.name}_shape{d}", i64) for d in range(rank)]
+            + [(f"{param.name}_stride{d}", i64) for d in range(rank)])
 
 
 def normalize_const(param: Param, value):

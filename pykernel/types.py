@@ -1,5 +1,6 @@
 """The one type table: DSL scalar types -> llvmlite type, numpy dtype, PTX suffix; plus the
-annotation markers `Ptr[T]`, `Const[...]`, `ReadOnly[...]` and the dtype generic `pk.dtype`."""
+annotation markers `Ptr[T]`, `Const[...]`, `ReadOnly[...]`, the n-d array parameter
+`pk.Array[T, rank]` (ArrayAnnotation -> ArrayPtrType) and the dtype generic `pk.dtype`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -134,11 +135,50 @@ class PtrAnnotation:
     readonly: bool
 
 
+@dataclass(frozen=True)
+class ArrayPtrType(PtrType):
+    """The data pointer of an n-d array parameter (`pk.Array[f32, 2]`): a global pointer whose
+    kernel ABI is followed by `rank` i64 extents and `rank` i64 strides in elements."""
+    rank: int = 1
+
+    def __repr__(self) -> str:
+        ro = ', "ro"' if self.readonly else ""
+        return f"Array[{self.elem}, {self.rank}{ro}]"
+
+
+@dataclass(frozen=True)
+class ArrayAnnotation:
+    """`pk.Array[f32, 2]`, `pk.Array[f32, 2, "ro"]`, `pk.Array[T, 3]` in a kernel signature."""
+    elem: object               # ScalarType, TypeVar name, or a Const dtype parameter name
+    rank: int
+    readonly: bool = False
+
+
+MAX_ARRAY_RANK = 8
+
+
+def array_annotation(item) -> ArrayAnnotation:
+    """`pk.Array[...]`'s subscript: (element type, rank[, "ro"])."""
+    items = item if isinstance(item, tuple) else (item,)
+    if len(items) < 2:
+        raise TypeError("pk.Array[...] takes an element type and a rank, e.g. "
+                        "pk.Array[f32, 2]")
+    elem, rank, *flags = items
+    if not isinstance(rank, int) or isinstance(rank, bool) or not 1 <= rank <= MAX_ARRAY_RANK:
+        raise TypeError(f"pk.Array rank must be an int in 1..{MAX_ARRAY_RANK}, got {rank!r}")
+    unknown = [f for f in flags if f != "ro"]
+    if unknown:
+        raise TypeError(f"unknown pk.Array flag {unknown[0]!r} (only \"ro\")")
+    return ArrayAnnotation(elem, rank, "ro" in flags)
+
+
 class _ReadOnlyMarker:
     def __getitem__(self, item):
         if isinstance(item, PtrAnnotation):
             return PtrAnnotation(item.elem, readonly=True)
-        raise TypeError("ReadOnly[...] wraps a Ptr[...] annotation")
+        if isinstance(item, ArrayAnnotation):
+            return ArrayAnnotation(item.elem, item.rank, readonly=True)
+        raise TypeError("ReadOnly[...] wraps a Ptr[...] or pk.Array[...] annotation")
 
 
 @dataclass(frozen=True)

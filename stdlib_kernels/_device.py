@@ -1,7 +1,8 @@
 """Device helpers (@pk.func, inlined) shared by the core kernels: warp and block reductions,
 and the per-warp mbarrier rings of the bulk-copy kernels.
 
-Block reductions take a shared scratch array of at least 32 f32 (one slot per warp) and return
+The warp reductions are the library's collectives (collectives.warp_reduce: the same five
+`shfl.sync.bfly` steps). Block reductions take a shared scratch array of at least 32 f32 (one slot per warp) and return
 the reduced value to every thread; they start with a barrier so one scratch array can be reused
 by consecutive reductions. Every thread of the block must call them (no divergent calls).
 """
@@ -9,14 +10,14 @@ import pykernel as pk
 from pykernel import Const, f32, i32, u32
 from pykernel.mathlib import INV_LN2, LN2_HI, LN2_LO, exp_poly
 
+from .collectives import MAX, SUM, warp_reduce
+
 NEG_INF = float("-inf")
 
 
 @pk.func
 def warp_sum(v: f32) -> f32:
-    for k in pk.static_range(5):
-        v += pk.shfl_xor(v, 16 >> k)
-    return v
+    return warp_reduce(v, SUM)
 
 
 @pk.func
@@ -32,9 +33,7 @@ def init_warp_mbarriers(bars, warp: i32, lane: i32, S: Const[int]):
 
 @pk.func
 def warp_max(v: f32) -> f32:
-    for k in pk.static_range(5):
-        v = max(v, pk.shfl_xor(v, 16 >> k))
-    return v
+    return warp_reduce(v, MAX)
 
 
 @pk.func

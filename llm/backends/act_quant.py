@@ -2,7 +2,7 @@
 quantized activations stand for.
 
 llama.cpp's CPU matmul quantizes the activations to the weight type's "vec_dot_type" before the
-dot products: Q8_0 for Q4_0/Q5_0/Q8_0 weights, Q8_1 (same values) for Q4_1/Q5_1, Q8_K for the
+dot products: Q8_0 for Q4_0/Q5_0/Q8_0/MXFP4 weights, Q8_1 (same values) for Q4_1/Q5_1, Q8_K for the
 K-quants, f16 for F16 weights. Feeding `round_trip(x, kind)` to an f32 matmul of the dequantized
 weights reproduces its logits to ~1e-6 (tiny Q8_0 model), which lets the numpy backend stand in
 for llama.cpp's quantized path. The default (kind None) keeps float32 activations.
@@ -12,7 +12,9 @@ from __future__ import annotations
 import numpy as np
 from gguf.constants import GGMLQuantizationType as Q
 
-Q8_0_WEIGHTS = {Q.Q4_0, Q.Q5_0, Q.Q8_0, Q.Q4_1, Q.Q5_1}
+# MXFP4's CPU dot product also takes Q8_0 activations (ggml-cpu's vec_dot_type for it)
+Q8_0_WEIGHTS = {Q.Q4_0, Q.Q5_0, Q.Q8_0, Q.Q4_1, Q.Q5_1} | (
+    {Q.MXFP4} if "MXFP4" in Q.__members__ else set())
 Q8_K_WEIGHTS = {Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K}
 
 

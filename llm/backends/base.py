@@ -59,6 +59,10 @@ class Backend(ABC):
     use_graphs: bool = False
     # bytes per cached K/V value, from which model.choose_context sizes a default context
     kv_value_bytes: float = 4
+    # what the backend runs beyond a dense transformer (llm.models.archs.model_features names
+    # what a model needs): "moe" (expert_matrix, moe_route, moe_experts), "attn_sinks" (the
+    # attention ops' sinks argument), "yarn" (YaRN RoPE scaling)
+    model_features: frozenset = frozenset()
 
     def kv_device_budget(self) -> int | None:
         """Device bytes a default context's KV cache may take; None: no device limit."""
@@ -88,6 +92,15 @@ class Backend(ABC):
     def embedding(self, table: TensorInfo) -> Weight:
         """Token (or position) embedding table (n_rows, n_embd) for row lookups. May share
         storage with `matrix([table])` when the output projection is tied to it."""
+
+    def expert_matrix(self, parts: Sequence[TensorInfo]) -> Weight:
+        """Stacked experts (n_expert, out_features, in_features) of each part, the parts' rows
+        stacked per expert ((n_expert, sum of out_features, in_features): gate|up)."""
+        raise NotImplementedError(f"the {self.name} backend has no mixture-of-experts weights")
+
+    def expert_vector(self, parts: Sequence[TensorInfo]) -> Weight:
+        """Per-expert biases (n_expert, width) of each part, concatenated per expert."""
+        raise NotImplementedError(f"the {self.name} backend has no mixture-of-experts weights")
 
     @abstractmethod
     def kv_cache(self, n_layer: int, n_ctx: int, n_head_kv: int, head_dim: int,
@@ -160,7 +173,24 @@ class Backend(ABC):
                      device positions' first where starts is None)
             batch    row i at step.positions[i] of caches[i], over its positions 0..that one
             prompts  prompt i's step.counts[i] rows (after those of prompts 0..i-1) at
-                     step.starts[i].. of caches[i]"""
+                     step.starts[i].. of caches[i]
+        Given `sinks` ((n_head,): a backend with the "attn_sinks" feature takes this keyword;
+        the model passes it only for layers that have sinks), head h's softmax has one more
+        logit sinks[h] (unscaled, no value)."""
+
+    def moe_route(self, scores: Act, n_used: int, gating: str) -> tuple[Act, Act]:
+        """The router: each row of scores (n, n_expert) -> (ids, weights), both (n, n_used):
+        the selected experts, largest first (ties: the lower expert id first), and their
+        weights; `gating` is an ArchSpec.moe_gating ("softmax_renorm": softmax over all, the
+        top n_used renormalised to sum 1; "topk_softmax": top n_used of the raw scores, a
+        softmax over those)."""
+        raise NotImplementedError(f"the {self.name} backend has no mixture-of-experts router")
+
+    def moe_experts(self, x: Act, weights, ids: Act, probs: Act, activation: str) -> Act:
+        """x (n, n_embd) through the experts `ids` of each row (weights: llm.models.moe's
+        MoeWeights) -> (n, n_embd): sum over j of probs[:, j] * (down_e(act(gate_e x + bg,
+        up_e x + bu)) + bd) with e = ids[:, j]; activation "swiglu" or "swiglu_oai"."""
+        raise NotImplementedError(f"the {self.name} backend has no mixture-of-experts FFN")
 
     @abstractmethod
     def swiglu(self, gate: Act, up: Act) -> Act:

@@ -16,6 +16,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
 
+from llm.backends import numpy_moe
 from llm.backends.act_quant import activation_kind, round_trip
 from llm.options import RunnerOptions
 from llm.backends.base import KV_CACHE_TYPES, Backend, KVCache
@@ -128,6 +129,7 @@ class NumpyBackend(Backend):
     (activations quantized per weight type) instead of computing in float32."""
     name = "numpy"
     rope_qk_together = True
+    model_features = frozenset({"moe", "attn_sinks", "yarn"})
 
     def __init__(self, quantized_activations: bool = False, threads: int | None = None,
                  kv_dtype=None, options: RunnerOptions | None = None):
@@ -184,6 +186,19 @@ class NumpyBackend(Backend):
 
     def embedding(self, table: TensorInfo) -> np.ndarray:
         return self._f32(table)
+
+    def expert_matrix(self, parts: Sequence[TensorInfo]) -> numpy_moe.NumpyExperts:
+        w = self._f32(parts[0]) if len(parts) == 1 else np.concatenate(
+            [self._f32(t) for t in parts], axis=1)   # (n_expert, sum of out, in)
+        kinds = {activation_kind(t.ggml_type) for t in parts}
+        if self.quantized_activations and len(kinds) > 1:
+            raise ValueError(f"numpy backend: experts {', '.join(t.name for t in parts)} have "
+                             f"types that quantize activations differently")
+        return numpy_moe.NumpyExperts(w, kinds.pop() if self.quantized_activations else None)
+
+    def expert_vector(self, parts: Sequence[TensorInfo]) -> np.ndarray:
+        vecs = [self._f32(t) for t in parts]
+        return vecs[0] if len(vecs) == 1 else np.concatenate(vecs, axis=1)
 
     def kv_cache(self, n_layer, n_ctx, n_head_kv, head_dim, head_dim_v) -> NumpyKVCache:
         if self.kv_type == "q8_0" and (head_dim % 32 or head_dim_v % 32):
@@ -267,9 +282,9 @@ class NumpyBackend(Backend):
             inv_freq = params.base ** (-np.arange(half, dtype=np.float64) * 2.0 / params.n_rot)
             if freq_factors is not None:
                 inv_freq = inv_freq / freq_factors.astype(np.float64)
-            theta = (positions.astype(np.float64) * params.freq_scale)[:, None] * inv_freq
-            tables = (np.cos(theta).astype(np.float32)[:, None, :],
-                      np.sin(theta).astype(np.float32)[:, None, :])
+            theta, mscale = numpy_moe.rope_angles(positions, params, inv_freq)
+            tables = ((np.cos(theta) * mscale).astype(np.float32)[:, None, :],
+                      (np.sin(theta) * mscale).astype(np.float32)[:, None, :])
             self._rope_cache = (key, tables)
         return self._rope_cache[1]
 
@@ -287,19 +302,22 @@ class NumpyBackend(Backend):
         a[...] = a_rot
         return heads.reshape(n, -1)
 
-    def attention(self, q, k, v, step, caches, layer, scale, window=0):
+    def attention(self, q, k, v, step, caches, layer, scale, window=0, sinks=None):
         """Per sequence of the step: its rows over its own cache (attention_rows)."""
         if len(caches) == 1:
-            return self.attention_rows(q, k, v, caches[0], layer, step.starts[0], scale, window)
+            return self.attention_rows(q, k, v, caches[0], layer, step.starts[0], scale, window,
+                                       sinks)
         ends = np.cumsum(step.counts)
         return np.concatenate([
             self.attention_rows(q[end - n:end], k[end - n:end], v[end - n:end], cache, layer,
-                                int(start), scale, window)
+                                int(start), scale, window, sinks)
             for cache, start, n, end in zip(caches, step.starts, step.counts, ends)], axis=0)
 
-    def attention_rows(self, q, k, v, cache: NumpyKVCache, layer, start, scale, window=0):
+    def attention_rows(self, q, k, v, cache: NumpyKVCache, layer, start, scale, window=0,
+                       sinks=None):
         """Rows of one sequence at positions start..: k, v written into its cache, then each
-        q row's causal attention (within the window) over that cache."""
+        q row's causal attention (within the window, with `sinks`: Backend.attention) over
+        that cache."""
         n, end = q.shape[0], start + q.shape[0]
         n_kv, d, dv = cache.n_head_kv, cache.head_dim, cache.head_dim_v
         cache.reserve(end)
@@ -324,13 +342,17 @@ class NumpyBackend(Backend):
             if window:
                 hidden |= q_pos - k_pos >= window
             scores.reshape(n_kv, group, n, -1)[:, :, hidden] = -np.inf
-        scores -= scores.max(axis=-1, keepdims=True)
-        np.exp(scores, out=scores)
-        scores /= scores.sum(axis=-1, keepdims=True)
+        numpy_moe.softmax_with_sinks(scores, sinks, n_kv, group)
         out = scores @ values  # (n_kv, group * n, dv)
         if n == 1:
             return out.reshape(1, -1)
         return out.reshape(n_kv, group, n, dv).transpose(2, 0, 1, 3).reshape(n, -1)
+
+    def moe_route(self, scores, n_used, gating):
+        return numpy_moe.route(scores, n_used, gating)
+
+    def moe_experts(self, x, weights, ids, probs, activation):
+        return numpy_moe.experts(x, weights, ids, probs, activation)
 
     def swiglu(self, gate, up):
         out = np.negative(gate)

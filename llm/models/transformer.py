@@ -18,6 +18,7 @@ from llm import step as S
 from llm.backends.base import Backend, KVCache
 from llm.config import ModelConfig
 from llm.models.archs import ArchSpec
+from llm.models.moe import moe_ffn
 from llm.models.weights import LayerWeights, ModelWeights, Norm
 from llm.step import Step
 
@@ -105,11 +106,14 @@ class Transformer(StepRunner):
             if rope is not None:
                 q = b.rope(q, positions, cfg.head_dim, rope, self.w.rope_freqs)
                 k = b.rope(k, positions, cfg.head_dim, rope, self.w.rope_freqs)
-        out = b.attention(q, k, v, step, caches, il, cfg.attn_scale, cfg.layer_window(il))
+        out = b.attention(q, k, v, step, caches, il, cfg.attn_scale, cfg.layer_window(il),
+                          **sinks_arg(lw.attn_sinks))
         return b.matmul(out, lw.attn_out, lw.attn_out_bias)
 
     def _ffn(self, h, lw: LayerWeights):
         b = self.backend
+        if lw.moe is not None:   # a mixture of experts (llm/models/moe.py)
+            return moe_ffn(b, h, lw.moe, self.cfg, self.spec)
         up = b.matmul(h, lw.gate_up, lw.gate_up_bias)
         if self.spec.ffn == "gelu":
             act = b.gelu(up)
@@ -143,3 +147,9 @@ class Transformer(StepRunner):
         elif step.keep is not None:
             x = b.rows(x, step.keep)
         return b.end_forward(b.matmul(self._norm(x, w.output_norm), w.output))
+
+
+def sinks_arg(sinks) -> dict:
+    """The attention op's `sinks` argument, passed only for a layer that has sinks, so a
+    backend without them (the kernels backend, for now) is called as before."""
+    return {} if sinks is None else {"sinks": sinks}

@@ -5,7 +5,8 @@ output norm and projection, and one `LayerWeights` per block). A tensor that is 
 the wrong shape or a type no backend can use as a weight (F64, integer types) is a `GGUFError`
 naming it and what was expected, found by a first pass that checks every tensor before any is
 dequantized or uploaded. Fused projections (q|k|v, gate|up) are stacked into one matrix so each
-takes one matmul.
+takes one matmul. Mixture-of-experts layers hold `MoeWeights` (router and stacked experts,
+`llm/models/moe.py`) instead of the dense FFN matrices; gpt-oss layers add `attn_sinks`.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from llm.backends.dequant import WEIGHT_TYPES
 from llm.config import ModelConfig
 from llm.gguf_file import GGUFError, GGUFFile, TensorInfo
 from llm.models.archs import ArchSpec
+from llm.models.moe import MoeWeights, load_moe_weights
 
 
 @dataclass
@@ -41,6 +43,8 @@ class LayerWeights:
     down: Any
     down_bias: Any
     post_ffw_norm: Norm | None
+    moe: MoeWeights | None = None   # a mixture-of-experts FFN (gate_up, down are then None)
+    attn_sinks: Any = None          # (n_head,) learned sink logits (gpt-oss)
 
 
 @dataclass
@@ -68,7 +72,7 @@ class _ChecksOnly:
     def matrix(self, parts):
         return None
 
-    vector = matrix
+    vector = expert_matrix = expert_vector = matrix
 
     def embedding(self, table):
         return None
@@ -102,6 +106,14 @@ class _Source:
             return None
         return self.vector(*parts)  # all or nothing: a missing one is reported by take()
 
+    def experts(self, *parts):
+        return self.backend.expert_matrix([self.take(n, s) for n, s in parts])
+
+    def optional_expert_vector(self, *parts):
+        if not any(n in self.g.tensors for n, _ in parts):
+            return None
+        return self.backend.expert_vector([self.take(n, s) for n, s in parts])
+
     def norm(self, prefix: str, width: int, with_bias: bool) -> Norm:
         bias = self.vector((f"{prefix}.bias", (width,))) if with_bias else None
         return Norm(self.vector((f"{prefix}.weight", (width,))), bias)
@@ -131,6 +143,9 @@ def _attention_weights(src: _Source, cfg: ModelConfig, spec: ArchSpec, p: str) -
 
 def _ffn_weights(src: _Source, cfg: ModelConfig, spec: ArchSpec, p: str) -> dict:
     e, f = cfg.n_embd, cfg.n_ff
+    if spec.moe_gating:
+        return dict(gate_up=None, gate_up_bias=None, down=None, down_bias=None,
+                    moe=load_moe_weights(src, cfg, p))
     if spec.ffn == "gelu":
         gate_up = src.matrix((f"{p}.ffn_up.weight", (f, e)))
         gate_up_bias = src.optional_vector((f"{p}.ffn_up.bias", (f,)))
@@ -148,9 +163,11 @@ def _layer(src: _Source, cfg: ModelConfig, spec: ArchSpec, il: int) -> LayerWeig
     return LayerWeights(
         attn_norm=src.norm(f"{p}.attn_norm", e, biased),
         post_attn_norm=src.norm(f"{p}.post_attention_norm", e, False) if post else None,
-        ffn_norm=src.norm(f"{p}.ffn_norm", e, biased),
+        ffn_norm=src.norm(f"{p}.{spec.ffn_norm}", e, biased),
         post_ffw_norm=src.norm(f"{p}.post_ffw_norm", e, False) if post else None,
         **_attention_weights(src, cfg, spec, p), **_ffn_weights(src, cfg, spec, p),
+        attn_sinks=src.vector((f"{p}.attn_sinks.weight", (cfg.n_head,)))
+        if spec.attn_sinks else None,
     )
 
 

@@ -42,6 +42,13 @@ _DEEPSEEK_LETTERS = (
 )
 _DEEPSEEK_PUNCT = r"!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002"
 _CJK = r"[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
+# gpt-4o (o200k): a word is optional non-letter + upper/title-case run + lower-case run (or
+# the reverse) + an optional case-insensitive contraction; digits in threes; '/' trails symbols.
+_GPT4O_UPPER, _GPT4O_LOWER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]", r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
+_GPT4O_TAIL = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+_GPT4O = (rf"[^\r\n\p{{L}}\p{{N}}]?{_GPT4O_UPPER}*{_GPT4O_LOWER}+{_GPT4O_TAIL}"
+          rf"|[^\r\n\p{{L}}\p{{N}}]?{_GPT4O_UPPER}+{_GPT4O_LOWER}*{_GPT4O_TAIL}"
+          r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _BLOOM = r" ?[^(\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+"
 
 # Regex lists per llama.cpp pre-tokenizer type (the type's name is the dict key).
@@ -51,6 +58,7 @@ REGEXES: dict[str, tuple[str, ...]] = {
     "llama3": (_LLAMA3,),
     "qwen2": (_QWEN2,),
     "qwen35": (_QWEN35,),
+    "gpt-4o": (_GPT4O,),
     "smollm": (r"\p{N}", _GPT2),
     "falcon": (r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, r"[0-9][0-9][0-9]"),
     "deepseek-llm": (r"[\r\n]", rf"\s?[{_DEEPSEEK_LETTERS}]+",
@@ -89,6 +97,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
         "starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b")},
     **{name: _P("qwen2") for name in ("qwen2", "deepseek-r1-qwen", "stablelm2")},
     "qwen35": _P("qwen35"),
+    **{name: _P("gpt-4o") for name in ("gpt-4o", "llama4")},
     **{name: _P("bloom") for name in ("bloom", "poro-chat", "gpt3-finnish")},
     "viking": _P("viking"),
 }

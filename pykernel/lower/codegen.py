@@ -12,8 +12,8 @@ from llvmlite import ir
 from ..errors import KernelSourceError
 from ..types import PtrType, ScalarType, bool_
 from . import ops
-from .values import (ArrayValue, ConstValue, GlobalRef, PtrValue, TupleValue, TypeValue, Value,
-                     describe)
+from .values import (ArrayValue, ConstValue, GlobalRef, NdArrayValue, PtrValue, TupleValue,
+                     TypeValue, Value, describe)
 
 UNSUPPORTED = {
     ast.List: "lists", ast.ListComp: "list comprehensions", ast.Dict: "dicts",
@@ -54,6 +54,8 @@ class FunctionLowering:
         self.fast, self.ctx = fast, ctx               # ctx: KernelContext (target, builder, ...)
         self.vars: dict[str, object] = {}             # name -> ("slot", alloca, type) | value
         self.vars.update(bindings)
+        # variables whose type came from a literal (`acc = 0` -> i32): where, for errors
+        self.literal_typed: dict[str, ast.AST] = {}
         self.loops: list[LoopTarget] = []
         self.parent = parent
         self.return_block = None                      # inlined funcs: where `return` goes
@@ -170,7 +172,8 @@ class FunctionLowering:
                 val = self.coerce(val, existing[2], node)
             elif existing is None or isinstance(existing, ConstValue):
                 val = self.materialize(val, node)
-        if isinstance(val, (TupleValue, TypeValue, GlobalRef, ArrayValue)):
+                self.literal_typed.setdefault(name, node)
+        if isinstance(val, (TupleValue, TypeValue, GlobalRef, ArrayValue, NdArrayValue)):
             if name in self.vars and isinstance(self.vars[name], tuple):
                 raise self.error(node, f"'{name}' holds a scalar; cannot rebind it to "
                                  f"{type(val).__name__}")

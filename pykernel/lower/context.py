@@ -14,7 +14,7 @@ from ..types import PtrType
 class Options:
     """Compile options: part of the cache key."""
     debug: bool = False          # compile `assert` statements in
-    bounds_check: bool = False   # check Ptr indexing on the GPU (always on for the CPU target)
+    bounds_check: bool = False   # check Ptr / pk.Array indexing on the GPU (always on for CPU)
     lineinfo: bool = True        # .loc directives so profilers map PTX to Python lines
     fp_contract: bool = False    # allow a*b+c -> fma (one rounding; results then differ by ulps)
     opt_level: int = 3

@@ -8,8 +8,9 @@ import operator
 from llvmlite import ir
 
 from ..types import bool_
-from . import ops
-from .values import ConstValue, GlobalRef, PtrValue, TupleValue, TypeValue, Value, describe
+from . import ndarray, ops
+from .values import (ConstValue, GlobalRef, NdArrayValue, PtrValue, TupleValue, TypeValue, Value,
+                     describe)
 
 PY_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
              ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
@@ -263,6 +264,8 @@ def lower_attribute(fl, node: ast.Attribute):
             raise fl.error(node, f"{getattr(obj, '__name__', obj)!s} has no attribute "
                            f"'{node.attr}'")
         return fl.wrap_global(getattr(obj, node.attr), node)
+    if isinstance(base, NdArrayValue):
+        return ndarray.attribute(fl, node, base)
     if isinstance(base, TypeValue) and node.attr in ("bits", "nbytes"):
         return ConstValue(getattr(base.ty, node.attr))
     raise fl.error(node, f"{describe(base)} has no attribute '{node.attr}'")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import ast
 
-from ..types import ConstAnnotation, PtrAnnotation, PtrType, ScalarType, bool_
+from ..types import ArrayAnnotation, ConstAnnotation, PtrAnnotation, PtrType, ScalarType, bool_
 from .codegen import FunctionLowering
-from .values import ArrayValue, ConstValue, PtrValue, TupleValue, TypeValue, Value, describe
+from .values import (ArrayValue, ConstValue, NdArrayValue, PtrValue, TupleValue, TypeValue, Value,
+                     describe)
 
 
 def bind_arguments(fl, dfunc, fast, node):
@@ -75,6 +76,10 @@ def bind_param(fl, child, arg_node, val, ann, node):
             val = PtrValue(PtrType(val.ty.elem, False, val.ty.space), val.ir, val.origin)
         if not isinstance(val, PtrValue):
             raise fl.error(node, f"argument '{name}' expects a pointer, got {describe(val)}")
+    elif isinstance(ann, ArrayAnnotation):
+        if not isinstance(val, NdArrayValue) or val.ty.rank != ann.rank:
+            raise fl.error(node, f"argument '{name}' expects a {ann.rank}-d array parameter, "
+                           f"got {describe(val)}")
     elif ann is not None and not isinstance(ann, str):
         raise child.error(arg_node, f"unsupported annotation for parameter '{name}'")
     if isinstance(val, (Value, PtrValue, ConstValue)) and not (

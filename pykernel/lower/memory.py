@@ -1,4 +1,5 @@
 """Memory access: `p[i]` on global pointers, `a[i]` / `a[i, j]` on shared and local arrays,
+`x[i, j]` on n-d array parameters (ndarray.py),
 loads and stores through the target (which adds ld.global.nc for read-only pointers and bounds
 checks where asked)."""
 from __future__ import annotations
@@ -8,8 +9,8 @@ import ast
 from llvmlite import ir
 
 from ..types import ScalarType, bool_
-from . import ops
-from .values import ArrayValue, PtrValue, Value, describe
+from . import ndarray, ops
+from .values import ArrayValue, NdArrayValue, PtrValue, Value, describe
 
 I64 = ir.IntType(64)
 
@@ -28,6 +29,9 @@ def _index(fl, node, base):
         off = ops.index_to_i64(fl.b, idx.ty, idx.ir)
         return Address(fl.b.gep(base.ir, [off]), base.ty.elem, base.ty.readonly, base.origin,
                        node)
+    if isinstance(base, NdArrayValue):
+        return Address(ndarray.element_pointer(fl, node, base), base.ty.elem, base.ty.readonly,
+                       base.origin, node)
     if isinstance(base, ArrayValue):
         parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
         shape = base.ty.shape
@@ -70,7 +74,8 @@ def store_subscript(fl, node, val, addr: Address | None = None):
     if addr is None:
         addr = subscript_address(fl, node)
     if addr.readonly:
-        raise fl.error(node, "cannot store through a read-only pointer (Ptr[..., \"ro\"])")
+        raise fl.error(node, "cannot store through a read-only pointer (Ptr[..., \"ro\"] or "
+                       "pk.Array[..., \"ro\"])")
     val = fl.coerce(val, addr.elem, node)
     store(fl, addr, val.ir)
 

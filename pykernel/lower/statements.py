@@ -5,6 +5,8 @@ import ast
 
 from llvmlite import ir
 
+from ..errors import KernelSourceError
+from .ops import TypeMismatch
 from ..types import SCALARS, ScalarType
 from .codegen import LoopTarget
 from .values import ConstValue, GlobalRef, TupleValue, Value, describe
@@ -57,9 +59,16 @@ def resolve_annotation(fl, node):
 def lower_augassign(fl, node: ast.AugAssign):
     from .expressions import binop_values
     if isinstance(node.target, ast.Name):
-        current = fl.lookup(node.target.id, node.target)
-        result = binop_values(fl, node.op, current, fl.expr(node.value), node)
-        fl.assign_name(node.target.id, result, node.target)
+        name = node.target.id
+        current, operand = fl.lookup(name, node.target), fl.expr(node.value)
+        try:
+            result = binop_values(fl, node.op, current, operand, node)
+        except (KernelSourceError, TypeMismatch):
+            located = _literal_type_error(fl, name, current, operand, node)
+            if located is None:
+                raise
+            raise located from None
+        fl.assign_name(name, result, node.target)
     elif isinstance(node.target, ast.Subscript):
         from .memory import load_subscript, store_subscript, subscript_address
         addr = subscript_address(fl, node.target)     # evaluate the index once
@@ -68,6 +77,19 @@ def lower_augassign(fl, node: ast.AugAssign):
         store_subscript(fl, node.target, result, addr)
     else:
         raise fl.error(node.target, "augmented assignment needs a name or an element")
+
+
+def _literal_type_error(fl, name, current, operand, node):
+    """`acc = 0` then `acc += x[i]` (f32): the mistake is where acc became an integer, so the
+    error points there; None when the variable's type did not come from a literal."""
+    origin = fl.literal_typed.get(name)
+    want = getattr(operand, "ty", None)
+    if origin is None or want is None or want == current.ty:
+        return None
+    start = "0.0" if want.name == "f32" else f"{want}(0)"
+    return fl.error(origin, f"'{name}' became {current.ty} here (from a literal), but line "
+                    f"{fl.fast.first_line + node.lineno - 1} combines it with {want} values",
+                    hint=f"start it as {want}: {name} = {start}")
 
 
 def lower_if(fl, node: ast.If):

@@ -1,12 +1,12 @@
 """Values the lowering manipulates: typed LLVM values, compile-time constants, pointers,
-fixed arrays and tuples."""
+fixed arrays, n-d array parameters and tuples."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from llvmlite import ir
 
-from ..types import ArrayType, PtrType, ScalarType
+from ..types import ArrayPtrType, ArrayType, PtrType, ScalarType
 
 
 @dataclass
@@ -39,6 +39,18 @@ class ArrayValue:
 
 
 @dataclass
+class NdArrayValue:
+    """An n-d array parameter (`pk.Array[f32, 2]`): data pointer + i64 extents and strides
+    (in elements), as loaded from the kernel's parameters."""
+    ty: ArrayPtrType
+    ir: ir.Value              # pointer to element (0, ..., 0)
+    shape: tuple              # rank i64 IR values
+    strides: tuple            # rank i64 IR values, in elements (may be 0 or negative)
+    name: str                 # the parameter's name, for bounds-check messages
+    origin: object = None     # ("param", k): the CPU target checks the view's memory span
+
+
+@dataclass
 class TupleValue:
     items: tuple
 
@@ -67,6 +79,8 @@ def describe(val) -> str:
         return f"tuple of {len(val.items)}"
     if isinstance(val, ArrayValue):
         return f"{val.ty.space} array {val.ty.elem}{list(val.ty.shape)}"
+    if isinstance(val, NdArrayValue):
+        return f"array parameter {val.ty}"
     if isinstance(val, TypeValue):
         return f"type {val.ty}"
     if isinstance(val, GlobalRef):

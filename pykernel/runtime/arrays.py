@@ -127,6 +127,12 @@ class Array:
     ptr = property(lambda self: self._ptr, doc="address of element 0 (int)")
     ndim = property(lambda self: len(self._shape))
     size = property(lambda self: math.prod(self._shape))
+
+    def __class_getitem__(cls, item):
+        """`pk.Array[f32, 2]` in a kernel signature: an n-d array parameter whose shape and
+        strides travel with the pointer (docs/language.md, "N-d array parameters")."""
+        from ..types import array_annotation
+        return array_annotation(item)
     nbytes = property(lambda self: math.prod(self._shape) * self._dtype.itemsize)
     itemsize = property(lambda self: self._dtype.itemsize)
 

@@ -48,6 +48,7 @@ class CpuDevice:
     arch = "cpu"
     name = "host CPU (pykernel CPU target)"
     ordinal = 0
+    programmatic_launch = False     # no PDL on the CPU target: launches are synchronous
 
     def __init__(self, ordinal: int = 0):
         self.workers_n = max(1, min(int(os.environ.get("PYKERNEL_CPU_THREADS", 0)) or
@@ -69,7 +70,7 @@ class CpuDevice:
         if packer is None:
             packer = self._packers[compiled.cache_key] = ArgPacker(compiled, "cpu")
         args_addr = packer.pack(args)
-        extents = np.zeros(2 * max(1, len(args)), np.int64)
+        extents = np.zeros(2 * max(1, len(packer.params)), np.int64)   # per ABI parameter
         for k, ext in enumerate(packer.pointer_extents(args)):
             if ext is not None:
                 extents[2 * k], extents[2 * k + 1] = ext
@@ -143,6 +144,10 @@ class CpuDevice:
         if code == 1:
             detail = (f" (byte offset {int(ctx[abi.ERROR_VALUE])} from the start of the array, "
                       f"thread {int(ctx[abi.ERROR_THREAD])} of block {int(ctx[abi.ERROR_BLOCK])})")
+        elif code == 10:
+            detail = (f" (index {int(ctx[abi.ERROR_VALUE])}, extent {int(ctx[abi.ERROR_EXTENT])}"
+                      f", thread {int(ctx[abi.ERROR_THREAD])} of block "
+                      f"{int(ctx[abi.ERROR_BLOCK])})")
         return KernelRuntimeError(f"kernel '{compiled.name}': {what}{detail}\n{where}")
 
     # memory operations: host memory (arrays.HostMemory is used when absent)

@@ -34,7 +34,8 @@ _MAX_THREADS = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
 _NUM_REGS = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS
 _NON_PORTABLE_CLUSTER = \
     cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
-_launch_kernel = cu.cuLaunchKernel
+_launch_kernel = cu.cuLaunchKernel          # the driver calls of launches (module-level: tests
+_launch_kernel_ex = cu.cuLaunchKernelEx     # without a GPU replace them)
 
 
 class CudaError(KernelRuntimeError):
@@ -220,7 +221,7 @@ def _launch_cluster(kernel, grid, block, shared_bytes, handle, cluster, pdl: boo
     config.gridDimX, config.gridDimY, config.gridDimZ = grid
     config.blockDimX, config.blockDimY, config.blockDimZ = block
     config.sharedMemBytes, config.hStream = shared_bytes, handle
-    return cu.cuLaunchKernelEx(config, kernel.func, kernel.kernel_params, kernel.extra)
+    return _launch_kernel_ex(config, kernel.func, kernel.kernel_params, kernel.extra)
 
 
 def _launch_pdl(kernel, grid, block, shared_bytes, handle):
@@ -228,7 +229,7 @@ def _launch_pdl(kernel, grid, block, shared_bytes, handle):
     config.gridDimX, config.gridDimY, config.gridDimZ = grid
     config.blockDimX, config.blockDimY, config.blockDimZ = block
     config.sharedMemBytes, config.hStream = shared_bytes, handle
-    return cu.cuLaunchKernelEx(config, kernel.func, kernel.kernel_params, kernel.extra)
+    return _launch_kernel_ex(config, kernel.func, kernel.kernel_params, kernel.extra)
 
 
 class _PinnedAllocation:
@@ -333,6 +334,44 @@ class CudaDevice:
                                  cluster or (1, 1, 1))
         elif self.sync_launches:
             self._synchronize_after(kernel, handle)
+
+    def bind(self, compiled, grid, block, args, stream=None, shared_bytes=0, cluster=None,
+             fallback=None):
+        """A function repeating this launch (BoundLaunch.launch): arguments checked and packed
+        now into a private copy of the parameter buffer, the driver called directly later.
+        Captures, PDL launch modes, clusters and synchronous launches call `fallback` (the
+        launcher's ordinary call) or, without one, the full `launch`."""
+        kernel = self._kernels.get(compiled.cache_key) or self.load(compiled)
+        kernel.pack(args)
+        owner, params, extra = kernel.packer.snapshot()
+        if self.param_buffer:
+            params = 0
+        else:
+            extra = 0
+        if shared_bytes > kernel.dynamic_shared_limit:
+            self._raise_shared_limit(kernel, shared_bytes)
+        handle = None if stream is None else _stream_handle(stream)
+        func, name = kernel.func, kernel.name
+        (g0, g1, g2), (b0, b1, b2) = grid, block
+        plain = cluster in (None, (1, 1, 1)) and kernel.launch_config is None
+        full = fallback or functools.partial(self.launch, compiled, grid, block, args, stream,
+                                             shared_bytes, cluster)
+
+        def launch():
+            if self._capture is not None or self.sync_launches or not plain or \
+                    self.programmatic_launch:
+                return full()
+            self._recent.append(name)
+            try:
+                (err,) = _launch_kernel(func, g0, g1, g2, b0, b1, b2, shared_bytes,
+                                        self._launch_handle if handle is None else handle,
+                                        params, extra)
+            except (OverflowError, TypeError) as exc:
+                raise _bad_geometry(kernel, grid, block, shared_bytes, exc) from None
+            if err:
+                self._launch_failed(err, kernel, grid, block, shared_bytes, cluster)
+        launch.keepalive = (owner, args)
+        return launch
 
     def load(self, compiled) -> _LoadedKernel:
         """Load the kernel's PTX once per device (keyed by compiled.cache_key)."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from .array_args import caller_params
 from .device import current_device
 from .streams import Stream
 
@@ -77,7 +78,7 @@ class Graph:
         runtime arguments positionally, or some by parameter name."""
         launch = self.launches[index]
         values = list(args) if args else list(launch.args)
-        names = [p.name for p in launch.params]
+        names = [p.name for _, p in caller_params(launch.params)]   # pk.Array: one name
         for name, value in by_name.items():
             if name not in names:
                 raise TypeError(f"{launch.name}(): no runtime parameter named {name!r} "

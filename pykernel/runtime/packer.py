@@ -20,9 +20,12 @@ import struct
 
 import numpy as np
 
+from typing import Callable, NamedTuple
+
 from ..errors import LaunchError
-from . import dlpack
+from . import array_args
 from .arrays import Array
+from .pointer_sources import ARRAY, NUMPY, source_of
 
 _FORMAT = {"int8": "b", "uint8": "B", "int16": "h", "uint16": "H", "int32": "i",
            "uint32": "I", "int64": "q", "uint64": "Q", "float16": "e", "float32": "f",
@@ -30,7 +33,6 @@ _FORMAT = {"int8": "b", "uint8": "B", "int16": "h", "uint16": "H", "int32": "i",
 _DSL_NAME = {"int8": "i8", "uint8": "u8", "int16": "i16", "uint16": "u16", "int32": "i32",
              "uint32": "u32", "int64": "i64", "uint64": "u64", "float16": "f16",
              "float32": "f32", "float64": "f64", "bool": "bool_", "bfloat16": "bf16"}
-_DEVICE_TYPES = {"cuda": (dlpack.KDL_CUDA, dlpack.KDL_CUDA_MANAGED), "cpu": (dlpack.KDL_CPU,)}
 _BUFFER_ALIGN = 16
 
 
@@ -75,12 +77,12 @@ class ArgPacker:
         self.device_ordinal = device_ordinal
         fields, offsets, offset = ["="], [], 0
         for param in self.params:
-            fmt = "Q" if param.kind == "ptr" else _scalar_format(param)
+            fmt = FIELD_KINDS[param.kind].format(param)
             pad = (-offset) % param.align
             fields.append(f"{pad}x{fmt}" if pad else fmt)
             offset += pad
             offsets.append(offset)
-            offset += param.size
+            offset += struct.calcsize("=" + fmt)
         self._struct = struct.Struct("".join(fields))
         self.size = self._struct.size
         self.offsets = offsets
@@ -98,10 +100,26 @@ class ArgPacker:
         self.extra_address = ctypes.addressof(self._extra)
         self._count = len(self.params)
         self.pack = _generate_pack(self)
+        array_args.install(self)   # pk.Array parameters: expand each argument into its fields
 
     def pack(self, args) -> int:  # replaced per instance by the generated function
         """Check and write `args`; returns the buffer address (CPU entry point's argument)."""
         raise NotImplementedError
+
+    def snapshot(self) -> tuple:
+        """A private copy of the buffer as last packed: (owner to keep alive, its void*[] of
+        field addresses, its `extra` array). A bound launch replays it while later packs
+        overwrite the shared buffer."""
+        storage = (ctypes.c_uint8 * (self.size + _BUFFER_ALIGN))()
+        address = ctypes.addressof(storage) + (-ctypes.addressof(storage)) % _BUFFER_ALIGN
+        ctypes.memmove(address, self.address, self.size)
+        pointers = (ctypes.c_void_p * max(1, len(self.offsets)))(
+            *[address + o for o in self.offsets])
+        size = ctypes.c_size_t(self.size)
+        extra = (ctypes.c_void_p * 5)(1, address, 2, ctypes.addressof(size), 0)
+        owner = (storage, pointers, size, extra)
+        params = ctypes.addressof(pointers) if self.offsets else 0
+        return owner, params, ctypes.addressof(extra)
 
     def unpack(self) -> tuple:
         """The raw field values last packed (pointers as ints, bf16 as bits): for tests."""
@@ -138,10 +156,10 @@ class ArgPacker:
 
 
 def _generate_pack(packer):
-    """Build `pack(args)` for this signature, unrolled: a tuple unpack, an inline fast check
-    per pointer (our Array of the right dtype and device), a converter call for bool/bf16, and
-    one pack_into. Generated from the ABI alone (names are a0, a1, ...), so no user text is
-    evaluated; any argument the inline checks do not accept goes to the precise converters."""
+    """Build `pack(args)` for this signature, unrolled: a tuple unpack, each parameter's lines
+    from its FIELD_KINDS entry, and one pack_into. Generated from the ABI alone (names are
+    a0, a1, ...), so no user text is evaluated; any argument the inline checks do not accept
+    goes to the precise converters."""
     names = [f"a{i}" for i in range(len(packer.params))]
     scope = {"Array": Array, "struct_error": struct.error, "packer": packer,
              "pack_into": packer._struct.pack_into, "storage": packer._storage,
@@ -152,27 +170,56 @@ def _generate_pack(packer):
                   "    except (ValueError, TypeError):", "        packer._raise_count(args)"]
     else:
         lines += ["    if len(args):", "        packer._raise_count(args)"]
+    fields = []
     for name, param in zip(names, packer.params):
-        if param.kind == "ptr":
-            scope[f"D{name}"] = _accepted_dtypes(param)[0]
-            scope[f"C{name}"] = _converter(packer, param)
-            lines += [f"    if type({name}) is Array and {name}._dtype is D{name} and "
-                      f"{name}._device_kind == kind:",
-                      f"        {name} = {name}._ptr", "    else:",
-                      f"        {name} = C{name}({name})"]
-        elif dtype_name(param.dtype) in ("bool", "bfloat16"):
-            scope[f"C{name}"] = _converter(packer, param)
-            lines.append(f"    {name} = C{name}({name})")
-        else:   # struct packs True as 1: a bool for a number is a mistake, not a 1
-            scope[f"P{name}"] = param
-            lines += [f"    if {name}.__class__ is bool:",
-                      f"        raise packer.error(P{name}, packer.expected(P{name}), {name})"]
-    lines += ["    try:", f"        pack_into(storage, base, {', '.join(names)})",
+        code, written = FIELD_KINDS[param.kind].emit(packer, param, name, scope)
+        lines += ["    " + line for line in code]
+        fields += written
+    lines += ["    try:", f"        pack_into(storage, base, {', '.join(fields)})",
               "    except (struct_error, TypeError, ValueError, OverflowError):",
               "        packer._diagnose_scalars(args)", "        raise",
               "    return address"]
     exec(compile("\n".join(lines), f"<pack {packer.kernel_name}>", "exec"), scope)
     return scope["pack"]
+
+
+class FieldKind(NamedTuple):
+    """How one kind of runtime parameter lands in the parameter buffer: `format(param)` ->
+    its struct codes; `emit(packer, param, name, scope)` -> (source lines that turn argument
+    `name` into field values, the names of those values in buffer order), adding what the
+    lines call to `scope`. A new parameter kind is one entry in FIELD_KINDS."""
+    format: Callable
+    emit: Callable
+
+
+def _pointer_emit(packer, param, name, scope):
+    """Our Array of exactly the expected dtype inline; anything else through its type's
+    PointerSource (cached per type), and the precise error when that refuses."""
+    scope[f"D{name}"] = np.dtype(_accepted_names(param)[0])
+    scope[f"C{name}"] = _pointer_converter(packer, param)
+    return [f"if type({name}) is Array and {name}._dtype is D{name} and "
+            f"{name}._device_kind == kind:",
+            f"    {name} = {name}._ptr", "else:", f"    {name} = C{name}({name})"], [name]
+
+
+def _scalar_emit(packer, param, name, scope):
+    if dtype_name(param.dtype) in ("bool", "bfloat16"):
+        scope[f"C{name}"] = _converter(packer, param)
+        return [f"{name} = C{name}({name})"], [name]
+    scope[f"P{name}"] = param   # struct packs True as 1: a bool for a number is a mistake
+    return [f"if {name}.__class__ is bool:",
+            f"    raise packer.error(P{name}, packer.expected(P{name}), {name})"], [name]
+
+
+def _array_emit(packer, param, name, scope):
+    """An n-d array's data address: array_args.install already turned the argument into its
+    address (then its extents and strides, which are scalar fields of their own)."""
+    return [], [name]
+
+
+FIELD_KINDS = {"ptr": FieldKind(lambda param: "Q", _pointer_emit),
+               "array": FieldKind(lambda param: "Q", _array_emit),
+               "scalar": FieldKind(lambda param: _scalar_format(param), _scalar_emit)}
 
 
 def _scalar_format(param) -> str:
@@ -206,10 +253,7 @@ def _check_scalar(packer, param, value):
 
 
 def _converter(packer, param):
-    name = dtype_name(param.dtype)
-    if param.kind == "ptr":
-        return _pointer_converter(packer, param)
-    if name == "bool":
+    if dtype_name(param.dtype) == "bool":
         def to_bool(value):
             if isinstance(value, (bool, np.bool_)) or (
                     isinstance(value, (int, np.integer)) and value in (0, 1)):
@@ -228,22 +272,35 @@ def _converter(packer, param):
     return to_bf16
 
 
-def _accepted_dtypes(param) -> tuple:
-    if dtype_name(param.dtype) == "bfloat16":  # numpy has no bf16: raw uint16 storage
-        return (np.dtype(np.uint16),)
-    return (np.dtype(param.dtype),)
+def _accepted_names(param) -> tuple:
+    """Element types a pointer parameter takes, as dtype names (the first: what our Arrays
+    hold). numpy has no bf16: Ptr[bf16] takes uint16 storage, and torch's bfloat16."""
+    if dtype_name(param.dtype) == "bfloat16":
+        return ("uint16", "bfloat16")
+    return (dtype_name(param.dtype),)
 
 
 def _pointer_converter(packer, param):
-    accepted = _accepted_dtypes(param)
-    expected_dtype, kind = accepted[0], packer.device_kind
+    """value -> address through the fast function of the value's type (built on first
+    sight of each type), else the precise LaunchError."""
+    accepted = frozenset(_accepted_names(param))
+    kind, ordinal = packer.device_kind, packer.device_ordinal
+    fast_by_type = {}
 
     def to_pointer(value):
-        if type(value) is Array and value._device_kind == kind and (
-                value._dtype is expected_dtype or value._dtype in accepted):
-            return value._ptr
+        cls = value.__class__
+        fast = fast_by_type.get(cls, _UNSEEN)
+        if fast is _UNSEEN:
+            fast = fast_by_type[cls] = source_of(cls).fast(accepted, kind, ordinal)
+        if fast is not None:
+            address = fast(value)
+            if address is not None:
+                return address
         return _resolve_pointer(packer, param, value)[0]
     return to_pointer
+
+
+_UNSEEN = object()
 
 
 def _expected_text(packer, param) -> str:
@@ -251,75 +308,32 @@ def _expected_text(packer, param) -> str:
 
 
 def _resolve_pointer(packer, param, value) -> tuple[int, int]:
-    """(address, nbytes) of any accepted pointer argument, else a LaunchError."""
-    accepted = _accepted_dtypes(param)
-    if isinstance(value, Array):
-        return _array_pointer(packer, param, value, accepted)
-    if isinstance(value, np.ndarray):
-        if packer.device_kind != "cpu":
-            raise packer.error(param, _expected_text(packer, param), value,
-                               "host memory: copy it first with pk.to_device(x)")
-        _check_dtype_layout(packer, param, value, value.dtype, value.flags.c_contiguous)
-        return value.ctypes.data, value.nbytes
-    interface = getattr(value, "__cuda_array_interface__", None) \
-        if packer.device_kind == "cuda" else None
-    if interface is not None:
-        return _cai_pointer(packer, param, value, interface)
-    if hasattr(value, "__dlpack__"):
-        return _dlpack_pointer(packer, param, value)
-    raise packer.error(param, _expected_text(packer, param), value)
-
-
-def _array_pointer(packer, param, value, accepted):
-    if value.device.kind != packer.device_kind:
-        raise packer.error(param, _expected_text(packer, param), value,
-                           f"the kernel runs on {packer.device_kind}: move the data with "
-                           "pk.to_device(x.numpy())")
-    ordinal = getattr(value.device, "ordinal", None)
-    if packer.device_ordinal is not None and ordinal not in (None, packer.device_ordinal):
-        raise packer.error(param, f"an array on {packer.device_kind}:{packer.device_ordinal}",
-                           value, f"this array is on {packer.device_kind}:{ordinal}")
-    if value.dtype not in accepted:
-        raise packer.error(param, _expected_text(packer, param), value)
-    return value.ptr, value.nbytes
-
-
-def _check_dtype_layout(packer, param, value, dtype, contiguous):
-    if dtype not in _accepted_dtypes(param):
-        raise packer.error(param, _expected_text(packer, param), value,
-                           f"element type is {dtype_name(dtype)}")
-    if not contiguous:
+    """(address, nbytes) of any accepted pointer argument, else the LaunchError that says
+    what is wrong with it (the slow path: every check spelled out)."""
+    source = source_of(type(value))
+    view = source.view(value)
+    expected = _expected_text(packer, param)
+    if view is None:
+        raise packer.error(param, expected, value)
+    if not view.dtype:                   # its protocol failed
+        raise packer.error(param, expected, value, view.hint)
+    kind = packer.device_kind
+    if view.device != kind:
+        if source is ARRAY:
+            hint = (f"the kernel runs on {kind}: move the data with "
+                    "pk.to_device(x.numpy())")
+        elif source is NUMPY:
+            hint = "host memory: copy it first with pk.to_device(x)"
+        else:
+            hint = view.hint or f"it is on {view.device}"
+        raise packer.error(param, expected, value, hint)
+    ordinal = packer.device_ordinal
+    if ordinal is not None and view.ordinal not in (None, ordinal):
+        raise packer.error(param, f"an array on {kind}:{ordinal}", value,
+                           f"this array is on {kind}:{view.ordinal}")
+    if view.dtype not in _accepted_names(param):
+        raise packer.error(param, expected, value,
+                           "" if source is ARRAY else f"element type is {view.dtype}")
+    if not view.contiguous:
         raise packer.error(param, "C-contiguous memory", value, "pass a contiguous copy")
-
-
-def _cai_pointer(packer, param, value, interface):
-    shape = tuple(interface["shape"])
-    dtype = np.dtype(interface["typestr"])
-    strides = interface.get("strides")
-    contiguous = strides is None or tuple(strides) == tuple(
-        s * dtype.itemsize for s in _element_strides(shape))
-    _check_dtype_layout(packer, param, value, dtype, contiguous)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    return int(interface["data"][0]), nbytes
-
-
-def _dlpack_pointer(packer, param, value):
-    try:
-        view = dlpack.read_dlpack(value)
-    except (TypeError, BufferError, RuntimeError) as exc:
-        raise packer.error(param, _expected_text(packer, param), value,
-                           f"its __dlpack__ failed: {exc}") from None
-    if view.device_type not in _DEVICE_TYPES[packer.device_kind]:
-        raise packer.error(param, _expected_text(packer, param), value,
-                           f"its DLPack device type is {view.device_type}")
-    dtype = np.dtype(np.uint16) if view.dtype == "bfloat16" else view.dtype
-    _check_dtype_layout(packer, param, value, dtype, view.is_c_contiguous())
-    return view.ptr, view.nbytes
-
-
-def _element_strides(shape) -> list:
-    strides, step = [], 1
-    for extent in reversed(shape):
-        strides.append(step)
-        step *= extent
-    return strides[::-1]
+    return view.address, view.nbytes

@@ -17,6 +17,7 @@ from . import cpu_abi as abi
 from .base import IntrinsicTable
 from .cpu_bulk import CPUBulkOps
 from .cpu_cluster import CPUClusterOps
+from .cpu_hopper import HOPPER_INTRINSICS
 from .cpu_intrinsics import INTRINSICS
 from .cpu_ops import CPUOps
 from .cpu_runner import build_entry, coro_decls, patch_coroutine_text
@@ -27,7 +28,8 @@ I64, I32, I1 = ir.IntType(64), ir.IntType(32), ir.IntType(1)
 
 class CPUTarget(CPUOps, CPUBulkOps, CPUClusterOps, IntrinsicTable):
     name = "cpu"
-    INTRINSICS = INTRINSICS    # the warp-collective intrinsics, emulated (cpu_intrinsics.py)
+    # the warp-collective intrinsics, emulated (cpu_intrinsics.py, cpu_hopper.py)
+    INTRINSICS = {**INTRINSICS, **HOPPER_INTRINSICS}
     sm = None          # no arch gating: every instruction is emulated
 
     def __init__(self):

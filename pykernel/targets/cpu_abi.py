@@ -21,7 +21,8 @@ ERROR_BLOCK = 17    # linear block index of the first error
 PROGRESS = 18       # bumped whenever a thread runs on (kernels with mbarrier waits: deadlocks)
 CLUSTER = 19        # 19..21 cluster dims x, y, z (1, 1, 1 without a cluster launch)
 SHARED_STRIDE = 22  # bytes between the shared memory of consecutive blocks of a cluster
-CTX_SLOTS = 23
+ERROR_EXTENT = 23   # error 10: the extent that the index (ERROR_VALUE) exceeded
+CTX_SLOTS = 24
 
 # Thread states written before each suspension: (kind << 24) | site
 RUNNING, AT_BARRIER, AT_WARP_OP, FINISHED, AT_MBARRIER, AT_CLUSTER = 0, 1, 2, 3, 4, 5
@@ -34,4 +35,5 @@ ERRORS = {1: "out-of-bounds memory access", 2: "syncthreads() reached in diverge
           7: "mbarrier misuse (arrival count or tx-count out of range, or not initialised)",
           8: "cluster_sync() reached in divergent control flow (threads of the cluster at "
              "different barriers)",
-          9: "cluster_map() rank outside the cluster"}
+          9: "cluster_map() rank outside the cluster",
+          10: "array index out of range"}

@@ -186,6 +186,20 @@ class CPUOps:
         n = origin[2] if not isinstance(origin[2], int) else ir.Constant(I64, origin[2])
         return lo, b.add(lo, n)
 
+    def check_index(self, ctx, index, extent, make_site):
+        """An n-d array index (i64) against its extent (always on this target): a bad one
+        records error 10 with the index and extent and reads element 0 instead."""
+        b = ctx.builder
+        bad = b.icmp_unsigned(">=", index, extent)
+        with b.if_then(bad, likely=False):
+            base = ctx.target_data["ctx"]
+            first = b.icmp_signed("==", b.load(b.gep(base, [ir.Constant(I64, abi.ERROR_CODE)])),
+                                  ir.Constant(I64, 0))
+            with b.if_then(first):
+                b.store(extent, b.gep(base, [ir.Constant(I64, abi.ERROR_EXTENT)]))
+            self.fail(ctx, 10, make_site(), index)
+        return b.select(bad, ir.Constant(I64, 0), index)
+
     def fail(self, ctx, code, site, value):
         """Record the first error of this worker (kernel keeps running on scratch memory)."""
         b = ctx.builder

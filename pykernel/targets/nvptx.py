@@ -7,28 +7,36 @@ from llvmlite import ir
 
 from ..errors import KernelSourceError
 from ..types import PtrType, ScalarType
-from .archs import SUPPORTED_ARCHS
+from .archs import ARCH_SPECIFIC, SUPPORTED_ARCHS
 from .base import IntrinsicTable
 from .nvptx_bulk import NVPTXBulkOps, _asm, ptx_isa
+from .nvptx_hopper import HOPPER_INTRINSICS
 from .nvptx_intrinsics import INTRINSICS
 
 I32, I64 = ir.IntType(32), ir.IntType(64)
 ADDRSPACE = {"global": 1, "shared": 3, "local": 0, "cluster": 0}   # cluster: generic (mapa)
-# PTX ISA version per arch: the oldest that supports it (LLVM aborts on a mismatch).
-PTX_VERSION = {75: 78, 80: 78, 86: 78, 89: 78, 90: 78, 100: 86, 120: 87}
+# PTX ISA version per arch: the oldest that supports it (LLVM aborts on a mismatch), so a
+# kernel loads on the oldest driver that knows the arch; an instruction needing a newer ISA
+# raises the module's .version where it is emitted (ptx_isa, nvptx_intrinsics.needs_ptx).
+PTX_VERSION = {75: 63, 80: 70, 86: 71, 89: 78, 90: 78, 100: 86, 120: 87}
 SREG = {"thread_idx": "tid", "block_idx": "ctaid", "block_dim": "ntid", "grid_dim": "nctaid"}
 
 
 class NVPTXTarget(NVPTXBulkOps, IntrinsicTable):
     name = "nvptx"
-    INTRINSICS = INTRINSICS    # intrinsics with a PTX form of their own (nvptx_intrinsics.py)
+    # intrinsics with a PTX form of their own (nvptx_intrinsics.py, nvptx_hopper.py)
+    INTRINSICS = {**INTRINSICS, **HOPPER_INTRINSICS}
     triple = "nvptx64-nvidia-cuda"
     datalayout = "e-i64:64-i128:128-v16:16-v32:32-n16:32:64"
 
     def __init__(self, arch: str = "sm_90"):
-        if arch not in SUPPORTED_ARCHS:
-            raise ValueError(f"unsupported arch {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}")
-        self.arch, self.sm = arch, int(arch[3:])
+        if arch not in SUPPORTED_ARCHS + ARCH_SPECIFIC:
+            raise ValueError(f"unsupported arch {arch!r}; supported: "
+                             f"{', '.join(SUPPORTED_ARCHS + ARCH_SPECIFIC)}")
+        self.arch, self.sm = arch, int(arch[3:].rstrip("a"))
+        self.arch_specific = arch.endswith("a")     # sm_90a: wgmma, setmaxnreg
+        if self.arch_specific:
+            self.min_ptx = 80     # the oldest PTX ISA that knows sm_90a
 
     # --- function shape ------------------------------------------------------------------------
     def pointer_type(self, ty: PtrType) -> ir.Type:
@@ -239,6 +247,20 @@ class NVPTXTarget(NVPTXBulkOps, IntrinsicTable):
             return origin[1], ir.Constant(I64, origin[2])
         return None
 
+    def check_index(self, ctx, index, extent, make_site):
+        """With bounds_check: trap (after printing kernel, file:line, index and extent) on an
+        n-d array index (i64) outside [0, extent)."""
+        if not ctx.options.bounds_check:
+            return index
+        b = ctx.builder
+        with b.if_then(b.icmp_unsigned(">=", index, extent), likely=False):
+            where = ctx.sites[make_site()]
+            self._vprintf(ctx, f"pykernel: kernel '{ctx.kernel_name}': {where.kind} at "
+                          f"{where.file}:{where.line}:{where.col + 1} (index %lld, extent "
+                          f"%lld)\n", [index, extent])
+            b.call(ctx.intrinsic_decl("llvm.trap", ret=ir.VoidType(), args=()), [])
+        return index
+
     def _report_oob(self, ctx, site, offset, size):
         where = ctx.sites[site]
         self._vprintf(ctx, f"pykernel: kernel '{ctx.kernel_name}': {where.kind} at "
@@ -293,8 +315,8 @@ class NVPTXTarget(NVPTXBulkOps, IntrinsicTable):
             inst.set_metadata("invariant.load", ctx.module.add_metadata([]))
         return inst
 
-    @staticmethod
-    def _load_l2_fetch(ctx, addr, vec_ty, l2_fetch):
+    @ptx_isa(74)   # the .L2::<size>B prefetch qualifier
+    def _load_l2_fetch(self, ctx, addr, vec_ty, l2_fetch):
         """`ld.global[.nc].L2::<size>B.v<w>.b32`: LLVM's loads have no prefetch-size
         qualifier, so the hinted load is inline PTX of 32-bit words, bitcast back."""
         b = ctx.builder

@@ -32,8 +32,16 @@ def dp4a(fl, vals, c, signs):
     return fl.b.call(fn, [vals[0].ir, vals[1].ir, c.ir])
 
 
+def needs_ptx(fl, version: int) -> None:
+    """The module's .version rises to `version` (65: 6.5): each arch starts at the oldest PTX
+    ISA that knows it (nvptx.PTX_VERSION), and the instruction emitted here needs a newer one."""
+    target = fl.ctx.target
+    target.min_ptx = max(target.min_ptx, version)
+
+
 def mma(fl, node, name, shape, regs, accs):
     """One `mma.sync` (shape: intrinsics/lowlevel.py MMA): the 4 accumulator outputs."""
+    needs_ptx(fl, 70)   # the m16n8 shapes (m16n8k8 6.5, the k16 / k32 ones 7.0)
     instr, _, _, parts, acc_ty = shape
     ct = "f" if acc_ty is f32 else "r"
     acc_llvm = F32 if acc_ty is f32 else I32
@@ -51,6 +59,7 @@ def mma(fl, node, name, shape, regs, accs):
 
 
 def mma_b1(fl, node, regs, accs):
+    needs_ptx(fl, 71)   # .and.popc
     b = fl.b
     fnty = ir.FunctionType(ir.LiteralStructType([I32] * 4), [I32] * 7)
     text = f"{MMA_B1} {{$0,$1,$2,$3}}, {{$4,$5}}, {{$6}}, {{$7,$8,$9,$10}};"
@@ -59,11 +68,13 @@ def mma_b1(fl, node, regs, accs):
 
 
 def movmatrix(fl, node, x):
+    needs_ptx(fl, 78)
     fnty = ir.FunctionType(I32, [I32])
     return fl.b.asm(fnty, "movmatrix.sync.aligned.m8n8.trans.b16 $0, $1;", "=r,r", [x.ir], True)
 
 
 def ldmatrix(fl, node, row, count: int, transposed: bool):
+    needs_ptx(fl, 65)
     b = fl.b
     outs = ",".join(f"${k}" for k in range(count))
     text = (f"ldmatrix.sync.aligned.m8n8.x{count}{'.trans' if transposed else ''}.shared.b16 "

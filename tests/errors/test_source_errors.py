@@ -79,7 +79,18 @@ def literal_too_big(x: Ptr[i32]):
     x[0] = pk.bitcast(f32(1.0), i32) + 5000000000  # MARK-big
 
 
+@pk.kernel
+def int_accumulator(x: Ptr[f32], n: i32):
+    acc = 0  # MARK-acc
+    for i in range(n):
+        acc += x[i]
+    x[0] = acc
+
+
 CASES = [
+    # the mistake is where acc became an integer, not the += that finds it
+    (int_accumulator, "MARK-acc", "'acc' became i32 here (from a literal), but line", "acc",
+     "start it as f32: acc = 0.0"),
     (mixes_types, "MARK-mix", "operands have different types: f32 and i32", "x[0] + n",
      "convert explicitly"),
     (uses_list, "MARK-list", "lists are not supported in kernels", "[1.0, 2.0]", None),

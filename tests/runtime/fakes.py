@@ -60,3 +60,42 @@ class FakeHostDevice:
 
     def synchronize(self):
         pass
+
+
+class NoDriverMemory:
+    """Device 'allocations' without a driver: fresh fake addresses, never dereferenced."""
+    kind = "cuda"
+    _next = 1 << 32
+
+    def alloc(self, nbytes):
+        address = NoDriverMemory._next
+        NoDriverMemory._next += (nbytes + 255) // 256 * 256
+        return None, address
+
+
+def mock_cuda_device(arch: str = "sm_90"):
+    """A CudaDevice that needs no driver: module loads skip cuda.core and give a null
+    CUfunction. The caller replaces pykernel.runtime.cuda._launch_kernel (the final driver
+    call) with its own function returning (0,)."""
+    from collections import deque
+
+    from cuda.bindings import driver as cu
+
+    from pykernel.runtime import cuda as cuda_runtime
+    device = cuda_runtime.CudaDevice.__new__(cuda_runtime.CudaDevice)
+    device.ordinal, device.param_buffer, device.arch, device.name = 0, False, arch, "mock"
+    device.max_shared_optin, device.max_threads_per_block = 227 * 1024, 1024
+    device.max_grid = (2 ** 31 - 1, 65535, 65535)
+    device.memory, device.sync_launches = NoDriverMemory(), False
+    device._kernels, device._recent = {}, deque(maxlen=16)
+    device._launch_handle, device._capture = cu.CUstream(0), None
+    device.programmatic_launch, device._prints = False, False
+
+    def load(compiled):
+        kernel = cuda_runtime._LoadedKernel(
+            compiled.name, cu.CUfunction(), cuda_runtime.ArgPacker(compiled, "cuda", 0),
+            48 * 1024, compiled.shared_bytes, None, False, "pdl" in compiled.uses)
+        device._kernels[compiled.cache_key] = kernel
+        return kernel
+    device.load = load
+    return device

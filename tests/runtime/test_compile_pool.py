@@ -104,7 +104,10 @@ def test_precompile_then_run(device, fresh_cache):
     assert stats["kernels"] == 3 and stats["compiled_in_workers"] == 2
     if device.kind == "cuda":      # the workers' kernels were loaded and JIT-ed meanwhile
         from cuda.bindings import driver as cu
-        for compiled in (scale_add.compile(device.arch, UNROLL=2),
+        # the variants the launches load: plain launches the prologue-free one (sm_90+),
+        # stdlib's launcher the PDL one
+        plain = scale_add.launch_options(device.arch, programmatic=False)
+        for compiled in (scale_add.compile(device.arch, plain, UNROLL=2),
                          typed_copy.compile(device.arch, T=pk.f32)):
             func = device._kernels[compiled.cache_key].func
             state = cu.cuFuncIsLoaded(func)[1]

@@ -174,3 +174,14 @@ def no_return_type(a: f32):
 
 def takes_out(a: f32, out: f32) -> f32:
     return a
+
+
+def test_generated_kernel_and_its_ptx_are_public(assemble):
+    # the kernel a same-shape call of two arrays and a scalar launches, 4-wide
+    ptx = axpb.ptx("sm_90", arrays=(True, True, False))
+    assert ".entry axpb_elementwise" in ptx and "ld.global.nc.v4.b32" in ptx
+    assemble(ptx, "sm_90")
+    scalar_path = axpb.kernel(arrays=(True, True, False), vector=False)
+    assert "v4" not in scalar_path.ptx("sm_80")
+    with pytest.raises(ValueError, match="one flag per parameter"):
+        axpb.kernel(arrays=(True,))

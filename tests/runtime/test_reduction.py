@@ -140,3 +140,13 @@ def short_ints(a: i16, b: i16) -> i16:
 @pk.func
 def to_half(v: f32) -> f16:
     return f16(v)
+
+
+def test_generated_kernels_and_their_ptx_are_public(assemble):
+    first = total.ptx("sm_90", vector=True)
+    assert ".entry total_reduce" in first and "ld.global.nc.v4.b32" in first
+    assemble(first, "sm_90")
+    assert ".entry total_reduce_partials" in total.ptx("sm_80", first_pass=False)
+    assert ".entry total_reduce_warp_rows" in total.kernel(mode="warp_rows").ptx("sm_90")
+    with pytest.raises(ValueError, match="mode is"):
+        total.kernel(mode="columns")

@@ -121,3 +121,15 @@ def test_ptx_has_no_llvm_abort_for_every_arch():
     # PTX ISA version chosen per arch (LLVM aborts the process on a mismatch)
     for arch in pk.SUPPORTED_ARCHS:
         assert ".version" in KERNELS["int_ops"].ptx(arch)
+
+
+# the oldest PTX ISA that knows each arch (PTX ISA release notes), as docs/language.md says
+OLDEST_PTX = {"sm_75": "6.3", "sm_80": "7.0", "sm_86": "7.1", "sm_89": "7.8", "sm_90": "7.8",
+              "sm_100": "8.6", "sm_120": "8.7"}
+
+
+@pytest.mark.parametrize("arch", pk.SUPPORTED_ARCHS)
+def test_plain_kernel_gets_the_oldest_ptx_version_of_its_arch(arch, assemble):
+    ptx = KERNELS["int_ops"].ptx(arch)
+    assert f".version {OLDEST_PTX[arch]}\n" in ptx
+    assemble(ptx, arch)
