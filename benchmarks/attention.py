@@ -39,7 +39,7 @@ from benchmarks._timing import replay_seconds  # noqa: E402
 from stdlib_kernels.attention.decode import (DEFAULT_FUSED, DecodeConfig,  # noqa: E402
                                              DecodeWorkspace, combine_spec, decode_spec,
                                              combine_warps, config_splits, decode_kernel,
-                                             default_config, gpu_config, launch_decode,
+                                             default_config, gpu_config, KeyRange, launch_decode,
                                              launch_split_kernel, mma_config, multiprocessors)
 from stdlib_kernels.attention.decode_combine import MAX_SPLITS, combine_splits  # noqa: E402
 from stdlib_kernels.attention.decode_kernels import decode_partial  # noqa: E402
@@ -238,12 +238,12 @@ def bench_decode(kv_len: int, dtype, config: DecodeConfig, splits: int,
         ws = DecodeWorkspace.allocate(1, N_HEAD, HEAD_DIM, splits, fused=fused)
     launches = max(len(caches), 20)
     launch = launch_split_kernel if split_only else launch_decode
-    launch(q, *caches[0], lens, out, HEAD_DIM ** -0.5, workspace=ws, config=config)
+    launch(q, *caches[0], KeyRange(lens), out, HEAD_DIM ** -0.5, workspace=ws, config=config)
 
     def capture(stream):
         for i in range(launches):
             k, v = caches[i % len(caches)]
-            launch(q, k, v, lens, out, HEAD_DIM ** -0.5, workspace=ws, config=config,
+            launch(q, k, v, KeyRange(lens), out, HEAD_DIM ** -0.5, workspace=ws, config=config,
                    stream=stream, early_kv=early_kv)
     return time_graph(capture, launches, pdl=pdl)
 

@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import pykernel as pk  # noqa: E402
 from benchmarks._timing import replay_seconds  # noqa: E402
 from stdlib_kernels.attention.decode import (DecodeWorkspace, bulk_config,  # noqa: E402
-                                             config_splits, default_config, launch_decode,
+                                             config_splits, default_config, KeyRange, launch_decode,
                                              launch_split_kernel, mma_config)
 
 SHAPES = {"smollm2-135m": (9, 3, 64), "qwen2-1.5b": (12, 2, 128), "llama-8b": (32, 8, 128)}
@@ -73,7 +73,7 @@ def decode_us(shape, kv_len: int, splits: int, pdl: bool, cache_copies, n_seq: i
     def record():
         for i in range(launches):
             k, v = cache_copies[i % len(cache_copies)]
-            launch(q, k, v, lens, out, head_dim ** -0.5, workspace=ws, config=config,
+            launch(q, k, v, KeyRange(lens), out, head_dim ** -0.5, workspace=ws, config=config,
                    early_kv=pdl)
     return replay_seconds(record, pdl=pdl) * 1e6 / launches
 

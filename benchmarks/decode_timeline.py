@@ -39,7 +39,7 @@ from pykernel import Const, Ptr, f32, i32, i64, u16, u32  # noqa: E402
 from benchmarks._timing import replay_seconds  # noqa: E402
 from benchmarks.attention_splits import caches  # noqa: E402
 from stdlib_kernels.attention.decode import (LOG2E, DecodeWorkspace, combine_spec,  # noqa: E402
-                                             combine_warps, config_splits, launch_decode,
+                                             combine_warps, config_splits, KeyRange, launch_decode,
                                              mma_config)
 from stdlib_kernels.attention.decode_combine import combine_splits  # noqa: E402
 from stdlib_kernels.attention.decode_kernels import block_work  # noqa: E402
@@ -320,7 +320,8 @@ def decode_timeline(kv_len: int, combine: bool = True, contig: bool = False,
     def shipped():
         for i in range(launches):
             k, v = copies[i % len(copies)]
-            launch_decode(q, k, v, lens1, out, head_dim ** -0.5, workspace=ws, config=config)
+            launch_decode(q, k, v, KeyRange(lens1), out, head_dim ** -0.5, workspace=ws,
+                          config=config)
     return res, stamped_us, replay_seconds(shipped) * 1e6 / launches
 
 

@@ -6,7 +6,8 @@ cuda.bindings call measured 3.94 us on an H200 host); benchmarks/dsl_peers.py me
 real launch on the GPU.
 
 Input: none (compiles one 4-argument kernel for sm_90 with LLVM; no driver needed).
-Output: a table of microseconds per launch (best batch) for own arrays, a bound launch
+Output: a table of microseconds per launch (best batch) for own arrays (the configuration
+looked up per call, and a kept launcher), a bound launch
 (`launcher.bind(...)` then `.launch()`), torch tensors (CPU tensors: the same attribute reads as
 CUDA ones; skipped without torch) and an object exposing `__cuda_array_interface__`.
 
@@ -45,6 +46,11 @@ def mock_cuda_device():
     return device
 
 
+def mock_driver_call_us() -> float:
+    """The mocked driver call alone (its Python call of 11 arguments), to subtract."""
+    return per_launch_us(lambda: cuda_runtime._launch_kernel(0, 1, 1, 1, 256, 1, 1, 0, 0, 0, 0))
+
+
 def per_launch_us(launch_once) -> float:
     launch_once()
     samples = []
@@ -73,7 +79,10 @@ def rows(device) -> list:
     launcher = add4[grid, block]
     x, y, out = (Array(None, device.memory.alloc(N * 4)[1], (N,), np.dtype(np.float32), device)
                  for _ in range(3))
-    table = [("own arrays, kernel[grid, block](...)", per_launch_us(lambda: launcher(x, y, out, N)))]
+    table = [("own arrays, kernel[grid, block](...) (configuration looked up per call)",
+              per_launch_us(lambda: add4[grid, block](x, y, out, N))),
+             ("own arrays, launcher(...) (`launcher = kernel[grid, block]` kept)",
+              per_launch_us(lambda: launcher(x, y, out, N)))]
     bind = getattr(launcher, "bind", None)
     if bind is not None:
         bound = bind(x, y, out, N)
@@ -106,6 +115,7 @@ def _torch_rows(launcher) -> list:
 def main():
     device = set_device(mock_cuda_device())
     print("| launch path (cuLaunchKernel mocked) | us per launch |\n|---|---|")
+    print(f"| the mocked driver call alone | {mock_driver_call_us():.2f} |")
     for name, us in rows(device):
         print(f"| {name} | {us:.2f} |")
 

@@ -21,7 +21,6 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import llm  # noqa: E402
-from llm.backends import kernels_weights  # noqa: E402
 from stdlib_kernels.quant import gemm_q8_k  # noqa: E402
 
 gemm = importlib.import_module("stdlib_kernels.quant.gemm")   # the package exports gemm()
@@ -53,10 +52,11 @@ def prompt_seconds(model, cache, ids) -> float:
     return time.perf_counter() - t0
 
 
-def use(way):
+def use(model, way):
     gemv_tokens, small, warps = way
-    kernels_weights.OPTIONS = dataclasses.replace(kernels_weights.OPTIONS,
-                                                  gemv_tokens=gemv_tokens)
+    options = model.backend.options
+    model.backend.options = dataclasses.replace(options, kernels=dataclasses.replace(
+        options.kernel_options, gemv_tokens=gemv_tokens))
     gemm_q8_k.SMALL_KTILES.clear()
     gemm_q8_k.SMALL_KTILES.update(small)
     gemm.SMALL_WARPS[:] = warps
@@ -76,7 +76,7 @@ def main():
     cache = model.backend.kv_cache(cfg.n_layer, max(sizes) + 8, cfg.n_head_kv, cfg.head_dim,
                                    cfg.head_dim_v)
     ids = np.random.default_rng(0).integers(0, cfg.n_vocab - 2, max(sizes))
-    shipped = (kernels_weights.OPTIONS.gemv_tokens, dict(gemm_q8_k.SMALL_KTILES),
+    shipped = (model.backend.options.kernel_options.gemv_tokens, dict(gemm_q8_k.SMALL_KTILES),
                list(gemm.SMALL_WARPS))
     T = gemm_q8_k.Q8KTiles
     ways = {"shipped": shipped}
@@ -93,14 +93,14 @@ def main():
     print("|---|" + "---|" * len(ways))
     for p in sizes:
         for way in ways.values():                       # compile, allocate
-            use(way)
+            use(model, way)
             prompt_seconds(model, cache, ids[:p])
         times = {label: [] for label in ways}
         for _ in range(args.r):                         # the ways alternate (host drift)
             for label, way in ways.items():
-                use(way)
+                use(model, way)
                 times[label].append(prompt_seconds(model, cache, ids[:p]))
-        use(shipped)
+        use(model, shipped)
         cells = [f"{1e3 * np.median(t):.2f} / {p / np.median(t):.0f}" for t in times.values()]
         print(f"| {p} | " + " | ".join(cells) + " |", flush=True)
 

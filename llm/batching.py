@@ -34,7 +34,7 @@ import numpy as np
 
 from llm.generate import (Generation, GenerationStats, Session, check_prompt_fits,
                           prefill_step_tokens, prefill_together)
-from llm.sampling import Sampler, SamplingParams, sample_among_rows
+from llm.sampling import NonFiniteLogitsError, Sampler, SamplingParams, sample_among_rows
 from llm.serve_metrics import ServeMetrics
 
 _END = object()      # a request's queue: generation over
@@ -386,11 +386,12 @@ class BatchScheduler:
         - otherwise (a seed with top-k off, logprobs wanted, a list that overflowed): the
           row is copied to the host (rows) and sampled there.
         A seeded request or one wanting logprobs thus takes only its own row off the
-        device path, not the whole step's."""
+        device path, not the whole step's. A row the device (or the host's argmax) could not
+        pick from gets its NonFiniteLogitsError as its pick: that request alone fails."""
         backend, n = self.model.backend, len(active)
         wanted = [r.gen.sampler.candidate_k if r.gen.logprobs is None else 0 for r in active]
         if all(k == 1 for k in wanted):
-            return [int(t) for t in backend.argmax_rows(logits)], [None] * n
+            return _row_picks(backend.argmax_rows, logits), [None] * n
         picks: list = [None] * n
         rows: list = [None] * n
 
@@ -401,12 +402,12 @@ class BatchScheduler:
         drawable = [i for i, r in enumerate(active) if on_device
                     and r.gen.logprobs is None and r.gen.sampler.device_row_draws]
         if len(drawable) >= DEVICE_DRAW_ROWS or any(wanted[i] == 0 for i in drawable):
-            tokens = backend.sample_rows(part(drawable),
-                                         [active[i].gen.sampler for i in drawable],
-                                         [active[i].gen.history for i in drawable])
+            tokens = _row_picks(backend.sample_rows, part(drawable),
+                                [active[i].gen.sampler for i in drawable],
+                                [active[i].gen.history for i in drawable])
             if tokens is not None:
                 for i, token in zip(drawable, tokens):
-                    picks[i] = int(token)
+                    picks[i] = token
         listed = [i for i in range(n) if on_device and picks[i] is None and wanted[i]]
         if listed:
             lists = backend.top_candidates(part(listed), max(wanted[i] for i in listed))
@@ -440,6 +441,8 @@ class BatchScheduler:
         the final text; True when the request is done (its consumer has everything; the
         caller releases its slot)."""
         gen, session = request.gen, self.sessions[request.slot]
+        if isinstance(token, NonFiniteLogitsError):    # its row of a step's device picks
+            raise token
         if token is None:
             token = gen.sampler.sample(logits, gen.history)
         self.metrics.add("tokens_generated_total")
@@ -489,3 +492,16 @@ class BatchScheduler:
             self._busy[slot], self._busy[last] = moved, None
             self._last_used[last] = self._clock     # the finished history's recency
             moved.slot = slot
+
+
+def _row_picks(pick, *args) -> list | None:
+    """pick(*args)'s tokens for a step's rows (host ints; None where it gives none), with each
+    row that had nothing to pick from (NonFiniteLogitsError naming it) holding its own error,
+    so that that request alone fails (_advance raises it) and the others go on."""
+    try:
+        tokens = pick(*args)
+    except NonFiniteLogitsError as exc:
+        if exc.picks is None or not exc.rows:
+            raise
+        return [exc.rows.get(r, int(t)) for r, t in enumerate(exc.picks)]
+    return None if tokens is None else [int(t) for t in tokens]

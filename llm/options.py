@@ -1,5 +1,8 @@
 """The runner's performance switches, in one place: `RunnerOptions`, a frozen value that
-`llm.load` hands to the backend (and through it to the graphs and the generation loop).
+`llm.load` hands to the backend (and through it to the graphs and the generation loop). The
+kernels' own switches (stdlib_kernels.options.KernelOptions: GEMV/GEMM routing, decode attention
+kernels) are part of it: `kernels`, and `kernel_options`, the value the kernels backend passes to
+every routing call (kernels_weights, decode attention's default_config).
 
 The defaults are the measured best (benchmarks/RESULTS.md says where each was measured); the
 PYKERNEL_* environment variables below override them for comparisons, read once by
@@ -9,8 +12,17 @@ want (`RunnerOptions(short_context=4)`) instead of patching module globals.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:     # stdlib_kernels (and pykernel under it) is imported by the kernels backend
+    from stdlib_kernels.options import KernelOptions
+
+# the environment variables stdlib_kernels.options.KernelOptions.from_env reads
+KERNEL_VARIABLES = ("PYKERNEL_GEMV_TOKENS", "PYKERNEL_INT8_GEMM_TOKENS", "PYKERNEL_MMA_GEMV",
+                    "PYKERNEL_DECODE_MMA", "PYKERNEL_DECODE_BULK")
 
 
 def _flag(name: str, default: bool) -> bool:
@@ -45,6 +57,9 @@ class RunnerOptions:
     # decode attention's split / combine kernels trigger their dependents at entry
     # (PYKERNEL_EARLY_TRIGGER)
     early_trigger: bool = True
+    # the kernels' switches (stdlib_kernels.options.KernelOptions); None: its defaults. The
+    # runner's two choices (f32_weights_gemv, route_by_format) are always added: kernel_options
+    kernels: KernelOptions | None = None
 
     def __post_init__(self):
         if self.attention_q8 not in ("all", "split", "none"):
@@ -54,9 +69,22 @@ class RunnerOptions:
             raise ValueError(f"prefill_chunk must be >= 1 and prefill_graph_max, short_context "
                              f">= 0: {self}")
 
+    @functools.cached_property
+    def kernel_options(self) -> KernelOptions:
+        """`kernels` with the runner's choices: F32 weights keep the f32 GEMV, and a row group
+        leaves the GEMV by its format alone (the runner decides before it has activations)."""
+        from stdlib_kernels.options import KernelOptions
+        if self.kernels is not None and not isinstance(self.kernels, KernelOptions):
+            raise TypeError(f"RunnerOptions.kernels must be a stdlib_kernels.options."
+                            f"KernelOptions or None, got {type(self.kernels).__name__}")
+        return dataclasses.replace(self.kernels or KernelOptions(), f32_weights_gemv=True,
+                                   route_by_format=True)
+
     @classmethod
     def from_env(cls, **overrides) -> "RunnerOptions":
-        """The defaults, with the PYKERNEL_* variables set in the environment, then overrides."""
+        """The defaults, with the PYKERNEL_* variables set in the environment, then overrides.
+        The kernels' variables (KERNEL_VARIABLES) are parsed by stdlib_kernels.options, imported
+        only when one is set (the numpy backend imports no kernel code)."""
         base = cls()
         env = dict(
             prefill_chunk=int(os.environ.get("PYKERNEL_PREFILL_CHUNK", base.prefill_chunk)),
@@ -68,4 +96,7 @@ class RunnerOptions:
             attention_q8=os.environ.get("PYKERNEL_ATTN_Q8", base.attention_q8),
             early_kv=_flag("PYKERNEL_EARLY_KV", base.early_kv),
             early_trigger=_flag("PYKERNEL_EARLY_TRIGGER", base.early_trigger))
+        if any(name in os.environ for name in KERNEL_VARIABLES):
+            from stdlib_kernels.options import KernelOptions
+            env["kernels"] = KernelOptions.from_env(os.environ)
         return dataclasses.replace(base, **{**env, **overrides})

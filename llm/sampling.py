@@ -17,15 +17,48 @@ import numpy as np
 
 class NonFiniteLogitsError(RuntimeError):
     """The model produced logits no token can be drawn from (NaN, +Inf, or every logit -Inf):
-    its weights or hyperparameters are broken. Raised per request, never a crash."""
+    its weights or hyperparameters are broken. Raised per request, never a crash.
+
+    A check of several rows (a batch of requests' step) also says which: `rows` maps each
+    failing row to its own one-row error, and `picks`, where the check made them, holds every
+    row's token (host ints; the failing rows' meaningless), so that a batch can fail those
+    rows' requests alone and go on with the others (llm/batching.py)."""
+
+    def __init__(self, message: str, rows: dict | None = None, picks=None):
+        super().__init__(message)
+        self.rows = rows or {}
+        self.picks = picks
 
 
-def check_finite_logits(logits: np.ndarray) -> None:
+def check_finite_logits(logits: np.ndarray, picks=None) -> None:
     """NonFiniteLogitsError unless each row's largest logit is finite (-Inf entries are
-    fine: masked tokens). np.max propagates NaN, so one reduction per row checks it all."""
-    top = np.max(np.asarray(logits), axis=-1)
+    fine: masked tokens). np.max propagates NaN, so one reduction per row checks it all.
+    picks: the rows' tokens, carried by the error (NonFiniteLogitsError.picks)."""
+    top = np.asarray(np.max(np.asarray(logits), axis=-1)).reshape(-1)
     if not np.isfinite(top).all():
-        raise NonFiniteLogitsError(_non_finite_message(np.asarray(top).reshape(-1)))
+        rows = {int(r): NonFiniteLogitsError(_non_finite_message(top[r:r + 1]))
+                for r in np.flatnonzero(~np.isfinite(top))}
+        raise NonFiniteLogitsError(_non_finite_message(top), rows, picks)
+
+
+def check_device_picks(ids, vocab: int) -> np.ndarray:
+    """Token ids a device picked (host ints), checked: an id outside [0, vocab) marks a row
+    the kernels could not pick from (no finite largest logit: stdlib's argmax gives 2**31 - 1
+    on an all-NaN row, its samplers and the decode graph's argmax -1), which is
+    NonFiniteLogitsError, as the host's check_finite_logits makes it."""
+    ids = np.asarray(ids).astype(np.int64).reshape(-1)
+    bad = (ids < 0) | (ids >= vocab)
+    if bad.any():
+        rows = {int(r): NonFiniteLogitsError(_no_pick_message(1, 1))
+                for r in np.flatnonzero(bad)}
+        raise NonFiniteLogitsError(_no_pick_message(int(bad.sum()), ids.size), rows, ids)
+    return ids
+
+
+def _no_pick_message(bad: int, rows: int) -> str:
+    where = f" in {bad} of {rows} rows" if rows > 1 else ""
+    return (f"the model produced logits with no finite value{where}: its weights are broken "
+            f"(a corrupt model file?)")
 
 
 def _non_finite_message(top: np.ndarray) -> str:

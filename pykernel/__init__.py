@@ -15,7 +15,7 @@ from .errors import KernelRuntimeError, KernelSourceError, LaunchError, Unsuppor
 from .kernel import DeviceFunction, Kernel, func, kernel
 from .lower.context import Options
 from .targets import SUPPORTED_ARCHS
-from .types import (Const, Ptr, ReadOnly, bf16, bool_, dtype, f16, f32, f64, i8, i16, i32, i64,
+from .types import (Const, Ptr, ReadOnly, TensorMap, bf16, bool_, dtype, f16, f32, f64, i8, i16, i32, i64,
                     u8, u16, u32, u64)
 from .intrinsics.thread import (all_sync, any_sync, ballot, block_dim, block_idx, grid_dim,
                                 grid_dependency_wait, launch_dependents,
@@ -45,12 +45,18 @@ from .intrinsics.collectives import (activemask, match_all, match_any, redux_syn
                                     syncthreads_and, syncthreads_count, syncthreads_or)
 from .intrinsics.timing import clock64, globaltimer, nanosleep
 from .intrinsics.cluster import cluster_map, cluster_rank, cluster_size, cluster_sync
+from .intrinsics.constmem import const_array
+from .intrinsics.grid import grid_sync
+from .types import bf16x2, f16x2
 from .intrinsics.lowlevel import (asm, dp4a, mma_m16n8k16_bf16, mma_m16n8k16_f16,
                                   mma_m16n8k16_s8, mma_m16n8k32_s8, mma_m16n8k128_b1,
                                   movmatrix)
 from .intrinsics.wgmma import (setmaxnreg_dec, setmaxnreg_inc, wgmma, wgmma_commit_group,
                                wgmma_desc, wgmma_fence, wgmma_wait_group)
 from .intrinsics.fp8 import fp8_decode, fp8_encode
+from .intrinsics.tma import (bulk_commit_group, bulk_wait_group, bulk_wait_group_read,
+                             prefetch_tensormap, tma_load, tma_store)
+from .runtime.tensor_map import tensor_map
 from .compile_pool import precompile
 from .autotuner import AutotuneError, autotune
 from .elementwise_kernels import elementwise

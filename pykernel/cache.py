@@ -82,6 +82,8 @@ def _dependencies(fn, h, seen):
             elif isinstance(value, _VALUES):
                 # numpy scalars and type aliases (ACC = f32) are compile-time values too
                 h.update(f"{label}={type(value).__name__}:{value!r}".encode())
+            elif hasattr(type(value), "cache_token"):      # pk.const_array tables
+                h.update(f"{label}={value.cache_token()}".encode())
 
 
 _MISSING = object()

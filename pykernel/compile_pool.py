@@ -102,9 +102,17 @@ def precompile(run, *args) -> dict:
         if preloader is not None:
             preloader.finish()
     for kernel, arch, spec, options, _ in jobs:
-        kernel.compile(arch, options, **spec)      # disk hits now, or compiled here
+        compile_like_launch(kernel, arch, options, spec)   # disk hits now, or compiled here
     return dict(kernels=len(jobs), compiled_in_workers=in_workers,
                 seconds=time.perf_counter() - start)
+
+
+def compile_like_launch(kernel, arch: str, options, spec: dict):
+    """Compile as a launch on an `arch` device does: a kernel that uses an arch-specific
+    instruction (wgmma, setmaxnreg) compiles for the "a" variant (sm_90a), so the recorded
+    plain arch never fails where the launch would not."""
+    from .launch import _compile_for_device
+    return _compile_for_device(kernel, arch, options, spec)
 
 
 def _encode(value):
@@ -173,7 +181,7 @@ class _Preloader:
         while (job := self.jobs.get()) is not None:
             kernel, arch, spec, options = job
             try:
-                self.device.preload(kernel.compile(arch, options, **spec))
+                self.device.preload(compile_like_launch(kernel, arch, options, spec))
             except Exception:
                 pass
 
@@ -256,8 +264,8 @@ def serve():
         job = json.loads(line)
         try:
             kernel = getattr(importlib.import_module(job["module"]), job["name"])
-            kernel.compile(job["arch"], Options(**job["options"]),
-                           **{p: _decode(v) for p, v in job["spec"].items()})
+            compile_like_launch(kernel, job["arch"], Options(**job["options"]),
+                                {p: _decode(v) for p, v in job["spec"].items()})
             reply = {"ok": True}
         except Exception as exc:   # reported to nobody: the launch compiles it and raises
             reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}

@@ -3,12 +3,14 @@
     parse(fn)                          -> FunctionAST       (frontend/parse.py)
     lower(FunctionAST, spec, target)   -> llvmlite ir.Module (lower/, types checked as it lowers)
     verify(ir.Module)                  -> llvm ModuleRef     (llvmlite.binding)
-    target.emit(ModuleRef, options)    -> PTX text | host machine code (targets/)
+    target.emit(ModuleRef, options, ctx) -> PTX text | host machine code (targets/)
 
 `compile_kernel` adds the two caches (memory, then disk for PTX)."""
 from __future__ import annotations
 
 import ast
+
+import numpy as np
 from llvmlite import ir
 
 from . import cache
@@ -18,10 +20,10 @@ from .frontend.parse import FunctionAST, parse
 from .lower.codegen import FunctionLowering
 from .lower.context import KernelContext, Options
 from .lower.ndarray import bind_array_param, is_array_extent
-from .lower.values import ConstValue, PtrValue, TypeValue, Value
+from .lower.values import ConstValue, PtrValue, TensorMapValue, TypeValue, Value
 from .signature import concrete_params
 from .targets import get_target
-from .types import ArrayPtrType, PtrType, ScalarType, i64
+from .types import ArrayPtrType, PtrType, ScalarType, TensorMapType
 
 
 def lower(fast: FunctionAST, params, spec: dict, target, options: Options, entry: str):
@@ -38,15 +40,15 @@ def lower(fast: FunctionAST, params, spec: dict, target, options: Options, entry
     ctx.target_data["body"] = body
     ctx.exit_block = ctx.append_block("exit")
     ctx.builder.position_at_end(body)
-    if options.lineinfo and target.name == "nvptx":
-        from .lower.debuginfo import DebugInfo
-        ctx._debug = DebugInfo(module, fn, fast)
+    ctx._debug = target.debug_info(module, fn, fast, options)
     bindings = dict(spec_bindings(spec))
     for k, ((pname, pty), raw) in enumerate(zip(params, raw_args)):
         if isinstance(pty, ArrayPtrType):    # its shape/stride parameters follow it
             bindings[pname] = bind_array_param(params, raw_args, k)
         elif isinstance(pty, PtrType):
             bindings[pname] = PtrValue(pty, raw, ("param", k))
+        elif isinstance(pty, TensorMapType):  # the parameter's address: read-only, by value
+            bindings[pname] = TensorMapValue(pty, raw, pname)
         elif not is_array_extent(params, k):
             bindings[pname] = Value(pty, raw if pty.kind != "bool" else
                                     ctx.builder.icmp_unsigned("!=", raw,
@@ -92,6 +94,9 @@ def param_abi(params) -> list[ParamABI]:
                                 rank=ty.rank))
         elif isinstance(ty, PtrType):
             out.append(ParamABI(name, "ptr", ty.elem.np_dtype, 8, 8, ty.readonly, repr(ty)))
+        elif isinstance(ty, TensorMapType):
+            out.append(ParamABI(name, "tensormap", np.dtype(np.uint8), ty.nbytes, ty.align,
+                                True, repr(ty)))
         else:
             out.append(ParamABI(name, "scalar", ty.np_dtype, ty.nbytes, ty.nbytes, False,
                                 ty.name))
@@ -116,11 +121,7 @@ def compile_kernel(kernel, arch: str, spec: dict, options: Options,
     fast = parse(kernel.fn)                                    # stage 1
     target = get_target(arch)
     params = concrete_params(kernel.params, spec, kernel.fn)
-    if options.bounds_check and target.name == "nvptx":
-        # Hidden trailing parameters: the byte size of each pointer argument (the launcher
-        # appends them), so generated code can check every access.
-        # (Array parameters carry their shape instead: each index is checked against it.)
-        params = params + [(f"__nbytes_{n}", i64) for n, t in params if type(t) is PtrType]
+    params = params + target.hidden_params(params, options)
     entry = entry_name(fast.name, spec)
     try:
         module, ctx = lower(fast, params, spec, target, options, entry)   # stage 2
@@ -135,10 +136,7 @@ def compile_kernel(kernel, arch: str, spec: dict, options: Options,
         hidden_extents=sum(1 for n, _ in params if n.startswith("__nbytes_")), llvm_ir=text,
         sites=ctx.sites,
         uses=frozenset(ctx.uses), min_arch=f"sm_{ctx.min_arch[0]}", source_hash=fast.source_hash)
-    if target.name == "nvptx":
-        compiled.ptx = target.emit(ref, options)               # stage 4
-    else:
-        compiled.cpu = target.emit(ref, options, ctx)
+    setattr(compiled, target.RESULT_FIELD, target.emit(ref, options, ctx))   # stage 4
     cache.store(key, arch, compiled)
     return compiled
 

@@ -27,7 +27,8 @@ class Kernel:
             self.params = read_signature(fn)
         except KernelSourceError as err:
             raise err.with_traceback(None) from None
-        self.runtime_params = [p for p in self.params if p.kind in ("scalar", "ptr", "array")]
+        self.runtime_params = [p for p in self.params if p.kind in ("scalar", "ptr", "array",
+                                                                 "tensormap")]
         self.const_params = [p for p in self.params if p.kind in ("const", "dtype")]
         self._launch_cache = {}
         self._launchers = {}     # launch configuration -> its checked Launcher
@@ -107,12 +108,14 @@ class Kernel:
         """kernel[grid, block, stream, shared_bytes, cluster]: the Launcher of that
         configuration, validated once and reused (decode and prefill wrappers launch the same
         few configurations hundreds of times per forward)."""
-        from .launch import Launcher
         try:
             launcher = self._launchers.get(config)
         except TypeError:        # an unhashable part (a list): checked, not kept
+            from .launch import Launcher
             return Launcher(self, config)
         if launcher is None:
+            # imported here, not per call: an import statement costs ~1 us
+            from .launch import Launcher
             launcher = Launcher(self, config)
             if len(self._launchers) >= MAX_LAUNCHERS:
                 self._launchers.clear()

@@ -8,6 +8,7 @@ import numpy as np
 
 from . import compile_pool
 from .errors import LaunchError
+from .runtime import device as _devices
 from .runtime.device import current_device
 from .runtime.limits import check_geometry
 from .signature import type_var_name
@@ -53,8 +54,29 @@ def _cluster(value, grid, kernel_name):
     return dims
 
 
-class Launcher:
-    def __init__(self, kernel, config):
+class Launcher(functools.partial):
+    """`kernel[grid, block, ...]`: one validated launch configuration, called with the
+    kernel's arguments. A functools.partial subclass, so that a call goes from C straight
+    into the function the partial holds (a Python `__call__` taking *args and **kwargs
+    measured ~100 ns more per launch): first `_call`, the full path; once a plain call has
+    picked its compiled variant on a device that offers one (`device.fast_launch`), that
+    device's generated function, which checks the launch mode, packs and calls the driver,
+    and hands anything else (keywords, another current device, a capture, a dry run) back to
+    `_call`."""
+
+    def __new__(cls, kernel, config):
+        launcher = super().__new__(cls, _unbound)
+        launcher._configure(kernel, config)
+        launcher._fast = {}        # device -> its fast function for this launcher
+        launcher._seen = None      # the device of a first plain call (no fast function yet)
+        launcher._use(launcher._call)
+        return launcher
+
+    def _use(self, function):
+        """Make `function` what a call of this launcher runs (partial's own setter)."""
+        self.__setstate__((function, (), None, self.__dict__))
+
+    def _configure(self, kernel, config):
         if not isinstance(config, tuple):
             config = (config,)
         if not 2 <= len(config) <= 5:
@@ -73,10 +95,17 @@ class Launcher:
             raise LaunchError(f"{kernel.name}[grid={self.grid}, block={self.block}]: {threads} "
                               f"threads per block, but the kernel is declared with "
                               f"max_threads={limit}")
-
         self._fixed = None     # (device, programmatic mode, compiled) of the last plain call
 
-    def __call__(self, *args, **kwargs):
+    def __repr__(self):
+        return f"<launcher {self.kernel.name}[{self.grid}, {self.block}]>"
+
+    def __reduce__(self):
+        raise TypeError("a Launcher cannot be pickled: pickle the kernel's module and name")
+
+    def _call(self, *args, **kwargs):
+        """The general call: bind arguments, pick (or compile) the variant, launch; and, for a
+        plain call on a device with `fast_launch`, switch to its fast function."""
         k = self.kernel
         if kwargs or k.const_params or len(args) != len(k.runtime_params) or _plan(k)[1]:
             args, spec_kwargs = self._bind(args, kwargs)
@@ -101,6 +130,30 @@ class Launcher:
         else:
             device.launch(compiled, self.grid, self.block, args, self.stream,
                           self.shared_bytes, self.cluster)
+        if spec_kwargs is _NO_SPEC and not programmatic and self.cluster is None and \
+                not compiled.hidden_extents:
+            self._switch_to_fast(device, compiled)
+
+    def _switch_to_fast(self, device, compiled):
+        """After a plain call went through: the device's fast function for the next calls
+        (made once per device, at the second plain call: generating it takes ~0.2 ms, which
+        a configuration launched once should not pay; it comes back to `_call` whenever the
+        mode changed)."""
+        make = getattr(device, "fast_launch", None)
+        if make is None:
+            return
+        fast = self._fast.get(device)
+        if fast is None:
+            if self._seen is not device:        # its first plain call there
+                self._seen = device
+                return
+            fast = make(compiled, self.grid, self.block, self.stream, self.shared_bytes,
+                        fallback=self._call, guard=_FAST_GUARD)
+            if fast is None:
+                return
+            self._fast[device] = fast
+        if self.func is not fast:
+            self._use(fast)
 
     def bind(self, *args, **kwargs) -> BoundLaunch:
         """This launch with these arguments, checked and packed once: `.launch()` then
@@ -174,6 +227,15 @@ def _compile_for_device(kernel, arch, options, spec_kwargs):
 
 
 _NO_SPEC: dict = {}     # a kernel without Const or type-variable parameters (never mutated)
+
+# what a device's fast function checks besides its own mode (an expression over these names;
+# `device` is the device itself): the current device, and no pk.precompile dry run
+_FAST_GUARD = ("_devices._current is not device or _pool.RECORDING is not None",
+               {"_devices": _devices, "_pool": compile_pool})
+
+
+def _unbound(*args, **kwargs):
+    raise RuntimeError("a Launcher is being constructed")
 
 
 def _element_type(kernel, param, type_var, value):

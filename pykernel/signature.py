@@ -8,13 +8,13 @@ import typing
 from dataclasses import dataclass
 
 from .types import (ArrayAnnotation, ArrayPtrType, ConstAnnotation, PtrAnnotation, PtrType,
-                    ScalarType, dtype as DTYPE, from_numpy, i64)
+                    ScalarType, TensorMapType, dtype as DTYPE, from_numpy, i64)
 
 
 @dataclass(frozen=True)
 class Param:
     name: str
-    kind: str              # "scalar" | "ptr" | "array" | "const" | "dtype"
+    kind: str              # "scalar" | "ptr" | "array" | "tensormap" | "const" | "dtype"
     ann: object            # ScalarType | PtrAnnotation | ArrayAnnotation | ConstAnnotation
                            # | TypeVar
 
@@ -77,6 +77,8 @@ def read_signature(fn) -> list[Param]:
             params.append(Param(name, "ptr", ann))
         elif isinstance(ann, ArrayAnnotation):
             params.append(Param(name, "array", ann))
+        elif isinstance(ann, TensorMapType):
+            params.append(Param(name, "tensormap", ann))
         elif isinstance(ann, ConstAnnotation):
             params.append(Param(name, "dtype" if ann.kind is DTYPE else "const", ann))
         elif isinstance(ann, typing.TypeVar):
@@ -122,6 +124,8 @@ def concrete_params(params: list[Param], spec: dict, fn=None) -> list[tuple[str,
                 out += array_abi(p, resolve_elem(p.ann.elem, spec))
             elif p.kind == "scalar":
                 out.append((p.name, resolve_elem(p.ann, spec)))
+            elif p.kind == "tensormap":
+                out.append((p.name, p.ann))
         except TypeError as exc:
             if fn is None:
                 raise

@@ -1,6 +1,7 @@
 """The one type table: DSL scalar types -> llvmlite type, numpy dtype, PTX suffix; plus the
 annotation markers `Ptr[T]`, `Const[...]`, `ReadOnly[...]`, the n-d array parameter
-`pk.Array[T, rank]` (ArrayAnnotation -> ArrayPtrType) and the dtype generic `pk.dtype`."""
+`pk.Array[T, rank]` (ArrayAnnotation -> ArrayPtrType), the dtype generic `pk.dtype` and the
+tensor-map parameter `pk.TensorMap`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -74,6 +75,28 @@ f16 = ScalarType("f16", 16, "float", "f16", "float16")
 bf16 = ScalarType("bf16", 16, "float", "bf16", "bfloat16")
 f32 = ScalarType("f32", 32, "float", "f32", "float32")
 f64 = ScalarType("f64", 64, "float", "f64", "float64")
+
+
+
+@dataclass(frozen=True, repr=False)
+class PackedType(ScalarType):
+    """Two f16 or two bf16 in one 32-bit register (`f16x2`, `bf16x2`): built by `f16x2(a, b)`,
+    lanes read as `.x` / `.y` (or `[0]` / `[1]`), arithmetic on both lanes at once
+    (`add.rn.f16x2`, `fma.rn.bf16x2`). In memory one 32-bit word, lane x in the low half
+    (arrays of them are uint32 arrays, as bf16 arrays are uint16 ones)."""
+    elem: ScalarType = None
+    lanes: int = 2
+
+    @property
+    def llvm(self) -> ir.Type:
+        return ir.VectorType(self.elem.llvm, self.lanes)   # <2 x half>; bf16: <2 x i16>
+
+    def __call__(self, *values):
+        raise TypeError(f"{self.name}(a, b) builds a packed pair inside kernels only")
+
+
+f16x2 = PackedType("f16x2", 32, "packed", "b32", "uint32", elem=f16)
+bf16x2 = PackedType("bf16x2", 32, "packed", "b32", "uint32", elem=bf16)
 
 SCALARS = {t.name: t for t in (bool_, i8, i16, i32, i64, u8, u16, u32, u64, f16, bf16, f32, f64)}
 BY_NUMPY = {np.dtype(t.np_name): t for t in SCALARS.values() if t.np_name != "bfloat16"}
@@ -198,6 +221,18 @@ class _DTypeMarker:
         return "pk.dtype"
 
 
+@dataclass(frozen=True)
+class TensorMapType:
+    """`pk.TensorMap`: a TMA tensor map (CUtensorMap) passed by value, 128 bytes aligned to 64
+    (`.param .align 64 .b8 name[128]`); built on the host by `pk.tensor_map`."""
+    nbytes: int = 128
+    align: int = 64
+
+    def __repr__(self) -> str:
+        return "TensorMap"
+
+
+TensorMap = TensorMapType()
 Ptr = _PtrMarker()
 ReadOnly = _ReadOnlyMarker()
 Const = _ConstMarker()

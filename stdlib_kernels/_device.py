@@ -116,3 +116,10 @@ def exp_nonpositive(x: f32) -> f32:
     r = pk.fma(-k, f32(LN2_LO), r)
     p = exp_poly(r) * pk.bitcast(u32(i32(k) + 127) << 23, f32)
     return p if x >= f32(-87.0) else f32(0.0)
+
+
+@pk.func
+def finite(v: f32) -> bool:
+    """v is neither NaN nor +-Inf (NaN compares false both ways). The samplers' test of a
+    row's largest logit: without a finite one there is nothing to draw from."""
+    return v > f32(NEG_INF) and v < f32(-NEG_INF)

@@ -42,6 +42,7 @@ from pykernel import Const, f32, i32
 
 from . import _launch as L
 from ._device import exp_nonpositive, load4
+from .collectives import MAX, SUM, group_reduce, warp_reduce
 
 WARP_ROWS_PER_BLOCK = 4     # rows per 128-thread block when one warp handles a row
 MAX_CHUNKS = 16             # units (4 elements) per thread: 64 f32 registers of row data
@@ -147,44 +148,27 @@ def partial_index(GROUP: Const[int]) -> i32:
 
 
 @pk.func
-def butterfly_sum(v: f32, WIDTH: Const[int]) -> f32:
-    """Sum over each aligned set of WIDTH lanes (a power of two <= 32)."""
-    for k in pk.static_range(5):
-        if (16 >> k) < WIDTH:
-            v += pk.shfl_xor(v, 16 >> k)
-    return v
-
-
-@pk.func
-def butterfly_max(v: f32, WIDTH: Const[int]) -> f32:
-    for k in pk.static_range(5):
-        if (16 >> k) < WIDTH:
-            v = max(v, pk.shfl_xor(v, 16 >> k))
-    return v
-
-
-@pk.func
 def group_sum(v: f32, scratch, GROUP: Const[int]) -> f32:
     """Sum over the GROUP threads of this thread's row. Every thread of the block calls it;
     `scratch` (>= 32 f32) belongs to this reduction alone: there is no leading barrier."""
-    v = butterfly_sum(v, 32)
+    v = warp_reduce(v, SUM)
     if GROUP > 32:
         if pk.lane_id() == 0:
             scratch[pk.thread_idx.x // 32] = v
         pk.syncthreads()
-        v = butterfly_sum(scratch[partial_index(GROUP)], GROUP // 32)
+        v = group_reduce(scratch[partial_index(GROUP)], SUM, GROUP // 32)
     return v
 
 
 @pk.func
 def group_max(v: f32, scratch, GROUP: Const[int]) -> f32:
     """Maximum over the GROUP threads of this thread's row (see group_sum)."""
-    v = butterfly_max(v, 32)
+    v = warp_reduce(v, MAX)
     if GROUP > 32:
         if pk.lane_id() == 0:
             scratch[pk.thread_idx.x // 32] = v
         pk.syncthreads()
-        v = butterfly_max(scratch[partial_index(GROUP)], GROUP // 32)
+        v = group_reduce(scratch[partial_index(GROUP)], MAX, GROUP // 32)
     return v
 
 

@@ -7,6 +7,7 @@ Every helper that synchronizes must be called by all threads of the block.
 import pykernel as pk
 from pykernel import Const, bool_, f32, i32, u32, u64
 
+from . import collectives as C
 from ._device import NEG_INF
 
 BIG_INDEX = 2**31 - 1
@@ -71,32 +72,22 @@ def last_block_done(counter, slot: i32, nblocks: i32, flag) -> bool:
 
 
 @pk.func
-def block_scan(arr, length: i32, tmp):
-    """Inclusive prefix sum of arr[0:length] in place (shared arr; tmp: shared, >= block_dim).
-    Non-negative inputs give a non-decreasing result (searchable)."""
-    tid = pk.thread_idx.x
-    threads = pk.block_dim.x
-    per = (length + threads - 1) // threads
-    lo = min(length, tid * per)
+def block_scan(arr, length: i32, scratch, BLOCK: Const[int]):
+    """Inclusive prefix sum of arr[0:length] in place (shared arr, its writes followed by a
+    barrier before the call; scratch: shared f32[32] of its own; BLOCK: the launch's block
+    size). Each thread scans a contiguous chunk serially, collectives.block_scan gives every
+    chunk its offset (warp shuffles, two barriers). Accurate to a few ulp of the total; as
+    with any tree order, a chunk's offset need not equal the previous chunk's last sum bit
+    for bit, so at chunk boundaries the result can step back by an ulp (search_cum still
+    returns an entry whose cumulative weight exceeds its target)."""
+    per = (length + BLOCK - 1) // BLOCK
+    lo = min(length, pk.thread_idx.x * per)
     hi = min(length, lo + per)
     run = f32(0.0)
     for i in range(lo, hi):
         run += arr[i]
         arr[i] = run
-    tmp[tid] = run
-    pk.syncthreads()
-    off = 1
-    while off < threads:   # Hillis-Steele over the per-thread totals
-        add = f32(0.0)
-        if tid >= off:
-            add = tmp[tid - off]
-        pk.syncthreads()
-        tmp[tid] += add
-        pk.syncthreads()
-        off *= 2
-    before = f32(0.0)
-    if tid > 0:
-        before = tmp[tid - 1]
+    before, _total = C.block_scan(run, scratch, False, BLOCK)
     for i in range(lo, hi):
         arr[i] += before
     pk.syncthreads()
@@ -178,10 +169,7 @@ def pick_digit(hist, above: f32, target: f32):
         if best < 0 and acc + bin_measure >= target:
             best = 8 * lane + 7 - b
         acc += bin_measure
-    top = best
-    for k in pk.static_range(5):
-        top = max(top, pk.shfl_xor(top, 16 >> k))
-    top = max(top, 0)
+    top = max(C.warp_reduce(best, C.MAX), 0)
     above_top = higher   # meaningful in the lane owning bin `top`
     for b in pk.static_range(8):
         if 8 * lane + 7 - b > top:

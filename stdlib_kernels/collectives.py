@@ -8,7 +8,8 @@ values cost two). Block functions take `BLOCK: Const[int]` (the launch's block s
 of 32, <= 1024) and a `scratch = pk.shared_array(T, 32)` of v's type that the caller allocates
 (one per concurrent use; calls may reuse it back to back: each ends with a barrier).
 
-    warp_reduce, block_reduce (SUM / MAX / MIN)       shfl.sync.bfly, st/ld.shared, bar.sync
+    warp_reduce, group_reduce (WIDTH lanes), block_reduce (SUM / MAX / MIN)
+                                                       shfl.sync.bfly, st/ld.shared, bar.sync
     warp_scan, block_scan (inclusive / exclusive sum)  shfl.sync.up / idx, bar.sync
     histogram_clear / histogram_count / block_histogram / histogram_flush
                                                        atom.shared.add, atom.global.add
@@ -41,8 +42,18 @@ def warp_reduce(v, OP: Const[int]):
     Called by all 32 lanes of the warp (converged). No shared memory, no barrier. PTX: five
     `shfl.sync.bfly.b32` (offsets 16, 8, 4, 2, 1), each followed by add / max / min. Every
     lane combines the same values in the same tree, so float sums agree bit for bit."""
+    return group_reduce(v, OP, 32)
+
+
+@pk.func
+def group_reduce(v, OP: Const[int], WIDTH: Const[int]):
+    """v reduced over each aligned group of WIDTH lanes (WIDTH a power of two, 1..32: lanes
+    0..WIDTH-1, WIDTH..2*WIDTH-1, ...), the group's result in each of its lanes: several
+    rows per warp, or the partials of a few warps. Called by all 32 lanes (converged).
+    PTX: log2(WIDTH) `shfl.sync.bfly.b32` (offsets WIDTH/2 .. 1) and add / max / min."""
     for k in pk.static_range(5):
-        v = combine(v, pk.shfl_xor(v, 16 >> k), OP)
+        if (16 >> k) < WIDTH:
+            v = combine(v, pk.shfl_xor(v, 16 >> k), OP)
     return v
 
 

@@ -10,12 +10,12 @@ block the thresholds, the survivors sorted by index, and the draws: out[0:n_draw
 import pykernel as pk
 from pykernel import Const, Ptr, bool_, f32, i32, u32
 
-from ._device import NEG_INF, block_max, block_sum
+from ._device import NEG_INF, block_max, block_sum, finite
 from ._select import (block_scan, last_block_done, order_key, radix_select, search_cum,
                       warp_slot)
 from .sample_full import draw_full
-from .sample_kernels import (CANDIDATES, HIST_BINS, PASS_THREADS, count_before_bins,
-                             span_values, unit_values)
+from .sample_kernels import (CANDIDATES, HIST_BINS, PASS_THREADS, SAMPLE_THREADS,
+                             count_before_bins, span_values, unit_values)
 
 BINS_PER_THREAD = HIST_BINS // PASS_THREADS
 
@@ -27,8 +27,7 @@ def sample_hist(x: Ptr[f32, "ro"], n: i32, top_k: i32, min_p: f32, blk_max: Ptr[
     scratch = pk.shared_array(f32, 32)
     flag = pk.shared_array(i32, 1)
     counts = pk.shared_array(i32, HIST_BINS)
-    tops = pk.shared_array(f32, PASS_THREADS)
-    scan_tmp = pk.shared_array(f32, PASS_THREADS)
+    scan_tmp = pk.shared_array(f32, 32)   # count_before_bins' warp totals
     vals = pk.local_array(f32, 4 * UNITS)
     tid = pk.thread_idx.x
     for k in range(tid, HIST_BINS, pk.block_dim.x):
@@ -55,12 +54,11 @@ def sample_hist(x: Ptr[f32, "ro"], n: i32, top_k: i32, min_p: f32, blk_max: Ptr[
         blk_max[pk.block_idx.x] = m
         blk_sum[pk.block_idx.x] = s
     if last_block_done(counter, 0, pk.grid_dim.x, flag):
-        merge_hist(hist, params, blk_max, blk_sum, top_k, min_p, tops, scan_tmp, scratch)
+        merge_hist(hist, params, blk_max, blk_sum, top_k, min_p, scan_tmp, scratch)
 
 
 @pk.func
-def merge_hist(hist, params, blk_max, blk_sum, top_k: i32, min_p: f32, tops, scan_tmp,
-               scratch):
+def merge_hist(hist, params, blk_max, blk_sum, top_k: i32, min_p: f32, scan_tmp, scratch):
     """Last block of sample_hist: global max and mass, the candidate bin; zeroes hist.
     The bin is the one holding the k-th largest logit (top-k on), else min-p's threshold
     (min-p on), but never below the lowest bin that keeps <= CANDIDATES logits."""
@@ -75,7 +73,7 @@ def merge_hist(hist, params, blk_max, blk_sum, top_k: i32, min_p: f32, tops, sca
         if blk_max[b] > f32(NEG_INF):
             z += blk_sum[b] * pk.exp(blk_max[b] - gm)
     z = block_sum(z, scratch)
-    top_bin, cum = count_before_bins(hist, tops, scan_tmp)
+    top_bin, cum = count_before_bins(hist, scan_tmp)
     lowest = f32(HIST_BINS)   # lowest bin with <= CANDIDATES logits at or above it
     kth = f32(-1.0)           # bin of the k-th largest logit
     for k in pk.static_range(BINS_PER_THREAD):
@@ -159,28 +157,35 @@ def draw_from_candidates(x, u, out, n_draws: i32, n: i32, cv, ci, count: i32, ok
     """The draws from a candidate list in shared memory (cv values, ci indices, `count` of
     them, every logit with key >= low_key; m the row's max, z_all its softmax mass, needed
     with top-k off): the thresholds, the survivors sorted by index, out[0:n_draws] for the
-    uniforms u. Where the candidates cannot decide (ok false, or they hold no survivor), the
-    exact single-block pass over the whole row x decides. Every thread of the block calls."""
-    floor, ok = candidate_floor(cv, count, ok, low_key, n, m, z_all, top_k, top_p, min_p,
-                                hist, bcast, scratch)
-    kept = 0
-    if ok:
-        kept = gather_survivors(cv, ci, count, floor, m, inv_temp, sw, si, local)
-    if kept == 0:   # the candidates cannot decide: exact single-block pass over all logits
-        draw_full(x, u, out, n_draws, n, top_k, top_p, min_p, inv_temp, scratch, sw)
+    uniforms u; -1 each where m is not finite (m block-uniform: the branch keeps the block's
+    barriers together). Where the candidates cannot decide (ok false, or they hold no
+    survivor), the exact single-block pass over the whole row x decides. Every thread of the
+    block calls."""
+    if not finite(m):   # no finite largest logit (all NaN, only -Inf, or +Inf): -1
+        for k in range(pk.thread_idx.x, n_draws, pk.block_dim.x):
+            out[k] = -1
     else:
-        tid = pk.thread_idx.x
-        for k in range(tid, kept, pk.block_dim.x):   # indices are distinct: rank = sorted slot
-            rank = 0
-            for j in range(0, kept):
-                if si[j] < si[k]:
-                    rank += 1
-            cv[rank] = sw[k]
-            ci[rank] = si[k]
-        pk.syncthreads()
-        block_scan(cv, kept, sw)
-        for k in range(tid, n_draws, pk.block_dim.x):
-            out[k] = ci[search_cum(cv, kept, u[k] * cv[kept - 1])]
+        floor, ok = candidate_floor(cv, count, ok, low_key, n, m, z_all, top_k, top_p, min_p,
+                                    hist, bcast, scratch)
+        kept = 0
+        if ok:
+            kept = gather_survivors(cv, ci, count, floor, m, inv_temp, sw, si, local)
+        if kept == 0:   # the candidates cannot decide: exact single-block pass over all logits
+            draw_full(x, u, out, n_draws, n, top_k, top_p, min_p, inv_temp, scratch, sw)
+        else:
+            tid = pk.thread_idx.x
+            # indices are distinct: rank = sorted slot
+            for k in range(tid, kept, pk.block_dim.x):
+                rank = 0
+                for j in range(0, kept):
+                    if si[j] < si[k]:
+                        rank += 1
+                cv[rank] = sw[k]
+                ci[rank] = si[k]
+            pk.syncthreads()
+            block_scan(cv, kept, sw, SAMPLE_THREADS)
+            for k in range(tid, n_draws, pk.block_dim.x):
+                out[k] = ci[search_cum(cv, kept, u[k] * cv[kept - 1])]
 
 
 @pk.func

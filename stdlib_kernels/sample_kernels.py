@@ -7,7 +7,8 @@ results, so one launch covers a whole vocabulary:
 - sample_temp (temperature only): per-block max m_b and weights exp((x - m_b) / T), an
   inclusive prefix over the block's 4-element units (global `unit_cum`, block-local scale);
   the last block rescales the block sums to the global max, prefix-sums them, and each draw
-  binary-searches block -> unit -> element (first cumulative weight > u * total).
+  binary-searches block -> unit -> element (first cumulative weight > u * total); a row
+  whose largest logit is not finite (all NaN, only -Inf, or +Inf) draws -1.
 - sample_hist + sample_pick (any of top-k/top-p/min-p): pass 1 builds a 4096-bin histogram of
   the top 12 bits of the order keys and the global max M; its last block picks a bin B: the
   bin of the k-th largest logit (top-k on), else of min-p's threshold (min-p on), else the
@@ -23,7 +24,8 @@ launches replay in a CUDA graph.
 import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, i64
 
-from ._device import NEG_INF, block_max, load4
+from . import collectives as C
+from ._device import NEG_INF, block_max, finite, load4
 from ._select import BIG_INDEX, better, block_argmax, block_scan, last_block_done, search_cum
 
 PASS_THREADS = 256
@@ -50,19 +52,18 @@ def span_values(xr, n: i32, vals, fill: f32, UNITS: Const[int], VEC: Const[int])
 
 
 @pk.func
-def count_before_bins(hist, tops, scan_tmp):
-    """(top_bin, count): thread t owns the HIST_BINS / block_dim bins from top_bin = 4095 -
-    16t down (PASS_THREADS threads); count is how many of hist's entries lie in the bins
-    above them (a block-wide prefix over the threads' sums, counted from the top)."""
+def count_before_bins(hist, scan_tmp):
+    """(top_bin, count): thread t owns the HIST_BINS / PASS_THREADS bins from top_bin =
+    4095 - 16t down; count is how many of hist's entries lie in the bins above them (an
+    exclusive block scan of the threads' sums, counted from the top; exact: integers in f32).
+    scan_tmp: shared f32[32]."""
     per = HIST_BINS // PASS_THREADS
     top_bin = HIST_BINS - 1 - per * pk.thread_idx.x
     own = f32(0.0)
     for k in pk.static_range(per):
         own += f32(hist[top_bin - k])
-    tops[pk.thread_idx.x] = own
-    pk.syncthreads()
-    block_scan(tops, pk.block_dim.x, scan_tmp)
-    return top_bin, tops[pk.thread_idx.x] - own
+    before, _total = C.block_scan(own, scan_tmp, False, PASS_THREADS)
+    return top_bin, before
 
 
 @pk.func
@@ -148,7 +149,7 @@ def sample_temp(x: Ptr[f32, "ro"], u: Ptr[f32, "ro"], out: Ptr[i32], n_draws: i3
                 counter: Ptr[i32], VEC: Const[int], UNITS: Const[int]):
     scratch = pk.shared_array(f32, 32)
     flag = pk.shared_array(i32, 1)
-    tmp = pk.shared_array(f32, PASS_THREADS)
+    tmp = pk.shared_array(f32, 32)   # block_scan's warp totals
     cum = pk.shared_array(f32, MAX_BLOCKS * 4)   # units of this block, then block sums
     vals = pk.local_array(f32, 4 * UNITS)
     tid = pk.thread_idx.x
@@ -164,7 +165,7 @@ def sample_temp(x: Ptr[f32, "ro"], u: Ptr[f32, "ro"], out: Ptr[i32], n_draws: i3
             weight(vals[4 * j], m, inv_temp) + weight(vals[4 * j + 1], m, inv_temp)) + (
             weight(vals[4 * j + 2], m, inv_temp) + weight(vals[4 * j + 3], m, inv_temp))
     pk.syncthreads()
-    block_scan(cum, units, tmp)
+    block_scan(cum, units, tmp, PASS_THREADS)
     for k in range(tid, units, pk.block_dim.x):
         unit_cum[pk.block_idx.x * units + k] = cum[k]
     if tid == 0:
@@ -180,10 +181,13 @@ def sample_temp(x: Ptr[f32, "ro"], u: Ptr[f32, "ro"], out: Ptr[i32], n_draws: i3
     for k in range(tid, blocks, pk.block_dim.x):
         cum[k] = blk_sum[k] * weight(blk_max[k], gm, inv_temp)
     pk.syncthreads()
-    block_scan(cum, blocks, tmp)
+    block_scan(cum, blocks, tmp, PASS_THREADS)
     for q in range(tid, n_draws, pk.block_dim.x):
-        out[q] = draw_temp(x, u[q] * cum[blocks - 1], cum, blocks, gm, inv_temp, blk_max,
-                           unit_cum, units, n, VEC)
+        pick = -1   # no finite largest logit (all NaN, only -Inf, or +Inf): nothing to draw
+        if finite(gm):
+            pick = draw_temp(x, u[q] * cum[blocks - 1], cum, blocks, gm, inv_temp, blk_max,
+                             unit_cum, units, n, VEC)
+        out[q] = pick
 
 
 @pk.func

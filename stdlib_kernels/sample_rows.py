@@ -7,7 +7,8 @@ memory (its max is the row's max: the top bin is always listed) and draws exactl
 one-row sampler's last block does (sample_filter.draw_from_candidates: thresholds by radix
 select, survivors sorted by index, one search of the cumulative weights). A row whose list
 overflowed, or with top-k off (its top-p / min-p cut may lie below the listed bins), runs the
-exact single-block pass over its whole row instead. A row without a number (all NaN) gives -1.
+exact single-block pass over its whole row instead. A row whose largest logit is not finite
+(all NaN, only -Inf, or +Inf) gives -1.
 
 Per-row settings: params (rows, ROW_PARAMS) f32 = [u, 1 / temperature, top_p, min_p, top_k]
 (top_k exact as f32 below 2**24). Wrapper: sampling.sample_rows.

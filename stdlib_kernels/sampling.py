@@ -236,7 +236,7 @@ def sample_rows(x, settings, *, k: int | None = None, cap: int = 1024, out=None,
     its list (SAMPLE_THREADS threads). A row with top-k off, or whose list overflowed cap (a
     row flat at the top), takes the exact single-block pass over its whole row: tens of
     microseconds per pass on a 128k vocabulary, so for such rows sample() is faster. A row
-    without a number (all NaN) gives -1."""
+    whose largest logit is not finite (all NaN, only -Inf, or +Inf) gives -1."""
     x = L.as_array(x, "sample_rows: x", np.float32)
     rows, n = L.rows_and_length(x, "sample_rows: x")
     if not 1 <= cap <= K.CANDIDATES:
@@ -326,7 +326,9 @@ def sample(logits, u, *, temperature: float = 1.0, top_k: int = 0, top_p: float 
            min_p: float = 0.0, out=None, stream=None):
     """Draw a token id from logits (vocab,) f32 with uniform u in [0, 1) -> int32 (1,).
     u may also be an array of d uniforms: d independent draws -> int32 (d,).
-    temperature <= 0 is greedy (argmax); top_k <= 0, top_p >= 1, min_p <= 0 disable a filter."""
+    temperature <= 0 is greedy (argmax); top_k <= 0, top_p >= 1, min_p <= 0 disable a filter.
+    A row whose largest logit is not finite (all NaN, only -Inf, or +Inf: nothing to draw
+    from) gives -1 (greedy: argmax's, 2**31 - 1 for all NaN)."""
     logits = L.as_array(logits, "sample: logits", np.float32)
     if logits.ndim != 1 or logits.size == 0:
         raise ValueError(f"sample: logits must be (vocab,), got {logits.shape}")

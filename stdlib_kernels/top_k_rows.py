@@ -28,8 +28,7 @@ BINS_PER_THREAD = HIST_BINS // PASS_THREADS
 def rows_hist(x: Ptr[f32, "ro"], n: i32, k: i32, hist: Ptr[i32], tickets: Ptr[i32],
               bound: Ptr[i32], counts: Ptr[i32], VEC: Const[int], UNITS: Const[int]):
     counts_s = pk.shared_array(i32, HIST_BINS)
-    tops = pk.shared_array(f32, PASS_THREADS)
-    scan_tmp = pk.shared_array(f32, PASS_THREADS)
+    scan_tmp = pk.shared_array(f32, 32)   # count_before_bins' warp totals
     flag = pk.shared_array(i32, 1)
     scratch = pk.shared_array(f32, 32)
     tid = pk.thread_idx.x
@@ -54,7 +53,7 @@ def rows_hist(x: Ptr[f32, "ro"], n: i32, k: i32, hist: Ptr[i32], tickets: Ptr[i3
             pk.atomic_add(row_hist, h, counts_s[h])
     if not last_block_done(tickets, row, pk.grid_dim.x, flag):
         return
-    top_bin, cum = count_before_bins(row_hist, tops, scan_tmp)
+    top_bin, cum = count_before_bins(row_hist, scan_tmp)
     kth = -1                  # the bin where the count from the top first reaches k
     for j in pk.static_range(BINS_PER_THREAD):
         cum += f32(row_hist[top_bin - j])

@@ -229,11 +229,13 @@ class Backend(ABC):
         """Each row's argmax (the lowest index on ties) as host ints: the greedy tokens of a
         step's logits rows. The kernels backend takes them on its device and copies only the
         ids (a 16-row step's logits are 8 MB at a 128k vocabulary); there a NaN logit is
-        never chosen (an all-NaN row gives 0, as numpy's argmax does). On the host a row
-        without a finite maximum is NonFiniteLogitsError, as the samplers' is."""
+        never chosen. A row without a finite maximum (on the device: without a number) is
+        NonFiniteLogitsError, as the samplers' is; the error names the rows and carries the
+        others' picks (NonFiniteLogitsError.rows, .picks)."""
         rows = self.to_host(x)
-        check_finite_logits(rows)
-        return np.argmax(rows, axis=-1)
+        picks = np.argmax(rows, axis=-1)
+        check_finite_logits(rows, picks)
+        return picks
 
     def top_candidates(self, x: Act, k: int) -> list | None:
         """Each row's largest logits for a host sampler (Sampler.sample_among): per row

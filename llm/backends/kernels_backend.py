@@ -36,12 +36,12 @@ from stdlib_kernels import activation as activation_rows
 from stdlib_kernels import embedding as embedding_rows
 from stdlib_kernels import glu as glu_rows
 from stdlib_kernels import layernorm, rmsnorm, rope_kv_cache
-from stdlib_kernels.rotary import rope_kv_cache_cols
+from stdlib_kernels.rotary import HeadNorms, RopeSpec, rope_kv_cache_cols
 from stdlib_kernels import rope as rope_rows
 from stdlib_kernels.attention import kv_q8
 from stdlib_kernels.attention.decode import (HEAD_DIMS, batch_splits, config_splits,
                                              default_config, direct_config, gpu_config,
-                                             launch_decode)
+                                             KeyRange, launch_decode)
 from stdlib_kernels.attention.kv_q8 import DTYPE as Q8_DTYPE, Q8Cache
 from stdlib_kernels.attention.prefill import (launch_prefill, launch_prefill_seqs,
                                               mma_available)
@@ -228,7 +228,8 @@ class KernelsBackend(Backend):
             return self._rms_norm_now(p), None
         n = p.x.shape[0]
         xq = self.arena.take(W.q8_buffer_shape(n, p.x.shape[1]), np.uint8)
-        keep_f32 = not W.all_q8_1(w, self.activations) or (self.gemv and n > W.OPTIONS.gemv_tokens)
+        keep_f32 = not W.all_q8_1(w, self.activations) or \
+            (self.gemv and n > self.options.kernel_options.gemv_tokens)
         out = self.arena.take(p.x.shape, np.float32) if keep_f32 else None
         rmsnorm_q8_1_into(p.x, p.weight, p.eps, xq, out)
         return (out if keep_f32 else p.x), xq
@@ -236,15 +237,16 @@ class KernelsBackend(Backend):
     def _run_matmul(self, p: PendingMatmul, res=None):
         x, w = p.x, p.w
         n = x.shape[0]
-        one_launch_per_group = self.gemv and (n == 1 or (len(w.groups) == 1 and
-                                                         W.gemv_launch(w.groups[0], n)))
+        one_launch_per_group = self.gemv and (n == 1 or (len(w.groups) == 1 and W.gemv_launch(
+            w.groups[0], n, self.options.kernel_options)))
         in_place = one_launch_per_group and res is not None
         out = res if in_place else self.arena.take((n, w.n_out), np.float32)  # y may alias res
         # one token: the bias is the GEMV epilogue's "residual" (y = W x + bias, no launch)
         fold_bias = p.bias is not None and res is None and n == 1 and self.gemv
         if fold_bias:
             res = p.bias.reshape(1, w.n_out)
-        W.matmul(x, w, out, self._q8(x, w, p.xq), self._scratch, res=res, gemv=self.gemv)
+        W.matmul(x, w, out, self._q8(x, w, p.xq), self._scratch, self.options.kernel_options,
+                 res=res, gemv=self.gemv)
         if p.bias is not None and not fold_bias:
             X.bias(out, p.bias)
         return out
@@ -349,8 +351,8 @@ class KernelsBackend(Backend):
         if fused:
             p = q.params
             rope_kv_cache(ka.reshape(n, -1, d), va.reshape(n, -1, d), k_cache, v_cache,
-                          positions, p.base, _rope_style(p), q=q3,
-                          rot_dim=p.n_rot, freq_factors=q.freq_factors, **_norm_args(norms))
+                          positions, _rope_spec(p, q.freq_factors), q=q3,
+                          norms=_rope_norms(norms))
         else:
             _store_rows(ka, va, cache, layer, start_dev)
         if cache.q8 and n > 1:     # prefill reads the rows as f16 (decode reads Q8_0 itself)
@@ -388,8 +390,8 @@ class KernelsBackend(Backend):
             out = self.arena.take((n, qa.shape[1]), np.float32)
             config = self._decode_config(q3.shape[1], k_all)
             splits = self.batch_splits(caches, positions, window, q3.shape[1], step.splits)
-            launch_decode(q3, k_all, v_all, positions_dev, out.reshape(n, -1, d), scale,
-                          window=window or None, len_add=1, config=config,
+            launch_decode(q3, k_all, v_all, KeyRange(positions_dev, add=1, window=window or None),
+                          out.reshape(n, -1, d), scale, config=config,
                           early_kv=self.options.early_kv,
                           workspace=first.pool.workspace(n, q3.shape[1], config, splits))
             return out
@@ -429,9 +431,8 @@ class KernelsBackend(Backend):
             slots, slots_dev, seqs, seqs_dev = step.tables
             out = self.arena.take((qkv.shape[0], q_src.width), np.float32)
             rope_kv_cache_cols(qkv, q_src.width // d, k_src.width // d, d, pool.k[layer],
-                               pool.v[layer], positions_dev, p.base, _rope_style(p),
-                               rot_dim=p.n_rot, freq_factors=q.freq_factors, slots=slots,
-                               slots_dev=slots_dev, **_norm_args(norms))
+                               pool.v[layer], positions_dev, _rope_spec(p, q.freq_factors),
+                               slots=slots, slots_dev=slots_dev, norms=_rope_norms(norms))
             launch_prefill_seqs(qkv, pool.k[layer], pool.v[layer],
                                 out.reshape(qkv.shape[0], -1, d), seqs, scale,
                                 seqs_dev=seqs_dev, window=window or None,
@@ -489,8 +490,8 @@ class KernelsBackend(Backend):
         qkv, p = q_src.src, q.params
         qa = self.arena.take((qkv.shape[0], q_src.width), np.float32)
         rope_kv_cache_cols(qkv, q_src.width // d, k_src.width // d, d, k_all, v_all,
-                           positions_dev, p.base, _rope_style(p), rot_dim=p.n_rot,
-                           freq_factors=q.freq_factors, q_out=qa, **_norm_args(norms))
+                           positions_dev, _rope_spec(p, q.freq_factors), q_out=qa,
+                           norms=_rope_norms(norms))
         return qa
 
     def batch_splits(self, caches, positions, window, n_head: int, forced=None) -> int:
@@ -529,8 +530,7 @@ class KernelsBackend(Backend):
         k_cache, v_cache = cache.k[layer], cache.v[layer]
         d, n, p = cache.head_dim, rows.shape[0], q.params
         rope_kv_cache_cols(rows, q_src.width // d, k_src.width // d, d, k_cache, v_cache,
-                           positions, p.base, _rope_style(p), rot_dim=p.n_rot,
-                           freq_factors=q.freq_factors, **_norm_args(norms))
+                           positions, _rope_spec(p, q.freq_factors), norms=_rope_norms(norms))
         if cache.q8:
             k_cache, v_cache = self._dequantized(cache, layer, start + n)
         first, first_dev = self._prefill_start(start, positions[0:1])
@@ -572,8 +572,8 @@ class KernelsBackend(Backend):
                 xq = self.arena.take(W.q8_buffer_shape(1, q3.shape[1] * q3.shape[2]), np.uint8)
             # early_kv: under PDL the split blocks read the length and start loading older
             # rows before their wait (the kernel before writes only the newest row)
-            launch_decode(q3, k_cache, v_cache, start_dev, out3, scale, window=window or None,
-                          len_add=1, workspace=workspace, config=config,
+            launch_decode(q3, k_cache, v_cache, KeyRange(start_dev, add=1, window=window or None),
+                          out3, scale, workspace=workspace, config=config,
                           early_kv=self.options.early_kv, xq_out=xq)
             return xq
         elif self._tensor_core_prefill(k_cache):   # Q, K, V, P rounded to f16 like llama.cpp's
@@ -581,8 +581,9 @@ class KernelsBackend(Backend):
             launch_prefill(q3, k_cache, v_cache, out3, first, scale, window=window or None,
                            start_dev=first_dev)
         else:                  # prefill: query z sees start + z + 1 keys of the shared cache
-            launch_decode(q3, k_cache, v_cache, start_dev, out3, scale, window=window or None,
-                            len_add=1, len_step=1, lens_stride=0, share_cache=True)
+            launch_decode(q3, k_cache, v_cache,
+                          KeyRange(start_dev, add=1, step=1, stride=0, window=window or None),
+                          out3, scale, share_cache=True)
         return None
 
     def _decode_config(self, n_head: int, k_cache, direct: bool = False):
@@ -592,7 +593,8 @@ class KernelsBackend(Backend):
         # a Q8_0 cache is read by the tensor-core kernel alone (in both activation modes)
         if self.activations == "q8_1" or self.device.kind == "cpu" or \
                 isinstance(k_cache, Q8Cache):
-            config = default_config(group, head_dim, self.device, k_cache.dtype)
+            config = default_config(group, head_dim, self.device, k_cache.dtype,
+                                    self.options.kernel_options)
         else:
             config = gpu_config(group, head_dim, k_cache.dtype)
         if direct:     # no splits: one query head per block
@@ -615,7 +617,7 @@ class KernelsBackend(Backend):
             p = gate.pending
             out = self.arena.take((p.x.shape[0], p.w.part_rows[0]), np.float32)
             W.glu(p.x, p.w, out, self._q8(p.x, p.w, p.xq), "swiglu" if act == "silu" else "geglu",
-                  self._scratch)
+                  self._scratch, self.options.kernel_options)
             return out
         g, u = self._contiguous(gate), self._contiguous(up)
         out = self.arena.take(g.shape, np.float32)
@@ -725,10 +727,13 @@ def _head_norms(q, k, head_dim: int):
     return None
 
 
-def _norm_args(norms) -> dict:
-    if norms is None:
-        return {}
-    return {"q_norm": norms[0], "k_norm": norms[1], "norm_eps": norms[2]}
+def _rope_spec(p: RopeParams, freq_factors) -> RopeSpec:
+    return RopeSpec(p.base, _rope_style(p), p.n_rot, freq_factors)
+
+
+def _rope_norms(norms) -> HeadNorms | None:
+    """_head_norms' (q weight, k weight, eps) as the RoPE launch's HeadNorms."""
+    return None if norms is None else HeadNorms(*norms)
 
 
 def _rope_sources(q, k, head_dim: int) -> tuple:

@@ -8,12 +8,15 @@ into preallocated arrays (nothing allocated, so every launch can sit in a captur
     kv_store         K/V rows into the cache at their positions (models without RoPE: gpt2)
     add_into         a += b                      add_bias    rows of y += bias
     copy_cols        a block of columns from one row-major array to another
-    argmax_next      greedy id of the last logits row -> io[0]; io[1] (the position) += 1 (many
-                     blocks, the last one merging: stdlib's argmax_blocks plus the advance),
-                     so a replayed decode graph feeds itself
-    sample_into      the same with stdlib's sampler (top-k / top-p / min-p / temperature), its
-                     uniform taken from a per-position table (take_uniform, advance_position)
-    embed_generic    embedding rows of any GGUF type (stdlib's embedding covers five types)
+    argmax_next      greedy id of the last logits row -> io[0] (-1: no finite logit, a broken
+                     model); io[1] (the position) += 1 (many blocks, the last one merging:
+                     stdlib's argmax_blocks plus the advance), so a replayed decode graph
+                     feeds itself
+    sample_into      the same with stdlib's sampler (top-k / top-p / min-p / temperature; -1
+                     where it has nothing to draw from), its uniform taken from a
+                     per-position table (take_uniform, advance_position)
+    embed_generic    embedding rows of any GGUF type (stdlib's embedding covers five types);
+                     an id out of range gives a NaN row, as stdlib's does
     matmul_rows      y = x @ W.T, one thread per output element, no barriers or shuffles: the
                      CPU target runs it as plain compiled loops (stdlib's GEMV, built for the
                      GPU, runs a coroutine per thread there and takes ~25 s per tiny forward);
@@ -26,7 +29,7 @@ import numpy as np
 import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, i64, u8
 from stdlib_kernels import _launch as L
-from stdlib_kernels._device import warp_sum
+from stdlib_kernels._device import finite, warp_sum
 from stdlib_kernels._select import last_block_done
 from stdlib_kernels.sample_kernels import parts_argmax, span_argmax
 from stdlib_kernels.sampling import sample
@@ -35,6 +38,7 @@ from stdlib_kernels.quant.formats import get_format
 
 MAX_HEAD_DIM = 256
 NEG_INIT = -1.0e30  # running max before any key: finite, so exp(m_old - m_new) is never NaN
+NAN = float("nan")
 
 
 @pk.kernel
@@ -147,8 +151,11 @@ def argmax_next(x: Ptr[f32, "ro"], io: Ptr[i32], part_v: Ptr[f32], part_i: Ptr[i
     if last_block_done(counter, 0, pk.grid_dim.x, flag):
         bv, bi = parts_argmax(part_v, part_i, 0, pk.grid_dim.x, sv, si)
         if pk.thread_idx.x == 0:
-            io[0] = bi if bi < n else 0   # an all-NaN row: token 0, as numpy's argmax, so the
-            if ADVANCE:                   # next step's embedding never reads out of range
+            # -1 where the row has no finite largest logit (all NaN, only -Inf, or +Inf: broken
+            # weights): the host raises NonFiniteLogitsError on it, and a step already queued
+            # behind embeds -1 as a NaN row (embed_rows checks ids), never out of range
+            io[0] = bi if bi < n and finite(bv) else -1
+            if ADVANCE:
                 io[1] = io[1] + 1
 
 
@@ -168,12 +175,19 @@ def advance_position(io: Ptr[i32]):
 
 @pk.kernel
 def embed_generic(table: Ptr[u8, "ro"], ids: Ptr[i32, "ro"], out: Ptr[f32], n: i32,
-                  row_bytes: i32, scale: f32, FMT: Const[int], BE: Const[int], BB: Const[int]):
-    # grid (tokens): out[t] = dequantized row ids[t] of the table, times scale
+                  row_bytes: i32, vocab: i32, scale: f32, FMT: Const[int], BE: Const[int],
+                  BB: Const[int]):
+    # grid (tokens): out[t] = dequantized row ids[t] of the table, times scale; an id outside
+    # [0, vocab) (a device pick's -1 for a broken row) gives a NaN row, never a wild read
     t = pk.block_idx.x
-    src = table + i64(ids[t]) * i64(row_bytes)
+    tok = ids[t]
+    valid = tok >= 0 and tok < vocab
+    src = table + i64(tok if valid else 0) * i64(row_bytes)
     for c in range(pk.thread_idx.x, n, pk.block_dim.x):
-        out[i64(t) * i64(n) + i64(c)] = dequantize_one(src + (c // BE) * BB, c % BE, FMT) * scale
+        v = f32(NAN)
+        if valid:
+            v = dequantize_one(src + (c // BE) * BB, c % BE, FMT) * scale
+        out[i64(t) * i64(n) + i64(c)] = v
 
 
 @pk.kernel
@@ -267,7 +281,8 @@ def argmax_into(x, io, advance: bool, scratch: tuple, stream=None) -> None:
 
 def sample_into(x, io, uniforms, u, params, stream=None) -> None:
     """io[0] = stdlib's sampler's draw from the f32 row x (n,) with params' filters and
-    temperature, using uniforms[io[1]] (copied to the device scalar u first); io[1] += 1."""
+    temperature, using uniforms[io[1]] (copied to the device scalar u first); io[1] += 1.
+    A row without a finite largest logit draws -1."""
     L.launch(take_uniform, 1, 32, (uniforms, io, u), (), stream)
     sample(x, u, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
            min_p=params.min_p, out=io[0:1], stream=stream)
@@ -275,10 +290,11 @@ def sample_into(x, io, uniforms, u, params, stream=None) -> None:
 
 
 def embed_rows(table, type_name: str, ids, out, scale: float, stream=None) -> None:
-    """out (tokens, n) = rows ids of a uint8 (vocab, row_bytes) table of GGUF type type_name."""
+    """out (tokens, n) = rows ids of a uint8 (vocab, row_bytes) table of GGUF type type_name
+    (an id outside [0, vocab): a NaN row)."""
     fmt = get_format(type_name)
     n = out.shape[-1]
-    args = (table, ids, out, n, table.shape[-1], scale)
+    args = (table, ids, out, n, table.shape[-1], table.shape[0], scale)
     spec = (("FMT", CODES[type_name]), ("BE", fmt.block_elems), ("BB", fmt.block_bytes))
     L.launch(embed_generic, out.shape[0], L.threads_for(n, 256), args, spec, stream)
 

@@ -45,6 +45,7 @@ from llm import step as S
 from llm.backends import kernels_extra as X
 from llm.backends.graph_slots import slot_binding
 from llm.models.transformer import StepRunner, Transformer
+from llm.sampling import check_device_picks
 from llm.step import Step
 
 
@@ -400,7 +401,9 @@ class GraphRunner(StepRunner):
         i (a 4-byte asynchronous copy into pinned memory): the GPU never waits for the host,
         nor for the consumer of the tokens. A consumer that stops early leaves one step run
         past the last token it read (its K/V written one position beyond: harmless, a later
-        step overwrites it); closing waits for the steps in flight."""
+        step overwrites it); closing waits for the steps in flight. A step whose logits have
+        no finite value (broken weights) picks -1, read here as NonFiniteLogitsError (the
+        step queued behind it embeds a NaN row, never out of range)."""
         return self._device_tokens(first_token, pos, cache, n, None)
 
     def sampled_tokens(self, first_token: int, pos: int, cache, n: int, params,
@@ -418,13 +421,13 @@ class GraphRunner(StepRunner):
         if n <= 0:
             return
         self.decode_step(first_token, pos, cache, sampling)
-        io = cache.graph.io
-        known = int(io[0:1].numpy()[0])      # the token of the step at pos, not yet yielded
+        io, vocab = cache.graph.io, cache.graph.logits.shape[-1]
+        known = _picked(io[0:1].numpy(), vocab)   # the token of the step at pos, not yielded
         if self.backend.device.kind != "cuda":
             for i in range(1, n):
                 yield known
                 self._replay_or_capture(known, pos + i, cache, sampling)
-                known = int(io[0:1].numpy()[0])
+                known = _picked(io[0:1].numpy(), vocab)
             yield known
             return
         slots = [pk.pinned_empty(1, np.int32) for _ in range(2)]
@@ -436,10 +439,10 @@ class GraphRunner(StepRunner):
                 step = cache.graphs.get(self._graph_key(pos + i, sampling))
                 if step is None:   # first step past short_context: drain, capture synchronously
                     if pending is not None:
-                        known, pending = self._read(slots, events, pending), None
+                        known, pending = self._read(slots, events, pending, vocab), None
                     yield known
                     self.decode_step(known, pos + i, cache, sampling)
-                    known = int(io[0:1].numpy()[0])
+                    known = _picked(io[0:1].numpy(), vocab)
                     continue
                 step.graph.replay(stream)
                 io[0:1].copy_to_host_async(slots[i % 2], stream)
@@ -447,18 +450,18 @@ class GraphRunner(StepRunner):
                 if pending is None:
                     yield known
                 else:
-                    yield self._read(slots, events, pending)
+                    yield self._read(slots, events, pending, vocab)
                 pending = i
-            yield known if pending is None else self._read(slots, events, pending)
+            yield known if pending is None else self._read(slots, events, pending, vocab)
             pending = None
         finally:
             if pending is not None:     # copies into slots still in flight
                 stream.synchronize()
 
     @staticmethod
-    def _read(slots, events, i: int) -> int:
+    def _read(slots, events, i: int, vocab: int) -> int:
         events[i % 2].synchronize()
-        return int(slots[i % 2][0])
+        return _picked(slots[i % 2], vocab)
 
     def _replay_or_capture(self, token: int, pos: int, cache, sampling=None) -> None:
         step = cache.graphs.get(self._graph_key(pos, sampling))
@@ -466,6 +469,15 @@ class GraphRunner(StepRunner):
             self.decode_step(token, pos, cache, sampling)
         else:
             step.graph.replay()
+
+
+def _picked(io_token, vocab: int) -> int:
+    """The token a decode step picked on the device (its io[0], on the host); -1, a row
+    without a finite logit, is NonFiniteLogitsError (a comparison per token, no numpy)."""
+    token = int(io_token[0])
+    if 0 <= token < vocab:
+        return token
+    return int(check_device_picks([token], vocab)[0])     # raises
 
 
 def wrap(transformer: Transformer) -> GraphRunner:

@@ -5,7 +5,8 @@ Input: `TensorInfo`s (raw GGUF bytes, ggml type, numpy-order shape). Output: `De
 and `matmul(x, w, out)` = x @ W.T written into a preallocated `out`, through stdlib_kernels'
 quantized GEMV for up to 8 tokens (DP4A on Q8_1 activations for the formats of the GEMV_Q8
 family, float32 activations for the others) and their tensor-core GEMV / GEMMs above, as
-stdlib's choose_matmul_path decides with this module's OPTIONS.
+stdlib's choose_matmul_path decides with the `KernelOptions` the caller passes (the kernels
+backend's RunnerOptions.kernel_options: the routing switches plus the runner's two choices).
 """
 from __future__ import annotations
 
@@ -29,10 +30,6 @@ from stdlib_kernels.options import KernelOptions
 
 from llm.backends import kernels_extra as X
 
-# The routing switches (stdlib_kernels/options.py: PYKERNEL_GEMV_TOKENS, PYKERNEL_INT8_GEMM_TOKENS,
-# PYKERNEL_MMA_GEMV), with the runner's two choices: F32 weights keep the f32 GEMV, and a
-# group leaves the GEMV by its format alone (stdlib's choose_matmul_path). Tests replace it.
-OPTIONS: KernelOptions = KernelOptions.from_env(f32_weights_gemv=True, route_by_format=True)
 # up to this many tokens the GEMM adds the residual in its store (no add launch: short prompts
 # are bound by the host's launches); above, a separate add is as fast or faster (H200, 8B, 512
 # tokens: the fused add cost 6-15 us per GEMM in scattered reads, an add_into launch 11 us;
@@ -147,25 +144,27 @@ def gemv_rows(g: RowGroup, n_in: int, x, xq, y, mode=None, w2: RowGroup | None =
         gemv_f32_into(g.words, g.type_name, x, y, g.rows, n_in, n, w2=w2w, res=res, mode=mode)
 
 
-def gemv_launch(g: RowGroup, n: int) -> bool:
+def gemv_launch(g: RowGroup, n: int, options: KernelOptions) -> bool:
     """n tokens of group g run one GEMV launch (at most MAX_BATCH tokens, no GEMM)."""
-    return n <= OPTIONS.gemv_tokens and not uses_gemm(g, n)
+    return n <= options.gemv_tokens and not uses_gemm(g, n, options)
 
 
-def uses_gemm(g: RowGroup, n: int) -> bool:
-    """n tokens of group g leave the DP4A GEMV for a GEMM (stdlib's choose_matmul_path with
-    OPTIONS: by the format alone, so whether Q8_1 activations come does not matter here)."""
-    return choose_matmul_path(g.type_name, n, True, OPTIONS) != GEMV
+def uses_gemm(g: RowGroup, n: int, options: KernelOptions) -> bool:
+    """n tokens of group g leave the DP4A GEMV for a GEMM (stdlib's choose_matmul_path; with
+    the runner's route_by_format, by the format alone, so whether Q8_1 activations come does
+    not matter here)."""
+    return choose_matmul_path(g.type_name, n, True, options) != GEMV
 
 
-def group_matmul(g: RowGroup, n_in: int, x, xq, y, ldy=None, col0: int = 0, res=None) -> None:
-    """y (n, g.rows) = x @ W_g.T on stdlib's choice (choose_matmul_path with OPTIONS): the GEMV
+def group_matmul(g: RowGroup, n_in: int, x, xq, y, options: KernelOptions, ldy=None,
+                 col0: int = 0, res=None) -> None:
+    """y (n, g.rows) = x @ W_g.T on stdlib's choice (choose_matmul_path with options): the GEMV
     (8 tokens per launch), the tensor-core GEMV or the int8 tensor-core GEMM on the Q8_1
     activations xq, or the f16 tensor-core GEMM. ldy / col0 / res (GEMM only): the result goes
     to columns col0.. of y (n, ldy), plus res (stdlib's gemm.output_args), with no copy or add
     launch."""
     n = x.shape[0]
-    path = choose_matmul_path(g.type_name, n, xq is not None and n_in % 32 == 0, OPTIONS)
+    path = choose_matmul_path(g.type_name, n, xq is not None and n_in % 32 == 0, options)
     if path == GEMV:
         assert ldy is None and res is None, "strided output / residual: GEMM paths only"
         for t0 in range(0, n, MAX_BATCH):
@@ -178,30 +177,32 @@ def group_matmul(g: RowGroup, n_in: int, x, xq, y, ldy=None, col0: int = 0, res=
         launch(g.words, g.type_name, xq, y, g.rows, n_in, n, ldy=ldy, col0=col0, res=res)
 
 
-def matmul(x, w: DeviceMatrix, out, xq, scratch: Callable, res=None, gemv=True) -> None:
+def matmul(x, w: DeviceMatrix, out, xq, scratch: Callable, options: KernelOptions, res=None,
+           gemv=True) -> None:
     """out (n, w.n_out) = x @ W.T (+ res). With the GEMV, res is added in its store (one launch
     per row group) when n == 1, or W has one row group and its n tokens run one GEMV launch
     (gemv_launch); `out` may then be `res`. Where every group takes the GEMM (uses_gemm)
     the GEMMs write each group's columns of `out` (no copy launches) and, up to
     GEMM_RESIDUAL_TOKENS, add res in their store.
     xq: x as Q8_1, or None.
-    scratch(shape) -> a preallocated f32 array. gemv=False: kernels_extra's
-    one-thread-per-output matmul (the fast choice on the CPU target), same activations."""
+    scratch(shape) -> a preallocated f32 array. options: the routing switches. gemv=False:
+    kernels_extra's one-thread-per-output matmul (the fast choice on the CPU target), same
+    activations."""
     n = x.shape[0]
     if not gemv:
         for g in w.groups:
             X.matmul(g.raw, g.type_name, x, xq if xq is not None and _q8(g, w) else None, out,
                      g.rows, g.row_off)
-    elif len(w.groups) == 1 and gemv_launch(w.groups[0], n):
+    elif len(w.groups) == 1 and gemv_launch(w.groups[0], n, options):
         g = w.groups[0]
         gemv_rows(g, w.n_in, x, xq if xq is not None and _q8(g, w) else None, out,
                   None if res is None else "residual", res=res)
         return
-    elif all(uses_gemm(g, n) for g in w.groups):   # each group writes its columns of out
+    elif all(uses_gemm(g, n, options) for g in w.groups):   # each group writes its columns
         fused = res if n <= GEMM_RESIDUAL_TOKENS else None
         for g in w.groups:
             group_matmul(g, w.n_in, x, xq if xq is not None and _q8(g, w) else None, out,
-                         ldy=w.n_out, col0=g.row_off, res=fused)
+                         options, ldy=w.n_out, col0=g.row_off, res=fused)
         if res is not None and fused is None:
             X.add(out, res)
         return
@@ -211,7 +212,7 @@ def matmul(x, w: DeviceMatrix, out, xq, scratch: Callable, res=None, gemv=True) 
         for g in w.groups:
             gq = xq if xq is not None and _q8(g, w) else None
             if len(w.groups) == 1:
-                group_matmul(g, w.n_in, x, gq, out)
+                group_matmul(g, w.n_in, x, gq, out, options)
             elif n == 1:  # one row: the group's columns are contiguous
                 cols = slice(g.row_off, g.row_off + g.rows)
                 flat = out.reshape(-1)[cols].reshape(1, g.rows)
@@ -220,21 +221,22 @@ def matmul(x, w: DeviceMatrix, out, xq, scratch: Callable, res=None, gemv=True) 
                           res=flat_res)
             else:
                 tmp = scratch((n, g.rows))
-                group_matmul(g, w.n_in, x, gq, tmp)
+                group_matmul(g, w.n_in, x, gq, tmp, options)
                 X.columns(tmp, out, n, g.rows, 0, g.row_off)
     if res is not None and not (gemv and n == 1):
         X.add(out, res)
 
 
-def glu(x, w: DeviceMatrix, out, xq, act: str, scratch: Callable) -> None:
+def glu(x, w: DeviceMatrix, out, xq, act: str, scratch: Callable,
+        options: KernelOptions) -> None:
     """out (n, n_ff) = act(x @ W_gate.T) * (x @ W_up.T): one GEMV with the activation in its
     epilogue up to 8 tokens; above, the GEMM of gate|up then one activation launch."""
     g = w.groups[0]
     half = w.part_rows[0]
     gq = xq if xq is not None and _q8(g, w) else None
-    if not gemv_launch(g, x.shape[0]):     # the GEMM (or F32's GEMV in 8-token launches)
+    if not gemv_launch(g, x.shape[0], options):   # the GEMM (or F32's GEMV, 8-token launches)
         both = scratch((x.shape[0], 2 * half))
-        group_matmul(g, w.n_in, x, gq, both)
+        group_matmul(g, w.n_in, x, gq, both, options)
         glu_fused(both, "silu" if act == "swiglu" else "gelu_tanh", out=out)
         return
     per_row = g.raw.shape[1] * g.raw.itemsize // g.words.itemsize

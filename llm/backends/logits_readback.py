@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 import pykernel as pk
-from llm.sampling import NonFiniteLogitsError, penalty_window
+from llm.sampling import check_device_picks, penalty_window
 from stdlib_kernels import embedding as embedding_rows
 from stdlib_kernels.sampling import (apply_penalties_rows, argmax, lists_k, row_settings,
                                      sample_rows, top_k_candidates)
@@ -103,15 +103,9 @@ class LogitsReadback:
 
     @staticmethod
     def _ids_of(ids, vocab: int) -> np.ndarray:
-        """The ids on the host; a row the kernels could not pick from (all NaN: argmax gives
-        2**31 - 1, the samplers -1) is NonFiniteLogitsError, as on the host backends."""
-        ids = ids.numpy().astype(np.int64)
-        bad = (ids < 0) | (ids >= vocab)
-        if bad.any():
-            raise NonFiniteLogitsError(f"the model produced logits with no finite value in "
-                                       f"{int(bad.sum())} of {ids.size} rows: its weights are "
-                                       f"broken (a corrupt model file?)")
-        return ids
+        """The ids on the host; a row the kernels could not pick from is
+        NonFiniteLogitsError, as on the host backends (check_device_picks)."""
+        return check_device_picks(ids.numpy(), vocab)
 
     def top_candidates(self, x, k: int) -> list:
         """Per row (values, ids) of its k largest logits and their bin, or None where the list

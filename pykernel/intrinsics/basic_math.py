@@ -1,5 +1,6 @@
 """Math that maps to one LLVM intrinsic / PTX instruction: sqrt (sqrt.rn), floor (cvt.rmi),
-ceil (cvt.rpi), fma (fma.rn), trunc/round. f16/bf16 inputs compute in f32 and round back."""
+ceil (cvt.rpi), fma (fma.rn), trunc/round. f16/bf16 inputs compute in f32 and round back,
+except fma (lower/ops.py: in the half type where the target has it)."""
 from __future__ import annotations
 
 from ..lower import ops
@@ -8,14 +9,17 @@ from ..types import f32, f64
 from .base import args_of, intrinsic
 
 
-def float_args(fl, node, name, count):
+def float_args(fl, node, name, count, packed=False):
+    """The float arguments of pk.<name>, of one type (packed f16x2 / bf16x2 where allowed)."""
     args, _ = args_of(fl, node, count, name)
     runtime = [a for a in args if isinstance(a, Value)]
     ty = runtime[0].ty if runtime else f32
     out = []
     for a in args:
         v = fl.coerce(a, ty, node) if isinstance(a, ConstValue) else a
-        if not isinstance(v, Value) or not v.ty.is_float or v.ty != ty:
+        ok_type = v.ty.is_float or (packed and ops.is_packed(v.ty)) if isinstance(v, Value) \
+            else False
+        if not ok_type or v.ty != ty:
             raise fl.error(node, f"pk.{name} needs float arguments of one type, got "
                            f"{describe(v)}", hint="convert explicitly, e.g. f32(x)")
         out.append(v)
@@ -52,12 +56,12 @@ rint = _make("rint", "llvm.rint", "Round to nearest even: `cvt.rni.f32.f32` (exa
 
 @intrinsic("fma")
 def fma(fl, node):
-    """Fused multiply-add a*b+c with one rounding: `fma.rn.f32` (0 ulp)."""
-    (a, b, c), ty = float_args(fl, node, "fma", 3)
-    ct = compute_type(ty)
-    vals = [ops.cast(fl.b, ty, ct, v.ir) for v in (a, b, c)]
-    r = fl.b.call(fl.ctx.intrinsic_decl("llvm.fma", ct.llvm), vals)
-    return Value(ty, ops.cast(fl.b, ct, ty, r))
+    """Fused multiply-add a*b+c with one rounding: `fma.rn.f32` (0 ulp); f16/bf16 in their
+    own type (`fma.rn.f16`, `fma.rn.bf16` sm_80+), else emulated with the same rounding."""
+    (a, b, c), ty = float_args(fl, node, "fma", 3, packed=True)
+    half = ty.elem if ops.is_packed(ty) else ty
+    native = ops.is_half(half) and fl.ctx.target.half_native(half, "fma")
+    return Value(ty, ops.float_fma(fl.b, ty, a.ir, b.ir, c.ir, fl.ctx.intrinsic_decl, native))
 
 
 @intrinsic("rsqrt")

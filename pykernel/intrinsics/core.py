@@ -26,8 +26,8 @@ class StaticRange:
 static_range = StaticRange()
 
 
-def _type_and_shape(fl, node, name):
-    (ty, shape), _ = args_of(fl, node, 2, name)
+def _type_and_shape(fl, node, name, keywords=()):
+    (ty, shape), kwargs = args_of(fl, node, 2, name, keywords)
     if not isinstance(ty, TypeValue):
         raise fl.error(node.args[0], f"pk.{name} needs an element type such as f32, got "
                        f"{describe(ty)}")
@@ -36,15 +36,26 @@ def _type_and_shape(fl, node, name):
                for d in dims):
         raise fl.error(node.args[1], f"pk.{name} needs a compile-time positive size",
                        hint="use a literal or a Const[int] parameter")
+    if keywords:
+        return ty.ty, tuple(d.value for d in dims), kwargs
     return ty.ty, tuple(d.value for d in dims)
+
+
+SHARED_ALIGNS = (16, 32, 64, 128, 256, 512, 1024)
 
 
 @intrinsic("shared_array")
 def shared_array(fl, node):
-    """Static shared memory `pk.shared_array(T, N)` or `(T, (rows, cols))`: `.shared` array."""
-    elem, shape = _type_and_shape(fl, node, "shared_array")
+    """Static shared memory `pk.shared_array(T, N)` or `(T, (rows, cols))`: `.shared` array,
+    16-byte aligned, or `align=` 32..1024 bytes (TMA tiles: 128; tiles a 128-byte-swizzle
+    wgmma descriptor reads: 1024)."""
+    elem, shape, kwargs = _type_and_shape(fl, node, "shared_array", keywords=("align",))
+    align = kwargs.get("align", ConstValue(16))
+    if not isinstance(align, ConstValue) or align.value not in SHARED_ALIGNS:
+        raise fl.error(node, "pk.shared_array: align must be a compile-time power of two "
+                       f"in 16..1024 (bytes), got {describe(align)}")
     aty = ArrayType(elem, shape, "shared")
-    ptr = fl.ctx.target.shared_array(fl.ctx, aty)
+    ptr = fl.ctx.target.shared_array(fl.ctx, aty, align.value)
     return ArrayValue(aty, ptr, ("array", ptr, aty.count * elem.nbytes))
 
 

@@ -7,7 +7,7 @@ import builtins
 from llvmlite import ir
 
 from ..device_function import DeviceFunction
-from ..types import ScalarType, bool_, f32
+from ..types import ScalarType, bool_
 from . import ops
 from .values import ConstValue, GlobalRef, PtrValue, TypeValue, Value, describe
 
@@ -62,6 +62,9 @@ def positional(fl, node, count, name):
 
 
 def lower_cast(fl, ty: ScalarType, node):
+    if ops.is_packed(ty):                     # f16x2(a, b): a pair, not a conversion
+        from .expressions import construct_packed
+        return construct_packed(fl, ty, node)
     (val,) = positional(fl, node, 1, f"{ty}()")
     if isinstance(val, ConstValue):
         if not isinstance(val.value, (bool, int, float)):
@@ -92,13 +95,10 @@ def lower_minmax(fl, node, is_max):
 
 def minmax_ir(fl, ty, x, y, is_max):
     b = fl.b
-    if ty.is_float:
-        if ops.is_half(ty):
-            r = minmax_ir(fl, f32,
-                          ops.to_f32(b, ty, x), ops.to_f32(b, ty, y), is_max)
-            return ops.from_f32(b, ty, r)
-        fn = fl.ctx.intrinsic_decl("llvm.maxnum" if is_max else "llvm.minnum", ty.llvm)
-        return b.call(fn, [x, y])
+    if ty.is_float or ops.is_packed(ty):
+        half = ty.elem if ops.is_packed(ty) else ty
+        native = ops.is_half(half) and fl.ctx.target.half_native(half, "max" if is_max else "min")
+        return ops.float_minmax(b, ty, x, y, is_max, fl.ctx.intrinsic_decl, native)
     cmp = (b.icmp_signed if ty.is_signed else b.icmp_unsigned)(">" if is_max else "<", x, y)
     return b.select(cmp, x, y)
 
@@ -110,13 +110,8 @@ def lower_abs(fl, node):
     if not isinstance(val, Value):
         raise fl.error(node, f"abs() of {describe(val)}")
     b = fl.b
-    if val.ty.is_float:
-        if ops.is_half(val.ty):
-            f = ops.to_f32(b, val.ty, val.ir)
-            fn = fl.ctx.intrinsic_decl("llvm.fabs", ir.FloatType())
-            return Value(val.ty, ops.from_f32(b, val.ty, b.call(fn, [f])))
-        fn = fl.ctx.intrinsic_decl("llvm.fabs", val.ty.llvm)
-        return Value(val.ty, b.call(fn, [val.ir]))
+    if val.ty.is_float or ops.is_packed(val.ty):
+        return Value(val.ty, ops.fabs(b, val.ty, val.ir, fl.ctx.intrinsic_decl))
     if not val.ty.is_signed:
         return val
     neg = b.icmp_signed("<", val.ir, ir.Constant(val.ty.llvm, 0))

@@ -156,6 +156,9 @@ class FunctionLowering:
             return ConstValue(obj)
         if isinstance(obj, ScalarType):
             return TypeValue(obj)
+        lower_global = getattr(type(obj), "lower_global", None)   # e.g. pk.const_array tables
+        if lower_global is not None:
+            return lower_global(obj, self, node)
         return GlobalRef(obj)
 
     def assign_name(self, name: str, val, node):

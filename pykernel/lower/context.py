@@ -121,6 +121,10 @@ def _mangle(t: ir.Type) -> str:
         return "f64"
     if isinstance(t, ir.HalfType):
         return "f16"
+    if str(t) == "bfloat":        # ops.BFloatType (llvmlite has none of its own)
+        return "bf16"
+    if isinstance(t, ir.VectorType):                     # <2 x half>: v2f16
+        return f"v{t.count}{_mangle(t.element)}"
     if isinstance(t, ir.IntType):
         return f"i{t.width}"
     raise TypeError(t)

@@ -79,9 +79,14 @@ def binop_values(fl, op, a, b, node):
     if op is ast.Pow:
         return power(fl, a, b, node)
     x, y, ty = unify(fl, a, b, node)
+    if ops.is_packed(ty):
+        native = fl.ctx.target.half_native(ty.elem, HALF_OP_NAMES.get(op, ""))
+        return Value(ty, ops.packed_binop(fl.b, op, ty, x.ir, y.ir, fl.ctx.options.fp_contract,
+                                          native))
     if ty.is_float:
+        native = ops.is_half(ty) and fl.ctx.target.half_native(ty, HALF_OP_NAMES.get(op, ""))
         res = ops.float_binop(fl.b, op, ty, x.ir, y.ir, lambda t, v: floor_value(fl, t, v),
-                              fl.ctx.options.fp_contract)
+                              fl.ctx.options.fp_contract, native)
     elif ty is bool_ and op in (ast.BitAnd, ast.BitOr, ast.BitXor):
         res = ops.int_binop(fl.b, op, ty, x.ir, y.ir)
     elif ty.is_int:
@@ -89,6 +94,9 @@ def binop_values(fl, op, a, b, node):
     else:
         raise ops.TypeMismatch(f"cannot {ops.OP_NAMES.get(op, op.__name__)} {ty} values")
     return Value(ty, res)
+
+
+HALF_OP_NAMES = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul"}
 
 
 def floor_value(fl, ty, v):
@@ -135,12 +143,7 @@ def lower_unaryop(fl, node: ast.UnaryOp):
     if isinstance(node.op, ast.UAdd):
         return v
     if isinstance(node.op, ast.USub):
-        if v.ty.is_float:
-            if ops.is_half(v.ty):
-                return Value(v.ty, ops.from_f32(fl.b, v.ty, fl.b.fneg(ops.to_f32(fl.b, v.ty,
-                                                                                v.ir))))
-            return Value(v.ty, fl.b.fneg(v.ir))
-        return Value(v.ty, fl.b.neg(v.ir))
+        return Value(v.ty, ops.negate(fl.b, v.ty, v.ir))
     if not v.ty.is_int and v.ty is not bool_:
         raise fl.error(node, f"~ needs an integer, got {v.ty}")
     return Value(v.ty, fl.b.not_(v.ir))
@@ -190,7 +193,8 @@ def compare_values(fl, op, a, b, node):
                                  f"not {describe(a)} and {describe(b)}")
         return ConstValue(PY_CMPS[type(op)](a.ty, b.ty))
     x, y, ty = unify(fl, a, b, node)
-    return Value(bool_, ops.compare(fl.b, type(op), ty, x.ir, y.ir))
+    native = ops.is_half(ty) and fl.ctx.target.half_native(ty, "cmp")
+    return Value(bool_, ops.compare(fl.b, type(op), ty, x.ir, y.ir, native))
 
 
 def lower_compare(fl, node: ast.Compare):
@@ -268,6 +272,8 @@ def lower_attribute(fl, node: ast.Attribute):
         return ndarray.attribute(fl, node, base)
     if isinstance(base, TypeValue) and node.attr in ("bits", "nbytes"):
         return ConstValue(getattr(base.ty, node.attr))
+    if isinstance(base, Value) and ops.is_packed(base.ty) and node.attr in ("x", "y"):
+        return packed_lane(fl, base, "xy".index(node.attr))
     raise fl.error(node, f"{describe(base)} has no attribute '{node.attr}'")
 
 
@@ -286,8 +292,33 @@ def lower_subscript(fl, node: ast.Subscript):
         except IndexError:
             raise fl.error(node.slice, f"tuple index {idx.value} out of range "
                            f"(size {len(base.items)})") from None
+    if isinstance(base, Value) and ops.is_packed(base.ty):
+        idx = fl.expr(node.slice)
+        if not (isinstance(idx, ConstValue) and idx.value in (0, 1)
+                and not isinstance(idx.value, bool)):
+            raise fl.error(node.slice, f"a {base.ty} lane is [0] or [1] (a constant), or .x / .y")
+        return packed_lane(fl, base, idx.value)
     from .memory import load_subscript
     return load_subscript(fl, node, None, base)
+
+
+def packed_lane(fl, pair: Value, k: int) -> Value:
+    return Value(pair.ty.elem, fl.b.extract_element(pair.ir, ir.Constant(ir.IntType(32), k)))
+
+
+def construct_packed(fl, ty, node):
+    """`f16x2(a, b)`: a pair from two values of the element type (literals adapt); a in
+    lane x (the low 16 bits in memory)."""
+    if node.keywords or len(node.args) != ty.lanes:
+        raise fl.error(node, f"{ty}() takes {ty.lanes} values (the lanes x, y)")
+    lanes = []
+    for arg in node.args:
+        v = fl.expr(arg)
+        if isinstance(v, Value) and v.ty != ty.elem:
+            raise fl.error(arg, f"{ty} lanes are {ty.elem}, got {describe(v)}",
+                           hint=f"convert explicitly, e.g. {ty.elem}(x)")
+        lanes.append(fl.coerce(v, ty.elem, arg).ir)
+    return Value(ty, ops.pack_lanes(fl.b, ty, lanes))
 
 
 def lower_call(fl, node: ast.Call):

@@ -1,5 +1,13 @@
 """Scalar operations with C semantics for ints (Python floor semantics for // and % on signed
-ints), IEEE floats, f16/bf16 computed in f32 and rounded back, and explicit casts."""
+ints), IEEE floats, f16/bf16 arithmetic and explicit casts.
+
+f16/bf16 `+ - *`, fma, min/max and comparisons compute in the half type itself where the
+target says it has the instruction (`target.half_native(ty, op)`: NVPTX `add.rn.f16`,
+`fma.rn.bf16`, `setp.lt.bf16` ...; LLVM expands what an arch lacks, exactly); elsewhere (the CPU
+target, bf16 fma before sm_80) they are emulated with the same rounding: + - * min max in f32
+rounded once to the half type (f32 has more than 2p+2 bits, so the double rounding is
+innocuous), fma in f64 rounded to odd to f32 and then to nearest even. Negation and abs are
+sign-bit operations (NaN payloads kept, as numpy does). /, // and % compute in f32."""
 from __future__ import annotations
 
 import ast
@@ -9,7 +17,24 @@ from llvmlite import ir
 from ..types import INT_RANGES, ScalarType, bf16, bool_, common_int_literal_type, f16, f32
 
 F32 = ir.FloatType()
+F64 = ir.DoubleType()
+I16 = ir.IntType(16)
 I32 = ir.IntType(32)
+I64 = ir.IntType(64)
+
+
+class BFloatType(ir.types._BaseFloatType):
+    """LLVM's `bfloat` (llvmlite has no such type). bf16 values live as i16 bits and become
+    `bfloat` only around the operations computed in bf16 (bitcasts cost nothing)."""
+    null = "0.0"
+    intrinsic_name = "bf16"
+
+    def __str__(self):
+        return "bfloat"
+
+
+BFloatType._create_instance()
+BFLOAT = BFloatType()
 
 
 class TypeMismatch(Exception):
@@ -46,6 +71,8 @@ def const_ir(ty: ScalarType, value) -> ir.Constant:
             shown = str(v) if v.bit_length() <= 128 else f"of {v.bit_length()} bits"
             raise TypeMismatch(f"literal {shown} does not fit in {ty} (range {lo}..{hi})")
         return ir.Constant(ty.llvm, v & ((1 << ty.bits) - 1))
+    if is_packed(ty):                  # a literal next to a packed pair: both lanes
+        return ir.Constant(ty.llvm, [const_ir(ty.elem, value)] * ty.lanes)
     if ty is bf16:
         import numpy as np
         bits = int(np.array(float(value), np.float32).view(np.uint32))
@@ -83,12 +110,158 @@ def is_half(ty: ScalarType) -> bool:
     return ty is f16 or ty is bf16
 
 
+def is_packed(ty) -> bool:
+    return getattr(ty, "lanes", 0) > 1
+
+
+def as_half(b: ir.IRBuilder, ty: ScalarType, v):
+    """A stored f16/bf16 value (or packed pair) as the LLVM type that computes in it
+    (`half`, `bfloat`, `<2 x half>`, `<2 x bfloat>`)."""
+    if is_packed(ty):
+        return b.bitcast(v, ir.VectorType(BFLOAT, ty.lanes)) if ty.elem is bf16 else v
+    return b.bitcast(v, BFLOAT) if ty is bf16 else v
+
+
+def from_half(b: ir.IRBuilder, ty: ScalarType, v):
+    if is_packed(ty):
+        return b.bitcast(v, ty.llvm) if ty.elem is bf16 else v
+    return b.bitcast(v, I16) if ty is bf16 else v
+
+
+def compute_type(ty: ScalarType) -> ir.Type:
+    """The LLVM type a half (or packed) value computes in natively."""
+    if is_packed(ty):
+        return ir.VectorType(compute_type(ty.elem), ty.lanes)
+    return BFLOAT if ty is bf16 else ty.llvm
+
+
+def half_bits(b: ir.IRBuilder, ty: ScalarType, v):
+    if is_packed(ty):
+        return b.bitcast(v, ir.VectorType(I16, ty.lanes))
+    return v if ty is bf16 else b.bitcast(v, I16)
+
+
+def bits_to_half(b: ir.IRBuilder, ty: ScalarType, bits):
+    return bits if ty is bf16 else b.bitcast(bits, ty.llvm)
+
+
+def _sign_mask(ty: ScalarType, value: int) -> ir.Constant:
+    if is_packed(ty):
+        return ir.Constant(ir.VectorType(I16, ty.lanes), [value] * ty.lanes)
+    return ir.Constant(I16, value)
+
+
+# --- packed pairs: one vector operation, or lane by lane where the target lacks it ---------
+
+def lanes_of(b: ir.IRBuilder, ty: ScalarType, v) -> list:
+    return [b.extract_element(v, ir.Constant(I32, k)) for k in range(ty.lanes)]
+
+
+def pack_lanes(b: ir.IRBuilder, ty: ScalarType, values) -> ir.Value:
+    out = ir.Constant(ty.llvm, ir.Undefined)
+    for k, v in enumerate(values):
+        out = b.insert_element(out, v, ir.Constant(I32, k))
+    return out
+
+
+def lane_by_lane(b: ir.IRBuilder, ty: ScalarType, scalar_op, *operands):
+    """A packed operation as the element type's operation on each lane."""
+    per_lane = zip(*(lanes_of(b, ty, v) for v in operands))
+    return pack_lanes(b, ty, [scalar_op(*lane) for lane in per_lane])
+
+
+# --- f16 / bf16 operations beyond + - * ---------------------------------------------------------
+
+def negate(b: ir.IRBuilder, ty: ScalarType, v):
+    """-x: the sign bit flipped (for halves an integer xor: NaN payloads kept on every target)."""
+    if is_half(ty) or is_packed(ty):
+        return bits_to_half(b, ty, b.xor(half_bits(b, ty, v), _sign_mask(ty, 0x8000)))
+    return b.fneg(v) if ty.is_float else b.neg(v)
+
+
+def fabs(b: ir.IRBuilder, ty: ScalarType, v, decl):
+    """|x| of a float: the sign bit cleared. `decl(name, llvm_type)` declares an intrinsic."""
+    if is_half(ty) or is_packed(ty):
+        return bits_to_half(b, ty, b.and_(half_bits(b, ty, v), _sign_mask(ty, 0x7FFF)))
+    return b.call(decl("llvm.fabs", ty.llvm), [v])
+
+
+def float_minmax(b: ir.IRBuilder, ty: ScalarType, x, y, is_max, decl, native=False):
+    """IEEE maxNum/minNum (a NaN operand gives the other one): `max.f32`, `max.f16`..."""
+    name = "llvm.maxnum" if is_max else "llvm.minnum"
+    if (is_half(ty) or is_packed(ty)) and native:
+        return from_half(b, ty, b.call(decl(name, compute_type(ty)),
+                                       [as_half(b, ty, x), as_half(b, ty, y)]))
+    if is_packed(ty):
+        return lane_by_lane(b, ty, lambda p, q: float_minmax(b, ty.elem, p, q, is_max, decl),
+                            x, y)
+    if is_half(ty):   # min/max of two halves is one of them: exact in f32
+        return from_f32(b, ty, b.call(decl(name, F32), [to_f32(b, ty, x), to_f32(b, ty, y)]))
+    return b.call(decl(name, ty.llvm), [x, y])
+
+
+def float_fma(b: ir.IRBuilder, ty: ScalarType, x, y, z, decl, native=False):
+    """x*y+z rounded once (`fma.rn.f32`, `fma.rn.f16`, `fma.rn.bf16`)."""
+    if not (is_half(ty) or is_packed(ty)) or native:
+        vals = [as_half(b, ty, v) for v in (x, y, z)]
+        return from_half(b, ty, b.call(decl("llvm.fma", compute_type(ty)), vals))
+    if is_packed(ty):
+        return lane_by_lane(b, ty, lambda p, q, r: float_fma(b, ty.elem, p, q, r, decl),
+                            x, y, z)
+    # x*y is exact in f64 (16 bits at most); the sum is rounded to odd in f64 (TwoSum gives
+    # its exact error), then to odd in f32, then to nearest even in the half format: rounding
+    # to odd with at least two more bits than the last rounding is a correct single rounding
+    wide = [b.fpext(to_f32(b, ty, v), F64) for v in (x, y, z)]
+    product = b.fmul(wide[0], wide[1])
+    total = b.fadd(product, wide[2])
+    moved = b.fsub(total, product)
+    error = b.fadd(b.fsub(product, b.fsub(total, moved)), b.fsub(wide[2], moved))
+    odd = _to_odd(b, total, error, I64)
+    return from_f32(b, ty, _round_to_odd_f32(b, odd, decl))
+
+
+def _to_odd(b: ir.IRBuilder, near, error, int_ty):
+    """`near` rounded to odd given the exact `error` of its rounding (true = near + error):
+    truncated toward zero (one step down in magnitude if it was rounded up), lowest bit set."""
+    zero = ir.Constant(near.type, 0.0)
+    inexact = b.fcmp_ordered("one", error, zero)
+    rounded_up = b.icmp_unsigned("!=", b.fcmp_ordered("<", error, zero),
+                                 b.fcmp_ordered("<", near, zero))
+    bits = b.bitcast(near, int_ty)
+    toward_zero = b.select(rounded_up, b.sub(bits, ir.Constant(int_ty, 1)), bits)
+    odd = b.or_(toward_zero, ir.Constant(int_ty, 1))
+    return b.bitcast(b.select(inexact, odd, bits), near.type)
+
+
+def _round_to_odd_f32(b: ir.IRBuilder, v, decl):
+    """An f64 as f32 rounded to odd (NaN and infinities as they are)."""
+    near = b.fptrunc(v, F32)
+    back = b.fpext(near, F64)
+    finite = b.fcmp_ordered("one", b.call(decl("llvm.fabs", F64), [v]),
+                            ir.Constant(F64, float("inf")))
+    error = b.select(finite, b.fsub(v, back), ir.Constant(F64, 0.0))
+    return _to_odd(b, near, _error_sign_f32(b, error), I32)
+
+
+def _error_sign_f32(b: ir.IRBuilder, error):
+    """The sign and non-zeroness of an f64 rounding error as an f32 (+-1 or 0): the error
+    itself may be below f32's range."""
+    zero = ir.Constant(F64, 0.0)
+    sign = b.select(b.fcmp_ordered("<", error, zero), ir.Constant(F32, -1.0),
+                    ir.Constant(F32, 1.0))
+    return b.select(b.fcmp_ordered("one", error, zero), sign, ir.Constant(F32, 0.0))
+
+
 # --- casts --------------------------------------------------------------------------------------
 
 def cast(b: ir.IRBuilder, src: ScalarType, dst: ScalarType, v):
     """Explicit conversion `dst(v)`: C semantics (float->int truncates toward zero)."""
     if src is dst:
         return v
+    if is_packed(src) or is_packed(dst):
+        raise TypeMismatch(f"cannot convert {src} to {dst}",
+                           hint="build a pair with f16x2(a, b), read lanes as p.x / p.y, or "
+                                "reinterpret bits with pk.bitcast(p, u32)")
     if dst.kind == "bool":
         if src.is_float:
             return b.fcmp_unordered("une", to_f32(b, src, v) if is_half(src) else v,
@@ -171,9 +344,14 @@ def int_binop(b: ir.IRBuilder, op, ty: ScalarType, x, y):
     raise TypeMismatch(f"operator {op.__name__} is not supported on {ty}")
 
 
-def float_binop(b: ir.IRBuilder, op, ty: ScalarType, x, y, floor_fn, contract=False):
-    """IEEE arithmetic; `contract` lets LLVM fuse a*b+c into one fma (fp_contract option)."""
+def float_binop(b: ir.IRBuilder, op, ty: ScalarType, x, y, floor_fn, contract=False,
+                native=False):
+    """IEEE arithmetic; `contract` lets LLVM fuse a*b+c into one fma (fp_contract option);
+    `native`: f16/bf16 + - * in the half type (the target has the instruction)."""
     if is_half(ty):
+        if native and op in (ast.Add, ast.Sub, ast.Mult):
+            r = float_binop(b, op, None, as_half(b, ty, x), as_half(b, ty, y), floor_fn, contract)
+            return from_half(b, ty, r)
         r = float_binop(b, op, f32, to_f32(b, ty, x), to_f32(b, ty, y), floor_fn, contract)
         return from_f32(b, ty, r)
     flags = ("contract",) if contract else ()
@@ -193,16 +371,34 @@ def float_binop(b: ir.IRBuilder, op, ty: ScalarType, x, y, floor_fn, contract=Fa
                        hint="bit operations need integers: use pk.bitcast(x, u32)")
 
 
+def packed_binop(b: ir.IRBuilder, op, ty: ScalarType, x, y, contract=False, native=False):
+    """+ - * of two packed pairs: one `add.rn.f16x2` / `mul.rn.bf16x2` where the target has
+    it (`native`), else lane by lane with the element type's rounding."""
+    if op not in (ast.Add, ast.Sub, ast.Mult):
+        raise TypeMismatch(f"operator {OP_NAMES.get(op, op.__name__)} is not defined on {ty}",
+                           hint="packed pairs have + - *, pk.fma, min, max, abs and negation")
+    if native:
+        r = float_binop(b, op, None, as_half(b, ty, x), as_half(b, ty, y), None, contract)
+        return from_half(b, ty, r)
+    return lane_by_lane(b, ty, lambda p, q: float_binop(b, op, ty.elem, p, q, None, contract),
+                        x, y)
+
+
 CMP_OPS = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
 
 
-def compare(b: ir.IRBuilder, op, ty: ScalarType, x, y):
+def compare(b: ir.IRBuilder, op, ty: ScalarType, x, y, native=False):
+    """`native`: f16/bf16 compared in the half type (`setp.lt.f16`); else in f32 (exact)."""
     sym = CMP_OPS.get(op)
     if sym is None:
         raise TypeMismatch(f"comparison {op.__name__} is not supported in kernels")
+    if is_packed(ty):
+        raise TypeMismatch(f"{ty} values do not compare as a whole",
+                           hint="compare lanes: p.x < q.x")
     if ty.is_float:
         if is_half(ty):
-            x, y = to_f32(b, ty, x), to_f32(b, ty, y)
+            convert = as_half if native else to_f32
+            x, y = convert(b, ty, x), convert(b, ty, y)
         if sym == "!=":
             return b.fcmp_unordered("!=", x, y)
         return b.fcmp_ordered(sym, x, y)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from ..types import ArrayPtrType, ArrayType, PtrType, ScalarType
+from ..types import ArrayPtrType, ArrayType, PtrType, ScalarType, TensorMapType
 
 
 @dataclass
@@ -51,6 +51,15 @@ class NdArrayValue:
 
 
 @dataclass
+class TensorMapValue:
+    """A `pk.TensorMap` parameter: the address of its 128 bytes (the NVPTX target: a
+    grid-constant parameter; the CPU target: its place in the argument buffer)."""
+    ty: TensorMapType
+    ir: ir.Value
+    name: str
+
+
+@dataclass
 class TupleValue:
     items: tuple
 
@@ -83,6 +92,8 @@ def describe(val) -> str:
         return f"array parameter {val.ty}"
     if isinstance(val, TypeValue):
         return f"type {val.ty}"
+    if isinstance(val, TensorMapValue):
+        return f"tensor map parameter '{val.name}'"
     if isinstance(val, GlobalRef):
         return f"Python object {val.obj!r}"
     return type(val).__name__

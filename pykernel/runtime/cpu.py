@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..errors import KernelRuntimeError
+from ..errors import KernelRuntimeError, LaunchError
 from ..targets import cpu_abi as abi
 from .device import register_device_kind
 from .limits import check_geometry
@@ -84,7 +84,9 @@ class CpuDevice:
         # a kernel whose cluster's blocks must live together runs whole clusters per worker
         together = cluster[0] * cluster[1] * cluster[2] \
             if "cluster_together" in compiled.uses else 1
-        if "cluster" not in compiled.uses:
+        if "grid_sync" in compiled.uses:   # pk.grid_sync: the whole grid lives at once
+            cluster, together = _grid_as_cluster(compiled, grid, cluster)
+        elif "cluster" not in compiled.uses:
             cluster = (1, 1, 1)       # blocks that never look at their cluster are independent
         chunks = self._chunks(nblocks // together, compiled.cpu.coroutine,
                               nthreads * together)
@@ -152,6 +154,15 @@ class CpuDevice:
 
     # memory operations: host memory (arrays.HostMemory is used when absent)
     memory = None
+
+
+def _grid_as_cluster(compiled, grid, cluster):
+    """A kernel with pk.grid_sync runs its grid as one cluster of coroutines (one worker):
+    each grid_sync is that cluster's barrier."""
+    if cluster is not None and tuple(cluster) != (1, 1, 1):
+        raise LaunchError(f"{compiled.name}: a kernel with pk.grid_sync() cannot be launched "
+                          f"with clusters (cluster={tuple(cluster)})")
+    return tuple(grid), grid[0] * grid[1] * grid[2]
 
 
 register_device_kind("cpu", CpuDevice)

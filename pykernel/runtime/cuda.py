@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import sys
 from collections import deque
 
 from cuda.bindings import driver as cu
@@ -164,7 +165,7 @@ class CudaMemory:
 class _LoadedKernel:
     __slots__ = ("name", "func", "packer", "pack", "params_address", "kernel_params", "extra",
                  "dynamic_shared_limit", "static_shared", "code", "launch_config",
-                 "non_portable")
+                 "non_portable", "cooperative", "co_resident")
 
     def __init__(self, name, func, packer, dynamic_shared_limit, static_shared, code,
                  param_buffer: bool, pdl: bool = False):
@@ -182,6 +183,8 @@ class _LoadedKernel:
         # asks for it (capture_graph(pdl=True))
         self.launch_config = _pdl_config() if pdl else None
         self.non_portable = False     # clusters of more than 8 blocks allowed (set on demand)
+        self.cooperative = False      # pk.grid_sync: launched cooperatively (set by load)
+        self.co_resident = {}         # (threads, shared bytes) -> blocks resident at once
 
 
 def _bad_geometry(kernel, grid, block, shared_bytes, exc) -> LaunchError:
@@ -230,6 +233,35 @@ def _launch_pdl(kernel, grid, block, shared_bytes, handle):
     config.blockDimX, config.blockDimY, config.blockDimZ = block
     config.sharedMemBytes, config.hStream = shared_bytes, handle
     return _launch_kernel_ex(config, kernel.func, kernel.kernel_params, kernel.extra)
+
+
+def _launch_cooperative(device, kernel, grid, block, shared_bytes, handle, cluster):
+    """A kernel with pk.grid_sync: cuLaunchKernelEx with the cooperative attribute, after
+    checking that every block of the grid can be resident at once (else the barrier would
+    wait for ever; the driver refuses too, with a less telling error)."""
+    where = f"{kernel.name}[grid={tuple(grid)}, block={tuple(block)}, shared={shared_bytes}]"
+    if cluster is not None and tuple(cluster) != (1, 1, 1):
+        raise LaunchError(f"{where}: a kernel with pk.grid_sync() cannot use clusters")
+    threads, blocks = block[0] * block[1] * block[2], grid[0] * grid[1] * grid[2]
+    fits = kernel.co_resident.get((threads, shared_bytes))
+    if fits is None:
+        per_sm = check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            kernel.func, threads, shared_bytes), f"{kernel.name}: occupancy")
+        fits = kernel.co_resident[(threads, shared_bytes)] = \
+            per_sm * device.core.properties.multiprocessor_count
+    if blocks > fits:
+        raise LaunchError(f"{where}: pk.grid_sync() needs every block resident at once; "
+                          f"{blocks} blocks, this GPU holds at most {fits} of this kernel's "
+                          f"blocks together")
+    attribute = cu.CUlaunchAttribute()
+    attribute.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+    attribute.value.cooperative = 1
+    config = cu.CUlaunchConfig()
+    config.attrs, config.numAttrs = [attribute], 1
+    config.gridDimX, config.gridDimY, config.gridDimZ = grid
+    config.blockDimX, config.blockDimY, config.blockDimZ = block
+    config.sharedMemBytes, config.hStream = shared_bytes, handle
+    return cu.cuLaunchKernelEx(config, kernel.func, kernel.kernel_params, kernel.extra)
 
 
 class _PinnedAllocation:
@@ -316,7 +348,10 @@ class CudaDevice:
         self._recent.append(kernel.name)
         try:
             pdl = kernel.launch_config is not None and self.programmatic_launch
-            if cluster is not None and cluster != (1, 1, 1):
+            if kernel.cooperative:
+                (err,) = _launch_cooperative(self, kernel, grid, block, shared_bytes, handle,
+                                             cluster)
+            elif cluster is not None and cluster != (1, 1, 1):
                 (err,) = _launch_cluster(kernel, grid, block, shared_bytes, handle, cluster,
                                          pdl)
             elif not pdl:
@@ -353,7 +388,8 @@ class CudaDevice:
         handle = None if stream is None else _stream_handle(stream)
         func, name = kernel.func, kernel.name
         (g0, g1, g2), (b0, b1, b2) = grid, block
-        plain = cluster in (None, (1, 1, 1)) and kernel.launch_config is None
+        plain = cluster in (None, (1, 1, 1)) and kernel.launch_config is None and \
+            not kernel.cooperative
         full = fallback or functools.partial(self.launch, compiled, grid, block, args, stream,
                                              shared_bytes, cluster)
 
@@ -372,6 +408,43 @@ class CudaDevice:
                 self._launch_failed(err, kernel, grid, block, shared_bytes, cluster)
         launch.keepalive = (owner, args)
         return launch
+
+    def fast_launch(self, compiled, grid, block, stream=None, shared_bytes=0, fallback=None,
+                    guard=("False", {})):
+        """A function `launch(*args, **kwargs)` for a Launcher's plain calls of `compiled`
+        with this geometry, generated with the packer's checks inline (one Python frame per
+        launch): the shared-memory opt-in, stream handle and driver arguments are resolved
+        now. Keywords, the caller's `guard` (an expression and the names it reads), a capture,
+        a programmatic_launches() block, synchronous launches or a wrong argument count go to
+        `fallback(*args, **kwargs)`, the full path (whose errors users then see). None where
+        there is no such function: while capturing (the stream's handle is the capture's then)
+        and for n-d array parameters (their pack expands arguments) and cooperative kernels
+        (pk.grid_sync: the full path launches them with the cooperative attribute)."""
+        if self._capture is not None:
+            return None
+        kernel = self._kernels.get(compiled.cache_key) or self.load(compiled)
+        if kernel.cooperative:      # pk.grid_sync: only the full path launches cooperatively
+            return None
+        if shared_bytes > kernel.dynamic_shared_limit:
+            self._raise_shared_limit(kernel, shared_bytes)
+        # outside a capture (the only time this runs) the handles are the streams' own
+        handle = self._launch_handle if stream is None else _stream_handle(stream)
+        condition, names = guard
+        scope = {**names, "device": self, "fallback": fallback, "func": kernel.func,
+                 "runtime": sys.modules[__name__], "handle": handle,
+                 "params": kernel.kernel_params, "extra": kernel.extra,
+                 "recent": self._recent.append, "name": kernel.name,
+                 "failed": functools.partial(self._launch_failed, kernel=kernel, grid=grid,
+                                             block=block, shared_bytes=shared_bytes)}
+        geometry = ", ".join(str(int(v)) for v in (*grid, *block, shared_bytes))
+        head = [(f"if kwargs or {condition} or device._capture is not None or "
+                 "device.sync_launches or device.programmatic_launch:"),
+                "    return fallback(*args, **kwargs)"]
+        # the module attribute, read per call: tests replace the driver call there
+        tail = ["recent(name)",
+                f"err, = runtime._launch_kernel(func, {geometry}, handle, params, extra)",
+                "if err:", "    failed(err)"]
+        return kernel.packer.fused("launch", head, tail, scope, "fallback(*args, **kwargs)")
 
     def load(self, compiled) -> _LoadedKernel:
         """Load the kernel's PTX once per device (keyed by compiled.cache_key)."""
@@ -394,6 +467,7 @@ class CudaDevice:
         kernel = _LoadedKernel(compiled.name, func, ArgPacker(compiled, "cuda", self.ordinal),
                                limit, getattr(compiled, "shared_bytes", 0), code,
                                self.param_buffer, "pdl" in getattr(compiled, "uses", ()))
+        kernel.cooperative = "grid_sync" in getattr(compiled, "uses", ())
         self._kernels[compiled.cache_key] = kernel
         self._prints = self._prints or "print" in getattr(compiled, "uses", ())
         return kernel

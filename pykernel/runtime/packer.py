@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+import sys
 
 import numpy as np
 
@@ -25,7 +26,7 @@ from typing import Callable, NamedTuple
 from ..errors import LaunchError
 from . import array_args
 from .arrays import Array
-from .pointer_sources import ARRAY, NUMPY, source_of
+from .pointer_sources import ARRAY, NUMPY, TORCH, source_of
 
 _FORMAT = {"int8": "b", "uint8": "B", "int16": "h", "uint16": "H", "int32": "i",
            "uint32": "I", "int64": "q", "uint64": "Q", "float16": "e", "float32": "f",
@@ -99,12 +100,22 @@ class ArgPacker:
                                             ctypes.addressof(self._size_field), 0)
         self.extra_address = ctypes.addressof(self._extra)
         self._count = len(self.params)
+        self._scopes = []          # the generated functions' globals (torch is bound late)
         self.pack = _generate_pack(self)
         array_args.install(self)   # pk.Array parameters: expand each argument into its fields
 
     def pack(self, args) -> int:  # replaced per instance by the generated function
         """Check and write `args`; returns the buffer address (CPU entry point's argument)."""
         raise NotImplementedError
+
+    def fused(self, function: str, head: list, tail: list, scope: dict, on_count: str):
+        """A function `function(*args, **kwargs)` that runs `head`, packs `args` as `pack`
+        does, then runs `tail` (a device's launch: one Python frame for the whole launch);
+        None for kernels whose arguments expand into several fields (n-d arrays), whose pack
+        is a wrapper."""
+        if any(p.kind == "array" for p in self.params):
+            return None
+        return _generate(self, function, head, tail, scope, on_count, "*args, **kwargs")
 
     def snapshot(self) -> tuple:
         """A private copy of the buffer as last packed: (owner to keep alive, its void*[] of
@@ -151,25 +162,34 @@ class ArgPacker:
 
     def _diagnose_scalars(self, args):
         for param, value in zip(self.params, args):
-            if param.kind != "ptr":
+            if param.kind not in ("ptr", "tensormap"):
                 _check_scalar(self, param, value)
 
 
 def _generate_pack(packer):
-    """Build `pack(args)` for this signature, unrolled: a tuple unpack, each parameter's lines
-    from its FIELD_KINDS entry, and one pack_into. Generated from the ABI alone (names are
-    a0, a1, ...), so no user text is evaluated; any argument the inline checks do not accept
-    goes to the precise converters."""
+    """`pack(args)` -> the buffer's address (see `_generate`)."""
+    return _generate(packer, "pack", [], ["return address"], {},
+                     "packer._raise_count(args)", "args")
+
+
+def _generate(packer, function: str, head: list, tail: list, extra_scope: dict,
+              on_count: str, signature: str):
+    """Build `function(<signature>)` (its arguments in `args`), unrolled: `head` lines, a
+    tuple unpack (`on_count` when the count is wrong), each parameter's lines from its
+    FIELD_KINDS entry, one pack_into, then `tail` lines. Generated from the ABI alone (names are a0, a1, ...)
+    and the callers' fixed lines, so no user text is evaluated; any argument the inline checks
+    do not accept goes to the precise converters."""
     names = [f"a{i}" for i in range(len(packer.params))]
     scope = {"Array": Array, "struct_error": struct.error, "packer": packer,
              "pack_into": packer._struct.pack_into, "storage": packer._storage,
-             "base": packer._base, "address": packer.address, "kind": packer.device_kind}
-    lines = ["def pack(args):"]
+             "base": packer._base, "address": packer.address, "kind": packer.device_kind,
+             "Tensor": _NoTorchYet, **extra_scope}
+    lines = [f"def {function}({signature}):"] + ["    " + line for line in head]
     if names:
         lines += ["    try:", f"        {', '.join(names)}, = args",
-                  "    except (ValueError, TypeError):", "        packer._raise_count(args)"]
+                  "    except (ValueError, TypeError):", f"        return {on_count}"]
     else:
-        lines += ["    if len(args):", "        packer._raise_count(args)"]
+        lines += ["    if len(args):", f"        return {on_count}"]
     fields = []
     for name, param in zip(names, packer.params):
         code, written = FIELD_KINDS[param.kind].emit(packer, param, name, scope)
@@ -177,10 +197,16 @@ def _generate_pack(packer):
         fields += written
     lines += ["    try:", f"        pack_into(storage, base, {', '.join(fields)})",
               "    except (struct_error, TypeError, ValueError, OverflowError):",
-              "        packer._diagnose_scalars(args)", "        raise",
-              "    return address"]
-    exec(compile("\n".join(lines), f"<pack {packer.kernel_name}>", "exec"), scope)
-    return scope["pack"]
+              "        packer._diagnose_scalars(args)", "        raise"]
+    lines += ["    " + line for line in tail]
+    exec(compile("\n".join(lines), f"<{function} {packer.kernel_name}>", "exec"), scope)
+    packer._scopes.append(scope)
+    return scope[function]
+
+
+class _NoTorchYet:
+    """What the generated code's `Tensor` names until a torch tensor is first passed (then
+    torch.Tensor: see `_pointer_converter`); no value has this type."""
 
 
 class FieldKind(NamedTuple):
@@ -193,13 +219,35 @@ class FieldKind(NamedTuple):
 
 
 def _pointer_emit(packer, param, name, scope):
-    """Our Array of exactly the expected dtype inline; anything else through its type's
-    PointerSource (cached per type), and the precise error when that refuses."""
+    """Our Array of exactly the expected dtype inline, and a plain torch tensor of the
+    expected dtype on this device (once torch tensors are seen: `_bind_torch`); anything else
+    through its type's PointerSource (cached per type), and the precise error when that
+    refuses."""
     scope[f"D{name}"] = np.dtype(_accepted_names(param)[0])
     scope[f"C{name}"] = _pointer_converter(packer, param)
-    return [f"if type({name}) is Array and {name}._dtype is D{name} and "
-            f"{name}._device_kind == kind:",
-            f"    {name} = {name}._ptr", "else:", f"    {name} = C{name}({name})"], [name]
+    lines = [(f"if type({name}) is Array and {name}._dtype is D{name} and "
+              f"{name}._device_kind == kind:"), f"    {name} = {name}._ptr"]
+    device = _TORCH_DEVICE.get(packer.device_kind, packer.device_ordinal)
+    if device is not None:      # get_device(): the CUDA ordinal, -1 for host tensors
+        scope[f"T{name}"] = None
+        lines += [(f"elif type({name}) is Tensor and {name}.dtype is T{name} and "
+                   f"{name}.get_device() == {int(device)} and {name}.is_contiguous():"),
+                  f"    {name} = {name}.data_ptr()"]
+    return lines + ["else:", f"    {name} = C{name}({name})"], [name]
+
+
+_TORCH_DEVICE = {"cpu": -1}     # else the packer's ordinal (CUDA)
+
+
+def _bind_torch(packer):
+    """Point the generated functions' inline torch branch at torch.Tensor and each pointer
+    parameter's torch dtype (torch dtypes are singletons: compared by identity)."""
+    torch = sys.modules["torch"]
+    for scope in packer._scopes:
+        scope["Tensor"] = torch.Tensor
+        for index, param in enumerate(packer.params):
+            if f"Ta{index}" in scope:
+                scope[f"Ta{index}"] = getattr(torch, dtype_name(param.dtype), None)
 
 
 def _scalar_emit(packer, param, name, scope):
@@ -217,8 +265,19 @@ def _array_emit(packer, param, name, scope):
     return [], [name]
 
 
+def _tensormap_emit(packer, param, name, scope):
+    """A pk.tensor_map result for this device kind: its 128 bytes, by value."""
+    from .tensor_map import TiledTensorMap
+    scope["TiledTensorMap"], scope[f"P{name}"] = TiledTensorMap, param
+    return [f"if type({name}) is not TiledTensorMap or {name}.device_kind != kind:",
+            (f"    raise packer.error(P{name}, 'a tensor map of a ' + kind + ' array "
+             f"(pk.tensor_map)', {name})"),
+            f"{name} = {name}.data"], [name]
+
+
 FIELD_KINDS = {"ptr": FieldKind(lambda param: "Q", _pointer_emit),
                "array": FieldKind(lambda param: "Q", _array_emit),
+               "tensormap": FieldKind(lambda param: f"{param.size}s", _tensormap_emit),
                "scalar": FieldKind(lambda param: _scalar_format(param), _scalar_emit)}
 
 
@@ -291,7 +350,10 @@ def _pointer_converter(packer, param):
         cls = value.__class__
         fast = fast_by_type.get(cls, _UNSEEN)
         if fast is _UNSEEN:
-            fast = fast_by_type[cls] = source_of(cls).fast(accepted, kind, ordinal)
+            source = source_of(cls)
+            fast = fast_by_type[cls] = source.fast(accepted, kind, ordinal)
+            if source is TORCH:
+                _bind_torch(packer)
         if fast is not None:
             address = fast(value)
             if address is not None:

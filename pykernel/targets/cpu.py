@@ -12,22 +12,24 @@ import re
 
 from llvmlite import ir
 
-from ..types import PtrType
+from ..types import PtrType, TensorMapType
 from . import cpu_abi as abi
-from .base import IntrinsicTable
+from .base import Target
 from .cpu_bulk import CPUBulkOps
 from .cpu_cluster import CPUClusterOps
 from .cpu_hopper import HOPPER_INTRINSICS
 from .cpu_intrinsics import INTRINSICS
 from .cpu_ops import CPUOps
 from .cpu_runner import build_entry, coro_decls, patch_coroutine_text
+from .cpu_tma import CPUTmaOps
 
 I8P = ir.IntType(8).as_pointer()
 I64, I32, I1 = ir.IntType(64), ir.IntType(32), ir.IntType(1)
 
 
-class CPUTarget(CPUOps, CPUBulkOps, CPUClusterOps, IntrinsicTable):
+class CPUTarget(CPUOps, CPUBulkOps, CPUClusterOps, CPUTmaOps, Target):
     name = "cpu"
+    RESULT_FIELD = "cpu"       # a CPUProgram: the JIT-compiled entry point
     # the warp-collective intrinsics, emulated (cpu_intrinsics.py, cpu_hopper.py)
     INTRINSICS = {**INTRINSICS, **HOPPER_INTRINSICS}
     sm = None          # no arch gating: every instruction is emulated
@@ -49,6 +51,12 @@ class CPUTarget(CPUOps, CPUBulkOps, CPUClusterOps, IntrinsicTable):
     def pointer_type(self, ty: PtrType) -> ir.Type:
         return ir.PointerType(ty.elem.storage)
 
+    @staticmethod
+    def half_native(ty, op: str) -> bool:
+        """f16/bf16 arithmetic is emulated here (ops.py, same rounding): LLVM's own x86
+        lowering of `bfloat` needs runtime-library calls that the JIT does not provide."""
+        return False
+
     # --- function shape ------------------------------------------------------------------------
     def create_kernel(self, module, name, params, options):
         fnty = ir.FunctionType(I8P, [I8P, I64.as_pointer()] + [I32] * 7)
@@ -66,9 +74,11 @@ class CPUTarget(CPUOps, CPUBulkOps, CPUClusterOps, IntrinsicTable):
         loaded, offset = [], 0
         for name, ty in ctx.target_data.get("params", ()):
             size = 8 if isinstance(ty, PtrType) else ty.nbytes
-            offset += (-offset) % size
+            offset += (-offset) % getattr(ty, "align", size)
             raw = b.gep(fn.args[0], [ir.Constant(I64, offset)])
-            if isinstance(ty, PtrType):
+            if isinstance(ty, TensorMapType):     # its record stays in the buffer
+                loaded.append(raw)
+            elif isinstance(ty, PtrType):
                 addr = b.load(b.bitcast(raw, I64.as_pointer()))
                 loaded.append(b.inttoptr(addr, self.pointer_type(ty), name=name))
             else:
@@ -131,6 +141,8 @@ class CPUTarget(CPUOps, CPUBulkOps, CPUClusterOps, IntrinsicTable):
         b = ir.IRBuilder(td["suspend_ret"])
         b.call(d["end"], [hdl, ir.Constant(I1, 0)])
         b.ret(hdl)
+        if td.get("warp_counter") is not None:
+            self.mark_running(ctx)
         b = ir.IRBuilder(ctx.exit_block)
         self.clear_warp_flag(ctx, b)
         self._set_state(ctx, b, abi.FINISHED << 24)

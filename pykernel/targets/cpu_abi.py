@@ -33,7 +33,20 @@ ERRORS = {1: "out-of-bounds memory access", 2: "syncthreads() reached in diverge
           6: "mbarrier wait that can never complete (no thread left to arrive, no copy "
              "left to land)",
           7: "mbarrier misuse (arrival count or tx-count out of range, or not initialised)",
-          8: "cluster_sync() reached in divergent control flow (threads of the cluster at "
-             "different barriers)",
+          8: "cluster_sync() / grid_sync() reached in divergent control flow (threads of "
+             "the cluster or grid at different barriers, or some returned before it)",
           9: "cluster_map() rank outside the cluster",
-          10: "array index out of range"}
+          10: "array index out of range",
+          11: "tensor copy (TMA) misuse: shared address not 128-byte aligned, an innermost "
+              "coordinate whose byte offset is not a multiple of 16, a negative store "
+              "coordinate, a tensor map whose rank "
+              "differs from the coordinates' (or not from pk.tensor_map for this device), or "
+              "a multicast mask naming a rank outside the cluster",
+          12: "warp shuffle reads a lane that has returned or is not in the mask (the GPU "
+              "gives an undefined value)",
+          13: "warp operation whose mask names a lane that has returned, or called by a lane "
+              "not in its mask (undefined on the GPU)",
+          14: "syncthreads() not reached by every thread of the block (some returned before "
+              "it: the GPU may wait for them for ever)"}
+# the warp and barrier checks' codes (cpu_ops.py, cpu_runner.py)
+SHUFFLE_SOURCE_GONE, MASK_NAMES_GONE, BARRIER_AFTER_RETURN = 12, 13, 14

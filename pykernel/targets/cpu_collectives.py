@@ -28,8 +28,10 @@ def _lane_base(fl):
     return fl.b.sub(tlin, fl.b.and_(tlin, ir.Constant(I32, 31)))
 
 
-def _gather(fl, node, kind: str, value=None):
-    """Publish (PRESENT, value), wait for the warp; per lane: (takes part: i1, its value)."""
+def _gather(fl, node, kind: str, value=None, mask=None):
+    """Publish (PRESENT, value), wait for the warp; per lane: (takes part: i1, its value).
+    A lane takes part unless it has returned (its exchange words are then stale); with a
+    mask, naming a lane that returned is an error (target.check_warp_mask)."""
     target, b = fl.ctx.target, fl.b
     site = fl.ctx.site(fl, node, kind)
     words = [ir.Constant(I64, PRESENT)]
@@ -37,18 +39,20 @@ def _gather(fl, node, kind: str, value=None):
         words.append(b.zext(value, I64) if value.type != I64 else value)
     slots, half, nt = target.exchange_words(fl.ctx, words, site)
     tlin, base = fl.ctx.target_data["tlin"], _lane_base(fl)
-    lanes = []
+    lanes, exists = [], []
     for lane in range(32):      # unrolled, as vote: no loop blocks
         t = b.add(base, ir.Constant(I32, lane))
         live = b.icmp_signed("<", t, nt)
         safe = b.select(live, t, tlin)
-        flag = target.fetch_word(fl.ctx, slots, half, safe, 0)
-        present = b.and_(live, b.icmp_unsigned("!=", b.and_(flag, ir.Constant(I32, PRESENT)),
-                                                ir.Constant(I32, 0)))
+        present = b.and_(live, target.lane_running(fl.ctx, safe))
         v = None
         if value is not None:
             v = target.fetch_word(fl.ctx, slots, half, safe, 1, width=value.type.width)
         lanes.append((present, v))
+        exists.append(live)
+    if mask is not None:
+        target.check_warp_mask(fl.ctx, mask, _mask_of(b, [p for p, _ in lanes]),
+                               _mask_of(b, exists), site)
     return lanes
 
 
@@ -65,7 +69,7 @@ def activemask(fl, node):
 
 def match(fl, node, kind: str, mask, value):
     b = fl.b
-    lanes = _gather(fl, node, f"match_{kind}", value)
+    lanes = _gather(fl, node, f"match_{kind}", value, mask)
     same = _mask_of(b, [b.and_(p, b.icmp_unsigned("==", v, value)) for p, v in lanes])
     if kind == "any":
         return b.and_(same, mask)
@@ -79,7 +83,7 @@ IDENTITY = {"add": 0, "and": -1, "or": 0, "xor": 0}
 
 def redux(fl, node, op: str, signed: bool, mask, value):
     b = fl.b
-    lanes = _gather(fl, node, f"redux_sync {op}", value)
+    lanes = _gather(fl, node, f"redux_sync {op}", value, mask)
     if op in IDENTITY:
         acc = ir.Constant(I32, IDENTITY[op])
     else:

@@ -9,6 +9,7 @@ from llvmlite import ir
 
 from ..lower import ops
 from ..types import bf16, f16, f32
+from . import cpu_abi as abi
 from .cpu_collectives import INTRINSICS as COLLECTIVES
 
 I16, I32, I64, F32 = ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
@@ -134,5 +135,12 @@ def ldmatrix(fl, node, row, count: int, transposed: bool):
     return words
 
 
+def grid_sync(fl, node, site):
+    """Every block of the grid lives at once (the runtime runs the whole grid as one cluster
+    of coroutines, cpu_runner.cluster_entry): a grid-wide barrier is a cluster barrier."""
+    fl.ctx.uses.add("cluster_together")
+    fl.ctx.target.suspend(fl.ctx, abi.AT_CLUSTER, site)
+
+
 INTRINSICS = {"mma": mma, "mma_b1": mma_b1, "movmatrix": movmatrix, "ldmatrix": ldmatrix,
-              **COLLECTIVES}
+              "grid_sync": grid_sync, **COLLECTIVES}

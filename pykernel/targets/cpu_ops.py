@@ -51,6 +51,7 @@ class CPUOps:
             ir.IRBuilder(ctx.entry).store(ir.Constant(I32, 0), counter)
             td["warp_counter"] = counter
         k = b.load(counter)
+        td["warp_op_index"] = k
         b.store(b.add(k, ir.Constant(I32, 1)), counter)
         nt = self.block_threads(ctx)
         half = b.mul(b.and_(k, ir.Constant(I32, 1)), nt)
@@ -93,7 +94,61 @@ class CPUOps:
         src_t = b.add(base, src)
         ok = b.and_(in_warp, b.icmp_signed("<", src_t, nt))
         src_t = b.select(ok, src_t, tlin)
+        self._check_shuffle_source(ctx, mask, lane, b.select(ok, src, lane), src_t, site)
         return self.fetch_word(ctx, slots, half, src_t, 0)
+
+    def _check_shuffle_source(self, ctx, mask, lane, src, src_t, site):
+        """The GPU gives an undefined value when the source lane has returned or is not in
+        the mask, and is undefined when the calling lane is not in it: errors
+        SHUFFLE_SOURCE_GONE and MASK_NAMES_GONE."""
+        b = ctx.builder
+        src_in_mask = b.trunc(b.lshr(mask, src), I1)
+        bad_source = b.or_(b.not_(src_in_mask), b.not_(self.lane_running(ctx, src_t)))
+        with b.if_then(bad_source, likely=False):
+            self.fail(ctx, abi.SHUFFLE_SOURCE_GONE, site, b.zext(src, I64))
+        with b.if_then(b.not_(b.trunc(b.lshr(mask, lane), I1)), likely=False):
+            self.fail(ctx, abi.MASK_NAMES_GONE, site, b.zext(mask, I64))
+
+    RETURNED_WORD = 14   # of a thread's half-1 slot: -1 while it runs, then its warp-op count
+
+    def _returned_word(self, ctx, b, thread=None):
+        nt = self.ctx_slot(ctx, abi.BLOCK, b)
+        for k in (1, 2):
+            nt = b.mul(nt, self.ctx_slot(ctx, abi.BLOCK + k, b))
+        thread = ctx.target_data["tlin"] if thread is None else thread
+        idx = b.add(b.mul(b.add(b.trunc(nt, I32), thread), ir.Constant(I32, self.SLOT_WORDS)),
+                    ir.Constant(I32, self.RETURNED_WORD))
+        slots = b.inttoptr(self.ctx_slot(ctx, abi.EXCHANGE_PTR, b), I64.as_pointer())
+        return b.gep(slots, [idx])
+
+    def mark_running(self, ctx):
+        """At the body's start (once the body is complete: no builder is inside it any more),
+        not in the entry, which runs when the coroutine is created, before a cluster's
+        scheduler points EXCHANGE_PTR at this block's words: this thread has not returned."""
+        start = ir.IRBuilder()
+        start.position_at_start(ctx.target_data["body"])
+        start.store(ir.Constant(I64, -1), self._returned_word(ctx, start))
+
+    def lane_running(self, ctx, thread):
+        """i1: block thread `thread` takes part in the current warp operation: it has not
+        returned, or returned after this operation (its state cannot tell: a lane may finish
+        before the others have read the operation's words)."""
+        b = ctx.builder
+        done = b.load(self._returned_word(ctx, b, thread))
+        k = b.zext(ctx.target_data["warp_op_index"], I64)
+        return b.icmp_unsigned(">", done, k)      # -1: still running
+
+    def check_warp_mask(self, ctx, mask, present, exists, site):
+        """A warp operation whose mask names a lane that has returned (present: the lanes at
+        the operation, exists: the warp's lanes in the block), or that the calling lane is not
+        in, is undefined on the GPU: error MASK_NAMES_GONE (value: the mask)."""
+        b = ctx.builder
+        lane = b.and_(ctx.target_data["tlin"], ir.Constant(I32, 31))
+        returned = b.and_(exists, b.not_(present))
+        names_returned = b.icmp_unsigned("!=", b.and_(mask, returned), ir.Constant(I32, 0))
+        caller_outside = b.not_(b.trunc(b.lshr(mask, lane), I1))
+        with b.if_then(b.or_(names_returned, caller_outside), likely=False):
+            self.fail(ctx, abi.MASK_NAMES_GONE, site, b.zext(mask, I64))
 
     PRESENT = 2   # bit of a lane's first exchange word: it takes part (cleared when it returns)
 
@@ -103,17 +158,19 @@ class CPUOps:
         slots, half, nt = self._exchange(ctx, flag, site)
         tlin = td["tlin"]
         base = b.sub(tlin, b.and_(tlin, ir.Constant(I32, 31)))
-        ballot = present = ir.Constant(I32, 0)
+        ballot = present = exists = ir.Constant(I32, 0)
         for lane in range(32):   # unrolled: 32 loads, no loop blocks needed
             t = b.add(base, ir.Constant(I32, lane))
             live = b.icmp_signed("<", t, nt)
             safe = b.select(live, t, tlin)
-            word = b.select(live, self.fetch_word(ctx, slots, half, safe, 0),
+            running = b.and_(live, self.lane_running(ctx, safe))   # a returned lane's word is
+            word = b.select(running, self.fetch_word(ctx, slots, half, safe, 0),   # stale
                             ir.Constant(I32, 0))
             ballot = b.or_(ballot, b.shl(b.and_(word, ir.Constant(I32, 1)),
                                          ir.Constant(I32, lane)))
-            present = b.or_(present, b.shl(b.and_(b.lshr(word, ir.Constant(I32, 1)),
-                                                  ir.Constant(I32, 1)), ir.Constant(I32, lane)))
+            present = b.or_(present, b.shl(b.zext(running, I32), ir.Constant(I32, lane)))
+            exists = b.or_(exists, b.shl(b.zext(live, I32), ir.Constant(I32, lane)))
+        self.check_warp_mask(ctx, mask, present, exists, site)
         if kind == "ballot":
             return ballot
         if kind == "any_sync":
@@ -134,14 +191,27 @@ class CPUOps:
         slots = b.inttoptr(self.ctx_slot(ctx, abi.EXCHANGE_PTR, b), I64.as_pointer())
         mine = b.mul(b.add(half, td["tlin"]), ir.Constant(I32, self.SLOT_WORDS))
         b.store(ir.Constant(I64, 0), b.gep(slots, [mine]))
+        b.store(b.zext(b.load(counter), I64), self._returned_word(ctx, b))
+
+    @staticmethod
+    def constant_table(ctx, init: ir.Constant) -> ir.GlobalVariable:
+        """A pk.const_array: a read-only global of the JIT-compiled module."""
+        gv = ir.GlobalVariable(ctx.module, init.type, ctx.module.get_unique_name("const_table"))
+        gv.initializer, gv.global_constant, gv.linkage, gv.align = init, True, "internal", 16
+        return gv
 
     # --- shared memory -------------------------------------------------------------------------
-    def shared_array(self, ctx, aty):
+    def shared_array(self, ctx, aty, align=16):
+        """Offsets from the shared base (what swizzles and wgmma descriptors see) are aligned:
+        the dynamic part before the static arrays is a runtime size, so an array aligned
+        beyond 16 bytes rounds its offset up at run time, within align - 16 reserved bytes."""
         b = ctx.builder
         offset = (ctx.shared_bytes + 15) // 16 * 16
-        ctx.shared_bytes = offset + aty.count * aty.elem.nbytes
-        base = b.add(self.ctx_slot(ctx, abi.SHARED_PTR), self.ctx_slot(ctx, abi.DYN_BYTES))
-        addr = b.add(base, ir.Constant(I64, offset))
+        ctx.shared_bytes = offset + (align - 16) + aty.count * aty.elem.nbytes
+        rel = b.add(self.ctx_slot(ctx, abi.DYN_BYTES), ir.Constant(I64, offset))
+        if align > 16:
+            rel = b.and_(b.add(rel, ir.Constant(I64, align - 1)), ir.Constant(I64, -align))
+        addr = b.add(self.ctx_slot(ctx, abi.SHARED_PTR), rel)
         return b.inttoptr(addr, aty.elem.storage.as_pointer())
 
     def dynamic_shared(self, ctx, elem):

@@ -192,10 +192,11 @@ def cluster_scheduler(module, waits: bool):
     ctx_ptr, nt, csize = fn.args
     e = Entry(fn, ctx_ptr)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    slots = (abi.HANDLES_PTR, abi.STATE_PTR, abi.SHARED_PTR)
+    # each block its own handles, states, shared memory and warp-exchange words
+    slots = (abi.HANDLES_PTR, abi.STATE_PTR, abi.SHARED_PTR, abi.EXCHANGE_PTR)
     bases = [e.slot(b, k) for k in slots]
     steps = [b.mul(nt, ir.Constant(I64, 8)), b.mul(nt, ir.Constant(I64, 4)),
-             e.slot(b, abi.SHARED_STRIDE)]
+             e.slot(b, abi.SHARED_STRIDE), b.mul(nt, ir.Constant(I64, 2 * 16 * 8))]
 
     def point(r):
         for k, base, step in zip(slots, bases, steps):
@@ -252,6 +253,12 @@ def scheduler(module, waits: bool = False, cluster: bool = False):
         retry_blocked(b, fn, e, state, nt, before, phase)
     # Every thread is at a barrier or finished: check they agree, release them, repeat.
     first, mismatch, waiting = scan(b, state, ir.Constant(I64, 0), nt, abi.AT_BARRIER)
+    _, _, finished = scan(b, state, ir.Constant(I64, 0), nt, abi.FINISHED)
+    partial = b.and_(b.icmp_signed("!=", finished, ir.Constant(I64, 0)),
+                     b.icmp_signed("!=", waiting, ir.Constant(I64, 0)))
+    with b.if_then(partial, likely=False):      # threads that returned never arrive
+        record_error(b, ctx_ptr, abi.BARRIER_AFTER_RETURN, first)
+        b.ret_void()
     if cluster:
         _, _, at_cluster = scan(b, state, ir.Constant(I64, 0), nt, abi.AT_CLUSTER)
         mismatch = b.or_(mismatch, b.icmp_signed("!=", at_cluster, ir.Constant(I64, 0)))

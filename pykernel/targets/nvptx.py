@@ -6,15 +6,17 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ..errors import KernelSourceError
-from ..types import PtrType, ScalarType
+from ..types import PtrType, ScalarType, TensorMapType, i64
 from .archs import ARCH_SPECIFIC, SUPPORTED_ARCHS
-from .base import IntrinsicTable
+from .base import Target
 from .nvptx_bulk import NVPTXBulkOps, _asm, ptx_isa
 from .nvptx_hopper import HOPPER_INTRINSICS
 from .nvptx_intrinsics import INTRINSICS
+from .nvptx_tma import NVPTXTmaOps, mark_tensor_map_param, tensor_map_param_type
 
 I32, I64 = ir.IntType(32), ir.IntType(64)
-ADDRSPACE = {"global": 1, "shared": 3, "local": 0, "cluster": 0}   # cluster: generic (mapa)
+ADDRSPACE = {"global": 1, "shared": 3, "local": 0, "cluster": 0,   # cluster: generic (mapa)
+             "const": 4}
 # PTX ISA version per arch: the oldest that supports it (LLVM aborts on a mismatch), so a
 # kernel loads on the oldest driver that knows the arch; an instruction needing a newer ISA
 # raises the module's .version where it is emitted (ptx_isa, nvptx_intrinsics.needs_ptx).
@@ -22,8 +24,9 @@ PTX_VERSION = {75: 63, 80: 70, 86: 71, 89: 78, 90: 78, 100: 86, 120: 87}
 SREG = {"thread_idx": "tid", "block_idx": "ctaid", "block_dim": "ntid", "grid_dim": "nctaid"}
 
 
-class NVPTXTarget(NVPTXBulkOps, IntrinsicTable):
+class NVPTXTarget(NVPTXBulkOps, NVPTXTmaOps, Target):
     name = "nvptx"
+    RESULT_FIELD = "ptx"       # PTX text, loaded by the driver (runtime/cuda.py)
     # intrinsics with a PTX form of their own (nvptx_intrinsics.py, nvptx_hopper.py)
     INTRINSICS = {**INTRINSICS, **HOPPER_INTRINSICS}
     triple = "nvptx64-nvidia-cuda"
@@ -38,20 +41,30 @@ class NVPTXTarget(NVPTXBulkOps, IntrinsicTable):
         if self.arch_specific:
             self.min_ptx = 80     # the oldest PTX ISA that knows sm_90a
 
+    def half_native(self, ty: ScalarType, op: str) -> bool:
+        """Whether f16/bf16 `op` ("add" "sub" "mul" "fma" "min" "max" "cmp") is emitted in the
+        half type. LLVM picks the instruction per arch (`add.rn.f16` sm_53+; `add.rn.bf16`
+        sm_90+, `fma.rn.bf16 a, 1.0, b` on sm_80; f32 and one rounding before), all exact,
+        except bf16 fma before sm_80, which LLVM computes as an f32 fma rounded again."""
+        return not (ty.name == "bf16" and op == "fma" and self.sm < 80)
+
     # --- function shape ------------------------------------------------------------------------
     def pointer_type(self, ty: PtrType) -> ir.Type:
         return ir.PointerType(ty.elem.storage, addrspace=ADDRSPACE[ty.space])
 
     def create_kernel(self, module, name, params, options):
         """params: list of (name, PtrType | ScalarType). Returns (function, [ir values])."""
-        types = [self.pointer_type(t) if isinstance(t, PtrType) else t.storage
+        types = [self.pointer_type(t) if isinstance(t, PtrType) else
+                 tensor_map_param_type() if isinstance(t, TensorMapType) else t.storage
                  for _, t in params]
         fn = ir.Function(module, ir.FunctionType(ir.VoidType(), types), name)
         fn.calling_convention = "ptx_kernel"
-        for arg, (pname, t) in zip(fn.args, params):
+        for index, (arg, (pname, t)) in enumerate(zip(fn.args, params)):
             arg.name = pname
             if isinstance(t, PtrType) and t.readonly:
                 arg.add_attribute("noalias")
+            if isinstance(t, TensorMapType):
+                mark_tensor_map_param(module, fn, arg, index)
         values = [a if not (isinstance(t, ScalarType) and t.kind == "bool")
                   else None for a, (_, t) in zip(fn.args, params)]
         self._launch_bounds(module, fn, options)
@@ -194,15 +207,23 @@ class NVPTXTarget(NVPTXBulkOps, IntrinsicTable):
         return ctx.builder.call(fn, [mask, pred])
 
     # --- memory --------------------------------------------------------------------------------
-    def shared_array(self, ctx, aty):
+    def shared_array(self, ctx, aty, align=16):
         gv = ir.GlobalVariable(ctx.module, ir.ArrayType(aty.elem.storage, aty.count),
                                ctx.module.get_unique_name("shared"), addrspace=3)
-        gv.align = 16
+        gv.align = align
         gv.linkage = "internal"
         gv.initializer = ir.Constant(gv.value_type, ir.Undefined)
-        ctx.shared_bytes = (ctx.shared_bytes + 15) // 16 * 16 + aty.count * aty.elem.nbytes
+        ctx.shared_bytes = -(-ctx.shared_bytes // align) * align + aty.count * aty.elem.nbytes
         zero = ir.Constant(I32, 0)
         return ctx.builder.gep(gv, [zero, zero])
+
+    @staticmethod
+    def constant_table(ctx, init: ir.Constant) -> ir.GlobalVariable:
+        """A pk.const_array in the `.const` state space (addrspace 4): `ld.const`."""
+        gv = ir.GlobalVariable(ctx.module, init.type, ctx.module.get_unique_name("const_table"),
+                               addrspace=ADDRSPACE["const"])
+        gv.initializer, gv.global_constant, gv.linkage, gv.align = init, True, "internal", 16
+        return gv
 
     def dynamic_shared(self, ctx, elem):
         gv = ctx.module.globals.get("__pk_dynamic_shared")
@@ -361,8 +382,23 @@ class NVPTXTarget(NVPTXBulkOps, IntrinsicTable):
         ctx.builder.call(ctx.intrinsic_decl("llvm.trap", ret=ir.VoidType(), args=()), [])
         ctx.builder.unreachable()
 
-    # --- emission ------------------------------------------------------------------------------
-    def emit(self, llvm_module, options) -> str:
+    # --- compile decisions and emission --------------------------------------------------------
+    def hidden_params(self, params, options) -> list:
+        """With bounds_check: the byte size of each plain pointer argument (the launcher
+        appends them), so generated code can check every access. (Array parameters carry
+        their shape instead: each index is checked against it.)"""
+        if not options.bounds_check:
+            return []
+        return [(f"__nbytes_{n}", i64) for n, t in params if type(t) is PtrType]
+
+    def debug_info(self, module, fn, fast, options):
+        """With lineinfo: `.file` / `.loc` line tables, for profilers to map PTX to Python."""
+        if not options.lineinfo:
+            return None
+        from ..lower.debuginfo import DebugInfo
+        return DebugInfo(module, fn, fast)
+
+    def emit(self, llvm_module, options, ctx=None) -> str:
         import llvmlite.binding as llvm
         _init_nvptx()
         target = llvm.Target.from_triple(self.triple)

@@ -180,8 +180,50 @@ def nanosleep(fl, node, ns):
     fl.b.asm(ir.FunctionType(ir.VoidType(), [I32]), "nanosleep.u32 $0;", "r", [ns], True)
 
 
+def grid_sync(fl, node, site):
+    """A grid-wide barrier (what cooperative groups' grid.sync() does): the block meets, its
+    thread 0 adds to a counter in global memory and spins until the counter's top bit flips,
+    the block meets again. Block 0 adds 2^31 - (blocks - 1), the others 1, so each barrier
+    flips bit 31 and leaves the low bits as they were: no reset between barriers or launches.
+    The launch must be cooperative (all blocks co-resident), which the runtime does."""
+    ctx, b, target = fl.ctx, fl.b, fl.ctx.target
+    counter = _grid_counter(ctx.module)
+    target.barrier(ctx, site)
+    sreg = target.special_register
+    zero = ir.Constant(I32, 0)
+    tid = b.or_(b.or_(sreg(ctx, "thread_idx", "x"), sreg(ctx, "thread_idx", "y")),
+                sreg(ctx, "thread_idx", "z"))
+    with b.if_then(b.icmp_unsigned("==", tid, zero)):
+        blocks = b.mul(b.mul(sreg(ctx, "grid_dim", "x"), sreg(ctx, "grid_dim", "y")),
+                       sreg(ctx, "grid_dim", "z"))
+        bid = b.or_(b.or_(sreg(ctx, "block_idx", "x"), sreg(ctx, "block_idx", "y")),
+                    sreg(ctx, "block_idx", "z"))
+        first = b.sub(ir.Constant(I32, 0x80000000), b.sub(blocks, ir.Constant(I32, 1)))
+        step = b.select(b.icmp_unsigned("==", bid, zero), first, ir.Constant(I32, 1))
+        target.fence(ctx)                                   # the block's writes, then arrive
+        old = b.atomic_rmw("add", counter, step, "monotonic")
+        spin, done = (b.function.append_basic_block(n) for n in ("grid.spin", "grid.done"))
+        b.branch(spin)
+        b.position_at_end(spin)
+        now = b.load_atomic(counter, "monotonic", 4)
+        flipped = b.and_(b.xor(old, now), ir.Constant(I32, 0x80000000))
+        b.cbranch(b.icmp_unsigned("!=", flipped, zero), done, spin)
+        b.position_at_end(done)
+        target.fence(ctx)                                   # then see the others' writes
+    target.barrier(ctx, site)
+
+
+def _grid_counter(module):
+    gv = module.globals.get("__pk_grid_barrier")
+    if gv is None:
+        gv = ir.GlobalVariable(module, I32, "__pk_grid_barrier", addrspace=1)
+        gv.initializer, gv.linkage, gv.align = ir.Constant(I32, 0), "internal", 4
+    return gv
+
+
 INTRINSICS = {"dp4a": dp4a, "mma": mma, "mma_b1": mma_b1, "movmatrix": movmatrix,
               "ldmatrix": ldmatrix, "asm": inline_asm, "pack_f16x2": pack_f16x2,
               "prmt": prmt, "f16x2": f16x2, "fast_math": fast_math,
               "activemask": activemask, "match": match, "redux": redux,
-              "barrier_reduce": barrier_reduce, "timer": timer, "nanosleep": nanosleep}
+              "barrier_reduce": barrier_reduce, "timer": timer, "nanosleep": nanosleep,
+              "grid_sync": grid_sync}

@@ -9,7 +9,8 @@ Contract API (numpy in -> numpy out; pykernel Arrays in -> pykernel Array out):
         q (tokens, n_head, D), k/v (kv_tokens, n_kv_head, D), the last `tokens` positions the
         queries' own (causal) -> (tokens, n_head, D) f32
 Runner entry points (preallocated outputs, lengths on the device, graph-capturable):
-    launch_decode, DecodeWorkspace, plan_splits, batch_splits (decode.py); launch_prefill,
+    launch_decode (the keys per row: KeyRange), DecodeWorkspace, plan_splits, batch_splits
+    (decode.py); launch_prefill,
     launch_prefill_seqs (prefill.py).
 """
 from __future__ import annotations
@@ -18,13 +19,14 @@ import numpy as np
 
 import pykernel as pk
 
-from .decode import (DecodeConfig, DecodeWorkspace, batch_splits, config_splits,
+from .decode import (DecodeConfig, DecodeWorkspace, KeyRange, batch_splits, config_splits,
                      default_config, launch_decode, plan_splits)
 from .kv_q8 import Q8Cache, dequantize_kv, quantize_kv
 from .prefill import launch_prefill, launch_prefill_seqs
 from .reference import attention_reference, decode_reference
 
-__all__ = ["decode", "prefill", "launch_decode", "launch_prefill", "launch_prefill_seqs",
+__all__ = ["decode", "prefill", "launch_decode", "KeyRange", "launch_prefill",
+           "launch_prefill_seqs",
            "DecodeWorkspace", "DecodeConfig", "plan_splits", "batch_splits",
            "attention_reference", "decode_reference", "Q8Cache", "quantize_kv",
            "dequantize_kv"]
@@ -61,7 +63,7 @@ def decode(q, k_cache, v_cache, kv_len: int, scale: float, window=None, softcap=
     visible = int(kv_len) - (0 if not window else max(0, kv_len - window))
     splits = config_splits(config, n_head, kd.shape[0], visible)
     workspace = DecodeWorkspace.allocate(1, n_head, head_dim, splits) if splits > 1 else None
-    launch_decode(qd, kd, vd, lens, out, scale, window=window, softcap=softcap,
+    launch_decode(qd, kd, vd, KeyRange(lens, window=window), out, scale, softcap=softcap,
                   workspace=workspace, config=config)
     out = out.reshape(n_head, head_dim)
     return out if as_array else out.numpy()

@@ -53,6 +53,20 @@ class DecodeConfig:
                              # per warp in shared memory, warps <= BULK_MAX_WARPS
 
 
+@dataclass(frozen=True)
+class KeyRange:
+    """The keys each query row z of a decode launch sees: kv_len(z) = lens[z * stride] + add +
+    z * step (the query sits at position kv_len - 1), the last `window` of them (None or 0:
+    all). lens: device int32, read by the kernel (a captured graph replays with new values).
+    Decode: KeyRange(positions, add=1); the prefill fallback over one shared cache:
+    KeyRange(start, add=first + 1, step=1, stride=0)."""
+    lens: pk.Array
+    add: int = 0
+    step: int = 0
+    stride: int = 1
+    window: int | None = None
+
+
 @dataclass
 class DecodeWorkspace:
     """Preallocated split partials: o (n_seq, n_head, n_splits, D), ml (..., n_splits, 2).
@@ -377,9 +391,8 @@ def _q8_words(xq_out, out):
     return (out if xq_out is None else xq_out).reshape(-1).view(np.uint32)
 
 
-def launch_split_kernel(q, k_cache, v_cache, lens, out, scale: float, *, window=None,
-                        softcap=None, len_add: int = 0, len_step: int = 0, lens_stride: int = 1,
-                        workspace: DecodeWorkspace | None = None,
+def launch_split_kernel(q, k_cache, v_cache, keys: KeyRange, out, scale: float, *,
+                        softcap=None, workspace: DecodeWorkspace | None = None,
                         config: DecodeConfig | None = None, stream=None,
                         share_cache: bool = False, early_kv: bool = False,
                         xq_out=None) -> bool:
@@ -400,7 +413,7 @@ def launch_split_kernel(q, k_cache, v_cache, lens, out, scale: float, *, window=
     part_o = out if direct else workspace.part_o
     part_ml = out if direct else workspace.part_ml
     has_counters = workspace is not None and workspace.counters is not None
-    counters = workspace.counters if has_counters else lens   # not read unless fused
+    counters = workspace.counters if has_counters else keys.lens   # not read unless fused
     caches = _cache_args(k_cache, v_cache, config)
     pdl = q.device.kind == "cuda" and _under_pdl(q.device)
     blocks = n_splits * n_kv_head * n_sub * n_seq
@@ -409,7 +422,7 @@ def launch_split_kernel(q, k_cache, v_cache, lens, out, scale: float, *, window=
     # the promise covers one new row per sequence: not the prefill fallback, nor Q8_0 (a line
     # of its scales holds 16 rows). The CPU target runs kernels one after another, so the
     # same code path runs there (tests cover it without a GPU)
-    early = early_kv and (pdl or q.device.kind == "cpu") and len_step == 0 and \
+    early = early_kv and (pdl or q.device.kind == "cpu") and keys.step == 0 and \
         not share_cache and not isinstance(k_cache, Q8Cache)
     q8_out = (direct or cluster) and xq_out is not None
     grid = (n_splits, n_kv_head * n_sub, n_seq)
@@ -418,24 +431,24 @@ def launch_split_kernel(q, k_cache, v_cache, lens, out, scale: float, *, window=
     dynamic = bulk_shared_bytes(config, head_dim) if config.bulk else 0
     decode_kernel(config)[grid, 32 * config.warps, stream, dynamic, (n_splits, 1, 1) if cluster
                           else None](
-        q, *caches, lens, lens_stride, len_add, len_step, z_stride, max_len, n_head, n_kv_head,
-        q_scale, float(softcap) if use_softcap else 0.0, int(window or 0), int(direct), out,
-        part_o, part_ml, counters, _q8_words(xq_out if q8_out else None, out), **spec)
+        q, *caches, keys.lens, keys.stride, keys.add, keys.step, z_stride, max_len, n_head,
+        n_kv_head, q_scale, float(softcap) if use_softcap else 0.0, int(keys.window or 0),
+        int(direct), out, part_o, part_ml, counters,
+        _q8_words(xq_out if q8_out else None, out), **spec)
     return not direct and (has_counters or cluster)
 
 
-def launch_decode(q, k_cache, v_cache, lens, out, scale: float, *, window=None, softcap=None,
-                  len_add: int = 0, len_step: int = 0, lens_stride: int = 1,
+def launch_decode(q, k_cache, v_cache, keys: KeyRange, out, scale: float, *, softcap=None,
                   workspace: DecodeWorkspace | None = None, config: DecodeConfig | None = None,
                   stream=None, share_cache: bool = False, early_kv: bool = False,
                   xq_out=None):
-    """Attention of each q row z against its cache, kv_len(z) = lens[z * lens_stride] +
-    len_add + z * len_step (the query sits at position kv_len - 1). share_cache: all rows read
-    one (n_kv_head, max_len, D) cache (prefill fallback). Without a workspace, or with one of
-    one split, the kernel writes `out` directly; otherwise it writes partials and, with the
-    workspace's counters, its last block per head group combines them (else combine_splits).
+    """Attention of each q row z against its cache over the keys `keys` gives it (KeyRange:
+    kv_len(z) and the window). share_cache: all rows read one (n_kv_head, max_len, D) cache
+    (prefill fallback). Without a workspace, or with one of one split, the kernel writes `out`
+    directly; otherwise it writes partials and, with the workspace's counters, its last block
+    per head group combines them (else combine_splits).
     early_kv (a promise, used only when captured under PDL): the kernels before this launch in
-    the graph write neither `lens` nor any cache row other than each sequence's newest
+    the graph write neither `keys.lens` nor any cache row other than each sequence's newest
     (kv_len - 1), as a decode step's KV-cache write does; the split blocks then issue their
     first K/V loads before waiting for the previous kernel (decode_kernels' docstring).
     xq_out (n_seq, q8_1_bytes(n_head * D)) uint8: also the result as Q8_1 activations (what
@@ -443,6 +456,9 @@ def launch_decode(q, k_cache, v_cache, lens, out, scale: float, *, window=None, 
     kernel, the split kernel of a one-split launch or of a cluster merge) or else by a
     quantize launch (the one-launch combine): the next GEMV reads them."""
     check_decode_shapes(q, k_cache, v_cache)
+    if not isinstance(keys, KeyRange):
+        raise TypeError(f"attention.decode: keys must be a KeyRange (lens and how kv_len "
+                        f"follows from them), got {type(keys).__name__}")
     n_seq, n_head, head_dim = q.shape
     n_kv_head = k_cache.shape[-3]
     if head_dim not in HEAD_DIMS:
@@ -461,10 +477,9 @@ def launch_decode(q, k_cache, v_cache, lens, out, scale: float, *, window=None, 
                          f"{tuple(xq_out.shape)}")
     # one split: the split kernel quantizes its rows from the registers of its merge
     kernel_q8 = xq_out is not None and (n_splits == 1 or workspace.cluster)
-    fused = launch_split_kernel(q, k_cache, v_cache, lens, out, scale, window=window,
-                                softcap=softcap, len_add=len_add, len_step=len_step,
-                                lens_stride=lens_stride, workspace=workspace, config=config,
-                                stream=stream, share_cache=share_cache, early_kv=early_kv,
+    fused = launch_split_kernel(q, k_cache, v_cache, keys, out, scale, softcap=softcap,
+                                workspace=workspace, config=config, stream=stream,
+                                share_cache=share_cache, early_kv=early_kv,
                                 xq_out=xq_out if kernel_q8 else None)
     if n_splits > 1 and not fused:
         warps = combine_warps(n_splits)

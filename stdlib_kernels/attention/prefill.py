@@ -18,7 +18,7 @@ import numpy as np
 import pykernel as pk
 
 from .._launch import zero_i32
-from .decode import HEAD_DIMS, cuda_sm, launch_decode
+from .decode import HEAD_DIMS, KeyRange, cuda_sm, launch_decode
 from .decode_kernels import LOG2E
 from .prefill_flash import prefill_flash
 
@@ -94,9 +94,9 @@ def launch_prefill(q, k_cache, v_cache, out, start: int, scale: float, *, window
     if path == "simt" and q.ndim == 2:
         raise ValueError("attention.prefill: the simt path takes q as (tokens, n_head, "
                          "head_dim) only")
-    if path == "simt":   # row z is a decode query at position start + z (len_add: start)
-        return launch_decode(q, k_cache, v_cache, start_at, out, scale, window=window,
-                             softcap=softcap, len_add=start + 1, len_step=1, lens_stride=0,
+    if path == "simt":   # row z is a decode query at position start + z
+        keys = KeyRange(start_at, add=start + 1, step=1, stride=0, window=window)
+        return launch_decode(q, k_cache, v_cache, keys, out, scale, softcap=softcap,
                              stream=stream, share_cache=True)
     if path != "mma" or k_cache.dtype != np.float16:
         raise ValueError(f"attention.prefill: path {path!r} needs 'simt', or 'mma' with an f16 "

@@ -8,7 +8,8 @@ from pykernel import Const, Ptr, f32, i32, u16, u32
 from .decode8 import (BF16_WORDS, F16_WORDS, affine_values, byte_of, decode8_halves,
                       decode8_legacy, decode8_legacy_aligned, decode8_plain, scale_min_k4)
 from .dot_q8 import half16, pair16
-from .formats import BF16, F16, F32, Q2_K, Q3_K, Q4_1, Q4_K, Q5_1, Q5_K, Q6_K
+from .mxfp4 import decode8_mxfp4
+from .formats import BF16, F16, F32, MXFP4, Q2_K, Q3_K, Q4_1, Q4_K, Q5_1, Q5_K, Q6_K
 
 
 @pk.func
@@ -134,5 +135,7 @@ def decode8(FMT: Const[int], w: Ptr[u32, "ro"], wrow: i32, k: i32):
         return decode8_q45k(FMT, w, wrow, k)
     elif FMT == Q6_K:
         return decode8_q6k(w, wrow, k)
+    elif FMT == MXFP4:   # u8 words (17-byte blocks)
+        return decode8_mxfp4(w, wrow, k)
     else:  # Q4_0, Q5_0, Q8_0, Q1_0
         return decode8_legacy(FMT, w, wrow, k)

@@ -14,8 +14,9 @@ from __future__ import annotations
 import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, u8, u32
 
-from .formats import (DEQUANT, F16, F32, Q1_0, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K,
-                      Q6_K, Q8_0, type_ids)
+from .formats import (DEQUANT, F16, F32, MXFP4, Q1_0, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0,
+                      Q5_1, Q5_K, Q6_K, Q8_0, type_ids)
+from .mxfp4 import mxfp4_element
 
 # type name -> the `FMT` Const of the kernels: its ggml id (formats.py)
 CODES = type_ids(DEQUANT)
@@ -198,6 +199,8 @@ def dequantize_one(b: Ptr[u8, "ro"], j: i32, FMT: Const[int]) -> f32:
         return deq_q6_k(b, j)
     if FMT == Q1_0:
         return deq_q1_0(b, j)
+    if FMT == MXFP4:   # MXFP4 (17 B): e:u8 | qs:16 B
+        return mxfp4_element(b, j)
     return deq_float(b, FMT)
 
 

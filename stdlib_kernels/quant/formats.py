@@ -21,6 +21,7 @@ Q4_0, Q4_1, Q5_0, Q5_1 = int(_T.Q4_0), int(_T.Q4_1), int(_T.Q5_0), int(_T.Q5_1)
 Q8_0, Q8_1 = int(_T.Q8_0), int(_T.Q8_1)
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = int(_T.Q2_K), int(_T.Q3_K), int(_T.Q4_K), int(_T.Q5_K), int(_T.Q6_K)
 Q1_0 = int(_T.Q1_0)
+MXFP4 = int(_T.MXFP4)
 
 # Kernel families (what `QuantFormat.kernels` lists; the module that serves each):
 DEQUANT = "dequant"        # dequant_kernels.py: device.dequantize, the runner's row gathers
@@ -90,6 +91,11 @@ FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
          "d:f16; (q-32)*d*scale", _KQUANT | {GEMV_MMA, EMBED}),
     _fmt("Q1_0", 128, 18, "d:f16 | qs:16 B, bit j (byte j/8, bit j%8) set means +d, clear -d",
          _CODEC | {GEMV_Q8}),
+    # No device quantizer (QUANTIZE): the published files come quantized; reference.py has
+    # ggml's. Prefill takes the f16 GEMM (decode8 tiles), not an int8 one.
+    _fmt("MXFP4", 32, 17, "e:u8 (e8m0) | qs:16 B (e2m1 nibbles: x[j] low of qs[j], x[j+16] "
+         "high); kvalues[q] * 2^(e-128), kvalues = e2m1 doubled {0,1,2,3,4,6,8,12,-0,..,-12}",
+         {DEQUANT, GEMV, GEMV_Q8}),
 )}
 
 

@@ -163,8 +163,11 @@ MODES = {None: gk.MODE_PLAIN, "residual": gk.MODE_RESIDUAL, "swiglu": gk.MODE_SW
 
 
 def word_dtype(type_name: str):
-    """u32 where every block is 4-byte aligned, else u16 (all GGUF blocks are 2-byte aligned)."""
-    return np.uint32 if get_format(type_name).block_bytes % 4 == 0 else np.uint16
+    """u32 where every block is 4-byte aligned, u16 where 2-byte aligned, else u8 (MXFP4's
+    17-byte blocks)."""
+    block_bytes = get_format(type_name).block_bytes
+    return np.uint32 if block_bytes % 4 == 0 else (np.uint16 if block_bytes % 2 == 0
+                                                    else np.uint8)
 
 
 def weight_words(raw, type_name: str, n: int):

@@ -18,12 +18,14 @@ in one launch), 3 y = gelu_tanh(Wx) * (W2 x) (GeGLU). Shapes: w/w2 (rows, row_wo
 from __future__ import annotations
 
 import pykernel as pk
-from pykernel import Const, Ptr, f32, i32, u32
+from pykernel import Const, Ptr, f32, i32, u16, u32
 
+from .._device import warp_sum
 from . import decode8_k as d8
 from . import dot_q8 as q8
 from . import dot_q8_k as q8k
-from .formats import Q1_0, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q8_0
+from .mxfp4 import dot_q8_MXFP4
+from .formats import MXFP4, Q1_0, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q8_0
 
 MAX_BATCH = 8
 # The FMT Const: a ggml type id (formats.py) for a format's base kernel, or one of these kernel
@@ -83,6 +85,8 @@ def item_dot_q8(FMT: Const[int], w, wrow: i32, blk: i32, part: i32,
         q8k.dot_q8_Q2_K_wide(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
     elif FMT == Q6_K_WORDS:
         q8k.dot_q8_Q6_K_words(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
+    elif FMT == MXFP4:   # u8 words
+        dot_q8_MXFP4(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
     else:  # Q6_K
         q8k.dot_q8_Q6_K(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
 
@@ -142,7 +146,7 @@ def prefetch_then_wait(w, w2, first_row: i32, count: i32, rows: i32, row_words: 
     prefetch costs 10-20% of a bandwidth-bound GEMV, hence off there."""
     if PREFETCH:
         if pk.block_idx.x < FIRST_WAVE_BLOCKS:
-            LINE = 32 if WT == u32 else 64        # words per 128-byte line (u32 or u16 words)
+            LINE = 32 if WT == u32 else (64 if WT == u16 else 128)   # words per 128-byte line
             end = min(first_row + count, rows) * row_words
             i = first_row * row_words + pk.thread_idx.x * LINE
             while i < end:
@@ -224,13 +228,6 @@ def rows_dot(w, w2, xq, res: Ptr[f32], y: Ptr[f32], rows: i32, row_words: i32, n
 @pk.func
 def group_first_row(bgroup: i32, ROWS: Const[int], WARPS: Const[int], KW: Const[int]) -> i32:
     return (bgroup * (WARPS // KW) + pk.thread_idx.x // (32 * KW)) * ROWS
-
-
-@pk.func
-def warp_sum(v: f32) -> f32:
-    for step in pk.static_range(5):
-        v = v + pk.shfl_xor(v, 16 >> step)
-    return v
 
 
 @pk.func

@@ -7,7 +7,7 @@
 
 Type names are ggml's (formats.py). Quantizers reproduce ggml's `quantize_row_*_ref` (no
 importance matrix): gguf-py's where it is bit-exact (BF16, Q4_0/1, Q5_0/1, Q8_0), our ports for
-the K-quants and Q1_0. Dequantizers are gguf-py's, plus Q1_0 and Q8_1 here.
+the K-quants, Q1_0 and MXFP4. Dequantizers are gguf-py's, plus Q1_0 and Q8_1 here.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from gguf import quants as gguf_quants
 from . import reference_kquants as kq
 from .formats import QuantFormat, check_byte_rows, get_format
 from .reference_legacy import quantize_legacy
+from .reference_mxfp4 import quantize_mxfp4_blocks
 from .reference_numerics import F32, roundf, seq_sum, to_f16
 
 _KQUANTS = {"Q2_K": kq.quantize_q2_k, "Q3_K": kq.quantize_q3_k, "Q4_K": kq.quantize_q4_k,
@@ -77,6 +78,8 @@ def _quantize_rows(rows: np.ndarray, fmt: QuantFormat) -> np.ndarray:
         out = _quantize_q8_1_blocks(blocks)
     elif fmt.name == "Q1_0":
         out = _quantize_q1_0_blocks(blocks)
+    elif fmt.name == "MXFP4":
+        out = quantize_mxfp4_blocks(blocks)
     elif fmt.name in _KQUANTS:
         out = _in_chunks(_KQUANTS[fmt.name], blocks, fmt.block_bytes)
     elif fmt.name in _LEGACY:

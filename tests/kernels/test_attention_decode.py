@@ -13,7 +13,7 @@ from pykernel import Const, Ptr, i32
 from stdlib_kernels import attention
 from stdlib_kernels.attention.decode import (DecodeConfig, DecodeWorkspace, bulk_config,
                                              config_splits, default_config, direct_config,
-                                             gpu_config, launch_decode, mma_config)
+                                             gpu_config, KeyRange, launch_decode, mma_config)
 from stdlib_kernels.attention.reference import decode_reference, relative_l2
 from tests.launch_helpers import launched_by
 
@@ -55,8 +55,8 @@ def test_decode_matches_reference(device, rng, seed, case):
     out = pk.full((1, n_head, head_dim), np.nan, np.float32)
     workspace = DecodeWorkspace.allocate(1, n_head, head_dim, splits) if splits > 1 else None
     launch_decode(pk.to_device(q[None]), pk.to_device(k), pk.to_device(v),
-                  pk.to_device(np.array([kv_len], np.int32)), out, scale, window=window,
-                  softcap=softcap, workspace=workspace)
+                  KeyRange(pk.to_device(np.array([kv_len], np.int32)), window=window), out,
+                  scale, softcap=softcap, workspace=workspace)
     expected = decode_reference(q, k, v, kv_len, scale, window, softcap)
     _check(out.numpy()[0], expected, dtype, seed, f"kv_len {kv_len} {case}")
 
@@ -70,8 +70,8 @@ def test_split_combine_variants(device, rng, seed, fused):
     workspace = DecodeWorkspace.allocate(1, 8, 64, 4, fused=fused)
     for kv_len in (int(rng.integers(20, 61)), int(rng.integers(1, 20))):
         out = pk.full((1, 8, 64), np.nan, np.float32)
-        launch_decode(q_dev, k_dev, v_dev, pk.to_device(np.array([kv_len], np.int32)), out,
-                      0.125, workspace=workspace)
+        launch_decode(q_dev, k_dev, v_dev, KeyRange(pk.to_device(np.array([kv_len], np.int32))),
+                      out, 0.125, workspace=workspace)
         _check(out.numpy()[0], decode_reference(q, k, v, kv_len, 0.125), np.float32, seed,
                f"fused={fused} kv_len {kv_len}")
         if fused:
@@ -91,8 +91,8 @@ def test_deep_ring_config(device, rng, seed, dtype, config, fused):
     out = pk.full((1, 4, 64), np.nan, np.float32)
     workspace = DecodeWorkspace.allocate(1, 4, 64, 2, fused=fused)
     launch_decode(pk.to_device(q[None]), pk.to_device(k), pk.to_device(v),
-                  pk.to_device(np.array([kv_len], np.int32)), out, 0.125, workspace=workspace,
-                  config=config)
+                  KeyRange(pk.to_device(np.array([kv_len], np.int32))), out, 0.125,
+                  workspace=workspace, config=config)
     _check(out.numpy()[0], decode_reference(q, k, v, kv_len, 0.125), dtype, seed,
            f"kv_len {kv_len} {config} fused {fused}")
 
@@ -126,8 +126,9 @@ def test_early_kv_path(device, rng, seed, dtype, config):
     for workspace in (DecodeWorkspace.allocate(1, n_head, head_dim, 3), None):
         for kv_len in (1, 2, 3, 4, 98, int(rng.integers(5, max_len + 1))):
             out = pk.full((1, n_head, head_dim), np.nan, np.float32)
-            launch_decode(q_dev, k_dev, v_dev, pk.to_device(np.array([kv_len], np.int32)), out,
-                          0.125, workspace=workspace, config=config, early_kv=True)
+            launch_decode(q_dev, k_dev, v_dev,
+                          KeyRange(pk.to_device(np.array([kv_len], np.int32))), out, 0.125,
+                          workspace=workspace, config=config, early_kv=True)
             _check(out.numpy()[0], decode_reference(q, k, v, kv_len, 0.125), dtype, seed,
                    f"early_kv kv_len {kv_len} {config} workspace {workspace is not None}")
 
@@ -151,16 +152,18 @@ def test_decode_writes_q8_1_activations(device, rng, seed, splits, config):
     out = pk.full((n_seq, n_head, head_dim), np.nan, np.float32)
     xq = pk.full((n_seq, q8_1_bytes(n_head * head_dim)), 0xAB, np.uint8)
     workspace = DecodeWorkspace.allocate(n_seq, n_head, head_dim, splits) if splits > 1 else None
-    launch_decode(pk.to_device(q), pk.to_device(k), pk.to_device(v), pk.to_device(lens), out,
-                  0.125, workspace=workspace, config=config, xq_out=xq)
+    launch_decode(pk.to_device(q), pk.to_device(k), pk.to_device(v),
+                  KeyRange(pk.to_device(lens)), out, 0.125, workspace=workspace, config=config,
+                  xq_out=xq)
     for z in range(n_seq):
         _check(out.numpy()[z], decode_reference(q[z], k[z], v[z], int(lens[z]), 0.125),
                np.float16, seed, f"sequence {z} kv_len {lens[z]}")
     expected = quantize_q8_1(out.numpy().reshape(n_seq, -1)).numpy()
     assert np.array_equal(xq.numpy(), expected), f"Q8_1 output differs (seed {seed})"
     with pytest.raises(ValueError, match="xq_out"):
-        launch_decode(pk.to_device(q), pk.to_device(k), pk.to_device(v), pk.to_device(lens),
-                      out, 0.125, workspace=workspace, xq_out=pk.empty((n_seq, 10), np.uint8))
+        launch_decode(pk.to_device(q), pk.to_device(k), pk.to_device(v),
+                      KeyRange(pk.to_device(lens)), out, 0.125, workspace=workspace,
+                      xq_out=pk.empty((n_seq, 10), np.uint8))
 
 
 # the runner's short-context launch (direct_config: one query head per block, one split) at
@@ -183,9 +186,9 @@ def test_direct_config_decode(device, rng, seed, head_dim, window, softcap):
     for kv_len in (1, 3, int(rng.integers(4, max_len + 1))):
         out = pk.full((1, n_head, head_dim), np.nan, np.float32)
         xq = pk.full((1, q8_1_bytes(n_head * head_dim)), 0xAB, np.uint8)
-        launch_decode(q_dev, k_dev, v_dev, pk.to_device(np.array([kv_len], np.int32)), out,
-                      0.125, window=window, softcap=softcap, config=config, early_kv=True,
-                      xq_out=xq)
+        launch_decode(q_dev, k_dev, v_dev,
+                      KeyRange(pk.to_device(np.array([kv_len], np.int32)), window=window), out,
+                      0.125, softcap=softcap, config=config, early_kv=True, xq_out=xq)
         _check(out.numpy()[0], decode_reference(q, k, v, kv_len, 0.125, window, softcap),
                np.float16, seed, f"direct_config D {head_dim} kv_len {kv_len}")
         expected = quantize_q8_1(out.numpy().reshape(1, -1)).numpy()
@@ -206,8 +209,8 @@ def test_one_split_launch_quantizes_in_the_split_kernel(device, rng):
     xq = pk.empty((1, n_head * head_dim // 32 * 36), np.uint8)
     grouped = mma_config(2, head_dim, warps=2)
     for config in (grouped, direct_config(grouped)):
-        names = launched_by(lambda: launch_decode(q, k, v, lens, out, 0.125, config=config,
-                                                  xq_out=xq))
+        names = launched_by(lambda: launch_decode(q, k, v, KeyRange(lens), out, 0.125,
+                                                  config=config, xq_out=xq))
         assert len(names) == 1, (config, names)
     assert direct_config(grouped).heads_per_block == 1
     assert direct_config(gpu_config(2, head_dim)) == gpu_config(2, head_dim)   # SIMT: as is
@@ -227,9 +230,9 @@ def test_tensor_core_decode(device, rng, seed, case):
         out = pk.full((n_seq, n_head, head_dim), np.nan, np.float32)
         workspace = (DecodeWorkspace.allocate(n_seq, n_head, head_dim, split_count,
                                               fused=fused) if split_count > 1 else None)
-        launch_decode(pk.to_device(q), pk.to_device(k), pk.to_device(v), pk.to_device(lens),
-                      out, head_dim ** -0.5, window=window, softcap=softcap,
-                      workspace=workspace, config=config)
+        launch_decode(pk.to_device(q), pk.to_device(k), pk.to_device(v),
+                      KeyRange(pk.to_device(lens), window=window), out, head_dim ** -0.5,
+                      softcap=softcap, workspace=workspace, config=config)
         for z in range(n_seq):
             expected = decode_reference(q[z], k[z], v[z], int(lens[z]), head_dim ** -0.5,
                                         window, softcap)
@@ -265,8 +268,8 @@ def test_bulk_copy_decode(device, rng, seed, case):
                 out = pk.full((n_seq, n_head, head_dim), np.nan, np.float32)
                 workspace = (DecodeWorkspace.allocate(n_seq, n_head, head_dim, split_count,
                                                       fused=fused) if split_count > 1 else None)
-                launch_decode(q_dev, k_dev, v_dev, pk.to_device(lens), out, head_dim ** -0.5,
-                              window=window, softcap=softcap, workspace=workspace,
+                launch_decode(q_dev, k_dev, v_dev, KeyRange(pk.to_device(lens), window=window),
+                              out, head_dim ** -0.5, softcap=softcap, workspace=workspace,
                               config=config, early_kv=early_kv)
                 for z in range(n_seq):
                     expected = decode_reference(q[z], k[z], v[z], int(lens[z]),
@@ -283,10 +286,10 @@ def test_bulk_copy_decode_limits(device):
     lens = pk.to_device(np.array([3], np.int32))
     k32 = pk.to_device(np.zeros((1, 16, 64), np.float32))
     with pytest.raises(ValueError, match="bulk-copy kernel needs an f16 cache"):
-        launch_decode(q, k32, k32, lens, out, 1.0, config=bulk_config(4, 64))
+        launch_decode(q, k32, k32, KeyRange(lens), out, 1.0, config=bulk_config(4, 64))
     k16 = pk.to_device(np.zeros((1, 16, 64), np.float16))
     with pytest.raises(ValueError, match="1...4 warps"):
-        launch_decode(q, k16, k16, lens, out, 1.0, config=bulk_config(4, 64, warps=8))
+        launch_decode(q, k16, k16, KeyRange(lens), out, 1.0, config=bulk_config(4, 64, warps=8))
 
 
 # cluster merge (one launch, the split blocks of a head group as a thread-block cluster):
@@ -306,13 +309,14 @@ def test_cluster_merge_decode(device, rng, seed, case):
     q = rng.standard_normal((n_seq, n_head, head_dim)).astype(np.float32)
     k = rng.standard_normal((n_seq, n_kv_head, max_len, head_dim)).astype(np.float16)
     v = rng.standard_normal((n_seq, n_kv_head, max_len, head_dim)).astype(np.float16)
-    args = [pk.to_device(a) for a in (q, k, v, lens)]
+    q_dev, k_dev, v_dev, lens_dev = (pk.to_device(a) for a in (q, k, v, lens))
     for splits in split_counts:
         out = pk.full((n_seq, n_head, head_dim), np.nan, np.float32)
         xq = pk.full((n_seq, q8_1_bytes(n_head * head_dim)), 0xAB, np.uint8)
         workspace = DecodeWorkspace.allocate(n_seq, n_head, head_dim, splits, cluster=True)
-        launch_decode(*args, out, head_dim ** -0.5, window=window, softcap=softcap,
-                      workspace=workspace, config=config, xq_out=xq)
+        launch_decode(q_dev, k_dev, v_dev, KeyRange(lens_dev, window=window), out,
+                      head_dim ** -0.5, softcap=softcap, workspace=workspace, config=config,
+                      xq_out=xq)
         for z in range(n_seq):
             expected = decode_reference(q[z], k[z], v[z], int(lens[z]), head_dim ** -0.5,
                                         window, softcap)
@@ -329,7 +333,7 @@ def test_cluster_merge_limits(device):
     q = pk.to_device(np.zeros((1, 8, 64), np.float32))
     kv = pk.to_device(np.zeros((2, 40, 64), np.float32))
     with pytest.raises(ValueError, match="cluster merge needs the tensor-core kernel"):
-        launch_decode(q, kv, kv, pk.to_device(np.array([40], np.int32)),
+        launch_decode(q, kv, kv, KeyRange(pk.to_device(np.array([40], np.int32))),
                       pk.empty((1, 8, 64), np.float32), 0.125, workspace=ws,
                       config=DecodeConfig(2, 2, 1))
 
@@ -350,8 +354,8 @@ def test_batched_decode_different_lengths(device, rng, seed):
     v = rng.standard_normal((n_seq, n_kv_head, max_len, head_dim)).astype(np.float16)
     out = pk.full((n_seq, n_head, head_dim), np.nan, np.float32)
     workspace = DecodeWorkspace.allocate(n_seq, n_head, head_dim, 3)
-    launch_decode(pk.to_device(q), pk.to_device(k), pk.to_device(v), pk.to_device(lens), out,
-                  0.125, workspace=workspace)
+    launch_decode(pk.to_device(q), pk.to_device(k), pk.to_device(v),
+                  KeyRange(pk.to_device(lens)), out, 0.125, workspace=workspace)
     got = out.numpy()
     for s in range(n_seq):
         _check(got[s], decode_reference(q[s], k[s], v[s], int(lens[s]), 0.125), np.float16,
@@ -369,10 +373,10 @@ def test_graph_replay_reads_length_from_device(device, rng, seed):
     out = pk.full((1, n_head, head_dim), np.nan, np.float32)
     workspace = DecodeWorkspace.allocate(1, n_head, head_dim, 2)
     stream = pk.Stream()
-    launch_decode(q_dev, k_dev, v_dev, pos, out, 0.125, len_add=1, window=9,
+    launch_decode(q_dev, k_dev, v_dev, KeyRange(pos, add=1, window=9), out, 0.125,
                   workspace=workspace)                 # warm-up: load kernels before capture
     with pk.capture_graph(stream) as graph:
-        launch_decode(q_dev, k_dev, v_dev, pos, out, 0.125, len_add=1, window=9,
+        launch_decode(q_dev, k_dev, v_dev, KeyRange(pos, add=1, window=9), out, 0.125,
                       workspace=workspace, stream=stream)
     for position in (0, 5, int(rng.integers(6, max_len))):
         pos.copy_from(np.array([position], np.int32))
@@ -386,6 +390,9 @@ def test_bad_shapes_are_reported(device):
     q = pk.zeros((1, 4, 64), np.float32)
     k = pk.zeros((3, 16, 64), np.float16)
     with pytest.raises(ValueError, match="n_head a multiple of n_kv_head"):
+        launch_decode(q, k, k, KeyRange(pk.zeros(1, np.int32)), pk.zeros((1, 4, 64)), 1.0)
+    k = pk.zeros((2, 16, 64), np.float16)
+    with pytest.raises(TypeError, match="keys must be a KeyRange"):   # the old positional lens
         launch_decode(q, k, k, pk.zeros(1, np.int32), pk.zeros((1, 4, 64)), 1.0)
     with pytest.raises(ValueError, match="kv_len 17"):
         attention.decode(np.zeros((4, 64), np.float32), np.zeros((1, 16, 64), np.float16),
@@ -430,8 +437,9 @@ def test_gpu_bulk_decode_long_context(rng, seed):
         workspace = DecodeWorkspace.allocate(1, 32, 128, splits, fused=fused)
         for kv_len in (8192, 8192 - int(rng.integers(1, 200)), int(rng.integers(1, 300))):
             out = pk.full((1, 32, 128), np.nan, np.float32)
-            launch_decode(q_dev, k_dev, v_dev, pk.to_device(np.array([kv_len], np.int32)),
-                          out, 128 ** -0.5, workspace=workspace, config=config)
+            launch_decode(q_dev, k_dev, v_dev,
+                          KeyRange(pk.to_device(np.array([kv_len], np.int32))), out,
+                          128 ** -0.5, workspace=workspace, config=config)
             _check(out.numpy()[0], decode_reference(q, k, v, kv_len, 128 ** -0.5), np.float16,
                    seed, f"bulk {config} splits {splits} fused {fused} kv_len {kv_len}")
 
@@ -453,8 +461,8 @@ def test_gpu_decode_benchmarked_configs(rng, seed, dtype):
             out = pk.full((1, 32, 128), np.nan, np.float32)
             workspace = (DecodeWorkspace.allocate(1, 32, 128, splits, fused=fused)
                          if splits > 1 else None)
-            launch_decode(q_dev, k_dev, v_dev, lens, out, 128 ** -0.5, workspace=workspace,
-                          config=config)
+            launch_decode(q_dev, k_dev, v_dev, KeyRange(lens), out, 128 ** -0.5,
+                          workspace=workspace, config=config)
             _check(out.numpy()[0], expected, dtype, seed,
                    f"{config} splits {splits} fused {fused}")
 
@@ -477,8 +485,8 @@ def test_q8_0_cache(device, rng, seed, n_head, n_kv_head, head_dim, window, soft
     config = mma_config(n_head // n_kv_head, head_dim, warps=2, stages=2)
     out = pk.full((n_seq, n_head, head_dim), np.nan, np.float32)
     workspace = DecodeWorkspace.allocate(n_seq, n_head, head_dim, splits, fused=fused)
-    launch_decode(pk.to_device(q), k8, v8, pk.to_device(lens), out, head_dim ** -0.5,
-                  window=window, softcap=softcap, workspace=workspace, config=config)
+    launch_decode(pk.to_device(q), k8, v8, KeyRange(pk.to_device(lens), window=window), out,
+                  head_dim ** -0.5, softcap=softcap, workspace=workspace, config=config)
     for z in range(n_seq):
         expected = decode_reference(q[z], k[z], v[z], int(lens[z]), head_dim ** -0.5, window,
                                     softcap)
@@ -565,8 +573,8 @@ def test_gpu_pdl_graph_sees_the_new_row(rng, seed, dtype, mode):
     def step():
         write_new_row[n_kv_head, 128, stream](kn_dev, vn_dev, k_dev, v_dev, pos, max_len,
                                               head_dim, dtype)
-        launch_decode(q_dev, k_dev, v_dev, pos, out, scale, len_add=1, workspace=workspace,
-                      config=config, stream=stream, early_kv=True)
+        launch_decode(q_dev, k_dev, v_dev, KeyRange(pos, add=1), out, scale,
+                      workspace=workspace, config=config, stream=stream, early_kv=True)
     step()
     with pk.capture_graph(stream, pdl=True) as graph:
         step()

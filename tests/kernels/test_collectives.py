@@ -62,6 +62,32 @@ def test_warp_reduce(device, rng, seed, op, dtype):
 
 
 @pk.kernel
+def group_reduce_kernel(x: Ptr[T, "ro"], out: Ptr[T], OP: Const[int], WIDTH: Const[int]):
+    t = pk.block_idx.x * pk.block_dim.x + pk.thread_idx.x
+    out[t] = C.group_reduce(x[t], OP, WIDTH)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+@pytest.mark.parametrize("op", [C.SUM, C.MAX, C.MIN])
+@pytest.mark.parametrize("width", [1, 4, 16])
+def test_group_reduce(device, rng, seed, op, dtype, width):
+    """Each aligned set of WIDTH lanes gets its own result, none leaks into a neighbour."""
+    x = random_values(rng, dtype, 2 * 64)
+    out = poisoned(x.shape, dtype)
+    group_reduce_kernel[2, 64](pk.to_device(x), out, op, width)
+    groups = x.reshape(-1, width).astype(np.float64)
+    ref = np.repeat(OPS[op](groups, axis=1), width)
+    check_close(out.numpy(), ref.astype(dtype), seed, f"group {NAMES[op]} width={width}",
+                np.repeat(np.abs(groups).sum(1), width) if op == C.SUM else None)
+
+
+@pytest.mark.parametrize("width", [2, 8, 32])
+def test_group_reduce_shuffles_log2_width(width):
+    ptx = group_reduce_kernel.ptx("sm_90", T=np.float32, OP=C.MAX, WIDTH=width)
+    assert ptx.count("shfl.sync.bfly.b32") == width.bit_length() - 1, ptx
+
+
+@pk.kernel
 def block_reduce_kernel(x: Ptr[T, "ro"], out: Ptr[T], out2: Ptr[T], n: i32, init: T,
                         OP: Const[int], OP2: Const[int], BLOCK: Const[int]):
     """Row reduction, one block per row; then OP2 over the threads' partials with the same
@@ -295,6 +321,8 @@ PTX_CASES = {
                      {"T": np.float32, "OP": C.SUM, "OP2": C.MAX, "BLOCK": 256},
                      ["shfl.sync.bfly.b32", "shfl.sync.down.b32", "shfl.sync.idx.b32",
                       "bar.sync", "st.shared"]),
+    "group_reduce": (group_reduce_kernel, {"T": np.float32, "OP": C.SUM, "WIDTH": 8},
+                     ["shfl.sync.bfly.b32"]),
     "warp_scan": (warp_scan_kernel, {"T": np.int32, "INCLUSIVE": False}, ["shfl.sync.up.b32"]),
     "block_scan": (block_scan_kernel, {"T": np.float32, "INCLUSIVE": True, "BLOCK": 96},
                    ["shfl.sync.up.b32", "shfl.sync.idx.b32", "bar.sync", "ld.shared"]),

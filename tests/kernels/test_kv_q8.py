@@ -60,14 +60,14 @@ def test_rope_kv_cache_into_q8_0(device, rng, seed, style, head_dim, norms):
     pos = np.array([2, 3, 7], np.int32)
     extra = {}
     if norms:
-        extra = {name: rng.uniform(0.5, 2.0, head_dim).astype(np.float32)
-                 for name in ("q_norm", "k_norm")}
+        extra = {"norms": R.HeadNorms(*(rng.uniform(0.5, 2.0, head_dim).astype(np.float32)
+                                        for _ in range(2)))}
     ck32, cv32 = (pk.zeros((kv_heads, max_len, head_dim), np.float32) for _ in range(2))
     q32 = pk.to_device(q)
-    R.rope_kv_cache(k, v, ck32, cv32, pos, 1e6, style, q=q32, **extra)
+    R.rope_kv_cache(k, v, ck32, cv32, pos, R.RopeSpec(1e6, style), q=q32, **extra)
     ck, cv = (kv_q8.allocate((kv_heads, max_len, head_dim)) for _ in range(2))
     q8 = pk.to_device(q)
-    R.rope_kv_cache(k, v, ck, cv, pk.to_device(pos), 1e6, style, q=q8, **extra)
+    R.rope_kv_cache(k, v, ck, cv, pk.to_device(pos), R.RopeSpec(1e6, style), q=q8, **extra)
     for got, f32_cache, what in ((ck, ck32, "k"), (cv, cv32, "v")):
         assert_rows_equal(got, kv_q8.quantize_kv(f32_cache.numpy()[:, pos]), pos,
                           f"{what} (seed {seed})")

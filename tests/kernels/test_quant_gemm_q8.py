@@ -368,7 +368,7 @@ def test_matmul_takes_the_int8_gemm_from_six_tokens(device, rng, seed):
 
 
 def test_choose_matmul_path_and_its_options():
-    """One rule for quant.matmul and the runner (kernels_weights.OPTIONS adds its two
+    """One rule for quant.matmul and the runner (RunnerOptions.kernel_options adds its two
     choices); the options come from the environment once, or are set directly."""
     from stdlib_kernels.options import KernelOptions
     from stdlib_kernels.quant.matmul import (GEMM_F16, GEMM_Q8, GEMV, GEMV_MMA,

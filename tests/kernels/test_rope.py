@@ -51,7 +51,7 @@ def test_rope_kv_cache_writes_slots(device, rng, seed, cache_dtype, style):
     ck = pk.full((kv_heads, max_len, head_dim), np.nan, cache_dtype)
     cv = pk.full((kv_heads, max_len, head_dim), np.nan, cache_dtype)
     qd = pk.to_device(q)
-    R.rope_kv_cache(k, v, ck, cv, positions, 5e5, style, q=qd, rot_dim=8)
+    R.rope_kv_cache(k, v, ck, cv, positions, R.RopeSpec(5e5, style, 8), q=qd)
     tol = angle_tol(pos) + (2e-3 if cache_dtype == np.float16 else 0)
     kr = R.rope_reference(k, pos, 5e5, style, 8)
     ckn, cvn = ck.numpy(), cv.numpy()
@@ -62,8 +62,35 @@ def test_rope_kv_cache_writes_slots(device, rng, seed, cache_dtype, style):
     assert np.isnan(ckn[:, untouched]).all() and np.isnan(cvn[:, untouched]).all()
     assert np.max(np.abs(qd.numpy() - R.rope_reference(q, pos, 5e5, style, 8))) < tol
     positions.copy_from(np.array([0, 1, 45], np.int32))   # slot 45 >= max_len: skipped
-    R.rope_kv_cache(k, v, ck, cv, positions, 5e5, style, rot_dim=8)
+    R.rope_kv_cache(k, v, ck, cv, positions, R.RopeSpec(5e5, style, 8))
     assert np.allclose(cv.numpy()[:, 1], v[1], atol=tol)
+
+
+@pytest.mark.parametrize("style", ["normal", "neox"])
+def test_rope_kv_cache_spec_freq_factors_and_offset(device, rng, seed, style):
+    # every RopeSpec field reaches the launch: Llama 3.1's freq_factors divide the
+    # frequencies, pos_offset moves both the angle and the cache slot (slot pos + offset)
+    tokens, q_heads, kv_heads, head_dim, max_len, offset = 3, 2, 1, 16, 24, 5
+    q, k, v = (rng.standard_normal((tokens, h, head_dim)).astype(np.float32)
+               for h in (q_heads, kv_heads, kv_heads))
+    ff = rng.uniform(1.0, 8.0, 6).astype(np.float32)
+    pos = np.array([0, 7, 18], np.int32)         # 18 + 5 = 23: the last slot
+    ck, cv = (pk.full((kv_heads, max_len, head_dim), np.nan, np.float32) for _ in range(2))
+    qd = pk.to_device(q)
+    R.rope_kv_cache(k, v, ck, cv, pk.to_device(pos),
+                    R.RopeSpec(1e4, style, 12, freq_factors=ff, pos_offset=offset), q=qd)
+    tol = angle_tol(pos + offset)
+    want_q = R.rope_reference(q, pos, 1e4, style, 12, ff, pos_offset=offset)
+    want_k = R.rope_reference(k, pos, 1e4, style, 12, ff, pos_offset=offset)
+    assert np.max(np.abs(qd.numpy() - want_q)) < tol, f"q (seed {seed})"
+    for t, p in enumerate(pos + offset):
+        assert np.max(np.abs(ck.numpy()[:, p] - want_k[t])) < tol, f"k {t} (seed {seed})"
+        np.testing.assert_array_equal(cv.numpy()[:, p], v[t], f"v {t} (seed {seed})")
+    assert np.isnan(np.delete(ck.numpy(), pos + offset, axis=1)).all()
+    with pytest.raises(ValueError, match="freq_factors has 6 entries, needs 8"):
+        R.rope_kv_cache(k, v, ck, cv, pk.to_device(pos), R.RopeSpec(freq_factors=ff), q=qd)
+    with pytest.raises(TypeError, match="must be a RopeSpec"):
+        R.rope_kv_cache(k, v, ck, cv, pk.to_device(pos), 1e4)
 
 
 @pytest.mark.parametrize("style", ["normal", "neox"])
@@ -80,10 +107,11 @@ def test_rope_kv_cache_cols_matches_separate_arrays(device, rng, seed, style):
     positions = pk.to_device(np.array([3, 4, 5, 6, 7], np.int32))
     caches = [pk.full((kv_heads, max_len, head_dim), np.nan, np.float32) for _ in range(4)]
     qd = pk.to_device(q)
-    R.rope_kv_cache(k, v, caches[0], caches[1], positions, 1e4, style, q=qd, rot_dim=12)
+    spec = R.RopeSpec(1e4, style, rot_dim=12)
+    R.rope_kv_cache(k, v, caches[0], caches[1], positions, spec, q=qd)
     qkvd = pk.to_device(qkv)
     R.rope_kv_cache_cols(qkvd, q_heads, kv_heads, head_dim, caches[2], caches[3], positions,
-                         1e4, style, rot_dim=12)
+                         spec)
     got = qkvd.numpy()
     np.testing.assert_array_equal(got[:, :nq], qd.numpy().reshape(tokens, nq))
     np.testing.assert_array_equal(got[:, nq:], qkv[:, nq:])          # k, v, the rest: as given
@@ -109,15 +137,16 @@ def test_rope_kv_cache_cols_one_sequence_per_token(device, rng, seed, cache_dtyp
     cv = pk.full((tokens, kv_heads, max_len, head_dim), np.nan, cache_dtype)
     q_out = pk.full((tokens, nq), np.nan, np.float32)
     qkvd = pk.to_device(qkv)
-    R.rope_kv_cache_cols(qkvd, q_heads, kv_heads, head_dim, ck, cv, pk.to_device(pos), 1e4,
-                         "neox", q_out=q_out)
+    R.rope_kv_cache_cols(qkvd, q_heads, kv_heads, head_dim, ck, cv, pk.to_device(pos),
+                         R.RopeSpec(1e4, "neox"), q_out=q_out)
     np.testing.assert_array_equal(qkvd.numpy(), qkv)
     for t in range(tokens):
         one = [pk.full((kv_heads, max_len, head_dim), np.nan, cache_dtype) for _ in range(2)]
         q = pk.to_device(qkv[t:t + 1, :nq].reshape(1, q_heads, head_dim))
         R.rope_kv_cache(qkv[t:t + 1, nq:nq + nkv].reshape(1, kv_heads, head_dim),
                         qkv[t:t + 1, nq + nkv:nq + 2 * nkv].reshape(1, kv_heads, head_dim),
-                        one[0], one[1], pk.to_device(pos[t:t + 1]), 1e4, "neox", q=q)
+                        one[0], one[1], pk.to_device(pos[t:t + 1]), R.RopeSpec(1e4, "neox"),
+                        q=q)
         np.testing.assert_array_equal(q_out.numpy()[t], q.numpy().reshape(-1),
                                       err_msg=f"seed {seed} token {t}")
         np.testing.assert_array_equal(ck.numpy()[t], one[0].numpy(), f"seed {seed} token {t}")
@@ -143,14 +172,14 @@ def test_rope_kv_cache_cols_slot_table(device, rng, seed, cache_dtype):
     ck = pk.full((4, kv_heads, max_len, head_dim), np.nan, cache_dtype)
     cv = pk.full((4, kv_heads, max_len, head_dim), np.nan, cache_dtype)
     qkvd = pk.to_device(qkv)
-    R.rope_kv_cache_cols(qkvd, q_heads, kv_heads, head_dim, ck, cv, pk.to_device(pos), 1e4,
-                         "normal", slots=slots)
+    R.rope_kv_cache_cols(qkvd, q_heads, kv_heads, head_dim, ck, cv, pk.to_device(pos),
+                         R.RopeSpec(1e4, "normal"), slots=slots)
     for first, n in ((0, 3), (3, 1), (4, 2)):
         slot = int(slots[first])
         one = [pk.full((kv_heads, max_len, head_dim), np.nan, cache_dtype) for _ in range(2)]
         alone = pk.to_device(qkv[first:first + n])
         R.rope_kv_cache_cols(alone, q_heads, kv_heads, head_dim, one[0], one[1],
-                             pk.to_device(pos[first:first + n]), 1e4, "normal")
+                             pk.to_device(pos[first:first + n]), R.RopeSpec(1e4, "normal"))
         np.testing.assert_array_equal(qkvd.numpy()[first:first + n], alone.numpy(),
                                       err_msg=f"seed {seed} prompt at {first}")
         np.testing.assert_array_equal(ck.numpy()[slot], one[0].numpy(), f"seed {seed}")
@@ -184,8 +213,8 @@ def test_rope_kv_cache_with_head_norms(device, rng, seed, cache_dtype, style, he
     ck = pk.full((kv_heads, max_len, head_dim), np.nan, cache_dtype)
     cv = pk.full((kv_heads, max_len, head_dim), np.nan, cache_dtype)
     qd = pk.to_device(q)
-    R.rope_kv_cache(k, v, ck, cv, pk.to_device(pos), 1e6, style, q=qd, rot_dim=rot_dim,
-                    q_norm=wq, k_norm=wk, norm_eps=1e-6)
+    R.rope_kv_cache(k, v, ck, cv, pk.to_device(pos), R.RopeSpec(1e6, style, rot_dim), q=qd,
+                    norms=R.HeadNorms(wq, wk, 1e-6))
     tol = angle_tol(pos) * 4 + (4e-3 if cache_dtype == np.float16 else 0)
     q_ref = R.rope_reference(rms_reference(q, wq, 1e-6), pos, 1e6, style, rot_dim)
     k_ref = R.rope_reference(rms_reference(k, wk, 1e-6), pos, 1e6, style, rot_dim)
@@ -196,10 +225,10 @@ def test_rope_kv_cache_with_head_norms(device, rng, seed, cache_dtype, style, he
         # a relative bound fails on f16's subnormals, which the per-head scales reach)
         assert np.array_equal(cv.numpy()[:, p], v[t].astype(cache_dtype)), \
             f"v token {t} (seed {seed})"
-    with pytest.raises(ValueError, match="go together"):
-        R.rope_kv_cache(k, v, ck, cv, pk.to_device(pos), q=qd, q_norm=wq)
+    with pytest.raises(ValueError, match="with both weights"):
+        R.rope_kv_cache(k, v, ck, cv, pk.to_device(pos), q=qd, norms=R.HeadNorms(wq, None))
     with pytest.raises(ValueError, match="expected head_dim"):
-        R.rope_kv_cache(k, v, ck, cv, pk.to_device(pos), q=qd, q_norm=wq[:8], k_norm=wk)
+        R.rope_kv_cache(k, v, ck, cv, pk.to_device(pos), q=qd, norms=R.HeadNorms(wq[:8], wk))
 
 
 def test_rope_errors(device):

@@ -22,6 +22,33 @@ def test_argmax_skips_nan_and_greedy_sample(device, rng, seed):
     assert S.sample(x, 0.3, temperature=0.0).numpy()[0] == np.nanargmax(x)
 
 
+@pytest.mark.parametrize("kw", [dict(temperature=0.8), dict(temperature=0.8, top_k=40,
+                                top_p=0.9, min_p=0.05), dict(temperature=1.0, top_p=0.5)],
+                         ids=["temperature", "filters", "top-p"])
+@pytest.mark.parametrize("row", ["nan", "-inf", "+inf"])
+def test_a_row_without_a_finite_max_draws_minus_one(device, rng, seed, kw, row):
+    """Nothing to draw from (every logit NaN, every one -Inf, or a +Inf among numbers: broken
+    weights): sample() gives -1 for each draw on every path (temperature only: one launch; the
+    filters' two), sample_rows -1 for the row, as a flag the caller turns into an error;
+    outputs poisoned. NaN and -Inf beside one finite logit leave that one to draw."""
+    n = 5003                                 # several blocks
+    x = rng.standard_normal(n).astype(np.float32)
+    if row == "+inf":
+        x[rng.integers(0, n)] = np.inf
+    else:
+        x[:] = np.nan if row == "nan" else -np.inf
+    u = pk.to_device(rng.random(3).astype(np.float32))
+    got = S.sample(x, u, **kw, out=pk.full(3, -7, np.int32)).numpy()
+    assert got.tolist() == [-1, -1, -1], f"seed={seed}: drew {got} from a {row} row"
+    settings = S.row_settings([0.4], **kw)
+    assert S.sample_rows(x[None], settings, out=pk.full(1, -7, np.int32)).numpy()[0] == -1
+    lone = int(rng.integers(0, n))
+    x[:] = np.nan
+    x[::7] = -np.inf
+    x[lone] = -3.0
+    assert S.sample(x, u, **kw).numpy().tolist() == [lone] * 3, f"seed={seed}"
+
+
 def test_penalties(device, rng, seed):
     logits = rng.standard_normal(300).astype(np.float32) * 3
     history = rng.integers(-1, 40, 64).astype(np.int32)   # -1: empty slots
@@ -309,3 +336,14 @@ def test_sample_rows_kernels_ptx_assemble(arch, assemble):
     from stdlib_kernels.sample_rows import rows_draw
     assemble(rows_draw.ptx(arch), arch)
     assemble(S.penalties_rows.ptx(arch), arch)
+
+
+@pytest.mark.parametrize("arch", pk.SUPPORTED_ARCHS)
+def test_one_row_sampler_kernels_ptx_assemble(arch, assemble):
+    """sample_temp, sample_hist and sample_pick (sample()'s launches, with their -1 for a row
+    without a finite maximum): PTX that ptxas accepts for every arch."""
+    from stdlib_kernels.sample_filter import sample_hist, sample_pick
+    from stdlib_kernels.sample_kernels import sample_temp
+    assemble(sample_temp.ptx(arch, VEC=4, UNITS=2), arch)
+    assemble(sample_hist.ptx(arch, VEC=4, UNITS=2), arch)
+    assemble(sample_pick.ptx(arch, VEC=4), arch)

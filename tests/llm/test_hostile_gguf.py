@@ -92,6 +92,47 @@ def test_cli_prints_non_finite_logits_as_one_line(tmp_path):
     assert len(lines) == 1 and "NaN" in lines[0], out.stderr
 
 
+@pytest.mark.parametrize("sampling", [
+    None,                                                    # greedy_tokens: argmax_next
+    dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),  # sampled: the filters' launches
+    dict(temperature=0.8, top_k=0, top_p=1.0, min_p=0.0),     # sampled: temperature alone
+], ids=["greedy", "sampled-filters", "sampled-temperature"])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_device_picked_tokens_raise_non_finite_logits(tmp_path, sampling, device):
+    """The graphed kernels backend's one-stream loops (the decode graph picks each token on
+    the device and feeds it to the next step): every embedding row but token 1's is NaN, so
+    the step after token 1 picks a finite token and the step after that one has NaN logits.
+    That step flags its pick (-1 in the io the host reads each token) and the loop raises
+    NonFiniteLogitsError at that token instead of going on with token 0; on cuda it is read
+    while the step behind it, which embeds the flag, runs (pipelined). Embedding the flag
+    reads in bounds (the CPU target checks every access and raises on one out of range)."""
+    import pykernel as pk
+    from llm.sampling import SamplingParams
+    if device == "cuda" and not pk.gpu_available():
+        pytest.skip("no usable CUDA GPU")
+    table = GGUFFile(TINY_LLAMA).tensors["token_embd.weight"]
+    rows = np.full(table.shape, np.nan, np.float32)
+    rows[1] = table.data.view(np.float32).reshape(table.shape)[1]
+    path = rewrite(TINY_LLAMA, tmp_path / "nan.gguf", tensors={"token_embd.weight": (rows, None)})
+    model = llm.load(path, device=device, backend="kernels", n_ctx=64, progress=False)
+    cfg, t = model.config, model.transformer
+    cache = model.backend.kv_cache(cfg.n_layer, 32, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v)
+    params = None if sampling is None else SamplingParams(**sampling)
+    if params is None:
+        tokens = t.greedy_tokens(1, 0, cache, 8)
+    else:
+        tokens = t.sampled_tokens(1, 0, cache, 8, params, np.random.default_rng(0).random(8))
+    got = []
+    with pytest.raises(NonFiniteLogitsError, match="no finite value: its weights"):
+        for token in tokens:
+            got.append(token)
+    assert got and got[:-1] == [1] * (len(got) - 1) and got[-1] != 1, got
+    assert 0 <= got[-1] < cfg.n_vocab, got
+    logits = t.decode_step(-1, len(got) + 1, cache, params)   # the flag as a step's token
+    assert np.isnan(logits.numpy()).all()
+    assert int(cache.graph.io.numpy()[0]) == -1
+
+
 def test_cli_error_line_is_never_empty():
     assert error_line(MemoryError()) == "MemoryError (MemoryError())"
     assert error_line(ValueError("  ")).startswith("ValueError")

@@ -1,7 +1,6 @@
 """The kernels backend on the CPU target: llama.cpp's logits for the tiny models, agreement with
 the numpy backend, graph-replayed decode equal to prefill; `pykernel synth` files read back by
 gguf-py; the `pykernel bench` table format."""
-import dataclasses
 import json
 import re
 
@@ -13,7 +12,7 @@ from gguf.constants import GGMLQuantizationType as Q
 import llm
 from dataclasses import replace
 from llm.options import RunnerOptions
-from llm.backends import kernels_weights as W
+from stdlib_kernels.options import KernelOptions
 from llm.bench import BenchResult, bench, run_bench, table
 from llm.synth import SHAPES, tensor_plan, write_synthetic
 from tests.llm.gguf_helpers import TINY, require_for_module
@@ -428,12 +427,11 @@ def test_bench_lists_like_llama_bench():
         bench(TINY_LLAMA, p=[-1], device="cpu", backend="kernels")
 
 
-def prompts_on_the_gemv(monkeypatch):
-    """Prompts of up to 8 tokens on the GEMV, as the decode steps they are compared with:
-    the int8 GEMM (from 6 tokens by default) takes Q4_0's offset exactly where the DP4A GEMV
-    uses the activations' f16 sum, ~5e-3 apart per matmul, which these random models amplify
-    past the decode-vs-prefill bounds (both paths are checked against the numpy backend)."""
-    monkeypatch.setattr(W, "OPTIONS", dataclasses.replace(W.OPTIONS, int8_gemm_tokens=9))
+# Prompts of up to 8 tokens on the GEMV, as the decode steps they are compared with: the int8
+# GEMM (from 6 tokens by default) takes Q4_0's offset exactly where the DP4A GEMV uses the
+# activations' f16 sum, ~5e-3 apart per matmul, which these random models amplify past the
+# decode-vs-prefill bounds (both paths are checked against the numpy backend)
+GEMV_PROMPTS = RunnerOptions(kernels=KernelOptions(int8_gemm_tokens=9))
 
 
 def test_split_decode_feeds_q8_1_to_the_o_projection(tmp_path, monkeypatch):
@@ -445,9 +443,8 @@ def test_split_decode_feeds_q8_1_to_the_o_projection(tmp_path, monkeypatch):
     monkeypatch.setitem(synth.SHAPES, "tiny-d64", synth.Shape(
         "llama", 128, 256, 2, 2, 1, 512, 64, 10000.0, 1e-5, True, False, "llama-bpe"))
     path = synth.write_synthetic("tiny-d64", "Q4_0", tmp_path / "tiny-d64.gguf")
-    prompts_on_the_gemv(monkeypatch)
     model = llm.load(path, device="cpu", backend="kernels", n_ctx=16, gemv=True,
-                     options=RunnerOptions(short_context=4),
+                     options=replace(GEMV_PROMPTS, short_context=4),
                      progress=False)
     ids = [5, 9, 13, 17, 21, 25]
     full = model.logits(ids)
@@ -465,7 +462,7 @@ def test_split_decode_feeds_q8_1_to_the_o_projection(tmp_path, monkeypatch):
 def test_graph_argmax_many_blocks(device_kind, rng, seed):
     """The decode graph's argmax (kernels_extra.argmax_into): several blocks and the last-block
     merge, ties to the lowest index, the position advanced only when asked, replayable (the
-    ticket counter resets)."""
+    ticket counter resets); -1 for a row without a finite largest logit."""
     import pykernel as pk
     from llm.backends.kernels_extra import argmax_into, argmax_scratch
     if device_kind == "cuda" and not pk.gpu_available():
@@ -483,9 +480,46 @@ def test_graph_argmax_many_blocks(device_kind, rng, seed):
             assert io.numpy().tolist() == [int(top.min()), 42 + step], f"n={n} (seed {seed})"
         argmax_into(dx, io, advance=False, scratch=scratch)
         assert io.numpy().tolist() == [int(top.min()), 43], f"n={n} (seed {seed})"
-    argmax_into(pk.full((9001,), np.nan, np.float32), io, advance=True,
-                scratch=argmax_scratch(9001))
-    assert io.numpy().tolist() == [0, 44]         # all NaN: a valid id, never 2**31 - 1
+    # no finite largest logit (all NaN, only -Inf, a +Inf among numbers): -1, the host's
+    # NonFiniteLogitsError (a broken model), never 2**31 - 1 nor a token
+    x = rng.standard_normal(9001).astype(np.float32)
+    x[rng.integers(0, 9001)] = np.inf
+    for position, row in enumerate([np.full(9001, np.nan, np.float32),
+                                    np.full(9001, -np.inf, np.float32), x], start=44):
+        io = pk.to_device(np.array([7, position - 1], np.int32))
+        argmax_into(pk.to_device(row), io, advance=True, scratch=argmax_scratch(9001))
+        assert io.numpy().tolist() == [-1, position], f"seed {seed}"
+
+
+def test_embed_rows_of_an_id_out_of_range_are_nan(rng, seed):
+    """kernels_extra.embed_rows (rows of any GGUF type; Q8_0 here, as the q8_0 models' decode
+    graphs read them): an id outside [0, vocab) (the decode graph's -1 flag for a broken row,
+    argmax's 2**31 - 1) gives a NaN row, never a read outside the table (the CPU target
+    checks every access); the valid ids their rows, bit for bit. Output poisoned."""
+    import pykernel as pk
+    from gguf import quants
+    from llm.backends.kernels_extra import embed_rows
+    from stdlib_kernels.embed import embedding_reference
+    pk.set_device("cpu")
+    vocab, n = 37, 64
+    table = quants.quantize(rng.standard_normal((vocab, n)).astype(np.float32), Q.Q8_0)
+    ids = np.array([-1, 3, vocab, vocab - 1, 2**31 - 1, 0, -2**31], np.int32)
+    out = pk.full((ids.size, n), 7.0, np.float32)
+    embed_rows(pk.to_device(table), "Q8_0", pk.to_device(ids), out, 2.0)
+    got = out.numpy()
+    bad = (ids < 0) | (ids >= vocab)
+    assert np.isnan(got[bad]).all(), f"seed {seed}"
+    expected = embedding_reference(table, ids[~bad], 2.0, qtype="Q8_0").astype(np.float32)
+    assert np.array_equal(got[~bad], expected), f"seed {seed}"
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_pick_and_embedding_kernels_ptx_assemble(arch, assemble):
+    """argmax_next (its -1 flag) and embed_generic (its id check): PTX that ptxas accepts."""
+    from llm.backends.kernels_extra import argmax_next, embed_generic
+    from stdlib_kernels.quant.dequant_kernels import CODES
+    assemble(argmax_next.ptx(arch, VEC=4, UNITS=4, ADVANCE=True), arch)
+    assemble(embed_generic.ptx(arch, FMT=CODES["Q8_0"], BE=32, BB=34), arch)
 
 
 def test_qwen3_head_norms_inside_the_rope_launch(tmp_path, monkeypatch):
@@ -496,9 +530,8 @@ def test_qwen3_head_norms_inside_the_rope_launch(tmp_path, monkeypatch):
     monkeypatch.setitem(synth.SHAPES, "tiny-q3", synth.Shape(
         "qwen3", 128, 256, 2, 2, 1, 512, 64, 1e6, 1e-6, False, False, "qwen2", qk_norm=True))
     path = synth.write_synthetic("tiny-q3", "Q4_0", tmp_path / "tiny-q3.gguf")
-    prompts_on_the_gemv(monkeypatch)
     model = llm.load(path, device="cpu", backend="kernels", n_ctx=24, gemv=True,
-                     progress=False)
+                     options=GEMV_PROMPTS, progress=False)
     reference = llm.load(path, device="cpu", backend="numpy", n_ctx=24, progress=False)
     ids = list(range(3, 3 + 13))                        # 13 tokens: the prefill GEMM path
     err = rel_l2(model.logits(ids), reference.logits(ids))
@@ -523,10 +556,9 @@ def test_q8_0_kv_cache(tmp_path, monkeypatch):
     monkeypatch.setitem(synth.SHAPES, "tiny-d64", synth.Shape(
         "llama", 128, 256, 2, 2, 1, 512, 64, 10000.0, 1e-5, True, False, "llama-bpe"))
     path = synth.write_synthetic("tiny-d64", "Q4_0", tmp_path / "tiny-d64.gguf")
-    prompts_on_the_gemv(monkeypatch)
     ids = [5, 9, 13, 17, 21, 25, 3, 8, 40, 41, 42, 43, 44]
     kernels = {kv: llm.load(path, device="cpu", backend="kernels", n_ctx=24, gemv=True,
-                            options=RunnerOptions(short_context=5),
+                            options=replace(GEMV_PROMPTS, short_context=5),
                             activations="f32", kv_dtype=kv, progress=False)
                for kv in ("f32", "q8_0")}
     numpy = {kv: llm.load(path, device="cpu", backend="numpy", n_ctx=24, kv_dtype=kv,
@@ -564,7 +596,6 @@ def test_activations_do_not_grow_with_layers(tmp_path, monkeypatch, arch):
     activation memory of a 2-layer one of the same width, and its logits (prefill, and decode
     through the captured graph) still follow the numpy backend's (qwen2: q/k/v biases, qwen3:
     per-head q/k norms)."""
-    prompts_on_the_gemv(monkeypatch)
     from llm import synth
     arena_bytes = {}
     for layers in (2, 6):
@@ -573,7 +604,7 @@ def test_activations_do_not_grow_with_layers(tmp_path, monkeypatch, arch):
             arch == "qwen2", "llama-bpe", qk_norm=arch == "qwen3"))
         path = synth.write_synthetic(f"tiny-l{layers}", "Q4_0", tmp_path / f"l{layers}.gguf")
         model = llm.load(path, device="cpu", backend="kernels", n_ctx=24, gemv=True,
-                         progress=False)
+                         options=GEMV_PROMPTS, progress=False)
         ids = [5, 9, 13, 17, 21, 25, 3, 8, 40, 41, 42, 43, 44]
         logits = model.logits(ids)
         arena_bytes[layers] = model.backend.prefill_arena.nbytes

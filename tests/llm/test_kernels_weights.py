@@ -7,6 +7,7 @@ import pytest
 
 import pykernel as pk
 from llm.backends import kernels_weights as W
+from llm.options import RunnerOptions
 from stdlib_kernels.quant import reference as ref
 from stdlib_kernels.quant.gemm import gemm
 from stdlib_kernels.quant.gemm_q8 import gemm_q8
@@ -18,6 +19,9 @@ def make_group(rng, type_name: str, rows: int, row_off: int, n: int) -> W.RowGro
     raw = ref.quantize(rng.standard_normal((rows, n)).astype(np.float32), type_name)
     dev = pk.to_device(raw)
     return W.RowGroup(type_name, rows, row_off, dev, weight_words(dev, type_name, n)[0])
+
+
+OPTIONS = RunnerOptions().kernel_options      # the runner's routing (its defaults)
 
 
 def scratch(shape):
@@ -37,7 +41,8 @@ def test_mixed_type_groups_with_residual_in_the_gemm_store(device, rng, seed, to
     xq = pk.empty(W.q8_buffer_shape(tokens, n), np.uint8)
     W.quantize_activations(xd, xq)
     out = pk.full((tokens, 40), np.nan, np.float32)
-    launches = launched_by(lambda: W.matmul(xd, w, out, xq, scratch, res=pk.to_device(res)))
+    launches = launched_by(lambda: W.matmul(xd, w, out, xq, scratch, OPTIONS,
+                                            res=pk.to_device(res)))
     want = np.concatenate([gemm_q8(groups[0].raw.numpy(), "Q4_0", x).numpy(),
                            gemm(groups[1].raw.numpy(), "Q2_K", x).numpy()], axis=1) + res
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-6, atol=1e-5, err_msg=f"seed {seed}")
@@ -64,6 +69,52 @@ def test_one_token_mixed_types_in_one_gemv_launch(device, rng, seed, residual):
         want.append(y.numpy())
     want = np.concatenate(want, axis=1) + (res.numpy() if residual else 0)
     out = pk.full((1, 64), np.nan, np.float32)
-    launches = launched_by(lambda: W.matmul(xd, w, out, xq, scratch, res=res))
+    launches = launched_by(lambda: W.matmul(xd, w, out, xq, scratch, OPTIONS, res=res))
     assert len(launches) == 1 and launches[0].startswith("gemv_q8_pair_kernel"), launches
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-6, atol=1e-5, err_msg=f"seed {seed}")
+
+
+def test_the_routing_options_come_from_the_runner_options(device, rng, monkeypatch):
+    """One value: the kernels backend's RunnerOptions carries the KernelOptions the weight
+    matmuls route by (the runner's two choices always added); the environment is read by
+    RunnerOptions.from_env only, and a routing call takes the options it is given."""
+    import re
+    from llm.options import KERNEL_VARIABLES
+    from stdlib_kernels import options as kernel_options
+    from stdlib_kernels.options import KernelOptions
+    # llm names the variables without importing stdlib: the same set that from_env reads
+    source = open(kernel_options.__file__).read()
+    assert set(re.findall(r"PYKERNEL_\w+", source)) == set(KERNEL_VARIABLES)
+    for name in KERNEL_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert OPTIONS == KernelOptions(f32_weights_gemv=True, route_by_format=True)
+    assert RunnerOptions.from_env().kernels is None
+    monkeypatch.setenv("PYKERNEL_INT8_GEMM_TOKENS", "9")
+    monkeypatch.setenv("PYKERNEL_DECODE_BULK", "1")
+    from_env = RunnerOptions.from_env().kernel_options
+    assert (from_env.int8_gemm_tokens, from_env.decode_bulk, from_env.route_by_format) == \
+        (9, True, True)
+    assert RunnerOptions().kernel_options == OPTIONS          # set by hand: no environment
+    with pytest.raises(TypeError, match="must be a stdlib_kernels.options.KernelOptions"):
+        RunnerOptions(kernels={"int8_gemm_tokens": 9}).kernel_options
+    later = RunnerOptions(kernels=KernelOptions(int8_gemm_tokens=9)).kernel_options
+    assert later.f32_weights_gemv and later.route_by_format
+    q8_0 = make_group(rng, "Q8_0", 8, 0, 64)
+    assert W.uses_gemm(q8_0, 7, OPTIONS) and not W.uses_gemm(q8_0, 7, later)
+    assert not W.gemv_launch(q8_0, 7, OPTIONS) and W.gemv_launch(q8_0, 7, later)
+
+
+def test_runner_options_import_no_kernel_code():
+    """`import llm` and RunnerOptions.from_env() (which the numpy backend runs) import neither
+    stdlib_kernels nor pykernel while no kernel variable is set."""
+    import os
+    import subprocess
+    import sys
+    from llm.options import KERNEL_VARIABLES
+    env = {k: v for k, v in os.environ.items() if k not in KERNEL_VARIABLES}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    code = ("import sys, llm; llm.RunnerOptions.from_env(); "
+            "print(sorted(m for m in ('pykernel', 'stdlib_kernels') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]", out

@@ -256,15 +256,7 @@ def test_nan_weights_fail_their_request_alone(tmp_path, monkeypatch):
     NaN logits, which the sampler cannot draw from (HTTP 500, at its first token); the
     request decoding meanwhile gets the answer it gets alone. (Failing mid-batch, after
     decode steps together: test_a_failing_generation_is_500_alone_and_the_others_go_on.)"""
-    from llm.gguf_file import GGUFFile
-    from tests.llm.gguf_helpers import rewrite
-    poisoned_id = 200
-    embd = GGUFFile(TINY_LLAMA).tensors["token_embd.weight"]
-    table = embd.data.view(np.float32).reshape(embd.shape).copy()
-    table[poisoned_id] = np.nan
-    path = rewrite(TINY_LLAMA, tmp_path / "nan.gguf",
-                   tensors={"token_embd.weight": (table, None)})
-    nan_model = llm.load(path, device="cpu", progress=False, n_ctx=256)
+    nan_model = llm.load(_nan_row_model(tmp_path), device="cpu", progress=False, n_ctx=256)
     real = sampling.Sampler.sample
 
     def slowed(sampler, logits, history=()):
@@ -277,18 +269,82 @@ def test_nan_weights_fail_their_request_alone(tmp_path, monkeypatch):
     server, url = serve(nan_model, parallel=2)
     answers = {}
     try:
-        bad = dict(good, prompt=[5, poisoned_id, 7], max_tokens=10)
-        threads = [threading.Thread(target=lambda k=k, b=b: answers.__setitem__(
-            k, call(url, "/v1/completions", b))) for k, b in (("good", good), ("bad", bad))]
-        for t in threads:
-            t.start()
-            time.sleep(0.1)
-        for t in threads:
-            t.join(60)
-        status, out = answers["bad"]
-        assert status == 500 and out["error"]["type"] == "server_error", out
-        assert answers["good"][0] == 200
-        assert answers["good"][1]["choices"][0]["text"] == expected
-        assert call(url, "/v1/completions", good)[1]["choices"][0]["text"] == expected
+        bad = dict(good, prompt=[5, POISONED_ID, 7], max_tokens=10)
+        _good_beside_bad(url, good, bad, expected)
     finally:
         stop(server)
+
+
+@pytest.mark.parametrize("backend,bad_sampling", [
+    ("kernels", dict(temperature=0)),                          # the step's argmax_rows
+    ("kernels", dict(temperature=0.8, top_k=40, min_p=0.99)),  # sample_rows: device draws
+    ("numpy", dict(temperature=0)),                            # argmax_rows on the host
+], ids=["kernels-greedy", "kernels-device-drawn", "numpy-greedy"])
+def test_nan_logits_in_a_shared_step_fail_their_request_alone(tmp_path, monkeypatch, backend,
+                                                               bad_sampling):
+    """A step's tokens picked for all its rows at once (on the kernels backend, CPU target,
+    on the device): the bad request's first token (from its prompt's finite logits; min_p
+    0.99 leaves only the top one) has a NaN embedding row, so its NaN logits come in decode
+    steps it shares with the good request. Its row is flagged, that request alone gets a 500
+    (NonFiniteLogitsError), the good one the text it gets alone, and the server goes on
+    answering."""
+    bad_prompt, good_prompt = [9, 10, 11], [5, 6, 7, 8]
+    clean = llm.load(TINY_LLAMA, device="cpu", progress=False, n_ctx=256)
+    first = int(np.argmax(clean.logits(bad_prompt)[-1]))
+    nan_model = llm.load(_nan_row_model(tmp_path, first), device="cpu", backend=backend,
+                         progress=False, n_ctx=256)
+    good = {"prompt": good_prompt, "max_tokens": 100, "temperature": 0}
+    expected = "".join(nan_model.generate(good_prompt, max_tokens=100, temperature=0))
+    failed_rows = []
+    for name in ("argmax_rows", "sample_rows"):
+        real = getattr(nan_model.backend, name)
+
+        def spy(x, *args, real=real):
+            time.sleep(0.003)        # the good request runs long enough for the two to meet
+            try:
+                return real(x, *args)
+            except sampling.NonFiniteLogitsError:
+                failed_rows.append(x.shape[0])
+                raise
+        monkeypatch.setattr(nan_model.backend, name, spy)
+    server, url = serve(nan_model, parallel=2)
+    try:
+        bad = dict(bad_sampling, prompt=bad_prompt, max_tokens=10)
+        _good_beside_bad(url, good, bad, expected)
+        assert 2 in failed_rows, failed_rows       # the bad row failed in a shared step
+        status, out = call(url, "/v1/completions", bad)              # alone now
+        assert status == 500 and "NonFiniteLogitsError" in out["error"]["message"], out
+    finally:
+        stop(server)
+
+
+POISONED_ID = 200
+
+
+def _nan_row_model(tmp_path, poisoned: int = POISONED_ID):
+    """tiny-llama with the embedding row of token `poisoned` all NaN: a path."""
+    from llm.gguf_file import GGUFFile
+    from tests.llm.gguf_helpers import rewrite
+    embd = GGUFFile(TINY_LLAMA).tensors["token_embd.weight"]
+    table = embd.data.view(np.float32).reshape(embd.shape).copy()
+    table[poisoned] = np.nan
+    return rewrite(TINY_LLAMA, tmp_path / "nan.gguf",
+                   tensors={"token_embd.weight": (table, None)})
+
+
+def _good_beside_bad(url, good, bad, expected) -> None:
+    """The good request sent, then the bad one while it decodes: the bad one is a 500, the
+    good one answers `expected`, and so does it again afterwards."""
+    answers = {}
+    threads = [threading.Thread(target=lambda k=k, b=b: answers.__setitem__(
+        k, call(url, "/v1/completions", b))) for k, b in (("good", good), ("bad", bad))]
+    for t in threads:
+        t.start()
+        time.sleep(0.1)
+    for t in threads:
+        t.join(60)
+    status, out = answers["bad"]
+    assert status == 500 and out["error"]["type"] == "server_error", out
+    assert answers["good"][0] == 200
+    assert answers["good"][1]["choices"][0]["text"] == expected
+    assert call(url, "/v1/completions", good)[1]["choices"][0]["text"] == expected

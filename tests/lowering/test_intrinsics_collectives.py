@@ -29,7 +29,7 @@ def warp_ops(gone: Ptr[i32, "ro"], x: Ptr[u32, "ro"], out: Ptr[u32]):
     out[8 * i + 2] = same + u32(ok)
     whole, all_ok = pk.match_all(m, i32(7))
     out[8 * i + 3] = whole ^ u32(all_ok)
-    out[8 * i + 4] = pk.ballot(True) ^ (u32(pk.all_sync(True)) << u32(31))
+    out[8 * i + 4] = pk.ballot(True, mask=m) ^ (u32(pk.all_sync(True, mask=m)) << u32(31))
 
 
 @pk.kernel

@@ -82,6 +82,25 @@ def test_a_failing_compile_is_left_to_its_launch(fresh_cache):
         broken.compile("sm_90")          # the user sees the error where it always was
 
 
+@pk.kernel
+def uses_wgmma_fence(x: Ptr[f32]):
+    pk.wgmma_fence()          # sm_90a only: a launch on an sm_90 device compiles for sm_90a
+    x[0] = 1.0
+
+
+def test_workers_follow_the_launchs_sm90a_rule(fresh_cache):
+    """Recorded for an sm_90 device, a wgmma kernel compiles for sm_90a in the workers (it
+    failed there before, and precompile itself raised ArchSpecificError)."""
+    jobs = [(uses_wgmma_fence, "sm_90", {}, uses_wgmma_fence.options),
+            (scale_add, "sm_90", {"UNROLL": 5}, scale_add.options)]
+    assert compile_pool._compile_in_workers(jobs) == 2
+    assert len(list(fresh_cache.glob("*.ptxcache"))) == 2
+    compiled = compile_pool.compile_like_launch(uses_wgmma_fence, "sm_90",
+                                                uses_wgmma_fence.options, {})
+    assert compiled.arch == "sm_90a" and ".target sm_90a" in compiled.ptx
+    assert not compiled.llvm_ir               # the workers' copy, from the disk cache
+
+
 def test_precompile_then_run(device, fresh_cache):
     n = 1000
     rng = np.random.default_rng(0)

@@ -1,0 +1,3 @@
+"""Mixture-of-experts kernels: the router (router.py), the expert GEMVs for decode and the
+grouped-by-expert path for prompts (experts.py, grouping.py), with numpy references
+(reference.py). docs/stdlib.md, "MoE kernels", has the signatures."""

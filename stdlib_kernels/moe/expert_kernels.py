@@ -1,0 +1,161 @@
+"""Expert GEMV kernels: dot products of one expert's rows of stacked 3-D weights (expert, out,
+in; GGUF blocks, flat words) with activation rows, chosen per launch unit on the device.
+
+    moe_gemv_kernel   grid (row groups, units); a unit is one (token, slot) pair (decode:
+                      expert ids[unit], input row unit // x_div) or, TILED, one tile of up to
+                      BATCH consecutive rows of the grouped order (tiles[3u..3u+2] = expert,
+                      first row, row count; input and output rows start at that row).
+                      GLU_SILU: y = silu(Wg x + bg) * (Wu x + bu); GLU_OAI (gpt-oss): g =
+                      min(Wg x + bg, 7), u = clamp(Wu x + bu, -7, 7), y = g sigmoid(1.702 g)
+                      (u + 1); GLU_NONE: y = W x + b. Output row = the unit's row (pairs) or
+                      the tile's rows.
+    moe_down_kernel   grid (row groups, tokens): y[t] = (res[t] +) sum_j route_w[t, j]
+                      (W[ids[t, j]] h[t K + j] + b[ids[t, j]]), the K experts' weighted sum
+                      fused into the down projection (j in order, as llama.cpp adds them).
+
+ACT_Q8: activations as Q8_1 words, weights through the DP4A item dots of gemv_kernels
+(rows_item_q8: every GEMV_Q8 format, base variants); ACT_F32: f32 activations, weights
+decoded eight at a time (decode8: every GEMV format, F32/F16 included). One warp per row
+group of ROWS rows, its lanes striding over the row's items; WARPS row groups per block.
+Word offsets are i32: the host checks that the stacked tensor holds < 2^31 words.
+"""
+from __future__ import annotations
+
+import pykernel as pk
+from pykernel import Const, Ptr, f32, i32
+
+from ..quant import gemv_kernels as gk
+from ..quant.decode8_k import decode8
+
+ACT_Q8, ACT_F32 = 0, 1
+GLU_NONE, GLU_SILU, GLU_OAI = 0, 1, 2
+OAI_ALPHA, OAI_LIMIT = 1.702, 7.0      # llama.cpp's constants for gpt-oss (not GGUF keys)
+
+
+@pk.func
+def expert_dots(FMT: Const[int], w, w2, x, xstride: i32, wrows, acc, nblocks: i32, n: i32,
+                ACT: Const[int], ITEMS: Const[int], ROWS: Const[int], BATCH: Const[int],
+                GLU: Const[int]):
+    """This lane's share of acc[ri BATCH + bt] += W[row ri] . x[bt] (and of W2 . x at
+    (ROWS + ri) BATCH + bt when GLU): x holds BATCH rows of xstride words."""
+    lane = pk.thread_idx.x % 32
+    if ACT == ACT_Q8:
+        mode = gk.MODE_SWIGLU if GLU != GLU_NONE else gk.MODE_PLAIN
+        it = lane
+        while it < nblocks * ITEMS:
+            gk.rows_item_q8(FMT, w, w2, wrows, it, x, xstride, acc, ITEMS, ROWS, BATCH, mode,
+                            1)
+            it += 32
+    else:
+        for g in range(lane, n // 8, 32):
+            for ri in pk.static_range(ROWS):
+                f32_row_step(FMT, w, wrows[ri], x, xstride, g * 8, acc, ri * BATCH, BATCH)
+                if GLU != GLU_NONE:
+                    f32_row_step(FMT, w2, wrows[ri], x, xstride, g * 8, acc,
+                                 (ROWS + ri) * BATCH, BATCH)
+
+
+@pk.func
+def f32_row_step(FMT: Const[int], w, wrow: i32, x, xstride: i32, k: i32, acc, a0: i32,
+                 BATCH: Const[int]):
+    v0, v1, v2, v3, v4, v5, v6, v7 = decode8(FMT, w, wrow, k)
+    for bt in pk.static_range(BATCH):
+        a0_, a1, a2, a3 = pk.load_vec(x, bt * xstride + k, 4)
+        a4, a5, a6, a7 = pk.load_vec(x, bt * xstride + k + 4, 4)
+        acc[a0 + bt] += (v0 * a0_ + v1 * a1 + v2 * a2 + v3 * a3) + \
+            (v4 * a4 + v5 * a5 + v6 * a6 + v7 * a7)
+
+
+@pk.func
+def glu(g: f32, u: f32, GLU: Const[int]) -> f32:
+    if GLU == GLU_SILU:
+        return g / (1.0 + pk.exp(-g)) * u
+    gc = min(g, OAI_LIMIT)
+    uc = min(max(u, -OAI_LIMIT), OAI_LIMIT)
+    return gc / (1.0 + pk.exp(OAI_ALPHA * -gc)) * (uc + 1.0)
+
+
+@pk.func
+def expert_rows(e: i32, rows: i32, row_words: i32, row0: i32, wrows, ROWS: Const[int]):
+    """wrows[ri] = first word of expert e's row row0 + ri (clamped to its last row)."""
+    for ri in pk.static_range(ROWS):
+        wrows[ri] = (e * rows + min(row0 + ri, rows - 1)) * row_words
+
+
+@pk.kernel
+def moe_gemv_kernel(w: Ptr["WT", "ro"], w2: Ptr["WT", "ro"], x: Ptr["XT", "ro"],
+                    bias: Ptr[f32, "ro"], bias2: Ptr[f32, "ro"], ids: Ptr[i32, "ro"],
+                    tiles: Ptr[i32, "ro"], y: Ptr[f32], rows: i32, row_words: i32,
+                    nblocks: i32, n: i32, x_words: i32, x_div: i32, FMT: Const[int],
+                    WT: Const[pk.dtype], XT: Const[pk.dtype], ACT: Const[int],
+                    ITEMS: Const[int], WARPS: Const[int], ROWS: Const[int], BATCH: Const[int],
+                    GLU: Const[int], HAS_BIAS: Const[bool], TILED: Const[bool]):
+    unit = pk.block_idx.y
+    e = i32(0)
+    first = unit
+    count = 1
+    in_row = unit // x_div
+    if TILED:
+        e = tiles[3 * unit]
+        first = tiles[3 * unit + 1]
+        count = tiles[3 * unit + 2]
+        in_row = first
+    else:
+        e = ids[unit]
+    row0 = (pk.block_idx.x * WARPS + pk.thread_idx.x // 32) * ROWS
+    if count > 0 and row0 < rows:
+        wrows = pk.local_array(i32, ROWS)
+        expert_rows(e, rows, row_words, row0, wrows, ROWS)
+        acc = pk.local_array(f32, 2 * ROWS * BATCH)
+        for a in pk.static_range(2 * ROWS * BATCH):
+            acc[a] = 0.0
+        expert_dots(FMT, w, w2, x + in_row * x_words, x_words, wrows, acc, nblocks, n, ACT,
+                    ITEMS, ROWS, BATCH, GLU)
+        lane = pk.thread_idx.x % 32
+        for a in pk.static_range(ROWS * BATCH):
+            v = gk.warp_sum(acc[a])
+            v2 = gk.warp_sum(acc[ROWS * BATCH + a]) if GLU != GLU_NONE else f32(0.0)
+            r = row0 + a // BATCH
+            bt = a % BATCH
+            if lane == a % 32 and r < rows and bt < count:
+                if HAS_BIAS:
+                    v += bias[e * rows + r]
+                    if GLU != GLU_NONE:
+                        v2 += bias2[e * rows + r]
+                y[(first + bt) * rows + r] = glu(v, v2, GLU) if GLU != GLU_NONE else v
+
+
+@pk.kernel
+def moe_down_kernel(w: Ptr["WT", "ro"], x: Ptr["XT", "ro"], bias: Ptr[f32, "ro"],
+                    ids: Ptr[i32, "ro"], route_w: Ptr[f32, "ro"], res: Ptr[f32], y: Ptr[f32],
+                    rows: i32, row_words: i32, nblocks: i32, n: i32, x_words: i32,
+                    FMT: Const[int], WT: Const[pk.dtype], XT: Const[pk.dtype],
+                    ACT: Const[int], ITEMS: Const[int], WARPS: Const[int], ROWS: Const[int],
+                    K: Const[int], HAS_BIAS: Const[bool], HAS_RES: Const[bool]):
+    t = pk.block_idx.y
+    row0 = (pk.block_idx.x * WARPS + pk.thread_idx.x // 32) * ROWS
+    if row0 < rows:
+        total = pk.local_array(f32, ROWS)
+        wrows = pk.local_array(i32, ROWS)
+        acc = pk.local_array(f32, 2 * ROWS)
+        for j in pk.static_range(K):
+            e = ids[t * K + j]
+            weight = route_w[t * K + j]
+            expert_rows(e, rows, row_words, row0, wrows, ROWS)
+            for a in pk.static_range(2 * ROWS):
+                acc[a] = 0.0
+            expert_dots(FMT, w, w, x + (t * K + j) * x_words, x_words, wrows, acc, nblocks, n,
+                        ACT, ITEMS, ROWS, 1, GLU_NONE)
+            for ri in pk.static_range(ROWS):
+                v = gk.warp_sum(acc[ri])
+                if HAS_BIAS:
+                    v += bias[e * rows + min(row0 + ri, rows - 1)]
+                total[ri] = weight * v if j == 0 else total[ri] + weight * v
+        lane = pk.thread_idx.x % 32
+        for ri in pk.static_range(ROWS):
+            r = row0 + ri
+            if lane == ri % 32 and r < rows:
+                out = total[ri]
+                if HAS_RES:
+                    out = res[t * rows + r] + out
+                y[t * rows + r] = out
