@@ -43,7 +43,8 @@ def _chunk_logits(model, ids, monkeypatch, graphs: bool, lengths=LENGTHS, n_ctx=
     cache = b.kv_cache(cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v)
     out, pos = [], 0
     for n in lengths:
-        out.append(b.to_host(t.forward_tokens(np.asarray(ids[pos:pos + n], np.int64), pos, cache))[-1])
+        chunk = np.asarray(ids[pos:pos + n], np.int64)
+        out.append(b.to_host(t.forward_tokens(chunk, pos, cache))[-1])
         pos += n
     out.append(b.to_host(t.forward_tokens(np.asarray(ids[pos:pos + 1], np.int64), pos, cache))[-1])
     return out, cache
