@@ -203,8 +203,10 @@ def main():
     model.backend.use_graphs = False    # profile the decode step's launches one by one
     model.backend.to_host(t.forward_tokens(ids, 0, cache))         # warm-up: compile, allocate
     model.backend.to_host(t.forward_tokens(ids[:1], args.p, cache))
-    for title, run in (("prefill of %d tokens" % args.p, lambda: t.forward_tokens(ids, 0, cache)),
-                       ("one decode step (eager)", lambda: t.forward_tokens(ids[:1], args.p, cache))):
+    prefill = lambda: t.forward_tokens(ids, 0, cache)            # noqa: E731
+    decode = lambda: t.forward_tokens(ids[:1], args.p, cache)    # noqa: E731
+    for title, run in (("prefill of %d tokens" % args.p, prefill),
+                       ("one decode step (eager)", decode)):
         with LaunchTimer() as timer:
             model.backend.to_host(run())
         print(f"\n{os.path.basename(args.model)}: {title}\n\n{timer.table()}", flush=True)
