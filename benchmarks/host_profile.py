@@ -37,7 +37,7 @@ def main():
     ids = np.random.default_rng(0).integers(0, cfg.n_vocab, args.p).astype(np.int32)
 
     def prefill():
-        return model.backend.to_host(model.transformer.forward(ids, 0, cache))
+        return model.backend.to_host(model.transformer.forward_tokens(ids, 0, cache))
 
     prefill()
     pk.synchronize()

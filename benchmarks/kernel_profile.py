@@ -120,7 +120,7 @@ def graph_decode_profile(model, args):
                                    cfg.head_dim_v)
     if args.depth:                                     # random tokens already in the cache
         ids = np.random.default_rng(1).integers(0, cfg.n_vocab - 2, args.depth)
-        model.backend.to_host(t.forward(ids, 0, cache))
+        model.backend.to_host(t.forward_tokens(ids, 0, cache))
     t.greedy(1, args.depth, cache, 4)                  # capture
     step = cache.graph
     start, end = pk.Event(), pk.Event()
@@ -191,7 +191,7 @@ def main():
         cache = model.backend.kv_cache(cfg.n_layer, args.p + 8, cfg.n_head_kv, cfg.head_dim,
                                        cfg.head_dim_v)
         ids = np.random.default_rng(0).integers(0, cfg.n_vocab - 2, args.p)
-        prefill = lambda: model.backend.to_host(t.forward(ids, 0, cache))  # noqa: E731
+        prefill = lambda: model.backend.to_host(t.forward_tokens(ids, 0, cache))  # noqa: E731
         prefill()
         print(f"\nprefill of {args.p} tokens\n\n{cupti_table(prefill, 3)}", flush=True)
         return
@@ -201,10 +201,12 @@ def main():
                                    cfg.head_dim_v)
     ids = np.random.default_rng(0).integers(0, cfg.n_vocab - 2, args.p)
     model.backend.use_graphs = False    # profile the decode step's launches one by one
-    model.backend.to_host(t.forward(ids, 0, cache))         # warm-up: compile, allocate
-    model.backend.to_host(t.forward(ids[:1], args.p, cache))
-    for title, run in (("prefill of %d tokens" % args.p, lambda: t.forward(ids, 0, cache)),
-                       ("one decode step (eager)", lambda: t.forward(ids[:1], args.p, cache))):
+    model.backend.to_host(t.forward_tokens(ids, 0, cache))         # warm-up: compile, allocate
+    model.backend.to_host(t.forward_tokens(ids[:1], args.p, cache))
+    prefill = lambda: t.forward_tokens(ids, 0, cache)            # noqa: E731
+    decode = lambda: t.forward_tokens(ids[:1], args.p, cache)    # noqa: E731
+    for title, run in (("prefill of %d tokens" % args.p, prefill),
+                       ("one decode step (eager)", decode)):
         with LaunchTimer() as timer:
             model.backend.to_host(run())
         print(f"\n{os.path.basename(args.model)}: {title}\n\n{timer.table()}", flush=True)

@@ -48,7 +48,7 @@ SMALL_WARPS = {
 
 def prompt_seconds(model, cache, ids) -> float:
     t0 = time.perf_counter()
-    model.backend.to_host(model.transformer.forward(ids, 0, cache))
+    model.backend.to_host(model.transformer.forward_tokens(ids, 0, cache))
     return time.perf_counter() - t0
 
 

@@ -50,7 +50,7 @@ def prompt_speed(model, cache, ids: np.ndarray, start: int = 0) -> float:
     _sync(model)
     t0 = time.perf_counter()
     for at in range(0, len(ids), step):
-        logits = model.transformer.forward(ids[at:at + step], start + at, cache)
+        logits = model.transformer.forward_tokens(ids[at:at + step], start + at, cache)
     model.backend.to_host(logits)
     return len(ids) / (time.perf_counter() - t0)
 
@@ -66,8 +66,8 @@ def decode_speed(model, cache, n: int, first: int, start: int = 0) -> float:
     else:
         token = first
         for pos in range(start, start + n):
-            token = int(np.argmax(model.backend.to_host(t.forward(np.array([token]), pos,
-                                                                  cache))[-1]))
+            logits = t.forward_tokens(np.array([token]), pos, cache)
+            token = int(np.argmax(model.backend.to_host(logits)[-1]))
     return n / (time.perf_counter() - t0)
 
 

@@ -14,6 +14,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from llm import step as S
 from llm.sampling import Sampler, check_finite_logits
 
 
@@ -79,7 +80,7 @@ class Session:
         for start in range(0, len(ids), step):
             chunk = ids[start:start + step]
             logits = self.backend.to_host(self.transformer.forward(
-                np.asarray(chunk, np.int64), start, self.cache, all_logits=True))
+                S.tokens(chunk, start, all_logits=True), [self.cache]))
             entries += [token_logprobs(logits[j], ids[start + j + 1], top)
                         for j in range(len(chunk)) if start + j + 1 < len(ids)]
             row = logits[-1]
@@ -101,7 +102,7 @@ class Session:
         step = prefill_step_tokens(self.transformer, self.backend.options)
         for start in range(reuse, len(ids), step):
             chunk = np.asarray(ids[start:start + step], dtype=np.int64)
-            logits = self.transformer.forward(chunk, start, self.cache)
+            logits = self.transformer.forward(S.tokens(chunk, start), [self.cache])
             self.tokens.extend(int(i) for i in chunk)
         return logits, len(ids) - reuse
 
@@ -122,8 +123,7 @@ class Session:
         """step, with the logits left as a backend activation (1, n_vocab)."""
         if len(self.tokens) >= self.n_ctx:
             raise ContextError(f"the context of {self.n_ctx} tokens is full")
-        logits = self.transformer.forward(np.asarray([token], dtype=np.int64),
-                                          len(self.tokens), self.cache)
+        logits = self.transformer.forward(S.tokens([token], len(self.tokens)), [self.cache])
         self.tokens.append(int(token))
         return logits
 

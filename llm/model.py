@@ -23,7 +23,7 @@ from llm.gguf_reader_view import MetadataReader
 from llm.host_memory import available_memory, check_weights_fit
 from llm.model_files import resolve_model
 from llm.models.archs import ARCH_SPECS, model_features
-from llm.models.transformer import Transformer
+from llm.models.transformer import StepRunner, Transformer
 from llm.models.weights import load_weights
 from llm.sampling import Sampler, SamplingParams
 from llm.tokenizer import Tokenizer
@@ -63,7 +63,7 @@ def choose_context(cfg: ModelConfig, requested: int | None, value_bytes: float =
 
 
 class Model:
-    def __init__(self, path, gguf: GGUFFile, config: ModelConfig, transformer: Transformer,
+    def __init__(self, path, gguf: GGUFFile, config: ModelConfig, transformer: StepRunner,
                  tokenizer, backend, n_ctx: int, context_note: str, load_seconds: float):
         self.path, self.gguf, self.config = path, gguf, config
         self.transformer, self.tokenizer, self.backend = transformer, tokenizer, backend
@@ -83,8 +83,8 @@ class Model:
         rows = []
         chunk = self.backend.options.prefill_chunk
         for start in range(0, len(ids), chunk):
-            out = self.transformer.forward(ids[start:start + chunk], start, cache,
-                                           all_logits=True)
+            out = self.transformer.forward_tokens(ids[start:start + chunk], start, cache,
+                                                  all_logits=True)
             rows.append(self.backend.to_host(out))
         return np.concatenate(rows, axis=0)
 

@@ -20,6 +20,7 @@ from llm.config import RopeParams
 from llm.gguf_file import TensorInfo
 from llm.options import RunnerOptions
 from llm.sampling import check_finite_logits
+from llm.step import Step
 
 Act = Any       # a backend's activation (numpy array on the CPU, device buffer on the GPU)
 Weight = Any    # a backend's weight handle
@@ -113,11 +114,17 @@ class Backend(ABC):
                 for _ in range(n_slots)]
 
     # --- ops ---------------------------------------------------------------------------------
-    def begin_forward(self, n_tokens: int) -> None:
-        """Called by the model before each forward pass of n_tokens (default: nothing)."""
+    def begin_forward(self, step: Step, caches: Sequence[KVCache]) -> Step:
+        """Called by the model before each forward pass: the step as this backend's ops will
+        receive it (the kernels backend returns it with ids and positions on the device;
+        default: the step itself)."""
+        return step
 
-    def end_forward(self) -> None:
-        """Called by the model after each forward pass, logits computed (default: nothing)."""
+    def end_forward(self, logits: Act) -> Act:
+        """Called by the model after each forward pass with its logits; returns them as the
+        caller reads them (the kernels backend launches what it had deferred; default: as
+        they are)."""
+        return logits
 
     def begin_layer(self, layer: int) -> None:
         """Called by the model before layer `layer`'s ops (default: nothing)."""
@@ -126,8 +133,9 @@ class Backend(ABC):
         """Called by the model after the last layer's ops (default: nothing)."""
 
     @abstractmethod
-    def embed(self, table: Weight, ids: np.ndarray, scale: float = 1.0) -> Act:
-        """Rows `ids` of the table, times `scale` -> (n, n_embd)."""
+    def embed(self, table: Weight, ids, scale: float = 1.0) -> Act:
+        """Rows `ids` of the table (a step's ids or positions, host or device ints, as
+        begin_forward gave them), times `scale` -> (n, n_embd)."""
 
     @abstractmethod
     def matmul(self, x: Act, w: Weight, bias: Weight | None = None) -> Act:
@@ -150,33 +158,25 @@ class Backend(ABC):
     def layer_norm(self, x: Act, w: Weight, b: Weight, eps: float) -> Act: ...
 
     @abstractmethod
-    def rope(self, x: Act, positions: np.ndarray, head_dim: int, params: RopeParams,
+    def rope(self, x: Act, positions, head_dim: int, params: RopeParams,
              freq_factors: Weight | None = None) -> Act:
-        """Rotate the first n_rot dims of every head of x (n, heads * head_dim) by position."""
+        """Rotate the first n_rot dims of every head of x (n, heads * head_dim) by the step's
+        positions (host or device ints, as begin_forward gave them)."""
 
     @abstractmethod
-    def attention(self, q: Act, k: Act, v: Act, cache: KVCache, layer: int, start: int,
-                  scale: float, window: int = 0) -> Act:
-        """Write k, v at positions start..start+n-1 of layer's cache, then causal attention of q
-        over positions 0..start+n-1 (only the last `window` positions when window > 0) with
-        grouped KV heads -> (n, n_head * head_dim_v). Given `sinks` ((n_head,): a backend
-        with the "attn_sinks" feature takes this keyword; the model passes it only for layers
-        that have sinks), head h's softmax has one more logit sinks[h] (unscaled, no value)."""
-
-    @abstractmethod
-    def attention_batch(self, q: Act, k: Act, v: Act, caches: Sequence[KVCache], layer: int,
-                        positions: np.ndarray, scale: float, window: int = 0) -> Act:
-        """Batched decode: row i of k, v written at positions[i] of caches[i]'s layer, then row
-        i of q attends over positions 0..positions[i] of caches[i] (windowed and with sinks as
-        `attention`) -> (n, n_head * head_dim_v)."""
-
-    @abstractmethod
-    def attention_prompts(self, q: Act, k: Act, v: Act, caches: Sequence[KVCache], layer: int,
-                          starts: Sequence[int], counts: Sequence[int], scale: float,
-                          window: int = 0) -> Act:
-        """Several prompts in one step: their rows follow each other (prompt i's counts[i]
-        rows after those of prompts 0..i-1), and prompt i's rows are `attention` over
-        caches[i] from starts[i] on (sinks as there) -> (sum(counts), n_head * head_dim_v)."""
+    def attention(self, q: Act, k: Act, v: Act, step: Step, caches: Sequence[KVCache],
+                  layer: int, scale: float, window: int = 0) -> Act:
+        """Write the step's k, v rows into layer's caches, then causal attention of each q row
+        over its own cache (only the last `window` positions when window > 0) with grouped KV
+        heads -> (n, n_head * head_dim_v). By step.kind:
+            tokens   rows at positions start.. of caches[0] (start = step.starts[0], or the
+                     device positions' first where starts is None)
+            batch    row i at step.positions[i] of caches[i], over its positions 0..that one
+            prompts  prompt i's step.counts[i] rows (after those of prompts 0..i-1) at
+                     step.starts[i].. of caches[i]
+        Given `sinks` ((n_head,): a backend with the "attn_sinks" feature takes this keyword;
+        the model passes it only for layers that have sinks), head h's softmax has one more
+        logit sinks[h] (unscaled, no value)."""
 
     def moe_route(self, scores: Act, n_used: int, gating: str) -> tuple[Act, Act]:
         """The router: each row of scores (n, n_expert) -> (ids, weights), both (n, n_used):
@@ -209,8 +209,9 @@ class Backend(ABC):
         """x[-1:] (decode only needs the last position's logits)."""
 
     @abstractmethod
-    def rows(self, x: Act, indices: np.ndarray) -> Act:
-        """x[indices] (len(indices), width): the rows whose logits a step needs."""
+    def rows(self, x: Act, indices) -> Act:
+        """x[indices] (len(indices), width): the rows whose logits a step needs (host ints,
+        or a device array where the step's inputs are on the device)."""
 
     def synchronize(self) -> None:
         """Wait for the work queued on the backend's device (for timings); no-op on the host."""

@@ -7,8 +7,11 @@ decode step captured as a graph replays on them); the KV cache is preallocated p
 (n_head_kv, n_ctx, head_dim) in f16 (cuda) or f32 (cpu). Fusions: RoPE + KV-cache write (one
 launch for q and k), residual add and bias in the GEMV epilogue, gate/up GEMV with SwiGLU/GeGLU
 in its epilogue, RMSNorm + the Q8_1 quantization of its GEMV's input in one launch (see
-kernels_lazy). Decode graphs: kernels_graph (`direct_attention`: decode attention in one split,
-no combine launch).
+kernels_lazy). The step's inputs arrive as arguments: `begin_forward` returns the `Step` with its
+ids and positions on the device (a graph's step has them there already), embed / rope / attention
+read them from what they are given; the backend keeps nothing of a step but the arena the pass
+allocates from. Decode graphs: kernels_graph (a step's `direct` plan: decode attention in one
+split, no combine launch).
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from llm.backends.logits_readback import LogitsReadback
 from llm.options import RunnerOptions
 from llm.config import RopeParams
 from llm.gguf_file import TensorInfo
+from llm.step import Step
 from stdlib_kernels import activation as activation_rows
 from stdlib_kernels import embedding as embedding_rows
 from stdlib_kernels import glu as glu_rows
@@ -72,8 +76,8 @@ def cache_dtype(value):
 class DeviceTable:
     """An embedding table: raw GGUF rows (vocab, row_bytes) uint8 of `type_name`."""
 
-    def __init__(self, raw, type_name: str, n: int, role: str):
-        self.raw, self.type_name, self.n, self.role = raw, type_name, n, role
+    def __init__(self, raw, type_name: str, n: int):
+        self.raw, self.type_name, self.n = raw, type_name, n
 
 
 class KernelsBackend(Backend):
@@ -102,14 +106,9 @@ class KernelsBackend(Backend):
         self.decode_arena = Arena(self.memory, keep_replaced=True)
         self.graph_prefill_arena = Arena(self.memory, keep_replaced=True)  # prefill graphs
         self.batch_arena = Arena(self.memory, keep_replaced=True)   # batched decode graphs
-        self.arena = self.prefill_arena
-        self._step = None           # (ids, positions, start) device arrays of the running step
-        self._last_index = None     # prefill graphs: device index of the prompt's last row
-        self._prompt_tables = None  # a pass of several prompts: its slot / sequence tables
-        self.direct_attention = False   # decode attention without splits (short contexts)
+        self.arena = self.prefill_arena   # the running pass's (begin_forward picks it)
         self.stream = pk.Stream(self.device) if self.device.kind == "cuda" else None
         self.readback = LogitsReadback(self.device)   # logits rows, greedy ids, top-k lists
-        self.forced_batch_splits = None     # set: batch_splits' answer (graph warm-up)
 
     def kv_device_budget(self) -> int | None:
         """Device bytes a default context's KV cache may take (model.choose_context): half of
@@ -132,8 +131,7 @@ class KernelsBackend(Backend):
         return self.memory.upload(host, "+".join(t.name for t in parts))
 
     def embedding(self, table: TensorInfo):
-        role = "position" if table.name.startswith("position") else "token"
-        return DeviceTable(self.weights.raw(table), table.ggml_type.name, table.shape[-1], role)
+        return DeviceTable(self.weights.raw(table), table.ggml_type.name, table.shape[-1])
 
     def kv_cache(self, n_layer, n_ctx, n_head_kv, head_dim, head_dim_v) -> KernelsKVCache:
         return self.kv_caches(1, n_layer, n_ctx, n_head_kv, head_dim, head_dim_v)[0]
@@ -153,46 +151,34 @@ class KernelsBackend(Backend):
         return [KernelsKVCache(self.memory, *shape, pool=pool, slot=s) for s in range(n_slots)]
 
     # --- step inputs -------------------------------------------------------------------------
-    def begin_step(self, ids, start: int, device_io=None, prefill_io=None,
-                   positions=None, batch_io=None) -> None:
-        """Inputs of one forward: host ids/start uploaded (positions start.., or `positions`
-        for a batched decode's tokens of several sequences), or (decode graphs) read from
-        device_io = [token, position] (int32, on the device), or (prefill graphs, len(ids)
-        tokens of a padded prompt) from prefill_io = [ids..., positions..., index of the
-        prompt's last row]: the step's start and last row are then device values too (the
-        attention kernels add the start on the device; last_row gathers that row), or
-        (batched decode graphs) from batch_io = [ids..., positions...]."""
-        n = len(ids)
-        if batch_io is not None:
-            self.arena = self.batch_arena
-            self.arena.reset()
-            self._step = (batch_io[0:n], batch_io[n:2 * n], batch_io[n:n + 1])
-            return
-        if device_io is not None:
-            self.arena = self.decode_arena
-            self.arena.reset()
-            self._step = (device_io[0:1], device_io[1:2], device_io[1:2])
-            return
-        if prefill_io is not None:
-            self.arena = self.graph_prefill_arena
-            self.arena.reset()
-            self._step = (prefill_io[0:n], prefill_io[n:2 * n], prefill_io[n:n + 1])
-            self._last_index = prefill_io[2 * n:2 * n + 1]
-            return
-        self.arena = self.prefill_arena
+    def begin_forward(self, step: Step, caches) -> Step:
+        """The step as the ops read it: host ids and positions uploaded together (one copy), or
+        a graph's step as it is (its inputs are slices of the graph's device buffer); a prompts
+        step also carries its slot tables (_prompt_tables). Picks the pass's arena: a graph's
+        steps each keep their own, so a replay finds its activations where the capture left
+        them."""
+        self.arena = self._arena_for(step)
         self.arena.reset()
-        if positions is None:
-            positions = np.arange(start, start + n, dtype=np.int32)
-        host = np.concatenate([np.asarray(ids, np.int32).reshape(-1),
-                               np.asarray(positions, np.int32).reshape(-1)])
-        buf = self.arena.take((2 * n,), np.int32)
-        buf.copy_from(host)
-        self._step = (buf[0:n], buf[n:2 * n], buf[n:n + 1])
+        if step.on_host:
+            n = step.n
+            host = np.concatenate([np.asarray(step.ids, np.int32).reshape(-1),
+                                   np.asarray(step.positions, np.int32).reshape(-1)])
+            buf = self.arena.take((2 * n,), np.int32)
+            buf.copy_from(host)
+            step = step.with_inputs(buf[0:n], buf[n:2 * n])
+        if step.kind == "prompts":
+            step = dataclasses.replace(step, tables=self._prompt_tables(caches, step))
+        return step
 
-    def end_step(self) -> None:
-        self._step = None
-        self._last_index = None
-        self._prompt_tables = None
+    def _arena_for(self, step: Step) -> Arena:
+        if step.on_host:
+            return self.prefill_arena
+        if step.kind == "batch":
+            return self.batch_arena
+        return self.decode_arena if step.n == 1 else self.graph_prefill_arena
+
+    def end_forward(self, logits):
+        return self.materialize(logits)
 
     def begin_layer(self, layer: int) -> None:
         self.arena.begin_layer(layer)
@@ -200,26 +186,19 @@ class KernelsBackend(Backend):
     def end_layers(self) -> None:
         self.arena.end_layers()
 
-    def _positions(self, positions) -> tuple:
-        """(device positions, device start) for this step's tokens."""
-        if self._step is not None and self._step[1].size == len(positions):
-            return self._step[1], self._step[2]
-        host = np.asarray(positions, np.int32).reshape(-1)
-        buf = self.arena.take((len(host),), np.int32)
-        buf.copy_from(host)
-        return buf, buf[0:1]
+    def _device_ints(self, values):
+        """int32 values on the device: a device array as it is, host ones copied into the
+        arena (ops called outside a forward, by tests)."""
+        if not isinstance(values, np.ndarray):
+            return values
+        buf = self.arena.take((len(values),), np.int32)
+        buf.copy_from(np.asarray(values, np.int32).reshape(-1))
+        return buf
 
     # --- ops ---------------------------------------------------------------------------------
     def embed(self, table: DeviceTable, ids, scale=1.0):
-        n = len(ids)
-        if table.role == "position":
-            dev_ids = self._positions(ids)[0]
-        elif self._step is not None and self._step[0].size == n:
-            dev_ids = self._step[0]
-        else:
-            self.arena.reset()
-            dev_ids = self.arena.take((n,), np.int32)
-            dev_ids.copy_from(np.asarray(ids, np.int32).reshape(-1))
+        dev_ids = self._device_ints(ids)
+        n = dev_ids.shape[0]
         out = self.arena.take((n, table.n), np.float32)
         t = table.type_name
         if t in ("F32", "F16"):
@@ -328,20 +307,31 @@ class KernelsBackend(Backend):
         if params.freq_scale != 1.0:
             raise ValueError("kernels backend: linear RoPE scaling (freq_scale "
                              f"{params.freq_scale}) is not supported")
-        self._rope_positions = positions
-        return Roped(x, head_dim, params, freq_factors)
+        return Roped(x, head_dim, params, freq_factors, positions)
 
     def _apply_rope(self, r: Roped):
         x = self._contiguous(r.x)
         n = x.shape[0]
-        pos, _ = self._positions(self._rope_positions)
+        pos = self._device_ints(r.positions)
         p = r.params
         x3 = x.reshape(n, -1, r.head_dim)
         rope_rows(x3, pos, p.base, _rope_style(p), rot_dim=p.n_rot,
                freq_factors=r.freq_factors, out=x3)
         return x
 
-    def attention(self, q, k, v, cache: KernelsKVCache, layer, start, scale, window=0):
+    def attention(self, q, k, v, step: Step, caches, layer, scale, window=0):
+        if step.kind == "batch":
+            return self._attention_batch(q, k, v, step, caches, layer, scale, window)
+        if step.kind == "prompts":
+            return self._attention_prompts(q, k, v, step, caches, layer, scale, window)
+        return self._attention_tokens(q, k, v, step, caches[0], layer, scale, window)
+
+    def _attention_tokens(self, q, k, v, step: Step, cache: KernelsKVCache, layer, scale,
+                          window):
+        """Rows start.. of one sequence (start on the host, or None: a graph's, on the device
+        in step.positions)."""
+        start = step.starts[0] if step.starts is not None else None
+        positions, start_dev = step.positions, step.positions[0:1]
         d = cache.head_dim
         k_cache, v_cache = cache.k[layer], cache.v[layer]
         fused, q_src, k_src, norms = _rope_sources(q, k, d)
@@ -350,7 +340,6 @@ class KernelsBackend(Backend):
             qkv = q_src.src
             n = qkv.shape[0]
             out = self.arena.take((n, q_src.width), np.float32)
-            positions, _ = self._positions(np.arange(start, start + n))
             self._prefill_in_place(q, q_src, k_src, norms, qkv, cache, layer, start, positions,
                                    out, scale, window)
             return out
@@ -358,7 +347,6 @@ class KernelsBackend(Backend):
         ka = self._contiguous(k_src if fused else self.materialize(k))
         va = self._contiguous(v)
         n = qa.shape[0]
-        positions, start_dev = self._positions(np.arange(start, start + n))
         q3 = qa.reshape(n, -1, d)
         if fused:
             p = q.params
@@ -372,14 +360,15 @@ class KernelsBackend(Backend):
         out = self.arena.take((n, qa.shape[1]), np.float32)
         if d in HEAD_DIMS:
             xq = self._stdlib_attention(q3, k_cache, v_cache, start, start_dev,
-                                        out.reshape(n, -1, d), scale, window, cache)
+                                        out.reshape(n, -1, d), scale, window, cache,
+                                        direct=step.direct)
             if xq is not None:
                 return Quantized(out, xq)
         else:
             X.attention(qa, k_cache, v_cache, out, start_dev, q3.shape[1], scale, window)
         return out
 
-    def attention_batch(self, q, k, v, caches, layer, positions, scale, window=0):
+    def _attention_batch(self, q, k, v, step: Step, caches, layer, scale, window):
         """Row i: RoPE'd q/k, k/v stored at positions[i] of caches[i], decode attention over
         that cache, lengths read from the step's positions. Consecutive slots of one f16/f32
         KVPool (what BatchScheduler steps) take one launch for RoPE and the cache writes of
@@ -388,7 +377,7 @@ class KernelsBackend(Backend):
         column copies and one store) and one attention launch (plus a split's combine); other
         caches two or three launches per row."""
         d, first, n = caches[0].head_dim, caches[0], len(caches)
-        positions_dev, _ = self._positions(positions)
+        positions, positions_dev = np.asarray(step.starts), step.positions   # host, device
         if d in HEAD_DIMS and not first.q8 and all(
                 c.pool is first.pool and c.slot == first.slot + i for i, c in enumerate(caches)):
             k_all = first.pool.k[layer][first.slot:first.slot + n]
@@ -400,7 +389,7 @@ class KernelsBackend(Backend):
             q3 = qa.reshape(n, -1, d)
             out = self.arena.take((n, qa.shape[1]), np.float32)
             config = self._decode_config(q3.shape[1], k_all)
-            splits = self.batch_splits(caches, positions, window, q3.shape[1])
+            splits = self.batch_splits(caches, positions, window, q3.shape[1], step.splits)
             launch_decode(q3, k_all, v_all, KeyRange(positions_dev, add=1, window=window or None),
                           out.reshape(n, -1, d), scale, config=config,
                           early_kv=self.options.early_kv,
@@ -422,7 +411,7 @@ class KernelsBackend(Backend):
                             scale, window)
         return out
 
-    def attention_prompts(self, q, k, v, caches, layer, starts, counts, scale, window=0):
+    def _attention_prompts(self, q, k, v, step: Step, caches, layer, scale, window):
         """Prompt i's rows (after those of prompts 0..i-1) over its own cache, the outputs in
         one buffer. On the fused q|k|v columns in place with f16 caches of one KVPool: one
         launch for every prompt's RoPE + K/V writes (rope_kv_cache_cols with a slot per
@@ -431,14 +420,15 @@ class KernelsBackend(Backend):
         contiguous q, k, v (RoPE applied first) with a K/V store and an attention launch per
         prompt."""
         d, pool = caches[0].head_dim, caches[0].pool
+        starts, counts = step.starts, step.counts
         ends = np.cumsum(counts)
-        positions_dev = self._step[1]             # the step's positions, prompt by prompt
+        positions_dev = step.positions            # the step's positions, prompt by prompt
         fused, q_src, k_src, norms = _rope_sources(q, k, d)
         in_place = fused and d in HEAD_DIMS and _qkv_in_place(q_src, k_src, v) and all(
             self._tensor_core_prefill(c.k[layer]) for c in caches)
-        if in_place and not pool.q8 and all(c.pool is pool for c in caches):
+        if in_place and step.tables is not None:
             qkv, p = q_src.src, q.params
-            slots, slots_dev, seqs, seqs_dev = self._prompts_in_pool(caches, starts, counts)
+            slots, slots_dev, seqs, seqs_dev = step.tables
             out = self.arena.take((qkv.shape[0], q_src.width), np.float32)
             rope_kv_cache_cols(qkv, q_src.width // d, k_src.width // d, d, pool.k[layer],
                                pool.v[layer], positions_dev, _rope_spec(p, q.freq_factors),
@@ -473,17 +463,20 @@ class KernelsBackend(Backend):
                             qa.shape[1] // d, scale, window)
         return out
 
-    def _prompts_in_pool(self, caches, starts, counts) -> tuple:
-        """attention_prompts' tables over one KVPool, made once per forward (on the device
-        for every layer): a slot per token (host, device) and a row per prompt (first row,
-        tokens, start, slot; host, device)."""
-        if self._prompt_tables is None:
-            slot_of = np.array([c.slot for c in caches], np.int32)
-            slots = np.repeat(slot_of, counts)
-            first = np.cumsum(counts) - np.asarray(counts)
-            seqs = np.stack([first, counts, starts, slot_of], axis=1).astype(np.int32)
-            self._prompt_tables = (slots, pk.to_device(slots), seqs, pk.to_device(seqs))
-        return self._prompt_tables
+    def _prompt_tables(self, caches, step: Step) -> tuple | None:
+        """A prompts step's tables over one KVPool, made once per forward (on the device for
+        every layer): a slot per token (host, device) and a row per prompt (first row, tokens,
+        start, slot; host, device); None where the caches are not of one f16/f32 pool."""
+        pool = caches[0].pool
+        if pool.q8 or not all(c.pool is pool for c in caches):
+            return None
+        counts = np.asarray(step.counts)
+        slot_of = np.array([c.slot for c in caches], np.int32)
+        slots = np.repeat(slot_of, counts)
+        first = np.cumsum(counts) - counts
+        seqs = np.stack([first, counts, np.asarray(step.starts), slot_of],
+                        axis=1).astype(np.int32)
+        return slots, pk.to_device(slots), seqs, pk.to_device(seqs)
 
     def _rope_into_slots(self, q, k, v, k_all, v_all, positions_dev):
         """The batched step's q / k RoPE and K / V writes in one launch, when q, k, v are
@@ -501,15 +494,16 @@ class KernelsBackend(Backend):
                            norms=_rope_norms(norms))
         return qa
 
-    def batch_splits(self, caches, positions, window, n_head: int) -> int:
-        """The split count of attention_batch's one launch over consecutive pool slots, from
-        the step's host positions (each row's keys: position + 1, within the window): the
-        batched graphs are keyed by it (kernels_graph), since it is fixed in a capture."""
+    def batch_splits(self, caches, positions, window, n_head: int, forced=None) -> int:
+        """The split count of a batched step's one attention launch over consecutive pool
+        slots, from the step's host positions (each row's keys: position + 1, within the
+        window), or `forced` (a step's planned splits: graph warm-up): the batched graphs are
+        keyed by it (kernels_graph), since it is fixed in a capture."""
         first = caches[0]
         if first.q8:
             return 0          # per-row launches (the pool path takes f16 / f32 caches)
-        if self.forced_batch_splits:
-            return self.forced_batch_splits
+        if forced:
+            return forced
         lens = np.asarray(positions, np.int64) + 1
         if window:
             lens = np.minimum(lens, window)
@@ -539,15 +533,17 @@ class KernelsBackend(Backend):
                            positions, _rope_spec(p, q.freq_factors), norms=_rope_norms(norms))
         if cache.q8:
             k_cache, v_cache = self._dequantized(cache, layer, start + n)
-        first, first_dev = self._prefill_start(start)
+        first, first_dev = self._prefill_start(start, positions[0:1])
         launch_prefill(rows, k_cache, v_cache, out.reshape(n, -1, d), first, scale,
                        window=window or None, n_head=q_src.width // d, start_dev=first_dev)
 
-    def _prefill_start(self, start: int) -> tuple:
-        """launch_prefill's (start, start_dev): a prefill graph's start is on the device."""
-        if self._last_index is None:
+    @staticmethod
+    def _prefill_start(start, start_dev) -> tuple:
+        """launch_prefill's (start, start_dev): a host start, or (start None: a prefill graph's)
+        the one on the device."""
+        if start is not None:
             return start, None
-        return 0, self._step[2]
+        return 0, start_dev
 
     def _dequantized(self, cache: KernelsKVCache, layer: int, n_rows: int):
         """A q8_0 cache's first n_rows rows of `layer` as f16 (K, V) buffers, what a prefill's
@@ -559,13 +555,14 @@ class KernelsBackend(Backend):
         return k16, v16
 
     def _stdlib_attention(self, q3, k_cache, v_cache, start, start_dev, out3, scale, window,
-                          cache, quantize_out: bool = True):
+                          cache, quantize_out: bool = True, direct: bool = False):
         """Launches the attention into out3; for a decode in the Q8_1 mode also returns the
         output's Q8_1 copy, the o-projection's input (launch_decode's xq_out; not with
-        quantize_out=False: a batched decode's rows are quantized together), else None."""
+        quantize_out=False: a batched decode's rows are quantized together), else None.
+        direct: a decode without splits (the step's plan)."""
         if q3.shape[0] == 1:   # decode: kv_len = position + 1, split over the context
-            config = self._decode_config(q3.shape[1], k_cache)
-            workspace = None if self.direct_attention else cache.workspace(q3.shape[1], config)
+            config = self._decode_config(q3.shape[1], k_cache, direct)
+            workspace = None if direct else cache.workspace(q3.shape[1], config)
             # the kernel writing the output (the combine, or the split kernel without splits)
             # also writes the o-projection's Q8_1 activations: no quantize launch for them
             xq = None
@@ -580,7 +577,7 @@ class KernelsBackend(Backend):
                           early_kv=self.options.early_kv, xq_out=xq)
             return xq
         elif self._tensor_core_prefill(k_cache):   # Q, K, V, P rounded to f16 like llama.cpp's
-            first, first_dev = self._prefill_start(start)
+            first, first_dev = self._prefill_start(start, start_dev)
             launch_prefill(q3, k_cache, v_cache, out3, first, scale, window=window or None,
                            start_dev=first_dev)
         else:                  # prefill: query z sees start + z + 1 keys of the shared cache
@@ -589,7 +586,7 @@ class KernelsBackend(Backend):
                           out3, scale, share_cache=True)
         return None
 
-    def _decode_config(self, n_head: int, k_cache):
+    def _decode_config(self, n_head: int, k_cache, direct: bool = False):
         """Tensor-core decode attention (Q and P rounded to f16) in the llama.cpp-like Q8_1
         mode; activations="f32", the accurate mode, keeps the f32 SIMT kernel."""
         group, head_dim = n_head // k_cache.shape[-3], k_cache.shape[-1]
@@ -600,7 +597,7 @@ class KernelsBackend(Backend):
                                     self.options.kernel_options)
         else:
             config = gpu_config(group, head_dim, k_cache.dtype)
-        if self.direct_attention:     # no splits: one query head per block
+        if direct:     # no splits: one query head per block
             config = direct_config(config)
         # in the decode graph the split and combine kernels let the next kernel launch at their
         # start (its blocks then prefetch weights meanwhile): 8B @ d4096 +0.5% on an H200
@@ -637,10 +634,11 @@ class KernelsBackend(Backend):
         return activation_rows(x, "gelu_tanh", out=self.arena.take(x.shape, np.float32))
 
     def rows(self, x, indices):
+        """x's rows `indices` gathered (host ints, or a device array: a prefill graph's index
+        of the prompt's last row)."""
         x = self.materialize(x)
-        index = self.arena.take((len(indices),), np.int32)
-        index.copy_from(np.asarray(indices, np.int32))
-        return embedding_rows(x, index, out=self.arena.take((len(indices), x.shape[1]),
+        index = self._device_ints(indices)
+        return embedding_rows(x, index, out=self.arena.take((index.shape[0], x.shape[1]),
                                                             np.float32))
 
     def argmax_rows(self, x):
@@ -657,10 +655,7 @@ class KernelsBackend(Backend):
 
     def last_row(self, x):
         x = self.materialize(x)
-        if self._last_index is None:
-            return x[x.shape[0] - 1:]
-        out = self.arena.take((1, x.shape[1]), np.float32)     # prefill graph: a device index
-        return embedding_rows(x, self._last_index, out=out)
+        return x[x.shape[0] - 1:]
 
     def to_host(self, x):
         return self.materialize(x).numpy()

@@ -1,8 +1,13 @@
 """Decode steps as captured graphs: the one-token forward pass recorded once per KV cache and
 replayed per token.
 
-Input: a `Transformer` on the kernels backend, token ids and positions. Output: logits (device
-array) of each step. The graph reads the token and its position from a 2-int device buffer
+Input: a `Transformer` on the kernels backend, which `GraphRunner` wraps (as tinygrad's TinyJit
+wraps a forward), and the `Step`s given to its forward(step, caches). Output: logits (device
+array) of each step. Steps are captured and replayed keyed by their kind and shapes (a decode
+token per cache, a prompt's length bucket per KV pool, a batch per set of caches and split
+plan); what is not graphed runs the inner model's forward as it is. A captured step is the
+inner model's forward of a `Step` whose ids and positions are slices of the graph's device
+input buffer, so a replay reads the new ones from there. The graph reads the token and its position from a 2-int device buffer
 `io = [token, position]`, so a step is one 8-byte host-to-device copy, the replay, and the
 caller's device-to-host copy; its last launch writes the greedy next token into io[0] and
 advances io[1], so `greedy` decodes with no host-to-device copy at all and reads 4 bytes per
@@ -36,10 +41,12 @@ import numpy as np
 
 import pykernel as pk
 from pykernel import compile_pool
+from llm import step as S
 from llm.backends import kernels_extra as X
 from llm.backends.graph_slots import slot_binding
-from llm.models.transformer import Transformer, prompt_rows
+from llm.models.transformer import StepRunner, Transformer
 from llm.sampling import check_device_picks
+from llm.step import Step
 
 
 # Prompts of 2..options.prefill_graph_max tokens run as captured graphs (H100, graphs against
@@ -115,9 +122,16 @@ def precompile_lengths(most: int) -> list[int]:
     return sorted(set(range(1, min(16, most) + 1)) | set(range(8, most + 1, 8)))
 
 
-class GraphedTransformer(Transformer):
-    """A Transformer whose forward runs on the kernels backend, with graph-replayed decode
-    and short prompts."""
+class GraphRunner(StepRunner):
+    """Runs a Transformer on the kernels backend with graph-replayed decode, short prompts and
+    batched decode steps: forward(step, caches) replays the step's graph where it has one,
+    else runs the model's forward (and captures it on the key's second step)."""
+
+    def __init__(self, model: Transformer):
+        self.model = model
+        self.cfg, self.spec, self.backend = model.cfg, model.spec, model.backend
+        self._fitted_step: int | None = None     # fitted_step's, once a KV cache exists
+        self._batch_graphs: dict = {}     # tuple of caches -> BatchGraph, least recent first
 
     @property
     def prefill_graph_max(self) -> int:
@@ -170,66 +184,54 @@ class GraphedTransformer(Transformer):
         return (self._short(pos), sampling.temperature, sampling.top_k, sampling.top_p,
                 sampling.min_p)
 
-    def __init__(self, inner: Transformer):
-        self.__dict__.update(inner.__dict__)
-        self._fitted_step: int | None = None     # fitted_step's, once a KV cache exists
-        self._batch_graphs: dict = {}     # tuple of caches -> BatchGraph, least recent first
-
-    def forward(self, ids, start: int, cache, all_logits: bool = False):
+    def forward(self, step: Step, caches):
+        """The step's logits: a host step of one sequence keeping its last row through its
+        decode graph (one token) or its prompt bucket's graph; a batched step through the
+        graph of its caches and split plan; anything else (every row's logits, long prompts,
+        several prompts together, graphs off) by the model's forward."""
         b = self.backend
-        if len(ids) == 1 and not all_logits and b.use_graphs:
-            return self.decode_step(int(ids[0]), start, cache)
-        if not all_logits and self._prefill_graphable(len(ids), start, cache):
-            return self.prefill_step(ids, start, cache)
-        b.begin_step(ids, start)
-        try:
-            return b.materialize(super().forward(ids, start, cache, all_logits))
-        finally:
-            b.end_step()
+        if step.kind == "tokens" and step.on_host and step.keeps_last:
+            cache, start, n = caches[0], step.starts[0], step.n
+            if n == 1 and b.use_graphs:
+                return self.decode_step(int(step.ids[0]), start, cache)
+            if self._prefill_graphable(n, start, cache):
+                return self.prefill_step(step.ids, start, cache)
+        if step.kind == "batch" and step.on_host and b.use_graphs:
+            return self._batch_graphed(step, caches)
+        if step.kind == "prompts":
+            # several prompts' lengths vary too much to keep a graph per combination: eager,
+            # with the kernel variants the prompt graphs compiled already
+            with self._launch_mode():
+                return self.model.forward(step, caches)
+        return self.model.forward(step, caches)
 
-    def forward_batch(self, ids, positions, caches):
+    def _batch_graphed(self, step: Step, caches):
         """Batched decode of several sequences (one new token each): a graph per set of caches
         (the per-sequence attention launches are bound to them) and attention split counts
         (planned from the step's lengths, per distinct layer window), read ids and positions
         from a device buffer, run eagerly the first time a key is seen and captured the
         second."""
-        b = self.backend
-        if not b.use_graphs:
-            return self._batch_step(ids, positions, caches, positions=positions)
-        cfg = self.cfg
+        b, cfg = self.backend, self.cfg
+        positions = np.asarray(step.starts, np.int64)      # host: they plan the splits
         windows = sorted({cfg.layer_window(il) for il in range(cfg.n_layer)})
-        key = (tuple(caches), tuple(b.batch_splits(caches, positions, w, cfg.n_head)
-                                    for w in windows))
-        host = np.concatenate([np.asarray(ids).reshape(-1),
-                               np.asarray(positions).reshape(-1)]).astype(np.int32)
-        step = self._batch_graphs.pop(key, None)
-        if step is None:
+        key = (tuple(caches), tuple(b.batch_splits(caches, positions, w, cfg.n_head,
+                                                    step.splits) for w in windows))
+        host = np.concatenate([np.asarray(step.ids).reshape(-1), positions]).astype(np.int32)
+        graph = self._batch_graphs.pop(key, None)
+        if graph is None:
             if len(self._batch_graphs) >= MAX_BATCH_GRAPHS:     # the least recently used goes
                 self._batch_graphs.pop(next(iter(self._batch_graphs)))
-            step = BatchGraph(pk.to_device(host), None)
-            step.logits = self._run_as_captured(self._record_batch, step.io, positions, caches)
+            graph = BatchGraph(pk.to_device(host), None)
+            graph.logits = self._run_as_captured(self._record_batch, graph.io, step, caches)
         else:
-            step.io.copy_from(host)
-            if step.graph is None:
-                with pk.capture_graph(b.stream, pdl=self.backend.options.pdl) as graph:
-                    step.logits = self._record_batch(step.io, positions, caches)  # recorded only
-                step.graph = graph
-            step.graph.replay()
-        self._batch_graphs[key] = step
-        return step.logits
-
-    def forward_prompts(self, prompts, starts, caches):
-        """Several prompts' tokens in one eager forward (their lengths vary too much to keep a
-        graph per combination; a server's prompts admitted together, each over its own
-        cache)."""
-        b = self.backend
-        ids, positions = prompt_rows(prompts, starts)
-        with self._launch_mode():       # the prompt graphs' kernel variants: compiled already
-            b.begin_step(ids, 0, positions=positions)
-            try:
-                return b.materialize(super().forward_prompts(prompts, starts, caches))
-            finally:
-                b.end_step()
+            graph.io.copy_from(host)
+            if graph.graph is None:
+                with pk.capture_graph(b.stream, pdl=b.options.pdl) as captured:
+                    graph.logits = self._record_batch(graph.io, step, caches)  # recorded only
+                graph.graph = captured
+            graph.graph.replay()
+        self._batch_graphs[key] = graph
+        return graph.logits
 
     def precompile_prompts(self, caches, most: int) -> dict:
         """Compile, in worker processes, the kernels of every prompt pass of up to `most`
@@ -262,46 +264,31 @@ class GraphedTransformer(Transformer):
         changes. Writes token 0 at position 0 of each cache (rows no request reads)."""
         b, zeros = self.backend, np.zeros(len(caches), np.int64)
         for splits in b.batch_split_choices(caches, self.cfg.n_head):
-            b.forced_batch_splits = splits
-            try:
-                for _ in range(2):               # eager (compiles), then captured
-                    self.forward_batch(zeros, zeros, caches)
-            finally:
-                b.forced_batch_splits = None
+            step = S.batch(zeros, zeros, len(caches), splits=splits)
+            for _ in range(2):               # eager (compiles), then captured
+                self.forward(step, caches)
 
     def drop_batch_graphs(self) -> None:
         """Forget the batched decode graphs (they keep their caches alive)."""
         self._batch_graphs.clear()
 
-    def _record_batch(self, io, positions, caches):
-        return self._batch_step(np.zeros(len(caches), np.int64), positions, caches, batch_io=io)
-
-    def _batch_step(self, ids, positions, caches, **inputs):
-        """The batched forward with the step's inputs given to begin_step (host positions, or
-        the device buffer batch_io of a graph)."""
-        b = self.backend
-        b.begin_step(ids, 0, **inputs)
-        try:
-            return b.materialize(super().forward_batch(ids, positions, caches))
-        finally:
-            b.end_step()
+    def _record_batch(self, io, step: Step, caches):
+        """The batched forward reading its ids and positions from io = [ids..., positions...]
+        (the step's host positions still plan its attention splits)."""
+        n = step.n
+        return self.model.forward(step.with_inputs(io[0:n], io[n:2 * n]), caches)
 
     def _record(self, io, cache, short: bool, sampling=None):
-        """The device-input forward of one token plus the pick of the next (greedy, or a draw
-        of stdlib's sampler with `sampling`'s filters: _device_tokens); returns its logits."""
-        b = self.backend
-        b.begin_step([0], 0, device_io=io)
-        b.direct_attention = short
-        try:
-            logits = b.materialize(super().forward(np.zeros(1, np.int64), 0, cache))
-            if sampling is None:
-                X.argmax_into(logits.reshape(-1), io, advance=True,
-                              scratch=self._argmax_scratch(logits.size))
-            else:
-                X.sample_into(logits.reshape(-1), io, *self._uniforms(cache), sampling)
-        finally:
-            b.direct_attention = False
-            b.end_step()
+        """The forward of the token io[0] at position io[1] plus the pick of the next (greedy,
+        or a draw of stdlib's sampler with `sampling`'s filters: _device_tokens), written into
+        io; returns its logits. short: decode attention in one split."""
+        step = Step("tokens", io[0:1], io[1:2], None, (1,), direct=short)
+        logits = self.model.forward(step, [cache])
+        if sampling is None:
+            X.argmax_into(logits.reshape(-1), io, advance=True,
+                          scratch=self._argmax_scratch(logits.size))
+        else:
+            X.sample_into(logits.reshape(-1), io, *self._uniforms(cache), sampling)
         return logits
 
     def _prefill_graphable(self, n: int, start: int, cache) -> bool:
@@ -364,12 +351,11 @@ class GraphedTransformer(Transformer):
                 self._record(pk.to_device(np.zeros(2, np.int32)), cache, self._short(pos))
 
     def _record_prefill(self, io, bucket: int, cache):
-        b = self.backend
-        b.begin_step(np.zeros(bucket, np.int64), 0, prefill_io=io)
-        try:
-            return b.materialize(super().forward(np.zeros(bucket, np.int64), 0, cache))
-        finally:
-            b.end_step()
+        """The forward of a padded prompt reading io = [ids..., positions..., index of the
+        prompt's last row]: its start lives on the device alone, the kept row is that index."""
+        step = Step("tokens", io[0:bucket], io[bucket:2 * bucket], None, (bucket,),
+                    keep=io[2 * bucket:2 * bucket + 1])
+        return self.model.forward(step, [cache])
 
     def _argmax_scratch(self, n: int) -> tuple:
         """The greedy argmax's scratch, one per backend (so per stream), made on the first,
@@ -494,5 +480,5 @@ def _picked(io_token, vocab: int) -> int:
     return int(check_device_picks([token], vocab)[0])     # raises
 
 
-def wrap(transformer: Transformer) -> GraphedTransformer:
-    return GraphedTransformer(transformer)
+def wrap(transformer: Transformer) -> GraphRunner:
+    return GraphRunner(transformer)

@@ -27,11 +27,13 @@ class Cols:
 
 @dataclass
 class Roped:
-    """x (n, heads * head_dim) to be rotated by RoPE at the step's positions."""
+    """x (n, heads * head_dim) to be rotated by RoPE at `positions` (the step's: device, or
+    host ints)."""
     x: Any
     head_dim: int
     params: RopeParams
     freq_factors: Any
+    positions: Any
 
 
 @dataclass

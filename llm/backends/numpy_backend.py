@@ -218,17 +218,20 @@ class NumpyBackend(Backend):
             set_threads(n)
             self._blas_threads = n
 
-    def begin_forward(self, n_tokens):
+    def begin_forward(self, step, caches):
+        n_tokens = step.n
         kind = "decode" if n_tokens == 1 else "prefill"
         threads = self._choosers[kind].pick()
         self._use_threads(threads)
         self._pass = (kind, threads, time.perf_counter(), n_tokens)
+        return step
 
-    def end_forward(self):
+    def end_forward(self, logits):
         if self._pass is not None:
             kind, threads, start, n_tokens = self._pass
             self._choosers[kind].record(threads, time.perf_counter() - start, n_tokens)
             self._pass = None
+        return logits
 
     def matmul(self, x, w, bias=None):
         if isinstance(w, QuantActMatrix):
@@ -299,8 +302,22 @@ class NumpyBackend(Backend):
         a[...] = a_rot
         return heads.reshape(n, -1)
 
-    def attention(self, q, k, v, cache: NumpyKVCache, layer, start, scale, window=0,
-                  sinks=None):
+    def attention(self, q, k, v, step, caches, layer, scale, window=0, sinks=None):
+        """Per sequence of the step: its rows over its own cache (attention_rows)."""
+        if len(caches) == 1:
+            return self.attention_rows(q, k, v, caches[0], layer, step.starts[0], scale, window,
+                                       sinks)
+        ends = np.cumsum(step.counts)
+        return np.concatenate([
+            self.attention_rows(q[end - n:end], k[end - n:end], v[end - n:end], cache, layer,
+                                int(start), scale, window, sinks)
+            for cache, start, n, end in zip(caches, step.starts, step.counts, ends)], axis=0)
+
+    def attention_rows(self, q, k, v, cache: NumpyKVCache, layer, start, scale, window=0,
+                       sinks=None):
+        """Rows of one sequence at positions start..: k, v written into its cache, then each
+        q row's causal attention (within the window, with `sinks`: Backend.attention) over
+        that cache."""
         n, end = q.shape[0], start + q.shape[0]
         n_kv, d, dv = cache.n_head_kv, cache.head_dim, cache.head_dim_v
         cache.reserve(end)
@@ -330,19 +347,6 @@ class NumpyBackend(Backend):
         if n == 1:
             return out.reshape(1, -1)
         return out.reshape(n_kv, group, n, dv).transpose(2, 0, 1, 3).reshape(n, -1)
-
-    def attention_batch(self, q, k, v, caches, layer, positions, scale, window=0, sinks=None):
-        rows = [self.attention(q[i:i + 1], k[i:i + 1], v[i:i + 1], cache, layer, int(pos), scale,
-                               window, sinks) for i, (cache, pos) in enumerate(zip(caches, positions))]
-        return np.concatenate(rows, axis=0)
-
-    def attention_prompts(self, q, k, v, caches, layer, starts, counts, scale, window=0,
-                          sinks=None):
-        ends = np.cumsum(counts)
-        return np.concatenate([
-            self.attention(q[end - n:end], k[end - n:end], v[end - n:end], cache, layer,
-                           int(start), scale, window, sinks)
-            for cache, start, n, end in zip(caches, starts, counts, ends)], axis=0)
 
     def moe_route(self, scores, n_used, gating):
         return numpy_moe.route(scores, n_used, gating)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import llm
-from llm.models.transformer import Transformer
+from llm.models.transformer import StepRunner
 from llm.backends.numpy_backend import NumpyBackend
 from llm.generate import ContextError, GenerationStats, Session, stream
 from llm.sampling import Sampler, SamplingParams
@@ -14,17 +14,17 @@ from tests.llm.gguf_helpers import TINY_LLAMA, require_for_module
 require_for_module(TINY_LLAMA)
 
 
-class ScriptedTransformer(Transformer):
+class ScriptedTransformer(StepRunner):
     """Predicts script[k] after the k-th position past the prompt (one-hot logits), then `end`.
-    (A Transformer for the capabilities it declares; none of its layers run.)"""
+    (A StepRunner for the capabilities it declares; no layers run.)"""
 
     def __init__(self, cfg, script, prompt_len, end=262):
         self.cfg, self.script, self.prompt_len, self.end = cfg, script, prompt_len, end
         self.forwarded = 0
 
-    def forward(self, ids, start, cache, all_logits=False):
-        self.forwarded += len(ids)
-        k = start + len(ids) - self.prompt_len
+    def forward(self, step, caches):
+        self.forwarded += step.n
+        k = step.starts[0] + step.n - self.prompt_len
         logits = np.zeros((1, self.cfg.n_vocab), dtype=np.float32)
         logits[0, self.script[k] if k < len(self.script) else self.end] = 10.0
         return logits

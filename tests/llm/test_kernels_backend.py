@@ -167,7 +167,7 @@ def test_greedy_stream_pipelined_on_the_device_equals_step_by_step(models, monke
     step-by-step sampling, and gives the same text, stats and cached ids as stepping token
     by token; for every way a generation ends (max_tokens, a stop string, a full context, a
     consumer that stops reading)."""
-    from llm.backends.kernels_graph import GraphedTransformer
+    from llm.backends.kernels_graph import GraphRunner
     from llm.generate import GenerationStats
     model = models["tiny-llama-f32.gguf"]
     ids = CASES["tiny-llama-f32.gguf"][0]["tokens"][:5]
@@ -192,15 +192,15 @@ def test_greedy_stream_pipelined_on_the_device_equals_step_by_step(models, monke
         return text, (stats.generated_tokens, stats.decode_steps, stats.stop_reason), kept
 
     calls = []
-    greedy_tokens = GraphedTransformer.greedy_tokens
+    greedy_tokens = GraphRunner.greedy_tokens
 
     def spy(self, *args):
         calls.append(args[1:])
         return greedy_tokens(self, *args)
-    monkeypatch.setattr(GraphedTransformer, "greedy_tokens", spy)
+    monkeypatch.setattr(GraphRunner, "greedy_tokens", spy)
     pipelined = run()
     assert len(calls) == 1
-    monkeypatch.setattr(GraphedTransformer, "greedy_tokens", lambda self, *args: None)  # host
+    monkeypatch.setattr(GraphRunner, "greedy_tokens", lambda self, *args: None)  # host
     assert pipelined == run()
     assert pipelined[0] and (limit != "context" or pipelined[1][2] == "context"), pipelined
 
@@ -239,16 +239,16 @@ def test_unseeded_sampling_draws_on_the_device(models, monkeypatch):
     device (sampled_tokens: stdlib's sampler in the decode graph, one uniform per position)
     with the tokens of stepping one at a time with stdlib's sampler and the same uniforms; a
     seeded one samples on the host (a seed gives the host's draws on every backend)."""
-    from llm.backends.kernels_graph import GraphedTransformer
+    from llm.backends.kernels_graph import GraphRunner
     model = models["tiny-llama-f32.gguf"]
     ids = CASES["tiny-llama-f32.gguf"][0]["tokens"][:5]
     calls = []
-    sampled_tokens = GraphedTransformer.sampled_tokens
+    sampled_tokens = GraphRunner.sampled_tokens
 
     def spy(self, *args):
         calls.append(args[1])
         return sampled_tokens(self, *args)
-    monkeypatch.setattr(GraphedTransformer, "sampled_tokens", spy)
+    monkeypatch.setattr(GraphRunner, "sampled_tokens", spy)
     for seed in (1, 2, 3):
         got, expected, stats = sampled_on_device_vs_stepped(model, ids, 16, seed)
         assert got == expected and len(got) >= 1, (seed, got, expected)

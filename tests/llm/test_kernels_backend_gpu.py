@@ -102,7 +102,7 @@ def test_greedy_stream_on_the_gpu_equals_step_by_step(tmp_path, monkeypatch, sho
     """generate(temperature=0) through greedy_tokens (steps queued ahead of the host's
     reads) gives the text, stats and cached ids of stepping token by token; crossing to the
     split-attention graph (short_context 5) and a consumer that stops after 3 pieces."""
-    from llm.backends.kernels_graph import GraphedTransformer
+    from llm.backends.kernels_graph import GraphRunner
     from llm.generate import GenerationStats
     from llm.synth import write_synthetic
     path = write_synthetic("smollm2-135m", "Q4_1", tmp_path / "smol.gguf")
@@ -117,7 +117,7 @@ def test_greedy_stream_on_the_gpu_equals_step_by_step(tmp_path, monkeypatch, sho
         pieces.close()
         return text, stats.generated_tokens, stats.decode_steps, list(model.session().tokens)
     pipelined = run()
-    monkeypatch.setattr(GraphedTransformer, "greedy_tokens", lambda self, *args: None)
+    monkeypatch.setattr(GraphRunner, "greedy_tokens", lambda self, *args: None)
     assert pipelined == run()
 
 

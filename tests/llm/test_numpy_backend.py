@@ -9,6 +9,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
+from llm import step as S
 from llm.backends.act_quant import round_trip
 from llm.backends.dequant import dequantize
 from llm.backends.numpy_backend import NumpyBackend
@@ -107,9 +108,10 @@ def test_attention_prefill_then_decode(rng, window):
     q = rng.standard_normal((total, n_head * d)).astype(np.float32)
     k = rng.standard_normal((total, n_kv * d)).astype(np.float32)
     v = rng.standard_normal((total, n_kv * d)).astype(np.float32)
-    out_prefill = be.attention(q[:6], k[:6], v[:6], cache, 0, 0, 0.3, window)
-    out_steps = [be.attention(q[t:t + 1], k[t:t + 1], v[t:t + 1], cache, 0, t, 0.3, window)
-                 for t in range(6, total)]
+    out_prefill = be.attention(q[:6], k[:6], v[:6], S.tokens(np.zeros(6), 0), [cache], 0, 0.3,
+                               window)
+    out_steps = [be.attention(q[t:t + 1], k[t:t + 1], v[t:t + 1], S.tokens([0], t), [cache], 0,
+                              0.3, window) for t in range(6, total)]
     got = np.concatenate([out_prefill, *out_steps])
     want = attention_reference(q, k.reshape(total, n_kv, d), v.reshape(total, n_kv, d),
                                np.arange(total), n_kv, d, 0.3, window)
@@ -196,11 +198,11 @@ def test_attention_over_a_growing_cache_equals_a_preallocated_one(rng, seed, mon
         gen = np.random.default_rng(seed)
         q, k, v = (gen.standard_normal((7, w), dtype=np.float32)
                    for w in (n_head * d, n_kv * d, n_kv * d))
-        got = [NumpyBackend.attention(None, q, k, v, cache, 0, 0, 0.25)]
+        got = [NumpyBackend.attention_rows(None, q, k, v, cache, 0, 0, 0.25)]
         for pos in range(7, 30):
             q, k, v = (gen.standard_normal((1, w), dtype=np.float32)
                        for w in (n_head * d, n_kv * d, n_kv * d))
-            got.append(NumpyBackend.attention(None, q, k, v, cache, 0, pos, 0.25))
+            got.append(NumpyBackend.attention_rows(None, q, k, v, cache, 0, pos, 0.25))
         outputs.append(np.concatenate(got))
     assert cache.rows == 32
     assert np.array_equal(outputs[0], outputs[1]), f"seed {seed}"

@@ -43,9 +43,10 @@ def _chunk_logits(model, ids, monkeypatch, graphs: bool, lengths=LENGTHS, n_ctx=
     cache = b.kv_cache(cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v)
     out, pos = [], 0
     for n in lengths:
-        out.append(b.to_host(t.forward(np.asarray(ids[pos:pos + n], np.int64), pos, cache))[-1])
+        chunk = np.asarray(ids[pos:pos + n], np.int64)
+        out.append(b.to_host(t.forward_tokens(chunk, pos, cache))[-1])
         pos += n
-    out.append(b.to_host(t.forward(np.asarray(ids[pos:pos + 1], np.int64), pos, cache))[-1])
+    out.append(b.to_host(t.forward_tokens(np.asarray(ids[pos:pos + 1], np.int64), pos, cache))[-1])
     return out, cache
 
 
@@ -87,7 +88,7 @@ def test_prefill_graphs_stay_out_of_their_limits(rng, monkeypatch):
     assert t._prefill_graphable(9, N_CTX - 16, cache)
     # (the tiny models' head_dim 16 cannot hold a q8_0 cache: a stand-in with its two fields)
     assert not t._prefill_graphable(5, 0, SimpleNamespace(q8=True, n_ctx=N_CTX))
-    t.forward(np.arange(5, dtype=np.int64), 0, cache, all_logits=True)
+    t.forward_tokens(np.arange(5, dtype=np.int64), 0, cache, all_logits=True)
     assert not cache.prefill_graphs
 
 
@@ -132,7 +133,7 @@ def test_prompt_graphs_serve_every_slot_of_a_pool(device, rng, seed, monkeypatch
     tol = 1e-5 if device == "cpu" else 1e-4
 
     def run(ids, cache, start=0):
-        return b.to_host(t.forward(np.asarray(ids, np.int64), start, cache))[-1]
+        return b.to_host(t.forward_tokens(np.asarray(ids, np.int64), start, cache))[-1]
 
     order = [0, 1, 2, 1, 0, 2]                # bucket 5 on slots in this order
     prompts = [[int(i) for i in rng.integers(0, cfg.n_vocab, 5)] for _ in order]
