@@ -75,7 +75,7 @@ class Transformer:
                 q = b.rope(q, positions, cfg.head_dim, rope, self.w.rope_freqs)
                 k = b.rope(k, positions, cfg.head_dim, rope, self.w.rope_freqs)
         out = attend(q, k, v, il, lw.attn_sinks)
-        return b.matmul(out, lw.attn_out, lw.attn_out_bias)
+        return b.all_reduce(b.matmul(out, lw.attn_out, lw.attn_out_bias))
 
     def _ffn(self, h, lw: LayerWeights):
         b = self.backend
@@ -87,7 +87,7 @@ class Transformer:
         else:
             gate, up = b.split(up, (self.cfg.n_ff, self.cfg.n_ff))
             act = b.swiglu(gate, up) if self.spec.ffn == "swiglu" else b.geglu_tanh(gate, up)
-        return b.matmul(act, lw.down, lw.down_bias)
+        return b.all_reduce(b.matmul(act, lw.down, lw.down_bias))
 
     def forward(self, ids: np.ndarray, start: int, cache: KVCache, all_logits: bool = False):
         """Logits (n, n_vocab) for ids at positions start..start+n-1, or (1, n_vocab) for the
@@ -134,7 +134,7 @@ class Transformer:
     def _run(self, ids, positions: np.ndarray, attend, all_logits: bool, rows=None):
         b, w, cfg = self.backend, self.w, self.cfg
         b.begin_forward(len(ids))
-        x = b.embed(w.token_embd, ids, cfg.embed_scale)
+        x = b.all_reduce(b.embed(w.token_embd, ids, cfg.embed_scale))   # vocab-split under tp
         if w.position_embd is not None:
             x = b.add(x, b.embed(w.position_embd, positions))
         for il, lw in enumerate(w.layers):
