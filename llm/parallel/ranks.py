@@ -61,9 +61,9 @@ class RankRunner:
         return t.forward_prompts(prompts, list(cmd["starts"]), caches)
 
     def _padded(self, logits: np.ndarray) -> np.ndarray:
-        """(n, widest) float32: this rank's columns, its zero row's column dropped, then
-        zeros (every rank's array has one shape for the gather)."""
-        out = np.zeros((logits.shape[0], self.widest), np.float32)
+        """(n, widest): this rank's columns, its zero row's column dropped, then zeros (every
+        rank's array has one shape for the gather)."""
+        out = np.zeros((logits.shape[0], self.widest), logits.dtype)
         out[:, :self.shard.vocab.count] = logits[:, :self.shard.vocab.count]
         return out
 
