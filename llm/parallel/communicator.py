@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -62,7 +62,7 @@ class LocalGroup:
         self._turn = threading.Lock()
         self._slots: list = [None] * world_size
 
-    def communicators(self) -> list["LocalCommunicator"]:
+    def communicators(self) -> list[LocalCommunicator]:
         return [LocalCommunicator(self, r) for r in range(self.world_size)]
 
     def wait(self) -> None:

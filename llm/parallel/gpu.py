@@ -19,10 +19,13 @@ from llm.config import load_config
 from llm.gguf_file import GGUFFile
 from llm.models.archs import ARCH_SPECS
 from llm.options import RunnerOptions
-from llm.parallel.launch import (ProcessRanks, RankEnv, free_port, serve_rendezvous,
-                                 spawn_workers)
-from llm.parallel.model import (TensorParallelBackend, TensorParallelTransformer,
-                                rank_transformer, widest_vocab)
+from llm.parallel.launch import ProcessRanks, RankEnv, free_port, serve_rendezvous, spawn_workers
+from llm.parallel.model import (
+    TensorParallelBackend,
+    TensorParallelTransformer,
+    rank_transformer,
+    widest_vocab,
+)
 from llm.parallel.nccl_comm import NcclCommunicator, new_unique_id
 from llm.parallel.plan import plan_shards
 from llm.parallel.ranks import RankRunner

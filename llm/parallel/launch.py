@@ -41,7 +41,7 @@ class RankEnv:
     master_port: int
 
     @classmethod
-    def from_environ(cls, environ=None) -> "RankEnv | None":
+    def from_environ(cls, environ=None) -> RankEnv | None:
         """The torchrun-style variables, or None when RANK is unset (a single-host launch)."""
         env = os.environ if environ is None else environ
         if "RANK" not in env:

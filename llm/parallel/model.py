@@ -13,7 +13,7 @@ CPU target): each loads its shard (`ShardedFile`) with `load_weights` and runs a
 from __future__ import annotations
 
 import itertools
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -39,7 +39,7 @@ class ShardedKVCache(KVCache):
     def nbytes(self) -> int:
         return self._nbytes
 
-    def copy_from(self, other: "ShardedKVCache", n_rows: int) -> None:
+    def copy_from(self, other: ShardedKVCache, n_rows: int) -> None:
         self.ranks.command({"op": "copy_cache", "dst": self.cid, "src": other.cid,
                             "n_rows": int(n_rows)})
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import sys
 
-
 from llm.parallel.launch import RankEnv, join_rendezvous, visible_device
 
 

@@ -7,8 +7,13 @@ import pytest
 
 import llm
 from tests.llm.gguf_helpers import TINY, require_for_module
-from tests.llm.test_tensor_parallel import (F32_FACTOR, assert_same_greedy, float64_logits,
-                                            greedy, prompt_ids)
+from tests.llm.test_tensor_parallel import (
+    F32_FACTOR,
+    assert_same_greedy,
+    float64_logits,
+    greedy,
+    prompt_ids,
+)
 
 require_for_module(TINY / "tiny-llama-f32.gguf")
 

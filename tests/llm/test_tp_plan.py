@@ -2,6 +2,7 @@
 whole, refused by name where not), the in-process group's sums, the rank environment and the
 control channel."""
 import dataclasses
+import itertools
 import socket
 import threading
 
@@ -17,8 +18,16 @@ from llm.options import RunnerOptions
 from llm.parallel.communicator import LocalGroup
 from llm.parallel.gpu import options_from_wire, options_to_wire
 from llm.parallel.launch import Channel, RankEnv, visible_device
-from llm.parallel.plan import (ShardingError, Span, column_block_range, even_span,
-                               local_config, local_token_ids, plan_shards, reduce_argmax)
+from llm.parallel.plan import (
+    ShardingError,
+    Span,
+    column_block_range,
+    even_span,
+    local_config,
+    local_token_ids,
+    plan_shards,
+    reduce_argmax,
+)
 from llm.parallel.shard_file import take_columns, take_rows
 
 
@@ -32,7 +41,7 @@ def config(n_head=8, n_head_kv=2, n_ff=256, n_vocab=1001, moe=None) -> ModelConf
 def test_even_span_covers_everything_once(total, n):
     spans = [even_span(total, n, r) for r in range(n)]
     assert spans[0].first == 0 and spans[-1].stop == total
-    assert all(a.stop == b.first for a, b in zip(spans, spans[1:]))
+    assert all(a.stop == b.first for a, b in itertools.pairwise(spans))
     assert max(s.count for s in spans) - min(s.count for s in spans) <= 1
 
 
@@ -64,11 +73,11 @@ def test_local_config_counts_the_zero_vocabulary_row():
 
 
 @pytest.mark.parametrize("kwargs,tp,words", [
-    (dict(n_head=6, n_head_kv=2), 4, "6 attention heads"),
-    (dict(n_head=6, n_head_kv=3), 2, "3 KV heads"),
-    (dict(n_ff=100), 8, "FFN width 100"),
-    (dict(moe=MoeParams(8, 2, 32)), 2, "mixture of experts"),
-    (dict(), 0, "at least 1"),
+    ({"n_head": 6, "n_head_kv": 2}, 4, "6 attention heads"),
+    ({"n_head": 6, "n_head_kv": 3}, 2, "3 KV heads"),
+    ({"n_ff": 100}, 8, "FFN width 100"),
+    ({"moe": MoeParams(8, 2, 32)}, 2, "mixture of experts"),
+    ({}, 0, "at least 1"),
 ])
 def test_plans_that_cannot_be_made_are_refused(kwargs, tp, words):
     with pytest.raises(ShardingError, match=words):
