@@ -78,10 +78,15 @@ def load_gpu_group(path, gguf, cfg, spec, tp: int, backend, backend_options: dic
         raise ValueError(f"this process is RANK={env.rank} of WORLD_SIZE={env.world_size}, "
                          f"asked for tp={tp}: rank 0 runs the model (pykernel run --tp "
                          f"{env.world_size}), the others run python -m llm.parallel.worker")
+    # every rank with rank 0's switches, precompile off: its dry run of a step would run the
+    # step's collectives once more on the ranks that compile, and NCCL needs every rank to
+    # make the same calls in the same order
+    backend.options = dataclasses.replace(backend.options, precompile=False)
+    wire = options_to_wire({**backend_options, "options": backend.options})
     unique_id = new_unique_id()
     channels = serve_rendezvous(env, unique_id)
     for ch in channels:
-        ch.send({"path": str(path), "backend_options": options_to_wire(backend_options)})
+        ch.send({"path": str(path), "backend_options": wire})
     runner = _rank(env, unique_id, gguf, cfg, spec, backend)
     ranks = ProcessRanks(runner, channels, backend.communicator, plan, procs)
     group_backend = TensorParallelBackend(ranks, plan, backend, cfg)
