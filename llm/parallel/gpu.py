@@ -19,7 +19,14 @@ from llm.config import load_config
 from llm.gguf_file import GGUFFile
 from llm.models.archs import ARCH_SPECS
 from llm.options import RunnerOptions
-from llm.parallel.launch import ProcessRanks, RankEnv, free_port, serve_rendezvous, spawn_workers
+from llm.parallel.launch import (
+    ProcessRanks,
+    RankEnv,
+    free_port,
+    serve_rendezvous,
+    spawn_workers,
+    watch_workers,
+)
 from llm.parallel.model import (
     TensorParallelBackend,
     TensorParallelTransformer,
@@ -70,10 +77,12 @@ def load_gpu_group(path, gguf, cfg, spec, tp: int, backend, backend_options: dic
     """Rank 0's (transformer, backend) over tp GPU processes; starts ranks 1..tp-1 on this
     host unless the environment says they are started already (RANK=0 set)."""
     plan = plan_shards(cfg, tp)              # refuse before any process starts
+    unique_id = new_unique_id()              # and fail here when nccl4py is missing
     env, procs = RankEnv.from_environ(), []
     if env is None:
         env = RankEnv(0, tp, 0, "127.0.0.1", free_port())
         procs = spawn_workers(tp, env.master_port)
+        watch_workers(procs)
     elif env.rank != 0 or env.world_size != tp:
         raise ValueError(f"this process is RANK={env.rank} of WORLD_SIZE={env.world_size}, "
                          f"asked for tp={tp}: rank 0 runs the model (pykernel run --tp "
@@ -83,7 +92,6 @@ def load_gpu_group(path, gguf, cfg, spec, tp: int, backend, backend_options: dic
     # make the same calls in the same order
     backend.options = dataclasses.replace(backend.options, precompile=False)
     wire = options_to_wire({**backend_options, "options": backend.options})
-    unique_id = new_unique_id()
     channels = serve_rendezvous(env, unique_id)
     for ch in channels:
         ch.send({"path": str(path), "backend_options": wire})

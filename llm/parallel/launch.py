@@ -23,6 +23,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -137,6 +138,19 @@ def spawn_workers(world_size: int, port: int) -> list:
                    LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         procs.append(subprocess.Popen([sys.executable, "-m", "llm.parallel.worker"], env=env))
     return procs
+
+
+def watch_workers(procs) -> None:
+    """A thread per started worker: one that fails ends this process too (rank 0 would
+    otherwise wait for it in NCCL forever), after saying which rank and its exit code."""
+    def watch(rank: int, proc) -> None:
+        code = proc.wait()
+        if code != 0:
+            print(f"pykernel: error: tensor-parallel rank {rank} exited with code {code}; "
+                  f"stopping", file=sys.stderr, flush=True)
+            os._exit(1)
+    for rank, proc in enumerate(procs, start=1):
+        threading.Thread(target=watch, args=(rank, proc), daemon=True).start()
 
 
 def visible_device(local_rank: int, environ) -> str:

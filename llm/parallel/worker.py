@@ -8,6 +8,7 @@ collective; it exits on "stop" or when rank 0's socket closes.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -26,17 +27,25 @@ def main() -> int:
     from llm.parallel.gpu import build_rank
     channel, unique_id = join_rendezvous(env)
     setup = channel.recv()
-    runner = build_rank(env, unique_id, setup)
+    serve_commands(channel, build_rank(env, unique_id, setup))
+    return 0
+
+
+def serve_commands(channel, runner, turn=contextlib.nullcontext) -> None:
+    """Run rank 0's commands until "stop" or a closed socket; a forward's logits go back
+    through the gather rank 0 makes (ProcessRanks.command). `turn()` is held while a command
+    runs (an in-process test's LocalGroup turn)."""
     while True:
         try:
             cmd = channel.recv()
         except ConnectionError:
-            return 0
+            return
         if cmd["op"] == "stop":
-            return 0
-        out = runner.run(cmd)
-        if out is not None:
-            runner.backend.communicator.all_gather_host(out)
+            return
+        with turn():
+            out = runner.run(cmd)
+            if out is not None:
+                runner.backend.communicator.all_gather_host(out)
 
 
 if __name__ == "__main__":

@@ -167,3 +167,50 @@ def test_a_mixture_of_experts_is_refused():
 def test_tp_one_is_the_plain_model():
     model = llm.load(TINY / "tiny-llama-f32.gguf", n_ctx=64, progress=False, tp=1)
     assert model.backend.name == "numpy" and model.backend.communicator is None
+
+
+def test_rank_zero_drives_workers_over_the_control_channel(rng):
+    """The GPU layout's protocol on the CPU: rank 0 (ProcessRanks) sends JSON commands to a
+    worker (serve_commands) over a socket; a LocalGroup stands in for NCCL."""
+    import socket
+    import threading
+
+    from llm.backends.numpy_backend import NumpyBackend
+    from llm.parallel.communicator import LocalGroup
+    from llm.parallel.launch import Channel, ProcessRanks
+    from llm.parallel.model import (
+        TensorParallelBackend,
+        TensorParallelTransformer,
+        rank_transformer,
+        widest_vocab,
+    )
+    from llm.parallel.ranks import RankRunner
+    from llm.parallel.worker import serve_commands
+
+    path = TINY / "tiny-qwen2-f32.gguf"
+    g = GGUFFile(path)
+    cfg = load_config(g)
+    spec, plan, group = ARCH_SPECS[cfg.arch], plan_shards(cfg, 2), LocalGroup(2)
+    runners = []
+    for rank, comm in enumerate(group.communicators()):
+        backend = NumpyBackend()
+        backend.communicator = comm
+        runners.append(RankRunner(rank_transformer(g, cfg, spec, plan, rank, backend), backend,
+                                  plan.ranks[rank], widest_vocab(plan)))
+    a, b = socket.socketpair()
+    worker = threading.Thread(target=serve_commands, args=(Channel(b), runners[1],
+                                                           lambda: group._turn))
+    worker.start()
+    ranks = ProcessRanks(runners[0], [Channel(a)], runners[0].backend.communicator, plan)
+    face = TensorParallelBackend(ranks, plan, runners[0].backend, cfg)
+    transformer = TensorParallelTransformer(cfg, spec, ranks, face)
+    ids = prompt_ids(rng, 263, 7)
+    with group._turn:
+        cache = face.kv_cache(cfg.n_layer, 16, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v)
+        got = transformer.forward(np.asarray(ids), 0, cache, all_logits=True)
+    for ch in ranks.channels:
+        ch.send({"op": "stop"})
+    worker.join(timeout=60)
+    whole = llm.load(path, n_ctx=64, progress=False).logits(ids)
+    bound = F32_FACTOR * np.abs(whole - float64_logits(path, ids, 1)).max()
+    assert np.abs(got - whole).max() <= bound
