@@ -64,7 +64,20 @@ class TensorParallelBackend(Backend):
         self.options = rank_backend.options
         self.kv_value_bytes = rank_backend.kv_value_bytes
         self.model_features = rank_backend.model_features
+        self.rank_backend = rank_backend
         self._ids = itertools.count()
+
+    def kv_device_budget(self) -> int | None:
+        """Rank 0's budget as a whole-model one (model.choose_context sizes the context from
+        the full config's bytes per token; a rank holds n_head_kv / its KV heads of them)."""
+        budget = self.rank_backend.kv_device_budget()
+        if budget is None:
+            return None
+        return budget * self.cfg.n_head_kv // self.plan.ranks[0].kv_heads.count
+
+    def memory_report(self) -> dict | None:
+        """Rank 0's device memory (every rank holds about as much)."""
+        return self.rank_backend.memory_report()
 
     def kv_cache(self, n_layer, n_ctx, n_head_kv, head_dim, head_dim_v) -> ShardedKVCache:
         return self.kv_caches(1, n_layer, n_ctx, n_head_kv, head_dim, head_dim_v)[0]
