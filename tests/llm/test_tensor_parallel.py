@@ -214,3 +214,15 @@ def test_rank_zero_drives_workers_over_the_control_channel(rng):
     whole = llm.load(path, n_ctx=64, progress=False).logits(ids)
     bound = F32_FACTOR * np.abs(whole - float64_logits(path, ids, 1)).max()
     assert np.abs(got - whole).max() <= bound
+
+
+def test_cli_run_with_tp():
+    from tests.llm.cli_helpers import pykernel
+    model = TINY / "tiny-llama-f32.gguf"
+    runs = [pykernel("run", "Hello there", "-n", "8", "--temp", "0", "--device", "cpu",
+                     "--model", model, "--tp", tp) for tp in (1, 2)]
+    assert all(r.returncode == 0 for r in runs), runs[1].stderr
+    assert runs[0].stdout == runs[1].stdout and "numpy (tp=2)" in runs[1].stderr
+    bad = pykernel("run", "x", "--device", "cpu", "--model", TINY / "tiny-llama-q8_0.gguf",
+                   "--tp", "4")
+    assert bad.returncode == 1 and "attn_output.weight" in bad.stderr
