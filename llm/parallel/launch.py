@@ -188,7 +188,7 @@ class ProcessRanks:
         out = self.runner.run(cmd)
         if cmd["op"] not in COLLECTIVE_OPS:
             return None
-        return join_logits(self.comm.all_gather_host(out), self.plan)
+        return join_logits(self.comm.all_gather_host(out), self.plan, cmd)
 
     def close(self) -> None:
         """Stop the workers (they exit their loop) and wait for the ones this process started."""

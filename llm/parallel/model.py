@@ -54,9 +54,11 @@ def _rank_only(self, *args, **kwargs):
 
 
 class TensorParallelBackend(Backend):
-    """The group's face towards generation: caches on every rank, logits as host rows."""
+    """The group's face towards generation: caches on every rank, logits as host rows.
+    use_graphs: generation asks the transformer's greedy_tokens for greedy decoding (each
+    rank's argmax of its vocabulary shard, reduced), not for a whole logits row."""
     logits_on_device = False
-    use_graphs = False
+    use_graphs = True
 
     def __init__(self, ranks, plan: ShardPlan, rank_backend: Backend, cfg: ModelConfig):
         self.ranks, self.plan, self.cfg = ranks, plan, cfg
@@ -114,6 +116,16 @@ class TensorParallelTransformer(Transformer):
     def forward(self, ids, start: int, cache: ShardedKVCache, all_logits: bool = False):
         return self.ranks.command({"op": "forward", "ids": _ints(ids), "start": int(start),
                                    "cache": cache.cid, "all_logits": bool(all_logits)})
+
+    def greedy_tokens(self, first_token: int, pos: int, cache: ShardedKVCache, n: int):
+        """Up to n greedy tokens after first_token at pos: per step only each rank's largest
+        logit and its id are gathered (plan.reduce_argmax), not the logits."""
+        token = int(first_token)
+        for at in range(pos, pos + n):
+            token = int(self.ranks.command({"op": "forward", "ids": [token], "start": at,
+                                            "cache": cache.cid, "all_logits": False,
+                                            "pick": "argmax"})[0])
+            yield token
 
     def forward_batch(self, ids, positions, caches: Sequence[ShardedKVCache]):
         if not len(ids) == len(positions) == len(caches):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from llm.parallel.communicator import LocalGroup
-from llm.parallel.plan import RankShard, ShardPlan, local_token_ids
+from llm.parallel.plan import RankShard, ShardPlan, local_token_ids, reduce_argmax
 
 COLLECTIVE_OPS = ("forward", "forward_batch", "forward_prompts")
 
@@ -46,7 +46,18 @@ class RankRunner:
             return None
         if op not in COLLECTIVE_OPS:
             raise ValueError(f"unknown tensor-parallel command {op!r}")
-        return self._padded(self.backend.to_host(self._forward(op, cmd)))
+        logits = self.backend.to_host(self._forward(op, cmd))
+        if cmd.get("pick") == "argmax":
+            return self._row_maxima(logits)
+        return self._padded(logits)
+
+    def _row_maxima(self, logits: np.ndarray) -> np.ndarray:
+        """(2, n) float64: each row's largest logit among the rank's own columns and its
+        global token id (the lowest on ties; exact in float64), for reduce_argmax."""
+        own = np.where(np.isnan(logits[:, :self.shard.vocab.count]), -np.inf,
+                       logits[:, :self.shard.vocab.count])
+        best = own.argmax(axis=1)
+        return np.stack([own[np.arange(len(own)), best], best + self.shard.vocab.first])
 
     def _forward(self, op: str, cmd: dict):
         t, vocab = self.transformer, self.shard.vocab
@@ -68,8 +79,12 @@ class RankRunner:
         return out
 
 
-def join_logits(parts: list[np.ndarray], plan: ShardPlan) -> np.ndarray:
-    """Every rank's padded logits -> the full (n, n_vocab) rows, in vocabulary order."""
+def join_logits(parts: list[np.ndarray], plan: ShardPlan, cmd: dict) -> np.ndarray:
+    """Every rank's result of a forward command -> the full (n, n_vocab) logits rows, in
+    vocabulary order, or (pick "argmax") each row's greedy token id."""
+    if cmd.get("pick") == "argmax":
+        return reduce_argmax(np.stack([p[0] for p in parts]),
+                             np.stack([p[1] for p in parts]).astype(np.int64))
     return np.concatenate([p[:, :s.vocab.count] for p, s in zip(parts, plan.ranks)], axis=1)
 
 
@@ -90,7 +105,7 @@ class LocalRanks:
             self.command({"op": "drop_caches", "ids": drop})
         if cmd["op"] in COLLECTIVE_OPS:
             parts = self.group.run([lambda r=r: r.run(cmd) for r in self.runners])
-            return join_logits(parts, self.plan)
+            return join_logits(parts, self.plan, cmd)
         for r in self.runners:      # no collectives inside: one rank after the other
             r.run(cmd)
         return None
