@@ -33,9 +33,10 @@ def compare(name: str, tp: int, device: str, rng, **options) -> None:
     assert text[0] == text[1]
 
 
-@pytest.mark.parametrize("name", ["tiny-qwen2-f32.gguf", "tiny-llama-q8_0.gguf"])
-def test_kernels_backend_on_the_cpu_target(rng, name):
-    compare(name, 2, "cpu", rng)
+@pytest.mark.parametrize("name,tp", [("tiny-qwen2-f32.gguf", 2), ("tiny-llama-q8_0.gguf", 2),
+                                     ("tiny-llama-f32.gguf", 4)])   # tp 4: KV heads replicated
+def test_kernels_backend_on_the_cpu_target(rng, name, tp):
+    compare(name, tp, "cpu", rng)
 
 
 @pytest.mark.gpu
