@@ -26,6 +26,7 @@ from llm.parallel.communicator import LocalGroup
 from llm.parallel.plan import ShardPlan, local_config, plan_shards
 from llm.parallel.ranks import LocalRanks, RankRunner
 from llm.parallel.shard_file import ShardedFile
+from llm.sampling import check_device_picks
 
 
 class ShardedKVCache(KVCache):
@@ -122,9 +123,10 @@ class TensorParallelTransformer(Transformer):
         logit and its id are gathered (plan.reduce_argmax), not the logits."""
         token = int(first_token)
         for at in range(pos, pos + n):
-            token = int(self.ranks.command({"op": "forward", "ids": [token], "start": at,
-                                            "cache": cache.cid, "all_logits": False,
-                                            "pick": "argmax"})[0])
+            picks = self.ranks.command({"op": "forward", "ids": [token], "start": at,
+                                        "cache": cache.cid, "all_logits": False,
+                                        "pick": "argmax"})
+            token = int(check_device_picks(picks, self.cfg.n_vocab)[0])   # -1: no finite logit
             yield token
 
     def forward_batch(self, ids, positions, caches: Sequence[ShardedKVCache]):

@@ -134,8 +134,10 @@ def local_token_ids(ids: np.ndarray, vocab: Span) -> np.ndarray:
 def reduce_argmax(values: np.ndarray, indices: np.ndarray) -> np.ndarray:
     """Each rank's row maxima and their global token ids, (n_ranks, rows) each -> every row's
     greedy token: the largest value, the lowest id on ties (what one argmax over the gathered
-    row gives). NaN maxima lose to any number."""
+    row gives). NaN never wins; a row whose largest value is not finite (all NaN, only -Inf,
+    or +Inf: broken weights) gets -1, as the kernels backend's device argmax marks it
+    (sampling.check_device_picks turns it into NonFiniteLogitsError)."""
     values = np.where(np.isnan(values), -np.inf, values)
     best = values.max(axis=0, keepdims=True)
-    ids = np.where(values == best, indices, np.iinfo(np.int64).max)
-    return ids.min(axis=0)
+    ids = np.where(values == best, indices, np.iinfo(np.int64).max).min(axis=0)
+    return np.where(np.isfinite(best[0]), ids, -1)

@@ -231,3 +231,19 @@ def test_cli_run_with_tp():
     bad = pykernel("run", "x", "--device", "cpu", "--model", TINY / "tiny-llama-q8_0.gguf",
                    "--tp", "4")
     assert bad.returncode == 1 and "attn_output.weight" in bad.stderr
+
+
+def test_greedy_steps_without_a_finite_logit_raise(tmp_path):
+    """NaN output weights: the ranks' reduced argmax is -1, NonFiniteLogitsError (as the
+    kernels backend's device picks), never a token."""
+    from llm.sampling import NonFiniteLogitsError
+    from tests.llm.gguf_helpers import rewrite
+    src = TINY / "tiny-llama-f32.gguf"
+    shape = GGUFFile(src).tensors["output.weight"].shape
+    path = rewrite(src, tmp_path / "nan.gguf",
+                   tensors={"output.weight": (np.full(shape, np.nan, np.float32), None)})
+    model = llm.load(path, n_ctx=32, progress=False, tp=2)
+    session = model.session()
+    session.prefill([1, 2, 3])
+    with pytest.raises(NonFiniteLogitsError):
+        next(model.transformer.greedy_tokens(4, 3, session.cache, 2))

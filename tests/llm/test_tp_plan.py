@@ -137,9 +137,11 @@ def test_local_token_ids_send_other_ranks_ids_to_the_zero_row():
 
 
 def test_reduce_argmax_picks_the_lowest_id_on_ties_and_never_nan():
-    values = np.array([[1.0, 5.0, np.nan], [3.0, 5.0, 2.0]])     # (ranks, rows)
-    ids = np.array([[10, 11, 12], [200, 7, 201]])
-    np.testing.assert_array_equal(reduce_argmax(values, ids), [200, 7, 201])
+    nan, inf = np.nan, np.inf
+    values = np.array([[1.0, 5.0, nan, nan, -inf, inf],
+                       [3.0, 5.0, 2.0, nan, -inf, 1.0]])     # (ranks, rows)
+    ids = np.array([[10, 11, 12, 13, 14, 15], [200, 7, 201, 202, 203, 204]])
+    np.testing.assert_array_equal(reduce_argmax(values, ids), [200, 7, 201, -1, -1, -1])
 
 
 def test_local_group_sums_in_rank_order_and_every_rank_gets_the_same_bits(rng):
