@@ -12,7 +12,7 @@ import signal
 import sys
 
 from llm.backends import BackendUnavailable
-from llm.cli_bench import CACHE_HELP, CACHE_TYPES
+from llm.cli_bench import CACHE_HELP, CACHE_TYPES, TP_HELP
 from llm.chat import ChatTemplateError
 from llm.generate import ContextError, GenerationStats
 from llm.gguf_file import GGUFError, GGUFFile
@@ -37,6 +37,7 @@ def _add_model_args(p, with_device: bool = True) -> None:
         p.add_argument("--ctx", type=int, default=None,
                        help="context size in tokens (default: the model's, capped to memory)")
         p.add_argument("--cache-type", choices=CACHE_TYPES, default=None, help=CACHE_HELP)
+        p.add_argument("--tp", type=int, default=1, help=TP_HELP)
 
 
 def _add_sampling_args(p, n_default: int) -> None:
@@ -132,6 +133,8 @@ def _load(args):
     from llm.model import load
     device, model = args.device, None
     options = {"kv_dtype": args.cache_type} if args.cache_type else {}
+    if args.tp != 1:
+        options["tp"] = args.tp
     if device == "auto":
         try:
             model = load(args.model, device="cuda", backend=args.backend, n_ctx=args.ctx,

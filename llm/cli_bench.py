@@ -11,6 +11,9 @@ from llm.backends.base import KV_CACHE_TYPES as CACHE_TYPES
 CACHE_HELP = ("KV cache element type (K and V; llama.cpp's --cache-type-k/-v): f16 (default on "
               "cuda), f32 (default on cpu), q8_0 (half of f16's memory)")
 
+TP_HELP = ("tensor-parallel ranks: split the model's heads, FFN and vocabulary over N GPUs (one "
+           "process each, this one rank 0), or N threads of this process on the cpu (default 1)")
+
 
 def int_list(text: str) -> list[int]:
     """"512" or "0,4096" -> [512] / [0, 4096] (llama-bench's list syntax); non-negative."""
@@ -33,6 +36,8 @@ def cmd_bench(args) -> int:
     options = {"graphs": False} if args.no_graphs else {}
     if args.cache_type:
         options["kv_dtype"] = args.cache_type
+    if args.tp != 1:
+        options["tp"] = args.tp
     print(bench(args.model, p=args.p, n=args.n, r=args.r, device=device, backend=args.backend,
                 depth=args.depth, **options))
     return 0
@@ -66,6 +71,7 @@ def register(sub) -> None:
                        help="default: cuda when a GPU is present")
     bench.add_argument("--backend", choices=("numpy", "kernels"), default=None)
     bench.add_argument("--cache-type", choices=CACHE_TYPES, default=None, help=CACHE_HELP)
+    bench.add_argument("--tp", type=int, default=1, help=TP_HELP)
     bench.add_argument("--no-graphs", action="store_true",
                        help="kernels backend: launch decode steps one kernel at a time")
     bench.set_defaults(func=cmd_bench)

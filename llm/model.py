@@ -186,8 +186,11 @@ def check_backend_runs(config: ModelConfig, spec, backend) -> None:
 
 
 def load(model: str | os.PathLike = "smollm2", device: str = "cpu", backend: str | None = None,
-         n_ctx: int | None = None, progress: bool = True, **backend_options) -> Model:
-    """Load a GGUF model by path or name ("smollm2", "gemma3-270m") on `device`."""
+         n_ctx: int | None = None, progress: bool = True, tp: int = 1,
+         **backend_options) -> Model:
+    """Load a GGUF model by path or name ("smollm2", "gemma3-270m") on `device`; tp > 1
+    splits it over that many tensor-parallel ranks (llm/parallel/: threads of this process
+    on the CPU, one process per GPU on "cuda")."""
     t0 = time.perf_counter()
     path = resolve_model(model, progress=progress)
     backend_impl = create_backend(device, backend, **backend_options)
@@ -199,8 +202,14 @@ def load(model: str | os.PathLike = "smollm2", device: str = "cpu", backend: str
     check_weights_fit(path, backend_impl.name,
                       backend_impl.host_weight_bytes(gguf.tensors.values()),
                       _available_memory())
-    transformer = Transformer(config, spec, load_weights(gguf, config, spec, backend_impl),
-                              backend_impl)
+    if tp != 1:
+        from llm.parallel.model import load_sharded
+        transformer, backend_impl = load_sharded(
+            path, gguf, config, spec, tp, backend_impl,
+            lambda: create_backend(device, backend, **backend_options), backend_options)
+    else:
+        transformer = Transformer(config, spec, load_weights(gguf, config, spec, backend_impl),
+                                  backend_impl)
     if backend_impl.name == "kernels":  # decode steps replay a captured device graph
         from llm.backends.kernels_graph import wrap
         transformer = wrap(transformer)

@@ -65,6 +65,8 @@ class Shape:
 SHAPES = {
     "llama-8b": Shape("llama", 4096, 14336, 32, 32, 8, 128256, 8192, 500000.0, 1e-5, False,
                       False, "llama-bpe"),
+    "llama-70b": Shape("llama", 8192, 28672, 80, 64, 8, 128256, 8192, 500000.0, 1e-5, False,
+                       False, "llama-bpe"),
     "qwen2-1.5b": Shape("qwen2", 1536, 8960, 28, 12, 2, 151936, 32768, 1000000.0, 1e-6, True,
                         True, "qwen2"),
     "qwen3-8b": Shape("qwen3", 4096, 12288, 36, 32, 8, 151936, 40960, 1000000.0, 1e-6, False,

@@ -64,6 +64,9 @@ class Backend(ABC):
     # attention ops' sinks argument), "yarn" (YaRN RoPE scaling)
     model_features: frozenset = frozenset()
 
+    # tensor parallelism (llm/parallel/): the rank's Communicator; None: one rank, no sums
+    communicator = None
+
     def kv_device_budget(self) -> int | None:
         """Device bytes a default context's KV cache may take; None: no device limit."""
         return None
@@ -136,6 +139,13 @@ class Backend(ABC):
     def embed(self, table: Weight, ids, scale: float = 1.0) -> Act:
         """Rows `ids` of the table (a step's ids or positions, host or device ints, as
         begin_forward gave them), times `scale` -> (n, n_embd)."""
+
+    def all_reduce(self, x: Act) -> Act:
+        """x summed over the tensor-parallel ranks (after a row-parallel matmul or a
+        vocabulary-split embedding; may be in place): x itself with one rank."""
+        if self.communicator is None:
+            return x
+        return self.communicator.all_reduce_sum(x)
 
     @abstractmethod
     def matmul(self, x: Act, w: Weight, bias: Weight | None = None) -> Act:

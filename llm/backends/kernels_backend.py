@@ -219,6 +219,17 @@ class KernelsBackend(Backend):
             return PendingGlu(x, w, xq)
         return PendingMatmul(x, w, bias, xq)
 
+    def all_reduce(self, x):
+        """x summed over the tensor-parallel ranks, in place, on the stream the launches go to
+        (captured with them inside a graph); a pending matmul runs first, so with one rank
+        the residual add stays fused into the GEMV's store."""
+        if self.communicator is None:
+            return x
+        x = self.materialize(x)
+        stream = self.device.launch_stream_handle if self.device.kind == "cuda" else None
+        self.communicator.all_reduce_sum(x, stream=stream)
+        return x
+
     def _norm_for(self, p: Normed, w):
         """(f32 input, Q8_1 input or None) of a GEMV reading RMSNorm(p.x): one fused launch
         when w reads Q8_1 activations. The f32 values are written only when a row group or the

@@ -108,7 +108,7 @@ class Transformer(StepRunner):
                 k = b.rope(k, positions, cfg.head_dim, rope, self.w.rope_freqs)
         out = b.attention(q, k, v, step, caches, il, cfg.attn_scale, cfg.layer_window(il),
                           **sinks_arg(lw.attn_sinks))
-        return b.matmul(out, lw.attn_out, lw.attn_out_bias)
+        return b.all_reduce(b.matmul(out, lw.attn_out, lw.attn_out_bias))
 
     def _ffn(self, h, lw: LayerWeights):
         b = self.backend
@@ -120,7 +120,7 @@ class Transformer(StepRunner):
         else:
             gate, up = b.split(up, (self.cfg.n_ff, self.cfg.n_ff))
             act = b.swiglu(gate, up) if self.spec.ffn == "swiglu" else b.geglu_tanh(gate, up)
-        return b.matmul(act, lw.down, lw.down_bias)
+        return b.all_reduce(b.matmul(act, lw.down, lw.down_bias))
 
     def forward(self, step: Step, caches: Sequence[KVCache]):
         """The step's rows through every layer; logits (backend activation) of its kept rows
@@ -128,7 +128,7 @@ class Transformer(StepRunner):
         step itself (attention: which rows go to which cache at which position)."""
         b, w, cfg = self.backend, self.w, self.cfg
         step = b.begin_forward(step, caches)
-        x = b.embed(w.token_embd, step.ids, cfg.embed_scale)
+        x = b.all_reduce(b.embed(w.token_embd, step.ids, cfg.embed_scale))  # vocab split (tp)
         if w.position_embd is not None:
             x = b.add(x, b.embed(w.position_embd, step.positions))
         for il, lw in enumerate(w.layers):

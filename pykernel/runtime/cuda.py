@@ -330,6 +330,13 @@ class CudaDevice:
     def __repr__(self) -> str:
         return f"cuda:{self.ordinal} ({self.name}, {self.arch})"
 
+    @property
+    def launch_stream_handle(self) -> int:
+        """The CUstream that launches without a stream go to now: the legacy default stream,
+        or the stream being captured. Work a library enqueues there (an NCCL collective) is
+        ordered with those launches and, inside capture_graph, captured with them."""
+        return int(self._launch_handle)
+
     def activate(self) -> None:
         """Make this device's context current on the calling thread (cheap when it is)."""
         current = cu.cuCtxGetCurrent()[1]
