@@ -232,3 +232,11 @@ def test_a_device_step_is_refused_on_the_wire():
     step = S.tokens([1, 2], 0)
     with pytest.raises(ValueError, match="from the host"):
         step_to_wire(step.with_inputs([1, 2], [0, 1]))
+
+
+def test_a_step_needs_one_cache_per_sequence():
+    from llm.parallel.model import forward_command
+    with pytest.raises(ValueError, match="3 sequence\\(s\\) needs as many caches, got 1"):
+        forward_command(S.batch([1, 2, 3], [0, 0, 0], 3), [object()])
+    with pytest.raises(TypeError, match="its own caches"):
+        forward_command(S.tokens([1], 0), [object()])
