@@ -20,7 +20,11 @@ import numpy as np
 import pytest
 
 import llm
+import pykernel as pk
 from llm.backends.act_quant import activation_kind
+from llm.backends.kernels_backend import KernelsBackend
+from llm.backends.numpy_backend import NumpyBackend
+from llm.config import RopeParams, YarnParams
 from tests.llm.cli_helpers import pykernel
 from tests.llm.gguf_helpers import TINY, require_for_module
 
@@ -148,3 +152,22 @@ def test_cli_runs_qwen3moe_on_the_kernels_backend():
     assert numpy_run.returncode == 0, numpy_run.stderr
     assert out.stdout == numpy_run.stdout and out.stdout.strip()
     assert "tok/s" in out.stderr
+
+
+@pytest.mark.parametrize("neox", [False, True])
+@pytest.mark.parametrize("yarn", [None, YarnParams(n_ctx_orig=64, attn_factor=1.1)])
+def test_scaled_rope_equals_numpy_backend(rng, seed, neox, yarn):
+    """Linear and YaRN RoPE scaling on the kernels backend (a freq_factors table and
+    RopeSpec.mscale) against the numpy backend's float64 angles, with the file's rope_freqs,
+    on a partial rotation (n_rot 12 of 16), at positions up to 3000."""
+    params = RopeParams(n_rot=12, base=10000.0, neox=neox, freq_scale=0.25, yarn=yarn)
+    x = rng.standard_normal((6, 3 * 16)).astype(np.float32)
+    positions = np.array([0, 1, 7, 100, 1234, 3000])
+    freqs = rng.uniform(1.0, 4.0, 6).astype(np.float32)
+    want = NumpyBackend().rope(x.copy(), positions, 16, params, freqs)
+    kb = KernelsBackend(device="cpu")
+    got = kb.to_host(kb.rope(pk.to_device(x), positions, 16, params, pk.to_device(freqs)))
+    # f32 angles: absolute error ~ position * 2^-24 per radian (rotary.py), times mscale
+    tol = 4e-7 * (positions.max() + 8) * 1.5 + 1e-5
+    assert np.max(np.abs(got - want)) < tol, f"seed={seed}"
+    np.testing.assert_array_equal(got.reshape(6, 3, 16)[..., 12:], x.reshape(6, 3, 16)[..., 12:])
