@@ -51,15 +51,15 @@ def pair_dims(i: i32, rot_dim: i32, NEOX: Const[bool]):
 @pk.func
 def rope_head(src, dst, pos: i32, head_dim: i32, rot_dim: i32, log2_base: f32, ff,
               HAS_FF: Const[bool], NEOX: Const[bool], T: Const[pk.dtype], rstd: f32, nw,
-              NORM: Const[bool]):
+              NORM: Const[bool], mscale: f32):
     """Rotate one head (src -> dst, may alias); dims >= rot_dim are copied. NORM: the head is
     first RMS-normalized, x * rstd * nw[d] (qwen3 / gemma3's q_norm / k_norm; rstd from
-    head_rstd)."""
+    head_rstd). mscale multiplies cos and sin (YaRN's magnitude scale; 1 otherwise)."""
     for i in range(pk.thread_idx.x, rot_dim // 2, pk.block_dim.x):
         d0, d1 = pair_dims(i, rot_dim, NEOX)
         theta = rope_angle(pos, i, rot_dim, log2_base, ff, HAS_FF)
-        c = pk.cos(theta)
-        s = pk.sin(theta)
+        c = pk.cos(theta) * mscale
+        s = pk.sin(theta) * mscale
         x0 = f32(src[d0])
         x1 = f32(src[d1])
         if NORM:
@@ -97,13 +97,13 @@ def head_rstd(src, head_dim: i32, eps: f32, scratch) -> f32:
 @pk.kernel
 def rope_heads(x: Ptr["T", "ro"], out: Ptr["T"], positions: Ptr[i32, "ro"], ff: Ptr[f32, "ro"],
                heads: i32, head_dim: i32, rot_dim: i32, pos_offset: i32, log2_base: f32,
-               HAS_FF: Const[bool], NEOX: Const[bool], T: Const[pk.dtype]):
+               mscale: f32, HAS_FF: Const[bool], NEOX: Const[bool], T: Const[pk.dtype]):
     # grid (tokens, heads): one block per head of one token
     t = pk.block_idx.x
     base = (i64(t) * i64(heads) + i64(pk.block_idx.y)) * i64(head_dim)
     pos = positions[t] + pos_offset
     rope_head(x + base, out + base, pos, head_dim, rot_dim, log2_base, ff, HAS_FF, NEOX, T,
-              f32(1.0), ff, False)
+              f32(1.0), ff, False, mscale)
 
 
 @pk.kernel
@@ -113,7 +113,7 @@ def rope_qkv_cache(q: Ptr["T"], q_out: Ptr["T"], k: Ptr["T", "ro"], v: Ptr["T", 
                    qn: Ptr[f32, "ro"], kn: Ptr[f32, "ro"],
                    q_heads: i32, kv_heads: i32, head_dim: i32, rot_dim: i32, max_len: i32,
                    seq_rows: i32, q_row: i32, q_out_row: i32, kv_row: i32, pos_offset: i32,
-                   log2_base: f32, eps: f32, slots: Ptr[i32, "ro"],
+                   log2_base: f32, eps: f32, slots: Ptr[i32, "ro"], mscale: f32,
                    HAS_Q: Const[bool], HAS_FF: Const[bool], NEOX: Const[bool],
                    T: Const[pk.dtype], C: Const[pk.dtype], NORM: Const[bool],
                    Q8: Const[bool], SLOTS: Const[bool]):
@@ -140,7 +140,7 @@ def rope_qkv_cache(q: Ptr["T"], q_out: Ptr["T"], k: Ptr["T", "ro"], v: Ptr["T", 
             if NORM:
                 rstd = head_rstd(qb, head_dim, eps, scratch)
             rope_head(qb, qd, pos, head_dim, rot_dim, log2_base, ff, HAS_FF, NEOX, T, rstd,
-                      qn, NORM)
+                      qn, NORM, mscale)
     elif pos >= 0 and pos < max_len:
         kvh = h - q_heads
         src = i64(t) * i64(kv_row) + i64(kvh) * i64(head_dim)
@@ -152,7 +152,7 @@ def rope_qkv_cache(q: Ptr["T"], q_out: Ptr["T"], k: Ptr["T", "ro"], v: Ptr["T", 
             rstd = head_rstd(k + src, head_dim, eps, scratch)
         if Q8:
             rope_head(k + src, stage, pos, head_dim, rot_dim, log2_base, ff, HAS_FF, NEOX, f32,
-                      rstd, kn, NORM)
+                      rstd, kn, NORM, mscale)
             pk.syncthreads()
             store_q8_0_row(stage, cache_k, k_scales, row, head_dim)
             pk.syncthreads()
@@ -162,7 +162,7 @@ def rope_qkv_cache(q: Ptr["T"], q_out: Ptr["T"], k: Ptr["T", "ro"], v: Ptr["T", 
             store_q8_0_row(stage, cache_v, v_scales, row, head_dim)
         else:
             rope_head(k + src, cache_k + dst, pos, head_dim, rot_dim, log2_base, ff, HAS_FF,
-                      NEOX, C, rstd, kn, NORM)
+                      NEOX, C, rstd, kn, NORM, mscale)
             for d in range(pk.thread_idx.x, head_dim, pk.block_dim.x):
                 cache_v[dst + i64(d)] = C(f32(v[src + i64(d)]))
 
@@ -171,12 +171,15 @@ def rope_qkv_cache(q: Ptr["T"], q_out: Ptr["T"], k: Ptr["T", "ro"], v: Ptr["T", 
 class RopeSpec:
     """How positions become rotations: the frequency base theta, "normal" (adjacent pairs) or
     "neox" pairs, the rotated dims (None: all of head_dim), Llama 3.1's freq_factors
-    ((rot_dim/2,) f32 dividing each frequency) and an offset added to every position."""
+    ((rot_dim/2,) f32 dividing each frequency), an offset added to every position, and a
+    magnitude scale of cos and sin (YaRN's; its frequency mix is a per-pair factor, so it
+    travels as freq_factors)."""
     theta: float = 10000.0
     style: str = "normal"
     rot_dim: int | None = None
     freq_factors: object = None
     pos_offset: int = 0
+    mscale: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -229,7 +232,7 @@ def _resolve(spec: RopeSpec, head_dim: int, name: str) -> RopeSpec:
         ff = L.as_array(ff, f"{name}: freq_factors", np.float32)
         if ff.size < rot_dim // 2:
             raise ValueError(f"{name}: freq_factors has {ff.size} entries, needs {rot_dim // 2}")
-    return RopeSpec(spec.theta, spec.style, rot_dim, ff, spec.pos_offset)
+    return RopeSpec(spec.theta, spec.style, rot_dim, ff, spec.pos_offset, float(spec.mscale))
 
 
 def _positions(positions, tokens: int, name: str):
@@ -240,15 +243,18 @@ def _positions(positions, tokens: int, name: str):
 
 
 def rope(x, positions, theta: float = 10000.0, style: str = "normal", *, rot_dim=None,
-         freq_factors=None, pos_offset: int = 0, out=None, stream=None):
-    """RoPE over x (tokens, heads, head_dim); `out=x` rotates in place."""
+         freq_factors=None, pos_offset: int = 0, mscale: float = 1.0, out=None, stream=None):
+    """RoPE over x (tokens, heads, head_dim); `out=x` rotates in place; mscale multiplies the
+    rotated dims' cos and sin (YaRN)."""
     x = L.as_array(x, "rope: x")
     tokens, heads, head_dim = _check_heads(x, "rope: x")
     pos = _positions(positions, tokens, "rope")
-    spec = _resolve(RopeSpec(theta, style, rot_dim, freq_factors, pos_offset), head_dim, "rope")
+    spec = _resolve(RopeSpec(theta, style, rot_dim, freq_factors, pos_offset, mscale), head_dim,
+                    "rope")
     out = L.output(out, "rope", x.shape, x.dtype)
     ff = spec.freq_factors if spec.freq_factors is not None else L.dummy(np.float32)
-    args = (x, out, pos, ff, heads, head_dim, spec.rot_dim, pos_offset, math.log2(theta))
+    args = (x, out, pos, ff, heads, head_dim, spec.rot_dim, pos_offset, math.log2(theta),
+            spec.mscale)
     consts = (("HAS_FF", freq_factors is not None), ("NEOX", style == "neox"),
               ("T", x.dtype))
     L.launch(rope_heads, (tokens, heads, 1), L.threads_for(spec.rot_dim // 2, 256), args,
@@ -374,7 +380,8 @@ def _launch_qkv(rows: _QKVRows, cache_k, cache_v, pos, spec: RopeSpec,
     args = (rows.q, rows.q_out, rows.k, rows.v, *caches, pos, ff, qn, kn, rows.q_heads,
             rows.kv_heads, rows.head_dim, spec.rot_dim, max_len, seq_rows, rows.q_row,
             rows.q_out_row, rows.kv_row, spec.pos_offset, math.log2(spec.theta),
-            float(norms.eps) if norms is not None else 1e-6, pos if slots is None else slots)
+            float(norms.eps) if norms is not None else 1e-6, pos if slots is None else slots,
+            spec.mscale)
     consts = (("HAS_Q", rows.has_q), ("HAS_FF", spec.freq_factors is not None),
               ("NEOX", spec.style == "neox"), ("T", rows.k.dtype),
               ("C", np.int8 if q8 else cache_k.dtype), ("NORM", norms is not None),
@@ -414,7 +421,7 @@ def _check_caches(cache_k, cache_v, kv_heads: int, head_dim: int, name: str,
 
 
 def rope_reference(x, positions, theta=10000.0, style="normal", rot_dim=None,
-                   freq_factors=None, pos_offset=0):
+                   freq_factors=None, pos_offset=0, mscale=1.0):
     """float64 numpy RoPE of x (tokens, heads, head_dim)."""
     x = np.asarray(x, np.float64)
     head_dim = x.shape[-1]
@@ -424,7 +431,7 @@ def rope_reference(x, positions, theta=10000.0, style="normal", rot_dim=None,
     if freq_factors is not None:
         inv_freq = inv_freq / np.asarray(freq_factors, np.float64)[: rot_dim // 2]
     angle = (np.asarray(positions, np.float64) + pos_offset)[:, None, None] * inv_freq
-    cos, sin = np.cos(angle), np.sin(angle)
+    cos, sin = np.cos(angle) * mscale, np.sin(angle) * mscale
     d0, d1 = (i, i + rot_dim // 2) if style == "neox" else (2 * i, 2 * i + 1)
     y = x.copy()
     y[..., d0] = x[..., d0] * cos - x[..., d1] * sin

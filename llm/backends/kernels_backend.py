@@ -22,6 +22,7 @@ import numpy as np
 
 import pykernel as pk
 from llm.backends import kernels_extra as X
+from llm.backends import kernels_moe as M
 from llm.backends import kernels_weights as W
 from llm.backends.base import KV_CACHE_TYPES, Backend
 from llm.backends.kernels_lazy import (Cols, GluHalf, HeadNormed, Normed, PendingGlu,
@@ -83,6 +84,8 @@ class DeviceTable:
 class KernelsBackend(Backend):
     name = "kernels"
     logits_on_device = True
+    # qwen3moe / gpt-oss (kernels_moe.py: experts, router, sinks, YaRN)
+    model_features = frozenset({"moe", "attn_sinks", "yarn"})
 
     def __init__(self, device: str = "cuda", activations: str = "q8_1", kv_dtype=None,
                  graphs: bool = True, gemv: bool | None = None,
@@ -109,6 +112,7 @@ class KernelsBackend(Backend):
         self.arena = self.prefill_arena   # the running pass's (begin_forward picks it)
         self.stream = pk.Stream(self.device) if self.device.kind == "cuda" else None
         self.readback = LogitsReadback(self.device)   # logits rows, greedy ids, top-k lists
+        self.rope_tables = {}   # scaled RoPE's freq_factors per (params, file factors)
 
     def kv_device_budget(self) -> int | None:
         """Device bytes a default context's KV cache may take (model.choose_context): half of
@@ -132,6 +136,12 @@ class KernelsBackend(Backend):
 
     def embedding(self, table: TensorInfo):
         return DeviceTable(self.weights.raw(table), table.ggml_type.name, table.shape[-1])
+
+    def expert_matrix(self, parts: Sequence[TensorInfo]):
+        return M.expert_matrix(self, parts)
+
+    def expert_vector(self, parts: Sequence[TensorInfo]):
+        return M.expert_vector(self, parts)
 
     def kv_cache(self, n_layer, n_ctx, n_head_kv, head_dim, head_dim_v) -> KernelsKVCache:
         return self.kv_caches(1, n_layer, n_ctx, n_head_kv, head_dim, head_dim_v)[0]
@@ -289,6 +299,8 @@ class KernelsBackend(Backend):
         a = self.materialize(a)
         if isinstance(b, PendingMatmul) and b.bias is None:
             return self._run_matmul(b, res=a)
+        if isinstance(b, M.PendingMoe):     # the experts' weighted sum stored onto a
+            return M.run_experts(self, b, res=a)
         X.add(a, self.materialize(b))
         return a
 
@@ -315,10 +327,9 @@ class KernelsBackend(Backend):
         return layernorm(x, w, b, eps, out=out)
 
     def rope(self, x, positions, head_dim, params: RopeParams, freq_factors=None):
-        if params.freq_scale != 1.0:
-            raise ValueError("kernels backend: linear RoPE scaling (freq_scale "
-                             f"{params.freq_scale}) is not supported")
-        return Roped(x, head_dim, params, freq_factors, positions)
+        # linear / YaRN scaling: a factor per pair folded into freq_factors (kernels_moe)
+        return Roped(x, head_dim, params, M.rope_freq_factors(self, params, freq_factors),
+                     positions)
 
     def _apply_rope(self, r: Roped):
         x = self._contiguous(r.x)
@@ -327,10 +338,13 @@ class KernelsBackend(Backend):
         p = r.params
         x3 = x.reshape(n, -1, r.head_dim)
         rope_rows(x3, pos, p.base, _rope_style(p), rot_dim=p.n_rot,
-               freq_factors=r.freq_factors, out=x3)
+                  freq_factors=r.freq_factors, mscale=M.rope_mscale(p), out=x3)
         return x
 
-    def attention(self, q, k, v, step: Step, caches, layer, scale, window=0):
+    def attention(self, q, k, v, step: Step, caches, layer, scale, window=0, sinks=None):
+        if sinks is not None:   # gpt-oss: the sink-aware kernel for now (kernels_moe)
+            return M.attention_with_sinks(self, q, k, v, step, caches, layer, scale, window,
+                                          sinks)
         if step.kind == "batch":
             return self._attention_batch(q, k, v, step, caches, layer, scale, window)
         if step.kind == "prompts":
@@ -622,6 +636,12 @@ class KernelsBackend(Backend):
                 and (isinstance(k_cache, Q8Cache) or k_cache.dtype == np.float16)
                 and mma_available(self.device))
 
+    def moe_route(self, scores, n_used, gating):
+        return M.moe_route(self, scores, n_used, gating)
+
+    def moe_experts(self, x, weights, ids, probs, activation):
+        return M.PendingMoe(x, weights, ids, probs, activation)
+
     def _glu(self, gate, up, act: str):
         if isinstance(gate, GluHalf) and isinstance(up, GluHalf) and gate.pending is up.pending \
                 and (gate.index, up.index) == (0, 1):
@@ -699,6 +719,8 @@ class KernelsBackend(Backend):
                                     .reshape(1, half))
         if isinstance(x, Roped):
             return self._apply_rope(x)
+        if isinstance(x, M.PendingMoe):
+            return M.run_experts(self, x)
         return self._contiguous(x)
 
     def _contiguous(self, x):
@@ -707,7 +729,8 @@ class KernelsBackend(Backend):
             out = self.arena.take((n, x.width), np.float32)
             X.columns(x.src, out, n, x.width, x.off, 0)
             return out
-        if isinstance(x, (PendingMatmul, PendingGlu, GluHalf, Roped, Normed, HeadNormed)):
+        if isinstance(x, (PendingMatmul, PendingGlu, GluHalf, Roped, Normed, HeadNormed,
+                          M.PendingMoe)):
             return self.materialize(x)
         return x
 
@@ -739,7 +762,7 @@ def _head_norms(q, k, head_dim: int):
 
 
 def _rope_spec(p: RopeParams, freq_factors) -> RopeSpec:
-    return RopeSpec(p.base, _rope_style(p), p.n_rot, freq_factors)
+    return RopeSpec(p.base, _rope_style(p), p.n_rot, freq_factors, mscale=M.rope_mscale(p))
 
 
 def _rope_norms(norms) -> HeadNorms | None:

@@ -44,10 +44,13 @@ NAN = float("nan")
 @pk.kernel
 def attention_rows(q: Ptr[f32, "ro"], k_cache: Ptr["C", "ro"], v_cache: Ptr["C", "ro"],
                    out: Ptr[f32], start: Ptr[i32, "ro"], n_head: i32, n_kv: i32, max_len: i32,
-                   scale: f32, window: i32, D: Const[int], NPL: Const[int], C: Const[pk.dtype]):
+                   scale: f32, window: i32, sinks: Ptr[f32, "ro"], D: Const[int],
+                   NPL: Const[int], C: Const[pk.dtype], HAS_SINKS: Const[bool]):
     # grid (tokens, n_head), one warp per query head; lane owns dims lane + 32 * j (j < NPL).
     # Caches (n_kv, max_len, D); query t sits at position start[0] + t and sees keys
-    # [max(0, pos - window + 1) if window else 0, pos].
+    # [max(0, pos - window + 1) if window else 0, pos]. HAS_SINKS: head h's softmax has one
+    # more logit sinks[h] (gpt-oss; unscaled, no value): the running max starts there with
+    # its exp(0) = 1 in the denominator
     t = pk.block_idx.x
     h = pk.block_idx.y
     lane = pk.lane_id()
@@ -67,6 +70,9 @@ def attention_rows(q: Ptr[f32, "ro"], k_cache: Ptr["C", "ro"], v_cache: Ptr["C",
     base = i64(kvh) * i64(max_len) * i64(D)
     m = f32(NEG_INIT)
     denom = f32(0.0)
+    if HAS_SINKS:
+        m = sinks[h]
+        denom = f32(1.0)
     for key in range(lo, pos + 1):
         krow = base + i64(key) * i64(D)
         s = f32(0.0)
@@ -215,14 +221,19 @@ def matmul_rows(w: Ptr[u8, "ro"], x: Ptr[f32, "ro"], xq: Ptr[u8, "ro"], y: Ptr[f
 
 # --- launch wrappers ----------------------------------------------------------------------------
 def attention(q, k_cache, v_cache, out, start, n_head: int, scale: float, window: int,
-              stream=None) -> None:
-    """q/out (tokens, n_head * D) f32; caches (n_kv, max_len, D); start: device int32 [pos]."""
+              stream=None, sinks=None) -> None:
+    """q/out (tokens, n_head * D) f32; caches (n_kv, max_len, D); start: device int32 [pos];
+    sinks: None, or device f32 (n_head,), one more logit per head's softmax."""
     n_kv, max_len, d = k_cache.shape
     if d > MAX_HEAD_DIM:
         raise ValueError(f"attention: head size {d} > {MAX_HEAD_DIM} is not supported")
+    if sinks is not None and (sinks.dtype != np.float32 or sinks.size != n_head):
+        raise ValueError(f"attention: sinks must be float32 ({n_head},), got {sinks.dtype} "
+                         f"{tuple(sinks.shape)}")
     tokens = q.shape[0]
-    args = (q, k_cache, v_cache, out, start, n_head, n_kv, max_len, scale, window)
-    spec = (("D", d), ("NPL", -(-d // 32)), ("C", k_cache.dtype))
+    args = (q, k_cache, v_cache, out, start, n_head, n_kv, max_len, scale, window,
+            out if sinks is None else sinks)
+    spec = (("D", d), ("NPL", -(-d // 32)), ("C", k_cache.dtype), ("HAS_SINKS", sinks is not None))
     L.launch(attention_rows, (tokens, n_head, 1), 32, args, spec, stream)
 
 

@@ -119,23 +119,30 @@ def softmax_with_sinks(scores: np.ndarray, sinks: np.ndarray | None, n_kv: int,
 def rope_angles(positions: np.ndarray, params: RopeParams,
                 inv_freq: np.ndarray) -> tuple[np.ndarray, float]:
     """(angles (n, n_rot/2) float64, scale of cos and sin): plain or linearly scaled RoPE, or
-    YaRN's mix of interpolated and extrapolated angles with its magnitude scale (ggml's
-    rope_yarn and rope_yarn_corr_dims)."""
-    extrapolated = positions.astype(np.float64)[:, None] * inv_freq
+    YaRN's mix of interpolated and extrapolated angles with its magnitude scale."""
+    factors, scale = rope_frequency_scales(params, inv_freq.shape[0])
+    return positions.astype(np.float64)[:, None] * (inv_freq * factors), scale
+
+
+def rope_frequency_scales(params: RopeParams, n_pairs: int) -> tuple[np.ndarray, float]:
+    """(a factor per rotated pair (n_pairs,) float64 on its frequency, the magnitude scale of
+    cos and sin). Linear scaling: freq_scale everywhere. YaRN (ggml's rope_yarn and
+    rope_yarn_corr_dims): the interpolated angle (x freq_scale) and the extrapolated one mix
+    by a ramp over the pairs between the correction dims, i.e. a factor of
+    freq_scale (1 - mix) + mix on each pair's frequency."""
     yarn = params.yarn
     if yarn is None:
-        return extrapolated * params.freq_scale, 1.0
+        return np.full(n_pairs, params.freq_scale, np.float64), 1.0
     n_dims, base = params.n_rot, params.base
 
     def corr_dim(rotations: float) -> float:
         return n_dims * math.log(yarn.n_ctx_orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
     low = max(0.0, math.floor(corr_dim(yarn.beta_fast)))
     high = min(n_dims - 1.0, math.ceil(corr_dim(yarn.beta_slow)))
-    i = np.arange(inv_freq.shape[0], dtype=np.float64)
+    i = np.arange(n_pairs, dtype=np.float64)
     ramp = 1.0 - np.clip((i - low) / max(0.001, high - low), 0.0, 1.0)
     mix = ramp * yarn.ext_factor
-    angles = extrapolated * params.freq_scale * (1.0 - mix) + extrapolated * mix
     scale = yarn.attn_factor
     if yarn.ext_factor != 0.0:
         scale *= 1.0 + 0.1 * math.log(1.0 / params.freq_scale)
-    return angles, scale
+    return params.freq_scale * (1.0 - mix) + mix, scale

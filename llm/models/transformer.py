@@ -151,5 +151,5 @@ class Transformer(StepRunner):
 
 def sinks_arg(sinks) -> dict:
     """The attention op's `sinks` argument, passed only for a layer that has sinks, so a
-    backend without them (the kernels backend, for now) is called as before."""
+    backend without the "attn_sinks" feature is called as before."""
     return {} if sinks is None else {"sinks": sinks}

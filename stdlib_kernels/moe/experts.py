@@ -83,23 +83,26 @@ def expert_weights(raw, type_name: str, n_expert: int) -> ExpertWeights:
 
 
 class MoeWorkspace:
-    """Device buffers for up to max_tokens tokens of k experts each (allocated once)."""
+    """Device buffers for up to max_tokens tokens of k experts each (allocated once).
+    alloc(shape, dtype) makes each buffer (default pk.empty; a runner passes its arena's, so
+    that a captured graph replays on the buffers it was captured with)."""
 
     def __init__(self, max_tokens: int, k: int, n_embd: int, n_ff: int, n_expert: int,
-                 config: MoeConfig | None = None):
+                 config: MoeConfig | None = None, alloc=None):
         self.config = config or default_config()
+        alloc = alloc or pk.empty
         self.max_tokens, self.k, self.n_expert = max_tokens, k, n_expert
         pairs = max_tokens * k
         padded = pairs + self.config.batch - 1     # a short last tile reads past its rows
         x_words = max(n_embd, q8_1_bytes(n_embd) // 4)
-        self.xq = pk.empty((max_tokens, q8_1_bytes(n_embd)), np.uint8)
-        self.x_sorted = pk.empty((padded, x_words), np.uint32)
-        self.h = pk.empty((padded, n_ff), np.float32)
-        self.hq = pk.empty((padded, q8_1_bytes(n_ff)), np.uint8)
-        self.ys = pk.empty((pairs, n_embd), np.float32)
-        self.order = pk.empty((pairs,), np.int32)
-        self.slot_of = pk.empty((pairs,), np.int32)
-        self.tiles = pk.empty((max_tiles(pairs, n_expert, self.config.batch), 3), np.int32)
+        self.xq = alloc((max_tokens, q8_1_bytes(n_embd)), np.uint8)
+        self.x_sorted = alloc((padded, x_words), np.uint32)
+        self.h = alloc((padded, n_ff), np.float32)
+        self.hq = alloc((padded, q8_1_bytes(n_ff)), np.uint8)
+        self.ys = alloc((pairs, n_embd), np.float32)
+        self.order = alloc((pairs,), np.int32)
+        self.slot_of = alloc((pairs,), np.int32)
+        self.tiles = alloc((max_tiles(pairs, n_expert, self.config.batch), 3), np.int32)
 
 
 def _q8(wt: ExpertWeights) -> bool:

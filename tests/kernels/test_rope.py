@@ -94,6 +94,28 @@ def test_rope_kv_cache_spec_freq_factors_and_offset(device, rng, seed, style):
 
 
 @pytest.mark.parametrize("style", ["normal", "neox"])
+def test_rope_mscale_scales_the_rotated_dims_only(device, rng, seed, style):
+    # YaRN's magnitude scale multiplies cos and sin (ggml's rope_yarn), so the rotated dims
+    # and not the copied ones, in the plain launch and the fused cache write alike
+    tokens, heads, head_dim, rot_dim, mscale = 3, 2, 16, 12, float(rng.uniform(1.05, 1.5))
+    x = rng.standard_normal((tokens, heads, head_dim)).astype(np.float32)
+    pos = rng.integers(0, 200, tokens).astype(np.int32)
+    want = R.rope_reference(x, pos, 1e4, style, rot_dim, mscale=mscale)
+    got = R.rope(x, pos, 1e4, style, rot_dim=rot_dim, mscale=mscale,
+                 out=pk.full(x.shape, np.nan, np.float32)).numpy()
+    tol = angle_tol(pos) * mscale
+    assert np.max(np.abs(got - want)) < tol, f"seed={seed}"
+    np.testing.assert_array_equal(got[..., rot_dim:], x[..., rot_dim:])
+    ck, cv = (pk.full((heads, 256, head_dim), np.nan, np.float32) for _ in range(2))
+    qd = pk.to_device(x)
+    R.rope_kv_cache(x, x, ck, cv, pk.to_device(pos),
+                    R.RopeSpec(1e4, style, rot_dim, mscale=mscale), q=qd)
+    assert np.max(np.abs(qd.numpy() - want)) < tol, f"seed={seed}"
+    for t, p in enumerate(pos):
+        assert np.max(np.abs(ck.numpy()[:, p] - want[t])) < tol, f"seed={seed} token {t}"
+
+
+@pytest.mark.parametrize("style", ["normal", "neox"])
 def test_rope_kv_cache_cols_matches_separate_arrays(device, rng, seed, style):
     # the fused projection's output read in place (q | k | v columns of a wider row, plus
     # 5 columns after them that must stay as they are): same cache rows and rotated q as

@@ -206,7 +206,7 @@ def test_expert_tensor_of_the_wrong_shape_is_an_error_naming_it(tmp_path):
 
 @pytest.mark.parametrize("name", ["tiny-qwen3moe-f32.gguf", "tiny-gpt-oss-f32.gguf"])
 def test_backend_without_moe_ops_is_a_clear_error(name):
-    """The kernels backend has no MoE ops yet: loading says which backend to use."""
+    """A backend without the MoE features: loading says which backend to use."""
     from llm.backends import BackendUnavailable
     from llm.config import load_config
     from llm.gguf_file import GGUFFile
