@@ -60,7 +60,10 @@ def test_nccl_sums_eagerly_and_in_graphs_between_two_processes():
     port = str(free_port())
     procs = [subprocess.Popen(
         [sys.executable, "-c", "from tests.llm.test_tp_nccl import rank_main; rank_main()"],
-        env={**os.environ, "PYTHONPATH": str(REPO), "RANK": str(r), "WORLD_SIZE": str(WORLD),
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                 [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                if p]),
+             "RANK": str(r), "WORLD_SIZE": str(WORLD),
              "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port},
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for r in range(WORLD)]
