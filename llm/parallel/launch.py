@@ -191,12 +191,14 @@ class ProcessRanks:
         return join_logits(self.comm.all_gather_host(out), self.plan, cmd)
 
     def close(self) -> None:
-        """Stop the workers (they exit their loop) and wait for the ones this process started."""
+        """Stop the workers, free this rank's communicator while they free theirs (NCCL's
+        destroy is collective between the ranks of a host: waiting for the workers to exit
+        first would wait for ever), then wait for the ones this process started."""
         for ch in self.channels:
             try:
                 ch.send({"op": "stop"})
             except OSError:
                 pass
+        self.runner.close()
         for p in self.procs:
             p.wait(timeout=60)
-        self.comm.close()

@@ -150,13 +150,14 @@ def forward_command(step: Step, caches: Sequence[ShardedKVCache], pick: str | No
 def rank_transformer(gguf: GGUFFile, cfg: ModelConfig, spec, plan: ShardPlan, rank: int,
                      backend: Backend) -> Transformer:
     """Rank `rank`'s transformer: its shard of the file's weights on `backend` (the kernels
-    backend's wrapped by kernels_graph, as llm.load does)."""
+    backend's wrapped in a GraphRunner, as llm.load does, whose prompt-graph limit the ranks
+    agree on: rank_graphs)."""
     local = local_config(cfg, plan.ranks[rank])
     weights = load_weights(ShardedFile(gguf, cfg, plan, rank), local, spec, backend)
     transformer = Transformer(local, spec, weights, backend)
     if backend.name == "kernels":     # its steps (eager or captured) go through the wrapper
-        from llm.backends.kernels_graph import wrap
-        transformer = wrap(transformer)
+        from llm.parallel.rank_graphs import RankGraphRunner
+        transformer = RankGraphRunner(transformer)   # kernels_graph.wrap's, agreeing on shapes
     return transformer
 
 

@@ -20,6 +20,9 @@ from llm.parallel.plan import RankShard, ShardPlan, local_token_ids, reduce_argm
 from llm.step import Step
 
 COLLECTIVE_OPS = ("forward",)     # the commands every rank must run together (all-reduces)
+# commands whose first run on a rank exchanges a value with the others (the prompt-graph
+# limit, agree_on_shapes), so every rank runs them at once too; they return nothing
+AGREEING_OPS = ("kv_caches",)
 
 
 def step_to_wire(step: Step) -> dict:
@@ -66,6 +69,7 @@ class RankRunner:
             made = self.backend.kv_caches(len(cmd["ids"]), cfg.n_layer, cmd["n_ctx"],
                                           cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v)
             self.caches.update(zip(cmd["ids"], made))
+            self._agree_on_shapes()
             return None
         if op == "copy_cache":
             self.caches[cmd["dst"]].copy_from(self.caches[cmd["src"]], cmd["n_rows"])
@@ -80,6 +84,27 @@ class RankRunner:
         if cmd.get("pick") == "argmax":
             return self._row_maxima(logits)
         return self._padded(logits)
+
+    def _agree_on_shapes(self) -> None:
+        """Fix, with the other ranks, every per-rank choice that changes a step's rows (a
+        prompt padded into its bucket graph, or run eagerly at its length): all ranks must
+        make the same all-reduces. A collective, once the first KV caches exist (what the
+        choice is measured against); a transformer without such choices has no
+        agree_on_shapes (the same on every rank: one backend for all)."""
+        agree = getattr(self.transformer, "agree_on_shapes", None)
+        if agree is not None:
+            agree(self.backend.communicator)
+
+    def close(self) -> None:
+        """Drop this rank's caches (they and the transformer hold its captured graphs, which
+        NCCL waits for before it frees the communicator: release_graphs), then close the
+        communicator."""
+        self.caches.clear()
+        release = getattr(self.transformer, "release_graphs", None)
+        if release is not None:
+            release()
+        if self.backend.communicator is not None:
+            self.backend.communicator.close()
 
     def _row_maxima(self, logits: np.ndarray) -> np.ndarray:
         """(2, n) float64: each row's largest logit among the rank's own columns and its
@@ -131,6 +156,9 @@ class LocalRanks:
         if cmd["op"] in COLLECTIVE_OPS:
             parts = self.group.run([lambda r=r: r.run(cmd) for r in self.runners])
             return join_logits(parts, self.plan, cmd)
+        if cmd["op"] in AGREEING_OPS:
+            self.group.run([lambda r=r: r.run(cmd) for r in self.runners])
+            return None
         for r in self.runners:      # no collectives inside: one rank after the other
             r.run(cmd)
         return None

@@ -27,21 +27,24 @@ def main() -> int:
     from llm.parallel.gpu import build_rank
     channel, unique_id = join_rendezvous(env)
     setup = channel.recv()
-    serve_commands(channel, build_rank(env, unique_id, setup))
+    runner = build_rank(env, unique_id, setup)
+    if serve_commands(channel, runner):
+        runner.close()      # with rank 0's (ProcessRanks.close): NCCL frees it collectively
     return 0
 
 
-def serve_commands(channel, runner, turn=contextlib.nullcontext) -> None:
-    """Run rank 0's commands until "stop" or a closed socket; a forward's logits go back
-    through the gather rank 0 makes (ProcessRanks.command). `turn()` is held while a command
-    runs (an in-process test's LocalGroup turn)."""
+def serve_commands(channel, runner, turn=contextlib.nullcontext) -> bool:
+    """Run rank 0's commands until "stop" (True) or a closed socket (False: rank 0 is gone,
+    no collective can finish); a forward's logits go back through the gather rank 0 makes
+    (ProcessRanks.command). `turn()` is held while a command runs (an in-process test's
+    LocalGroup turn)."""
     while True:
         try:
             cmd = channel.recv()
         except ConnectionError:
-            return
+            return False
         if cmd["op"] == "stop":
-            return
+            return True
         with turn():
             out = runner.run(cmd)
             if out is not None:

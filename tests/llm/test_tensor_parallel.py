@@ -221,6 +221,67 @@ def test_rank_zero_drives_workers_over_the_control_channel(rng):
     assert np.abs(got - whole).max() <= bound
 
 
+def kernels_ranks(path, limits: list[int]):
+    """RankRunners of the kernels backend on the CPU target, rank r's options allowing prompt
+    graphs of up to limits[r] tokens (as GPUs with different free memory fit them), graphs
+    on (nothing here replays one: only the choices are looked at), and their LocalGroup."""
+    from llm.backends import create_backend
+    from llm.options import RunnerOptions
+    from llm.parallel.communicator import LocalGroup
+    from llm.parallel.model import rank_transformer, widest_vocab
+    from llm.parallel.ranks import RankRunner
+    g = GGUFFile(path)
+    cfg = load_config(g)
+    spec, plan, group = ARCH_SPECS[cfg.arch], plan_shards(cfg, len(limits)), LocalGroup(
+        len(limits))
+    runners = []
+    for rank, comm in enumerate(group.communicators()):
+        backend = create_backend("cpu", "kernels", options=RunnerOptions(
+            prefill_graph_max=limits[rank], precompile=False))
+        backend.communicator, backend.use_graphs = comm, True
+        runners.append(RankRunner(rank_transformer(g, cfg, spec, plan, rank, backend), backend,
+                                  plan.ranks[rank], widest_vocab(plan)))
+    return cfg, plan, group, runners
+
+
+def test_ranks_agree_on_the_prompt_graph_limit(rng):
+    """A rank's GraphRunner fits its prompt-graph limit to its own GPU; ranks that disagree
+    would run one prompt padded into a bucket on one and at its length on another (all-reduces
+    of different rows). After the first KV caches every rank has the smallest limit, through
+    the in-process group and through rank 0's control channel alike; later caches keep it."""
+    import socket
+    import threading
+
+    from llm.parallel.launch import Channel, ProcessRanks
+    from llm.parallel.model import LocalRanks
+    from llm.parallel.worker import serve_commands
+    path = TINY / "tiny-llama-f32.gguf"
+    for world in (2, 4):     # 4: KV heads replicated
+        limits = [int(v) for v in rng.integers(2, 3000, world)]
+        cfg, plan, group, runners = kernels_ranks(path, limits)
+        assert [r.transformer.prefill_graph_max for r in runners] == limits
+        ranks = LocalRanks(runners, group, plan)
+        for ids in ([0, 1], [2]):
+            ranks.command({"op": "kv_caches", "ids": ids, "n_ctx": 16})
+            got = [r.transformer.prefill_graph_max for r in runners]
+            assert got == [min(limits)] * world, f"limits {limits}: ranks use {got}"
+    limits = [int(v) for v in rng.integers(2, 3000, 2)]
+    cfg, plan, group, runners = kernels_ranks(path, limits)
+    a, b = socket.socketpair()
+    worker = threading.Thread(target=serve_commands, args=(Channel(b), runners[1],
+                                                           lambda: group._turn))
+    worker.start()
+    ranks = ProcessRanks(runners[0], [Channel(a)], runners[0].backend.communicator, plan)
+    with group._turn:
+        ranks.command({"op": "kv_caches", "ids": [0], "n_ctx": 16})
+    ranks.close()          # stop, then rank 0's own close (a no-op communicator here)
+    worker.join(timeout=60)
+    assert not worker.is_alive()
+    got = [r.transformer.prefill_graph_max for r in runners]
+    assert got == [min(limits)] * 2, f"limits {limits}: ranks use {got}"
+    assert not runners[0].caches, "close drops the rank's caches (and their graphs)"
+
+
 def test_cli_run_with_tp():
     from tests.llm.cli_helpers import pykernel
     model = TINY / "tiny-llama-f32.gguf"
