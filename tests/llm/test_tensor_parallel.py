@@ -241,7 +241,7 @@ def kernels_ranks(path, limits: list[int]):
         backend.communicator, backend.use_graphs = comm, True
         runners.append(RankRunner(rank_transformer(g, cfg, spec, plan, rank, backend), backend,
                                   plan.ranks[rank], widest_vocab(plan)))
-    return cfg, plan, group, runners
+    return plan, group, runners
 
 
 def test_ranks_agree_on_the_prompt_graph_limit(rng):
@@ -258,7 +258,7 @@ def test_ranks_agree_on_the_prompt_graph_limit(rng):
     path = TINY / "tiny-llama-f32.gguf"
     for world in (2, 4):     # 4: KV heads replicated
         limits = [int(v) for v in rng.integers(2, 3000, world)]
-        cfg, plan, group, runners = kernels_ranks(path, limits)
+        plan, group, runners = kernels_ranks(path, limits)
         assert [r.transformer.prefill_graph_max for r in runners] == limits
         ranks = LocalRanks(runners, group, plan)
         for ids in ([0, 1], [2]):
@@ -266,7 +266,7 @@ def test_ranks_agree_on_the_prompt_graph_limit(rng):
             got = [r.transformer.prefill_graph_max for r in runners]
             assert got == [min(limits)] * world, f"limits {limits}: ranks use {got}"
     limits = [int(v) for v in rng.integers(2, 3000, 2)]
-    cfg, plan, group, runners = kernels_ranks(path, limits)
+    plan, group, runners = kernels_ranks(path, limits)
     a, b = socket.socketpair()
     worker = threading.Thread(target=serve_commands, args=(Channel(b), runners[1],
                                                            lambda: group._turn))
