@@ -2,7 +2,8 @@
 
 `plan.py` (which rank holds what), `shard_file.py` (a rank's tensors), `communicator.py`
 (`Communicator`, the in-process `LocalGroup`), `nccl_comm.py` (NCCL through nccl4py),
-`ranks.py` (a rank's model, N of them in one process), `model.py` (the group as `Model` drives
+`ranks.py` (a rank's model, N of them in one process), `rank_graphs.py` (a rank's
+GraphRunner: the ranks agree on the shapes of their steps), `model.py` (the group as `Model` drives
 it; `llm.load(..., tp=N)`), `launch.py` / `gpu.py` / `worker.py` (one process per GPU).
 docs/runner.md "Several GPUs" is the user's guide.
 """
