@@ -104,6 +104,13 @@ class CpuDevice:
             if w.ctx[abi.ERROR_CODE]:
                 raise self._error(compiled, w.ctx)
 
+    def occupancy(self, compiled, threads: int, shared_bytes: int) -> tuple[int, int]:
+        """(1, worker threads): the CPU target's answer to an occupancy query
+        (runtime/occupancy.py). Any grid runs here, and one whose blocks wait on each other
+        (pk.grid_sync, spin waits with pk.nanosleep) runs as one cluster of coroutines, so the
+        number is the grid that gives each host worker one block, not a limit."""
+        return 1, self.workers_n
+
     def _entry(self, compiled):
         fn = self._entries.get(compiled.cache_key)
         if fn is None:
