@@ -163,10 +163,10 @@ def test_cluster_scope_needs_sm90(arch, assemble):
     assemble(ptx, arch)
 
 
-def _compile_error(body_src: str) -> str:
+def _compile_error(body_src: str, tmp_path) -> str:
     namespace = {"pk": pk, "Ptr": Ptr, "u32": u32, "f32": f32, "i32": i32, "u64": u64}
     src = "def k(p: Ptr[u32], q: Ptr[f32], r: Ptr[u64, 'ro']):\n    " + body_src + "\n"
-    path = "/tmp/_pk_memorder_err.py"
+    path = str(tmp_path / "memorder_error.py")     # a file, so errors can quote the line
     with open(path, "w") as fh:
         fh.write(src)
     exec(compile(src, path, "exec"), namespace)
@@ -176,10 +176,10 @@ def _compile_error(body_src: str) -> str:
 
 
 @pytest.mark.parametrize("body,message", [
-    ("pk.load_acquire(p, 0, scope='device')", "scope must be a constant string, one of "
-     "'cta', 'cluster', 'gpu', 'sys'"),
-    ("pk.atomic_add(p, 0, u32(1), order='sc')", "order must be a constant string, one of "
-     "'relaxed', 'acquire', 'release', 'acq_rel'"),
+    ("pk.load_acquire(p, 0, scope='device')",
+     "scope must be a constant string, one of 'cta', 'cluster', 'gpu', 'sys'"),
+    ("pk.atomic_add(p, 0, u32(1), order='sc')",
+     "order must be a constant string, one of 'relaxed', 'acquire', 'release', 'acq_rel'"),
     ("pk.fence(order='acquire')", "order must be a constant string, one of 'acq_rel', 'sc'"),
     ("pk.fence('gpu')", "pk.fence takes keywords only"),
     ("pk.store_release(r, 0, u64(1))", "cannot store through a read-only pointer"),
@@ -187,5 +187,5 @@ def _compile_error(body_src: str) -> str:
     ("pk.load_acquire(p, 0, order='acquire')", "has no keyword 'order'"),
     ("pk.atomic_add(p, 0, u32(1), sem='acq_rel')", "has no keyword 'sem'"),
 ])
-def test_memorder_errors(body, message):
-    assert message in _compile_error(body)
+def test_memorder_errors(body, message, tmp_path):
+    assert message in _compile_error(body, tmp_path)
