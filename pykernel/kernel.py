@@ -103,6 +103,20 @@ class Kernel:
             compiled = compile_kernel(self, arch, spec, self.options, key, fresh=True)
         return compiled.llvm_ir
 
+    # --- occupancy (runtime/occupancy.py) -----------------------------------------------------
+    def max_active_blocks(self, block, shared_bytes=0, device=None, **spec) -> int:
+        """Blocks of this kernel (block threads, shared_bytes of dynamic shared memory) that
+        one multiprocessor holds at once on `device` (CUDA: the driver's occupancy
+        calculator for the compiled kernel; CPU target: 1 per host worker thread)."""
+        from .runtime.occupancy import occupancy
+        return occupancy(self, block, shared_bytes, device, spec)[0]
+
+    def co_resident_grid(self, block, shared_bytes=0, device=None, **spec) -> int:
+        """The grid a persistent kernel launches: blocks per multiprocessor x multiprocessors,
+        every block resident at once."""
+        from .runtime.occupancy import co_resident_grid
+        return co_resident_grid(self, block, shared_bytes, device, spec)
+
     # --- launch --------------------------------------------------------------------------------
     def __getitem__(self, config):
         """kernel[grid, block, stream, shared_bytes, cluster]: the Launcher of that

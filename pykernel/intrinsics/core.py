@@ -11,6 +11,7 @@ from ..lower.resources import reserve_local
 from ..lower.values import (ArrayValue, ConstValue, PtrValue, TupleValue, TypeValue, Value,
                             describe)
 from .base import args_of, intrinsic
+from .memorder import atomic_ordering
 
 
 class StaticRange:
@@ -226,11 +227,20 @@ def _atomic(op):
                            f"{', '.join(map(str, ATOMIC_TYPES[op]))}, not {addr.elem}")
         if addr.readonly:
             raise fl.error(node, "atomics cannot target a read-only pointer")
+        ordering = atomic_ordering(fl, node, op)
+        if ordering is not None and addr.elem.is_float and op != "add":
+            raise fl.error(node, f"pk.atomic_{op} with order/scope takes integers, not "
+                           f"{addr.elem}")
         vals = [fl.coerce(fl.expr(a), addr.elem, node).ir for a in node.args[2:]]
         site = fl.ctx.site(fl, node, f"out-of-bounds atomic_{op}")
         ptr = fl.ctx.target.check_address(fl.ctx, addr.ptr, addr.elem, addr.origin, site)
+        if ordering is not None:     # intrinsics/memorder.py
+            return Value(addr.elem, fl.ctx.target.lower_intrinsic(
+                "ordered_atomic", fl, op, ptr, vals, addr.elem, *ordering))
         return Value(addr.elem, fl.ctx.target.atomic(fl.ctx, op, ptr, vals, addr.elem))
-    lower.__doc__ = f"Atomic {op} on global or shared memory; returns the old value."
+    lower.__doc__ = (f"Atomic {op} on global or shared memory; returns the old value. "
+                     "`order=` relaxed / acquire / release / acq_rel and `scope=` cta / "
+                     "cluster / gpu / sys (sm_70+) make it a memory-ordered atomic.")
     return intrinsic(f"atomic_{op}")(lower)
 
 

@@ -1,6 +1,6 @@
 """Timers and sleeping: `pk.clock64()`, `pk.globaltimer()`, `pk.nanosleep(ns)`. On the GPU the
 special registers %clock64 / %globaltimer and `nanosleep.u32`; on the CPU target clock_gettime
-nanoseconds and no sleep (targets/cpu_collectives.py). Input: call nodes; output: Values."""
+nanoseconds, and nanosleep is a yield to the grid's other threads (targets/cpu_collectives.py). Input: call nodes; output: Values."""
 from __future__ import annotations
 
 from ..lower.values import ConstValue, Value, describe
@@ -27,7 +27,8 @@ def globaltimer(fl, node):
 @intrinsic("nanosleep")
 def nanosleep(fl, node):
     """`pk.nanosleep(ns)`: suspend the thread for about ns nanoseconds, at most 1 ms
-    (`nanosleep.u32`, sm_70+); nothing on the CPU target."""
+    (`nanosleep.u32`, sm_70+); on the CPU target a yield, so that spin waits on other
+    blocks' writes finish (docs/language.md, "Memory order")."""
     (ns,), _ = args_of(fl, node, 1, "nanosleep")
     fl.ctx.require_arch(70, "nanosleep.u32", fl, node)
     ns = fl.coerce(ns, u32, node) if isinstance(ns, ConstValue) else ns

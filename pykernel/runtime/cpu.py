@@ -84,7 +84,8 @@ class CpuDevice:
         # a kernel whose cluster's blocks must live together runs whole clusters per worker
         together = cluster[0] * cluster[1] * cluster[2] \
             if "cluster_together" in compiled.uses else 1
-        if "grid_sync" in compiled.uses:   # pk.grid_sync: the whole grid lives at once
+        # pk.grid_sync, and spin waits (pk.nanosleep yields): the whole grid lives at once
+        if "grid_sync" in compiled.uses or "grid_resident" in compiled.uses:
             cluster, together = _grid_as_cluster(compiled, grid, cluster)
         elif "cluster" not in compiled.uses:
             cluster = (1, 1, 1)       # blocks that never look at their cluster are independent
@@ -102,6 +103,13 @@ class CpuDevice:
         for w in self._workers[:len(chunks)]:
             if w.ctx[abi.ERROR_CODE]:
                 raise self._error(compiled, w.ctx)
+
+    def occupancy(self, compiled, threads: int, shared_bytes: int) -> tuple[int, int]:
+        """(1, worker threads): the CPU target's answer to an occupancy query
+        (runtime/occupancy.py). Any grid runs here, and one whose blocks wait on each other
+        (pk.grid_sync, spin waits with pk.nanosleep) runs as one cluster of coroutines, so the
+        number is the grid that gives each host worker one block, not a limit."""
+        return 1, self.workers_n
 
     def _entry(self, compiled):
         fn = self._entries.get(compiled.cache_key)
@@ -157,10 +165,12 @@ class CpuDevice:
 
 
 def _grid_as_cluster(compiled, grid, cluster):
-    """A kernel with pk.grid_sync runs its grid as one cluster of coroutines (one worker):
-    each grid_sync is that cluster's barrier."""
+    """A kernel with pk.grid_sync or pk.nanosleep runs its grid as one cluster of coroutines
+    (one worker): each grid_sync is that cluster's barrier, and a thread in pk.nanosleep
+    yields to the other blocks (a spin wait on another block's write cannot deadlock)."""
     if cluster is not None and tuple(cluster) != (1, 1, 1):
-        raise LaunchError(f"{compiled.name}: a kernel with pk.grid_sync() cannot be launched "
+        what = "pk.grid_sync()" if "grid_sync" in compiled.uses else "pk.nanosleep()"
+        raise LaunchError(f"{compiled.name}: a kernel with {what} cannot be launched "
                           f"with clusters (cluster={tuple(cluster)})")
     return tuple(grid), grid[0] * grid[1] * grid[2]
 

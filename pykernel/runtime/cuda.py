@@ -184,7 +184,7 @@ class _LoadedKernel:
         self.launch_config = _pdl_config() if pdl else None
         self.non_portable = False     # clusters of more than 8 blocks allowed (set on demand)
         self.cooperative = False      # pk.grid_sync: launched cooperatively (set by load)
-        self.co_resident = {}         # (threads, shared bytes) -> blocks resident at once
+        self.co_resident = {}         # (threads, shared bytes) -> blocks resident per SM
 
 
 def _bad_geometry(kernel, grid, block, shared_bytes, exc) -> LaunchError:
@@ -243,12 +243,8 @@ def _launch_cooperative(device, kernel, grid, block, shared_bytes, handle, clust
     if cluster is not None and tuple(cluster) != (1, 1, 1):
         raise LaunchError(f"{where}: a kernel with pk.grid_sync() cannot use clusters")
     threads, blocks = block[0] * block[1] * block[2], grid[0] * grid[1] * grid[2]
-    fits = kernel.co_resident.get((threads, shared_bytes))
-    if fits is None:
-        per_sm = check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-            kernel.func, threads, shared_bytes), f"{kernel.name}: occupancy")
-        fits = kernel.co_resident[(threads, shared_bytes)] = \
-            per_sm * device.core.properties.multiprocessor_count
+    per_sm, sms = _occupancy(device, kernel, threads, shared_bytes)
+    fits = per_sm * sms
     if blocks > fits:
         raise LaunchError(f"{where}: pk.grid_sync() needs every block resident at once; "
                           f"{blocks} blocks, this GPU holds at most {fits} of this kernel's "
@@ -262,6 +258,17 @@ def _launch_cooperative(device, kernel, grid, block, shared_bytes, handle, clust
     config.blockDimX, config.blockDimY, config.blockDimZ = block
     config.sharedMemBytes, config.hStream = shared_bytes, handle
     return cu.cuLaunchKernelEx(config, kernel.func, kernel.kernel_params, kernel.extra)
+
+
+def _occupancy(device, kernel, threads, shared_bytes):
+    """(blocks per SM, SMs) for a loaded kernel: cuOccupancyMaxActiveBlocksPerMultiprocessor
+    (registers, shared memory, threads), kept per (threads, shared bytes)."""
+    per_sm = kernel.co_resident.get((threads, shared_bytes))
+    if per_sm is None:
+        per_sm = kernel.co_resident[(threads, shared_bytes)] = check(
+            cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(kernel.func, threads, shared_bytes),
+            f"{kernel.name}: occupancy")
+    return per_sm, device.core.properties.multiprocessor_count
 
 
 class _PinnedAllocation:
@@ -478,6 +485,14 @@ class CudaDevice:
         self._kernels[compiled.cache_key] = kernel
         self._prints = self._prints or "print" in getattr(compiled, "uses", ())
         return kernel
+
+    def occupancy(self, compiled, threads: int, shared_bytes: int) -> tuple[int, int]:
+        """(blocks of `compiled` resident per SM, SMs): runtime/occupancy.py."""
+        kernel = self._kernels.get(compiled.cache_key) or self.load(compiled)
+        self.activate()
+        if shared_bytes > kernel.dynamic_shared_limit:
+            self._raise_shared_limit(kernel, shared_bytes)
+        return _occupancy(self, kernel, threads, shared_bytes)
 
     def preload(self, compiled) -> None:
         """Load the kernel and finish the driver's lazy loading of it (its PTX JIT, 0.1-0.8 s)

@@ -19,6 +19,7 @@ from .cpu_bulk import CPUBulkOps
 from .cpu_cluster import CPUClusterOps
 from .cpu_hopper import HOPPER_INTRINSICS
 from .cpu_intrinsics import INTRINSICS
+from .cpu_memorder import INTRINSICS as MEMORDER_INTRINSICS
 from .cpu_ops import CPUOps
 from .cpu_runner import build_entry, coro_decls, patch_coroutine_text
 from .cpu_tma import CPUTmaOps
@@ -31,7 +32,7 @@ class CPUTarget(CPUOps, CPUBulkOps, CPUClusterOps, CPUTmaOps, Target):
     name = "cpu"
     RESULT_FIELD = "cpu"       # a CPUProgram: the JIT-compiled entry point
     # the warp-collective intrinsics, emulated (cpu_intrinsics.py, cpu_hopper.py)
-    INTRINSICS = {**INTRINSICS, **HOPPER_INTRINSICS}
+    INTRINSICS = {**INTRINSICS, **HOPPER_INTRINSICS, **MEMORDER_INTRINSICS}
     sm = None          # no arch gating: every instruction is emulated
 
     def __init__(self):

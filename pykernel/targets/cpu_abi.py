@@ -24,7 +24,8 @@ SHARED_STRIDE = 22  # bytes between the shared memory of consecutive blocks of a
 ERROR_EXTENT = 23   # error 10: the extent that the index (ERROR_VALUE) exceeded
 CTX_SLOTS = 24
 
-# Thread states written before each suspension: (kind << 24) | site
+# Thread states written before each suspension: (kind << 24) | site. AT_MBARRIER is also the
+# state of a thread in pk.nanosleep (a yield: retried like an mbarrier wait, cpu_spin.py).
 RUNNING, AT_BARRIER, AT_WARP_OP, FINISHED, AT_MBARRIER, AT_CLUSTER = 0, 1, 2, 3, 4, 5
 
 ERRORS = {1: "out-of-bounds memory access", 2: "syncthreads() reached in divergent control flow",
@@ -47,6 +48,9 @@ ERRORS = {1: "out-of-bounds memory access", 2: "syncthreads() reached in diverge
           13: "warp operation whose mask names a lane that has returned, or called by a lane "
               "not in its mask (undefined on the GPU)",
           14: "syncthreads() not reached by every thread of the block (some returned before "
-              "it: the GPU may wait for them for ever)"}
+              "it: the GPU may wait for them for ever)",
+          15: "spin wait that never ends: every thread of the grid still waiting (in "
+              "pk.nanosleep or on an mbarrier) went round 65536 times and none got further "
+              "(nothing left running could write what they wait for)"}
 # the warp and barrier checks' codes (cpu_ops.py, cpu_runner.py)
-SHUFFLE_SOURCE_GONE, MASK_NAMES_GONE, BARRIER_AFTER_RETURN = 12, 13, 14
+SHUFFLE_SOURCE_GONE, MASK_NAMES_GONE, BARRIER_AFTER_RETURN, SPIN_DEADLOCK = 12, 13, 14, 15

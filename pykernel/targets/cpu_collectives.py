@@ -182,8 +182,14 @@ def timer(fl, node, which: str):
 
 
 def nanosleep(fl, node, ns):
-    """Nothing: the threads of a block run one at a time, so a sleeping thread would only
-    delay the others."""
+    """A yield, not a sleep: the thread suspends (AT_MBARRIER at this site) so that the
+    others, of every block, run; the kernel's whole grid lives at once as one cluster of
+    coroutines (runtime/cpu.py, cpu_spin.py). So a spin wait on what another block writes,
+    with pk.nanosleep in its loop, cannot deadlock however few host threads run the grid."""
+    ctx = fl.ctx
+    ctx.uses.update(("cluster_together", "grid_resident"))
+    ctx.target_data["yields"] = True
+    ctx.target.suspend(ctx, abi.AT_MBARRIER, ctx.site(fl, node, "pk.nanosleep (spin wait)"))
 
 
 INTRINSICS = {"activemask": activemask, "match": match, "redux": redux,

@@ -116,8 +116,9 @@ def build_entry(ctx, target):
     nt = b.mul(b.mul(bdims[0], bdims[1]), bdims[2])
     coroutine = bool(ctx.target_data.get("coroutine"))
     if "cluster_together" in ctx.uses:
+        yields = bool(ctx.target_data.get("yields"))
         cluster_entry(b, e, thread_fn, args_ptr, begin, end, dims, bdims, nt,
-                      bool(ctx.target_data.get("mbarrier_wait")))
+                      yields or bool(ctx.target_data.get("mbarrier_wait")), yields)
         return
     with Loop(b, begin, end, "blk") as blk:
         bx = b.trunc(b.urem(blk, dims[0]), I32)
@@ -145,7 +146,7 @@ def build_entry(ctx, target):
     b.ret_void()
 
 
-def cluster_entry(b, e, thread_fn, args_ptr, begin, end, dims, bdims, nt, waits):
+def cluster_entry(b, e, thread_fn, args_ptr, begin, end, dims, bdims, nt, waits, yields):
     """Clusters [begin, end) of the grid: create the coroutines of all of a cluster's blocks
     (block r's threads at r * nt of the handle and state arrays), run them with
     cluster_scheduler, destroy them."""
@@ -167,7 +168,7 @@ def cluster_entry(b, e, thread_fn, args_ptr, begin, end, dims, bdims, nt, waits)
             h = b.call(thread_fn, [args_ptr, e.ctx_ptr] + tid + bid + [b.trunc(t, I32)])
             b.store(h, b.gep(e.ptr(b, abi.HANDLES_PTR, I8P), [i]))
             b.store(ir.Constant(I32, 0), b.gep(e.ptr(b, abi.STATE_PTR, I32), [i]))
-        b.call(cluster_scheduler(module, waits), [e.ctx_ptr, nt, csize])
+        b.call(cluster_scheduler(module, waits, yields), [e.ctx_ptr, nt, csize])
         d = coro_decls(module)
         with Loop(b, ir.Constant(I64, 0), b.mul(csize, nt), "d") as i:
             b.call(d["destroy"], [b.load(b.gep(e.ptr(b, abi.HANDLES_PTR, I8P), [i]))])
@@ -178,11 +179,13 @@ def cluster_entry(b, e, thread_fn, args_ptr, begin, end, dims, bdims, nt, waits)
     b.ret_void()
 
 
-def cluster_scheduler(module, waits: bool):
+def cluster_scheduler(module, waits: bool, yields: bool = False):
     """`void __pk_schedule_cluster(i64* ctx, i64 nthreads, i64 blocks)`: run each block of the
     cluster (the handle, state and shared-memory slots pointed at its part) until its threads
     have finished or wait at a cluster_sync; when every waiting thread is at the same one,
-    release them all and go round again."""
+    release them all and go round again. yields (pk.nanosleep: the cluster is the grid): a
+    block whose threads only spin hands over to the next, and rounds repeat while threads
+    spin (spin_round)."""
     name = "__pk_schedule_cluster"
     fn = module.globals.get(name)
     if fn is not None:
@@ -201,10 +204,14 @@ def cluster_scheduler(module, waits: bool):
     def point(r):
         for k, base, step in zip(slots, bases, steps):
             b.store(b.add(base, b.mul(r, step)), b.gep(ctx_ptr, [ir.Constant(I64, k)]))
-    block_schedule = scheduler(module, waits, cluster=True)
+    block_schedule = scheduler(module, waits, cluster=True, yields=yields)
+    idle = _entry_alloca(fn, I64)
+    b.position_at_end(b.block)     # the alloca went in above b's insertion point
+    b.store(ir.Constant(I64, 0), idle)
     rounds = fn.append_basic_block("round")
     b.branch(rounds)
     b.position_at_end(rounds)
+    start = e.slot(b, abi.PROGRESS)
     with Loop(b, ir.Constant(I64, 0), csize, "r") as r:
         point(r)
         b.call(block_schedule, [ctx_ptr, nt])
@@ -214,6 +221,8 @@ def cluster_scheduler(module, waits: bool):
     point(ir.Constant(I64, 0))
     state = e.ptr(b, abi.STATE_PTR, I32)
     total = b.mul(nt, csize)
+    if yields:
+        spin_round(b, e, state, total, start, idle, rounds)
     first, mismatch, waiting = scan(b, state, ir.Constant(I64, 0), total, abi.AT_CLUSTER)
     # a thread that finished can never arrive: strict, since the GPU may wait for it forever
     _, _, finished = scan(b, state, ir.Constant(I64, 0), total, abi.FINISHED)
@@ -223,12 +232,36 @@ def cluster_scheduler(module, waits: bool):
     return fn
 
 
-def scheduler(module, waits: bool = False, cluster: bool = False):
+def spin_round(b, e, state, total, start, idle, rounds):
+    """After a round over a grid's blocks: threads still waiting (spin waits, mbarriers) go
+    round again; 65536 rounds in a row in which no thread got further is a deadlock (the
+    count, not the first such round: a spin on a timer gets further only once time passes)."""
+    fn = b.function
+    first, _, waiting = scan(b, state, ir.Constant(I64, 0), total, abi.AT_MBARRIER)
+    wait_bb, clear_bb = fn.append_basic_block("spin.wait"), fn.append_basic_block("spin.clear")
+    b.cbranch(b.icmp_signed("!=", waiting, ir.Constant(I64, 0)), wait_bb, clear_bb)
+    b.position_at_end(wait_bb)
+    progressed = b.icmp_signed("!=", e.slot(b, abi.PROGRESS), start)
+    count = b.select(progressed, ir.Constant(I64, 0),
+                     b.add(b.load(idle), ir.Constant(I64, 1)))
+    b.store(count, idle)
+    stuck_bb = fn.append_basic_block("spin.stuck")
+    b.cbranch(b.icmp_signed(">=", count, ir.Constant(I64, 1 << 16)), stuck_bb, rounds)
+    b.position_at_end(stuck_bb)
+    record_error(b, e.ctx_ptr, abi.SPIN_DEADLOCK, first)
+    b.ret_void()
+    b.position_at_end(clear_bb)
+
+
+def scheduler(module, waits: bool = False, cluster: bool = False, yields: bool = False):
     """`void __pk_schedule(i64* ctx, i64 nthreads)`: run one block's coroutines to the end.
     waits: the kernel has mbarrier waits (threads suspended AT_MBARRIER are retried while the
     block makes progress; a round without progress is a deadlock). cluster: it also returns
     when every thread has finished or waits at a cluster_sync (AT_CLUSTER), and a thread at
-    a syncthreads while another is at a cluster_sync is divergence."""
+    a syncthreads while another is at a cluster_sync is divergence. yields: a thread that
+    went on to another state counts as progress, and a block whose waiting threads stopped
+    progressing returns (the cluster scheduler runs the other blocks, whose writes they
+    wait for) instead of reporting a deadlock."""
     name = "__pk_schedule" + ("_block" if cluster else "")
     fn = module.globals.get(name)
     if fn is not None:
@@ -248,9 +281,9 @@ def scheduler(module, waits: bool = False, cluster: bool = False):
         lo = b.mul(w, ir.Constant(I64, 32))
         hi = b.select(b.icmp_signed("<", b.add(lo, ir.Constant(I64, 32)), nt),
                       b.add(lo, ir.Constant(I64, 32)), nt)
-        run_warp(b, fn, e, d, handles, state, lo, hi, waits, cluster)
+        run_warp(b, fn, e, d, handles, state, lo, hi, waits, cluster, yields)
     if waits:
-        retry_blocked(b, fn, e, state, nt, before, phase)
+        retry_blocked(b, fn, e, state, nt, before, phase, yields)
     # Every thread is at a barrier or finished: check they agree, release them, repeat.
     first, mismatch, waiting = scan(b, state, ir.Constant(I64, 0), nt, abi.AT_BARRIER)
     _, _, finished = scan(b, state, ir.Constant(I64, 0), nt, abi.FINISHED)
@@ -286,7 +319,7 @@ def release_or_fail(b, ctx_ptr, state, nt, kind, code, first, mismatch, waiting,
     b.ret_void()
 
 
-def run_warp(b, fn, e, d, handles, state, lo, hi, waits=False, cluster=False):
+def run_warp(b, fn, e, d, handles, state, lo, hi, waits=False, cluster=False, yields=False):
     """Resume the warp's lanes until none runs; lanes at one warp operation are released
     together. A warp split between a warp operation and a block (or, cluster, a cluster)
     barrier is divergence (error 3): the GPU would hang or run the operation without them."""
@@ -305,6 +338,9 @@ def run_warp(b, fn, e, d, handles, state, lo, hi, waits=False, cluster=False):
             running = b.or_(running, waiting)
         with b.if_then(running):
             b.call(d["resume"], [b.load(b.gep(handles, [t]))])
+            if yields:     # a spin's thread back at its nanosleep got nowhere
+                with b.if_then(b.icmp_unsigned("!=", b.load(b.gep(state, [t])), s)):
+                    bump_progress(b, e)
     first, mismatch, at_warp = scan(b, state, lo, hi, abi.AT_WARP_OP)
     _, _, at_barrier = scan(b, state, lo, hi, abi.AT_BARRIER)
     exit_bb, more_bb = fn.append_basic_block("warp.exit"), fn.append_basic_block("warp.more")
@@ -341,7 +377,7 @@ def bump_progress(b, e):
     b.store(b.add(b.load(slot), ir.Constant(I64, 1)), slot)
 
 
-def retry_blocked(b, fn, e, state, nt, before, phase):
+def retry_blocked(b, fn, e, state, nt, before, phase, yields=False):
     """After a round over the warps: threads still at an mbarrier wait (or at a warp
     operation their warp's waiting lanes hold up) get another round if this one progressed;
     otherwise nothing can free them: a deadlock."""
@@ -352,7 +388,8 @@ def retry_blocked(b, fn, e, state, nt, before, phase):
     stuck_bb = fn.append_basic_block("deadlock")
     b.cbranch(b.icmp_signed("!=", e.slot(b, abi.PROGRESS), before), phase, stuck_bb)
     b.position_at_end(stuck_bb)
-    record_error(b, e.ctx_ptr, 6, first)
+    if not yields:      # yields: another block may free them (cluster_scheduler's spin_round)
+        record_error(b, e.ctx_ptr, 6, first)
     b.ret_void()
     b.position_at_end(clear_bb)
 

@@ -12,6 +12,7 @@ from .base import Target
 from .nvptx_bulk import NVPTXBulkOps, _asm, ptx_isa
 from .nvptx_hopper import HOPPER_INTRINSICS
 from .nvptx_intrinsics import INTRINSICS
+from .nvptx_memorder import INTRINSICS as MEMORDER_INTRINSICS
 from .nvptx_tma import NVPTXTmaOps, mark_tensor_map_param, tensor_map_param_type
 
 I32, I64 = ir.IntType(32), ir.IntType(64)
@@ -28,7 +29,7 @@ class NVPTXTarget(NVPTXBulkOps, NVPTXTmaOps, Target):
     name = "nvptx"
     RESULT_FIELD = "ptx"       # PTX text, loaded by the driver (runtime/cuda.py)
     # intrinsics with a PTX form of their own (nvptx_intrinsics.py, nvptx_hopper.py)
-    INTRINSICS = {**INTRINSICS, **HOPPER_INTRINSICS}
+    INTRINSICS = {**INTRINSICS, **HOPPER_INTRINSICS, **MEMORDER_INTRINSICS}
     triple = "nvptx64-nvidia-cuda"
     datalayout = "e-i64:64-i128:128-v16:16-v32:32-n16:32:64"
 

@@ -7,7 +7,7 @@ import pytest
 EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples")
 NAMES = ["vector_add", "block_reduction", "tiled_matmul", "softmax", "generic_kernel",
          "debug_print", "autotune", "elementwise", "softmax_collectives", "ndarray_transpose",
-         "grid_normalize", "half_precision"]
+         "grid_normalize", "half_precision", "persistent_queue"]
 
 
 @pytest.mark.parametrize("name", NAMES)
