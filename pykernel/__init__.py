@@ -49,7 +49,7 @@ from .intrinsics.constmem import const_array
 from .intrinsics.grid import grid_sync
 from .intrinsics.memorder import (fence, load_acquire, load_relaxed, store_relaxed,
                                   store_release)
-from .types import bf16x2, f16x2
+from .types import bf16x2, e4m3, e5m2, f16x2
 from .intrinsics.lowlevel import (asm, dp4a, mma_m16n8k16_bf16, mma_m16n8k16_f16,
                                   mma_m16n8k16_s8, mma_m16n8k32_s8, mma_m16n8k128_b1,
                                   movmatrix)

@@ -14,7 +14,7 @@ from llvmlite import ir
 class ScalarType:
     name: str
     bits: int
-    kind: str            # "int" | "uint" | "float" | "bool"
+    kind: str            # "int" | "uint" | "float" | "bool" | "fp8"
     ptx: str             # PTX register suffix: s32, u32, f32, ...
     np_name: str         # numpy dtype name ("bfloat16" has no numpy dtype)
 
@@ -29,6 +29,10 @@ class ScalarType:
     @property
     def is_signed(self) -> bool:
         return self.kind == "int"
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.kind == "fp8"
 
     @property
     def nbytes(self) -> int:
@@ -77,6 +81,25 @@ f32 = ScalarType("f32", 32, "float", "f32", "float32")
 f64 = ScalarType("f64", 64, "float", "f64", "float64")
 
 
+@dataclass(frozen=True, repr=False)
+class FP8Type(ScalarType):
+    """An 8-bit float (`pk.e4m3`, `pk.e5m2`): one byte in memory (its code; host arrays are
+    uint8 arrays of codes, pykernel.fp8 has the codecs), no arithmetic of its own: `f32(v)`
+    decodes exactly, `pk.e4m3(x)` encodes with `cvt.rn.satfinite` (lower/fp8.py). Outside
+    kernels, `pk.e4m3(1.5)` is the host encoding (an np.uint8 code)."""
+
+    @property
+    def llvm(self) -> ir.Type:
+        return ir.IntType(8)
+
+    def __call__(self, value):
+        from . import fp8
+        return fp8.encode(np.float32(value), self.name)[()]
+
+
+e4m3 = FP8Type("e4m3", 8, "fp8", "b8", "uint8")
+e5m2 = FP8Type("e5m2", 8, "fp8", "b8", "uint8")
+
 
 @dataclass(frozen=True, repr=False)
 class PackedType(ScalarType):
@@ -98,8 +121,10 @@ class PackedType(ScalarType):
 f16x2 = PackedType("f16x2", 32, "packed", "b32", "uint32", elem=f16)
 bf16x2 = PackedType("bf16x2", 32, "packed", "b32", "uint32", elem=bf16)
 
-SCALARS = {t.name: t for t in (bool_, i8, i16, i32, i64, u8, u16, u32, u64, f16, bf16, f32, f64)}
-BY_NUMPY = {np.dtype(t.np_name): t for t in SCALARS.values() if t.np_name != "bfloat16"}
+SCALARS = {t.name: t for t in (bool_, i8, i16, i32, i64, u8, u16, u32, u64, f16, bf16, f32, f64,
+                               e4m3, e5m2)}
+BY_NUMPY = {np.dtype(t.np_name): t for t in SCALARS.values()
+            if t.np_name != "bfloat16" and not t.is_fp8}     # uint8 arrays are u8 by default
 
 
 def from_numpy(dtype) -> ScalarType:

@@ -7,8 +7,8 @@ import builtins
 from llvmlite import ir
 
 from ..device_function import DeviceFunction
-from ..types import ScalarType, bool_
-from . import ops
+from ..types import ScalarType, bool_, f32
+from . import fp8, ops
 from .values import ConstValue, GlobalRef, PtrValue, TypeValue, Value, describe
 
 
@@ -75,7 +75,23 @@ def lower_cast(fl, ty: ScalarType, node):
     if not isinstance(val, Value):
         raise fl.error(node.args[0], f"cannot convert {describe(val)} to {ty}",
                        hint="pk.bitcast reinterprets bits" if isinstance(val, PtrValue) else None)
+    if ty.is_fp8 or val.ty.is_fp8:
+        return Value(ty, fp8_convert(fl, val.ty, ty, val.ir))
     return Value(ty, ops.cast(fl.b, val.ty, ty, val.ir))
+
+
+def fp8_convert(fl, src, dst, v):
+    """`dst(v)` with an fp8 side, through f32, by the target's cvt where it has one
+    (`cvt.rn.f16x2.e4m3x2`, `cvt.rn.satfinite.e4m3x2.f32` on sm_89+), else ops' IR codecs."""
+    target = fl.ctx.target
+    if src.is_fp8:
+        decoded = target.lower_intrinsic("fp8_decode", fl, v, src.name)
+        v, src = (decoded if decoded is not None else fp8.decode(fl.b, v, src.name)), f32
+    if not dst.is_fp8:
+        return ops.cast(fl.b, src, dst, v)
+    x = ops.cast(fl.b, src, f32, v)
+    code = target.lower_intrinsic("fp8_encode", fl, x, dst.name)
+    return code if code is not None else fp8.encode(fl.b, fl.ctx.module, x, dst.name)
 
 
 def lower_minmax(fl, node, is_max):

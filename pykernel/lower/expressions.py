@@ -92,7 +92,9 @@ def binop_values(fl, op, a, b, node):
     elif ty.is_int:
         res = ops.int_binop(fl.b, op, ty, x.ir, y.ir)
     else:
-        raise ops.TypeMismatch(f"cannot {ops.OP_NAMES.get(op, op.__name__)} {ty} values")
+        raise ops.TypeMismatch(f"cannot {ops.OP_NAMES.get(op, op.__name__)} {ty} values",
+                               hint="compute in f32: f32(a) * f32(b), then e4m3(...) to store"
+                               if ty.is_fp8 else None)
     return Value(ty, res)
 
 

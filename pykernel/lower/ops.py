@@ -14,6 +14,7 @@ import ast
 
 from llvmlite import ir
 
+from . import fp8
 from ..types import INT_RANGES, ScalarType, bf16, bool_, common_int_literal_type, f16, f32
 
 F32 = ir.FloatType()
@@ -61,6 +62,8 @@ def const_ir(ty: ScalarType, value) -> ir.Constant:
         raise TypeMismatch(f"the constant {value!r} cannot be used as a {ty} value")
     if ty.kind == "bool":
         return ir.Constant(ir.IntType(1), int(bool(value)))
+    if ty.is_fp8:                      # a literal next to an fp8 value: its code, as the host
+        return ir.Constant(ir.IntType(8), int(ty(float(value))))   # encodes it
     if ty.is_int:
         if isinstance(value, float):
             raise TypeMismatch(f"float literal {value!r} used where {ty} is expected",
@@ -174,6 +177,8 @@ def lane_by_lane(b: ir.IRBuilder, ty: ScalarType, scalar_op, *operands):
 
 def negate(b: ir.IRBuilder, ty: ScalarType, v):
     """-x: the sign bit flipped (for halves an integer xor: NaN payloads kept on every target)."""
+    if ty.is_fp8:
+        raise TypeMismatch(f"cannot negate {ty} values", hint="compute in f32: -f32(x)")
     if is_half(ty) or is_packed(ty):
         return bits_to_half(b, ty, b.xor(half_bits(b, ty, v), _sign_mask(ty, 0x8000)))
     return b.fneg(v) if ty.is_float else b.neg(v)
@@ -258,6 +263,8 @@ def cast(b: ir.IRBuilder, src: ScalarType, dst: ScalarType, v):
     """Explicit conversion `dst(v)`: C semantics (float->int truncates toward zero)."""
     if src is dst:
         return v
+    if src.is_fp8 or dst.is_fp8:      # through f32 (the IR codecs; calls.lower_cast uses the
+        return fp8_cast(b, src, dst, v)   # target's cvt where it has one)
     if is_packed(src) or is_packed(dst):
         raise TypeMismatch(f"cannot convert {src} to {dst}",
                            hint="build a pair with f16x2(a, b), read lanes as p.x / p.y, or "
@@ -292,6 +299,16 @@ def cast(b: ir.IRBuilder, src: ScalarType, dst: ScalarType, v):
     if is_half(dst):
         return from_f32(b, dst, cast(b, src, f32, v))
     return b.fpext(v, dst.llvm) if dst.bits > src.bits else b.fptrunc(v, dst.llvm)
+
+
+def fp8_cast(b: ir.IRBuilder, src: ScalarType, dst: ScalarType, v):
+    """dst(v) where src or dst is e4m3 / e5m2: decode to f32 (exact), convert, encode from f32
+    with cvt.rn.satfinite's rounding."""
+    if src.is_fp8:
+        v, src = fp8.decode(b, v, src.name), f32
+    if dst.is_fp8:
+        return fp8.encode(b, b.module, cast(b, src, f32, v), dst.name)
+    return cast(b, src, dst, v)
 
 
 # --- arithmetic ---------------------------------------------------------------------------------
@@ -392,6 +409,8 @@ def compare(b: ir.IRBuilder, op, ty: ScalarType, x, y, native=False):
     sym = CMP_OPS.get(op)
     if sym is None:
         raise TypeMismatch(f"comparison {op.__name__} is not supported in kernels")
+    if ty.is_fp8:
+        raise TypeMismatch(f"{ty} values do not compare", hint="compare f32(a) < f32(b)")
     if is_packed(ty):
         raise TypeMismatch(f"{ty} values do not compare as a whole",
                            hint="compare lanes: p.x < q.x")

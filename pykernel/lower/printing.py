@@ -104,7 +104,7 @@ def _format_of(fl, arg, val: Value, spec: re.Match) -> tuple[str, ir.Value]:
         if spec.group(0):
             raise fl.error(arg, "a bool prints as True / False: no format spec")
         return "%s", _bool_text(fl, val.ir)
-    if val.ty.is_float or (kind and kind in "fFeEgG"):
+    if val.ty.is_float or val.ty.is_fp8 or (kind and kind in "fFeEgG"):
         if kind and kind in "dxXo":
             raise fl.error(arg, f"format type {kind!r} needs an integer, got {val.ty}")
         return head + (kind or "g"), ops.cast(b, val.ty, f64, val.ir)
