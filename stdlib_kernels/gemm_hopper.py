@@ -33,7 +33,9 @@ SWIZZLE_ALIGN = 1024                # 128-byte swizzle repeats every 8 rows of 1
 PRODUCER_REGS, CONSUMER_REGS = 40, 232   # 128 x (40 + 2 x 232) <= 64 Ki registers
 
 
-@pk.kernel
+# launch bounds: 384 threads start with at most 65536 / 384 = 168 registers each, which
+# setmaxnreg then moves from the producer to the consumers
+@pk.kernel(max_threads=THREADS, min_blocks=1)
 def gemm_tn(ta: pk.TensorMap, tb: pk.TensorMap, c: Ptr["C"], M: i32, N: i32, K: i32,
             C: Const[pk.dtype], KIND: Const[str], BN: Const[int], STAGES: Const[int]):
     bars = pk.shared_array(u64, 2 * STAGES)      # full[s] = bars[s], empty[s] = bars[S + s]

@@ -14,8 +14,8 @@ import ast
 
 from llvmlite import ir
 
-from . import fp8
 from ..types import INT_RANGES, ScalarType, bf16, bool_, common_int_literal_type, f16, f32
+from . import fp8
 
 F32 = ir.FloatType()
 F64 = ir.DoubleType()

@@ -1,0 +1,111 @@
+"""stdlib_kernels.gemm_hopper (TMA producer + wgmma consumer warpgroups): on the CPU target
+bit-exact against numpy summing the f32 products in k order (what the emulation defines), on
+awkward shapes (M, N not multiples of the tile, K not a multiple of 64, more K slices than ring
+slots so the empty barriers are waited on), both tile widths, f16 and bf16 inputs, f32 and bf16
+outputs; on a GPU within the bound two f32 summation orders can differ by; argument errors;
+the PTX assembles for sm_90a."""
+import numpy as np
+import pytest
+
+import pykernel as pk
+from stdlib_kernels import gemm_hopper as G
+from stdlib_kernels.elementwise import bf16_bits_reference
+
+F32_EPS = 2.0 ** -24
+
+
+def _inputs(rng, M, N, K, kind):
+    a = rng.standard_normal((M, K)).astype(np.float32)
+    b = rng.standard_normal((N, K)).astype(np.float32)
+    if kind == "f16":
+        a, b = a.astype(np.float16), b.astype(np.float16)
+        return a, b, a.astype(np.float32), b.astype(np.float32)
+    a16, b16 = bf16_bits_reference(a), bf16_bits_reference(b)
+    widen = lambda bits: (bits.astype(np.uint32) << 16).view(np.float32)
+    return a16, b16, widen(a16), widen(b16)
+
+
+def _k_order_reference(a, b):
+    """sum_k a[m, k] * b[n, k] in f32, k = 0, 1, ...: the products are exact in f32."""
+    c = np.zeros((a.shape[0], b.shape[0]), np.float32)
+    for k in range(a.shape[1]):
+        c = c + np.outer(a[:, k], b[:, k]).astype(np.float32)
+    return c
+
+
+CASES = [  # M, N, K, input, output, config (None: choose_config)
+    (128, 128, 128, "bf16", pk.f32, None),
+    (200, 136, 192, "f16", pk.f32, None),
+    (130, 300, 72, "bf16", pk.bf16, (256, 3)),     # K = 72: a clipped second slice
+    (65, 40, 320, "f16", pk.f32, (128, 2)),        # 5 slices through 2 ring slots
+]
+
+
+@pytest.fixture
+def on_cpu():
+    """The CPU target whatever the default device (bit-exactness is the emulation's)."""
+    previous = pk.current_device()
+    yield pk.set_device("cpu")
+    pk.set_device(previous)
+
+
+@pytest.mark.parametrize("M, N, K, kind, out_dtype, config", CASES)
+def test_gemm_hopper_bit_exact_on_cpu(M, N, K, kind, out_dtype, config, rng, on_cpu):
+    a, b, a32, b32 = _inputs(rng, M, N, K, kind)
+    storage = np.float32 if out_dtype is pk.f32 else np.uint16
+    out = pk.full((M, N), np.nan if storage is np.float32 else 0xFFFF, storage)  # poisoned
+    G.gemm_hopper(pk.to_device(a), pk.to_device(b), out=out, out_dtype=out_dtype,
+                  config=config)
+    want = _k_order_reference(a32, b32)
+    if out_dtype is pk.bf16:
+        want = bf16_bits_reference(want)
+    np.testing.assert_array_equal(out.numpy().view(np.uint32 if storage is np.float32
+                                                   else np.uint16),
+                                  want.view(np.uint32 if storage is np.float32 else np.uint16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M, N, K", [(4096, 4096, 4096), (1000, 1500, 520)])
+def test_gemm_hopper_gpu_within_summation_bound(M, N, K, rng):
+    previous = pk.current_device()
+    pk.set_device("cuda")
+    try:
+        a, b, a32, b32 = _inputs(rng, M, N, K, "bf16")
+        out = pk.full((M, N), np.nan, np.float32)
+        c = G.gemm_hopper(pk.to_device(a), pk.to_device(b), out=out).numpy()
+    finally:
+        pk.set_device(previous)
+    want = a32.astype(np.float64) @ b32.astype(np.float64).T
+    # any order of K f32 additions: |error| <= K eps sum_k |a b| (to first order)
+    bound = K * F32_EPS * (np.abs(a32).astype(np.float64) @ np.abs(b32).astype(np.float64).T)
+    assert (np.abs(c - want) <= bound).all()
+
+
+def test_config_choice():
+    assert G.choose_config(4096, 4096) == G.CONFIGS["large"]
+    assert G.choose_config(128, 128) == G.CONFIGS["small"]
+    assert G.shared_bytes(256, 4) <= 227 * 1024          # fits an H100/H200 block
+
+
+def test_argument_errors(on_cpu):
+    a = pk.to_device(np.zeros((64, 60), np.float16))
+    with pytest.raises(ValueError, match="K = 60 must be a multiple of 8"):
+        G.gemm_hopper(a, a)
+    with pytest.raises(TypeError, match="one element type"):
+        G.gemm_hopper(pk.to_device(np.zeros((64, 64), np.float16)),
+                      pk.to_device(np.zeros((64, 64), np.uint16)))
+    with pytest.raises(TypeError, match="f16 or bf16"):
+        G.gemm_hopper(pk.to_device(np.zeros((64, 64), np.float32)),
+                      pk.to_device(np.zeros((64, 64), np.float32)))
+    with pytest.raises(ValueError, match="must share K"):
+        G.gemm_hopper(pk.to_device(np.zeros((64, 64), np.float16)),
+                      pk.to_device(np.zeros((64, 72), np.float16)))
+
+
+@pytest.mark.parametrize("bn, stages", [(256, 4), (128, 4)])
+@pytest.mark.parametrize("out_dtype", [pk.f32, pk.bf16])
+def test_gemm_hopper_assembles_for_sm90a(bn, stages, out_dtype, assemble):
+    ptx = G.gemm_tn.ptx("sm_90a", C=out_dtype, KIND="bf16", BN=bn, STAGES=stages)
+    assert f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.bf16.bf16" in ptx
+    assert "setmaxnreg.dec.sync.aligned.u32 40" in ptx and ".maxntid 384" in ptx
+    assemble(ptx, "sm_90a")
