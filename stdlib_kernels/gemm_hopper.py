@@ -1,7 +1,8 @@
 """A warp-specialised Hopper GEMM: C (M x N, f32 or bf16) = A (M x K) . B^T (B: N x K), A and B
 bf16 or f16, row-major, accumulated in f32 by wgmma (sm_90a; the CPU target emulates it).
 
-One block computes a BM x BN tile of C (BM = 128; BN = 128 or 256) with 384 threads:
+A persistent grid (one block per multiprocessor) walks the BM x BN tiles of C (BM = 128;
+BN = 128 or 256, tile t at row (t / tiles_n) BM, column (t % tiles_n) BN), 384 threads a block:
 
     warpgroup 0 (producer, setmaxnreg_dec to 40 registers): thread 0 loads K slices of 64
         (A: 128 x 64, B: BN x 64, 128-byte rows) by TMA into STAGES ring slots of 128-byte-
@@ -14,8 +15,9 @@ One block computes a BM x BN tile of C (BM = 128; BN = 128 or 256) with 384 thre
     shared (dynamic): [pad to 1024 B] slot 0: A 128x64 | B BNx64, slot 1 ..., each slot
     (128 + BN) * 128 bytes, a multiple of 1024 (the swizzle's repeat)
 
-The epilogue stores the accumulators straight to C (row / col checked against M, N). TMA
-clips the tiles at M, N and K (zeros past the edges), so M and N are free; K must be a
+The ring runs on across tiles (the producer loads the next tile's slices while the consumers
+store this one). The epilogue stores the accumulators straight to C (row / col checked
+against M, N). TMA clips the tiles at M, N and K (zeros past the edges), so M and N are free; K must be a
 multiple of 8 (TMA's 16-byte row pitch). Accumulation order: per output element, the products
 a[k] * b[k] (exact in f32) added to an f32 sum for k = 0, 1, ..., K - 1, which is what the CPU
 target's emulation computes (the GPU's tensor cores add in another order)."""
@@ -25,6 +27,7 @@ import numpy as np
 
 import pykernel as pk
 from pykernel import Const, Ptr, i32, u16, u64
+from stdlib_kernels._launch import multiprocessors
 
 BM, BK = 128, 64
 THREADS = 384                       # producer warpgroup + 2 consumer warpgroups
@@ -53,58 +56,67 @@ def gemm_tn(ta: pk.TensorMap, tb: pk.TensorMap, c: Ptr["C"], M: i32, N: i32, K: 
         pk.fence_mbarrier_init()
     pk.syncthreads()
     k_tiles = (K + BK - 1) // BK
-    m0, n0 = pk.block_idx.y * BM, pk.block_idx.x * BN
+    tiles_n = (N + BN - 1) // BN
+    tiles = ((M + BM - 1) // BM) * tiles_n
+    it = 0                          # K slices through the ring so far: slot it % S, its phase
     if t < 128:
         pk.setmaxnreg_dec(PRODUCER_REGS)
         if t == 0:
-            for kt in range(k_tiles):
-                s = kt % STAGES
-                if kt >= STAGES:                         # the consumers freed slot s
-                    pk.mbarrier_wait(bars, STAGES + s, (kt // STAGES - 1) % 2)
-                pk.mbarrier_arrive_expect_tx(bars, s, slot * 2)
-                pk.tma_load(smem, base + s * slot, ta, (m0, kt * BK), bars, s)
-                pk.tma_load(smem, base + s * slot + BM * BK, tb, (n0, kt * BK), bars, s)
+            for tile in range(pk.block_idx.x, tiles, pk.grid_dim.x):
+                m0, n0 = (tile // tiles_n) * BM, (tile % tiles_n) * BN
+                for kt in range(k_tiles):
+                    s = it % STAGES
+                    if it >= STAGES:                     # the consumers freed slot s
+                        pk.mbarrier_wait(bars, STAGES + s, (it // STAGES - 1) % 2)
+                    pk.mbarrier_arrive_expect_tx(bars, s, slot * 2)
+                    pk.tma_load(smem, base + s * slot, ta, (m0, kt * BK), bars, s)
+                    pk.tma_load(smem, base + s * slot + BM * BK, tb, (n0, kt * BK), bars, s)
+                    it += 1
     else:
         pk.setmaxnreg_inc(CONSUMER_REGS)
         acc = pk.local_array(pk.f32, BN // 2)
-        for i in pk.static_range(BN // 2):
-            acc[i] = 0.0
         half = t // 128 - 1                              # rows 64 half .. 64 half + 63
-        for kt in range(k_tiles):
-            s = kt % STAGES
-            pk.mbarrier_wait(bars, s, (kt // STAGES) % 2)
-            a0 = base + s * slot + half * 64 * BK
-            b0 = base + s * slot + BM * BK
-            pk.wgmma_fence()
-            for k in pk.static_range(BK // 16):          # k16 steps: 32 bytes along a row
-                pk.wgmma(acc, pk.wgmma_desc(smem, a0 + 16 * k, 16, 1024, 128),
-                         pk.wgmma_desc(smem, b0 + 16 * k, 16, 1024, 128), KIND, 1)
-            pk.wgmma_commit_group()
-            pk.wgmma_wait_group(1, acc)                  # slice kt - 1's wgmmas are done
-            if kt > 0:
-                pk.mbarrier_arrive(bars, STAGES + (kt - 1) % STAGES)
-        pk.wgmma_wait_group(0, acc)
         w, g, q = (t % 128) // 32, (t % 32) // 4, t % 4       # the wgmma accumulator layout
-        for i in pk.static_range(BN // 2):
-            row = m0 + 64 * half + 16 * w + g + 8 * ((i // 2) % 2)
-            col = n0 + 8 * (i // 4) + 2 * q + i % 2
-            if row < M and col < N:
-                c[pk.i64(row) * pk.i64(N) + pk.i64(col)] = C(acc[i])
-
+        for tile in range(pk.block_idx.x, tiles, pk.grid_dim.x):
+            for i in pk.static_range(BN // 2):
+                acc[i] = 0.0
+            for kt in range(k_tiles):
+                s = it % STAGES
+                pk.mbarrier_wait(bars, s, (it // STAGES) % 2)
+                a0 = base + s * slot + half * 64 * BK
+                b0 = base + s * slot + BM * BK
+                pk.wgmma_fence()
+                for k in pk.static_range(BK // 16):      # k16 steps: 32 bytes along a row
+                    pk.wgmma(acc, pk.wgmma_desc(smem, a0 + 16 * k, 16, 1024, 128),
+                             pk.wgmma_desc(smem, b0 + 16 * k, 16, 1024, 128), KIND, 1)
+                pk.wgmma_commit_group()
+                pk.wgmma_wait_group(1, acc)              # slice it - 1's wgmmas are done
+                if kt > 0:
+                    pk.mbarrier_arrive(bars, STAGES + (it - 1) % STAGES)
+                it += 1
+            pk.wgmma_wait_group(0, acc)
+            pk.mbarrier_arrive(bars, STAGES + (it - 1) % STAGES)   # the tile's last slice
+            # the epilogue overlaps the producer's loads of the next tile's first slices
+            row0 = (tile // tiles_n) * BM + 64 * half + 16 * w + g
+            col0 = (tile % tiles_n) * BN + 2 * q
+            for i in pk.static_range(BN // 2):
+                row = row0 + 8 * ((i // 2) % 2)
+                col = col0 + 8 * (i // 4) + i % 2
+                if row < M and col < N:
+                    c[pk.i64(row) * pk.i64(N) + pk.i64(col)] = C(acc[i])
 
 
 # (BN, STAGES): 128 x 256 tiles, 4 slots of 48 KiB for large problems; 128 x 128, 4 slots of
 # 32 KiB where a 256-wide tile would leave SMs idle or mostly clip
 CONFIGS = {"large": (256, 4), "small": (128, 4)}
 INPUTS = {"bf16": "bf16", "f16": "f16"}
-NUM_SMS_GUESS = 132
 
 
-def choose_config(M: int, N: int) -> tuple[int, int]:
-    """(BN, STAGES): the wide tile when it still gives every SM (an H100/H200 has 132) a
-    block; else the narrow one."""
-    wide_blocks = -(-M // BM) * -(-N // 256)
-    return CONFIGS["large"] if N > 128 and wide_blocks >= NUM_SMS_GUESS else CONFIGS["small"]
+def choose_config(M: int, N: int, sms: int = 132) -> tuple[int, int]:
+    """(BN, STAGES): the wide tile when it still gives every one of `sms` multiprocessors a
+    tile; else the narrow one."""
+    wide_tiles = -(-M // BM) * -(-N // 256)
+    return CONFIGS["large"] if N > 128 and wide_tiles >= sms else CONFIGS["small"]
 
 
 def shared_bytes(bn: int, stages: int) -> int:
@@ -121,10 +133,12 @@ def _input_kind(x, name: str) -> str:
                     f"{dtype}")
 
 
-def gemm_hopper(a, b, out=None, out_dtype=pk.f32, config=None, stream=None):
+def gemm_hopper(a, b, out=None, out_dtype=pk.f32, config=None, max_blocks=None, stream=None):
     """C = A . B^T: a (M, K) and b (N, K) device arrays, both f16 or both bf16 (uint16 bit
     arrays), row-major; out (M, N) f32 or bf16 (uint16 bits), allocated when None. K must be
-    a multiple of 8. config = (BN, STAGES) overrides choose_config. Returns out."""
+    a multiple of 8. config = (BN, STAGES) overrides choose_config; the grid is persistent,
+    min(tiles, max_blocks or the multiprocessor count) blocks walking the output tiles.
+    Returns out."""
     kind = _input_kind(a, "a")
     if _input_kind(b, "b") != kind:
         raise TypeError(f"gemm_hopper: a and b must have one element type, got {a.dtype} and "
@@ -144,10 +158,12 @@ def gemm_hopper(a, b, out=None, out_dtype=pk.f32, config=None, stream=None):
     elif tuple(out.shape) != (M, N) or np.dtype(out.dtype) != storage:
         raise ValueError(f"gemm_hopper: out must be a ({M}, {N}) {np.dtype(storage)} array, "
                          f"got {tuple(out.shape)} {out.dtype}")
-    bn, stages = config or choose_config(M, N)
+    sms = multiprocessors()
+    bn, stages = config or choose_config(M, N, sms)
     ta = pk.tensor_map(a, (BM, BK), swizzle=128)
     tb = pk.tensor_map(b, (bn, BK), swizzle=128)
-    grid = (-(-N // bn), -(-M // BM), 1)
+    tiles = -(-N // bn) * -(-M // BM)
+    grid = min(tiles, max_blocks or sms)
     gemm_tn[grid, THREADS, stream, shared_bytes(bn, stages)](
         ta, tb, out, M, N, K, out_dtype, kind, bn, stages)
     return out

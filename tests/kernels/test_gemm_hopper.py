@@ -33,11 +33,11 @@ def _k_order_reference(a, b):
     return c
 
 
-CASES = [  # M, N, K, input, output, config (None: choose_config)
-    (128, 128, 128, "bf16", pk.f32, None),
-    (200, 136, 192, "f16", pk.f32, None),
-    (130, 300, 72, "bf16", pk.bf16, (256, 3)),     # K = 72: a clipped second slice
-    (65, 40, 320, "f16", pk.f32, (128, 2)),        # 5 slices through 2 ring slots
+CASES = [  # M, N, K, input, output, config (None: choose_config), max_blocks
+    (128, 128, 128, "bf16", pk.f32, None, None),
+    (200, 136, 192, "f16", pk.f32, None, 1),        # 4 tiles, one persistent block
+    (130, 300, 72, "bf16", pk.bf16, (256, 3), 2),   # K = 72: a clipped second slice
+    (65, 40, 320, "f16", pk.f32, (128, 2), None),   # 5 slices through 2 ring slots
 ]
 
 
@@ -49,13 +49,14 @@ def on_cpu():
     pk.set_device(previous)
 
 
-@pytest.mark.parametrize("M, N, K, kind, out_dtype, config", CASES)
-def test_gemm_hopper_bit_exact_on_cpu(M, N, K, kind, out_dtype, config, rng, on_cpu):
+@pytest.mark.parametrize("M, N, K, kind, out_dtype, config, max_blocks", CASES)
+def test_gemm_hopper_bit_exact_on_cpu(M, N, K, kind, out_dtype, config, max_blocks, rng,
+                                      on_cpu):
     a, b, a32, b32 = _inputs(rng, M, N, K, kind)
     storage = np.float32 if out_dtype is pk.f32 else np.uint16
     out = pk.full((M, N), np.nan if storage is np.float32 else 0xFFFF, storage)  # poisoned
     G.gemm_hopper(pk.to_device(a), pk.to_device(b), out=out, out_dtype=out_dtype,
-                  config=config)
+                  config=config, max_blocks=max_blocks)
     want = _k_order_reference(a32, b32)
     if out_dtype is pk.bf16:
         want = bf16_bits_reference(want)
@@ -65,7 +66,8 @@ def test_gemm_hopper_bit_exact_on_cpu(M, N, K, kind, out_dtype, config, rng, on_
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M, N, K", [(4096, 4096, 4096), (1000, 1500, 520)])
+@pytest.mark.parametrize("M, N, K", [(4096, 4096, 4096), (1000, 1500, 520),
+                                     (8192, 8192, 1024)])
 def test_gemm_hopper_gpu_within_summation_bound(M, N, K, rng):
     previous = pk.current_device()
     pk.set_device("cuda")
