@@ -83,12 +83,12 @@ def gemm_tn(ta: pk.TensorMap, tb: pk.TensorMap, c: Ptr["C"], M: i32, N: i32, K: 
             for kt in range(k_tiles):
                 s = it % STAGES
                 pk.mbarrier_wait(bars, s, (it // STAGES) % 2)
-                a0 = base + s * slot + half * 64 * BK
-                b0 = base + s * slot + BM * BK
+                da = pk.wgmma_desc(smem, base + s * slot + half * 64 * BK, 16, 1024, 128)
+                db = pk.wgmma_desc(smem, base + s * slot + BM * BK, 16, 1024, 128)
                 pk.wgmma_fence()
-                for k in pk.static_range(BK // 16):      # k16 steps: 32 bytes along a row
-                    pk.wgmma(acc, pk.wgmma_desc(smem, a0 + 16 * k, 16, 1024, 128),
-                             pk.wgmma_desc(smem, b0 + 16 * k, 16, 1024, 128), KIND, 1)
+                for k in pk.static_range(BK // 16):      # k16 steps: + 32 bytes, 2 in the
+                    step = u64(2 * k)                    # descriptor's address field
+                    pk.wgmma(acc, da + step, db + step, KIND, 1)
                 pk.wgmma_commit_group()
                 pk.wgmma_wait_group(1, acc)              # slice it - 1's wgmmas are done
                 if kt > 0:
@@ -97,13 +97,15 @@ def gemm_tn(ta: pk.TensorMap, tb: pk.TensorMap, c: Ptr["C"], M: i32, N: i32, K: 
             pk.wgmma_wait_group(0, acc)
             pk.mbarrier_arrive(bars, STAGES + (it - 1) % STAGES)   # the tile's last slice
             # the epilogue overlaps the producer's loads of the next tile's first slices
-            row0 = (tile // tiles_n) * BM + 64 * half + 16 * w + g
+            row = (tile // tiles_n) * BM + 64 * half + 16 * w + g
             col0 = (tile % tiles_n) * BN + 2 * q
-            for i in pk.static_range(BN // 2):
-                row = row0 + 8 * ((i // 2) % 2)
-                col = col0 + 8 * (i // 4) + i % 2
-                if row < M and col < N:
-                    c[pk.i64(row) * pk.i64(N) + pk.i64(col)] = C(acc[i])
+            for h in pk.static_range(2):                 # rows row, row + 8
+                if row + 8 * h < M:
+                    out = c + (pk.i64(row + 8 * h) * pk.i64(N) + pk.i64(col0))
+                    for i in pk.static_range(h * 2, BN // 2, 4):
+                        for j in pk.static_range(2):
+                            if col0 + 8 * (i // 4) + j < N:
+                                out[8 * (i // 4) + j] = C(acc[i + j])
 
 
 # (BN, STAGES): 128 x 256 tiles, 4 slots of 48 KiB for large problems; 128 x 128, 4 slots of
