@@ -149,6 +149,8 @@ def gemm_hopper(a, b, out=None, out_dtype=pk.f32, config=None, max_blocks=None, 
         raise ValueError(f"gemm_hopper: a (M, K) and b (N, K) must share K, got shapes "
                          f"{tuple(a.shape)} and {tuple(b.shape)}")
     (M, K), N = a.shape, b.shape[0]
+    if min(M, N, K) <= 0:
+        raise ValueError(f"gemm_hopper: M, N and K must be positive, got {M}, {N}, {K}")
     if K % 8:
         raise ValueError(f"gemm_hopper: K = {K} must be a multiple of 8 (TMA reads rows whose "
                          f"pitch is a whole number of 16 bytes); pad A and B with zero columns")

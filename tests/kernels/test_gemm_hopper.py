@@ -99,6 +99,9 @@ def test_argument_errors(on_cpu):
     with pytest.raises(TypeError, match="f16 or bf16"):
         G.gemm_hopper(pk.to_device(np.zeros((64, 64), np.float32)),
                       pk.to_device(np.zeros((64, 64), np.float32)))
+    with pytest.raises(ValueError, match="must be positive"):
+        G.gemm_hopper(pk.to_device(np.zeros((0, 64), np.float16)),
+                      pk.to_device(np.zeros((64, 64), np.float16)))
     with pytest.raises(ValueError, match="must share K"):
         G.gemm_hopper(pk.to_device(np.zeros((64, 64), np.float16)),
                       pk.to_device(np.zeros((64, 72), np.float16)))
