@@ -83,3 +83,23 @@ def test_typed_conversions_assemble(arch, assemble):
     native = int(arch[3:5]) >= 89 or arch.startswith("sm_1")
     assert ("cvt.rn.satfinite.e5m2x2.f32" in ptx and "cvt.rn.f16x2.e4m3x2" in ptx) == native
     assemble(ptx, arch)
+
+
+@pk.kernel
+def through_arrays(x: pk.Array[pk.e4m3, 2], out: pk.Array[f32, 2]):
+    tile = pk.shared_array(pk.e4m3, 64)
+    reg = pk.local_array(pk.e4m3, 1)
+    t = pk.thread_idx.x
+    tile[t] = x[t // 8, t % 8]
+    pk.syncthreads()
+    reg[0] = tile[63 - t]
+    out[t // 8, t % 8] = f32(reg[0]) if reg[0] else f32(-1.0)    # `if v`: v != 0
+
+
+def test_fp8_in_nd_shared_and_local_arrays(device, rng):
+    codes = rng.integers(0, 256, (8, 8), dtype=np.uint8)
+    out = pk.full((8, 8), np.nan, np.float32)
+    through_arrays[1, 64](pk.to_device(codes), out)
+    want = fp8.decode(codes.reshape(-1)[::-1].reshape(8, 8), "e4m3")
+    want = np.where(np.isnan(want) | (want != 0), want, -1.0).astype(np.float32)
+    np.testing.assert_array_equal(out.numpy().view(np.uint32), want.view(np.uint32))
