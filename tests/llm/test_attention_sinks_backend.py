@@ -1,8 +1,8 @@
 """gpt-oss's attention with sinks on the kernels backend (CPU target) against the numpy backend,
 at gpt-oss's head size 64, where the stdlib decode / prefill kernels take it (the tiny oracle
 files have head size 16, which the backend's own per-head kernel serves): every step kind
-(a prompt, one token, several prompts, a batched decode), full and sliding-window layers, f32
-and f16 caches (f16 with the tensor-core prefill of the Q8_1 mode)."""
+(a prompt, one token, several prompts, a batched decode), full and sliding-window layers,
+f32, f16 and q8_0 caches."""
 import numpy as np
 import pytest
 
@@ -13,8 +13,9 @@ from llm.backends.numpy_backend import NumpyBackend
 
 N_HEAD, N_KV, HEAD_DIM = 8, 2, 64
 # (kernels backend's activations, KV cache type): f32 everywhere (the accurate mode), f16
-# with Q / P rounded to f16 on tensor cores (prefill) as llama.cpp's CUDA path rounds them
-MODES = [("f32", "f32", 2e-5), ("q8_1", "f16", 5e-3)]
+# with Q / P rounded to f16 as llama.cpp's CUDA path rounds them, q8_0 (the tensor-core decode
+# kernel on int8 quants; the numpy cache holds the same Q8_0 values)
+MODES = [("f32", "f32", 2e-5), ("q8_1", "f16", 5e-3), ("q8_1", "q8_0", 5e-3)]
 
 
 def _rel(a, b) -> float:
@@ -36,15 +37,14 @@ def _both(kb, nb, step, kcaches, ncaches, rng, sinks, window):
 
 
 @pytest.mark.parametrize("window", [0, 5], ids=["full", "window5"])
-@pytest.mark.parametrize("activations,kv,tol", MODES, ids=["f32", "f16"])
+@pytest.mark.parametrize("activations,kv,tol", MODES, ids=["f32", "f16", "q8_0"])
 def test_sinks_on_every_step_kind(rng, seed, window, activations, kv, tol):
     kb = KernelsBackend(device="cpu", activations=activations, kv_dtype=kv, graphs=False)
     nb = NumpyBackend()
     kcaches = kb.kv_caches(2, 1, 64, N_KV, HEAD_DIM, HEAD_DIM)
     ncaches = nb.kv_caches(2, 1, 64, N_KV, HEAD_DIM, HEAD_DIM)
-    if kv == "f16":
-        for c in ncaches:
-            c.kv_type = "f16"
+    for c in ncaches:
+        c.kv_type = kv
     sinks = rng.normal(0.0, 2.0, N_HEAD).astype(np.float32)
     sinks[int(rng.integers(N_HEAD))] = 5.0            # one head's sink takes most of its softmax
     n0, n1 = 11, 6
