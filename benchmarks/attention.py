@@ -259,6 +259,7 @@ def bench_combine(splits: int, pdl: bool) -> float:
         for _ in range(20):
             combine_splits[(N_HEAD,), 32 * warps, stream](part_o, part_ml, out,
                                                           out.view(np.uint32), splits,
+                                                          sinks=out.reshape(-1), n_head=N_HEAD,
                                                           **combine_spec(HEAD_DIM, warps))
     return time_graph(capture, 20, pdl=pdl)
 
@@ -389,7 +390,8 @@ PREFILL_PATHS = (("mma", 64, 4, 3, 1), ("mma", 32, 4, 3, 1), ("mma", 64, 4, 2, 1
 
 
 def _prefill_spec(head_dim, bn, warps=MMA_WARPS, stages=MMA_STAGES, m_tiles=1) -> dict:
-    return dict(D=head_dim, BN=bn, NWARPS=warps, STAGES=stages, MT=m_tiles, VARLEN=False)
+    return dict(D=head_dim, BN=bn, NWARPS=warps, STAGES=stages, MT=m_tiles, VARLEN=False,
+                SINK=False)
 
 
 def prefill_table() -> list[str]:

@@ -203,7 +203,7 @@ def decode_stamped(q: Ptr[f32], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro"]
         out[pk.block_idx.x * NWARPS + warp] = oacc[0]
     else:
         merge_warps(oacc, m, den, warp, g, t, z, h0, split, n_head, 0, out, part_o, part_ml,
-                    xq, D, GB, NWARPS, NP, 0, 0)
+                    xq, out, D, GB, NWARPS, NP, 0, 0, 0)
     st[5] = clock_after(u32(0))
     st[6] = gtimer_after(u32(0))
     st[7] = clock_after(u32(0))
@@ -312,6 +312,7 @@ def decode_timeline(kv_len: int, combine: bool = True, contig: bool = False,
             if combine:
                 combine_splits[(n_head,), 32 * cw](ws.part_o, ws.part_ml, out,
                                                    out.reshape(-1).view(np.uint32), splits,
+                                                   sinks=out.reshape(-1), n_head=n_head,
                                                    **combine_spec(head_dim, cw))
     stamped_us = replay_seconds(record) * 1e6 / launches
     res = analyse(stamps.numpy(), launches)

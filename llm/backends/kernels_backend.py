@@ -342,17 +342,15 @@ class KernelsBackend(Backend):
         return x
 
     def attention(self, q, k, v, step: Step, caches, layer, scale, window=0, sinks=None):
-        if sinks is not None:   # gpt-oss: the sink-aware kernel for now (kernels_moe)
-            return M.attention_with_sinks(self, q, k, v, step, caches, layer, scale, window,
-                                          sinks)
+        # sinks (gpt-oss): (n_head,) f32 on the device, passed to every attention launch
         if step.kind == "batch":
-            return self._attention_batch(q, k, v, step, caches, layer, scale, window)
+            return self._attention_batch(q, k, v, step, caches, layer, scale, window, sinks)
         if step.kind == "prompts":
-            return self._attention_prompts(q, k, v, step, caches, layer, scale, window)
-        return self._attention_tokens(q, k, v, step, caches[0], layer, scale, window)
+            return self._attention_prompts(q, k, v, step, caches, layer, scale, window, sinks)
+        return self._attention_tokens(q, k, v, step, caches[0], layer, scale, window, sinks)
 
     def _attention_tokens(self, q, k, v, step: Step, cache: KernelsKVCache, layer, scale,
-                          window):
+                          window, sinks=None):
         """Rows start.. of one sequence (start on the host, or None: a graph's, on the device
         in step.positions)."""
         start = step.starts[0] if step.starts is not None else None
@@ -366,7 +364,7 @@ class KernelsBackend(Backend):
             n = qkv.shape[0]
             out = self.arena.take((n, q_src.width), np.float32)
             self._prefill_in_place(q, q_src, k_src, norms, qkv, cache, layer, start, positions,
-                                   out, scale, window)
+                                   out, scale, window, sinks)
             return out
         qa = self._contiguous(q_src if fused else self.materialize(q))
         ka = self._contiguous(k_src if fused else self.materialize(k))
@@ -386,14 +384,15 @@ class KernelsBackend(Backend):
         if d in HEAD_DIMS:
             xq = self._stdlib_attention(q3, k_cache, v_cache, start, start_dev,
                                         out.reshape(n, -1, d), scale, window, cache,
-                                        direct=step.direct)
+                                        direct=step.direct, sinks=sinks)
             if xq is not None:
                 return Quantized(out, xq)
         else:
-            X.attention(qa, k_cache, v_cache, out, start_dev, q3.shape[1], scale, window)
+            X.attention(qa, k_cache, v_cache, out, start_dev, q3.shape[1], scale, window,
+                        sinks=sinks)
         return out
 
-    def _attention_batch(self, q, k, v, step: Step, caches, layer, scale, window):
+    def _attention_batch(self, q, k, v, step: Step, caches, layer, scale, window, sinks=None):
         """Row i: RoPE'd q/k, k/v stored at positions[i] of caches[i], decode attention over
         that cache, lengths read from the step's positions. Consecutive slots of one f16/f32
         KVPool (what BatchScheduler steps) take one launch for RoPE and the cache writes of
@@ -418,7 +417,8 @@ class KernelsBackend(Backend):
             launch_decode(q3, k_all, v_all, KeyRange(positions_dev, add=1, window=window or None),
                           out.reshape(n, -1, d), scale, config=config,
                           early_kv=self.options.early_kv,
-                          workspace=first.pool.workspace(n, q3.shape[1], config, splits))
+                          workspace=first.pool.workspace(n, q3.shape[1], config, splits),
+                          sinks=sinks)
             return out
         qa, ka, va = (self._contiguous(self.materialize(a)) for a in (q, k, v))
         out = self.arena.take((n, qa.shape[1]), np.float32)
@@ -430,13 +430,14 @@ class KernelsBackend(Backend):
             if d in HEAD_DIMS:
                 self._stdlib_attention(q3[i:i + 1], k_cache, v_cache, int(positions[i]),
                                        pos_dev, out3[i:i + 1], scale, window, cache,
-                                       quantize_out=False)
+                                       quantize_out=False, sinks=sinks)
             else:
                 X.attention(qa[i:i + 1], k_cache, v_cache, out[i:i + 1], pos_dev, q3.shape[1],
-                            scale, window)
+                            scale, window, sinks=sinks)
         return out
 
-    def _attention_prompts(self, q, k, v, step: Step, caches, layer, scale, window):
+    def _attention_prompts(self, q, k, v, step: Step, caches, layer, scale, window,
+                           sinks=None):
         """Prompt i's rows (after those of prompts 0..i-1) over its own cache, the outputs in
         one buffer. On the fused q|k|v columns in place with f16 caches of one KVPool: one
         launch for every prompt's RoPE + K/V writes (rope_kv_cache_cols with a slot per
@@ -461,7 +462,7 @@ class KernelsBackend(Backend):
             launch_prefill_seqs(qkv, pool.k[layer], pool.v[layer],
                                 out.reshape(qkv.shape[0], -1, d), seqs, scale,
                                 seqs_dev=seqs_dev, window=window or None,
-                                n_head=q_src.width // d)
+                                n_head=q_src.width // d, sinks=sinks)
             return out
         if in_place:
             qkv = q_src.src
@@ -469,7 +470,7 @@ class KernelsBackend(Backend):
             for cache, start, n, end in zip(caches, starts, counts, ends):
                 self._prefill_in_place(q, q_src, k_src, norms, qkv[end - n:end], cache, layer,
                                        int(start), positions_dev[end - n:end],
-                                       out[end - n:end], scale, window)
+                                       out[end - n:end], scale, window, sinks)
             return out
         qa, ka, va = (self._contiguous(self.materialize(a)) for a in (q, k, v))
         out = self.arena.take((qa.shape[0], qa.shape[1]), np.float32)
@@ -482,10 +483,10 @@ class KernelsBackend(Backend):
             if d in HEAD_DIMS:
                 self._stdlib_attention(qa[rows].reshape(n, -1, d), k_cache, v_cache, int(start),
                                        start_dev, out[rows].reshape(n, -1, d), scale, window,
-                                       cache, quantize_out=False)
+                                       cache, quantize_out=False, sinks=sinks)
             else:
                 X.attention(qa[rows], k_cache, v_cache, out[rows], start_dev,
-                            qa.shape[1] // d, scale, window)
+                            qa.shape[1] // d, scale, window, sinks=sinks)
         return out
 
     def _prompt_tables(self, caches, step: Step) -> tuple | None:
@@ -547,7 +548,7 @@ class KernelsBackend(Backend):
         return [1 << i for i in range(most.bit_length()) if 1 << i <= most]
 
     def _prefill_in_place(self, q, q_src, k_src, norms, rows, cache, layer, start: int,
-                          positions, out, scale, window) -> None:
+                          positions, out, scale, window, sinks=None) -> None:
         """Prefill on rows of the fused q|k|v projection's output itself (all of them, or one
         prompt's): (head norms and) RoPE of q in place, of k into the cache, v into the cache,
         then the tensor-core attention reading q's columns into out (no copies of the three
@@ -560,7 +561,8 @@ class KernelsBackend(Backend):
             k_cache, v_cache = self._dequantized(cache, layer, start + n)
         first, first_dev = self._prefill_start(start, positions[0:1])
         launch_prefill(rows, k_cache, v_cache, out.reshape(n, -1, d), first, scale,
-                       window=window or None, n_head=q_src.width // d, start_dev=first_dev)
+                       window=window or None, n_head=q_src.width // d, start_dev=first_dev,
+                       sinks=sinks)
 
     @staticmethod
     def _prefill_start(start, start_dev) -> tuple:
@@ -580,7 +582,7 @@ class KernelsBackend(Backend):
         return k16, v16
 
     def _stdlib_attention(self, q3, k_cache, v_cache, start, start_dev, out3, scale, window,
-                          cache, quantize_out: bool = True, direct: bool = False):
+                          cache, quantize_out: bool = True, direct: bool = False, sinks=None):
         """Launches the attention into out3; for a decode in the Q8_1 mode also returns the
         output's Q8_1 copy, the o-projection's input (launch_decode's xq_out; not with
         quantize_out=False: a batched decode's rows are quantized together), else None.
@@ -599,16 +601,16 @@ class KernelsBackend(Backend):
             # rows before their wait (the kernel before writes only the newest row)
             launch_decode(q3, k_cache, v_cache, KeyRange(start_dev, add=1, window=window or None),
                           out3, scale, workspace=workspace, config=config,
-                          early_kv=self.options.early_kv, xq_out=xq)
+                          early_kv=self.options.early_kv, xq_out=xq, sinks=sinks)
             return xq
         elif self._tensor_core_prefill(k_cache):   # Q, K, V, P rounded to f16 like llama.cpp's
             first, first_dev = self._prefill_start(start, start_dev)
             launch_prefill(q3, k_cache, v_cache, out3, first, scale, window=window or None,
-                           start_dev=first_dev)
+                           start_dev=first_dev, sinks=sinks)
         else:                  # prefill: query z sees start + z + 1 keys of the shared cache
             launch_decode(q3, k_cache, v_cache,
                           KeyRange(start_dev, add=1, step=1, stride=0, window=window or None),
-                          out3, scale, share_cache=True)
+                          out3, scale, share_cache=True, sinks=sinks)
         return None
 
     def _decode_config(self, n_head: int, k_cache, direct: bool = False):

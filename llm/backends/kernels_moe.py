@@ -1,4 +1,4 @@
-"""The kernels backend's mixture-of-experts ops, attention with sinks and YaRN RoPE factors
+"""The kernels backend's mixture-of-experts ops and YaRN RoPE factors
 (qwen3moe, gpt-oss), on stdlib_kernels/moe and the backend's own launches.
 
 Input: stacked GGUF expert tensors (uploaded once in their block format: a `DeviceExperts`
@@ -13,10 +13,8 @@ device (graph-capturable).
   their experts' rows, longer steps group the (token, expert) pairs by expert on the device.
   A quantized expert type reads Q8_1 activations (its input RMSNorm and the quantization in
   one launch), F32 / F16 / BF16 experts read f32.
-- Attention with sinks: the backend's own warp-per-head kernel (kernels_extra.attention, its
-  sinks argument) for every step kind. The stdlib decode / prefill kernels have no sink term
-  yet, so gpt-oss's attention takes this path on every device: correct and graph-capturable,
-  but one warp walks all of a head's keys (slow for long contexts on a GPU).
+- Attention with sinks is not here: KernelsBackend.attention passes them to the stdlib decode
+  and prefill kernels (their `sinks` argument), like any other layer's attention.
 - YaRN: its per-pair frequency mix folded into the RoPE launch's freq_factors, its magnitude
   scale as RopeSpec.mscale (numpy_moe.rope_frequency_scales is the one definition).
 """
@@ -27,12 +25,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from llm.backends import kernels_extra as X
 from llm.backends.kernels_lazy import Normed
 from llm.backends.numpy_moe import rope_frequency_scales
 from llm.config import RopeParams
 from llm.gguf_file import TensorInfo
-from llm.step import Step
 from stdlib_kernels.moe.experts import MoeWorkspace, expert_weights
 from stdlib_kernels.moe.ffn import moe_ffn_into
 from stdlib_kernels.moe.router import route_into
@@ -131,39 +127,6 @@ def _expert_input(backend, x, type_name: str) -> tuple:
         rmsnorm_q8_1_into(x.x, x.weight, x.eps, xq)
         return x.x, xq
     return backend.materialize(x), None
-
-
-# --- attention with sinks ------------------------------------------------------------------
-def attention_with_sinks(backend, q, k, v, step: Step, caches, layer: int, scale: float,
-                         window: int, sinks):
-    """Backend.attention for a layer with sinks ((n_head,) f32 on the device): the K / V rows
-    stored, then kernels_extra.attention per sequence (module docstring)."""
-    first = caches[0]
-    if first.q8:
-        raise ValueError("kernels backend: attention sinks (gpt-oss) need an f16 or f32 KV "
-                         "cache, not q8_0 (use --cache-type f16)")
-    qa, ka, va = (backend._contiguous(backend.materialize(a)) for a in (q, k, v))
-    d = first.head_dim
-    n_head = qa.shape[1] // d
-    out = backend.arena.take(qa.shape, np.float32)
-    for cache, rows, start_dev in _sequences(step, caches):
-        cache_k, cache_v = cache.k[layer], cache.v[layer]
-        X.store_kv(ka[rows], va[rows], cache_k, cache_v, start_dev)
-        X.attention(qa[rows], cache_k, cache_v, out[rows], start_dev, n_head, scale, window,
-                    sinks=sinks)
-    return out
-
-
-def _sequences(step: Step, caches) -> list:
-    """(cache, row slice, device position of its first row) per sequence of the step."""
-    positions = step.positions
-    if step.kind == "tokens":
-        return [(caches[0], slice(0, step.n), positions[0:1])]
-    out, end = [], 0
-    for cache, count in zip(caches, step.counts):
-        out.append((cache, slice(end, end + count), positions[end:end + 1]))
-        end += count
-    return out
 
 
 # --- YaRN --------------------------------------------------------------------------------

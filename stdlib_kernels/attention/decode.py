@@ -286,11 +286,12 @@ def decode_kernel(config: DecodeConfig):
 
 def decode_spec(head_dim: int, dtype, config: DecodeConfig, fused: bool = False,
                 trigger: bool = False, early_kv: bool = False, q8_out: bool = False,
-                cluster: bool = False) -> dict:
+                cluster: bool = False, sink: bool = False) -> dict:
     """The compile-time arguments of decode_kernel(config) (also used to precompile);
     fused=True only for workspaces with counters (the one-launch variant); trigger and
     early_kv: TRIGGER and EARLY_KV of decode_kernels' docstring; q8_out: a direct (one split)
-    launch also writes its rows as Q8_1 (launch_decode's xq_out)."""
+    launch also writes its rows as Q8_1 (launch_decode's xq_out); sink: per-head sink logits
+    (launch_decode's sinks)."""
     q8 = isinstance(dtype, str) and dtype == Q8_DTYPE
     if q8 and not config.mma:
         raise ValueError("attention.decode: a Q8_0 cache needs the tensor-core kernel "
@@ -306,6 +307,7 @@ def decode_spec(head_dim: int, dtype, config: DecodeConfig, fused: bool = False,
         return dict(D=head_dim, GB=config.heads_per_block, NWARPS=config.warps,
                     S=config.stages, FUSED=int(fused), MAXS=MAX_SPLITS, UNR=COMBINE_UNROLL,
                     TRIGGER=int(trigger), EARLY_KV=int(early_kv), Q8OUT=int(q8_out),
+                    SINK=int(sink),
                     **combine_geometry(config.heads_per_block, head_dim, 32 * config.warps))
     if config.mma:
         if dtype != np.float16 or head_dim % 32 or config.heads_per_block > MMA_MAX_HEADS:
@@ -315,7 +317,7 @@ def decode_spec(head_dim: int, dtype, config: DecodeConfig, fused: bool = False,
         return dict(D=head_dim, GB=config.heads_per_block, NWARPS=config.warps,
                     P=config.stages, FUSED=int(fused), MAXS=MAX_SPLITS, UNR=COMBINE_UNROLL,
                     Q8=int(q8), TRIGGER=int(trigger), EARLY_KV=int(early_kv),
-                    Q8OUT=int(q8_out), CLUSTER=int(cluster),
+                    Q8OUT=int(q8_out), CLUSTER=int(cluster), SINK=int(sink),
                     **combine_geometry(config.heads_per_block, head_dim, 32 * config.warps))
     if cluster:
         raise ValueError("attention.decode: the cluster merge needs the tensor-core kernel "
@@ -323,7 +325,7 @@ def decode_spec(head_dim: int, dtype, config: DecodeConfig, fused: bool = False,
     return dict(D=head_dim, GB=config.heads_per_block, NWARPS=config.warps, U=config.unroll,
                 P=config.stages, HALF=int(dtype == np.float16), FUSED=int(fused),
                 MAXS=MAX_SPLITS, UNR=COMBINE_UNROLL, TRIGGER=int(trigger), EARLY_KV=int(early_kv),
-                Q8OUT=int(q8_out),
+                Q8OUT=int(q8_out), SINK=int(sink),
                 **combine_geometry(config.heads_per_block, head_dim, 32 * config.warps),
                 **_lane_layout(head_dim, dtype.itemsize, config.lanes))
 
@@ -335,9 +337,9 @@ def combine_warps(n_splits: int) -> int:
 
 
 def combine_spec(head_dim: int, warps: int = 4, trigger: bool = False,
-                 q8_out: bool = False) -> dict:
+                 q8_out: bool = False, sink: bool = False) -> dict:
     return dict(D=head_dim, NWARPS=warps, MAXS=MAX_SPLITS, UNR=COMBINE_UNROLL,
-                TRIGGER=int(trigger), Q8OUT=int(q8_out),
+                TRIGGER=int(trigger), Q8OUT=int(q8_out), SINK=int(sink),
                 **combine_geometry(1, head_dim, 32 * warps))
 
 
@@ -375,6 +377,20 @@ def _cache_args(k_cache, v_cache, config: DecodeConfig) -> tuple:
     return words
 
 
+def check_sinks(sinks, n_head: int, who: str):
+    """sinks: None or a device float32 array of n_head values."""
+    if sinks is not None and (not isinstance(sinks, pk.Array) or sinks.dtype != np.float32
+                              or sinks.size != n_head):
+        raise ValueError(f"{who}: sinks must be a device float32 array of n_head = {n_head} "
+                         f"values, got {type(sinks).__name__} "
+                         f"{getattr(sinks, 'dtype', '')} {tuple(getattr(sinks, 'shape', ()))}")
+
+
+def _sink_arg(sinks, stand_in):
+    """The kernels' sinks pointer: an unread stand-in when there are none (SINK = 0)."""
+    return (stand_in if sinks is None else sinks).reshape(-1)
+
+
 def _under_pdl(device) -> bool:
     """Launches are being captured into a PDL graph (capture_graph(pdl=True))."""
     return bool(getattr(device, "programmatic_launch", False))
@@ -395,7 +411,7 @@ def launch_split_kernel(q, k_cache, v_cache, keys: KeyRange, out, scale: float, 
                         softcap=None, workspace: DecodeWorkspace | None = None,
                         config: DecodeConfig | None = None, stream=None,
                         share_cache: bool = False, early_kv: bool = False,
-                        xq_out=None) -> bool:
+                        xq_out=None, sinks=None) -> bool:
     """The first launch of launch_decode alone (same arguments, shapes already checked): the
     split kernel, which also combines when the workspace has counters (returns True then).
     xq_out: Q8_1 rows, written here only by a direct (one split) launch. Benchmarks time it
@@ -427,21 +443,21 @@ def launch_split_kernel(q, k_cache, v_cache, keys: KeyRange, out, scale: float, 
     q8_out = (direct or cluster) and xq_out is not None
     grid = (n_splits, n_kv_head * n_sub, n_seq)
     spec = decode_spec(head_dim, k_cache.dtype, config, has_counters, trigger, early, q8_out,
-                       cluster)                  # first: it names a configuration's errors
+                       cluster, sinks is not None)  # first: it names a configuration's errors
     dynamic = bulk_shared_bytes(config, head_dim) if config.bulk else 0
     decode_kernel(config)[grid, 32 * config.warps, stream, dynamic, (n_splits, 1, 1) if cluster
                           else None](
         q, *caches, keys.lens, keys.stride, keys.add, keys.step, z_stride, max_len, n_head,
         n_kv_head, q_scale, float(softcap) if use_softcap else 0.0, int(keys.window or 0),
         int(direct), out, part_o, part_ml, counters,
-        _q8_words(xq_out if q8_out else None, out), **spec)
+        _q8_words(xq_out if q8_out else None, out), sinks=_sink_arg(sinks, out), **spec)
     return not direct and (has_counters or cluster)
 
 
 def launch_decode(q, k_cache, v_cache, keys: KeyRange, out, scale: float, *, softcap=None,
                   workspace: DecodeWorkspace | None = None, config: DecodeConfig | None = None,
                   stream=None, share_cache: bool = False, early_kv: bool = False,
-                  xq_out=None):
+                  xq_out=None, sinks=None):
     """Attention of each q row z against its cache over the keys `keys` gives it (KeyRange:
     kv_len(z) and the window). share_cache: all rows read one (n_kv_head, max_len, D) cache
     (prefill fallback). Without a workspace, or with one of one split, the kernel writes `out`
@@ -454,8 +470,12 @@ def launch_decode(q, k_cache, v_cache, keys: KeyRange, out, scale: float, *, sof
     xq_out (n_seq, q8_1_bytes(n_head * D)) uint8: also the result as Q8_1 activations (what
     quantize_q8_1_into gives for out), written by the kernel that writes out (the combine
     kernel, the split kernel of a one-split launch or of a cluster merge) or else by a
-    quantize launch (the one-launch combine): the next GEMV reads them."""
+    quantize launch (the one-launch combine): the next GEMV reads them.
+    sinks (n_head,) float32 on the device, or None: head h's softmax has one more logit
+    sinks[h] (not scaled by `scale`, no value; gpt-oss), added once where the result is
+    normalised. Kernels compiled without sinks are the dense ones, unchanged."""
     check_decode_shapes(q, k_cache, v_cache)
+    check_sinks(sinks, q.shape[1], "attention.decode")
     if not isinstance(keys, KeyRange):
         raise TypeError(f"attention.decode: keys must be a KeyRange (lens and how kv_len "
                         f"follows from them), got {type(keys).__name__}")
@@ -480,14 +500,15 @@ def launch_decode(q, k_cache, v_cache, keys: KeyRange, out, scale: float, *, sof
     fused = launch_split_kernel(q, k_cache, v_cache, keys, out, scale, softcap=softcap,
                                 workspace=workspace, config=config, stream=stream,
                                 share_cache=share_cache, early_kv=early_kv,
-                                xq_out=xq_out if kernel_q8 else None)
+                                xq_out=xq_out if kernel_q8 else None, sinks=sinks)
     if n_splits > 1 and not fused:
         warps = combine_warps(n_splits)
         trigger = (q.device.kind == "cuda" and _under_pdl(q.device) and config.early_trigger
                    and n_seq * n_head <= _one_wave(32 * warps, q.device))
         combine_splits[(n_seq * n_head,), 32 * warps, stream](
             workspace.part_o, workspace.part_ml, out, _q8_words(xq_out, out), n_splits,
-            **combine_spec(head_dim, warps, trigger, xq_out is not None))
+            sinks=_sink_arg(sinks, out), n_head=n_head,
+            **combine_spec(head_dim, warps, trigger, xq_out is not None, sinks is not None))
     elif xq_out is not None and not kernel_q8:    # incl. the one-launch combine (f32 only)
         quantize_q8_1_into(out.reshape(n_seq, n_head * head_dim), xq_out, stream=stream)
     return out

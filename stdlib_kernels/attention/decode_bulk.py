@@ -70,7 +70,7 @@ def decode_bulk(q: Ptr[f32], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro"],
                 xq: Ptr[u32], D: Const[int], GB: Const[int], NWARPS: Const[int], S: Const[int],
                 FUSED: Const[int], SG: Const[int], TPG: Const[int], MAXS: Const[int],
                 UNR: Const[int], TRIGGER: Const[int], EARLY_KV: Const[int],
-                Q8OUT: Const[int]):
+                Q8OUT: Const[int], sinks: Ptr[f32, "ro"], SINK: Const[int]):
     NP = D // 32
     row_words = D // 2                               # f16 pairs per cache row
     lane = pk.lane_id()
@@ -142,7 +142,7 @@ def decode_bulk(q: Ptr[f32], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro"],
         score_tile(kb, ksc, qb, dq, 0, key0, k1, g, softcap, s_tile, NP, 0)
         accumulate_tile(vb, vsc, s_tile, m, den, oacc, 0, NP, 0)
     merge_warps(oacc, m, den, warp, g, t, z, h0, split, n_head, direct, out, part_o, part_ml,
-                xq, D, GB, NWARPS, NP, Q8OUT, 0)
+                xq, sinks, D, GB, NWARPS, NP, Q8OUT, 0, SINK)
     if FUSED:
-        combine_if_last(counters, part_o, part_ml, out, z, h0, n_head, direct, GB, D, NWARPS,
-                        SG, TPG, MAXS, UNR)
+        combine_if_last(counters, part_o, part_ml, out, z, h0, n_head, direct, sinks, GB, D,
+                        NWARPS, SG, TPG, MAXS, UNR, SINK)

@@ -2,7 +2,9 @@
 
 Input: per (row, split) the unnormalised sum part_o (n_rows, n_splits, D) f32 and its running
 max and denominator part_ml (n_rows, n_splits, 2) (log2 domain), n_splits <= MAXS.
-Output: out[row] = sum_s o_s 2^(m_s - M) / sum_s l_s 2^(m_s - M), M = max_s m_s.
+Output: out[row] = sum_s o_s 2^(m_s - M) / (sum_s l_s 2^(m_s - M) [+ 2^(sink_h - M)]),
+M = max_s m_s; with SINK, head h's learned sink logit (sinks[h] * log2(e), no value) joins the
+denominator here, once, not per split (gpt-oss).
 
 Done in parallel by a whole block, either the separate `combine_splits` kernel (one block per
 row) or the last split block of a head group (decode_partial with FUSED, ROWS = its heads):
@@ -24,12 +26,23 @@ NEG_INIT = -1.0e30   # running max before any key: finite, so exp2(m_old - m_new
 MASKED = -3.0e38     # score of an invisible key / max of a missing split: exp2(MASKED - m) == 0
 MAX_SPLITS = 256     # MAXS: split weights kept in shared memory per combined row
 COMBINE_UNROLL = 8   # UNR: partial loads in flight per thread
+LOG2E = 1.4426950408889634
 
 
 @pk.func
-def split_weights(part_ml, row: i32, n_splits: i32, sm_w, w0: i32, MAXS: Const[int]) -> f32:
+def with_sink(den: f32, m_all: f32, sinks, head: i32, SINK: Const[int]) -> f32:
+    """A normalising denominator (relative to the running max m_all, log2 domain) with head's
+    sink logit added when SINK: the one place a sink enters a decode / prefill softmax."""
+    if SINK:
+        return den + pk.fast.exp2(sinks[head] * LOG2E - m_all)
+    return den
+
+
+@pk.func
+def split_weights(part_ml, row: i32, n_splits: i32, sm_w, w0: i32, sinks, head: i32,
+                  MAXS: Const[int], SINK: Const[int]) -> f32:
     """Whole warp: sm_w[w0 + s] = 2^(m_s - M) for s < n_splits; returns sum_s l_s 2^(m_s - M)
-    on every lane."""
+    (with SINK: + 2^(sink - M)) on every lane."""
     lane = pk.lane_id()
     ms = pk.local_array(f32, MAXS // 32)
     ls = pk.local_array(f32, MAXS // 32)
@@ -48,14 +61,16 @@ def split_weights(part_ml, row: i32, n_splits: i32, sm_w, w0: i32, MAXS: Const[i
         if s < n_splits:
             sm_w[w0 + s] = weight
         den = pk.fma(ls[i], weight, den)
-    return warp_sum(den)
+    return with_sink(warp_sum(den), m_all, sinks, head, SINK)
 
 
 @pk.func
 def combine_rows(part_o, part_ml, out, row0: i32, n_splits: i32, sm_w, sm_den, sm_red,
-                 ROWS: Const[int], D: Const[int], NWARPS: Const[int], SG: Const[int],
-                 TPG: Const[int], MAXS: Const[int], UNR: Const[int]):
-    """Rows row0 .. row0 + ROWS - 1 of out, by every thread of the block (it synchronises).
+                 sinks, head0: i32, ROWS: Const[int], D: Const[int], NWARPS: Const[int],
+                 SG: Const[int], TPG: Const[int], MAXS: Const[int], UNR: Const[int],
+                 SINK: Const[int]):
+    """Rows row0 .. row0 + ROWS - 1 of out (heads head0 .. head0 + ROWS - 1: their sinks with
+    SINK), by every thread of the block (it synchronises).
     sm_w: ROWS * MAXS f32, sm_den: ROWS f32, sm_red: NWARPS * 32 * 4 f32 (shared).
     TPG threads per split group (TPG * SG <= threads; the rest only take part in barriers).
     part_o/part_ml may come from other blocks of the same launch: plain (coherent) loads.
@@ -78,7 +93,8 @@ def combine_rows(part_o, part_ml, out, row0: i32, n_splits: i32, sm_w, sm_den, s
         first[i * 4 + 2] = x2
         first[i * 4 + 3] = x3
     for r in range(warp, ROWS, NWARPS):
-        den = split_weights(part_ml, row0 + r, n_splits, sm_w, r * MAXS, MAXS)
+        den = split_weights(part_ml, row0 + r, n_splits, sm_w, r * MAXS, sinks, head0 + r,
+                            MAXS, SINK)
         if pk.lane_id() == 0:
             sm_den[r] = den
     pk.syncthreads()
@@ -129,20 +145,20 @@ def combine_rows(part_o, part_ml, out, row0: i32, n_splits: i32, sm_w, sm_den, s
 def combine_splits(part_o: Ptr[f32], part_ml: Ptr[f32], out: Ptr[f32], xq: Ptr[u32],
                    n_splits: i32, D: Const[int], NWARPS: Const[int], SG: Const[int],
                    TPG: Const[int], MAXS: Const[int], UNR: Const[int], TRIGGER: Const[int],
-                   Q8OUT: Const[int]):
+                   Q8OUT: Const[int], sinks: Ptr[f32, "ro"], n_head: i32, SINK: Const[int]):
     """Two-launch variant (a workspace without counters): one block per (z, head) row.
     TRIGGER (one wave): the next kernel of a PDL graph may launch at once. Q8OUT: the row is
     also written as Q8_1 into xq (its D / 32 blocks, block (z * n_head + head) * D / 32 + j:
     the bytes quantize_q8_1_into gives for out), the input of a Q8_1 GEMV with no quantize
-    launch of its own."""
+    launch of its own. SINK: row z * n_head + h adds sinks[h] (n_head: unused without it)."""
     if TRIGGER:
         pk.launch_dependents()
     sm_w = pk.shared_array(f32, MAXS)
     sm_den = pk.shared_array(f32, 1)
     sm_red = pk.shared_array(f32, NWARPS * 32 * 4)
     row = pk.block_idx.x
-    combine_rows(part_o, part_ml, out, row, n_splits, sm_w, sm_den, sm_red,
-                 1, D, NWARPS, SG, TPG, MAXS, UNR)
+    combine_rows(part_o, part_ml, out, row, n_splits, sm_w, sm_den, sm_red, sinks,
+                 row % n_head if SINK else 0, 1, D, NWARPS, SG, TPG, MAXS, UNR, SINK)
     if Q8OUT:
         store_q8_1_rows(out, xq, row, 1, D, NWARPS)
 

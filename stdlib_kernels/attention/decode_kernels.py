@@ -9,7 +9,9 @@ the unnormalised partial sum part_o (n_z, n_head, n_splits, D) with its running 
 denominator part_ml (n_z, n_head, n_splits, 2). With FUSED the split blocks of one head group
 count themselves on `counters` (one int32 per (z, head group), zero between launches) and the
 last one combines the partials into out (decode_combine.combine_rows) in the same launch;
-otherwise the `combine_splits` kernel does.
+otherwise the `combine_splits` kernel does. With SINK each head's learned sink logit
+(`sinks`, (n_head,) f32; gpt-oss) joins the softmax denominator where the result is normalised
+(the direct write, the cluster merge or the combine), once per head, never in a split's partial.
 
 Work split: grid (n_splits, n_kv_head * n_sub, n_z); a block owns one KV head, GB of its query
 heads and one contiguous slice of the key range, so each K/V row is read once for GB heads.
@@ -38,7 +40,7 @@ from pykernel import Const, Ptr, f32, i32, i64, u32
 
 from .._select import last_block_done
 from ..quant.q8_1 import store_q8_1_block
-from .decode_combine import MASKED, NEG_INIT, combine_rows
+from .decode_combine import MASKED, NEG_INIT, combine_rows, with_sink
 
 LOG2E = 1.4426950408889634
 
@@ -105,8 +107,9 @@ def merge_warp_parts(sm_acc, sm_m, sm_den, g: i32, d: i32, D: Const[int], GB: Co
 
 @pk.func
 def write_block_result(sm_acc, sm_m, sm_den, z: i32, h0: i32, split: i32, n_head: i32,
-                       direct: i32, out, part_o, part_ml, xq, D: Const[int], GB: Const[int],
-                       NWARPS: Const[int], Q8OUT: Const[int], CLUSTER: Const[int]):
+                       direct: i32, out, part_o, part_ml, xq, sinks, D: Const[int],
+                       GB: Const[int], NWARPS: Const[int], Q8OUT: Const[int],
+                       CLUSTER: Const[int], SINK: Const[int]):
     """The warps' (max, denominator, unnormalised sum) per head, in shared memory as
     (NWARPS, GB[, D]), merged and written: normalised into out (direct) or as one split's
     partial. Every thread of the block takes part (after a barrier). Q8OUT (direct only, D %
@@ -116,7 +119,8 @@ def write_block_result(sm_acc, sm_m, sm_den, z: i32, h0: i32, split: i32, n_head
     split blocks of a head group form one cluster and merge through distributed shared memory
     (cluster_merge) instead of writing partials."""
     if CLUSTER:
-        cluster_merge(sm_acc, sm_m, sm_den, z, h0, n_head, out, xq, D, GB, NWARPS, Q8OUT)
+        cluster_merge(sm_acc, sm_m, sm_den, z, h0, n_head, out, xq, sinks, D, GB, NWARPS, Q8OUT,
+                      SINK)
         return
     n_splits = pk.grid_dim.x
     for t in range(pk.thread_idx.x, GB * D, NWARPS * 32):
@@ -125,7 +129,7 @@ def write_block_result(sm_acc, sm_m, sm_den, z: i32, h0: i32, split: i32, n_head
         o, m_all, total = merge_warp_parts(sm_acc, sm_m, sm_den, g, d, D, GB, NWARPS)
         head_row = z * n_head + h0 + g
         if direct != 0:
-            value = o / total
+            value = o / with_sink(total, m_all, sinks, h0 + g, SINK)
             out[head_row * D + d] = value
             if Q8OUT:
                 store_q8_1_block(value, pk.lane_id(), xq, (head_row * D + d) // 32)
@@ -137,8 +141,9 @@ def write_block_result(sm_acc, sm_m, sm_den, z: i32, h0: i32, split: i32, n_head
 
 
 @pk.func
-def cluster_merge(sm_acc, sm_m, sm_den, z: i32, h0: i32, n_head: i32, out, xq,
-                  D: Const[int], GB: Const[int], NWARPS: Const[int], Q8OUT: Const[int]):
+def cluster_merge(sm_acc, sm_m, sm_den, z: i32, h0: i32, n_head: i32, out, xq, sinks,
+                  D: Const[int], GB: Const[int], NWARPS: Const[int], Q8OUT: Const[int],
+                  SINK: Const[int]):
     """One launch without partials in global memory: each split block merges its warps into
     its own shared (o, m, den) per head; after a cluster barrier every warp of the cluster
     takes 32-value pieces of the GB output rows, reads that piece of every split block
@@ -170,7 +175,7 @@ def cluster_merge(sm_acc, sm_m, sm_den, z: i32, h0: i32, n_head: i32, out, xq,
             weight = fast_exp2(ml[2 * g] - m_all)
             total += ml[2 * g + 1] * weight
             o += pk.cluster_map(blk_o, sp)[g * D + d] * weight
-        v = o / total
+        v = o / with_sink(total, m_all, sinks, h0 + g, SINK)
         row = z * n_head + h0 + g
         out[row * D + d] = v
         if Q8OUT:
@@ -181,8 +186,8 @@ def cluster_merge(sm_acc, sm_m, sm_den, z: i32, h0: i32, n_head: i32, out, xq,
 
 @pk.func
 def combine_if_last(counters, part_o, part_ml, out, z: i32, h0: i32, n_head: i32, direct: i32,
-                    GB: Const[int], D: Const[int], NWARPS: Const[int], SG: Const[int],
-                    TPG: Const[int], MAXS: Const[int], UNR: Const[int]):
+                    sinks, GB: Const[int], D: Const[int], NWARPS: Const[int], SG: Const[int],
+                    TPG: Const[int], MAXS: Const[int], UNR: Const[int], SINK: Const[int]):
     """FUSED: the split block that finishes its head group last combines every split of it,
     so one launch does the whole attention (no second kernel's launch latency)."""
     if direct == 0:
@@ -193,7 +198,7 @@ def combine_if_last(counters, part_o, part_ml, out, z: i32, h0: i32, n_head: i32
             sm_den = pk.shared_array(f32, GB)
             sm_red = pk.shared_array(f32, NWARPS * 32 * 4)
             combine_rows(part_o, part_ml, out, z * n_head + h0, n_splits, sm_w, sm_den,
-                         sm_red, GB, D, NWARPS, SG, TPG, MAXS, UNR)
+                         sm_red, sinks, h0, GB, D, NWARPS, SG, TPG, MAXS, UNR, SINK)
 
 
 @pk.func
@@ -264,9 +269,10 @@ def score_stage(kb, vb, qv, acc, m, den, s, slot: i32, stage: i32, row: i32, k1:
 
 @pk.func
 def merge_and_store(acc, m, den, warp: i32, row: i32, li: i32, z: i32, h0: i32, split: i32,
-                    n_head: i32, direct: i32, out, part_o, part_ml, xq,
+                    n_head: i32, direct: i32, out, part_o, part_ml, xq, sinks,
                     D: Const[int], GB: Const[int], NWARPS: Const[int], L: Const[int],
-                    LOG2KPW: Const[int], CH: Const[int], NCH: Const[int], Q8OUT: Const[int]):
+                    LOG2KPW: Const[int], CH: Const[int], NCH: Const[int], Q8OUT: Const[int],
+                    SINK: Const[int]):
     """Merge the KPW row groups of each warp (shuffles, lanes L, 2L, ... apart), then the warps
     through shared memory ((NWARPS, GB, D) sums, (NWARPS, GB) max/denominator), and write the
     block's result: normalised into out (direct) or as one split's partial."""
@@ -297,7 +303,7 @@ def merge_and_store(acc, m, den, warp: i32, row: i32, li: i32, z: i32, h0: i32, 
                         sm_acc[(warp * GB + g) * D + c * CH + e] = acc[(g * NCH + j) * CH + e]
     pk.syncthreads()
     write_block_result(sm_acc, sm_m, sm_den, z, h0, split, n_head, direct, out, part_o, part_ml,
-                       xq, D, GB, NWARPS, Q8OUT, 0)
+                       xq, sinks, D, GB, NWARPS, Q8OUT, 0, SINK)
 
 
 @pk.func
@@ -328,7 +334,8 @@ def decode_partial(q: Ptr[f32], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro"]
                    P: Const[int], L: Const[int], LOG2L: Const[int], LOG2KPW: Const[int],
                    CH: Const[int], NCH: Const[int], HALF: Const[int], FUSED: Const[int],
                    SG: Const[int], TPG: Const[int], MAXS: Const[int], UNR: Const[int],
-                   TRIGGER: Const[int], EARLY_KV: Const[int], Q8OUT: Const[int]):
+                   TRIGGER: Const[int], EARLY_KV: Const[int], Q8OUT: Const[int],
+                   sinks: Ptr[f32, "ro"], SINK: Const[int]):
     lane = pk.lane_id()
     warp = pk.thread_idx.x // 32
     row = lane // L                          # which key of the warp's KPW keys
@@ -398,7 +405,7 @@ def decode_partial(q: Ptr[f32], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro"]
                             GB, U, L, LOG2L, LOG2KPW, CH, NCH, HALF)
         base += P * stride
     merge_and_store(acc, m, den, warp, row, li, z, h0, split, n_head, direct, out,
-                    part_o, part_ml, xq, D, GB, NWARPS, L, LOG2KPW, CH, NCH, Q8OUT)
+                    part_o, part_ml, xq, sinks, D, GB, NWARPS, L, LOG2KPW, CH, NCH, Q8OUT, SINK)
     if FUSED:
-        combine_if_last(counters, part_o, part_ml, out, z, h0, n_head, direct, GB, D, NWARPS,
-                        SG, TPG, MAXS, UNR)
+        combine_if_last(counters, part_o, part_ml, out, z, h0, n_head, direct, sinks, GB, D,
+                        NWARPS, SG, TPG, MAXS, UNR, SINK)

@@ -243,9 +243,9 @@ def clear_state(oacc, m, den, NP: Const[int]):
 
 @pk.func
 def merge_warps(oacc, m, den, warp: i32, g: i32, t: i32, z: i32, h0: i32, split: i32,
-                n_head: i32, direct: i32, out, part_o, part_ml, xq,
+                n_head: i32, direct: i32, out, part_o, part_ml, xq, sinks,
                 D: Const[int], GB: Const[int], NWARPS: Const[int], NP: Const[int],
-                Q8OUT: Const[int], CLUSTER: Const[int]):
+                Q8OUT: Const[int], CLUSTER: Const[int], SINK: Const[int]):
     """Each warp's (m, den, O) per head meet in shared memory; the block writes its GB heads
     normalised (direct) or as this split's partial."""
     sm_o = pk.shared_array(f32, NWARPS * GB * D)
@@ -267,7 +267,7 @@ def merge_warps(oacc, m, den, warp: i32, g: i32, t: i32, z: i32, h0: i32, split:
                         sm_o[(warp * GB + head) * D + d] = oacc[(p * 2 + wp) * 4 + 2 * r + e]
     pk.syncthreads()
     write_block_result(sm_o, sm_m, sm_den, z, h0, split, n_head, direct, out, part_o, part_ml,
-                       xq, D, GB, NWARPS, Q8OUT, CLUSTER)
+                       xq, sinks, D, GB, NWARPS, Q8OUT, CLUSTER, SINK)
 
 
 @pk.func
@@ -289,7 +289,8 @@ def decode_mma(q: Ptr[f32], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro"],
                xq: Ptr[u32], D: Const[int], GB: Const[int], NWARPS: Const[int], P: Const[int],
                FUSED: Const[int], SG: Const[int], TPG: Const[int], MAXS: Const[int],
                UNR: Const[int], Q8: Const[int], TRIGGER: Const[int], EARLY_KV: Const[int],
-               Q8OUT: Const[int], CLUSTER: Const[int]):
+               Q8OUT: Const[int], CLUSTER: Const[int], sinks: Ptr[f32, "ro"],
+               SINK: Const[int]):
     NP = D // 32
     lane = pk.lane_id()
     warp = pk.thread_idx.x // 32
@@ -353,7 +354,7 @@ def decode_mma(q: Ptr[f32], k_cache: Ptr[u32, "ro"], v_cache: Ptr[u32, "ro"],
                 accumulate_tile(vb, vsc, s, m, den, oacc, p, NP, Q8)
         base += P * stride
     merge_warps(oacc, m, den, warp, g, t, z, h0, split, n_head, direct, out, part_o, part_ml,
-                xq, D, GB, NWARPS, NP, Q8OUT, CLUSTER)
+                xq, sinks, D, GB, NWARPS, NP, Q8OUT, CLUSTER, SINK)
     if FUSED:
-        combine_if_last(counters, part_o, part_ml, out, z, h0, n_head, direct, GB, D, NWARPS,
-                        SG, TPG, MAXS, UNR)
+        combine_if_last(counters, part_o, part_ml, out, z, h0, n_head, direct, sinks, GB, D,
+                        NWARPS, SG, TPG, MAXS, UNR, SINK)

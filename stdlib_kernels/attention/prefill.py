@@ -18,7 +18,7 @@ import numpy as np
 import pykernel as pk
 
 from .._launch import zero_i32
-from .decode import HEAD_DIMS, KeyRange, cuda_sm, launch_decode
+from .decode import HEAD_DIMS, KeyRange, check_sinks, cuda_sm, launch_decode
 from .decode_kernels import LOG2E
 from .prefill_flash import prefill_flash
 
@@ -76,14 +76,15 @@ def default_block_keys(head_dim: int) -> int:
 def launch_prefill(q, k_cache, v_cache, out, start: int, scale: float, *, window=None,
                    softcap=None, path: str | None = None, stream=None, block_keys=None,
                    warps: int = MMA_WARPS, stages: int = MMA_STAGES, m_tiles: int = 1,
-                   n_head: int | None = None, start_dev=None):
+                   n_head: int | None = None, start_dev=None, sinks=None):
     """Causal attention of q (positions start..) against cache rows 0 .. start + tokens - 1.
     The mma path's tiling: block_keys keys per tile (default_block_keys), warps per block,
     stages of the cp.async ring (2..8), m_tiles 16-row query tiles per warp (1 or 2).
     n_head (mma path): q is (tokens, W), its heads the first n_head * head_dim columns.
     start_dev: a device int32 added to `start` by the kernels (the runner's prefill graphs
     pass start 0 and the position buffer they replay with); the caller then guarantees
-    start + start_dev[0] + tokens <= max_len, which only `start` is checked against here."""
+    start + start_dev[0] + tokens <= max_len, which only `start` is checked against here.
+    sinks: None or (n_head,) float32 on the device, each head's sink logit (launch_decode's)."""
     _check_prefill_shapes(q, k_cache, v_cache, start, n_head)
     if start_dev is not None and (start_dev.dtype != np.int32 or start_dev.size < 1):
         raise ValueError(f"attention.prefill: start_dev must be a device int32 array, got "
@@ -91,32 +92,34 @@ def launch_prefill(q, k_cache, v_cache, out, start: int, scale: float, *, window
     start_at = zero_i32() if start_dev is None else start_dev
     path = path or default_path(k_cache)
     tokens, n_head, head_dim, q_row = _q_geometry(q, k_cache, n_head)
+    check_sinks(sinks, n_head, "attention.prefill")
     if path == "simt" and q.ndim == 2:
         raise ValueError("attention.prefill: the simt path takes q as (tokens, n_head, "
                          "head_dim) only")
     if path == "simt":   # row z is a decode query at position start + z
         keys = KeyRange(start_at, add=start + 1, step=1, stride=0, window=window)
         return launch_decode(q, k_cache, v_cache, keys, out, scale, softcap=softcap,
-                             stream=stream, share_cache=True)
+                             stream=stream, share_cache=True, sinks=sinks)
     if path != "mma" or k_cache.dtype != np.float16:
         raise ValueError(f"attention.prefill: path {path!r} needs 'simt', or 'mma' with an f16 "
                          f"cache (cache is {k_cache.dtype})")
     _launch_flash(q, k_cache, v_cache, out, tokens, q_row, start, start_at, n_head, scale,
-                  window, softcap, stream, block_keys, warps, stages, m_tiles)
+                  window, softcap, stream, block_keys, warps, stages, m_tiles, sinks=sinks)
     return out
 
 
 def launch_prefill_seqs(q, k_pool, v_pool, out, seqs, scale: float, *, seqs_dev=None,
                         window=None, softcap=None, n_head: int | None = None, stream=None,
                         block_keys=None, warps: int = MMA_WARPS, stages: int = MMA_STAGES,
-                        m_tiles: int = 1):
+                        m_tiles: int = 1, sinks=None):
     """Prefill attention of several sequences in one launch (tensor cores, f16 caches of a
     pool: (slots, n_kv_head, max_len, D)). seqs: host int32 (n_seq, 4), a row per sequence:
     its first token row in q / out, its tokens, its first position, its slot; each sequence's
     cache slot must already hold its positions 0 .. start + tokens - 1 (rows of different
     sequences may share a slot only if they do not overlap). q / out / n_head as
     launch_prefill's. seqs_dev: the same table already on the device (e.g. uploaded once for
-    every layer of a forward; trusted to equal seqs), else it is uploaded here."""
+    every layer of a forward; trusted to equal seqs), else it is uploaded here. sinks: as
+    launch_prefill's."""
     seqs = np.asarray(seqs)
     if k_pool.ndim != 4 or k_pool.shape != v_pool.shape or k_pool.dtype != np.float16 or \
             v_pool.dtype != np.float16:
@@ -125,6 +128,7 @@ def launch_prefill_seqs(q, k_pool, v_pool, out, seqs, scale: float, *, seqs_dev=
                          f"{v_pool.shape} {v_pool.dtype}")
     slots, n_kv_head, max_len, head_dim = k_pool.shape
     tokens, n_head, _, q_row = _q_geometry(q, k_pool[0], n_head)
+    check_sinks(sinks, n_head, "attention.prefill_seqs")
     if head_dim not in HEAD_DIMS or n_head % n_kv_head:
         raise ValueError(f"attention.prefill_seqs: q {q.shape} does not fit caches "
                          f"{k_pool.shape} (head_dim in {HEAD_DIMS}, n_head a multiple of "
@@ -148,13 +152,13 @@ def launch_prefill_seqs(q, k_pool, v_pool, out, seqs, scale: float, *, seqs_dev=
                          f"values, got {seqs_dev.dtype} {seqs_dev.size}")
     _launch_flash(q, k_pool, v_pool, out, int(count.max()), q_row, 0, zero_i32(), n_head,
                   scale, window, softcap, stream, block_keys, warps, stages, m_tiles,
-                  seqs=seqs_dev, n_seq=len(seqs))
+                  seqs=seqs_dev, n_seq=len(seqs), sinks=sinks)
     return out
 
 
 def _launch_flash(q, k_cache, v_cache, out, tokens: int, q_row: int, start: int, start_at,
                   n_head: int, scale, window, softcap, stream, block_keys, warps, stages,
-                  m_tiles, seqs=None, n_seq: int = 1):
+                  m_tiles, seqs=None, n_seq: int = 1, sinks=None):
     """prefill_flash over caches (n_kv_head, max_len, D), or a pool of them (slots first)
     with a sequence table seqs (VARLEN; grid z over its n_seq rows, x over `tokens`, the
     longest)."""
@@ -176,4 +180,5 @@ def _launch_flash(q, k_cache, v_cache, out, tokens: int, q_row: int, start: int,
         start, start_at, max_len, n_head, n_kv_head, q_scale,
         float(softcap) if use_softcap else 0.0, int(window or 0),
         start_at if seqs is None else seqs, D=head_dim, BN=bn, NWARPS=warps, STAGES=stages,
-        MT=m_tiles, VARLEN=seqs is not None)
+        MT=m_tiles, VARLEN=seqs is not None, sinks=out.reshape(-1) if sinks is None else sinks,
+        SINK=sinks is not None)

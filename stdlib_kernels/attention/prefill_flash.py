@@ -24,11 +24,13 @@ causal diagonal or a window, the online softmax in the log2 domain, and O += P V
 fragments taken from the score accumulators and V's B fragments from `ldmatrix(trans=True)` on
 the row-major V tile (no transposing stores). Rows are padded by 8 halves, so the 8 rows of
 every ldmatrix tile fall in distinct banks.
-No tokens x tokens matrix is ever stored.
+No tokens x tokens matrix is ever stored. With SINK, head h's sink logit sinks[h] (gpt-oss)
+joins each row's denominator at the final normalisation.
 """
 import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, i64, u32
 
+from .decode_combine import with_sink
 from .decode_kernels import LOG2E, MASKED, NEG_INIT
 
 
@@ -179,7 +181,8 @@ def prefill_flash(q: Ptr[f32, "ro"], k32: Ptr[u32, "ro"], v32: Ptr[u32, "ro"], o
                   n_head: i32, n_kv_head: i32,
                   q_scale: f32, softcap: f32, window: i32, seqs: Ptr[i32, "ro"],
                   D: Const[int], BN: Const[int], NWARPS: Const[int], STAGES: Const[int],
-                  MT: Const[int], VARLEN: Const[bool]):
+                  MT: Const[int], VARLEN: Const[bool], sinks: Ptr[f32, "ro"],
+                  SINK: Const[bool]):
     NT = NWARPS * 32
     start = start0 + start_at[0]                   # device part: graphs replay at new starts
     q0 = i64(0)                                    # the sequence's first q / out values
@@ -264,6 +267,8 @@ def prefill_flash(q: Ptr[f32, "ro"], k32: Ptr[u32, "ro"], v32: Ptr[u32, "ro"], o
         total = l[r]
         for k in pk.static_range(2):
             total += pk.shfl_xor(total, 1 << k)
+        if SINK:      # folded away without sinks: the dense kernel is unchanged
+            total = with_sink(total, m[r], sinks, kvh * group + (row0 + 8 * r) % group, SINK)
         inv = 1.0 / total
         row = row0 + 8 * r
         if row < n_rows:

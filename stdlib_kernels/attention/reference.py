@@ -4,7 +4,8 @@ kernels are tested against.
 Input: q (tokens, n_head, head_dim), k/v (kv_tokens, n_kv_head, head_dim) where the last
 `tokens` key positions are the queries' own (causal); optional sliding `window` (a query at
 position p sees keys p - window + 1 .. p) and logit soft-capping (softcap * tanh(s / softcap),
-applied after scaling, before the mask).
+applied after scaling, before the mask); optional `sinks` (n_head,): head h's softmax has one
+more logit sinks[h] (not scaled, no value; gpt-oss).
 Output: float64 (tokens, n_head, head_dim).
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 
-def attention_reference(q, k, v, scale, window=None, softcap=None) -> np.ndarray:
+def attention_reference(q, k, v, scale, window=None, softcap=None, sinks=None) -> np.ndarray:
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     tokens, n_head, _ = q.shape
     kv_tokens, n_kv_head, _ = k.shape
@@ -30,19 +31,21 @@ def attention_reference(q, k, v, scale, window=None, softcap=None) -> np.ndarray
         if softcap is not None:
             scores = softcap * np.tanh(scores / softcap)
         scores = np.where(visible, scores, -np.inf)
-        scores -= scores.max(axis=1, keepdims=True)
-        weights = np.exp(scores)
-        weights /= weights.sum(axis=1, keepdims=True)
+        sink = -np.inf if sinks is None else float(sinks[h])
+        top = np.maximum(scores.max(axis=1, keepdims=True), sink)
+        weights = np.exp(scores - top)
+        weights /= weights.sum(axis=1, keepdims=True) + np.exp(sink - top)
         out[:, h, :] = weights @ v[:, kv, :]
     return out
 
 
-def decode_reference(q, k_cache, v_cache, kv_len, scale, window=None, softcap=None):
+def decode_reference(q, k_cache, v_cache, kv_len, scale, window=None, softcap=None,
+                     sinks=None):
     """q (n_head, head_dim), caches (n_kv_head, max_len, head_dim): the query is at position
     kv_len - 1 and sees cache rows 0 .. kv_len - 1. Returns float64 (n_head, head_dim)."""
     k = np.asarray(k_cache)[:, :kv_len, :].transpose(1, 0, 2)
     v = np.asarray(v_cache)[:, :kv_len, :].transpose(1, 0, 2)
-    return attention_reference(np.asarray(q)[None], k, v, scale, window, softcap)[0]
+    return attention_reference(np.asarray(q)[None], k, v, scale, window, softcap, sinks)[0]
 
 
 def relative_l2(actual, expected) -> float:
