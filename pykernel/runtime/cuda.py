@@ -23,6 +23,7 @@ from cuda.core import ObjectCode
 
 from ..errors import KernelRuntimeError, LaunchError
 from .c_stdio import flush_c_stdio
+from .cuda_cooperative import blocks_per_sm, launch_cooperative
 from .cuda_errors import DeviceOutOfMemory  # noqa: F401 (runtime.md names it here)
 from .cuda_errors import (KERNEL_FAULTS, LOST_CONTEXT, CudaError, check, error_text, fault_error,
                           jit_error_log)
@@ -115,42 +116,6 @@ def _launch_pdl(kernel, grid, block, shared_bytes, handle):
     return _launch_kernel_ex(config, kernel.func, kernel.kernel_params, kernel.extra)
 
 
-def _launch_cooperative(device, kernel, grid, block, shared_bytes, handle, cluster):
-    """A kernel with pk.grid_sync: cuLaunchKernelEx with the cooperative attribute, after
-    checking that every block of the grid can be resident at once (else the barrier would
-    wait for ever; the driver refuses too, with a less telling error)."""
-    where = f"{kernel.name}[grid={tuple(grid)}, block={tuple(block)}, shared={shared_bytes}]"
-    if cluster is not None and tuple(cluster) != (1, 1, 1):
-        raise LaunchError(f"{where}: a kernel with pk.grid_sync() cannot use clusters")
-    threads, blocks = block[0] * block[1] * block[2], grid[0] * grid[1] * grid[2]
-    per_sm, sms = _occupancy(device, kernel, threads, shared_bytes)
-    fits = per_sm * sms
-    if blocks > fits:
-        raise LaunchError(f"{where}: pk.grid_sync() needs every block resident at once; "
-                          f"{blocks} blocks, this GPU holds at most {fits} of this kernel's "
-                          f"blocks together")
-    attribute = cu.CUlaunchAttribute()
-    attribute.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
-    attribute.value.cooperative = 1
-    config = cu.CUlaunchConfig()
-    config.attrs, config.numAttrs = [attribute], 1
-    config.gridDimX, config.gridDimY, config.gridDimZ = grid
-    config.blockDimX, config.blockDimY, config.blockDimZ = block
-    config.sharedMemBytes, config.hStream = shared_bytes, handle
-    return cu.cuLaunchKernelEx(config, kernel.func, kernel.kernel_params, kernel.extra)
-
-
-def _occupancy(device, kernel, threads, shared_bytes):
-    """(blocks per SM, SMs) for a loaded kernel: cuOccupancyMaxActiveBlocksPerMultiprocessor
-    (registers, shared memory, threads), kept per (threads, shared bytes)."""
-    per_sm = kernel.co_resident.get((threads, shared_bytes))
-    if per_sm is None:
-        per_sm = kernel.co_resident[(threads, shared_bytes)] = check(
-            cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(kernel.func, threads, shared_bytes),
-            f"{kernel.name}: occupancy")
-    return per_sm, device.core.properties.multiprocessor_count
-
-
 def _function_of(handle):
     """cuda.core loads through the library API (CUkernel); attributes need a CUfunction."""
     if isinstance(handle, cu.CUkernel):
@@ -215,7 +180,7 @@ class CudaDevice:
         try:
             pdl = kernel.launch_config is not None and self.programmatic_launch
             if kernel.cooperative:
-                (err,) = _launch_cooperative(self, kernel, grid, block, shared_bytes, handle,
+                (err,) = launch_cooperative(self, kernel, grid, block, shared_bytes, handle,
                                              cluster)
             elif cluster is not None and cluster != (1, 1, 1):
                 (err,) = _launch_cluster(kernel, grid, block, shared_bytes, handle, cluster,
@@ -344,7 +309,7 @@ class CudaDevice:
         self.activate()
         if shared_bytes > kernel.dynamic_shared_limit:
             self._raise_shared_limit(kernel, shared_bytes)
-        return _occupancy(self, kernel, threads, shared_bytes)
+        return blocks_per_sm(self, kernel, threads, shared_bytes)
 
     def preload(self, compiled) -> None:
         """Load the kernel and finish the driver's lazy loading of it (its PTX JIT, 0.1-0.8 s)
