@@ -32,6 +32,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from llm.batch_picks import step_picks
+from llm.batch_slots import common_prefix, move_slot, prompt_groups, trade_slots
 from llm.generate import (Generation, GenerationStats, Session, check_prompt_fits,
                           prefill_step_tokens, prefill_together)
 from llm.sampling import NonFiniteLogitsError, Sampler, SamplingParams, sample_among_rows
@@ -42,10 +44,6 @@ _END = object()      # a request's queue: generation over
 # (stdlib gemm_q8_k.SMALL_KTILES up to 64 tokens, then 128-row tiles; the GEMVs up to 8);
 # their kernels, and those of every other length, compiled before by precompile_prompts
 WARM_PROMPTS = (8, 16, 32, 48, 64, 128, 256)
-# the fewest rows a step's tokens are drawn on the device for (Backend.sample_rows); a lone
-# row's candidate list drawn on the host was ~0.1 ms a step quicker on an H100's host
-# (benchmarks/RESULTS.md, "Sampled server steps drawn on the device")
-DEVICE_DRAW_ROWS = 2
 
 
 @dataclass(eq=False)
@@ -72,7 +70,7 @@ class BatchScheduler:
         self.model, self.slot_ctx = model, slot_ctx
         cfg = model.config
         # one spare cache beyond the slots (with two or more): a finished request's history
-        # parks there while the last running request moves into its slot (_release)
+        # parks there while the last running request moves into its slot (_release, trade_slots)
         caches = model.backend.kv_caches(slots + (slots > 1), cfg.n_layer, slot_ctx,
                                          cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v)
         self._spare = caches[slots] if slots > 1 else None
@@ -199,7 +197,7 @@ class BatchScheduler:
             riders = [r for r in self._busy if r is not None and r not in admitted
                       and not r.cancelled]            # decoding already: they step along
             together = self.model.transformer.min_prompts_together
-            for group, tokens in self._prompt_groups(admitted):
+            for group, tokens in prompt_groups(self.sessions, admitted, self._step_tokens):
                 if len(group) < together:         # one by one (the prompts' graphs)
                     for request in group:
                         self._guarded([request], self._start, [request])
@@ -235,37 +233,14 @@ class BatchScheduler:
         longest cached prefix of ids found in a free slot (a chat's next turn finds its
         history; among equals the least recently used is copied)."""
         def common(slot: int) -> int:
-            n = 0
-            for a, b in zip(self.sessions[slot].tokens, ids):
-                if a != b:
-                    break
-                n += 1
-            return n
+            return common_prefix(self.sessions[slot].tokens, ids)
         target = self._busy.index(None)
         best = max(range(target, self.slots),
                    key=lambda s: (common(s), s == target, -self._last_used[s]))
         if common(best) > common(target):
             with self.metrics.timed("slots"):
-                self._move(best, target)
+                move_slot(self.sessions, best, target)
         return target
-
-    def _move(self, source: int, target: int) -> None:
-        """Slot source's cache and ids into slot target (source keeps its copy)."""
-        src, dst = self.sessions[source], self.sessions[target]
-        dst.cache.copy_from(src.cache, len(src.tokens))
-        dst.tokens = list(src.tokens)
-
-    def _trade(self, freed: int, last: int) -> None:
-        """The running request's cache in slot last into slot freed, and freed's finished
-        history (kept in the spare cache meanwhile) into slot last."""
-        history = list(self.sessions[freed].tokens)
-        if history:
-            self._spare.copy_from(self.sessions[freed].cache, len(history))
-        self._move(last, freed)
-        kept = self.sessions[last]
-        if history:
-            kept.cache.copy_from(self._spare, len(history))
-        kept.tokens = history
 
     def _guarded(self, requests: list, run, *args) -> None:
         """run(*args); an error ends `requests` with it (their slots emptied), never the
@@ -280,26 +255,6 @@ class BatchScheduler:
                     self.metrics.add("requests_failed_total")
                     request.pieces.put(exc)
                     self._release(request)
-
-    def _prompt_groups(self, admitted: list) -> list[tuple[list, int]]:
-        """The admitted requests in groups whose prompts run in one forward pass
-        (`prefill_together`), each with its new tokens: consecutive ones whose new tokens
-        (after what their slots reuse) fit one prefill step together; a prompt scored token
-        by token (echo with logprobs), or one longer than a step, alone."""
-        budget = self._step_tokens
-        groups: list[tuple[list, int]] = []
-        for request in admitted:
-            session = self.sessions[request.slot]
-            try:
-                new = len(request.ids) - session.reusable(request.ids)
-            except ValueError:               # fails again in the request's own group
-                new = budget + 1
-            alone = request.prompt_logprobs or new > budget
-            if alone or not groups or groups[-1][1] + new > budget:
-                groups.append(([request], budget + 1 if alone else new))
-            else:
-                groups[-1] = (groups[-1][0] + [request], groups[-1][1] + new)
-        return groups
 
     @property
     def _step_tokens(self) -> int:
@@ -353,7 +308,7 @@ class BatchScheduler:
                 for session, request in zip(sessions, active):
                     session.tokens.append(request.token)
             self._flush()        # the last step's text, while this one runs on the device
-            picks, rows = self._step_picks(active, logits)
+            picks, rows = step_picks(self.model.backend, [r.gen for r in active], logits)
         with self.metrics.timed("sample"):
             listed = [i for i, pick in enumerate(picks) if isinstance(pick, tuple)]
             if listed:                           # candidate lists: all of them in one pass
@@ -368,58 +323,6 @@ class BatchScheduler:
                     done.append(request)
         for request in done:          # in the order they finished
             self._release(request)
-
-    def _step_picks(self, active: list, logits) -> tuple[list, list]:
-        """(picks, host rows) of a step's logits, one each per active request, so that the
-        logits stay on the device where the requests allow. Each request's row goes the
-        cheapest way it allows, and a step's rows may go different ways:
-        - every request plain greedy (no penalty, no logprobs): the backend's argmax_rows
-          (16 ids copied instead of 8 MB of logits rows);
-        - greedy or an unseeded top-k sampler, penalties or not (Sampler.device_row_draws),
-          when two or more such rows (or one with penalties) are in the step: drawn on the
-          device (Backend.sample_rows: the host's sampling phase, ~1 ms a 16-row step on an
-          H100's host, leaves the step's critical path, and penalised rows are not copied
-          whole); the pick is the token;
-        - greedy or top-k with no penalty (Sampler.candidate_k): the row's largest logits
-          (Backend.top_candidates, a few hundred values a row); the pick is that list,
-          sampled on the host for all such rows in one pass (sample_among_rows);
-        - otherwise (a seed with top-k off, logprobs wanted, a list that overflowed): the
-          row is copied to the host (rows) and sampled there.
-        A seeded request or one wanting logprobs thus takes only its own row off the
-        device path, not the whole step's. A row the device (or the host's argmax) could not
-        pick from gets its NonFiniteLogitsError as its pick: that request alone fails."""
-        backend, n = self.model.backend, len(active)
-        wanted = [r.gen.sampler.candidate_k if r.gen.logprobs is None else 0 for r in active]
-        if all(k == 1 for k in wanted):
-            return _row_picks(backend.argmax_rows, logits), [None] * n
-        picks: list = [None] * n
-        rows: list = [None] * n
-
-        def part(indices: list):
-            return logits if len(indices) == n else backend.logits_rows(logits, indices)
-
-        on_device = backend.logits_on_device    # (a host backend's rows: nothing to gather)
-        drawable = [i for i, r in enumerate(active) if on_device
-                    and r.gen.logprobs is None and r.gen.sampler.device_row_draws]
-        if len(drawable) >= DEVICE_DRAW_ROWS or any(wanted[i] == 0 for i in drawable):
-            tokens = _row_picks(backend.sample_rows, part(drawable),
-                                [active[i].gen.sampler for i in drawable],
-                                [active[i].gen.history for i in drawable])
-            if tokens is not None:
-                for i, token in zip(drawable, tokens):
-                    picks[i] = token
-        listed = [i for i in range(n) if on_device and picks[i] is None and wanted[i]]
-        if listed:
-            lists = backend.top_candidates(part(listed), max(wanted[i] for i in listed))
-            for i, candidates in zip(listed, lists or ()):
-                picks[i] = candidates          # (None where the list overflowed)
-        whole = [i for i in range(n) if picks[i] is None]
-        if whole:
-            host = (backend.to_host(logits)[-1:] if n == 1 else
-                    backend.to_host_reused(part(whole)))
-            for i, row in zip(whole, host):
-                rows[i] = row
-        return picks, rows
 
     def _advance_one(self, request: _Request, logits: np.ndarray | None,
                      token: int | None = None) -> bool:
@@ -481,7 +384,7 @@ class BatchScheduler:
             moved = self._busy[last]
             try:
                 with self.metrics.timed("slots"):
-                    self._trade(slot, last)
+                    trade_slots(self.sessions, self._spare, slot, last)
             except Exception as exc:     # noqa: BLE001 (the moved request ends with it)
                 self._busy[last] = None
                 self.sessions[slot].reset()
@@ -493,15 +396,3 @@ class BatchScheduler:
             self._last_used[last] = self._clock     # the finished history's recency
             moved.slot = slot
 
-
-def _row_picks(pick, *args) -> list | None:
-    """pick(*args)'s tokens for a step's rows (host ints; None where it gives none), with each
-    row that had nothing to pick from (NonFiniteLogitsError naming it) holding its own error,
-    so that that request alone fails (_advance raises it) and the others go on."""
-    try:
-        tokens = pick(*args)
-    except NonFiniteLogitsError as exc:
-        if exc.picks is None or not exc.rows:
-            raise
-        return [exc.rows.get(r, int(t)) for r, t in enumerate(exc.picks)]
-    return None if tokens is None else [int(t) for t in tokens]

@@ -74,6 +74,16 @@ def device(request):
     pk.set_device(previous)
 
 
+@pytest.fixture
+def cpu_device():
+    """The CPU target for the test's body (a module of CPU-only checks uses it for every test:
+    `pytestmark = pytest.mark.usefixtures("cpu_device")`)."""
+    import pykernel as pk
+    previous = pk.current_device()
+    yield pk.set_device("cpu")
+    pk.set_device(previous)
+
+
 def pytest_collection_modifyitems(config, items):
     if _gpu_usable():
         return

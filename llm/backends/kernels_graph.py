@@ -5,29 +5,28 @@ Input: a `Transformer` on the kernels backend, which `GraphRunner` wraps (as tin
 wraps a forward), and the `Step`s given to its forward(step, caches). Output: logits (device
 array) of each step. Steps are captured and replayed keyed by their kind and shapes (a decode
 token per cache, a prompt's length bucket per KV pool, a batch per set of caches and split
-plan); what is not graphed runs the inner model's forward as it is. A captured step is the
-inner model's forward of a `Step` whose ids and positions are slices of the graph's device
-input buffer, so a replay reads the new ones from there. The graph reads the token and its position from a 2-int device buffer
-`io = [token, position]`, so a step is one 8-byte host-to-device copy, the replay, and the
-caller's device-to-host copy; its last launch writes the greedy next token into io[0] and
-advances io[1], so `greedy` decodes with no host-to-device copy at all and reads 4 bytes per
-token. Two graphs per cache: positions below options.short_context run decode attention in
-one split per head (no partials, no combine launch: a short context gives too little work to
-split), later positions the split attention sized for the whole cache. Both read and advance
-the same `io`. Short prompts (2..options.prefill_graph_max tokens, a chat turn) are graphs
-too: a prefill of ~370
-launches costs ~30 us of Python each, more than the GPU needs below ~64 tokens on an 8B
-model and ~256 on a 1.5B one (and a graph's launches overlap under PDL). The prompt is
-padded to a length bucket (`prefill_bucket`); the graph reads ids, positions and the index of
-the last real row from a device buffer, so one graph per bucket serves every prompt length
-and start in it. Padding is safe: attention is causal, so the real rows never see the padded
-ones, and the padded rows' K/V land past the prompt, where the next token's write replaces
-them before anything reads them. A bucket runs eagerly (padded) the first time it is seen and
-is captured the second, so a one-shot prompt pays no capture. The prompt graphs belong to the
-KV pool, not to one cache: a prompt into another slot of a server's pool re-points the graph's
-cache arguments at that slot (graph_slots.py) instead of running and capturing it again. q8_0
-caches (their prefill dequantizes a host-sized row count) and prompts that would run past the
-context stay eager.
+plan); what is not graphed runs the inner model's forward as it is. A captured step is the inner
+model's forward of a `Step` whose ids and positions are slices of the graph's device input
+buffer, so a replay reads the new ones from there. The graph reads the token and its position
+from a 2-int device buffer `io = [token, position]`, so a step is one 8-byte host-to-device
+copy, the replay, and the caller's device-to-host copy; its last launch writes the greedy next
+token into io[0] and advances io[1], so `greedy` decodes with no host-to-device copy at all and
+reads 4 bytes per token (the device-token loops are kernels_graph_tokens.py's). Two graphs per
+cache: positions below options.short_context run decode attention in one split per head (no
+partials, no combine launch: a short context gives too little work to split), later positions
+the split attention sized for the whole cache. Both read and advance the same `io`. Short
+prompts (2..options.prefill_graph_max tokens, a chat turn) are graphs too: a prefill of ~370
+launches costs ~30 us of Python each, more than the GPU needs below ~64 tokens on an 8B model
+and ~256 on a 1.5B one (and a graph's launches overlap under PDL). The prompt is padded to a
+length bucket (`prefill_bucket`); the graph reads ids, positions and the index of the last real
+row from a device buffer, so one graph per bucket serves every prompt length and start in it.
+Padding is safe: attention is causal, so the real rows never see the padded ones, and the padded
+rows' K/V land past the prompt, where the next token's write replaces them before anything reads
+them. A bucket runs eagerly (padded) the first time it is seen and is captured the second, so a
+one-shot prompt pays no capture. The prompt graphs belong to the KV pool, not to one cache: a
+prompt into another slot of a server's pool re-points the graph's cache arguments at that slot
+(graph_slots.py) instead of running and capturing it again. q8_0 caches (their prefill
+dequantizes a host-sized row count) and prompts that would run past the context stay eager.
 On the CPU target a "graph" is the recorded launch list (same code path, run in CI).
 On sm_90+ the graphs are captured with programmatic dependent launch (each kernel's launch
 overlaps its predecessor's tail); PYKERNEL_PDL=0 captures plain edges, for comparison.
@@ -35,7 +34,6 @@ overlaps its predecessor's tail); PYKERNEL_PDL=0 captures plain edges, for compa
 from __future__ import annotations
 
 import warnings
-from typing import Iterator
 
 import numpy as np
 
@@ -44,8 +42,8 @@ from pykernel import compile_pool
 from llm import step as S
 from llm.backends import kernels_extra as X
 from llm.backends.graph_slots import slot_binding
+from llm.backends.kernels_graph_tokens import DeviceTokens
 from llm.models.transformer import StepRunner, Transformer
-from llm.sampling import check_device_picks
 from llm.step import Step
 
 
@@ -122,7 +120,7 @@ def precompile_lengths(most: int) -> list[int]:
     return sorted(set(range(1, min(16, most) + 1)) | set(range(8, most + 1, 8)))
 
 
-class GraphRunner(StepRunner):
+class GraphRunner(DeviceTokens, StepRunner):
     """Runs a Transformer on the kernels backend with graph-replayed decode, short prompts and
     batched decode steps: forward(step, caches) replays the step's graph where it has one,
     else runs the model's forward (and captures it on the key's second step)."""
@@ -365,13 +363,6 @@ class GraphRunner(StepRunner):
             b.argmax_scratch = X.argmax_scratch(n)
         return b.argmax_scratch
 
-    def _uniforms(self, cache) -> tuple:
-        """(a uniform per position, the step's uniform) on the device, made on the first
-        sampled step of the cache (before its capture)."""
-        if cache.uniforms is None:
-            cache.uniforms = (pk.zeros(cache.n_ctx, np.float32), pk.zeros(1, np.float32))
-        return cache.uniforms
-
     def decode_step(self, token: int, pos: int, cache, sampling=None):
         """Logits (1, n_vocab) after `token` at position `pos` (written into the cache); the
         next token goes to the step's io on the device (greedy, or `sampling`'s draw)."""
@@ -389,95 +380,6 @@ class GraphRunner(StepRunner):
             self._record(io, cache, self._short(pos), sampling)   # recorded, not run
         cache.graph = graphs[key] = DecodeGraph(graph, logits, io)
         return logits
-
-    def greedy(self, first_token: int, pos: int, cache, n: int) -> list[int]:
-        """n greedy tokens after `first_token` at `pos` (greedy_tokens, all of them)."""
-        return list(self.greedy_tokens(first_token, pos, cache, n))
-
-    def greedy_tokens(self, first_token: int, pos: int, cache, n: int) -> Iterator[int]:
-        """Up to n greedy tokens after `first_token` at `pos`, each yielded once on the host;
-        step k runs at position pos + k. The argmax kernel feeds each step's token to the
-        next one on the device, so on cuda step i + 1 is queued before the host reads token
-        i (a 4-byte asynchronous copy into pinned memory): the GPU never waits for the host,
-        nor for the consumer of the tokens. A consumer that stops early leaves one step run
-        past the last token it read (its K/V written one position beyond: harmless, a later
-        step overwrites it); closing waits for the steps in flight. A step whose logits have
-        no finite value (broken weights) picks -1, read here as NonFiniteLogitsError (the
-        step queued behind it embeds a NaN row, never out of range)."""
-        return self._device_tokens(first_token, pos, cache, n, None)
-
-    def sampled_tokens(self, first_token: int, pos: int, cache, n: int, params,
-                       uniforms) -> Iterator[int]:
-        """greedy_tokens with stdlib's sampler drawing each step's token on the device
-        (params' top-k, top-p, min-p and temperature; no penalties): step k draws with
-        uniforms[k], which go to the device at once, so the steps run ahead of the host as
-        greedy ones do. One decode graph per filter setting."""
-        if n > 0:
-            table = self._uniforms(cache)[0]
-            table[pos:pos + n].copy_from(np.asarray(uniforms[:n], np.float32))
-        return self._device_tokens(first_token, pos, cache, n, params)
-
-    def _device_tokens(self, first_token: int, pos: int, cache, n: int, sampling):
-        if n <= 0:
-            return
-        self.decode_step(first_token, pos, cache, sampling)
-        io, vocab = cache.graph.io, cache.graph.logits.shape[-1]
-        known = _picked(io[0:1].numpy(), vocab)   # the token of the step at pos, not yielded
-        if self.backend.device.kind != "cuda":
-            for i in range(1, n):
-                yield known
-                self._replay_or_capture(known, pos + i, cache, sampling)
-                known = _picked(io[0:1].numpy(), vocab)
-            yield known
-            return
-        slots = [pk.pinned_empty(1, np.int32) for _ in range(2)]
-        events = [pk.Event(), pk.Event()]
-        stream = self.backend.stream
-        pending = None   # the step whose token is in flight to the host
-        try:
-            for i in range(1, n):
-                step = cache.graphs.get(self._graph_key(pos + i, sampling))
-                if step is None:   # first step past short_context: drain, capture synchronously
-                    if pending is not None:
-                        known, pending = self._read(slots, events, pending, vocab), None
-                    yield known
-                    self.decode_step(known, pos + i, cache, sampling)
-                    known = _picked(io[0:1].numpy(), vocab)
-                    continue
-                step.graph.replay(stream)
-                io[0:1].copy_to_host_async(slots[i % 2], stream)
-                events[i % 2].record(stream)
-                if pending is None:
-                    yield known
-                else:
-                    yield self._read(slots, events, pending, vocab)
-                pending = i
-            yield known if pending is None else self._read(slots, events, pending, vocab)
-            pending = None
-        finally:
-            if pending is not None:     # copies into slots still in flight
-                stream.synchronize()
-
-    @staticmethod
-    def _read(slots, events, i: int, vocab: int) -> int:
-        events[i % 2].synchronize()
-        return _picked(slots[i % 2], vocab)
-
-    def _replay_or_capture(self, token: int, pos: int, cache, sampling=None) -> None:
-        step = cache.graphs.get(self._graph_key(pos, sampling))
-        if step is None:
-            self.decode_step(token, pos, cache, sampling)
-        else:
-            step.graph.replay()
-
-
-def _picked(io_token, vocab: int) -> int:
-    """The token a decode step picked on the device (its io[0], on the host); -1, a row
-    without a finite logit, is NonFiniteLogitsError (a comparison per token, no numpy)."""
-    token = int(io_token[0])
-    if 0 <= token < vocab:
-        return token
-    return int(check_device_picks([token], vocab)[0])     # raises
 
 
 def wrap(transformer: Transformer) -> GraphRunner:

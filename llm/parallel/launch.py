@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 
 from llm.parallel.plan import ShardPlan
-from llm.parallel.ranks import COLLECTIVE_OPS, RankRunner, join_logits
+from llm.parallel.ranks import COLLECTIVE_OPS, RankRunner, Ranks, join_logits
 
 CONNECT_TIMEOUT_S = 300.0     # a rank waits this long for the others to start (imports, CUDA)
 
@@ -167,22 +167,16 @@ def visible_device(local_rank: int, environ) -> str:
 
 
 
-class ProcessRanks:
+class ProcessRanks(Ranks):
     """Rank 0's handle on all ranks: its own RankRunner plus the workers' channels."""
 
     def __init__(self, runner: RankRunner, channels: list[Channel], comm, plan: ShardPlan,
                  procs=()):
+        super().__init__()
         self.runner, self.channels, self.comm, self.plan = runner, channels, comm, plan
         self.procs = list(procs)
-        self.released: list[int] = []
 
-    def release(self, cid: int) -> None:
-        self.released.append(cid)
-
-    def command(self, cmd: dict):
-        if self.released:
-            drop, self.released = self.released, []
-            self.command({"op": "drop_caches", "ids": drop})
+    def run_on_ranks(self, cmd: dict):
         for ch in self.channels:
             ch.send(cmd)
         out = self.runner.run(cmd)

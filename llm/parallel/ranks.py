@@ -138,21 +138,35 @@ def join_logits(parts: list[np.ndarray], plan: ShardPlan, cmd: dict) -> np.ndarr
     return np.concatenate([p[:, :s.vocab.count] for p, s in zip(parts, plan.ranks)], axis=1)
 
 
-class LocalRanks:
-    """N RankRunners in this process; forward commands run on N threads of a LocalGroup."""
+class Ranks:
+    """All ranks behind one call: command(cmd) runs cmd on every rank and returns the full
+    logits of a forward op, else None; release(cid) queues a cache id that every rank drops
+    before the next command. Subclasses say how a command reaches the ranks (run_on_ranks)."""
 
-    def __init__(self, runners: list[RankRunner], group: LocalGroup, plan: ShardPlan):
-        self.runners, self.group, self.plan = runners, group, plan
+    def __init__(self):
         self.released: list[int] = []     # cache ids to drop before the next command
 
     def release(self, cid: int) -> None:
         self.released.append(cid)
 
     def command(self, cmd: dict):
-        """Run cmd on every rank; the full logits of a forward op, else None."""
         if self.released:
             drop, self.released = self.released, []
-            self.command({"op": "drop_caches", "ids": drop})
+            self.run_on_ranks({"op": "drop_caches", "ids": drop})
+        return self.run_on_ranks(cmd)
+
+    def run_on_ranks(self, cmd: dict):
+        raise NotImplementedError
+
+
+class LocalRanks(Ranks):
+    """N RankRunners in this process; forward commands run on N threads of a LocalGroup."""
+
+    def __init__(self, runners: list[RankRunner], group: LocalGroup, plan: ShardPlan):
+        super().__init__()
+        self.runners, self.group, self.plan = runners, group, plan
+
+    def run_on_ranks(self, cmd: dict):
         if cmd["op"] in COLLECTIVE_OPS:
             parts = self.group.run([lambda r=r: r.run(cmd) for r in self.runners])
             return join_logits(parts, self.plan, cmd)

@@ -16,6 +16,7 @@ from llvmlite import ir
 
 from ..types import INT_RANGES, ScalarType, bf16, bool_, common_int_literal_type, f16, f32
 from . import fp8
+from .round_odd import fma_f64_to_odd_f32
 
 F32 = ir.FloatType()
 F64 = ir.DoubleType()
@@ -217,44 +218,7 @@ def float_fma(b: ir.IRBuilder, ty: ScalarType, x, y, z, decl, native=False):
     # its exact error), then to odd in f32, then to nearest even in the half format: rounding
     # to odd with at least two more bits than the last rounding is a correct single rounding
     wide = [b.fpext(to_f32(b, ty, v), F64) for v in (x, y, z)]
-    product = b.fmul(wide[0], wide[1])
-    total = b.fadd(product, wide[2])
-    moved = b.fsub(total, product)
-    error = b.fadd(b.fsub(product, b.fsub(total, moved)), b.fsub(wide[2], moved))
-    odd = _to_odd(b, total, error, I64)
-    return from_f32(b, ty, _round_to_odd_f32(b, odd, decl))
-
-
-def _to_odd(b: ir.IRBuilder, near, error, int_ty):
-    """`near` rounded to odd given the exact `error` of its rounding (true = near + error):
-    truncated toward zero (one step down in magnitude if it was rounded up), lowest bit set."""
-    zero = ir.Constant(near.type, 0.0)
-    inexact = b.fcmp_ordered("one", error, zero)
-    rounded_up = b.icmp_unsigned("!=", b.fcmp_ordered("<", error, zero),
-                                 b.fcmp_ordered("<", near, zero))
-    bits = b.bitcast(near, int_ty)
-    toward_zero = b.select(rounded_up, b.sub(bits, ir.Constant(int_ty, 1)), bits)
-    odd = b.or_(toward_zero, ir.Constant(int_ty, 1))
-    return b.bitcast(b.select(inexact, odd, bits), near.type)
-
-
-def _round_to_odd_f32(b: ir.IRBuilder, v, decl):
-    """An f64 as f32 rounded to odd (NaN and infinities as they are)."""
-    near = b.fptrunc(v, F32)
-    back = b.fpext(near, F64)
-    finite = b.fcmp_ordered("one", b.call(decl("llvm.fabs", F64), [v]),
-                            ir.Constant(F64, float("inf")))
-    error = b.select(finite, b.fsub(v, back), ir.Constant(F64, 0.0))
-    return _to_odd(b, near, _error_sign_f32(b, error), I32)
-
-
-def _error_sign_f32(b: ir.IRBuilder, error):
-    """The sign and non-zeroness of an f64 rounding error as an f32 (+-1 or 0): the error
-    itself may be below f32's range."""
-    zero = ir.Constant(F64, 0.0)
-    sign = b.select(b.fcmp_ordered("<", error, zero), ir.Constant(F32, -1.0),
-                    ir.Constant(F32, 1.0))
-    return b.select(b.fcmp_ordered("one", error, zero), sign, ir.Constant(F32, 0.0))
+    return from_f32(b, ty, fma_f64_to_odd_f32(b, *wide, decl))
 
 
 # --- casts --------------------------------------------------------------------------------------

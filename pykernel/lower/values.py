@@ -76,24 +76,22 @@ class GlobalRef:
     obj: object
 
 
+# How error messages name a value, by its class: `f32`, `constant 3`, `shared array f32[64]`...
+_DESCRIPTIONS = (
+    ((Value, PtrValue), lambda v: str(v.ty)),
+    (ConstValue, lambda v: f"constant {v.value!r}"),
+    (TupleValue, lambda v: f"tuple of {len(v.items)}"),
+    (ArrayValue, lambda v: f"{v.ty.space} array {v.ty.elem}{list(v.ty.shape)}"),
+    (NdArrayValue, lambda v: f"array parameter {v.ty}"),
+    (TypeValue, lambda v: f"type {v.ty}"),
+    (TensorMapValue, lambda v: f"tensor map parameter '{v.name}'"),
+    (GlobalRef, lambda v: f"Python object {v.obj!r}"),
+)
+
+
 def describe(val) -> str:
-    """How error messages name a value: `f32`, `constant 3`, `shared array f32[64]`..."""
-    if isinstance(val, Value):
-        return str(val.ty)
-    if isinstance(val, PtrValue):
-        return str(val.ty)
-    if isinstance(val, ConstValue):
-        return f"constant {val.value!r}"
-    if isinstance(val, TupleValue):
-        return f"tuple of {len(val.items)}"
-    if isinstance(val, ArrayValue):
-        return f"{val.ty.space} array {val.ty.elem}{list(val.ty.shape)}"
-    if isinstance(val, NdArrayValue):
-        return f"array parameter {val.ty}"
-    if isinstance(val, TypeValue):
-        return f"type {val.ty}"
-    if isinstance(val, TensorMapValue):
-        return f"tensor map parameter '{val.name}'"
-    if isinstance(val, GlobalRef):
-        return f"Python object {val.obj!r}"
+    """How error messages name a value (_DESCRIPTIONS); anything else by its class name."""
+    for classes, text in _DESCRIPTIONS:
+        if isinstance(val, classes):
+            return text(val)
     return type(val).__name__

@@ -12,7 +12,6 @@ parameter buffer) -> cuLaunchKernel with the prebuilt void*[] of field addresses
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 import os
 import sys
@@ -23,12 +22,17 @@ from cuda.core import Device as CoreDevice
 from cuda.core import ObjectCode
 
 from ..errors import KernelRuntimeError, LaunchError
+from .c_stdio import flush_c_stdio
+from .cuda_cooperative import blocks_per_sm, launch_cooperative
+from .cuda_errors import DeviceOutOfMemory  # noqa: F401 (runtime.md names it here)
+from .cuda_errors import (KERNEL_FAULTS, LOST_CONTEXT, CudaError, check, error_text, fault_error,
+                          jit_error_log)
+from .cuda_memory import CudaMemory
+from .cuda_memory import stream_handle as _stream_handle
 from .device import register_device_kind
 from .limits import check_geometry
 from .packer import ArgPacker
 
-_KERNEL_FAULTS = {700, 702, 710, 714, 715, 716, 717, 718, 719}  # sticky: context is lost
-_OUT_OF_MEMORY = 2
 _DEFAULT_SHARED_LIMIT = 48 * 1024
 _MAX_DYNAMIC_SHARED = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _MAX_THREADS = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
@@ -37,129 +41,6 @@ _NON_PORTABLE_CLUSTER = \
     cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
 _launch_kernel = cu.cuLaunchKernel          # the driver calls of launches (module-level: tests
 _launch_kernel_ex = cu.cuLaunchKernelEx     # without a GPU replace them)
-
-
-class CudaError(KernelRuntimeError):
-    """A CUDA driver call failed; `.code` is the CUresult's name."""
-
-    def __init__(self, message: str, code: str = ""):
-        super().__init__(message)
-        self.code = code
-
-
-class DeviceOutOfMemory(CudaError, MemoryError):
-    """Device allocation failed; the message gives bytes asked and bytes free."""
-
-
-def error_text(err) -> str:
-    """'CUDA_ERROR_ILLEGAL_ADDRESS (an illegal memory access was encountered)'."""
-    try:
-        name = cu.cuGetErrorName(err)[1].decode()
-        description = cu.cuGetErrorString(err)[1].decode()
-        return f"{name} ({description})"
-    except Exception:
-        return f"CUresult {int(err)}"
-
-
-def check(result, what: str):
-    """Unwrap a cuda.bindings result tuple, raising CudaError that says what was attempted."""
-    err = result[0]
-    if err:
-        raise CudaError(f"{what} failed: {error_text(err)}", error_text(err).split(" ")[0])
-    return result[1] if len(result) == 2 else result[1:]
-
-
-def _jit_error_log(ptx: bytes) -> str:
-    """Load the PTX once more through cuModuleLoadDataEx only to collect ptxas's error log."""
-    size = 1 << 16
-    log = bytearray(size)
-    options = [cu.CUjit_option.CU_JIT_ERROR_LOG_BUFFER,
-               cu.CUjit_option.CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES]
-    try:
-        err, module = cu.cuModuleLoadDataEx(ptx, len(options), options, [log, size])
-    except Exception as exc:  # the log is a courtesy: never hide the original error
-        return f"(could not collect the JIT log: {exc})"
-    if not err:
-        cu.cuModuleUnload(module)
-        return ""
-    return bytes(log).split(b"\0", 1)[0].decode(errors="replace").strip()
-
-
-class _DeviceAllocation:
-    """Owns one cuMemAlloc block; freed when the last Array view referencing it dies."""
-    __slots__ = ("ptr", "nbytes", "__weakref__")
-
-    def __init__(self, ptr: int, nbytes: int):
-        self.ptr, self.nbytes = ptr, nbytes
-
-    def __del__(self):
-        try:
-            cu.cuMemFree(self.ptr)
-        except Exception:  # interpreter shutdown or a lost context: nothing left to free
-            pass
-
-
-class CudaMemory:
-    """Synchronous allocation and copies on the legacy default stream: ordered with every
-    launch on pykernel's (blocking) streams, and safe during relaxed graph capture."""
-    kind = "cuda"
-
-    def __init__(self, device: "CudaDevice"):
-        self._device = device
-
-    def alloc(self, nbytes: int):
-        self._device.activate()
-        err, ptr = cu.cuMemAlloc(nbytes)
-        if err:
-            raise self._allocation_error(err, nbytes)
-        allocation = _DeviceAllocation(int(ptr), nbytes)
-        return allocation, allocation.ptr
-
-    def _allocation_error(self, err, nbytes: int) -> CudaError:
-        device = self._device
-        if int(err) != _OUT_OF_MEMORY:
-            return CudaError(f"cuMemAlloc of {nbytes} bytes on {device} failed: "
-                             f"{error_text(err)}", error_text(err).split(" ")[0])
-        free, total = cu.cuMemGetInfo()[1:]
-        return DeviceOutOfMemory(
-            f"out of GPU memory on {device}: asked for {nbytes} bytes ({nbytes / 2**20:.1f} "
-            f"MiB), {int(free)} bytes ({int(free) / 2**20:.1f} MiB) free of "
-            f"{int(total) / 2**30:.1f} GiB", "CUDA_ERROR_OUT_OF_MEMORY")
-
-    def upload(self, dst: int, host) -> None:
-        self._device.activate()
-        check(cu.cuMemcpyHtoD(dst, host.ctypes.data, host.nbytes), "copy host -> device")
-
-    def download(self, host, src: int) -> None:
-        self._device.activate()
-        err = cu.cuMemcpyDtoH(host.ctypes.data, src, host.nbytes)[0]
-        if err:
-            raise self._device.fault_error(err, "while copying device -> host")
-
-    def copy(self, dst: int, src: int, nbytes: int) -> None:
-        self._device.activate()
-        check(cu.cuMemcpyDtoD(dst, src, nbytes), "copy device -> device")
-
-    def alloc_pinned(self, nbytes: int):
-        """Page-locked host memory: -> (owner freeing it when collected, address)."""
-        self._device.activate()
-        address = int(check(cu.cuMemHostAlloc(nbytes, 0), f"cuMemHostAlloc of {nbytes} bytes"))
-        return _PinnedAllocation(address), address
-
-    def download_async(self, host, src: int, stream) -> None:
-        handle = self._device._launch_handle if stream is None else _stream_handle(stream)
-        err = cu.cuMemcpyDtoHAsync(host.ctypes.data, src, host.nbytes, handle)[0]
-        if err:
-            raise self._device.fault_error(err, "while copying device -> host")
-
-    def upload_async(self, dst: int, host, stream) -> None:
-        handle = self._device._launch_handle if stream is None else _stream_handle(stream)
-        check(cu.cuMemcpyHtoDAsync(dst, host.ctypes.data, host.nbytes, handle),
-              "copy host -> device")
-
-    def memset(self, dst: int, byte: int, nbytes: int) -> None:
-        self._device.activate()
-        check(cu.cuMemsetD8(dst, byte, nbytes), "memset")
 
 
 class _LoadedKernel:
@@ -235,75 +116,11 @@ def _launch_pdl(kernel, grid, block, shared_bytes, handle):
     return _launch_kernel_ex(config, kernel.func, kernel.kernel_params, kernel.extra)
 
 
-def _launch_cooperative(device, kernel, grid, block, shared_bytes, handle, cluster):
-    """A kernel with pk.grid_sync: cuLaunchKernelEx with the cooperative attribute, after
-    checking that every block of the grid can be resident at once (else the barrier would
-    wait for ever; the driver refuses too, with a less telling error)."""
-    where = f"{kernel.name}[grid={tuple(grid)}, block={tuple(block)}, shared={shared_bytes}]"
-    if cluster is not None and tuple(cluster) != (1, 1, 1):
-        raise LaunchError(f"{where}: a kernel with pk.grid_sync() cannot use clusters")
-    threads, blocks = block[0] * block[1] * block[2], grid[0] * grid[1] * grid[2]
-    per_sm, sms = _occupancy(device, kernel, threads, shared_bytes)
-    fits = per_sm * sms
-    if blocks > fits:
-        raise LaunchError(f"{where}: pk.grid_sync() needs every block resident at once; "
-                          f"{blocks} blocks, this GPU holds at most {fits} of this kernel's "
-                          f"blocks together")
-    attribute = cu.CUlaunchAttribute()
-    attribute.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
-    attribute.value.cooperative = 1
-    config = cu.CUlaunchConfig()
-    config.attrs, config.numAttrs = [attribute], 1
-    config.gridDimX, config.gridDimY, config.gridDimZ = grid
-    config.blockDimX, config.blockDimY, config.blockDimZ = block
-    config.sharedMemBytes, config.hStream = shared_bytes, handle
-    return cu.cuLaunchKernelEx(config, kernel.func, kernel.kernel_params, kernel.extra)
-
-
-def _occupancy(device, kernel, threads, shared_bytes):
-    """(blocks per SM, SMs) for a loaded kernel: cuOccupancyMaxActiveBlocksPerMultiprocessor
-    (registers, shared memory, threads), kept per (threads, shared bytes)."""
-    per_sm = kernel.co_resident.get((threads, shared_bytes))
-    if per_sm is None:
-        per_sm = kernel.co_resident[(threads, shared_bytes)] = check(
-            cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(kernel.func, threads, shared_bytes),
-            f"{kernel.name}: occupancy")
-    return per_sm, device.core.properties.multiprocessor_count
-
-
-class _PinnedAllocation:
-    def __init__(self, address: int):
-        self.address = address
-
-    def __del__(self):
-        try:
-            cu.cuMemFreeHost(self.address)
-        except Exception:   # interpreter shutdown: the driver may be gone already
-            pass
-
-
 def _function_of(handle):
     """cuda.core loads through the library API (CUkernel); attributes need a CUfunction."""
     if isinstance(handle, cu.CUkernel):
         return check(cu.cuKernelGetFunction(handle), "cuKernelGetFunction")
     return handle
-
-
-def flush_c_stdio() -> None:
-    """Kernels' print() output: the driver writes its printf buffer through C stdio at a
-    synchronization, which is block-buffered when stdout is not a terminal; flush it there so
-    the lines come before what the host prints next."""
-    libc = _c_library()
-    if libc is not None:
-        libc.fflush(None)
-
-
-@functools.cache
-def _c_library():
-    try:
-        return ctypes.CDLL(None)          # the process's own C library (POSIX)
-    except (OSError, TypeError):          # Windows: no such handle; output flushes at exit
-        return None
 
 
 class CudaDevice:
@@ -363,7 +180,7 @@ class CudaDevice:
         try:
             pdl = kernel.launch_config is not None and self.programmatic_launch
             if kernel.cooperative:
-                (err,) = _launch_cooperative(self, kernel, grid, block, shared_bytes, handle,
+                (err,) = launch_cooperative(self, kernel, grid, block, shared_bytes, handle,
                                              cluster)
             elif cluster is not None and cluster != (1, 1, 1):
                 (err,) = _launch_cluster(kernel, grid, block, shared_bytes, handle, cluster,
@@ -472,7 +289,7 @@ class CudaDevice:
             code = ObjectCode.from_ptx(ptx, name=compiled.name)
             func = _function_of(code.get_kernel(compiled.entry).handle)
         except Exception as exc:
-            log = _jit_error_log(ptx)
+            log = jit_error_log(ptx)
             raise KernelRuntimeError(
                 f"kernel '{compiled.name}' (entry {compiled.entry}, PTX for "
                 f"{getattr(compiled, 'arch', '?')}): the CUDA driver could not load it on "
@@ -492,7 +309,7 @@ class CudaDevice:
         self.activate()
         if shared_bytes > kernel.dynamic_shared_limit:
             self._raise_shared_limit(kernel, shared_bytes)
-        return _occupancy(self, kernel, threads, shared_bytes)
+        return blocks_per_sm(self, kernel, threads, shared_bytes)
 
     def preload(self, compiled) -> None:
         """Load the kernel and finish the driver's lazy loading of it (its PTX JIT, 0.1-0.8 s)
@@ -515,7 +332,7 @@ class CudaDevice:
 
     def _launch_failed(self, err, kernel, grid, block, shared_bytes, cluster=None):
         code = int(err)
-        if code in _KERNEL_FAULTS:  # reported by this call, caused by an earlier kernel
+        if code in KERNEL_FAULTS:  # reported by this call, caused by an earlier kernel
             self._recent.pop()
             raise self.fault_error(err, f"before launching '{kernel.name}'")
         where = (f"{kernel.name}[grid={tuple(grid)}, block={tuple(block)}, "
@@ -558,38 +375,12 @@ class CudaDevice:
         (err,) = cu.cuStreamSynchronize(handle)
         if err:
             raise KernelRuntimeError(f"kernel '{kernel.name}' failed: {error_text(err)}"
-                                     + _LOST_CONTEXT * (int(err) in _KERNEL_FAULTS))
+                                     + LOST_CONTEXT * (int(err) in KERNEL_FAULTS))
         self._recent.clear()
 
     def fault_error(self, err, when: str) -> KernelRuntimeError:
         """The error for a kernel that failed asynchronously, naming the likely culprit."""
-        names = list(self._recent)
-        if not names:
-            culprit = "no pykernel launch is pending (the failing work came from elsewhere)"
-        else:
-            culprit = (f"most likely kernel '{names[-1]}'; launched since the last "
-                       f"synchronize, oldest first: {', '.join(names)}. Set "
-                       "PYKERNEL_SYNC_LAUNCH=1 to synchronize after each launch and name the "
-                       "kernel exactly")
-        fatal = _LOST_CONTEXT if int(err) in _KERNEL_FAULTS else ""
-        return CudaError(f"CUDA error {when}: {error_text(err)}: {culprit}.{fatal}",
-                         error_text(err).split(" ")[0])
-
-
-_LOST_CONTEXT = " The CUDA context is now unusable: restart the process."
-
-
-def _stream_handle(stream):
-    """pykernel Stream (fast), or anything speaking the __cuda_stream__ protocol, or an int."""
-    handle = getattr(stream, "_launch_handle", None)
-    if handle is not None:
-        return handle
-    if hasattr(stream, "__cuda_stream__"):
-        return cu.CUstream(stream.__cuda_stream__()[1])
-    if isinstance(stream, int):
-        return cu.CUstream(stream)
-    raise LaunchError(f"stream must be a pk.Stream (or expose __cuda_stream__), got "
-                      f"{type(stream).__name__}")
+        return fault_error(err, when, list(self._recent))
 
 
 register_device_kind("cuda", CudaDevice)

@@ -116,6 +116,27 @@ def _kernel_spec(wt: ExpertWeights, q8: bool):
     return get_format(wt.type_name).id, 1, np.float32, ek.ACT_F32
 
 
+class _Launch(NamedTuple):
+    """What moe_gemv_kernel and moe_down_kernel launches share for weights wt and input x."""
+    config: MoeConfig
+    fmt_id: int
+    items: int
+    x_type: type            # the input's element type: u32 Q8_1 words or f32
+    act: int                # ek.ACT_Q8 / ek.ACT_F32
+    x_words: int            # one input row, in elements of x_type
+    x_flat: np.ndarray      # the input as a flat view of x_type
+    groups: int             # row groups of warps * rows rows (the grid's x)
+
+
+def _launch(wt: ExpertWeights, x, config: MoeConfig | None) -> _Launch:
+    c = config or default_config()
+    q8 = _q8(wt)
+    fmt_id, items, x_type, act = _kernel_spec(wt, q8)
+    x_words = q8_1_bytes(wt.n) // 4 if q8 else wt.n
+    groups = (wt.rows + c.warps * c.rows - 1) // (c.warps * c.rows)
+    return _Launch(c, fmt_id, items, x_type, act, x_words, x.reshape(-1).view(x_type), groups)
+
+
 def _row_words(wt: ExpertWeights) -> int:
     fmt = get_format(wt.type_name)
     return wt.n // fmt.block_elems * fmt.block_bytes // np.dtype(word_dtype(wt.type_name)).itemsize
@@ -142,17 +163,13 @@ def glu_into(gate: ExpertWeights, up: ExpertWeights, x, h, ids, tiles, units: in
 def units_into(w, w2, x, y, ids, tiles, units, x_div, glu, bias, bias2, tiled, config, stream):
     """Launch moe_gemv_kernel over `units` pairs or tiles (expert_kernels.py); glu an
     expert_kernels.GLU_* value."""
-    c = config or default_config()
-    q8 = _q8(w)
-    fmt_id, items, xt, act = _kernel_spec(w, q8)
-    x_words = q8_1_bytes(w.n) // 4 if q8 else w.n
-    xw = x.reshape(-1).view(np.uint32) if q8 else x.reshape(-1).view(np.float32)
-    groups = (w.rows + c.warps * c.rows - 1) // (c.warps * c.rows)
+    p = _launch(w, x, config)
+    c = p.config
     has_bias = bias is not None
-    ek.moe_gemv_kernel[(groups, units), c.warps * 32, stream](
-        w.words, w2.words, xw, bias if has_bias else y, bias2 if bias2 is not None else y,
-        ids, tiles, y, w.rows, _row_words(w), _blocks(w), w.n, x_words, x_div, fmt_id,
-        w.words.dtype, xt, act, items, c.warps, c.rows, c.batch if tiled else 1, glu,
+    ek.moe_gemv_kernel[(p.groups, units), c.warps * 32, stream](
+        w.words, w2.words, p.x_flat, bias if has_bias else y, bias2 if bias2 is not None else y,
+        ids, tiles, y, w.rows, _row_words(w), _blocks(w), w.n, p.x_words, x_div, p.fmt_id,
+        w.words.dtype, p.x_type, p.act, p.items, c.warps, c.rows, c.batch if tiled else 1, glu,
         has_bias, tiled)
 
 
@@ -160,14 +177,11 @@ def down_into(down: ExpertWeights, h, y, ids, route_w, tokens: int, k: int, bias
               res=None, config: MoeConfig | None = None, stream=None) -> None:
     """y (tokens, rows) = (res +) sum_j route_w[t, j] (down_e h[t k + j] + b_e)
     (moe_down_kernel); h: Q8_1 words or f32 rows as the type needs (_q8)."""
-    c = config or default_config()
-    q8 = _q8(down)
-    fmt_id, items, xt, act = _kernel_spec(down, q8)
-    x_words = q8_1_bytes(down.n) // 4 if q8 else down.n
-    hw = h.reshape(-1).view(np.uint32) if q8 else h.reshape(-1).view(np.float32)
-    groups = (down.rows + c.warps * c.rows - 1) // (c.warps * c.rows)
-    ek.moe_down_kernel[(groups, tokens), c.warps * 32, stream](
-        down.words, hw, y if bias is None else bias, ids, route_w, y if res is None else res,
-        y, down.rows, _row_words(down), _blocks(down), down.n, x_words, fmt_id,
-        down.words.dtype, xt, act, items, c.warps, c.rows, k, bias is not None,
+    p = _launch(down, h, config)
+    c = p.config
+    ek.moe_down_kernel[(p.groups, tokens), c.warps * 32, stream](
+        down.words, p.x_flat, y if bias is None else bias, ids, route_w,
+        y if res is None else res, y, down.rows, _row_words(down), _blocks(down), down.n,
+        p.x_words, p.fmt_id, down.words.dtype, p.x_type, p.act, p.items, c.warps, c.rows, k,
+        bias is not None,
         res is not None)

@@ -27,6 +27,7 @@ import numpy as np
 import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, u32
 
+from .._select import better, warp_argmax
 from ..collectives import SUM, warp_reduce
 
 MODES = {"softmax_norm": 0, "softmax": 1, "topk_softmax": 2}
@@ -34,24 +35,6 @@ SOFTMAX_NORM, SOFTMAX, TOPK_SOFTMAX = 0, 1, 2
 NORM_FLOOR = 6.103515625e-5        # llama.cpp clamps the renormalising sum to this (2^-14)
 MAX_K = 32
 NEG_INF = float("-inf")
-
-
-@pk.func
-def better(v: f32, i: i32, ov: f32, oi: i32) -> bool:
-    """(v, i) ranks before (ov, oi): larger value, or equal value and lower index."""
-    return v > ov or (v == ov and i < oi)
-
-
-@pk.func
-def warp_best(v: f32, i: i32):
-    """The best (value, index) of the warp (better), in every lane."""
-    for step in pk.static_range(5):
-        ov = pk.shfl_xor(v, 16 >> step)
-        oi = pk.shfl_xor(i, 16 >> step)
-        if better(ov, oi, v, i):
-            v = ov
-            i = oi
-    return v, i
 
 
 @pk.kernel
@@ -82,7 +65,7 @@ def router_kernel(logits: Ptr[f32, "ro"], bias: Ptr[f32, "ro"], ids: Ptr[i32],
                     better(vals[s], e, bv, bi):
                 bv = vals[s]
                 bi = e
-        bv, bi = warp_best(bv, bi)
+        bv, bi = warp_argmax(bv, bi)
         if bi % 32 == lane:
             taken = taken | (u32(1) << u32(bi // 32))
         chosen[j] = bv

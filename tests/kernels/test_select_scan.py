@@ -16,9 +16,9 @@ from tests.kernels import scan_model as M
 MAX_LEN = 2048
 
 
-@pk.kernel
-def scan_kernel(x: Ptr[f32, "ro"], out: Ptr[f32], length: i32, BLOCK: Const[int]):
-    arr = pk.shared_array(f32, MAX_LEN)
+@pk.func
+def scan_into(x, out, arr, length: i32, BLOCK: Const[int]):
+    """x's first `length` values into shared arr, block_scan over them, arr copied to out."""
     scratch = pk.shared_array(f32, 32)
     for i in range(pk.thread_idx.x, length, BLOCK):
         arr[i] = x[i]
@@ -26,6 +26,12 @@ def scan_kernel(x: Ptr[f32, "ro"], out: Ptr[f32], length: i32, BLOCK: Const[int]
     block_scan(arr, length, scratch, BLOCK)
     for i in range(pk.thread_idx.x, length, BLOCK):
         out[i] = arr[i]
+
+
+@pk.kernel
+def scan_kernel(x: Ptr[f32, "ro"], out: Ptr[f32], length: i32, BLOCK: Const[int]):
+    arr = pk.shared_array(f32, MAX_LEN)
+    scan_into(x, out, arr, length, BLOCK)
 
 
 @pytest.mark.parametrize("block,length", [(256, 1), (256, 45), (256, 256), (256, 512),
@@ -52,13 +58,7 @@ def test_block_scan_matches_cumsum(device, rng, seed, block, length):
 def scan_search_kernel(x: Ptr[f32, "ro"], out: Ptr[f32], targets: Ptr[f32, "ro"],
                        picks: Ptr[i32], length: i32, n_targets: i32, BLOCK: Const[int]):
     arr = pk.shared_array(f32, MAX_LEN)
-    scratch = pk.shared_array(f32, 32)
-    for i in range(pk.thread_idx.x, length, BLOCK):
-        arr[i] = x[i]
-    pk.syncthreads()
-    block_scan(arr, length, scratch, BLOCK)
-    for i in range(pk.thread_idx.x, length, BLOCK):
-        out[i] = arr[i]
+    scan_into(x, out, arr, length, BLOCK)
     for q in range(pk.thread_idx.x, n_targets, BLOCK):
         picks[q] = search_cum(arr, length, targets[q])
 

@@ -27,6 +27,7 @@ from llm.backends.numpy_backend import NumpyBackend
 from llm.config import RopeParams, YarnParams
 from tests.llm.cli_helpers import pykernel
 from tests.llm.gguf_helpers import TINY, require_for_module
+from tests.llm.test_moe_models import greedy, rel_l2
 
 require_for_module(TINY / "tiny-moe-logits.json")
 CASES = json.loads((TINY / "tiny-moe-logits.json").read_text())
@@ -35,10 +36,6 @@ QUANT_FILES = sorted(name for name in CASES if "f32" not in name)
 F32_TOL = 1e-3        # the issue's bound; measured 6e-7..1.5e-6
 EMULATED_TOL = 1e-2   # as test_moe_models: one activation rounding flip, ~1/127
 GRAPH_TOL = 1e-5      # the same kernels up to summation order (decode vs grouped experts)
-
-
-def rel_l2(a, b) -> float:
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
 def block_error(block: int) -> float:
@@ -56,18 +53,6 @@ def models():
                                    progress=False)
         return cache[name]
     return get
-
-
-def greedy(model, prompt, n):
-    """n greedy tokens after prompt: an eager prefill, then decode steps (graphs)."""
-    session = model.session()
-    session.reset()
-    logits, _ = session.prefill(prompt)
-    out = []
-    for _ in range(n):
-        out.append(int(np.argmax(logits)))
-        logits = session.step(out[-1])
-    return out
 
 
 @pytest.mark.parametrize("name", F32_FILES)

@@ -198,6 +198,7 @@ def test_prompt_groups_fit_one_prefill_step(monkeypatch):
     """The scheduler's groups: consecutive prompts while their new tokens fit one prefill
     step (after what each slot reuses); a longer prompt and a scored one alone."""
     import llm.batching as batching
+    from llm.batch_slots import prompt_groups
     model = load("cpu", "numpy", n_ctx=8 * 64)
     monkeypatch.setattr(batching, "prefill_step_tokens", lambda transformer, options: 16)
     scheduler = BatchScheduler(model, slots=8)
@@ -206,7 +207,7 @@ def test_prompt_groups_fit_one_prefill_step(monkeypatch):
         lengths = [6, 9, 12, 20, 3, 3, 4, 4]
         requests = [batching._Request([1] * n, None, slot=i, prompt_logprobs=i == 5)
                     for i, n in enumerate(lengths)]
-        groups = scheduler._prompt_groups(requests)
+        groups = prompt_groups(scheduler.sessions, requests, scheduler._step_tokens)
     finally:
         scheduler.close()
     # 6 + 9 fit; 12 reuses 10 (2 new, over 15 + 2); 20 alone; 3; the scored one alone; 4 + 4

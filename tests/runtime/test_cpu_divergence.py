@@ -12,12 +12,7 @@ import pykernel as pk
 from pykernel import Ptr, i32, u32
 
 
-@pytest.fixture(autouse=True)
-def cpu():
-    previous = pk.current_device()
-    pk.set_device("cpu")
-    yield
-    pk.set_device(previous)
+pytestmark = pytest.mark.usefixtures("cpu_device")
 
 
 @pk.kernel
