@@ -7,14 +7,19 @@ geometry and runtime arguments.
 Output: kernels running on the GPU; CUDA errors mapped to KernelRuntimeError/LaunchError naming
 the kernel; allocation failures naming bytes asked and free.
 
-Launch path (per call): cache lookup by cache_key -> ArgPacker.pack (writes the preallocated
-parameter buffer) -> cuLaunchKernel with the prebuilt void*[] of field addresses.
+Launch path (per call): the Launcher's generated function (fast_launch): inline argument
+checks -> one struct.pack_into into a parameter buffer taken from the kernel's pool -> one
+cuLaunchKernel handing the driver that buffer through a prebuilt `extra` array (or its prebuilt
+void*[] of field addresses: param_buffer=False, or a driver that cannot confirm the layout).
+The full path (`launch`: captures, PDL, clusters, cooperative kernels) packs the kernel's shared
+buffer under the kernel's lock.
 """
 from __future__ import annotations
 
 import functools
 import os
 import sys
+import threading
 from collections import deque
 
 from cuda.bindings import driver as cu
@@ -28,6 +33,7 @@ from .cuda_errors import DeviceOutOfMemory  # noqa: F401 (runtime.md names it he
 from .cuda_errors import (KERNEL_FAULTS, LOST_CONTEXT, CudaError, check, error_text, fault_error,
                           jit_error_log)
 from .cuda_memory import CudaMemory
+from .cuda_param_layout import buffer_layout_ok
 from .cuda_memory import stream_handle as _stream_handle
 from .device import register_device_kind
 from .limits import check_geometry
@@ -45,17 +51,19 @@ _launch_kernel_ex = cu.cuLaunchKernelEx     # without a GPU replace them)
 
 class _LoadedKernel:
     __slots__ = ("name", "func", "packer", "pack", "params_address", "kernel_params", "extra",
-                 "dynamic_shared_limit", "static_shared", "code", "launch_config",
-                 "non_portable", "cooperative", "co_resident")
+                 "param_buffer", "lock", "dynamic_shared_limit", "static_shared", "code",
+                 "launch_config", "non_portable", "cooperative", "co_resident")
 
     def __init__(self, name, func, packer, dynamic_shared_limit, static_shared, code,
                  param_buffer: bool, pdl: bool = False):
         self.name, self.func, self.packer, self.pack = name, func, packer, packer.pack
         self.params_address = packer.params_address
         # cuLaunchKernel takes either kernelParams (void*[] of field addresses) or `extra`
-        # (the whole buffer); exactly one is non-NULL
+        # (the whole buffer); at most one is non-NULL (both for a kernel without parameters)
+        self.param_buffer = param_buffer
         self.kernel_params = 0 if param_buffer else packer.params_address
         self.extra = packer.extra_address if param_buffer else 0
+        self.lock = threading.Lock()    # the shared buffer, from pack until the driver's copy
         self.dynamic_shared_limit = dynamic_shared_limit
         self.static_shared = static_shared
         self.code = code  # the cuda.core ObjectCode: keeps the module loaded
@@ -130,7 +138,7 @@ class CudaDevice:
     def __init__(self, ordinal: int = 0, param_buffer: bool | None = None):
         self.ordinal = ordinal
         if param_buffer is None:
-            param_buffer = os.environ.get("PYKERNEL_PARAM_BUFFER", "") not in ("", "0")
+            param_buffer = os.environ.get("PYKERNEL_PARAM_BUFFER", "1") != "0"
         self.param_buffer = param_buffer  # pass arguments through `extra` (one buffer)
         self.core = CoreDevice(ordinal)
         self.core.set_current()
@@ -172,27 +180,16 @@ class CudaDevice:
         kernel = self._kernels.get(compiled.cache_key)
         if kernel is None:
             kernel = self.load(compiled)
-        kernel.pack(args)
-        if shared_bytes > kernel.dynamic_shared_limit:
-            self._raise_shared_limit(kernel, shared_bytes)
         handle = self._launch_handle if stream is None else _stream_handle(stream)
-        self._recent.append(kernel.name)
-        try:
-            pdl = kernel.launch_config is not None and self.programmatic_launch
-            if kernel.cooperative:
-                (err,) = launch_cooperative(self, kernel, grid, block, shared_bytes, handle,
-                                             cluster)
-            elif cluster is not None and cluster != (1, 1, 1):
-                (err,) = _launch_cluster(kernel, grid, block, shared_bytes, handle, cluster,
-                                         pdl)
-            elif not pdl:
-                (err,) = _launch_kernel(kernel.func, grid[0], grid[1], grid[2], block[0],
-                                        block[1], block[2], shared_bytes, handle,
-                                        kernel.kernel_params, kernel.extra)
-            else:
-                (err,) = _launch_pdl(kernel, grid, block, shared_bytes, handle)
-        except (OverflowError, TypeError) as exc:
-            raise _bad_geometry(kernel, grid, block, shared_bytes, exc) from None
+        with kernel.lock:       # another thread's pack would overwrite the shared buffer
+            kernel.pack(args)
+            if shared_bytes > kernel.dynamic_shared_limit:
+                self._raise_shared_limit(kernel, shared_bytes)
+            self._recent.append(kernel.name)
+            try:
+                err = self._driver_launch(kernel, grid, block, shared_bytes, handle, cluster)
+            except (OverflowError, TypeError) as exc:
+                raise _bad_geometry(kernel, grid, block, shared_bytes, exc) from None
         if err:
             self._launch_failed(err, kernel, grid, block, shared_bytes, cluster)
         if self._capture is not None:
@@ -201,6 +198,23 @@ class CudaDevice:
         elif self.sync_launches:
             self._synchronize_after(kernel, handle)
 
+    def _driver_launch(self, kernel, grid, block, shared_bytes, handle, cluster):
+        """The driver call of a full-path launch (its parameters packed): cooperative, cluster,
+        plain or PDL; returns the CUresult."""
+        pdl = kernel.launch_config is not None and self.programmatic_launch
+        if kernel.cooperative:
+            (err,) = launch_cooperative(self, kernel, grid, block, shared_bytes, handle,
+                                         cluster)
+        elif cluster is not None and cluster != (1, 1, 1):
+            (err,) = _launch_cluster(kernel, grid, block, shared_bytes, handle, cluster, pdl)
+        elif not pdl:
+            (err,) = _launch_kernel(kernel.func, grid[0], grid[1], grid[2], block[0], block[1],
+                                    block[2], shared_bytes, handle, kernel.kernel_params,
+                                    kernel.extra)
+        else:
+            (err,) = _launch_pdl(kernel, grid, block, shared_bytes, handle)
+        return err
+
     def bind(self, compiled, grid, block, args, stream=None, shared_bytes=0, cluster=None,
              fallback=None):
         """A function repeating this launch (BoundLaunch.launch): arguments checked and packed
@@ -208,9 +222,10 @@ class CudaDevice:
         Captures, PDL launch modes, clusters and synchronous launches call `fallback` (the
         launcher's ordinary call) or, without one, the full `launch`."""
         kernel = self._kernels.get(compiled.cache_key) or self.load(compiled)
-        kernel.pack(args)
-        owner, params, extra = kernel.packer.snapshot()
-        if self.param_buffer:
+        with kernel.lock:
+            kernel.pack(args)
+            owner, params, extra = kernel.packer.snapshot()
+        if kernel.param_buffer:
             params = 0
         else:
             extra = 0
@@ -263,7 +278,6 @@ class CudaDevice:
         condition, names = guard
         scope = {**names, "device": self, "fallback": fallback, "func": kernel.func,
                  "runtime": sys.modules[__name__], "handle": handle,
-                 "params": kernel.kernel_params, "extra": kernel.extra,
                  "recent": self._recent.append, "name": kernel.name,
                  "failed": functools.partial(self._launch_failed, kernel=kernel, grid=grid,
                                              block=block, shared_bytes=shared_bytes)}
@@ -271,11 +285,15 @@ class CudaDevice:
         head = [(f"if kwargs or {condition} or device._capture is not None or "
                  "device.sync_launches or device.programmatic_launch:"),
                 "    return fallback(*args, **kwargs)"]
+        # the parameters: this launch's pool buffer as one block (`extra`), or its void*[];
+        # the driver has copied them when it returns, so the buffer goes back to the pool
+        passed = "0, extra" if kernel.param_buffer else "params, 0"
         # the module attribute, read per call: tests replace the driver call there
         tail = ["recent(name)",
-                f"err, = runtime._launch_kernel(func, {geometry}, handle, params, extra)",
-                "if err:", "    failed(err)"]
-        return kernel.packer.fused("launch", head, tail, scope, "fallback(*args, **kwargs)")
+                f"err, = runtime._launch_kernel(func, {geometry}, handle, {passed})",
+                "give(slot)", "if err:", "    failed(err)"]
+        return kernel.packer.fused("launch", head, tail, scope, "fallback(*args, **kwargs)",
+                                   pooled=True)
 
     def load(self, compiled) -> _LoadedKernel:
         """Load the kernel's PTX once per device (keyed by compiled.cache_key)."""
@@ -295,9 +313,12 @@ class CudaDevice:
                 f"{getattr(compiled, 'arch', '?')}): the CUDA driver could not load it on "
                 f"{self}: {exc}" + (f"\nptxas log:\n{log}" if log else "")) from None
         limit = check(cu.cuFuncGetAttribute(_MAX_DYNAMIC_SHARED, func), "cuFuncGetAttribute")
-        kernel = _LoadedKernel(compiled.name, func, ArgPacker(compiled, "cuda", self.ordinal),
-                               limit, getattr(compiled, "shared_bytes", 0), code,
-                               self.param_buffer, "pdl" in getattr(compiled, "uses", ()))
+        packer = ArgPacker(compiled, "cuda", self.ordinal)
+        # one buffer through `extra` only where the driver confirms the packer's layout
+        param_buffer = self.param_buffer and buffer_layout_ok(func, packer)
+        kernel = _LoadedKernel(compiled.name, func, packer, limit,
+                               getattr(compiled, "shared_bytes", 0), code, param_buffer,
+                               "pdl" in getattr(compiled, "uses", ()))
         kernel.cooperative = "grid_sync" in getattr(compiled, "uses", ())
         self._kernels[compiled.cache_key] = kernel
         self._prints = self._prints or "print" in getattr(compiled, "uses", ())

@@ -96,15 +96,16 @@ class Graph:
             raise RuntimeError(f"graph launch {launch.name}: its graph node was not identified "
                                "at capture; pass changing values through device memory")
         kernel = launch.target
-        kernel.packer.pack(values)  # the driver copies the values during the call below
         params = cu.CUDA_KERNEL_NODE_PARAMS()
         params.func = kernel.func
         params.gridDimX, params.gridDimY, params.gridDimZ = launch.grid
         params.blockDimX, params.blockDimY, params.blockDimZ = launch.block
         params.sharedMemBytes = launch.shared_bytes
         params.kernelParams = kernel.params_address
-        check(cu.cuGraphExecKernelNodeSetParams(self._exec.handle, launch.node, params),
-              f"updating graph node of {launch.name}")
+        with kernel.lock:   # the shared buffer: the driver copies the values during the call
+            kernel.packer.pack(values)
+            check(cu.cuGraphExecKernelNodeSetParams(self._exec.handle, launch.node, params),
+                  f"updating graph node of {launch.name}")
 
     def __repr__(self) -> str:
         names = ", ".join(launch.name for launch in self.launches)

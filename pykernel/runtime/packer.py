@@ -26,6 +26,7 @@ from typing import Callable, NamedTuple
 from ..errors import LaunchError
 from . import array_args
 from .arrays import Array
+from .param_buffers import BufferPool, new_buffer
 from .pointer_sources import ARRAY, NUMPY, TORCH, source_of
 
 _FORMAT = {"int8": "b", "uint8": "B", "int16": "h", "uint16": "H", "int32": "i",
@@ -34,7 +35,6 @@ _FORMAT = {"int8": "b", "uint8": "B", "int16": "h", "uint16": "H", "int32": "i",
 _DSL_NAME = {"int8": "i8", "uint8": "u8", "int16": "i16", "uint16": "u16", "int32": "i32",
              "uint32": "u32", "int64": "i64", "uint64": "u64", "float16": "f16",
              "float32": "f32", "float64": "f64", "bool": "bool_", "bfloat16": "bf16"}
-_BUFFER_ALIGN = 16
 
 
 def dtype_name(dtype) -> str:
@@ -87,18 +87,12 @@ class ArgPacker:
         self._struct = struct.Struct("".join(fields))
         self.size = self._struct.size
         self.offsets = offsets
-        # pack_into's offset keeps the fields aligned whatever address ctypes hands out
-        self._storage = (ctypes.c_uint8 * (self.size + _BUFFER_ALIGN))()
-        self._base = (-ctypes.addressof(self._storage)) % _BUFFER_ALIGN
+        # the buffer `pack` writes (the CPU entry point's argument, the full CUDA path's)
+        self._storage, self._base, self.params_address, self.extra_address = \
+            new_buffer(offsets, self.size)
         self.address = ctypes.addressof(self._storage) + self._base
-        self._pointers = (ctypes.c_void_p * max(1, len(offsets)))(
-            *[self.address + o for o in offsets])
-        self.params_address = ctypes.addressof(self._pointers) if offsets else 0
-        # cuLaunchKernel's `extra` alternative: {BUFFER_POINTER, address, BUFFER_SIZE, &size, END}
-        self._size_field = ctypes.c_size_t(self.size)
-        self._extra = (ctypes.c_void_p * 5)(1, self.address, 2,
-                                            ctypes.addressof(self._size_field), 0)
-        self.extra_address = ctypes.addressof(self._extra)
+        # buffers of their own for the generated CUDA launchers (one per launch in flight)
+        self.pool = BufferPool(offsets, self.size)
         self._count = len(self.params)
         self._scopes = []          # the generated functions' globals (torch is bound late)
         self.pack = _generate_pack(self)
@@ -108,29 +102,26 @@ class ArgPacker:
         """Check and write `args`; returns the buffer address (CPU entry point's argument)."""
         raise NotImplementedError
 
-    def fused(self, function: str, head: list, tail: list, scope: dict, on_count: str):
+    def fused(self, function: str, head: list, tail: list, scope: dict, on_count: str,
+              pooled: bool = False):
         """A function `function(*args, **kwargs)` that runs `head`, packs `args` as `pack`
         does, then runs `tail` (a device's launch: one Python frame for the whole launch);
         None for kernels whose arguments expand into several fields (n-d arrays), whose pack
-        is a wrapper."""
+        is a wrapper. `pooled`: pack into a buffer taken from `self.pool` instead of the
+        shared one; `tail` then reads its addresses as `params` and `extra` and must hand it
+        back with `give(slot)` once the driver has copied it."""
         if any(p.kind == "array" for p in self.params):
             return None
-        return _generate(self, function, head, tail, scope, on_count, "*args, **kwargs")
+        return _generate(self, function, head, tail, scope, on_count, "*args, **kwargs",
+                         pooled)
 
     def snapshot(self) -> tuple:
         """A private copy of the buffer as last packed: (owner to keep alive, its void*[] of
         field addresses, its `extra` array). A bound launch replays it while later packs
         overwrite the shared buffer."""
-        storage = (ctypes.c_uint8 * (self.size + _BUFFER_ALIGN))()
-        address = ctypes.addressof(storage) + (-ctypes.addressof(storage)) % _BUFFER_ALIGN
-        ctypes.memmove(address, self.address, self.size)
-        pointers = (ctypes.c_void_p * max(1, len(self.offsets)))(
-            *[address + o for o in self.offsets])
-        size = ctypes.c_size_t(self.size)
-        extra = (ctypes.c_void_p * 5)(1, address, 2, ctypes.addressof(size), 0)
-        owner = (storage, pointers, size, extra)
-        params = ctypes.addressof(pointers) if self.offsets else 0
-        return owner, params, ctypes.addressof(extra)
+        storage, base, params, extra = new_buffer(self.offsets, self.size)
+        ctypes.memmove(ctypes.addressof(storage) + base, self.address, self.size)
+        return storage, params, extra
 
     def unpack(self) -> tuple:
         """The raw field values last packed (pointers as ints, bf16 as bits): for tests."""
@@ -173,17 +164,19 @@ def _generate_pack(packer):
 
 
 def _generate(packer, function: str, head: list, tail: list, extra_scope: dict,
-              on_count: str, signature: str):
+              on_count: str, signature: str, pooled: bool = False):
     """Build `function(<signature>)` (its arguments in `args`), unrolled: `head` lines, a
     tuple unpack (`on_count` when the count is wrong), each parameter's lines from its
-    FIELD_KINDS entry, one pack_into, then `tail` lines. Generated from the ABI alone (names are a0, a1, ...)
-    and the callers' fixed lines, so no user text is evaluated; any argument the inline checks
-    do not accept goes to the precise converters."""
+    FIELD_KINDS entry, one pack_into (into a pool buffer when `pooled`), then `tail` lines.
+    Generated from the ABI alone (names are a0, a1, ...) and the callers' fixed lines, so no
+    user text is evaluated; any argument the inline checks do not accept goes to the precise
+    converters."""
     names = [f"a{i}" for i in range(len(packer.params))]
     scope = {"Array": Array, "struct_error": struct.error, "packer": packer,
              "pack_into": packer._struct.pack_into, "storage": packer._storage,
              "base": packer._base, "address": packer.address, "kind": packer.device_kind,
-             "Tensor": _NoTorchYet, **extra_scope}
+             "Tensor": _NoTorchYet, "take": packer.pool.take, "give": packer.pool.give,
+             "new_buffer": packer.pool.new, **extra_scope}
     lines = [f"def {function}({signature}):"] + ["    " + line for line in head]
     if names:
         lines += ["    try:", f"        {', '.join(names)}, = args",
@@ -195,9 +188,14 @@ def _generate(packer, function: str, head: list, tail: list, extra_scope: dict,
         code, written = FIELD_KINDS[param.kind].emit(packer, param, name, scope)
         lines += ["    " + line for line in code]
         fields += written
+    # the pool's buffer is taken after every check that can raise, and given back on failure
+    lines += ["    try:", "        storage, base, params, extra = slot = take()",
+              "    except IndexError:", "        storage, base, params, extra = slot = new_buffer()"
+              ] if pooled else []
     lines += ["    try:", f"        pack_into(storage, base, {', '.join(fields)})",
-              "    except (struct_error, TypeError, ValueError, OverflowError):",
-              "        packer._diagnose_scalars(args)", "        raise"]
+              "    except (struct_error, TypeError, ValueError, OverflowError):"]
+    lines += ["        give(slot)"] if pooled else []
+    lines += ["        packer._diagnose_scalars(args)", "        raise"]
     lines += ["    " + line for line in tail]
     exec(compile("\n".join(lines), f"<{function} {packer.kernel_name}>", "exec"), scope)
     packer._scopes.append(scope)

@@ -3,7 +3,7 @@ where a launch asks for programmatic dependent launch), bound launches, and the 
 whole launch path with the final driver call replaced (cuLaunchKernel mocked)."""
 from __future__ import annotations
 
-import ctypes
+import struct
 
 import numpy as np
 import pytest
@@ -12,6 +12,7 @@ import pykernel as pk
 from pykernel import compile_pool
 from pykernel.errors import LaunchError
 from pykernel.runtime.device import get_device
+from pykernel.runtime.param_buffers import read_fields
 
 cuda_runtime = pytest.importorskip("pykernel.runtime.cuda",
                                    reason="cuda-python is needed for the CUDA device class")
@@ -27,16 +28,26 @@ def add(x: pk.Ptr[pk.f32], y: pk.Ptr[pk.f32], out: pk.Ptr[pk.f32], n: pk.i32):
 
 class DriverCalls:
     """Stands in for cuLaunchKernel: records each call's function, geometry and the runtime
-    values its kernelParams point at (read during the call, as the driver does)."""
+    values handed over (pointers as u64, scalars as i32), read during the call as the driver
+    does: through kernelParams, or from the one buffer in `extra` at the offsets the ABI
+    gives (each field at its own alignment); exactly one of the two may be set."""
 
     def __init__(self, params):
         self.calls, self.params = [], params
+        self.formats = ["<Q" if p.kind == "ptr" else "<i" for p in params]
+        sizes = [struct.calcsize(f) for f in self.formats]
+        self.offsets, end = [], 0
+        for size in sizes:          # pointers and i32: the alignment is the size
+            end += (-end) % size
+            self.offsets.append(end)
+            end += size
+        self.sizes, self.modes = sizes, []
 
     def __call__(self, func, gx, gy, gz, bx, by, bz, shared, stream, kernel_params, extra):
-        pointers = (ctypes.c_void_p * len(self.params)).from_address(kernel_params)
-        values = tuple(ctypes.c_uint64.from_address(pointers[i]).value if p.kind == "ptr"
-                       else ctypes.c_int32.from_address(pointers[i]).value
-                       for i, p in enumerate(self.params))
+        assert not (kernel_params and extra), "the driver takes kernelParams or extra, not both"
+        fields = read_fields(kernel_params, extra, self.offsets, self.sizes)
+        values = tuple(struct.unpack(f, b)[0] for f, b in zip(self.formats, fields))
+        self.modes.append("extra" if extra else "kernelParams")
         self.calls.append(((gx, gy, gz), (bx, by, bz), shared, values))
         return (0,)
 
