@@ -95,7 +95,7 @@ def mock_cuda_device(arch: str = "sm_90", param_buffer: bool = True):
     def load(compiled):
         kernel = cuda_runtime._LoadedKernel(
             compiled.name, cu.CUfunction(), cuda_runtime.ArgPacker(compiled, "cuda", 0),
-            48 * 1024, compiled.shared_bytes, None, param_buffer, "pdl" in compiled.uses)
+            48 * 1024, compiled.shared_bytes, None, param_buffer, "pdl" in getattr(compiled, "uses", ()))
         device._kernels[compiled.cache_key] = kernel
         return kernel
     device.load = load
