@@ -34,7 +34,9 @@ ROWS = [("first_ms", "first call RMSNorm, empty caches (ms)"),
         ("warm_first_ms", "first call RMSNorm, warm cache, new process (ms)"),
         ("launch_own_us", "launch, 4-arg kernel, own arrays (us)"),
         ("launch_bound_us", "launch, bound (`k[g, b].bind(...).launch()`) (us)"),
+        ("raw_floor_us", "raw cuLaunchKernel of that kernel, prebuilt `extra` (us)"),
         ("launch_torch_us", "launch with torch tensors (us)"),
+        ("raw_floor_torch_us", "raw cuLaunchKernel again, torch's CUDA initialized (us)"),
         ("torch_add_us", "torch.add launch, same tensors (us)"),
         ("add_scalar_gbs", "scalar vector add, 3 x 1 GiB (GB/s)"),
         ("add_vec16_gbs", "16-byte vector add, 3 x 1 GiB (GB/s)"),
@@ -107,6 +109,17 @@ def torch_rows(res, torch, sizes, small_args):
 
 
 # --- pykernel ---------------------------------------------------------------------------------
+def raw_launch(device, name: str):
+    """The bare driver call of loaded kernel `name` with its parameters as last packed (one
+    buffer through `extra`, or kernelParams where the device uses those): the floor any
+    Python launcher pays on this host, measured in the same process as the launches."""
+    from cuda.bindings import driver as cu
+    kernel = next(k for k in device._kernels.values() if k.name == name)
+    func, params, extra = kernel.func, kernel.kernel_params, kernel.extra
+    stream, launch = cu.CUstream(0), cu.cuLaunchKernel
+    return lambda: launch(func, 1, 1, 1, 128, 1, 1, 0, stream, params, extra)
+
+
 def run_pykernel(sizes, first_only: bool) -> dict:
     sys.path.insert(0, os.path.dirname(HERE))
     import numpy as np
@@ -133,6 +146,8 @@ def run_pykernel(sizes, first_only: bool) -> dict:
                 sizes)
     bound = launcher.bind(*small, 128)
     res.measure("launch_bound_us", launch_us, bound.launch, pk.synchronize, sizes)
+    res.measure("raw_floor_us", lambda: launch_us(raw_launch(pk.get_device(), pk_add.name),
+                                                  pk.synchronize, sizes))
     n = sizes.vec_n
     big = [pk.empty(n, np.float32) for _ in range(3)]
     res.measure("add_scalar_gbs", gbs, lambda: pk_add[-(-n // 256), 256](*big, n),
@@ -146,6 +161,8 @@ def run_pykernel(sizes, first_only: bool) -> dict:
         tensors = [torch.zeros(128, device="cuda") for _ in range(3)]
         res.measure("launch_torch_us", launch_us, lambda: launcher(*tensors, 128),
                     torch.cuda.synchronize, sizes)
+        res.measure("raw_floor_torch_us", lambda: launch_us(
+            raw_launch(pk.get_device(), pk_add.name), pk.synchronize, sizes))
         torch_rows(res, torch, sizes, tensors)
     return res
 

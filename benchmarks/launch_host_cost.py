@@ -7,7 +7,8 @@ real launch on the GPU.
 
 Input: none (compiles one 4-argument kernel for sm_90 with LLVM; no driver needed).
 Output: a table of microseconds per launch (best batch) for own arrays (the configuration
-looked up per call, and a kept launcher), a bound launch
+looked up per call, and a kept launcher; parameters as one buffer through `extra`, the
+default, and one by one through kernelParams), a bound launch
 (`launcher.bind(...)` then `.launch()`), torch tensors (CPU tensors: the same attribute reads as
 CUDA ones; skipped without torch) and an object exposing `__cuda_array_interface__`.
 
@@ -39,8 +40,8 @@ def add4(x: pk.Ptr[pk.f32], y: pk.Ptr[pk.f32], out: pk.Ptr[pk.f32], n: pk.i32):
         out[i] = x[i] + y[i]
 
 
-def mock_cuda_device():
-    device = fakes.mock_cuda_device("sm_90")
+def mock_cuda_device(param_buffer: bool = True):
+    device = fakes.mock_cuda_device("sm_90", param_buffer=param_buffer)
     ok = (0,)
     cuda_runtime._launch_kernel = lambda *args: ok
     return device
@@ -74,11 +75,23 @@ class _CudaArrayInterface:
                 "strides": None, "version": 3}
 
 
+def device_arrays(device) -> list:
+    return [Array(None, device.memory.alloc(N * 4)[1], (N,), np.dtype(np.float32), device)
+            for _ in range(3)]
+
+
+def kernel_params_row() -> tuple:
+    """The kept launcher on a device passing the fields one by one (kernelParams)."""
+    device = set_device(mock_cuda_device(param_buffer=False))
+    launcher, (x, y, out) = add4[-(-N // 256), 256], device_arrays(device)
+    return ("own arrays, launcher(...) kept, kernelParams (param_buffer=False)",
+            per_launch_us(lambda: launcher(x, y, out, N)))
+
+
 def rows(device) -> list:
     grid, block = -(-N // 256), 256
     launcher = add4[grid, block]
-    x, y, out = (Array(None, device.memory.alloc(N * 4)[1], (N,), np.dtype(np.float32), device)
-                 for _ in range(3))
+    x, y, out = device_arrays(device)
     table = [("own arrays, kernel[grid, block](...) (configuration looked up per call)",
               per_launch_us(lambda: add4[grid, block](x, y, out, N))),
              ("own arrays, launcher(...) (`launcher = kernel[grid, block]` kept)",
@@ -116,7 +129,7 @@ def main():
     device = set_device(mock_cuda_device())
     print("| launch path (cuLaunchKernel mocked) | us per launch |\n|---|---|")
     print(f"| the mocked driver call alone | {mock_driver_call_us():.2f} |")
-    for name, us in rows(device):
+    for name, us in [*rows(device), kernel_params_row()]:
         print(f"| {name} | {us:.2f} |")
 
 

@@ -3,10 +3,13 @@
 Input: none (needs a GPU). Output: a table of microseconds per launch, median and best of
 BATCHES batches, for: the raw cuLaunchKernel floor (prebuilt params, nothing checked; with
 kernelParams and with one `extra` buffer), cuda.core's `launch` with pre-converted arguments,
-the packer alone, pykernel's `device.launch` (checks and packs every argument; both parameter
-passing modes), a replayed CUDA graph (per captured kernel), the compiler's
-`kernel[grid, block](...)` launcher, the same computation as a `@pk.elementwise` call (shape
-and alignment checks, output given) and as an `@pk.autotune`d kernel once tuned.
+the packer alone, pykernel's `device.launch` (checks and packs every argument; one buffer
+through `extra`, the default, and the fields one by one through kernelParams), a replayed CUDA
+graph (per captured kernel), the compiler's `kernel[grid, block](...)` launcher (looked up per
+call, kept, bound; both parameter passing modes), torch CUDA tensors through the kept launcher
+beside the raw floor measured again with torch initialized (when torch has CUDA), the same
+computation as a `@pk.elementwise` call (shape and alignment checks, output given) and as an
+`@pk.autotune`d kernel once tuned.
 
 Only the launch calls are timed; each batch (shorter than the driver's launch queue) is followed
 by an untimed synchronize, so GPU execution time never leaks into the figures.
@@ -114,10 +117,37 @@ def six_dsl(n: pk.i32, a: pk.f32, b: pk.f32, x: pk.Ptr[pk.f32], y: pk.Ptr[pk.f32
         out[i] = a * x[i] + b * y[i]
 
 
-def bench_dsl(gpu, args):
-    """The compiler's `kernel[grid, block](...)` launcher."""
+def bench_dsl(gpu, args, kept=False):
+    """The compiler's `kernel[grid, block](...)` launcher on device `gpu` (made current): the
+    configuration looked up per call, or `launcher = kernel[grid, block]` kept."""
+    dv.set_device(gpu)
     six_dsl[1, N](*args)
+    if kept:
+        launcher = six_dsl[1, N]
+        return lambda: launcher(*args)
     return lambda: six_dsl[1, N](*args)
+
+
+def bench_bound(gpu, args):
+    dv.set_device(gpu)
+    return six_dsl[1, N].bind(*args).launch
+
+
+def bench_torch(gpu, args, raw_floor=False):
+    """Torch CUDA tensors through the kept launcher; `raw_floor`: the raw cuLaunchKernel call
+    again, now that torch has initialized CUDA in this process (does torch's presence move the
+    floor?)."""
+    import torch
+    if not torch.cuda.is_available():
+        raise RuntimeError("torch without CUDA")
+    dv.set_device(gpu)
+    n = args[0]
+    x, y, out = (torch.zeros(N, device="cuda") for _ in range(3))
+    if raw_floor:
+        return bench_raw(gpu, six(), args)
+    launcher = six_dsl[1, N]
+    launcher(n, 3.0, 0.5, x, y, out)
+    return lambda: launcher(n, 3.0, 0.5, x, y, out)
 
 
 def bench_elementwise(gpu, args):
@@ -151,7 +181,7 @@ def main() -> None:
     assert np.allclose(out.numpy(), 4.0), "six-argument kernel computed a wrong result"
     print(f"device: {gpu}; {BATCHES} batches of {BATCH} launches; microseconds per launch")
     print(f"{'path':58s} {'median':>8s} {'best':>8s}")
-    buffered = CudaDevice(gpu.ordinal, param_buffer=True)
+    one_by_one = CudaDevice(gpu.ordinal, param_buffer=False)   # kernelParams, the old way
     paths = [("raw cuLaunchKernel, prebuilt params (floor)", lambda: bench_raw(gpu, kernel, args)),
              ("raw cuLaunchKernel through ctypes, prebuilt params",
               lambda: bench_ctypes(gpu, kernel, args)),
@@ -160,16 +190,25 @@ def main() -> None:
              ("cuda.core launch(), pre-converted args", lambda: bench_cuda_core(gpu, kernel, args)),
              ("ArgPacker.pack alone (check + pack 6 args, no launch)",
               lambda: bench_pack_only(gpu, kernel, args)),
-             ("pykernel device.launch (check + pack 6 args)",
+             ("pykernel device.launch (check + pack 6 args, one buffer)",
               lambda: bench_pykernel(gpu, kernel, args)),
-             ("pykernel device.launch, param buffer (PYKERNEL_PARAM_BUFFER=1)",
-              lambda: bench_pykernel(buffered, kernel, args)),
+             ("pykernel device.launch, kernelParams (param_buffer=False)",
+              lambda: bench_pykernel(one_by_one, kernel, args)),
              ("graph replay, per captured kernel", lambda: bench_graph_replay(gpu, kernel, args)),
              ("pykernel kernel[grid, block](...) (compiler's launcher)",
               lambda: bench_dsl(gpu, args)),
+             ("pykernel launcher(...) kept, one buffer via `extra`",
+              lambda: bench_dsl(gpu, args, kept=True)),
+             ("pykernel launcher(...) kept, kernelParams (param_buffer=False)",
+              lambda: bench_dsl(one_by_one, args, kept=True)),
+             ("pykernel bound launch .launch()", lambda: bench_bound(gpu, args)),
+             ("torch tensors, launcher(...) kept", lambda: bench_torch(gpu, args)),
+             ("raw cuLaunchKernel again, torch initialized",
+              lambda: bench_torch(gpu, args, raw_floor=True)),
              ("@pk.elementwise call, out= given", lambda: bench_elementwise(gpu, args)),
              ("@pk.autotune'd kernel call, tuned", lambda: bench_autotuned(gpu, args))]
     for label, make in paths:
+        dv.set_device(gpu)       # rows of the kernelParams device make that one current
         try:
             launch_once = make()
         except Exception as exc:  # a path that is not available yet is reported, not fatal
