@@ -109,15 +109,17 @@ def torch_rows(res, torch, sizes, small_args):
 
 
 # --- pykernel ---------------------------------------------------------------------------------
-def raw_launch(device, name: str):
-    """The bare driver call of loaded kernel `name` with its parameters as last packed (one
-    buffer through `extra`, or kernelParams where the device uses those): the floor any
-    Python launcher pays on this host, measured in the same process as the launches."""
+def raw_launch(device, name: str, args):
+    """The bare driver call of loaded kernel `name` with `args` packed once into a buffer of
+    its own (one buffer through `extra`, or kernelParams where the device uses those): the
+    floor any Python launcher pays on this host, measured in the same process."""
     from cuda.bindings import driver as cu
     kernel = next(k for k in device._kernels.values() if k.name == name)
-    func, params, extra = kernel.func, kernel.kernel_params, kernel.extra
-    stream, launch = cu.CUstream(0), cu.cuLaunchKernel
-    return lambda: launch(func, 1, 1, 1, 128, 1, 1, 0, stream, params, extra)
+    kernel.pack(args)
+    owner, params, extra = kernel.packer.snapshot()
+    params, extra = (0, extra) if kernel.param_buffer else (params, 0)
+    func, stream, launch = kernel.func, cu.CUstream(0), cu.cuLaunchKernel
+    return lambda owner=owner: launch(func, 1, 1, 1, 128, 1, 1, 0, stream, params, extra)
 
 
 def run_pykernel(sizes, first_only: bool) -> dict:
@@ -146,7 +148,8 @@ def run_pykernel(sizes, first_only: bool) -> dict:
                 sizes)
     bound = launcher.bind(*small, 128)
     res.measure("launch_bound_us", launch_us, bound.launch, pk.synchronize, sizes)
-    res.measure("raw_floor_us", lambda: launch_us(raw_launch(pk.get_device(), pk_add.name),
+    res.measure("raw_floor_us", lambda: launch_us(raw_launch(pk.get_device(), pk_add.name,
+                                                             (*small, 128)),
                                                   pk.synchronize, sizes))
     n = sizes.vec_n
     big = [pk.empty(n, np.float32) for _ in range(3)]
@@ -162,7 +165,7 @@ def run_pykernel(sizes, first_only: bool) -> dict:
         res.measure("launch_torch_us", launch_us, lambda: launcher(*tensors, 128),
                     torch.cuda.synchronize, sizes)
         res.measure("raw_floor_torch_us", lambda: launch_us(
-            raw_launch(pk.get_device(), pk_add.name), pk.synchronize, sizes))
+            raw_launch(pk.get_device(), pk_add.name, (*small, 128)), pk.synchronize, sizes))
         torch_rows(res, torch, sizes, tensors)
     return res
 
