@@ -14,18 +14,24 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+import pykernel as pk
 from pykernel.errors import LaunchError
 from pykernel.runtime.arrays import Array
 from pykernel.runtime.packer import ArgPacker, f32_to_bf16_bits
-from pykernel.runtime.param_buffers import (LAUNCH_PARAM_BUFFER_POINTER,
-                                            LAUNCH_PARAM_BUFFER_SIZE, LAUNCH_PARAM_END,
-                                            BufferPool, new_buffer, read_fields)
+from pykernel.runtime.param_buffers import (
+    LAUNCH_PARAM_BUFFER_POINTER,
+    LAUNCH_PARAM_BUFFER_SIZE,
+    LAUNCH_PARAM_END,
+    BufferPool,
+    new_buffer,
+    read_fields,
+)
 from pykernel.runtime.tensor_map import TiledTensorMap
 
 cuda_runtime = pytest.importorskip("pykernel.runtime.cuda",
                                    reason="cuda-python is needed for the CUDA device class")
-from pykernel.runtime import cuda_param_layout  # noqa: E402
-from tests.runtime.fakes import FakeCompiled, ParamABI, mock_cuda_device, ptr, scalar  # noqa
+from pykernel.runtime import cuda_param_layout
+from tests.runtime.fakes import FakeCompiled, ParamABI, mock_cuda_device, ptr, scalar
 
 SCALARS = {"int8": "<b", "uint8": "<B", "int16": "<h", "uint16": "<H", "float16": "<e",
            "bfloat16": "<H", "int32": "<i", "uint32": "<I", "float32": "<f", "int64": "<q",
@@ -241,11 +247,94 @@ def test_layout_check_against_the_driver(monkeypatch):
     monkeypatch.setattr(cuda_param_layout, "cu", fake_driver(None))
     assert not cuda_param_layout.buffer_layout_ok(None, packer), "unsupported: kernelParams"
     for wrong, message in (([(0, 1), (4, 8), (16, 2), (64, 128)],
-                            r"parameter 1 \('x'\) is 8 bytes at offset 4 for the driver, 8 "
-                            r"at 8"),
+                            (r"parameter 1 \('x'\) is 8 bytes at offset 4 for the driver, "
+                             r"8 at 8")),
                            (right[:3], "the driver knows 3 parameters, pykernel packs 4"),
                            (right + [(192, 4)], "the driver knows more than the 4")):
         monkeypatch.setattr(cuda_param_layout, "cu", fake_driver(wrong))
         with pytest.raises(LaunchError, match=r"k\(\): pykernel's parameter layout differs "
                                               r"from the driver's: " + message):
             cuda_param_layout.buffer_layout_ok(None, packer)
+
+
+# --- a compiled kernel with an awkward parameter mix, run on a device -------------------------
+
+@pk.kernel
+def mixed(a: pk.i8, x: pk.Ptr[pk.f32], h: pk.f16, b: pk.i16, d: pk.f64, out: pk.Ptr[pk.f32],
+          n: pk.i32, flag: pk.bool_, u: pk.u8):
+    """Every scalar lands in the output, so a field read from a wrong offset shows."""
+    i = pk.block_idx.x * pk.block_dim.x + pk.thread_idx.x
+    if i < n:
+        v = x[i] * pk.f32(h) + pk.f32(a) + pk.f32(b) + pk.f32(d) + pk.f32(u)
+        if flag:
+            v = v + 1000.0
+        out[i] = v
+
+
+def mixed_args(rng, device):
+    """(arguments, host x, out array, the expected output) with fresh random values; the
+    scalars are exact in f32 so the expected output is the kernel's f32 arithmetic."""
+    n = int(rng.integers(100, 3000))
+    hx = rng.standard_normal(n).astype(np.float32)
+    a, b, u = int(rng.integers(-128, 128)), int(rng.integers(-2**15, 2**15)), \
+        int(rng.integers(0, 256))
+    h, d = float(np.float16(rng.standard_normal())), float(rng.integers(-1000, 1000)) / 8
+    flag = bool(rng.integers(2))
+    x = pk.to_device(hx, device=device)
+    out = pk.to_device(np.full(n, np.nan, np.float32), device=device)
+    f32 = np.float32
+    expected = (hx * f32(h) + f32(a) + f32(b) + f32(d) + f32(u)).astype(f32)
+    if flag:
+        expected = expected + f32(1000.0)
+    return (a, x, h, b, d, out, n, flag, u), out, expected
+
+
+def check_mixed_launches(device, rng, seed, launches: int = 4):
+    for _ in range(launches):      # the first two on the full path, then the generated one
+        args, out, expected = mixed_args(rng, device)
+        mixed[-(-args[6] // 128), 128](*args)
+        device.synchronize()
+        np.testing.assert_array_equal(out.numpy(), expected, err_msg=f"seed={seed}")
+
+
+def test_mixed_parameters_on_the_cpu_target(cpu_device, rng, seed):
+    check_mixed_launches(cpu_device, rng, seed)
+
+
+@pytest.mark.gpu
+def test_mixed_parameters_as_one_buffer_on_a_gpu(rng, seed):
+    """On a real GPU: the driver confirms the packer's layout (cuFuncGetParamInfo), the
+    parameters go through `extra`, and the kernel sees every field: through the full path,
+    the generated launcher, a bound launch, and from four threads at once."""
+    from pykernel.runtime import device as devices
+    if not devices.gpu_available():
+        pytest.skip("no usable CUDA GPU (driver missing or no device)")
+    saved = devices._current
+    gpu = pk.set_device("cuda")
+    try:
+        check_mixed_launches(gpu, rng, seed)
+        loaded = [k for k in gpu._kernels.values() if k.name == "mixed"]
+        assert loaded and all(k.param_buffer and k.extra and not k.kernel_params
+                              for k in loaded), "the driver confirmed the layout: extra"
+        args, out, expected = mixed_args(rng, gpu)
+        bound = mixed[-(-args[6] // 128), 128].bind(*args)    # packed now, not launched
+        check_mixed_launches(gpu, rng, seed, 1)       # other values packed meanwhile
+        bound.launch()
+        gpu.synchronize()
+        np.testing.assert_array_equal(out.numpy(), expected, err_msg=f"seed={seed}")
+        jobs = [mixed_args(np.random.default_rng(seed + k), gpu) for k in range(4)]
+
+        def worker(job):
+            args = job[0]
+            for _ in range(20):
+                mixed[-(-args[6] // 128), 128](*args)
+        threads = [threading.Thread(target=worker, args=(job,)) for job in jobs]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        gpu.synchronize()
+        for _, out, expected in jobs:
+            np.testing.assert_array_equal(out.numpy(), expected, err_msg=f"seed={seed}")
+    finally:
+        devices._current = saved
