@@ -1,8 +1,8 @@
 """Real models on the GPU (kernels backend) against llama.cpp's oracles: teacher-forced logits
 vs the f32 oracle (relative L2; also over llama.cpp's top-5 ids, the subset on which
 llama.cpp's own quantized run is scored the same way) with Q8_1 and with f32 activations,
-greedy picks vs llama.cpp's wherever its own top-2 margin is >= 0.35, and a long-context check (a ~4k-token prompt, 64
-greedy tokens: GPU vs the numpy CPU backend).
+greedy picks vs llama.cpp's wherever its own top-2 margin is >= 0.35, and a long-context check
+(a ~4k-token prompt, 64 greedy tokens: GPU vs the numpy CPU backend).
 
     python benchmarks/real_models_gpu.py MODEL.gguf GOLDEN_STEM [--long]
 
