@@ -69,10 +69,13 @@ def produce(smem, base: i32, bars, ta, tb, tiles_m: i32, tiles_n: i32, k_tiles: 
 
 @pk.func
 def mainloop(acc0, acc1, smem, base: i32, bars, it: i32, k_tiles: i32, row_half: i32,
-             KIND: Const[str], BN: Const[int], STAGES: Const[int], PINGPONG: Const[int]):
+             wg: i32, KIND: Const[str], BN: Const[int], STAGES: Const[int],
+             PINGPONG: Const[int]):
     """One tile's K slices from ring position `it` on: acc0 (rows 64 row_half..) or, with
     PINGPONG, acc0 / acc1 (rows 0..63 / 64..127) = A . B^T. One wgmma group stays in flight;
-    the slot before it is released. Returns the ring position after the tile."""
+    the slot before it is released. With PINGPONG, once the last slice's wgmmas are issued,
+    the other warpgroup (not wg) may start its mainloop. Returns the ring position after the
+    tile."""
     slot = (BM + BN) * BK
     for i in pk.static_range(BN // 2):
         acc0[i] = 0.0
@@ -94,6 +97,8 @@ def mainloop(acc0, acc1, smem, base: i32, bars, it: i32, k_tiles: i32, row_half:
         if kt > 0:
             pk.mbarrier_arrive(bars, STAGES + (it - 1) % STAGES)
         it += 1
+    if PINGPONG:
+        pk.mbarrier_arrive(bars, 2 * STAGES + 1 - wg)
     pk.wgmma_wait_group(0, acc0, acc1)
     pk.mbarrier_arrive(bars, STAGES + (it - 1) % STAGES)   # the tile's last slice
     return it
@@ -165,7 +170,8 @@ def gemm_tn(ta: pk.TensorMap, tb: pk.TensorMap, tc: pk.TensorMap, c: Ptr["C"], M
             GROUP_M: Const[int], PINGPONG: Const[int], EPI: Const[int]):
     """tc: C's tensor map (box 16 x 128 bytes, 128-byte swizzle) when EPI > 0, else unused
     (any map); c: C itself for EPI == 0."""
-    bars = pk.shared_array(u64, 2 * STAGES)      # full[s] = bars[s], empty[s] = bars[S + s]
+    # full[s] = bars[s], empty[s] = bars[S + s]; PINGPONG: order[h] = bars[2 S + h]
+    bars = pk.shared_array(u64, 2 * STAGES + 2)
     smem = pk.dynamic_shared(pk.u16)
     # the tiles start at the first 1024-byte-aligned shared address (the swizzle's repeat):
     # a descriptor's start field is that address >> 4
@@ -176,6 +182,8 @@ def gemm_tn(ta: pk.TensorMap, tb: pk.TensorMap, tc: pk.TensorMap, c: Ptr["C"], M
         for s in pk.static_range(STAGES):
             pk.mbarrier_init(bars, s, 1)                 # the producer's expect-tx arrival
             pk.mbarrier_init(bars, STAGES + s, 128 if PINGPONG else 256)
+        for h in pk.static_range(2):
+            pk.mbarrier_init(bars, 2 * STAGES + h, 128)  # the other warpgroup's arrivals
         pk.fence_mbarrier_init()
     pk.syncthreads()
     k_tiles = (K + BK - 1) // BK
@@ -196,7 +204,10 @@ def consume(smem, base: i32, bars, tc, c, M: i32, N: i32, k_tiles: i32, tiles_m:
             STAGES: Const[int], GROUP_M: Const[int], PINGPONG: Const[int], EPI: Const[int]):
     """A consumer warpgroup: its tiles' mainloops and epilogues. Cooperative: both warpgroups
     take every tile of the block, 64 rows each; PINGPONG: warpgroup h the block's tiles
-    h, h + 2, ..., whose K slices sit at ring positions (2 j + h) k_tiles.."""
+    h, h + 2, ..., whose K slices sit at ring positions (2 j + h) k_tiles.., their mainloops
+    in turn: warpgroup h starts its j-th once the other one issued its last (phase j - 1 + h
+    of order[h]). Without that turn, warpgroup 1 would wait on full barriers phases ahead,
+    where a parity wait cannot tell phase p from p - 2."""
     acc0 = pk.local_array(pk.f32, BN // 2)
     acc1 = pk.local_array(pk.f32, BN // 2 if PINGPONG else 8)
     t = pk.thread_idx.x
@@ -210,10 +221,15 @@ def consume(smem, base: i32, bars, tc, c, M: i32, N: i32, k_tiles: i32, tiles_m:
     row_half = wg
     if PINGPONG:
         first, step, it, row_half = first + wg * step, 2 * step, wg * k_tiles, 0
+    j = 0                                                 # this warpgroup's tiles so far
     for tile in range(first, tiles_m * tiles_n, step):
         m0, n0 = tile_origin(tile, tiles_m, tiles_n, BN, GROUP_M)
-        it = mainloop(acc0, acc1, smem, base, bars, it, k_tiles, row_half, KIND, BN, STAGES,
-                      PINGPONG)
+        if PINGPONG:
+            if wg == 1 or j > 0:
+                pk.mbarrier_wait(bars, 2 * STAGES + wg, (j - 1 + wg) % 2)
+        it = mainloop(acc0, acc1, smem, base, bars, it, k_tiles, row_half, wg, KIND, BN,
+                      STAGES, PINGPONG)
+        j += 1
         # the epilogue overlaps the producer's loads of the next tile's first slices (and,
         # with PINGPONG, the other warpgroup's wgmmas)
         row0 = m0 + 64 * row_half + 16 * w
