@@ -77,22 +77,46 @@ def test_gemm_hopper_bit_exact_on_cpu(M, N, K, kind, out_dtype, config, max_bloc
                                   want.view(np.uint32 if storage is np.float32 else np.uint16))
 
 
+GPU_CONFIGS = [None, "256x4/g16/tma2", "256x3/tma5", "128x6/pp", "128x5/g16/pp/tma4"]
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("config", GPU_CONFIGS)
 @pytest.mark.parametrize("M, N, K", [(4096, 4096, 4096), (1000, 1500, 520),
                                      (8192, 8192, 1024)])
-def test_gemm_hopper_gpu_within_summation_bound(M, N, K, rng):
+def test_gemm_hopper_gpu_within_summation_bound(M, N, K, config, rng):
     previous = pk.current_device()
     pk.set_device("cuda")
     try:
         a, b, a32, b32 = _inputs(rng, M, N, K, "bf16")
         out = pk.full((M, N), np.nan, np.float32)
-        c = G.gemm_hopper(pk.to_device(a), pk.to_device(b), out=out).numpy()
+        c = G.gemm_hopper(pk.to_device(a), pk.to_device(b), out=out, config=config).numpy()
     finally:
         pk.set_device(previous)
     want = a32.astype(np.float64) @ b32.astype(np.float64).T
     # any order of K f32 additions: |error| <= K eps sum_k |a b| (to first order)
     bound = K * F32_EPS * (np.abs(a32).astype(np.float64) @ np.abs(b32).astype(np.float64).T)
     assert (np.abs(c - want) <= bound).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", GPU_CONFIGS)
+def test_gemm_hopper_gpu_bf16_out_is_rounded_f32_out(config, rng):
+    """The same config accumulates in the same order whatever C's type, so its bf16 C is its
+    f32 C rounded to nearest even (the epilogues' conversion and the TMA store of 2-byte
+    boxes are checked, not the tensor cores)."""
+    M, N, K = 1000, 1512, 520                      # N x 2 bytes a multiple of 16
+    previous = pk.current_device()
+    pk.set_device("cuda")
+    try:
+        a, b, _, _ = _inputs(rng, M, N, K, "bf16")
+        a, b = pk.to_device(a), pk.to_device(b)
+        c32 = G.gemm_hopper(a, b, out=pk.full((M, N), np.nan, np.float32), config=config)
+        c16 = G.gemm_hopper(a, b, out=pk.full((M, N), 0xFFFF, np.uint16), out_dtype=pk.bf16,
+                            config=config)
+        np.testing.assert_array_equal(c16.numpy(), bf16_bits_reference(c32.numpy()))
+    finally:
+        pk.set_device(previous)
 
 
 def test_config_choice():
