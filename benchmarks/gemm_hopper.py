@@ -28,7 +28,6 @@ from benchmarks._timing import replay_seconds
 from stdlib_kernels import gemm_hopper as G
 from stdlib_kernels.elementwise import bf16_bits_reference
 
-
 # every option alone on the measured best (256x4) and together; ping-pong needs BN <= 128.
 # Shared memory: 256 x 4 slots (192 KiB) leave room for 2 epilogue boxes per warp (32 KiB),
 # 256 x 3 for 5, 128 x 6 for 2, 128 x 5 for 4 (each 225 KiB of the 227)

@@ -23,10 +23,17 @@ import numpy as np
 
 import pykernel as pk
 from stdlib_kernels._launch import multiprocessors
-from stdlib_kernels.gemm_hopper_kernel import (BM, BK, EPI_BOX_BYTES, EPI_BOX_ROWS,
-                                               SWIZZLE_ALIGN, THREADS, gemm_tn)
+from stdlib_kernels.gemm_hopper_kernel import (
+    BK,
+    BM,
+    EPI_BOX_BYTES,
+    EPI_BOX_ROWS,
+    SWIZZLE_ALIGN,
+    THREADS,
+    gemm_tn,
+)
 
-__all__ = ["GemmConfig", "CONFIGS", "choose_config", "shared_bytes", "gemm_hopper", "gemm_tn"]
+__all__ = ["CONFIGS", "GemmConfig", "choose_config", "gemm_hopper", "gemm_tn", "shared_bytes"]
 
 SHARED_LIMIT = 227 * 1024           # dynamic + static shared memory of one block (H100 / H200)
 CONSUMER_WARPS = 8
@@ -44,7 +51,7 @@ class GemmConfig(NamedTuple):
     epilogue: int = 0
 
     @classmethod
-    def parse(cls, text: str) -> "GemmConfig":
+    def parse(cls, text: str) -> GemmConfig:
         """'256x4' (bn x stages) then optional '/gG' (group_m), '/pp' (pingpong), '/tmaE'
         (TMA epilogue, E buffers): e.g. '256x4/g16/tma2', '128x4/pp/tma2'."""
         first, *opts = text.split("/")

@@ -224,12 +224,11 @@ def consume(smem, base: i32, bars, tc, c, M: i32, N: i32, k_tiles: i32, tiles_m:
     j = 0                                                 # this warpgroup's tiles so far
     for tile in range(first, tiles_m * tiles_n, step):
         m0, n0 = tile_origin(tile, tiles_m, tiles_n, BN, GROUP_M)
-        if PINGPONG:
-            if wg == 1 or j > 0:
-                pk.mbarrier_wait(bars, 2 * STAGES + wg, (j - 1 + wg) % 2)
+        if PINGPONG and (wg == 1 or j > 0):
+            pk.mbarrier_wait(bars, 2 * STAGES + wg, (j - 1 + wg) % 2)
         it = mainloop(acc0, acc1, smem, base, bars, it, k_tiles, row_half, wg, KIND, BN,
                       STAGES, PINGPONG)
-        j += 1
+        j += 1  # noqa: SIM113 (the DSL has no enumerate)
         # the epilogue overlaps the producer's loads of the next tile's first slices (and,
         # with PINGPONG, the other warpgroup's wgmmas)
         row0 = m0 + 64 * row_half + 16 * w
@@ -237,6 +236,5 @@ def consume(smem, base: i32, bars, tc, c, M: i32, N: i32, k_tiles: i32, tiles_m:
         if PINGPONG:
             e = store_rows(acc1, c, stage, buf0, e, tc, row0 + 64, n0, M, N, C, BN, EPI)
             it += k_tiles                                 # skip the other warpgroup's tile
-    if EPI > 0:
-        if t % 32 == 0:
-            pk.bulk_wait_group(0)                         # C written, buffers free to exit
+    if EPI > 0 and t % 32 == 0:
+        pk.bulk_wait_group(0)                             # C written, buffers free to exit
