@@ -28,6 +28,7 @@ import numpy as np
 
 import pykernel as pk
 
+from ..quant import gemv_kernels as gk
 from ..quant.formats import get_format
 from ..quant.gemv import F32_TYPES, Q8_1_TYPES, word_dtype
 from ..quant.q8_1 import q8_1_bytes
@@ -48,13 +49,23 @@ class ExpertWeights(NamedTuple):
 
 
 class MoeConfig(NamedTuple):
-    """warps per block, rows per warp, tile rows of the grouped path (<= 8)."""
+    """warps per block, rows per warp (gate / up), tile rows of the grouped path (<= 8), rows
+    per warp of the decode path's down projection (each of them for all k experts at once)."""
     warps: int = 4
     rows: int = 2
     batch: int = 8
+    down_rows: int = 1
 
 
-CPU_CONFIG = MoeConfig(warps=2, rows=1, batch=4)
+CPU_CONFIG = MoeConfig(warps=2, rows=1, batch=4, down_rows=1)
+# Kernel variants the expert GEMVs take where their conditions hold (_weights_spec; else the
+# base kernel): type -> (FMT id, items per block, alignment in bytes of the Q8_1 rows that
+# their activation loads need). Q4_K: 64-value items, 8-byte activation loads; Q6_K: rows of
+# an even number of blocks (4-byte aligned) read as u32 words; MXFP4: five aligned u32 loads
+# per 17-byte block instead of 17 byte loads (stacked tensors of a multiple of 4 bytes; its
+# row offsets stay in bytes).
+VARIANTS = {"Q4_K": (gk.Q4_K_WIDE, 4, 8), "Q6_K": (gk.Q6_K_WORDS, 4, 4),
+            "MXFP4": (ek.MXFP4_WORDS, 1, 4)}
 
 
 def default_config() -> MoeConfig:
@@ -109,37 +120,47 @@ def _q8(wt: ExpertWeights) -> bool:
     return wt.type_name in Q8_1_TYPES
 
 
-def _kernel_spec(wt: ExpertWeights, q8: bool):
-    """(FMT, ITEMS, x dtype, ACT) for the base kernel of the weights' format."""
-    if q8:
-        return get_format(wt.type_name).id, Q8_1_TYPES[wt.type_name], np.uint32, ek.ACT_Q8
-    return get_format(wt.type_name).id, 1, np.float32, ek.ACT_F32
-
-
 class _Launch(NamedTuple):
     """What moe_gemv_kernel and moe_down_kernel launches share for weights wt and input x."""
     config: MoeConfig
     fmt_id: int
     items: int
+    words: object           # the weights as the kernel reads them (a view of wt.words)
+    row_words: int          # one row, in the kernel's offset unit (MXFP4_WORDS: bytes)
     x_type: type            # the input's element type: u32 Q8_1 words or f32
     act: int                # ek.ACT_Q8 / ek.ACT_F32
     x_words: int            # one input row, in elements of x_type
     x_flat: np.ndarray      # the input as a flat view of x_type
-    groups: int             # row groups of warps * rows rows (the grid's x)
+    groups: int             # row groups of warps * rows_per_warp rows (the grid's x)
 
 
-def _launch(wt: ExpertWeights, x, config: MoeConfig | None) -> _Launch:
+def _launch(wt: ExpertWeights, x, config: MoeConfig | None, down: bool = False) -> _Launch:
     c = config or default_config()
     q8 = _q8(wt)
-    fmt_id, items, x_type, act = _kernel_spec(wt, q8)
+    x_type, act = (np.uint32, ek.ACT_Q8) if q8 else (np.float32, ek.ACT_F32)
     x_words = q8_1_bytes(wt.n) // 4 if q8 else wt.n
-    groups = (wt.rows + c.warps * c.rows - 1) // (c.warps * c.rows)
-    return _Launch(c, fmt_id, items, x_type, act, x_words, x.reshape(-1).view(x_type), groups)
+    x_flat = x.reshape(-1).view(x_type)
+    fmt_id, items, words, row_words = _weights_spec(wt, x_flat, x_words * 4, q8)
+    per_block = c.warps * (c.down_rows if down else c.rows)
+    groups = (wt.rows + per_block - 1) // per_block
+    return _Launch(c, fmt_id, items, words, row_words, x_type, act, x_words, x_flat, groups)
 
 
-def _row_words(wt: ExpertWeights) -> int:
+def _weights_spec(wt: ExpertWeights, x_flat, x_row_bytes: int, q8: bool):
+    """(FMT id, items per block, weight words as read, row length in their offset unit): a
+    VARIANTS kernel where it applies, else the format's base kernel."""
     fmt = get_format(wt.type_name)
-    return wt.n // fmt.block_elems * fmt.block_bytes // np.dtype(word_dtype(wt.type_name)).itemsize
+    row_bytes = _blocks(wt) * fmt.block_bytes
+    base = (fmt.id, Q8_1_TYPES[wt.type_name] if q8 else 1, wt.words,
+            row_bytes // wt.words.dtype.itemsize)
+    if not q8 or wt.type_name not in VARIANTS:
+        return base
+    fmt_id, items, align = VARIANTS[wt.type_name]
+    if x_flat.ptr % align or x_row_bytes % align or wt.words.nbytes % 4 or \
+            (wt.type_name == "Q6_K" and _blocks(wt) % 2):
+        return base
+    return (fmt_id, items, wt.words.view(np.uint32),
+            row_bytes if fmt_id == ek.MXFP4_WORDS else row_bytes // 4)
 
 
 def _blocks(wt: ExpertWeights) -> int:
@@ -166,10 +187,11 @@ def units_into(w, w2, x, y, ids, tiles, units, x_div, glu, bias, bias2, tiled, c
     p = _launch(w, x, config)
     c = p.config
     has_bias = bias is not None
+    w2_words = _launch(w2, x, config).words
     ek.moe_gemv_kernel[(p.groups, units), c.warps * 32, stream](
-        w.words, w2.words, p.x_flat, bias if has_bias else y, bias2 if bias2 is not None else y,
-        ids, tiles, y, w.rows, _row_words(w), _blocks(w), w.n, p.x_words, x_div, p.fmt_id,
-        w.words.dtype, p.x_type, p.act, p.items, c.warps, c.rows, c.batch if tiled else 1, glu,
+        p.words, w2_words, p.x_flat, bias if has_bias else y, bias2 if bias2 is not None else y,
+        ids, tiles, y, w.rows, p.row_words, _blocks(w), w.n, p.x_words, x_div, p.fmt_id,
+        p.words.dtype, p.x_type, p.act, p.items, c.warps, c.rows, c.batch if tiled else 1, glu,
         has_bias, tiled)
 
 
@@ -177,11 +199,11 @@ def down_into(down: ExpertWeights, h, y, ids, route_w, tokens: int, k: int, bias
               res=None, config: MoeConfig | None = None, stream=None) -> None:
     """y (tokens, rows) = (res +) sum_j route_w[t, j] (down_e h[t k + j] + b_e)
     (moe_down_kernel); h: Q8_1 words or f32 rows as the type needs (_q8)."""
-    p = _launch(down, h, config)
+    p = _launch(down, h, config, down=True)
     c = p.config
     ek.moe_down_kernel[(p.groups, tokens), c.warps * 32, stream](
-        down.words, p.x_flat, y if bias is None else bias, ids, route_w,
-        y if res is None else res, y, down.rows, _row_words(down), _blocks(down), down.n,
-        p.x_words, p.fmt_id, down.words.dtype, p.x_type, p.act, p.items, c.warps, c.rows, k,
+        p.words, p.x_flat, y if bias is None else bias, ids, route_w,
+        y if res is None else res, y, down.rows, p.row_words, _blocks(down), down.n,
+        p.x_words, p.fmt_id, p.words.dtype, p.x_type, p.act, p.items, c.warps, c.down_rows, k,
         bias is not None,
         res is not None)
