@@ -8,7 +8,8 @@ in; GGUF blocks, flat words) with activation rows, chosen per launch unit on the
                       GLU_SILU: y = silu(Wg x + bg) * (Wu x + bu); GLU_OAI (gpt-oss): g =
                       min(Wg x + bg, 7), u = clamp(Wu x + bu, -7, 7), y = g sigmoid(1.702 g)
                       (u + 1); GLU_NONE: y = W x + b. Output row = the unit's row (pairs) or
-                      the tile's rows.
+                      the tile's rows; QOUT (pairs, blocks of 32 rows): the output rows as
+                      Q8_1 blocks into yq instead (bit-exact with quantize_q8_1 of them).
     moe_down_kernel   grid (row groups, tokens): y[t] = (res[t] +) sum_j route_w[t, j]
                       (W[ids[t, j]] h[t K + j] + b[ids[t, j]]), the K experts' weighted sum
                       fused into the down projection (j in order, as llama.cpp adds them).
@@ -25,11 +26,12 @@ Word offsets are i32: the host checks that the stacked tensor holds < 2^31 words
 from __future__ import annotations
 
 import pykernel as pk
-from pykernel import Const, Ptr, f32, i32
+from pykernel import Const, Ptr, f32, i32, u32
 
 from ..quant import gemv_kernels as gk
 from ..quant.decode8_k import decode8
 from ..quant.mxfp4 import dot_q8_MXFP4_words
+from ..quant.q8_1 import store_q8_1_block
 
 ACT_Q8, ACT_F32 = 0, 1
 GLU_NONE, GLU_SILU, GLU_OAI = 0, 1, 2
@@ -111,11 +113,16 @@ def expert_rows(e: i32, rows: i32, row_words: i32, row0: i32, wrows, ROWS: Const
 @pk.kernel
 def moe_gemv_kernel(w: Ptr["WT", "ro"], w2: Ptr["WT", "ro"], x: Ptr["XT", "ro"],
                     bias: Ptr[f32, "ro"], bias2: Ptr[f32, "ro"], ids: Ptr[i32, "ro"],
-                    tiles: Ptr[i32, "ro"], y: Ptr[f32], rows: i32, row_words: i32,
-                    nblocks: i32, n: i32, x_words: i32, x_div: i32, FMT: Const[int],
-                    WT: Const[pk.dtype], XT: Const[pk.dtype], ACT: Const[int],
+                    tiles: Ptr[i32, "ro"], y: Ptr[f32], yq: Ptr[u32], rows: i32,
+                    row_words: i32, nblocks: i32, n: i32, x_words: i32, x_div: i32,
+                    FMT: Const[int], WT: Const[pk.dtype], XT: Const[pk.dtype], ACT: Const[int],
                     ITEMS: Const[int], WARPS: Const[int], ROWS: Const[int], BATCH: Const[int],
-                    GLU: Const[int], HAS_BIAS: Const[bool], TILED: Const[bool]):
+                    GLU: Const[int], HAS_BIAS: Const[bool], TILED: Const[bool],
+                    QOUT: Const[bool]):
+    # QOUT (pairs, WARPS ROWS == 32, rows % 32 == 0): the block's 32 output rows meet in
+    # shared memory and leave as one Q8_1 block of yq (the down projection's input) instead
+    # of f32 rows of y: the same bits as quantize_q8_1 of them, one launch fewer
+    hs = pk.shared_array(f32, WARPS * ROWS if QOUT else 1)
     unit = pk.block_idx.y
     e = i32(0)
     first = unit
@@ -137,18 +144,38 @@ def moe_gemv_kernel(w: Ptr["WT", "ro"], w2: Ptr["WT", "ro"], x: Ptr["XT", "ro"],
             acc[a] = 0.0
         expert_dots(FMT, w, w2, x + in_row * x_words, x_words, 0, wrows, acc, nblocks, n, ACT,
                     ITEMS, ROWS, ROWS, BATCH, GLU)
-        lane = pk.thread_idx.x % 32
-        for a in pk.static_range(ROWS * BATCH):
-            v = gk.warp_sum(acc[a])
-            v2 = gk.warp_sum(acc[ROWS * BATCH + a]) if GLU != GLU_NONE else f32(0.0)
-            r = row0 + a // BATCH
-            bt = a % BATCH
-            if lane == a % 32 and r < rows and bt < count:
-                if HAS_BIAS:
-                    v += bias[e * rows + r]
-                    if GLU != GLU_NONE:
-                        v2 += bias2[e * rows + r]
-                y[(first + bt) * rows + r] = glu(v, v2, GLU) if GLU != GLU_NONE else v
+        store_rows(acc, bias, bias2, y, hs, e, rows, row0, first, count, ROWS, BATCH, GLU,
+                   HAS_BIAS, QOUT, WARPS)
+    if QOUT:
+        pk.syncthreads()
+        lane = pk.thread_idx.x
+        if lane < 32:
+            store_q8_1_block(hs[lane], lane, yq, unit * (rows // 32) + pk.block_idx.x)
+
+
+@pk.func
+def store_rows(acc, bias: Ptr[f32, "ro"], bias2: Ptr[f32, "ro"], y: Ptr[f32], hs, e: i32,
+               rows: i32, row0: i32, first: i32, count: i32, ROWS: Const[int],
+               BATCH: Const[int], GLU: Const[int], HAS_BIAS: Const[bool], QOUT: Const[bool],
+               WARPS: Const[int]):
+    """Sum the lanes' shares, add the biases, apply the GLU; out to y's rows (or to the
+    block's shared rows hs, QOUT)."""
+    lane = pk.thread_idx.x % 32
+    for a in pk.static_range(ROWS * BATCH):
+        v = gk.warp_sum(acc[a])
+        v2 = gk.warp_sum(acc[ROWS * BATCH + a]) if GLU != GLU_NONE else f32(0.0)
+        r = row0 + a // BATCH
+        bt = a % BATCH
+        if lane == a % 32 and r < rows and bt < count:
+            if HAS_BIAS:
+                v += bias[e * rows + r]
+                if GLU != GLU_NONE:
+                    v2 += bias2[e * rows + r]
+            out = glu(v, v2, GLU) if GLU != GLU_NONE else v
+            if QOUT:
+                hs[r - pk.block_idx.x * WARPS * ROWS] = out
+            else:
+                y[(first + bt) * rows + r] = out
 
 
 @pk.kernel

@@ -169,30 +169,47 @@ def _blocks(wt: ExpertWeights) -> int:
 
 def glu_into(gate: ExpertWeights, up: ExpertWeights, x, h, ids, tiles, units: int,
              x_div: int, act: str, gate_bias=None, up_bias=None, tiled: bool = False,
-             config: MoeConfig | None = None, stream=None) -> None:
+             config: MoeConfig | None = None, stream=None, hq=None) -> None:
     """h rows = act(gate_e x + bg, up_e x + bu) (moe_gemv_kernel): per pair (units pairs,
     input row pair // x_div) or per tile (units tiles). x: Q8_1 words or f32 rows as the
-    type needs (_q8)."""
+    type needs (_q8). hq (pairs only, where fused_q8_1_applies): h's rows written as Q8_1
+    rows into hq (uint8 (units, q8_1_bytes(rows))) instead of f32 rows into h."""
     if gate.type_name != up.type_name or gate[2:] != up[2:]:
         raise ValueError("moe: gate and up experts must have the same type and shape")
     if act not in ACTS:
         raise ValueError(f"moe: act must be one of {', '.join(ACTS)}, got {act!r}")
     units_into(gate, up, x, h, ids, tiles, units, x_div, ACTS[act], gate_bias, up_bias, tiled,
-          config, stream)
+          config, stream, hq)
 
 
-def units_into(w, w2, x, y, ids, tiles, units, x_div, glu, bias, bias2, tiled, config, stream):
+def fused_q8_1_applies(w: ExpertWeights, config: MoeConfig | None, tiled: bool) -> bool:
+    """Whether the pairs' GEMV can write its rows as Q8_1 (moe_gemv_kernel's QOUT): blocks
+    of 32 // rows warps then hold 32 rows each."""
+    c = config or default_config()
+    return not tiled and 32 % c.rows == 0 and w.rows % 32 == 0
+
+
+def units_into(w, w2, x, y, ids, tiles, units, x_div, glu, bias, bias2, tiled, config, stream,
+               hq=None):
     """Launch moe_gemv_kernel over `units` pairs or tiles (expert_kernels.py); glu an
-    expert_kernels.GLU_* value."""
+    expert_kernels.GLU_* value; hq: glu_into's."""
     p = _launch(w, x, config)
     c = p.config
     has_bias = bias is not None
     w2_words = _launch(w2, x, config).words
-    ek.moe_gemv_kernel[(p.groups, units), c.warps * 32, stream](
+    warps, groups = c.warps, p.groups
+    if hq is not None:
+        if not fused_q8_1_applies(w, c, tiled) or hq.nbytes < units * q8_1_bytes(w.rows):
+            raise ValueError(f"moe: Q8_1 output needs pairs, rows ({w.rows}) and 32 a "
+                             f"multiple of rows per warp ({c.rows}), and hq of {units} rows "
+                             f"of {q8_1_bytes(w.rows)} bytes (got {hq.nbytes} bytes)")
+        warps, groups = 32 // c.rows, w.rows // 32
+    ek.moe_gemv_kernel[(groups, units), warps * 32, stream](
         p.words, w2_words, p.x_flat, bias if has_bias else y, bias2 if bias2 is not None else y,
-        ids, tiles, y, w.rows, p.row_words, _blocks(w), w.n, p.x_words, x_div, p.fmt_id,
-        p.words.dtype, p.x_type, p.act, p.items, c.warps, c.rows, c.batch if tiled else 1, glu,
-        has_bias, tiled)
+        ids, tiles, y, y.reshape(-1).view(np.uint32) if hq is None else
+        hq.reshape(-1).view(np.uint32), w.rows, p.row_words, _blocks(w), w.n, p.x_words, x_div,
+        p.fmt_id, p.words.dtype, p.x_type, p.act, p.items, warps, c.rows,
+        c.batch if tiled else 1, glu, has_bias, tiled, hq is not None)
 
 
 def down_into(down: ExpertWeights, h, y, ids, route_w, tokens: int, k: int, bias=None,
