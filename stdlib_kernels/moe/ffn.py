@@ -6,8 +6,8 @@ import numpy as np
 
 from ..quant.q8_1 import quantize_q8_1_into
 from . import expert_kernels as ek
-from .experts import (DECODE_TOKENS, ExpertWeights, MoeWorkspace, _q8, down_into, glu_into,
-                      units_into)
+from .experts import (DECODE_TOKENS, ExpertWeights, MoeWorkspace, _q8, down_into,
+                      fused_q8_1_applies, glu_into, units_into)
 from .grouping import combine_kernel, gather_kernel, group_into, max_tiles
 
 
@@ -29,10 +29,15 @@ def moe_ffn_into(ws: MoeWorkspace, gate: ExpertWeights, up: ExpertWeights,
         quantize_q8_1_into(x.reshape(tokens, -1), xin, stream=stream)
     if not (tokens > DECODE_TOKENS if grouped is None else grouped):
         h = ws.h[:tokens * k]
-        glu_into(gate, up, xin, h, ids, ids, tokens * k, k, act, gate_bias, up_bias,
-                 config=ws.config, stream=stream)
-        down_into(down, _down_input(ws, down, h, stream), y, ids, route_w, tokens, k,
-                  down_bias, res, ws.config, stream)
+        if _q8(down) and fused_q8_1_applies(gate, ws.config, tiled=False):
+            hin = ws.hq[:tokens * k]     # the GEMV writes h as Q8_1 itself
+            glu_into(gate, up, xin, h, ids, ids, tokens * k, k, act, gate_bias, up_bias,
+                     config=ws.config, stream=stream, hq=hin)
+        else:
+            glu_into(gate, up, xin, h, ids, ids, tokens * k, k, act, gate_bias, up_bias,
+                     config=ws.config, stream=stream)
+            hin = _down_input(ws, down, h, stream)
+        down_into(down, hin, y, ids, route_w, tokens, k, down_bias, res, ws.config, stream)
         return
     pairs = tokens * k
     padded = pairs + ws.config.batch - 1     # a tile's rows past its count are read, unused

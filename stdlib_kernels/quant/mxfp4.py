@@ -4,14 +4,15 @@ with Q8_1 activations.
 MXFP4 block (17 B / 32 values): e:u8 (e8m0) | qs:16 B; value j = KVALUES[code_j] * 2^(e-128),
 code_j the low nibble of qs[j] for j < 16, the high nibble of qs[j - 16] otherwise; KVALUES are
 the e2m1 values doubled (small integers: an int8 dot with the activations is exact, as for
-Q8_0). Blocks are 17 bytes, so rows are read as bytes (`w: Ptr[u8]`, `wrow` a byte offset).
+Q8_0). Blocks are 17 bytes, so rows are read as bytes (`w: Ptr[u8]`, `wrow` a byte offset), or,
+in buffers of a multiple of 4 bytes, as aligned u32 words around the block (dot_q8_MXFP4_words).
 """
 from __future__ import annotations
 
 import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, u8, u32
 
-from .dot_q8 import act, act_scale
+from .dot_q8 import act, act_scale, funnel16
 
 BLOCK_BYTES = 17
 # the 16 KVALUES as four little-endian words of int8: codes 0-3, 4-7, 8-11, 12-15
@@ -86,6 +87,36 @@ def dot_q8_MXFP4(w: Ptr[u8, "ro"], wrow: i32, blk: i32, part: i32, xq: Ptr[u32, 
     hi = pk.local_array(i32, 4)
     for k in pk.static_range(4):
         v = bytes4(w, b + 1 + 4 * k)
+        lo[k] = codes_to_int8(v & u32(0x0F0F0F0F))
+        hi[k] = codes_to_int8((v >> u32(4)) & u32(0x0F0F0F0F))
+    for bt in pk.static_range(BATCH):
+        x = bt * xstride + 9 * blk
+        s = i32(0)
+        for k in pk.static_range(4):
+            s = pk.dp4a(lo[k], act(xq, x + 1 + k), s)
+            s = pk.dp4a(hi[k], act(xq, x + 5 + k), s)
+        dx, sx = act_scale(xq, x)
+        acc[a0 + bt] += (scale * dx) * f32(s)
+
+
+@pk.func
+def dot_q8_MXFP4_words(w: Ptr[u32, "ro"], wrow: i32, blk: i32, part: i32, xq: Ptr[u32, "ro"],
+                       xstride: i32, acc: Ptr[f32], a0: i32, BATCH: Const[int]):
+    """dot_q8_MXFP4 with the weights read as u32 words: five aligned word loads cover the
+    17-byte block (its start is any byte), instead of 17 byte loads. wrow is still the row's
+    byte offset. The last word can end up to 3 bytes past the block, so the caller's buffer
+    must hold a multiple of 4 bytes (then the buffer's last block ends on a word boundary)."""
+    b = wrow + BLOCK_BYTES * blk
+    o = b % 4
+    raw = pk.local_array(u32, 5)
+    for k in pk.static_range(5):
+        raw[k] = w[b // 4 + k]
+    scale = e8m0_half((raw[0] >> u32(8 * o)) & u32(0xFF))
+    shift = u32(8 * (o + 1))        # qs start one byte after e: 8..32 bits into raw[0]
+    lo = pk.local_array(i32, 4)
+    hi = pk.local_array(i32, 4)
+    for k in pk.static_range(4):
+        v = funnel16(raw[k], raw[k + 1], shift)
         lo[k] = codes_to_int8(v & u32(0x0F0F0F0F))
         hi[k] = codes_to_int8((v >> u32(4)) & u32(0x0F0F0F0F))
     for bt in pk.static_range(BATCH):

@@ -133,9 +133,37 @@ def test_grouped_path(device, rng, seed, case):
             with_res=case[0] == "Q8_0")
 
 
+# Q6_K down rows of 2 blocks (its u32-word kernel), MXFP4's word loads at every byte offset
+TOKEN_CASES = [("Q4_K", "Q6_K", 256, 512, 5, 3, "silu"), CASES[2]]
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 8])
+@pytest.mark.parametrize("case", TOKEN_CASES, ids=[c[0] + "-" + c[1] for c in TOKEN_CASES])
+def test_decode_path_token_counts(device, rng, seed, case, tokens):
+    run_ffn(rng, seed, case, tokens=tokens, grouped=False, with_bias=case[6] == "oai",
+            with_res=tokens != 3)
+
+
+@pytest.mark.parametrize("gtype", ["Q8_0", "MXFP4", "Q4_K"])
+def test_glu_q8_1_output_is_bit_exact(device, rng, seed, gtype):
+    """The pairs' GEMV writing h as Q8_1 (hq=) gives the bytes of quantize_q8_1 of its f32
+    rows."""
+    from stdlib_kernels.moe.experts import glu_into
+    n_embd, n_ff, n_expert, k, tokens = 256, 64, 4, 2, 3
+    wts = [expert_weights(pk.to_device(make_experts(rng, gtype, n_expert, n_ff, n_embd)[0]),
+                          gtype, n_expert) for _ in range(2)]
+    xq = quantize_q8_1(rng.standard_normal((tokens, n_embd)).astype(np.float32))
+    ids = pk.to_device(rng.integers(0, n_expert, (tokens, k)).astype(np.int32))
+    h = pk.full((tokens * k, n_ff), np.nan, np.float32)
+    glu_into(*wts, xq, h, ids, ids, tokens * k, k, "silu")
+    hq = pk.full((tokens * k, n_ff // 32 * 36), 0xAB, np.uint8)
+    glu_into(*wts, xq, h, ids, ids, tokens * k, k, "silu", hq=hq)
+    assert np.array_equal(hq.numpy(), quantize_q8_1(h).numpy()), f"seed {seed}"
+
+
 def test_launch_shapes(device, rng, seed):
     """Rows not a multiple of the block's rows, tiles of 3 rows (partial last tiles)."""
-    config = MoeConfig(warps=2, rows=3, batch=3)
+    config = MoeConfig(warps=2, rows=3, batch=3, down_rows=2)
     run_ffn(rng, seed, CASES[0], tokens=5, grouped=True, with_bias=True, with_res=False,
             config=config)
     run_ffn(rng, seed, CASES[0], tokens=1, grouped=False, with_bias=False, with_res=False,
@@ -159,6 +187,7 @@ def test_kernels_assemble_for_the_gpu(assemble):
     """The GPU configurations (MoeConfig()) of every MoE kernel lower to PTX ptxas accepts."""
     from stdlib_kernels.moe import expert_kernels as ek
     from stdlib_kernels.moe import grouping, router
+    from stdlib_kernels.quant import gemv_kernels as gk
     from stdlib_kernels.quant.formats import F16, MXFP4, Q4_K, Q6_K
     c = MoeConfig()
     common = dict(WARPS=c.warps, ROWS=c.rows)
@@ -167,16 +196,26 @@ def test_kernels_assemble_for_the_gpu(assemble):
                                  PER_LANE=4),
         ek.moe_gemv_kernel.ptx("sm_90", FMT=Q4_K, WT=np.uint32, XT=np.uint32, ACT=ek.ACT_Q8,
                                ITEMS=Q8_1_TYPES["Q4_K"], BATCH=c.batch, GLU=ek.GLU_SILU,
-                               HAS_BIAS=False, TILED=True, **common),
+                               HAS_BIAS=False, TILED=True, QOUT=False, **common),
+        ek.moe_gemv_kernel.ptx("sm_90", FMT=gk.Q4_K_WIDE, WT=np.uint32, XT=np.uint32,
+                               ACT=ek.ACT_Q8, ITEMS=4, BATCH=1, GLU=ek.GLU_SILU,
+                               HAS_BIAS=False, TILED=False, QOUT=True, WARPS=32 // c.rows,
+                               ROWS=c.rows),
         ek.moe_gemv_kernel.ptx("sm_90", FMT=MXFP4, WT=np.uint8, XT=np.uint32, ACT=ek.ACT_Q8,
                                ITEMS=1, BATCH=1, GLU=ek.GLU_OAI, HAS_BIAS=True, TILED=False,
-                               **common),
+                               QOUT=False, **common),
+        ek.moe_gemv_kernel.ptx("sm_90", FMT=ek.MXFP4_WORDS, WT=np.uint32, XT=np.uint32,
+                               ACT=ek.ACT_Q8, ITEMS=1, BATCH=1, GLU=ek.GLU_OAI, HAS_BIAS=True,
+                               TILED=False, QOUT=True, WARPS=32 // c.rows, ROWS=c.rows),
         ek.moe_gemv_kernel.ptx("sm_90", FMT=F16, WT=np.uint16, XT=np.float32, ACT=ek.ACT_F32,
                                ITEMS=1, BATCH=c.batch, GLU=ek.GLU_NONE, HAS_BIAS=True,
-                               TILED=True, **common),
+                               TILED=True, QOUT=False, **common),
         ek.moe_down_kernel.ptx("sm_90", FMT=Q6_K, WT=np.uint16, XT=np.uint32, ACT=ek.ACT_Q8,
-                               ITEMS=Q8_1_TYPES["Q6_K"], K=8, HAS_BIAS=True, HAS_RES=True,
-                               **common),
+                               ITEMS=Q8_1_TYPES["Q6_K"], K=8, HAS_BIAS=False, HAS_RES=True,
+                               WARPS=c.warps, ROWS=c.down_rows),
+        ek.moe_down_kernel.ptx("sm_90", FMT=ek.MXFP4_WORDS, WT=np.uint32, XT=np.uint32,
+                               ACT=ek.ACT_Q8, ITEMS=1, K=4, HAS_BIAS=True, HAS_RES=True,
+                               WARPS=c.warps, ROWS=c.down_rows),
         grouping.group_kernel.ptx("sm_90", BATCH=c.batch, MAX_EXPERTS=128),
         grouping.gather_kernel.ptx("sm_90"),
         grouping.combine_kernel.ptx("sm_90", K=8, HAS_RES=True),
