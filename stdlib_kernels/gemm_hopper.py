@@ -78,16 +78,21 @@ class GemmConfig(NamedTuple):
                 + (f"/tma{self.epilogue}" if self.epilogue else ""))
 
 
-# 128 x 256 tiles, 4 slots of 48 KiB for large problems; 128 x 128, 4 slots of 32 KiB where
-# a 256-wide tile would leave SMs idle or mostly clip (both: row-major, direct epilogue)
-CONFIGS = {"large": GemmConfig(256, 4), "small": GemmConfig(128, 4)}
+# Measured on the H200 (benchmarks/RESULTS.md, "The Hopper GEMM's options"): 4096^3 bf16 ->
+# f32 at 735 TFLOPS (94% of cuBLAS) with 128 x 256 tiles in super-rows of 16 and the TMA
+# epilogue (row-major, direct stores: 614); the narrow tile (as before: its options are not
+# measured at small sizes yet) where a 256-wide one would leave SMs idle. The TMA epilogue needs C's row pitch to be a multiple of 16 bytes: otherwise the
+# same tiles store directly.
+CONFIGS = {"large": GemmConfig(256, 4, group_m=16, epilogue=2),
+           "small": GemmConfig(128, 4)}
 
 
-def choose_config(M: int, N: int, sms: int = 132) -> GemmConfig:
+def choose_config(M: int, N: int, sms: int = 132, out_bytes: int = 4) -> GemmConfig:
     """The wide tile when it still gives every one of `sms` multiprocessors a tile; else the
-    narrow one."""
+    narrow one; the direct epilogue where C's rows (N x out_bytes) are not whole 16 bytes."""
     wide_tiles = -(-M // BM) * -(-N // 256)
-    return CONFIGS["large"] if N > 128 and wide_tiles >= sms else CONFIGS["small"]
+    cfg = CONFIGS["large"] if N > 128 and wide_tiles >= sms else CONFIGS["small"]
+    return cfg if (N * out_bytes) % 16 == 0 else cfg._replace(epilogue=0)
 
 
 def shared_bytes(bn: int, stages: int, epilogue: int = 0) -> int:
@@ -162,7 +167,7 @@ def gemm_hopper(a, b, out=None, out_dtype=pk.f32, config=None, max_blocks=None, 
     kind, M, N, K, out = _check_arrays(a, b, out, out_dtype)
     sms = multiprocessors()
     if config is None:
-        cfg = choose_config(M, N, sms)
+        cfg = choose_config(M, N, sms, 4 if out_dtype is pk.f32 else 2)
     elif isinstance(config, str):
         cfg = GemmConfig.parse(config)
     else:

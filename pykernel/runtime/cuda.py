@@ -43,6 +43,7 @@ _DEFAULT_SHARED_LIMIT = 48 * 1024
 _MAX_DYNAMIC_SHARED = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _MAX_THREADS = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
 _NUM_REGS = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS
+_INVALID_CONTEXT = int(cu.CUresult.CUDA_ERROR_INVALID_CONTEXT)
 _NON_PORTABLE_CLUSTER = \
     cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
 _launch_kernel = cu.cuLaunchKernel          # the driver calls of launches (module-level: tests
@@ -175,6 +176,16 @@ class CudaDevice:
         if int(current) != int(self._context):
             check(cu.cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
 
+    def reactivated(self, err) -> bool:
+        """After a failed launch: True when it failed because the calling thread had another
+        (or no) context current, which is now this device's: the caller launches again. A
+        thread other than the one that created the device meets this on its first launch;
+        checking the context before every launch would cost every launch instead."""
+        if int(err) != _INVALID_CONTEXT or int(cu.cuCtxGetCurrent()[1]) == int(self._context):
+            return False
+        self.activate()
+        return True
+
     # -- launch -----------------------------------------------------------------------------
     def launch(self, compiled, grid, block, args, stream=None, shared_bytes=0, cluster=None):
         kernel = self._kernels.get(compiled.cache_key)
@@ -188,6 +199,9 @@ class CudaDevice:
             self._recent.append(kernel.name)
             try:
                 err = self._driver_launch(kernel, grid, block, shared_bytes, handle, cluster)
+                if err and self.reactivated(err):
+                    err = self._driver_launch(kernel, grid, block, shared_bytes, handle,
+                                              cluster)
             except (OverflowError, TypeError) as exc:
                 raise _bad_geometry(kernel, grid, block, shared_bytes, exc) from None
         if err:
@@ -244,10 +258,13 @@ class CudaDevice:
                     self.programmatic_launch:
                 return full()
             self._recent.append(name)
+            stream_handle = self._launch_handle if handle is None else handle
             try:
                 (err,) = _launch_kernel(func, g0, g1, g2, b0, b1, b2, shared_bytes,
-                                        self._launch_handle if handle is None else handle,
-                                        params, extra)
+                                        stream_handle, params, extra)
+                if err and self.reactivated(err):
+                    (err,) = _launch_kernel(func, g0, g1, g2, b0, b1, b2, shared_bytes,
+                                            stream_handle, params, extra)
             except (OverflowError, TypeError) as exc:
                 raise _bad_geometry(kernel, grid, block, shared_bytes, exc) from None
             if err:
@@ -289,8 +306,8 @@ class CudaDevice:
         # the driver has copied them when it returns, so the buffer goes back to the pool
         passed = "0, extra" if kernel.param_buffer else "params, 0"
         # the module attribute, read per call: tests replace the driver call there
-        tail = ["recent(name)",
-                f"err, = runtime._launch_kernel(func, {geometry}, handle, {passed})",
+        call = f"err, = runtime._launch_kernel(func, {geometry}, handle, {passed})"
+        tail = ["recent(name)", call, "if err and device.reactivated(err):", "    " + call,
                 "give(slot)", "if err:", "    failed(err)"]
         return kernel.packer.fused("launch", head, tail, scope, "fallback(*args, **kwargs)",
                                    pooled=True)

@@ -122,6 +122,9 @@ def test_gemm_hopper_gpu_bf16_out_is_rounded_f32_out(config, rng):
 def test_config_choice():
     assert G.choose_config(4096, 4096) == G.CONFIGS["large"]
     assert G.choose_config(128, 128) == G.CONFIGS["small"]
+    # C's rows of 4098 f32 are not whole 16 bytes: the same tiles, stored directly
+    assert G.choose_config(4096, 4098) == G.CONFIGS["large"]._replace(epilogue=0)
+    assert G.choose_config(4096, 4104, out_bytes=2) == G.CONFIGS["large"]
     assert G.shared_bytes(256, 4) <= 227 * 1024          # fits an H100/H200 block
     # 4 ring slots of 48 KiB and 2 boxes of 2 KiB for each of 8 consumer warps still fit
     assert G.shared_bytes(256, 4, 2) == 4 * 48 * 1024 + 8 * 2 * 2048 + 1024 <= 227 * 1024

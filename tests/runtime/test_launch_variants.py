@@ -196,3 +196,41 @@ def test_both_variants_run_on_the_cpu_target(rng, seed):
         cpu.launch(compiled, (-(-n // 64), 1, 1), (64, 1, 1), (x, y, out, n))
         np.testing.assert_array_equal(out.numpy(), x.numpy() + y.numpy(),
                                       f"pdl={options.pdl} seed={seed}")
+
+
+def test_a_thread_without_the_context_current_launches_after_one_retry(gpu, monkeypatch):
+    """A thread other than the device's creator has no (or another) context current: its
+    first launch fails with CUDA_ERROR_INVALID_CONTEXT, the device makes its context current
+    and launches again, on the generated fast path, the full path and a bound launch alike;
+    any other error is not retried."""
+    device, _, calls = gpu
+    invalid = cuda_runtime.cu.CUresult.CUDA_ERROR_INVALID_CONTEXT
+    state = {"current": 0, "set": []}
+    monkeypatch.setattr(device, "_context", 0x5EED, raising=False)   # the mock has none
+    monkeypatch.setattr(cuda_runtime.cu, "cuCtxGetCurrent",
+                        lambda: (cuda_runtime.cu.CUresult.CUDA_SUCCESS, state["current"]))
+
+    def set_current(context):
+        state["current"] = int(context)
+        state["set"].append(int(context))
+        return (cuda_runtime.cu.CUresult.CUDA_SUCCESS,)
+    monkeypatch.setattr(cuda_runtime.cu, "cuCtxSetCurrent", set_current)
+
+    def driver(*args):
+        if state["current"] != int(device._context):
+            return (invalid,)
+        return calls(*args)
+    monkeypatch.setattr(cuda_runtime, "_launch_kernel", driver)
+    x, y, out = arrays(device, 256)
+    launches = [lambda: add[1, 256](x, y, out, 256),            # first call: full path
+                lambda: add[1, 256](x, y, out, 256),            # then the generated launcher
+                add[1, 256].bind(x, y, out, 256).launch]
+    for launch in launches:
+        state["current"] = 0                     # as on a fresh thread
+        launch()
+    assert len(calls.calls) == 3 and state["set"] == [int(device._context)] * 3
+    # not retried: another error, or an invalid context while ours is already current
+    state["current"] = 0
+    assert not device.reactivated(cuda_runtime.cu.CUresult.CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES)
+    state["current"] = int(device._context)
+    assert not device.reactivated(invalid)
