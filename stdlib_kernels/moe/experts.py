@@ -98,6 +98,7 @@ class MoeWorkspace:
         self.xq = alloc((max_tokens, q8_1_bytes(n_embd)), np.uint8)
         self.x_sorted = alloc((padded, x_words), np.uint32)
         self.h = alloc((padded, n_ff), np.float32)
+        self.u = alloc((pairs, n_ff), np.float32)      # the grouped GEMM's up rows (h: gate)
         self.hq = alloc((padded, q8_1_bytes(n_ff)), np.uint8)
         self.ys = alloc((pairs, n_embd), np.float32)
         self.order = alloc((pairs,), np.int32)

@@ -6,7 +6,8 @@
                     (max_tiles, 3) i32: (expert, first position, count <= BATCH) covering each
                     expert's run, then (0, 0, 0) up to max_tiles (a fixed grid for capture).
     gather_kernel   dst[s] = src[order[s] // k] (rows of `words` u32 words: Q8_1 or f32 rows)
-    combine_kernel  y[t] = (res[t] +) sum_j route_w[t, j] ys[slot_of[t k + j]] (j in order)
+    combine_kernel  y[t] = (res[t] +) sum_j route_w[t, j] (ys[slot_of[t k + j]] (+ bias[e]))
+                    (j in order; e = ids[t k + j], HAS_BIAS: bias (n_expert, rows))
 
 Counting is a scan per expert (thread e reads all ids), not atomics, so the order is
 deterministic: a prompt of 4096 pairs costs each thread 4096 cached loads.
@@ -81,13 +82,17 @@ def gather_kernel(src: Ptr[u32, "ro"], dst: Ptr[u32], order: Ptr[i32, "ro"], wor
 
 @pk.kernel
 def combine_kernel(ys: Ptr[f32, "ro"], slot_of: Ptr[i32, "ro"], route_w: Ptr[f32, "ro"],
-                   res: Ptr[f32], y: Ptr[f32], rows: i32, K: Const[int], HAS_RES: Const[bool]):
+                   bias: Ptr[f32, "ro"], ids: Ptr[i32, "ro"], res: Ptr[f32], y: Ptr[f32],
+                   rows: i32, K: Const[int], HAS_RES: Const[bool], HAS_BIAS: Const[bool]):
     t = pk.block_idx.y
     r = pk.block_idx.x * pk.block_dim.x + pk.thread_idx.x
     if r < rows:
         total = f32(0.0)
         for j in pk.static_range(K):
-            v = route_w[t * K + j] * ys[slot_of[t * K + j] * rows + r]
+            out = ys[slot_of[t * K + j] * rows + r]
+            if HAS_BIAS:
+                out = out + bias[ids[t * K + j] * rows + r]
+            v = route_w[t * K + j] * out
             total = v if j == 0 else total + v
         if HAS_RES:
             total = res[t * rows + r] + total

@@ -179,7 +179,7 @@ def test_kernels_assemble_for_the_gpu(assemble):
                                **common),
         grouping.group_kernel.ptx("sm_90", BATCH=c.batch, MAX_EXPERTS=128),
         grouping.gather_kernel.ptx("sm_90"),
-        grouping.combine_kernel.ptx("sm_90", K=8, HAS_RES=True),
+        grouping.combine_kernel.ptx("sm_90", K=8, HAS_RES=True, HAS_BIAS=True),
     ]
     for text in ptx:
         assemble(text, "sm_90")
