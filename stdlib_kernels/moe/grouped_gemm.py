@@ -29,8 +29,6 @@ int8 GEMM, so the same Q8_1 error model (tests/kernels/test_moe_grouped_gemm.py)
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 
 import pykernel as pk

@@ -3,7 +3,8 @@
     gemm_q8(raw, "Q4_K", x) -> y          raw uint8 (rows, row_bytes), x float32 (tokens, K)
     gemm_q8_into(w, type, xq, y, rows, K, tokens)   xq = Q8_1 activations (q8_1.py), no sync
 
-Types: INT8_GEMM_TYPES (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, Q4_1, Q5_0, Q5_1). The activations are
+Types: INT8_GEMM_TYPES (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, Q4_1, Q5_0, Q5_1; the tile functions
+also read MXFP4 as int8 for the MoE grouped GEMM, moe/grouped_gemm.py). The activations are
 quantized to Q8_1 once (32-value blocks: d, s = d sum(q), int8 q). Each thread block computes a
 BM-row x BN-token tile of C = W X^T; per K step of 32 KB values it unpacks the weights' integer
 quants into an int8 tile in shared memory (Q4_0 q - 8, Q5_0 q - 16, Q6_K q - 32, Q4_K / Q5_K /

@@ -8,7 +8,6 @@ grouped GEMM computes the same sums as the DP4A GEMV, in another order, within F
 """
 import numpy as np
 import pytest
-
 from stdlib_kernels.moe import grouped_gemm as gg
 from stdlib_kernels.quant.formats import MXFP4, Q4_K, Q6_K, Q8_0
 
