@@ -145,7 +145,8 @@ def test_launch_shapes(device, rng, seed):
             config=config, given_xq=True)
 
 
-@pytest.mark.parametrize("pairs,n_expert,batch", [(21, 5, 4), (64, 128, 8), (9, 3, 8)])
+@pytest.mark.parametrize("pairs,n_expert,batch", [(21, 5, 4), (64, 128, 8), (9, 3, 8),
+                                                   (4100, 128, 32)])
 def test_grouping_matches_reference(device, rng, seed, pairs, n_expert, batch):
     ids = rng.integers(0, n_expert, pairs).astype(np.int32)
     ids[: min(pairs, 9)] = ids[0]                    # one expert with a long run
