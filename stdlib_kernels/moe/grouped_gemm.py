@@ -190,7 +190,7 @@ def gemm_applies(gate: ExpertWeights, down: ExpertWeights) -> bool:
 def token_tile(pairs: int, n_expert: int) -> int:
     """BN, the token tile: the least of TOKEN_TILES that holds the mean pairs per expert (an
     expert above it takes more tiles; 8 on the CPU target)."""
-    if pk.current_device().kind == "cpu":
+    if one_warp_default():
         return TOKEN_TILES[0]
     mean = -(-pairs // n_expert)
     return next((bn for bn in TOKEN_TILES if mean <= bn), TOKEN_TILES[-1])
@@ -200,33 +200,39 @@ def _superblock(wt: ExpertWeights) -> bool:
     return wt.type_name in SUPERBLOCK_GEMM_TYPES and wt.n % 256 == 0
 
 
-def kernel_tiles(wt: ExpertWeights, bn: int) -> Q8KTiles | Q8GemmTiles:
-    """The tiles of wt's kernel for token tile bn (Q8KTiles: super-block kernel)."""
-    gpu = pk.current_device().kind != "cpu"
+def one_warp_default() -> bool:
+    return pk.current_device().kind == "cpu"
+
+
+def kernel_tiles(wt: ExpertWeights, bn: int, one_warp: bool) -> Q8KTiles | Q8GemmTiles:
+    """The tiles of wt's kernel (Q8KTiles: the super-block one) for token tile bn: the GPU
+    tables, or one_warp: the CPU target's 16 x 8 (bn 8)."""
     if _superblock(wt):
-        t = (SMALL_KQ.get(bn) or TUNED_KTILES[wt.type_name]) if gpu else CPU_KQ
+        t = CPU_KQ if one_warp else SMALL_KQ.get(bn) or TUNED_KTILES[wt.type_name]
     else:
-        t = BLOCK_TILES[bn] if gpu else CPU_BLOCK
+        t = CPU_BLOCK if one_warp else BLOCK_TILES[bn]
         kb = t.kb
         while (wt.n // 32) % kb:
             kb //= 2
         t = t._replace(kb=kb)
-    if t.shape[1] != (bn if gpu else TOKEN_TILES[0]):
-        raise ValueError(f"moe grouped GEMM: tiles {t} do not take {bn} tokens")
+    if t.shape[1] != bn:
+        raise ValueError(f"moe grouped GEMM: tiles {t} do not take {bn} tokens (token tiles: "
+                         f"{TOKEN_TILES}, one_warp: 8)")
     return t
 
 
 def grouped_matmul_into(wt: ExpertWeights, xq, out, tiles, n_tiles: int, bn: int,
-                        stream=None) -> None:
+                        stream=None, one_warp: bool | None = None) -> None:
     """out[s] (rows of wt.rows f32) = W_e x_sorted[s] for every sorted row s of the tile
     entries (tiles: group_kernel's with BATCH = bn; n_tiles of them, unused ones zero).
-    xq: the sorted Q8_1 rows as u32 words (rows of q8_1_bytes(wt.n) // 4)."""
+    xq: the sorted Q8_1 rows as u32 words (rows of q8_1_bytes(wt.n) // 4). one_warp:
+    kernel_tiles' (None: on the CPU target)."""
     if wt.type_name not in GROUPED_TYPES:
         raise ValueError(f"moe grouped GEMM: no kernel for {wt.type_name}; supported: "
                          f"{sorted(GROUPED_TYPES)}")
     if n_tiles > 65535:
         raise ValueError(f"moe grouped GEMM: {n_tiles} tiles exceed a grid's 65535 rows")
-    t = kernel_tiles(wt, bn)
+    t = kernel_tiles(wt, bn, one_warp_default() if one_warp is None else one_warp)
     fmt = get_format(wt.type_name)
     row_bytes = wt.n // fmt.block_elems * fmt.block_bytes
     bm = t.shape[0]
@@ -253,10 +259,12 @@ def grouped_matmul_into(wt: ExpertWeights, xq, out, tiles, n_tiles: int, bn: int
 def grouped_ffn_into(ws: MoeWorkspace, gate: ExpertWeights, up: ExpertWeights,
                      down: ExpertWeights, xq, y, ids, route_w, tokens: int, act: str,
                      gate_bias=None, up_bias=None, down_bias=None, res=None,
-                     stream=None) -> None:
+                     stream=None, bn: int | None = None) -> None:
     """y (tokens, n_embd) = (res +) sum_j route_w[t, j] (down_e h_tj + bd_e), h_tj =
     act(gate_e x_t + bg_e, up_e x_t + bu_e), e = ids[t, j]; x as Q8_1 rows xq (tokens,
-    q8_1_bytes(n_embd)); shapes checked by ffn.moe_ffn_into. Module docstring: launches."""
+    q8_1_bytes(n_embd)); shapes checked by ffn.moe_ffn_into. Module docstring: launches.
+    bn: a token tile of TOKEN_TILES and its GPU tiles on any device (tuning, tests); None:
+    token_tile's (the one-warp tiles on the CPU target)."""
     if not gemm_applies(gate, down) or gate.type_name != up.type_name:
         raise ValueError(f"moe grouped GEMM: gate/up {gate.type_name}, {up.type_name} and "
                          f"down {down.type_name} must be one of {sorted(GROUPED_TYPES)}")
@@ -265,7 +273,8 @@ def grouped_ffn_into(ws: MoeWorkspace, gate: ExpertWeights, up: ExpertWeights,
     if act not in ACTS:
         raise ValueError(f"moe: act must be one of {', '.join(ACTS)}, got {act!r}")
     k, n_ff, pairs = ws.k, gate.rows, tokens * ws.k
-    bn = token_tile(pairs, ws.n_expert)
+    one_warp = bn is None and one_warp_default()
+    bn = bn or token_tile(pairs, ws.n_expert)
     n_tiles = max_tiles(pairs, ws.n_expert, bn)
     group_into(ids, ws.order, ws.slot_of, ws.tiles, pairs, ws.n_expert, bn, stream)
     words = q8_1_bytes(gate.n) // 4
@@ -273,14 +282,14 @@ def grouped_ffn_into(ws: MoeWorkspace, gate: ExpertWeights, up: ExpertWeights,
     gather_kernel[pairs, 128, stream](xq.reshape(-1).view(np.uint32), x_sorted, ws.order,
                                       words, k)
     g, u = ws.h.reshape(-1)[:pairs * n_ff], ws.u.reshape(-1)[:pairs * n_ff]
-    grouped_matmul_into(gate, x_sorted, g, ws.tiles, n_tiles, bn, stream)
-    grouped_matmul_into(up, x_sorted, u, ws.tiles, n_tiles, bn, stream)
+    grouped_matmul_into(gate, x_sorted, g, ws.tiles, n_tiles, bn, stream, one_warp)
+    grouped_matmul_into(up, x_sorted, u, ws.tiles, n_tiles, bn, stream, one_warp)
     hq = ws.hq.reshape(-1)[:pairs * q8_1_bytes(n_ff)].view(np.uint32)
     has_bias = gate_bias is not None
     glu_q8_1_kernel[(pairs, -(-n_ff // (32 * GLU_WARPS))), 32 * GLU_WARPS, stream](
         g, u, gate_bias if has_bias else g, up_bias if has_bias else g, ids, ws.order, hq,
         n_ff, ACTS[act], has_bias)
-    grouped_matmul_into(down, hq, ws.ys, ws.tiles, n_tiles, bn, stream)
+    grouped_matmul_into(down, hq, ws.ys, ws.tiles, n_tiles, bn, stream, one_warp)
     combine_kernel[((down.rows + 127) // 128, tokens), 128, stream](
         ws.ys, ws.slot_of, route_w, ws.ys if down_bias is None else down_bias, ids,
         y if res is None else res, y, down.rows, k, res is not None, down_bias is not None)

@@ -6,6 +6,8 @@ The error bound is test_moe_experts.expected_and_bound's (the kernels see x and 
 Q8_1 roundings, dot exactly in integers per 32-block and accumulate scaled in f32): the
 grouped GEMM computes the same sums as the DP4A GEMV, in another order, within F32_DOT.
 """
+import functools
+
 import numpy as np
 import pytest
 from stdlib_kernels.moe import grouped_gemm as gg
@@ -35,6 +37,18 @@ def test_grouped_gemm_long_prompt(device, rng, seed):
     """130 tokens (260 pairs over 5 experts: ~7 token tiles per expert)."""
     run_ffn(rng, seed, CASES[2], tokens=130, grouped=True, with_bias=True, with_res=True,
             gemm=True)
+
+
+@pytest.mark.parametrize("case,bn", [(CASES[1], 32), (CASES[2], 64), (CASES[3], 16),
+                                     (CASES[0], 128)],
+                         ids=["Q4_K-32", "MXFP4-64", "Q8_0-super-16", "Q8_0-block-128"])
+def test_gpu_tile_shapes(device, rng, seed, monkeypatch, case, bn):
+    """The GPU's multi-warp tiles (kernel_tiles for token tile bn) on any device: 40 tokens,
+    so experts take several and partial token tiles and 64-row tiles overhang n_ff / n_embd."""
+    from stdlib_kernels.moe import ffn
+    monkeypatch.setattr(ffn, "grouped_ffn_into", functools.partial(gg.grouped_ffn_into, bn=bn))
+    run_ffn(rng, seed, case, tokens=40, grouped=True, with_bias=case[6] == "oai",
+            with_res=True, gemm=True)
 
 
 def test_tied_router_logits_and_idle_experts(device, rng, seed):
