@@ -6,7 +6,10 @@ Reported per shape and token count: microseconds per layer and, for decode, the 
 the selected experts' bytes (k experts x tokens, at most n_expert distinct) over that time.
 
     python3 benchmarks/moe_ffn.py [--shapes qwen3-30b-a3b,gpt-oss-20b,gpt-oss-120b]
-        [--tokens 1,4,512] [--layers 8]
+        [--tokens 1,4,512] [--layers 8] [--gemm auto|on|off]
+
+--gemm: prompts (grouped path) on the int8 grouped GEMM (on), the tiled DP4A GEMV (off), or
+moe_ffn_into's choice (auto: the GEMM from ffn.GEMM_TOKENS tokens).
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import pykernel as pk  # noqa: E402
 from benchmarks._timing import replay_seconds  # noqa: E402
 from stdlib_kernels.moe.experts import MoeWorkspace, expert_weights  # noqa: E402
-from stdlib_kernels.moe.ffn import moe_ffn_into  # noqa: E402
+from stdlib_kernels.moe.ffn import DECODE_TOKENS, moe_ffn_into  # noqa: E402
 from stdlib_kernels.moe.router import route_into  # noqa: E402
 from stdlib_kernels.quant.reference import row_bytes  # noqa: E402
 
@@ -38,7 +41,7 @@ def random_experts(rng, type_name, n_expert, rows, n):
     return expert_weights(pk.to_device(raw), type_name, n_expert)
 
 
-def layer_time(rng, shape, tokens: int, layers: int) -> tuple[float, float]:
+def layer_time(rng, shape, tokens: int, layers: int, gemm=None) -> tuple[float, float]:
     n_embd, n_ff, n_expert, k, gtype, dtype_, act, mode, biased = shape
     ws = MoeWorkspace(tokens, k, n_embd, n_ff, n_expert)
     stacks = [[random_experts(rng, gtype, n_expert, n_ff, n_embd),
@@ -54,7 +57,8 @@ def layer_time(rng, shape, tokens: int, layers: int) -> tuple[float, float]:
     def record():
         for gate, up, down in stacks:
             route_into(logits, ids, w, k, mode)
-            moe_ffn_into(ws, gate, up, down, x, y, ids, w, tokens, act, *bias, res=y)
+            moe_ffn_into(ws, gate, up, down, x, y, ids, w, tokens, act, *bias, res=y,
+                         gemm=gemm)
 
     seconds = replay_seconds(record) / layers
     active = min(tokens * k, n_expert)
@@ -67,12 +71,15 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--tokens", default="1,4,512")
     ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--gemm", choices=("auto", "on", "off"), default="auto")
     args = ap.parse_args()
     pk.set_device("cuda")
     rng = np.random.default_rng(0)
     for name in args.shapes.split(","):
         for tokens in (int(t) for t in args.tokens.split(",")):
-            seconds, rate = layer_time(rng, SHAPES[name], tokens, args.layers)
+            gemm = {"auto": None, "on": True, "off": False}[args.gemm]
+            seconds, rate = layer_time(rng, SHAPES[name], tokens, args.layers,
+                                       gemm if tokens > DECODE_TOKENS else None)
             print(f"{name:14s} tokens {tokens:4d}: {seconds * 1e6:8.1f} us/layer, selected "
                   f"experts' bytes at {rate / 1e9:7.1f} GB/s (upper bound for prompts)")
 

@@ -10,7 +10,8 @@ device (graph-capturable).
 - moe_route: stdlib's router kernel (one warp per token: top-k, softmax / renormalisation).
 - moe_experts: deferred (`PendingMoe`) so that the residual add that follows it becomes the
   down projection's fused store (moe_ffn_into(res=)); up to DECODE_TOKENS tokens read only
-  their experts' rows, longer steps group the (token, expert) pairs by expert on the device.
+  their experts' rows, longer steps group the (token, expert) pairs by expert on the device
+  (from stdlib's GEMM_TOKENS: one int8 tensor-core GEMM launch per expert matrix).
   A quantized expert type reads Q8_1 activations (its input RMSNorm and the quantization in
   one launch), F32 / F16 / BF16 experts read f32.
 - Attention with sinks is not here: KernelsBackend.attention passes them to the stdlib decode

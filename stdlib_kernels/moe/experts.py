@@ -16,7 +16,8 @@ its expert's rows (gate and up in one launch with the activation, moe_gemv_kerne
 down projection with the k experts' weighted sum fused into its store (moe_down_kernel).
 More tokens take the grouped path (grouping.py): pairs sorted by expert on the device, the
 activations gathered in that order, tiles of up to `batch` rows of one expert (each weight
-row read once per tile), the down projection per tile, then the weighted sum (combine).
+row read once per tile), the down projection per tile, then the weighted sum (combine);
+from ffn.GEMM_TOKENS tokens the same order on int8 tensor cores instead (grouped_gemm.py).
 Each matrix uses Q8_1 activations and DP4A where its type has them (GEMV_Q8; one Q8_1
 quantize of x and one of the hidden rows), else f32 activations (F32, F16, BF16).
 """
@@ -109,6 +110,7 @@ class MoeWorkspace:
         self.xq = alloc((max_tokens, q8_1_bytes(n_embd)), np.uint8)
         self.x_sorted = alloc((padded, x_words), np.uint32)
         self.h = alloc((padded, n_ff), np.float32)
+        self.u = alloc((pairs, n_ff), np.float32)      # the grouped GEMM's up rows (h: gate)
         self.hq = alloc((padded, q8_1_bytes(n_ff)), np.uint8)
         self.ys = alloc((pairs, n_embd), np.float32)
         self.order = alloc((pairs,), np.int32)

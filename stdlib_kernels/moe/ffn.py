@@ -8,15 +8,27 @@ from ..quant.q8_1 import quantize_q8_1_into
 from . import expert_kernels as ek
 from .experts import (DECODE_TOKENS, ExpertWeights, MoeWorkspace, _q8, down_into,
                       fused_q8_1_applies, glu_into, units_into)
+from .grouped_gemm import gemm_applies, grouped_ffn_into
 from .grouping import combine_kernel, gather_kernel, group_into, max_tiles
+
+# The grouped GEMM from this many tokens (else the tiled DP4A GEMV). The GEMV's DP4A work is
+# its floor at prompts (512 tokens: 2618 us a layer for qwen3-30b-a3b, ~7 TMAC/s, 150 GB/s
+# of weights; benchmarks/RESULTS.md "MoE FFN per layer"): at that rate a qwen3 pair costs
+# 3 x 768 x 2048 MAC / 7e12 = 0.65 us, and 8 tokens (64 pairs, ~50 of 128 experts, ~130 MB
+# of Q4_K) take ~42 us of DP4A against ~43 us of weight reads: from there the GEMV is
+# compute-bound while the tensor cores stay bound by the same weight bytes. The dense rule
+# agrees (options.int8_gemm_tokens: the int8 GEMM beats the DP4A GEMV from 6 tokens).
+GEMM_TOKENS = 8
 
 
 def moe_ffn_into(ws: MoeWorkspace, gate: ExpertWeights, up: ExpertWeights,
                  down: ExpertWeights, x, y, ids, route_w, tokens: int, act: str = "silu",
                  gate_bias=None, up_bias=None, down_bias=None, res=None, stream=None,
-                 grouped: bool | None = None, xq=None) -> None:
+                 grouped: bool | None = None, xq=None, gemm: bool | None = None) -> None:
     """y (tokens, n_embd) = (res +) the k experts' weighted outputs (res may be y).
     grouped None: the grouped path above DECODE_TOKENS tokens; True/False forces one.
+    gemm (grouped path): the tensor-core grouped GEMM (grouped_gemm.py) or the tiled GEMV;
+    None: the GEMM from GEMM_TOKENS tokens where it serves the types (gemm_applies).
     xq: x already as Q8_1 rows (tokens, q8_1_bytes(n_embd)) uint8 (e.g. from rmsnorm_q8_1),
     used instead of quantizing x when the gate/up type takes Q8_1."""
     _check(ws, gate, up, down, x, y, ids, route_w, tokens)
@@ -39,6 +51,10 @@ def moe_ffn_into(ws: MoeWorkspace, gate: ExpertWeights, up: ExpertWeights,
             hin = _down_input(ws, down, h, stream)
         down_into(down, hin, y, ids, route_w, tokens, k, down_bias, res, ws.config, stream)
         return
+    if gemm or (gemm is None and tokens >= GEMM_TOKENS and gemm_applies(gate, down)):
+        grouped_ffn_into(ws, gate, up, down, xin, y, ids, route_w, tokens, act, gate_bias,
+                         up_bias, down_bias, res, stream)
+        return
     pairs = tokens * k
     padded = pairs + ws.config.batch - 1     # a tile's rows past its count are read, unused
     n_tiles = max_tiles(pairs, ws.n_expert, ws.config.batch)
@@ -54,8 +70,8 @@ def moe_ffn_into(ws: MoeWorkspace, gate: ExpertWeights, up: ExpertWeights,
     units_into(down, down, _down_input(ws, down, h, stream), ws.ys, ids, ws.tiles, n_tiles,
                1, ek.GLU_NONE, down_bias, None, True, ws.config, stream)
     combine_kernel[((down.rows + 127) // 128, tokens), 128, stream](
-        ws.ys, ws.slot_of, route_w, y if res is None else res, y, down.rows, k,
-        res is not None)
+        ws.ys, ws.slot_of, route_w, ws.ys, ids, y if res is None else res, y, down.rows, k,
+        res is not None, False)
 
 
 def _down_input(ws: MoeWorkspace, down: ExpertWeights, h, stream):

@@ -32,8 +32,11 @@ GEMV_BULK = "gemv_bulk"    # gemv_bulk.py: rows by bulk copies (sm_90+)
 GEMV_MMA = "gemv_mma"      # gemv_mma.py: int8 tensor-core GEMV, 5-16 tokens
 GEMM_Q8 = "gemm_q8"        # gemm_q8.py: int8 tensor-core GEMM (the int8 prefill path)
 GEMM_Q8_K = "gemm_q8_k"    # gemm_q8_k.py: its pipelined super-block kernel (K % 256 == 0)
+GEMM_MOE = "gemm_moe"      # moe/grouped_gemm.py: the experts' int8 GEMM over tokens grouped by
+                           # expert (GEMM_Q8_K's kernel parts, or gemm_q8.py's per 32-block)
 EMBED = "embed"            # quant_blocks.py: one element at a time (embedding rows)
-FAMILIES = (DEQUANT, QUANTIZE, GEMV, GEMV_Q8, GEMV_BULK, GEMV_MMA, GEMM_Q8, GEMM_Q8_K, EMBED)
+FAMILIES = (DEQUANT, QUANTIZE, GEMV, GEMV_Q8, GEMV_BULK, GEMV_MMA, GEMM_Q8, GEMM_Q8_K, GEMM_MOE,
+            EMBED)
 
 
 @dataclass(frozen=True)
@@ -58,8 +61,8 @@ class QuantFormat:
 
 
 _CODEC = frozenset({DEQUANT, QUANTIZE, GEMV})
-_LEGACY = _CODEC | {GEMV_Q8, GEMM_Q8, GEMM_Q8_K}     # the 32-value formats' common families
-_KQUANT = _CODEC | {GEMV_Q8, GEMV_BULK, GEMM_Q8, GEMM_Q8_K}   # Q4_K, Q5_K, Q6_K's common ones
+_LEGACY = _CODEC | {GEMV_Q8, GEMM_Q8, GEMM_Q8_K, GEMM_MOE}     # the 32-value formats' common families
+_KQUANT = _CODEC | {GEMV_Q8, GEMV_BULK, GEMM_Q8, GEMM_Q8_K, GEMM_MOE}   # Q4_K, Q5_K, Q6_K's common ones
 
 
 def _fmt(name: str, block_elems: int, block_bytes: int, layout: str, kernels) -> QuantFormat:
@@ -92,10 +95,11 @@ FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
     _fmt("Q1_0", 128, 18, "d:f16 | qs:16 B, bit j (byte j/8, bit j%8) set means +d, clear -d",
          _CODEC | {GEMV_Q8}),
     # No device quantizer (QUANTIZE): the published files come quantized; reference.py has
-    # ggml's. Prefill takes the f16 GEMM (decode8 tiles), not an int8 one.
+    # ggml's. Dense prefill takes the f16 GEMM (decode8 tiles); the MoE experts' grouped GEMM
+    # reads the doubled e2m1 values as exact int8 (gemm_q8.weight_word).
     _fmt("MXFP4", 32, 17, "e:u8 (e8m0) | qs:16 B (e2m1 nibbles: x[j] low of qs[j], x[j+16] "
          "high); kvalues[q] * 2^(e-128), kvalues = e2m1 doubled {0,1,2,3,4,6,8,12,-0,..,-12}",
-         {DEQUANT, GEMV, GEMV_Q8}),
+         {DEQUANT, GEMV, GEMV_Q8, GEMM_MOE}),
 )}
 
 

@@ -3,7 +3,8 @@
     gemm_q8(raw, "Q4_K", x) -> y          raw uint8 (rows, row_bytes), x float32 (tokens, K)
     gemm_q8_into(w, type, xq, y, rows, K, tokens)   xq = Q8_1 activations (q8_1.py), no sync
 
-Types: INT8_GEMM_TYPES (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, Q4_1, Q5_0, Q5_1). The activations are
+Types: INT8_GEMM_TYPES (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, Q4_1, Q5_0, Q5_1; the tile functions
+also read MXFP4 as int8 for the MoE grouped GEMM, moe/grouped_gemm.py). The activations are
 quantized to Q8_1 once (32-value blocks: d, s = d sum(q), int8 q). Each thread block computes a
 BM-row x BN-token tile of C = W X^T; per K step of 32 KB values it unpacks the weights' integer
 quants into an int8 tile in shared memory (Q4_0 q - 8, Q5_0 q - 16, Q6_K q - 32, Q4_K / Q5_K /
@@ -31,11 +32,13 @@ from pykernel import Const, Ptr, f32, i32, u32
 
 from .decode8 import scale_min_k4
 from .dot_q8 import LOW_NIBBLES, half16, pair16
-from .formats import GEMM_Q8, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, type_ids
+from .formats import GEMM_Q8, MXFP4, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, type_ids
 from .gemm import output_args, store_c
 from .gemm_q8_k import SUPERBLOCK_GEMM_TYPES, Q8KTiles, gemm_q8k_into
 from .gemm_q8_k_parts import fifth_bits
 from .gemv import weight_words
+from .mxfp4 import BLOCK_BYTES as MXFP4_BYTES
+from .mxfp4 import bytes4, codes_to_int8, e8m0_half
 from .q8_1 import Q8_1_WORDS, q8_1_bytes, quantize_q8_1_into
 
 INT8_GEMM_TYPES = type_ids(GEMM_Q8)   # type name -> ggml id (formats.py)
@@ -114,6 +117,9 @@ def weight_word(FMT: Const[int], w, wrow: i32, k: i32) -> u32:
         b = wrow + 11 * (k // 32)
         v = (pair16(w, b + 3 + (o % 16) // 2) >> u32(4 * (o // 16))) & u32(LOW_NIBBLES)
         return minus_bias(v | fifth_bits(pair16(w, b + 1), o), u32(0x10101010))
+    elif FMT == MXFP4:  # 17 u8: e | qs:16 B (codes as Q4_0's nibbles; int8 = doubled e2m1)
+        v = bytes4(w, wrow + MXFP4_BYTES * (k // 32) + 1 + (k % 32) % 16)
+        return u32(codes_to_int8((v >> u32(4 * ((k % 32) // 16))) & u32(LOW_NIBBLES)))
     else:              # Q4_0, 9 u16: d | qs:16 B (low nibbles: values 0..15, high: 16..31)
         o = k % 32
         v = pair16(w, wrow + 9 * (k // 32) + 1 + (o % 16) // 2)
@@ -142,6 +148,9 @@ def block_scales(FMT: Const[int], w, wrow: i32, k: i32):
         return d, d, -m
     elif FMT == Q5_0:
         d = half16(w, wrow + 11 * (k // 32))
+        return d, d, 0.0
+    elif FMT == MXFP4:   # 2^(e - 128): the e8m0 scale halved, as the quants are doubled
+        d = e8m0_half(u32(w[wrow + MXFP4_BYTES * (k // 32)]))
         return d, d, 0.0
     else:
         d = half16(w, wrow + 9 * (k // 32))

@@ -93,19 +93,21 @@ CASES = [  # (gate/up type, down type, n_embd, n_ff, n_expert, k, act)
 
 
 def run_ffn(rng, seed, case, tokens, grouped, with_bias, with_res, config=None,
-            given_xq=False):
+            given_xq=False, gemm=None, logits=None):
+    """logits None: fresh standard normal router logits (tokens, n_expert)."""
     gtype, dtype_, n_embd, n_ff, n_expert, k, act = case
     gate, up = (make_experts(rng, gtype, n_expert, n_ff, n_embd) for _ in range(2))
     down = make_experts(rng, dtype_, n_expert, n_embd, n_ff)
     x = rng.standard_normal((tokens, n_embd)).astype(np.float32)
-    logits = rng.standard_normal((tokens, n_expert)).astype(np.float32)
+    if logits is None:
+        logits = rng.standard_normal((tokens, n_expert)).astype(np.float32)
     ids, route_w = route_reference(logits, k, "softmax_norm")
     rows = (n_ff, n_ff, n_embd)
     biases = [(rng.standard_normal((n_expert, r)) * 0.5).astype(np.float32) if with_bias
               else np.zeros((n_expert, r), np.float32) for r in rows]
     res = rng.standard_normal((tokens, n_embd)).astype(np.float32) if with_res else None
     ws = MoeWorkspace(tokens, k, n_embd, n_ff, n_expert, config)
-    for buf in (ws.h, ws.ys):
+    for buf in (ws.h, ws.u, ws.ys):
         buf.fill(np.nan)
     wts = [expert_weights(pk.to_device(m[0]), t, n_expert)
            for m, t in ((gate, gtype), (up, gtype), (down, dtype_))]
@@ -113,12 +115,13 @@ def run_ffn(rng, seed, case, tokens, grouped, with_bias, with_res, config=None,
     dev_bias = [pk.to_device(b) if with_bias else None for b in biases]
     moe_ffn_into(ws, *wts, pk.to_device(x), y, pk.to_device(ids), pk.to_device(route_w),
                  tokens, act, *dev_bias, res=None if res is None else pk.to_device(res),
-                 grouped=grouped, xq=quantize_q8_1(x) if given_xq else None)
+                 grouped=grouped, xq=quantize_q8_1(x) if given_xq else None, gemm=gemm)
     want, bound = expected_and_bound(x, [(m[1], m[2]) for m in (gate, up, down)],
                                      (gtype, gtype, dtype_), ids, route_w, act, biases, res)
     err = np.abs(y.numpy() - want)
-    assert np.all(err <= bound), f"{case} tokens={tokens} grouped={grouped}: max err/bound " \
-                                 f"{np.max(err / bound):.3g} (seed {seed})"
+    assert np.all(err <= bound), f"{case} tokens={tokens} grouped={grouped} gemm={gemm}: max " \
+                                 f"err/bound {np.max(err / bound):.3g} (seed {seed})"
+    return ids
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] + "-" + c[1] for c in CASES])
@@ -170,7 +173,8 @@ def test_launch_shapes(device, rng, seed):
             config=config, given_xq=True)
 
 
-@pytest.mark.parametrize("pairs,n_expert,batch", [(21, 5, 4), (64, 128, 8), (9, 3, 8)])
+@pytest.mark.parametrize("pairs,n_expert,batch", [(21, 5, 4), (64, 128, 8), (9, 3, 8),
+                                                   (4100, 128, 32)])
 def test_grouping_matches_reference(device, rng, seed, pairs, n_expert, batch):
     ids = rng.integers(0, n_expert, pairs).astype(np.int32)
     ids[: min(pairs, 9)] = ids[0]                    # one expert with a long run
@@ -218,13 +222,13 @@ def test_kernels_assemble_for_the_gpu(assemble):
                                WARPS=c.warps, ROWS=c.down_rows),
         grouping.group_kernel.ptx("sm_90", BATCH=c.batch, MAX_EXPERTS=128),
         grouping.gather_kernel.ptx("sm_90"),
-        grouping.combine_kernel.ptx("sm_90", K=8, HAS_RES=True),
+        grouping.combine_kernel.ptx("sm_90", K=8, HAS_RES=True, HAS_BIAS=True),
     ]
     for text in ptx:
         assemble(text, "sm_90")
 
 
-@pytest.mark.parametrize("tokens,grouped", [(2, False), (6, True)])
+@pytest.mark.parametrize("tokens,grouped", [(2, False), (6, True), (9, True)])
 def test_graph_replay_follows_new_routing(device, rng, seed, tokens, grouped):
     """Router + FFN captured once, replayed on new x and logits: the result equals an eager
     run on them (the expert choice is read on the device; nothing of it is baked in)."""
