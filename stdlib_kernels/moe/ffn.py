@@ -19,6 +19,17 @@ from .grouping import combine_kernel, gather_kernel, group_into, max_tiles
 # compute-bound while the tensor cores stay bound by the same weight bytes. The dense rule
 # agrees (options.int8_gemm_tokens: the int8 GEMM beats the DP4A GEMV from 6 tokens).
 GEMM_TOKENS = 8
+# MXFP4 experts (gpt-oss: K = 2880, not a multiple of 256) go through the per-32-block GEMM,
+# whose byte-wise loads make it the slower side at few tokens: measured on the H200
+# (RESULTS.md, "MoE prompts on the grouped GEMM"), gpt-oss-20b per layer: GEMM 1099 / 1568 /
+# 2612 us at 8 / 64 / 512 tokens, the tiled GEMV 274 us at 8 and 3837 at 512; the two lines
+# cross near 210 tokens.
+GEMM_TOKENS_BY_TYPE = {"MXFP4": 256}
+
+
+def gemm_from(gate: ExpertWeights, down: ExpertWeights) -> int:
+    """The token count from which the grouped GEMM serves these experts."""
+    return max(GEMM_TOKENS_BY_TYPE.get(w.type_name, GEMM_TOKENS) for w in (gate, down))
 
 
 def moe_ffn_into(ws: MoeWorkspace, gate: ExpertWeights, up: ExpertWeights,
@@ -28,7 +39,7 @@ def moe_ffn_into(ws: MoeWorkspace, gate: ExpertWeights, up: ExpertWeights,
     """y (tokens, n_embd) = (res +) the k experts' weighted outputs (res may be y).
     grouped None: the grouped path above DECODE_TOKENS tokens; True/False forces one.
     gemm (grouped path): the tensor-core grouped GEMM (grouped_gemm.py) or the tiled GEMV;
-    None: the GEMM from GEMM_TOKENS tokens where it serves the types (gemm_applies).
+    None: the GEMM where it serves the types (gemm_applies) from gemm_from(gate, down) tokens.
     xq: x already as Q8_1 rows (tokens, q8_1_bytes(n_embd)) uint8 (e.g. from rmsnorm_q8_1),
     used instead of quantizing x when the gate/up type takes Q8_1."""
     _check(ws, gate, up, down, x, y, ids, route_w, tokens)
@@ -51,7 +62,7 @@ def moe_ffn_into(ws: MoeWorkspace, gate: ExpertWeights, up: ExpertWeights,
             hin = _down_input(ws, down, h, stream)
         down_into(down, hin, y, ids, route_w, tokens, k, down_bias, res, ws.config, stream)
         return
-    if gemm or (gemm is None and tokens >= GEMM_TOKENS and gemm_applies(gate, down)):
+    if gemm or (gemm is None and gemm_applies(gate, down) and tokens >= gemm_from(gate, down)):
         grouped_ffn_into(ws, gate, up, down, xin, y, ids, route_w, tokens, act, gate_bias,
                          up_bias, down_bias, res, stream)
         return

@@ -99,3 +99,14 @@ def test_grouped_kernels_assemble_for_the_gpu(assemble):
     ptx.append(gg.glu_q8_1_kernel.ptx("sm_90", GLU=gg.ek.GLU_OAI, HAS_BIAS=True))
     for text in ptx:
         assemble(text, "sm_90")
+
+
+def test_gemm_threshold_per_expert_format():
+    """MXFP4 experts (either matrix) keep the tiled GEMV up to their measured crossover."""
+    from types import SimpleNamespace as W
+
+    from stdlib_kernels.moe import ffn
+    q4k, q6k, mx = W(type_name="Q4_K"), W(type_name="Q6_K"), W(type_name="MXFP4")
+    assert ffn.gemm_from(q4k, q6k) == ffn.GEMM_TOKENS
+    assert ffn.gemm_from(mx, mx) == ffn.gemm_from(q4k, mx) == ffn.GEMM_TOKENS_BY_TYPE["MXFP4"]
+    assert ffn.GEMM_TOKENS_BY_TYPE["MXFP4"] > ffn.GEMM_TOKENS
