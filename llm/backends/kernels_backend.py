@@ -40,9 +40,9 @@ from stdlib_kernels import layernorm, rmsnorm, rope_kv_cache
 from stdlib_kernels.rotary import HeadNorms, RopeSpec, rope_kv_cache_cols
 from stdlib_kernels import rope as rope_rows
 from stdlib_kernels.attention import kv_q8
-from stdlib_kernels.attention.decode import (HEAD_DIMS, batch_splits, config_splits,
-                                             default_config, direct_config, gpu_config,
-                                             KeyRange, launch_decode)
+from stdlib_kernels.attention.decode import HEAD_DIMS, KeyRange, launch_decode
+from stdlib_kernels.attention.decode_plan import (batch_splits, config_splits, default_config,
+                                                  direct_config, gpu_config)
 from stdlib_kernels.attention.kv_q8 import DTYPE as Q8_DTYPE, Q8Cache
 from stdlib_kernels.attention.prefill import (launch_prefill, launch_prefill_seqs,
                                               mma_available)

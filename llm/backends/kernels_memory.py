@@ -266,7 +266,8 @@ class KernelsKVCache(KVCache):
 
     def workspace(self, n_head: int, config):
         """Split partials of the decode attention with `config`, sized for the whole context."""
-        from stdlib_kernels.attention.decode import DecodeWorkspace, config_splits
+        from stdlib_kernels.attention.decode import DecodeWorkspace
+        from stdlib_kernels.attention.decode_plan import config_splits
         key = (n_head, config)
         if key not in self._workspaces:
             splits = config_splits(config, n_head, self.n_head_kv, self.n_ctx)

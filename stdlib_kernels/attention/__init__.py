@@ -19,8 +19,8 @@ import numpy as np
 
 import pykernel as pk
 
-from .decode import (DecodeConfig, DecodeWorkspace, KeyRange, batch_splits, config_splits,
-                     default_config, launch_decode, plan_splits)
+from .decode import DecodeWorkspace, KeyRange, launch_decode
+from .decode_plan import DecodeConfig, batch_splits, config_splits, default_config, plan_splits
 from .kv_q8 import Q8Cache, dequantize_kv, quantize_kv
 from .prefill import launch_prefill, launch_prefill_seqs
 from .reference import attention_reference, decode_reference
