@@ -9,8 +9,8 @@ Contract API (numpy in -> numpy out; pykernel Arrays in -> pykernel Array out):
         q (tokens, n_head, D), k/v (kv_tokens, n_kv_head, D), the last `tokens` positions the
         queries' own (causal) -> (tokens, n_head, D) f32
 Runner entry points (preallocated outputs, lengths on the device, graph-capturable):
-    launch_decode (the keys per row: KeyRange), DecodeWorkspace, plan_splits, batch_splits
-    (decode.py); launch_prefill,
+    launch_decode (the keys per row: KeyRange), DecodeWorkspace (decode.py); DecodeConfig,
+    default_config, config_splits, plan_splits, batch_splits (decode_plan.py); launch_prefill,
     launch_prefill_seqs (prefill.py).
 """
 from __future__ import annotations
