@@ -1,16 +1,15 @@
 """Attention of the "kernels" backend: RoPE, the K/V cache writes and the attention launches
 of one layer, for a step of one sequence's tokens, a batch of decode rows or several prompts.
 
-Input: the layer's q, k, v activations as the backend's ops left them (deferred RoPEs and head
-norms, column blocks of the fused q|k|v projection), the step (kernels_backend.begin_forward's:
-positions on the device, host starts, a prompts step's slot tables) and the KV caches.
-Output: the attention rows (n, n_head * head_dim) f32 in the backend's arena (with their Q8_1
-copy, `Quantized`, where the decode kernel writes it for the o-projection). Fusions: RoPE of q
-and k with the cache write in one launch (rotary.rope_kv_cache*), on the fused projection's
-columns in place where they lie so; decode attention (stdlib attention.decode) or the
-tensor-core prefill (attention.prefill) on f16 caches; a q8_0 cache dequantized to f16 for a
-prefill. `KernelsAttention` reads the backend's arena, options and deferred values through the
-backend it is given (kernels_backend.KernelsBackend owns one).
+Input: the layer's q, k, v as the backend's ops left them (deferred RoPEs and head norms,
+column blocks of the fused q|k|v projection), the step (positions on the device, host starts,
+a prompts step's slot tables) and the KV caches. Output: the attention rows
+(n, n_head * head_dim) f32 in the backend's arena, or `Quantized` with their Q8_1 copy where
+the decode kernel writes it for the o-projection. RoPE of q and k and the cache write are one
+launch (rotary.rope_kv_cache*), reading the projection's columns in place when q, k, v are
+its first three blocks; then decode attention, or the tensor-core prefill on f16 caches (a
+q8_0 cache dequantized to f16 first). `KernelsAttention` reaches the arena, the options and
+the deferred values through the backend that owns it (KernelsBackend.attention_ops).
 """
 from __future__ import annotations
 
