@@ -46,7 +46,7 @@ from benchmarks._timing import replay_seconds  # noqa: E402
 from benchmarks.quant_gemm import random_weights  # noqa: E402
 from stdlib_kernels import _launch as L  # noqa: E402
 from stdlib_kernels.quant import gemm_q8_k, gemm_q8_k_kernels  # noqa: E402
-from stdlib_kernels.quant.decode8 import Q4_K, Q5_K, Q6_K  # noqa: E402
+from stdlib_kernels.quant.formats import Q4_K, Q5_K, Q6_K  # noqa: E402
 from stdlib_kernels.quant.gemm_q8_k_kernels import fold2, mma_halves, min_term  # noqa: E402
 from stdlib_kernels.quant.gemm_q8_k import Q8KTiles  # noqa: E402
 from stdlib_kernels.quant.gemm_q8_k_parts import (B_STRIDE, a_fragment,  # noqa: E402
