@@ -36,11 +36,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pykernel as pk  # noqa: E402
 from benchmarks._timing import replay_seconds  # noqa: E402
-from stdlib_kernels.attention.decode import (DEFAULT_FUSED, DecodeConfig,  # noqa: E402
-                                             DecodeWorkspace, combine_spec, decode_spec,
-                                             combine_warps, config_splits, decode_kernel,
-                                             default_config, gpu_config, KeyRange, launch_decode,
-                                             launch_split_kernel, mma_config, multiprocessors)
+from stdlib_kernels.attention.decode import (DEFAULT_FUSED, DecodeWorkspace,  # noqa: E402
+                                             combine_spec, decode_spec, combine_warps,
+                                             decode_kernel, KeyRange, launch_decode,
+                                             launch_split_kernel)
+from stdlib_kernels.attention.decode_plan import (DecodeConfig, config_splits,  # noqa: E402
+                                                  default_config, gpu_config, mma_config,
+                                                  multiprocessors)
 from stdlib_kernels.attention.decode_combine import MAX_SPLITS, combine_splits  # noqa: E402
 from stdlib_kernels.attention.decode_kernels import decode_partial  # noqa: E402
 from stdlib_kernels.attention.decode_mma import decode_mma  # noqa: E402

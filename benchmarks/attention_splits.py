@@ -32,9 +32,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pykernel as pk  # noqa: E402
 from benchmarks._timing import replay_seconds  # noqa: E402
-from stdlib_kernels.attention.decode import (DecodeWorkspace, bulk_config,  # noqa: E402
-                                             config_splits, default_config, KeyRange, launch_decode,
-                                             launch_split_kernel, mma_config)
+from stdlib_kernels.attention.decode import (DecodeWorkspace, KeyRange,  # noqa: E402
+                                             launch_decode, launch_split_kernel)
+from stdlib_kernels.attention.decode_plan import (bulk_config, config_splits,  # noqa: E402
+                                                  default_config, mma_config)
 
 SHAPES = {"smollm2-135m": (9, 3, 64), "qwen2-1.5b": (12, 2, 128), "llama-8b": (32, 8, 128)}
 SPLITS = (1, 2, 4, 8, 16, 32, 64)

@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import pykernel as pk  # noqa: E402
 from benchmarks import read_floor  # noqa: E402
 from benchmarks.attention_splits import SHAPES, caches, decode_us  # noqa: E402
-from stdlib_kernels.attention.decode import config_splits, default_config  # noqa: E402
+from stdlib_kernels.attention.decode_plan import config_splits, default_config  # noqa: E402
 
 CARVEOUT = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
 READ_GEOMETRIES = [(256, 1, 8), (256, 4, 8), (1024, 1, 8)]   # read_floor's (threads, per SM, loads)

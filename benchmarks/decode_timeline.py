@@ -39,8 +39,8 @@ from pykernel import Const, Ptr, f32, i32, i64, u16, u32  # noqa: E402
 from benchmarks._timing import replay_seconds  # noqa: E402
 from benchmarks.attention_splits import caches  # noqa: E402
 from stdlib_kernels.attention.decode import (LOG2E, DecodeWorkspace, combine_spec,  # noqa: E402
-                                             combine_warps, config_splits, KeyRange, launch_decode,
-                                             mma_config)
+                                             combine_warps, KeyRange, launch_decode)
+from stdlib_kernels.attention.decode_plan import config_splits, mma_config  # noqa: E402
 from stdlib_kernels.attention.decode_combine import combine_splits  # noqa: E402
 from stdlib_kernels.attention.decode_kernels import block_work  # noqa: E402
 from stdlib_kernels.attention.decode_mma import (accumulate_tile, clear_state, load_q,  # noqa: E402

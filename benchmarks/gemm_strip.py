@@ -1,13 +1,13 @@
 """Where the int8 prefill GEMM's time goes (Q8_0, Q6_K: the two types whose GEMM trailed
 llama.cpp's, RESULTS.md "The prefill GEMMs kernel by kernel"): the shipped super-block kernel
-(gemm_q8_k.py) timed with parts of its K-step body taken out. Timing only: the stripped
+(gemm_q8_k_kernels.py) timed with parts of its K-step body taken out. Timing only: the stripped
 variants compute wrong results.
 
-The body here is gemm_q8_k.compute_stage as of 4ca09d4, where every type's scales came from
-the scale pass. Since 3c0c6e1 the 32-value formats (Q4_0 ... Q8_0) have no scale pass (their
-scale products are f16 mma, the outcome of variant 8), so this copy no longer runs them
-correctly and --types accepts only Q6_K, whose body is unchanged; the Q8_0 / Q4_0 rows of
-RESULTS.md were measured on 4ca09d4's tree.
+The body here is compute_stage (in gemm_q8_k.py then, gemm_q8_k_kernels.py now) as of 4ca09d4,
+where every type's scales came from the scale pass. Since 3c0c6e1 the 32-value formats
+(Q4_0 ... Q8_0) have no scale pass (their scale products are f16 mma, the outcome of variant
+8), so this copy no longer runs them correctly and --types accepts only Q6_K, whose body is
+unchanged; the Q8_0 / Q4_0 rows of RESULTS.md were measured on 4ca09d4's tree.
 
 Variants (bits of STRIP, combinable):
   0  the body unchanged (times as the library's kernel for Q6_K)
@@ -23,10 +23,10 @@ Variants (bits of STRIP, combinable):
      (sc0 p + sc1 q, |.| < 2^24 so its float is exact), the token's d_x by one FFMA into a
      per-step sum, the row's d once per step: 2 integer ops + I2FP + FFMA per value instead
      of 2 I2FP + FMUL + 2 FFMA
-The variant replaces gemm_q8_k.compute_stage (looked up by name when the kernel compiles), so
-each variant is compiled into the same kernel and launched through gemm_q8k_into, tiles and
-split-K as shipped. CUDA-graph replays timed with CUDA events, weights on one buffer (as
-quant_gemm.py and llama.cpp's test-backend-ops).
+The variant replaces gemm_q8_k_kernels.compute_stage (looked up by name when the kernel
+compiles), so each variant is compiled into the same kernel and launched through
+gemm_q8k_into, tiles and split-K as shipped. CUDA-graph replays timed with CUDA events, weights
+on one buffer (as quant_gemm.py and llama.cpp's test-backend-ops).
 
     python3 benchmarks/gemm_strip.py [--types Q6_K] [--strips 0,1,2,4,6,16,20] [--tiles ...]
 """
@@ -45,9 +45,9 @@ from pykernel import Const, Ptr, f32, i32, u32  # noqa: E402
 from benchmarks._timing import replay_seconds  # noqa: E402
 from benchmarks.quant_gemm import random_weights  # noqa: E402
 from stdlib_kernels import _launch as L  # noqa: E402
-from stdlib_kernels.quant import gemm_q8_k  # noqa: E402
-from stdlib_kernels.quant.decode8 import Q4_K, Q5_K, Q6_K  # noqa: E402
-from stdlib_kernels.quant.gemm_q8_k import fold2, mma_halves, min_term  # noqa: E402
+from stdlib_kernels.quant import gemm_q8_k, gemm_q8_k_kernels  # noqa: E402
+from stdlib_kernels.quant.formats import Q4_K, Q5_K, Q6_K  # noqa: E402
+from stdlib_kernels.quant.gemm_q8_k_kernels import fold2, mma_halves, min_term  # noqa: E402
 from stdlib_kernels.quant.gemm_q8_k import Q8KTiles  # noqa: E402
 from stdlib_kernels.quant.gemm_q8_k_parts import (B_STRIDE, a_fragment,  # noqa: E402
                                                   q6k_shift, word_at)
@@ -181,7 +181,7 @@ def i8_at(w: u32, byte: Const[int]) -> i32:
 
 
 def variant(strip: int):
-    """A compute_stage with gemm_q8_k's signature that runs strip_body with STRIP = strip."""
+    """A compute_stage with the shipped one's signature that runs strip_body with STRIP = strip."""
     @pk.func
     def compute_stage(FMT: Const[int], GPU: Const[int], sm: Ptr[u32], smf: Ptr[f32],
                       base: i32, sbase: i32, acc, rbase: i32, cbase: i32, g: i32, tg: i32,
@@ -195,9 +195,9 @@ def variant(strip: int):
 
 def time_variant(type_name: str, strip: int | None, w, xq, y, tiles=None) -> float:
     M, TOKENS, K = SHAPE
-    shipped = gemm_q8_k.compute_stage
+    shipped = gemm_q8_k_kernels.compute_stage
     if strip is not None:
-        gemm_q8_k.compute_stage = variant(strip)
+        gemm_q8_k_kernels.compute_stage = variant(strip)
     L._COMPILED.clear()           # launch's in-process cache is keyed by the kernel alone
     try:
         def record():
@@ -205,7 +205,7 @@ def time_variant(type_name: str, strip: int | None, w, xq, y, tiles=None) -> flo
                 gemm_q8_k.gemm_q8k_into(w, type_name, xq, y, M, K, TOKENS, tiles=tiles)
         return replay_seconds(record, 5) * 1e6 / 3
     finally:
-        gemm_q8_k.compute_stage = shipped
+        gemm_q8_k_kernels.compute_stage = shipped
         L._COMPILED.clear()
 
 

@@ -147,7 +147,7 @@ VARIANTS = [("base", False, False, True, True),
 
 def candidate_configs(dtype):
     """The split-kernel shapes compared (decode.mma_config / DecodeConfig)."""
-    from stdlib_kernels.attention.decode import DecodeConfig, gpu_config, mma_config
+    from stdlib_kernels.attention.decode_plan import DecodeConfig, gpu_config, mma_config
     if np.dtype(dtype) == np.float16:
         return [mma_config(4, 128, 8, 2, 1), mma_config(4, 128, 8, 1, 1),
                 mma_config(4, 128, 8, 1, 2), mma_config(4, 128, 4, 1, 4),
@@ -160,7 +160,7 @@ def decode_breakdown(copy_bw: float, lens=(4096, 32768)) -> list[str]:
     """Markdown rows: split kernel alone, combine alone, then every candidate."""
     from benchmarks.attention import (N_HEAD, N_KV, _label, bench_combine, bench_decode,
                                       cache_bytes)
-    from stdlib_kernels.attention.decode import config_splits
+    from stdlib_kernels.attention.decode_plan import config_splits
     rows = ["| cache | kv_len | variant | plain us | PDL us | % of copy (best) |",
             "|---" * 6 + "|"]
 

@@ -1,5 +1,5 @@
 """Device memory of the kernels backend: uploads with out-of-memory errors people can act on,
-the activation arena, the KV cache, and the memory report.
+the activation arena, the KV cache (its element types: cache_dtype), and the memory report.
 
 Input: host arrays to upload, shapes to allocate. Output: device arrays; `GPUMemoryError` (a
 MemoryError) saying how much the model weights and the KV cache need and how much is free.
@@ -12,9 +12,28 @@ import weakref
 import numpy as np
 
 import pykernel as pk
-from llm.backends.base import KVCache
+from llm.backends.base import KV_CACHE_TYPES, KVCache
+from stdlib_kernels.attention.kv_q8 import DTYPE as Q8_DTYPE
 
 MIB = 2 ** 20
+
+CACHE_TYPES = dict(zip(KV_CACHE_TYPES, (np.dtype(np.float16), np.dtype(np.float32),
+                                         Q8_DTYPE)))
+
+
+def cache_dtype(value):
+    """A KV cache element type from a name ("f16", "f32", "q8_0", as llama.cpp's --cache-type-k
+    spells them) or a numpy dtype: np.dtype, or "q8_0" for a Q8_0 cache."""
+    if isinstance(value, str) and value in CACHE_TYPES:
+        return CACHE_TYPES[value]
+    try:
+        dtype = np.dtype(value)
+    except TypeError:
+        dtype = None
+    if dtype not in (np.float16, np.float32):
+        raise ValueError(f"unknown KV cache type {value!r} (expected one of "
+                         f"{', '.join(CACHE_TYPES)})")
+    return dtype
 
 
 class GPUMemoryError(MemoryError):
@@ -266,7 +285,8 @@ class KernelsKVCache(KVCache):
 
     def workspace(self, n_head: int, config):
         """Split partials of the decode attention with `config`, sized for the whole context."""
-        from stdlib_kernels.attention.decode import DecodeWorkspace, config_splits
+        from stdlib_kernels.attention.decode import DecodeWorkspace
+        from stdlib_kernels.attention.decode_plan import config_splits
         key = (n_head, config)
         if key not in self._workspaces:
             splits = config_splits(config, n_head, self.n_head_kv, self.n_ctx)

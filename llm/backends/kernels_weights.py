@@ -263,3 +263,16 @@ def _pair_gemv(w: DeviceMatrix, out, xq, res) -> bool:
 
 def _q8(g: RowGroup, w: DeviceMatrix) -> bool:
     return uses_q8_1(g.type_name, w.n_in, "q8_1")
+
+
+class DeviceTable:
+    """An embedding table: raw GGUF rows (vocab, row_bytes) uint8 of `type_name`."""
+
+    def __init__(self, raw, type_name: str, n: int):
+        self.raw, self.type_name, self.n = raw, type_name, n
+
+
+def f32_vector(t: TensorInfo) -> np.ndarray:
+    """A GGUF vector (norm weights, biases) as f32 values, any type dequantized on the host."""
+    from llm.backends.dequant import dequantize
+    return dequantize(t.data, t.ggml_type, t.shape).reshape(-1).astype(np.float32)

@@ -9,8 +9,8 @@ Contract API (numpy in -> numpy out; pykernel Arrays in -> pykernel Array out):
         q (tokens, n_head, D), k/v (kv_tokens, n_kv_head, D), the last `tokens` positions the
         queries' own (causal) -> (tokens, n_head, D) f32
 Runner entry points (preallocated outputs, lengths on the device, graph-capturable):
-    launch_decode (the keys per row: KeyRange), DecodeWorkspace, plan_splits, batch_splits
-    (decode.py); launch_prefill,
+    launch_decode (the keys per row: KeyRange), DecodeWorkspace (decode.py); DecodeConfig,
+    default_config, config_splits, plan_splits, batch_splits (decode_plan.py); launch_prefill,
     launch_prefill_seqs (prefill.py).
 """
 from __future__ import annotations
@@ -19,8 +19,8 @@ import numpy as np
 
 import pykernel as pk
 
-from .decode import (DecodeConfig, DecodeWorkspace, KeyRange, batch_splits, config_splits,
-                     default_config, launch_decode, plan_splits)
+from .decode import DecodeWorkspace, KeyRange, launch_decode
+from .decode_plan import DecodeConfig, batch_splits, config_splits, default_config, plan_splits
 from .kv_q8 import Q8Cache, dequantize_kv, quantize_kv
 from .prefill import launch_prefill, launch_prefill_seqs
 from .reference import attention_reference, decode_reference

@@ -18,7 +18,8 @@ import numpy as np
 import pykernel as pk
 
 from .._launch import zero_i32
-from .decode import HEAD_DIMS, KeyRange, check_sinks, cuda_sm, launch_decode
+from .decode import HEAD_DIMS, KeyRange, check_sinks, launch_decode
+from .decode_plan import cuda_sm
 from .decode_kernels import LOG2E
 from .prefill_flash import prefill_flash
 

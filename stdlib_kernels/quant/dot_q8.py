@@ -1,5 +1,5 @@
 """DP4A dot products of one "item" of a GGUF weight row with Q8_1 activations (device functions),
-legacy 32-element formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and Q1_0; K-quants are in dot_q8_k.py.
+legacy 32-element formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and Q1_0; K-quants: dot_q8_k*.py.
 
 Each `dot_q8_<TYPE>(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)` loads item `part` of
 weight block `blk` of the row that starts at word `wrow` of `w` once, then for every token

@@ -1,5 +1,5 @@
-"""Device parts of the super-block int8 GEMM (gemm_q8_k.py): staging copies, the per-stage scale
-pass and the int8 A fragments read from raw weight blocks in shared memory.
+"""Device parts of the super-block int8 GEMM (gemm_q8_k_kernels.py): staging copies, the per-stage
+scale pass and the int8 A fragments read from raw weight blocks in shared memory.
 
 Shared memory (u32 words), STAGES stage buffers then two scale buffers (parity of the stage):
     stage s: A = BM rows x AS words (the rows' raw super-block at this K step; Q4_0 / Q8_0 /

@@ -21,7 +21,7 @@ RESULTS.md, "Bulk-copy GEMVs in the runner").
 
 Work split: a warp owns groups of R consecutive rows (with w2: their up rows in the same
 stage); lane l takes items l, l + 32, ... (item = 128 values, half of a 256-value block or
-run of blocks: dot_q8_k's q3k_wide_* / q4k_half_dot / q5k_half_dot / q6k_wide_*, dot_q8's
+run of blocks: dot_q8_k_wide's q3k_wide_* / q4k_half_dot / q5k_half_dot / q6k_wide_*, dot_q8's
 q8_0_half_dot / q4_0_half_dot / q4_1_half_dot), its activations loaded once for all rows; the
 lanes' sums meet by shuffles. One stage (S = 1): one group per warp, a block per WARPS
 groups. S >= 2: one wave of blocks whose warps loop over the groups through a ring of S
@@ -44,8 +44,8 @@ from pykernel import Const, Ptr, f32, i32, u32, u64
 
 from .._device import init_warp_mbarriers, warp_sum
 from .dot_q8 import act_copy, q4_0_half_dot, q4_1_half_dot, q8_0_half_dot
-from .dot_q8_k import (q3k_wide_sum, q3k_wide_values, q4k_half_dot, q5k_half_dot,
-                       q6k_wide_sum, q6k_wide_values)
+from .dot_q8_k_wide import (q3k_wide_sum, q3k_wide_values, q4k_half_dot, q5k_half_dot,
+                            q6k_wide_sum, q6k_wide_values)
 from .gemv_kernels import (MAX_BATCH, MODE_GEGLU, MODE_PLAIN, MODE_RESIDUAL, MODE_SWIGLU,
                            store_output)
 from .formats import FORMATS, GEMV_BULK, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0, type_ids

@@ -1,6 +1,6 @@
 """Decode GEMV kernels on GGUF weight rows: y[b, r] = sum_k W[r, k] * x[b, k] for 1..8 tokens.
 
-    gemv_q8_kernel   x as Q8_1 (q8_1.py), DP4A integer dot products (dot_q8.py, dot_q8_k.py)
+    gemv_q8_kernel   x as Q8_1 (q8_1.py), DP4A integer dot products (dot_q8*.py)
     gemv_f32_kernel  x as float32, weights decoded to f32 eight at a time (decode8.py)
 
 Grid: a thread block of WARPS warps holds WARPS / KW row groups; each group of KW warps computes
@@ -24,6 +24,7 @@ from .._device import warp_sum
 from . import decode8_k as d8
 from . import dot_q8 as q8
 from . import dot_q8_k as q8k
+from . import dot_q8_k_wide as q8kw
 from .mxfp4 import dot_q8_MXFP4
 from .formats import MXFP4, Q1_0, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q8_0
 
@@ -78,11 +79,11 @@ def item_dot_q8(FMT: Const[int], w, wrow: i32, blk: i32, part: i32,
     elif FMT == Q5_K:
         q8k.dot_q8_Q5_K(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
     elif FMT == Q4_K_WIDE:
-        q8k.dot_q8_Q4_K_wide(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
+        q8kw.dot_q8_Q4_K_wide(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
     elif FMT == Q3_K_WIDE:
-        q8k.dot_q8_Q3_K_wide(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
+        q8kw.dot_q8_Q3_K_wide(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
     elif FMT == Q2_K_WIDE:
-        q8k.dot_q8_Q2_K_wide(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
+        q8kw.dot_q8_Q2_K_wide(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
     elif FMT == Q6_K_WORDS:
         q8k.dot_q8_Q6_K_words(w, wrow, blk, part, xq, xstride, acc, a0, BATCH)
     elif FMT == MXFP4:   # u8 words

@@ -11,9 +11,10 @@ import pytest
 import pykernel as pk
 from pykernel import Const, Ptr, i32
 from stdlib_kernels import attention
-from stdlib_kernels.attention.decode import (DecodeConfig, DecodeWorkspace, bulk_config,
-                                             config_splits, default_config, direct_config,
-                                             gpu_config, KeyRange, launch_decode, mma_config)
+from stdlib_kernels.attention.decode import DecodeWorkspace, KeyRange, launch_decode
+from stdlib_kernels.attention.decode_plan import (DecodeConfig, bulk_config, config_splits,
+                                                  default_config, direct_config, gpu_config,
+                                                  mma_config)
 from stdlib_kernels.attention.reference import decode_reference, relative_l2
 from tests.launch_helpers import launched_by
 
@@ -595,7 +596,7 @@ def test_batch_splits_plan_for_the_whole_batch(monkeypatch):
     one-sequence plan, 16 short ones fill the GPU without splitting, a long sequence among
     short ones keeps its splits; always a power of two up to the one-sequence plan."""
     import sys
-    decode_module = sys.modules["stdlib_kernels.attention.decode"]
+    decode_module = sys.modules["stdlib_kernels.attention.decode_plan"]
     monkeypatch.setattr(decode_module, "multiprocessors", lambda device=None: 132)
     config = mma_config(4)
 

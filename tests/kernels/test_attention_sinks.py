@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import pykernel as pk
-from stdlib_kernels.attention.decode import (DecodeConfig, DecodeWorkspace, KeyRange,
-                                             bulk_config, combine_spec, decode_kernel,
-                                             decode_spec, launch_decode, mma_config)
+from stdlib_kernels.attention.decode import (DecodeWorkspace, KeyRange, combine_spec,
+                                             decode_kernel, decode_spec, launch_decode)
+from stdlib_kernels.attention.decode_plan import DecodeConfig, bulk_config, mma_config
 from stdlib_kernels.attention.decode_combine import combine_splits
 from stdlib_kernels.attention.prefill import launch_prefill, launch_prefill_seqs
 from stdlib_kernels.attention.prefill_flash import prefill_flash

@@ -22,7 +22,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from stdlib_kernels.attention.decode import DecodeConfig, bulk_config, decode_spec, mma_config
+from stdlib_kernels.attention.decode import decode_spec
+from stdlib_kernels.attention.decode_plan import DecodeConfig, bulk_config, mma_config
 from stdlib_kernels.attention.decode_bulk import decode_bulk
 from stdlib_kernels.attention.decode_kernels import decode_partial
 from stdlib_kernels.attention.decode_mma import decode_mma

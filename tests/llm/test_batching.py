@@ -104,7 +104,7 @@ def test_batched_attention_in_splits_and_graphs_keyed_by_them(where, d64_path, r
     """The pool's one attention launch cut into the splits its planner gives (forced to 1 and
     3 here: on the CPU target the planner keeps these short contexts in one split), each row
     against the sequence stepped alone; the batched graphs are keyed by the split count."""
-    from llm.backends import kernels_backend
+    from llm.backends import kernels_attention
     model = load(*where, name=d64_path, n_ctx=64)
     cfg, n_vocab = model.config, model.config.n_vocab
     prompts = [rng.integers(0, n_vocab, n).tolist() for n in (9, 2, 14)]
@@ -121,7 +121,7 @@ def test_batched_attention_in_splits_and_graphs_keyed_by_them(where, d64_path, r
         session.prefill(prompt)
     for s, ids in enumerate(steps):
         splits = 3 if s % 2 else 1
-        monkeypatch.setattr(kernels_backend, "batch_splits", lambda *args: splits)
+        monkeypatch.setattr(kernels_attention, "batch_splits", lambda *args: splits)
         positions = np.array([len(x.tokens) for x in sessions])
         rows = model.backend.to_host_reused(model.transformer.forward_batch(ids, positions,
                                                                             pool))

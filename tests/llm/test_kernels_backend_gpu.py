@@ -52,7 +52,7 @@ def test_tensor_core_prefill_attention_matches_simt(tmp_path, monkeypatch, short
     (equal) and vs the SIMT kernel, and vs token-by-token graph decode
     (short_context 8: the split-attention graph, whose combine kernel also writes the
     o-projection's Q8_1 input)."""
-    from llm.backends import kernels_backend
+    from llm.backends import kernels_attention
     from llm.synth import write_synthetic
     # Q4_0: no block minimum, so the decode's Q8_1 activations stay within ~3e-3 of the
     # prefill (with Q4_1 / Q4_K the minimum times the raw block sum of the Q8_1 activations,
@@ -65,7 +65,7 @@ def test_tensor_core_prefill_attention_matches_simt(tmp_path, monkeypatch, short
     fast = model.logits(ids)
     # the fused q|k|v output read in place (RoPE and attention on its columns) gives what
     # the three copied column blocks give, bit for bit
-    monkeypatch.setattr(kernels_backend, "_qkv_in_place", lambda q, k, v: False)
+    monkeypatch.setattr(kernels_attention, "_qkv_in_place", lambda q, k, v: False)
     np.testing.assert_array_equal(model.logits(ids), fast)
     monkeypatch.setattr(model.backend, "options",
                         replace(model.backend.options, tensor_core_prefill=False))
@@ -170,7 +170,7 @@ def test_qwen3_head_norms_in_the_rope_launch(tmp_path, monkeypatch):
     separate head-norm launches and with the numpy backend, and graph decode follows the
     prefill."""
     from llm import synth
-    from llm.backends import kernels_backend
+    from llm.backends import kernels_attention
     monkeypatch.setitem(synth.SHAPES, "small-q3", synth.Shape(
         "qwen3", 512, 1024, 2, 4, 2, 2048, 256, 1e6, 1e-6, False, False, "qwen2",
         qk_norm=True))
@@ -178,9 +178,9 @@ def test_qwen3_head_norms_in_the_rope_launch(tmp_path, monkeypatch):
     ids = list(np.random.default_rng(2).integers(0, 2000, 40))
     model = llm.load(path, device="cuda", n_ctx=64, progress=False)
     fast = model.logits(ids)
-    monkeypatch.setattr(kernels_backend, "_qkv_in_place", lambda q, k, v: False)
+    monkeypatch.setattr(kernels_attention, "_qkv_in_place", lambda q, k, v: False)
     np.testing.assert_array_equal(model.logits(ids), fast)
-    monkeypatch.setattr(kernels_backend, "_head_norms", lambda q, k, d: None)
+    monkeypatch.setattr(kernels_attention, "_head_norms", lambda q, k, d: None)
     separate = model.logits(ids)
     gap = rel_l2(fast, separate)
     assert gap < 1e-4, f"fused vs separate head norms {gap:.2e}"

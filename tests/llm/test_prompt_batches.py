@@ -68,10 +68,10 @@ def test_tensor_core_prompt_paths_on_the_cpu_target(d64_path, kv, monkeypatch):
     for the slots of one f16 pool, two launches per prompt for caches apart or a q8_0 pool;
     every prompt's logits equal to the prompt prefilled alone on that path, bit for bit."""
     import sys
-    from llm.backends import kernels_backend
+    from llm.backends import kernels_attention
     from tests.launch_helpers import launched_by
     prefill = sys.modules["stdlib_kernels.attention.prefill"]
-    monkeypatch.setattr(kernels_backend.KernelsBackend, "_tensor_core_prefill",
+    monkeypatch.setattr(kernels_attention.KernelsAttention, "_tensor_core_prefill",
                         lambda self, k_cache: True)
     monkeypatch.setattr(prefill, "default_path", lambda k_cache, device=None: "mma")
     model = load("cpu", "kernels", name=d64_path, n_ctx=64, kv_dtype=kv, graphs=False)
