@@ -27,7 +27,6 @@ llm/server_wire.py.
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 import uuid

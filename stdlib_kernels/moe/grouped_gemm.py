@@ -38,8 +38,8 @@ from .. import _launch as L
 from ..quant.formats import GEMM_MOE, Q6_K, get_format, type_ids
 from ..quant.gemm import store_c
 from ..quant.gemm_q8 import Q8GemmTiles, load_act_tile, load_weight_tile, mma_block
-from ..quant.gemm_q8_k import (SUPERBLOCK_GEMM_TYPES, TUNED_KTILES, Q8KTiles, block_resources,
-                               compute_stage)
+from ..quant.gemm_q8_k import SUPERBLOCK_GEMM_TYPES, TUNED_KTILES, Q8KTiles, block_resources
+from ..quant.gemm_q8_k_kernels import compute_stage
 from ..quant.gemm_q8_k_parts import B_STRIDE, STEP_WORDS, a_stride, issue_stage, scale_pass
 from ..quant.gemv import word_dtype
 from ..quant.q8_1 import Q8_1_WORDS, q8_1_bytes, store_q8_1_block
