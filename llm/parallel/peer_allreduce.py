@@ -190,6 +190,7 @@ class LocalPeerGroup(LocalGroup):
         self.flags = [np.zeros(lay.flag_bytes // 4, np.uint32) for _ in range(world_size)]
         self.epochs = np.zeros((world_size, lay.blocks), np.uint32)
         self._sums = None
+        self.launches = 0        # one per all-reduce that took the one-shot kernel
 
     def communicators(self) -> list[LocalPeerCommunicator]:
         return [LocalPeerCommunicator(self, r) for r in range(self.world_size)]
@@ -215,6 +216,7 @@ class LocalPeerGroup(LocalGroup):
         allreduce_ranks[(lay.blocks, self.world_size), BLOCK](
             xs, *padded(self.datas), *padded(self.flags), self.epochs, xs.shape[1], lay.cap,
             W=self.world_size, BLOCK=BLOCK)
+        self.launches += 1
         return xs
 
 
