@@ -131,8 +131,9 @@ def open_peer_allreduce(inner: Communicator, device, max_bytes: int,
                         blocks: int = BLOCKS) -> Communicator:
     """Collective over `inner`'s ranks (every rank calls it): a PeerAllReduce when every rank
     is on this host and opens every peer's buffer, else `inner` on every rank."""
-    import pykernel as pk
     from cuda.bindings import driver as cu
+
+    import pykernel as pk
     layout = PeerLayout.for_bytes(inner.world_size, max_bytes, blocks)
     own = pk.zeros(layout.nbytes, np.uint8, device)      # cuMemAlloc: exportable
     pk.synchronize(device)                               # zeroed before any peer writes
