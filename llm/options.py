@@ -88,7 +88,7 @@ class RunnerOptions:
                                    route_by_format=True)
 
     @classmethod
-    def from_env(cls, **overrides) -> RunnerOptions:
+    def from_env(cls, **overrides) -> "RunnerOptions":
         """The defaults, with the PYKERNEL_* variables set in the environment, then overrides.
         The kernels' variables (KERNEL_VARIABLES) are parsed by stdlib_kernels.options, imported
         only when one is set (the numpy backend imports no kernel code)."""
