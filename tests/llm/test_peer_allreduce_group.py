@@ -63,3 +63,34 @@ def test_model_logits_equal_with_the_option(rng, backend):
     np.testing.assert_array_equal(peer, plain)
     group = models[1].backend.ranks.group
     assert isinstance(group, LocalPeerGroup) and group.launches > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graphs", [True, False])
+@pytest.mark.parametrize("tp", [2, 4])
+def test_peer_allreduce_one_process_per_gpu(rng, tp, graphs):
+    """Needs tp GPUs of one host and nccl4py: the tiny model at tp with the one-shot kernel
+    (CUDA IPC buffers) against the unsharded model, as the NCCL test does."""
+    from cuda.bindings import driver
+    err, count = driver.cuDeviceGetCount()
+    if err or count < tp:
+        pytest.skip(f"needs {tp} GPUs (this machine has {count})")
+    pytest.importorskip("nccl.core", reason="nccl4py is not installed")
+    from tests.llm.test_tensor_parallel_kernels import compare
+    compare("tiny-llama-f32.gguf", tp, "cuda", rng, graphs=graphs,
+            options=RunnerOptions(peer_allreduce_kb=64))
+
+
+@pytest.mark.gpu
+def test_gpu_ranks_take_the_one_shot_path():
+    """On one host with NVLink peers, every rank opens its peers' buffers (no fall back)."""
+    from cuda.bindings import driver
+    err, count = driver.cuDeviceGetCount()
+    if err or count < 2:
+        pytest.skip(f"needs 2 GPUs (this machine has {count})")
+    pytest.importorskip("nccl.core", reason="nccl4py is not installed")
+    from llm.parallel.peer_allreduce import PeerAllReduce
+    model = llm.load(TINY / "tiny-llama-f32.gguf", device="cuda", backend="kernels", n_ctx=32,
+                     progress=False, tp=2, options=RunnerOptions(peer_allreduce_kb=64))
+    assert isinstance(model.backend.ranks.comm, PeerAllReduce)
+    assert np.isfinite(model.logits([1, 2, 3])).all()
