@@ -30,7 +30,9 @@ def env_ints(name: str, default: str) -> list[int]:
 
 
 def rank_main(rank: int, world: int, unique_id: bytes, sizes_kb, out_queue) -> None:
-    os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)    # before CUDA starts in this process
+    from llm.parallel.launch import visible_device
+    # before CUDA starts in this process: the rank-th visible GPU, as the runner's workers
+    os.environ["CUDA_VISIBLE_DEVICES"] = visible_device(rank, os.environ)
     import pykernel as pk
     from llm.parallel.nccl_comm import NcclCommunicator
     from llm.parallel.peer_allreduce import PeerAllReduce, open_peer_allreduce

@@ -94,3 +94,12 @@ def test_gpu_ranks_take_the_one_shot_path():
                      progress=False, tp=2, options=RunnerOptions(peer_allreduce_kb=64))
     assert isinstance(model.backend.ranks.comm, PeerAllReduce)
     assert np.isfinite(model.logits([1, 2, 3])).all()
+
+
+def test_option_from_the_environment(monkeypatch):
+    monkeypatch.setenv("PYKERNEL_PEER_ALLREDUCE_KB", "64")
+    assert RunnerOptions.from_env().peer_allreduce_kb == 64
+    monkeypatch.delenv("PYKERNEL_PEER_ALLREDUCE_KB")
+    assert RunnerOptions.from_env().peer_allreduce_kb == 0          # off by default
+    with pytest.raises(ValueError, match="peer_allreduce_kb must be >= 0"):
+        RunnerOptions(peer_allreduce_kb=-1)
