@@ -57,6 +57,10 @@ class RunnerOptions:
     # decode attention's split / combine kernels trigger their dependents at entry
     # (PYKERNEL_EARLY_TRIGGER)
     early_trigger: bool = True
+    # tensor parallel: all-reduces of f32 tensors up to this many KiB read the peer GPUs'
+    # buffers over NVLink (one-shot kernel, llm/parallel/peer_allreduce.py) instead of NCCL;
+    # 0 = off, the default until measured on GPUs (PYKERNEL_PEER_ALLREDUCE_KB)
+    peer_allreduce_kb: int = 0
     # the kernels' switches (stdlib_kernels.options.KernelOptions); None: its defaults. The
     # runner's two choices (f32_weights_gemv, route_by_format) are always added: kernel_options
     kernels: KernelOptions | None = None
@@ -65,6 +69,9 @@ class RunnerOptions:
         if self.attention_q8 not in ("all", "split", "none"):
             raise ValueError(f"attention_q8 must be 'all', 'split' or 'none', got "
                              f"{self.attention_q8!r}")
+        if self.peer_allreduce_kb < 0:
+            raise ValueError(f"peer_allreduce_kb must be >= 0 (0: off), got "
+                             f"{self.peer_allreduce_kb}")
         if self.prefill_chunk < 1 or self.prefill_graph_max < 0 or self.short_context < 0:
             raise ValueError(f"prefill_chunk must be >= 1 and prefill_graph_max, short_context "
                              f">= 0: {self}")
@@ -95,7 +102,9 @@ class RunnerOptions:
                                                  base.prefill_graph_max)),
             attention_q8=os.environ.get("PYKERNEL_ATTN_Q8", base.attention_q8),
             early_kv=_flag("PYKERNEL_EARLY_KV", base.early_kv),
-            early_trigger=_flag("PYKERNEL_EARLY_TRIGGER", base.early_trigger))
+            early_trigger=_flag("PYKERNEL_EARLY_TRIGGER", base.early_trigger),
+            peer_allreduce_kb=int(os.environ.get("PYKERNEL_PEER_ALLREDUCE_KB",
+                                                 base.peer_allreduce_kb)))
         if any(name in os.environ for name in KERNEL_VARIABLES):
             from stdlib_kernels.options import KernelOptions
             env["kernels"] = KernelOptions.from_env(os.environ)

@@ -60,6 +60,10 @@ def options_from_wire(wire: dict) -> dict:
 def _rank(env: RankEnv, unique_id: bytes, gguf, cfg, spec, backend) -> RankRunner:
     """This process's rank: NCCL joined (collective: every rank calls it), shard loaded."""
     backend.communicator = NcclCommunicator(env.rank, env.world_size, unique_id, backend.device)
+    if backend.options.peer_allreduce_kb:     # collective: every rank has rank 0's options
+        from llm.parallel.peer_allreduce import open_peer_allreduce
+        backend.communicator = open_peer_allreduce(backend.communicator, backend.device,
+                                                   backend.options.peer_allreduce_kb * 1024)
     plan = plan_shards(cfg, env.world_size)
     transformer = rank_transformer(gguf, cfg, spec, plan, env.rank, backend)
     return RankRunner(transformer, backend, plan.ranks[env.rank], widest_vocab(plan))

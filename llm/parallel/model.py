@@ -165,14 +165,23 @@ def widest_vocab(plan: ShardPlan) -> int:
     return max(s.vocab.count for s in plan.ranks)
 
 
+def local_group(n_ranks: int, options) -> LocalGroup:
+    """The in-process group: its all-reduces through the one-shot peer kernel on the CPU
+    target when options.peer_allreduce_kb asks for it (what tests the protocol end to end)."""
+    if options.peer_allreduce_kb:
+        from llm.parallel.peer_allreduce import LocalPeerGroup
+        return LocalPeerGroup(n_ranks, options.peer_allreduce_kb * 1024)
+    return LocalGroup(n_ranks)
+
+
 def build_local(gguf: GGUFFile, cfg: ModelConfig, spec, plan: ShardPlan, make_backend):
     """(transformer, backend) of N ranks in this process; make_backend() gives each rank its
     own backend (numpy, or kernels on the CPU target without graphs: a LocalGroup's sum is
     host code, which a captured graph would not replay)."""
-    group = LocalGroup(plan.n_ranks)
+    backends = [make_backend() for _ in range(plan.n_ranks)]
+    group = local_group(plan.n_ranks, backends[0].options)
     runners = []
-    for rank, comm in enumerate(group.communicators()):
-        backend = make_backend()
+    for rank, (comm, backend) in enumerate(zip(group.communicators(), backends)):
         backend.communicator = comm
         backend.use_graphs = False
         runners.append(RankRunner(rank_transformer(gguf, cfg, spec, plan, rank, backend),
