@@ -77,6 +77,21 @@ def codes_to_int8(codes: u32) -> i32:
 
 
 @pk.func
+def dot_codes_q8(lo: Ptr[i32], hi: Ptr[i32], scale: f32, blk: i32, xq: Ptr[u32, "ro"],
+                 xstride: i32, acc: Ptr[f32], a0: i32, BATCH: Const[int]):
+    """acc[a0 + bt] += scale . (one block's 32 values as int8: lo = values 0..15, hi =
+    16..31, four per word) . token bt's Q8_1 block blk, for each of BATCH tokens."""
+    for bt in pk.static_range(BATCH):
+        x = bt * xstride + 9 * blk
+        s = i32(0)
+        for k in pk.static_range(4):
+            s = pk.dp4a(lo[k], act(xq, x + 1 + k), s)
+            s = pk.dp4a(hi[k], act(xq, x + 5 + k), s)
+        dx, sx = act_scale(xq, x)
+        acc[a0 + bt] += (scale * dx) * f32(s)
+
+
+@pk.func
 def dot_q8_MXFP4(w: Ptr[u8, "ro"], wrow: i32, blk: i32, part: i32, xq: Ptr[u32, "ro"],
                  xstride: i32, acc: Ptr[f32], a0: i32, BATCH: Const[int]):
     """acc[a0 + bt] += block blk of the row at byte wrow . token bt's Q8_1 block (the
@@ -89,14 +104,7 @@ def dot_q8_MXFP4(w: Ptr[u8, "ro"], wrow: i32, blk: i32, part: i32, xq: Ptr[u32, 
         v = bytes4(w, b + 1 + 4 * k)
         lo[k] = codes_to_int8(v & u32(0x0F0F0F0F))
         hi[k] = codes_to_int8((v >> u32(4)) & u32(0x0F0F0F0F))
-    for bt in pk.static_range(BATCH):
-        x = bt * xstride + 9 * blk
-        s = i32(0)
-        for k in pk.static_range(4):
-            s = pk.dp4a(lo[k], act(xq, x + 1 + k), s)
-            s = pk.dp4a(hi[k], act(xq, x + 5 + k), s)
-        dx, sx = act_scale(xq, x)
-        acc[a0 + bt] += (scale * dx) * f32(s)
+    dot_codes_q8(lo, hi, scale, blk, xq, xstride, acc, a0, BATCH)
 
 
 @pk.func
@@ -119,11 +127,4 @@ def dot_q8_MXFP4_words(w: Ptr[u32, "ro"], wrow: i32, blk: i32, part: i32, xq: Pt
         v = funnel16(raw[k], raw[k + 1], shift)
         lo[k] = codes_to_int8(v & u32(0x0F0F0F0F))
         hi[k] = codes_to_int8((v >> u32(4)) & u32(0x0F0F0F0F))
-    for bt in pk.static_range(BATCH):
-        x = bt * xstride + 9 * blk
-        s = i32(0)
-        for k in pk.static_range(4):
-            s = pk.dp4a(lo[k], act(xq, x + 1 + k), s)
-            s = pk.dp4a(hi[k], act(xq, x + 5 + k), s)
-        dx, sx = act_scale(xq, x)
-        acc[a0 + bt] += (scale * dx) * f32(s)
+    dot_codes_q8(lo, hi, scale, blk, xq, xstride, acc, a0, BATCH)
