@@ -11,6 +11,7 @@ from gguf import quants
 
 import llm
 from llm import synth
+from stdlib_kernels.moe.ffn import GEMM_TOKENS
 
 MOE_SHAPES = ("qwen3-30b-a3b", "gpt-oss-20b", "gpt-oss-120b")
 # published totals (Qwen3-30B-A3B 30.5 B, gpt-oss-20b 20.9 B, gpt-oss-120b 116.8 B parameters)
@@ -66,9 +67,13 @@ def test_tiny_variant_loads_and_runs(tmp_path, monkeypatch, name, file_type):
     check_decode_equals_prefill(model, ids)
     # the kernels backend (CPU target) runs the same file: its graph-replayed decode equals
     # its own eager prefill (its distance to the numpy backend is bounded per oracle file in
-    # test_moe_kernels; random routers here have near ties that Q8_1 rounding may reorder)
+    # test_moe_kernels; random routers here have near ties that Q8_1 rounding may reorder).
+    # A prompt below the grouped GEMM's threshold: decode and prefill then share the DP4A
+    # arithmetic; from GEMM_TOKENS the GEMM sums the same products in another order, and a
+    # near-tied random router can pick another expert for one row (test_moe_grouped_gemm
+    # bounds the GEMM against the reference instead)
     kernels = llm.load(path, n_ctx=64, progress=False, device="cpu", backend="kernels")
-    check_decode_equals_prefill(kernels, ids)
+    check_decode_equals_prefill(kernels, ids[:GEMM_TOKENS - 1])
 
 
 def check_decode_equals_prefill(model, ids):
