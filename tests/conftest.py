@@ -85,6 +85,10 @@ def cpu_device():
 
 
 def pytest_collection_modifyitems(config, items):
+    # the tests marked slow (a minute or more on the CPU target) first: pytest-xdist hands
+    # tests out in this order, so the long ones start early and the workers finish together
+    # instead of one of them running a 2-minute test while the other has nothing left
+    items.sort(key=lambda item: "slow" not in item.keywords)
     if _gpu_usable():
         return
     skip = pytest.mark.skip(reason="no usable CUDA GPU (driver or device missing)")

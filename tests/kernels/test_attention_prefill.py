@@ -70,6 +70,7 @@ def test_prefill_mma_matches_reference(device, rng, seed, window, softcap):
     _check(got, _expected(q, k, v, start, 0.125, window, softcap), np.float16, seed, "mma")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("warps,stages,m_tiles,window", [(2, 2, 1, None), (1, 3, 2, 7)])
 def test_prefill_mma_tilings(device, rng, seed, warps, stages, m_tiles, window):
     """32-key tiles at head_dim 80 (5 ldmatrix k-steps, a ragged share of each tile's copies

@@ -39,6 +39,7 @@ def test_grouped_gemm_long_prompt(device, rng, seed):
             gemm=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case,bn", [(CASES[1], 32), (CASES[2], 64), (CASES[3], 16),
                                      (CASES[0], 128)],
                          ids=["Q4_K-32", "MXFP4-64", "Q8_0-super-16", "Q8_0-block-128"])

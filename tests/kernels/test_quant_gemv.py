@@ -242,6 +242,7 @@ def test_gemv_Q3_K_wide_every_bit_pattern(device, rng, seed):
     check_q8_1(y.numpy(), raw, "Q3_K", x, seed)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("type_name,rows,n,rows_per_warp,warps,stages,mode,split",
                          [("Q3_K", 37, 2048, 4, 1, 1, None, 1),
                           ("Q3_K", 9, 4096, 2, 2, 1, "residual", 1),
@@ -327,6 +328,7 @@ def test_gemv_bulk(device, rng, seed, type_name, rows, n, rows_per_warp, warps, 
     np.testing.assert_array_equal(via_config.numpy(), y.numpy())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("type_name,batch,rows,n,rows_per_warp,warps,stages,mode,split",
                          [("Q4_K", 2, 37, 512, 2, 2, 1, None, 1),
                           ("Q4_K", 8, 9, 1280, 4, 1, 1, "residual", 1),

@@ -36,6 +36,7 @@ CASES = [(37, 512, 11, 2, 1, 3), (16, 256, 1, 1, 1, 1), (20, 768, 16, 3, 2, 1),
          (5, 1024, 3, 4, 1, 2), (33, 1280, 9, 8, 1, 1), (48, 512, 2, 1, 4, 1)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("type_name", TYPES)
 @pytest.mark.parametrize("rows,n,tokens,warps,unroll,tiles", CASES)
 def test_gemv_mma(device, rng, seed, type_name, rows, n, tokens, warps, unroll, tiles):

@@ -133,6 +133,7 @@ def test_batched_attention_in_splits_and_graphs_keyed_by_them(where, d64_path, r
     assert {key[-1] for key in pool[0].pool._workspaces} == {1, 3}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", BACKENDS[1:], ids=lambda w: "-".join(w))
 def test_six_sequences_take_the_int8_gemm(where, rng, seed):
     """From 6 sequences (stdlib's INT8_GEMM_TOKENS) a batched step's matmuls are the int8
@@ -181,6 +182,7 @@ def q4k_path(tmp_path_factory):
                                      tmp_path_factory.mktemp("q4k") / "tiny-q4k.gguf")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", BACKENDS[1:], ids=lambda w: "-".join(w))
 def test_q4_k_batches_take_the_tensor_core_gemv(where, q4k_path, rng, seed):
     """5 and 10 sequences of a Q4_K_M model: the Q4_K and Q6_K matmuls of the batched step are
@@ -591,6 +593,7 @@ def test_logprobs_are_the_models_log_softmax():
             assert abs(lp - reference[i, token]) < 1e-4
 
 
+@pytest.mark.slow
 def test_q8_0_cache_slots(d64_path):
     """A q8_0 KV cache (int8 quants + f16 scales per slot): batched steps take the launches
     per sequence, and slots move (a request ending below the last) with both arrays copied."""

@@ -434,6 +434,7 @@ def test_bench_lists_like_llama_bench():
 GEMV_PROMPTS = RunnerOptions(kernels=KernelOptions(int8_gemm_tokens=9))
 
 
+@pytest.mark.slow
 def test_split_decode_feeds_q8_1_to_the_o_projection(tmp_path, monkeypatch):
     """A head_dim-64 model (a tiny synthetic llama): in both decode graphs the attention kernel
     that writes the output (the split kernel without splits, the combine kernel with them) also
@@ -522,6 +523,7 @@ def test_pick_and_embedding_kernels_ptx_assemble(arch, assemble):
     assemble(embed_generic.ptx(arch, FMT=CODES["Q8_0"], BE=32, BB=34), arch)
 
 
+@pytest.mark.slow
 def test_qwen3_head_norms_inside_the_rope_launch(tmp_path, monkeypatch):
     """A tiny synthetic qwen3 (head_dim 64: the runner's tensor-core attention paths): q_norm /
     k_norm applied inside the RoPE + KV-cache launch in prefill (q|k|v read in place) and in the
@@ -546,6 +548,7 @@ def test_qwen3_head_norms_inside_the_rope_launch(tmp_path, monkeypatch):
     assert launches.count("rope_qkv_cache") == 2, launches
 
 
+@pytest.mark.slow
 def test_q8_0_kv_cache(tmp_path, monkeypatch):
     """--cache-type q8_0 on the CPU target (a head_dim-64 synthetic llama): the cache holds
     ggml's Q8_0 of the rows, the logits follow the numpy backend's q8_0 emulation (within the

@@ -61,6 +61,7 @@ def test_prompts_together_equal_each_alone(where, name, pool, d64_path, rng, see
         assert err < tol, f"seed {seed}: prompt {i}'s next step: relative L2 {err:.2e}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kv", ["f16", "q8_0"])
 def test_tensor_core_prompt_paths_on_the_cpu_target(d64_path, kv, monkeypatch):
     """The GPU's prompt paths, forced on the CPU target (its mma emulated exactly): on the

@@ -51,6 +51,7 @@ def tiny_variant(name: str, n_embd: int) -> synth.Shape:
                                            sliding_window=min(s.moe.sliding_window, 4)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("file_type", ["Q4_K_M", "Q8_0", "MXFP4"])
 @pytest.mark.parametrize("name", MOE_SHAPES)
 def test_tiny_variant_loads_and_runs(tmp_path, monkeypatch, name, file_type):
