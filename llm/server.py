@@ -252,10 +252,15 @@ class Handler(JsonHandler):
                         {"index": i, "message": {"role": "assistant", "content": text},
                          "finish_reason": finish} if chat else
                         {"index": i, "text": text, "finish_reason": finish}))
-                self.send_json(200, envelope(choices, usage()))
+                self._log_all(prompts, stats)   # before the reply: a client that stops the
+                self.send_json(200, envelope(choices, usage()))     # server next still sees it
+                return
         finally:
             for run in runs:
                 run.close()          # a client gone mid-stream frees its slot
+        self._log_all(prompts, stats)
+
+    def _log_all(self, prompts, stats) -> None:
         for (ids, _), st in zip(prompts, stats):
             self._log(ids, st)
 
