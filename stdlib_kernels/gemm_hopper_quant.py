@@ -1,0 +1,136 @@
+"""A Hopper GEMM on GGUF weights: C (M x N, f32) = A (M x K, f16) . W^T, W (N x K) the raw
+blocks of a quantized matrix, dequantized tile by tile to f16 in shared memory and multiplied
+by wgmma with f32 accumulators (sm_90a; the CPU target emulates it). The host side (checks,
+tensor maps, shared-memory budget, the launch); the kernel is gemm_hopper_quant_kernel.py, whose
+consumer warpgroups are gemm_hopper's.
+
+    gemm_hopper_quant(a, w_raw, "Q8_0") -> c     a f16 (M, K); w_raw uint8 (N, row_bytes)
+
+Numerics: every weight is decode8's f32 value (the f16 prefill GEMM's, quant/gemm.py; equal to
+quant.reference.dequantize) rounded to the nearest f16. For Q8_0 that is d x q (an f16 times an
+int8: up to 8 + 11 significant bits) rounded once to 11 bits: a relative error of at most 2^-11
+per weight (subnormal f16 results, |d q| < 2^-14, lose more: absolute 2^-25), the same weights
+the f16 prefill path multiplies. On the CPU target the products are added in k order in f32,
+so a numpy reference of the same steps is bit-exact; the GPU's tensor cores add in another
+order (bound: K 2^-24 sum_k |a w|).
+
+Served formats (SERVED): those whose 256 values fill whole 16-byte units (TMA copies rows of
+a slab as 16-byte multiples at 16-byte-aligned offsets): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
+Q5_K. K must be a multiple of 256 (SLAB); M and N are free (TMA clips A's and W's tiles).
+Q6_K (210 bytes a super-block), Q2_K and Q3_K are not served yet.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import pykernel as pk
+from stdlib_kernels._launch import multiprocessors
+from stdlib_kernels.gemm_hopper import SHARED_LIMIT, GemmConfig, shared_bytes
+from stdlib_kernels.gemm_hopper_kernel import BK, BM, EPI_BOX_ROWS, THREADS
+from stdlib_kernels.gemm_hopper_quant_kernel import RAW_STAGES, SLAB, gemm_q_tn
+from stdlib_kernels.quant.formats import get_format
+from stdlib_kernels.quant.gemv import word_dtype
+
+__all__ = ["SERVED", "choose_quant_config", "gemm_hopper_quant", "gemm_q_tn",
+           "quant_shared_bytes"]
+
+SERVED = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K")
+# tried in order by choose_quant_config: the first that fits a block's shared memory
+CANDIDATES = [GemmConfig(128, 4, 16, False, 2), GemmConfig(128, 4, 16),
+              GemmConfig(128, 3, 16, False, 2), GemmConfig(128, 3, 16),
+              GemmConfig(128, 2, 16), GemmConfig(64, 2, 16)]
+
+
+def slab_bytes(type_name: str) -> int:
+    """Bytes of SLAB (256) values of a row of `type_name`."""
+    fmt = get_format(type_name)
+    return SLAB // fmt.block_elems * fmt.block_bytes
+
+
+def quant_shared_bytes(cfg: GemmConfig, type_name: str) -> int:
+    """gemm_hopper's ring, epilogue buffers and alignment pad, plus RAW_STAGES raw slabs."""
+    return (shared_bytes(cfg.bn, cfg.stages, cfg.epilogue)
+            + RAW_STAGES * cfg.bn * slab_bytes(type_name))
+
+
+def _fits(cfg: GemmConfig, type_name: str) -> bool:
+    static = 8 * (2 * cfg.stages + 2 + 2 * RAW_STAGES)      # the mbarriers
+    return quant_shared_bytes(cfg, type_name) + static <= SHARED_LIMIT
+
+
+def choose_quant_config(type_name: str) -> GemmConfig:
+    """The first of CANDIDATES whose ring, epilogue and raw slabs fit a block."""
+    return next(cfg for cfg in CANDIDATES if _fits(cfg, type_name))
+
+
+def _check_config(cfg: GemmConfig, type_name: str, N: int) -> None:
+    if cfg.bn % 64 or not 64 <= cfg.bn <= 256 or cfg.stages < 1 or cfg.group_m < 1 \
+            or cfg.epilogue < 0:
+        raise ValueError(f"gemm_hopper_quant: config {cfg!r}: bn must be 64, 128, 192 or 256, "
+                         f"stages and group_m >= 1, epilogue >= 0")
+    if cfg.pingpong and cfg.bn > 128:
+        raise ValueError(f"gemm_hopper_quant: config {cfg}: pingpong needs bn <= 128")
+    if not _fits(cfg, type_name):
+        raise ValueError(f"gemm_hopper_quant: config {cfg} with {type_name} needs "
+                         f"{quant_shared_bytes(cfg, type_name)} bytes of shared memory; a "
+                         f"block has {SHARED_LIMIT}: fewer stages, a narrower tile or no "
+                         f"epilogue buffers")
+    if cfg.epilogue and (N * 4) % 16:
+        raise ValueError(f"gemm_hopper_quant: config {cfg}: the TMA epilogue needs N x 4 "
+                         f"bytes = {N * 4} a multiple of 16; use epilogue=0")
+
+
+def _check_arrays(a, w_raw, type_name: str, out):
+    """(M, N, K, out) after the argument checks; out allocated when None."""
+    if type_name not in SERVED:
+        raise ValueError(f"gemm_hopper_quant: {type_name} is not served; served: "
+                         f"{', '.join(SERVED)}")
+    if np.dtype(a.dtype) != np.float16 or a.ndim != 2:
+        raise TypeError(f"gemm_hopper_quant: a must be an f16 (M, K) array, got {a.dtype} "
+                        f"{tuple(a.shape)}")
+    M, K = a.shape
+    if M <= 0 or K <= 0 or K % SLAB:
+        raise ValueError(f"gemm_hopper_quant: K = {K} must be a positive multiple of {SLAB} "
+                         f"(M = {M} positive)")
+    per_row = K // SLAB * slab_bytes(type_name)
+    if np.dtype(w_raw.dtype) != np.uint8 or w_raw.ndim != 2 or w_raw.shape[1] != per_row \
+            or w_raw.shape[0] <= 0:
+        raise ValueError(f"gemm_hopper_quant: w_raw must be uint8 (N, {per_row}) ({type_name} "
+                         f"rows of K = {K}), got {w_raw.dtype} {tuple(w_raw.shape)}")
+    N = w_raw.shape[0]
+    if out is None:
+        out = pk.empty((M, N), np.float32)
+    elif tuple(out.shape) != (M, N) or np.dtype(out.dtype) != np.float32:
+        raise ValueError(f"gemm_hopper_quant: out must be a ({M}, {N}) float32 array, got "
+                         f"{tuple(out.shape)} {out.dtype}")
+    return M, N, K, out
+
+
+def gemm_hopper_quant(a, w_raw, type_name: str, out=None, config=None, max_blocks=None,
+                      stream=None):
+    """C = A . dequantize(W)^T: a (M, K) f16 and w_raw (N, row_bytes) uint8 device arrays;
+    out (M, N) f32, allocated when None. config: a GemmConfig, its string ('128x4/g16/tma2')
+    or a tuple; None = choose_quant_config. The grid is persistent: min(tiles, max_blocks or
+    the multiprocessor count) blocks. Returns out."""
+    M, N, K, out = _check_arrays(a, w_raw, type_name, out)
+    if config is None:
+        cfg = choose_quant_config(type_name)
+    elif isinstance(config, str):
+        cfg = GemmConfig.parse(config)
+    else:
+        cfg = GemmConfig(*config)
+    if cfg.epilogue and (N * 4) % 16 and config is None:
+        cfg = cfg._replace(epilogue=0)
+    _check_config(cfg, type_name, N)
+    sb = slab_bytes(type_name)
+    ta = pk.tensor_map(a, (BM, BK), swizzle=128)
+    tw = pk.tensor_map(w_raw.reshape(-1).view(np.uint32).reshape(N, K // SLAB * sb // 4),
+                       (cfg.bn, sb // 4))
+    tc = pk.tensor_map(out, (EPI_BOX_ROWS, 32), swizzle=128) if cfg.epilogue else ta
+    tiles = -(-N // cfg.bn) * -(-M // BM)
+    grid = min(tiles, max_blocks or multiprocessors())
+    fmt = get_format(type_name)
+    gemm_q_tn[grid, THREADS, stream, quant_shared_bytes(cfg, type_name)](
+        ta, tw, tc, out, M, N, K, fmt.id, np.dtype(word_dtype(type_name)), sb, cfg.bn,
+        cfg.stages, cfg.group_m, int(cfg.pingpong), cfg.epilogue)
+    return out

@@ -1,0 +1,180 @@
+"""The kernel of stdlib_kernels.gemm_hopper_quant (host side, configs and docs there):
+C (M x N, f32) = A (M x K, f16) . W^T, W (N x K) GGUF blocks dequantized to f16 in shared
+memory, accumulated in f32 by wgmma (sm_90a; the CPU target emulates it).
+
+gemm_hopper_kernel.py's consumers run unchanged (`consume`: wgmma m64nBNk16 f16 on ring slots
+of A 128 x 64 | B BN x 64, 128-byte swizzle, and its epilogues); only the producer warpgroup
+differs. Its warp 0 lane 0 (the loader) TMA-loads A's 128 x 64 slices into the ring and W's
+raw bytes, BN rows x SLAB values (one 16-byte-whole unit of every served format: SB bytes a
+row), into RAW_STAGES raw slots; its warps 1..3 (the dequantizers, 96 threads) turn each raw
+slab into SLICES slices of B: f16 (decode8's f32 value rounded to nearest even, the f16 GEMM's
+numerics) written in the layout a 128-byte-swizzle TMA load would have left (16-byte chunk x of
+row r at chunk x ^ (r % 8)), then arrive on the slot's full barrier beside the loader's
+expect-tx arrival. Barriers (bars):
+
+    full[s] = s (1 + 96 arrivals + A's bytes)  empty[s] = S + s (the consumers')
+    order[h] = 2 S + h (ping-pong turns)         raw_full[r] = 2 S + 2 + r (1 + W's bytes)
+    raw_empty[r] = 2 S + 2 + RAW_STAGES + r (the 96 dequantizers, once a slab)
+
+    shared (dynamic): [pad to 1024 B] ring (gemm_hopper's) | epilogue boxes | raw slot 0 | 1
+
+A block's slabs are numbered q = 0, 1, ... over its tiles (slabs_per_tile = K / SLAB each);
+the loader issues raw slab q + RAW_STAGES - 1 before A's slices of slab q, so a slab's bytes
+are in flight while the slab before it is dequantized."""
+from __future__ import annotations
+
+import pykernel as pk
+from pykernel import Const, Ptr, i32, u32, u64
+
+from stdlib_kernels.gemm_hopper_kernel import BK, BM, EPI_BOX_BYTES, SWIZZLE_ALIGN, THREADS, \
+    consume, tile_origin
+from stdlib_kernels.quant.decode8_k import decode8
+
+SLAB = 256                          # K values per raw copy (Q8_0: 8 blocks = 272 B = 17 x 16)
+SLICES = SLAB // BK                 # ring slices per slab
+RAW_STAGES = 2
+DEQUANT_THREADS = 96                # producer warps 1..3
+CONSUMER_WARPS = 8
+# 128 x (96 + 2 x 208) = 65536: the dequantizers need more than gemm_hopper's 40 registers
+PRODUCER_REGS, CONSUMER_REGS = 96, 208
+
+
+@pk.func
+def slab_origin(q: i32, slabs: i32, tiles_m: i32, tiles_n: i32, BN: Const[int],
+                GROUP_M: Const[int]):
+    """(m0, n0, k0) of the block's q-th slab: tile block + (q / slabs) grid, K from
+    (q % slabs) SLAB."""
+    tile = pk.block_idx.x + (q // slabs) * pk.grid_dim.x
+    m0, n0 = tile_origin(tile, tiles_m, tiles_n, BN, GROUP_M)
+    return m0, n0, (q % slabs) * SLAB
+
+
+@pk.func
+def load_raw(smem, raw0: i32, bars, tw, q: i32, slabs: i32, tiles_m: i32, tiles_n: i32,
+             BN: Const[int], STAGES: Const[int], GROUP_M: Const[int], SB: Const[int]):
+    """Slab q's BN x SB raw bytes into raw slot q % RAW_STAGES once the dequantizers freed it
+    (tw: W's bytes as u32 words, box BN x SB / 4)."""
+    rf = 2 * STAGES + 2
+    r = q % RAW_STAGES
+    if q >= RAW_STAGES:
+        pk.mbarrier_wait(bars, rf + RAW_STAGES + r, (q // RAW_STAGES - 1) % 2)
+    m0, n0, k0 = slab_origin(q, slabs, tiles_m, tiles_n, BN, GROUP_M)
+    pk.mbarrier_arrive_expect_tx(bars, rf + r, BN * SB)
+    pk.tma_load(smem, raw0 + r * (BN * SB // 2), tw, (n0, k0 // SLAB * (SB // 4)), bars, rf + r)
+
+
+@pk.func
+def load(smem, base: i32, raw0: i32, bars, ta, tw, tiles_m: i32, tiles_n: i32, slabs: i32,
+         BN: Const[int], STAGES: Const[int], GROUP_M: Const[int], SB: Const[int]):
+    """The loader (one thread): every slab's raw bytes, RAW_STAGES - 1 slabs ahead, and A's
+    slices into the ring in the consumers' order."""
+    slot = (BM + BN) * BK
+    tiles = tiles_m * tiles_n
+    mine = 0
+    if pk.block_idx.x < tiles:
+        mine = (tiles - pk.block_idx.x + pk.grid_dim.x - 1) // pk.grid_dim.x
+    total = mine * slabs
+    for q in range(min(RAW_STAGES - 1, total)):
+        load_raw(smem, raw0, bars, tw, q, slabs, tiles_m, tiles_n, BN, STAGES, GROUP_M, SB)
+    it = 0
+    for q in range(total):
+        if q + RAW_STAGES - 1 < total:
+            load_raw(smem, raw0, bars, tw, q + RAW_STAGES - 1, slabs, tiles_m, tiles_n, BN,
+                     STAGES, GROUP_M, SB)
+        m0, n0, k0 = slab_origin(q, slabs, tiles_m, tiles_n, BN, GROUP_M)
+        for j in pk.static_range(SLICES):
+            s = it % STAGES
+            if it >= STAGES:                            # the consumers freed slot s
+                pk.mbarrier_wait(bars, STAGES + s, (it // STAGES - 1) % 2)
+            pk.mbarrier_arrive_expect_tx(bars, s, BM * BK * 2)
+            pk.tma_load(smem, base + s * slot, ta, (m0, k0 + j * BK), bars, s)
+            it += 1
+
+
+@pk.func
+def dequant_slice(words, wbase: i32, out32, b32: i32, j: i32, p: i32, FMT: Const[int],
+                  BN: Const[int], SB: Const[int], WB: Const[int]):
+    """Slice j (values 64 j..) of the raw slab at word wbase (rows SB bytes apart, words of
+    WB bytes) as f16 into B at u32 index b32: thread p takes 8-value chunks p, p + 96, ...
+    (chunk x of row r: values 8 x.., stored at 16-byte chunk x ^ (r % 8) of B's row r)."""
+    for u in range(p, BN * 8, DEQUANT_THREADS):
+        r, x = u // 8, u % 8
+        v0, v1, v2, v3, v4, v5, v6, v7 = decode8(FMT, words, wbase + r * (SB // WB),
+                                                 j * BK + 8 * x)
+        at = b32 + r * 32 + (x ^ (r % 8)) * 4
+        pk.store_vec(out32, at, (pk.pack_f16x2(v0, v1), pk.pack_f16x2(v2, v3),
+                                 pk.pack_f16x2(v4, v5), pk.pack_f16x2(v6, v7)))
+
+
+@pk.func
+def dequantize(smem, base: i32, raw0: i32, bars, tiles_m: i32, tiles_n: i32, slabs: i32,
+               FMT: Const[int], WT: Const[pk.dtype], BN: Const[int], STAGES: Const[int],
+               SB: Const[int]):
+    """A dequantizer thread (p = 0..95): each slab's SLICES slices into the ring's B halves,
+    in the loader's order; raw slot r is released after the slab's last slice."""
+    words = pk.dynamic_shared(WT)
+    out32 = pk.dynamic_shared(u32)
+    WB = 4 if WT == pk.u32 else 2
+    p = pk.thread_idx.x - 32
+    slot = (BM + BN) * BK
+    rf = 2 * STAGES + 2
+    tiles = tiles_m * tiles_n
+    mine = 0
+    if pk.block_idx.x < tiles:
+        mine = (tiles - pk.block_idx.x + pk.grid_dim.x - 1) // pk.grid_dim.x
+    it = 0
+    for q in range(mine * slabs):
+        r = q % RAW_STAGES
+        pk.mbarrier_wait(bars, rf + r, (q // RAW_STAGES) % 2)
+        wbase = (2 * raw0 + r * BN * SB) // WB
+        for j in pk.static_range(SLICES):
+            s = it % STAGES
+            if it >= STAGES:
+                pk.mbarrier_wait(bars, STAGES + s, (it // STAGES - 1) % 2)
+            dequant_slice(words, wbase, out32, (base + s * slot + BM * BK) // 2, j, p, FMT, BN,
+                          SB, WB)
+            pk.fence_proxy_async()                      # generic writes -> wgmma's reads
+            pk.mbarrier_arrive(bars, s)
+            it += 1
+        pk.mbarrier_arrive(bars, rf + RAW_STAGES + r)
+
+
+@pk.kernel(max_threads=THREADS, min_blocks=1)
+def gemm_q_tn(ta: pk.TensorMap, tw: pk.TensorMap, tc: pk.TensorMap, c: Ptr[pk.f32], M: i32,
+              N: i32, K: i32, FMT: Const[int], WT: Const[pk.dtype], SB: Const[int],
+              BN: Const[int], STAGES: Const[int], GROUP_M: Const[int], PINGPONG: Const[int],
+              EPI: Const[int]):
+    """ta: A (M x K f16, box 128 x 64, 128-byte swizzle); tw: W's rows as u32 words (box BN x
+    SB / 4, no swizzle); tc: C's map for EPI > 0 (as gemm_tn's), c: C for EPI == 0. FMT: the
+    ggml type id, WT: decode8's word type for it, SB: bytes of SLAB values. K % SLAB == 0."""
+    bars = pk.shared_array(u64, 2 * STAGES + 2 + 2 * RAW_STAGES)
+    smem = pk.dynamic_shared(pk.u16)
+    addr = i32(pk.wgmma_desc(smem, 0, 16, 1024, 0) & u64(0x3FFF)) * 16
+    base = ((SWIZZLE_ALIGN - addr % SWIZZLE_ALIGN) % SWIZZLE_ALIGN) // 2
+    raw0 = base + STAGES * (BM + BN) * BK + CONSUMER_WARPS * EPI * EPI_BOX_BYTES // 2
+    t = pk.thread_idx.x
+    if t == 0:
+        for s in pk.static_range(STAGES):
+            pk.mbarrier_init(bars, s, 1 + DEQUANT_THREADS)
+            pk.mbarrier_init(bars, STAGES + s, 128 if PINGPONG else 256)
+        for h in pk.static_range(2):
+            pk.mbarrier_init(bars, 2 * STAGES + h, 128)
+        for r in pk.static_range(RAW_STAGES):
+            pk.mbarrier_init(bars, 2 * STAGES + 2 + r, 1)
+            pk.mbarrier_init(bars, 2 * STAGES + 2 + RAW_STAGES + r, DEQUANT_THREADS)
+        pk.fence_mbarrier_init()
+    pk.syncthreads()
+    k_tiles = K // BK
+    tiles_m, tiles_n = (M + BM - 1) // BM, (N + BN - 1) // BN
+    if t < 128:
+        pk.setmaxnreg_dec(PRODUCER_REGS)
+        if t == 0:
+            load(smem, base, raw0, bars, ta, tw, tiles_m, tiles_n, K // SLAB, BN, STAGES,
+                 GROUP_M, SB)
+        elif t >= 32:
+            dequantize(smem, base, raw0, bars, tiles_m, tiles_n, K // SLAB, FMT, WT, BN,
+                       STAGES, SB)
+    else:
+        pk.setmaxnreg_inc(CONSUMER_REGS)
+        consume(smem, base, bars, tc, c, M, N, k_tiles, tiles_m, tiles_n, pk.f32, "f16", BN,
+                STAGES, GROUP_M, PINGPONG, EPI)
