@@ -1,0 +1,161 @@
+"""stdlib_kernels.gemm_hopper_quant (wgmma on GGUF weights dequantized to f16 in shared
+memory): on the CPU target bit-exact against numpy's dequantize-to-f16 then f32 sums in k order
+(the emulation's order), on shapes that clip (M, N not multiples of the tile), several slabs
+per tile (more than the raw slots, so the dequantizers' releases are waited on), several tiles
+per block (slabs numbered across tiles), every served format and the consumers' options; the
+documented rounding of the weights to f16; on a GPU bit-equal to gemm_hopper on the same f16
+weights (same consumers, same order) and within the f32 summation bound; argument and config
+errors; ptxas assembles it for sm_90a."""
+import numpy as np
+import pytest
+
+import pykernel as pk
+from stdlib_kernels import gemm_hopper as G
+from stdlib_kernels import gemm_hopper_quant as Q
+from stdlib_kernels.quant import reference as ref
+from stdlib_kernels.quant.formats import get_format
+
+F32_EPS = 2.0 ** -24
+
+
+def _inputs(rng, M, N, K, type_name):
+    """(a f16, raw weight rows, the weights as f16 widened to f32)."""
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    raw = ref.quantize(w, type_name)
+    w16 = ref.dequantize(raw, type_name, K).reshape(N, K).astype(np.float16)
+    return rng.standard_normal((M, K)).astype(np.float16), raw, w16.astype(np.float32)
+
+
+def _k_order_reference(a, b):
+    """sum_k a[m, k] * b[n, k] in f32, k = 0, 1, ...: the products are exact in f32."""
+    c = np.zeros((a.shape[0], b.shape[0]), np.float32)
+    for k in range(a.shape[1]):
+        c = c + np.outer(a[:, k], b[:, k]).astype(np.float32)
+    return c
+
+
+CASES = [  # M, N, K, type, config (None: choose_quant_config), max_blocks
+    (70, 72, 512, "Q8_0", "64x2", 1),           # 2 tiles of one block, 4 slabs through 2 slots
+    (130, 136, 768, "Q4_K", "128x2", 2),        # M and N clipped, 3 slabs per tile
+    (60, 200, 256, "Q8_0", None, None),         # the default config, N clipped in its tile
+    (140, 264, 256, "Q4_K", "64x3/g2/pp/tma2", 1),   # 2 x 5 tiles, ping-pong, TMA epilogue
+    (40, 100, 512, "Q5_K", "64x2/tma3", 2),
+    (33, 65, 256, "Q4_0", "64x2", 1),
+    (33, 65, 256, "Q4_1", "128x2", 1),
+    (33, 65, 256, "Q5_0", "64x2", 1),
+    (33, 65, 256, "Q5_1", "64x3", 1),
+]
+
+
+@pytest.fixture
+def on_cpu():
+    """The CPU target whatever the default device (bit-exactness is the emulation's)."""
+    previous = pk.current_device()
+    yield pk.set_device("cpu")
+    pk.set_device(previous)
+
+
+@pytest.mark.parametrize("M, N, K, type_name, config, max_blocks", CASES)
+def test_gemm_hopper_quant_bit_exact_on_cpu(M, N, K, type_name, config, max_blocks, rng,
+                                            on_cpu):
+    a, raw, w32 = _inputs(rng, M, N, K, type_name)
+    out = pk.full((M, N), np.nan, np.float32)                          # poisoned
+    Q.gemm_hopper_quant(pk.to_device(a), pk.to_device(raw), type_name, out=out,
+                        config=config, max_blocks=max_blocks)
+    want = _k_order_reference(a.astype(np.float32), w32)
+    np.testing.assert_array_equal(out.numpy().view(np.uint32), want.view(np.uint32))
+
+
+def test_q8_0_weights_round_to_f16_within_half_an_ulp(rng):
+    """The documented error of the f16 weights: d q (f32, exact) rounded once to 11 bits:
+    at most 2^-11 relative for normal f16 results, 2^-25 absolute below 2^-14."""
+    w = (rng.standard_normal((64, 1024)) * rng.choice([1e-4, 1e-2, 1.0], (64, 1))).astype(
+        np.float32)
+    raw = ref.quantize(w, "Q8_0")
+    exact = ref.dequantize(raw, "Q8_0", 1024).astype(np.float64)
+    err = np.abs(exact.astype(np.float16).astype(np.float64) - exact)
+    assert np.all(err <= np.maximum(np.abs(exact) * 2.0 ** -11, 2.0 ** -25))
+
+
+@pytest.fixture
+def on_cuda():
+    if not pk.gpu_available():
+        pytest.skip("no usable CUDA GPU")
+    previous = pk.current_device()
+    pk.set_device("cuda")
+    yield
+    pk.set_device(previous)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_K", "Q5_K", "Q4_0"])
+@pytest.mark.parametrize("config", [None, "128x4", "128x3/g16/pp/tma2", "64x2"])
+@pytest.mark.parametrize("M, N, K", [(512, 1024, 4096), (300, 700, 1280)])
+def test_gemm_hopper_quant_gpu_is_gemm_hopper_on_f16_weights(M, N, K, type_name, config, rng,
+                                                             on_cuda):
+    """Same consumers and tiles, same f16 operands: the same bits as gemm_hopper on the
+    dequantized weights, and both within K 2^-24 sum |a w| of the exact product."""
+    a, raw, w32 = _inputs(rng, M, N, K, type_name)
+    cfg = Q.choose_quant_config(type_name) if config is None else G.GemmConfig.parse(config)
+    if (N * 4) % 16:
+        cfg = cfg._replace(epilogue=0)
+    got = Q.gemm_hopper_quant(pk.to_device(a), pk.to_device(raw), type_name, config=cfg,
+                              out=pk.full((M, N), np.nan, np.float32)).numpy()
+    same = G.gemm_hopper(pk.to_device(a), pk.to_device(w32.astype(np.float16)), config=cfg,
+                         out=pk.full((M, N), np.nan, np.float32)).numpy()
+    np.testing.assert_array_equal(got.view(np.uint32), same.view(np.uint32))
+    a64, w64 = a.astype(np.float64), w32.astype(np.float64)
+    bound = K * F32_EPS * (np.abs(a64) @ np.abs(w64).T)
+    assert (np.abs(got - a64 @ w64.T) <= bound).all()
+
+
+def test_config_choice_fits():
+    for type_name in Q.SERVED:
+        cfg = Q.choose_quant_config(type_name)
+        assert Q.quant_shared_bytes(cfg, type_name) <= G.SHARED_LIMIT - 128
+    # Q8_0's raw slabs (2 x 128 x 272 B) leave no room for the epilogue buffers at 4 stages
+    assert Q.choose_quant_config("Q8_0") == G.GemmConfig(128, 4, 16)
+    assert Q.choose_quant_config("Q4_K") == G.GemmConfig(128, 4, 16, False, 2)
+
+
+def test_argument_errors(on_cpu):
+    a = pk.to_device(np.zeros((64, 256), np.float16))
+    q8 = pk.to_device(np.zeros((64, 272), np.uint8))
+    with pytest.raises(ValueError, match="Q6_K is not served"):
+        Q.gemm_hopper_quant(a, pk.to_device(np.zeros((64, 210), np.uint8)), "Q6_K")
+    with pytest.raises(ValueError, match="K = 288 must be a positive multiple of 256"):
+        Q.gemm_hopper_quant(pk.to_device(np.zeros((64, 288), np.float16)), q8, "Q8_0")
+    with pytest.raises(TypeError, match="a must be an f16"):
+        Q.gemm_hopper_quant(pk.to_device(np.zeros((64, 256), np.float32)), q8, "Q8_0")
+    with pytest.raises(ValueError, match=r"w_raw must be uint8 \(N, 144\)"):
+        Q.gemm_hopper_quant(a, q8, "Q4_K")
+    with pytest.raises(ValueError, match="out must be a"):
+        Q.gemm_hopper_quant(a, q8, "Q8_0", out=pk.empty((64, 63), np.float32))
+
+
+def test_config_errors(on_cpu):
+    a = pk.to_device(np.zeros((64, 256), np.float16))
+    q8 = pk.to_device(np.zeros((66, 272), np.uint8))            # N = 66: 264-byte rows of C
+    with pytest.raises(ValueError, match="bytes of shared memory"):
+        Q.gemm_hopper_quant(a, q8, "Q8_0", config="256x4")
+    with pytest.raises(ValueError, match="multiple of 16; use epilogue=0"):
+        Q.gemm_hopper_quant(a, q8, "Q8_0", config="64x2/tma2")
+    with pytest.raises(ValueError, match="pingpong needs bn <= 128"):
+        Q.gemm_hopper_quant(a, q8, "Q8_0", config="256x1/pp")
+    with pytest.raises(ValueError, match="bn must be 64, 128, 192 or 256"):
+        Q.gemm_hopper_quant(a, q8, "Q8_0", config=(96, 2))
+
+
+@pytest.mark.parametrize("type_name, config", [("Q8_0", "128x4/g16"), ("Q4_K", "128x4/g16/tma2"),
+                                               ("Q4_K", "128x3/pp/tma2"), ("Q5_K", "64x2")])
+def test_gemm_hopper_quant_assembles_for_sm90a(type_name, config, assemble):
+    cfg = G.GemmConfig.parse(config)
+    ptx = Q.gemm_q_tn.ptx("sm_90a", FMT=get_format(type_name).id,
+                          WT=np.dtype(Q.word_dtype(type_name)), SB=Q.slab_bytes(type_name),
+                          BN=cfg.bn, STAGES=cfg.stages, GROUP_M=cfg.group_m,
+                          PINGPONG=int(cfg.pingpong), EPI=cfg.epilogue)
+    assert f"wgmma.mma_async.sync.aligned.m64n{cfg.bn}k16.f32.f16.f16" in ptx
+    assert "cp.async.bulk.tensor.2d.shared::cluster.global" in ptx
+    assert "setmaxnreg.dec.sync.aligned.u32 96" in ptx and ".maxntid 384" in ptx
+    assert Q.quant_shared_bytes(cfg, type_name) <= G.SHARED_LIMIT
+    assemble(ptx, "sm_90a")
