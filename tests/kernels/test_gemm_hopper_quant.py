@@ -18,9 +18,9 @@ from stdlib_kernels.quant.formats import get_format
 F32_EPS = 2.0 ** -24
 
 
-def _inputs(rng, M, N, K, type_name):
-    """(a f16, raw weight rows, the weights as f16 widened to f32)."""
-    w = rng.standard_normal((N, K)).astype(np.float32)
+def _inputs(rng, M, N, K, type_name, scale=1.0):
+    """(a f16, raw weight rows, the weights as f16 widened to f32); scale: the weights'."""
+    w = (rng.standard_normal((N, K)) * scale).astype(np.float32)
     raw = ref.quantize(w, type_name)
     w16 = ref.dequantize(raw, type_name, K).reshape(N, K).astype(np.float16)
     return rng.standard_normal((M, K)).astype(np.float16), raw, w16.astype(np.float32)
@@ -34,8 +34,10 @@ def _k_order_reference(a, b):
     return c
 
 
-CASES = [  # M, N, K, type, config (None: choose_quant_config), max_blocks
+CASES = [  # M, N, K, type, config (None: choose_quant_config), max_blocks[, weight scale]
     (70, 72, 512, "Q8_0", "64x2", 1),           # 2 tiles of one block, 4 slabs through 2 slots
+    # Q8_0 in f16 arithmetic (q8_0_chunk): products down to f16's subnormals (|d q| < 2^-14)
+    (20, 64, 256, "Q8_0", "64x2", 1, 1e-4),
     (130, 136, 768, "Q4_K", "128x2", 2),        # M and N clipped, 3 slabs per tile
     (60, 200, 256, "Q8_0", None, None),         # the default config, N clipped in its tile
     (140, 264, 256, "Q4_K", "64x3/g2/pp/tma2", 1),   # 2 x 5 tiles, ping-pong, TMA epilogue
@@ -55,10 +57,10 @@ def on_cpu():
     pk.set_device(previous)
 
 
-@pytest.mark.parametrize("M, N, K, type_name, config, max_blocks", CASES)
-def test_gemm_hopper_quant_bit_exact_on_cpu(M, N, K, type_name, config, max_blocks, rng,
-                                            on_cpu):
-    a, raw, w32 = _inputs(rng, M, N, K, type_name)
+@pytest.mark.parametrize("case", CASES)
+def test_gemm_hopper_quant_bit_exact_on_cpu(case, rng, on_cpu):
+    M, N, K, type_name, config, max_blocks, *scale = case
+    a, raw, w32 = _inputs(rng, M, N, K, type_name, *scale)
     out = pk.full((M, N), np.nan, np.float32)                          # poisoned
     Q.gemm_hopper_quant(pk.to_device(a), pk.to_device(raw), type_name, out=out,
                         config=config, max_blocks=max_blocks)
