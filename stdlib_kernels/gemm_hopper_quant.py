@@ -14,12 +14,16 @@ the f16 prefill path multiplies. On the CPU target the products are added in k o
 so a numpy reference of the same steps is bit-exact; the GPU's tensor cores add in another
 order (bound: K 2^-24 sum_k |a w|).
 
-Served formats (SERVED): those whose 256 values fill whole 16-byte units (TMA copies rows of
-a slab as 16-byte multiples at 16-byte-aligned offsets): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
-Q5_K. K must be a multiple of 256 (SLAB); M and N are free (TMA clips A's and W's tiles).
-Q6_K (210 bytes a super-block), Q2_K and Q3_K are not served yet.
+Served formats (SERVED): every format decode8 reads whose blocks divide 256 values: Q4_0,
+Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K. K must be a multiple of 256 (SLAB) and
+W's rows whole 16 bytes (TMA's row pitch: K a multiple of 2048 for Q3_K and Q6_K, 1024 for
+Q2_K); M and N are free (TMA clips A's and W's tiles). A slab whose bytes do not start at a
+whole 16 bytes (Q6_K's 210-byte super-blocks) is read from the 16-byte floor in a wider box
+(box_bytes).
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -31,10 +35,10 @@ from stdlib_kernels.gemm_hopper_quant_kernel import RAW_STAGES, SLAB, gemm_q_tn
 from stdlib_kernels.quant.formats import get_format
 from stdlib_kernels.quant.gemv import word_dtype
 
-__all__ = ["SERVED", "choose_quant_config", "gemm_hopper_quant", "gemm_q_tn",
+__all__ = ["SERVED", "box_bytes", "choose_quant_config", "gemm_hopper_quant", "gemm_q_tn",
            "quant_shared_bytes"]
 
-SERVED = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K")
+SERVED = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 # tried in order by choose_quant_config: the first that fits a block's shared memory
 CANDIDATES = [GemmConfig(128, 4, 16, False, 2), GemmConfig(128, 4, 16),
               GemmConfig(128, 3, 16, False, 2), GemmConfig(128, 3, 16),
@@ -47,10 +51,17 @@ def slab_bytes(type_name: str) -> int:
     return SLAB // fmt.block_elems * fmt.block_bytes
 
 
+def box_bytes(type_name: str) -> int:
+    """Bytes of a row's raw box: the slab (slab_bytes) from the 16-byte floor of its first
+    byte, whose distance from it is at most 16 - gcd(slab_bytes, 16), in whole 16 bytes."""
+    sb = slab_bytes(type_name)
+    return -(-(sb + 16 - math.gcd(sb, 16)) // 16) * 16
+
+
 def quant_shared_bytes(cfg: GemmConfig, type_name: str) -> int:
     """gemm_hopper's ring, epilogue buffers and alignment pad, plus RAW_STAGES raw slabs."""
     return (shared_bytes(cfg.bn, cfg.stages, cfg.epilogue)
-            + RAW_STAGES * cfg.bn * slab_bytes(type_name))
+            + RAW_STAGES * cfg.bn * box_bytes(type_name))
 
 
 def _fits(cfg: GemmConfig, type_name: str) -> bool:
@@ -98,6 +109,10 @@ def _check_arrays(a, w_raw, type_name: str, out):
         raise ValueError(f"gemm_hopper_quant: w_raw must be uint8 (N, {per_row}) ({type_name} "
                          f"rows of K = {K}), got {w_raw.dtype} {tuple(w_raw.shape)}")
     N = w_raw.shape[0]
+    if per_row % 16:
+        raise ValueError(f"gemm_hopper_quant: {type_name} rows of K = {K} take {per_row} bytes, "
+                         f"not whole 16 bytes (TMA's row pitch): K must be a multiple of "
+                         f"{SLAB * 16 // math.gcd(slab_bytes(type_name), 16)}")
     if out is None:
         out = pk.empty((M, N), np.float32)
     elif tuple(out.shape) != (M, N) or np.dtype(out.dtype) != np.float32:
@@ -122,15 +137,15 @@ def gemm_hopper_quant(a, w_raw, type_name: str, out=None, config=None, max_block
     if cfg.epilogue and (N * 4) % 16 and config is None:
         cfg = cfg._replace(epilogue=0)
     _check_config(cfg, type_name, N)
-    sb = slab_bytes(type_name)
+    sb, boxb = slab_bytes(type_name), box_bytes(type_name)
     ta = pk.tensor_map(a, (BM, BK), swizzle=128)
     tw = pk.tensor_map(w_raw.reshape(-1).view(np.uint32).reshape(N, K // SLAB * sb // 4),
-                       (cfg.bn, sb // 4))
+                       (cfg.bn, boxb // 4))
     tc = pk.tensor_map(out, (EPI_BOX_ROWS, 32), swizzle=128) if cfg.epilogue else ta
     tiles = -(-N // cfg.bn) * -(-M // BM)
     grid = min(tiles, max_blocks or multiprocessors())
     fmt = get_format(type_name)
     gemm_q_tn[grid, THREADS, stream, quant_shared_bytes(cfg, type_name)](
-        ta, tw, tc, out, M, N, K, fmt.id, np.dtype(word_dtype(type_name)), sb, cfg.bn,
+        ta, tw, tc, out, M, N, K, fmt.id, np.dtype(word_dtype(type_name)), sb, boxb, cfg.bn,
         cfg.stages, cfg.group_m, int(cfg.pingpong), cfg.epilogue)
     return out

@@ -5,8 +5,9 @@ memory, accumulated in f32 by wgmma (sm_90a; the CPU target emulates it).
 gemm_hopper_kernel.py's consumers run unchanged (`consume`: wgmma m64nBNk16 f16 on ring slots
 of A 128 x 64 | B BN x 64, 128-byte swizzle, and its epilogues); only the producer warpgroup
 differs. Its warp 0 lane 0 (the loader) TMA-loads A's 128 x 64 slices into the ring and W's
-raw bytes, BN rows x SLAB values (one 16-byte-whole unit of every served format: SB bytes a
-row), into RAW_STAGES raw slots; its warps 1..3 (the dequantizers, 96 threads) turn each raw
+raw bytes, BN rows x SLAB values (SB bytes a row: a box of BOXB bytes from the 16-byte floor of
+the slab's first byte, since TMA boxes start at whole 16 bytes; the slab sits at the same offset
+in every row's box), into RAW_STAGES raw slots; its warps 1..3 (the dequantizers, 96 threads) turn each raw
 slab into SLICES slices of B: f16 (decode8's f32 value rounded to nearest even, the f16 GEMM's
 numerics) written in the layout a 128-byte-swizzle TMA load would have left (16-byte chunk x of
 row r at chunk x ^ (r % 8)), then arrive on the slot's full barrier beside the loader's
@@ -53,21 +54,25 @@ def slab_origin(q: i32, slabs: i32, tiles_m: i32, tiles_n: i32, BN: Const[int],
 
 @pk.func
 def load_raw(smem, raw0: i32, bars, tw, q: i32, slabs: i32, tiles_m: i32, tiles_n: i32,
-             BN: Const[int], STAGES: Const[int], GROUP_M: Const[int], SB: Const[int]):
-    """Slab q's BN x SB raw bytes into raw slot q % RAW_STAGES once the dequantizers freed it
-    (tw: W's bytes as u32 words, box BN x SB / 4)."""
+             BN: Const[int], STAGES: Const[int], GROUP_M: Const[int], SB: Const[int],
+             BOXB: Const[int]):
+    """Slab q's BN rows of BOXB raw bytes from the 16-byte floor of its first byte into raw
+    slot q % RAW_STAGES once the dequantizers freed it (tw: W's bytes as u32 words, box BN x
+    BOXB / 4)."""
     rf = 2 * STAGES + 2
     r = q % RAW_STAGES
     if q >= RAW_STAGES:
         pk.mbarrier_wait(bars, rf + RAW_STAGES + r, (q // RAW_STAGES - 1) % 2)
     m0, n0, k0 = slab_origin(q, slabs, tiles_m, tiles_n, BN, GROUP_M)
-    pk.mbarrier_arrive_expect_tx(bars, rf + r, BN * SB)
-    pk.tma_load(smem, raw0 + r * (BN * SB // 2), tw, (n0, k0 // SLAB * (SB // 4)), bars, rf + r)
+    pk.mbarrier_arrive_expect_tx(bars, rf + r, BN * BOXB)
+    pk.tma_load(smem, raw0 + r * (BN * BOXB // 2), tw, (n0, k0 // SLAB * SB // 16 * 4), bars,
+                rf + r)
 
 
 @pk.func
 def load(smem, base: i32, raw0: i32, bars, ta, tw, tiles_m: i32, tiles_n: i32, slabs: i32,
-         BN: Const[int], STAGES: Const[int], GROUP_M: Const[int], SB: Const[int]):
+         BN: Const[int], STAGES: Const[int], GROUP_M: Const[int], SB: Const[int],
+         BOXB: Const[int]):
     """The loader (one thread): every slab's raw bytes, RAW_STAGES - 1 slabs ahead, and A's
     slices into the ring in the consumers' order."""
     slot = (BM + BN) * BK
@@ -77,12 +82,13 @@ def load(smem, base: i32, raw0: i32, bars, ta, tw, tiles_m: i32, tiles_n: i32, s
         mine = (tiles - pk.block_idx.x + pk.grid_dim.x - 1) // pk.grid_dim.x
     total = mine * slabs
     for q in range(min(RAW_STAGES - 1, total)):
-        load_raw(smem, raw0, bars, tw, q, slabs, tiles_m, tiles_n, BN, STAGES, GROUP_M, SB)
+        load_raw(smem, raw0, bars, tw, q, slabs, tiles_m, tiles_n, BN, STAGES, GROUP_M, SB,
+                 BOXB)
     it = 0
     for q in range(total):
         if q + RAW_STAGES - 1 < total:
             load_raw(smem, raw0, bars, tw, q + RAW_STAGES - 1, slabs, tiles_m, tiles_n, BN,
-                     STAGES, GROUP_M, SB)
+                     STAGES, GROUP_M, SB, BOXB)
         m0, n0, k0 = slab_origin(q, slabs, tiles_m, tiles_n, BN, GROUP_M)
         for j in pk.static_range(SLICES):
             s = it % STAGES
@@ -125,20 +131,20 @@ def dequant_chunk(words, wrow: i32, v: i32, FMT: Const[int]):
 
 @pk.func
 def dequant_slice(words, wbase: i32, out32, b32: i32, j: i32, p: i32, FMT: Const[int],
-                  BN: Const[int], SB: Const[int], WB: Const[int]):
-    """Slice j (values 64 j..) of the raw slab at word wbase (rows SB bytes apart, words of
+                  BN: Const[int], BOXB: Const[int], WB: Const[int]):
+    """Slice j (values 64 j..) of the raw slab at word wbase (rows BOXB bytes apart, words of
     WB bytes) as f16 into B at u32 index b32: thread p takes 8-value chunks p, p + 96, ...
     (chunk x of row r: values 8 x.., stored at 16-byte chunk x ^ (r % 8) of B's row r)."""
     for u in range(p, BN * 8, DEQUANT_THREADS):
         r, x = u // 8, u % 8
-        p0, p1, p2, p3 = dequant_chunk(words, wbase + r * (SB // WB), j * BK + 8 * x, FMT)
+        p0, p1, p2, p3 = dequant_chunk(words, wbase + r * (BOXB // WB), j * BK + 8 * x, FMT)
         pk.store_vec(out32, b32 + r * 32 + (x ^ (r % 8)) * 4, (p0, p1, p2, p3))
 
 
 @pk.func
 def dequantize(smem, base: i32, raw0: i32, bars, tiles_m: i32, tiles_n: i32, slabs: i32,
                FMT: Const[int], WT: Const[pk.dtype], BN: Const[int], STAGES: Const[int],
-               SB: Const[int]):
+               SB: Const[int], BOXB: Const[int]):
     """A dequantizer thread (p = 0..95): each slab's SLICES slices into the ring's B halves,
     in the loader's order; raw slot r is released after the slab's last slice."""
     words = pk.dynamic_shared(WT)
@@ -155,13 +161,14 @@ def dequantize(smem, base: i32, raw0: i32, bars, tiles_m: i32, tiles_n: i32, sla
     for q in range(mine * slabs):
         r = q % RAW_STAGES
         pk.mbarrier_wait(bars, rf + r, (q // RAW_STAGES) % 2)
-        wbase = (2 * raw0 + r * BN * SB) // WB
+        # the slab's first byte, SB x (its index in the tile) mod 16 into each row's box
+        wbase = (2 * raw0 + r * BN * BOXB + (q % slabs) * SB % 16) // WB
         for j in pk.static_range(SLICES):
             s = it % STAGES
             if it >= STAGES:
                 pk.mbarrier_wait(bars, STAGES + s, (it // STAGES - 1) % 2)
             dequant_slice(words, wbase, out32, (base + s * slot + BM * BK) // 2, j, p, FMT, BN,
-                          SB, WB)
+                          BOXB, WB)
             pk.fence_proxy_async()                      # generic writes -> wgmma's reads
             pk.mbarrier_arrive(bars, s)
             it += 1
@@ -171,11 +178,12 @@ def dequantize(smem, base: i32, raw0: i32, bars, tiles_m: i32, tiles_n: i32, sla
 @pk.kernel(max_threads=THREADS, min_blocks=1)
 def gemm_q_tn(ta: pk.TensorMap, tw: pk.TensorMap, tc: pk.TensorMap, c: Ptr[pk.f32], M: i32,
               N: i32, K: i32, FMT: Const[int], WT: Const[pk.dtype], SB: Const[int],
-              BN: Const[int], STAGES: Const[int], GROUP_M: Const[int], PINGPONG: Const[int],
+              BOXB: Const[int], BN: Const[int], STAGES: Const[int], GROUP_M: Const[int], PINGPONG: Const[int],
               EPI: Const[int]):
     """ta: A (M x K f16, box 128 x 64, 128-byte swizzle); tw: W's rows as u32 words (box BN x
-    SB / 4, no swizzle); tc: C's map for EPI > 0 (as gemm_tn's), c: C for EPI == 0. FMT: the
-    ggml type id, WT: decode8's word type for it, SB: bytes of SLAB values. K % SLAB == 0."""
+    BOXB / 4, no swizzle); tc: C's map for EPI > 0 (as gemm_tn's), c: C for EPI == 0. FMT: the
+    ggml type id, WT: decode8's word type for it, SB: bytes of SLAB values, BOXB: the bytes
+    of a row's box (SB plus the largest 16-byte misalignment, whole 16 bytes). K % SLAB == 0."""
     bars = pk.shared_array(u64, 2 * STAGES + 2 + 2 * RAW_STAGES)
     smem = pk.dynamic_shared(pk.u16)
     addr = i32(pk.wgmma_desc(smem, 0, 16, 1024, 0) & u64(0x3FFF)) * 16
@@ -199,10 +207,10 @@ def gemm_q_tn(ta: pk.TensorMap, tw: pk.TensorMap, tc: pk.TensorMap, c: Ptr[pk.f3
         pk.setmaxnreg_dec(PRODUCER_REGS)
         if t == 0:
             load(smem, base, raw0, bars, ta, tw, tiles_m, tiles_n, K // SLAB, BN, STAGES,
-                 GROUP_M, SB)
+                 GROUP_M, SB, BOXB)
         elif t >= 32:
             dequantize(smem, base, raw0, bars, tiles_m, tiles_n, K // SLAB, FMT, WT, BN,
-                       STAGES, SB)
+                       STAGES, SB, BOXB)
     else:
         pk.setmaxnreg_inc(CONSUMER_REGS)
         consume(smem, base, bars, tc, c, M, N, k_tiles, tiles_m, tiles_n, pk.f32, "f16", BN,

@@ -46,6 +46,10 @@ CASES = [  # M, N, K, type, config (None: choose_quant_config), max_blocks[, wei
     (33, 65, 256, "Q4_1", "128x2", 1),
     (33, 65, 256, "Q5_0", "64x2", 1),
     (33, 65, 256, "Q5_1", "64x3", 1),
+    # 210-byte super-blocks: slabs at every even offset from their 16-byte floor (box 224 B)
+    (70, 72, 2048, "Q6_K", "64x2", 1),
+    (33, 132, 2048, "Q3_K", "128x3/tma2", 2),
+    (33, 65, 1024, "Q2_K", "64x2", 1),
 ]
 
 
@@ -90,9 +94,9 @@ def on_cuda():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_K", "Q5_K", "Q4_0"])
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_K", "Q6_K", "Q5_K", "Q4_0"])
 @pytest.mark.parametrize("config", [None, "128x4", "128x3/g16/pp/tma2", "64x2"])
-@pytest.mark.parametrize("M, N, K", [(512, 1024, 4096), (300, 700, 1280)])
+@pytest.mark.parametrize("M, N, K", [(512, 1024, 4096), (300, 700, 2048)])
 def test_gemm_hopper_quant_gpu_is_gemm_hopper_on_f16_weights(M, N, K, type_name, config, rng,
                                                              on_cuda):
     """Same consumers and tiles, same f16 operands: the same bits as gemm_hopper on the
@@ -118,19 +122,26 @@ def test_config_choice_fits():
     # Q8_0's raw slabs (2 x 128 x 272 B) leave no room for the epilogue buffers at 4 stages
     assert Q.choose_quant_config("Q8_0") == G.GemmConfig(128, 4, 16)
     assert Q.choose_quant_config("Q4_K") == G.GemmConfig(128, 4, 16, False, 2)
+    assert Q.choose_quant_config("Q6_K") == G.GemmConfig(128, 4, 16, False, 2)
+    # whole 16 bytes: the slab itself; else it plus the largest offset from its 16-byte floor
+    assert [Q.box_bytes(t) for t in ("Q8_0", "Q4_K", "Q6_K", "Q3_K", "Q2_K")] == \
+        [272, 144, 224, 128, 96]
 
 
 def test_argument_errors(on_cpu):
     a = pk.to_device(np.zeros((64, 256), np.float16))
     q8 = pk.to_device(np.zeros((64, 272), np.uint8))
-    with pytest.raises(ValueError, match="Q6_K is not served"):
-        Q.gemm_hopper_quant(a, pk.to_device(np.zeros((64, 210), np.uint8)), "Q6_K")
+    with pytest.raises(ValueError, match="MXFP4 is not served"):
+        Q.gemm_hopper_quant(a, pk.to_device(np.zeros((64, 136), np.uint8)), "MXFP4")
     with pytest.raises(ValueError, match="K = 288 must be a positive multiple of 256"):
         Q.gemm_hopper_quant(pk.to_device(np.zeros((64, 288), np.float16)), q8, "Q8_0")
     with pytest.raises(TypeError, match="a must be an f16"):
         Q.gemm_hopper_quant(pk.to_device(np.zeros((64, 256), np.float32)), q8, "Q8_0")
     with pytest.raises(ValueError, match=r"w_raw must be uint8 \(N, 144\)"):
         Q.gemm_hopper_quant(a, q8, "Q4_K")
+    with pytest.raises(ValueError, match="K must be a multiple of 2048"):
+        Q.gemm_hopper_quant(pk.to_device(np.zeros((64, 1024), np.float16)),
+                            pk.to_device(np.zeros((64, 840), np.uint8)), "Q6_K")
     with pytest.raises(ValueError, match="out must be a"):
         Q.gemm_hopper_quant(a, q8, "Q8_0", out=pk.empty((64, 63), np.float32))
 
@@ -149,12 +160,13 @@ def test_config_errors(on_cpu):
 
 
 @pytest.mark.parametrize("type_name, config", [("Q8_0", "128x4/g16"), ("Q4_K", "128x4/g16/tma2"),
-                                               ("Q4_K", "128x3/pp/tma2"), ("Q5_K", "64x2")])
+                                               ("Q4_K", "128x3/pp/tma2"), ("Q5_K", "64x2"),
+                                               ("Q6_K", "128x4/g16/tma2")])
 def test_gemm_hopper_quant_assembles_for_sm90a(type_name, config, assemble):
     cfg = G.GemmConfig.parse(config)
     ptx = Q.gemm_q_tn.ptx("sm_90a", FMT=get_format(type_name).id,
                           WT=np.dtype(Q.word_dtype(type_name)), SB=Q.slab_bytes(type_name),
-                          BN=cfg.bn, STAGES=cfg.stages, GROUP_M=cfg.group_m,
+                          BOXB=Q.box_bytes(type_name), BN=cfg.bn, STAGES=cfg.stages, GROUP_M=cfg.group_m,
                           PINGPONG=int(cfg.pingpong), EPI=cfg.epilogue)
     assert f"wgmma.mma_async.sync.aligned.m64n{cfg.bn}k16.f32.f16.f16" in ptx
     assert "cp.async.bulk.tensor.2d.shared::cluster.global" in ptx
