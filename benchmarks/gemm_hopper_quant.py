@@ -2,7 +2,7 @@
 in shared memory) on llama-8B's projections at 512 tokens, beside today's int8 prefill GEMM
 and gemm_hopper on pre-dequantized f16 weights (issue 43). Needs a CUDA GPU with sm_90a.
 
-    python3 benchmarks/gemm_hopper_quant.py [--types Q8_0,Q4_K] [--tokens 512]
+    python3 benchmarks/gemm_hopper_quant.py [--types Q8_0,Q4_K,Q6_K] [--tokens 512]
                                             [--shapes 4096x4096,14336x4096,4096x14336,1024x4096]
                                             [--configs auto,128x4,128x3/tma2]
 
@@ -101,7 +101,7 @@ def bench_shape(type_name, M, N, K, configs, rng):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--types", default="Q8_0,Q4_K")
+    ap.add_argument("--types", default="Q8_0,Q4_K,Q6_K")     # Q4_K_M files: Q4_K and Q6_K
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--shapes", default=SHAPES, help="comma-separated NxK")
     ap.add_argument("--configs", default="auto,128x4,128x3/tma2,128x4/pp,64x4")
