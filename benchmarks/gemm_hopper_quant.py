@@ -4,7 +4,7 @@ and gemm_hopper on pre-dequantized f16 weights (issue 43). Needs a CUDA GPU with
 
     python3 benchmarks/gemm_hopper_quant.py [--types Q8_0,Q4_K,Q6_K] [--tokens 512]
                                             [--shapes 4096x4096,14336x4096,4096x14336,1024x4096]
-                                            [--configs auto,128x4,128x3/tma2]
+                                            [--configs auto,128x4,128x3/raw3]
 
 Per shape (N x K weights, M = tokens) and type, TFLOPS-equivalent (2 M N K / seconds) of
   int8 GEMM   gemm_q8_into on Q8_1 activations (what quant.matmul_into launches for prefill,
@@ -84,8 +84,8 @@ def bench_shape(type_name, M, N, K, configs, rng):
           f"with quantize_q8_1)", flush=True)
 
     for name in configs:
-        config = None if name == "auto" else G.GemmConfig.parse(name)
-        shown = f"auto={Q.choose_quant_config(type_name)}" if config is None else str(config)
+        config = None if name == "auto" else name
+        shown = f"auto={Q.choose_quant_config(type_name)}" if config is None else name
         y.fill(np.nan)
         try:
             Q.gemm_hopper_quant(a16, raw, type_name, out=y, config=config)
@@ -104,7 +104,8 @@ def main():
     ap.add_argument("--types", default="Q8_0,Q4_K,Q6_K")     # Q4_K_M files: Q4_K and Q6_K
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--shapes", default=SHAPES, help="comma-separated NxK")
-    ap.add_argument("--configs", default="auto,128x4,128x3/tma2,128x4/pp,64x4")
+    ap.add_argument("--configs", default="auto,128x4,128x3/tma2,128x3/raw3,128x4/pp,256x3,64x4",
+                    help="comma-separated gemm_hopper configs plus /rawR (raw slab slots)")
     args = ap.parse_args()
     pk.set_device("cuda")
     rng = np.random.default_rng(0)

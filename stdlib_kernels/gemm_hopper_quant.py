@@ -36,7 +36,7 @@ from stdlib_kernels.quant.formats import get_format
 from stdlib_kernels.quant.gemv import word_dtype
 
 __all__ = ["SERVED", "box_bytes", "choose_quant_config", "gemm_hopper_quant", "gemm_q_tn",
-           "quant_shared_bytes"]
+           "parse_quant_config", "quant_shared_bytes"]
 
 SERVED = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 # tried in order by choose_quant_config: the first that fits a block's shared memory
@@ -58,32 +58,46 @@ def box_bytes(type_name: str) -> int:
     return -(-(sb + 16 - math.gcd(sb, 16)) // 16) * 16
 
 
-def quant_shared_bytes(cfg: GemmConfig, type_name: str) -> int:
-    """gemm_hopper's ring, epilogue buffers and alignment pad, plus RAW_STAGES raw slabs."""
+def quant_shared_bytes(cfg: GemmConfig, type_name: str, raw_stages: int = RAW_STAGES) -> int:
+    """gemm_hopper's ring, epilogue buffers and alignment pad, plus raw_stages raw slabs."""
     return (shared_bytes(cfg.bn, cfg.stages, cfg.epilogue)
-            + RAW_STAGES * cfg.bn * box_bytes(type_name))
+            + raw_stages * cfg.bn * box_bytes(type_name))
 
 
-def _fits(cfg: GemmConfig, type_name: str) -> bool:
-    static = 8 * (2 * cfg.stages + 2 + 2 * RAW_STAGES)      # the mbarriers
-    return quant_shared_bytes(cfg, type_name) + static <= SHARED_LIMIT
+def _fits(cfg: GemmConfig, type_name: str, raw_stages: int = RAW_STAGES) -> bool:
+    static = 8 * (2 * cfg.stages + 2 + 2 * raw_stages)      # the mbarriers
+    return quant_shared_bytes(cfg, type_name, raw_stages) + static <= SHARED_LIMIT
 
 
 def choose_quant_config(type_name: str) -> GemmConfig:
-    """The first of CANDIDATES whose ring, epilogue and raw slabs fit a block."""
+    """The first of CANDIDATES whose ring, epilogue and RAW_STAGES raw slabs fit a block."""
     return next(cfg for cfg in CANDIDATES if _fits(cfg, type_name))
 
 
-def _check_config(cfg: GemmConfig, type_name: str, N: int) -> None:
+def parse_quant_config(text: str) -> tuple[GemmConfig, int]:
+    """(GemmConfig, raw_stages) of a gemm_hopper config string plus an optional '/rawR' (R
+    raw slots, default RAW_STAGES): e.g. '128x3/raw3', '128x4/g16/tma2'."""
+    parts = text.split("/")
+    raws = [p for p in parts if p.startswith("raw")]
+    try:
+        raw = int(raws[-1][3:]) if raws else RAW_STAGES
+    except ValueError:
+        raise ValueError(f"gemm_hopper_quant: config {text!r}: '/rawR' takes a number of raw "
+                         f"slots, e.g. 128x3/raw3") from None
+    return GemmConfig.parse("/".join(p for p in parts if not p.startswith("raw"))), raw
+
+
+def _check_config(cfg: GemmConfig, type_name: str, N: int, raw_stages: int) -> None:
     if cfg.bn % 64 or not 64 <= cfg.bn <= 256 or cfg.stages < 1 or cfg.group_m < 1 \
-            or cfg.epilogue < 0:
+            or cfg.epilogue < 0 or raw_stages < 1:
         raise ValueError(f"gemm_hopper_quant: config {cfg!r}: bn must be 64, 128, 192 or 256, "
-                         f"stages and group_m >= 1, epilogue >= 0")
+                         f"stages, group_m and raw stages >= 1, epilogue >= 0")
     if cfg.pingpong and cfg.bn > 128:
         raise ValueError(f"gemm_hopper_quant: config {cfg}: pingpong needs bn <= 128")
-    if not _fits(cfg, type_name):
-        raise ValueError(f"gemm_hopper_quant: config {cfg} with {type_name} needs "
-                         f"{quant_shared_bytes(cfg, type_name)} bytes of shared memory; a "
+    if not _fits(cfg, type_name, raw_stages):
+        raise ValueError(f"gemm_hopper_quant: config {cfg} with {type_name} and {raw_stages} "
+                         f"raw slots needs {quant_shared_bytes(cfg, type_name, raw_stages)} "
+                         f"bytes of shared memory; a "
                          f"block has {SHARED_LIMIT}: fewer stages, a narrower tile or no "
                          f"epilogue buffers")
     if cfg.epilogue and (N * 4) % 16:
@@ -122,21 +136,24 @@ def _check_arrays(a, w_raw, type_name: str, out):
 
 
 def gemm_hopper_quant(a, w_raw, type_name: str, out=None, config=None, max_blocks=None,
-                      stream=None):
+                      stream=None, raw_stages=None):
     """C = A . dequantize(W)^T: a (M, K) f16 and w_raw (N, row_bytes) uint8 device arrays;
-    out (M, N) f32, allocated when None. config: a GemmConfig, its string ('128x4/g16/tma2')
-    or a tuple; None = choose_quant_config. The grid is persistent: min(tiles, max_blocks or
-    the multiprocessor count) blocks. Returns out."""
+    out (M, N) f32, allocated when None. config: a GemmConfig, its string ('128x4/g16/tma2',
+    plus '/rawR' for R raw slots: parse_quant_config) or a tuple; None = choose_quant_config.
+    raw_stages: raw slab slots (overrides the string's; default RAW_STAGES). The grid is
+    persistent: min(tiles, max_blocks or the multiprocessor count) blocks. Returns out."""
     M, N, K, out = _check_arrays(a, w_raw, type_name, out)
+    raw = RAW_STAGES
     if config is None:
         cfg = choose_quant_config(type_name)
     elif isinstance(config, str):
-        cfg = GemmConfig.parse(config)
+        cfg, raw = parse_quant_config(config)
     else:
         cfg = GemmConfig(*config)
+    raw = raw_stages or raw
     if cfg.epilogue and (N * 4) % 16 and config is None:
         cfg = cfg._replace(epilogue=0)
-    _check_config(cfg, type_name, N)
+    _check_config(cfg, type_name, N, raw)
     sb, boxb = slab_bytes(type_name), box_bytes(type_name)
     ta = pk.tensor_map(a, (BM, BK), swizzle=128)
     tw = pk.tensor_map(w_raw.reshape(-1).view(np.uint32).reshape(N, K // SLAB * sb // 4),
@@ -145,7 +162,7 @@ def gemm_hopper_quant(a, w_raw, type_name: str, out=None, config=None, max_block
     tiles = -(-N // cfg.bn) * -(-M // BM)
     grid = min(tiles, max_blocks or multiprocessors())
     fmt = get_format(type_name)
-    gemm_q_tn[grid, THREADS, stream, quant_shared_bytes(cfg, type_name)](
-        ta, tw, tc, out, M, N, K, fmt.id, np.dtype(word_dtype(type_name)), sb, boxb, cfg.bn,
-        cfg.stages, cfg.group_m, int(cfg.pingpong), cfg.epilogue)
+    gemm_q_tn[grid, THREADS, stream, quant_shared_bytes(cfg, type_name, raw)](
+        ta, tw, tc, out, M, N, K, fmt.id, np.dtype(word_dtype(type_name)), sb, boxb, raw,
+        cfg.bn, cfg.stages, cfg.group_m, int(cfg.pingpong), cfg.epilogue)
     return out

@@ -7,20 +7,20 @@ of A 128 x 64 | B BN x 64, 128-byte swizzle, and its epilogues); only the produc
 differs. Its warp 0 lane 0 (the loader) TMA-loads A's 128 x 64 slices into the ring and W's
 raw bytes, BN rows x SLAB values (SB bytes a row: a box of BOXB bytes from the 16-byte floor of
 the slab's first byte, since TMA boxes start at whole 16 bytes; the slab sits at the same offset
-in every row's box), into RAW_STAGES raw slots; its warps 1..3 (the dequantizers, 96 threads) turn each raw
-slab into SLICES slices of B: f16 (decode8's f32 value rounded to nearest even, the f16 GEMM's
-numerics) written in the layout a 128-byte-swizzle TMA load would have left (16-byte chunk x of
-row r at chunk x ^ (r % 8)), then arrive on the slot's full barrier beside the loader's
+in every row's box), into RAW raw slots; its warps 1..3 (the dequantizers, 96 threads) turn
+each raw slab into SLICES slices of B: f16 (decode8's f32 value rounded to nearest even, the
+f16 GEMM's numerics) written in the layout a 128-byte-swizzle TMA load would have left (16-byte
+chunk x of row r at chunk x ^ (r % 8)), then arrive on the slot's full barrier beside the loader's
 expect-tx arrival. Barriers (bars):
 
     full[s] = s (1 + 96 arrivals + A's bytes)  empty[s] = S + s (the consumers')
     order[h] = 2 S + h (ping-pong turns)         raw_full[r] = 2 S + 2 + r (1 + W's bytes)
-    raw_empty[r] = 2 S + 2 + RAW_STAGES + r (the 96 dequantizers, once a slab)
+    raw_empty[r] = 2 S + 2 + RAW + r (the 96 dequantizers, once a slab)
 
-    shared (dynamic): [pad to 1024 B] ring (gemm_hopper's) | epilogue boxes | raw slot 0 | 1
+    shared (dynamic): [pad to 1024 B] ring (gemm_hopper's) | epilogue boxes | raw slots
 
 A block's slabs are numbered q = 0, 1, ... over its tiles (slabs_per_tile = K / SLAB each);
-the loader issues raw slab q + RAW_STAGES - 1 before A's slices of slab q, so a slab's bytes
+the loader issues raw slab q + RAW - 1 before A's slices of slab q, so a slab's bytes
 are in flight while the slab before it is dequantized."""
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from stdlib_kernels.quant.formats import Q8_0
 
 SLAB = 256                          # K values per raw copy (Q8_0: 8 blocks = 272 B = 17 x 16)
 SLICES = SLAB // BK                 # ring slices per slab
-RAW_STAGES = 2
+RAW_STAGES = 2                      # raw slots by default (the RAW Const)
 DEQUANT_THREADS = 96                # producer warps 1..3
 CONSUMER_WARPS = 8
 # 128 x (96 + 2 x 208) = 65536: the dequantizers need more than gemm_hopper's 40 registers
@@ -55,14 +55,14 @@ def slab_origin(q: i32, slabs: i32, tiles_m: i32, tiles_n: i32, BN: Const[int],
 @pk.func
 def load_raw(smem, raw0: i32, bars, tw, q: i32, slabs: i32, tiles_m: i32, tiles_n: i32,
              BN: Const[int], STAGES: Const[int], GROUP_M: Const[int], SB: Const[int],
-             BOXB: Const[int]):
+             BOXB: Const[int], RAW: Const[int]):
     """Slab q's BN rows of BOXB raw bytes from the 16-byte floor of its first byte into raw
-    slot q % RAW_STAGES once the dequantizers freed it (tw: W's bytes as u32 words, box BN x
+    slot q % RAW once the dequantizers freed it (tw: W's bytes as u32 words, box BN x
     BOXB / 4)."""
     rf = 2 * STAGES + 2
-    r = q % RAW_STAGES
-    if q >= RAW_STAGES:
-        pk.mbarrier_wait(bars, rf + RAW_STAGES + r, (q // RAW_STAGES - 1) % 2)
+    r = q % RAW
+    if q >= RAW:
+        pk.mbarrier_wait(bars, rf + RAW + r, (q // RAW - 1) % 2)
     m0, n0, k0 = slab_origin(q, slabs, tiles_m, tiles_n, BN, GROUP_M)
     pk.mbarrier_arrive_expect_tx(bars, rf + r, BN * BOXB)
     pk.tma_load(smem, raw0 + r * (BN * BOXB // 2), tw, (n0, k0 // SLAB * SB // 16 * 4), bars,
@@ -72,8 +72,8 @@ def load_raw(smem, raw0: i32, bars, tw, q: i32, slabs: i32, tiles_m: i32, tiles_
 @pk.func
 def load(smem, base: i32, raw0: i32, bars, ta, tw, tiles_m: i32, tiles_n: i32, slabs: i32,
          BN: Const[int], STAGES: Const[int], GROUP_M: Const[int], SB: Const[int],
-         BOXB: Const[int]):
-    """The loader (one thread): every slab's raw bytes, RAW_STAGES - 1 slabs ahead, and A's
+         BOXB: Const[int], RAW: Const[int]):
+    """The loader (one thread): every slab's raw bytes, RAW - 1 slabs ahead, and A's
     slices into the ring in the consumers' order."""
     slot = (BM + BN) * BK
     tiles = tiles_m * tiles_n
@@ -81,14 +81,14 @@ def load(smem, base: i32, raw0: i32, bars, ta, tw, tiles_m: i32, tiles_n: i32, s
     if pk.block_idx.x < tiles:
         mine = (tiles - pk.block_idx.x + pk.grid_dim.x - 1) // pk.grid_dim.x
     total = mine * slabs
-    for q in range(min(RAW_STAGES - 1, total)):
+    for q in range(min(RAW - 1, total)):
         load_raw(smem, raw0, bars, tw, q, slabs, tiles_m, tiles_n, BN, STAGES, GROUP_M, SB,
-                 BOXB)
+                 BOXB, RAW)
     it = 0
     for q in range(total):
-        if q + RAW_STAGES - 1 < total:
-            load_raw(smem, raw0, bars, tw, q + RAW_STAGES - 1, slabs, tiles_m, tiles_n, BN,
-                     STAGES, GROUP_M, SB, BOXB)
+        if q + RAW - 1 < total:
+            load_raw(smem, raw0, bars, tw, q + RAW - 1, slabs, tiles_m, tiles_n, BN,
+                     STAGES, GROUP_M, SB, BOXB, RAW)
         m0, n0, k0 = slab_origin(q, slabs, tiles_m, tiles_n, BN, GROUP_M)
         for j in pk.static_range(SLICES):
             s = it % STAGES
@@ -135,16 +135,19 @@ def dequant_slice(words, wbase: i32, out32, b32: i32, j: i32, p: i32, FMT: Const
     """Slice j (values 64 j..) of the raw slab at word wbase (rows BOXB bytes apart, words of
     WB bytes) as f16 into B at u32 index b32: thread p takes 8-value chunks p, p + 96, ...
     (chunk x of row r: values 8 x.., stored at 16-byte chunk x ^ (r % 8) of B's row r)."""
-    for u in range(p, BN * 8, DEQUANT_THREADS):
-        r, x = u // 8, u % 8
-        p0, p1, p2, p3 = dequant_chunk(words, wbase + r * (BOXB // WB), j * BK + 8 * x, FMT)
-        pk.store_vec(out32, b32 + r * 32 + (x ^ (r % 8)) * 4, (p0, p1, p2, p3))
+    for i in pk.static_range((BN * 8 + DEQUANT_THREADS - 1) // DEQUANT_THREADS):
+        u = p + i * DEQUANT_THREADS         # unrolled: one chunk's loads overlap another's math
+        if u < BN * 8:
+            r, x = u // 8, u % 8
+            p0, p1, p2, p3 = dequant_chunk(words, wbase + r * (BOXB // WB), j * BK + 8 * x,
+                                           FMT)
+            pk.store_vec(out32, b32 + r * 32 + (x ^ (r % 8)) * 4, (p0, p1, p2, p3))
 
 
 @pk.func
 def dequantize(smem, base: i32, raw0: i32, bars, tiles_m: i32, tiles_n: i32, slabs: i32,
                FMT: Const[int], WT: Const[pk.dtype], BN: Const[int], STAGES: Const[int],
-               SB: Const[int], BOXB: Const[int]):
+               SB: Const[int], BOXB: Const[int], RAW: Const[int]):
     """A dequantizer thread (p = 0..95): each slab's SLICES slices into the ring's B halves,
     in the loader's order; raw slot r is released after the slab's last slice."""
     words = pk.dynamic_shared(WT)
@@ -159,8 +162,8 @@ def dequantize(smem, base: i32, raw0: i32, bars, tiles_m: i32, tiles_n: i32, sla
         mine = (tiles - pk.block_idx.x + pk.grid_dim.x - 1) // pk.grid_dim.x
     it = 0
     for q in range(mine * slabs):
-        r = q % RAW_STAGES
-        pk.mbarrier_wait(bars, rf + r, (q // RAW_STAGES) % 2)
+        r = q % RAW
+        pk.mbarrier_wait(bars, rf + r, (q // RAW) % 2)
         # the slab's first byte, SB x (its index in the tile) mod 16 into each row's box
         wbase = (2 * raw0 + r * BN * BOXB + (q % slabs) * SB % 16) // WB
         for j in pk.static_range(SLICES):
@@ -172,19 +175,20 @@ def dequantize(smem, base: i32, raw0: i32, bars, tiles_m: i32, tiles_n: i32, sla
             pk.fence_proxy_async()                      # generic writes -> wgmma's reads
             pk.mbarrier_arrive(bars, s)
             it += 1
-        pk.mbarrier_arrive(bars, rf + RAW_STAGES + r)
+        pk.mbarrier_arrive(bars, rf + RAW + r)
 
 
 @pk.kernel(max_threads=THREADS, min_blocks=1)
 def gemm_q_tn(ta: pk.TensorMap, tw: pk.TensorMap, tc: pk.TensorMap, c: Ptr[pk.f32], M: i32,
               N: i32, K: i32, FMT: Const[int], WT: Const[pk.dtype], SB: Const[int],
-              BOXB: Const[int], BN: Const[int], STAGES: Const[int], GROUP_M: Const[int], PINGPONG: Const[int],
-              EPI: Const[int]):
+              BOXB: Const[int], RAW: Const[int], BN: Const[int], STAGES: Const[int],
+              GROUP_M: Const[int], PINGPONG: Const[int], EPI: Const[int]):
     """ta: A (M x K f16, box 128 x 64, 128-byte swizzle); tw: W's rows as u32 words (box BN x
     BOXB / 4, no swizzle); tc: C's map for EPI > 0 (as gemm_tn's), c: C for EPI == 0. FMT: the
     ggml type id, WT: decode8's word type for it, SB: bytes of SLAB values, BOXB: the bytes
-    of a row's box (SB plus the largest 16-byte misalignment, whole 16 bytes). K % SLAB == 0."""
-    bars = pk.shared_array(u64, 2 * STAGES + 2 + 2 * RAW_STAGES)
+    of a row's box (SB plus the largest 16-byte misalignment, whole 16 bytes), RAW: raw
+    slots. K % SLAB == 0."""
+    bars = pk.shared_array(u64, 2 * STAGES + 2 + 2 * RAW)
     smem = pk.dynamic_shared(pk.u16)
     addr = i32(pk.wgmma_desc(smem, 0, 16, 1024, 0) & u64(0x3FFF)) * 16
     base = ((SWIZZLE_ALIGN - addr % SWIZZLE_ALIGN) % SWIZZLE_ALIGN) // 2
@@ -196,9 +200,9 @@ def gemm_q_tn(ta: pk.TensorMap, tw: pk.TensorMap, tc: pk.TensorMap, c: Ptr[pk.f3
             pk.mbarrier_init(bars, STAGES + s, 128 if PINGPONG else 256)
         for h in pk.static_range(2):
             pk.mbarrier_init(bars, 2 * STAGES + h, 128)
-        for r in pk.static_range(RAW_STAGES):
+        for r in pk.static_range(RAW):
             pk.mbarrier_init(bars, 2 * STAGES + 2 + r, 1)
-            pk.mbarrier_init(bars, 2 * STAGES + 2 + RAW_STAGES + r, DEQUANT_THREADS)
+            pk.mbarrier_init(bars, 2 * STAGES + 2 + RAW + r, DEQUANT_THREADS)
         pk.fence_mbarrier_init()
     pk.syncthreads()
     k_tiles = K // BK
@@ -207,10 +211,10 @@ def gemm_q_tn(ta: pk.TensorMap, tw: pk.TensorMap, tc: pk.TensorMap, c: Ptr[pk.f3
         pk.setmaxnreg_dec(PRODUCER_REGS)
         if t == 0:
             load(smem, base, raw0, bars, ta, tw, tiles_m, tiles_n, K // SLAB, BN, STAGES,
-                 GROUP_M, SB, BOXB)
+                 GROUP_M, SB, BOXB, RAW)
         elif t >= 32:
             dequantize(smem, base, raw0, bars, tiles_m, tiles_n, K // SLAB, FMT, WT, BN,
-                       STAGES, SB, BOXB)
+                       STAGES, SB, BOXB, RAW)
     else:
         pk.setmaxnreg_inc(CONSUMER_REGS)
         consume(smem, base, bars, tc, c, M, N, k_tiles, tiles_m, tiles_n, pk.f32, "f16", BN,

@@ -46,6 +46,9 @@ CASES = [  # M, N, K, type, config (None: choose_quant_config), max_blocks[, wei
     (33, 65, 256, "Q4_1", "128x2", 1),
     (33, 65, 256, "Q5_0", "64x2", 1),
     (33, 65, 256, "Q5_1", "64x3", 1),
+    # one raw slot (each slab loaded once the last is dequantized), three (two slabs ahead)
+    (70, 72, 512, "Q8_0", "64x2/raw1", 1),
+    (130, 72, 1024, "Q4_K", "64x2/raw3", 2),
     # 210-byte super-blocks: slabs at every even offset from their 16-byte floor (box 224 B)
     (70, 72, 2048, "Q6_K", "64x2", 1),
     (33, 132, 2048, "Q3_K", "128x3/tma2", 2),
@@ -157,19 +160,26 @@ def test_config_errors(on_cpu):
         Q.gemm_hopper_quant(a, q8, "Q8_0", config="256x1/pp")
     with pytest.raises(ValueError, match="bn must be 64, 128, 192 or 256"):
         Q.gemm_hopper_quant(a, q8, "Q8_0", config=(96, 2))
+    with pytest.raises(ValueError, match="raw stages >= 1"):
+        Q.gemm_hopper_quant(a, q8, "Q8_0", config="64x2/raw0")
+    with pytest.raises(ValueError, match="takes a number of raw slots"):
+        Q.gemm_hopper_quant(a, q8, "Q8_0", config="64x2/rawx")
+    with pytest.raises(ValueError, match="and 3 raw slots needs"):
+        Q.gemm_hopper_quant(a, q8, "Q8_0", config="128x4", raw_stages=3)
 
 
-@pytest.mark.parametrize("type_name, config", [("Q8_0", "128x4/g16"), ("Q4_K", "128x4/g16/tma2"),
+@pytest.mark.parametrize("type_name, config", [("Q8_0", "128x4/g16"), ("Q8_0", "128x3/raw3"),
+                                               ("Q4_K", "128x4/g16/tma2"),
                                                ("Q4_K", "128x3/pp/tma2"), ("Q5_K", "64x2"),
                                                ("Q6_K", "128x4/g16/tma2")])
 def test_gemm_hopper_quant_assembles_for_sm90a(type_name, config, assemble):
-    cfg = G.GemmConfig.parse(config)
+    cfg, raw = Q.parse_quant_config(config)
     ptx = Q.gemm_q_tn.ptx("sm_90a", FMT=get_format(type_name).id,
                           WT=np.dtype(Q.word_dtype(type_name)), SB=Q.slab_bytes(type_name),
-                          BOXB=Q.box_bytes(type_name), BN=cfg.bn, STAGES=cfg.stages, GROUP_M=cfg.group_m,
-                          PINGPONG=int(cfg.pingpong), EPI=cfg.epilogue)
+                          BOXB=Q.box_bytes(type_name), RAW=raw, BN=cfg.bn, STAGES=cfg.stages,
+                          GROUP_M=cfg.group_m, PINGPONG=int(cfg.pingpong), EPI=cfg.epilogue)
     assert f"wgmma.mma_async.sync.aligned.m64n{cfg.bn}k16.f32.f16.f16" in ptx
     assert "cp.async.bulk.tensor.2d.shared::cluster.global" in ptx
     assert "setmaxnreg.dec.sync.aligned.u32 96" in ptx and ".maxntid 384" in ptx
-    assert Q.quant_shared_bytes(cfg, type_name) <= G.SHARED_LIMIT
+    assert Q.quant_shared_bytes(cfg, type_name, raw) <= G.SHARED_LIMIT
     assemble(ptx, "sm_90a")
