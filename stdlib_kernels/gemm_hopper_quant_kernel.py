@@ -29,9 +29,7 @@ from pykernel import Const, Ptr, i32, u32, u64
 
 from stdlib_kernels.gemm_hopper_kernel import BK, BM, EPI_BOX_BYTES, SWIZZLE_ALIGN, THREADS, \
     consume, tile_origin
-from stdlib_kernels.quant.decode8_k import decode8
-from stdlib_kernels.quant.dot_q8 import pair16
-from stdlib_kernels.quant.formats import Q8_0
+from stdlib_kernels.gemm_hopper_quant_dequant import dequant_chunk
 
 SLAB = 256                          # K values per raw copy (Q8_0: 8 blocks = 272 B = 17 x 16)
 SLICES = SLAB // BK                 # ring slices per slab
@@ -97,36 +95,6 @@ def load(smem, base: i32, raw0: i32, bars, ta, tw, tiles_m: i32, tiles_n: i32, s
             pk.mbarrier_arrive_expect_tx(bars, s, BM * BK * 2)
             pk.tma_load(smem, base + s * slot, ta, (m0, k0 + j * BK), bars, s)
             it += 1
-
-
-@pk.func
-def q8_0_chunk(words, wrow: i32, v: i32):
-    """Q8_0 values v..v+7 (v % 8 == 0) of the row at u16 word wrow as 4 f16 pairs, in f16
-    arithmetic: the int8 q is exact in f16 (1024 + 128 + q from its byte, minus 1152) and
-    d x q, exact in f32, is rounded once, so each pair equals pack_f16x2 of decode8's f32
-    values (Q8_0 block: 17 u16 = d | qs[32])."""
-    b = wrow + 17 * (v // 32)
-    qs = b + 1 + (v % 32) // 2
-    d = u32(words[b])
-    scale = d | (d << u32(16))
-    out = pk.local_array(u32, 4)
-    for h in pk.static_range(2):
-        biased = pair16(words, qs + 2 * h) ^ u32(0x80808080)   # q + 128 in each byte
-        for i in pk.static_range(2):
-            pair = pk.prmt(biased, u32(0x64646464), u32(0x4140 + 0x202 * i))
-            out[2 * h + i] = pk.mul_f16x2(pk.sub_f16x2(pair, u32(0x64806480)), scale)
-    return out[0], out[1], out[2], out[3]
-
-
-@pk.func
-def dequant_chunk(words, wrow: i32, v: i32, FMT: Const[int]):
-    """Values v..v+7 of the raw row at word wrow as 4 f16 pairs (decode8's values rounded
-    to nearest even; Q8_0 by q8_0_chunk, the same bits in fewer instructions)."""
-    if FMT == Q8_0:
-        return q8_0_chunk(words, wrow, v)
-    v0, v1, v2, v3, v4, v5, v6, v7 = decode8(FMT, words, wrow, v)
-    return (pk.pack_f16x2(v0, v1), pk.pack_f16x2(v2, v3), pk.pack_f16x2(v4, v5),
-            pk.pack_f16x2(v6, v7))
 
 
 @pk.func

@@ -13,6 +13,9 @@ import pykernel as pk
 from stdlib_kernels import gemm_hopper as G
 from stdlib_kernels import gemm_hopper_quant as Q
 from stdlib_kernels.quant import reference as ref
+from pykernel import Const, Ptr, i32, u32
+from stdlib_kernels.gemm_hopper_quant_dequant import dequant_chunk
+from stdlib_kernels.quant.decode8_k import decode8
 from stdlib_kernels.quant.formats import get_format
 
 F32_EPS = 2.0 ** -24
@@ -73,6 +76,43 @@ def test_gemm_hopper_quant_bit_exact_on_cpu(case, rng, on_cpu):
                         config=config, max_blocks=max_blocks)
     want = _k_order_reference(a.astype(np.float32), w32)
     np.testing.assert_array_equal(out.numpy().view(np.uint32), want.view(np.uint32))
+
+
+@pk.kernel
+def _chunks_both_ways(w: Ptr["WT"], fast: Ptr[u32], slow: Ptr[u32], row_words: i32, chunks: i32,
+                      FMT: Const[int], WT: Const[pk.dtype]):
+    """Chunk i (row i // 32, values 8 (i % 32)..) by dequant_chunk and by decode8 + pack."""
+    i = pk.block_idx.x * pk.block_dim.x + pk.thread_idx.x
+    if i < chunks:
+        wrow, v = (i // 32) * row_words, 8 * (i % 32)
+        f0, f1, f2, f3 = dequant_chunk(w, wrow, v, FMT)
+        v0, v1, v2, v3, v4, v5, v6, v7 = decode8(FMT, w, wrow, v)
+        pk.store_vec(fast, 4 * i, (f0, f1, f2, f3))
+        pk.store_vec(slow, 4 * i, (pk.pack_f16x2(v0, v1), pk.pack_f16x2(v2, v3),
+                                   pk.pack_f16x2(v4, v5), pk.pack_f16x2(v6, v7)))
+
+
+# where the f16 scales sit in a block (kept finite: random bytes there could be NaN / inf)
+SCALES = {"Q8_0": (0, 1), "Q4_K": (0, 2), "Q6_K": (104, 1)}     # (first u16, count)
+
+
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_K", "Q6_K"])
+def test_fast_chunks_equal_decode8_on_random_bytes(type_name, rng, on_cpu):
+    """Every quant bit pattern (random bytes: Q4_K's 6-bit scales and mins, Q6_K's high
+    bits and signed scales), scales from 2^-24 (f16 subnormals) to 2^4: the same bits."""
+    fmt = get_format(type_name)
+    rows, per = 64, 256 // fmt.block_elems
+    raw = np.frombuffer(rng.bytes(rows * per * fmt.block_bytes), np.uint8).copy()
+    halves = raw.view(np.uint16).reshape(rows * per, -1)
+    at, count = SCALES[type_name]
+    scales = 2.0 ** rng.uniform(-24, 4, (rows * per, count)) * rng.choice([-1, 1], (rows * per,
+                                                                                     count))
+    halves[:, at:at + count] = scales.astype(np.float16).view(np.uint16)
+    words = pk.to_device(raw.view(Q.word_dtype(type_name)))
+    fast, slow = pk.full((rows * 128,), 0xFFFFFFFF, np.uint32), pk.zeros((rows * 128,), np.uint32)
+    _chunks_both_ways[(rows * 32 + 127) // 128, 128](
+        words, fast, slow, words.size // rows, rows * 32, fmt.id, words.dtype)
+    np.testing.assert_array_equal(fast.numpy(), slow.numpy())
 
 
 def test_q8_0_weights_round_to_f16_within_half_an_ulp(rng):
