@@ -4,14 +4,15 @@ memory, accumulated in f32 by wgmma (sm_90a; the CPU target emulates it).
 
 gemm_hopper_kernel.py's consumers run unchanged (`consume`: wgmma m64nBNk16 f16 on ring slots
 of A 128 x 64 | B BN x 64, 128-byte swizzle, and its epilogues); only the producer warpgroup
-differs. Its warp 0 lane 0 (the loader) TMA-loads A's 128 x 64 slices into the ring and W's
-raw bytes, BN rows x SLAB values (SB bytes a row: a box of BOXB bytes from the 16-byte floor of
-the slab's first byte, since TMA boxes start at whole 16 bytes; the slab sits at the same offset
-in every row's box), into RAW raw slots; its warps 1..3 (the dequantizers, 96 threads) turn
-each raw slab into SLICES slices of B: f16 (decode8's f32 value rounded to nearest even, the
-f16 GEMM's numerics) written in the layout a 128-byte-swizzle TMA load would have left (16-byte
-chunk x of row r at chunk x ^ (r % 8)), then arrive on the slot's full barrier beside the loader's
-expect-tx arrival. Barriers (bars):
+differs. Its warp 0 lane 0 (the A loader) TMA-loads A's 128 x 64 slices into the ring; its
+warps 1..3 (the dequantizers, 96 threads) turn W's raw bytes into the slots' B halves: their
+thread 0 TMA-loads BN rows x SLAB values a slab (SB bytes a row: a box of BOXB bytes from the
+16-byte floor of the slab's first byte, since TMA boxes start at whole 16 bytes; the slab sits
+at the same offset in every row's box) into RAW raw slots, and all 96 write each slab's SLICES
+slices of B as f16 (decode8's f32 value rounded to nearest even, the f16 GEMM's numerics;
+gemm_hopper_quant_dequant.py) in the layout a 128-byte-swizzle TMA load would have left
+(16-byte chunk x of row r at chunk x ^ (r % 8)), then arrive on the slot's full barrier beside
+the A loader's expect-tx arrival. Barriers (bars):
 
     full[s] = s (1 + 96 arrivals + A's bytes)  empty[s] = S + s (the consumers')
     order[h] = 2 S + h (ping-pong turns)         raw_full[r] = 2 S + 2 + r (1 + W's bytes)
@@ -20,8 +21,9 @@ expect-tx arrival. Barriers (bars):
     shared (dynamic): [pad to 1024 B] ring (gemm_hopper's) | epilogue boxes | raw slots
 
 A block's slabs are numbered q = 0, 1, ... over its tiles (slabs_per_tile = K / SLAB each);
-the loader issues raw slab q + RAW - 1 before A's slices of slab q, so a slab's bytes
-are in flight while the slab before it is dequantized."""
+slab q + RAW - 1 is loaded as the dequantizers begin slab q, into the slot slab q - 1 left, so
+its bytes are in flight while slab q is dequantized; the A loader runs independently, up to
+STAGES slices ahead of the consumers."""
 from __future__ import annotations
 
 import pykernel as pk
@@ -68,32 +70,29 @@ def load_raw(smem, raw0: i32, bars, tw, q: i32, slabs: i32, tiles_m: i32, tiles_
 
 
 @pk.func
-def load(smem, base: i32, raw0: i32, bars, ta, tw, tiles_m: i32, tiles_n: i32, slabs: i32,
-         BN: Const[int], STAGES: Const[int], GROUP_M: Const[int], SB: Const[int],
-         BOXB: Const[int], RAW: Const[int]):
-    """The loader (one thread): every slab's raw bytes, RAW - 1 slabs ahead, and A's
-    slices into the ring in the consumers' order."""
-    slot = (BM + BN) * BK
-    tiles = tiles_m * tiles_n
+def my_tiles(tiles: i32):
+    """How many of the `tiles` this block takes (block, block + grid, ...)."""
     mine = 0
     if pk.block_idx.x < tiles:
         mine = (tiles - pk.block_idx.x + pk.grid_dim.x - 1) // pk.grid_dim.x
-    total = mine * slabs
-    for q in range(min(RAW - 1, total)):
-        load_raw(smem, raw0, bars, tw, q, slabs, tiles_m, tiles_n, BN, STAGES, GROUP_M, SB,
-                 BOXB, RAW)
+    return mine
+
+
+@pk.func
+def load_a(smem, base: i32, bars, ta, tiles_m: i32, tiles_n: i32, k_tiles: i32,
+           BN: Const[int], STAGES: Const[int], GROUP_M: Const[int]):
+    """The A loader (one thread): A's 128 x 64 slices into the ring in the consumers' order,
+    slot s once the consumers freed it (the dequantizers fill its B half)."""
+    slot = (BM + BN) * BK
     it = 0
-    for q in range(total):
-        if q + RAW - 1 < total:
-            load_raw(smem, raw0, bars, tw, q + RAW - 1, slabs, tiles_m, tiles_n, BN,
-                     STAGES, GROUP_M, SB, BOXB, RAW)
-        m0, n0, k0 = slab_origin(q, slabs, tiles_m, tiles_n, BN, GROUP_M)
-        for j in pk.static_range(SLICES):
+    for tile in range(pk.block_idx.x, tiles_m * tiles_n, pk.grid_dim.x):
+        m0, n0 = tile_origin(tile, tiles_m, tiles_n, BN, GROUP_M)
+        for kt in range(k_tiles):
             s = it % STAGES
-            if it >= STAGES:                            # the consumers freed slot s
+            if it >= STAGES:
                 pk.mbarrier_wait(bars, STAGES + s, (it // STAGES - 1) % 2)
             pk.mbarrier_arrive_expect_tx(bars, s, BM * BK * 2)
-            pk.tma_load(smem, base + s * slot, ta, (m0, k0 + j * BK), bars, s)
+            pk.tma_load(smem, base + s * slot, ta, (m0, kt * BK), bars, s)
             it += 1
 
 
@@ -115,21 +114,27 @@ def dequant_slice(words, wbase: i32, out32, b32: i32, j: i32, p: i32, FMT: Const
 @pk.func
 def dequantize(smem, base: i32, raw0: i32, bars, tiles_m: i32, tiles_n: i32, slabs: i32,
                FMT: Const[int], WT: Const[pk.dtype], BN: Const[int], STAGES: Const[int],
-               SB: Const[int], BOXB: Const[int], RAW: Const[int]):
+               GROUP_M: Const[int], SB: Const[int], BOXB: Const[int], RAW: Const[int], tw):
     """A dequantizer thread (p = 0..95): each slab's SLICES slices into the ring's B halves,
-    in the loader's order; raw slot r is released after the slab's last slice."""
+    in the A loader's order; raw slot r is released after the slab's last slice. Thread 0
+    also loads the raw slabs, RAW - 1 ahead: slab q + RAW - 1 as slab q begins, into the slot
+    slab q - 1 left (so its bytes are in flight while slab q is dequantized)."""
     words = pk.dynamic_shared(WT)
     out32 = pk.dynamic_shared(u32)
     WB = 4 if WT == pk.u32 else 2
     p = pk.thread_idx.x - 32
     slot = (BM + BN) * BK
     rf = 2 * STAGES + 2
-    tiles = tiles_m * tiles_n
-    mine = 0
-    if pk.block_idx.x < tiles:
-        mine = (tiles - pk.block_idx.x + pk.grid_dim.x - 1) // pk.grid_dim.x
+    total = my_tiles(tiles_m * tiles_n) * slabs
+    if p == 0:
+        for q in range(min(RAW - 1, total)):
+            load_raw(smem, raw0, bars, tw, q, slabs, tiles_m, tiles_n, BN, STAGES, GROUP_M,
+                     SB, BOXB, RAW)
     it = 0
-    for q in range(mine * slabs):
+    for q in range(total):
+        if p == 0 and q + RAW - 1 < total:
+            load_raw(smem, raw0, bars, tw, q + RAW - 1, slabs, tiles_m, tiles_n, BN, STAGES,
+                     GROUP_M, SB, BOXB, RAW)
         r = q % RAW
         pk.mbarrier_wait(bars, rf + r, (q // RAW) % 2)
         # the slab's first byte, SB x (its index in the tile) mod 16 into each row's box
@@ -178,11 +183,10 @@ def gemm_q_tn(ta: pk.TensorMap, tw: pk.TensorMap, tc: pk.TensorMap, c: Ptr[pk.f3
     if t < 128:
         pk.setmaxnreg_dec(PRODUCER_REGS)
         if t == 0:
-            load(smem, base, raw0, bars, ta, tw, tiles_m, tiles_n, K // SLAB, BN, STAGES,
-                 GROUP_M, SB, BOXB, RAW)
+            load_a(smem, base, bars, ta, tiles_m, tiles_n, k_tiles, BN, STAGES, GROUP_M)
         elif t >= 32:
             dequantize(smem, base, raw0, bars, tiles_m, tiles_n, K // SLAB, FMT, WT, BN,
-                       STAGES, SB, BOXB, RAW)
+                       STAGES, GROUP_M, SB, BOXB, RAW, tw)
     else:
         pk.setmaxnreg_inc(CONSUMER_REGS)
         consume(smem, base, bars, tc, c, M, N, k_tiles, tiles_m, tiles_n, pk.f32, "f16", BN,
