@@ -104,8 +104,10 @@ def main():
     ap.add_argument("--types", default="Q8_0,Q4_K,Q6_K")     # Q4_K_M files: Q4_K and Q6_K
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--shapes", default=SHAPES, help="comma-separated NxK")
-    ap.add_argument("--configs", default="auto,128x4,128x3/tma2,128x3/raw3,128x4/pp,256x3,64x4",
-                    help="comma-separated gemm_hopper configs plus /rawR (raw slab slots)")
+    ap.add_argument("--configs", default="auto,128x4,128x3/tma2,128x3/raw3,128x4/pp,256x3,"
+                    "64x4,128x3/m256,64x4/m256,128x2/m256/tma2",
+                    help="comma-separated QuantConfig strings: gemm_hopper's plus /rawR (raw "
+                         "slab slots) and /m256 (256-row tiles)")
     args = ap.parse_args()
     pk.set_device("cuda")
     rng = np.random.default_rng(0)

@@ -24,6 +24,7 @@ whole 16 bytes (Q6_K's 210-byte super-blocks) is read from the 16-byte floor in 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -35,14 +36,44 @@ from stdlib_kernels.gemm_hopper_quant_kernel import RAW_STAGES, SLAB, gemm_q_tn
 from stdlib_kernels.quant.formats import get_format
 from stdlib_kernels.quant.gemv import word_dtype
 
-__all__ = ["SERVED", "box_bytes", "choose_quant_config", "gemm_hopper_quant", "gemm_q_tn",
-           "parse_quant_config", "quant_shared_bytes"]
+__all__ = ["SERVED", "QuantConfig", "as_quant_config", "box_bytes", "choose_quant_config",
+           "gemm_hopper_quant", "gemm_q_tn", "quant_shared_bytes"]
 
 SERVED = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+class QuantConfig(NamedTuple):
+    """gemm: gemm_hopper's options (tile width, ring slots, tile order, ping-pong, epilogue);
+    raw_stages: raw slab slots (the dequantizers' copies run raw_stages - 1 slabs ahead); bm:
+    tile rows, 128 (gemm_hopper's consumers) or 256 (both consumer warpgroups on one tile, 128
+    rows each: half the dequantization per multiply-add, half the tiles; no ping-pong)."""
+    gemm: GemmConfig
+    raw_stages: int = RAW_STAGES
+    bm: int = BM
+
+    @classmethod
+    def parse(cls, text: str) -> QuantConfig:
+        """A gemm_hopper config string plus optional '/rawR' (raw slots) and '/m256' (tile
+        rows): e.g. '128x3/raw3', '128x3/m256/tma2'."""
+        parts = text.split("/")
+        ours = [p for p in parts if p.startswith(("raw", "m"))]
+        fields = {}
+        try:
+            for opt in ours:
+                fields["raw_stages" if opt.startswith("raw") else "bm"] = int(
+                    opt[3:] if opt.startswith("raw") else opt[1:])
+        except ValueError:
+            raise ValueError(f"gemm_hopper_quant: config {text!r}: '/rawR' takes a number of "
+                             f"raw slots, '/mB' tile rows, e.g. 128x3/raw3/m256") from None
+        return cls(GemmConfig.parse("/".join(p for p in parts if p not in ours)), **fields)
+
+    def __str__(self) -> str:
+        return (str(self.gemm) + (f"/raw{self.raw_stages}" if self.raw_stages != RAW_STAGES
+                                  else "") + (f"/m{self.bm}" if self.bm != BM else ""))
+
+
 # tried in order by choose_quant_config: the first that fits a block's shared memory
-CANDIDATES = [GemmConfig(128, 4, 16, False, 2), GemmConfig(128, 4, 16),
-              GemmConfig(128, 3, 16, False, 2), GemmConfig(128, 3, 16),
-              GemmConfig(128, 2, 16), GemmConfig(64, 2, 16)]
+CANDIDATES = [QuantConfig(GemmConfig(128, 4, 16, False, 2)), QuantConfig(GemmConfig(128, 4, 16)),
+              QuantConfig(GemmConfig(128, 3, 16, False, 2)), QuantConfig(GemmConfig(128, 3, 16)),
+              QuantConfig(GemmConfig(128, 2, 16)), QuantConfig(GemmConfig(64, 2, 16))]
 
 
 def slab_bytes(type_name: str) -> int:
@@ -58,50 +89,49 @@ def box_bytes(type_name: str) -> int:
     return -(-(sb + 16 - math.gcd(sb, 16)) // 16) * 16
 
 
-def quant_shared_bytes(cfg: GemmConfig, type_name: str, raw_stages: int = RAW_STAGES) -> int:
-    """gemm_hopper's ring, epilogue buffers and alignment pad, plus raw_stages raw slabs."""
-    return (shared_bytes(cfg.bn, cfg.stages, cfg.epilogue)
-            + raw_stages * cfg.bn * box_bytes(type_name))
+def quant_shared_bytes(qc: QuantConfig, type_name: str) -> int:
+    """The ring of (bm + bn) x 64 f16 slots, the epilogue buffers, the alignment pad and the
+    raw slabs."""
+    cfg = qc.gemm
+    return (shared_bytes(cfg.bn, cfg.stages, cfg.epilogue) + cfg.stages * (qc.bm - BM) * BK * 2
+            + qc.raw_stages * cfg.bn * box_bytes(type_name))
 
 
-def _fits(cfg: GemmConfig, type_name: str, raw_stages: int = RAW_STAGES) -> bool:
-    static = 8 * (2 * cfg.stages + 2 + 2 * raw_stages)      # the mbarriers
-    return quant_shared_bytes(cfg, type_name, raw_stages) + static <= SHARED_LIMIT
+def _fits(qc: QuantConfig, type_name: str) -> bool:
+    static = 8 * (2 * qc.gemm.stages + 2 + 2 * qc.raw_stages)      # the mbarriers
+    return quant_shared_bytes(qc, type_name) + static <= SHARED_LIMIT
 
 
-def choose_quant_config(type_name: str) -> GemmConfig:
-    """The first of CANDIDATES whose ring, epilogue and RAW_STAGES raw slabs fit a block."""
-    return next(cfg for cfg in CANDIDATES if _fits(cfg, type_name))
+def choose_quant_config(type_name: str) -> QuantConfig:
+    """The first of CANDIDATES whose ring, epilogue and raw slabs fit a block."""
+    return next(qc for qc in CANDIDATES if _fits(qc, type_name))
 
 
-def parse_quant_config(text: str) -> tuple[GemmConfig, int]:
-    """(GemmConfig, raw_stages) of a gemm_hopper config string plus an optional '/rawR' (R
-    raw slots, default RAW_STAGES): e.g. '128x3/raw3', '128x4/g16/tma2'."""
-    parts = text.split("/")
-    raws = [p for p in parts if p.startswith("raw")]
-    try:
-        raw = int(raws[-1][3:]) if raws else RAW_STAGES
-    except ValueError:
-        raise ValueError(f"gemm_hopper_quant: config {text!r}: '/rawR' takes a number of raw "
-                         f"slots, e.g. 128x3/raw3") from None
-    return GemmConfig.parse("/".join(p for p in parts if not p.startswith("raw"))), raw
+def as_quant_config(config) -> QuantConfig:
+    """A QuantConfig from itself, its string, a GemmConfig or a GemmConfig tuple."""
+    if isinstance(config, QuantConfig):
+        return config
+    if isinstance(config, str):
+        return QuantConfig.parse(config)
+    return QuantConfig(GemmConfig(*config))
 
 
-def _check_config(cfg: GemmConfig, type_name: str, N: int, raw_stages: int) -> None:
+def _check_config(qc: QuantConfig, type_name: str, N: int) -> None:
+    cfg = qc.gemm
     if cfg.bn % 64 or not 64 <= cfg.bn <= 256 or cfg.stages < 1 or cfg.group_m < 1 \
-            or cfg.epilogue < 0 or raw_stages < 1:
-        raise ValueError(f"gemm_hopper_quant: config {cfg!r}: bn must be 64, 128, 192 or 256, "
-                         f"stages, group_m and raw stages >= 1, epilogue >= 0")
-    if cfg.pingpong and cfg.bn > 128:
-        raise ValueError(f"gemm_hopper_quant: config {cfg}: pingpong needs bn <= 128")
-    if not _fits(cfg, type_name, raw_stages):
-        raise ValueError(f"gemm_hopper_quant: config {cfg} with {type_name} and {raw_stages} "
-                         f"raw slots needs {quant_shared_bytes(cfg, type_name, raw_stages)} "
-                         f"bytes of shared memory; a "
-                         f"block has {SHARED_LIMIT}: fewer stages, a narrower tile or no "
-                         f"epilogue buffers")
+            or cfg.epilogue < 0 or qc.raw_stages < 1 or qc.bm not in (128, 256):
+        raise ValueError(f"gemm_hopper_quant: config {qc}: bn must be 64, 128, 192 or 256, "
+                         f"bm 128 or 256, stages, group_m and raw stages >= 1, epilogue >= 0")
+    if cfg.pingpong and (cfg.bn > 128 or qc.bm != BM):
+        raise ValueError(f"gemm_hopper_quant: config {qc}: pingpong needs bn <= 128 and bm "
+                         f"128")
+    if not _fits(qc, type_name):
+        raise ValueError(f"gemm_hopper_quant: config {qc} with {type_name} needs "
+                         f"{quant_shared_bytes(qc, type_name)} bytes of shared memory; a "
+                         f"block has {SHARED_LIMIT}: fewer stages or raw slots, a narrower "
+                         f"tile or no epilogue buffers")
     if cfg.epilogue and (N * 4) % 16:
-        raise ValueError(f"gemm_hopper_quant: config {cfg}: the TMA epilogue needs N x 4 "
+        raise ValueError(f"gemm_hopper_quant: config {qc}: the TMA epilogue needs N x 4 "
                          f"bytes = {N * 4} a multiple of 16; use epilogue=0")
 
 
@@ -136,33 +166,27 @@ def _check_arrays(a, w_raw, type_name: str, out):
 
 
 def gemm_hopper_quant(a, w_raw, type_name: str, out=None, config=None, max_blocks=None,
-                      stream=None, raw_stages=None):
+                      stream=None):
     """C = A . dequantize(W)^T: a (M, K) f16 and w_raw (N, row_bytes) uint8 device arrays;
-    out (M, N) f32, allocated when None. config: a GemmConfig, its string ('128x4/g16/tma2',
-    plus '/rawR' for R raw slots: parse_quant_config) or a tuple; None = choose_quant_config.
-    raw_stages: raw slab slots (overrides the string's; default RAW_STAGES). The grid is
-    persistent: min(tiles, max_blocks or the multiprocessor count) blocks. Returns out."""
+    out (M, N) f32, allocated when None. config: a QuantConfig, its string ('128x4/g16/tma2',
+    '128x3/raw3/m256'), a GemmConfig or its tuple; None = choose_quant_config (without the TMA
+    epilogue where C's rows are not whole 16 bytes). The grid is persistent: min(tiles,
+    max_blocks or the multiprocessor count) blocks. Returns out."""
     M, N, K, out = _check_arrays(a, w_raw, type_name, out)
-    raw = RAW_STAGES
-    if config is None:
-        cfg = choose_quant_config(type_name)
-    elif isinstance(config, str):
-        cfg, raw = parse_quant_config(config)
-    else:
-        cfg = GemmConfig(*config)
-    raw = raw_stages or raw
-    if cfg.epilogue and (N * 4) % 16 and config is None:
-        cfg = cfg._replace(epilogue=0)
-    _check_config(cfg, type_name, N, raw)
+    qc = choose_quant_config(type_name) if config is None else as_quant_config(config)
+    if qc.gemm.epilogue and (N * 4) % 16 and config is None:
+        qc = qc._replace(gemm=qc.gemm._replace(epilogue=0))
+    _check_config(qc, type_name, N)
+    cfg = qc.gemm
     sb, boxb = slab_bytes(type_name), box_bytes(type_name)
-    ta = pk.tensor_map(a, (BM, BK), swizzle=128)
+    ta = pk.tensor_map(a, (qc.bm, BK), swizzle=128)
     tw = pk.tensor_map(w_raw.reshape(-1).view(np.uint32).reshape(N, K // SLAB * sb // 4),
                        (cfg.bn, boxb // 4))
     tc = pk.tensor_map(out, (EPI_BOX_ROWS, 32), swizzle=128) if cfg.epilogue else ta
-    tiles = -(-N // cfg.bn) * -(-M // BM)
+    tiles = -(-N // cfg.bn) * -(-M // qc.bm)
     grid = min(tiles, max_blocks or multiprocessors())
     fmt = get_format(type_name)
-    gemm_q_tn[grid, THREADS, stream, quant_shared_bytes(cfg, type_name, raw)](
-        ta, tw, tc, out, M, N, K, fmt.id, np.dtype(word_dtype(type_name)), sb, boxb, raw,
-        cfg.bn, cfg.stages, cfg.group_m, int(cfg.pingpong), cfg.epilogue)
+    gemm_q_tn[grid, THREADS, stream, quant_shared_bytes(qc, type_name)](
+        ta, tw, tc, out, M, N, K, fmt.id, np.dtype(word_dtype(type_name)), sb, boxb,
+        qc.raw_stages, cfg.bn, cfg.stages, cfg.group_m, int(cfg.pingpong), cfg.epilogue, qc.bm)
     return out

@@ -30,7 +30,7 @@ import pykernel as pk
 from pykernel import Const, Ptr, i32, u32, u64
 
 from stdlib_kernels.gemm_hopper_kernel import BK, BM, EPI_BOX_BYTES, SWIZZLE_ALIGN, THREADS, \
-    consume, tile_origin
+    consume, mainloop, store_rows, tile_origin
 from stdlib_kernels.gemm_hopper_quant_dequant import dequant_chunk
 
 SLAB = 256                          # K values per raw copy (Q8_0: 8 blocks = 272 B = 17 x 16)
@@ -80,10 +80,11 @@ def my_tiles(tiles: i32):
 
 @pk.func
 def load_a(smem, base: i32, bars, ta, tiles_m: i32, tiles_n: i32, k_tiles: i32,
-           BN: Const[int], STAGES: Const[int], GROUP_M: Const[int]):
-    """The A loader (one thread): A's 128 x 64 slices into the ring in the consumers' order,
-    slot s once the consumers freed it (the dequantizers fill its B half)."""
-    slot = (BM + BN) * BK
+           BN: Const[int], STAGES: Const[int], GROUP_M: Const[int], BMQ: Const[int]):
+    """The A loader (one thread): A's BMQ x 64 slices into the ring in the consumers' order,
+    slot s once the consumers freed it (the dequantizers fill its B part). tile_origin
+    counts tile rows of BM: a BMQ-row tile starts at BMQ / BM times its row."""
+    slot = (BMQ + BN) * BK
     it = 0
     for tile in range(pk.block_idx.x, tiles_m * tiles_n, pk.grid_dim.x):
         m0, n0 = tile_origin(tile, tiles_m, tiles_n, BN, GROUP_M)
@@ -91,8 +92,8 @@ def load_a(smem, base: i32, bars, ta, tiles_m: i32, tiles_n: i32, k_tiles: i32,
             s = it % STAGES
             if it >= STAGES:
                 pk.mbarrier_wait(bars, STAGES + s, (it // STAGES - 1) % 2)
-            pk.mbarrier_arrive_expect_tx(bars, s, BM * BK * 2)
-            pk.tma_load(smem, base + s * slot, ta, (m0, kt * BK), bars, s)
+            pk.mbarrier_arrive_expect_tx(bars, s, BMQ * BK * 2)
+            pk.tma_load(smem, base + s * slot, ta, (m0 * (BMQ // BM), kt * BK), bars, s)
             it += 1
 
 
@@ -114,7 +115,8 @@ def dequant_slice(words, wbase: i32, out32, b32: i32, j: i32, p: i32, FMT: Const
 @pk.func
 def dequantize(smem, base: i32, raw0: i32, bars, tiles_m: i32, tiles_n: i32, slabs: i32,
                FMT: Const[int], WT: Const[pk.dtype], BN: Const[int], STAGES: Const[int],
-               GROUP_M: Const[int], SB: Const[int], BOXB: Const[int], RAW: Const[int], tw):
+               GROUP_M: Const[int], SB: Const[int], BOXB: Const[int], RAW: Const[int],
+               BMQ: Const[int], tw):
     """A dequantizer thread (p = 0..95): each slab's SLICES slices into the ring's B halves,
     in the A loader's order; raw slot r is released after the slab's last slice. Thread 0
     also loads the raw slabs, RAW - 1 ahead: slab q + RAW - 1 as slab q begins, into the slot
@@ -123,7 +125,7 @@ def dequantize(smem, base: i32, raw0: i32, bars, tiles_m: i32, tiles_n: i32, sla
     out32 = pk.dynamic_shared(u32)
     WB = 4 if WT == pk.u32 else 2
     p = pk.thread_idx.x - 32
-    slot = (BM + BN) * BK
+    slot = (BMQ + BN) * BK
     rf = 2 * STAGES + 2
     total = my_tiles(tiles_m * tiles_n) * slabs
     if p == 0:
@@ -143,8 +145,8 @@ def dequantize(smem, base: i32, raw0: i32, bars, tiles_m: i32, tiles_n: i32, sla
             s = it % STAGES
             if it >= STAGES:
                 pk.mbarrier_wait(bars, STAGES + s, (it // STAGES - 1) % 2)
-            dequant_slice(words, wbase, out32, (base + s * slot + BM * BK) // 2, j, p, FMT, BN,
-                          BOXB, WB)
+            dequant_slice(words, wbase, out32, (base + s * slot + BMQ * BK) // 2, j, p, FMT,
+                          BN, BOXB, WB)
             pk.fence_proxy_async()                      # generic writes -> wgmma's reads
             pk.mbarrier_arrive(bars, s)
             it += 1
@@ -155,17 +157,17 @@ def dequantize(smem, base: i32, raw0: i32, bars, tiles_m: i32, tiles_n: i32, sla
 def gemm_q_tn(ta: pk.TensorMap, tw: pk.TensorMap, tc: pk.TensorMap, c: Ptr[pk.f32], M: i32,
               N: i32, K: i32, FMT: Const[int], WT: Const[pk.dtype], SB: Const[int],
               BOXB: Const[int], RAW: Const[int], BN: Const[int], STAGES: Const[int],
-              GROUP_M: Const[int], PINGPONG: Const[int], EPI: Const[int]):
-    """ta: A (M x K f16, box 128 x 64, 128-byte swizzle); tw: W's rows as u32 words (box BN x
+              GROUP_M: Const[int], PINGPONG: Const[int], EPI: Const[int], BMQ: Const[int]):
+    """ta: A (M x K f16, box BMQ x 64, 128-byte swizzle); tw: W's rows as u32 words (box BN x
     BOXB / 4, no swizzle); tc: C's map for EPI > 0 (as gemm_tn's), c: C for EPI == 0. FMT: the
     ggml type id, WT: decode8's word type for it, SB: bytes of SLAB values, BOXB: the bytes
     of a row's box (SB plus the largest 16-byte misalignment, whole 16 bytes), RAW: raw
-    slots. K % SLAB == 0."""
+    slots, BMQ: tile rows (128: gemm_hopper's consumers; 256: consume_wide). K % SLAB == 0."""
     bars = pk.shared_array(u64, 2 * STAGES + 2 + 2 * RAW)
     smem = pk.dynamic_shared(pk.u16)
     addr = i32(pk.wgmma_desc(smem, 0, 16, 1024, 0) & u64(0x3FFF)) * 16
     base = ((SWIZZLE_ALIGN - addr % SWIZZLE_ALIGN) % SWIZZLE_ALIGN) // 2
-    raw0 = base + STAGES * (BM + BN) * BK + CONSUMER_WARPS * EPI * EPI_BOX_BYTES // 2
+    raw0 = base + STAGES * (BMQ + BN) * BK + CONSUMER_WARPS * EPI * EPI_BOX_BYTES // 2
     t = pk.thread_idx.x
     if t == 0:
         for s in pk.static_range(STAGES):
@@ -179,15 +181,48 @@ def gemm_q_tn(ta: pk.TensorMap, tw: pk.TensorMap, tc: pk.TensorMap, c: Ptr[pk.f3
         pk.fence_mbarrier_init()
     pk.syncthreads()
     k_tiles = K // BK
-    tiles_m, tiles_n = (M + BM - 1) // BM, (N + BN - 1) // BN
+    tiles_m, tiles_n = (M + BMQ - 1) // BMQ, (N + BN - 1) // BN
     if t < 128:
         pk.setmaxnreg_dec(PRODUCER_REGS)
         if t == 0:
-            load_a(smem, base, bars, ta, tiles_m, tiles_n, k_tiles, BN, STAGES, GROUP_M)
+            load_a(smem, base, bars, ta, tiles_m, tiles_n, k_tiles, BN, STAGES, GROUP_M, BMQ)
         elif t >= 32:
             dequantize(smem, base, raw0, bars, tiles_m, tiles_n, K // SLAB, FMT, WT, BN,
-                       STAGES, GROUP_M, SB, BOXB, RAW, tw)
+                       STAGES, GROUP_M, SB, BOXB, RAW, BMQ, tw)
     else:
         pk.setmaxnreg_inc(CONSUMER_REGS)
-        consume(smem, base, bars, tc, c, M, N, k_tiles, tiles_m, tiles_n, pk.f32, "f16", BN,
-                STAGES, GROUP_M, PINGPONG, EPI)
+        if BMQ == BM:
+            consume(smem, base, bars, tc, c, M, N, k_tiles, tiles_m, tiles_n, pk.f32, "f16",
+                    BN, STAGES, GROUP_M, PINGPONG, EPI)
+        else:
+            consume_wide(smem, base, bars, tc, c, M, N, k_tiles, tiles_m, tiles_n, BN, STAGES,
+                         GROUP_M, EPI)
+
+
+@pk.func
+def consume_wide(smem, base: i32, bars, tc, c, M: i32, N: i32, k_tiles: i32, tiles_m: i32,
+                 tiles_n: i32, BN: Const[int], STAGES: Const[int], GROUP_M: Const[int],
+                 EPI: Const[int]):
+    """256-row tiles: both consumer warpgroups take every tile of the block, 128 rows each
+    (warpgroup wg rows 128 wg.., two m64nBN accumulators), so each dequantized B slice feeds
+    twice the rows of gemm_hopper's tiles. gemm_hopper's mainloop with its ping-pong
+    accumulators over 256-row slots (A_ROWS); its turn hand-over arrivals (order[]) have no
+    waiter here. The epilogue as gemm_hopper's (store_rows), buffers after the wider ring."""
+    acc0 = pk.local_array(pk.f32, BN // 2)
+    acc1 = pk.local_array(pk.f32, BN // 2)
+    t = pk.thread_idx.x
+    wg = t // 128 - 1
+    w = (t % 128) // 32
+    stage = pk.dynamic_shared(pk.f32)
+    buf0 = 2 * base + STAGES * (2 * BM + BN) * BK * 2 + (t // 32 - 4) * EPI * EPI_BOX_BYTES
+    e = 0
+    it = 0
+    for tile in range(pk.block_idx.x, tiles_m * tiles_n, pk.grid_dim.x):
+        m0, n0 = tile_origin(tile, tiles_m, tiles_n, BN, GROUP_M)
+        it = mainloop(acc0, acc1, smem, base, bars, it, k_tiles, 2 * wg, wg, "f16", BN,
+                      STAGES, 1, A_ROWS=2 * BM)
+        row0 = 2 * m0 + 128 * wg + 16 * w
+        e = store_rows(acc0, c, stage, buf0, e, tc, row0, n0, M, N, pk.f32, BN, EPI)
+        e = store_rows(acc1, c, stage, buf0, e, tc, row0 + 64, n0, M, N, pk.f32, BN, EPI)
+    if EPI > 0 and t % 32 == 0:
+        pk.bulk_wait_group(0)                             # C written, buffers free to exit

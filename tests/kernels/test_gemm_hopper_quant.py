@@ -52,6 +52,10 @@ CASES = [  # M, N, K, type, config (None: choose_quant_config), max_blocks[, wei
     # one raw slot (each slab loaded once the last is dequantized), three (two slabs ahead)
     (70, 72, 512, "Q8_0", "64x2/raw1", 1),
     (130, 72, 1024, "Q4_K", "64x2/raw3", 2),
+    # 256-row tiles (both consumer warpgroups on one tile): 2 x 2 tiles, the last rows clipped
+    (300, 72, 512, "Q8_0", "64x2/m256", 1),
+    (200, 136, 512, "Q4_K", "128x2/m256/tma2", 2),
+    (260, 40, 2048, "Q6_K", "64x3/g2/m256/raw1", 1),
     # 210-byte super-blocks: slabs at every even offset from their 16-byte floor (box 224 B)
     (70, 72, 2048, "Q6_K", "64x2", 1),
     (33, 132, 2048, "Q3_K", "128x3/tma2", 2),
@@ -138,19 +142,20 @@ def on_cuda():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("type_name", ["Q8_0", "Q4_K", "Q6_K", "Q5_K", "Q4_0"])
-@pytest.mark.parametrize("config", [None, "128x4", "128x3/g16/pp/tma2", "64x2"])
+@pytest.mark.parametrize("config", [None, "128x4", "128x3/g16/pp/tma2", "64x2", "128x3/m256",
+                                    "64x4/g16/m256/tma2"])
 @pytest.mark.parametrize("M, N, K", [(512, 1024, 4096), (300, 700, 2048)])
 def test_gemm_hopper_quant_gpu_is_gemm_hopper_on_f16_weights(M, N, K, type_name, config, rng,
                                                              on_cuda):
     """Same consumers and tiles, same f16 operands: the same bits as gemm_hopper on the
     dequantized weights, and both within K 2^-24 sum |a w| of the exact product."""
     a, raw, w32 = _inputs(rng, M, N, K, type_name)
-    cfg = Q.choose_quant_config(type_name) if config is None else G.GemmConfig.parse(config)
-    if (N * 4) % 16:
-        cfg = cfg._replace(epilogue=0)
-    got = Q.gemm_hopper_quant(pk.to_device(a), pk.to_device(raw), type_name, config=cfg,
+    qc = Q.choose_quant_config(type_name) if config is None else Q.QuantConfig.parse(config)
+    got = Q.gemm_hopper_quant(pk.to_device(a), pk.to_device(raw), type_name, config=qc,
                               out=pk.full((M, N), np.nan, np.float32)).numpy()
-    same = G.gemm_hopper(pk.to_device(a), pk.to_device(w32.astype(np.float16)), config=cfg,
+    # 256-row tiles run the same m64nBNk16 wgmmas in the same k order as bn-wide gemm_hopper
+    same = G.gemm_hopper(pk.to_device(a), pk.to_device(w32.astype(np.float16)),
+                         config=qc.gemm._replace(pingpong=False),
                          out=pk.full((M, N), np.nan, np.float32)).numpy()
     np.testing.assert_array_equal(got.view(np.uint32), same.view(np.uint32))
     a64, w64 = a.astype(np.float64), w32.astype(np.float64)
@@ -160,12 +165,22 @@ def test_gemm_hopper_quant_gpu_is_gemm_hopper_on_f16_weights(M, N, K, type_name,
 
 def test_config_choice_fits():
     for type_name in Q.SERVED:
-        cfg = Q.choose_quant_config(type_name)
-        assert Q.quant_shared_bytes(cfg, type_name) <= G.SHARED_LIMIT - 128
+        qc = Q.choose_quant_config(type_name)
+        assert Q.quant_shared_bytes(qc, type_name) <= G.SHARED_LIMIT - 128
     # Q8_0's raw slabs (2 x 128 x 272 B) leave no room for the epilogue buffers at 4 stages
-    assert Q.choose_quant_config("Q8_0") == G.GemmConfig(128, 4, 16)
-    assert Q.choose_quant_config("Q4_K") == G.GemmConfig(128, 4, 16, False, 2)
-    assert Q.choose_quant_config("Q6_K") == G.GemmConfig(128, 4, 16, False, 2)
+    assert Q.choose_quant_config("Q8_0") == Q.QuantConfig(G.GemmConfig(128, 4, 16))
+    assert Q.choose_quant_config("Q4_K").gemm == G.GemmConfig(128, 4, 16, False, 2)
+    assert Q.choose_quant_config("Q6_K").gemm == G.GemmConfig(128, 4, 16, False, 2)
+    # 256-row slots: 3 x (256 + 128) x 128 B of ring, 2 x 128 x 272 B of Q8_0 slabs
+    qc = Q.QuantConfig.parse("128x3/m256")
+    assert Q.quant_shared_bytes(qc, "Q8_0") == 3 * 384 * 128 + 1024 + 2 * 128 * 272
+
+
+def test_config_strings():
+    qc = Q.QuantConfig.parse("128x3/g16/raw3/m256/tma2")
+    assert qc == Q.QuantConfig(G.GemmConfig(128, 3, 16, False, 2), 3, 256)
+    assert str(qc) == "128x3/g16/tma2/raw3/m256" and str(Q.QuantConfig.parse("64x2")) == "64x2"
+    assert Q.as_quant_config((64, 2)) == Q.QuantConfig(G.GemmConfig(64, 2))
     # whole 16 bytes: the slab itself; else it plus the largest offset from its 16-byte floor
     assert [Q.box_bytes(t) for t in ("Q8_0", "Q4_K", "Q6_K", "Q3_K", "Q2_K")] == \
         [272, 144, 224, 128, 96]
@@ -204,22 +219,29 @@ def test_config_errors(on_cpu):
         Q.gemm_hopper_quant(a, q8, "Q8_0", config="64x2/raw0")
     with pytest.raises(ValueError, match="takes a number of raw slots"):
         Q.gemm_hopper_quant(a, q8, "Q8_0", config="64x2/rawx")
-    with pytest.raises(ValueError, match="and 3 raw slots needs"):
-        Q.gemm_hopper_quant(a, q8, "Q8_0", config="128x4", raw_stages=3)
+    with pytest.raises(ValueError, match="128x4/raw3 with Q8_0 needs"):
+        Q.gemm_hopper_quant(a, q8, "Q8_0", config="128x4/raw3")
+    with pytest.raises(ValueError, match="bm 128 or 256"):
+        Q.gemm_hopper_quant(a, q8, "Q8_0", config="64x2/m192")
+    with pytest.raises(ValueError, match="pingpong needs bn <= 128 and bm 128"):
+        Q.gemm_hopper_quant(a, q8, "Q8_0", config="64x2/pp/m256")
 
 
 @pytest.mark.parametrize("type_name, config", [("Q8_0", "128x4/g16"), ("Q8_0", "128x3/raw3"),
                                                ("Q4_K", "128x4/g16/tma2"),
                                                ("Q4_K", "128x3/pp/tma2"), ("Q5_K", "64x2"),
-                                               ("Q6_K", "128x4/g16/tma2")])
+                                               ("Q6_K", "128x4/g16/tma2"),
+                                               ("Q4_K", "128x3/g16/m256/tma2")])
 def test_gemm_hopper_quant_assembles_for_sm90a(type_name, config, assemble):
-    cfg, raw = Q.parse_quant_config(config)
+    qc = Q.QuantConfig.parse(config)
+    cfg = qc.gemm
     ptx = Q.gemm_q_tn.ptx("sm_90a", FMT=get_format(type_name).id,
                           WT=np.dtype(Q.word_dtype(type_name)), SB=Q.slab_bytes(type_name),
-                          BOXB=Q.box_bytes(type_name), RAW=raw, BN=cfg.bn, STAGES=cfg.stages,
-                          GROUP_M=cfg.group_m, PINGPONG=int(cfg.pingpong), EPI=cfg.epilogue)
+                          BOXB=Q.box_bytes(type_name), RAW=qc.raw_stages, BN=cfg.bn,
+                          STAGES=cfg.stages, GROUP_M=cfg.group_m, PINGPONG=int(cfg.pingpong),
+                          EPI=cfg.epilogue, BMQ=qc.bm)
     assert f"wgmma.mma_async.sync.aligned.m64n{cfg.bn}k16.f32.f16.f16" in ptx
     assert "cp.async.bulk.tensor.2d.shared::cluster.global" in ptx
     assert "setmaxnreg.dec.sync.aligned.u32 96" in ptx and ".maxntid 384" in ptx
-    assert Q.quant_shared_bytes(cfg, type_name, raw) <= G.SHARED_LIMIT
+    assert Q.quant_shared_bytes(qc, type_name) <= G.SHARED_LIMIT
     assemble(ptx, "sm_90a")
