@@ -125,6 +125,9 @@ def _check_config(qc: QuantConfig, type_name: str, N: int) -> None:
     if cfg.pingpong and (cfg.bn > 128 or qc.bm != BM):
         raise ValueError(f"gemm_hopper_quant: config {qc}: pingpong needs bn <= 128 and bm "
                          f"128")
+    if qc.bm > BM and cfg.bn > 128:
+        raise ValueError(f"gemm_hopper_quant: config {qc}: 256-row tiles keep two bn / "
+                         f"2-register accumulators per thread, so bn must be at most 128")
     if not _fits(qc, type_name):
         raise ValueError(f"gemm_hopper_quant: config {qc} with {type_name} needs "
                          f"{quant_shared_bytes(qc, type_name)} bytes of shared memory; a "

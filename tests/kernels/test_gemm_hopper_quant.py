@@ -223,6 +223,8 @@ def test_config_errors(on_cpu):
         Q.gemm_hopper_quant(a, q8, "Q8_0", config="128x4/raw3")
     with pytest.raises(ValueError, match="bm 128 or 256"):
         Q.gemm_hopper_quant(a, q8, "Q8_0", config="64x2/m192")
+    with pytest.raises(ValueError, match="so bn must be at most 128"):
+        Q.gemm_hopper_quant(a, q8, "Q8_0", config="192x1/m256")
     with pytest.raises(ValueError, match="pingpong needs bn <= 128 and bm 128"):
         Q.gemm_hopper_quant(a, q8, "Q8_0", config="64x2/pp/m256")
 
