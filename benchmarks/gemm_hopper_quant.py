@@ -27,17 +27,17 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import pykernel as pk  # noqa: E402
-from benchmarks._timing import replay_seconds  # noqa: E402
-from benchmarks.quant_gemm import SCALE_BYTES  # noqa: E402
-from stdlib_kernels import gemm_hopper as G  # noqa: E402
-from stdlib_kernels import gemm_hopper_quant as Q  # noqa: E402
-from stdlib_kernels.quant import device  # noqa: E402
-from stdlib_kernels.quant.formats import get_format  # noqa: E402
-from stdlib_kernels.quant.gemm_q8 import gemm_q8_into  # noqa: E402
-from stdlib_kernels.quant.gemv import weight_words  # noqa: E402
-from stdlib_kernels.quant.matmul import matmul_into  # noqa: E402
-from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1_into  # noqa: E402
+import pykernel as pk
+from benchmarks._timing import replay_seconds
+from benchmarks.quant_gemm import SCALE_BYTES
+from stdlib_kernels import gemm_hopper as G
+from stdlib_kernels import gemm_hopper_quant as Q
+from stdlib_kernels.quant import device
+from stdlib_kernels.quant.formats import get_format
+from stdlib_kernels.quant.gemm_q8 import gemm_q8_into
+from stdlib_kernels.quant.gemv import weight_words
+from stdlib_kernels.quant.matmul import matmul_into
+from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1_into
 
 SHAPES = "4096x4096,14336x4096,4096x14336,1024x4096"      # N x K: q/o, gate/up, down, k/v
 
@@ -93,8 +93,8 @@ def bench_shape(type_name, M, N, K, configs, rng):
             print(f"{line}  wgmma-q {shown:<16s} skipped: {err}")
             continue
         diff = rel(y.numpy(), want)
-        secs = replay_seconds(lambda: Q.gemm_hopper_quant(a16, raw, type_name, out=y,
-                                                          config=config))
+        secs = replay_seconds(lambda config=config: Q.gemm_hopper_quant(a16, raw, type_name,
+                                                                        out=y, config=config))
         print(f"{line}  wgmma-q {shown:<16s} {flops / secs / 1e12:7.1f} TFLOPS "
               f"({secs * 1e6:.0f} us; vs f16 wgmma {diff:.1e})", flush=True)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import pykernel as pk
 from pykernel import Const, f32, i32, u32
-
 from stdlib_kernels.quant.decode8 import scale_min_k4
 from stdlib_kernels.quant.decode8_k import decode8
 from stdlib_kernels.quant.dot_q8 import half16, pair16

@@ -28,9 +28,17 @@ from __future__ import annotations
 
 import pykernel as pk
 from pykernel import Const, Ptr, i32, u32, u64
-
-from stdlib_kernels.gemm_hopper_kernel import BK, BM, EPI_BOX_BYTES, SWIZZLE_ALIGN, THREADS, \
-    consume, mainloop, store_rows, tile_origin
+from stdlib_kernels.gemm_hopper_kernel import (
+    BK,
+    BM,
+    EPI_BOX_BYTES,
+    SWIZZLE_ALIGN,
+    THREADS,
+    consume,
+    mainloop,
+    store_rows,
+    tile_origin,
+)
 from stdlib_kernels.gemm_hopper_quant_dequant import dequant_chunk
 
 SLAB = 256                          # K values per raw copy (Q8_0: 8 blocks = 272 B = 17 x 16)
@@ -45,11 +53,11 @@ PRODUCER_REGS, CONSUMER_REGS = 96, 208
 @pk.func
 def slab_origin(q: i32, slabs: i32, tiles_m: i32, tiles_n: i32, BN: Const[int],
                 GROUP_M: Const[int]):
-    """(m0, n0, k0) of the block's q-th slab: tile block + (q / slabs) grid, K from
+    """(n0, k0) of the block's q-th slab: W's rows of tile block + (q / slabs) grid, K from
     (q % slabs) SLAB."""
     tile = pk.block_idx.x + (q // slabs) * pk.grid_dim.x
-    m0, n0 = tile_origin(tile, tiles_m, tiles_n, BN, GROUP_M)
-    return m0, n0, (q % slabs) * SLAB
+    _m0, n0 = tile_origin(tile, tiles_m, tiles_n, BN, GROUP_M)
+    return n0, (q % slabs) * SLAB
 
 
 @pk.func
@@ -63,7 +71,7 @@ def load_raw(smem, raw0: i32, bars, tw, q: i32, slabs: i32, tiles_m: i32, tiles_
     r = q % RAW
     if q >= RAW:
         pk.mbarrier_wait(bars, rf + RAW + r, (q // RAW - 1) % 2)
-    m0, n0, k0 = slab_origin(q, slabs, tiles_m, tiles_n, BN, GROUP_M)
+    n0, k0 = slab_origin(q, slabs, tiles_m, tiles_n, BN, GROUP_M)
     pk.mbarrier_arrive_expect_tx(bars, rf + r, BN * BOXB)
     pk.tma_load(smem, raw0 + r * (BN * BOXB // 2), tw, (n0, k0 // SLAB * SB // 16 * 4), bars,
                 rf + r)
@@ -87,7 +95,7 @@ def load_a(smem, base: i32, bars, ta, tiles_m: i32, tiles_n: i32, k_tiles: i32,
     slot = (BMQ + BN) * BK
     it = 0
     for tile in range(pk.block_idx.x, tiles_m * tiles_n, pk.grid_dim.x):
-        m0, n0 = tile_origin(tile, tiles_m, tiles_n, BN, GROUP_M)
+        m0, _n0 = tile_origin(tile, tiles_m, tiles_n, BN, GROUP_M)
         for kt in range(k_tiles):
             s = it % STAGES
             if it >= STAGES:
@@ -117,7 +125,7 @@ def dequantize(smem, base: i32, raw0: i32, bars, tiles_m: i32, tiles_n: i32, sla
                FMT: Const[int], WT: Const[pk.dtype], BN: Const[int], STAGES: Const[int],
                GROUP_M: Const[int], SB: Const[int], BOXB: Const[int], RAW: Const[int],
                BMQ: Const[int], tw):
-    """A dequantizer thread (p = 0..95): each slab's SLICES slices into the ring's B halves,
+    """A dequantizer thread (p = 0..95): each slab's SLICES slices into the ring's B parts,
     in the A loader's order; raw slot r is released after the slab's last slice. Thread 0
     also loads the raw slabs, RAW - 1 ahead: slab q + RAW - 1 as slab q begins, into the slot
     slab q - 1 left (so its bytes are in flight while slab q is dequantized)."""

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 import pykernel as pk
+from pykernel import Const, Ptr, i32, u32
 from stdlib_kernels import gemm_hopper as G
 from stdlib_kernels import gemm_hopper_quant as Q
-from stdlib_kernels.quant import reference as ref
-from pykernel import Const, Ptr, i32, u32
 from stdlib_kernels.gemm_hopper_quant_dequant import dequant_chunk
+from stdlib_kernels.quant import reference as ref
 from stdlib_kernels.quant.decode8_k import decode8
 from stdlib_kernels.quant.formats import get_format
 
