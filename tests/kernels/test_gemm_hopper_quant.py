@@ -43,6 +43,8 @@ CASES = [  # M, N, K, type, config (None: choose_quant_config), max_blocks[, wei
     (20, 64, 256, "Q8_0", "64x2", 1, 1e-4),
     (130, 136, 768, "Q4_K", "128x2", 2),        # M and N clipped, 3 slabs per tile
     (60, 200, 256, "Q8_0", None, None),         # the default config, N clipped in its tile
+    (40, 65, 256, "Q4_K", None, 1),             # default 128x4/g16/tma2: C rows of 260 bytes,
+                                                # so the direct epilogue
     (140, 264, 256, "Q4_K", "64x3/g2/pp/tma2", 1),   # 2 x 5 tiles, ping-pong, TMA epilogue
     (40, 100, 512, "Q5_K", "64x2/tma3", 2),
     (33, 65, 256, "Q4_0", "64x2", 1),
