@@ -70,13 +70,14 @@ def produce(smem, base: i32, bars, ta, tb, tiles_m: i32, tiles_n: i32, k_tiles: 
 @pk.func
 def mainloop(acc0, acc1, smem, base: i32, bars, it: i32, k_tiles: i32, row_half: i32,
              wg: i32, KIND: Const[str], BN: Const[int], STAGES: Const[int],
-             PINGPONG: Const[int]):
+             PINGPONG: Const[int], A_ROWS: Const[int] = 128):
     """One tile's K slices from ring position `it` on: acc0 (rows 64 row_half..) or, with
-    PINGPONG, acc0 / acc1 (rows 0..63 / 64..127) = A . B^T. One wgmma group stays in flight;
-    the slot before it is released. With PINGPONG, once the last slice's wgmmas are issued,
-    the other warpgroup (not wg) may start its mainloop. Returns the ring position after the
-    tile."""
-    slot = (BM + BN) * BK
+    PINGPONG, acc0 / acc1 (rows 64 row_half.. / + 64) = A . B^T. One wgmma group stays in
+    flight; the slot before it is released. With PINGPONG, once the last slice's wgmmas are
+    issued, the other warpgroup (not wg) may start its mainloop. A_ROWS: rows of A in a ring
+    slot, B after them (gemm_hopper_quant's 256-row tiles). Returns the ring position after
+    the tile."""
+    slot = (A_ROWS + BN) * BK
     for i in pk.static_range(BN // 2):
         acc0[i] = 0.0
         if PINGPONG:
@@ -85,7 +86,7 @@ def mainloop(acc0, acc1, smem, base: i32, bars, it: i32, k_tiles: i32, row_half:
         s = it % STAGES
         pk.mbarrier_wait(bars, s, (it // STAGES) % 2)
         da = pk.wgmma_desc(smem, base + s * slot + row_half * 64 * BK, 16, 1024, 128)
-        db = pk.wgmma_desc(smem, base + s * slot + BM * BK, 16, 1024, 128)
+        db = pk.wgmma_desc(smem, base + s * slot + A_ROWS * BK, 16, 1024, 128)
         pk.wgmma_fence()
         for k in pk.static_range(BK // 16):      # k16 steps: + 32 bytes, 2 in the
             step = u64(2 * k)                    # descriptor's address field

@@ -1,0 +1,135 @@
+"""The quantized wgmma GEMM (stdlib_kernels.gemm_hopper_quant: GGUF weights dequantized to f16
+in shared memory) on llama-8B's projections at 512 tokens, beside today's int8 prefill GEMM
+and gemm_hopper on pre-dequantized f16 weights (issue 43). Needs a CUDA GPU with sm_90a.
+
+    python3 benchmarks/gemm_hopper_quant.py [--types Q8_0,Q4_K,Q6_K] [--tokens 512]
+                                            [--shapes 4096x4096,14336x4096,4096x14336,1024x4096]
+                                            [--configs auto,128x4,128x3/raw3]
+
+Per shape (N x K weights, M = tokens) and type, TFLOPS-equivalent (2 M N K / seconds) of
+  int8 GEMM   gemm_q8_into on Q8_1 activations (what quant.matmul_into launches for prefill,
+              without its quantize_q8_1; "int8 route" adds it: the launches matmul_into makes)
+  wgmma-q     gemm_hopper_quant on f16 activations, per config (auto = choose_quant_config)
+  f16 wgmma   gemm_hopper on the weights dequantized to f16 beforehand (its choose_config):
+              the ceiling of the dequantizing kernel (the same consumers without the dequant)
+and the f32 -> f16 cast of the activations (elementwise.convert), which a runner path on
+wgmma-q would launch where the int8 route launches quantize_q8_1; the last line per shape
+compares the best wgmma-q config plus that cast with the int8 route.
+Every launch is replayed from a CUDA graph and timed with CUDA events. Checked first: every
+wgmma-q config against f16 wgmma (relative Frobenius difference: the same f16 operands, so
+~1e-7 or 0), and the int8 GEMM against f16 wgmma (its Q8_1 activations: ~1e-2). Weights are
+random quants with f16 scales drawn from N(0, 0.01).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import pykernel as pk
+from benchmarks._timing import replay_seconds
+from benchmarks.quant_gemm import SCALE_BYTES
+from stdlib_kernels import gemm_hopper as G
+from stdlib_kernels import gemm_hopper_quant as Q
+from stdlib_kernels.elementwise import convert
+from stdlib_kernels.quant import device
+from stdlib_kernels.quant.formats import get_format
+from stdlib_kernels.quant.gemm_q8 import gemm_q8_into
+from stdlib_kernels.quant.gemv import weight_words
+from stdlib_kernels.quant.matmul import matmul_into
+from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1_into
+
+SHAPES = "4096x4096,14336x4096,4096x14336,1024x4096"      # N x K: q/o, gate/up, down, k/v
+
+
+def random_raw(type_name: str, rows: int, k: int, rng):
+    """Random quants (rows, row_bytes) uint8 on the device, finite f16 scales."""
+    fmt = get_format(type_name)
+    raw = np.frombuffer(rng.bytes(rows * k // fmt.block_elems * fmt.block_bytes),
+                        np.uint8).reshape(rows, -1, fmt.block_bytes).copy()
+    at, size = SCALE_BYTES[type_name]
+    halves = (rng.standard_normal(raw.shape[:2] + (size // 2,)) * 0.01).astype(np.float16)
+    raw[:, :, at:at + size] = halves.view(np.uint8).reshape(raw.shape[:2] + (size,))
+    return pk.to_device(raw.reshape(rows, -1))
+
+
+def rel(a, b) -> float:
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def bench_shape(type_name, M, N, K, configs, rng):
+    flops = 2.0 * M * N * K
+    raw = random_raw(type_name, N, K, rng)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    a16, x32 = pk.to_device(x.astype(np.float16)), pk.to_device(x)
+    w16 = device.dequantize(raw, type_name, K, dtype=np.float16)
+    y = pk.empty((M, N), np.float32)
+    line = f"{type_name} {N}x{K} M={M}"
+
+    G.gemm_hopper(a16, w16, out=y)
+    want = y.numpy()
+    secs = replay_seconds(lambda: G.gemm_hopper(a16, w16, out=y))
+    print(f"{line}  f16 wgmma (pre-dequantized, {G.choose_config(M, N)}) "
+          f"{flops / secs / 1e12:7.1f} TFLOPS ({secs * 1e6:.0f} us)", flush=True)
+
+    words = weight_words(raw, type_name, K)[0]
+    xq = pk.empty((M, q8_1_bytes(K)), np.uint8)
+    quantize_q8_1_into(x32, xq)
+    gemm_q8_into(words, type_name, xq, y, N, K, M)
+    print(f"{line}  int8 GEMM vs f16 wgmma: rel. difference {rel(y.numpy(), want):.1e}")
+    secs = replay_seconds(lambda: gemm_q8_into(words, type_name, xq, y, N, K, M))
+    print(f"{line}  int8 GEMM   {flops / secs / 1e12:7.1f} TFLOPS ({secs * 1e6:.0f} us)")
+    t_int8 = replay_seconds(lambda: matmul_into(words, type_name, x32, y, N, K, M, xq=xq))
+    print(f"{line}  int8 route  {flops / t_int8 / 1e12:7.1f} TFLOPS ({t_int8 * 1e6:.0f} us, "
+          f"with quantize_q8_1)", flush=True)
+    t_cast = replay_seconds(lambda: convert(x32, np.float16, out=a16))
+    print(f"{line}  f32 -> f16 activations {t_cast * 1e6:.0f} us (the wgmma path's counterpart "
+          f"of quantize_q8_1)")
+
+    best = None
+    for name in configs:
+        config = None if name == "auto" else name
+        shown = f"auto={Q.choose_quant_config(type_name)}" if config is None else name
+        y.fill(np.nan)
+        try:
+            Q.gemm_hopper_quant(a16, raw, type_name, out=y, config=config)
+        except ValueError as err:                    # the shared-memory budget rules it out
+            print(f"{line}  wgmma-q {shown:<16s} skipped: {err}")
+            continue
+        diff = rel(y.numpy(), want)
+        secs = replay_seconds(lambda config=config: Q.gemm_hopper_quant(a16, raw, type_name,
+                                                                        out=y, config=config))
+        print(f"{line}  wgmma-q {shown:<16s} {flops / secs / 1e12:7.1f} TFLOPS "
+              f"({secs * 1e6:.0f} us; vs f16 wgmma {diff:.1e})", flush=True)
+        best = min(best or (secs, shown), (secs, shown))
+    if best:
+        secs, shown = best
+        print(f"{line}  best wgmma-q {shown}: {flops / secs / 1e12:.1f} TFLOPS, with the f16 "
+              f"cast {t_int8 / (secs + t_cast):.2f}x the int8 route")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--types", default="Q8_0,Q4_K,Q6_K")     # Q4_K_M files: Q4_K and Q6_K
+    ap.add_argument("--tokens", type=int, default=512)
+    ap.add_argument("--shapes", default=SHAPES, help="comma-separated NxK")
+    ap.add_argument("--configs", default="auto,128x4,128x3/tma2,128x3/raw3,128x4/pp,256x3,"
+                    "64x4,128x3/m256,64x4/m256,128x2/m256/tma2",
+                    help="comma-separated QuantConfig strings: gemm_hopper's plus /rawR (raw "
+                         "slab slots) and /m256 (256-row tiles)")
+    args = ap.parse_args()
+    pk.set_device("cuda")
+    rng = np.random.default_rng(0)
+    print(f"device: {pk.current_device()}")
+    for type_name in args.types.split(","):
+        for shape in args.shapes.split(","):
+            N, K = (int(v) for v in shape.split("x"))
+            bench_shape(type_name, args.tokens, N, K, args.configs.split(","), rng)
+
+
+if __name__ == "__main__":
+    main()
