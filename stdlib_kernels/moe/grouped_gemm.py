@@ -37,7 +37,7 @@ from pykernel import Const, Ptr, f32, i32, u32
 from .. import _launch as L
 from ..quant.formats import GEMM_MOE, Q6_K, get_format, type_ids
 from ..quant.gemm import store_c
-from ..quant.gemm_q8 import Q8GemmTiles, load_act_tile, load_weight_tile, mma_block
+from ..quant.gemm_q8 import Q8GemmTiles, block_tile
 from ..quant.gemm_q8_k import SUPERBLOCK_GEMM_TYPES, TUNED_KTILES, Q8KTiles, block_resources
 from ..quant.gemm_q8_k_kernels import compute_stage
 from ..quant.gemm_q8_k_parts import B_STRIDE, STEP_WORDS, a_stride, issue_stage, scale_pass
@@ -139,28 +139,9 @@ def grouped_q8_kernel(w: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], ldy: 
     Bs = pk.shared_array(f32, (8 * NI * WN, KB))
     count, first, lo = tile_entry(tiles, rows)
     if count > 0:
-        end = first + count
-        tid = pk.thread_idx.x
-        lane = tid % 32
-        wm = (tid // 32) % WM
-        wn = (tid // 32) // WM
         row0 = lo + pk.block_idx.x * (16 * MI * WM)
-        xstride = K // 32 * Q8_1_WORDS
-        acc = pk.local_array(f32, 4 * MI * NI)
-        for i in pk.static_range(4 * MI * NI):
-            acc[i] = 0.0
-        for k0 in range(0, K, 32 * KB):
-            load_weight_tile(FMT, w, Aq, Ad, Am, lo + rows, row_words, row0, k0, tid,
-                             16 * MI * WM, KB, 32 * WM * WN)
-            load_act_tile(xq, Bq, Bd, Bs, end, xstride, first, k0, tid, 8 * NI * WN, KB,
-                          32 * WM * WN)
-            pk.syncthreads()
-            for kb in pk.static_range(KB):
-                mma_block(FMT, Aq, Bq, Ad, Am, Bd, Bs, acc, kb, wm * 16 * MI, wn * 8 * NI,
-                          lane // 4, lane % 4, MI, NI)
-            pk.syncthreads()
-        store_c(acc, y, ldy, 0, y, rows, end, row0 - lo + wm * 16 * MI + lane // 4,
-                first + wn * 8 * NI + 2 * (lane % 4), MI, NI, False)
+        block_tile(FMT, w, xq, y, ldy, 0, y, lo + rows, row_words, K, first + count, row0,
+                   first, row0 - lo, rows, Aq, Bq, Ad, Am, Bd, Bs, MI, NI, WM, WN, KB, False)
 
 
 @pk.kernel

@@ -256,6 +256,37 @@ def mma_block(FMT: Const[int], Aq, Bq, Ad, Am, Bd, Bs, acc, kb: Const[int], rbas
                 acc[i + 3] -= m8 * sx[2 * ni + 1]
 
 
+@pk.func
+def block_tile(FMT: Const[int], w, xq: Ptr[u32, "ro"], y: Ptr[f32], ldy: i32, col0: i32,
+               res: Ptr[f32], w_rows: i32, row_words: i32, K: i32, tokens: i32, row0: i32,
+               tok0: i32, y_row0: i32, y_rows: i32, Aq, Bq, Ad, Am, Bd, Bs, MI: Const[int],
+               NI: Const[int], WM: Const[int], WN: Const[int], KB: Const[int],
+               HAS_RES: Const[bool]):
+    """One block's tile: weight rows row0.. (below w_rows) times tokens tok0.. (below
+    tokens), stored (plus res with HAS_RES) at y's rows y_row0.. (below y_rows): the dense
+    GEMM's rows are y's; the grouped MoE GEMM's are one expert's stack, at offset row0 - y_row0."""
+    tid = pk.thread_idx.x
+    lane = tid % 32
+    wm = (tid // 32) % WM
+    wn = (tid // 32) // WM
+    xstride = K // 32 * Q8_1_WORDS
+    acc = pk.local_array(f32, 4 * MI * NI)
+    for i in pk.static_range(4 * MI * NI):
+        acc[i] = 0.0
+    for k0 in range(0, K, 32 * KB):
+        load_weight_tile(FMT, w, Aq, Ad, Am, w_rows, row_words, row0, k0, tid, 16 * MI * WM, KB,
+                         32 * WM * WN)
+        load_act_tile(xq, Bq, Bd, Bs, tokens, xstride, tok0, k0, tid, 8 * NI * WN, KB,
+                      32 * WM * WN)
+        pk.syncthreads()
+        for kb in pk.static_range(KB):
+            mma_block(FMT, Aq, Bq, Ad, Am, Bd, Bs, acc, kb, wm * 16 * MI, wn * 8 * NI,
+                      lane // 4, lane % 4, MI, NI)
+        pk.syncthreads()
+    store_c(acc, y, ldy, col0, res, y_rows, tokens, y_row0 + wm * 16 * MI + lane // 4,
+            tok0 + wn * 8 * NI + 2 * (lane % 4), MI, NI, HAS_RES)
+
+
 @pk.kernel
 def gemm_q8_kernel(w: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], ldy: i32, col0: i32,
                    res: Ptr[f32], rows: i32, row_words: i32, K: i32, tokens: i32,
@@ -268,28 +299,10 @@ def gemm_q8_kernel(w: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], ldy: i32
     Am = pk.shared_array(f32, (16 * MI * WM, KB))
     Bd = pk.shared_array(f32, (8 * NI * WN, KB))
     Bs = pk.shared_array(f32, (8 * NI * WN, KB))
-    tid = pk.thread_idx.x
-    lane = tid % 32
-    wm = (tid // 32) % WM
-    wn = (tid // 32) // WM
     row0 = pk.block_idx.x * (16 * MI * WM)
-    tok0 = pk.block_idx.y * (8 * NI * WN)
-    xstride = K // 32 * Q8_1_WORDS
-    acc = pk.local_array(f32, 4 * MI * NI)
-    for i in pk.static_range(4 * MI * NI):
-        acc[i] = 0.0
-    for k0 in range(0, K, 32 * KB):
-        load_weight_tile(FMT, w, Aq, Ad, Am, rows, row_words, row0, k0, tid, 16 * MI * WM, KB,
-                         32 * WM * WN)
-        load_act_tile(xq, Bq, Bd, Bs, tokens, xstride, tok0, k0, tid, 8 * NI * WN, KB,
-                      32 * WM * WN)
-        pk.syncthreads()
-        for kb in pk.static_range(KB):
-            mma_block(FMT, Aq, Bq, Ad, Am, Bd, Bs, acc, kb, wm * 16 * MI, wn * 8 * NI,
-                      lane // 4, lane % 4, MI, NI)
-        pk.syncthreads()
-    store_c(acc, y, ldy, col0, res, rows, tokens, row0 + wm * 16 * MI + lane // 4,
-            tok0 + wn * 8 * NI + 2 * (lane % 4), MI, NI, HAS_RES)
+    block_tile(FMT, w, xq, y, ldy, col0, res, rows, row_words, K, tokens, row0,
+               pk.block_idx.y * (8 * NI * WN), row0, rows, Aq, Bq, Ad, Am, Bd, Bs, MI, NI, WM,
+               WN, KB, HAS_RES)
 
 
 def default_tiles(type_name: str) -> Q8GemmTiles:
