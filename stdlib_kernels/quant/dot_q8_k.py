@@ -128,17 +128,22 @@ def q4k_scales(s0: u32, s1: u32, s2: u32, c: i32):
 
 
 @pk.func
+def q4k_factors(head: u32, s0: u32, s1: u32, s2: u32, c: i32):
+    """(d sc, d sc', dmin m, dmin m') of sub-blocks 2c and 2c+1 of a Q4_K / Q5_K super-block
+    whose head word holds (d, dmin) as f16 and s0..s2 its 12 scale bytes."""
+    scp, mp = q4k_scales(s0, s1, s2, c)
+    d, dmin = pk.unpack_f16x2(head)
+    return (d * f32(scp & u32(0xFF)), d * f32(scp >> u32(8)), dmin * f32(mp & u32(0xFF)),
+            dmin * f32(mp >> u32(8)))
+
+
+@pk.func
 def q45k_apply(v0: u32, v1: u32, v2: u32, v3: u32, u0: u32, u1: u32, u2: u32, u3: u32,
                head: u32, s0: u32, s1: u32, s2: u32, c: i32, h: i32, blk: i32,
                xq: Ptr[u32, "ro"], xstride: i32, acc: Ptr[f32], a0: i32, BATCH: Const[int]):
     """Q4_K/Q5_K item: low-sub-block values v (bytes), high-sub-block values u, against
     activation blocks 8 blk + 2c and + 1; the min term through s counted by the h == 0 item."""
-    scp, mp = q4k_scales(s0, s1, s2, c)
-    d, dmin = pk.unpack_f16x2(head)
-    d_lo = d * f32(scp & u32(0xFF))
-    d_hi = d * f32(scp >> u32(8))
-    m_lo = dmin * f32(mp & u32(0xFF))
-    m_hi = dmin * f32(mp >> u32(8))
+    d_lo, d_hi, m_lo, m_hi = q4k_factors(head, s0, s1, s2, c)
     min_once = f32(1 - h)   # the min term uses the whole 32-block sum(x): counted by h == 0
     for bt in pk.static_range(BATCH):
         x0 = bt * xstride + 9 * (8 * blk + 2 * c)

@@ -12,7 +12,7 @@ import pykernel as pk
 from pykernel import Const, Ptr, f16, f32, i32, u16, u32
 
 from .dot_q8 import LOW_NIBBLES, act, act_copy, act_scale, funnel16
-from .dot_q8_k import ONES, byte_of, q4k_scales, q6k_group, with_fifth, words_at
+from .dot_q8_k import ONES, byte_of, q4k_factors, q4k_scales, q6k_group, with_fifth, words_at
 
 
 # Q2_K, 2 items per block: item n = half n (128 values, qs words 8n..8n+7, scale bytes
@@ -63,12 +63,7 @@ def dot_q8_Q4_K_wide(w: Ptr[u32, "ro"], wrow: i32, blk: i32, c: i32, xq: Ptr[u32
     head, s0, s1, s2 = pk.load_vec(w, b, 4)
     q = pk.local_array(u32, 8)
     q4k_chunk_words(w, b, c, q)
-    scp, mp = q4k_scales(s0, s1, s2, c)
-    d, dmin = pk.unpack_f16x2(head)
-    d_lo = d * f32(scp & u32(0xFF))
-    d_hi = d * f32(scp >> u32(8))
-    m_lo = dmin * f32(mp & u32(0xFF))
-    m_hi = dmin * f32(mp >> u32(8))
+    d_lo, d_hi, m_lo, m_hi = q4k_factors(head, s0, s1, s2, c)
     a = pk.local_array(u32, 18)
     for bt in pk.static_range(BATCH):
         act_copy(xq, bt * xstride + 9 * (8 * blk + 2 * c), a, 18, 2)
