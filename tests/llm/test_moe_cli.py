@@ -89,9 +89,25 @@ def test_chat_one_turn_from_stdin_uses_the_template(models, name, rendered):
     assert f"prompt: {len(ids)} tokens" in out.stderr and out.stderr.count("decode:") == 1
 
 
-@pytest.fixture(scope="module", params=["tiny-qwen3moe-q8_0.gguf", "tiny-gpt-oss-mxfp4.gguf"])
+SERVED = [("tiny-qwen3moe-q8_0.gguf", "cpu"), ("tiny-gpt-oss-mxfp4.gguf", "cpu")]
+
+
+def require_gpu():
+    import pykernel as pk
+    if not pk.gpu_available():
+        pytest.skip("no usable CUDA GPU (driver or device missing)")
+
+
+@pytest.fixture(scope="module", params=SERVED + [
+    pytest.param((name, "cuda"), marks=pytest.mark.gpu) for name, _ in SERVED])
 def served(request, models):
-    model = models(request.param)
+    """The file served on the numpy backend (cpu) or the kernels backend (cuda)."""
+    name, device = request.param
+    if device == "cuda":
+        require_gpu()
+        model = llm.load(TINY / name, device="cuda", n_ctx=N_CTX, progress=False)
+    else:
+        model = models(name)
     server = make_server(model, "127.0.0.1", 0, model_name="tiny-moe")
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -115,6 +131,19 @@ def test_serve_completion_and_chat_and_survives_a_bad_request(served):
     assert status == 200
     assert out["choices"][0]["message"] == {
         "role": "assistant", "content": greedy_text(model, model.chat_ids(messages), 6)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", F32_FILES)
+def test_gpu_run_prints_llama_cpp_greedy_tokens(models, name):
+    """The f32 KV cache, as the oracle's: the tokens are llama.cpp's (test_moe_models)."""
+    require_gpu()
+    case = CASES[name][0]
+    out = pykernel("run", case["text"], "--model", TINY / name, "--device", "cuda", "--ctx",
+                   N_CTX, "--cache-type", "f32", "-n", 8, "--temp", 0, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == as_read(greedy_text(models(name), case["tokens"], 8)) + "\n"
+    assert "kernels backend on cuda" in out.stderr
 
 
 @pytest.mark.parametrize("name", ["tiny-qwen3moe-q4_k.gguf", "tiny-gpt-oss-mxfp4.gguf"])
