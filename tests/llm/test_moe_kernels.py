@@ -25,8 +25,12 @@ from llm.backends.act_quant import activation_kind
 from llm.backends.kernels_backend import KernelsBackend
 from llm.backends.numpy_backend import NumpyBackend
 from llm.config import RopeParams, YarnParams
+from llm.gguf_file import GGUFFile
+from llm.model import load_tokenizer
+from llm.perplexity import perplexity
 from tests.llm.cli_helpers import pykernel
 from tests.llm.gguf_helpers import TINY, require_for_module
+from tests.llm.test_moe_cli import as_read
 from tests.llm.test_moe_models import greedy, rel_l2
 
 require_for_module(TINY / "tiny-moe-logits.json")
@@ -126,17 +130,41 @@ def test_batched_decode_and_prompts_equal_single_sequences(models, name):
         assert rel_l2(row, single[-1]) < GRAPH_TOL
 
 
-def test_cli_runs_qwen3moe_on_the_kernels_backend():
-    name = "tiny-qwen3moe-f32.gguf"
+@pytest.mark.parametrize("name", F32_FILES)
+def test_cli_run_prints_llama_cpp_greedy_tokens_on_the_kernels_backend(name):
+    """`pykernel run --backend kernels` prints llama.cpp's greedy continuation (up to an
+    end-of-generation token), as the numpy backend's run does."""
     case = CASES[name][0]
+    tokenizer = load_tokenizer(GGUFFile(TINY / name))
+    tokens = case["greedy"][:8]
+    ends = [i for i, t in enumerate(tokens) if tokenizer.is_eog(t)]
+    expected = as_read(tokenizer.decode(tokens[:ends[0]] if ends else tokens)) + "\n"
     out = pykernel("run", case["text"], "--model", TINY / name, "--device", "cpu",
-                   "--backend", "kernels", "-n", "8", "--temp", "0", timeout=600)
+                   "--backend", "kernels", "--ctx", 64, "-n", "8", "--temp", "0", timeout=600)
     assert out.returncode == 0, out.stderr
     numpy_run = pykernel("run", case["text"], "--model", TINY / name, "--device", "cpu",
-                         "--backend", "numpy", "-n", "8", "--temp", "0")
+                         "--backend", "numpy", "--ctx", 64, "-n", "8", "--temp", "0")
     assert numpy_run.returncode == 0, numpy_run.stderr
-    assert out.stdout == numpy_run.stdout and out.stdout.strip()
+    assert out.stdout == numpy_run.stdout == expected and out.stdout.strip()
     assert "tok/s" in out.stderr
+
+
+@pytest.mark.parametrize("name", F32_FILES)
+def test_perplexity_equals_the_numpy_backend(models, name):
+    """llm.perplexity on a golden text's 16-token chunk from the two backends' logits X', X
+    of that chunk: within 2 F32_TOL relative L2 of each other (each is within F32_TOL of
+    llama.cpp's, test_f32_files_match_llama_cpp); a position's -log softmax moves by at most
+    2 max|dx| <= 2 ||X' - X||_F, so the mean, log ppl, by no more either."""
+    case = next(c for c in CASES[name] if len(c["tokens"]) >= 16)
+    chunk = case["tokens"][:16]
+    kernels = models(name)
+    reference = llm.load(TINY / name, device="cpu", backend="numpy", n_ctx=64, progress=False)
+    x_kernels, x_numpy = kernels.logits(chunk), reference.logits(chunk)
+    moved = float(np.linalg.norm(x_kernels - x_numpy))
+    assert moved <= 2 * F32_TOL * float(np.linalg.norm(x_numpy))
+    ours, want = perplexity(kernels, chunk, n_ctx=16), perplexity(reference, chunk, n_ctx=16)
+    assert math.isfinite(ours.ppl) and ours.tokens_scored == want.tokens_scored == 7
+    assert abs(math.log(ours.ppl / want.ppl)) <= 2 * moved, (ours.ppl, want.ppl, moved)
 
 
 @pytest.mark.parametrize("neox", [False, True])
