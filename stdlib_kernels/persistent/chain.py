@@ -159,8 +159,6 @@ class ChainRunner:
                              f"{act!r}")
         if check:
             validate(sched)
-        weights_flat = np.asarray(weights_flat) if isinstance(weights_flat, np.ndarray) \
-            else weights_flat
         if weights_flat.dtype != np.float32 or weights_flat.size != sched.weight_elems:
             raise ValueError(f"ChainRunner: weights must be float32 with {sched.weight_elems} "
                              f"elements (schedule.pack_weights), got {weights_flat.dtype} "

@@ -15,6 +15,7 @@ at its offset; offsets rounded up to 4 floats so 16-byte vector loads stay align
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,7 +74,7 @@ def chain_schedule(dims, tile_rows: int) -> Schedule:
     stages, items = [], []
     w_off, act_off = 0, _round_up(dims[0], ALIGN)
     x_off = 0
-    for layer, (n_in, n_out) in enumerate(zip(dims[:-1], dims[1:])):
+    for layer, (n_in, n_out) in enumerate(itertools.pairwise(dims)):
         stages.append((w_off, x_off, act_off, n_in, n_out))
         tiles = -(-n_out // tile_rows)
         prev_tiles = -(-n_in // tile_rows)

@@ -3,10 +3,11 @@ numpy in float64 from the kernel's own previous layer (a derived f32 bound), awk
 grids smaller and larger than the item count, replayed launches (self-resetting counters),
 schedules that violate the dependencies (rejected by validate; run anyway: a wrong answer or
 the CPU target's never-ending-wait error), and ptxas on the kernel for sm_80 / sm_90."""
+import itertools
+
 import numpy as np
 import pytest
 
-import pykernel as pk
 from pykernel.errors import KernelRuntimeError
 from stdlib_kernels.persistent import (ChainRunner, Schedule, ScheduleError, chain_kernel,
                                        chain_schedule, pack_weights, validate)
@@ -20,7 +21,7 @@ ACT = {"none": lambda v: v, "relu": lambda v: np.maximum(v, 0.0), "tanh": np.tan
 def _chain(rng, dims):
     """Weights N(0, 1/n_in) (activations stay O(1) through 7 layers) and an input y_0."""
     ws = [(rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
-          for n_in, n_out in zip(dims[:-1], dims[1:])]
+          for n_in, n_out in itertools.pairwise(dims)]
     return ws, rng.standard_normal(dims[0]).astype(np.float32)
 
 
