@@ -84,12 +84,12 @@ def main():
     del record, ys
     sms = multiprocessors()
     co_resident = chain_kernel.co_resident_grid(256, ACT=0)
+    dims = (n,) * (layers + 1)
+    weights = pk.to_device(pack_weights(chain_schedule(dims, TILE_ROWS[0]), ws))  # any tiling
     for tile in TILE_ROWS:
-        sched = chain_schedule((n,) * (layers + 1), tile)
-        runner = None
+        sched = chain_schedule(dims, tile)
+        runner = ChainRunner(sched, weights, "none")
         for grid in sorted({co_resident, sms, 2 * sms}):
-            if runner is None:
-                runner = ChainRunner(sched, pack_weights(sched, ws), "none", grid=grid)
             runner.grid = grid
             check_same(runner.run(x0), reference, layers, n)
             row("persistent chain (one launch)", tile, grid, replay_seconds(runner.launch,
