@@ -135,3 +135,9 @@ def test_column_offset_and_residual_bit_exact(rng, seed, on_cpu):
     want = res.copy()
     want[:, col0:col0 + rows] += c.numpy()
     np.testing.assert_array_equal(y.numpy(), want, err_msg=f"seed {seed}")
+
+
+@pytest.mark.parametrize("arch", ["sm_75", "sm_90"])
+def test_place_columns_ptx_assembles(arch, assemble):
+    for has_res in (False, True):
+        assemble(M.place_columns.ptx(arch, HAS_RES=has_res), arch)
