@@ -9,6 +9,7 @@ runner's weight matmuls; nothing else reads these variables.
     PYKERNEL_MMA_GEMV=0          mma_gemv off (keep the int8 GEMM there, for comparisons)
     PYKERNEL_DECODE_MMA=0        decode_mma off (decode attention on the SIMT kernel)
     PYKERNEL_DECODE_BULK=1       decode_bulk on (split decode attention by bulk copies)
+    PYKERNEL_HOPPER_QUANT_GEMM=1 hopper_quant_gemm on (GEMMs on gemm_hopper_quant, sm_90)
 """
 from __future__ import annotations
 
@@ -46,6 +47,11 @@ class KernelOptions:
     # split decode launches of f16 caches (head_dim <= 128, sm_90+) on decode_bulk: an option,
     # not the default (benchmarks/RESULTS.md "Decode by bulk copies")
     decode_bulk: bool = False
+    # the matmuls that leave the GEMVs (from int8_gemm_tokens) run gemm_hopper_quant (wgmma on
+    # weights dequantized to f16 in shared memory, f16 activations) on sm_90 where it serves
+    # the format and K (quant.matmul.hopper_quant_applies): an option for A/B runs, off until
+    # measured against the int8 / f16 GEMMs
+    hopper_quant_gemm: bool = False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ, **fields) -> KernelOptions:
@@ -56,7 +62,9 @@ class KernelOptions:
                                                        cls.int8_gemm_tokens)),
                       mma_gemv=environ.get("PYKERNEL_MMA_GEMV", "1") not in ("", "0"),
                       decode_mma=environ.get("PYKERNEL_DECODE_MMA", "1") != "0",
-                      decode_bulk=environ.get("PYKERNEL_DECODE_BULK", "0") not in ("", "0"))
+                      decode_bulk=environ.get("PYKERNEL_DECODE_BULK", "0") not in ("", "0"),
+                      hopper_quant_gemm=environ.get("PYKERNEL_HOPPER_QUANT_GEMM", "0")
+                      not in ("", "0"))
         return cls(**{**values, **fields})
 
 

@@ -24,7 +24,8 @@ from stdlib_kernels.quant.gemv import Q8_1_TYPES, gemv_f32_into, gemv_q8_into, w
 from stdlib_kernels.quant.gemv_kernels import MAX_BATCH
 from stdlib_kernels.quant.gemv_mma import gemv_mma_into
 from stdlib_kernels.quant.gemv_pair import GemvPart, gemv_q8_pair_into, pair_eligible
-from stdlib_kernels.quant.matmul import GEMM_F16, GEMV, GEMV_MMA, choose_matmul_path
+from stdlib_kernels.quant.matmul import (GEMM_F16, GEMM_HOPPER_Q, GEMV, GEMV_MMA,
+                                         choose_matmul_path, hopper_quant_into)
 from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1_into
 from stdlib_kernels.options import KernelOptions
 
@@ -157,14 +158,16 @@ def uses_gemm(g: RowGroup, n: int, options: KernelOptions) -> bool:
 
 
 def group_matmul(g: RowGroup, n_in: int, x, xq, y, options: KernelOptions, ldy=None,
-                 col0: int = 0, res=None) -> None:
+                 col0: int = 0, res=None, scratch: Callable | None = None) -> None:
     """y (n, g.rows) = x @ W_g.T on stdlib's choice (choose_matmul_path with options): the GEMV
     (8 tokens per launch), the tensor-core GEMV or the int8 tensor-core GEMM on the Q8_1
-    activations xq, or the f16 tensor-core GEMM. ldy / col0 / res (GEMM only): the result goes
-    to columns col0.. of y (n, ldy), plus res (stdlib's gemm.output_args), with no copy or add
-    launch."""
+    activations xq, the f16 tensor-core GEMM, or (options.hopper_quant_gemm) the wgmma GEMM
+    on f16 activations, its workspaces from scratch. ldy / col0 / res (GEMM only): the result
+    goes to columns col0.. of y (n, ldy), plus res (stdlib's gemm.output_args), with no copy or
+    add launch (the wgmma GEMM: one placing launch)."""
     n = x.shape[0]
-    path = choose_matmul_path(g.type_name, n, xq is not None and n_in % 32 == 0, options)
+    path = choose_matmul_path(g.type_name, n, xq is not None and n_in % 32 == 0, options,
+                              k=n_in)
     if path == GEMV:
         assert ldy is None and res is None, "strided output / residual: GEMM paths only"
         for t0 in range(0, n, MAX_BATCH):
@@ -172,6 +175,9 @@ def group_matmul(g: RowGroup, n_in: int, x, xq, y, options: KernelOptions, ldy=N
             gemv_rows(g, n_in, x[t0:t1], None if xq is None else xq[t0:t1], y[t0:t1])
     elif path == GEMM_F16:
         gemm_into(g.words, g.type_name, x, y, g.rows, n_in, n, ldy=ldy, col0=col0, res=res)
+    elif path == GEMM_HOPPER_Q:
+        hopper_quant_into(g.words, g.type_name, x, y, g.rows, n_in, n, ldy=ldy, col0=col0,
+                          res=res, scratch=scratch)
     else:
         launch = gemv_mma_into if path == GEMV_MMA else gemm_q8_into
         launch(g.words, g.type_name, xq, y, g.rows, n_in, n, ldy=ldy, col0=col0, res=res)
@@ -202,7 +208,7 @@ def matmul(x, w: DeviceMatrix, out, xq, scratch: Callable, options: KernelOption
         fused = res if n <= GEMM_RESIDUAL_TOKENS else None
         for g in w.groups:
             group_matmul(g, w.n_in, x, xq if xq is not None and _q8(g, w) else None, out,
-                         options, ldy=w.n_out, col0=g.row_off, res=fused)
+                         options, ldy=w.n_out, col0=g.row_off, res=fused, scratch=scratch)
         if res is not None and fused is None:
             X.add(out, res)
         return
@@ -212,7 +218,7 @@ def matmul(x, w: DeviceMatrix, out, xq, scratch: Callable, options: KernelOption
         for g in w.groups:
             gq = xq if xq is not None and _q8(g, w) else None
             if len(w.groups) == 1:
-                group_matmul(g, w.n_in, x, gq, out, options)
+                group_matmul(g, w.n_in, x, gq, out, options, scratch=scratch)
             elif n == 1:  # one row: the group's columns are contiguous
                 cols = slice(g.row_off, g.row_off + g.rows)
                 flat = out.reshape(-1)[cols].reshape(1, g.rows)
@@ -221,7 +227,7 @@ def matmul(x, w: DeviceMatrix, out, xq, scratch: Callable, options: KernelOption
                           res=flat_res)
             else:
                 tmp = scratch((n, g.rows))
-                group_matmul(g, w.n_in, x, gq, tmp, options)
+                group_matmul(g, w.n_in, x, gq, tmp, options, scratch=scratch)
                 X.columns(tmp, out, n, g.rows, 0, g.row_off)
     if res is not None and not (gemv and n == 1):
         X.add(out, res)
@@ -236,7 +242,7 @@ def glu(x, w: DeviceMatrix, out, xq, act: str, scratch: Callable,
     gq = xq if xq is not None and _q8(g, w) else None
     if not gemv_launch(g, x.shape[0], options):   # the GEMM (or F32's GEMV, 8-token launches)
         both = scratch((x.shape[0], 2 * half))
-        group_matmul(g, w.n_in, x, gq, both, options)
+        group_matmul(g, w.n_in, x, gq, both, options, scratch=scratch)
         glu_fused(both, "silu" if act == "swiglu" else "gelu_tanh", out=out)
         return
     per_row = g.raw.shape[1] * g.raw.itemsize // g.words.itemsize

@@ -14,35 +14,74 @@ tensor-core GEMV (gemv_mma.py, mma_gemv_applies: 5-16 tokens, no shared-memory s
 of either. More tokens use a tensor-core GEMM: the int8 one (gemm_q8.py, Q8_1 activations;
 Q4_K / Q6_K through gemm_q8_k.py) for the GEMM_Q8 types, where it measured faster than the f16
 one (benchmarks/RESULTS.md), when Q8_1 activations are at hand; else the f16 GEMM (gemm.py).
+
+With options.hopper_quant_gemm (default off, not yet measured), every matmul of at least
+options.int8_gemm_tokens tokens that would leave the DP4A GEMV runs gemm_hopper_quant instead
+(GEMM_HOPPER_Q: wgmma on the weights dequantized to f16 in shared memory) where
+hopper_quant_applies: sm_90 (or the CPU target, which emulates sm_90a), a format of
+gemm_hopper_quant.SERVED and K it takes. Its activations are x rounded to f16 (one convert
+launch), its result f32; a column offset or a residual goes through a second launch
+(place_columns).
 """
 from __future__ import annotations
 
 import numpy as np
 
+import pykernel as pk
+from pykernel import Const, Ptr, f32, i32, i64
+
+from .. import _launch as L
+from ..attention.decode_plan import cuda_sm
+from ..elementwise import convert
+from ..gemm_hopper_quant import SERVED as HOPPER_SERVED
+from ..gemm_hopper_quant import SLAB as HOPPER_SLAB
+from ..gemm_hopper_quant import gemm_hopper_quant, slab_bytes
 from ..options import GEMV_MAX_TOKENS, KernelOptions, env_options
 from .formats import GEMM_Q8 as _INT8_FAMILY
 from .formats import get_format, type_ids
-from .gemm import gemm, gemm_into
+from .gemm import gemm, gemm_into, output_args
 from .gemm_q8 import gemm_q8, gemm_q8_into
-from .gemv import Q8_1_TYPES, gemv, gemv_f32_into, gemv_q8_into
+from .gemv import Q8_1_TYPES, gemv, gemv_f32_into, gemv_q8_into, weight_words
 from .gemv_mma import gemv_mma, gemv_mma_into, mma_gemv_applies
 from .q8_1 import quantize_q8_1_into
 
 # the paths choose_matmul_path returns
 GEMV, GEMV_MMA, GEMM_Q8, GEMM_F16 = "gemv", "gemv_mma", "gemm_q8", "gemm_f16"
+GEMM_HOPPER_Q = "gemm_hopper_quant"
 INT8_GEMM_TOKENS = KernelOptions.int8_gemm_tokens   # the default (options.py has the numbers)
 # int8 GEMM faster than f16 on the H200 at m=4096 n=512 k=14336 (benchmarks/RESULTS.md:
 # Q4_0 701 vs 1064 us, Q8_0 517 vs 1093 us, Q4_K 442 vs 1132 us, Q6_K 494 vs 1069 us)
 INT8_PREFILL_TYPES = frozenset(type_ids(_INT8_FAMILY))
 
 
+def hopper_quant_applies(type_name: str, k: int | None, device=None) -> bool:
+    """gemm_hopper_quant takes `type_name` rows of k values on `device` (None: the current
+    one): a served format, k a whole number of 256-value slabs whose bytes are whole 16 bytes
+    per row (TMA's row pitch), and sm_90 (wgmma; sm_90a) or the CPU target (emulated)."""
+    if type_name not in HOPPER_SERVED or k is None or k <= 0 or k % HOPPER_SLAB \
+            or (k // HOPPER_SLAB * slab_bytes(type_name)) % 16:
+        return False
+    device = device or pk.current_device()
+    return device.kind == "cpu" or cuda_sm(device) == 90
+
+
 def choose_matmul_path(type_name: str, tokens: int, q8_1: bool,
-                       options: KernelOptions | None = None) -> str:
+                       options: KernelOptions | None = None, *, k: int | None = None,
+                       device=None) -> str:
     """The kernel for `tokens` rows of x against `type_name` weights (module docstring).
     q8_1: Q8_1 activations at hand that the int8 kernels can read (rows of a multiple of 32
     values). options None: env_options(); the runner's adds f32_weights_gemv and
-    route_by_format (options.py)."""
+    route_by_format (options.py). k (row length) and device (None: the current one) matter
+    only with options.hopper_quant_gemm; without k that route is not taken."""
     o = options or env_options()
+    path = _default_path(type_name, tokens, q8_1, o)
+    if o.hopper_quant_gemm and path != GEMV and tokens >= o.int8_gemm_tokens \
+            and hopper_quant_applies(type_name, k, device):
+        return GEMM_HOPPER_Q
+    return path
+
+
+def _default_path(type_name: str, tokens: int, q8_1: bool, o: KernelOptions) -> str:
     int8_type = _INT8_FAMILY in get_format(type_name).kernels
     int8 = int8_type and q8_1
     mma = mma_gemv_applies(type_name, tokens, o)
@@ -54,6 +93,40 @@ def choose_matmul_path(type_name: str, tokens: int, q8_1: bool,
     if int8:
         return GEMV_MMA if mma else GEMM_Q8
     return GEMM_F16
+
+
+@pk.kernel
+def place_columns(src: Ptr[f32, "ro"], y: Ptr[f32], res: Ptr[f32], width: i32, ldy: i32,
+                  col0: i32, HAS_RES: Const[bool]):
+    # grid (tokens): y[t, col0 + c] = src[t, c] (+ res[t, col0 + c]) for c < width; each
+    # element's res is read by the thread that writes it, so y may alias res
+    t = i64(pk.block_idx.x)
+    for c in range(pk.thread_idx.x, width, pk.block_dim.x):
+        at = t * i64(ldy) + i64(col0 + c)
+        v = src[t * i64(width) + i64(c)]
+        if HAS_RES:
+            v += res[at]
+        y[at] = v
+
+
+def hopper_quant_into(w, type_name: str, x, y, rows: int, K: int, tokens: int, stream=None,
+                      *, ldy=None, col0: int = 0, res=None, scratch=None) -> None:
+    """y (tokens, rows) = f16(x) (tokens, K) @ W^T on gemm_hopper_quant, w from
+    gemv.weight_words. ldy / col0 / res as gemm.gemm_into's (C into columns col0.. of y
+    (tokens, ldy), plus res; then through place_columns). scratch(shape) -> an f32 array
+    (the runner's arena, so graphs keep their buffers); None: allocated here."""
+    ldy, res_or_y, has_res = output_args(y, rows, tokens, ldy, col0, res, "hopper_quant")
+    take = scratch or (lambda shape: pk.empty(shape, np.float32))
+    x16 = take((tokens, K // 2)).view_as((tokens, K), np.float16)
+    convert(x.view_as((tokens, K), np.float32), np.float16, out=x16, stream=stream)
+    raw = w.view_as((rows, K // HOPPER_SLAB * slab_bytes(type_name)), np.uint8)
+    if ldy == rows and not has_res:          # C is all of y: written in place
+        gemm_hopper_quant(x16, raw, type_name, out=y.view_as((tokens, rows), np.float32),
+                          stream=stream)
+        return
+    tmp = gemm_hopper_quant(x16, raw, type_name, out=take((tokens, rows)), stream=stream)
+    L.launch(place_columns, tokens, L.threads_for(rows, 256),
+             (tmp, y, res_or_y, rows, ldy, col0), (("HAS_RES", has_res),), stream)
 
 
 def prefill_path(type_name: str, n: int, xq=None) -> str:
@@ -72,9 +145,15 @@ def uses_gemm(type_name: str, n: int, tokens: int, xq=None,
 def matmul(raw, type_name: str, x, options: KernelOptions | None = None):
     """y = x @ dequantize(raw)^T on the kernel choose_matmul_path picks (Q8_1 at hand)."""
     tokens = 1 if np.ndim(x) == 1 or getattr(x, "ndim", 1) == 1 else x.shape[0]
-    path = choose_matmul_path(type_name, tokens, x.shape[-1] % 32 == 0, options)
+    path = choose_matmul_path(type_name, tokens, x.shape[-1] % 32 == 0, options, k=x.shape[-1])
     if path == GEMV:
         return gemv(raw, type_name, x)
+    if path == GEMM_HOPPER_Q:
+        x32 = x if isinstance(x, pk.Array) else pk.to_device(np.ascontiguousarray(x, np.float32))
+        words, rows = weight_words(raw, type_name, x32.shape[-1])
+        y = pk.empty((tokens, rows), np.float32)
+        hopper_quant_into(words, type_name, x32, y, rows, x32.shape[-1], tokens)
+        return y
     return {GEMV_MMA: gemv_mma, GEMM_Q8: gemm_q8, GEMM_F16: gemm}[path](raw, type_name, x)
 
 
@@ -82,7 +161,7 @@ def matmul_into(w, type_name: str, x, y, rows: int, n: int, tokens: int, xq=None
                 stream=None, options: KernelOptions | None = None) -> None:
     """y (tokens, rows) = x (tokens, n) @ W^T with w from gemv.weight_words. xq: a Q8_1
     workspace (tokens, n//32*36 bytes) for the DP4A GEMV and the int8 GEMM; quantized here."""
-    path = choose_matmul_path(type_name, tokens, xq is not None and n % 32 == 0, options)
+    path = choose_matmul_path(type_name, tokens, xq is not None and n % 32 == 0, options, k=n)
     if path == GEMV:
         if type_name in Q8_1_TYPES and xq is not None:
             quantize_q8_1_into(x, xq, stream=stream)
@@ -91,6 +170,8 @@ def matmul_into(w, type_name: str, x, y, rows: int, n: int, tokens: int, xq=None
             gemv_f32_into(w, type_name, x, y, rows, n, tokens, stream=stream)
     elif path == GEMM_F16:
         gemm_into(w, type_name, x, y, rows, n, tokens, stream=stream)
+    elif path == GEMM_HOPPER_Q:
+        hopper_quant_into(w, type_name, x, y, rows, n, tokens, stream=stream)
     else:
         quantize_q8_1_into(x, xq, stream=stream)
         launch = gemv_mma_into if path == GEMV_MMA else gemm_q8_into
@@ -98,5 +179,6 @@ def matmul_into(w, type_name: str, x, y, rows: int, n: int, tokens: int, xq=None
 
 
 __all__ = ["matmul", "matmul_into", "choose_matmul_path", "prefill_path", "uses_gemm",
-           "GEMV", "GEMV_MMA", "GEMM_Q8", "GEMM_F16", "GEMV_MAX_TOKENS", "INT8_GEMM_TOKENS",
+           "hopper_quant_applies", "hopper_quant_into", "place_columns",
+           "GEMV", "GEMV_MMA", "GEMM_Q8", "GEMM_F16", "GEMM_HOPPER_Q", "GEMV_MAX_TOKENS", "INT8_GEMM_TOKENS",
            "INT8_PREFILL_TYPES"]
