@@ -24,8 +24,11 @@ from gguf.constants import GGMLQuantizationType
 
 from llm.backends.dequant import dequantize
 from stdlib_kernels.persistent.decode import DecodeRunner
-from stdlib_kernels.persistent.decode_schedule import (DecodeShape, decode_schedule,
-                                                       pack_decode_weights)
+from stdlib_kernels.persistent.decode_schedule import (
+    DecodeShape,
+    decode_schedule,
+    pack_decode_weights,
+)
 
 
 class UnsupportedModel(ValueError):
@@ -95,7 +98,7 @@ class PersistentDecode:
 
     @classmethod
     def from_model(cls, model, n_ctx: int | None = None, tile_rows: int = 16,
-                   grid: int | None = None) -> "PersistentDecode":
+                   grid: int | None = None) -> PersistentDecode:
         """From an llm.Model loaded on the kernels backend (its transformer, or a GraphRunner
         around one); n_ctx: the KV cache rows (default the model's context)."""
         if getattr(model.backend, "name", None) != "kernels":

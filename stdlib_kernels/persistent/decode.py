@@ -33,8 +33,25 @@ from pykernel import Const, Ptr, f32, i32, i64, u32
 from .._device import NEG_INF, block_max, block_sum, warp_sum
 from ..rotary_kernels import rope_head
 from .chain import wait_for
-from .decode_schedule import (ATTN, EMBED, GEMV, GLU, KIND, LAYER, N_IN, N_OUT, NORM, RESIDUAL,
-                              ROPE_KV, STAGE_COLS, W, W2, X, Y, DecodeSchedule, validate_decode)
+from .decode_schedule import (
+    ATTN,
+    EMBED,
+    GEMV,
+    GLU,
+    KIND,
+    LAYER,
+    N_IN,
+    NORM,
+    RESIDUAL,
+    ROPE_KV,
+    STAGE_COLS,
+    W2,
+    DecodeSchedule,
+    W,
+    X,
+    Y,
+    validate_decode,
+)
 from .schedule import EXITED, FIRST_STAGE_COUNTER, ITEM_COLS, TICKET
 
 WARPS = 8

@@ -6,9 +6,16 @@ import numpy as np
 import pytest
 
 from stdlib_kernels.persistent.decode import DecodeRunner, decode_kernel
-from stdlib_kernels.persistent.decode_schedule import (ATTN, GEMV, GLU, KIND, ROPE_KV,
-                                                       DecodeShape, decode_schedule,
-                                                       pack_decode_weights)
+from stdlib_kernels.persistent.decode_schedule import (
+    ATTN,
+    GEMV,
+    GLU,
+    KIND,
+    ROPE_KV,
+    DecodeShape,
+    decode_schedule,
+    pack_decode_weights,
+)
 from stdlib_kernels.persistent.schedule import ScheduleError, validate_chain
 
 pytestmark = pytest.mark.usefixtures("cpu_device")
