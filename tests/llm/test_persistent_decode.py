@@ -2,6 +2,8 @@
 decode.py) on the tiny llama file, CPU target: a random prompt prefilled through the runner,
 then several decode tokens through the persistent kernel against the kernels backend's own
 decode logits (its decode graph) and K/V rows, a replayed launch, and the refusals."""
+import functools
+
 import numpy as np
 import pytest
 
@@ -14,10 +16,15 @@ STEPS = 4
 EPS32 = float(np.finfo(np.float32).eps)
 
 
-@pytest.fixture(scope="module")
+@functools.cache
+def _load(name: str, activations: str = "q8_1"):
+    return llm.load(TINY / name, device="cpu", backend="kernels", n_ctx=N_CTX, progress=False,
+                    activations=activations)
+
+
+@pytest.fixture
 def model():
-    return llm.load(TINY / "tiny-llama-f32.gguf", device="cpu", backend="kernels", n_ctx=N_CTX,
-                    progress=False)
+    return _load("tiny-llama-f32.gguf")
 
 
 def dot_path_length(cfg, pos: int) -> int:
@@ -46,12 +53,17 @@ def _prefill(model, rng, prompt_len: int):
     return cache, prompt, logits
 
 
-@pytest.mark.parametrize("grid,tile_rows", [(3, 16), (1, 5), (40, 7)])
-def test_decode_steps_match_runner(model, rng, grid, tile_rows):
+@pytest.mark.parametrize("name,grid,tile_rows", [
+    ("tiny-llama-f32.gguf", 3, 16), ("tiny-llama-f32.gguf", 1, 5),
+    ("tiny-llama-f32.gguf", 40, 7), ("tiny-llama-q8_0.gguf", 5, 16)])
+def test_decode_steps_match_runner(rng, name, grid, tile_rows):
     """Greedy tokens after a random prompt: each step's logits from the persistent launch vs
     the runner's decode step on its own cache (the same token and position), and the K/V row
     each wrote. Grid 1 runs every item in one block; 40 is more blocks than some stages'
-    items (the queue hands the rest nothing)."""
+    items (the queue hands the rest nothing). Q8_0: the hook expands the weights to f32
+    (exactly: a Q8_0 value is an int8 times an f16 scale), so the runner runs with f32
+    activations too (its default Q8_1 activations round them: a different step)."""
+    model = _load(name, "f32" if "q8_0" in name else "q8_1")
     cfg, b = model.config, model.backend
     cache, prompt, logits = _prefill(model, rng, int(rng.integers(1, 9)))
     pd = PersistentDecode.from_model(model, n_ctx=N_CTX, tile_rows=tile_rows, grid=grid)
