@@ -92,9 +92,16 @@ def validate(sched: Schedule) -> None:
     """Every item of stage l > 0 must wait on stage l - 1's counter for all its tiles, and all
     of those tiles must come before it in the order (blocks take items in order, so an item
     then waits only on items already taken by running blocks: no deadlock)."""
-    items = sched.items
-    tiles = np.bincount(items[:, 0], minlength=sched.n_stages)
-    done = np.zeros(sched.counters, np.int64)
+    validate_chain(sched.items, sched.stages[:, 4].tolist(), sched.counters)
+
+
+def validate_chain(items: np.ndarray, stage_rows, n_counters: int) -> None:
+    """validate() for any chain of stages where each stage reads all of the previous one's
+    output: items (n_items, ITEM_COLS) as in Schedule; stage_rows[l], how many rows (outputs,
+    heads, ...) the tiles of stage l must cover exactly once (the decode schedule uses it)."""
+    n_stages = len(stage_rows)
+    tiles = np.bincount(items[:, 0], minlength=n_stages)
+    done = np.zeros(n_counters, np.int64)
     for k, (stage, lo, hi, wait_counter, wait_count, signal) in enumerate(items.tolist()):
         if stage > 0:
             producer = FIRST_STAGE_COUNTER + stage - 1
@@ -107,12 +114,15 @@ def validate(sched: Schedule) -> None:
                 raise ScheduleError(
                     f"item {k} (stage {stage}) comes before {wait_count - done[producer]} of "
                     f"the stage {stage - 1} tiles it waits on: blocks could all wait (deadlock)")
+        elif wait_counter != NO_WAIT:
+            raise ScheduleError(f"item {k} (stage 0) waits on counter {wait_counter}: stage 0 "
+                                f"reads only what the host wrote before the launch")
         if signal != FIRST_STAGE_COUNTER + stage:
             raise ScheduleError(f"item {k} signals counter {signal}, not stage {stage}'s")
         done[signal] += 1
-    for stage in range(sched.n_stages):
+    for stage in range(n_stages):
         rows = items[items[:, 0] == stage]
-        covered = np.zeros(int(sched.stages[stage, 4]), np.int64)
+        covered = np.zeros(int(stage_rows[stage]), np.int64)
         for lo, hi in rows[:, 1:3].tolist():
             covered[lo:hi] += 1
         if not (covered == 1).all():

@@ -1,0 +1,157 @@
+"""The persistent decode kernel (stdlib_kernels/persistent/decode.py) on random weights of
+awkward shapes, CPU target: each step's logits and K/V rows against a float64 numpy decode step
+(GQA groups, normal and NeoX RoPE, partial rotation), the schedule's tables and checks, bad
+arguments, and ptxas on the kernel for sm_90."""
+import numpy as np
+import pytest
+
+from stdlib_kernels.persistent.decode import DecodeRunner, decode_kernel
+from stdlib_kernels.persistent.decode_schedule import (
+    ATTN,
+    GEMV,
+    GLU,
+    KIND,
+    ROPE_KV,
+    DecodeShape,
+    decode_schedule,
+    pack_decode_weights,
+)
+from stdlib_kernels.persistent.schedule import ScheduleError, validate_chain
+
+pytestmark = pytest.mark.usefixtures("cpu_device")
+EPS32 = float(np.finfo(np.float32).eps)
+THETA = 10000.0
+
+
+def _weights(rng, shape: DecodeShape) -> dict:
+    """Matrices N(0, 1/n_in) and norm weights near 1: activations stay O(1)."""
+    out = {}
+    for name, dims in shape.weight_shapes().items():
+        if len(dims) == 1:
+            out[name] = (1.0 + 0.1 * rng.standard_normal(dims)).astype(np.float32)
+        else:
+            out[name] = (rng.standard_normal(dims) / np.sqrt(dims[-1])).astype(np.float32)
+    return out
+
+
+def _rope(x, pos, rot_dim, neox):
+    """x (heads, head_dim) float64 rotated at pos (llama.cpp's angles)."""
+    x = x.copy()
+    i = np.arange(rot_dim // 2)
+    theta = pos * THETA ** (-2.0 * i / rot_dim)
+    c, s = np.cos(theta), np.sin(theta)
+    d0, d1 = (i, i + rot_dim // 2) if neox else (2 * i, 2 * i + 1)
+    a, b = x[:, d0].copy(), x[:, d1].copy()
+    x[:, d0], x[:, d1] = a * c - b * s, a * s + b * c
+    return x
+
+
+def _reference_step(t, s: DecodeShape, cache_k, cache_v, token, pos, rot_dim, neox, eps):
+    """One decode token in float64; writes K/V row pos of the float64 caches; logits."""
+    t = {k: v.astype(np.float64) for k, v in t.items()}
+
+    def norm(x, w):
+        return x / np.sqrt(np.mean(x * x) + eps) * w
+
+    x = t["token_embd"][token].copy()
+    hd, group = s.head_dim, s.n_head // s.n_head_kv
+    for il in range(s.n_layer):
+        qkv = t[f"blk.{il}.qkv"] @ norm(x, t[f"blk.{il}.attn_norm"])
+        q = _rope(qkv[:s.q_rows].reshape(s.n_head, hd), pos, rot_dim, neox)
+        k = _rope(qkv[s.q_rows:s.q_rows + s.kv_rows].reshape(-1, hd), pos, rot_dim, neox)
+        cache_k[il, :, pos], cache_v[il, :, pos] = k, qkv[s.q_rows + s.kv_rows:].reshape(-1, hd)
+        attn = np.empty((s.n_head, hd))
+        for h in range(s.n_head):
+            scores = cache_k[il, h // group, :pos + 1] @ q[h] / np.sqrt(hd)
+            p = np.exp(scores - scores.max())
+            attn[h] = p @ cache_v[il, h // group, :pos + 1] / p.sum()
+        x = x + t[f"blk.{il}.attn_out"] @ attn.reshape(-1)
+        gu = t[f"blk.{il}.gate_up"] @ norm(x, t[f"blk.{il}.ffn_norm"])
+        g, u = gu[:s.n_ff], gu[s.n_ff:]
+        x = x + t[f"blk.{il}.down"] @ (g / (1 + np.exp(-g)) * u)
+    return t["output"] @ norm(x, t["output_norm"])
+
+
+@pytest.mark.parametrize("dims,rot_dim,neox,tile_rows,grid", [
+    ((2, 36, 6, 2, 6, 50, 37), 6, False, 5, 3),      # GQA 3:1, tiles not dividing any size
+    ((1, 32, 4, 4, 8, 24, 19), 4, True, 16, 1),      # MHA, NeoX, half the head rotated
+    ((3, 40, 4, 1, 10, 33, 41), 10, True, 3, 64)])   # MQA, more blocks than items per stage
+def test_decode_steps_match_numpy(rng, dims, rot_dim, neox, tile_rows, grid):
+    """Random prefix in the cache, then 3 tokens: logits and the new K/V rows against float64.
+    Bound: the f32 dots along a token's path (stage by stage, lengths summed) each off by at
+    most ~n eps/2 relative to the O(1) activations (Higham's gamma_n), to first order adding
+    up; x4 for the exp / rsqrt / sin / cos roundings the dots carry along."""
+    n_ctx, prefix, eps = 16, int(rng.integers(0, 8)), 1e-5
+    s = DecodeShape(*dims, n_ctx=n_ctx)
+    sched = decode_schedule(s, tile_rows)
+    tensors = _weights(rng, s)
+    runner = DecodeRunner(sched, pack_decode_weights(sched, tensors), eps=eps,
+                          scale=1 / np.sqrt(s.head_dim), rope_theta=THETA, rot_dim=rot_dim,
+                          neox=neox, grid=grid)
+    kv = (s.n_layer, s.n_head_kv, n_ctx, s.head_dim)
+    cache_k, cache_v = rng.standard_normal(kv), rng.standard_normal(kv)
+    for il in range(s.n_layer):
+        runner.set_cache(il, cache_k[il, :, :prefix], cache_v[il, :, :prefix])
+    cache_k, cache_v = cache_k.astype(np.float32).astype(np.float64), \
+        cache_v.astype(np.float32).astype(np.float64)
+    for pos in range(prefix, prefix + 3):
+        token = int(rng.integers(0, s.n_vocab))
+        got = runner.step(token, pos).astype(np.float64)
+        want = _reference_step(tensors, s, cache_k, cache_v, token, pos, rot_dim, neox, eps)
+        path = s.n_layer * (3 * s.n_embd + s.head_dim + pos + 1 + s.q_rows + s.n_ff)
+        bound = 4 * path * EPS32 * max(1.0, np.abs(want).max())
+        assert np.abs(got - want).max() <= bound, (pos, np.abs(got - want).max(), bound)
+        for mine, theirs in ((runner.cache_k, cache_k), (runner.cache_v, cache_v)):
+            row = mine.numpy()[:, :, pos].astype(np.float64)
+            assert np.abs(row - theirs[:, :, pos]).max() <= bound
+        assert not runner.counters.numpy().any()
+
+
+def test_schedule_items_and_stages():
+    s = DecodeShape(2, 36, 6, 2, 6, 50, 37, n_ctx=16)
+    sched = decode_schedule(s, 5)
+    kinds = sched.stages[:, KIND].tolist()
+    assert kinds[1:7] == [GEMV, ROPE_KV, ATTN, GEMV, GLU, GEMV] and len(kinds) == 2 + 6 * 2
+    per_stage = np.bincount(sched.items[:, 0])
+    # embed 36/5, qkv 60/5, kv heads, heads, o 36/5, ffn 50/5, down 36/5, then 37/5
+    assert per_stage.tolist() == [8] + [12, 2, 6, 8, 10, 8] * 2 + [8]
+    with pytest.raises(ValueError, match="tile_rows must be positive"):
+        decode_schedule(s, 0)
+    with pytest.raises(ValueError, match="not a multiple of n_head_kv"):
+        DecodeShape(1, 8, 3, 2, 4, 8, 8, 8)
+    with pytest.raises(ValueError, match="n_ctx must be positive"):
+        DecodeShape(1, 8, 2, 2, 4, 8, 8, 0)
+
+
+def test_schedule_checks_reject_broken_waits():
+    sched = decode_schedule(DecodeShape(1, 8, 2, 1, 4, 8, 8, 8), 4)
+    rows = sched.stages[:, 6].tolist()
+    items = sched.items.copy()
+    items[5, 4] -= 1                             # waits for one tile fewer than it reads
+    with pytest.raises(ScheduleError, match="waits for"):
+        validate_chain(items, rows, sched.counters)
+    with pytest.raises(ScheduleError, match="deadlock"):
+        validate_chain(sched.items[::-1].copy(), rows, sched.counters)
+
+
+def test_bad_arguments_are_named(rng):
+    s = DecodeShape(1, 8, 2, 1, 4, 8, 8, 8)
+    sched = decode_schedule(s, 4)
+    flat = pack_decode_weights(sched, _weights(rng, s))
+    with pytest.raises(ValueError, match="float32 with"):
+        DecodeRunner(sched, flat[:-1], eps=1e-5, scale=0.5, rope_theta=THETA, rot_dim=4,
+                     neox=False)
+    with pytest.raises(ValueError, match="rot_dim must be even"):
+        DecodeRunner(sched, flat, eps=1e-5, scale=0.5, rope_theta=THETA, rot_dim=3, neox=False)
+    with pytest.raises(ValueError, match="missing tensors"):
+        pack_decode_weights(sched, {})
+    runner = DecodeRunner(sched, flat, eps=1e-5, scale=0.5, rope_theta=THETA, rot_dim=4,
+                          neox=False, grid=2)
+    with pytest.raises(ValueError, match="set_cache"):
+        runner.set_cache(0, np.zeros((2, 3, 4)), np.zeros((2, 3, 4)))
+
+
+def test_decode_kernel_ptx_sm90(assemble):
+    ptx = decode_kernel.ptx("sm_90", NEOX=False)
+    assert "ld.acquire.gpu" in ptx and "atom.release.gpu" in ptx and "nanosleep" in ptx
+    assemble(ptx, "sm_90")
