@@ -94,24 +94,20 @@ def graph_us(comm, n, device) -> float:
     import numpy as np
 
     import pykernel as pk
+    from benchmarks._timing import captured, seconds_per_replay
     calls = int(os.environ.get("GRAPH_CALLS", "32"))
     replays = int(os.environ.get("REPLAYS", "20"))
     pdl = os.environ.get("PDL", "0") not in ("", "0")
     x = pk.zeros(n, np.float32, device)
     stream = pk.Stream(device)
-    with pk.capture_graph(stream, pdl=pdl) as graph:
+
+    def record():
         for _ in range(calls):
             comm.all_reduce_sum(x, stream=device.launch_stream_handle)
-    graph.replay(stream)
-    stream.synchronize()
-    barrier(comm, device)
-    start, end = pk.Event(), pk.Event()
-    start.record(stream)
-    for _ in range(replays):
-        graph.replay(stream)
-    end.record(stream)
-    end.synchronize()
-    return start.elapsed_ms(end) * 1e3 / (replays * calls)
+
+    graph = captured(record, stream, pdl)
+    barrier(comm, device)              # the ranks start timing together
+    return seconds_per_replay(graph, stream, replays) * 1e6 / calls
 
 
 def barrier(comm, device) -> None:

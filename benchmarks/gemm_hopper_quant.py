@@ -32,29 +32,17 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pykernel as pk
 from benchmarks._timing import replay_seconds
-from benchmarks.quant_gemm import SCALE_BYTES
+from benchmarks.quant_gemm import random_raw
 from stdlib_kernels import gemm_hopper as G
 from stdlib_kernels import gemm_hopper_quant as Q
 from stdlib_kernels.elementwise import convert
 from stdlib_kernels.quant import device
-from stdlib_kernels.quant.formats import get_format
 from stdlib_kernels.quant.gemm_q8 import gemm_q8_into
 from stdlib_kernels.quant.gemv import weight_words
 from stdlib_kernels.quant.matmul import matmul_into
 from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1_into
 
 SHAPES = "4096x4096,14336x4096,4096x14336,1024x4096"      # N x K: q/o, gate/up, down, k/v
-
-
-def random_raw(type_name: str, rows: int, k: int, rng):
-    """Random quants (rows, row_bytes) uint8 on the device, finite f16 scales."""
-    fmt = get_format(type_name)
-    raw = np.frombuffer(rng.bytes(rows * k // fmt.block_elems * fmt.block_bytes),
-                        np.uint8).reshape(rows, -1, fmt.block_bytes).copy()
-    at, size = SCALE_BYTES[type_name]
-    halves = (rng.standard_normal(raw.shape[:2] + (size // 2,)) * 0.01).astype(np.float16)
-    raw[:, :, at:at + size] = halves.view(np.uint8).reshape(raw.shape[:2] + (size,))
-    return pk.to_device(raw.reshape(rows, -1))
 
 
 def rel(a, b) -> float:

@@ -65,15 +65,21 @@ SCALE_BYTES = {"Q4_K": (0, 4), "Q6_K": (208, 2), "Q4_0": (0, 2), "Q8_0": (0, 2),
                "Q4_1": (0, 4), "Q5_0": (0, 2), "Q5_1": (0, 4)}
 
 
-def random_weights(type_name: str, rows: int, k: int, rng):
-    """Random quants with f16 scales drawn from N(0, 0.01) (random bytes could be NaN/inf)."""
+def random_raw(type_name: str, rows: int, k: int, rng):
+    """Random quants (rows, row bytes) uint8 on the device, with f16 scales drawn from
+    N(0, 0.01) (random bytes there could be NaN/inf)."""
     fmt = get_format(type_name)
     raw = np.frombuffer(rng.bytes(rows * k // fmt.block_elems * fmt.block_bytes),
                         np.uint8).reshape(rows, -1, fmt.block_bytes).copy()
     at, size = SCALE_BYTES[type_name]
     halves = (rng.standard_normal(raw.shape[:2] + (size // 2,)) * 0.01).astype(np.float16)
     raw[:, :, at:at + size] = halves.view(np.uint8).reshape(raw.shape[:2] + (size,))
-    return weight_words(pk.to_device(raw.reshape(rows, -1)), type_name, k)[0]
+    return pk.to_device(raw.reshape(rows, -1))
+
+
+def random_weights(type_name: str, rows: int, k: int, rng):
+    """random_raw as the GEMMs' weight words (gemv.weight_words)."""
+    return weight_words(random_raw(type_name, rows, k, rng), type_name, k)[0]
 
 
 def time_graph(launch_all, replays: int = 5) -> float:

@@ -50,10 +50,14 @@ def tile_origin(tile: i32, tiles_m: i32, tiles_n: i32, BN: Const[int], GROUP_M: 
 
 @pk.func
 def produce(smem, base: i32, bars, ta, tb, tiles_m: i32, tiles_n: i32, k_tiles: i32,
-            BN: Const[int], STAGES: Const[int], GROUP_M: Const[int]):
-    """Thread 0 of the producer: every K slice of the block's tiles into the ring, in the
-    order the consumers take them; slot s is refilled once empty[s] completed."""
-    slot = (BM + BN) * BK
+            BN: Const[int], STAGES: Const[int], GROUP_M: Const[int], A_ROWS: Const[int] = 128,
+            WITH_B: Const[bool] = True):
+    """Thread 0 of the producer: every K slice of the block's tiles into the ring (A_ROWS x BK
+    of A, then with WITH_B BN x BK of B from tb), in the order the consumers take them; slot s
+    is refilled once empty[s] completed. Without B (gemm_hopper_quant: its dequantizers write
+    B and arrive themselves; tb unused) only A's bytes are expected. tile_origin counts tile
+    rows of BM: an A_ROWS-row tile starts at A_ROWS / BM times its row."""
+    slot = (A_ROWS + BN) * BK
     it = 0
     for tile in range(pk.block_idx.x, tiles_m * tiles_n, pk.grid_dim.x):
         m0, n0 = tile_origin(tile, tiles_m, tiles_n, BN, GROUP_M)
@@ -61,9 +65,13 @@ def produce(smem, base: i32, bars, ta, tb, tiles_m: i32, tiles_n: i32, k_tiles: 
             s = it % STAGES
             if it >= STAGES:                     # the consumers freed slot s
                 pk.mbarrier_wait(bars, STAGES + s, (it // STAGES - 1) % 2)
-            pk.mbarrier_arrive_expect_tx(bars, s, slot * 2)
-            pk.tma_load(smem, base + s * slot, ta, (m0, kt * BK), bars, s)
-            pk.tma_load(smem, base + s * slot + BM * BK, tb, (n0, kt * BK), bars, s)
+            if WITH_B:
+                pk.mbarrier_arrive_expect_tx(bars, s, slot * 2)
+            else:
+                pk.mbarrier_arrive_expect_tx(bars, s, A_ROWS * BK * 2)
+            pk.tma_load(smem, base + s * slot, ta, (m0 * (A_ROWS // BM), kt * BK), bars, s)
+            if WITH_B:
+                pk.tma_load(smem, base + s * slot + A_ROWS * BK, tb, (n0, kt * BK), bars, s)
             it += 1
 
 

@@ -4,15 +4,15 @@ memory, accumulated in f32 by wgmma (sm_90a; the CPU target emulates it).
 
 gemm_hopper_kernel.py's consumers run unchanged (`consume`: wgmma m64nBNk16 f16 on ring slots
 of A 128 x 64 | B BN x 64, 128-byte swizzle, and its epilogues); only the producer warpgroup
-differs. Its warp 0 lane 0 (the A loader) TMA-loads A's 128 x 64 slices into the ring; its
-warps 1..3 (the dequantizers, 96 threads) turn W's raw bytes into the slots' B halves: their
-thread 0 TMA-loads BN rows x SLAB values a slab (SB bytes a row: a box of BOXB bytes from the
-16-byte floor of the slab's first byte, since TMA boxes start at whole 16 bytes; the slab sits
-at the same offset in every row's box) into RAW raw slots, and all 96 write each slab's SLICES
-slices of B as f16 (decode8's f32 value rounded to nearest even, the f16 GEMM's numerics;
-gemm_hopper_quant_dequant.py) in the layout a 128-byte-swizzle TMA load would have left
-(16-byte chunk x of row r at chunk x ^ (r % 8)), then arrive on the slot's full barrier beside
-the A loader's expect-tx arrival. Barriers (bars):
+differs. Its warp 0 lane 0 (the A loader: gemm_hopper_kernel's `produce` without B)
+TMA-loads A's 128 x 64 slices into the ring; its warps 1..3 (the dequantizers, 96 threads) turn
+W's raw bytes into the slots' B halves: their thread 0 TMA-loads BN rows x SLAB values a slab
+(SB bytes a row: a box of BOXB bytes from the 16-byte floor of the slab's first byte, since TMA
+boxes start at whole 16 bytes; the slab sits at the same offset in every row's box) into RAW
+raw slots, and all 96 write each slab's SLICES slices of B as f16 (decode8's f32 value rounded
+to nearest even, the f16 GEMM's numerics; gemm_hopper_quant_dequant.py) in the layout a
+128-byte-swizzle TMA load would have left (16-byte chunk x of row r at chunk x ^ (r % 8)), then
+arrive on the slot's full barrier beside the A loader's expect-tx arrival. Barriers (bars):
 
     full[s] = s (1 + 96 arrivals + A's bytes)  empty[s] = S + s (the consumers')
     order[h] = 2 S + h (ping-pong turns)         raw_full[r] = 2 S + 2 + r (1 + W's bytes)
@@ -36,6 +36,7 @@ from stdlib_kernels.gemm_hopper_kernel import (
     THREADS,
     consume,
     mainloop,
+    produce,
     store_rows,
     tile_origin,
 )
@@ -84,25 +85,6 @@ def my_tiles(tiles: i32):
     if pk.block_idx.x < tiles:
         mine = (tiles - pk.block_idx.x + pk.grid_dim.x - 1) // pk.grid_dim.x
     return mine
-
-
-@pk.func
-def load_a(smem, base: i32, bars, ta, tiles_m: i32, tiles_n: i32, k_tiles: i32,
-           BN: Const[int], STAGES: Const[int], GROUP_M: Const[int], BMQ: Const[int]):
-    """The A loader (one thread): A's BMQ x 64 slices into the ring in the consumers' order,
-    slot s once the consumers freed it (the dequantizers fill its B part). tile_origin
-    counts tile rows of BM: a BMQ-row tile starts at BMQ / BM times its row."""
-    slot = (BMQ + BN) * BK
-    it = 0
-    for tile in range(pk.block_idx.x, tiles_m * tiles_n, pk.grid_dim.x):
-        m0, _n0 = tile_origin(tile, tiles_m, tiles_n, BN, GROUP_M)
-        for kt in range(k_tiles):
-            s = it % STAGES
-            if it >= STAGES:
-                pk.mbarrier_wait(bars, STAGES + s, (it // STAGES - 1) % 2)
-            pk.mbarrier_arrive_expect_tx(bars, s, BMQ * BK * 2)
-            pk.tma_load(smem, base + s * slot, ta, (m0 * (BMQ // BM), kt * BK), bars, s)
-            it += 1
 
 
 @pk.func
@@ -193,7 +175,8 @@ def gemm_q_tn(ta: pk.TensorMap, tw: pk.TensorMap, tc: pk.TensorMap, c: Ptr[pk.f3
     if t < 128:
         pk.setmaxnreg_dec(PRODUCER_REGS)
         if t == 0:
-            load_a(smem, base, bars, ta, tiles_m, tiles_n, k_tiles, BN, STAGES, GROUP_M, BMQ)
+            produce(smem, base, bars, ta, ta, tiles_m, tiles_n, k_tiles, BN, STAGES, GROUP_M, BMQ,
+                    False)
         elif t >= 32:
             dequantize(smem, base, raw0, bars, tiles_m, tiles_n, K // SLAB, FMT, WT, BN,
                        STAGES, GROUP_M, SB, BOXB, RAW, BMQ, tw)

@@ -84,6 +84,18 @@ def cpu_device():
     pk.set_device(previous)
 
 
+@pytest.fixture
+def cuda_device():
+    """The CUDA device for the test's body (skipped, saying why, without a usable GPU); for
+    GPU-only tests, beside `@pytest.mark.gpu`."""
+    import pykernel as pk
+    if not _gpu_usable():
+        pytest.skip("no usable CUDA GPU (driver or device missing)")
+    previous = pk.current_device()
+    yield pk.set_device("cuda")
+    pk.set_device(previous)
+
+
 def pytest_collection_modifyitems(config, items):
     # the tests marked slow (a minute or more on the CPU target) first: pytest-xdist hands
     # tests out in this order, so the long ones start early and the workers finish together

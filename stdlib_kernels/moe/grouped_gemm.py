@@ -131,17 +131,11 @@ def grouped_q8_kernel(w: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], ldy: 
                       FMT: Const[int], WT: Const[pk.dtype], MI: Const[int], NI: Const[int],
                       WM: Const[int], WN: Const[int], KB: Const[int]):
     # gemm_q8.gemm_q8_kernel (per 32-value block) on one expert's rows and tokens
-    Aq = pk.shared_array(u32, (16 * MI * WM, 8 * KB + 4))
-    Bq = pk.shared_array(u32, (8 * NI * WN, 8 * KB + 4))
-    Ad = pk.shared_array(f32, (16 * MI * WM, 2 * KB))
-    Am = pk.shared_array(f32, (16 * MI * WM, KB))
-    Bd = pk.shared_array(f32, (8 * NI * WN, KB))
-    Bs = pk.shared_array(f32, (8 * NI * WN, KB))
     count, first, lo = tile_entry(tiles, rows)
     if count > 0:
         row0 = lo + pk.block_idx.x * (16 * MI * WM)
         block_tile(FMT, w, xq, y, ldy, 0, y, lo + rows, row_words, K, first + count, row0,
-                   first, row0 - lo, rows, Aq, Bq, Ad, Am, Bd, Bs, MI, NI, WM, WN, KB, False)
+                   first, row0 - lo, rows, MI, NI, WM, WN, KB, False)
 
 
 @pk.kernel

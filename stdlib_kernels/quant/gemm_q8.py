@@ -259,12 +259,19 @@ def mma_block(FMT: Const[int], Aq, Bq, Ad, Am, Bd, Bs, acc, kb: Const[int], rbas
 @pk.func
 def block_tile(FMT: Const[int], w, xq: Ptr[u32, "ro"], y: Ptr[f32], ldy: i32, col0: i32,
                res: Ptr[f32], w_rows: i32, row_words: i32, K: i32, tokens: i32, row0: i32,
-               tok0: i32, y_row0: i32, y_rows: i32, Aq, Bq, Ad, Am, Bd, Bs, MI: Const[int],
-               NI: Const[int], WM: Const[int], WN: Const[int], KB: Const[int],
-               HAS_RES: Const[bool]):
+               tok0: i32, y_row0: i32, y_rows: i32, MI: Const[int], NI: Const[int],
+               WM: Const[int], WN: Const[int], KB: Const[int], HAS_RES: Const[bool]):
     """One block's tile: weight rows row0.. (below w_rows) times tokens tok0.. (below
     tokens), stored (plus res with HAS_RES) at y's rows y_row0.. (below y_rows): the dense
     GEMM's rows are y's; the grouped MoE GEMM's are one expert's stack, at offset row0 - y_row0."""
+    # its tiles in shared memory (the block's: one call per kernel); stride 8 KB + 4 words:
+    # rows g = 0..7 of a fragment read land in distinct bank quads
+    Aq = pk.shared_array(u32, (16 * MI * WM, 8 * KB + 4))
+    Bq = pk.shared_array(u32, (8 * NI * WN, 8 * KB + 4))
+    Ad = pk.shared_array(f32, (16 * MI * WM, 2 * KB))
+    Am = pk.shared_array(f32, (16 * MI * WM, KB))
+    Bd = pk.shared_array(f32, (8 * NI * WN, KB))
+    Bs = pk.shared_array(f32, (8 * NI * WN, KB))
     tid = pk.thread_idx.x
     lane = tid % 32
     wm = (tid // 32) % WM
@@ -292,17 +299,9 @@ def gemm_q8_kernel(w: Ptr["WT", "ro"], xq: Ptr[u32, "ro"], y: Ptr[f32], ldy: i32
                    res: Ptr[f32], rows: i32, row_words: i32, K: i32, tokens: i32,
                    FMT: Const[int], WT: Const[pk.dtype], MI: Const[int], NI: Const[int],
                    WM: Const[int], WN: Const[int], KB: Const[int], HAS_RES: Const[bool]):
-    # stride 8 KB + 4 words: rows g = 0..7 of a fragment read land in distinct bank quads
-    Aq = pk.shared_array(u32, (16 * MI * WM, 8 * KB + 4))
-    Bq = pk.shared_array(u32, (8 * NI * WN, 8 * KB + 4))
-    Ad = pk.shared_array(f32, (16 * MI * WM, 2 * KB))
-    Am = pk.shared_array(f32, (16 * MI * WM, KB))
-    Bd = pk.shared_array(f32, (8 * NI * WN, KB))
-    Bs = pk.shared_array(f32, (8 * NI * WN, KB))
     row0 = pk.block_idx.x * (16 * MI * WM)
     block_tile(FMT, w, xq, y, ldy, col0, res, rows, row_words, K, tokens, row0,
-               pk.block_idx.y * (8 * NI * WN), row0, rows, Aq, Bq, Ad, Am, Bd, Bs, MI, NI, WM,
-               WN, KB, HAS_RES)
+               pk.block_idx.y * (8 * NI * WN), row0, rows, MI, NI, WM, WN, KB, HAS_RES)
 
 
 def default_tiles(type_name: str) -> Q8GemmTiles:

@@ -8,6 +8,7 @@ bf16 inputs, f32 and bf16 outputs; on a GPU within the bound two f32 summation o
 differ by; argument and config errors; the PTX of each option assembles for sm_90a."""
 import numpy as np
 import pytest
+from gemm_oracles import k_order_reference
 
 import pykernel as pk
 from stdlib_kernels import gemm_hopper as G
@@ -25,14 +26,6 @@ def _inputs(rng, M, N, K, kind):
     a16, b16 = bf16_bits_reference(a), bf16_bits_reference(b)
     widen = lambda bits: (bits.astype(np.uint32) << 16).view(np.float32)
     return a16, b16, widen(a16), widen(b16)
-
-
-def _k_order_reference(a, b):
-    """sum_k a[m, k] * b[n, k] in f32, k = 0, 1, ...: the products are exact in f32."""
-    c = np.zeros((a.shape[0], b.shape[0]), np.float32)
-    for k in range(a.shape[1]):
-        c = c + np.outer(a[:, k], b[:, k]).astype(np.float32)
-    return c
 
 
 CASES = [  # M, N, K, input, output, config (None: choose_config), max_blocks
@@ -53,23 +46,15 @@ CASES = [  # M, N, K, input, output, config (None: choose_config), max_blocks
 ]
 
 
-@pytest.fixture
-def on_cpu():
-    """The CPU target whatever the default device (bit-exactness is the emulation's)."""
-    previous = pk.current_device()
-    yield pk.set_device("cpu")
-    pk.set_device(previous)
-
-
 @pytest.mark.parametrize("M, N, K, kind, out_dtype, config, max_blocks", CASES)
 def test_gemm_hopper_bit_exact_on_cpu(M, N, K, kind, out_dtype, config, max_blocks, rng,
-                                      on_cpu):
+                                      cpu_device):
     a, b, a32, b32 = _inputs(rng, M, N, K, kind)
     storage = np.float32 if out_dtype is pk.f32 else np.uint16
     out = pk.full((M, N), np.nan if storage is np.float32 else 0xFFFF, storage)  # poisoned
     G.gemm_hopper(pk.to_device(a), pk.to_device(b), out=out, out_dtype=out_dtype,
                   config=config, max_blocks=max_blocks)
-    want = _k_order_reference(a32, b32)
+    want = k_order_reference(a32, b32)
     if out_dtype is pk.bf16:
         want = bf16_bits_reference(want)
     np.testing.assert_array_equal(out.numpy().view(np.uint32 if storage is np.float32
@@ -139,7 +124,7 @@ def test_config_strings():
             G.GemmConfig.parse(bad)
 
 
-def test_config_errors(on_cpu):
+def test_config_errors(cpu_device):
     a = pk.to_device(np.zeros((64, 64), np.float16))
     b = pk.to_device(np.zeros((36, 64), np.float16))       # N = 36: 72 bytes of bf16
     with pytest.raises(ValueError, match="bn must be at most 128"):
@@ -152,7 +137,7 @@ def test_config_errors(on_cpu):
         G.gemm_hopper(a, a, config=(96, 2))
 
 
-def test_argument_errors(on_cpu):
+def test_argument_errors(cpu_device):
     a = pk.to_device(np.zeros((64, 60), np.float16))
     with pytest.raises(ValueError, match="K = 60 must be a multiple of 8"):
         G.gemm_hopper(a, a)

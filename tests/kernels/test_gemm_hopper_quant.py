@@ -8,6 +8,7 @@ weights (same consumers, same order) and within the f32 summation bound; argumen
 errors; ptxas assembles it for sm_90a."""
 import numpy as np
 import pytest
+from gemm_oracles import k_order_reference
 
 import pykernel as pk
 from pykernel import Const, Ptr, i32, u32
@@ -27,14 +28,6 @@ def _inputs(rng, M, N, K, type_name, scale=1.0):
     raw = ref.quantize(w, type_name)
     w16 = ref.dequantize(raw, type_name, K).reshape(N, K).astype(np.float16)
     return rng.standard_normal((M, K)).astype(np.float16), raw, w16.astype(np.float32)
-
-
-def _k_order_reference(a, b):
-    """sum_k a[m, k] * b[n, k] in f32, k = 0, 1, ...: the products are exact in f32."""
-    c = np.zeros((a.shape[0], b.shape[0]), np.float32)
-    for k in range(a.shape[1]):
-        c = c + np.outer(a[:, k], b[:, k]).astype(np.float32)
-    return c
 
 
 CASES = [  # M, N, K, type, config (None: choose_quant_config), max_blocks[, weight scale]
@@ -65,22 +58,14 @@ CASES = [  # M, N, K, type, config (None: choose_quant_config), max_blocks[, wei
 ]
 
 
-@pytest.fixture
-def on_cpu():
-    """The CPU target whatever the default device (bit-exactness is the emulation's)."""
-    previous = pk.current_device()
-    yield pk.set_device("cpu")
-    pk.set_device(previous)
-
-
 @pytest.mark.parametrize("case", CASES)
-def test_gemm_hopper_quant_bit_exact_on_cpu(case, rng, on_cpu):
+def test_gemm_hopper_quant_bit_exact_on_cpu(case, rng, cpu_device):
     M, N, K, type_name, config, max_blocks, *scale = case
     a, raw, w32 = _inputs(rng, M, N, K, type_name, *scale)
     out = pk.full((M, N), np.nan, np.float32)                          # poisoned
     Q.gemm_hopper_quant(pk.to_device(a), pk.to_device(raw), type_name, out=out,
                         config=config, max_blocks=max_blocks)
-    want = _k_order_reference(a.astype(np.float32), w32)
+    want = k_order_reference(a.astype(np.float32), w32)
     np.testing.assert_array_equal(out.numpy().view(np.uint32), want.view(np.uint32))
 
 
@@ -103,7 +88,7 @@ SCALES = {"Q8_0": (0, 1), "Q4_K": (0, 2), "Q6_K": (104, 1)}     # (first u16, co
 
 
 @pytest.mark.parametrize("type_name", ["Q8_0", "Q4_K", "Q6_K"])
-def test_fast_chunks_equal_decode8_on_random_bytes(type_name, rng, on_cpu):
+def test_fast_chunks_equal_decode8_on_random_bytes(type_name, rng, cpu_device):
     """Every quant bit pattern (random bytes: Q4_K's 6-bit scales and mins, Q6_K's high
     bits and signed scales), scales from 2^-24 (f16 subnormals) to 2^4: the same bits."""
     fmt = get_format(type_name)
@@ -132,23 +117,13 @@ def test_q8_0_weights_round_to_f16_within_half_an_ulp(rng):
     assert np.all(err <= np.maximum(np.abs(exact) * 2.0 ** -11, 2.0 ** -25))
 
 
-@pytest.fixture
-def on_cuda():
-    if not pk.gpu_available():
-        pytest.skip("no usable CUDA GPU")
-    previous = pk.current_device()
-    pk.set_device("cuda")
-    yield
-    pk.set_device(previous)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("type_name", ["Q8_0", "Q4_K", "Q6_K", "Q5_K", "Q4_0"])
 @pytest.mark.parametrize("config", [None, "128x4", "128x3/g16/pp/tma2", "64x2", "128x3/m256",
                                     "64x4/g16/m256/tma2"])
 @pytest.mark.parametrize("M, N, K", [(512, 1024, 4096), (300, 700, 2048)])
 def test_gemm_hopper_quant_gpu_is_gemm_hopper_on_f16_weights(M, N, K, type_name, config, rng,
-                                                             on_cuda):
+                                                             cuda_device):
     """Same consumers and tiles, same f16 operands: the same bits as gemm_hopper on the
     dequantized weights, and both within K 2^-24 sum |a w| of the exact product."""
     a, raw, w32 = _inputs(rng, M, N, K, type_name)
@@ -188,7 +163,7 @@ def test_config_strings():
         [272, 144, 224, 128, 96]
 
 
-def test_argument_errors(on_cpu):
+def test_argument_errors(cpu_device):
     a = pk.to_device(np.zeros((64, 256), np.float16))
     q8 = pk.to_device(np.zeros((64, 272), np.uint8))
     with pytest.raises(ValueError, match="MXFP4 is not served"):
@@ -206,29 +181,26 @@ def test_argument_errors(on_cpu):
         Q.gemm_hopper_quant(a, q8, "Q8_0", out=pk.empty((64, 63), np.float32))
 
 
-def test_config_errors(on_cpu):
+CONFIG_ERRORS = [  # config, the error's words (Q8_0 weights, N = 66: 264-byte rows of C)
+    ("256x4", "bytes of shared memory"),
+    ("64x2/tma2", "multiple of 16; use epilogue=0"),
+    ("256x1/pp", "pingpong needs bn <= 128"),
+    ((96, 2), "bn must be 64, 128, 192 or 256"),
+    ("64x2/raw0", "raw stages >= 1"),
+    ("64x2/rawx", "takes a number of raw slots"),
+    ("128x4/raw3", "128x4/raw3 with Q8_0 needs"),
+    ("64x2/m192", "bm 128 or 256"),
+    ("192x1/m256", "so bn must be at most 128"),
+    ("64x2/pp/m256", "pingpong needs bn <= 128 and bm 128"),
+]
+
+
+@pytest.mark.parametrize("config, message", CONFIG_ERRORS)
+def test_config_errors(config, message, cpu_device):
     a = pk.to_device(np.zeros((64, 256), np.float16))
-    q8 = pk.to_device(np.zeros((66, 272), np.uint8))            # N = 66: 264-byte rows of C
-    with pytest.raises(ValueError, match="bytes of shared memory"):
-        Q.gemm_hopper_quant(a, q8, "Q8_0", config="256x4")
-    with pytest.raises(ValueError, match="multiple of 16; use epilogue=0"):
-        Q.gemm_hopper_quant(a, q8, "Q8_0", config="64x2/tma2")
-    with pytest.raises(ValueError, match="pingpong needs bn <= 128"):
-        Q.gemm_hopper_quant(a, q8, "Q8_0", config="256x1/pp")
-    with pytest.raises(ValueError, match="bn must be 64, 128, 192 or 256"):
-        Q.gemm_hopper_quant(a, q8, "Q8_0", config=(96, 2))
-    with pytest.raises(ValueError, match="raw stages >= 1"):
-        Q.gemm_hopper_quant(a, q8, "Q8_0", config="64x2/raw0")
-    with pytest.raises(ValueError, match="takes a number of raw slots"):
-        Q.gemm_hopper_quant(a, q8, "Q8_0", config="64x2/rawx")
-    with pytest.raises(ValueError, match="128x4/raw3 with Q8_0 needs"):
-        Q.gemm_hopper_quant(a, q8, "Q8_0", config="128x4/raw3")
-    with pytest.raises(ValueError, match="bm 128 or 256"):
-        Q.gemm_hopper_quant(a, q8, "Q8_0", config="64x2/m192")
-    with pytest.raises(ValueError, match="so bn must be at most 128"):
-        Q.gemm_hopper_quant(a, q8, "Q8_0", config="192x1/m256")
-    with pytest.raises(ValueError, match="pingpong needs bn <= 128 and bm 128"):
-        Q.gemm_hopper_quant(a, q8, "Q8_0", config="64x2/pp/m256")
+    q8 = pk.to_device(np.zeros((66, 272), np.uint8))
+    with pytest.raises(ValueError, match=message):
+        Q.gemm_hopper_quant(a, q8, "Q8_0", config=config)
 
 
 @pytest.mark.parametrize("type_name, config", [("Q8_0", "128x4/g16"), ("Q8_0", "128x3/raw3"),

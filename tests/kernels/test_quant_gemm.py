@@ -35,20 +35,9 @@ def test_gemm_partial_tiles(device, rng, seed, type_name):
     check(gemm(raw, type_name, x).numpy(), raw, type_name, x, seed)
 
 
-@pytest.fixture
-def on_cuda():
-    """The test body runs with the CUDA device current (skipped without a usable GPU)."""
-    if not pk.gpu_available():
-        pytest.skip("no usable CUDA GPU")
-    previous = pk.current_device()
-    pk.set_device("cuda")
-    yield
-    pk.set_device(previous)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("type_name", ["Q6_K", "Q4_0", "F16", "Q5_K", "Q2_K"])
-def test_gemm_more_types_gpu(on_cuda, rng, seed, type_name):
+def test_gemm_more_types_gpu(cuda_device, rng, seed, type_name):
     raw = make_weights(rng, type_name, 200, 512)
     x = rng.standard_normal((70, 512)).astype(np.float32)
     check(gemm(raw, type_name, x).numpy(), raw, type_name, x, seed)
@@ -56,7 +45,7 @@ def test_gemm_more_types_gpu(on_cuda, rng, seed, type_name):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("type_name", ["Q4_1", "Q5_K"])
-def test_gemm_short_prompt_warps_gpu(on_cuda, rng, seed, type_name):
+def test_gemm_short_prompt_warps_gpu(cuda_device, rng, seed, type_name):
     # the narrower tiles short prompts use (gemm.SMALL_WARPS): 32 x 32 and 64 x 64, rows and
     # tokens off the tile
     raw = make_weights(rng, type_name, 200, 512)

@@ -5,19 +5,17 @@ backend's runs are in test_moe_kernels (they reuse its compiled models)."""
 import json
 import math
 import re
-import threading
 
 import numpy as np
 import pytest
 
 import llm
 from llm.perplexity import perplexity
-from llm.server import make_server
 from tests.llm.cli_helpers import pykernel
 from tests.llm.gguf_helpers import TINY, require_for_module
 from tests.llm.test_moe_models import greedy
 from tests.llm.test_perplexity import nll_of
-from tests.llm.test_server import call
+from tests.llm.test_server import call, serving
 
 require_for_module(TINY / "tiny-moe-logits.json")
 CASES = json.loads((TINY / "tiny-moe-logits.json").read_text())
@@ -108,12 +106,8 @@ def served(request, models):
         model = llm.load(TINY / name, device="cuda", n_ctx=N_CTX, progress=False)
     else:
         model = models(name)
-    server = make_server(model, "127.0.0.1", 0, model_name="tiny-moe")
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield model, f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
-    server.server_close()
+    with serving(model, "tiny-moe") as url:
+        yield model, url
 
 
 def test_serve_completion_and_chat_and_survives_a_bad_request(served):

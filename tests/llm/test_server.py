@@ -1,6 +1,7 @@
 """`pykernel serve` (llm/server.py): the OpenAI-compatible endpoints over real HTTP on a tiny
 model: greedy completions equal the model's own generate(), streamed events add up to the
 same text, chat answers use the template, bad requests get 400 errors and the server stays up."""
+import contextlib
 import json
 import threading
 import urllib.error
@@ -24,12 +25,21 @@ def served(request):
         if not pk.gpu_available():
             pytest.skip("no usable CUDA GPU (driver or device missing)")
     model = llm.load(TINY_LLAMA, device=request.param, progress=False)
-    server = make_server(model, "127.0.0.1", 0, model_name="tiny")
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield model, f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
-    server.server_close()
+    with serving(model, "tiny") as url:
+        yield model, url
+
+
+@contextlib.contextmanager
+def serving(model, model_name: str, **options):
+    """The URL of `model` served by make_server (with its options) on a free local port from
+    a thread, for the with block; the server is shut down and its socket closed after it."""
+    server = make_server(model, "127.0.0.1", 0, model_name=model_name, **options)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def call(url, path, body=None, raw: bytes | None = None):
@@ -217,21 +227,15 @@ def test_parallel_slots_answer_concurrent_requests_like_one_at_a_time(device):
 
 def ask_at_once(model, path: str, bodies: list, warm_up: bool = False) -> list:
     """(status, answer) of each body, all sent at once to a fresh server of 3 slots."""
-    server = make_server(model, "127.0.0.1", 0, model_name="tiny", parallel=3, warm_up=warm_up)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url, answers = f"http://127.0.0.1:{server.server_port}", [None] * len(bodies)
-
-    def ask(i):
-        answers[i] = call(url, path, bodies[i])
-    try:
+    answers = [None] * len(bodies)
+    with serving(model, "tiny", parallel=3, warm_up=warm_up) as url:
+        def ask(i):
+            answers[i] = call(url, path, bodies[i])
         threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(bodies))]
         for t in threads:
             t.start()
         for t in threads:
             t.join(timeout=120)
-    finally:
-        server.shutdown()
-        server.server_close()
     return answers
 
 
