@@ -92,6 +92,29 @@ def row_dot(w: Ptr[f32, "ro"], acts: Ptr[f32], w_row: i32, x_off: i32, n_in: i32
 
 
 @pk.func
+def publish(counters: Ptr[u32], counter: i32, t: i32):
+    """The item's stores by every thread of the block, then thread 0's release increment of
+    the item's completion counter (what a consumer's acquire in wait_for pairs with)."""
+    pk.syncthreads()
+    if t == 0:
+        pk.atomic_add(counters, counter, u32(1), order="release")
+
+
+@pk.func
+def exit_block(counters: Ptr[u32], n_stages: i32, t: i32):
+    """Count the block out; the last block out (every other is done with the counters) resets
+    the ticket, the stage counters and the exit count, so the same launch replays."""
+    if t == 0:
+        last = pk.atomic_add(counters, EXITED, u32(1), order="acq_rel") == \
+            u32(pk.grid_dim.x - 1)
+        if last:
+            pk.store_relaxed(counters, TICKET, u32(0))
+            for s in range(n_stages):
+                pk.store_relaxed(counters, FIRST_STAGE_COUNTER + s, u32(0))
+            pk.store_relaxed(counters, EXITED, u32(0))
+
+
+@pk.func
 def wait_for(counters: Ptr[u32], counter: i32, needed: i32):
     """Thread 0: spin (acquire loads, growing nanosleep) until counters[counter] >= needed."""
     if counter != NO_WAIT:
@@ -135,17 +158,8 @@ def chain_kernel(w: Ptr[f32, "ro"], acts: Ptr[f32], items: Ptr[i32, "ro"],
             if lane == 0:
                 acts[y_off + row] = apply_act(acc, ACT)
             row += warps
-        pk.syncthreads()                 # every thread's rows, then one release publishes
-        if t == 0:
-            pk.atomic_add(counters, items[item * ITEM_COLS + 5], u32(1), order="release")
-    if t == 0:
-        last = pk.atomic_add(counters, EXITED, u32(1), order="acq_rel") == \
-            u32(pk.grid_dim.x - 1)
-        if last:                         # every other block is done with the counters
-            pk.store_relaxed(counters, TICKET, u32(0))
-            for s in range(n_stages):
-                pk.store_relaxed(counters, FIRST_STAGE_COUNTER + s, u32(0))
-            pk.store_relaxed(counters, EXITED, u32(0))
+        publish(counters, items[item * ITEM_COLS + 5], t)
+    exit_block(counters, n_stages, t)
 
 
 class ChainRunner:

@@ -32,7 +32,7 @@ from pykernel import Const, Ptr, f32, i32, i64, u32
 
 from .._device import NEG_INF, block_max, block_sum, warp_sum
 from ..rotary_kernels import rope_head
-from .chain import wait_for
+from .chain import exit_block, publish, wait_for
 from .decode_schedule import (
     ATTN,
     EMBED,
@@ -52,7 +52,7 @@ from .decode_schedule import (
     Y,
     validate_decode,
 )
-from .schedule import EXITED, FIRST_STAGE_COUNTER, ITEM_COLS, TICKET
+from .schedule import ITEM_COLS, TICKET
 
 WARPS = 8
 
@@ -209,17 +209,8 @@ def decode_kernel(w: Ptr[f32, "ro"], acts: Ptr[f32], cache_k: Ptr[f32], cache_v:
                 run_attention(acts, cache_k, cache_v, st, h, pos, n_head, n_head_kv, head_dim,
                               n_ctx, scale, scratch)
                 pk.syncthreads()         # the next head reuses the scratch
-        pk.syncthreads()                 # every thread's stores, then one release publishes
-        if t == 0:
-            pk.atomic_add(counters, items[item * ITEM_COLS + 5], u32(1), order="release")
-    if t == 0:
-        last = pk.atomic_add(counters, EXITED, u32(1), order="acq_rel") == \
-            u32(pk.grid_dim.x - 1)
-        if last:                         # every other block is done with the counters
-            pk.store_relaxed(counters, TICKET, u32(0))
-            for s in range(n_stages):
-                pk.store_relaxed(counters, FIRST_STAGE_COUNTER + s, u32(0))
-            pk.store_relaxed(counters, EXITED, u32(0))
+        publish(counters, items[item * ITEM_COLS + 5], t)
+    exit_block(counters, n_stages, t)
 
 
 class DecodeRunner:
