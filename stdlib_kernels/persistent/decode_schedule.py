@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .schedule import ALIGN, FIRST_STAGE_COUNTER, ITEM_COLS, NO_WAIT, validate_chain
+from .schedule import ALIGN, FIRST_STAGE_COUNTER, ITEM_COLS, NO_WAIT, ItemTables, validate_chain
 
 # item kinds (the kernel's dispatch table switches on these)
 EMBED, GEMV, GLU, ROPE_KV, ATTN = 0, 1, 2, 3, 4
@@ -89,7 +89,7 @@ class DecodeShape:
 
 
 @dataclass(frozen=True)
-class DecodeSchedule:
+class DecodeSchedule(ItemTables):
     shape: DecodeShape
     items: np.ndarray                       # int32 (n_items, ITEM_COLS)
     stages: np.ndarray                      # int64 (n_stages, STAGE_COLS)
@@ -98,17 +98,6 @@ class DecodeSchedule:
     weight_elems: int
     act_elems: int
 
-    @property
-    def n_items(self) -> int:
-        return int(self.items.shape[0])
-
-    @property
-    def n_stages(self) -> int:
-        return int(self.stages.shape[0])
-
-    @property
-    def counters(self) -> int:
-        return FIRST_STAGE_COUNTER + self.n_stages
 
 
 def _round_up(n: int) -> int:

@@ -32,13 +32,11 @@ class ScheduleError(ValueError):
     """A schedule whose waits do not cover its data dependencies, or that could deadlock."""
 
 
-@dataclass(frozen=True)
-class Schedule:
-    dims: tuple[int, ...]          # n_0 .. n_L
-    items: np.ndarray              # int32 (n_items, ITEM_COLS)
-    stages: np.ndarray             # int32 (n_stages, STAGE_COLS)
-    weight_elems: int              # floats in the flat weight buffer
-    act_elems: int                 # floats in the flat activation buffer
+class ItemTables:
+    """What every schedule's tables answer: items (n_items rows), stages (n_stages rows) and
+    the counters a launch needs (the fixed ones, then one per stage)."""
+    items: np.ndarray
+    stages: np.ndarray
 
     @property
     def n_items(self) -> int:
@@ -51,6 +49,16 @@ class Schedule:
     @property
     def counters(self) -> int:
         return FIRST_STAGE_COUNTER + self.n_stages
+
+
+@dataclass(frozen=True)
+class Schedule(ItemTables):
+    dims: tuple[int, ...]          # n_0 .. n_L
+    items: np.ndarray              # int32 (n_items, ITEM_COLS)
+    stages: np.ndarray             # int32 (n_stages, STAGE_COLS)
+    weight_elems: int              # floats in the flat weight buffer
+    act_elems: int                 # floats in the flat activation buffer
+
 
     def act_offset(self, layer: int) -> int:
         """Offset of y_layer in the activation buffer (y_0 is the input, y_L the output)."""
