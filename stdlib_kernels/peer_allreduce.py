@@ -42,8 +42,9 @@ n <= cap; the chunk of block b is ceil(n / blocks) elements.
 
 On the CPU target a kernel that calls pk.nanosleep runs its grid as one cluster of coroutines:
 `allreduce_ranks` runs W ranks' blocks in one launch (rank = block_idx.y), interleaved at every
-spin, which is how the protocol is tested without GPUs (the CPU device shares its per-worker
-launch contexts between launches, so separate launches cannot run concurrently).
+spin, which is how the protocol is tested without GPUs (separate launches from several threads
+do run concurrently on the CPU device, but a spin wait on another launch may be reported as a
+deadlock there: docs/runtime.md, "The CPU device").
 """
 import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, u32
