@@ -42,8 +42,9 @@ n <= cap; the chunk of block b is ceil(n / blocks) elements.
 
 On the CPU target a kernel that calls pk.nanosleep runs its grid as one cluster of coroutines:
 `allreduce_ranks` runs W ranks' blocks in one launch (rank = block_idx.y), interleaved at every
-spin, which is how the protocol is tested without GPUs (the CPU device shares its per-worker
-launch contexts between launches, so separate launches cannot run concurrently).
+spin, which is how the protocol is tested without GPUs (separate launches from several threads
+do run concurrently on the CPU device, but a spin wait on another launch may be reported as a
+deadlock there: docs/runtime.md, "The CPU device").
 """
 import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, u32
@@ -146,35 +147,12 @@ def allreduce_oneshot(x: Ptr[f32], own: Ptr[f32], d0: Ptr[f32], d1: Ptr[f32], d2
 
 
 @pk.func
-def rank_block(K: Const[int], xs, x_at: i32, d0, d1, d2, d3, d4, d5, d6, d7,
-               f0, f1, f2, f3, f4, f5, f6, f7, epochs, epoch_at: i32, n: i32, cap: i32,
-               b: i32, blocks: i32, W: Const[int], BLOCK: Const[int]):
-    """Rank K's block b (compile-time K picks its own buffer and flags among the d_k, f_k:
-    a pointer chosen at run time would lose its array's bounds on the CPU target)."""
-    if K == 0:
-        oneshot_block(xs, x_at, d0, d0, d1, d2, d3, d4, d5, d6, d7, f0, f0, f1, f2, f3, f4,
-                      f5, f6, f7, epochs, epoch_at, n, cap, K, b, blocks, W, BLOCK)
-    elif K == 1:
-        oneshot_block(xs, x_at, d1, d0, d1, d2, d3, d4, d5, d6, d7, f1, f0, f1, f2, f3, f4,
-                      f5, f6, f7, epochs, epoch_at, n, cap, K, b, blocks, W, BLOCK)
-    elif K == 2:
-        oneshot_block(xs, x_at, d2, d0, d1, d2, d3, d4, d5, d6, d7, f2, f0, f1, f2, f3, f4,
-                      f5, f6, f7, epochs, epoch_at, n, cap, K, b, blocks, W, BLOCK)
-    elif K == 3:
-        oneshot_block(xs, x_at, d3, d0, d1, d2, d3, d4, d5, d6, d7, f3, f0, f1, f2, f3, f4,
-                      f5, f6, f7, epochs, epoch_at, n, cap, K, b, blocks, W, BLOCK)
-    elif K == 4:
-        oneshot_block(xs, x_at, d4, d0, d1, d2, d3, d4, d5, d6, d7, f4, f0, f1, f2, f3, f4,
-                      f5, f6, f7, epochs, epoch_at, n, cap, K, b, blocks, W, BLOCK)
-    elif K == 5:
-        oneshot_block(xs, x_at, d5, d0, d1, d2, d3, d4, d5, d6, d7, f5, f0, f1, f2, f3, f4,
-                      f5, f6, f7, epochs, epoch_at, n, cap, K, b, blocks, W, BLOCK)
-    elif K == 6:
-        oneshot_block(xs, x_at, d6, d0, d1, d2, d3, d4, d5, d6, d7, f6, f0, f1, f2, f3, f4,
-                      f5, f6, f7, epochs, epoch_at, n, cap, K, b, blocks, W, BLOCK)
-    else:
-        oneshot_block(xs, x_at, d7, d0, d1, d2, d3, d4, d5, d6, d7, f7, f0, f1, f2, f3, f4,
-                      f5, f6, f7, epochs, epoch_at, n, cap, K, b, blocks, W, BLOCK)
+def pick(k: i32, p0, p1, p2, p3, p4, p5, p6, p7):
+    """p_k for a run-time k in [0, MAX_WORLD): the result keeps the bounds of the array it
+    points into, so the CPU target checks the chosen rank's buffer."""
+    low = (p0 if k == 0 else p1) if k < 2 else (p2 if k == 2 else p3)
+    high = (p4 if k == 4 else p5) if k < 6 else (p6 if k == 6 else p7)
+    return low if k < 4 else high
 
 
 @pk.kernel
@@ -189,8 +167,8 @@ def allreduce_ranks(xs: Ptr[f32], d0: Ptr[f32], d1: Ptr[f32], d2: Ptr[f32], d3: 
     on the others' arrivals."""
     rank = pk.block_idx.y
     blocks = pk.grid_dim.x
-    for k in pk.static_range(W):
-        if rank == k:
-            rank_block(k, xs, rank * n, d0, d1, d2, d3, d4, d5, d6, d7,
-                       f0, f1, f2, f3, f4, f5, f6, f7, epochs, rank * blocks, n, cap,
-                       pk.block_idx.x, blocks, W, BLOCK)
+    own = pick(rank, d0, d1, d2, d3, d4, d5, d6, d7)          # this rank's own buffer, flags
+    own_flags = pick(rank, f0, f1, f2, f3, f4, f5, f6, f7)
+    oneshot_block(xs, rank * n, own, d0, d1, d2, d3, d4, d5, d6, d7, own_flags,
+                  f0, f1, f2, f3, f4, f5, f6, f7, epochs, rank * blocks, n, cap, rank,
+                  pk.block_idx.x, blocks, W, BLOCK)

@@ -22,6 +22,7 @@ class FunctionAST:
     closure: dict = field(default_factory=dict)
     source_hash: str = ""
     single_assigned: frozenset | None = None   # codegen's constant-name analysis, computed once
+    rebound: frozenset | None = None           # names bound at several places, computed once
 
     def error(self, node, message: str, hint: str | None = None) -> KernelSourceError:
         """A KernelSourceError pointing at `node` (absolute file:line:col)."""

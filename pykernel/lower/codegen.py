@@ -12,6 +12,7 @@ from llvmlite import ir
 from ..errors import KernelSourceError
 from ..types import PtrType, ScalarType, bool_
 from . import ops
+from .ptr_bounds import BoundSlots, slot_origin, tracks
 from .values import (ArrayValue, ConstValue, GlobalRef, NdArrayValue, PtrValue, TupleValue,
                      TypeValue, Value, describe)
 
@@ -64,6 +65,9 @@ class FunctionLowering:
         if fast.single_assigned is None:
             fast.single_assigned = frozenset(_single_assignments(fast.tree))
         self.single_assigned = fast.single_assigned
+        if fast.rebound is None:
+            fast.rebound = frozenset(_rebound_names(fast.tree))
+        self.rebound = fast.rebound
         self._stmt_table, self._expr_table = STATEMENTS, EXPRESSIONS
 
     # --- dispatch: the one choke point for errors ----------------------------------------------
@@ -131,7 +135,8 @@ class FunctionLowering:
             if isinstance(entry, tuple) and entry[0] == "slot":
                 _, slot, ty = entry
                 if isinstance(ty, PtrType):
-                    return PtrValue(ty, self.b.load(slot), self.ctx.origins.get(id(slot)))
+                    origin = slot_origin(self, self.ctx.origins.get(id(slot)))
+                    return PtrValue(ty, self.b.load(slot), origin)
                 raw = self.b.load(slot)
                 return Value(ty, raw)
             return entry
@@ -192,7 +197,9 @@ class FunctionLowering:
             entry = ("slot", slot, ty)
             self.vars[name] = entry
             if isinstance(val, PtrValue):
-                self.ctx.origins[id(slot)] = val.origin
+                # bound at several places: which memory it points into is known at run time
+                self.ctx.origins[id(slot)] = (BoundSlots(self, name) if name in self.rebound
+                                              and tracks(self) else val.origin)
         _, slot, declared = entry
         if declared != ty:
             raise self.error(node, f"'{name}' was first assigned a {declared}; cannot assign a "
@@ -200,6 +207,9 @@ class FunctionLowering:
                              hint=f"convert explicitly, e.g. {declared}(...)"
                              if isinstance(declared, ScalarType) else None)
         self.b.store(val.ir, slot)
+        bounds = self.ctx.origins.get(id(slot))
+        if isinstance(bounds, BoundSlots):
+            bounds.store(self, val.origin)
 
     # --- conversions ---------------------------------------------------------------------------
     def materialize(self, val, node):
@@ -243,6 +253,20 @@ def _single_assignments(tree) -> set:
     """Names bound exactly once in the function body, by a plain `name = ...` (not augmented,
     not a loop variable, not a tuple target). A subscript or attribute target (`a[i] = v`)
     binds no name: the names in it are read, not assigned."""
+    return {name for name, c in _binding_counts(tree).items() if c == 1}
+
+
+def _rebound_names(tree) -> set:
+    """Names bound at more than one place (a parameter is bound by the call): a pointer such
+    a name holds is chosen at run time, so its bounds travel with it (ptr_bounds.py)."""
+    counts = _binding_counts(tree)
+    for arg in tree.args.args:
+        counts[arg.arg] = counts.get(arg.arg, 0) + 1
+    return {name for name, c in counts.items() if c > 1}
+
+
+def _binding_counts(tree) -> dict:
+    """name -> how many places bind it; loop, augmented and tuple targets count twice."""
     import ast as _ast
     counts: dict = {}
     for node in _ast.walk(tree):
@@ -254,7 +278,7 @@ def _single_assignments(tree) -> set:
             targets += _bound_names(node.target) * 2
         for name in targets:
             counts[name] = counts.get(name, 0) + 1
-    return {name for name, c in counts.items() if c == 1}
+    return counts
 
 
 def _bound_names(target) -> list:

@@ -9,6 +9,7 @@ from llvmlite import ir
 
 from ..types import bool_
 from . import ndarray, ops
+from .ptr_bounds import branch_bounds, phi_origin
 from .values import (ConstValue, GlobalRef, NdArrayValue, PtrValue, TupleValue, TypeValue, Value,
                      describe)
 
@@ -248,15 +249,22 @@ def lower_ifexp(fl, node: ast.IfExp):
     if type(a) is not type(c) or a.ty != c.ty:
         raise fl.error(node, f"branches of the conditional expression differ: {describe(a)} "
                        f"and {describe(c)}")
+    pointers = isinstance(a, PtrValue)
     fl.b.position_at_end(then_end)
+    then_bounds = branch_bounds(fl, a, c) if pointers else None
     fl.b.branch(end_bb)
     fl.b.position_at_end(else_end)
+    else_bounds = branch_bounds(fl, c, a) if pointers else None
     fl.b.branch(end_bb)
     fl.b.position_at_end(end_bb)
     phi = fl.b.phi(a.ir.type)
     phi.add_incoming(a.ir, then_end)
     phi.add_incoming(c.ir, else_end)
-    return type(a)(a.ty, phi) if isinstance(a, Value) else PtrValue(a.ty, phi, a.origin)
+    if not pointers:
+        return type(a)(a.ty, phi)
+    origin = (a.origin if then_bounds is None else
+              phi_origin(fl, then_bounds, then_end, else_bounds, else_end))
+    return PtrValue(a.ty, phi, origin)
 
 
 def lower_attribute(fl, node: ast.Attribute):

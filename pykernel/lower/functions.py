@@ -6,6 +6,7 @@ import ast
 
 from ..types import ArrayAnnotation, ConstAnnotation, PtrAnnotation, PtrType, ScalarType, bool_
 from .codegen import FunctionLowering
+from .ptr_bounds import ReturnBounds
 from .values import (ArrayValue, ConstValue, NdArrayValue, PtrValue, TupleValue, TypeValue, Value,
                      describe)
 
@@ -56,7 +57,8 @@ def inline_call(fl, dfunc, node):
     if child.return_slots is None:
         return ConstValue(None)
     vals = [Value(ty, fl.b.load(slot)) if isinstance(ty, ScalarType)
-            else PtrValue(ty, fl.b.load(slot)) for slot, ty in child.return_slots]
+            else PtrValue(ty, fl.b.load(slot), bounds.origin(fl))
+            for (slot, ty), bounds in zip(child.return_slots, child.return_bounds)]
     return vals[0] if not child.return_tuple else TupleValue(tuple(vals))
 
 
@@ -106,9 +108,13 @@ def store_return(fl, node: ast.Return):
     if fl.return_slots is None:
         fl.return_tuple = isinstance(val, TupleValue)
         fl.return_slots = [(fl.ctx.alloca(v.ir.type, "ret"), v.ty) for v in items]
+        fl.return_bounds = [ReturnBounds(fl) if isinstance(v, PtrValue) else None
+                            for v in items]
     elif len(items) != len(fl.return_slots) or any(
             v.ty != ty for v, (_, ty) in zip(items, fl.return_slots)):
         raise fl.error(node, "all returns of a device function must return the same types")
-    for v, (slot, _) in zip(items, fl.return_slots):
+    for v, (slot, _), bounds in zip(items, fl.return_slots, fl.return_bounds):
         fl.b.store(v.ir, slot)
+        if bounds is not None:          # which memory the result points into, per return
+            bounds.store(fl, v.origin)
     fl.b.branch(fl.return_block)

@@ -2,12 +2,18 @@
 Blocks of the grid are split between worker threads (ctypes releases the GIL during the call);
 each worker has its own context (shared memory, warp-exchange slots, coroutine handles, error
 record). Errors found by the generated code (out-of-bounds access, divergent barriers, failed
-asserts) are raised as KernelRuntimeError naming the kernel and the source line."""
+asserts) are raised as KernelRuntimeError naming the kernel and the source line.
+
+Launches from several Python threads run concurrently, each on a launch context set of its
+own (the workers' contexts and a copy of the packed arguments), taken from a free list and
+given back when the launch returns; a launch that finds the list empty makes a new set. So a
+launch never waits for another one, and two launches never share a context."""
 from __future__ import annotations
 
 import ctypes
 import os
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -43,6 +49,22 @@ class _Worker:
         return buf.ctypes.data
 
 
+class _LaunchContexts:
+    """What one launch in flight owns: a context per worker and its packed arguments."""
+
+    def __init__(self, workers_n: int):
+        self.workers = [_Worker() for _ in range(workers_n)]
+        self.args = np.zeros(64, np.uint8)
+
+    def copy_args(self, address: int, nbytes: int) -> int:
+        """The packer's buffer, copied here (64-byte aligned) before another launch repacks it."""
+        if self.args.nbytes < nbytes + 64:
+            self.args = np.zeros(nbytes + 64, np.uint8)
+        start = self.args.ctypes.data + (-self.args.ctypes.data) % 64
+        ctypes.memmove(start, address, nbytes)
+        return start
+
+
 class CpuDevice:
     kind = "cpu"
     arch = "cpu"
@@ -53,8 +75,11 @@ class CpuDevice:
     def __init__(self, ordinal: int = 0):
         self.workers_n = max(1, min(int(os.environ.get("PYKERNEL_CPU_THREADS", 0)) or
                                     (os.cpu_count() or 1), 8))
-        self._workers = [_Worker() for _ in range(self.workers_n)]
+        # launch context sets not in use; list.pop / list.append are atomic, so taking one
+        # needs no lock (module docstring)
+        self._free_contexts = [_LaunchContexts(self.workers_n)]
         self._pool = ThreadPoolExecutor(self.workers_n) if self.workers_n > 1 else None
+        self._pack_lock = threading.Lock()       # a packer writes one buffer per kernel
         self._packers = {}
         self._entries = {}
 
@@ -66,15 +91,31 @@ class CpuDevice:
 
     def launch(self, compiled, grid, block, args, stream=None, shared_bytes=0,
                cluster=(1, 1, 1)):
-        packer = self._packers.get(compiled.cache_key)
-        if packer is None:
-            packer = self._packers[compiled.cache_key] = ArgPacker(compiled, "cpu")
-        args_addr = packer.pack(args)
+        try:
+            own = self._free_contexts.pop()
+        except IndexError:                   # every set is in another thread's launch
+            own = _LaunchContexts(self.workers_n)
+        try:
+            args_addr, extents = self._pack(compiled, args, own)
+            check_geometry(compiled.name, grid, block, shared_bytes)   # as a GPU would refuse
+            self._run(compiled, grid, block, shared_bytes, cluster, own, args_addr, extents)
+        finally:
+            self._free_contexts.append(own)
+
+    def _pack(self, compiled, args, own):
+        """(the launch's own copy of its packed arguments, the pointer extents table)."""
+        with self._pack_lock:
+            packer = self._packers.get(compiled.cache_key)
+            if packer is None:
+                packer = self._packers[compiled.cache_key] = ArgPacker(compiled, "cpu")
+            args_addr = own.copy_args(packer.pack(args), packer.size)
         extents = np.zeros(2 * max(1, len(packer.params)), np.int64)   # per ABI parameter
         for k, ext in enumerate(packer.pointer_extents(args)):
             if ext is not None:
                 extents[2 * k], extents[2 * k + 1] = ext
-        check_geometry(compiled.name, grid, block, shared_bytes)   # as a GPU would refuse
+        return args_addr, extents
+
+    def _run(self, compiled, grid, block, shared_bytes, cluster, own, args_addr, extents):
         nthreads = block[0] * block[1] * block[2]
         entry = self._entry(compiled)
         if "print" in compiled.uses:    # the kernel's lines come after what Python printed
@@ -91,8 +132,9 @@ class CpuDevice:
             cluster = (1, 1, 1)       # blocks that never look at their cluster are independent
         chunks = self._chunks(nblocks // together, compiled.cpu.coroutine,
                               nthreads * together)
+        workers = own.workers[:len(chunks)]
         contexts = [self._prepare(w, compiled, grid, block, shared_bytes, extents, cluster,
-                                  together) for w in self._workers[:len(chunks)]]
+                                  together) for w in workers]
         if len(chunks) == 1:
             entry(args_addr, contexts[0], chunks[0][0], chunks[0][1])
         else:
@@ -100,7 +142,7 @@ class CpuDevice:
                        for c, (lo, hi) in zip(contexts, chunks)]
             for f in futures:
                 f.result()
-        for w in self._workers[:len(chunks)]:
+        for w in workers:
             if w.ctx[abi.ERROR_CODE]:
                 raise self._error(compiled, w.ctx)
 

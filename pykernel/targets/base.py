@@ -28,6 +28,16 @@ class Target:
         target emits no line tables)."""
         return None
 
+    def tracks_pointer_bounds(self, ctx) -> bool:
+        """Whether this compilation checks memory accesses against the origin of the pointer
+        (then a pointer chosen at run time carries its bounds: lower/ptr_bounds.py)."""
+        return False
+
+    def pointer_bounds(self, ctx, origin):
+        """(base i8*, byte size i64) of the memory `origin` names, computed at the builder's
+        position, or None where this target does not bound it."""
+        return None
+
     def emit(self, ref, options, ctx):
         """Stage 4: the verified LLVM module `ref` -> this target's result."""
         raise NotImplementedError(f"target {self.name!r} has no emit")

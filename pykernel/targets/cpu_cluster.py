@@ -42,6 +42,6 @@ class CPUClusterOps:
 
         def remote(p):
             return b.inttoptr(b.add(b.ptrtoint(p, I64), delta), p.type)
-        if isinstance(origin, tuple) and origin[0] in ("array", "range"):
+        if isinstance(origin, tuple) and origin[0] in ("array", "range", "bounds"):
             origin = (origin[0], remote(origin[1])) + tuple(origin[2:])
         return remote(ptr), origin

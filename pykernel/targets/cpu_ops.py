@@ -244,6 +244,14 @@ class CPUOps:
         phi.add_incoming(scratch, bad_end)
         return phi
 
+    def tracks_pointer_bounds(self, ctx):
+        return True               # every access is checked on this target
+
+    def pointer_bounds(self, ctx, origin):
+        lo, hi = self._extent(ctx, origin)
+        b = ctx.builder
+        return b.inttoptr(lo, I8P), b.sub(hi, lo)
+
     def _extent(self, ctx, origin):
         b = ctx.builder
         kind = origin[0]

@@ -185,7 +185,7 @@ class NVPTXTarget(NVPTXBulkOps, NVPTXTmaOps, Target):
             return b.inttoptr(mapped, generic.type)
         if not ctx.options.bounds_check:
             return remote(ptr), None
-        if isinstance(origin, tuple) and origin[0] in ("array", "range"):
+        if isinstance(origin, tuple) and origin[0] in ("array", "range", "bounds"):
             origin = (origin[0], remote(origin[1])) + tuple(origin[2:])
         return remote(ptr), origin
 
@@ -267,7 +267,21 @@ class NVPTXTarget(NVPTXBulkOps, NVPTXTmaOps, Target):
             return args[k], args[names.index(hidden)]
         if origin[0] == "array" and isinstance(origin[2], int):
             return origin[1], ir.Constant(I64, origin[2])
+        if origin[0] == "bounds":             # chosen at run time (lower/ptr_bounds.py)
+            return origin[1], origin[2]
         return None
+
+    def tracks_pointer_bounds(self, ctx):
+        return ctx.options.bounds_check
+
+    def pointer_bounds(self, ctx, origin):
+        extent = self._extent(ctx, origin)
+        if extent is None:
+            return None
+        b, (base, size) = ctx.builder, extent
+        if size.type != I64:
+            size = b.zext(size, I64)
+        return b.inttoptr(b.ptrtoint(base, I64), ir.IntType(8).as_pointer()), size
 
     def check_index(self, ctx, index, extent, make_site):
         """With bounds_check: trap (after printing kernel, file:line, index and extent) on an

@@ -55,3 +55,27 @@ def test_out_of_bounds_on_gpu_traps_with_kernel_and_line(tmp_path):
     assert "in-bounds ok" in proc.stdout, proc.stderr
     assert proc.returncode != 0
     assert "shifted_copy" in proc.stdout and "out-of-bounds read" in proc.stdout
+
+
+@pk.kernel(bounds_check=True)
+def chosen_copy(a: Ptr[f32], b: Ptr[f32], out: Ptr[f32], k: i32):
+    """A pointer chosen at run time (a rebound variable, a conditional expression) carries
+    the hidden size of the array it points into."""
+    p = a
+    if k == 1:
+        p = b
+    q = a if k == 0 else b
+    i = pk.thread_idx.x
+    out[i] = p[i] + q[i]
+
+
+def test_bounds_checked_ptx_of_a_pointer_chosen_at_run_time(tmp_path):
+    c = pk.compile(chosen_copy, "sm_90")
+    assert [p.name for p in c.params][-3:] == ["__nbytes_a", "__nbytes_b", "__nbytes_out"]
+    assert c.ptx.count("trap;") >= 3
+    if shutil.which("ptxas") is None:
+        pytest.skip("ptxas not on PATH")
+    src = tmp_path / "k.ptx"
+    src.write_text(c.ptx)
+    subprocess.run(["ptxas", "-arch=sm_90", str(src), "-o", str(tmp_path / "k.cubin")],
+                   check=True)
