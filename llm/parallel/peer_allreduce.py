@@ -14,9 +14,10 @@ with one visible GPU per process); if any rank is on another host or cannot open
 handle, all ranks agree to stay on NCCL. No NVLink multicast object is ever made.
 
 `LocalPeerGroup` is the CPU target's version for tests: N ranks in one process (threads, like
-`LocalGroup`), host-memory buffers, and, since the CPU device cannot run two launches at
-once, one launch of `allreduce_ranks` that runs all N ranks' blocks interleaved at their spin
-waits, on the same per-rank flags, epochs and slots that live across calls.
+`LocalGroup`), host-memory buffers, and one launch of `allreduce_ranks` that runs all N
+ranks' blocks interleaved at their spin waits (the CPU device runs launches from several
+threads concurrently, but reports a spin wait on another launch that starts late as a
+deadlock), on the same per-rank flags, epochs and slots that live across calls.
 """
 from __future__ import annotations
 
