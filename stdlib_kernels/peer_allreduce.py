@@ -55,43 +55,13 @@ MAX_WORLD = 8          # pointer parameters d0..d7 / f0..f7; unused ones repeat 
 @pk.func
 def load_from(k: Const[int], i, d0, d1, d2, d3, d4, d5, d6, d7):
     """d_k[i] for a compile-time k (the pointer tables are parameters, not memory)."""
-    if k == 0:
-        return d0[i]
-    elif k == 1:
-        return d1[i]
-    elif k == 2:
-        return d2[i]
-    elif k == 3:
-        return d3[i]
-    elif k == 4:
-        return d4[i]
-    elif k == 5:
-        return d5[i]
-    elif k == 6:
-        return d6[i]
-    else:
-        return d7[i]
+    return pick(k, d0, d1, d2, d3, d4, d5, d6, d7)[i]
 
 
 @pk.func
 def release_to(k: Const[int], i, v, f0, f1, f2, f3, f4, f5, f6, f7):
     """st.release.sys f_k[i] = v for a compile-time k."""
-    if k == 0:
-        pk.store_release(f0, i, v, scope="sys")
-    elif k == 1:
-        pk.store_release(f1, i, v, scope="sys")
-    elif k == 2:
-        pk.store_release(f2, i, v, scope="sys")
-    elif k == 3:
-        pk.store_release(f3, i, v, scope="sys")
-    elif k == 4:
-        pk.store_release(f4, i, v, scope="sys")
-    elif k == 5:
-        pk.store_release(f5, i, v, scope="sys")
-    elif k == 6:
-        pk.store_release(f6, i, v, scope="sys")
-    else:
-        pk.store_release(f7, i, v, scope="sys")
+    pk.store_release(pick(k, f0, f1, f2, f3, f4, f5, f6, f7), i, v, scope="sys")
 
 
 @pk.func

@@ -162,6 +162,22 @@ def chain_kernel(w: Ptr[f32, "ro"], acts: Ptr[f32], items: Ptr[i32, "ro"],
     exit_block(counters, n_stages, t)
 
 
+def device_tables(sched) -> tuple:
+    """A schedule's item and stage tables (flat, on the device) and its zeroed counters."""
+    return (pk.to_device(np.ascontiguousarray(sched.items.reshape(-1))),
+            pk.to_device(np.ascontiguousarray(sched.stages.reshape(-1))),
+            pk.zeros(sched.counters, np.uint32))
+
+
+def launch_grid(who: str, grid, kernel, block: int, **consts) -> int:
+    """`grid`, or the kernel's co-resident grid (every block resident at once: a waiting
+    block never holds a multiprocessor that the item it waits on needs)."""
+    grid = grid or kernel.co_resident_grid(block, **consts)
+    if grid < 1:
+        raise ValueError(f"{who}: grid must be positive, got {grid}")
+    return grid
+
+
 class ChainRunner:
     """Device buffers for one schedule: weights, activations, tables, counters; `launch` runs
     the whole chain in one launch of `grid` blocks (default: the co-resident grid)."""
@@ -181,13 +197,9 @@ class ChainRunner:
         self.weights = pk.to_device(weights_flat) if isinstance(weights_flat, np.ndarray) \
             else weights_flat
         self.acts = pk.full(sched.act_elems, np.nan, np.float32)   # unwritten rows show
-        self.items = pk.to_device(np.ascontiguousarray(sched.items.reshape(-1)))
-        self.stages = pk.to_device(np.ascontiguousarray(sched.stages.reshape(-1)))
-        self.counters = pk.zeros(sched.counters, np.uint32)
+        self.items, self.stages, self.counters = device_tables(sched)
         self.block = WARPS * 32
-        self.grid = grid or chain_kernel.co_resident_grid(self.block, ACT=self.act)
-        if self.grid < 1:
-            raise ValueError(f"ChainRunner: grid must be positive, got {self.grid}")
+        self.grid = launch_grid("ChainRunner", grid, chain_kernel, self.block, ACT=self.act)
 
     def reset(self) -> None:
         """Zero the counters from the host (only needed after a launch that failed)."""

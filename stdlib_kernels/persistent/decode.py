@@ -32,7 +32,7 @@ from pykernel import Const, Ptr, f32, i32, i64, u32
 
 from .._device import NEG_INF, block_max, block_sum, warp_sum
 from ..rotary_kernels import rope_head
-from .chain import exit_block, publish, wait_for
+from .chain import device_tables, exit_block, launch_grid, publish, wait_for
 from .decode_schedule import (
     ATTN,
     EMBED,
@@ -239,13 +239,9 @@ class DecodeRunner:
         self.cache_k = pk.zeros(cache, np.float32)
         self.cache_v = pk.zeros(cache, np.float32)
         self.io = pk.zeros(2, np.int32)
-        self.items = pk.to_device(np.ascontiguousarray(sched.items.reshape(-1)))
-        self.stages = pk.to_device(np.ascontiguousarray(sched.stages.reshape(-1)))
-        self.counters = pk.zeros(sched.counters, np.uint32)
+        self.items, self.stages, self.counters = device_tables(sched)
         self.block = WARPS * 32
-        self.grid = grid or decode_kernel.co_resident_grid(self.block, NEOX=self.neox)
-        if self.grid < 1:
-            raise ValueError(f"DecodeRunner: grid must be positive, got {self.grid}")
+        self.grid = launch_grid("DecodeRunner", grid, decode_kernel, self.block, NEOX=self.neox)
 
     def set_cache(self, layer: int, k, v) -> None:
         """K and V rows 0..n-1 of `layer`: (n_head_kv, n, head_dim) each (a prefill's)."""
