@@ -92,6 +92,21 @@ def row_dot(w: Ptr[f32, "ro"], acts: Ptr[f32], w_row: i32, x_off: i32, n_in: i32
 
 
 @pk.func
+def next_item(counters: Ptr[u32], items: Ptr[i32, "ro"], n_items: i32, taken, t: i32) -> i32:
+    """The block's next item, once its dependency is met (thread 0 takes the ticket and waits;
+    the block reads it through `taken`, a 1-int shared array); n_items or more: none left."""
+    if t == 0:
+        ticket = i32(pk.atomic_add(counters, TICKET, u32(1), order="relaxed"))
+        if ticket < n_items:
+            wait_for(counters, items[ticket * ITEM_COLS + 3], items[ticket * ITEM_COLS + 4])
+        taken[0] = ticket
+    pk.syncthreads()                 # the acquire in wait_for orders the block's reads
+    item = taken[0]
+    pk.syncthreads()                 # all have read it before thread 0 takes the next
+    return item
+
+
+@pk.func
 def publish(counters: Ptr[u32], counter: i32, t: i32):
     """The item's stores by every thread of the block, then thread 0's release increment of
     the item's completion counter (what a consumer's acquire in wait_for pairs with)."""
@@ -135,15 +150,7 @@ def chain_kernel(w: Ptr[f32, "ro"], acts: Ptr[f32], items: Ptr[i32, "ro"],
     warps = pk.block_dim.x // 32
     taken = pk.shared_array(i32, 1)
     while True:
-        if t == 0:
-            ticket = i32(pk.atomic_add(counters, TICKET, u32(1), order="relaxed"))
-            if ticket < n_items:
-                wait_for(counters, items[ticket * ITEM_COLS + 3],
-                         items[ticket * ITEM_COLS + 4])
-            taken[0] = ticket
-        pk.syncthreads()                 # the acquire in wait_for orders the block's reads
-        item = taken[0]
-        pk.syncthreads()                 # all have read it before thread 0 takes the next
+        item = next_item(counters, items, n_items, taken, t)
         if item >= n_items:
             break
         stage = items[item * ITEM_COLS]

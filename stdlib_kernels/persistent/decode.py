@@ -32,7 +32,7 @@ from pykernel import Const, Ptr, f32, i32, i64, u32
 
 from .._device import NEG_INF, block_max, block_sum, warp_sum
 from ..rotary_kernels import rope_head
-from .chain import device_tables, exit_block, launch_grid, publish, wait_for
+from .chain import device_tables, exit_block, launch_grid, next_item, publish
 from .decode_schedule import (
     ATTN,
     EMBED,
@@ -52,7 +52,7 @@ from .decode_schedule import (
     Y,
     validate_decode,
 )
-from .schedule import ITEM_COLS, TICKET
+from .schedule import ITEM_COLS
 
 WARPS = 8
 
@@ -180,14 +180,7 @@ def decode_kernel(w: Ptr[f32, "ro"], acts: Ptr[f32], cache_k: Ptr[f32], cache_v:
     token = io[0]
     pos = io[1]
     while True:
-        if t == 0:
-            ticket = i32(pk.atomic_add(counters, TICKET, u32(1), order="relaxed"))
-            if ticket < n_items:
-                wait_for(counters, items[ticket * ITEM_COLS + 3], items[ticket * ITEM_COLS + 4])
-            taken[0] = ticket
-        pk.syncthreads()                 # the acquire in wait_for orders the block's reads
-        item = taken[0]
-        pk.syncthreads()                 # all have read it before thread 0 takes the next
+        item = next_item(counters, items, n_items, taken, t)
         if item >= n_items:
             break
         st = stages + items[item * ITEM_COLS] * STAGE_COLS
