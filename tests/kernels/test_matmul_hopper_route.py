@@ -24,13 +24,6 @@ F32_UNIT = 2.0 ** -24
 HOPPER_LAUNCHES = {"convert_rows8", "gemm_q_tn", "place_columns"}
 
 
-@pytest.fixture
-def on_cpu():
-    previous = pk.current_device()
-    yield pk.set_device("cpu")
-    pk.set_device(previous)
-
-
 def _problem(rng, type_name, tokens, rows, K):
     x = rng.standard_normal((tokens, K)).astype(np.float32)
     raw = ref.quantize(rng.standard_normal((rows, K)).astype(np.float32), type_name)
@@ -74,7 +67,7 @@ def _bound(x, raw, type_name, rows):
 
 
 @pytest.mark.parametrize("type_name, rows, K", [("Q8_0", 72, 512), ("Q4_K", 72, 512)])
-def test_option_routes_prompts_to_hopper_quant(type_name, rows, K, rng, seed, on_cpu):
+def test_option_routes_prompts_to_hopper_quant(type_name, rows, K, rng, seed, cpu_device):
     tokens = 16
     x, raw = _problem(rng, type_name, tokens, rows, K)
     assert M.choose_matmul_path(type_name, tokens, True, ON, k=K) == M.GEMM_HOPPER_Q
@@ -88,7 +81,7 @@ def test_option_routes_prompts_to_hopper_quant(type_name, rows, K, rng, seed, on
 
 
 @pytest.mark.parametrize("type_name", ["Q8_0", "Q4_K"])
-def test_option_off_keeps_the_default_launches(type_name, rng, on_cpu):
+def test_option_off_keeps_the_default_launches(type_name, rng, cpu_device):
     x, raw = _problem(rng, type_name, 16, 72, 512)
     default = _run(raw, type_name, x, 72, KernelOptions())
     off = _run(raw, type_name, x, 72, dataclasses.replace(ON, hopper_quant_gemm=False))
@@ -120,7 +113,7 @@ def test_env_variable_sets_the_option():
     assert not KernelOptions.from_env({}).hopper_quant_gemm
 
 
-def test_column_offset_and_residual_bit_exact(rng, seed, on_cpu):
+def test_column_offset_and_residual_bit_exact(rng, seed, cpu_device):
     """C into columns 20..92 of y (16, 100) plus res, y aliasing res: C (the in-place launch's
     result) + res, the other columns untouched."""
     tokens, rows, K, ldy, col0 = 16, 72, 256, 100, 20

@@ -6,7 +6,6 @@ PYKERNEL_HOPPER_QUANT_GEMM variable reaches the runner's kernel options."""
 import importlib
 
 import numpy as np
-import pytest
 
 import pykernel as pk
 from llm.backends import kernels_weights as W
@@ -20,20 +19,13 @@ M = importlib.import_module("stdlib_kernels.quant.matmul")
 OPTIONS = RunnerOptions(kernels=KernelOptions(hopper_quant_gemm=True)).kernel_options
 
 
-@pytest.fixture
-def on_cpu():
-    previous = pk.current_device()
-    yield pk.set_device("cpu")
-    pk.set_device(previous)
-
-
 def _group(rng, type_name, rows, row_off, n):
     raw = pk.to_device(ref.quantize(rng.standard_normal((rows, n)).astype(np.float32),
                                     type_name))
     return W.RowGroup(type_name, rows, row_off, raw, weight_words(raw, type_name, n)[0])
 
 
-def test_groups_write_their_columns_plus_the_residual(rng, seed, on_cpu):
+def test_groups_write_their_columns_plus_the_residual(rng, seed, cpu_device):
     n, tokens = 256, 11                     # q|k|v-like: Q8_0 (24 rows) then Q4_K (16 rows)
     groups = [_group(rng, "Q8_0", 24, 0, n), _group(rng, "Q4_K", 16, 24, n)]
     w = W.DeviceMatrix(n, 40, groups, ("a", "b"), (24, 16))
