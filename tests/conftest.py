@@ -62,6 +62,19 @@ def assemble(tmp_path):
     return run
 
 
+@pytest.fixture
+def checked_ptx(assemble):
+    """checked_ptx(kernel, arch, *instructions, **consts) -> the kernel's PTX for arch, after
+    checking that each instruction is in it and that ptxas accepts it."""
+    def run(kernel, arch: str, *instructions: str, **consts) -> str:
+        ptx = kernel.ptx(arch, **consts)
+        missing = [instr for instr in instructions if instr not in ptx]
+        assert not missing, f"{kernel.name} for {arch}: no {missing} in its PTX"
+        assemble(ptx, arch)
+        return ptx
+    return run
+
+
 @pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def device(request):
     """Runs the test body once on the CPU target and once on CUDA (skipped without a GPU)."""
