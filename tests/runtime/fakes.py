@@ -41,6 +41,21 @@ class FakeCompiled:
         self.entry = self.entry or self.name
 
 
+def scale_kernel() -> FakeCompiled:
+    """`scale(x: Ptr[f32], w: Ptr[bf16], n: i32)`: the kernel the tests of other libraries'
+    arrays (torch, CuPy) pack arguments for."""
+    return FakeCompiled("scale", [ptr("x", np.float32), ptr("w", "bfloat16"),
+                                  scalar("n", np.int32)])
+
+
+def torch_scale_args(torch, rng):
+    """(x, w, n) for scale_kernel as torch host tensors: x random f32, w bf16 zeros, n
+    random in 5..49."""
+    n = int(rng.integers(5, 50))
+    x = torch.from_numpy(rng.standard_normal(n).astype(np.float32))
+    return x, torch.zeros(n, dtype=torch.bfloat16), n
+
+
 def host_view(array):
     """A numpy view of a host Array's memory (the fake device's 'kernel' writes through it)."""
     buffer = (ctypes.c_uint8 * array.nbytes).from_address(array.ptr)
