@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pykernel as pk  # noqa: E402
+from benchmarks._timing import host_us_per_call  # noqa: E402
 from pykernel.runtime import cuda as cuda_runtime  # noqa: E402
 from pykernel.runtime.arrays import Array  # noqa: E402
 from pykernel.runtime.device import set_device  # noqa: E402
@@ -54,13 +54,8 @@ def mock_driver_call_us() -> float:
 
 def per_launch_us(launch_once) -> float:
     launch_once()
-    samples = []
-    for _ in range(BATCHES):
-        start = time.perf_counter()
-        for _ in range(BATCH):
-            launch_once()
-        samples.append((time.perf_counter() - start) / BATCH * 1e6)
-    return min(samples)      # the least disturbed batch (a shared host only adds time)
+    # the least disturbed batch (a shared host only adds time)
+    return min(host_us_per_call(launch_once, BATCH, BATCHES))
 
 
 class _CudaArrayInterface:
