@@ -31,20 +31,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import llm  # noqa: E402
 import pykernel as pk  # noqa: E402
+from benchmarks.batched_decode import model_file  # noqa: E402
 from llm.backends.persistent_decode import PersistentDecode  # noqa: E402
 
 TILE_ROWS = (8, 16, 32)
 REPLAYS = 20
-
-
-def synth_file(shape: str, qtype: str) -> Path:
-    from llm.synth import write_synthetic
-    path = Path(os.environ.get("SYNTH_DIR", "/tmp")) / f"{shape}-{qtype}.gguf"
-    if not path.exists():
-        t0 = time.perf_counter()
-        write_synthetic(shape, qtype, path)
-        print(f"synth {path.name}: {time.perf_counter() - t0:.1f} s", flush=True)
-    return path
 
 
 def graph_tok_s(model, cache, token: int, pos: int, n: int) -> float:
@@ -96,7 +87,7 @@ def main():
     parser.add_argument("--activations", default="q8_1", choices=("q8_1", "f32"))
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     args = parser.parse_args()
-    path = Path(args.file) if args.file else synth_file(args.shape, args.type)
+    path = Path(args.file) if args.file else model_file(f"{args.shape}:{args.type}")
     n_ctx = args.prompt + 2 * args.tokens + 8
     model = llm.load(path, device=args.device, backend="kernels", n_ctx=n_ctx, progress=False,
                      activations=args.activations)
