@@ -40,10 +40,9 @@ CASES = [  # M, N, K, type, config (None: choose_quant_config), max_blocks[, wei
                                                 # so the direct epilogue
     (140, 264, 256, "Q4_K", "64x3/g2/pp/tma2", 1),   # 2 x 5 tiles, ping-pong, TMA epilogue
     (40, 100, 512, "Q5_K", "64x2/tma3", 2),
-    (33, 65, 256, "Q4_0", "64x2", 1),
-    (33, 65, 256, "Q4_1", "128x2", 1),
-    (33, 65, 256, "Q5_0", "64x2", 1),
-    (33, 65, 256, "Q5_1", "64x3", 1),
+    # the 32-value block formats on one awkward shape, each through another config
+    *[(33, 65, 256, type_name, config, 1) for type_name, config in
+      (("Q4_0", "64x2"), ("Q4_1", "128x2"), ("Q5_0", "64x2"), ("Q5_1", "64x3"))],
     # one raw slot (each slab loaded once the last is dequantized), three (two slabs ahead)
     (70, 72, 512, "Q8_0", "64x2/raw1", 1),
     (130, 72, 1024, "Q4_K", "64x2/raw3", 2),
