@@ -40,8 +40,8 @@ def add4(x: pk.Ptr[pk.f32], y: pk.Ptr[pk.f32], out: pk.Ptr[pk.f32], n: pk.i32):
         out[i] = x[i] + y[i]
 
 
-def mock_cuda_device(param_buffer: bool = True):
-    device = fakes.mock_cuda_device("sm_90", param_buffer=param_buffer)
+def mock_cuda_device(param_buffer: bool = True, ordinal: int = 0):
+    device = fakes.mock_cuda_device("sm_90", param_buffer=param_buffer, ordinal=ordinal)
     ok = (0,)
     cuda_runtime._launch_kernel = lambda *args: ok
     return device
@@ -63,7 +63,7 @@ def per_launch_us(launch_once) -> float:
     return min(samples)      # the least disturbed batch (a shared host only adds time)
 
 
-class _CudaArrayInterface:
+class CudaArrayInterfaceObject:
     """A foreign device array: only `__cuda_array_interface__` (as CuPy builds it per call)."""
 
     def __init__(self, ptr, n):
@@ -100,7 +100,7 @@ def rows(device) -> list:
     if bind is not None:
         bound = bind(x, y, out, N)
         table.append(("bound launch, .launch()", per_launch_us(bound.launch)))
-    cai = [_CudaArrayInterface(a.ptr, N) for a in (x, y, out)]
+    cai = [CudaArrayInterfaceObject(a.ptr, N) for a in (x, y, out)]
     table.append(("__cuda_array_interface__ objects",
                   per_launch_us(lambda: launcher(*cai, N))))
     table += _torch_rows(launcher)

@@ -197,9 +197,12 @@ def _generate(packer, function: str, head: list, tail: list, extra_scope: dict,
     lines += ["        give(slot)"] if pooled else []
     lines += ["        packer._diagnose_scalars(args)", "        raise"]
     lines += ["    " + line for line in tail]
-    exec(compile("\n".join(lines), f"<{function} {packer.kernel_name}>", "exec"), scope)
+    source = "\n".join(lines)
+    exec(compile(source, f"<{function} {packer.kernel_name}>", "exec"), scope)
     packer._scopes.append(scope)
-    return scope[function]
+    generated = scope[function]
+    generated.source = source      # what runs per launch: for debugging and profiling
+    return generated
 
 
 class _NoTorchYet:
