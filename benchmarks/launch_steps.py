@@ -92,7 +92,7 @@ def step_costs(launcher, args, rounds: int) -> tuple[list[str], list[float], flo
                 call(*args)
             best[index] = min(best[index], (time.perf_counter() - start) / BATCH * 1e9)
     costs = [best[0]] + [best[k] - best[k - 1] for k in range(1, len(cuts))]
-    labels = ["call: partial -> launch(*args, **kwargs)"] + [label(g) for g in groups]
+    labels = ["call: partial -> launch(...), arguments bound"] + [label(g) for g in groups]
     return labels, costs, best[-1]
 
 

@@ -71,11 +71,13 @@ def _describe(value) -> str:
 class ArgPacker:
     """See the module docstring. One instance per (compiled kernel, device)."""
 
-    def __init__(self, compiled, device_kind: str, device_ordinal: int | None = None):
+    def __init__(self, compiled, device_kind: str, device_ordinal: int | None = None,
+                 device=None):
         self.kernel_name = compiled.name
         self.params = list(compiled.params)
         self.device_kind = device_kind
         self.device_ordinal = device_ordinal
+        self.device = device       # its arrays pass the inline check (None: any of the kind)
         fields, offsets, offset = ["="], [], 0
         for param in self.params:
             fmt = FIELD_KINDS[param.kind].format(param)
@@ -102,18 +104,20 @@ class ArgPacker:
         """Check and write `args`; returns the buffer address (CPU entry point's argument)."""
         raise NotImplementedError
 
-    def fused(self, function: str, head: list, tail: list, scope: dict, on_count: str,
+    def fused(self, function: str, guard: str, tail: list, scope: dict,
               pooled: bool = False):
-        """A function `function(*args, **kwargs)` that runs `head`, packs `args` as `pack`
-        does, then runs `tail` (a device's launch: one Python frame for the whole launch);
-        None for kernels whose arguments expand into several fields (n-d arrays), whose pack
-        is a wrapper. `pooled`: pack into a buffer taken from `self.pool` instead of the
-        shared one; `tail` then reads its addresses as `params` and `extra` and must hand it
-        back with `give(slot)` once the driver has copied it."""
+        """A function `function(a0, a1, ..., /)` (the arguments positional, so a call binds
+        them without building a tuple) that hands anything but exactly one positional argument
+        per parameter, and any call where the expression `guard` holds, to
+        `fallback(*args, **kwargs)` (in `scope`), else packs the arguments as `pack` does and
+        runs `tail` (a device's launch: one Python frame for the whole launch); None for
+        kernels whose arguments expand into several fields (n-d arrays), whose pack is a
+        wrapper. `pooled`: pack into a buffer taken from `self.pool` instead of the shared
+        one; `tail` then reads its addresses as `params` and `extra` and must hand it back
+        with `give(slot)` once the driver has copied it."""
         if any(p.kind == "array" for p in self.params):
             return None
-        return _generate(self, function, head, tail, scope, on_count, "*args, **kwargs",
-                         pooled)
+        return _generate(self, function, guard, tail, scope, pooled)
 
     def snapshot(self) -> tuple:
         """A private copy of the buffer as last packed: (owner to keep alive, its void*[] of
@@ -159,30 +163,24 @@ class ArgPacker:
 
 def _generate_pack(packer):
     """`pack(args)` -> the buffer's address (see `_generate`)."""
-    return _generate(packer, "pack", [], ["return address"], {},
-                     "packer._raise_count(args)", "args")
+    return _generate(packer, "pack", None, ["return address"], {})
 
 
-def _generate(packer, function: str, head: list, tail: list, extra_scope: dict,
-              on_count: str, signature: str, pooled: bool = False):
-    """Build `function(<signature>)` (its arguments in `args`), unrolled: `head` lines, a
-    tuple unpack (`on_count` when the count is wrong), each parameter's lines from its
-    FIELD_KINDS entry, one pack_into (into a pool buffer when `pooled`), then `tail` lines.
-    Generated from the ABI alone (names are a0, a1, ...) and the callers' fixed lines, so no
-    user text is evaluated; any argument the inline checks do not accept goes to the precise
-    converters."""
+def _generate(packer, function: str, guard: str | None, tail: list, extra_scope: dict,
+              pooled: bool = False):
+    """Build `function`, unrolled: its arguments (see `_arguments`), each parameter's lines
+    from its FIELD_KINDS entry, one pack_into (into a pool buffer when `pooled`), then `tail`
+    lines. Generated from the ABI alone (names are a0, a1, ...) and the callers' fixed lines,
+    so no user text is evaluated; any argument the inline checks do not accept goes to the
+    precise converters."""
     names = [f"a{i}" for i in range(len(packer.params))]
     scope = {"Array": Array, "struct_error": struct.error, "packer": packer,
              "pack_into": packer._struct.pack_into, "storage": packer._storage,
              "base": packer._base, "address": packer.address, "kind": packer.device_kind,
-             "Tensor": _NoTorchYet, "take": packer.pool.take, "give": packer.pool.give,
-             "new_buffer": packer.pool.new, **extra_scope}
-    lines = [f"def {function}({signature}):"] + ["    " + line for line in head]
-    if names:
-        lines += ["    try:", f"        {', '.join(names)}, = args",
-                  "    except (ValueError, TypeError):", f"        return {on_count}"]
-    else:
-        lines += ["    if len(args):", f"        return {on_count}"]
+             "array_device": packer.device, "Tensor": _NoTorchYet, "take": packer.pool.take,
+             "give": packer.pool.give, "new_buffer": packer.pool.new, "NO_ARG": _NO_ARG,
+             "given": _given, **extra_scope}
+    lines, args = _arguments(function, names, guard)
     fields = []
     for name, param in zip(names, packer.params):
         code, written = FIELD_KINDS[param.kind].emit(packer, param, name, scope)
@@ -195,7 +193,7 @@ def _generate(packer, function: str, head: list, tail: list, extra_scope: dict,
     lines += ["    try:", f"        pack_into(storage, base, {', '.join(fields)})",
               "    except (struct_error, TypeError, ValueError, OverflowError):"]
     lines += ["        give(slot)"] if pooled else []
-    lines += ["        packer._diagnose_scalars(args)", "        raise"]
+    lines += [f"        packer._diagnose_scalars({args})", "        raise"]
     lines += ["    " + line for line in tail]
     source = "\n".join(lines)
     exec(compile(source, f"<{function} {packer.kernel_name}>", "exec"), scope)
@@ -203,6 +201,43 @@ def _generate(packer, function: str, head: list, tail: list, extra_scope: dict,
     generated = scope[function]
     generated.source = source      # what runs per launch: for debugging and profiling
     return generated
+
+
+def _arguments(function: str, names: list, guard: str | None) -> tuple[list, str]:
+    """(the lines that take the arguments into a0, a1, ..., an expression of them as a tuple).
+    Without a guard: `function(args)`, one tuple, unpacked (a wrong count: the packer's error).
+    With one: `function(a0=NO_ARG, ..., /, *more, **kwargs)`: a call binds its arguments
+    straight into the frame; keywords, a wrong count or the guard go to `fallback`."""
+    if guard is None:
+        if not names:
+            return [f"def {function}(args):", "    if len(args):",
+                    "        return packer._raise_count(args)"], "args"
+        return [f"def {function}(args):", "    try:", f"        {', '.join(names)}, = args",
+                "    except (ValueError, TypeError):",
+                "        return packer._raise_count(args)"], "args"
+    values = f"({''.join(name + ', ' for name in names)})"
+    if not names:
+        return [f"def {function}(*more, **kwargs):", f"    if kwargs or more or {guard}:",
+                "        return fallback(*more, **kwargs)"], values
+    parameters = "".join(f"{name}=NO_ARG, " for name in names) + "/, *more, **kwargs"
+    return [f"def {function}({parameters}):",
+            f"    if kwargs or more or {names[-1]} is NO_ARG or {guard}:",
+            f"        return fallback(*given{values}, *more, **kwargs)"], values
+
+
+class _NoArgument:
+    """The default of a generated launcher's parameters: that argument was not passed."""
+
+    def __repr__(self):
+        return "<no argument>"
+
+
+_NO_ARG = _NoArgument()
+
+
+def _given(*values) -> tuple:
+    """The arguments a call passed (its trailing parameters left at NO_ARG dropped)."""
+    return tuple(value for value in values if value is not _NO_ARG)
 
 
 class _NoTorchYet:
@@ -226,8 +261,10 @@ def _pointer_emit(packer, param, name, scope):
     refuses."""
     scope[f"D{name}"] = np.dtype(_accepted_names(param)[0])
     scope[f"C{name}"] = _pointer_converter(packer, param)
-    lines = [(f"if type({name}) is Array and {name}._dtype is D{name} and "
-              f"{name}._device_kind == kind:"), f"    {name} = {name}._ptr"]
+    same_device = f"{name}._device is array_device" if packer.device is not None else \
+        f"{name}._device_kind == kind"
+    lines = [f"if type({name}) is Array and {name}._dtype is D{name} and {same_device}:",
+             f"    {name} = {name}._ptr"]
     device = _TORCH_DEVICE.get(packer.device_kind, packer.device_ordinal)
     if device is not None:      # get_device(): the CUDA ordinal, -1 for host tensors
         scope[f"T{name}"] = None

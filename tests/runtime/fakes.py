@@ -96,9 +96,10 @@ def mock_cuda_device(arch: str = "sm_90", param_buffer: bool = True, ordinal: in
     device.programmatic_launch, device._prints = False, False
 
     def load(compiled):
+        packer = cuda_runtime.ArgPacker(compiled, "cuda", ordinal, device=device)
         kernel = cuda_runtime._LoadedKernel(
-            compiled.name, cu.CUfunction(), cuda_runtime.ArgPacker(compiled, "cuda", ordinal),
-            48 * 1024, compiled.shared_bytes, None, param_buffer, "pdl" in getattr(compiled, "uses", ()))
+            compiled.name, cu.CUfunction(), packer, 48 * 1024, compiled.shared_bytes, None,
+            param_buffer, "pdl" in getattr(compiled, "uses", ()))
         device._kernels[compiled.cache_key] = kernel
         return kernel
     device.load = load
