@@ -97,6 +97,7 @@ class ArgPacker:
         self.pool = BufferPool(offsets, self.size)
         self._count = len(self.params)
         self._scopes = []          # the generated functions' globals (torch is bound late)
+        self.torch_bound = False   # a torch tensor was passed: new functions bind it at once
         self.pack = _generate_pack(self)
         array_args.install(self)   # pk.Array parameters: expand each argument into its fields
 
@@ -198,6 +199,8 @@ def _generate(packer, function: str, guard: str | None, tail: list, extra_scope:
     source = "\n".join(lines)
     exec(compile(source, f"<{function} {packer.kernel_name}>", "exec"), scope)
     packer._scopes.append(scope)
+    if packer.torch_bound:
+        _bind_torch(packer, [scope])
     generated = scope[function]
     generated.source = source      # what runs per launch: for debugging and profiling
     return generated
@@ -277,11 +280,13 @@ def _pointer_emit(packer, param, name, scope):
 _TORCH_DEVICE = {"cpu": -1}     # else the packer's ordinal (CUDA)
 
 
-def _bind_torch(packer):
+def _bind_torch(packer, scopes=None):
     """Point the generated functions' inline torch branch at torch.Tensor and each pointer
-    parameter's torch dtype (torch dtypes are singletons: compared by identity)."""
+    parameter's torch dtype (torch dtypes are singletons: compared by identity): all of the
+    packer's functions once a torch tensor was passed, and each function made after that."""
     torch = sys.modules["torch"]
-    for scope in packer._scopes:
+    packer.torch_bound = True
+    for scope in packer._scopes if scopes is None else scopes:
         scope["Tensor"] = torch.Tensor
         for index, param in enumerate(packer.params):
             if f"Ta{index}" in scope:
