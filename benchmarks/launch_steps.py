@@ -1,6 +1,6 @@
 """Where a plain launch's host time goes, statement by statement, without a GPU.
 
-Input: none (compiles one 4-argument kernel, `out = x + y` over n, for sm_90 with LLVM; no
+Input: none (compiles one 4-argument kernel, `out = x + y` over n = 128, for sm_90 with LLVM; no
 driver). Output: a table of nanoseconds per top-level statement of the launcher's generated
 function (`kernel[grid, block]`'s fast path: mode guard, argument unpack, one check per
 argument, parameter-buffer pool, pack, driver call), one column per argument kind:
@@ -20,7 +20,11 @@ call is cuLaunchKernel replaced by a function returning (0,): its real cost, cud
 argument conversion plus the driver, is the raw floor that `launch_host_cost.py --gpu`
 measures.
 
-    python3 benchmarks/launch_steps.py [--rounds 40]
+With `--gpu` (the lead's H200 run): the same table on the real device, the driver call real,
+torch CUDA tensors instead of the host stand-in, each batch of 200 calls followed by an
+untimed synchronize.
+
+    python3 benchmarks/launch_steps.py [--rounds 40] [--gpu]
 """
 from __future__ import annotations
 
@@ -34,11 +38,17 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.launch_host_cost import (N, CudaArrayInterfaceObject, add4,  # noqa: E402
-                                         device_arrays, mock_cuda_device)
+import pykernel as pk  # noqa: E402
+from benchmarks.launch_host_cost import (  # noqa: E402
+    CudaArrayInterfaceObject,
+    N,
+    add4,
+    device_arrays,
+    mock_cuda_device,
+)
 from pykernel.runtime.device import set_device  # noqa: E402
 
-BATCH = 2000
+BATCH, GPU_BATCH = 2000, 200         # calls per timed batch (on a GPU: below its queue)
 
 
 def statements(source: str) -> tuple[str, list[list[str]]]:
@@ -69,30 +79,35 @@ def cut_after(function, count: int):
     return functools.partial(namespace["cut"])
 
 
-def label(group: list[str]) -> str:
+def label(group: list[str], gpu: bool) -> str:
     text = group[0].strip()
     if "take()" in "".join(group):
         return "pool: take a parameter buffer (and give it back)"
     if text.startswith("err, ="):
-        return "driver call (mocked: returns (0,))"
+        return "driver call (cuLaunchKernel)" if gpu else "driver call (mocked: returns (0,))"
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def step_costs(launcher, args, rounds: int) -> tuple[list[str], list[float], float]:
-    """(labels, ns per statement, ns of the whole launcher call) for `launcher(*args)`."""
+def step_costs(launcher, args, rounds: int, synchronize=None):
+    """(labels, ns per statement, ns of the whole launcher call) for `launcher(*args)`;
+    `synchronize` (untimed, after each batch): the real device's, so its queue never fills."""
     function = launcher.func
     _, groups = statements(function.source)
     cuts = [cut_after(function, k) for k in range(len(groups) + 1)]
     best = [float("inf")] * (len(cuts) + 1)
     timed = cuts + [launcher]
+    batch = BATCH if synchronize is None else GPU_BATCH
     for _ in range(rounds):
         for index, call in enumerate(timed):
             start = time.perf_counter()
-            for _ in range(BATCH):
+            for _ in range(batch):
                 call(*args)
-            best[index] = min(best[index], (time.perf_counter() - start) / BATCH * 1e9)
+            best[index] = min(best[index], (time.perf_counter() - start) / batch * 1e9)
+            if synchronize is not None:
+                synchronize()
     costs = [best[0]] + [best[k] - best[k - 1] for k in range(1, len(cuts))]
-    labels = ["call: partial -> launch(...), arguments bound"] + [label(g) for g in groups]
+    labels = ["call: partial -> launch(...), arguments bound"] + \
+        [label(g, synchronize is not None) for g in groups]
     return labels, costs, best[-1]
 
 
@@ -107,21 +122,25 @@ def warm_launcher(device, args, block: int):
     return launcher
 
 
-def kinds() -> dict:
+def kinds(gpu: bool) -> dict:
     """Argument kind -> (its device, launcher, arguments)."""
-    device = mock_cuda_device()
+    device = set_device("cuda") if gpu else mock_cuda_device()
     x, y, out = device_arrays(device)
-    found = {"pk Array": (device, warm_launcher(device, (x, y, out, N), 256), (x, y, out, N))}
+    found = {"pk Array": (device, warm_launcher(device, (x, y, out, N), 128), (x, y, out, N))}
     try:
         import torch
     except ImportError:
         torch = None
-    if torch is not None:
+    if torch is not None and not gpu:
         host = mock_cuda_device(ordinal=-1)
         tensors = tuple(torch.zeros(N, dtype=torch.float32) for _ in range(3))
-        found["torch tensor"] = (host, warm_launcher(host, (*tensors, N), 128), (*tensors, N))
+        found["torch tensor"] = (host, warm_launcher(host, (*tensors, N), 64), (*tensors, N))
+    elif torch is not None and torch.cuda.is_available():
+        tensors = tuple(torch.zeros(N, device="cuda") for _ in range(3))
+        found["torch CUDA tensor"] = (device, warm_launcher(device, (*tensors, N), 64),
+                                      (*tensors, N))
     objects = tuple(CudaArrayInterfaceObject(a.ptr, N) for a in (x, y, out))
-    found["__cuda_array_interface__"] = (device, warm_launcher(device, (*objects, N), 64),
+    found["__cuda_array_interface__"] = (device, warm_launcher(device, (*objects, N), 32),
                                          (*objects, N))
     return found
 
@@ -129,11 +148,16 @@ def kinds() -> dict:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=40, help="interleaved timing rounds")
+    parser.add_argument("--gpu", action="store_true",
+                        help="the real CUDA device: real driver calls, torch CUDA tensors")
     options = parser.parse_args()
+    if options.gpu and not pk.runtime.device.gpu_available():
+        sys.exit("launch_steps --gpu: no usable CUDA GPU")
     columns, labels, totals = {}, None, {}
-    for kind, (device, launcher, args) in kinds().items():
+    for kind, (device, launcher, args) in kinds(options.gpu).items():
         set_device(device)       # the launcher's guard sends other devices' calls elsewhere
-        labels, columns[kind], totals[kind] = step_costs(launcher, args, options.rounds)
+        labels, columns[kind], totals[kind] = step_costs(
+            launcher, args, options.rounds, device.synchronize if options.gpu else None)
     names = list(columns)
     print("| step (ns per launch) | " + " | ".join(names) + " |")
     print("|---|" + "---|" * len(names))
@@ -143,8 +167,9 @@ def main():
     print("| sum of the steps | " + " | ".join(f"{sum(columns[n]):.0f}" for n in names) + " |")
     print("| the launcher's call, timed whole | " +
           " | ".join(f"{totals[n]:.0f}" for n in names) + " |")
+    batch = GPU_BATCH if options.gpu else BATCH
     print(f"(numpy {np.__version__}; python {sys.version.split()[0]}; best of {options.rounds}"
-          f" rounds of {BATCH} calls; differences of a few ns are noise)")
+          f" rounds of {batch} calls; differences of a few ns are noise)")
 
 
 if __name__ == "__main__":
