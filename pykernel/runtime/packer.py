@@ -28,33 +28,8 @@ from . import array_args
 from .arrays import Array
 from .param_buffers import BufferPool, new_buffer
 from .pointer_sources import ARRAY, NUMPY, TORCH, source_of
-
-_FORMAT = {"int8": "b", "uint8": "B", "int16": "h", "uint16": "H", "int32": "i",
-           "uint32": "I", "int64": "q", "uint64": "Q", "float16": "e", "float32": "f",
-           "float64": "d", "bool": "B", "bfloat16": "H"}
-_DSL_NAME = {"int8": "i8", "uint8": "u8", "int16": "i16", "uint16": "u16", "int32": "i32",
-             "uint32": "u32", "int64": "i64", "uint64": "u64", "float16": "f16",
-             "float32": "f32", "float64": "f64", "bool": "bool_", "bfloat16": "bf16"}
-
-
-def dtype_name(dtype) -> str:
-    return dtype if isinstance(dtype, str) else np.dtype(dtype).name
-
-
-def type_label(param) -> str:
-    if getattr(param, "type_name", None):  # the compiler's spelling, e.g. 'Ptr[f32, "ro"]'
-        return param.type_name
-    dsl = _DSL_NAME.get(dtype_name(param.dtype), dtype_name(param.dtype))
-    return f"Ptr[{dsl}]" if param.kind == "ptr" else dsl
-
-
-def f32_to_bf16_bits(value: float) -> int:
-    """Round an f32 to bf16 (round to nearest, ties to even; NaN stays a quiet NaN)."""
-    bits = struct.unpack("=I", struct.pack("=f", value))[0]
-    if (bits & 0x7F800000) == 0x7F800000 and bits & 0x007FFFFF:
-        return (bits >> 16) | 0x0040
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
-
+from .scalar_args import (check_scalar, converter, dtype_name, f32_to_bf16_bits,  # noqa: F401
+                          scalar_format, type_label)
 
 def _describe(value) -> str:
     if isinstance(value, Array):
@@ -159,7 +134,7 @@ class ArgPacker:
     def _diagnose_scalars(self, args):
         for param, value in zip(self.params, args):
             if param.kind not in ("ptr", "tensormap"):
-                _check_scalar(self, param, value)
+                check_scalar(self, param, value)
 
 
 def _generate_pack(packer):
@@ -295,7 +270,7 @@ def _bind_torch(packer, scopes=None):
 
 def _scalar_emit(packer, param, name, scope):
     if dtype_name(param.dtype) in ("bool", "bfloat16"):
-        scope[f"C{name}"] = _converter(packer, param)
+        scope[f"C{name}"] = converter(packer, param)
         return [f"{name} = C{name}({name})"], [name]
     scope[f"P{name}"] = param   # struct packs True as 1: a bool for a number is a mistake
     return [f"if {name}.__class__ is bool:",
@@ -321,57 +296,7 @@ def _tensormap_emit(packer, param, name, scope):
 FIELD_KINDS = {"ptr": FieldKind(lambda param: "Q", _pointer_emit),
                "array": FieldKind(lambda param: "Q", _array_emit),
                "tensormap": FieldKind(lambda param: f"{param.size}s", _tensormap_emit),
-               "scalar": FieldKind(lambda param: _scalar_format(param), _scalar_emit)}
-
-
-def _scalar_format(param) -> str:
-    name = dtype_name(param.dtype)
-    fmt = _FORMAT.get(name)
-    if fmt is None:
-        raise LaunchError(f"parameter '{param.name}': unsupported scalar dtype {name}")
-    if struct.calcsize("=" + fmt) != param.size:  # e.g. bool passed as a 4-byte int
-        fmt = {1: "B", 2: "H", 4: "I", 8: "Q"}[param.size]
-    return fmt
-
-
-def _check_scalar(packer, param, value):
-    """Raise the precise LaunchError for a scalar that struct refused."""
-    name = dtype_name(param.dtype)
-    label = type_label(param)
-    if name in ("float16", "float32", "float64", "bfloat16"):
-        if not isinstance(value, (int, float, np.integer, np.floating)) or \
-                isinstance(value, bool):
-            raise packer.error(param, f"a float ({label})", value)
-        try:
-            struct.pack("=" + _FORMAT[name], value)
-        except (OverflowError, struct.error):
-            raise packer.error(param, f"a float that fits {label}", value) from None
-        return
-    if not isinstance(value, (int, np.integer)):
-        raise packer.error(param, f"an integer ({label})", value)
-    info = np.iinfo(np.dtype(name)) if name != "bool" else None
-    if info is not None and not info.min <= int(value) <= info.max:
-        raise packer.error(param, f"an integer in [{info.min}, {info.max}] ({label})", value)
-
-
-def _converter(packer, param):
-    if dtype_name(param.dtype) == "bool":
-        def to_bool(value):
-            if isinstance(value, (bool, np.bool_)) or (
-                    isinstance(value, (int, np.integer)) and value in (0, 1)):
-                return int(value)
-            raise packer.error(param, "a bool (bool_)", value)
-        return to_bool
-
-    def to_bf16(value):
-        if isinstance(value, (int, float, np.integer, np.floating)) and \
-                not isinstance(value, bool):
-            try:
-                return f32_to_bf16_bits(float(value))
-            except OverflowError:
-                pass
-        raise packer.error(param, "a float that fits bf16 (via f32)", value)
-    return to_bf16
+               "scalar": FieldKind(scalar_format, _scalar_emit)}
 
 
 def _accepted_names(param) -> tuple:
