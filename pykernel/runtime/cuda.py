@@ -252,12 +252,13 @@ class CudaDevice:
             not kernel.cooperative
         full = fallback or functools.partial(self.launch, compiled, grid, block, args, stream,
                                              shared_bytes, cluster)
+        recent = self._recent.append
 
         def launch():
             if self._capture is not None or self.sync_launches or not plain or \
                     self.programmatic_launch:
                 return full()
-            self._recent.append(name)
+            recent(name)
             stream_handle = self._launch_handle if handle is None else handle
             try:
                 (err,) = _launch_kernel(func, g0, g1, g2, b0, b1, b2, shared_bytes,
