@@ -177,3 +177,65 @@ def test_decode_kernel_ptx_sm90(assemble, cache):
     assert "ld.acquire.gpu" in ptx and "atom.release.gpu" in ptx and "nanosleep" in ptx
     assert "dp4a" in ptx          # the quantized rows' DP4A dots
     assemble(ptx, "sm_90")
+
+
+QUANT_SHAPE = DecodeShape(2, 256, 4, 2, 64, 512, 77, n_ctx=16)
+# every format the step reads, a two-group qkv (q|k Q4_K, v Q6_K as Q4_K_M files have it)
+QUANT_FORMATS = {"token_embd": (("Q6_K", 77),), "output": (("Q4_K", 77),)}
+for _il in range(QUANT_SHAPE.n_layer):
+    QUANT_FORMATS.update({f"blk.{_il}.qkv": (("Q4_K", 384), ("Q6_K", 128)),
+                          f"blk.{_il}.attn_out": (("Q4_1", 256),),
+                          f"blk.{_il}.gate_up": (("Q8_0", 1024),),
+                          f"blk.{_il}.down": (("Q6_K", 128), ("Q8_0", 128))})
+
+
+def _quantized(rng, shape, formats):
+    """Random tensors; (the quantized groups for the step, their dequantized f32 values)."""
+    from stdlib_kernels.quant.reference import dequantize, quantize
+    groups, dense = {}, {}
+    for name, value in _weights(rng, shape).items():
+        if name not in formats:
+            groups[name] = dense[name] = value
+            continue
+        parts, start = [], 0
+        for type_name, rows in formats[name]:
+            parts.append(quantize(value[start:start + rows], type_name))
+            start += rows
+        groups[name] = parts
+        dense[name] = np.concatenate([dequantize(p, t, value.shape[1])
+                                      for p, (t, _) in zip(parts, formats[name])])
+    return groups, dense
+
+
+def test_quantized_step_tracks_its_dequantized_weights(rng, seed):
+    """Every format and a two-group matrix: the step on GGUF weights (Q8_1 inputs) against the
+    same kernel on those weights dequantized to F32 (f32 inputs). They differ by the Q8_1
+    rounding of each matmul input, at most half a step (amax / 254) a value plus its f16
+    scale's 2^-11: for Gaussian-like blocks ~1% of the input's norm, which 4 matmuls a layer
+    and 2 layers compound to well under 1e-1 in relative L2; a wrong block decode is O(1).
+    Then the launch replayed on NaN-poisoned activations: bit-identical, counters zero."""
+    s = QUANT_SHAPE
+    groups, dense = _quantized(rng, s, QUANT_FORMATS)
+    args = {"eps": 1e-5, "scale": 0.125, "rope_theta": THETA, "rot_dim": 64, "neox": False,
+            "grid": 7, "cache_dtype": np.float16}
+    sched = decode_schedule(s, 16, QUANT_FORMATS)
+    quant = DecodeRunner(sched, pack_decode_weights(sched, groups), **args)
+    ref_sched = decode_schedule(s, 16)
+    ref = DecodeRunner(ref_sched, pack_decode_weights(ref_sched, dense), **args)
+    assert quant.sched.xq_words == s.n_ff // 32 * 9
+    prefix = int(rng.integers(0, 6))
+    kv = rng.standard_normal((s.n_layer, s.n_head_kv, prefix, s.head_dim))
+    for runner in (quant, ref):
+        for il in range(s.n_layer):
+            runner.set_cache(il, kv[il], -kv[il])
+    for pos in range(prefix, prefix + 2):
+        token = int(rng.integers(0, s.n_vocab))
+        got, want = quant.step(token, pos), ref.step(token, pos)
+        err = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+        assert err < 1e-1, f"seed {seed}: pos {pos}: rel L2 {err:.3g}"
+    first = quant.logits()
+    for _ in range(2):
+        quant.acts.fill(np.nan)
+        quant.launch()
+        np.testing.assert_array_equal(quant.logits(), first)
+        assert not quant.counters.numpy().any()
