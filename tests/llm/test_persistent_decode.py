@@ -160,7 +160,15 @@ def test_unsupported_models_and_caches_are_refused():
                            progress=False)
     with pytest.raises(UnsupportedModel, match="backend='kernels'"):
         PersistentDecode.from_model(numpy_model)
-    pd = PersistentDecode.from_model(_load(TINY / "tiny-llama-q8_0.gguf", True, "f32"),
-                                     n_ctx=N_CTX, cache_dtype=np.float16)
+    model = _load(TINY / "tiny-llama-q8_0.gguf", True, "f32")
+    pd = PersistentDecode.from_model(model, n_ctx=N_CTX, cache_dtype=np.float16)
     with pytest.raises(UnsupportedModel, match="not one it reads"):
-        pd.attach(_cache(_load(TINY / "tiny-llama-q8_0.gguf", True, "f32")))
+        pd.attach(_cache(model))
+    pd = PersistentDecode.from_model(model, n_ctx=N_CTX, cache_dtype=np.float32)
+    with pytest.raises(ValueError, match="no KV cache"):
+        pd.runner.launch()
+    pd.attach(_cache(model))
+    with pytest.raises(ValueError, match=r"position 48 in \[0, 48\)"):
+        pd.step(1, N_CTX)
+    with pytest.raises(ValueError, match="token 263"):
+        pd.step(model.config.n_vocab, 0)
