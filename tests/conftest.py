@@ -1,4 +1,5 @@
 """Shared fixtures: a seeded RNG whose seed is printed on failure (PYKERNEL_SEED replays)."""
+import faulthandler
 import os
 import secrets
 import shutil
@@ -37,6 +38,26 @@ def pytest_runtest_makereport(item, call):
         seeds = [v for k, v in item.user_properties if k == "seed"]
         if seeds:
             report.sections.append(("seed", f"replay with PYKERNEL_SEED={seeds[0]}"))
+
+
+# A GPU test that runs longer than this is taken for a hung kernel (a wait on a barrier that
+# never completes cannot be interrupted from the host): faulthandler prints every thread's
+# stack and ends the process, so xdist reports the test as crashed by name and starts a new
+# worker, instead of the suite stalling until an outer timeout kills it without a summary.
+# (300 s: several times the slowest GPU test seen with 16 workers compiling beside it.)
+GPU_TEST_WATCHDOG_S = float(os.environ.get("PYKERNEL_GPU_TEST_WATCHDOG_S", "300"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    armed = "gpu" in item.keywords and GPU_TEST_WATCHDOG_S > 0
+    if armed:
+        faulthandler.dump_traceback_later(GPU_TEST_WATCHDOG_S, exit=True)
+    try:
+        yield
+    finally:
+        if armed:
+            faulthandler.cancel_dump_traceback_later()
 
 
 def _gpu_usable() -> bool:
