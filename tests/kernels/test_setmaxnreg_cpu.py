@@ -125,7 +125,8 @@ DONE:
 """
     (tmp_path / "k.ptx").write_text(ptx)
     proc = subprocess.run([ptxas, "-arch=sm_90a", "-v", str(tmp_path / "k.ptx"), "-o",
-                           str(tmp_path / "k.cubin")], capture_output=True, text=True)
+                           str(tmp_path / "k.cubin")], check=False, capture_output=True,
+                          text=True)
     assert proc.returncode == 0, proc.stderr
     used = int(re.search(r"Used (\d+) registers", proc.stdout + proc.stderr).group(1))
     # ptxas reports 255 where the warp holds 256 (registers come in units of 8 per thread)
