@@ -118,9 +118,13 @@ def build_entry(ctx, target):
     if "cluster_together" in ctx.uses:
         yields = bool(ctx.target_data.get("yields"))
         cluster_entry(b, e, thread_fn, args_ptr, begin, end, dims, bdims, nt,
-                      yields or bool(ctx.target_data.get("mbarrier_wait")), yields)
+                      yields or bool(ctx.target_data.get("mbarrier_wait")), yields,
+                      ctx.target_data.get("reg_pool"))
         return
+    pool = ctx.target_data.get("reg_pool")
     with Loop(b, begin, end, "blk") as blk:
+        if pool is not None:
+            reset_register_pool(b, e, pool, ir.Constant(I64, 0))
         bx = b.trunc(b.urem(blk, dims[0]), I32)
         by = b.trunc(b.urem(b.udiv(blk, dims[0]), dims[1]), I32)
         bz = b.trunc(b.udiv(blk, b.mul(dims[0], dims[1])), I32)
@@ -146,10 +150,21 @@ def build_entry(ctx, target):
     b.ret_void()
 
 
-def cluster_entry(b, e, thread_fn, args_ptr, begin, end, dims, bdims, nt, waits, yields):
+def reset_register_pool(b, e, offset: int, rank):
+    """Block `rank` of the cluster (0 without one) starts with an empty setmaxnreg pool
+    (cpu_regs.py: 8 bytes at `offset` past its dynamic shared memory)."""
+    base = b.add(b.add(e.slot(b, abi.SHARED_PTR), b.mul(rank, e.slot(b, abi.SHARED_STRIDE))),
+                 e.slot(b, abi.DYN_BYTES))
+    b.store(ir.Constant(I64, 0),
+            b.inttoptr(b.add(base, ir.Constant(I64, offset)), I64.as_pointer()))
+
+
+def cluster_entry(b, e, thread_fn, args_ptr, begin, end, dims, bdims, nt, waits, yields,
+                  pool=None):
     """Clusters [begin, end) of the grid: create the coroutines of all of a cluster's blocks
     (block r's threads at r * nt of the handle and state arrays), run them with
-    cluster_scheduler, destroy them."""
+    cluster_scheduler, destroy them. pool: the setmaxnreg pool's offset (None: no
+    setmaxnreg), emptied for each block."""
     cdims = [e.slot(b, abi.CLUSTER + k) for k in range(3)]
     csize = b.mul(b.mul(cdims[0], cdims[1]), cdims[2])
     across = [b.udiv(dims[k], cdims[k]) for k in range(2)]     # clusters along x, y
@@ -162,6 +177,9 @@ def cluster_entry(b, e, thread_fn, args_ptr, begin, end, dims, bdims, nt, waits,
             rr = [b.urem(r, cdims[0]), b.urem(b.udiv(r, cdims[0]), cdims[1]),
                   b.udiv(r, b.mul(cdims[0], cdims[1]))]
             bid = [b.trunc(b.add(b.mul(cc[k], cdims[k]), rr[k]), I32) for k in range(3)]
+            if pool is not None:
+                with b.if_then(b.icmp_unsigned("==", t, ir.Constant(I64, 0))):
+                    reset_register_pool(b, e, pool, r)
             tid = [b.trunc(b.urem(t, bdims[0]), I32),
                    b.trunc(b.urem(b.udiv(t, bdims[0]), bdims[1]), I32),
                    b.trunc(b.udiv(t, b.mul(bdims[0], bdims[1])), I32)]
@@ -237,7 +255,7 @@ def spin_round(b, e, state, total, start, idle, rounds):
     round again; 65536 rounds in a row in which no thread got further is a deadlock (the
     count, not the first such round: a spin on a timer gets further only once time passes)."""
     fn = b.function
-    first, _, waiting = scan(b, state, ir.Constant(I64, 0), total, abi.AT_MBARRIER)
+    first, _, waiting = scan(b, state, ir.Constant(I64, 0), total, abi.WAITING)
     wait_bb, clear_bb = fn.append_basic_block("spin.wait"), fn.append_basic_block("spin.clear")
     b.cbranch(b.icmp_signed("!=", waiting, ir.Constant(I64, 0)), wait_bb, clear_bb)
     b.position_at_end(wait_bb)
@@ -248,7 +266,7 @@ def spin_round(b, e, state, total, start, idle, rounds):
     stuck_bb = fn.append_basic_block("spin.stuck")
     b.cbranch(b.icmp_signed(">=", count, ir.Constant(I64, 1 << 16)), stuck_bb, rounds)
     b.position_at_end(stuck_bb)
-    record_error(b, e.ctx_ptr, abi.SPIN_DEADLOCK, first)
+    report_stuck(b, e, state, total, abi.SPIN_DEADLOCK, first)
     b.ret_void()
     b.position_at_end(clear_bb)
 
@@ -333,8 +351,9 @@ def run_warp(b, fn, e, d, handles, state, lo, hi, waits=False, cluster=False, yi
         if waits:
             with b.if_then(running):
                 bump_progress(b, e)
-            waiting = b.icmp_unsigned("==", b.lshr(s, ir.Constant(I32, 24)),
-                                      ir.Constant(I32, abi.AT_MBARRIER))
+            kind = b.lshr(s, ir.Constant(I32, 24))
+            waiting = b.or_(b.icmp_unsigned("==", kind, ir.Constant(I32, abi.AT_MBARRIER)),
+                            b.icmp_unsigned("==", kind, ir.Constant(I32, abi.AT_REGISTERS)))
             running = b.or_(running, waiting)
         with b.if_then(running):
             b.call(d["resume"], [b.load(b.gep(handles, [t]))])
@@ -359,7 +378,7 @@ def run_warp(b, fn, e, d, handles, state, lo, hi, waits=False, cluster=False, yi
     if waits:
         # lanes at the warp operation wait for lanes still at an mbarrier wait: retry those
         # while they progress, else leave the warp to the other warps
-        _, _, at_wait = scan(b, state, lo, hi, abi.AT_MBARRIER)
+        _, _, at_wait = scan(b, state, lo, hi, abi.WAITING)
         blocked_bb, release_bb = (fn.append_basic_block("warp." + n)
                                   for n in ("blocked", "release"))
         b.cbranch(b.icmp_signed("!=", at_wait, ir.Constant(I64, 0)), blocked_bb, release_bb)
@@ -381,7 +400,7 @@ def retry_blocked(b, fn, e, state, nt, before, phase, yields=False):
     """After a round over the warps: threads still at an mbarrier wait (or at a warp
     operation their warp's waiting lanes hold up) get another round if this one progressed;
     otherwise nothing can free them: a deadlock."""
-    first, _, at_wait = scan(b, state, ir.Constant(I64, 0), nt, abi.AT_MBARRIER)
+    first, _, at_wait = scan(b, state, ir.Constant(I64, 0), nt, abi.WAITING)
     blocked_bb, clear_bb = fn.append_basic_block("blocked"), fn.append_basic_block("clear")
     b.cbranch(b.icmp_signed("!=", at_wait, ir.Constant(I64, 0)), blocked_bb, clear_bb)
     b.position_at_end(blocked_bb)
@@ -389,13 +408,25 @@ def retry_blocked(b, fn, e, state, nt, before, phase, yields=False):
     b.cbranch(b.icmp_signed("!=", e.slot(b, abi.PROGRESS), before), phase, stuck_bb)
     b.position_at_end(stuck_bb)
     if not yields:      # yields: another block may free them (cluster_scheduler's spin_round)
-        record_error(b, e.ctx_ptr, 6, first)
+        report_stuck(b, e, state, nt, 6, first)
     b.ret_void()
     b.position_at_end(clear_bb)
 
 
+def report_stuck(b, e, state, nt, code, first):
+    """A block (or grid) whose waiting threads stopped progressing: error 17 at the first
+    setmaxnreg.inc still waiting for registers (the cause: the warps it waits for are stuck
+    behind it), else error `code` at `first`."""
+    regs_first, _, at_regs = scan(b, state, ir.Constant(I64, 0), nt, abi.AT_REGISTERS)
+    stuck = b.icmp_signed("!=", at_regs, ir.Constant(I64, 0))
+    record_error(b, e.ctx_ptr, b.select(stuck, ir.Constant(I64, abi.SETMAXNREG_STUCK),
+                                        ir.Constant(I64, code)),
+                 b.select(stuck, regs_first, first))
+
+
 def scan(b, state, lo, hi, kind):
-    """Over threads [lo, hi) in `kind`: (first site, any site differs, count)."""
+    """Over threads [lo, hi) in `kind` (one or a tuple): (first site, any site differs,
+    count)."""
     fn = b.function
     site_slot = _entry_alloca(fn, I64)
     bad_slot = _entry_alloca(fn, I1)
@@ -405,8 +436,12 @@ def scan(b, state, lo, hi, kind):
     b.store(ir.Constant(I64, 0), count_slot)
     with Loop(b, lo, hi, "scan") as t:
         s = b.load(b.gep(state, [t]))
-        with b.if_then(b.icmp_unsigned("==", b.lshr(s, ir.Constant(I32, 24)),
-                                       ir.Constant(I32, kind))):
+        high = b.lshr(s, ir.Constant(I32, 24))
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        match = b.icmp_unsigned("==", high, ir.Constant(I32, kinds[0]))
+        for k in kinds[1:]:
+            match = b.or_(match, b.icmp_unsigned("==", high, ir.Constant(I32, k)))
+        with b.if_then(match):
             site = b.zext(b.and_(s, ir.Constant(I32, 0xFFFFFF)), I64)
             prev = b.load(site_slot)
             unset = b.icmp_signed("==", prev, ir.Constant(I64, -1))
@@ -429,7 +464,7 @@ def release(b, state, lo, hi, kind):
 def record_error(b, ctx_ptr, code, site):
     slot = b.gep(ctx_ptr, [ir.Constant(I64, abi.ERROR_CODE)])
     with b.if_then(b.icmp_signed("==", b.load(slot), ir.Constant(I64, 0))):
-        b.store(ir.Constant(I64, code), slot)
+        b.store(code if isinstance(code, ir.Value) else ir.Constant(I64, code), slot)
         b.store(site, b.gep(ctx_ptr, [ir.Constant(I64, abi.ERROR_SITE)]))
 
 
