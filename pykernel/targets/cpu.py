@@ -23,7 +23,8 @@ from .cpu_memorder import INTRINSICS as MEMORDER_INTRINSICS
 from .cpu_ops import CPUOps
 from .cpu_regs import finish_books
 from .cpu_regs import setmaxnreg as _setmaxnreg
-from .cpu_runner import build_entry, coro_decls, patch_coroutine_text
+from .cpu_coroutines import coro_decls, patch_coroutine_text
+from .cpu_runner import build_entry
 from .cpu_tma import CPUTmaOps
 
 I8P = ir.IntType(8).as_pointer()

@@ -6,89 +6,14 @@ thread at a different barrier, or a warp split between a warp operation and a ba
 or cluster), is reported as divergence instead of hanging."""
 from __future__ import annotations
 
-import re
-
 from llvmlite import ir
 
 from . import cpu_abi as abi
+from .cpu_coroutines import coro_decls
+from .cpu_thread_state import Loop, bump_progress, entry_alloca, record_error, release, scan
 
 I64, I32, I8, I1 = ir.IntType(64), ir.IntType(32), ir.IntType(8), ir.IntType(1)
 I8P = I8.as_pointer()
-
-
-def coro_decls(module):
-    """Coroutine intrinsics. llvmlite has no `token` type, so the IR uses placeholder
-    declarations (token values typed i8*) that `patch_coroutine_text` rewrites."""
-    def decl(name, ret, args):
-        fn = module.globals.get(name)
-        return fn if fn is not None else ir.Function(module, ir.FunctionType(ret, args), name)
-    return {
-        "id": decl("__pk_coro_id", I8P, []),
-        "size": decl("llvm.coro.size.i64", I64, []),
-        "begin": decl("__pk_coro_begin", I8P, [I8P, I8P]),
-        "suspend": decl("__pk_coro_suspend", I8, [I1]),
-        "coro_free": decl("__pk_coro_free", I8P, [I8P, I8P]),
-        "end": decl("__pk_coro_end", ir.VoidType(), [I8P, I1]),
-        "resume": decl("llvm.coro.resume", ir.VoidType(), [I8P]),
-        "destroy": decl("llvm.coro.destroy", ir.VoidType(), [I8P]),
-        "malloc": decl("malloc", I8P, [I64]),
-        "free": decl("free", ir.VoidType(), [I8P]),
-    }
-
-
-_PLACEHOLDER_DECLS = re.compile(r'^declare .*@"__pk_coro_\w+"\(.*\)\s*$', re.M)
-_REAL_DECLS = """
-declare token @llvm.coro.id(i32, ptr, ptr, ptr)
-declare ptr @llvm.coro.begin(token, ptr)
-declare i8 @llvm.coro.suspend(token, i1)
-declare ptr @llvm.coro.free(token, ptr)
-declare void @llvm.coro.end(ptr, i1, token)
-"""
-
-
-def patch_coroutine_text(text: str) -> str:
-    text = _PLACEHOLDER_DECLS.sub("", text)
-    text = re.sub(r'call (?:i8\*|ptr) @"__pk_coro_id"\(\)',
-                  "call token @llvm.coro.id(i32 0, ptr null, ptr null, ptr null)", text)
-    text = re.sub(r'call (?:i8\*|ptr) @"__pk_coro_begin"\((?:i8\*|ptr) ',
-                  "call ptr @llvm.coro.begin(token ", text)
-    text = re.sub(r'call (?:i8\*|ptr) @"__pk_coro_free"\((?:i8\*|ptr) ',
-                  "call ptr @llvm.coro.free(token ", text)
-    text = re.sub(r'call i8 @"__pk_coro_suspend"\(',
-                  "call i8 @llvm.coro.suspend(token none, ", text)
-    text = re.sub(r'call void @"__pk_coro_end"\(([^)]*)\)',
-                  r"call void @llvm.coro.end(\1, token none)", text)
-    return text + _REAL_DECLS
-
-
-class Loop:
-    """`for i in range(start, stop)` in IR: `with Loop(b, start, stop) as i: ...`."""
-
-    def __init__(self, b: ir.IRBuilder, start, stop, name="i"):
-        self.b, self.start, self.stop, self.name = b, start, stop, name
-
-    def __enter__(self):
-        b, fn = self.b, self.b.function
-        self.pre = b.block
-        self.cond = fn.append_basic_block(self.name + ".cond")
-        self.body = fn.append_basic_block(self.name + ".body")
-        self.end = fn.append_basic_block(self.name + ".end")
-        b.branch(self.cond)
-        b.position_at_end(self.cond)
-        self.phi = b.phi(self.start.type, self.name)
-        self.phi.add_incoming(self.start, self.pre)
-        b.cbranch(b.icmp_signed("<", self.phi, self.stop), self.body, self.end)
-        b.position_at_end(self.body)
-        return self.phi
-
-    def __exit__(self, *exc):
-        b = self.b
-        if not b.block.is_terminated:
-            nxt = b.add(self.phi, ir.Constant(self.phi.type, 1))
-            self.phi.add_incoming(nxt, b.block)
-            b.branch(self.cond)
-        b.position_at_end(self.end)
-        return False
 
 
 class Entry:
@@ -223,7 +148,7 @@ def cluster_scheduler(module, waits: bool, yields: bool = False):
         for k, base, step in zip(slots, bases, steps):
             b.store(b.add(base, b.mul(r, step)), b.gep(ctx_ptr, [ir.Constant(I64, k)]))
     block_schedule = scheduler(module, waits, cluster=True, yields=yields)
-    idle = _entry_alloca(fn, I64)
+    idle = entry_alloca(fn, I64)
     b.position_at_end(b.block)     # the alloca went in above b's insertion point
     b.store(ir.Constant(I64, 0), idle)
     rounds = fn.append_basic_block("round")
@@ -391,11 +316,6 @@ def run_warp(b, fn, e, d, handles, state, lo, hi, waits=False, cluster=False, yi
     b.position_at_end(exit_bb)
 
 
-def bump_progress(b, e):
-    slot = b.gep(e.ctx_ptr, [ir.Constant(I64, abi.PROGRESS)])
-    b.store(b.add(b.load(slot), ir.Constant(I64, 1)), slot)
-
-
 def retry_blocked(b, fn, e, state, nt, before, phase, yields=False):
     """After a round over the warps: threads still at an mbarrier wait (or at a warp
     operation their warp's waiting lanes hold up) get another round if this one progressed;
@@ -422,54 +342,3 @@ def report_stuck(b, e, state, nt, code, first):
     record_error(b, e.ctx_ptr, b.select(stuck, ir.Constant(I64, abi.SETMAXNREG_STUCK),
                                         ir.Constant(I64, code)),
                  b.select(stuck, regs_first, first))
-
-
-def scan(b, state, lo, hi, kind):
-    """Over threads [lo, hi) in `kind` (one or a tuple): (first site, any site differs,
-    count)."""
-    fn = b.function
-    site_slot = _entry_alloca(fn, I64)
-    bad_slot = _entry_alloca(fn, I1)
-    count_slot = _entry_alloca(fn, I64)
-    b.store(ir.Constant(I64, -1), site_slot)
-    b.store(ir.Constant(I1, 0), bad_slot)
-    b.store(ir.Constant(I64, 0), count_slot)
-    with Loop(b, lo, hi, "scan") as t:
-        s = b.load(b.gep(state, [t]))
-        high = b.lshr(s, ir.Constant(I32, 24))
-        kinds = kind if isinstance(kind, tuple) else (kind,)
-        match = b.icmp_unsigned("==", high, ir.Constant(I32, kinds[0]))
-        for k in kinds[1:]:
-            match = b.or_(match, b.icmp_unsigned("==", high, ir.Constant(I32, k)))
-        with b.if_then(match):
-            site = b.zext(b.and_(s, ir.Constant(I32, 0xFFFFFF)), I64)
-            prev = b.load(site_slot)
-            unset = b.icmp_signed("==", prev, ir.Constant(I64, -1))
-            b.store(b.select(unset, site, prev), site_slot)
-            differs = b.and_(b.not_(unset), b.icmp_signed("!=", prev, site))
-            b.store(b.or_(b.load(bad_slot), differs), bad_slot)
-            b.store(b.add(b.load(count_slot), ir.Constant(I64, 1)), count_slot)
-    return b.load(site_slot), b.load(bad_slot), b.load(count_slot)
-
-
-def release(b, state, lo, hi, kind):
-    with Loop(b, lo, hi, "rel") as t:
-        p = b.gep(state, [t])
-        s = b.load(p)
-        with b.if_then(b.icmp_unsigned("==", b.lshr(s, ir.Constant(I32, 24)),
-                                       ir.Constant(I32, kind))):
-            b.store(ir.Constant(I32, abi.RUNNING), p)
-
-
-def record_error(b, ctx_ptr, code, site):
-    slot = b.gep(ctx_ptr, [ir.Constant(I64, abi.ERROR_CODE)])
-    with b.if_then(b.icmp_signed("==", b.load(slot), ir.Constant(I64, 0))):
-        b.store(code if isinstance(code, ir.Value) else ir.Constant(I64, code), slot)
-        b.store(site, b.gep(ctx_ptr, [ir.Constant(I64, abi.ERROR_SITE)]))
-
-
-def _entry_alloca(fn, ty):
-    entry = fn.entry_basic_block
-    b = ir.IRBuilder(entry)
-    b.position_at_start(entry)
-    return b.alloca(ty)
