@@ -62,19 +62,35 @@ def graph_rstd(acts: Ptr[f32], x_off: i32, n: i32, eps: f32, scratch) -> f32:
 
 
 @pk.func
+def input_value(acts: Ptr[f32], x_off: i32, c: i32, wf: Ptr[f32, "ro"], norm: i64,
+                rstd: f32) -> f32:
+    """Value c of the item's input: x, or x * rstd * norm weights."""
+    v = acts[x_off + c]
+    if norm >= 0:
+        v = v * rstd
+        v = v * wf[(norm >> i64(2)) + i64(c)]
+    return v
+
+
+@pk.func
 def quantize_input(acts: Ptr[f32], x_off: i32, n: i32, wf: Ptr[f32, "ro"], norm: i64,
                    rstd: f32, xs):
     """Q8_1 of the item's input into shared xs (n / 32 blocks of 9 words): x, or x * rstd *
-    norm weights; warp w quantizes blocks w, w + 8, ... (a warp per block, a lane a value)."""
+    norm weights; warp w quantizes blocks w, w + 8, ... (a warp per block, a lane a value),
+    two blocks a visit with both blocks' values loaded first (one memory round trip for two)."""
     lane = pk.thread_idx.x % 32
+    warps = pk.block_dim.x // 32
     blk = pk.thread_idx.x // 32
     while blk < n // 32:
-        v = acts[x_off + blk * 32 + lane]
-        if norm >= 0:
-            v = v * rstd
-            v = v * wf[(norm >> i64(2)) + i64(blk * 32 + lane)]
+        v = input_value(acts, x_off, blk * 32 + lane, wf, norm, rstd)
+        second = blk + warps < n // 32         # warp-uniform
+        v2 = f32(0.0)
+        if second:
+            v2 = input_value(acts, x_off, (blk + warps) * 32 + lane, wf, norm, rstd)
         store_q8_1_block(v, lane, xs, blk)
-        blk += pk.block_dim.x // 32
+        if second:
+            store_q8_1_block(v2, lane, xs, blk + warps)
+        blk += 2 * warps
     pk.syncthreads()
 
 

@@ -171,12 +171,21 @@ def test_bad_arguments_are_named(rng):
         runner.set_cache(0, np.zeros((2, 3, 4)), np.zeros((2, 3, 4)))
 
 
-@pytest.mark.parametrize("cache", [np.float16, np.float32])
-def test_decode_kernel_ptx_sm90(assemble, cache):
-    ptx = decode_kernel.ptx("sm_90", NEOX=False, C=cache, XQ_WORDS=4032)
+@pytest.mark.parametrize("cache,profile", [(np.float16, False), (np.float32, False),
+                                           (np.float16, True)])
+def test_decode_kernel_ptx_sm90(assemble, cache, profile):
+    ptx = decode_kernel.ptx("sm_90", NEOX=False, C=cache, XQ_WORDS=4032, PREFETCH=True,
+                            PROFILE=profile)
     assert "ld.acquire.gpu" in ptx and "atom.release.gpu" in ptx and "nanosleep" in ptx
     assert "dp4a" in ptx          # the quantized rows' DP4A dots
+    assert "cp.async.bulk.prefetch.L2.global" in ptx      # weights into L2 before the wait
+    assert ("%globaltimer" in ptx) == profile             # the default build has no stamps
+    assert ".maxntid 256" in ptx and ".minnctapersm 4" in ptx
     assemble(ptx, "sm_90")
+    no_prefetch = decode_kernel.ptx("sm_80", NEOX=False, C=cache, XQ_WORDS=4032,
+                                    PREFETCH=False, PROFILE=profile)
+    assert "cp.async.bulk" not in no_prefetch
+    assemble(no_prefetch, "sm_80")
 
 
 QUANT_SHAPE = DecodeShape(2, 256, 4, 2, 64, 512, 77, n_ctx=16)
@@ -239,3 +248,32 @@ def test_quantized_step_tracks_its_dequantized_weights(rng, seed):
         quant.launch()
         np.testing.assert_array_equal(quant.logits(), first)
         assert not quant.counters.numpy().any()
+
+
+def test_profiled_launch_stamps_every_item(rng, seed):
+    """The profiling build (PROFILE) computes the same logits bit for bit as the default one,
+    and stamps every item in order (taken <= ready <= prepped <= done); the per-kind summary
+    counts every item once and its critical shares add up to the launch."""
+    from stdlib_kernels.persistent.decode_profile import KINDS, format_profile, profile_summary
+    s = DecodeShape(2, 36, 6, 2, 6, 50, 37, n_ctx=8)
+    sched = decode_schedule(s, 7)
+    flat = pack_decode_weights(sched, _weights(rng, s))
+    args = {"eps": 1e-5, "scale": 0.5, "rope_theta": THETA, "rot_dim": 6, "neox": False,
+            "grid": 3}
+    plain = DecodeRunner(sched, flat, **args)
+    profiled = DecodeRunner(sched, flat, profile=True, **args)
+    with pytest.raises(ValueError, match="profile=True"):
+        plain.profile()
+    token, pos = int(rng.integers(0, s.n_vocab)), int(rng.integers(0, s.n_ctx))
+    want = plain.step(token, pos)
+    np.testing.assert_array_equal(profiled.step(token, pos), want, err_msg=f"seed {seed}")
+    stamps = profiled.profile().astype(np.int64)
+    assert (stamps > 0).all() and (np.diff(stamps, axis=1) >= 0).all(), f"seed {seed}"
+    rows, totals = profile_summary(sched, profiled.profile())
+    assert list(rows) == list(KINDS)
+    assert sum(r["items"] for r in rows.values()) == sched.n_items
+    assert rows["attn"]["items"] == s.n_layer * s.n_head
+    critical = sum(r["critical_us"] for r in rows.values())
+    assert critical == pytest.approx(totals["launch_us"], rel=1e-9, abs=1e-6)
+    assert "| lm_head | 6 |" in format_profile(rows, totals)
+    assert not profiled.counters.numpy().any()
