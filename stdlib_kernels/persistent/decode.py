@@ -29,7 +29,7 @@ each item's times into prof (a 1-element dummy otherwise).
 Latency, not bandwidth, bounds most links of this chain (~6 stages a layer, each waiting for
 the one before), so loads are issued together where the order of the sums allows: the
 attention's score rows SCORE_ROWS per warp, its V rows V_ROWS at a time per dimension, the
-residual before the row's dot.
+residual before the row's dot, ROW_UNROLL items a lane of a long row (decode_rows.py).
 """
 from __future__ import annotations
 
@@ -252,7 +252,7 @@ def run_heads(acts: Ptr[f32], cache_k, cache_v, st: Ptr[i64, "ro"], wf: Ptr[f32,
             pk.syncthreads()         # the next head reuses the scratch
 
 
-@pk.kernel(max_threads=WARPS * 32, min_blocks=4)   # <= 64 registers: 4 blocks an SM
+@pk.kernel(max_threads=WARPS * 32, min_blocks=3)   # <= 85 registers: 3 blocks an SM
 def decode_kernel(w8: Ptr[u8, "ro"], w16: Ptr[u16, "ro"], w32: Ptr[u32, "ro"],
                   wf: Ptr[f32, "ro"], acts: Ptr[f32], cache_k: Ptr["C"], cache_v: Ptr["C"],
                   io: Ptr[i32], items: Ptr[i32, "ro"], stages: Ptr[i64, "ro"],
