@@ -12,9 +12,10 @@ Per kind (embed, qkv, rope_kv, attn, o, gate_up, down, lm_head):
 - item: mean READY -> DONE of one item (its work once its dependency is met), and within it
   prep: READY -> PREPPED (GEMV / GLU: the RMS of x and the Q8_1 input; 0 for other kinds).
 - wait: mean TAKEN -> READY (a block holding a ticket whose stage before is not done yet).
-- lag: mean READY minus the stage before's last DONE: how long after its dependency was met
-  a waiting block noticed (the acquire poll and its nanosleep backoff); a negative mean only
-  says the producers' DONE stamps (after their release) land after the consumer's acquire.
+- lag: mean READY minus the later of its TAKEN and the stage before's last DONE: how long
+  after its item could start a block noticed (the acquire poll and its nanosleep backoff); a
+  slightly negative mean only says the producers' DONE stamps (after their release) land
+  after the consumer's acquire.
 globaltimer ticks in steps of some ns on recent GPUs (totals['tick_ns'], the smallest step
 seen): means over many items stay useful below it, single items do not.
 """
@@ -64,7 +65,8 @@ def profile_summary(sched, stamps: np.ndarray) -> tuple[dict, dict]:
         row["prep_us"] += (mine[:, PREPPED] - mine[:, READY]).sum() / 1e3
         row["wait_us"] += (mine[:, READY] - mine[:, TAKEN]).sum() / 1e3
         if s:
-            row["lag_us"] += (mine[:, READY] - before[s]).sum() / 1e3
+            since = np.maximum(mine[:, TAKEN], before[s])   # when the item could start
+            row["lag_us"] += (mine[:, READY] - since).sum() / 1e3
     for row in rows.values():
         for key in ("item_us", "prep_us", "wait_us", "lag_us"):
             row[key] /= max(row["items"], 1)
