@@ -10,9 +10,13 @@ whether the two paths pick the same tokens and how far their first-step logits a
 then the persistent launch alone per tile size and grid from a captured graph replayed (CUDA
 events: GPU time), with the GB/s of weights it streams (the step's weight buffer: the GGUF
 bytes the graphs read too) and that as a fraction of --copy-gbs (the issue's roofline).
+--profile adds, per tile size, the profiling build's launch (globaltimer stamps per item,
+stdlib_kernels/persistent/decode_profile.py) after a warm-up launch: the launch's time per item
+kind (embed, qkv, rope_kv, attn, o, gate_up, down, lm_head; the norm and Q8_1 input inside
+the GEMV items), the items' waits and how late a waiting block noticed its dependency.
 
     python3 benchmarks/persistent_decode.py [--shape llama-8b] [--type Q4_K_M] [--prompt 64]
-        [--tokens 128] [--copy-gbs 4300]
+        [--tokens 128] [--copy-gbs 4300] [--profile]
     python3 benchmarks/persistent_decode.py --device cpu \\
         --file tests/data/golden/tiny/tiny-llama-q8_0.gguf --tokens 4
 """
@@ -32,6 +36,10 @@ import llm  # noqa: E402
 import pykernel as pk  # noqa: E402
 from benchmarks.batched_decode import model_file  # noqa: E402
 from llm.backends.persistent_decode import PersistentDecode  # noqa: E402
+from stdlib_kernels.persistent.decode_profile import (  # noqa: E402
+    format_profile,
+    profile_summary,
+)
 from llm.options import RunnerOptions  # noqa: E402
 
 TILE_ROWS = (8, 16, 32)
@@ -90,6 +98,26 @@ def launch_rows(model, prompt, device: str, copy_gbs: float):
             yield tile, pd.runner.grid, seconds * 1e6, gbs, gbs / copy_gbs
 
 
+def profile_tables(model, prompt, device: str):
+    """(tile rows, the profiling build's per-kind table) per tile size: one launch after a
+    warm-up one (compiles, first touches), default grid."""
+    cache, token = prefilled(model, prompt)
+    io = pk.to_device(np.array([token, len(prompt)], np.int32))
+    buffer = None
+    for tile in TILE_ROWS:
+        pd = PersistentDecode.from_parts(*_parts(model), model.n_ctx, tile, None,
+                                         np.dtype(cache.dtype), weights_buffer=buffer,
+                                         profile=True)
+        buffer = pd.runner.weights[0]
+        pd.attach(cache)
+        for _ in range(2):
+            pd.launch(io)
+        if device == "cuda":
+            pk.synchronize()
+        rows, totals = profile_summary(pd.runner.sched, pd.runner.profile())
+        yield tile, pd.runner.grid, format_profile(rows, totals)
+
+
 def _parts(model):
     t = getattr(model.transformer, "model", model.transformer)
     return t.cfg, t.spec, t.w, model.backend.activations
@@ -105,6 +133,8 @@ def main():
     parser.add_argument("--copy-gbs", type=float, default=4300.0,
                         help="the device's copy bandwidth, GB/s (H200: ~4300)")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--profile", action="store_true",
+                        help="also the time per item kind (the kernel's profiling build)")
     args = parser.parse_args()
     path = model_file(args.file or f"{args.shape}:{args.type}")
     n_ctx = args.prompt + 2 * args.tokens + 8
@@ -133,6 +163,10 @@ def main():
     for tile, grid, us, gbs, frac in launch_rows(model, prompt, args.device, args.copy_gbs):
         print(f"| persistent launch | {tile} | {grid} | - | {us:.1f} | {gbs:.0f} | "
               f"{frac:.2f} |", flush=True)
+    if args.profile:
+        for tile, grid, table in profile_tables(model, prompt, args.device):
+            print(f"\nprofile, tile rows {tile}, grid {grid} (one launch, position "
+                  f"{args.prompt}):\n{table}", flush=True)
 
 
 if __name__ == "__main__":

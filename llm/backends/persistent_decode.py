@@ -119,9 +119,10 @@ class PersistentDecode:
     @classmethod
     def from_parts(cls, cfg, spec, weights, activations: str, n_ctx: int, tile_rows: int = 16,
                    grid: int | None = None, cache_dtype=np.float16,
-                   weights_buffer=None) -> PersistentDecode:
+                   weights_buffer=None, profile: bool = False) -> PersistentDecode:
         """From a transformer's config, spec and device weights (GraphRunner's way in);
-        weights_buffer: the buffer of another step of the same model, reused (same layout)."""
+        weights_buffer: the buffer of another step of the same model, reused (same layout);
+        profile: the kernel's profiling build (DecodeRunner.profile, decode_profile.py)."""
         check_supported(cfg, spec, weights, activations)
         shape = DecodeShape(cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim,
                             cfg.n_ff, cfg.n_vocab, n_ctx)
@@ -133,7 +134,7 @@ class PersistentDecode:
         runner = DecodeRunner(sched, buffer, eps=cfg.eps,
                               scale=cfg.attn_scale, rope_theta=rope.base, rot_dim=rope.n_rot,
                               neox=rope.neox, grid=grid, cache_dtype=cache_dtype,
-                              own_cache=False)
+                              own_cache=False, profile=profile)
         return cls(runner, cfg)
 
     def supports(self, cache) -> bool:

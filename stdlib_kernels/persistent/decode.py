@@ -21,17 +21,25 @@ Per item (a block of WARPS warps):
   there, the q heads of its group rotated into qrot (stdlib rotary's rope_head).
 - ATTN: one query head against cache rows 0..pos: scores (a warp per row) into the scores
   scratch, softmax (block max, block sum), then a thread per output dimension sums the V rows.
-The dependency protocol (acquire waits, release publishes, the last block's reset) is chain.py's.
+The dependency protocol (acquire waits, release publishes, the last block's reset) is chain.py's;
+a block takes its items through decode_take.take_item, which prefetches a GEMV / GLU item's
+weight rows into L2 before waiting (PREFETCH) and, in the profiling build (PROFILE), stamps
+each item's times into prof (a 1-element dummy otherwise).
+
+Latency, not bandwidth, bounds most links of this chain (~6 stages a layer, each waiting for
+the one before), so loads are issued together where the order of the sums allows: the
+attention's score rows SCORE_ROWS per warp, its V rows V_ROWS at a time per dimension, the
+residual before the row's dot, ROW_UNROLL items a lane of a long row (decode_rows.py).
 """
 from __future__ import annotations
 
 import pykernel as pk
-from pykernel import Const, Ptr, f32, i32, i64, u8, u16, u32
+from pykernel import Const, Ptr, f32, i32, i64, u8, u16, u32, u64
 
 from .._device import NEG_INF, block_max, block_sum, warp_sum
 from ..quant.formats import F32
 from ..rotary_kernels import rope_head
-from .chain import exit_block, next_item, publish
+from .chain import exit_block, publish
 from .decode_rows import NAN, embed_value, graph_rstd, quantize_input, row_dot
 from .decode_schedule import (
     ATTN,
@@ -57,14 +65,18 @@ from .decode_schedule import (
     X,
     Y,
 )
+from .decode_take import DONE, PREPPED, stamp, take_item
 from .schedule import ITEM_COLS
 
 WARPS = 8
+SCORE_ROWS = 4       # cache rows a warp's score loop loads at once (their loads overlap)
+V_ROWS = 8           # cache rows the output loop loads at once per output dimension
 
 
 @pk.func
 def run_rows(w16: Ptr[u16, "ro"], w32: Ptr[u32, "ro"], wf: Ptr[f32, "ro"], acts: Ptr[f32],
-             st: Ptr[i64, "ro"], kind: i32, lo: i32, hi: i32, eps: f32, scratch, xs):
+             st: Ptr[i64, "ro"], kind: i32, lo: i32, hi: i32, eps: f32, scratch, xs,
+             prof: Ptr[u64], item: i32, PROFILE: Const[bool]):
     """GEMV and GLU items: rows lo..hi, a warp per row, the input normed (graph_rstd) and, for
     a matrix with a quantized group, quantized to Q8_1 into xs first."""
     n_in = i32(st[N_IN])
@@ -76,9 +88,14 @@ def run_rows(w16: Ptr[u16, "ro"], w32: Ptr[u32, "ro"], wf: Ptr[f32, "ro"], acts:
         rstd = graph_rstd(acts, x_off, n_in, eps, scratch)
     if st[FMT] != F32 or st[FMT_B] != F32:
         quantize_input(acts, x_off, n_in, wf, norm, rstd, xs)
+    stamp(prof, item, PREPPED, PROFILE)
     lane = pk.thread_idx.x % 32
     row = lo + pk.thread_idx.x // 32
+    residual = st[RESIDUAL] != 0
     while row < hi:
+        old = f32(0.0)
+        if residual and lane == 0:   # loaded before the dot: its latency overlaps the row's
+            old = acts[y_off + row]
         fmt, off = row_place(st, row)
         acc = row_dot(fmt, w16, w32, wf, off, acts, x_off, n_in, norm, rstd, xs, lane)
         if kind == GLU:
@@ -86,8 +103,8 @@ def run_rows(w16: Ptr[u16, "ro"], w32: Ptr[u32, "ro"], wf: Ptr[f32, "ro"], acts:
             up = row_dot(fmt2, w16, w32, wf, off2, acts, x_off, n_in, norm, rstd, xs, lane)
             acc = acc / (f32(1.0) + pk.exp(-acc)) * up
         if lane == 0:
-            if st[RESIDUAL] != 0:
-                acc = acc + acts[y_off + row]
+            if residual:
+                acc = acc + old
             acts[y_off + row] = acc
         row += pk.block_dim.x // 32
     pk.syncthreads()                 # xs and the scratch are reused by the block's next item
@@ -124,27 +141,66 @@ def run_rope_kv(acts: Ptr[f32], cache_k, cache_v, st: Ptr[i64, "ro"], ff: Ptr[f3
 
 
 @pk.func
+def attention_scores(acts: Ptr[f32], cache_k, q: i32, sc: i32, base: i64, rows: i32,
+                     head_dim: i32, scale: f32):
+    """acts[sc + r] = q . K row r * scale for r < rows: a warp per row (lanes over the head's
+    dims, then warp_sum), SCORE_ROWS rows per warp visit so their loads are in flight together
+    (a row's sum is the same, in the same order, whichever warp takes it)."""
+    lane = pk.thread_idx.x % 32
+    acc = pk.local_array(f32, SCORE_ROWS)
+    r = pk.thread_idx.x // 32 * SCORE_ROWS
+    while r < rows:
+        for k in pk.static_range(SCORE_ROWS):
+            acc[k] = 0.0
+        for d in range(lane, head_dim, 32):
+            qd = acts[q + d]
+            for k in pk.static_range(SCORE_ROWS):
+                kr = min(r + k, rows - 1)    # rows past the last: a valid row, result unused
+                acc[k] += qd * f32(cache_k[base + i64(kr) * i64(head_dim) + i64(d)])
+        for k in pk.static_range(SCORE_ROWS):
+            total = warp_sum(acc[k])
+            if lane == 0 and r + k < rows:
+                acts[sc + r + k] = total * scale
+        r += pk.block_dim.x // 32 * SCORE_ROWS
+    pk.syncthreads()
+
+
+@pk.func
+def attention_values(acts: Ptr[f32], cache_v, sc: i32, out: i32, base: i64, rows: i32,
+                     head_dim: i32, total: f32):
+    """acts[out + d] = sum_r p_r V[r, d] / total: a thread per dimension summing rows 0, 1,
+    ... in order, V_ROWS rows' loads issued before their adds (a loop of one load pair per
+    row waited a memory round trip per cache row)."""
+    pv = pk.local_array(f32, V_ROWS)
+    vv = pk.local_array(f32, V_ROWS)
+    for d in range(pk.thread_idx.x, head_dim, pk.block_dim.x):
+        o = f32(0.0)
+        r = 0
+        while r + V_ROWS <= rows:
+            for k in pk.static_range(V_ROWS):
+                pv[k] = acts[sc + r + k]
+                vv[k] = f32(cache_v[base + i64(r + k) * i64(head_dim) + i64(d)])
+            for k in pk.static_range(V_ROWS):
+                o += pv[k] * vv[k]
+            r += V_ROWS
+        while r < rows:
+            o += acts[sc + r] * f32(cache_v[base + i64(r) * i64(head_dim) + i64(d)])
+            r += 1
+        acts[out + d] = o / total
+
+
+@pk.func
 def run_attention(acts: Ptr[f32], cache_k, cache_v, st: Ptr[i64, "ro"], h: i32, pos: i32,
                   n_head: i32, n_head_kv: i32, head_dim: i32, n_ctx: i32, kv_base: i64,
                   kv_layer: i64, scale: f32, scratch):
     """Query head h against cache rows 0..pos of its KV head (scores at st[W2] + h n_ctx)."""
     t = pk.thread_idx.x
-    lane = t % 32
-    q = i32(st[X]) + h * head_dim
     sc = i32(st[W2]) + h * n_ctx
     base = kv_base + st[LAYER] * kv_layer + \
         i64(h // (n_head // n_head_kv)) * i64(n_ctx) * i64(head_dim)
     rows = pos + 1
-    r = t // 32
-    while r < rows:
-        acc = f32(0.0)
-        for d in range(lane, head_dim, 32):
-            acc += acts[q + d] * f32(cache_k[base + i64(r) * i64(head_dim) + i64(d)])
-        acc = warp_sum(acc)
-        if lane == 0:
-            acts[sc + r] = acc * scale
-        r += pk.block_dim.x // 32
-    pk.syncthreads()
+    attention_scores(acts, cache_k, i32(st[X]) + h * head_dim, sc, base, rows, head_dim,
+                     scale)
     m = f32(NEG_INF)
     for r2 in range(t, rows, pk.block_dim.x):
         if acts[sc + r2] > m:
@@ -156,11 +212,8 @@ def run_attention(acts: Ptr[f32], cache_k, cache_v, st: Ptr[i64, "ro"], h: i32, 
         acts[sc + r3] = e
         total += e
     total = block_sum(total, scratch)     # its barriers order the exp stores before the reads
-    for d in range(t, head_dim, pk.block_dim.x):
-        o = f32(0.0)
-        for r4 in range(rows):
-            o += acts[sc + r4] * f32(cache_v[base + i64(r4) * i64(head_dim) + i64(d)])
-        acts[i32(st[Y]) + h * head_dim + d] = o / total
+    attention_values(acts, cache_v, sc, i32(st[Y]) + h * head_dim, base, rows, head_dim,
+                     total)
 
 
 @pk.func
@@ -199,14 +252,15 @@ def run_heads(acts: Ptr[f32], cache_k, cache_v, st: Ptr[i64, "ro"], wf: Ptr[f32,
             pk.syncthreads()         # the next head reuses the scratch
 
 
-@pk.kernel
+@pk.kernel(max_threads=WARPS * 32, min_blocks=3)   # <= 85 registers: 3 blocks an SM
 def decode_kernel(w8: Ptr[u8, "ro"], w16: Ptr[u16, "ro"], w32: Ptr[u32, "ro"],
                   wf: Ptr[f32, "ro"], acts: Ptr[f32], cache_k: Ptr["C"], cache_v: Ptr["C"],
                   io: Ptr[i32], items: Ptr[i32, "ro"], stages: Ptr[i64, "ro"],
-                  counters: Ptr[u32], n_items: i32, n_stages: i32, n_vocab: i32, n_head: i32,
-                  n_head_kv: i32, head_dim: i32, n_ctx: i32, kv_base: i64, kv_layer: i64,
-                  rot_dim: i32, log2_base: f32, eps: f32, scale: f32, NEOX: Const[bool],
-                  C: Const[pk.dtype], XQ_WORDS: Const[int]):
+                  counters: Ptr[u32], prof: Ptr[u64], n_items: i32, n_stages: i32,
+                  n_vocab: i32, n_head: i32, n_head_kv: i32, head_dim: i32, n_ctx: i32,
+                  kv_base: i64, kv_layer: i64, rot_dim: i32, log2_base: f32, eps: f32,
+                  scale: f32, NEOX: Const[bool], C: Const[pk.dtype], XQ_WORDS: Const[int],
+                  PREFETCH: Const[bool], PROFILE: Const[bool]):
     # io is a plain pointer: in a decode graph the argmax before this launch writes it, and
     # an "ro" (ld.global.nc) load may be hoisted above the PDL wait (docs/language.md)
     t = pk.thread_idx.x
@@ -216,7 +270,8 @@ def decode_kernel(w8: Ptr[u8, "ro"], w16: Ptr[u16, "ro"], w32: Ptr[u32, "ro"],
     token = io[0]
     pos = io[1]
     while True:
-        item = next_item(counters, items, n_items, taken, t)
+        item = take_item(w8, counters, items, stages, n_items, taken, t, prof, PREFETCH,
+                         PROFILE)
         if item >= n_items:
             break
         st = stages + items[item * ITEM_COLS] * STAGE_COLS
@@ -226,10 +281,12 @@ def decode_kernel(w8: Ptr[u8, "ro"], w16: Ptr[u16, "ro"], w32: Ptr[u32, "ro"],
         if kind == EMBED:
             run_embed(w8, wf, acts, st, token, n_vocab, lo, hi)
         elif kind == GEMV or kind == GLU:
-            run_rows(w16, w32, wf, acts, st, kind, lo, hi, eps, scratch, xs)
+            run_rows(w16, w32, wf, acts, st, kind, lo, hi, eps, scratch, xs, prof, item,
+                     PROFILE)
         else:
             run_heads(acts, cache_k, cache_v, st, wf, kind, lo, hi, pos, n_head, n_head_kv,
                       head_dim, n_ctx, kv_base, kv_layer, rot_dim, log2_base, scale, scratch,
                       NEOX, C)
         publish(counters, items[item * ITEM_COLS + 5], t)
+        stamp(prof, item, DONE, PROFILE)
     exit_block(counters, n_stages, t)

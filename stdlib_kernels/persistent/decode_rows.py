@@ -62,19 +62,35 @@ def graph_rstd(acts: Ptr[f32], x_off: i32, n: i32, eps: f32, scratch) -> f32:
 
 
 @pk.func
+def input_value(acts: Ptr[f32], x_off: i32, c: i32, wf: Ptr[f32, "ro"], norm: i64,
+                rstd: f32) -> f32:
+    """Value c of the item's input: x, or x * rstd * norm weights."""
+    v = acts[x_off + c]
+    if norm >= 0:
+        v = v * rstd
+        v = v * wf[(norm >> i64(2)) + i64(c)]
+    return v
+
+
+@pk.func
 def quantize_input(acts: Ptr[f32], x_off: i32, n: i32, wf: Ptr[f32, "ro"], norm: i64,
                    rstd: f32, xs):
     """Q8_1 of the item's input into shared xs (n / 32 blocks of 9 words): x, or x * rstd *
-    norm weights; warp w quantizes blocks w, w + 8, ... (a warp per block, a lane a value)."""
+    norm weights; warp w quantizes blocks w, w + 8, ... (a warp per block, a lane a value),
+    two blocks a visit with both blocks' values loaded first (one memory round trip for two)."""
     lane = pk.thread_idx.x % 32
+    warps = pk.block_dim.x // 32
     blk = pk.thread_idx.x // 32
     while blk < n // 32:
-        v = acts[x_off + blk * 32 + lane]
-        if norm >= 0:
-            v = v * rstd
-            v = v * wf[(norm >> i64(2)) + i64(blk * 32 + lane)]
+        v = input_value(acts, x_off, blk * 32 + lane, wf, norm, rstd)
+        second = blk + warps < n // 32         # warp-uniform
+        v2 = f32(0.0)
+        if second:
+            v2 = input_value(acts, x_off, (blk + warps) * 32 + lane, wf, norm, rstd)
         store_q8_1_block(v, lane, xs, blk)
-        blk += pk.block_dim.x // 32
+        if second:
+            store_q8_1_block(v2, lane, xs, blk + warps)
+        blk += 2 * warps
     pk.syncthreads()
 
 
@@ -97,10 +113,20 @@ def f32_row_dot(wf: Ptr[f32, "ro"], off: i64, acts: Ptr[f32], x_off: i32, n_in: 
     return warp_sum(acc)
 
 
+ROW_UNROLL = 4       # a lane's items per straight-line visit: their weight loads overlap
+
+
 @pk.func
 def q8_items(FMT: Const[int], w, nitems: i32, ITEMS: Const[int], xs, acc, lane: i32):
-    """acc[0] += lane's items (lane, lane + 32, ...) of the row at w against xs."""
+    """acc[0] += lane's items (lane, lane + 32, ...) of the row at w against xs, in that
+    order; ROW_UNROLL of them a visit while that many remain (a long row, e.g. 14336 values
+    of Q4_K: 14 items a lane, waited one memory round trip per item in a plain loop)."""
     it = lane
+    while it + 32 * (ROW_UNROLL - 1) < nitems:
+        for k in pk.static_range(ROW_UNROLL):
+            item = it + 32 * k
+            item_dot_q8(FMT, w, 0, item // ITEMS, item % ITEMS, xs, 0, acc, 0, 1)
+        it += 32 * ROW_UNROLL
     while it < nitems:
         item_dot_q8(FMT, w, 0, it // ITEMS, it % ITEMS, xs, 0, acc, 0, 1)
         it += 32

@@ -8,8 +8,10 @@
     runner.launch(io, stream)                # graph-capturable: io stays on the device
 
 weights: decode_weights' buffer (numpy or device uint8, sched.weight_bytes). The kernel's
-specialisation: the cache type C, NeoX RoPE, and XQ_WORDS (the largest Q8_1 input in u32 words,
-the item's shared-memory copy).
+specialisation: the cache type C, NeoX RoPE, XQ_WORDS (the largest Q8_1 input in u32 words,
+the item's shared-memory copy), PREFETCH (the L2 prefetch of an item's weights before its
+wait: sm_90+ GPUs and the CPU target) and PROFILE (profile=True: per-item globaltimer stamps,
+read with `profile()`; decode_profile.py).
 """
 from __future__ import annotations
 
@@ -22,8 +24,17 @@ import pykernel as pk
 from .chain import device_tables, launch_grid
 from .decode import WARPS, decode_kernel
 from .decode_schedule import DecodeSchedule, validate_decode
+from .decode_take import PROF_COLS
 
 CACHE_TYPES = (np.dtype(np.float16), np.dtype(np.float32))
+
+
+def bulk_prefetch_available() -> bool:
+    """Whether the current device has cp.async.bulk.prefetch (sm_90+; the CPU target checks
+    it and copies nothing)."""
+    arch = pk.current_device().arch
+    digits = "".join(ch for ch in arch.split("_")[-1] if ch.isdigit())
+    return arch == "cpu" or (arch.startswith("sm_") and int(digits or 0) >= 90)
 
 
 class DecodeRunner:
@@ -33,7 +44,7 @@ class DecodeRunner:
 
     def __init__(self, sched: DecodeSchedule, weights, *, eps: float, scale: float,
                  rope_theta: float, rot_dim: int, neox: bool, grid: int | None = None,
-                 cache_dtype=np.float32, own_cache: bool = True):
+                 cache_dtype=np.float32, own_cache: bool = True, profile: bool = False):
         validate_decode(sched)
         s = sched.shape
         if weights.dtype != np.uint8 or weights.size != sched.weight_bytes:
@@ -57,12 +68,15 @@ class DecodeRunner:
         self.kv_base, self.kv_layer = 0, s.n_head_kv * s.n_ctx * s.head_dim
         self.io = pk.zeros(2, np.int32)
         self.items, self.stages, self.counters = device_tables(sched)
+        self.profiling = bool(profile)
+        self.prof = pk.zeros(sched.n_items * PROF_COLS if profile else 1, np.uint64)
         self.block = WARPS * 32
         self.grid = launch_grid("DecodeRunner", grid, decode_kernel, self.block,
                                 **self._consts())
 
     def _consts(self) -> dict:
-        return {"NEOX": self.neox, "C": self.cache_dtype, "XQ_WORDS": self.sched.xq_words}
+        return {"NEOX": self.neox, "C": self.cache_dtype, "XQ_WORDS": self.sched.xq_words,
+                "PREFETCH": bulk_prefetch_available(), "PROFILE": self.profiling}
 
     def bind_cache(self, k, v, kv_base: int, kv_layer: int) -> None:
         """Read and write another KV cache: K and V arrays of this runner's cache type where
@@ -114,9 +128,17 @@ class DecodeRunner:
             raise ValueError("DecodeRunner.launch: no KV cache (own_cache=False: bind_cache)")
         decode_kernel[self.grid, self.block, stream](
             *self.weights, self.acts, self.cache_k, self.cache_v, self.io if io is None else io,
-            self.items, self.stages, self.counters, self.sched.n_items, self.sched.n_stages,
-            s.n_vocab, s.n_head, s.n_head_kv, s.head_dim, s.n_ctx, self.kv_base, self.kv_layer,
-            *self.rope[:2], *self.rope[2:], c["NEOX"], c["C"], c["XQ_WORDS"])
+            self.items, self.stages, self.counters, self.prof, self.sched.n_items,
+            self.sched.n_stages, s.n_vocab, s.n_head, s.n_head_kv, s.head_dim, s.n_ctx,
+            self.kv_base, self.kv_layer, *self.rope[:2], *self.rope[2:], c["NEOX"], c["C"],
+            c["XQ_WORDS"], c["PREFETCH"], c["PROFILE"])
+
+    def profile(self) -> np.ndarray:
+        """The last launch's item stamps, (n_items, PROF_COLS) uint64 globaltimer ns
+        (decode_take: TAKEN, READY, PREPPED, DONE); only with profile=True."""
+        if not self.profiling:
+            raise ValueError("DecodeRunner.profile: built without profile=True")
+        return self.prof.numpy().reshape(self.sched.n_items, PROF_COLS)
 
     def logits_array(self):
         """The logits (n_vocab,) as a device view of the activation buffer."""

@@ -171,22 +171,35 @@ def test_bad_arguments_are_named(rng):
         runner.set_cache(0, np.zeros((2, 3, 4)), np.zeros((2, 3, 4)))
 
 
-@pytest.mark.parametrize("cache", [np.float16, np.float32])
-def test_decode_kernel_ptx_sm90(assemble, cache):
-    ptx = decode_kernel.ptx("sm_90", NEOX=False, C=cache, XQ_WORDS=4032)
+@pytest.mark.parametrize("cache,profile", [(np.float16, False), (np.float32, False),
+                                           (np.float16, True)])
+def test_decode_kernel_ptx_sm90(assemble, cache, profile):
+    ptx = decode_kernel.ptx("sm_90", NEOX=False, C=cache, XQ_WORDS=4032, PREFETCH=True,
+                            PROFILE=profile)
     assert "ld.acquire.gpu" in ptx and "atom.release.gpu" in ptx and "nanosleep" in ptx
     assert "dp4a" in ptx          # the quantized rows' DP4A dots
+    assert "cp.async.bulk.prefetch.L2.global" in ptx      # weights into L2 before the wait
+    assert ("%globaltimer" in ptx) == profile             # the default build has no stamps
+    assert ".maxntid 256" in ptx and ".minnctapersm 3" in ptx
     assemble(ptx, "sm_90")
+    no_prefetch = decode_kernel.ptx("sm_80", NEOX=False, C=cache, XQ_WORDS=4032,
+                                    PREFETCH=False, PROFILE=profile)
+    assert "cp.async.bulk" not in no_prefetch
+    assemble(no_prefetch, "sm_80")
 
 
-QUANT_SHAPE = DecodeShape(2, 256, 4, 2, 64, 512, 77, n_ctx=16)
-# every format the step reads, a two-group qkv (q|k Q4_K, v Q6_K as Q4_K_M files have it)
-QUANT_FORMATS = {"token_embd": (("Q6_K", 77),), "output": (("Q4_K", 77),)}
-for _il in range(QUANT_SHAPE.n_layer):
-    QUANT_FORMATS.update({f"blk.{_il}.qkv": (("Q4_K", 384), ("Q6_K", 128)),
-                          f"blk.{_il}.attn_out": (("Q4_1", 256),),
-                          f"blk.{_il}.gate_up": (("Q8_0", 1024),),
-                          f"blk.{_il}.down": (("Q6_K", 128), ("Q8_0", 128))})
+def _quant_formats(shape: DecodeShape) -> dict:
+    """Every format the step reads, a two-group qkv (q|k Q4_K, v Q6_K as Q4_K_M files have
+    it) and a two-group down."""
+    e, half = shape.n_embd, shape.n_embd // 2
+    formats = {"token_embd": (("Q6_K", shape.n_vocab),), "output": (("Q4_K", shape.n_vocab),)}
+    for il in range(shape.n_layer):
+        formats.update({f"blk.{il}.qkv": (("Q4_K", shape.q_rows + shape.kv_rows),
+                                          ("Q6_K", shape.kv_rows)),
+                        f"blk.{il}.attn_out": (("Q4_1", e),),
+                        f"blk.{il}.gate_up": (("Q8_0", 2 * shape.n_ff),),
+                        f"blk.{il}.down": (("Q6_K", half), ("Q8_0", e - half))})
+    return formats
 
 
 def _quantized(rng, shape, formats):
@@ -207,18 +220,22 @@ def _quantized(rng, shape, formats):
     return groups, dense
 
 
-def test_quantized_step_tracks_its_dequantized_weights(rng, seed):
+# n_ff 4352: down rows of 136 Q8_0 / Q6_K items, so a lane's items take decode_rows'
+# unrolled visits (ROW_UNROLL) and then the remainder loop
+@pytest.mark.parametrize("n_ff", [512, 4352])
+def test_quantized_step_tracks_its_dequantized_weights(rng, seed, n_ff):
     """Every format and a two-group matrix: the step on GGUF weights (Q8_1 inputs) against the
     same kernel on those weights dequantized to F32 (f32 inputs). They differ by the Q8_1
     rounding of each matmul input, at most half a step (amax / 254) a value plus its f16
     scale's 2^-11: for Gaussian-like blocks ~1% of the input's norm, which 4 matmuls a layer
     and 2 layers compound to well under 1e-1 in relative L2; a wrong block decode is O(1).
     Then the launch replayed on NaN-poisoned activations: bit-identical, counters zero."""
-    s = QUANT_SHAPE
-    groups, dense = _quantized(rng, s, QUANT_FORMATS)
+    s = DecodeShape(2, 256, 4, 2, 64, n_ff, 77, n_ctx=16)
+    formats = _quant_formats(s)
+    groups, dense = _quantized(rng, s, formats)
     args = {"eps": 1e-5, "scale": 0.125, "rope_theta": THETA, "rot_dim": 64, "neox": False,
             "grid": 7, "cache_dtype": np.float16}
-    sched = decode_schedule(s, 16, QUANT_FORMATS)
+    sched = decode_schedule(s, 16, formats)
     quant = DecodeRunner(sched, pack_decode_weights(sched, groups), **args)
     ref_sched = decode_schedule(s, 16)
     ref = DecodeRunner(ref_sched, pack_decode_weights(ref_sched, dense), **args)
@@ -239,3 +256,32 @@ def test_quantized_step_tracks_its_dequantized_weights(rng, seed):
         quant.launch()
         np.testing.assert_array_equal(quant.logits(), first)
         assert not quant.counters.numpy().any()
+
+
+def test_profiled_launch_stamps_every_item(rng, seed):
+    """The profiling build (PROFILE) computes the same logits bit for bit as the default one,
+    and stamps every item in order (taken <= ready <= prepped <= done); the per-kind summary
+    counts every item once and its critical shares add up to the launch."""
+    from stdlib_kernels.persistent.decode_profile import KINDS, format_profile, profile_summary
+    s = DecodeShape(2, 36, 6, 2, 6, 50, 37, n_ctx=8)
+    sched = decode_schedule(s, 7)
+    flat = pack_decode_weights(sched, _weights(rng, s))
+    args = {"eps": 1e-5, "scale": 0.5, "rope_theta": THETA, "rot_dim": 6, "neox": False,
+            "grid": 3}
+    plain = DecodeRunner(sched, flat, **args)
+    profiled = DecodeRunner(sched, flat, profile=True, **args)
+    with pytest.raises(ValueError, match="profile=True"):
+        plain.profile()
+    token, pos = int(rng.integers(0, s.n_vocab)), int(rng.integers(0, s.n_ctx))
+    want = plain.step(token, pos)
+    np.testing.assert_array_equal(profiled.step(token, pos), want, err_msg=f"seed {seed}")
+    stamps = profiled.profile().astype(np.int64)
+    assert (stamps > 0).all() and (np.diff(stamps, axis=1) >= 0).all(), f"seed {seed}"
+    rows, totals = profile_summary(sched, profiled.profile())
+    assert list(rows) == list(KINDS)
+    assert sum(r["items"] for r in rows.values()) == sched.n_items
+    assert rows["attn"]["items"] == s.n_layer * s.n_head
+    critical = sum(r["critical_us"] for r in rows.values())
+    assert critical == pytest.approx(totals["launch_us"], rel=1e-9, abs=1e-6)
+    assert "| lm_head | 6 |" in format_profile(rows, totals)
+    assert not profiled.counters.numpy().any()
