@@ -10,6 +10,8 @@ runner's weight matmuls; nothing else reads these variables.
     PYKERNEL_DECODE_MMA=0        decode_mma off (decode attention on the SIMT kernel)
     PYKERNEL_DECODE_BULK=1       decode_bulk on (split decode attention by bulk copies)
     PYKERNEL_HOPPER_QUANT_GEMM=1 hopper_quant_gemm on (GEMMs on gemm_hopper_quant, sm_90)
+    PYKERNEL_DEQUANT_F16_GEMM=1  dequant_f16_gemm on (prompts on f16 weights + gemm_hopper, sm_90)
+    PYKERNEL_DEQUANT_F16_TOKENS=n  dequant_f16_tokens
 """
 from __future__ import annotations
 
@@ -52,6 +54,14 @@ class KernelOptions:
     # the format and K (quant.matmul.hopper_quant_applies): an option for A/B runs, off until
     # measured against the int8 / f16 GEMMs
     hopper_quant_gemm: bool = False
+    # matmuls of at least dequant_f16_tokens tokens that leave the GEMVs dequantize the whole
+    # weight matrix to f16 into a scratch buffer (quant.dequant_f16, bandwidth-bound) and run
+    # gemm_hopper's f16 wgmma on it (quant.matmul.matmul_dequant_f16_into), on sm_90 where it
+    # serves the format (dequant_f16_applies): an option for A/B runs, off until measured.
+    # The dequantization costs about what a GEMM of ~100 tokens does, so short prompts keep
+    # the int8 route; 256 is a first guess, not a measurement
+    dequant_f16_gemm: bool = False
+    dequant_f16_tokens: int = 256
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ, **fields) -> KernelOptions:
@@ -64,7 +74,11 @@ class KernelOptions:
                       decode_mma=environ.get("PYKERNEL_DECODE_MMA", "1") != "0",
                       decode_bulk=environ.get("PYKERNEL_DECODE_BULK", "0") not in ("", "0"),
                       hopper_quant_gemm=environ.get("PYKERNEL_HOPPER_QUANT_GEMM", "0")
-                      not in ("", "0"))
+                      not in ("", "0"),
+                      dequant_f16_gemm=environ.get("PYKERNEL_DEQUANT_F16_GEMM", "0")
+                      not in ("", "0"),
+                      dequant_f16_tokens=int(environ.get("PYKERNEL_DEQUANT_F16_TOKENS",
+                                                         cls.dequant_f16_tokens)))
         return cls(**{**values, **fields})
 
 
