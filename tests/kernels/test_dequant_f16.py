@@ -1,4 +1,4 @@
-"""quant.dequant_f16 (the weight scratch's one-pass dequantizer) on the CPU target: bit-exact
+"""quant.dequant_f16 (the weight scratch's one-pass dequantizer) on the CPU target and a GPU: bit-exact
 against the numpy reference dequantizer rounded to nearest f16 for every format it serves, on
 ordinary, zero, constant, tiny and outlier rows, a chunk of rows from an offset, nothing written
 past rows x n; bad arguments refused; its PTX assembles."""
@@ -11,9 +11,6 @@ from stdlib_kernels.quant.dequant_f16 import (DEQUANT_F16_TYPES, dequant_f16_row
                                               dequantize_f16_into)
 from stdlib_kernels.quant.formats import get_format
 from stdlib_kernels.quant.gemv import weight_words
-
-pytestmark = pytest.mark.usefixtures("cpu_device")
-
 
 def _rows(rng, n_rows, n):
     x = rng.standard_normal((n_rows, n)).astype(np.float32)
@@ -43,7 +40,7 @@ def _row_length(type_name):
 
 
 @pytest.mark.parametrize("type_name", DEQUANT_F16_TYPES)
-def test_bit_exact_against_reference_rounded_to_f16(type_name, rng, seed):
+def test_bit_exact_against_reference_rounded_to_f16(type_name, rng, seed, device):
     rows, n = 7, _row_length(type_name)
     raw = ref.quantize(_rows(rng, rows, n), type_name)
     want = ref.dequantize(raw, type_name, n).reshape(rows, n).astype(np.float16)
@@ -57,7 +54,7 @@ def test_bit_exact_against_reference_rounded_to_f16(type_name, rng, seed):
 
 
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q8_0"])
-def test_a_chunk_of_rows_from_an_offset(type_name, rng, seed):
+def test_a_chunk_of_rows_from_an_offset(type_name, rng, seed, device):
     """Rows 3..7 of 9 (the route's row chunks: the words from row 3 on, 5 rows)."""
     n = _row_length(type_name)
     raw = ref.quantize(_rows(rng, 9, n), type_name)
@@ -70,7 +67,7 @@ def test_a_chunk_of_rows_from_an_offset(type_name, rng, seed):
                                   err_msg=f"seed {seed}")
 
 
-def test_bad_arguments_are_refused(rng):
+def test_bad_arguments_are_refused(rng, cpu_device):
     raw = ref.quantize(rng.standard_normal((4, 256)).astype(np.float32), "Q4_K")
     words, _ = weight_words(pk.to_device(raw), "Q4_K", 256)
     with pytest.raises(ValueError, match="float16 with at least 4 x 256"):
