@@ -45,7 +45,7 @@ def test_below_the_token_threshold_keeps_the_default_launches(rng, cpu_device):
     np.testing.assert_array_equal(default[0], below[0])
 
 
-def test_chunks_with_column_offset_and_residual_bit_exact(rng, seed, cpu_device):
+def test_chunks_with_column_offset_and_residual_bit_exact(rng, seed, device):
     """A buffer of 30 rows for 72: chunks of 30, 30, 12 into columns 20..92 of y (16, 100) plus
     res, y aliasing res: the one-pass C + res, the other columns untouched."""
     tokens, rows, K, ldy, col0 = 16, 72, 256, 100, 20
@@ -65,7 +65,7 @@ def test_chunks_with_column_offset_and_residual_bit_exact(rng, seed, cpu_device)
     np.testing.assert_array_equal(y.numpy(), want, err_msg=f"seed {seed}")
 
 
-def test_f16_activations_equal_converted_f32(rng, seed, cpu_device):
+def test_f16_activations_equal_converted_f32(rng, seed, device):
     tokens, rows, K = 16, 24, 256
     x, raw = _problem(rng, "Q8_0", tokens, rows, K)
     words, _ = weight_words(pk.to_device(raw), "Q8_0", K)
