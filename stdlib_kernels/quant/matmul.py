@@ -23,7 +23,7 @@ gemm_hopper_quant.SERVED and K it takes. Its activations are x rounded to f16 (o
 launch), its result f32; a column offset or a residual goes through a second launch
 (place_columns).
 
-With options.dequant_f16_gemm (default off, not yet measured), matmuls of at least
+With options.dequant_f16_gemm (default: on for sm_90 GPUs, off on the CPU target), matmuls of at least
 options.dequant_f16_tokens tokens that leave the GEMVs take GEMM_DEQUANT_F16 where
 dequant_f16_applies (sm_90 or the CPU target, a format of dequant_f16.DEQUANT_F16_TYPES):
 matmul_dequant_f16_into dequantizes the weights to f16 into a caller's scratch buffer (one
@@ -90,6 +90,13 @@ def dequant_f16_applies(type_name: str, k: int | None, device=None) -> bool:
     return device.kind == "cpu" or cuda_sm(device) == 90
 
 
+def _dequant_f16_on(options: KernelOptions, device) -> bool:
+    """options.dequant_f16_gemm, its default (None) meaning: on CUDA GPUs only."""
+    if options.dequant_f16_gemm is not None:
+        return options.dequant_f16_gemm
+    return (device or pk.current_device()).kind == "cuda"
+
+
 def choose_matmul_path(type_name: str, tokens: int, q8_1: bool,
                        options: KernelOptions | None = None, *, k: int | None = None,
                        device=None) -> str:
@@ -101,7 +108,7 @@ def choose_matmul_path(type_name: str, tokens: int, q8_1: bool,
     taken (dequant_f16_gemm first where both are on)."""
     o = options or env_options()
     path = _default_path(type_name, tokens, q8_1, o)
-    if o.dequant_f16_gemm and path != GEMV and tokens >= o.dequant_f16_tokens \
+    if path != GEMV and tokens >= o.dequant_f16_tokens and _dequant_f16_on(o, device) \
             and dequant_f16_applies(type_name, k, device):
         return GEMM_DEQUANT_F16
     if o.hopper_quant_gemm and path != GEMV and tokens >= o.int8_gemm_tokens \

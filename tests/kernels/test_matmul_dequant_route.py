@@ -86,7 +86,7 @@ def test_a_buffer_without_one_row_is_refused(rng, cpu_device):
                                   8, 256, 16, pk.empty((255,), np.float16))
 
 
-def test_rule_needs_sm_90_a_served_format_k_and_tokens():
+def test_rule_needs_sm_90_a_served_format_k_and_tokens(cpu_device):
     sm90, sm80 = mock_cuda_device("sm_90"), mock_cuda_device("sm_80")
     rule = M.choose_matmul_path
     assert rule("Q4_K", 16, True, ON, k=512, device=sm90) == M.GEMM_DEQUANT_F16
@@ -100,12 +100,20 @@ def test_rule_needs_sm_90_a_served_format_k_and_tokens():
     both = dataclasses.replace(ON, hopper_quant_gemm=True)
     assert rule("Q8_0", 16, True, both, k=512, device=sm90) == M.GEMM_DEQUANT_F16
     assert rule("Q8_0", 8, True, both, k=512, device=sm90) == M.GEMM_HOPPER_Q
-    assert rule("Q8_0", 512, True, KernelOptions(), k=512, device=sm90) == M.GEMM_Q8
+    # the default (None): on for CUDA GPUs (where dequant_f16_applies: sm_90), off on the CPU
+    # target; False keeps the int8 route on a GPU too
+    assert rule("Q8_0", 512, True, KernelOptions(), k=512, device=sm90) == M.GEMM_DEQUANT_F16
+    assert rule("Q8_0", 255, True, KernelOptions(), k=512, device=sm90) == M.GEMM_Q8
+    assert rule("Q8_0", 512, True, KernelOptions(), k=512, device=sm80) == M.GEMM_Q8
+    assert rule("Q8_0", 512, True, KernelOptions(), k=512, device=cpu_device) == M.GEMM_Q8
+    off = KernelOptions(dequant_f16_gemm=False)
+    assert rule("Q8_0", 512, True, off, k=512, device=sm90) == M.GEMM_Q8
 
 
 def test_env_variables_set_the_option():
     on = KernelOptions.from_env({"PYKERNEL_DEQUANT_F16_GEMM": "1",
                                  "PYKERNEL_DEQUANT_F16_TOKENS": "128"})
     assert on.dequant_f16_gemm and on.dequant_f16_tokens == 128
-    off = KernelOptions.from_env({})
-    assert not off.dequant_f16_gemm and off.dequant_f16_tokens == 256
+    default = KernelOptions.from_env({})
+    assert default.dequant_f16_gemm is None and default.dequant_f16_tokens == 256
+    assert KernelOptions.from_env({"PYKERNEL_DEQUANT_F16_GEMM": "0"}).dequant_f16_gemm is False
