@@ -14,7 +14,7 @@ import pytest
 import pykernel as pk
 from stdlib_kernels.options import KernelOptions
 from stdlib_kernels.quant.gemv import weight_words
-from tests.kernels.test_matmul_hopper_route import _bound, _problem, _run
+from tests.kernels.test_matmul_hopper_route import _problem, _run, check_route
 from tests.runtime.fakes import mock_cuda_device
 
 M = importlib.import_module("stdlib_kernels.quant.matmul")   # the package shadows the module
@@ -25,16 +25,7 @@ ROUTE_LAUNCHES = {"dequant_f16_rows", "gemm_tn"}
 @pytest.mark.parametrize("type_name, rows, K", [("Q8_0", 72, 512), ("Q4_K", 40, 512),
                                                 ("Q6_K", 24, 2048)])
 def test_option_routes_prompts_to_dequant_f16(type_name, rows, K, rng, seed, cpu_device):
-    tokens = 17
-    x, raw = _problem(rng, type_name, tokens, rows, K)
-    assert M.choose_matmul_path(type_name, tokens, True, ON, k=K) == M.GEMM_DEQUANT_F16
-    want, default_names = _run(raw, type_name, x, rows, KernelOptions())
-    got, names = _run(raw, type_name, x, rows, ON)
-    assert ROUTE_LAUNCHES <= set(names) and not set(default_names) & ROUTE_LAUNCHES, (
-        names, default_names)
-    assert np.isfinite(got).all(), f"seed {seed}"
-    excess = np.abs(got.astype(np.float64) - want) - _bound(x, raw, type_name, rows)
-    assert (excess <= 0).all(), f"seed {seed}: worst excess {excess.max():.3e}"
+    check_route(type_name, rows, K, 17, ON, M.GEMM_DEQUANT_F16, ROUTE_LAUNCHES, rng, seed)
 
 
 def test_below_the_token_threshold_keeps_the_default_launches(rng, cpu_device):

@@ -119,3 +119,11 @@ def mock_cuda_device(arch: str = "sm_90", param_buffer: bool = True, ordinal: in
         return kernel
     device.load = load
     return device
+
+
+def arrays(device, n, dtype=np.float32):
+    """Three uninitialised pk Arrays of n values on `device` (a mock CUDA device's memory
+    included): the arguments of the launch tests' 4-parameter kernel."""
+    from pykernel.runtime.arrays import Array
+    return [Array(None, device.memory.alloc(4 * n)[1], (n,), np.dtype(dtype), device)
+            for _ in range(3)]

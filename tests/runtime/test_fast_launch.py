@@ -11,12 +11,12 @@ import pykernel as pk
 from pykernel import compile_pool
 from pykernel.errors import LaunchError
 from pykernel.launch import Launcher
-from pykernel.runtime.arrays import Array
 from pykernel.runtime.packer import ArgPacker
 
 cuda_runtime = pytest.importorskip("pykernel.runtime.cuda",
                                    reason="cuda-python is needed for the CUDA device class")
-from tests.runtime.fakes import mock_cuda_device, scale_kernel, torch_scale_args  # noqa: E402
+from tests.runtime.fakes import (arrays, mock_cuda_device, scale_kernel,  # noqa: E402
+                                 torch_scale_args)
 from tests.runtime.test_launch_variants import DriverCalls, add  # noqa: E402
 
 
@@ -37,11 +37,6 @@ def gpu(monkeypatch):
     yield device, calls, full
     pk.runtime.device._current = saved
     add._launchers.clear()
-
-
-def arrays(device, n, dtype=np.float32):
-    return [Array(None, device.memory.alloc(4 * n)[1], (n,), np.dtype(dtype), device)
-            for _ in range(3)]
 
 
 def test_repeated_calls_take_the_fast_path_with_their_own_arguments(gpu, rng, seed):

@@ -12,11 +12,10 @@ import pytest
 import pykernel as pk
 from pykernel.errors import LaunchError
 from pykernel.launch import Launcher
-from pykernel.runtime.arrays import Array
 
 cuda_runtime = pytest.importorskip("pykernel.runtime.cuda",
                                    reason="cuda-python is needed for the CUDA device class")
-from tests.runtime.fakes import mock_cuda_device  # noqa: E402
+from tests.runtime.fakes import arrays, mock_cuda_device  # noqa: E402
 from tests.runtime.test_launch_variants import DriverCalls, add  # noqa: E402
 
 
@@ -41,11 +40,6 @@ def mocked(monkeypatch):
     yield make, calls, full
     pk.runtime.device._current = saved
     add._launchers.clear()
-
-
-def arrays(device, n, dtype=np.float32):
-    return [Array(None, device.memory.alloc(4 * n)[1], (n,), np.dtype(dtype), device)
-            for _ in range(3)]
 
 
 def warm(launcher, *args):
