@@ -21,8 +21,8 @@ import pykernel as pk
 from pykernel import Const, Ptr, i32, u32
 
 from .. import _launch as L
-from .dequant_f16_lanes import lane_generic, lane_q45k, lane_q6k
-from .formats import Q4_K, Q5_K, Q6_K, get_format
+from .dequant_f16_lanes import lane_generic, lane_q4_legacy, lane_q45k, lane_q6k
+from .formats import Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, get_format
 
 # the quantized formats decode8 reads (F16 / F32 / BF16 weights need no dequant pass)
 DEQUANT_F16_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
@@ -48,6 +48,10 @@ def dequant_f16_flat(w: Ptr["WT", "ro"], out: Ptr[u32], threads: i32, values: i3
             lane_q45k(FMT, w, out, span, j)
         elif FMT == Q6_K:
             lane_q6k(w, out, span, j)
+        elif FMT == Q4_0:
+            lane_q4_legacy(FMT, w, out, span, j, values, WT)
+        elif FMT == Q4_1:
+            lane_q4_legacy(FMT, w, out, span, j, values, WT)
         else:
             lane_generic(FMT, w, out, span, j, values)
 

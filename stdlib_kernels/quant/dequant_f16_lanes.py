@@ -24,7 +24,7 @@ from pykernel import Const, Ptr, f32, i32, u16, u32
 
 from .decode8_k import decode8
 from .dot_q8 import half16, pair16
-from .formats import Q4_K
+from .formats import Q4_1, Q4_K
 
 Q45K_WORDS = {"Q4_K": 36, "Q5_K": 44}      # super-block size in u32 words
 Q6K_HALFS = 105                            # Q6_K super-block in u16 words
@@ -131,6 +131,41 @@ def lane_q6k(w: Ptr[u16, "ro"], out: Ptr[u32], span: i32, j: i32):
                 qv = (six[t // 4] >> u32(8 * (t % 4))) & u32(0xFF)
                 vals[t] = dl * small_int_f32(qv, f32(32.0))
             p = 2 * n + half
+            store8(out, span * 128 + 32 * p + 4 * j, vals[0], vals[1], vals[2], vals[3],
+                   vals[4], vals[5], vals[6], vals[7])
+
+
+@pk.func
+def lane_q4_legacy(FMT: Const[int], w: Ptr["WT", "ro"], out: Ptr[u32], span: i32, j: i32,
+                   values: i32, WT: Const[pk.dtype]):
+    # Q4_0 (9 u16): d:f16 | qs:16 B, (q - 8) d; Q4_1 (5 u32): d | m | qs:16 B, q d + m.
+    # Store p of lane j (h = j // 4, q = j % 4): values 8 q .. + 7 of block 2 p + h of the span
+    # = nibble q // 2 of qs bytes 8 (q % 2) .. + 7.
+    h = j // 4
+    q = j % 4
+    nib = u32(4) * u32(q // 2)
+    for p in pk.static_range(4):
+        blk = span * 8 + 2 * p + h
+        if blk * 32 < values:
+            words = pk.local_array(u32, 2)
+            if FMT == Q4_1:
+                b = blk * 5
+                d, m = pk.unpack_f16x2(w[b])
+                words[0], words[1] = pk.load_vec(w, b + 1 + 2 * (q % 2), 2)
+            else:
+                b = blk * 9
+                d = half16(w, b)
+                words[0] = pair16(w, b + 1 + 4 * (q % 2))
+                words[1] = pair16(w, b + 3 + 4 * (q % 2))
+            for i in pk.static_range(2):
+                words[i] = (words[i] >> nib) & u32(0x0F0F0F0F)
+            vals = pk.local_array(f32, 8)
+            for t in pk.static_range(8):
+                qv = (words[t // 4] >> u32(8 * (t % 4))) & u32(0xFF)
+                if FMT == Q4_1:
+                    vals[t] = d * small_int_f32(qv, f32(0.0)) + m
+                else:
+                    vals[t] = d * small_int_f32(qv, f32(8.0))
             store8(out, span * 128 + 32 * p + 4 * j, vals[0], vals[1], vals[2], vals[3],
                    vals[4], vals[5], vals[6], vals[7])
 
