@@ -85,7 +85,7 @@ def test_bad_arguments_are_refused(rng, cpu_device):
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_ptx_assembles(arch, assemble):
-    for type_name in ("Q4_K", "Q6_K", "Q8_0", "MXFP4"):
+    for type_name in ("Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "MXFP4"):
         dtype = weight_words(pk.to_device(np.zeros((1, get_format(type_name).block_bytes * (
             256 // get_format(type_name).block_elems)), np.uint8)), type_name, 256)[0].dtype
         assemble(dequant_f16_flat.ptx(arch, FMT=get_format(type_name).id, WT=dtype), arch)
