@@ -26,9 +26,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pykernel as pk
-from pykernel import Ptr, i32, u32
 from benchmarks._timing import captured, seconds_per_replay
 from benchmarks.quant_gemm import SCALE_BYTES, random_raw
+from pykernel import Ptr, i32, u32
 from stdlib_kernels.quant import device
 from stdlib_kernels.quant.dequant_f16 import dequantize_f16_into
 from stdlib_kernels.quant.formats import get_format
