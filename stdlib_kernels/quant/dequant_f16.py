@@ -30,6 +30,7 @@ DEQUANT_F16_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4
 THREADS = 256
 LANES = 8               # threads per 256 output values (32 values, 4 stores each)
 _I32_LIMIT = 1 << 31
+MAX_F16_VALUES = _I32_LIMIT - 256  # values of one call: i32 value indices, a span past the end
 
 
 @pk.kernel
@@ -85,7 +86,7 @@ def dequantize_f16_into(words, type_name: str, out, rows: int, n: int, stream=No
     if out.ptr % 16:
         raise ValueError(f"dequantize_f16 {type_name}: out must be 16-byte aligned (16-byte "
                          f"stores)")
-    if rows * row_bytes >= _I32_LIMIT or rows * n >= _I32_LIMIT:
+    if rows * row_bytes >= _I32_LIMIT or rows * n > MAX_F16_VALUES:
         raise ValueError(f"dequantize_f16 {type_name}: {rows} x {n} is past the kernel's i32 "
                          f"word and value indices; dequantize fewer rows per call")
     values = rows * n
@@ -95,4 +96,5 @@ def dequantize_f16_into(words, type_name: str, out, rows: int, n: int, stream=No
              (words, flat, threads, values), (("FMT", fmt.id), ("WT", words.dtype)), stream)
 
 
-__all__ = ["DEQUANT_F16_TYPES", "check_f16_rows", "dequantize_f16_into", "dequant_f16_flat"]
+__all__ = ["DEQUANT_F16_TYPES", "MAX_F16_VALUES", "check_f16_rows", "dequant_f16_flat",
+           "dequantize_f16_into"]
