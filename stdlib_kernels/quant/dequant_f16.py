@@ -4,11 +4,13 @@ matmul_dequant.py's route: dequantize once, then multiply on gemm_hopper's f16 w
     dequantize_f16_into(words, "Q4_K", out, rows, n)    words: gemv.weight_words of the rows;
                                                         out: f16 (rows, n) (or flat, >= rows n)
 
-Each thread decodes 8 consecutive values of one row with decode8 (word loads of its block, the
-header once) and writes them as one 16-byte store, so a warp writes 512 contiguous bytes and
-reads the 1-2 blocks they come from (a K-quant warp: one 256-value super-block). Values are
-decode8's f32 (= quant.reference.dequantize, the products ggml's dequantizers use) rounded to
-the nearest f16 (pack_f16x2): the same weights gemm.py's and gemm_hopper_quant's tiles hold.
+The matrix is read as one flat run of blocks (rows are stored back to back), so no thread
+divides by the row length: 8 threads write each 256-value span, 32 values a thread as four
+16-byte stores, each store instruction filling whole 128-byte lines (dequant_f16_lanes.py).
+Q4_K, Q5_K and Q6_K have decoders of their own (vector loads of the super-block, each scale
+decoded once per 8 values); the other formats call decode8 per 8 values. Values are decode8's
+f32 (= quant.reference.dequantize, the products ggml's dequantizers use) rounded to the
+nearest f16 (pack_f16x2): the same weights gemm.py's and gemm_hopper_quant's tiles hold.
 Graph-capturable: no allocation, no host synchronisation.
 """
 from __future__ import annotations
@@ -16,31 +18,43 @@ from __future__ import annotations
 import numpy as np
 
 import pykernel as pk
-from pykernel import Const, Ptr, i32, i64, u32
+from pykernel import Const, Ptr, i32, u32
 
 from .. import _launch as L
-from .decode8_k import decode8
-from .formats import get_format
+from .dequant_f16_lanes import lane_generic, lane_q4_legacy, lane_q45k, lane_q6k
+from .formats import Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, get_format
 
 # the quantized formats decode8 reads (F16 / F32 / BF16 weights need no dequant pass)
 DEQUANT_F16_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
                      "Q6_K", "Q1_0", "MXFP4")
 THREADS = 256
+LANES = 8               # threads per 256 output values (32 values, 4 stores each)
 _I32_LIMIT = 1 << 31
+MAX_F16_VALUES = _I32_LIMIT - 256  # values of one call: i32 value indices, a span past the end
 
 
 @pk.kernel
-def dequant_f16_rows(w: Ptr["WT", "ro"], out: Ptr[u32], groups: i32, row_groups: i32,
-                     row_words: i32, FMT: Const[int], WT: Const[pk.dtype]):
-    # grid (ceil(groups / THREADS)): thread g writes values 8 (g % row_groups) .. + 7 of row
-    # g // row_groups as 4 f16 pairs at out word 4 g (out: f16 (rows, n) viewed as u32 pairs)
-    g = pk.block_idx.x * pk.block_dim.x + pk.thread_idx.x
-    if g < groups:
-        row = g // row_groups
-        k = (g - row * row_groups) * 8
-        v0, v1, v2, v3, v4, v5, v6, v7 = decode8(FMT, w, row * row_words, k)
-        pk.store_vec(out, i64(g) * i64(4), (pk.pack_f16x2(v0, v1), pk.pack_f16x2(v2, v3),
-                                            pk.pack_f16x2(v4, v5), pk.pack_f16x2(v6, v7)))
+def dequant_f16_flat(w: Ptr["WT", "ro"], out: Ptr[u32], threads: i32, values: i32,
+                     FMT: Const[int], WT: Const[pk.dtype]):
+    # grid (ceil(threads / THREADS)), threads = 8 per 256 values: thread t writes 32 values of
+    # the 256-value span t // 8 of the flat matrix (rows back to back), as dequant_f16_lanes
+    # describes; out: f16 (rows, n) viewed as u32 pairs
+    t = pk.block_idx.x * pk.block_dim.x + pk.thread_idx.x
+    if t < threads:
+        span = t // LANES
+        j = t % LANES
+        if FMT == Q4_K:
+            lane_q45k(FMT, w, out, span, j)
+        elif FMT == Q5_K:
+            lane_q45k(FMT, w, out, span, j)
+        elif FMT == Q6_K:
+            lane_q6k(w, out, span, j)
+        elif FMT == Q4_0:
+            lane_q4_legacy(FMT, w, out, span, j, values, WT)
+        elif FMT == Q4_1:
+            lane_q4_legacy(FMT, w, out, span, j, values, WT)
+        else:
+            lane_generic(FMT, w, out, span, j, values)
 
 
 def check_f16_rows(type_name: str, n: int) -> None:
@@ -72,14 +86,15 @@ def dequantize_f16_into(words, type_name: str, out, rows: int, n: int, stream=No
     if out.ptr % 16:
         raise ValueError(f"dequantize_f16 {type_name}: out must be 16-byte aligned (16-byte "
                          f"stores)")
-    if rows * row_bytes >= _I32_LIMIT or rows * n // 8 >= _I32_LIMIT:
+    if rows * row_bytes >= _I32_LIMIT or rows * n > MAX_F16_VALUES:
         raise ValueError(f"dequantize_f16 {type_name}: {rows} x {n} is past the kernel's i32 "
-                         f"word and group indices; dequantize fewer rows per call")
-    groups = rows * n // 8
-    flat = out.view_as((rows * n // 2,), np.uint32)
-    L.launch(dequant_f16_rows, (groups + THREADS - 1) // THREADS, THREADS,
-             (words, flat, groups, n // 8, row_bytes // words.itemsize),
-             (("FMT", fmt.id), ("WT", words.dtype)), stream)
+                         f"word and value indices; dequantize fewer rows per call")
+    values = rows * n
+    threads = (values + 255) // 256 * LANES
+    flat = out.view_as((values // 2,), np.uint32)
+    L.launch(dequant_f16_flat, (threads + THREADS - 1) // THREADS, THREADS,
+             (words, flat, threads, values), (("FMT", fmt.id), ("WT", words.dtype)), stream)
 
 
-__all__ = ["DEQUANT_F16_TYPES", "check_f16_rows", "dequantize_f16_into", "dequant_f16_rows"]
+__all__ = ["DEQUANT_F16_TYPES", "MAX_F16_VALUES", "check_f16_rows", "dequant_f16_flat",
+           "dequantize_f16_into"]

@@ -47,7 +47,8 @@ from ..gemm_hopper_quant import SLAB as HOPPER_SLAB
 from ..gemm_hopper_quant import gemm_hopper_quant, slab_bytes
 from ..options import GEMV_MAX_TOKENS, KernelOptions, env_options
 from .formats import GEMM_Q8 as _INT8_FAMILY
-from .dequant_f16 import DEQUANT_F16_TYPES, check_f16_rows, dequantize_f16_into
+from .dequant_f16 import (DEQUANT_F16_TYPES, MAX_F16_VALUES, check_f16_rows,
+                          dequantize_f16_into)
 from .formats import get_format, type_ids
 from .gemm import gemm, gemm_into, output_args
 from .gemm_q8 import gemm_q8, gemm_q8_into
@@ -189,7 +190,7 @@ def matmul_dequant_f16_into(w, type_name: str, x, y, rows: int, K: int, tokens: 
     chunks' C (the runner's arena); None: allocated here. No host synchronisation, so it
     runs inside graph captures when the buffers come from the caller."""
     ldy, res_or_y, has_res = output_args(y, rows, tokens, ldy, col0, res, "dequant_f16")
-    chunk = min(rows, weights16.size // K)
+    chunk = min(rows, weights16.size // K, MAX_F16_VALUES // K)    # dequant_f16's i32 indices
     if chunk <= 0:
         raise ValueError(f"matmul_dequant_f16 {type_name}: the f16 weight buffer holds "
                          f"{weights16.size} values, less than one row of {K}")

@@ -7,7 +7,7 @@ import pytest
 
 import pykernel as pk
 from stdlib_kernels.quant import reference as ref
-from stdlib_kernels.quant.dequant_f16 import (DEQUANT_F16_TYPES, dequant_f16_rows,
+from stdlib_kernels.quant.dequant_f16 import (DEQUANT_F16_TYPES, dequant_f16_flat,
                                               dequantize_f16_into)
 from stdlib_kernels.quant.formats import get_format
 from stdlib_kernels.quant.gemv import weight_words
@@ -35,8 +35,9 @@ def _bits(values):
 
 
 def _row_length(type_name):
-    # not a multiple of 256 where the blocks allow it: rows of an odd number of blocks
-    return {32: 96, 128: 384}.get(get_format(type_name).block_elems, 512)
+    # rows of an odd number of blocks, so rows (and the 256-value spans of 8 threads) start
+    # at every alignment the format allows, and the 32-value formats end on a partial span
+    return {32: 96, 128: 384}.get(get_format(type_name).block_elems, 768)
 
 
 @pytest.mark.parametrize("type_name", DEQUANT_F16_TYPES)
@@ -53,7 +54,7 @@ def test_bit_exact_against_reference_rounded_to_f16(type_name, rng, seed, device
                                   err_msg=f"{type_name} seed {seed}")
 
 
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q8_0"])
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K", "Q8_0"])
 def test_a_chunk_of_rows_from_an_offset(type_name, rng, seed, device):
     """Rows 3..7 of 9 (the route's row chunks: the words from row 3 on, 5 rows)."""
     n = _row_length(type_name)
@@ -84,7 +85,7 @@ def test_bad_arguments_are_refused(rng, cpu_device):
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_ptx_assembles(arch, assemble):
-    for type_name in ("Q4_K", "Q6_K", "Q8_0", "MXFP4"):
+    for type_name in ("Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "MXFP4"):
         dtype = weight_words(pk.to_device(np.zeros((1, get_format(type_name).block_bytes * (
             256 // get_format(type_name).block_elems)), np.uint8)), type_name, 256)[0].dtype
-        assemble(dequant_f16_rows.ptx(arch, FMT=get_format(type_name).id, WT=dtype), arch)
+        assemble(dequant_f16_flat.ptx(arch, FMT=get_format(type_name).id, WT=dtype), arch)

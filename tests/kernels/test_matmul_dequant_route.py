@@ -19,7 +19,7 @@ from tests.runtime.fakes import mock_cuda_device
 
 M = importlib.import_module("stdlib_kernels.quant.matmul")   # the package shadows the module
 ON = KernelOptions(dequant_f16_gemm=True, dequant_f16_tokens=16)
-ROUTE_LAUNCHES = {"dequant_f16_rows", "gemm_tn"}
+ROUTE_LAUNCHES = {"dequant_f16_flat", "gemm_tn"}
 
 
 @pytest.mark.parametrize("type_name, rows, K", [("Q8_0", 72, 512), ("Q4_K", 40, 512),

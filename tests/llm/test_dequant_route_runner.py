@@ -65,7 +65,7 @@ def test_prompts_take_the_route_within_the_derived_bound(models):
             got = route.logits(ids)
         names = launched_by(run)
         taken = len(ids) >= THRESHOLD
-        assert ("dequant_f16_rows" in names) == taken, (len(ids), sorted(set(names)))
+        assert ("dequant_f16_flat" in names) == taken, (len(ids), sorted(set(names)))
         if not taken:
             np.testing.assert_array_equal(got, want)
             continue
