@@ -59,7 +59,11 @@ ERRORS = {1: "out-of-bounds memory access", 2: "syncthreads() reached in diverge
               "(its count starts at pk.entry_registers(max_threads, min_blocks))",
           17: "setmaxnreg.inc that can never complete: the block's warps ask for more "
               "registers than it owns (threads x pk.entry_registers(max_threads, min_blocks) "
-              "in all) and no warp is left to release any; the GPU waits here for ever"}
+              "in all) and no warp is left to release any; the GPU waits here for ever",
+          18: "vector load or store (pk.load_vec / pk.store_vec) at an address that is not a "
+              "multiple of the vector's bytes: the GPU faults with a misaligned address "
+              "(the index must be a multiple of the width, from an aligned base)"}
 # the warp and barrier checks' codes (cpu_ops.py, cpu_runner.py)
 SHUFFLE_SOURCE_GONE, MASK_NAMES_GONE, BARRIER_AFTER_RETURN, SPIN_DEADLOCK = 12, 13, 14, 15
 SETMAXNREG_MISUSE, SETMAXNREG_STUCK = 16, 17
+MISALIGNED_VECTOR = 18

@@ -317,14 +317,25 @@ class CPUOps:
     def load_vector(self, ctx, addr, vec_ty, site, l2_fetch=0):
         ptr = self.check_address(ctx, addr.ptr, addr.elem, addr.origin, site,
                                  vec_ty.count * addr.elem.nbytes)
+        self._check_vector_alignment(ctx, ptr, vec_ty.count * addr.elem.nbytes, site)
         b = ctx.builder
         return b.load(b.bitcast(ptr, vec_ty.as_pointer()), align=addr.elem.nbytes)
 
     def store_vector(self, ctx, addr, vec, site):
         ptr = self.check_address(ctx, addr.ptr, addr.elem, addr.origin, site,
                                  vec.type.count * addr.elem.nbytes)
+        self._check_vector_alignment(ctx, ptr, vec.type.count * addr.elem.nbytes, site)
         b = ctx.builder
         b.store(vec, b.bitcast(ptr, vec.type.as_pointer()), align=addr.elem.nbytes)
+
+    def _check_vector_alignment(self, ctx, ptr, nbytes: int, site):
+        """ld/st.v2/.v4 need an address aligned to the whole vector: the GPU raises a
+        misaligned-address fault (killing the context) where x86 just loads, so the CPU
+        target reports it at the kernel's line instead (error 18)."""
+        b = ctx.builder
+        offset = b.and_(b.ptrtoint(ptr, I64), ir.Constant(I64, nbytes - 1))
+        with b.if_then(b.icmp_unsigned("!=", offset, ir.Constant(I64, 0)), likely=False):
+            self.fail(ctx, abi.MISALIGNED_VECTOR, site, offset)
 
     def cp_async(self, ctx, dst, src, size, src_size, site):
         """The copy happens now: size bytes (bounds-checked), or the first src_size of them

@@ -151,7 +151,10 @@ def lane_q4_legacy(FMT: Const[int], w: Ptr["WT", "ro"], out: Ptr[u32], span: i32
             if FMT == Q4_1:
                 b = blk * 5
                 d, m = pk.unpack_f16x2(w[b])
-                words[0], words[1] = pk.load_vec(w, b + 1 + 2 * (q % 2), 2)
+                # 5-word blocks: the pair starts on an odd word for every other block, so
+                # two 4-byte loads (an 8-byte vector load there faults on the GPU)
+                words[0] = w[b + 1 + 2 * (q % 2)]
+                words[1] = w[b + 2 + 2 * (q % 2)]
             else:
                 b = blk * 9
                 d = half16(w, b)

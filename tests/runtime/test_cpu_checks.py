@@ -125,3 +125,28 @@ def test_shared_memory_starts_poisoned_each_launch():
         reads_unwritten_shared[1, 32, None, 128](out, bits, 32)
         assert np.isnan(out.numpy()).all()
         assert (bits.numpy() == 0xFFFFFFFF).all()
+
+
+@pk.kernel
+def vector_copy(x: Ptr[u32, "ro"], out: Ptr[u32], start: i32, W: Const[int]):
+    i = start + W * pk.thread_idx.x
+    if W == 2:
+        a, b = pk.load_vec(x, i, 2)          # VEC-LOAD-LINE
+        pk.store_vec(out, W * pk.thread_idx.x, (a, b))
+    else:
+        a, b, c, d = pk.load_vec(x, i, 4)    # VEC-LOAD-LINE
+        pk.store_vec(out, W * pk.thread_idx.x, (a, b, c, d))
+
+
+@pytest.mark.parametrize("width", [2, 4])
+def test_misaligned_vector_load_is_reported_not_silently_loaded(width):
+    """An 8- or 16-byte load from an index that is not a multiple of the width: the GPU faults
+    (misaligned address); the CPU target must say so at the line, not load the bytes."""
+    x = pk.to_device(np.arange(64, dtype=np.uint32))
+    out = pk.full((32,), 0, np.uint32)
+    vector_copy[1, 4](x, out, 0, W=width)          # aligned: fine
+    np.testing.assert_array_equal(out.numpy()[:4 * width], np.arange(4 * width))
+    for start in range(1, width):
+        with pytest.raises(pk.KernelRuntimeError, match="VEC-LOAD-LINE") as info:
+            vector_copy[1, 4](x, out, start, W=width)
+        assert "misaligned" in str(info.value)
