@@ -173,7 +173,7 @@ class CPUTarget(CPUOps, CPUBulkOps, CPUClusterOps, CPUTmaOps, Target):
         JumpThreading grow faster than linearly on the large coroutines of the tensor-core and
         batched GEMV kernels (17 s for one batch-5 GEMV; 3 s this way). No pass here changes a
         float result: the IR carries no fast-math flags except `contract` under fp_contract
-        (benchmarks/RESULTS.md, "Cold compiles: the CPU target's pipeline", has the figures)."""
+        (benchmarks/RESULTS.md, "Cold compiles: where the time went", has the figures)."""
         import llvmlite.binding as llvm
         for stage in (_CLEANUP, None, _CLEANUP):
             builder = llvm.create_pass_builder(self._tm,

@@ -32,12 +32,12 @@ def mma(fl, node, name, shape, regs, accs):
     summed in the module's one function per shape (`_mma_function`), called from every site:
     inlined, they were most of a tensor-core kernel's IR (~2,500 instructions per site) and
     most of the time LLVM spent on it."""
-    _, ksize, per_reg, parts, acc_ty = shape
+    parts, acc_ty = shape[3], shape[4]
     site = fl.ctx.site(fl, node, f"mma {name}")
     target, b = fl.ctx.target, fl.b
     words = [b.zext(r.ir, I64) for r in regs]
     words += [b.zext(b.bitcast(a.ir, I32) if acc_ty is f32 else a.ir, I64) for a in accs]
-    slots, half, nt = target.exchange_words(fl.ctx, words, site)
+    slots, half, _ = target.exchange_words(fl.ctx, words, site)
     base, group, tig = _lane_coords(fl)
     nregs = 3 * parts
     acc_in = [b.trunc(words[nregs + k], I32) for k in range(4)]
