@@ -21,13 +21,13 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pykernel as pk  # noqa: E402
+from benchmarks._timing import host_us_per_call  # noqa: E402
 from pykernel.runtime import arrays as ar  # noqa: E402
 from pykernel.runtime import device as dv  # noqa: E402
 from pykernel.runtime.cuda import CudaDevice  # noqa: E402
@@ -39,13 +39,7 @@ BATCH, BATCHES, N = 200, 60, 128
 
 
 def per_launch_us(launch_once, synchronize) -> tuple[float, float]:
-    samples = []
-    for _ in range(BATCHES):
-        start = time.perf_counter()
-        for _ in range(BATCH):
-            launch_once()
-        samples.append((time.perf_counter() - start) / BATCH * 1e6)
-        synchronize()
+    samples = host_us_per_call(launch_once, BATCH, BATCHES, after_batch=synchronize)
     return statistics.median(samples), min(samples)
 
 

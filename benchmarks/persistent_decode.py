@@ -1,21 +1,24 @@
-"""Decode tokens per second: the persistent decode step (stdlib_kernels/persistent/decode.py,
-one launch per token, f32 weights) against the runner's decode graphs, on a synthetic llama
-file from `pykernel synth` (written to $SYNTH_DIR or /tmp when absent).
+"""Decode tokens per second: the persistent decode step (stdlib_kernels/persistent/, one launch
+per token, weights in their GGUF formats, Q8_1 inputs, the runner's f16 KV cache) against the
+runner's layer graphs, on the same file: a synthetic llama from `pykernel synth` (written to
+$SYNTH_DIR or /tmp when absent) or --file.
 
-Input: a CUDA GPU (or --device cpu with --file, a smoke run). Output, on stdout: the graph
-path's greedy tok/s (its device-token loop, wall clock), the persistent step's tok/s in a host
-loop (io copy, launch, logits read back) and per launch from a captured graph replayed (CUDA
-events: GPU time alone), per tile size and grid, with the GB/s of f32 weights it streams; and
-how far its logits are from the runner's at the first step (the runner's Q8_1 activations and
-f16 KV cache round differently: a report, not a check; --activations f32 makes them close).
+Input: a CUDA GPU (or --device cpu with --file, a smoke run). Output, on stdout: for each path
+(RunnerOptions.persistent_decode off / on) the greedy device-token loop's tok/s (wall clock,
+the same GraphRunner.greedy_tokens loop: a replayed graph per token, the argmax in it) and
+whether the two paths pick the same tokens and how far their first-step logits are apart;
+then the persistent launch alone per tile size and grid from a captured graph replayed (CUDA
+events: GPU time), with the GB/s of weights it streams (the step's weight buffer: the GGUF
+bytes the graphs read too) and that as a fraction of --copy-gbs (the issue's roofline).
+--profile adds, per tile size, the profiling build's launch (globaltimer stamps per item,
+stdlib_kernels/persistent/decode_profile.py) after a warm-up launch: the launch's time per item
+kind (embed, qkv, rope_kv, attn, o, gate_up, down, lm_head; the norm and Q8_1 input inside
+the GEMV items), the items' waits and how late a waiting block noticed its dependency.
 
-    python3 benchmarks/persistent_decode.py [--shape smollm2-135m] [--type Q8_0] [--prompt 64]
-        [--tokens 64] [--activations q8_1]
-    python3 benchmarks/persistent_decode.py --device cpu --file tests/data/golden/tiny/tiny-llama-f32.gguf --tokens 4
-
-The persistent step reads f32 weights (4 bytes a value: ~3.8x a Q8_0 file's bytes), so on the
-same file it streams more than the graph path; the GB/s column says how close it comes to the
-copy bandwidth, the comparison the issue's roofline asks for.
+    python3 benchmarks/persistent_decode.py [--shape llama-8b] [--type Q4_K_M] [--prompt 64]
+        [--tokens 128] [--copy-gbs 4300] [--profile]
+    python3 benchmarks/persistent_decode.py --device cpu \\
+        --file tests/data/golden/tiny/tiny-llama-q8_0.gguf --tokens 4
 """
 from __future__ import annotations
 
@@ -31,59 +34,93 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import llm  # noqa: E402
 import pykernel as pk  # noqa: E402
+from benchmarks.batched_decode import model_file  # noqa: E402
 from llm.backends.persistent_decode import PersistentDecode  # noqa: E402
+from stdlib_kernels.persistent.decode_profile import (  # noqa: E402
+    format_profile,
+    profile_summary,
+)
+from llm.options import RunnerOptions  # noqa: E402
 
 TILE_ROWS = (8, 16, 32)
 REPLAYS = 20
 
 
-def synth_file(shape: str, qtype: str) -> Path:
-    from llm.synth import write_synthetic
-    path = Path(os.environ.get("SYNTH_DIR", "/tmp")) / f"{shape}-{qtype}.gguf"
-    if not path.exists():
-        t0 = time.perf_counter()
-        write_synthetic(shape, qtype, path)
-        print(f"synth {path.name}: {time.perf_counter() - t0:.1f} s", flush=True)
-    return path
+def load(path: Path, device: str, n_ctx: int, persistent: bool):
+    return llm.load(path, device=device, backend="kernels", n_ctx=n_ctx, progress=False,
+                    options=RunnerOptions.from_env(persistent_decode=persistent))
 
 
-def graph_tok_s(model, cache, token: int, pos: int, n: int) -> float:
-    """The runner's greedy device-token loop (decode graphs), warmed up (captured) first."""
-    list(model.transformer.greedy_tokens(token, pos, cache, 3))
+def prefilled(model, prompt):
+    """A fresh cache with `prompt` prefilled by the runner; (cache, first token, its logits
+    row after one decode step of it)."""
+    cfg, b, gr = model.config, model.backend, model.transformer
+    cache = b.kv_cache(cfg.n_layer, model.n_ctx, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v)
+    token = int(np.argmax(b.to_host(gr.forward_tokens(prompt, 0, cache))[-1]))
+    return cache, token
+
+
+def greedy_run(model, prompt, n: int):
+    """(tok/s of the greedy device loop after a warm-up run (captures), its tokens, the first
+    decode step's logits)."""
+    gr = model.transformer
+    cache, token = prefilled(model, prompt)
+    first = model.backend.to_host(gr.decode_step(token, len(prompt), cache)).reshape(-1)
+    list(gr.greedy_tokens(token, len(prompt), cache, 3))
     t0 = time.perf_counter()
-    got = list(model.transformer.greedy_tokens(token, pos, cache, n))
-    return len(got) / (time.perf_counter() - t0)
+    tokens = list(gr.greedy_tokens(token, len(prompt), cache, n))
+    return len(tokens) / (time.perf_counter() - t0), tokens, first
 
 
-def persistent_rows(model, cache, token: int, pos: int, n: int, device: str, ref):
-    """(tile rows, grid, host-loop tok/s, GPU us per launch, GB/s) per configuration."""
-    n_ctx = pos + n + 1
+def launch_rows(model, prompt, device: str, copy_gbs: float):
+    """(tile rows, grid, GPU us per launch, GB/s, fraction of copy_gbs) per configuration."""
+    cache, token = prefilled(model, prompt)
+    io = pk.to_device(np.array([token, len(prompt)], np.int32))
+    grids = [None]
+    if device == "cuda":
+        from stdlib_kernels._launch import multiprocessors
+        grids += [multiprocessors(), 2 * multiprocessors()]
+    buffer = None
     for tile in TILE_ROWS:
-        pd = PersistentDecode.from_model(model, n_ctx=n_ctx, tile_rows=tile)
-        grids = [pd.runner.grid]
-        if device == "cuda":
-            from stdlib_kernels._launch import multiprocessors
-            grids = sorted({pd.runner.grid, multiprocessors(), 2 * multiprocessors()})
-        nbytes = pd.runner.sched.weight_elems * 4
         for grid in grids:
-            pd.runner.grid = grid
-            pd.load_cache(cache, pos)
-            first = pd.step(token, pos)
-            if ref is not None:
-                err = np.abs(first - ref).max() / max(1e-30, np.abs(ref).max())
-                same = int(np.argmax(first)) == int(np.argmax(ref))
-                print(f"  tile {tile} grid {grid}: first-step logits max |diff| / max|ref| "
-                      f"{err:.2e}, same argmax {same}", flush=True)
-            t0 = time.perf_counter()
-            for k in range(n):
-                pd.step(token, pos + k)
-            host = n / (time.perf_counter() - t0)
-            gpu_s = float("nan")
-            if device == "cuda":
-                from benchmarks._timing import replay_seconds
-                gpu_s = replay_seconds(pd.runner.launch, REPLAYS)
-            yield tile, grid, host, gpu_s * 1e6, nbytes / gpu_s / 1e9
-        del pd
+            pd = PersistentDecode.from_parts(*_parts(model), model.n_ctx, tile, grid,
+                                             np.dtype(cache.dtype), weights_buffer=buffer)
+            buffer = pd.runner.weights[0]
+            pd.attach(cache)
+            nbytes = pd.runner.sched.weight_bytes
+            if device != "cuda":
+                pd.launch(io)
+                yield tile, pd.runner.grid, float("nan"), float("nan"), float("nan")
+                continue
+            from benchmarks._timing import replay_seconds
+            seconds = replay_seconds(lambda pd=pd: pd.launch(io), REPLAYS)
+            gbs = nbytes / seconds / 1e9
+            yield tile, pd.runner.grid, seconds * 1e6, gbs, gbs / copy_gbs
+
+
+def profile_tables(model, prompt, device: str):
+    """(tile rows, the profiling build's per-kind table) per tile size: one launch after a
+    warm-up one (compiles, first touches), default grid."""
+    cache, token = prefilled(model, prompt)
+    io = pk.to_device(np.array([token, len(prompt)], np.int32))
+    buffer = None
+    for tile in TILE_ROWS:
+        pd = PersistentDecode.from_parts(*_parts(model), model.n_ctx, tile, None,
+                                         np.dtype(cache.dtype), weights_buffer=buffer,
+                                         profile=True)
+        buffer = pd.runner.weights[0]
+        pd.attach(cache)
+        for _ in range(2):
+            pd.launch(io)
+        if device == "cuda":
+            pk.synchronize()
+        rows, totals = profile_summary(pd.runner.sched, pd.runner.profile())
+        yield tile, pd.runner.grid, format_profile(rows, totals)
+
+
+def _parts(model):
+    t = getattr(model.transformer, "model", model.transformer)
+    return t.cfg, t.spec, t.w, model.backend.activations
 
 
 def main():
@@ -92,33 +129,44 @@ def main():
     parser.add_argument("--type", default="Q8_0")
     parser.add_argument("--file", default=None, help="a llama-arch GGUF instead of a synth")
     parser.add_argument("--prompt", type=int, default=64)
-    parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--activations", default="q8_1", choices=("q8_1", "f32"))
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--copy-gbs", type=float, default=4300.0,
+                        help="the device's copy bandwidth, GB/s (H200: ~4300)")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--profile", action="store_true",
+                        help="also the time per item kind (the kernel's profiling build)")
     args = parser.parse_args()
-    path = Path(args.file) if args.file else synth_file(args.shape, args.type)
+    path = model_file(args.file or f"{args.shape}:{args.type}")
     n_ctx = args.prompt + 2 * args.tokens + 8
-    model = llm.load(path, device=args.device, backend="kernels", n_ctx=n_ctx, progress=False,
-                     activations=args.activations)
-    cfg, b = model.config, model.backend
+    prompt = np.random.default_rng(0).integers(0, 256, args.prompt).tolist()
+    runs = {}
+    for persistent in (False, True):
+        model = load(path, args.device, n_ctx, persistent)
+        prompt = [t % model.config.n_vocab for t in prompt]
+        runs[persistent] = greedy_run(model, prompt, args.tokens)
+        if not persistent:
+            del model
+    cfg = model.config
     print(f"{path.name} on {pk.current_device().name}: {cfg.n_layer} layers, n_embd "
-          f"{cfg.n_embd}, vocab {cfg.n_vocab}; prompt {args.prompt}, {args.tokens} tokens; "
-          f"runner activations {args.activations}", flush=True)
-    rng = np.random.default_rng(0)
-    prompt = rng.integers(0, cfg.n_vocab, args.prompt).tolist()
-    cache = b.kv_cache(cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v)
-    logits = b.to_host(model.transformer.forward_tokens(prompt, 0, cache))[-1]
-    token, pos = int(np.argmax(logits)), len(prompt)
-    ref = b.to_host(model.transformer.forward_tokens([token], pos, cache))[-1]
-    graph = graph_tok_s(model, cache, token, pos, args.tokens)
-    print("| path | tile rows | grid | tok/s (host loop) | GPU us per token | GB/s |")
-    print("|---|---|---|---|---|---|")
-    print(f"| decode graphs (greedy device loop) | - | - | {graph:.1f} | "
-          f"{1e6 / graph:.1f} (wall) | - |", flush=True)
-    for tile, grid, host, us, gbs in persistent_rows(model, cache, token, pos, args.tokens,
-                                                     args.device, ref):
-        print(f"| persistent step | {tile} | {grid} | {host:.1f} | {us:.1f} | {gbs:.0f} |",
-              flush=True)
+          f"{cfg.n_embd}, vocab {cfg.n_vocab}; prompt {args.prompt}, {args.tokens} tokens",
+          flush=True)
+    (g_tps, g_tok, g_first), (p_tps, p_tok, p_first) = runs[False], runs[True]
+    same = next((i for i, (a, b) in enumerate(zip(g_tok, p_tok)) if a != b), None)
+    err = np.linalg.norm(p_first - g_first) / np.linalg.norm(g_first)
+    print(f"first-step logits rel L2 {err:.2e}; tokens "
+          f"{'all equal' if same is None else f'first differ at {same}'}")
+    print("| path | tile rows | grid | tok/s (greedy loop) | GPU us per launch | GB/s | "
+          "of copy |")
+    print("|---|---|---|---|---|---|---|")
+    print(f"| layer graphs | - | - | {g_tps:.1f} | - | - | - |")
+    print(f"| persistent (default tiles, grid) | 16 | - | {p_tps:.1f} | - | - | - |", flush=True)
+    for tile, grid, us, gbs, frac in launch_rows(model, prompt, args.device, args.copy_gbs):
+        print(f"| persistent launch | {tile} | {grid} | - | {us:.1f} | {gbs:.0f} | "
+              f"{frac:.2f} |", flush=True)
+    if args.profile:
+        for tile, grid, table in profile_tables(model, prompt, args.device):
+            print(f"\nprofile, tile rows {tile}, grid {grid} (one launch, position "
+                  f"{args.prompt}):\n{table}", flush=True)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ if TYPE_CHECKING:     # stdlib_kernels (and pykernel under it) is imported by th
 
 # the environment variables stdlib_kernels.options.KernelOptions.from_env reads
 KERNEL_VARIABLES = ("PYKERNEL_GEMV_TOKENS", "PYKERNEL_INT8_GEMM_TOKENS", "PYKERNEL_MMA_GEMV",
-                    "PYKERNEL_DECODE_MMA", "PYKERNEL_DECODE_BULK", "PYKERNEL_HOPPER_QUANT_GEMM")
+                    "PYKERNEL_DECODE_MMA", "PYKERNEL_DECODE_BULK", "PYKERNEL_HOPPER_QUANT_GEMM",
+                    "PYKERNEL_DEQUANT_F16_GEMM", "PYKERNEL_DEQUANT_F16_TOKENS")
 
 
 def _flag(name: str, default: bool) -> bool:
@@ -61,6 +62,11 @@ class RunnerOptions:
     # buffers over NVLink (one-shot kernel, llm/parallel/peer_allreduce.py) instead of NCCL;
     # 0 = off, the default until measured on GPUs (PYKERNEL_PEER_ALLREDUCE_KB)
     peer_allreduce_kb: int = 0
+    # greedy / sampled decode of llama-style models as one persistent launch per token
+    # (llm/backends/persistent_decode.py) instead of the layer graph's launches; other models,
+    # q8_0 caches and f32 activations keep the graphs. Off until a GPU shows it wins
+    # (benchmarks/persistent_decode.py; PYKERNEL_PERSISTENT_DECODE)
+    persistent_decode: bool = False
     # the kernels' switches (stdlib_kernels.options.KernelOptions); None: its defaults. The
     # runner's two choices (f32_weights_gemv, route_by_format) are always added: kernel_options
     kernels: KernelOptions | None = None
@@ -104,7 +110,8 @@ class RunnerOptions:
             early_kv=_flag("PYKERNEL_EARLY_KV", base.early_kv),
             early_trigger=_flag("PYKERNEL_EARLY_TRIGGER", base.early_trigger),
             peer_allreduce_kb=int(os.environ.get("PYKERNEL_PEER_ALLREDUCE_KB",
-                                                 base.peer_allreduce_kb)))
+                                                 base.peer_allreduce_kb)),
+            persistent_decode=_flag("PYKERNEL_PERSISTENT_DECODE", base.persistent_decode))
         if any(name in os.environ for name in KERNEL_VARIABLES):
             from stdlib_kernels.options import KernelOptions
             env["kernels"] = KernelOptions.from_env(os.environ)

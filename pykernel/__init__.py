@@ -53,8 +53,8 @@ from .types import bf16x2, e4m3, e5m2, f16x2
 from .intrinsics.lowlevel import (asm, dp4a, mma_m16n8k16_bf16, mma_m16n8k16_f16,
                                   mma_m16n8k16_s8, mma_m16n8k32_s8, mma_m16n8k128_b1,
                                   movmatrix)
-from .intrinsics.wgmma import (setmaxnreg_dec, setmaxnreg_inc, wgmma, wgmma_commit_group,
-                               wgmma_desc, wgmma_fence, wgmma_wait_group)
+from .intrinsics.wgmma import (entry_registers, setmaxnreg_dec, setmaxnreg_inc, wgmma,
+                               wgmma_commit_group, wgmma_desc, wgmma_fence, wgmma_wait_group)
 from .intrinsics.fp8 import fp8_decode, fp8_encode
 from .intrinsics.tma import (bulk_commit_group, bulk_wait_group, bulk_wait_group_read,
                              prefetch_tensormap, tma_load, tma_store)

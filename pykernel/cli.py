@@ -15,16 +15,22 @@ def _compiler_commands(sub) -> None:
     cli_compiler.register(sub)
 
 
-def _runner_commands(sub) -> None:
-    # Each module contributes subcommands through register(subparsers).
+def _runner_commands(sub) -> list[str]:
+    """Each module contributes subcommands through register(subparsers). Returns why a module
+    present in this checkout could not be imported (a missing dependency such as gguf), so an
+    unknown command can say so instead of only listing the compiler's commands."""
+    unavailable = []
     for module_name in ("llm.cli", "llm.cli_bench", "stdlib_kernels.quant.cli"):
         try:
             module = __import__(module_name, fromlist=["register"])
-        except ImportError:
+        except ImportError as e:
+            if e.name not in (module_name, module_name.split(".")[0]):
+                unavailable.append(f"{module_name}: {e}")
             continue
         register = getattr(module, "register", None)
         if register is not None:
             register(sub)
+    return unavailable
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,12 +38,21 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pykernel", description="pykernel: GPU kernels in Python, and a GGUF LLM runner.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _compiler_commands(sub)
-    _runner_commands(sub)
+    parser.unavailable = _runner_commands(sub)
+    parser.commands = sub.choices
+    if parser.unavailable:
+        parser.epilog = "commands not available here: " + "; ".join(parser.unavailable)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command is not None and command not in parser.commands and parser.unavailable:
+        print(f"pykernel: '{command}' is not available: the runner's commands failed to import "
+              f"({'; '.join(parser.unavailable)})", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -31,7 +31,8 @@ from pykernel import Const, Ptr, i32, u64
 BM, BK = 128, 64
 THREADS = 384                       # producer warpgroup + 2 consumer warpgroups
 SWIZZLE_ALIGN = 1024                # 128-byte swizzle repeats every 8 rows of 128 B
-PRODUCER_REGS, CONSUMER_REGS = 40, 232   # 128 x (40 + 2 x 232) <= 64 Ki registers
+PRODUCER_REGS, CONSUMER_REGS = 40, 232   # 128 x (40 + 2 x 232) = 384 x 168, the
+#                                         block's registers (pk.entry_registers(384, 1))
 EPI_BOX_ROWS, EPI_BOX_BYTES = 16, 2048   # a consumer warp's 16 rows x 128 bytes
 
 

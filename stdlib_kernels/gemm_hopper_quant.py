@@ -97,9 +97,13 @@ def quant_shared_bytes(qc: QuantConfig, type_name: str) -> int:
             + qc.raw_stages * cfg.bn * box_bytes(type_name))
 
 
-def _fits(qc: QuantConfig, type_name: str) -> bool:
+def _block_shared_bytes(qc: QuantConfig, type_name: str) -> int:
     static = 8 * (2 * qc.gemm.stages + 2 + 2 * qc.raw_stages)      # the mbarriers
-    return quant_shared_bytes(qc, type_name) + static <= SHARED_LIMIT
+    return quant_shared_bytes(qc, type_name) + static
+
+
+def _fits(qc: QuantConfig, type_name: str) -> bool:
+    return _block_shared_bytes(qc, type_name) <= SHARED_LIMIT
 
 
 def choose_quant_config(type_name: str) -> QuantConfig:
@@ -130,7 +134,7 @@ def _check_config(qc: QuantConfig, type_name: str, N: int) -> None:
                          f"2-register accumulators per thread, so bn must be at most 128")
     if not _fits(qc, type_name):
         raise ValueError(f"gemm_hopper_quant: config {qc} with {type_name} needs "
-                         f"{quant_shared_bytes(qc, type_name)} bytes of shared memory; a "
+                         f"{_block_shared_bytes(qc, type_name)} bytes of shared memory; a "
                          f"block has {SHARED_LIMIT}: fewer stages or raw slots, a narrower "
                          f"tile or no epilogue buffers")
     if cfg.epilogue and (N * 4) % 16:

@@ -47,8 +47,14 @@ SLICES = SLAB // BK                 # ring slices per slab
 RAW_STAGES = 2                      # raw slots by default (the RAW Const)
 DEQUANT_THREADS = 96                # producer warps 1..3
 CONSUMER_WARPS = 8
-# 128 x (96 + 2 x 208) = 65536: the dequantizers need more than gemm_hopper's 40 registers
-PRODUCER_REGS, CONSUMER_REGS = 96, 208
+# setmaxnreg moves registers within the block's own: THREADS x ENTRY_REGS (384 x 168 =
+# 64512; ptxas gives a kernel that uses setmaxnreg all its launch bound allows), so one
+# producer and two consumer warpgroups must fit P + 2 C <= 3 x 168. The dequantizers need more
+# than gemm_hopper's 40 (ptxas spills them at 40, not at 88); the consumers get the rest, 208.
+# (96 + 2 x 208 = 65536 hung the GPU: the second consumer warpgroup's .inc never returned.)
+ENTRY_REGS = pk.entry_registers(THREADS, 1)
+PRODUCER_REGS = 88
+CONSUMER_REGS = (3 * ENTRY_REGS - PRODUCER_REGS) // 2 // 8 * 8
 
 
 @pk.func

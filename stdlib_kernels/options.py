@@ -10,6 +10,8 @@ runner's weight matmuls; nothing else reads these variables.
     PYKERNEL_DECODE_MMA=0        decode_mma off (decode attention on the SIMT kernel)
     PYKERNEL_DECODE_BULK=1       decode_bulk on (split decode attention by bulk copies)
     PYKERNEL_HOPPER_QUANT_GEMM=1 hopper_quant_gemm on (GEMMs on gemm_hopper_quant, sm_90)
+    PYKERNEL_DEQUANT_F16_GEMM=0/1  dequant_f16_gemm off / forced on (unset: on for sm_90 GPUs)
+    PYKERNEL_DEQUANT_F16_TOKENS=n  dequant_f16_tokens
 """
 from __future__ import annotations
 
@@ -52,6 +54,17 @@ class KernelOptions:
     # the format and K (quant.matmul.hopper_quant_applies): an option for A/B runs, off until
     # measured against the int8 / f16 GEMMs
     hopper_quant_gemm: bool = False
+    # matmuls of at least dequant_f16_tokens tokens that leave the GEMVs dequantize the whole
+    # weight matrix to f16 into a scratch buffer (quant.dequant_f16, bandwidth-bound) and run
+    # gemm_hopper's f16 wgmma on it (quant.matmul.matmul_dequant_f16_into) where it serves
+    # the format (dequant_f16_applies). None (the default): on for CUDA GPUs of sm_90, where
+    # it measured 1.46-1.73x today's prompt rates (benchmarks/RESULTS.md, session 35), off on
+    # the CPU target (its wgmma emulation is slow, and its tests pin the int8 route); True
+    # forces it wherever it applies (the CPU target included), False keeps the int8 route.
+    # Below ~256 tokens the dequantization (a fixed cost per matrix, about a 100-token GEMM's)
+    # outweighs the faster GEMM, so shorter prompts keep the int8 route
+    dequant_f16_gemm: bool | None = None
+    dequant_f16_tokens: int = 256
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ, **fields) -> KernelOptions:
@@ -64,8 +77,16 @@ class KernelOptions:
                       decode_mma=environ.get("PYKERNEL_DECODE_MMA", "1") != "0",
                       decode_bulk=environ.get("PYKERNEL_DECODE_BULK", "0") not in ("", "0"),
                       hopper_quant_gemm=environ.get("PYKERNEL_HOPPER_QUANT_GEMM", "0")
-                      not in ("", "0"))
+                      not in ("", "0"),
+                      dequant_f16_gemm=_tristate(environ.get("PYKERNEL_DEQUANT_F16_GEMM")),
+                      dequant_f16_tokens=int(environ.get("PYKERNEL_DEQUANT_F16_TOKENS",
+                                                         cls.dequant_f16_tokens)))
         return cls(**{**values, **fields})
+
+
+def _tristate(value: str | None) -> bool | None:
+    """An unset or empty variable leaves the default (None: the option decides by device)."""
+    return None if value in (None, "") else value != "0"
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,4 +1,5 @@
 """Shared fixtures: a seeded RNG whose seed is printed on failure (PYKERNEL_SEED replays)."""
+import faulthandler
 import os
 import secrets
 import shutil
@@ -39,6 +40,26 @@ def pytest_runtest_makereport(item, call):
             report.sections.append(("seed", f"replay with PYKERNEL_SEED={seeds[0]}"))
 
 
+# A GPU test that runs longer than this is taken for a hung kernel (a wait on a barrier that
+# never completes cannot be interrupted from the host): faulthandler prints every thread's
+# stack and ends the process, so xdist reports the test as crashed by name and starts a new
+# worker, instead of the suite stalling until an outer timeout kills it without a summary.
+# (300 s: several times the slowest GPU test seen with 16 workers compiling beside it.)
+GPU_TEST_WATCHDOG_S = float(os.environ.get("PYKERNEL_GPU_TEST_WATCHDOG_S", "300"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    armed = "gpu" in item.keywords and GPU_TEST_WATCHDOG_S > 0
+    if armed:
+        faulthandler.dump_traceback_later(GPU_TEST_WATCHDOG_S, exit=True)
+    try:
+        yield
+    finally:
+        if armed:
+            faulthandler.cancel_dump_traceback_later()
+
+
 def _gpu_usable() -> bool:
     try:
         import pykernel as pk
@@ -59,6 +80,19 @@ def assemble(tmp_path):
         proc = subprocess.run([ptxas, f"-arch={arch}", str(tmp_path / "k.ptx"), "-o",
                                str(tmp_path / "k.cubin")], capture_output=True, text=True)
         assert proc.returncode == 0, f"ptxas -arch={arch}: {proc.stderr}"
+    return run
+
+
+@pytest.fixture
+def checked_ptx(assemble):
+    """checked_ptx(kernel, arch, *instructions, **consts) -> the kernel's PTX for arch, after
+    checking that each instruction is in it and that ptxas accepts it."""
+    def run(kernel, arch: str, *instructions: str, **consts) -> str:
+        ptx = kernel.ptx(arch, **consts)
+        missing = [instr for instr in instructions if instr not in ptx]
+        assert not missing, f"{kernel.name} for {arch}: no {missing} in its PTX"
+        assemble(ptx, arch)
+        return ptx
     return run
 
 

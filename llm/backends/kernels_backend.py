@@ -67,6 +67,7 @@ class KernelsBackend(Backend):
         self.weights = W.WeightStore(self.memory.upload)
         self.use_graphs = graphs
         self.argmax_scratch = None    # the decode graphs' greedy argmax (kernels_graph), per stream
+        self.weights16 = None         # KernelOptions.dequant_f16_gemm's f16 weights (_weights16)
         # stdlib's warp-per-row GEMV on the GPU; on the CPU target kernels_extra.matmul, whose
         # threads never synchronise (same arithmetic, ~100x faster there)
         self.gemv = self.device.kind == "cuda" if gemv is None else gemv
@@ -233,7 +234,7 @@ class KernelsBackend(Backend):
         if fold_bias:
             res = p.bias.reshape(1, w.n_out)
         W.matmul(x, w, out, self._q8(x, w, p.xq), self._scratch, self.options.kernel_options,
-                 res=res, gemv=self.gemv)
+                 res=res, gemv=self.gemv, weights16=self._weights16)
         if p.bias is not None and not fold_bias:
             X.bias(out, p.bias)
         return out
@@ -247,6 +248,17 @@ class KernelsBackend(Backend):
 
     def _scratch(self, shape):
         return self.arena.take(shape, np.float32)
+
+    def _weights16(self):
+        """The f16 weight scratch of KernelOptions.dequant_f16_gemm: one per model, allocated at
+        its first use (a prompt's eager pass, before any graph captures it) with room for the
+        largest layer row group (WeightStore.f16_values: 235 MB for an 8B)."""
+        if self.weights16 is None:
+            self.weights16 = self.memory.allocate(
+                (max(1, self.weights.f16_values()),), np.float16, "the f16 weight scratch",
+                "prompts dequantize each matrix to f16 there (PYKERNEL_DEQUANT_F16_GEMM=0 "
+                "turns that route off)")
+        return self.weights16
 
     def split(self, x, sizes):
         if isinstance(x, PendingGlu) and tuple(sizes) == x.w.part_rows:
@@ -320,7 +332,7 @@ class KernelsBackend(Backend):
             p = gate.pending
             out = self.arena.take((p.x.shape[0], p.w.part_rows[0]), np.float32)
             W.glu(p.x, p.w, out, self._q8(p.x, p.w, p.xq), "swiglu" if act == "silu" else "geglu",
-                  self._scratch, self.options.kernel_options)
+                  self._scratch, self.options.kernel_options, weights16=self._weights16)
             return out
         g, u = self.contiguous(gate), self.contiguous(up)
         out = self.arena.take(g.shape, np.float32)

@@ -43,6 +43,7 @@ from llm import step as S
 from llm.backends import kernels_extra as X
 from llm.backends.graph_slots import slot_binding
 from llm.backends.kernels_graph_tokens import DeviceTokens
+from llm.backends.persistent_decode import PersistentSteps
 from llm.models.transformer import StepRunner, Transformer
 from llm.step import Step
 
@@ -130,6 +131,7 @@ class GraphRunner(DeviceTokens, StepRunner):
         self.cfg, self.spec, self.backend = model.cfg, model.spec, model.backend
         self._fitted_step: int | None = None     # fitted_step's, once a KV cache exists
         self._batch_graphs: dict = {}     # tuple of caches -> BatchGraph, least recent first
+        self._persistent = PersistentSteps(self)   # RunnerOptions.persistent_decode
 
     @property
     def prefill_graph_max(self) -> int:
@@ -280,8 +282,13 @@ class GraphRunner(DeviceTokens, StepRunner):
         """The forward of the token io[0] at position io[1] plus the pick of the next (greedy,
         or a draw of stdlib's sampler with `sampling`'s filters: _device_tokens), written into
         io; returns its logits. short: decode attention in one split."""
-        step = Step("tokens", io[0:1], io[1:2], None, (1,), direct=short)
-        logits = self.model.forward(step, [cache])
+        persistent = self._persistent.ready(cache)
+        if persistent is not None:   # the whole step is one launch (persistent_decode.py)
+            persistent.launch(io)
+            logits = persistent.logits_array().reshape(1, -1)
+        else:
+            step = Step("tokens", io[0:1], io[1:2], None, (1,), direct=short)
+            logits = self.model.forward(step, [cache])
         if sampling is None:
             X.argmax_into(logits.reshape(-1), io, advance=True,
                           scratch=self._argmax_scratch(logits.size))
@@ -375,6 +382,7 @@ class GraphRunner(DeviceTokens, StepRunner):
             return step.logits
         io = cache.graph.io if cache.graph is not None else pk.to_device(np.zeros(2, np.int32))
         io.copy_from(np.array([token, pos], np.int32))
+        self._persistent.prepare(cache)
         logits = self._run_as_captured(self._record, io, cache, self._short(pos), sampling)
         with pk.capture_graph(self.backend.stream, pdl=self.backend.options.pdl) as graph:
             self._record(io, cache, self._short(pos), sampling)   # recorded, not run

@@ -168,10 +168,11 @@ def _release_kv(memory: DeviceMemory, accounted: list) -> None:
 
 
 class KVPool:
-    """K and V of `n_slots` sequences per layer in one allocation each: (n_slots, n_head_kv,
-    n_ctx, head_dim) of `dtype` (float16, float32, or "q8_0": a stdlib Q8Cache, int8 quants
-    plus an f16 scale per 32 values). Sequence s's cache is the contiguous view [s], so a
-    batched decode over consecutive slots reads them as one (n_seq, ...) cache."""
+    """K and V of `n_slots` sequences per layer: (n_slots, n_head_kv, n_ctx, head_dim) of
+    `dtype` (float16, float32, or "q8_0": a stdlib Q8Cache, int8 quants plus an f16 scale per
+    32 values); f16 / f32 layers are views of one (n_layer, n_slots, ...) allocation each for
+    K and V (k_all, v_all). Sequence s's cache is the contiguous view [s], so a batched decode
+    over consecutive slots reads them as one (n_seq, ...) cache."""
 
     def __init__(self, memory: DeviceMemory, n_slots, n_layer, n_ctx, n_head_kv, head_dim, dtype,
                  weight_bytes: int):
@@ -188,14 +189,21 @@ class KVPool:
                    f"{f' x {n_slots}' if n_slots > 1 else ''}); the model's weights "
                    f"take {weight_bytes / MIB:.1f} MiB.")
         self.k, self.v = [], []
-        for il in range(n_layer):
+        # f16 / f32: one allocation for all layers' K (and one for V), each layer a view of
+        # it, so one pointer reaches every layer (the persistent decode step,
+        # llm/backends/persistent_decode.py); q8_0: one allocation per layer and K / V
+        self.k_all = self.v_all = None
+        if not self.q8:
+            self.k_all, self.v_all = (memory.allocate((n_layer, *shape), self.dtype,
+                                                      f"KV cache {name} (all layers)", context)
+                                      for name in ("K", "V"))
+            self.k, self.v = [self.k_all[il] for il in range(n_layer)], \
+                [self.v_all[il] for il in range(n_layer)]
+        for il in range(n_layer if self.q8 else 0):
             for name, into in (("K", self.k), ("V", self.v)):
                 what = f"KV cache layer {il} {name}"
-                if self.q8:
-                    into.append(kv_q8.allocate(shape, allocate=lambda sh, dt, what=what:
-                                               memory.allocate(sh, dt, what, context)))
-                else:
-                    into.append(memory.allocate(shape, self.dtype, what, context))
+                into.append(kv_q8.allocate(shape, allocate=lambda sh, dt, what=what:
+                                           memory.allocate(sh, dt, what, context)))
         self.nbytes = total
         memory.kv_bytes += total
         self.memory = memory

@@ -24,8 +24,9 @@ from stdlib_kernels.quant.gemv import Q8_1_TYPES, gemv_f32_into, gemv_q8_into, w
 from stdlib_kernels.quant.gemv_kernels import MAX_BATCH
 from stdlib_kernels.quant.gemv_mma import gemv_mma_into
 from stdlib_kernels.quant.gemv_pair import GemvPart, gemv_q8_pair_into, pair_eligible
-from stdlib_kernels.quant.matmul import (GEMM_F16, GEMM_HOPPER_Q, GEMV, GEMV_MMA,
-                                         choose_matmul_path, hopper_quant_into)
+from stdlib_kernels.quant.matmul import (GEMM_DEQUANT_F16, GEMM_F16, GEMM_HOPPER_Q, GEMV,
+                                         GEMV_MMA, choose_matmul_path, hopper_quant_into,
+                                         matmul_dequant_f16_into)
 from stdlib_kernels.quant.q8_1 import q8_1_bytes, quantize_q8_1_into
 from stdlib_kernels.options import KernelOptions
 
@@ -75,6 +76,10 @@ class WeightStore:
         self.upload = upload
         self.by_name: dict[str, pk.Array] = {}
         self.nbytes = 0
+        # values of the largest row group of a layer's matrices (blk.*) and of any matrix:
+        # the size of the f16 weight scratch of KernelOptions.dequant_f16_gemm (f16_values)
+        self.largest_layer_group = 0
+        self.largest_group = 0
 
     def raw(self, t: TensorInfo) -> pk.Array:
         if t.name not in self.by_name:
@@ -83,6 +88,14 @@ class WeightStore:
             self.by_name[t.name] = self.upload(host, t.name)
             self.nbytes += host.nbytes
         return self.by_name[t.name]
+
+    def f16_values(self) -> int:
+        """Values of the f16 weight scratch: the largest layer row group (an 8B's gate|up,
+        2 x 14336 x 4096: 235 MB of f16), so each layer matmul dequantizes in one pass; the
+        output projection (128256 x 4096: 1.05 GB), only multiplied by many tokens in
+        perplexity runs, then goes in chunks (matmul_dequant_f16_into). Without layer
+        matrices: the largest of all."""
+        return self.largest_layer_group or self.largest_group
 
     def matrix(self, parts: Sequence[TensorInfo]) -> DeviceMatrix:
         n_in = parts[0].shape[-1]
@@ -107,6 +120,9 @@ class WeightStore:
             words, rows = weight_words(raw, type_name, n_in)
             out.append(RowGroup(type_name, rows, row, raw, words))
             row += rows
+            self.largest_group = max(self.largest_group, rows * n_in)
+            if all(t.name.startswith("blk.") for t in parts):
+                self.largest_layer_group = max(self.largest_layer_group, rows * n_in)
         return DeviceMatrix(n_in, row, out, tuple(t.name for t in parts),
                             tuple(t.shape[0] for t in parts))
 
@@ -158,11 +174,14 @@ def uses_gemm(g: RowGroup, n: int, options: KernelOptions) -> bool:
 
 
 def group_matmul(g: RowGroup, n_in: int, x, xq, y, options: KernelOptions, ldy=None,
-                 col0: int = 0, res=None, scratch: Callable | None = None) -> None:
+                 col0: int = 0, res=None, scratch: Callable | None = None,
+                 weights16: Callable | None = None) -> None:
     """y (n, g.rows) = x @ W_g.T on stdlib's choice (choose_matmul_path with options): the GEMV
     (8 tokens per launch), the tensor-core GEMV or the int8 tensor-core GEMM on the Q8_1
     activations xq, the f16 tensor-core GEMM, or (options.hopper_quant_gemm) the wgmma GEMM
-    on f16 activations, its workspaces from scratch. ldy / col0 / res (GEMM only): the result
+    on f16 activations, its workspaces from scratch, or (options.dequant_f16_gemm) gemm_hopper
+    on the weights dequantized into weights16() (the model's f16 weight scratch; None: one
+    allocated for this call). ldy / col0 / res (GEMM only): the result
     goes to columns col0.. of y (n, ldy), plus res (stdlib's gemm.output_args), with no copy or
     add launch (the wgmma GEMM: one placing launch)."""
     n = x.shape[0]
@@ -178,20 +197,26 @@ def group_matmul(g: RowGroup, n_in: int, x, xq, y, options: KernelOptions, ldy=N
     elif path == GEMM_HOPPER_Q:
         hopper_quant_into(g.words, g.type_name, x, y, g.rows, n_in, n, ldy=ldy, col0=col0,
                           res=res, scratch=scratch)
+    elif path == GEMM_DEQUANT_F16:
+        buffer = weights16() if weights16 is not None else pk.empty((g.rows * n_in,),
+                                                                     np.float16)
+        matmul_dequant_f16_into(g.words, g.type_name, x, y, g.rows, n_in, n, buffer, ldy=ldy,
+                                col0=col0, res=res, scratch=scratch)
     else:
         launch = gemv_mma_into if path == GEMV_MMA else gemm_q8_into
         launch(g.words, g.type_name, xq, y, g.rows, n_in, n, ldy=ldy, col0=col0, res=res)
 
 
 def matmul(x, w: DeviceMatrix, out, xq, scratch: Callable, options: KernelOptions, res=None,
-           gemv=True) -> None:
+           gemv=True, weights16: Callable | None = None) -> None:
     """out (n, w.n_out) = x @ W.T (+ res). With the GEMV, res is added in its store (one launch
     per row group) when n == 1, or W has one row group and its n tokens run one GEMV launch
     (gemv_launch); `out` may then be `res`. Where every group takes the GEMM (uses_gemm)
     the GEMMs write each group's columns of `out` (no copy launches) and, up to
     GEMM_RESIDUAL_TOKENS, add res in their store.
     xq: x as Q8_1, or None.
-    scratch(shape) -> a preallocated f32 array. options: the routing switches. gemv=False:
+    scratch(shape) -> a preallocated f32 array. weights16() -> the f16 weight scratch
+    (options.dequant_f16_gemm). options: the routing switches. gemv=False:
     kernels_extra's one-thread-per-output matmul (the fast choice on the CPU target), same
     activations."""
     n = x.shape[0]
@@ -208,7 +233,8 @@ def matmul(x, w: DeviceMatrix, out, xq, scratch: Callable, options: KernelOption
         fused = res if n <= GEMM_RESIDUAL_TOKENS else None
         for g in w.groups:
             group_matmul(g, w.n_in, x, xq if xq is not None and _q8(g, w) else None, out,
-                         options, ldy=w.n_out, col0=g.row_off, res=fused, scratch=scratch)
+                         options, ldy=w.n_out, col0=g.row_off, res=fused, scratch=scratch,
+                         weights16=weights16)
         if res is not None and fused is None:
             X.add(out, res)
         return
@@ -218,7 +244,8 @@ def matmul(x, w: DeviceMatrix, out, xq, scratch: Callable, options: KernelOption
         for g in w.groups:
             gq = xq if xq is not None and _q8(g, w) else None
             if len(w.groups) == 1:
-                group_matmul(g, w.n_in, x, gq, out, options, scratch=scratch)
+                group_matmul(g, w.n_in, x, gq, out, options, scratch=scratch,
+                             weights16=weights16)
             elif n == 1:  # one row: the group's columns are contiguous
                 cols = slice(g.row_off, g.row_off + g.rows)
                 flat = out.reshape(-1)[cols].reshape(1, g.rows)
@@ -227,14 +254,15 @@ def matmul(x, w: DeviceMatrix, out, xq, scratch: Callable, options: KernelOption
                           res=flat_res)
             else:
                 tmp = scratch((n, g.rows))
-                group_matmul(g, w.n_in, x, gq, tmp, options, scratch=scratch)
+                group_matmul(g, w.n_in, x, gq, tmp, options, scratch=scratch,
+                             weights16=weights16)
                 X.columns(tmp, out, n, g.rows, 0, g.row_off)
     if res is not None and not (gemv and n == 1):
         X.add(out, res)
 
 
 def glu(x, w: DeviceMatrix, out, xq, act: str, scratch: Callable,
-        options: KernelOptions) -> None:
+        options: KernelOptions, weights16: Callable | None = None) -> None:
     """out (n, n_ff) = act(x @ W_gate.T) * (x @ W_up.T): one GEMV with the activation in its
     epilogue up to 8 tokens; above, the GEMM of gate|up then one activation launch."""
     g = w.groups[0]
@@ -242,7 +270,7 @@ def glu(x, w: DeviceMatrix, out, xq, act: str, scratch: Callable,
     gq = xq if xq is not None and _q8(g, w) else None
     if not gemv_launch(g, x.shape[0], options):   # the GEMM (or F32's GEMV, 8-token launches)
         both = scratch((x.shape[0], 2 * half))
-        group_matmul(g, w.n_in, x, gq, both, options, scratch=scratch)
+        group_matmul(g, w.n_in, x, gq, both, options, scratch=scratch, weights16=weights16)
         glu_fused(both, "silu" if act == "swiglu" else "gelu_tanh", out=out)
         return
     per_row = g.raw.shape[1] * g.raw.itemsize // g.words.itemsize

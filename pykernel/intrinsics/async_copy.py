@@ -21,7 +21,7 @@ from __future__ import annotations
 from ..lower.memory import element_pointer
 from ..lower.values import ArrayValue, ConstValue, PtrValue
 from ..types import u32
-from .base import args_of, intrinsic
+from .base import args_of, groups_in_flight, intrinsic, target_statement
 
 COPY_BYTES = 16
 
@@ -69,27 +69,17 @@ def cp_async(fl, node):
     return ConstValue(None)
 
 
-@intrinsic("cp_async_commit")
-def cp_async_commit(fl, node):
-    """`pk.cp_async_commit()`: `cp.async.commit_group` (nothing on the CPU target)."""
-    args_of(fl, node, 0, "cp_async_commit")
-    fl.ctx.require_arch(80, "cp.async", fl, node)
-    fl.ctx.target.cp_async_commit(fl.ctx)
-    return ConstValue(None)
+cp_async_commit = target_statement(
+    "cp_async_commit", 80, "cp.async",
+    "`pk.cp_async_commit()`: `cp.async.commit_group` (nothing on the CPU target).")
 
 
 @intrinsic("cp_async_wait")
 def cp_async_wait(fl, node):
     """`pk.cp_async_wait(n)`: `cp.async.wait_group n`, n a compile-time constant 0..7 (nothing
     on the CPU target, whose copies are done when issued)."""
-    if len(node.args) != 1 or node.keywords:
-        raise fl.error(node, "pk.cp_async_wait(n) takes 1 argument")
     fl.ctx.require_arch(80, "cp.async", fl, node)
-    n = fl.expr(node.args[0])
-    if not isinstance(n, ConstValue) or not isinstance(n.value, int) or not 0 <= n.value <= 7:
-        raise fl.error(node.args[0], "pk.cp_async_wait needs a compile-time int 0..7 (the "
-                       "groups left in flight)")
-    fl.ctx.target.cp_async_wait(fl.ctx, n.value)
+    fl.ctx.target.cp_async_wait(fl.ctx, groups_in_flight(fl, node, "cp_async_wait", 8))
     return ConstValue(None)
 
 

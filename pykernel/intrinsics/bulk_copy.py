@@ -31,7 +31,7 @@ from ..lower.memory import element_pointer
 from ..lower.values import ConstValue, Value
 from ..types import i32, u32, u64
 from .async_copy import _space
-from .base import args_of, intrinsic
+from .base import intrinsic, target_statement
 
 ALIGN = 16
 MAX_COUNT = (1 << 20) - 1     # arrivals per phase, and the |tx-count| limit (PTX ISA)
@@ -145,17 +145,10 @@ def bulk_prefetch_l2(fl, node):
     return ConstValue(None)
 
 
-def _fence(name, doc):
-    def lower(fl, node):
-        args_of(fl, node, 0, name)
-        fl.ctx.require_arch(90, name.replace("_", "."), fl, node)
-        getattr(fl.ctx.target, name)(fl.ctx)
-        return ConstValue(None)
-    lower.__doc__ = doc
-    return intrinsic(name)(lower)
-
-
-fence_mbarrier_init = _fence("fence_mbarrier_init", "`pk.fence_mbarrier_init()`: "
-                             "`fence.mbarrier_init.release.cluster` (nothing on the CPU target).")
-fence_proxy_async = _fence("fence_proxy_async", "`pk.fence_proxy_async()`: "
-                           "`fence.proxy.async.shared::cta` (nothing on the CPU target).")
+fence_mbarrier_init = target_statement(
+    "fence_mbarrier_init", 90, "fence.mbarrier.init",
+    "`pk.fence_mbarrier_init()`: `fence.mbarrier_init.release.cluster` (nothing on the CPU "
+    "target).")
+fence_proxy_async = target_statement(
+    "fence_proxy_async", 90, "fence.proxy.async",
+    "`pk.fence_proxy_async()`: `fence.proxy.async.shared::cta` (nothing on the CPU target).")

@@ -33,7 +33,7 @@ from ..lower.memory import element_pointer
 from ..lower.values import ConstValue, TensorMapValue, TupleValue, Value, describe
 from ..types import i32
 from .async_copy import _space
-from .base import args_of, intrinsic
+from .base import args_of, groups_in_flight, intrinsic, target_statement
 from .bulk_copy import _barrier
 
 MAX_RANK = 5
@@ -129,22 +129,15 @@ def tma_store(fl, node):
     return ConstValue(None)
 
 
-@intrinsic("bulk_commit_group")
-def bulk_commit_group(fl, node):
-    """`pk.bulk_commit_group()`: `cp.async.bulk.commit_group` (nothing on the CPU target)."""
-    args_of(fl, node, 0, "bulk_commit_group")
-    fl.ctx.require_arch(90, "cp.async.bulk.commit_group", fl, node)
-    fl.ctx.target.bulk_commit_group(fl.ctx)
-    return ConstValue(None)
+bulk_commit_group = target_statement(
+    "bulk_commit_group", 90, "cp.async.bulk.commit_group",
+    "`pk.bulk_commit_group()`: `cp.async.bulk.commit_group` (nothing on the CPU target).")
 
 
 def _wait_group(name, read, doc):
     def lower(fl, node):
-        (count,), _ = args_of(fl, node, 1, name)
         fl.ctx.require_arch(90, "cp.async.bulk.wait_group", fl, node)
-        if not isinstance(count, ConstValue) or count.value not in range(64):
-            raise fl.error(node.args[0], f"pk.{name}: n must be a compile-time 0..63")
-        fl.ctx.target.bulk_wait_group(fl.ctx, count.value, read)
+        fl.ctx.target.bulk_wait_group(fl.ctx, groups_in_flight(fl, node, name, 64), read)
         return ConstValue(None)
     lower.__doc__ = doc
     return intrinsic(name)(lower)

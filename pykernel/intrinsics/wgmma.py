@@ -14,12 +14,23 @@ matrix descriptors, the fence / commit / wait that order it, and `setmaxnreg`.
                                            accumulator arrays are safe to read afterwards
     pk.setmaxnreg_inc(n) / _dec(n)         move this warpgroup's register budget to n (24..256,
                                            a multiple of 8): consumers grow, producers shrink
+    pk.entry_registers(threads, blocks)    registers per thread a kernel with setmaxnreg and
+                                           launch bounds (threads, blocks) starts with
 
 All 128 threads of a warpgroup (4 consecutive warps, the first a multiple of 4) execute each
 wgmma with the same descriptors. On the CPU target a wgmma computes at once (each thread its own
 accumulators, from shared memory through the descriptor's layout and swizzle, or from its
-warp's A fragments) with the products and sums of the existing mma emulation; fence, commit,
-wait and setmaxnreg do nothing there.
+warp's A fragments) with the products and sums of the existing mma emulation; fence, commit
+and wait do nothing there. setmaxnreg keeps the hardware's books there (targets/cpu_regs.py):
+every warp starts with entry_registers, a .dec gives registers to the block's pool, an .inc
+waits until the pool has them, and an .inc that no warp can ever satisfy is reported (the GPU
+waits for ever).
+
+The register count at entry: ptxas gives a kernel that uses setmaxnreg exactly the most its
+launch bounds allow (without both max_threads and min_blocks it cannot tell and ignores
+setmaxnreg), so a block owns threads x entry_registers registers and the counts its warps move
+to must add up to no more than that: 384 threads at 168 each allow 128 x 40 + 256 x 232, not
+128 x 96 + 256 x 208 (65536 > 64512: the second consumer warpgroup's .inc never returns).
 """
 from __future__ import annotations
 
@@ -28,6 +39,7 @@ from llvmlite import ir
 from ..errors import ArchSpecificError
 from ..lower.memory import element_pointer
 from ..lower.values import ArrayValue, ConstValue, Value, describe
+from ..targets.archs import entry_registers  # noqa: F401 (pk.entry_registers)
 from ..types import bool_, f32, i32, u32, u64
 from .async_copy import _space
 from .base import args_of, intrinsic
@@ -233,10 +245,18 @@ def _setmaxnreg(direction):
         if not isinstance(count, ConstValue) or count.value not in range(24, 257, 8):
             raise fl.error(node.args[0], f"pk.{name}: the register count must be a compile-"
                            "time multiple of 8 in 24..256")
-        fl.ctx.target.lower_intrinsic("setmaxnreg", fl, direction, count.value)
+        options = fl.ctx.options
+        if not (options.max_threads and options.min_blocks):
+            raise fl.error(node, f"pk.{name} needs launch bounds: ptxas cannot tell the "
+                           "register count at entry without them and ignores setmaxnreg",
+                           hint="declare the kernel @pk.kernel(max_threads=..., "
+                           "min_blocks=...); pk.entry_registers(max_threads, min_blocks) is "
+                           "what each thread then starts with")
+        fl.ctx.target.lower_intrinsic("setmaxnreg", fl, direction, count.value, node)
         return ConstValue(None)
     lower.__doc__ = (f"`pk.{name}(n)`: `setmaxnreg.{direction}.sync.aligned.u32 n` for the "
-                     "warpgroup (every thread of it executes it; nothing on the CPU target).")
+                     "warpgroup (every thread of it executes it; the CPU target keeps the block's "
+                     "register books: module docstring).")
     return intrinsic(name)(lower)
 
 

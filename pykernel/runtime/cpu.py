@@ -107,7 +107,8 @@ class CpuDevice:
         with self._pack_lock:
             packer = self._packers.get(compiled.cache_key)
             if packer is None:
-                packer = self._packers[compiled.cache_key] = ArgPacker(compiled, "cpu")
+                packer = ArgPacker(compiled, "cpu", device=self)
+                self._packers[compiled.cache_key] = packer
             args_addr = own.copy_args(packer.pack(args), packer.size)
         extents = np.zeros(2 * max(1, len(packer.params)), np.int64)   # per ABI parameter
         for k, ext in enumerate(packer.pointer_extents(args)):

@@ -252,12 +252,13 @@ class CudaDevice:
             not kernel.cooperative
         full = fallback or functools.partial(self.launch, compiled, grid, block, args, stream,
                                              shared_bytes, cluster)
+        recent = self._recent.append
 
         def launch():
             if self._capture is not None or self.sync_launches or not plain or \
                     self.programmatic_launch:
                 return full()
-            self._recent.append(name)
+            recent(name)
             stream_handle = self._launch_handle if handle is None else handle
             try:
                 (err,) = _launch_kernel(func, g0, g1, g2, b0, b1, b2, shared_bytes,
@@ -274,12 +275,13 @@ class CudaDevice:
 
     def fast_launch(self, compiled, grid, block, stream=None, shared_bytes=0, fallback=None,
                     guard=("False", {})):
-        """A function `launch(*args, **kwargs)` for a Launcher's plain calls of `compiled`
-        with this geometry, generated with the packer's checks inline (one Python frame per
-        launch): the shared-memory opt-in, stream handle and driver arguments are resolved
-        now. Keywords, the caller's `guard` (an expression and the names it reads), a capture,
-        a programmatic_launches() block, synchronous launches or a wrong argument count go to
-        `fallback(*args, **kwargs)`, the full path (whose errors users then see). None where
+        """A function `launch(a0, a1, ...)` for a Launcher's plain calls of `compiled` with
+        this geometry, generated with the packer's checks inline (one Python frame per
+        launch, the arguments bound positionally): the shared-memory opt-in, stream handle
+        and driver arguments are resolved now. Keywords, the caller's `guard` (an expression
+        and the names it reads), a capture, a programmatic_launches() block, synchronous
+        launches or a wrong argument count go to `fallback(*args, **kwargs)`, the full path
+        (whose errors users then see). None where
         there is no such function: while capturing (the stream's handle is the capture's then)
         and for n-d array parameters (their pack expands arguments) and cooperative kernels
         (pk.grid_sync: the full path launches them with the cooperative attribute)."""
@@ -299,18 +301,19 @@ class CudaDevice:
                  "failed": functools.partial(self._launch_failed, kernel=kernel, grid=grid,
                                              block=block, shared_bytes=shared_bytes)}
         geometry = ", ".join(str(int(v)) for v in (*grid, *block, shared_bytes))
-        head = [(f"if kwargs or {condition} or device._capture is not None or "
-                 "device.sync_launches or device.programmatic_launch:"),
-                "    return fallback(*args, **kwargs)"]
+        guard = (f"{condition} or device._capture is not None or device.sync_launches or "
+                 "device.programmatic_launch")
         # the parameters: this launch's pool buffer as one block (`extra`), or its void*[];
         # the driver has copied them when it returns, so the buffer goes back to the pool
         passed = "0, extra" if kernel.param_buffer else "params, 0"
         # the module attribute, read per call: tests replace the driver call there
         call = f"err, = runtime._launch_kernel(func, {geometry}, handle, {passed})"
-        tail = ["recent(name)", call, "if err and device.reactivated(err):", "    " + call,
-                "give(slot)", "if err:", "    failed(err)"]
-        return kernel.packer.fused("launch", head, tail, scope, "fallback(*args, **kwargs)",
-                                   pooled=True)
+        # one test of `err` on success; a failure retries once where the thread had another
+        # context current (`reactivated`), and raises with the buffer back in the pool
+        tail = ["recent(name)", call, "if err:", "    if device.reactivated(err):",
+                "        " + call, "    give(slot)", "    if err:", "        failed(err)",
+                "    return", "give(slot)"]
+        return kernel.packer.fused("launch", guard, tail, scope, pooled=True)
 
     def load(self, compiled) -> _LoadedKernel:
         """Load the kernel's PTX once per device (keyed by compiled.cache_key)."""
@@ -330,7 +333,7 @@ class CudaDevice:
                 f"{getattr(compiled, 'arch', '?')}): the CUDA driver could not load it on "
                 f"{self}: {exc}" + (f"\nptxas log:\n{log}" if log else "")) from None
         limit = check(cu.cuFuncGetAttribute(_MAX_DYNAMIC_SHARED, func), "cuFuncGetAttribute")
-        packer = ArgPacker(compiled, "cuda", self.ordinal)
+        packer = ArgPacker(compiled, "cuda", self.ordinal, device=self)
         # one buffer through `extra` only where the driver confirms the packer's layout
         param_buffer = self.param_buffer and buffer_layout_ok(func, packer)
         kernel = _LoadedKernel(compiled.name, func, packer, limit,

@@ -28,33 +28,8 @@ from . import array_args
 from .arrays import Array
 from .param_buffers import BufferPool, new_buffer
 from .pointer_sources import ARRAY, NUMPY, TORCH, source_of
-
-_FORMAT = {"int8": "b", "uint8": "B", "int16": "h", "uint16": "H", "int32": "i",
-           "uint32": "I", "int64": "q", "uint64": "Q", "float16": "e", "float32": "f",
-           "float64": "d", "bool": "B", "bfloat16": "H"}
-_DSL_NAME = {"int8": "i8", "uint8": "u8", "int16": "i16", "uint16": "u16", "int32": "i32",
-             "uint32": "u32", "int64": "i64", "uint64": "u64", "float16": "f16",
-             "float32": "f32", "float64": "f64", "bool": "bool_", "bfloat16": "bf16"}
-
-
-def dtype_name(dtype) -> str:
-    return dtype if isinstance(dtype, str) else np.dtype(dtype).name
-
-
-def type_label(param) -> str:
-    if getattr(param, "type_name", None):  # the compiler's spelling, e.g. 'Ptr[f32, "ro"]'
-        return param.type_name
-    dsl = _DSL_NAME.get(dtype_name(param.dtype), dtype_name(param.dtype))
-    return f"Ptr[{dsl}]" if param.kind == "ptr" else dsl
-
-
-def f32_to_bf16_bits(value: float) -> int:
-    """Round an f32 to bf16 (round to nearest, ties to even; NaN stays a quiet NaN)."""
-    bits = struct.unpack("=I", struct.pack("=f", value))[0]
-    if (bits & 0x7F800000) == 0x7F800000 and bits & 0x007FFFFF:
-        return (bits >> 16) | 0x0040
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
-
+from .scalar_args import (check_scalar, converter, dtype_name, f32_to_bf16_bits,  # noqa: F401
+                          scalar_format, type_label)
 
 def _describe(value) -> str:
     if isinstance(value, Array):
@@ -71,11 +46,13 @@ def _describe(value) -> str:
 class ArgPacker:
     """See the module docstring. One instance per (compiled kernel, device)."""
 
-    def __init__(self, compiled, device_kind: str, device_ordinal: int | None = None):
+    def __init__(self, compiled, device_kind: str, device_ordinal: int | None = None,
+                 device=None):
         self.kernel_name = compiled.name
         self.params = list(compiled.params)
         self.device_kind = device_kind
         self.device_ordinal = device_ordinal
+        self.device = device       # its arrays pass the inline check (None: any of the kind)
         fields, offsets, offset = ["="], [], 0
         for param in self.params:
             fmt = FIELD_KINDS[param.kind].format(param)
@@ -95,6 +72,7 @@ class ArgPacker:
         self.pool = BufferPool(offsets, self.size)
         self._count = len(self.params)
         self._scopes = []          # the generated functions' globals (torch is bound late)
+        self.torch_bound = False   # a torch tensor was passed: new functions bind it at once
         self.pack = _generate_pack(self)
         array_args.install(self)   # pk.Array parameters: expand each argument into its fields
 
@@ -102,18 +80,20 @@ class ArgPacker:
         """Check and write `args`; returns the buffer address (CPU entry point's argument)."""
         raise NotImplementedError
 
-    def fused(self, function: str, head: list, tail: list, scope: dict, on_count: str,
+    def fused(self, function: str, guard: str, tail: list, scope: dict,
               pooled: bool = False):
-        """A function `function(*args, **kwargs)` that runs `head`, packs `args` as `pack`
-        does, then runs `tail` (a device's launch: one Python frame for the whole launch);
-        None for kernels whose arguments expand into several fields (n-d arrays), whose pack
-        is a wrapper. `pooled`: pack into a buffer taken from `self.pool` instead of the
-        shared one; `tail` then reads its addresses as `params` and `extra` and must hand it
-        back with `give(slot)` once the driver has copied it."""
+        """A function `function(a0, a1, ..., /)` (the arguments positional, so a call binds
+        them without building a tuple) that hands anything but exactly one positional argument
+        per parameter, and any call where the expression `guard` holds, to
+        `fallback(*args, **kwargs)` (in `scope`), else packs the arguments as `pack` does and
+        runs `tail` (a device's launch: one Python frame for the whole launch); None for
+        kernels whose arguments expand into several fields (n-d arrays), whose pack is a
+        wrapper. `pooled`: pack into a buffer taken from `self.pool` instead of the shared
+        one; `tail` then reads its addresses as `params` and `extra` and must hand it back
+        with `give(slot)` once the driver has copied it."""
         if any(p.kind == "array" for p in self.params):
             return None
-        return _generate(self, function, head, tail, scope, on_count, "*args, **kwargs",
-                         pooled)
+        return _generate(self, function, guard, tail, scope, pooled)
 
     def snapshot(self) -> tuple:
         """A private copy of the buffer as last packed: (owner to keep alive, its void*[] of
@@ -154,35 +134,29 @@ class ArgPacker:
     def _diagnose_scalars(self, args):
         for param, value in zip(self.params, args):
             if param.kind not in ("ptr", "tensormap"):
-                _check_scalar(self, param, value)
+                check_scalar(self, param, value)
 
 
 def _generate_pack(packer):
     """`pack(args)` -> the buffer's address (see `_generate`)."""
-    return _generate(packer, "pack", [], ["return address"], {},
-                     "packer._raise_count(args)", "args")
+    return _generate(packer, "pack", None, ["return address"], {})
 
 
-def _generate(packer, function: str, head: list, tail: list, extra_scope: dict,
-              on_count: str, signature: str, pooled: bool = False):
-    """Build `function(<signature>)` (its arguments in `args`), unrolled: `head` lines, a
-    tuple unpack (`on_count` when the count is wrong), each parameter's lines from its
-    FIELD_KINDS entry, one pack_into (into a pool buffer when `pooled`), then `tail` lines.
-    Generated from the ABI alone (names are a0, a1, ...) and the callers' fixed lines, so no
-    user text is evaluated; any argument the inline checks do not accept goes to the precise
-    converters."""
+def _generate(packer, function: str, guard: str | None, tail: list, extra_scope: dict,
+              pooled: bool = False):
+    """Build `function`, unrolled: its arguments (see `_arguments`), each parameter's lines
+    from its FIELD_KINDS entry, one pack_into (into a pool buffer when `pooled`), then `tail`
+    lines. Generated from the ABI alone (names are a0, a1, ...) and the callers' fixed lines,
+    so no user text is evaluated; any argument the inline checks do not accept goes to the
+    precise converters."""
     names = [f"a{i}" for i in range(len(packer.params))]
     scope = {"Array": Array, "struct_error": struct.error, "packer": packer,
              "pack_into": packer._struct.pack_into, "storage": packer._storage,
              "base": packer._base, "address": packer.address, "kind": packer.device_kind,
-             "Tensor": _NoTorchYet, "take": packer.pool.take, "give": packer.pool.give,
-             "new_buffer": packer.pool.new, **extra_scope}
-    lines = [f"def {function}({signature}):"] + ["    " + line for line in head]
-    if names:
-        lines += ["    try:", f"        {', '.join(names)}, = args",
-                  "    except (ValueError, TypeError):", f"        return {on_count}"]
-    else:
-        lines += ["    if len(args):", f"        return {on_count}"]
+             "array_device": packer.device, "Tensor": _NoTorchYet, "take": packer.pool.take,
+             "give": packer.pool.give, "new_buffer": packer.pool.new, "NO_ARG": _NO_ARG,
+             "given": _given, **extra_scope}
+    lines, args = _arguments(function, names, guard)
     fields = []
     for name, param in zip(names, packer.params):
         code, written = FIELD_KINDS[param.kind].emit(packer, param, name, scope)
@@ -195,11 +169,53 @@ def _generate(packer, function: str, head: list, tail: list, extra_scope: dict,
     lines += ["    try:", f"        pack_into(storage, base, {', '.join(fields)})",
               "    except (struct_error, TypeError, ValueError, OverflowError):"]
     lines += ["        give(slot)"] if pooled else []
-    lines += ["        packer._diagnose_scalars(args)", "        raise"]
+    lines += [f"        packer._diagnose_scalars({args})", "        raise"]
     lines += ["    " + line for line in tail]
-    exec(compile("\n".join(lines), f"<{function} {packer.kernel_name}>", "exec"), scope)
+    source = "\n".join(lines)
+    exec(compile(source, f"<{function} {packer.kernel_name}>", "exec"), scope)
     packer._scopes.append(scope)
-    return scope[function]
+    if packer.torch_bound:
+        _bind_torch(packer, [scope])
+    generated = scope[function]
+    generated.source = source      # what runs per launch: for debugging and profiling
+    return generated
+
+
+def _arguments(function: str, names: list, guard: str | None) -> tuple[list, str]:
+    """(the lines that take the arguments into a0, a1, ..., an expression of them as a tuple).
+    Without a guard: `function(args)`, one tuple, unpacked (a wrong count: the packer's error).
+    With one: `function(a0=NO_ARG, ..., /, *more, **kwargs)`: a call binds its arguments
+    straight into the frame; keywords, a wrong count or the guard go to `fallback`."""
+    if guard is None:
+        if not names:
+            return [f"def {function}(args):", "    if len(args):",
+                    "        return packer._raise_count(args)"], "args"
+        return [f"def {function}(args):", "    try:", f"        {', '.join(names)}, = args",
+                "    except (ValueError, TypeError):",
+                "        return packer._raise_count(args)"], "args"
+    values = f"({''.join(name + ', ' for name in names)})"
+    if not names:
+        return [f"def {function}(*more, **kwargs):", f"    if kwargs or more or {guard}:",
+                "        return fallback(*more, **kwargs)"], values
+    parameters = "".join(f"{name}=NO_ARG, " for name in names) + "/, *more, **kwargs"
+    return [f"def {function}({parameters}):",
+            f"    if kwargs or more or {names[-1]} is NO_ARG or {guard}:",
+            f"        return fallback(*given{values}, *more, **kwargs)"], values
+
+
+class _NoArgument:
+    """The default of a generated launcher's parameters: that argument was not passed."""
+
+    def __repr__(self):
+        return "<no argument>"
+
+
+_NO_ARG = _NoArgument()
+
+
+def _given(*values) -> tuple:
+    """The arguments a call passed (its trailing parameters left at NO_ARG dropped)."""
+    return tuple(value for value in values if value is not _NO_ARG)
 
 
 class _NoTorchYet:
@@ -223,8 +239,10 @@ def _pointer_emit(packer, param, name, scope):
     refuses."""
     scope[f"D{name}"] = np.dtype(_accepted_names(param)[0])
     scope[f"C{name}"] = _pointer_converter(packer, param)
-    lines = [(f"if type({name}) is Array and {name}._dtype is D{name} and "
-              f"{name}._device_kind == kind:"), f"    {name} = {name}._ptr"]
+    same_device = f"{name}._device is array_device" if packer.device is not None else \
+        f"{name}._device_kind == kind"
+    lines = [f"if type({name}) is Array and {name}._dtype is D{name} and {same_device}:",
+             f"    {name} = {name}._ptr"]
     device = _TORCH_DEVICE.get(packer.device_kind, packer.device_ordinal)
     if device is not None:      # get_device(): the CUDA ordinal, -1 for host tensors
         scope[f"T{name}"] = None
@@ -237,11 +255,13 @@ def _pointer_emit(packer, param, name, scope):
 _TORCH_DEVICE = {"cpu": -1}     # else the packer's ordinal (CUDA)
 
 
-def _bind_torch(packer):
+def _bind_torch(packer, scopes=None):
     """Point the generated functions' inline torch branch at torch.Tensor and each pointer
-    parameter's torch dtype (torch dtypes are singletons: compared by identity)."""
+    parameter's torch dtype (torch dtypes are singletons: compared by identity): all of the
+    packer's functions once a torch tensor was passed, and each function made after that."""
     torch = sys.modules["torch"]
-    for scope in packer._scopes:
+    packer.torch_bound = True
+    for scope in packer._scopes if scopes is None else scopes:
         scope["Tensor"] = torch.Tensor
         for index, param in enumerate(packer.params):
             if f"Ta{index}" in scope:
@@ -250,7 +270,7 @@ def _bind_torch(packer):
 
 def _scalar_emit(packer, param, name, scope):
     if dtype_name(param.dtype) in ("bool", "bfloat16"):
-        scope[f"C{name}"] = _converter(packer, param)
+        scope[f"C{name}"] = converter(packer, param)
         return [f"{name} = C{name}({name})"], [name]
     scope[f"P{name}"] = param   # struct packs True as 1: a bool for a number is a mistake
     return [f"if {name}.__class__ is bool:",
@@ -276,57 +296,7 @@ def _tensormap_emit(packer, param, name, scope):
 FIELD_KINDS = {"ptr": FieldKind(lambda param: "Q", _pointer_emit),
                "array": FieldKind(lambda param: "Q", _array_emit),
                "tensormap": FieldKind(lambda param: f"{param.size}s", _tensormap_emit),
-               "scalar": FieldKind(lambda param: _scalar_format(param), _scalar_emit)}
-
-
-def _scalar_format(param) -> str:
-    name = dtype_name(param.dtype)
-    fmt = _FORMAT.get(name)
-    if fmt is None:
-        raise LaunchError(f"parameter '{param.name}': unsupported scalar dtype {name}")
-    if struct.calcsize("=" + fmt) != param.size:  # e.g. bool passed as a 4-byte int
-        fmt = {1: "B", 2: "H", 4: "I", 8: "Q"}[param.size]
-    return fmt
-
-
-def _check_scalar(packer, param, value):
-    """Raise the precise LaunchError for a scalar that struct refused."""
-    name = dtype_name(param.dtype)
-    label = type_label(param)
-    if name in ("float16", "float32", "float64", "bfloat16"):
-        if not isinstance(value, (int, float, np.integer, np.floating)) or \
-                isinstance(value, bool):
-            raise packer.error(param, f"a float ({label})", value)
-        try:
-            struct.pack("=" + _FORMAT[name], value)
-        except (OverflowError, struct.error):
-            raise packer.error(param, f"a float that fits {label}", value) from None
-        return
-    if not isinstance(value, (int, np.integer)):
-        raise packer.error(param, f"an integer ({label})", value)
-    info = np.iinfo(np.dtype(name)) if name != "bool" else None
-    if info is not None and not info.min <= int(value) <= info.max:
-        raise packer.error(param, f"an integer in [{info.min}, {info.max}] ({label})", value)
-
-
-def _converter(packer, param):
-    if dtype_name(param.dtype) == "bool":
-        def to_bool(value):
-            if isinstance(value, (bool, np.bool_)) or (
-                    isinstance(value, (int, np.integer)) and value in (0, 1)):
-                return int(value)
-            raise packer.error(param, "a bool (bool_)", value)
-        return to_bool
-
-    def to_bf16(value):
-        if isinstance(value, (int, float, np.integer, np.floating)) and \
-                not isinstance(value, bool):
-            try:
-                return f32_to_bf16_bits(float(value))
-            except OverflowError:
-                pass
-        raise packer.error(param, "a float that fits bf16 (via f32)", value)
-    return to_bf16
+               "scalar": FieldKind(scalar_format, _scalar_emit)}
 
 
 def _accepted_names(param) -> tuple:

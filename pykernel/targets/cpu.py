@@ -21,7 +21,10 @@ from .cpu_hopper import HOPPER_INTRINSICS
 from .cpu_intrinsics import INTRINSICS
 from .cpu_memorder import INTRINSICS as MEMORDER_INTRINSICS
 from .cpu_ops import CPUOps
-from .cpu_runner import build_entry, coro_decls, patch_coroutine_text
+from .cpu_regs import finish_books
+from .cpu_regs import setmaxnreg as _setmaxnreg
+from .cpu_coroutines import coro_decls, patch_coroutine_text
+from .cpu_runner import build_entry
 from .cpu_tma import CPUTmaOps
 
 I8P = ir.IntType(8).as_pointer()
@@ -32,7 +35,8 @@ class CPUTarget(CPUOps, CPUBulkOps, CPUClusterOps, CPUTmaOps, Target):
     name = "cpu"
     RESULT_FIELD = "cpu"       # a CPUProgram: the JIT-compiled entry point
     # the warp-collective intrinsics, emulated (cpu_intrinsics.py, cpu_hopper.py)
-    INTRINSICS = {**INTRINSICS, **HOPPER_INTRINSICS, **MEMORDER_INTRINSICS}
+    INTRINSICS = {**INTRINSICS, **HOPPER_INTRINSICS, **MEMORDER_INTRINSICS,
+                  "setmaxnreg": _setmaxnreg}
     sm = None          # no arch gating: every instruction is emulated
 
     def __init__(self):
@@ -93,6 +97,7 @@ class CPUTarget(CPUOps, CPUBulkOps, CPUClusterOps, CPUTmaOps, Target):
         return b.load(b.gep(ctx.target_data["ctx"], [ir.Constant(I64, slot)]))
 
     def finish_kernel(self, ctx):
+        ctx.target_data["reg_pool"] = finish_books(ctx, ctx.options)
         if ctx.target_data.get("coroutine"):
             self._finish_coroutine(ctx)
         else:

@@ -26,7 +26,10 @@ CTX_SLOTS = 24
 
 # Thread states written before each suspension: (kind << 24) | site. AT_MBARRIER is also the
 # state of a thread in pk.nanosleep (a yield: retried like an mbarrier wait, cpu_spin.py).
+# AT_REGISTERS: a setmaxnreg.inc waiting for registers (retried like an mbarrier wait too).
 RUNNING, AT_BARRIER, AT_WARP_OP, FINISHED, AT_MBARRIER, AT_CLUSTER = 0, 1, 2, 3, 4, 5
+AT_REGISTERS = 6
+WAITING = (AT_MBARRIER, AT_REGISTERS)      # the states the scheduler retries
 
 ERRORS = {1: "out-of-bounds memory access", 2: "syncthreads() reached in divergent control flow",
           3: "warp operation reached in divergent control flow", 4: "assertion failed",
@@ -51,6 +54,12 @@ ERRORS = {1: "out-of-bounds memory access", 2: "syncthreads() reached in diverge
               "it: the GPU may wait for them for ever)",
           15: "spin wait that never ends: every thread of the grid still waiting (in "
               "pk.nanosleep or on an mbarrier) went round 65536 times and none got further "
-              "(nothing left running could write what they wait for)"}
+              "(nothing left running could write what they wait for)",
+          16: "setmaxnreg misuse: .dec to more registers than the warp holds, or .inc to fewer "
+              "(its count starts at pk.entry_registers(max_threads, min_blocks))",
+          17: "setmaxnreg.inc that can never complete: the block's warps ask for more "
+              "registers than it owns (threads x pk.entry_registers(max_threads, min_blocks) "
+              "in all) and no warp is left to release any; the GPU waits here for ever"}
 # the warp and barrier checks' codes (cpu_ops.py, cpu_runner.py)
 SHUFFLE_SOURCE_GONE, MASK_NAMES_GONE, BARRIER_AFTER_RETURN, SPIN_DEADLOCK = 12, 13, 14, 15
+SETMAXNREG_MISUSE, SETMAXNREG_STUCK = 16, 17

@@ -16,7 +16,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from . import cpu_abi as abi
-from .cpu_runner import Loop
+from .cpu_thread_state import Loop
 
 I64, I32, I1 = ir.IntType(64), ir.IntType(32), ir.IntType(1)
 MAX_COUNT = (1 << 20) - 1

@@ -13,7 +13,7 @@ from llvmlite import ir
 
 from . import cpu_abi as abi
 from .cpu_ops import CPUOps
-from .cpu_runner import Loop
+from .cpu_thread_state import Loop
 
 I1, I32, I64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
 PRESENT = CPUOps.PRESENT    # flag-word bit: this lane takes part (bit 0: vote's predicate)

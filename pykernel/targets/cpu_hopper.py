@@ -21,7 +21,7 @@ from llvmlite import ir
 from ..lower import fp8, ops
 from ..types import ScalarType, bf16, f16, i32
 from . import cpu_abi as abi
-from .cpu_runner import Loop
+from .cpu_thread_state import Loop
 
 I1, I8, I16, I32, I64, F32 = (ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32),
                               ir.IntType(64), ir.FloatType())

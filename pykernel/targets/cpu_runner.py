@@ -6,89 +6,14 @@ thread at a different barrier, or a warp split between a warp operation and a ba
 or cluster), is reported as divergence instead of hanging."""
 from __future__ import annotations
 
-import re
-
 from llvmlite import ir
 
 from . import cpu_abi as abi
+from .cpu_coroutines import coro_decls
+from .cpu_thread_state import Loop, bump_progress, entry_alloca, record_error, release, scan
 
 I64, I32, I8, I1 = ir.IntType(64), ir.IntType(32), ir.IntType(8), ir.IntType(1)
 I8P = I8.as_pointer()
-
-
-def coro_decls(module):
-    """Coroutine intrinsics. llvmlite has no `token` type, so the IR uses placeholder
-    declarations (token values typed i8*) that `patch_coroutine_text` rewrites."""
-    def decl(name, ret, args):
-        fn = module.globals.get(name)
-        return fn if fn is not None else ir.Function(module, ir.FunctionType(ret, args), name)
-    return {
-        "id": decl("__pk_coro_id", I8P, []),
-        "size": decl("llvm.coro.size.i64", I64, []),
-        "begin": decl("__pk_coro_begin", I8P, [I8P, I8P]),
-        "suspend": decl("__pk_coro_suspend", I8, [I1]),
-        "coro_free": decl("__pk_coro_free", I8P, [I8P, I8P]),
-        "end": decl("__pk_coro_end", ir.VoidType(), [I8P, I1]),
-        "resume": decl("llvm.coro.resume", ir.VoidType(), [I8P]),
-        "destroy": decl("llvm.coro.destroy", ir.VoidType(), [I8P]),
-        "malloc": decl("malloc", I8P, [I64]),
-        "free": decl("free", ir.VoidType(), [I8P]),
-    }
-
-
-_PLACEHOLDER_DECLS = re.compile(r'^declare .*@"__pk_coro_\w+"\(.*\)\s*$', re.M)
-_REAL_DECLS = """
-declare token @llvm.coro.id(i32, ptr, ptr, ptr)
-declare ptr @llvm.coro.begin(token, ptr)
-declare i8 @llvm.coro.suspend(token, i1)
-declare ptr @llvm.coro.free(token, ptr)
-declare void @llvm.coro.end(ptr, i1, token)
-"""
-
-
-def patch_coroutine_text(text: str) -> str:
-    text = _PLACEHOLDER_DECLS.sub("", text)
-    text = re.sub(r'call (?:i8\*|ptr) @"__pk_coro_id"\(\)',
-                  "call token @llvm.coro.id(i32 0, ptr null, ptr null, ptr null)", text)
-    text = re.sub(r'call (?:i8\*|ptr) @"__pk_coro_begin"\((?:i8\*|ptr) ',
-                  "call ptr @llvm.coro.begin(token ", text)
-    text = re.sub(r'call (?:i8\*|ptr) @"__pk_coro_free"\((?:i8\*|ptr) ',
-                  "call ptr @llvm.coro.free(token ", text)
-    text = re.sub(r'call i8 @"__pk_coro_suspend"\(',
-                  "call i8 @llvm.coro.suspend(token none, ", text)
-    text = re.sub(r'call void @"__pk_coro_end"\(([^)]*)\)',
-                  r"call void @llvm.coro.end(\1, token none)", text)
-    return text + _REAL_DECLS
-
-
-class Loop:
-    """`for i in range(start, stop)` in IR: `with Loop(b, start, stop) as i: ...`."""
-
-    def __init__(self, b: ir.IRBuilder, start, stop, name="i"):
-        self.b, self.start, self.stop, self.name = b, start, stop, name
-
-    def __enter__(self):
-        b, fn = self.b, self.b.function
-        self.pre = b.block
-        self.cond = fn.append_basic_block(self.name + ".cond")
-        self.body = fn.append_basic_block(self.name + ".body")
-        self.end = fn.append_basic_block(self.name + ".end")
-        b.branch(self.cond)
-        b.position_at_end(self.cond)
-        self.phi = b.phi(self.start.type, self.name)
-        self.phi.add_incoming(self.start, self.pre)
-        b.cbranch(b.icmp_signed("<", self.phi, self.stop), self.body, self.end)
-        b.position_at_end(self.body)
-        return self.phi
-
-    def __exit__(self, *exc):
-        b = self.b
-        if not b.block.is_terminated:
-            nxt = b.add(self.phi, ir.Constant(self.phi.type, 1))
-            self.phi.add_incoming(nxt, b.block)
-            b.branch(self.cond)
-        b.position_at_end(self.end)
-        return False
 
 
 class Entry:
@@ -118,9 +43,13 @@ def build_entry(ctx, target):
     if "cluster_together" in ctx.uses:
         yields = bool(ctx.target_data.get("yields"))
         cluster_entry(b, e, thread_fn, args_ptr, begin, end, dims, bdims, nt,
-                      yields or bool(ctx.target_data.get("mbarrier_wait")), yields)
+                      yields or bool(ctx.target_data.get("mbarrier_wait")), yields,
+                      ctx.target_data.get("reg_pool"))
         return
+    pool = ctx.target_data.get("reg_pool")
     with Loop(b, begin, end, "blk") as blk:
+        if pool is not None:
+            reset_register_pool(b, e, pool, ir.Constant(I64, 0))
         bx = b.trunc(b.urem(blk, dims[0]), I32)
         by = b.trunc(b.urem(b.udiv(blk, dims[0]), dims[1]), I32)
         bz = b.trunc(b.udiv(blk, b.mul(dims[0], dims[1])), I32)
@@ -146,10 +75,21 @@ def build_entry(ctx, target):
     b.ret_void()
 
 
-def cluster_entry(b, e, thread_fn, args_ptr, begin, end, dims, bdims, nt, waits, yields):
+def reset_register_pool(b, e, offset: int, rank):
+    """Block `rank` of the cluster (0 without one) starts with an empty setmaxnreg pool
+    (cpu_regs.py: 8 bytes at `offset` past its dynamic shared memory)."""
+    base = b.add(b.add(e.slot(b, abi.SHARED_PTR), b.mul(rank, e.slot(b, abi.SHARED_STRIDE))),
+                 e.slot(b, abi.DYN_BYTES))
+    b.store(ir.Constant(I64, 0),
+            b.inttoptr(b.add(base, ir.Constant(I64, offset)), I64.as_pointer()))
+
+
+def cluster_entry(b, e, thread_fn, args_ptr, begin, end, dims, bdims, nt, waits, yields,
+                  pool=None):
     """Clusters [begin, end) of the grid: create the coroutines of all of a cluster's blocks
     (block r's threads at r * nt of the handle and state arrays), run them with
-    cluster_scheduler, destroy them."""
+    cluster_scheduler, destroy them. pool: the setmaxnreg pool's offset (None: no
+    setmaxnreg), emptied for each block."""
     cdims = [e.slot(b, abi.CLUSTER + k) for k in range(3)]
     csize = b.mul(b.mul(cdims[0], cdims[1]), cdims[2])
     across = [b.udiv(dims[k], cdims[k]) for k in range(2)]     # clusters along x, y
@@ -162,6 +102,9 @@ def cluster_entry(b, e, thread_fn, args_ptr, begin, end, dims, bdims, nt, waits,
             rr = [b.urem(r, cdims[0]), b.urem(b.udiv(r, cdims[0]), cdims[1]),
                   b.udiv(r, b.mul(cdims[0], cdims[1]))]
             bid = [b.trunc(b.add(b.mul(cc[k], cdims[k]), rr[k]), I32) for k in range(3)]
+            if pool is not None:
+                with b.if_then(b.icmp_unsigned("==", t, ir.Constant(I64, 0))):
+                    reset_register_pool(b, e, pool, r)
             tid = [b.trunc(b.urem(t, bdims[0]), I32),
                    b.trunc(b.urem(b.udiv(t, bdims[0]), bdims[1]), I32),
                    b.trunc(b.udiv(t, b.mul(bdims[0], bdims[1])), I32)]
@@ -205,7 +148,7 @@ def cluster_scheduler(module, waits: bool, yields: bool = False):
         for k, base, step in zip(slots, bases, steps):
             b.store(b.add(base, b.mul(r, step)), b.gep(ctx_ptr, [ir.Constant(I64, k)]))
     block_schedule = scheduler(module, waits, cluster=True, yields=yields)
-    idle = _entry_alloca(fn, I64)
+    idle = entry_alloca(fn, I64)
     b.position_at_end(b.block)     # the alloca went in above b's insertion point
     b.store(ir.Constant(I64, 0), idle)
     rounds = fn.append_basic_block("round")
@@ -237,7 +180,7 @@ def spin_round(b, e, state, total, start, idle, rounds):
     round again; 65536 rounds in a row in which no thread got further is a deadlock (the
     count, not the first such round: a spin on a timer gets further only once time passes)."""
     fn = b.function
-    first, _, waiting = scan(b, state, ir.Constant(I64, 0), total, abi.AT_MBARRIER)
+    first, _, waiting = scan(b, state, ir.Constant(I64, 0), total, abi.WAITING)
     wait_bb, clear_bb = fn.append_basic_block("spin.wait"), fn.append_basic_block("spin.clear")
     b.cbranch(b.icmp_signed("!=", waiting, ir.Constant(I64, 0)), wait_bb, clear_bb)
     b.position_at_end(wait_bb)
@@ -248,7 +191,7 @@ def spin_round(b, e, state, total, start, idle, rounds):
     stuck_bb = fn.append_basic_block("spin.stuck")
     b.cbranch(b.icmp_signed(">=", count, ir.Constant(I64, 1 << 16)), stuck_bb, rounds)
     b.position_at_end(stuck_bb)
-    record_error(b, e.ctx_ptr, abi.SPIN_DEADLOCK, first)
+    report_stuck(b, e, state, total, abi.SPIN_DEADLOCK, first)
     b.ret_void()
     b.position_at_end(clear_bb)
 
@@ -333,8 +276,9 @@ def run_warp(b, fn, e, d, handles, state, lo, hi, waits=False, cluster=False, yi
         if waits:
             with b.if_then(running):
                 bump_progress(b, e)
-            waiting = b.icmp_unsigned("==", b.lshr(s, ir.Constant(I32, 24)),
-                                      ir.Constant(I32, abi.AT_MBARRIER))
+            kind = b.lshr(s, ir.Constant(I32, 24))
+            waiting = b.or_(b.icmp_unsigned("==", kind, ir.Constant(I32, abi.AT_MBARRIER)),
+                            b.icmp_unsigned("==", kind, ir.Constant(I32, abi.AT_REGISTERS)))
             running = b.or_(running, waiting)
         with b.if_then(running):
             b.call(d["resume"], [b.load(b.gep(handles, [t]))])
@@ -359,7 +303,7 @@ def run_warp(b, fn, e, d, handles, state, lo, hi, waits=False, cluster=False, yi
     if waits:
         # lanes at the warp operation wait for lanes still at an mbarrier wait: retry those
         # while they progress, else leave the warp to the other warps
-        _, _, at_wait = scan(b, state, lo, hi, abi.AT_MBARRIER)
+        _, _, at_wait = scan(b, state, lo, hi, abi.WAITING)
         blocked_bb, release_bb = (fn.append_basic_block("warp." + n)
                                   for n in ("blocked", "release"))
         b.cbranch(b.icmp_signed("!=", at_wait, ir.Constant(I64, 0)), blocked_bb, release_bb)
@@ -372,16 +316,11 @@ def run_warp(b, fn, e, d, handles, state, lo, hi, waits=False, cluster=False, yi
     b.position_at_end(exit_bb)
 
 
-def bump_progress(b, e):
-    slot = b.gep(e.ctx_ptr, [ir.Constant(I64, abi.PROGRESS)])
-    b.store(b.add(b.load(slot), ir.Constant(I64, 1)), slot)
-
-
 def retry_blocked(b, fn, e, state, nt, before, phase, yields=False):
     """After a round over the warps: threads still at an mbarrier wait (or at a warp
     operation their warp's waiting lanes hold up) get another round if this one progressed;
     otherwise nothing can free them: a deadlock."""
-    first, _, at_wait = scan(b, state, ir.Constant(I64, 0), nt, abi.AT_MBARRIER)
+    first, _, at_wait = scan(b, state, ir.Constant(I64, 0), nt, abi.WAITING)
     blocked_bb, clear_bb = fn.append_basic_block("blocked"), fn.append_basic_block("clear")
     b.cbranch(b.icmp_signed("!=", at_wait, ir.Constant(I64, 0)), blocked_bb, clear_bb)
     b.position_at_end(blocked_bb)
@@ -389,52 +328,17 @@ def retry_blocked(b, fn, e, state, nt, before, phase, yields=False):
     b.cbranch(b.icmp_signed("!=", e.slot(b, abi.PROGRESS), before), phase, stuck_bb)
     b.position_at_end(stuck_bb)
     if not yields:      # yields: another block may free them (cluster_scheduler's spin_round)
-        record_error(b, e.ctx_ptr, 6, first)
+        report_stuck(b, e, state, nt, 6, first)
     b.ret_void()
     b.position_at_end(clear_bb)
 
 
-def scan(b, state, lo, hi, kind):
-    """Over threads [lo, hi) in `kind`: (first site, any site differs, count)."""
-    fn = b.function
-    site_slot = _entry_alloca(fn, I64)
-    bad_slot = _entry_alloca(fn, I1)
-    count_slot = _entry_alloca(fn, I64)
-    b.store(ir.Constant(I64, -1), site_slot)
-    b.store(ir.Constant(I1, 0), bad_slot)
-    b.store(ir.Constant(I64, 0), count_slot)
-    with Loop(b, lo, hi, "scan") as t:
-        s = b.load(b.gep(state, [t]))
-        with b.if_then(b.icmp_unsigned("==", b.lshr(s, ir.Constant(I32, 24)),
-                                       ir.Constant(I32, kind))):
-            site = b.zext(b.and_(s, ir.Constant(I32, 0xFFFFFF)), I64)
-            prev = b.load(site_slot)
-            unset = b.icmp_signed("==", prev, ir.Constant(I64, -1))
-            b.store(b.select(unset, site, prev), site_slot)
-            differs = b.and_(b.not_(unset), b.icmp_signed("!=", prev, site))
-            b.store(b.or_(b.load(bad_slot), differs), bad_slot)
-            b.store(b.add(b.load(count_slot), ir.Constant(I64, 1)), count_slot)
-    return b.load(site_slot), b.load(bad_slot), b.load(count_slot)
-
-
-def release(b, state, lo, hi, kind):
-    with Loop(b, lo, hi, "rel") as t:
-        p = b.gep(state, [t])
-        s = b.load(p)
-        with b.if_then(b.icmp_unsigned("==", b.lshr(s, ir.Constant(I32, 24)),
-                                       ir.Constant(I32, kind))):
-            b.store(ir.Constant(I32, abi.RUNNING), p)
-
-
-def record_error(b, ctx_ptr, code, site):
-    slot = b.gep(ctx_ptr, [ir.Constant(I64, abi.ERROR_CODE)])
-    with b.if_then(b.icmp_signed("==", b.load(slot), ir.Constant(I64, 0))):
-        b.store(ir.Constant(I64, code), slot)
-        b.store(site, b.gep(ctx_ptr, [ir.Constant(I64, abi.ERROR_SITE)]))
-
-
-def _entry_alloca(fn, ty):
-    entry = fn.entry_basic_block
-    b = ir.IRBuilder(entry)
-    b.position_at_start(entry)
-    return b.alloca(ty)
+def report_stuck(b, e, state, nt, code, first):
+    """A block (or grid) whose waiting threads stopped progressing: error 17 at the first
+    setmaxnreg.inc still waiting for registers (the cause: the warps it waits for are stuck
+    behind it), else error `code` at `first`."""
+    regs_first, _, at_regs = scan(b, state, ir.Constant(I64, 0), nt, abi.AT_REGISTERS)
+    stuck = b.icmp_signed("!=", at_regs, ir.Constant(I64, 0))
+    record_error(b, e.ctx_ptr, b.select(stuck, ir.Constant(I64, abi.SETMAXNREG_STUCK),
+                                        ir.Constant(I64, code)),
+                 b.select(stuck, regs_first, first))

@@ -17,7 +17,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from . import cpu_abi as abi
-from .cpu_runner import Loop
+from .cpu_thread_state import Loop
 
 I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 # record offsets (runtime/tensor_map.py)

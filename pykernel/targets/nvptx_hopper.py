@@ -100,7 +100,7 @@ def wgmma_wait_group(fl, count, accs):
     return True
 
 
-def setmaxnreg(fl, direction, count):
+def setmaxnreg(fl, direction, count, _node):
     needs_ptx(fl, 80)
     _asm(fl, f"setmaxnreg.{direction}.sync.aligned.u32 {count};", "~{memory}", [])
     return True

@@ -54,7 +54,8 @@ from .schedule import EXITED, FIRST_STAGE_COUNTER, ITEM_COLS, NO_WAIT, STAGE_COL
 ACTIVATIONS = {"none": 0, "relu": 1, "tanh": 2}
 WARPS = 8            # warps per block; each warp computes whole rows of a tile
 BACKOFF_NS = 32      # first sleep of a wait, doubled up to MAX_BACKOFF_NS
-MAX_BACKOFF_NS = 1024
+MAX_BACKOFF_NS = 256  # a sleep of N ns between polls can add up to N to every link of a
+                      # chain (a decode token: ~6 stages a layer), so the cap stays short
 
 
 @pk.func

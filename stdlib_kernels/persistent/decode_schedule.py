@@ -1,9 +1,10 @@
 """Host side of the persistent decode step: one token of a llama-style decoder as a chain of
-stages cut into work items (the kernel is decode.py's), and the flat buffers it reads.
+stages cut into work items (the kernel is decode.py's), and where each weight lies in the one
+byte buffer it reads (decode_weights.py packs it).
 
     shape = DecodeShape(n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx)
-    sched = decode_schedule(shape, tile_rows=16)
-    flat = pack_decode_weights(sched, {"token_embd": ..., "blk.0.qkv": ..., ...})
+    sched = decode_schedule(shape, tile_rows=16, formats={"blk.0.qkv": (("Q4_K", 96),
+                                                                         ("Q6_K", 32)), ...})
 
 Stages, in order (each reads all of the previous stage's output, so each item waits for every
 tile of the stage before it: the chain of schedule.py, checked by its validate_chain):
@@ -19,16 +20,23 @@ tile of the stage before it: the chain of schedule.py, checked by its validate_c
       GEMV     x += Wdown @ act                                 row tiles of n_embd (residual)
     GEMV       logits = Wout @ rmsnorm(x, output_norm)          row tiles of n_vocab
 
-The norms are fused into the GEMV / GLU items that read them (every such item recomputes the
-RMS of x, n_embd values: one norm item would serialise the grid on one block twice a layer).
+The norms, and the Q8_1 quantization of a quantized matrix's input, are fused into the GEMV /
+GLU items that read them (every such item recomputes the RMS of x and quantizes its input into
+shared memory: a norm or quantize item would serialise the grid twice more a layer).
 x is updated in place by the residual tiles: row r is read and written by the one warp that
 owns it, and every other reader of x (the normed stages) finished before (the chain).
 
+Weights: every matrix is one or two row groups of GGUF types (the runner's DeviceMatrix: q|k
+Q4_K and v Q6_K in one qkv matrix); a group's rows lie back to back in the buffer, each group
+16-byte aligned. Matrix row r is in group A (rows < SPLIT) at W + r ROW_BYTES, or in group B at
+W_B + (r - SPLIT) ROW_BYTES_B. A GLU stage's matrix is gate|up: gate row r is matrix row r, up
+row r is matrix row n_ff + r. Norm vectors are F32.
+
 Tables: items int32 (n_items, ITEM_COLS) exactly as schedule.py's; stages int64 (n_stages,
-STAGE_COLS): kind | w | w2 | x | y | n_in | n_out | norm | residual | layer (offsets in floats
-into the flat weight buffer (w, w2, norm: -1 none) or the activation buffer (x, y; ATTN keeps
-its scores at w2)). Offsets are int64 (an 8B model's f32 weights pass 2^31 floats) and
-multiples of 4 floats, so 16-byte vector loads stay aligned.
+STAGE_COLS): kind | w | w2 | x | y | n_in | n_out | norm | residual | layer | fmt | row_bytes |
+split | fmt_b | w_b | row_bytes_b. w, w_b, norm: byte offsets into the weight buffer (-1 none);
+x, y: float offsets into the activation buffer (multiples of 4 floats: 16-byte vector loads);
+ATTN keeps its scores at w2 (floats, activation buffer); fmt: a ggml type id (formats.py).
 """
 from __future__ import annotations
 
@@ -36,14 +44,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..quant.formats import F32, get_format
 from .schedule import ALIGN, FIRST_STAGE_COUNTER, ITEM_COLS, NO_WAIT, ItemTables, validate_chain
 
 # item kinds (the kernel's dispatch table switches on these)
 EMBED, GEMV, GLU, ROPE_KV, ATTN = 0, 1, 2, 3, 4
 KIND_NAMES = {EMBED: "embed", GEMV: "gemv", GLU: "glu", ROPE_KV: "rope_kv", ATTN: "attn"}
-STAGE_COLS = 10
-KIND, W, W2, X, Y, N_IN, N_OUT, NORM, RESIDUAL, LAYER = range(STAGE_COLS)
+STAGE_COLS = 16
+(KIND, W, W2, X, Y, N_IN, N_OUT, NORM, RESIDUAL, LAYER, FMT, ROW_BYTES, SPLIT, FMT_B, W_B,
+ ROW_BYTES_B) = range(STAGE_COLS)
 NO_NORM = -1
+BYTE_ALIGN = 16
+# the formats the step's items read (decode_rows.py's dispatch): F32, and the DP4A dots' types
+# on Q8_1 activations (stdlib quant's item_dot_q8)
+WEIGHT_FORMATS = ("F32", "Q8_0", "Q4_1", "Q4_K", "Q6_K")
+Q8_1_FORMATS = WEIGHT_FORMATS[1:]
 
 
 @dataclass(frozen=True)
@@ -89,22 +104,75 @@ class DecodeShape:
 
 
 @dataclass(frozen=True)
+class WeightPlace:
+    """Where one tensor lies in the weight buffer: its row groups (type name, rows, byte
+    offset, bytes per row), in row order."""
+    shape: tuple
+    groups: tuple
+
+    @property
+    def offset(self) -> int:
+        return self.groups[0][2]
+
+
+@dataclass(frozen=True)
 class DecodeSchedule(ItemTables):
     shape: DecodeShape
     items: np.ndarray                       # int32 (n_items, ITEM_COLS)
     stages: np.ndarray                      # int64 (n_stages, STAGE_COLS)
-    weights: dict[str, tuple[int, tuple]]   # name -> (offset, shape) in the flat weights
+    weights: dict[str, WeightPlace]         # name -> its place in the weight buffer
     acts: dict[str, tuple[int, int]]        # name -> (offset, floats) in the activations
-    weight_elems: int
+    weight_bytes: int
     act_elems: int
 
+    @property
+    def xq_words(self) -> int:
+        """u32 words of the largest Q8_1 input a GEMV / GLU item quantizes (at least 9)."""
+        q8 = [int(st[N_IN]) for st in self.stages if st[KIND] in (GEMV, GLU) and
+              (int(st[FMT]) != F32 or int(st[FMT_B]) != F32)]
+        return max([n // 32 * 9 for n in q8] + [9])
 
 
-def _round_up(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
+def _round_up(n: int, m: int = ALIGN) -> int:
+    return (n + m - 1) // m * m
 
 
-def _layout(sizes: dict) -> tuple[dict, int]:
+def _groups_of(name: str, shape: tuple, formats: dict) -> tuple:
+    """(type, rows) pairs of a tensor: formats[name] or F32 whole; vectors are always F32."""
+    if len(shape) == 1:                   # a vector: one F32 row
+        return (("F32", 1),)
+    groups = tuple((str(t), int(r)) for t, r in formats.get(name, (("F32", shape[0]),)))
+    if not 1 <= len(groups) <= 2 or sum(r for _, r in groups) != shape[0]:
+        raise ValueError(f"decode_schedule: {name} must be one or two row groups covering its "
+                         f"{shape[0]} rows, got {groups}")
+    for type_name, _ in groups:
+        if type_name not in WEIGHT_FORMATS:
+            raise ValueError(f"decode_schedule: {name} is {type_name}; the persistent step "
+                             f"reads {', '.join(WEIGHT_FORMATS)}")
+        if shape[1] % get_format(type_name).block_elems:
+            raise ValueError(f"decode_schedule: {name} rows of {shape[1]} values are not whole "
+                             f"{type_name} blocks")
+    if name == "token_embd" and len(groups) != 1:
+        raise ValueError("decode_schedule: token_embd must be one row group")
+    return groups
+
+
+def _weight_layout(shape: DecodeShape, formats: dict) -> tuple[dict, int]:
+    places, off = {}, 0
+    for name, dims in shape.weight_shapes().items():
+        groups = []
+        for type_name, rows in _groups_of(name, dims, formats):
+            fmt = get_format(type_name)
+            row_bytes = dims[-1] // fmt.block_elems * fmt.block_bytes
+            groups.append((type_name, rows, off, row_bytes))
+            off += _round_up(rows * row_bytes, BYTE_ALIGN)
+        places[name] = WeightPlace(tuple(dims), tuple(groups))
+    return places, off
+
+
+def _act_layout(s: DecodeShape) -> tuple[dict, int]:
+    sizes = {"x": s.n_embd, "qkv": s.q_rows + 2 * s.kv_rows, "qrot": s.q_rows,
+             "attn": s.q_rows, "ffn": s.n_ff, "logits": s.n_vocab, "scores": s.n_head * s.n_ctx}
     out, off = {}, 0
     for name, size in sizes.items():
         out[name] = off
@@ -112,44 +180,50 @@ def _layout(sizes: dict) -> tuple[dict, int]:
     return out, off
 
 
-def decode_schedule(shape: DecodeShape, tile_rows: int = 16) -> DecodeSchedule:
-    """The stages and items of one decode token (module docstring), tiles of tile_rows rows."""
+def _matrix_cols(place: WeightPlace) -> dict:
+    """The stage columns of a matrix: its groups A and B (B = A when there is one)."""
+    (ta, ra, wa, ba), *rest = place.groups
+    tb, _, wb, bb = rest[0] if rest else (ta, 0, wa, ba)
+    return {"w": wa, "fmt": get_format(ta).id, "row_bytes": ba,
+            "split": ra if rest else place.shape[0], "fmt_b": get_format(tb).id, "w_b": wb,
+            "row_bytes_b": bb}
+
+
+def decode_schedule(shape: DecodeShape, tile_rows: int = 16,
+                    formats: dict | None = None) -> DecodeSchedule:
+    """The stages and items of one decode token (module docstring), tiles of tile_rows rows;
+    formats: matrix name -> ((type name, rows), ...) row groups (default: all F32)."""
     if tile_rows < 1:
         raise ValueError(f"decode_schedule: tile_rows must be positive, got {tile_rows}")
     s = shape
-    w_shapes = s.weight_shapes()
-    w_off, weight_elems = _layout({k: int(np.prod(v)) for k, v in w_shapes.items()})
-    a_off, act_elems = _layout({"x": s.n_embd, "qkv": s.q_rows + 2 * s.kv_rows,
-                                "qrot": s.q_rows, "attn": s.q_rows, "ffn": s.n_ff,
-                                "logits": s.n_vocab, "scores": s.n_head * s.n_ctx})
+    places, weight_bytes = _weight_layout(s, formats or {})
+    a_off, act_elems = _act_layout(s)
     stages = []
 
     def stage(kind, n_out, w=-1, w2=-1, x=-1, y=-1, n_in=0, norm=NO_NORM, residual=0,
-              layer=0):
-        stages.append((kind, w, w2, x, y, n_in, n_out, norm, residual, layer))
+              layer=0, fmt=F32, row_bytes=0, split=0, fmt_b=F32, w_b=-1, row_bytes_b=0):
+        stages.append((kind, w, w2, x, y, n_in, n_out, norm, residual, layer, fmt, row_bytes,
+                       split, fmt_b, w_b, row_bytes_b))
+
+    def matrix(kind, name, n_out, x, y, n_in, norm=None, residual=0):
+        stage(kind, n_out, x=a_off[x], y=a_off[y], n_in=n_in, residual=residual,
+              norm=NO_NORM if norm is None else places[norm].offset, **_matrix_cols(places[name]))
 
     e = s.n_embd
-    stage(EMBED, e, w=w_off["token_embd"], y=a_off["x"], n_in=e)
+    stage(EMBED, e, y=a_off["x"], n_in=e, **_matrix_cols(places["token_embd"]))
     for il in range(s.n_layer):
         blk = f"blk.{il}."
-        stage(GEMV, s.q_rows + 2 * s.kv_rows, w=w_off[blk + "qkv"], x=a_off["x"],
-              y=a_off["qkv"], n_in=e, norm=w_off[blk + "attn_norm"])
+        matrix(GEMV, blk + "qkv", s.q_rows + 2 * s.kv_rows, "x", "qkv", e, blk + "attn_norm")
         stage(ROPE_KV, s.n_head_kv, x=a_off["qkv"], y=a_off["qrot"], layer=il)
         stage(ATTN, s.n_head, w2=a_off["scores"], x=a_off["qrot"], y=a_off["attn"], layer=il)
-        stage(GEMV, e, w=w_off[blk + "attn_out"], x=a_off["attn"], y=a_off["x"],
-              n_in=s.q_rows, residual=1)
-        gate = w_off[blk + "gate_up"]
-        stage(GLU, s.n_ff, w=gate, w2=gate + s.n_ff * e, x=a_off["x"], y=a_off["ffn"], n_in=e,
-              norm=w_off[blk + "ffn_norm"])
-        stage(GEMV, e, w=w_off[blk + "down"], x=a_off["ffn"], y=a_off["x"], n_in=s.n_ff,
-              residual=1)
-    stage(GEMV, s.n_vocab, w=w_off["output"], x=a_off["x"], y=a_off["logits"], n_in=e,
-          norm=w_off["output_norm"])
+        matrix(GEMV, blk + "attn_out", e, "attn", "x", s.q_rows, residual=1)
+        matrix(GLU, blk + "gate_up", s.n_ff, "x", "ffn", e, blk + "ffn_norm")
+        matrix(GEMV, blk + "down", e, "ffn", "x", s.n_ff, residual=1)
+    matrix(GEMV, "output", s.n_vocab, "x", "logits", e, "output_norm")
     items = _items(stages, tile_rows)
     table = np.array(stages, np.int64).reshape(-1, STAGE_COLS)
-    weights = {k: (w_off[k], v) for k, v in w_shapes.items()}
     acts = {"x": (a_off["x"], e), "logits": (a_off["logits"], s.n_vocab)}
-    sched = DecodeSchedule(shape, items, table, weights, acts, weight_elems, act_elems)
+    sched = DecodeSchedule(s, items, table, places, acts, weight_bytes, act_elems)
     validate_decode(sched)
     return sched
 
@@ -169,26 +243,18 @@ def _items(stages: list, tile_rows: int) -> np.ndarray:
 
 
 def validate_decode(sched: DecodeSchedule) -> None:
-    """The chain's checks (schedule.validate_chain), plus: every GEMV / GLU stage's norm and
-    matrices inside the weight buffer."""
+    """The chain's checks (schedule.validate_chain), plus: every GEMV / GLU stage's row groups
+    inside the weight buffer, and a Q8_1 input (a quantized group) of whole Q8_1 blocks."""
     validate_chain(sched.items, sched.stages[:, N_OUT].tolist(), sched.counters)
     for index, st in enumerate(sched.stages.tolist()):
-        if st[KIND] in (GEMV, GLU):
-            rows = st[N_OUT] * (2 if st[KIND] == GLU else 1)
-            if st[W] < 0 or st[W] + rows * st[N_IN] > sched.weight_elems:
-                raise ValueError(f"decode stage {index}: matrix outside the weight buffer")
-
-
-def pack_decode_weights(sched: DecodeSchedule, tensors: dict) -> np.ndarray:
-    """The flat f32 weight buffer from name -> array (DecodeShape.weight_shapes' names and
-    shapes; "output" may be the embedding table itself: a tied LM head)."""
-    flat = np.zeros(sched.weight_elems, np.float32)
-    missing = sorted(set(sched.weights) - set(tensors))
-    if missing:
-        raise ValueError(f"pack_decode_weights: missing tensors {missing}")
-    for name, (off, shape) in sched.weights.items():
-        value = np.asarray(tensors[name], np.float32)
-        if value.shape != shape:
-            raise ValueError(f"pack_decode_weights: {name} must be {shape}, got {value.shape}")
-        flat[off:off + value.size] = value.reshape(-1)
-    return flat
+        if st[KIND] not in (GEMV, GLU, EMBED):
+            continue
+        rows = st[N_OUT] * (2 if st[KIND] == GLU else 1)
+        ends = [st[W] + min(rows, st[SPLIT]) * st[ROW_BYTES],
+                st[W_B] + max(0, rows - st[SPLIT]) * st[ROW_BYTES_B]]
+        if min(st[W], st[W_B]) < 0 or max(ends) > sched.weight_bytes:
+            raise ValueError(f"decode stage {index}: matrix outside the weight buffer")
+        quantized = st[FMT] != F32 or st[FMT_B] != F32
+        if st[KIND] != EMBED and quantized and st[N_IN] % 32:
+            raise ValueError(f"decode stage {index}: a quantized matrix needs inputs of whole "
+                             f"Q8_1 blocks (32 values), got {st[N_IN]}")

@@ -22,7 +22,15 @@ hopper_quant_applies: sm_90 (or the CPU target, which emulates sm_90a), a format
 gemm_hopper_quant.SERVED and K it takes. Its activations are x rounded to f16 (one convert
 launch), its result f32; a column offset or a residual goes through a second launch
 (place_columns).
+
+With options.dequant_f16_gemm (default: on for sm_90 GPUs, off on the CPU target), matmuls of at least
+options.dequant_f16_tokens tokens that leave the GEMVs take GEMM_DEQUANT_F16 where
+dequant_f16_applies (sm_90 or the CPU target, a format of dequant_f16.DEQUANT_F16_TYPES):
+matmul_dequant_f16_into dequantizes the weights to f16 into a caller's scratch buffer (one
+bandwidth-bound pass, ~2.6-3 bytes moved per weight) and multiplies on gemm_hopper's f16 wgmma;
+it wins over the int8 route where M is large enough that the pass is a small part (prompts).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -33,11 +41,13 @@ from pykernel import Const, Ptr, f32, i32, i64
 from .. import _launch as L
 from ..attention.decode_plan import cuda_sm
 from ..elementwise import convert
+from ..gemm_hopper import gemm_hopper
 from ..gemm_hopper_quant import SERVED as HOPPER_SERVED
 from ..gemm_hopper_quant import SLAB as HOPPER_SLAB
 from ..gemm_hopper_quant import gemm_hopper_quant, slab_bytes
 from ..options import GEMV_MAX_TOKENS, KernelOptions, env_options
 from .formats import GEMM_Q8 as _INT8_FAMILY
+from .dequant_f16 import DEQUANT_F16_TYPES, check_f16_rows, dequantize_f16_into
 from .formats import get_format, type_ids
 from .gemm import gemm, gemm_into, output_args
 from .gemm_q8 import gemm_q8, gemm_q8_into
@@ -48,6 +58,7 @@ from .q8_1 import quantize_q8_1_into
 # the paths choose_matmul_path returns
 GEMV, GEMV_MMA, GEMM_Q8, GEMM_F16 = "gemv", "gemv_mma", "gemm_q8", "gemm_f16"
 GEMM_HOPPER_Q = "gemm_hopper_quant"
+GEMM_DEQUANT_F16 = "gemm_dequant_f16"
 INT8_GEMM_TOKENS = KernelOptions.int8_gemm_tokens   # the default (options.py has the numbers)
 # int8 GEMM faster than f16 on the H200 at m=4096 n=512 k=14336 (benchmarks/RESULTS.md:
 # Q4_0 701 vs 1064 us, Q8_0 517 vs 1093 us, Q4_K 442 vs 1132 us, Q6_K 494 vs 1069 us)
@@ -65,6 +76,27 @@ def hopper_quant_applies(type_name: str, k: int | None, device=None) -> bool:
     return device.kind == "cpu" or cuda_sm(device) == 90
 
 
+def dequant_f16_applies(type_name: str, k: int | None, device=None) -> bool:
+    """matmul_dequant_f16_into takes `type_name` rows of k values on `device` (None: the
+    current one): a quantized format dequant_f16 decodes, k whole blocks (and a multiple of
+    8: gemm_hopper's TMA row pitch), and sm_90 (wgmma) or the CPU target (emulated)."""
+    if type_name not in DEQUANT_F16_TYPES or k is None:
+        return False
+    try:
+        check_f16_rows(type_name, k)
+    except ValueError:
+        return False
+    device = device or pk.current_device()
+    return device.kind == "cpu" or cuda_sm(device) == 90
+
+
+def _dequant_f16_on(options: KernelOptions, device) -> bool:
+    """options.dequant_f16_gemm, its default (None) meaning: on CUDA GPUs only."""
+    if options.dequant_f16_gemm is not None:
+        return options.dequant_f16_gemm
+    return (device or pk.current_device()).kind == "cuda"
+
+
 def choose_matmul_path(type_name: str, tokens: int, q8_1: bool,
                        options: KernelOptions | None = None, *, k: int | None = None,
                        device=None) -> str:
@@ -72,9 +104,13 @@ def choose_matmul_path(type_name: str, tokens: int, q8_1: bool,
     q8_1: Q8_1 activations at hand that the int8 kernels can read (rows of a multiple of 32
     values). options None: env_options(); the runner's adds f32_weights_gemv and
     route_by_format (options.py). k (row length) and device (None: the current one) matter
-    only with options.hopper_quant_gemm; without k that route is not taken."""
+    only with options.hopper_quant_gemm / dequant_f16_gemm; without k those routes are not
+    taken (dequant_f16_gemm first where both are on)."""
     o = options or env_options()
     path = _default_path(type_name, tokens, q8_1, o)
+    if path != GEMV and tokens >= o.dequant_f16_tokens and _dequant_f16_on(o, device) \
+            and dequant_f16_applies(type_name, k, device):
+        return GEMM_DEQUANT_F16
     if o.hopper_quant_gemm and path != GEMV and tokens >= o.int8_gemm_tokens \
             and hopper_quant_applies(type_name, k, device):
         return GEMM_HOPPER_Q
@@ -129,6 +165,53 @@ def hopper_quant_into(w, type_name: str, x, y, rows: int, K: int, tokens: int, s
              (tmp, y, res_or_y, rows, ldy, col0), (("HAS_RES", has_res),), stream)
 
 
+def _f16_activations(x, tokens: int, K: int, take, stream):
+    """x (tokens, K) as f16: x itself if f16, else converted into a buffer from take."""
+    if np.dtype(x.dtype) == np.float16:
+        return x.view_as((tokens, K), np.float16)
+    if np.dtype(x.dtype) != np.float32:
+        raise ValueError(f"matmul_dequant_f16: activations must be float32 or float16, got "
+                         f"{x.dtype}")
+    x16 = take((tokens, -(-K // 2))).view_as((tokens, K), np.float16)
+    convert(x.view_as((tokens, K), np.float32), np.float16, out=x16, stream=stream)
+    return x16
+
+
+def matmul_dequant_f16_into(w, type_name: str, x, y, rows: int, K: int, tokens: int, weights16,
+                            stream=None, *, ldy=None, col0: int = 0, res=None,
+                            scratch=None) -> None:
+    """y (tokens, rows) = f16(x) (tokens, K) @ f16(W)^T on gemm_hopper: the weights (w from
+    gemv.weight_words) are first dequantized to f16 into weights16, a caller's f16 device
+    buffer reused by every matmul (dequant_f16; at least K values). Where W has more values
+    than weights16 holds, it goes in chunks of len(weights16) // K rows, each through a
+    temporary C and place_columns. x: f32 (converted here, one launch) or f16. ldy / col0 /
+    res as gemm.gemm_into's. scratch(shape) -> an f32 array for the f16 activations and the
+    chunks' C (the runner's arena); None: allocated here. No host synchronisation, so it
+    runs inside graph captures when the buffers come from the caller."""
+    ldy, res_or_y, has_res = output_args(y, rows, tokens, ldy, col0, res, "dequant_f16")
+    chunk = min(rows, weights16.size // K)
+    if chunk <= 0:
+        raise ValueError(f"matmul_dequant_f16 {type_name}: the f16 weight buffer holds "
+                         f"{weights16.size} values, less than one row of {K}")
+    take = scratch or (lambda shape: pk.empty(shape, np.float32))
+    x16 = _f16_activations(x, tokens, K, take, stream)
+    fmt = get_format(type_name)
+    row_words = K // fmt.block_elems * fmt.block_bytes // w.itemsize
+    if chunk == rows and ldy == rows and not has_res:       # C is all of y: written in place
+        dequantize_f16_into(w, type_name, weights16, rows, K, stream)
+        gemm_hopper(x16, weights16.view_as((rows, K), np.float16),
+                    out=y.view_as((tokens, rows), np.float32), stream=stream)
+        return
+    tmp = take((tokens, chunk))
+    for r0 in range(0, rows, chunk):
+        n_rows = min(chunk, rows - r0)
+        dequantize_f16_into(w[r0 * row_words:], type_name, weights16, n_rows, K, stream)
+        c = tmp.view_as((tokens, n_rows), np.float32)
+        gemm_hopper(x16, weights16.view_as((n_rows, K), np.float16), out=c, stream=stream)
+        L.launch(place_columns, tokens, L.threads_for(n_rows, 256),
+                 (c, y, res_or_y, n_rows, ldy, col0 + r0), (("HAS_RES", has_res),), stream)
+
+
 def prefill_path(type_name: str, n: int, xq=None) -> str:
     """"int8" or "f16": the GEMM that matmul / matmul_into use for more than 8 tokens."""
     return "int8" if type_name in INT8_PREFILL_TYPES and n % 32 == 0 and xq is not None \
@@ -148,19 +231,25 @@ def matmul(raw, type_name: str, x, options: KernelOptions | None = None):
     path = choose_matmul_path(type_name, tokens, x.shape[-1] % 32 == 0, options, k=x.shape[-1])
     if path == GEMV:
         return gemv(raw, type_name, x)
-    if path == GEMM_HOPPER_Q:
+    if path in (GEMM_HOPPER_Q, GEMM_DEQUANT_F16):
         x32 = x if isinstance(x, pk.Array) else pk.to_device(np.ascontiguousarray(x, np.float32))
-        words, rows = weight_words(raw, type_name, x32.shape[-1])
+        K = x32.shape[-1]
+        words, rows = weight_words(raw, type_name, K)
         y = pk.empty((tokens, rows), np.float32)
-        hopper_quant_into(words, type_name, x32, y, rows, x32.shape[-1], tokens)
+        if path == GEMM_HOPPER_Q:
+            hopper_quant_into(words, type_name, x32, y, rows, K, tokens)
+        else:
+            matmul_dequant_f16_into(words, type_name, x32, y, rows, K, tokens,
+                                    pk.empty((rows * K,), np.float16))
         return y
     return {GEMV_MMA: gemv_mma, GEMM_Q8: gemm_q8, GEMM_F16: gemm}[path](raw, type_name, x)
 
 
 def matmul_into(w, type_name: str, x, y, rows: int, n: int, tokens: int, xq=None,
-                stream=None, options: KernelOptions | None = None) -> None:
+                stream=None, options: KernelOptions | None = None, weights16=None) -> None:
     """y (tokens, rows) = x (tokens, n) @ W^T with w from gemv.weight_words. xq: a Q8_1
-    workspace (tokens, n//32*36 bytes) for the DP4A GEMV and the int8 GEMM; quantized here."""
+    workspace (tokens, n//32*36 bytes) for the DP4A GEMV and the int8 GEMM; quantized here.
+    weights16: the f16 weight buffer of GEMM_DEQUANT_F16 (None: allocated here, rows x n)."""
     path = choose_matmul_path(type_name, tokens, xq is not None and n % 32 == 0, options, k=n)
     if path == GEMV:
         if type_name in Q8_1_TYPES and xq is not None:
@@ -172,6 +261,10 @@ def matmul_into(w, type_name: str, x, y, rows: int, n: int, tokens: int, xq=None
         gemm_into(w, type_name, x, y, rows, n, tokens, stream=stream)
     elif path == GEMM_HOPPER_Q:
         hopper_quant_into(w, type_name, x, y, rows, n, tokens, stream=stream)
+    elif path == GEMM_DEQUANT_F16:
+        if weights16 is None:
+            weights16 = pk.empty((rows * n,), np.float16)
+        matmul_dequant_f16_into(w, type_name, x, y, rows, n, tokens, weights16, stream=stream)
     else:
         quantize_q8_1_into(x, xq, stream=stream)
         launch = gemv_mma_into if path == GEMV_MMA else gemm_q8_into
@@ -180,5 +273,7 @@ def matmul_into(w, type_name: str, x, y, rows: int, n: int, tokens: int, xq=None
 
 __all__ = ["matmul", "matmul_into", "choose_matmul_path", "prefill_path", "uses_gemm",
            "hopper_quant_applies", "hopper_quant_into", "place_columns",
-           "GEMV", "GEMV_MMA", "GEMM_Q8", "GEMM_F16", "GEMM_HOPPER_Q", "GEMV_MAX_TOKENS", "INT8_GEMM_TOKENS",
+           "dequant_f16_applies", "matmul_dequant_f16_into",
+           "GEMV", "GEMV_MMA", "GEMM_Q8", "GEMM_F16", "GEMM_HOPPER_Q", "GEMM_DEQUANT_F16",
+           "GEMV_MAX_TOKENS", "INT8_GEMM_TOKENS",
            "INT8_PREFILL_TYPES"]

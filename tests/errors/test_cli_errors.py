@@ -6,6 +6,8 @@ import subprocess
 import sys
 import textwrap
 
+from tests.child_env import child_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 LONG_KERNEL = textwrap.dedent('''
@@ -29,7 +31,7 @@ UNANNOTATED = textwrap.dedent('''
 
 
 def pykernel_command(*args, **kwargs):
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = child_env()
     return subprocess.Popen([sys.executable, "-m", "pykernel", *args], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
 
@@ -54,3 +56,14 @@ def test_check_reports_a_signature_error_with_its_location(tmp_path):
     assert proc.returncode == 1, out + err
     assert f"{source}:6:19: error: parameter 'x' needs a type annotation" in err, err
     assert "Traceback" not in err
+
+
+def test_runner_command_without_its_dependencies_says_why():
+    """A checkout whose runner cannot import (gguf missing) must say so for `pykernel run`,
+    not answer as if `run` did not exist."""
+    code = ("import sys; sys.modules['gguf'] = None\n"
+            "from pykernel.cli import main\nsys.exit(main(['run', 'hello']))")
+    done = subprocess.run([sys.executable, "-c", code], env=child_env(), cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "'run' is not available" in done.stderr and "gguf" in done.stderr, done.stderr

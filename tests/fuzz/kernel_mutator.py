@@ -10,6 +10,7 @@ import ast
 import random
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -24,34 +25,20 @@ import pykernel as pk
 from pykernel import Const, Ptr, f16, f32, i32, u32
 '''
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def example_kernels(name: str) -> str:
+    """The kernels of examples/<name>.py as a seed: its text up to its `main` (the host code
+    that runs them is no compiler input)."""
+    return (EXAMPLES / f"{name}.py").read_text().split("\ndef main(")[0]
+
+
 SEEDS = [
-    Seed("saxpy", HEADER + '''
-
-@pk.kernel
-def saxpy(n: i32, a: f32, x: Ptr[f32, "ro"], y: Ptr[f32]):
-    i = pk.block_idx.x * pk.block_dim.x + pk.thread_idx.x
-    if i < n:
-        y[i] = a * x[i] + y[i]
-''', {"saxpy": {}}),
-    Seed("block_sum", HEADER + '''
-
-@pk.kernel
-def block_sum(x: Ptr[f32, "ro"], out: Ptr[f32], n: i32, BLOCK: Const[int]):
-    buf = pk.shared_array(f32, BLOCK)
-    t = pk.thread_idx.x
-    acc = f32(0.0)
-    for i in range(t, n, BLOCK):
-        acc += x[i]
-    buf[t] = acc
-    pk.syncthreads()
-    for k in pk.static_range(4):
-        stride = BLOCK >> (k + 1)
-        if t < stride:
-            buf[t] = buf[t] + buf[t + stride]
-        pk.syncthreads()
-    if t == 0:
-        out[pk.block_idx.x] = buf[0]
-''', {"block_sum": {"BLOCK": 128}}),
+    # an elementwise kernel and a shared-memory tree reduction (pk.syncthreads, a Const block)
+    Seed("aot_build", example_kernels("aot_build"), {"row_sum": {"BLOCK": 128}}),
+    # a @pk.func of warp shuffles unrolled by pk.static_range, then shared memory across warps
+    Seed("block_reduction", example_kernels("block_reduction"), {"row_sum": {"BLOCK": 256}}),
     Seed("bits", HEADER + '''
 
 @pk.func

@@ -17,6 +17,7 @@ import numpy as np
 from tests.fuzz.gguf_mutator import MUTATIONS, layout, mutate
 from tests.llm.cli_helpers import REPO
 from tests.llm.gguf_helpers import TINY, TINY_LLAMA, require, require_for_module
+from tests.child_env import child_env
 
 require_for_module(TINY_LLAMA)
 
@@ -33,8 +34,7 @@ def _cap_memory() -> None:
 
 def _run_worker(seed: int, cases: int, workdir) -> tuple[list, dict, str]:
     bases = [str(require(TINY / name)) for name in BASES]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OPENBLAS_NUM_THREADS": "1",
-           "OMP_NUM_THREADS": "1"}
+    env = child_env(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     out = subprocess.run(
         [sys.executable, "-m", "tests.fuzz.gguf_fuzz_worker", "--seed", str(seed),
          "--cases", str(cases), "--dir", str(workdir), *bases],

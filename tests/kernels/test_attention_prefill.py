@@ -4,27 +4,12 @@ emulated exactly on the CPU target; the smallest tile there, since its compile i
 on the GPU, every head_dim and GQA ratio with window and softcap on and off."""
 import numpy as np
 import pytest
+from attention_checks import check_close, prefill_expected, prefill_problem
 
 import pykernel as pk
 from stdlib_kernels import attention
 from stdlib_kernels.attention.prefill import launch_prefill
-from stdlib_kernels.attention.reference import attention_reference, relative_l2
-
-TOLERANCE = {np.float16: 5e-3, np.float32: 1e-4}
-
-
-def _problem(rng, tokens, start, n_head, n_kv_head, head_dim, dtype, spare=3):
-    max_len = start + tokens + spare
-    q = rng.standard_normal((tokens, n_head, head_dim)).astype(np.float32)
-    k = rng.standard_normal((n_kv_head, max_len, head_dim)).astype(dtype)
-    v = rng.standard_normal((n_kv_head, max_len, head_dim)).astype(dtype)
-    return q, k, v
-
-
-def _expected(q, k, v, start, scale, window, softcap):
-    kv_tokens = start + q.shape[0]
-    return attention_reference(q, k[:, :kv_tokens].transpose(1, 0, 2),
-                               v[:, :kv_tokens].transpose(1, 0, 2), scale, window, softcap)
+from stdlib_kernels.attention.reference import attention_reference
 
 
 def _run(q, k, v, start, scale, window, softcap, path, **kw):
@@ -32,12 +17,6 @@ def _run(q, k, v, start, scale, window, softcap, path, **kw):
     launch_prefill(pk.to_device(q), pk.to_device(k), pk.to_device(v), out, start, scale,
                    window=window, softcap=softcap, path=path, **kw)
     return out.numpy()
-
-
-def _check(actual, expected, dtype, seed, what):
-    err = relative_l2(actual, expected)
-    assert np.isfinite(actual).all() and err < TOLERANCE[dtype], \
-        f"{what}: relative L2 error {err:.3g} (seed {seed})"
 
 
 # (tokens, start, n_head, n_kv_head, head_dim, dtype, window, softcap)
@@ -53,10 +32,11 @@ SIMT_CASES = [
 @pytest.mark.parametrize("case", SIMT_CASES, ids=lambda c: f"t{c[0]}d{c[4]}")
 def test_prefill_simt_matches_reference(device, rng, seed, case):
     tokens, start, n_head, n_kv_head, head_dim, dtype, window, softcap = case
-    q, k, v = _problem(rng, tokens, start, n_head, n_kv_head, head_dim, dtype)
+    q, k, v = prefill_problem(rng, tokens, start, n_head, n_kv_head, head_dim, dtype)
     scale = head_dim ** -0.5
     got = _run(q, k, v, start, scale, window, softcap, "simt")
-    _check(got, _expected(q, k, v, start, scale, window, softcap), dtype, seed, str(case))
+    check_close(got, prefill_expected(q, k, v, start, scale, window, softcap), dtype, seed,
+                str(case))
 
 
 @pytest.mark.parametrize("window,softcap", [(None, None), (5, 8.0)])
@@ -64,10 +44,11 @@ def test_prefill_mma_matches_reference(device, rng, seed, window, softcap):
     """Tensor-core paths; 19 rows per head group straddle the 16-row tiles, 27 keys the 16-key
     tile. On the CPU target the mma is emulated bit-exactly (one warp, 16-key tiles)."""
     tokens, start = 19, 8
-    q, k, v = _problem(rng, tokens, start, 2, 1, 64, np.float16)
+    q, k, v = prefill_problem(rng, tokens, start, 2, 1, 64, np.float16)
     kw = dict(warps=1, block_keys=16) if device.kind == "cpu" else {}
     got = _run(q, k, v, start, 0.125, window, softcap, "mma", **kw)
-    _check(got, _expected(q, k, v, start, 0.125, window, softcap), np.float16, seed, "mma")
+    check_close(got, prefill_expected(q, k, v, start, 0.125, window, softcap), np.float16,
+                seed, "mma")
 
 
 @pytest.mark.slow
@@ -77,18 +58,18 @@ def test_prefill_mma_tilings(device, rng, seed, warps, stages, m_tiles, window):
     per thread): 21 tokens after 40 cached positions run several row blocks over 2 tiles
     each, so the ring wraps and both the unmasked and the masked tile branches run; two
     m-tiles per warp and a window too."""
-    q, k, v = _problem(rng, 21, 40, 4, 2, 80, np.float16)
+    q, k, v = prefill_problem(rng, 21, 40, 4, 2, 80, np.float16)
     got = _run(q, k, v, 40, 80 ** -0.5, window, None, "mma", warps=warps, block_keys=32,
                stages=stages, m_tiles=m_tiles)
-    _check(got, _expected(q, k, v, 40, 80 ** -0.5, window, None), np.float16, seed,
-           f"{warps} warps S{stages} MT{m_tiles} window {window}")
+    check_close(got, prefill_expected(q, k, v, 40, 80 ** -0.5, window), np.float16, seed,
+                f"{warps} warps S{stages} MT{m_tiles} window {window}")
 
 
 def test_prefill_mma_reads_q_in_place(device, rng, seed):
     """q as the first n_head * head_dim columns of a wider (tokens, W) array (the runner's
     fused q|k|v output, read in place): the same result as the (tokens, n_head, D) array."""
     tokens, start = 19, 8
-    q, k, v = _problem(rng, tokens, start, 2, 1, 64, np.float16)
+    q, k, v = prefill_problem(rng, tokens, start, 2, 1, 64, np.float16)
     wide = rng.standard_normal((tokens, 2 * 64 + 37)).astype(np.float32)
     wide[:, :128] = q.reshape(tokens, 128)
     kw = dict(warps=1, block_keys=16) if device.kind == "cpu" else {}
@@ -108,7 +89,7 @@ def test_prefill_start_on_the_device(device, rng, seed, path):
     """start_dev (the runner's prefill graphs): the kernels add a device int32 to `start`,
     so one launch configuration serves new positions; the same result as a host start."""
     tokens, start = 19, 8
-    q, k, v = _problem(rng, tokens, start, 2, 1, 64, np.float16)
+    q, k, v = prefill_problem(rng, tokens, start, 2, 1, 64, np.float16)
     kw = dict(warps=1, block_keys=16) if device.kind == "cpu" and path == "mma" else {}
     for host, on_device in ((0, start), (3, start - 3)):
         out = pk.full(q.shape, np.nan, np.float32)
@@ -147,8 +128,8 @@ def test_prefill_seqs_equal_each_sequence_alone(device, rng, seed, window):
                        window=window, path="mma", n_head=n_head, **kw)
         np.testing.assert_array_equal(got[f:f + n], alone.numpy(), err_msg=f"seed {seed}")
         q = wide[f:f + n, :n_head * d].reshape(n, n_head, d)
-        _check(got[f:f + n], _expected(q, k[slot], v[slot], start, 0.125, window, None),
-               np.float16, seed, f"sequence at row {f}")
+        check_close(got[f:f + n], prefill_expected(q, k[slot], v[slot], start, 0.125, window),
+                    np.float16, seed, f"sequence at row {f}")
     untouched = np.ones(tokens, bool)
     for f, n, _, _ in seqs:
         untouched[f:f + n] = False
@@ -168,7 +149,7 @@ def test_prefill_contract_api(device, rng, seed):
     v = rng.standard_normal((kv_tokens, 2, 64)).astype(np.float32)
     got = attention.prefill(q, k, v, 0.125, path="simt")
     assert got.shape == (tokens, 4, 64)
-    _check(got, attention_reference(q, k, v, 0.125), np.float32, seed, "prefill()")
+    check_close(got, attention_reference(q, k, v, 0.125), np.float32, seed, "prefill()")
 
 
 def test_prefill_rejects_bad_input(device):
@@ -192,11 +173,11 @@ def test_prefill_rejects_bad_input(device):
 def test_gpu_prefill_mma_all_shapes(rng, seed, head_dim, n_head, n_kv_head):
     pk.set_device("cuda")
     for tokens, start, window, softcap in ((77, 0, None, None), (130, 301, 64, 50.0)):
-        q, k, v = _problem(rng, tokens, start, n_head, n_kv_head, head_dim, np.float16)
+        q, k, v = prefill_problem(rng, tokens, start, n_head, n_kv_head, head_dim, np.float16)
         scale = head_dim ** -0.5
         got = _run(q, k, v, start, scale, window, softcap, "mma")
-        _check(got, _expected(q, k, v, start, scale, window, softcap), np.float16, seed,
-               f"tokens {tokens} start {start} window {window} softcap {softcap}")
+        check_close(got, prefill_expected(q, k, v, start, scale, window, softcap), np.float16,
+                    seed, f"tokens {tokens} start {start} window {window} softcap {softcap}")
 
 
 @pytest.mark.gpu
@@ -204,22 +185,22 @@ def test_gpu_prefill_mma_all_shapes(rng, seed, head_dim, n_head, n_kv_head):
     (32, 4, 2, 1), (64, 4, 3, 1), (32, 8, 4, 1), (16, 4, 3, 2), (16, 8, 4, 2), (32, 2, 2, 2)])
 def test_gpu_prefill_mma_tilings(rng, seed, block_keys, warps, stages, m_tiles):
     pk.set_device("cuda")
-    q, k, v = _problem(rng, 300, 517, 32, 8, 128, np.float16)
+    q, k, v = prefill_problem(rng, 300, 517, 32, 8, 128, np.float16)
     got = _run(q, k, v, 517, 128 ** -0.5, None, None, "mma", block_keys=block_keys,
                warps=warps, stages=stages, m_tiles=m_tiles)
-    _check(got, _expected(q, k, v, 517, 128 ** -0.5, None, None), np.float16, seed,
-           f"BN={block_keys} {warps} warps S{stages} MT{m_tiles}")
+    check_close(got, prefill_expected(q, k, v, 517, 128 ** -0.5), np.float16, seed,
+                f"BN={block_keys} {warps} warps S{stages} MT{m_tiles}")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
 def test_gpu_prefill_long_simt_and_mma(rng, seed, dtype):
     pk.set_device("cuda")
-    q, k, v = _problem(rng, 512, 1500, 8, 2, 128, dtype)
-    expected = _expected(q, k, v, 1500, 128 ** -0.5, None, None)
+    q, k, v = prefill_problem(rng, 512, 1500, 8, 2, 128, dtype)
+    expected = prefill_expected(q, k, v, 1500, 128 ** -0.5)
     for path in ("simt", "mma") if dtype == np.float16 else ("simt",):
         got = _run(q, k, v, 1500, 128 ** -0.5, None, None, path)
-        _check(got, expected, dtype, seed, f"512 tokens after 1500, {path}")
+        check_close(got, expected, dtype, seed, f"512 tokens after 1500, {path}")
 
 
 @pytest.mark.parametrize("arch", [a for a in pk.SUPPORTED_ARCHS if int(a[3:]) >= 80])

@@ -8,6 +8,7 @@ import re
 
 import numpy as np
 import pytest
+from attention_checks import check_close, prefill_expected, prefill_problem
 
 import pykernel as pk
 from stdlib_kernels.attention.decode import (DecodeWorkspace, KeyRange, combine_spec,
@@ -16,10 +17,7 @@ from stdlib_kernels.attention.decode_plan import DecodeConfig, bulk_config, mma_
 from stdlib_kernels.attention.decode_combine import combine_splits
 from stdlib_kernels.attention.prefill import launch_prefill, launch_prefill_seqs
 from stdlib_kernels.attention.prefill_flash import prefill_flash
-from stdlib_kernels.attention.reference import (attention_reference, decode_reference,
-                                                relative_l2)
-
-TOLERANCE = {np.float16: 5e-3, np.float32: 1e-4}
+from stdlib_kernels.attention.reference import decode_reference
 
 
 def _sinks(rng, n_head):
@@ -28,12 +26,6 @@ def _sinks(rng, n_head):
     sinks = rng.normal(0.0, 2.0, n_head).astype(np.float32)
     sinks[int(rng.integers(n_head))] = 6.0
     return sinks
-
-
-def _check(actual, expected, dtype, seed, what):
-    err = relative_l2(actual, expected)
-    assert np.isfinite(actual).all() and err < TOLERANCE[dtype], \
-        f"{what}: relative L2 error {err:.3g} (seed {seed})"
 
 
 def _decode_problem(rng, n_seq, n_head, n_kv_head, head_dim, dtype, max_len):
@@ -59,8 +51,8 @@ def _run_decode(q, k, v, lens, sinks, window, splits, seed, dtype, what, **kw):
                   workspace=workspace, sinks=pk.to_device(sinks), **kw)
     for z in range(n_seq):
         expected = decode_reference(q[z], k[z], v[z], int(lens[z]), scale, window, sinks=sinks)
-        _check(out.numpy()[z], expected, dtype, seed,
-               f"{what}: sequence {z} kv_len {lens[z]} splits {splits} window {window}")
+        check_close(out.numpy()[z], expected, dtype, seed,
+                    f"{what}: sequence {z} kv_len {lens[z]} splits {splits} window {window}")
 
 
 # (dtype, n_head, n_kv_head, head_dim, window, splits, fused): the CPU target's default SIMT
@@ -105,20 +97,6 @@ def test_decode_sinks_gpu_kernels(device, rng, seed, case):
                 config=config, workspace=workspace)
 
 
-def _prefill_problem(rng, tokens, start, n_head, n_kv_head, head_dim, dtype):
-    max_len = start + tokens + 3
-    q = rng.standard_normal((tokens, n_head, head_dim)).astype(np.float32)
-    k = rng.standard_normal((n_kv_head, max_len, head_dim)).astype(dtype)
-    v = rng.standard_normal((n_kv_head, max_len, head_dim)).astype(dtype)
-    return q, k, v
-
-
-def _prefill_expected(q, k, v, start, scale, window, sinks):
-    kv = start + q.shape[0]
-    return attention_reference(q, k[:, :kv].transpose(1, 0, 2), v[:, :kv].transpose(1, 0, 2),
-                               scale, window, sinks=sinks)
-
-
 @pytest.mark.parametrize("path,dtype,window", [("simt", np.float32, None),
                                                ("simt", np.float16, 5),
                                                ("mma", np.float16, None),
@@ -126,14 +104,14 @@ def _prefill_expected(q, k, v, start, scale, window, sinks):
 def test_prefill_sinks(device, rng, seed, path, dtype, window):
     """19 rows per head group straddle the 16-row tiles of the tensor-core path."""
     tokens, start, n_head, n_kv_head, head_dim = 19, 8, 4, 2, 64
-    q, k, v = _prefill_problem(rng, tokens, start, n_head, n_kv_head, head_dim, dtype)
+    q, k, v = prefill_problem(rng, tokens, start, n_head, n_kv_head, head_dim, dtype)
     sinks = _sinks(rng, n_head)
     out = pk.full(q.shape, np.nan, np.float32)
     kw = dict(warps=1, block_keys=16) if path == "mma" and device.kind == "cpu" else {}
     launch_prefill(pk.to_device(q), pk.to_device(k), pk.to_device(v), out, start, 0.125,
                    window=window, path=path, sinks=pk.to_device(sinks), **kw)
-    _check(out.numpy(), _prefill_expected(q, k, v, start, 0.125, window, sinks), dtype, seed,
-           f"{path} window {window}")
+    check_close(out.numpy(), prefill_expected(q, k, v, start, 0.125, window, sinks=sinks),
+                dtype, seed, f"{path} window {window}")
 
 
 def test_prefill_seqs_sinks(device, rng, seed):
@@ -149,10 +127,10 @@ def test_prefill_seqs_sinks(device, rng, seed):
     launch_prefill_seqs(pk.to_device(q), pk.to_device(pool_k), pk.to_device(pool_v), out, seqs,
                         0.125, window=6, sinks=pk.to_device(sinks), **kw)
     for first, count, start, slot in seqs:
-        expected = _prefill_expected(q[first:first + count], pool_k[slot], pool_v[slot], start,
-                                     0.125, 6, sinks)
-        _check(out.numpy()[first:first + count], expected, np.float16, seed,
-               f"sequence at rows {first}..")
+        expected = prefill_expected(q[first:first + count], pool_k[slot], pool_v[slot], start,
+                                    0.125, 6, sinks=sinks)
+        check_close(out.numpy()[first:first + count], expected, np.float16, seed,
+                    f"sequence at rows {first}..")
 
 
 def test_bad_sinks_are_reported(device):

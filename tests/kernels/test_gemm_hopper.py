@@ -137,22 +137,20 @@ def test_config_errors(cpu_device):
         G.gemm_hopper(a, a, config=(96, 2))
 
 
-def test_argument_errors(cpu_device):
-    a = pk.to_device(np.zeros((64, 60), np.float16))
-    with pytest.raises(ValueError, match="K = 60 must be a multiple of 8"):
-        G.gemm_hopper(a, a)
-    with pytest.raises(TypeError, match="one element type"):
-        G.gemm_hopper(pk.to_device(np.zeros((64, 64), np.float16)),
-                      pk.to_device(np.zeros((64, 64), np.uint16)))
-    with pytest.raises(TypeError, match="f16 or bf16"):
-        G.gemm_hopper(pk.to_device(np.zeros((64, 64), np.float32)),
-                      pk.to_device(np.zeros((64, 64), np.float32)))
-    with pytest.raises(ValueError, match="must be positive"):
-        G.gemm_hopper(pk.to_device(np.zeros((0, 64), np.float16)),
-                      pk.to_device(np.zeros((64, 64), np.float16)))
-    with pytest.raises(ValueError, match="must share K"):
-        G.gemm_hopper(pk.to_device(np.zeros((64, 64), np.float16)),
-                      pk.to_device(np.zeros((64, 72), np.float16)))
+# (A's shape and dtype, B's shape and dtype, the error, what it says)
+ARGUMENT_ERRORS = [
+    (((64, 60), np.float16), ((64, 60), np.float16), ValueError, "K = 60 must be a multiple of 8"),
+    (((64, 64), np.float16), ((64, 64), np.uint16), TypeError, "one element type"),
+    (((64, 64), np.float32), ((64, 64), np.float32), TypeError, "f16 or bf16"),
+    (((0, 64), np.float16), ((64, 64), np.float16), ValueError, "must be positive"),
+    (((64, 64), np.float16), ((64, 72), np.float16), ValueError, "must share K"),
+]
+
+
+@pytest.mark.parametrize("a,b,error,message", ARGUMENT_ERRORS, ids=[e[3] for e in ARGUMENT_ERRORS])
+def test_argument_errors(a, b, error, message, cpu_device):
+    with pytest.raises(error, match=message):
+        G.gemm_hopper(pk.to_device(np.zeros(*a)), pk.to_device(np.zeros(*b)))
 
 
 @pytest.mark.parametrize("config", ["256x4", "128x4", "256x4/g16/tma2", "128x6/pp/tma2",

@@ -14,6 +14,7 @@ import pykernel as pk
 from pykernel import Const, Ptr, i32, u32
 from stdlib_kernels import gemm_hopper as G
 from stdlib_kernels import gemm_hopper_quant as Q
+from stdlib_kernels import gemm_hopper_quant_kernel as K
 from stdlib_kernels.gemm_hopper_quant_dequant import dequant_chunk
 from stdlib_kernels.quant import reference as ref
 from stdlib_kernels.quant.decode8_k import decode8
@@ -40,10 +41,9 @@ CASES = [  # M, N, K, type, config (None: choose_quant_config), max_blocks[, wei
                                                 # so the direct epilogue
     (140, 264, 256, "Q4_K", "64x3/g2/pp/tma2", 1),   # 2 x 5 tiles, ping-pong, TMA epilogue
     (40, 100, 512, "Q5_K", "64x2/tma3", 2),
-    (33, 65, 256, "Q4_0", "64x2", 1),
-    (33, 65, 256, "Q4_1", "128x2", 1),
-    (33, 65, 256, "Q5_0", "64x2", 1),
-    (33, 65, 256, "Q5_1", "64x3", 1),
+    # the 32-value block formats on one awkward shape, each through another config
+    *[(33, 65, 256, type_name, config, 1) for type_name, config in
+      (("Q4_0", "64x2"), ("Q4_1", "128x2"), ("Q5_0", "64x2"), ("Q5_1", "64x3"))],
     # one raw slot (each slab loaded once the last is dequantized), three (two slabs ahead)
     (70, 72, 512, "Q8_0", "64x2/raw1", 1),
     (130, 72, 1024, "Q4_K", "64x2/raw3", 2),
@@ -128,6 +128,10 @@ def test_gemm_hopper_quant_gpu_is_gemm_hopper_on_f16_weights(M, N, K, type_name,
     dequantized weights, and both within K 2^-24 sum |a w| of the exact product."""
     a, raw, w32 = _inputs(rng, M, N, K, type_name)
     qc = Q.choose_quant_config(type_name) if config is None else Q.QuantConfig.parse(config)
+    if not Q._fits(qc, type_name):      # e.g. Q8_0's 34-byte blocks in 64x4/g16/m256/tma2
+        with pytest.raises(ValueError, match="bytes of shared memory; a block has"):
+            Q.gemm_hopper_quant(pk.to_device(a), pk.to_device(raw), type_name, config=qc)
+        return
     got = Q.gemm_hopper_quant(pk.to_device(a), pk.to_device(raw), type_name, config=qc,
                               out=pk.full((M, N), np.nan, np.float32)).numpy()
     # 256-row tiles run the same m64nBNk16 wgmmas in the same k order as bn-wide gemm_hopper
@@ -192,6 +196,9 @@ CONFIG_ERRORS = [  # config, the error's words (Q8_0 weights, N = 66: 264-byte r
     ("64x2/m192", "bm 128 or 256"),
     ("192x1/m256", "so bn must be at most 128"),
     ("64x2/pp/m256", "pingpong needs bn <= 128 and bm 128"),
+    # the ring and raw slabs alone are 232448 bytes, the block's whole budget: the mbarriers
+    # tip it over (an H200 refused this launch before the count included them)
+    ("64x4/g16/m256/tma2", "with Q8_0 needs 232560 bytes"),
 ]
 
 
@@ -209,6 +216,8 @@ def test_config_errors(config, message, cpu_device):
                                                ("Q6_K", "128x4/g16/tma2"),
                                                ("Q4_K", "128x3/g16/m256/tma2")])
 def test_gemm_hopper_quant_assembles_for_sm90a(type_name, config, assemble):
+    # the warpgroups' setmaxnreg counts fit the registers the block owns (issue 43's hang)
+    assert 128 * K.PRODUCER_REGS + 256 * K.CONSUMER_REGS <= 384 * pk.entry_registers(384, 1)
     qc = Q.QuantConfig.parse(config)
     cfg = qc.gemm
     ptx = Q.gemm_q_tn.ptx("sm_90a", FMT=get_format(type_name).id,
@@ -218,6 +227,6 @@ def test_gemm_hopper_quant_assembles_for_sm90a(type_name, config, assemble):
                           EPI=cfg.epilogue, BMQ=qc.bm)
     assert f"wgmma.mma_async.sync.aligned.m64n{cfg.bn}k16.f32.f16.f16" in ptx
     assert "cp.async.bulk.tensor.2d.shared::cluster.global" in ptx
-    assert "setmaxnreg.dec.sync.aligned.u32 96" in ptx and ".maxntid 384" in ptx
+    assert f"setmaxnreg.dec.sync.aligned.u32 {K.PRODUCER_REGS}" in ptx and ".maxntid 384" in ptx
     assert Q.quant_shared_bytes(qc, type_name) <= G.SHARED_LIMIT
     assemble(ptx, "sm_90a")

@@ -66,18 +66,23 @@ def _bound(x, raw, type_name, rows):
     return bound
 
 
-@pytest.mark.parametrize("type_name, rows, K", [("Q8_0", 72, 512), ("Q4_K", 72, 512)])
-def test_option_routes_prompts_to_hopper_quant(type_name, rows, K, rng, seed, cpu_device):
-    tokens = 16
+def check_route(type_name, rows, K, tokens, options, path, launches, rng, seed):
+    """`options` sends this matmul to `path`, whose run launches `launches` (which the default
+    route's does not) and stays within _bound of the default route's result."""
     x, raw = _problem(rng, type_name, tokens, rows, K)
-    assert M.choose_matmul_path(type_name, tokens, True, ON, k=K) == M.GEMM_HOPPER_Q
+    assert M.choose_matmul_path(type_name, tokens, True, options, k=K) == path
     want, default_names = _run(raw, type_name, x, rows, KernelOptions())
-    got, names = _run(raw, type_name, x, rows, ON)
-    assert "gemm_q_tn" in names and not set(default_names) & HOPPER_LAUNCHES, (names,
-                                                                               default_names)
+    got, names = _run(raw, type_name, x, rows, options)
+    assert launches <= set(names) and not set(default_names) & launches, (names,
+                                                                          default_names)
     assert np.isfinite(got).all(), f"seed {seed}"
     excess = np.abs(got.astype(np.float64) - want) - _bound(x, raw, type_name, rows)
     assert (excess <= 0).all(), f"seed {seed}: worst excess {excess.max():.3e}"
+
+
+@pytest.mark.parametrize("type_name, rows, K", [("Q8_0", 72, 512), ("Q4_K", 72, 512)])
+def test_option_routes_prompts_to_hopper_quant(type_name, rows, K, rng, seed, cpu_device):
+    check_route(type_name, rows, K, 16, ON, M.GEMM_HOPPER_Q, {"gemm_q_tn"}, rng, seed)
 
 
 @pytest.mark.parametrize("type_name", ["Q8_0", "Q4_K"])

@@ -1,11 +1,13 @@
-"""The persistent decode kernel (stdlib_kernels/persistent/decode.py) on random weights of
+"""The persistent decode kernel (stdlib_kernels/persistent/decode.py) on random F32 weights of
 awkward shapes, CPU target: each step's logits and K/V rows against a float64 numpy decode step
-(GQA groups, normal and NeoX RoPE, partial rotation), the schedule's tables and checks, bad
-arguments, and ptxas on the kernel for sm_90."""
+(GQA groups, normal and NeoX RoPE, partial rotation, f32 and f16 caches), the schedule's tables
+and checks, bad arguments, and ptxas on the kernel for sm_90. Quantized weights against the
+runner's decode graphs: tests/llm/test_persistent_runner.py."""
 import numpy as np
 import pytest
 
-from stdlib_kernels.persistent.decode import DecodeRunner, decode_kernel
+from stdlib_kernels.persistent.decode import decode_kernel
+from stdlib_kernels.persistent.decode_runner import DecodeRunner
 from stdlib_kernels.persistent.decode_schedule import (
     ATTN,
     GEMV,
@@ -14,8 +16,8 @@ from stdlib_kernels.persistent.decode_schedule import (
     ROPE_KV,
     DecodeShape,
     decode_schedule,
-    pack_decode_weights,
 )
+from stdlib_kernels.persistent.decode_weights import pack_decode_weights
 from stdlib_kernels.persistent.schedule import ScheduleError, validate_chain
 
 pytestmark = pytest.mark.usefixtures("cpu_device")
@@ -46,8 +48,10 @@ def _rope(x, pos, rot_dim, neox):
     return x
 
 
-def _reference_step(t, s: DecodeShape, cache_k, cache_v, token, pos, rot_dim, neox, eps):
-    """One decode token in float64; writes K/V row pos of the float64 caches; logits."""
+def _reference_step(t, s: DecodeShape, cache_k, cache_v, token, pos, rot_dim, neox, eps,
+                    cache=np.float32):
+    """One decode token in float64; writes K/V row pos of the float64 caches (rounded to
+    the kernel's cache type); logits."""
     t = {k: v.astype(np.float64) for k, v in t.items()}
 
     def norm(x, w):
@@ -59,7 +63,10 @@ def _reference_step(t, s: DecodeShape, cache_k, cache_v, token, pos, rot_dim, ne
         qkv = t[f"blk.{il}.qkv"] @ norm(x, t[f"blk.{il}.attn_norm"])
         q = _rope(qkv[:s.q_rows].reshape(s.n_head, hd), pos, rot_dim, neox)
         k = _rope(qkv[s.q_rows:s.q_rows + s.kv_rows].reshape(-1, hd), pos, rot_dim, neox)
-        cache_k[il, :, pos], cache_v[il, :, pos] = k, qkv[s.q_rows + s.kv_rows:].reshape(-1, hd)
+        v = qkv[s.q_rows + s.kv_rows:].reshape(-1, hd)
+        if cache == np.float16:
+            k, v = k.astype(np.float16).astype(np.float64), v.astype(np.float16).astype(np.float64)
+        cache_k[il, :, pos], cache_v[il, :, pos] = k, v
         attn = np.empty((s.n_head, hd))
         for h in range(s.n_head):
             scores = cache_k[il, h // group, :pos + 1] @ q[h] / np.sqrt(hd)
@@ -72,34 +79,40 @@ def _reference_step(t, s: DecodeShape, cache_k, cache_v, token, pos, rot_dim, ne
     return t["output"] @ norm(x, t["output_norm"])
 
 
-@pytest.mark.parametrize("dims,rot_dim,neox,tile_rows,grid", [
-    ((2, 36, 6, 2, 6, 50, 37), 6, False, 5, 3),      # GQA 3:1, tiles not dividing any size
-    ((1, 32, 4, 4, 8, 24, 19), 4, True, 16, 1),      # MHA, NeoX, half the head rotated
-    ((3, 40, 4, 1, 10, 33, 41), 10, True, 3, 64)])   # MQA, more blocks than items per stage
-def test_decode_steps_match_numpy(rng, dims, rot_dim, neox, tile_rows, grid):
+@pytest.mark.parametrize("dims,rot_dim,neox,tile_rows,grid,cache", [
+    ((2, 36, 6, 2, 6, 50, 37), 6, False, 5, 3, np.float32),   # GQA 3:1, tiles dividing nothing
+    ((1, 32, 4, 4, 8, 24, 19), 4, True, 16, 1, np.float32),   # MHA, NeoX, half the head rotated
+    ((3, 40, 4, 1, 10, 33, 41), 10, True, 3, 64, np.float32),  # MQA, more blocks than items
+    ((2, 36, 6, 2, 6, 50, 37), 6, True, 7, 5, np.float16)])   # the runner's f16 cache
+def test_decode_steps_match_numpy(rng, dims, rot_dim, neox, tile_rows, grid, cache):
     """Random prefix in the cache, then 3 tokens: logits and the new K/V rows against float64.
     Bound: the f32 dots along a token's path (stage by stage, lengths summed) each off by at
     most ~n eps/2 relative to the O(1) activations (Higham's gamma_n), to first order adding
-    up; x4 for the exp / rsqrt / sin / cos roundings the dots carry along."""
+    up; x4 for the exp / rsqrt / sin / cos roundings the dots carry along. An f16 cache: the
+    reference rounds its new K/V rows to f16 too, so they differ only where the kernel's f32
+    value and the float64 one round to neighbouring halves (one f16 ulp, 2^-10 relative),
+    which reaches the logits through one attention per layer: that term is added per layer."""
     n_ctx, prefix, eps = 16, int(rng.integers(0, 8)), 1e-5
     s = DecodeShape(*dims, n_ctx=n_ctx)
     sched = decode_schedule(s, tile_rows)
     tensors = _weights(rng, s)
     runner = DecodeRunner(sched, pack_decode_weights(sched, tensors), eps=eps,
                           scale=1 / np.sqrt(s.head_dim), rope_theta=THETA, rot_dim=rot_dim,
-                          neox=neox, grid=grid)
+                          neox=neox, grid=grid, cache_dtype=cache)
     kv = (s.n_layer, s.n_head_kv, n_ctx, s.head_dim)
     cache_k, cache_v = rng.standard_normal(kv), rng.standard_normal(kv)
     for il in range(s.n_layer):
         runner.set_cache(il, cache_k[il, :, :prefix], cache_v[il, :, :prefix])
-    cache_k, cache_v = cache_k.astype(np.float32).astype(np.float64), \
-        cache_v.astype(np.float32).astype(np.float64)
+    cache_k, cache_v = cache_k.astype(cache).astype(np.float64), \
+        cache_v.astype(cache).astype(np.float64)
     for pos in range(prefix, prefix + 3):
         token = int(rng.integers(0, s.n_vocab))
         got = runner.step(token, pos).astype(np.float64)
-        want = _reference_step(tensors, s, cache_k, cache_v, token, pos, rot_dim, neox, eps)
+        want = _reference_step(tensors, s, cache_k, cache_v, token, pos, rot_dim, neox, eps,
+                               cache)
         path = s.n_layer * (3 * s.n_embd + s.head_dim + pos + 1 + s.q_rows + s.n_ff)
-        bound = 4 * path * EPS32 * max(1.0, np.abs(want).max())
+        f16_term = 0.0 if cache == np.float32 else 4 * s.n_layer * 2.0 ** -10
+        bound = (4 * path * EPS32 + f16_term) * max(1.0, np.abs(want).max())
         assert np.abs(got - want).max() <= bound, (pos, np.abs(got - want).max(), bound)
         for mine, theirs in ((runner.cache_k, cache_k), (runner.cache_v, cache_v)):
             row = mine.numpy()[:, :, pos].astype(np.float64)
@@ -138,9 +151,16 @@ def test_bad_arguments_are_named(rng):
     s = DecodeShape(1, 8, 2, 1, 4, 8, 8, 8)
     sched = decode_schedule(s, 4)
     flat = pack_decode_weights(sched, _weights(rng, s))
-    with pytest.raises(ValueError, match="float32 with"):
+    with pytest.raises(ValueError, match="uint8 with"):
         DecodeRunner(sched, flat[:-1], eps=1e-5, scale=0.5, rope_theta=THETA, rot_dim=4,
                      neox=False)
+    with pytest.raises(ValueError, match="cache_dtype"):
+        DecodeRunner(sched, flat, eps=1e-5, scale=0.5, rope_theta=THETA, rot_dim=4, neox=False,
+                     cache_dtype=np.int8)
+    with pytest.raises(ValueError, match="reads F32"):
+        decode_schedule(s, 4, formats={"blk.0.qkv": (("Q5_K", 16),)})
+    with pytest.raises(ValueError, match="row groups covering"):
+        decode_schedule(s, 4, formats={"blk.0.qkv": (("Q8_0", 3),)})
     with pytest.raises(ValueError, match="rot_dim must be even"):
         DecodeRunner(sched, flat, eps=1e-5, scale=0.5, rope_theta=THETA, rot_dim=3, neox=False)
     with pytest.raises(ValueError, match="missing tensors"):
@@ -151,7 +171,117 @@ def test_bad_arguments_are_named(rng):
         runner.set_cache(0, np.zeros((2, 3, 4)), np.zeros((2, 3, 4)))
 
 
-def test_decode_kernel_ptx_sm90(assemble):
-    ptx = decode_kernel.ptx("sm_90", NEOX=False)
+@pytest.mark.parametrize("cache,profile", [(np.float16, False), (np.float32, False),
+                                           (np.float16, True)])
+def test_decode_kernel_ptx_sm90(assemble, cache, profile):
+    ptx = decode_kernel.ptx("sm_90", NEOX=False, C=cache, XQ_WORDS=4032, PREFETCH=True,
+                            PROFILE=profile)
     assert "ld.acquire.gpu" in ptx and "atom.release.gpu" in ptx and "nanosleep" in ptx
+    assert "dp4a" in ptx          # the quantized rows' DP4A dots
+    assert "cp.async.bulk.prefetch.L2.global" in ptx      # weights into L2 before the wait
+    assert ("%globaltimer" in ptx) == profile             # the default build has no stamps
+    assert ".maxntid 256" in ptx and ".minnctapersm 3" in ptx
     assemble(ptx, "sm_90")
+    no_prefetch = decode_kernel.ptx("sm_80", NEOX=False, C=cache, XQ_WORDS=4032,
+                                    PREFETCH=False, PROFILE=profile)
+    assert "cp.async.bulk" not in no_prefetch
+    assemble(no_prefetch, "sm_80")
+
+
+def _quant_formats(shape: DecodeShape) -> dict:
+    """Every format the step reads, a two-group qkv (q|k Q4_K, v Q6_K as Q4_K_M files have
+    it) and a two-group down."""
+    e, half = shape.n_embd, shape.n_embd // 2
+    formats = {"token_embd": (("Q6_K", shape.n_vocab),), "output": (("Q4_K", shape.n_vocab),)}
+    for il in range(shape.n_layer):
+        formats.update({f"blk.{il}.qkv": (("Q4_K", shape.q_rows + shape.kv_rows),
+                                          ("Q6_K", shape.kv_rows)),
+                        f"blk.{il}.attn_out": (("Q4_1", e),),
+                        f"blk.{il}.gate_up": (("Q8_0", 2 * shape.n_ff),),
+                        f"blk.{il}.down": (("Q6_K", half), ("Q8_0", e - half))})
+    return formats
+
+
+def _quantized(rng, shape, formats):
+    """Random tensors; (the quantized groups for the step, their dequantized f32 values)."""
+    from stdlib_kernels.quant.reference import dequantize, quantize
+    groups, dense = {}, {}
+    for name, value in _weights(rng, shape).items():
+        if name not in formats:
+            groups[name] = dense[name] = value
+            continue
+        parts, start = [], 0
+        for type_name, rows in formats[name]:
+            parts.append(quantize(value[start:start + rows], type_name))
+            start += rows
+        groups[name] = parts
+        dense[name] = np.concatenate([dequantize(p, t, value.shape[1])
+                                      for p, (t, _) in zip(parts, formats[name])])
+    return groups, dense
+
+
+# n_ff 4352: down rows of 136 Q8_0 / Q6_K items, so a lane's items take decode_rows'
+# unrolled visits (ROW_UNROLL) and then the remainder loop
+@pytest.mark.parametrize("n_ff", [512, 4352])
+def test_quantized_step_tracks_its_dequantized_weights(rng, seed, n_ff):
+    """Every format and a two-group matrix: the step on GGUF weights (Q8_1 inputs) against the
+    same kernel on those weights dequantized to F32 (f32 inputs). They differ by the Q8_1
+    rounding of each matmul input, at most half a step (amax / 254) a value plus its f16
+    scale's 2^-11: for Gaussian-like blocks ~1% of the input's norm, which 4 matmuls a layer
+    and 2 layers compound to well under 1e-1 in relative L2; a wrong block decode is O(1).
+    Then the launch replayed on NaN-poisoned activations: bit-identical, counters zero."""
+    s = DecodeShape(2, 256, 4, 2, 64, n_ff, 77, n_ctx=16)
+    formats = _quant_formats(s)
+    groups, dense = _quantized(rng, s, formats)
+    args = {"eps": 1e-5, "scale": 0.125, "rope_theta": THETA, "rot_dim": 64, "neox": False,
+            "grid": 7, "cache_dtype": np.float16}
+    sched = decode_schedule(s, 16, formats)
+    quant = DecodeRunner(sched, pack_decode_weights(sched, groups), **args)
+    ref_sched = decode_schedule(s, 16)
+    ref = DecodeRunner(ref_sched, pack_decode_weights(ref_sched, dense), **args)
+    assert quant.sched.xq_words == s.n_ff // 32 * 9
+    prefix = int(rng.integers(0, 6))
+    kv = rng.standard_normal((s.n_layer, s.n_head_kv, prefix, s.head_dim))
+    for runner in (quant, ref):
+        for il in range(s.n_layer):
+            runner.set_cache(il, kv[il], -kv[il])
+    for pos in range(prefix, prefix + 2):
+        token = int(rng.integers(0, s.n_vocab))
+        got, want = quant.step(token, pos), ref.step(token, pos)
+        err = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+        assert err < 1e-1, f"seed {seed}: pos {pos}: rel L2 {err:.3g}"
+    first = quant.logits()
+    for _ in range(2):
+        quant.acts.fill(np.nan)
+        quant.launch()
+        np.testing.assert_array_equal(quant.logits(), first)
+        assert not quant.counters.numpy().any()
+
+
+def test_profiled_launch_stamps_every_item(rng, seed):
+    """The profiling build (PROFILE) computes the same logits bit for bit as the default one,
+    and stamps every item in order (taken <= ready <= prepped <= done); the per-kind summary
+    counts every item once and its critical shares add up to the launch."""
+    from stdlib_kernels.persistent.decode_profile import KINDS, format_profile, profile_summary
+    s = DecodeShape(2, 36, 6, 2, 6, 50, 37, n_ctx=8)
+    sched = decode_schedule(s, 7)
+    flat = pack_decode_weights(sched, _weights(rng, s))
+    args = {"eps": 1e-5, "scale": 0.5, "rope_theta": THETA, "rot_dim": 6, "neox": False,
+            "grid": 3}
+    plain = DecodeRunner(sched, flat, **args)
+    profiled = DecodeRunner(sched, flat, profile=True, **args)
+    with pytest.raises(ValueError, match="profile=True"):
+        plain.profile()
+    token, pos = int(rng.integers(0, s.n_vocab)), int(rng.integers(0, s.n_ctx))
+    want = plain.step(token, pos)
+    np.testing.assert_array_equal(profiled.step(token, pos), want, err_msg=f"seed {seed}")
+    stamps = profiled.profile().astype(np.int64)
+    assert (stamps > 0).all() and (np.diff(stamps, axis=1) >= 0).all(), f"seed {seed}"
+    rows, totals = profile_summary(sched, profiled.profile())
+    assert list(rows) == list(KINDS)
+    assert sum(r["items"] for r in rows.values()) == sched.n_items
+    assert rows["attn"]["items"] == s.n_layer * s.n_head
+    critical = sum(r["critical_us"] for r in rows.values())
+    assert critical == pytest.approx(totals["launch_us"], rel=1e-9, abs=1e-6)
+    assert "| lm_head | 6 |" in format_profile(rows, totals)
+    assert not profiled.counters.numpy().any()

@@ -10,6 +10,19 @@ import pykernel as pk
 from pykernel import Const, Ptr, f16, f32, i32, u8, u64
 
 
+@pk.func
+def expect_bytes(bar, NBYTES: Const[int]):
+    """Thread 0 initialises the mbarrier bar[0] (one arrival a phase) and fences it for the
+    async proxy; after the block's barrier it arrives expecting NBYTES of copies, so one
+    wait on phase 0 returns once that many bytes have landed. Every thread calls it."""
+    if pk.thread_idx.x == 0:
+        pk.mbarrier_init(bar, 0, 1)
+        pk.fence_mbarrier_init()
+    pk.syncthreads()
+    if pk.thread_idx.x == 0:
+        pk.mbarrier_arrive_expect_tx(bar, 0, NBYTES)
+
+
 @pk.kernel
 def load_tile(tm: pk.TensorMap, coords: Ptr[i32], out: Ptr[u8], RANK: Const[int],
               BYTES: Const[int]):
@@ -18,12 +31,8 @@ def load_tile(tm: pk.TensorMap, coords: Ptr[i32], out: Ptr[u8], RANK: Const[int]
     tile = pk.shared_array(u8, BYTES, align=1024)
     bar = pk.shared_array(u64, 1)
     t = pk.thread_idx.x
+    expect_bytes(bar, BYTES)
     if t == 0:
-        pk.mbarrier_init(bar, 0, 1)
-        pk.fence_mbarrier_init()
-    pk.syncthreads()
-    if t == 0:
-        pk.mbarrier_arrive_expect_tx(bar, 0, BYTES)
         if RANK == 2:
             pk.tma_load(tile, 0, tm, (coords[0], coords[1]), bar, 0)
         elif RANK == 3:
@@ -186,12 +195,8 @@ def tma_wgmma(ta: pk.TensorMap, tb: pk.TensorMap, c: Ptr[f32], N: Const[int]):
     sb = pk.shared_array(f16, N * 64, align=1024)
     bar = pk.shared_array(u64, 1)
     t = pk.thread_idx.x
+    expect_bytes(bar, (64 + N) * 64 * 2)
     if t == 0:
-        pk.mbarrier_init(bar, 0, 1)
-        pk.fence_mbarrier_init()
-    pk.syncthreads()
-    if t == 0:
-        pk.mbarrier_arrive_expect_tx(bar, 0, (64 + N) * 64 * 2)
         pk.tma_load(sa, 0, ta, (0, 0), bar, 0)
         pk.tma_load(sb, 0, tb, (0, 0), bar, 0)
     pk.mbarrier_wait(bar, 0, 0)

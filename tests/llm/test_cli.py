@@ -1,5 +1,4 @@
 """`pykernel run/chat/tokenize/info` through the real entry point (subprocesses)."""
-import os
 import subprocess
 import sys
 
@@ -7,6 +6,7 @@ import pytest
 
 from tests.llm.cli_helpers import REPO, pykernel
 from tests.llm.gguf_helpers import TINY, TINY_LLAMA, require_for_module
+from tests.child_env import child_env
 
 require_for_module(TINY_LLAMA)
 
@@ -90,7 +90,7 @@ def test_serve_answers_over_http_until_stopped():
     import re
     import signal
     import urllib.request
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = child_env()
     proc = subprocess.Popen([sys.executable, "-m", "pykernel.cli", "serve", "--model",
                              str(TINY_LLAMA), "--port", "0", "--device", "cpu"], cwd=REPO,
                             env=env, stderr=subprocess.PIPE, text=True)

@@ -2,7 +2,6 @@
 types the runner cannot use, header counts that would allocate without bound, overlapping tensor
 data. Each must end in one GGUFError naming the file and the key or tensor (or, for NaN weights
 that only show at run time, NonFiniteLogitsError), never a traceback from deep inside."""
-import os
 import resource
 import struct
 import subprocess
@@ -20,6 +19,7 @@ from llm.sampling import NonFiniteLogitsError
 from tests.llm.cli_helpers import REPO, pykernel
 from tests.llm.gguf_helpers import (GGUFValueType, TINY_LLAMA, patch, require_for_module,
                                     rewrite, tensor_info_offset)
+from tests.child_env import child_env
 
 require_for_module(TINY_LLAMA)
 
@@ -195,7 +195,7 @@ def _load_capped(path) -> tuple[str, int, str]:
         resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
     out = subprocess.run([sys.executable, "-c", LOAD_SCRIPT, str(path)], capture_output=True,
                          text=True, timeout=60, preexec_fn=cap, cwd=REPO,
-                         env={**os.environ, "PYTHONPATH": str(REPO), "OPENBLAS_NUM_THREADS": "1"})
+                         env=child_env(OPENBLAS_NUM_THREADS="1"))
     assert out.stdout.startswith("GGUFError|"), out.stdout + out.stderr[-2000:]
     kind, peak, message = out.stdout.strip().split("|", 2)
     return kind, int(peak), message

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.child_env import child_env
 
 REPO = Path(__file__).resolve().parents[2]
 WORLD = 2
@@ -109,11 +110,8 @@ def test_nccl_sums_eagerly_and_in_graphs_between_two_processes(tmp_path):
         with open(logs[r], "w") as log:
             procs.append(subprocess.Popen(
                 [sys.executable, "-c", RANK_CODE],
-                env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                         [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(
-                             os.pathsep) if p]),
-                     "RANK": str(r), "WORLD_SIZE": str(WORLD),
-                     "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port},
+                env=child_env(RANK=str(r), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(r),
+                              MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
                 cwd=REPO, stdout=log, stderr=subprocess.STDOUT))
     wait_for_ranks(procs, time.monotonic() + TEST_TIMEOUT_S)
     outs = [log.read_text() for log in logs]

@@ -132,7 +132,7 @@ def wait_runtime(src: Ptr[u32, "ro"], n: i32):
     (copy_from_shared, "src must be a kernel pointer"),
     (copy_to_global, "dst must be a pk.shared_array"),
     (odd_size, "size must be a compile-time 4, 8 or 16"),
-    (wait_runtime, "compile-time int 0..7"),
+    (wait_runtime, "n must be a compile-time int 0..7"),
 ])
 def test_cp_async_misuse_is_a_source_error(kernel, message):
     with pytest.raises(KernelSourceError, match=message):

@@ -12,6 +12,7 @@ from pykernel import Ptr, i32, u32, u64
 
 BLOCK = 45          # the second warp of each block has 13 lanes
 FULL = 0xFFFFFFFF
+N_BLOCKS = 3
 
 
 @pk.kernel
@@ -59,23 +60,28 @@ def _warps(gone, n_blocks):
             yield blk * BLOCK + w0, lanes, sum(1 << k for k in lanes)
 
 
-def _inputs(rng, n_blocks, device):
+def _inputs(rng, n_blocks):
     n = n_blocks * BLOCK
     gone = (rng.random(n) < 0.3).astype(np.int32)
     gone[:32] = 0                             # one whole warp, nobody gone
     x = rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
     x[32:32 + 13] &= 1                        # a warp of 0/1 values: match_all both ways
     x[45:45 + 32] = x[45]                     # a warp of equal values
-    return gone, x, pk.to_device(gone, device=device), pk.to_device(x, device=device)
+    return gone, x
+
+
+def _run_warps(kernel, rng, device, n_blocks=N_BLOCKS):
+    """(gone, x, the 8 output words per thread) of `kernel` run on fresh _inputs."""
+    gone, x = _inputs(rng, n_blocks)
+    out = pk.full((8 * n_blocks * BLOCK,), 0xDEADBEEF, np.uint32, device)      # poisoned
+    kernel[n_blocks, BLOCK](pk.to_device(gone, device=device), pk.to_device(x, device=device),
+                            out)
+    return gone, x, out.numpy().reshape(-1, 8)
 
 
 def test_activemask_match_vote(device, rng):
-    n_blocks = 3
-    gone, x, gone_d, x_d = _inputs(rng, n_blocks, device)
-    out = pk.full((8 * n_blocks * BLOCK,), 0xDEADBEEF, np.uint32, device)
-    warp_ops[n_blocks, BLOCK](gone_d, x_d, out)
-    got = out.numpy().reshape(-1, 8)
-    for first, lanes, mask in _warps(gone, n_blocks):
+    gone, x, got = _run_warps(warp_ops, rng, device)
+    for first, lanes, mask in _warps(gone, N_BLOCKS):
         vals = {k: int(x[first + k]) for k in lanes}
         odd = {v & 1 for v in vals.values()}
         for k in lanes:
@@ -86,12 +92,8 @@ def test_activemask_match_vote(device, rng):
 
 
 def test_redux_sync(device, rng):
-    n_blocks = 3
-    gone, x, gone_d, x_d = _inputs(rng, n_blocks, device)
-    out = pk.full((8 * n_blocks * BLOCK,), 0xDEADBEEF, np.uint32, device)
-    redux_ops[n_blocks, BLOCK](gone_d, x_d, out)
-    got = out.numpy().reshape(-1, 8)
-    for first, lanes, _ in _warps(gone, n_blocks):
+    gone, x, got = _run_warps(redux_ops, rng, device)
+    for first, lanes, _ in _warps(gone, N_BLOCKS):
         if not lanes:
             continue
         v = x[[first + k for k in lanes]]
@@ -166,33 +168,22 @@ def test_timers_on_cpu_target():
 
 
 @pytest.mark.parametrize("arch", pk.SUPPORTED_ARCHS)
-def test_collectives_ptx(arch, assemble):
-    ptx = warp_ops.ptx(arch)
-    for instr in ("activemask.b32", "match.any.sync.b32", "match.all.sync.b32"):
-        assert instr in ptx, instr
-    assemble(ptx, arch)
-    ptx = block_votes.ptx(arch)
-    for instr in ("bar.red.popc.u32", "bar.red.and.pred", "bar.red.or.pred"):
-        assert instr in ptx, instr
-    assemble(ptx, arch)
-    ptx = timers.ptx(arch)
-    for instr in ("%clock64", "%globaltimer", "nanosleep.u32"):
-        assert instr in ptx, instr
-    assemble(ptx, arch)
+def test_collectives_ptx(arch, checked_ptx):
+    checked_ptx(warp_ops, arch, "activemask.b32", "match.any.sync.b32", "match.all.sync.b32")
+    checked_ptx(block_votes, arch, "bar.red.popc.u32", "bar.red.and.pred", "bar.red.or.pred")
+    checked_ptx(timers, arch, "%clock64", "%globaltimer", "nanosleep.u32")
 
 
 @pytest.mark.parametrize("arch", pk.SUPPORTED_ARCHS)
-def test_redux_ptx_or_arch_error(arch, assemble):
+def test_redux_ptx_or_arch_error(arch, checked_ptx):
     if int(arch[3:]) < 80:
         with pytest.raises(pk.UnsupportedArchError, match=r"redux.sync.add \(pk.redux_sync\) "
                            r"needs sm_80 or newer; compiling for sm_75"):
             redux_ops.ptx(arch)
         return
-    ptx = redux_ops.ptx(arch)
-    for instr in ("redux.sync.add.s32", "redux.sync.min.u32", "redux.sync.max.s32",
-                  "redux.sync.and.b32", "redux.sync.or.b32", "redux.sync.xor.b32"):
-        assert instr in ptx, instr
-    assemble(ptx, arch)
+    checked_ptx(redux_ops, arch, "redux.sync.add.s32", "redux.sync.min.u32",
+                "redux.sync.max.s32", "redux.sync.and.b32", "redux.sync.or.b32",
+                "redux.sync.xor.b32")
 
 
 def test_collective_argument_errors():

@@ -129,21 +129,13 @@ def test_ordered_forms_compute_what_plain_ones_do(device):
 
 
 @pytest.mark.parametrize("arch", pk.SUPPORTED_ARCHS)
-def test_memorder_ptx(arch, assemble):
-    ptx = ordered_ops.ptx(arch)
-    for instr in ("atom.acq_rel.gpu.add.u32", "atom.acquire.cta.cas.b32",
-                  "atom.release.sys.exch.b32", "atom.relaxed.gpu.max.u32",
-                  "st.release.gpu.b64", "ld.acquire.gpu.b64", "ld.relaxed.gpu.b64",
-                  "st.relaxed.sys.b64", "atom.acq_rel.gpu.add.f32", "fence.sc.sys"):
-        assert instr in ptx, instr
-    assemble(ptx, arch)
-    ptx = chain.ptx(arch)
-    for instr in ("ld.acquire.gpu.b32", "st.release.gpu.b32", "nanosleep.u32"):
-        assert instr in ptx, instr
-    assemble(ptx, arch)
-    ptx = every_thread_waits.ptx(arch)
-    assert "atom.release.gpu.add.u32" in ptx and "fence.acq_rel.gpu" in ptx
-    assemble(ptx, arch)
+def test_memorder_ptx(arch, checked_ptx):
+    checked_ptx(ordered_ops, arch, "atom.acq_rel.gpu.add.u32", "atom.acquire.cta.cas.b32",
+                "atom.release.sys.exch.b32", "atom.relaxed.gpu.max.u32", "st.release.gpu.b64",
+                "ld.acquire.gpu.b64", "ld.relaxed.gpu.b64", "st.relaxed.sys.b64",
+                "atom.acq_rel.gpu.add.f32", "fence.sc.sys")
+    checked_ptx(chain, arch, "ld.acquire.gpu.b32", "st.release.gpu.b32", "nanosleep.u32")
+    checked_ptx(every_thread_waits, arch, "atom.release.gpu.add.u32", "fence.acq_rel.gpu")
 
 
 @pk.kernel
@@ -152,15 +144,13 @@ def cluster_scoped(flags: Ptr[u32]):
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_cluster_scope_needs_sm90(arch, assemble):
+def test_cluster_scope_needs_sm90(arch, checked_ptx):
     if arch == "sm_80":
         with pytest.raises(pk.UnsupportedArchError, match=r"pk.store_release \(scope "
                            r"'cluster'\) needs sm_90 or newer; compiling for sm_80"):
             cluster_scoped.ptx(arch)
         return
-    ptx = cluster_scoped.ptx(arch)
-    assert "st.release.cluster.b32" in ptx
-    assemble(ptx, arch)
+    checked_ptx(cluster_scoped, arch, "st.release.cluster.b32")
 
 
 def _compile_error(body_src: str, tmp_path) -> str:

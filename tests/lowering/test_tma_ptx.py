@@ -83,7 +83,7 @@ def _source_error(body, match):
     ("pk.tma_load(tile, 0, tm, 3, bar, 0)", "coordinates are a tuple"),
     ("pk.tma_load(tile, 0, tm, (0,), bar, 0, multicast=0)", "mask of cluster ranks"),
     ("pk.tma_store(tm, (0,), out, 0)", "copies from shared memory"),
-    ("pk.bulk_wait_group(64)", "compile-time 0..63"),
+    ("pk.bulk_wait_group(64)", "compile-time int 0..63"),
     ("pk.shared_array(f32, 64, align=48)", "power of two in 16..1024"),
 ])
 def test_tma_misuse_is_a_source_error(tmp_path, body, match):

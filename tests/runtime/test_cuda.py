@@ -13,6 +13,7 @@ from pykernel.runtime import device as dv
 from pykernel.runtime.graphs import capture_graph
 from pykernel.runtime.streams import Event, Stream
 from tests.runtime import ptx_kernels as kernels
+from tests.child_env import child_env
 
 pytestmark = pytest.mark.gpu
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -172,7 +173,7 @@ FAULT_SCRIPT = textwrap.dedent("""
 @pytest.mark.parametrize("sync_launch", ["0", "1"])
 def test_illegal_address_names_the_kernel(gpu, sync_launch):
     # in a subprocess: the fault makes the CUDA context unusable
-    env = dict(os.environ, PYKERNEL_SYNC_LAUNCH=sync_launch, PYTHONPATH=REPO)
+    env = child_env(PYKERNEL_SYNC_LAUNCH=sync_launch)
     done = subprocess.run([sys.executable, "-c", FAULT_SCRIPT], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
     output = done.stdout + done.stderr

@@ -11,12 +11,12 @@ import pykernel as pk
 from pykernel import compile_pool
 from pykernel.errors import LaunchError
 from pykernel.launch import Launcher
-from pykernel.runtime.arrays import Array
 from pykernel.runtime.packer import ArgPacker
 
 cuda_runtime = pytest.importorskip("pykernel.runtime.cuda",
                                    reason="cuda-python is needed for the CUDA device class")
-from tests.runtime.fakes import FakeCompiled, mock_cuda_device, ptr, scalar  # noqa: E402
+from tests.runtime.fakes import (arrays, mock_cuda_device, scale_kernel,  # noqa: E402
+                                 torch_scale_args)
 from tests.runtime.test_launch_variants import DriverCalls, add  # noqa: E402
 
 
@@ -37,11 +37,6 @@ def gpu(monkeypatch):
     yield device, calls, full
     pk.runtime.device._current = saved
     add._launchers.clear()
-
-
-def arrays(device, n, dtype=np.float32):
-    return [Array(None, device.memory.alloc(4 * n)[1], (n,), np.dtype(dtype), device)
-            for _ in range(3)]
 
 
 def test_repeated_calls_take_the_fast_path_with_their_own_arguments(gpu, rng, seed):
@@ -147,17 +142,10 @@ def test_another_current_device_gets_the_launch(gpu):
     assert len(full) == 5 and calls.calls[-1][3] == (x.ptr, y.ptr, out.ptr, 2)
 
 
-def torch_kernel():
-    return FakeCompiled("scale", [ptr("x", np.float32), ptr("w", "bfloat16"),
-                                  scalar("n", np.int32)])
-
-
 def test_torch_tensors_take_the_inline_branch_once_seen(rng, seed):
     torch = pytest.importorskip("torch")
-    packer = ArgPacker(torch_kernel(), "cpu")
-    n = int(rng.integers(5, 50))
-    x = torch.from_numpy(rng.standard_normal(n).astype(np.float32))
-    w = torch.zeros(n, dtype=torch.bfloat16)
+    packer = ArgPacker(scale_kernel(), "cpu")
+    x, w, n = torch_scale_args(torch, rng)
     packer.pack((x, w, n))                   # first sight: the converter, then the binding
     assert all(scope["Tensor"] is torch.Tensor for scope in packer._scopes)
     for view in (x, x[1:], x[2:5]):
@@ -175,7 +163,7 @@ def test_torch_tensors_take_the_inline_branch_once_seen(rng, seed):
 
 def test_torch_host_tensors_stay_refused_by_the_cuda_kind():
     torch = pytest.importorskip("torch")
-    packer = ArgPacker(torch_kernel(), "cuda", 0)
+    packer = ArgPacker(scale_kernel(), "cuda", 0)
     x, w = torch.zeros(4), torch.zeros(4, dtype=torch.bfloat16)
     for _ in range(2):                       # before and after the inline branch is bound
         with pytest.raises(LaunchError, match="parameter 'x' expects a cuda array of "
@@ -195,7 +183,7 @@ def test_torch_cuda_tensor_stand_in_through_the_cuda_kind():
         def data_ptr(self):
             return 0x7000_0000
 
-    packer = ArgPacker(torch_kernel(), "cuda", 0)
+    packer = ArgPacker(scale_kernel(), "cuda", 0)
     x = torch.zeros(4).as_subclass(OnCuda)
     w = torch.zeros(4, dtype=torch.bfloat16).as_subclass(OnCuda)
     packer.pack((x, w, 4))

@@ -12,12 +12,7 @@ import pytest
 from pykernel.errors import LaunchError
 from pykernel.runtime import pointer_sources
 from pykernel.runtime.packer import ArgPacker
-from tests.runtime.fakes import FakeCompiled, ptr, scalar
-
-
-def kernel():
-    return FakeCompiled("scale", [ptr("x", np.float32), ptr("w", "bfloat16"),
-                                  scalar("n", np.int32)])
+from tests.runtime.fakes import scale_kernel, torch_scale_args
 
 
 def expect_error(packer, args, *fragments):
@@ -29,10 +24,8 @@ def expect_error(packer, args, *fragments):
 
 def test_torch_tensors_on_the_cpu_kind(rng, seed):
     torch = pytest.importorskip("torch")
-    packer = ArgPacker(kernel(), "cpu")
-    n = int(rng.integers(5, 50))
-    x = torch.from_numpy(rng.standard_normal(n).astype(np.float32))
-    w = torch.zeros(n, dtype=torch.bfloat16)
+    packer = ArgPacker(scale_kernel(), "cpu")
+    x, w, n = torch_scale_args(torch, rng)
     packer.pack((x, w, n))
     packer.pack((x[1:], w.view(torch.uint16), n - 1))      # an offset view; bf16 as u16 bits
     assert packer.unpack() == (x.data_ptr() + 4, w.data_ptr(), n - 1), f"seed={seed}"
@@ -49,7 +42,7 @@ def test_torch_tensors_on_the_cpu_kind(rng, seed):
 
 def test_torch_host_tensor_for_the_cuda_kind_says_where_it_is():
     torch = pytest.importorskip("torch")
-    packer = ArgPacker(kernel(), "cuda", 0)
+    packer = ArgPacker(scale_kernel(), "cuda", 0)
     x, w = torch.zeros(4), torch.zeros(4, dtype=torch.bfloat16)
     expect_error(packer, (x, w, 4), "parameter 'x' expects a cuda array of float32",
                  "torch.Tensor", "it is on cpu")
@@ -74,7 +67,7 @@ def fake_cupy(monkeypatch):
 
 
 def test_cupy_arrays_on_the_cuda_kind(fake_cupy, rng):
-    packer = ArgPacker(kernel(), "cuda", 0)
+    packer = ArgPacker(scale_kernel(), "cuda", 0)
     address = int(rng.integers(1, 2**30)) * 256
     x, w = fake_cupy.ndarray(address, 8, np.float32), fake_cupy.ndarray(address + 64, 8,
                                                                          np.uint16)
@@ -89,7 +82,7 @@ def test_cupy_arrays_on_the_cuda_kind(fake_cupy, rng):
 
 
 def test_anything_else_is_named_in_the_error():
-    packer = ArgPacker(kernel(), "cuda", 0)
+    packer = ArgPacker(scale_kernel(), "cuda", 0)
     expect_error(packer, ("x", None, 1), "parameter 'x' expects a cuda array of float32",
                  "got str 'x'")
     expect_error(packer, (object(), None, 1), "got object")

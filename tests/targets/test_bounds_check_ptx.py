@@ -2,7 +2,6 @@
 access, and a trap after printing kernel name and file:line. On a GPU (marked gpu) the check
 runs in a subprocess, because a trap ends the CUDA context."""
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -22,17 +21,12 @@ def shifted_copy(x: Ptr[f32, "ro"], out: Ptr[f32], n: i32):
     out[i] = x[i + n]
 
 
-def test_bounds_checked_ptx(tmp_path):
+def test_bounds_checked_ptx(assemble):
     c = pk.compile(shifted_copy, "sm_90")
     assert [p.name for p in c.params][-2:] == ["__nbytes_x", "__nbytes_out"]
     assert "vprintf" in c.ptx and "trap;" in c.ptx
     assert "shifted_copy" in c.ptx and "test_bounds_check_ptx.py" in c.ptx
-    if shutil.which("ptxas") is None:
-        pytest.skip("ptxas not on PATH")
-    src = tmp_path / "k.ptx"
-    src.write_text(c.ptx)
-    subprocess.run(["ptxas", "-arch=sm_90", str(src), "-o", str(tmp_path / "k.cubin")],
-                   check=True)
+    assemble(c.ptx, "sm_90")
 
 
 @pytest.mark.gpu
@@ -69,13 +63,8 @@ def chosen_copy(a: Ptr[f32], b: Ptr[f32], out: Ptr[f32], k: i32):
     out[i] = p[i] + q[i]
 
 
-def test_bounds_checked_ptx_of_a_pointer_chosen_at_run_time(tmp_path):
+def test_bounds_checked_ptx_of_a_pointer_chosen_at_run_time(assemble):
     c = pk.compile(chosen_copy, "sm_90")
     assert [p.name for p in c.params][-3:] == ["__nbytes_a", "__nbytes_b", "__nbytes_out"]
     assert c.ptx.count("trap;") >= 3
-    if shutil.which("ptxas") is None:
-        pytest.skip("ptxas not on PATH")
-    src = tmp_path / "k.ptx"
-    src.write_text(c.ptx)
-    subprocess.run(["ptxas", "-arch=sm_90", str(src), "-o", str(tmp_path / "k.cubin")],
-                   check=True)
+    assemble(c.ptx, "sm_90")

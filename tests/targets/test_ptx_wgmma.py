@@ -23,7 +23,7 @@ def test_wgmma_assembles_for_sm90a(kind, n, swizzle, a_regs, assemble):
     assemble(ptx, "sm_90a")
 
 
-@pk.kernel
+@pk.kernel(max_threads=128, min_blocks=1)
 def producer(out: Ptr[f32]):
     pk.setmaxnreg_dec(40)
     out[pk.thread_idx.x] = 1.0

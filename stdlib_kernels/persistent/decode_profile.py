@@ -1,0 +1,91 @@
+"""Where one persistent decode launch spends its time: the profiling build's per-item
+globaltimer stamps (decode_take.py: TAKEN, READY, PREPPED, DONE; DecodeRunner(profile=True)
+then runner.profile()) summed per item kind.
+
+    rows, totals = profile_summary(runner.sched, runner.profile())
+    print(format_profile(rows, totals))
+
+Per kind (embed, qkv, rope_kv, attn, o, gate_up, down, lm_head):
+- critical: the launch's wall time attributed to the kind's stages: a stage's share is from
+  the last item of the stage before finishing to its own last item finishing, so the shares
+  add up to the launch (first ticket to last item done). This is the column to read first.
+- item: mean READY -> DONE of one item (its work once its dependency is met), and within it
+  prep: READY -> PREPPED (GEMV / GLU: the RMS of x and the Q8_1 input; 0 for other kinds).
+- wait: mean TAKEN -> READY (a block holding a ticket whose stage before is not done yet).
+- lag: mean READY minus the later of its TAKEN and the stage before's last DONE: how long
+  after its item could start a block noticed (the acquire poll and its nanosleep backoff); a
+  slightly negative mean only says the producers' DONE stamps (after their release) land
+  after the consumer's acquire.
+globaltimer ticks in steps of some ns on recent GPUs (totals['tick_ns'], the smallest step
+seen): means over many items stay useful below it, single items do not.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .decode_schedule import ATTN, EMBED, GEMV, GLU, KIND, ROPE_KV
+from .decode_take import DONE, PREPPED, PROF_COLS, READY, TAKEN
+
+LAYER_STAGES = ("qkv", "rope_kv", "attn", "o", "gate_up", "down")
+LAYER_KINDS = (GEMV, ROPE_KV, ATTN, GEMV, GLU, GEMV)
+KINDS = ("embed",) + LAYER_STAGES + ("lm_head",)
+
+
+def stage_names(sched) -> list[str]:
+    """The item-kind name of every stage, in decode_schedule's order (checked against its
+    kinds)."""
+    kinds = sched.stages[:, KIND].tolist()
+    names = ["embed"] + list(LAYER_STAGES) * sched.shape.n_layer + ["lm_head"]
+    want = [EMBED] + list(LAYER_KINDS) * sched.shape.n_layer + [GEMV]
+    if kinds != want:
+        raise ValueError("decode_profile: the schedule's stages are not decode_schedule's order")
+    return names
+
+
+def profile_summary(sched, stamps: np.ndarray) -> tuple[dict, dict]:
+    """(per-kind rows: items, critical_us, item_us, prep_us, wait_us, lag_us; totals:
+    launch_us, wait_us (block time spent waiting, all items), tick_ns)."""
+    stamps = np.asarray(stamps)
+    if stamps.shape != (sched.n_items, PROF_COLS) or not stamps[:, DONE].all():
+        raise ValueError(f"decode_profile: stamps must be ({sched.n_items}, {PROF_COLS}) from a "
+                         f"profiled launch, got {stamps.shape}")
+    t = stamps.astype(np.int64) - int(stamps[:, TAKEN].min())    # ns from the first ticket
+    stage = sched.items[:, 0]
+    names = stage_names(sched)
+    last_done = np.array([t[stage == s, DONE].max() for s in range(sched.n_stages)])
+    before = np.concatenate([[0], last_done[:-1]])               # the stage before's end
+    rows = {k: {"items": 0, "critical_us": 0.0, "item_us": 0.0, "prep_us": 0.0,
+                "wait_us": 0.0, "lag_us": 0.0} for k in KINDS}
+    for s, name in enumerate(names):
+        mine = t[stage == s]
+        row = rows[name]
+        row["items"] += len(mine)
+        row["critical_us"] += (last_done[s] - before[s]) / 1e3
+        row["item_us"] += (mine[:, DONE] - mine[:, READY]).sum() / 1e3
+        row["prep_us"] += (mine[:, PREPPED] - mine[:, READY]).sum() / 1e3
+        row["wait_us"] += (mine[:, READY] - mine[:, TAKEN]).sum() / 1e3
+        if s:
+            since = np.maximum(mine[:, TAKEN], before[s])   # when the item could start
+            row["lag_us"] += (mine[:, READY] - since).sum() / 1e3
+    for row in rows.values():
+        for key in ("item_us", "prep_us", "wait_us", "lag_us"):
+            row[key] /= max(row["items"], 1)
+    steps = np.diff(np.unique(t))
+    totals = {"launch_us": last_done[-1] / 1e3,
+              "wait_us": (t[:, READY] - t[:, TAKEN]).sum() / 1e3,
+              "tick_ns": int(steps.min()) if steps.size else 0}
+    return rows, totals
+
+
+def format_profile(rows: dict, totals: dict) -> str:
+    """A markdown table of profile_summary's rows and a line of its totals."""
+    out = ["| item kind | items | critical us (share) | item us | of it norm+Q8_1 us | "
+           "wait us | lag us |", "|---|---|---|---|---|---|---|"]
+    launch = max(totals["launch_us"], 1e-9)
+    for name, r in rows.items():
+        out.append(f"| {name} | {r['items']} | {r['critical_us']:.1f} "
+                   f"({r['critical_us'] / launch:.0%}) | {r['item_us']:.2f} | "
+                   f"{r['prep_us']:.2f} | {r['wait_us']:.2f} | {r['lag_us']:.2f} |")
+    out.append(f"launch {totals['launch_us']:.1f} us (first ticket to last item); block time "
+               f"waiting {totals['wait_us']:.0f} us; globaltimer step {totals['tick_ns']} ns")
+    return "\n".join(out)
