@@ -164,13 +164,32 @@ class CPUTarget(CPUOps, CPUBulkOps, CPUClusterOps, CPUTmaOps, Target):
             text = patch_coroutine_text(_mark_presplit(str(ctx.module), ctx.function.name))
             ref = llvm.parse_assembly(text)
             ref.verify()
-        pto = llvm.create_pipeline_tuning_options(speed_level=2)
-        pb = llvm.create_pass_builder(self._tm, pto)
-        pb.getModulePassManager().run(ref, pb)
+        self.optimize(ref)
         # native object code: loaded here, and kept for the disk cache (cache.py), which
         # spares later processes the optimization and code generation (most of a compile)
         return self.load_object(self._tm.emit_object(ref), ctx.target_data["entry_name"],
                                 bool(ctx.target_data.get("coroutine")), ctx.shared_bytes)
+
+    def optimize(self, ref) -> None:
+        """The quick pipeline: SROA, InstCombine and SimplifyCFG, then LLVM's O0 pipeline
+        (which still lowers coroutines: CoroSplit moves values live across barriers into the
+        frame), then the same three passes on the split functions. Not LLVM's O2: compiling is
+        nearly all of a fresh CI run, and O2's GVN, LICM, CorrelatedValuePropagation and
+        JumpThreading grow faster than linearly on the large coroutines of the tensor-core and
+        batched GEMV kernels (17 s for one batch-5 GEMV; 3 s this way). No pass here changes a
+        float result: the IR carries no fast-math flags except `contract` under fp_contract
+        (benchmarks/RESULTS.md, "Cold compiles: where the time went", has the figures)."""
+        import llvmlite.binding as llvm
+        for stage in (_CLEANUP, None, _CLEANUP):
+            builder = llvm.create_pass_builder(self._tm,
+                                               llvm.create_pipeline_tuning_options(speed_level=0))
+            if stage is None:
+                builder.getModulePassManager().run(ref, builder)
+                continue
+            passes = llvm.create_new_module_pass_manager()
+            for name in stage:
+                getattr(passes, f"add_{name}_pass")()
+            passes.run(ref, builder)
 
     def load_object(self, obj: bytes, entry: str, coroutine: bool, shared_bytes: int):
         import llvmlite.binding as llvm
@@ -190,6 +209,11 @@ class CPUTarget(CPUOps, CPUBulkOps, CPUClusterOps, CPUTmaOps, Target):
         import llvmlite.binding as llvm
         return (f"{llvm.get_process_triple()}|{llvm.get_host_cpu_name()}|"
                 f"{llvm.get_host_cpu_features().flatten()}")
+
+
+# the cleanup before and after coroutine lowering: allocas to registers, local folding, and the
+# branches the lowering's bounds checks and compile-time `if`s leave behind
+_CLEANUP = ("sroa", "instruction_combine", "simplify_cfg")
 
 
 def _mark_presplit(text: str, fname: str) -> str:

@@ -27,19 +27,50 @@ def _lane_coords(fl):
 
 def mma(fl, node, name, shape, regs, accs):
     """mma fragments (intrinsics/lowlevel.py MMA): output c_k of lane 4 group + tig is row
-    group (+ 8 for k >= 2), column 2 tig + k % 2, summed over the k parts of A and B."""
-    _, ksize, per_reg, parts, acc_ty = shape
+    group (+ 8 for k >= 2), column 2 tig + k % 2, summed over the k parts of A and B. The lane
+    publishes its registers and accumulators and waits for the warp here; the products are
+    summed in the module's one function per shape (`_mma_function`), called from every site:
+    inlined, they were most of a tensor-core kernel's IR (~2,500 instructions per site) and
+    most of the time LLVM spent on it."""
+    parts, acc_ty = shape[3], shape[4]
     site = fl.ctx.site(fl, node, f"mma {name}")
     target, b = fl.ctx.target, fl.b
     words = [b.zext(r.ir, I64) for r in regs]
     words += [b.zext(b.bitcast(a.ir, I32) if acc_ty is f32 else a.ir, I64) for a in accs]
-    slots, half, nt = target.exchange_words(fl.ctx, words, site)
+    slots, half, _ = target.exchange_words(fl.ctx, words, site)
     base, group, tig = _lane_coords(fl)
+    nregs = 3 * parts
+    acc_in = [b.trunc(words[nregs + k], I32) for k in range(4)]
+    if acc_ty is f32:
+        acc_in = [b.bitcast(a, F32) for a in acc_in]
+    fn = _mma_function(fl.ctx.module, name, shape, target.SLOT_WORDS)
+    result = b.call(fn, [slots, half, base, group, tig] + acc_in)
+    return [b.extract_value(result, k) for k in range(4)]
+
+
+def _mma_function(module, name, shape, slot_words: int) -> ir.Function:
+    """`(slots, half, warp base, group, tig, c0..c3) -> {c0..c3}`: this lane's four outputs,
+    each its accumulator plus the k products in order (the same IR, per lane, as one
+    mma.sync computes exactly)."""
+    _, ksize, per_reg, parts, acc_ty = shape
+    fname = f"__pk_mma_{name}_{ksize}_{per_reg}_{parts}_{acc_ty.name}"
+    if fname in module.globals:
+        return module.globals[fname]
+    acc_ir = F32 if acc_ty is f32 else I32
+    fn = ir.Function(module, ir.FunctionType(ir.LiteralStructType([acc_ir] * 4),
+                                             [I64.as_pointer()] + [I32] * 4 + [acc_ir] * 4),
+                     fname)
+    fn.linkage = "internal"
+    fn.attributes.add("noinline")
+    slots, half, base, group, tig = fn.args[:5]
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
     bits = 32 // per_reg
     kind = name.split("_")[1]
 
     def fetch(src_lane, w, part):
-        raw = target.fetch_word(fl.ctx, slots, half, b.add(base, src_lane), w)
+        idx = b.add(b.mul(b.add(half, b.add(base, src_lane)), ir.Constant(I32, slot_words)),
+                    ir.Constant(I32, w))
+        raw = b.trunc(b.load(b.gep(slots, [idx])), I32)
         piece = b.trunc(b.lshr(raw, ir.Constant(I32, bits * part)), ir.IntType(bits))
         if kind == "s8":
             return b.sext(piece, I32)
@@ -47,13 +78,11 @@ def mma(fl, node, name, shape, regs, accs):
                           b.bitcast(piece, ir.HalfType()) if kind == "f16" else piece)
 
     sub = ksize // parts      # k columns per part: A registers 2p (row group), 2p + 1, B p
-    nregs = 3 * parts
-    outs = []
+    result = ir.Constant(fn.function_type.return_type, ir.Undefined)
     for k_out in range(4):    # c0, c1: row=group; c2, c3: row=group+8; col = 2*tig + k_out%2
         row_hi = k_out >= 2
         col = b.add(b.mul(tig, ir.Constant(I32, 2)), ir.Constant(I32, k_out % 2))
-        acc = b.bitcast(b.trunc(words[nregs + k_out], I32), F32) if acc_ty is f32 else \
-            b.trunc(words[nregs + k_out], I32)
+        acc = fn.args[5 + k_out]
         for k in range(ksize):
             a_lane = b.add(b.mul(group, ir.Constant(I32, 4)),
                            ir.Constant(I32, (k % sub) // per_reg))
@@ -63,8 +92,9 @@ def mma(fl, node, name, shape, regs, accs):
             x = fetch(a_lane, a_reg, k % per_reg)
             y = fetch(b_lane, b_reg, k % per_reg)
             acc = b.fadd(acc, b.fmul(x, y)) if acc_ty is f32 else b.add(acc, b.mul(x, y))
-        outs.append(acc)
-    return outs
+        result = b.insert_value(result, acc, k_out)
+    b.ret(result)
+    return fn
 
 
 def mma_b1(fl, node, regs, accs):

@@ -279,17 +279,13 @@ class CPUOps:
         return b.select(bad, ir.Constant(I64, 0), index)
 
     def fail(self, ctx, code, site, value):
-        """Record the first error of this worker (kernel keeps running on scratch memory)."""
-        b = ctx.builder
-        base = ctx.target_data["ctx"]
-        slot = b.gep(base, [ir.Constant(I64, abi.ERROR_CODE)])
-        first = b.icmp_signed("==", b.load(slot), ir.Constant(I64, 0))
-        with b.if_then(first):
-            b.store(ir.Constant(I64, code), slot)
-            b.store(ir.Constant(I64, site), b.gep(base, [ir.Constant(I64, abi.ERROR_SITE)]))
-            b.store(value, b.gep(base, [ir.Constant(I64, abi.ERROR_VALUE)]))
-            b.store(b.zext(ctx.target_data["tlin"], I64),
-                    b.gep(base, [ir.Constant(I64, abi.ERROR_THREAD)]))
+        """Record the first error of this worker (kernel keeps running on scratch memory): a
+        call of the module's one recorder, not its body at each of the hundreds of checks a
+        kernel has (that body, inlined, was a quarter of lowering a large kernel and grew every
+        later stage)."""
+        ctx.builder.call(_error_recorder(ctx.module),
+                         [ctx.target_data["ctx"], ir.Constant(I64, code), ir.Constant(I64, site),
+                          value, ctx.target_data["tlin"]])
 
     def device_print(self, ctx, fmt: str, args: list) -> None:
         """print() in a kernel (lower/printing.py): C printf, flushed at once so the lines
@@ -378,3 +374,26 @@ class CPUOps:
     def assert_fail(self, ctx, site):
         self.fail(ctx, 4, site, ir.Constant(I64, 0))
         ctx.builder.branch(ctx.exit_block)
+
+
+def _error_recorder(module: ir.Module) -> ir.Function:
+    """`__pk_record_error(ctx, code, site, value, tlin)`: the first error of this worker wins
+    (ctx[ERROR_CODE] == 0); a cold, never-inlined function of the module."""
+    name = "__pk_record_error"
+    if name in module.globals:
+        return module.globals[name]
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64.as_pointer(), I64, I64, I64,
+                                                             I32]), name)
+    fn.linkage = "internal"
+    fn.attributes.add("noinline")
+    fn.attributes.add("cold")
+    base, code, site, value, tlin = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    slot = b.gep(base, [ir.Constant(I64, abi.ERROR_CODE)])
+    with b.if_then(b.icmp_signed("==", b.load(slot), ir.Constant(I64, 0))):
+        b.store(code, slot)
+        b.store(site, b.gep(base, [ir.Constant(I64, abi.ERROR_SITE)]))
+        b.store(value, b.gep(base, [ir.Constant(I64, abi.ERROR_VALUE)]))
+        b.store(b.zext(tlin, I64), b.gep(base, [ir.Constant(I64, abi.ERROR_THREAD)]))
+    b.ret_void()
+    return fn
