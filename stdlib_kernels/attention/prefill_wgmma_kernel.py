@@ -188,8 +188,8 @@ def consume(smem, base: i32, bars, q, out, tokens: i32, q_row: i32, start: i32, 
         at = base + s * 2 * BN * D
         pk.mbarrier_wait(bars, s, phase)                  # K landed
         scores(sacc, qf, smem, at, D, BN)
-        for r in pk.static_range(2):
-            lo_t[r] = max(lo[r], nominal - 1)
+        for r in pk.static_range(2):     # lo <= pos: finish_scores' one unsigned compare
+            lo_t[r] = min(max(lo[r], nominal - 1), pos[r])
         finish_scores(sacc, kt, lane % 4, pos, lo_t, softcap,
                       kt + BN - 1 > first_pos or window > 0 or kt != nominal, BN, 1)
         softmax_tile(sacc, oacc, m, l, D, BN)
