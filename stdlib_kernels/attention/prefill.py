@@ -21,8 +21,8 @@ import pykernel as pk
 
 from .._launch import zero_i32
 from .decode import HEAD_DIMS, KeyRange, check_sinks, launch_decode
-from .decode_plan import cuda_sm
 from .decode_kernels import LOG2E
+from .decode_plan import cuda_sm
 from .prefill_flash import prefill_flash
 from .prefill_wgmma import launch_prefill_wgmma
 

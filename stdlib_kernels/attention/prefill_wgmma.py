@@ -24,8 +24,13 @@ from .decode_kernels import LOG2E
 from .decode_plan import cuda_sm
 from .prefill_wgmma_kernel import BOX_DIMS, ROWS, SWIZZLE_ALIGN, THREADS, prefill_wgmma
 
-__all__ = ["WGMMA_HEAD_DIMS", "launch_prefill_wgmma", "wgmma_prefill_applies", "shared_bytes",
-           "default_tiling"]
+__all__ = [
+    "WGMMA_HEAD_DIMS",
+    "default_tiling",
+    "launch_prefill_wgmma",
+    "shared_bytes",
+    "wgmma_prefill_applies",
+]
 
 WGMMA_HEAD_DIMS = (64, 128)
 SHARED_LIMIT = 227 * 1024          # dynamic + static shared memory of one block (H100 / H200)

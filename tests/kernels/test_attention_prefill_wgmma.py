@@ -69,7 +69,7 @@ def test_prefill_wgmma_matches_reference_and_mma(device, rng, seed, case):
     got = _run(q, k, v, start, scale, window, softcap, sinks, block_keys=bn, stages=stages)
     check_close(got, prefill_expected(q, k, v, start, scale, window, softcap, sinks),
                 np.float16, seed, str(case))
-    mma_kw = dict(warps=1, block_keys=16) if device.kind == "cpu" else {}
+    mma_kw = {"warps": 1, "block_keys": 16} if device.kind == "cpu" else {}
     mma = _run(q, k, v, start, scale, window, softcap, sinks, path="mma", **mma_kw)
     _check_against_mma(got, mma, v, seed, str(case))
 
