@@ -22,7 +22,8 @@ if TYPE_CHECKING:     # stdlib_kernels (and pykernel under it) is imported by th
 
 # the environment variables stdlib_kernels.options.KernelOptions.from_env reads
 KERNEL_VARIABLES = ("PYKERNEL_GEMV_TOKENS", "PYKERNEL_INT8_GEMM_TOKENS", "PYKERNEL_MMA_GEMV",
-                    "PYKERNEL_DECODE_MMA", "PYKERNEL_DECODE_BULK", "PYKERNEL_HOPPER_QUANT_GEMM",
+                    "PYKERNEL_DECODE_MMA", "PYKERNEL_DECODE_BULK", "PYKERNEL_PREFILL_WGMMA",
+                    "PYKERNEL_HOPPER_QUANT_GEMM",
                     "PYKERNEL_DEQUANT_F16_GEMM", "PYKERNEL_DEQUANT_F16_TOKENS")
 
 

@@ -9,6 +9,7 @@ runner's weight matmuls; nothing else reads these variables.
     PYKERNEL_MMA_GEMV=0          mma_gemv off (keep the int8 GEMM there, for comparisons)
     PYKERNEL_DECODE_MMA=0        decode_mma off (decode attention on the SIMT kernel)
     PYKERNEL_DECODE_BULK=1       decode_bulk on (split decode attention by bulk copies)
+    PYKERNEL_PREFILL_WGMMA=1     prefill_wgmma on (prefill attention on wgmma, sm_90)
     PYKERNEL_HOPPER_QUANT_GEMM=1 hopper_quant_gemm on (GEMMs on gemm_hopper_quant, sm_90)
     PYKERNEL_DEQUANT_F16_GEMM=0/1  dequant_f16_gemm off / forced on (unset: on for sm_90 GPUs)
     PYKERNEL_DEQUANT_F16_TOKENS=n  dequant_f16_tokens
@@ -49,6 +50,11 @@ class KernelOptions:
     # split decode launches of f16 caches (head_dim <= 128, sm_90+) on decode_bulk: an option,
     # not the default (benchmarks/RESULTS.md "Decode by bulk copies")
     decode_bulk: bool = False
+    # tensor-core prefill attention of f16 caches (head_dim 64 / 128) on prefill_wgmma
+    # (FlashAttention-3's structure: TMA producer, wgmma consumers; sm_90 and the CPU target)
+    # instead of prefill_flash's mma.sync: an option, off until measured on the GPU
+    # (benchmarks/prefill_wgmma.py)
+    prefill_wgmma: bool = False
     # the matmuls that leave the GEMVs (from int8_gemm_tokens) run gemm_hopper_quant (wgmma on
     # weights dequantized to f16 in shared memory, f16 activations) on sm_90 where it serves
     # the format and K (quant.matmul.hopper_quant_applies): an option for A/B runs, off until
@@ -76,6 +82,8 @@ class KernelOptions:
                       mma_gemv=environ.get("PYKERNEL_MMA_GEMV", "1") not in ("", "0"),
                       decode_mma=environ.get("PYKERNEL_DECODE_MMA", "1") != "0",
                       decode_bulk=environ.get("PYKERNEL_DECODE_BULK", "0") not in ("", "0"),
+                      prefill_wgmma=environ.get("PYKERNEL_PREFILL_WGMMA", "0")
+                      not in ("", "0"),
                       hopper_quant_gemm=environ.get("PYKERNEL_HOPPER_QUANT_GEMM", "0")
                       not in ("", "0"),
                       dequant_f16_gemm=_tristate(environ.get("PYKERNEL_DEQUANT_F16_GEMM")),

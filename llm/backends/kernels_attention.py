@@ -34,6 +34,7 @@ from stdlib_kernels.attention.decode_plan import (batch_splits, config_splits, d
 from stdlib_kernels.attention.kv_q8 import Q8Cache
 from stdlib_kernels.attention.prefill import (launch_prefill, launch_prefill_seqs,
                                               mma_available)
+from stdlib_kernels.attention.prefill_wgmma import wgmma_prefill_applies
 from stdlib_kernels.rotary import HeadNorms, RopeSpec, rope_kv_cache_cols
 
 # options.early_kv (launch_decode(early_kv=) in the decode graphs) was off for a while: ptxas
@@ -274,7 +275,7 @@ class KernelsAttention:
         first, first_dev = self._prefill_start(start, positions[0:1])
         launch_prefill(rows, k_cache, v_cache, out.reshape(n, -1, d), first, scale,
                        window=window or None, n_head=q_src.width // d, start_dev=first_dev,
-                       sinks=sinks)
+                       sinks=sinks, path=self._tensor_core_path(k_cache))
 
     @staticmethod
     def _prefill_start(start, start_dev) -> tuple:
@@ -319,7 +320,8 @@ class KernelsAttention:
         elif self._tensor_core_prefill(k_cache):   # Q, K, V, P rounded to f16 like llama.cpp's
             first, first_dev = self._prefill_start(start, start_dev)
             launch_prefill(q3, k_cache, v_cache, out3, first, scale, window=window or None,
-                           start_dev=first_dev, sinks=sinks)
+                           start_dev=first_dev, sinks=sinks,
+                           path=self._tensor_core_path(k_cache))
         else:                  # prefill: query z sees start + z + 1 keys of the shared cache
             launch_decode(q3, k_cache, v_cache,
                           KeyRange(start_dev, add=1, step=1, stride=0, window=window or None),
@@ -344,6 +346,16 @@ class KernelsAttention:
         # start (its blocks then prefetch weights meanwhile): 8B @ d4096 +0.5% on an H200
         # (benchmarks/RESULTS.md, "Decode attention's early trigger in the runner")
         return dataclasses.replace(config, early_trigger=b.options.early_trigger)
+
+    def _tensor_core_path(self, k_cache) -> str | None:
+        """launch_prefill's path for a tensor-core prefill over this (f16) cache: "wgmma"
+        (prefill_wgmma) where the kernel options ask for it and it applies, else None (its
+        default: "mma" for f16 caches)."""
+        b = self.backend
+        wanted = b.options.kernel_options.prefill_wgmma
+        if wanted and wgmma_prefill_applies(k_cache.shape[-1], k_cache.dtype, b.device):
+            return "wgmma"
+        return None
 
     def _tensor_core_prefill(self, k_cache) -> bool:
         """Flash attention on tensor cores for prefill: f16 cache, sm_80+, and the llama.cpp-like

@@ -5,10 +5,11 @@ matrix descriptors, the fence / commit / wait that order it, and `setmaxnreg`.
                                            starting at shared tile[i] (docs/language.md)
     pk.wgmma_fence()                       before the first wgmma that reads registers written
                                            since (accumulators, A fragments)
-    pk.wgmma(acc, a, b_desc, kind, scale_d=1)   acc (a pk.local_array of N/2 f32 or i32) =
-                                           A(64xK) * B(KxN) + (acc if scale_d else 0); a is a
-                                           descriptor (u64) or a local_array of 4 u32 (A from
-                                           registers); N = 2 * len(acc)
+    pk.wgmma(acc, a, b_desc, kind, scale_d=1, trans_b=False)   acc (a pk.local_array of N/2
+                                           f32 or i32) = A(64xK) * B(KxN) + (acc if scale_d
+                                           else 0); a is a descriptor (u64) or a local_array
+                                           of 4 u32 (A from registers); N = 2 * len(acc);
+                                           trans_b (f16 / bf16): B N-major in shared memory
     pk.wgmma_commit_group()                close the group of wgmmas issued since the last one
     pk.wgmma_wait_group(n, acc...)         wait until at most n groups are pending; the named
                                            accumulator arrays are safe to read afterwards
@@ -116,11 +117,12 @@ def _a_operand(fl, a_node):
 def wgmma(fl, node):
     """`pk.wgmma(acc, a, b_desc, kind, scale_d=1)`: one `wgmma.mma_async.sync.aligned.
     m64nNkK.{f32|s32}.atype.btype` (sm_90a); see the module docstring and docs/language.md."""
-    if not 4 <= len(node.args) <= 5 or node.keywords:
-        raise fl.error(node, "pk.wgmma(acc, a, b_desc, kind, scale_d=1) takes 4 or 5 "
-                       "positional arguments")
+    if not 4 <= len(node.args) <= 5 or any(kw.arg != "trans_b" for kw in node.keywords):
+        raise fl.error(node, "pk.wgmma(acc, a, b_desc, kind, scale_d=1, trans_b=False) takes "
+                       "4 or 5 positional arguments and the keyword trans_b")
     require_sm90a(fl, node, "wgmma.mma_async")
     kinds = wgmma_kind(fl, node, node.args[3])
+    trans_b = _trans_b(fl, node, kinds[0])
     acc, n = _accumulators(fl, node, node.args[0], kinds[0])
     a = _a_operand(fl, node.args[1])
     b_desc = fl.coerce(fl.expr(node.args[2]), u64, node.args[2])
@@ -137,18 +139,33 @@ def wgmma(fl, node):
     fl.ctx.uses.add("wgmma")
     if isinstance(a, ArrayValue):
         fl.ctx.uses.add("warp")      # the CPU target exchanges A fragments within the warp
-    spec = WgmmaSpec(kinds[0], kinds[1], n)
+    spec = WgmmaSpec(kinds[0], kinds[1], n, trans_b)
     done = fl.ctx.target.lower_intrinsic("wgmma", fl, node, spec, acc, a, b_desc, scale)
     if done is None:
         raise fl.error(node, "pk.wgmma is not available on this target")
     return ConstValue(None)
 
 
-class WgmmaSpec:
-    """One instruction's shape: m64 n{n} k{k}, operand kinds, accumulator type."""
+def _trans_b(fl, node, a_kind) -> bool:
+    """The compile-time keyword trans_b (B N-major: imm-trans-b 1), f16 / bf16 only."""
+    for kw in node.keywords:
+        val = fl.expr(kw.value)
+        if not isinstance(val, ConstValue) or val.value not in (0, 1, False, True):
+            raise fl.error(kw.value, f"pk.wgmma: trans_b must be a compile-time bool, got "
+                           f"{describe(val)}")
+        if val.value and OPERANDS[a_kind][3] not in ("f16", "bf16"):
+            raise fl.error(kw.value, f"pk.wgmma: trans_b (an N-major B) exists for f16 and "
+                           f"bf16 only, not {a_kind}")
+        return bool(val.value)
+    return False
 
-    def __init__(self, a_kind: str, b_kind: str, n: int):
-        self.a_kind, self.b_kind, self.n = a_kind, b_kind, n
+
+class WgmmaSpec:
+    """One instruction's shape: m64 n{n} k{k}, operand kinds, accumulator type, and whether B
+    is N-major (trans_b)."""
+
+    def __init__(self, a_kind: str, b_kind: str, n: int, trans_b: bool = False):
+        self.a_kind, self.b_kind, self.n, self.trans_b = a_kind, b_kind, n, trans_b
         self.k, self.elem_bytes, self.acc_ty, self.family = OPERANDS[a_kind]
 
     @property

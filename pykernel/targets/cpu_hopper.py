@@ -12,6 +12,9 @@ shared memory at
     T-byte swizzle: o = start + (r / 8) sbo + (r % 8) T + (kb / T) lbo + kb % T, then the
                    16-byte chunk bits 4.. of o XOR bits 7.. (T / 16 - 1 of them)
 with offsets from the block's shared-memory base (a 1024-byte-aligned address on the GPU).
+An N-major B (trans_b) element (n, k) at nb = n * size, T-byte swizzle, is read at
+    o = start + (nb / T) lbo + nb % T + (k / 8) sbo + (k % 8) T, then the same XOR
+and without swizzle at start + (nb / 16) sbo + nb % 16 + (k / 8) lbo + (k % 8) 16.
 A from registers: element (r, k) of warp w's 16 rows is in the 4 words its lane 4 (r % 8) +
 (k % (K/2)) / per_word published, word (r % 16) / 8 + 2 (k / (K/2)), as mma.sync's A."""
 from __future__ import annotations
@@ -52,8 +55,9 @@ def _convert(b, kind, raw):
     return ops.to_f32(b, ty, b.bitcast(raw, ir.HalfType()) if kind == "f16" else raw)
 
 
-def _desc_offset(b, desc, r, k, size):
-    """The shared offset (i64) of element (r, k) of the operand a descriptor describes."""
+def _desc_offset(b, desc, r, k, size, mn_major=False):
+    """The shared offset (i64) of element (r, k) of the operand a descriptor describes: K-major,
+    or with mn_major (B of trans_b) N-major, where r runs along the contiguous bytes."""
     def field(shift):
         return b.shl(b.and_(b.lshr(desc, _c(shift, I64)), _c(0x3FFF, I64)), _c(4, I64))
     start, lbo, sbo = field(0), field(16), field(32)
@@ -62,14 +66,37 @@ def _desc_offset(b, desc, r, k, size):
                      b.select(b.icmp_unsigned("==", mode, _c(1, I64)), _c(128, I64),
                               b.select(b.icmp_unsigned("==", mode, _c(2, I64)), _c(64, I64),
                                        _c(32, I64))))
-    r, kb = b.zext(r, I64), b.mul(b.zext(k, I64), _c(size, I64))
-    off = b.add(start, b.mul(b.udiv(r, _c(8, I64)), sbo))
-    off = b.add(off, b.mul(b.urem(r, _c(8, I64)), width))
-    off = b.add(off, b.add(b.mul(b.udiv(kb, width), lbo), b.urem(kb, width)))
+    if mn_major:
+        off = _mn_major_offset(b, start, lbo, sbo, mode, width, b.zext(r, I64),
+                               b.zext(k, I64), size)
+    else:
+        off = _k_major_offset(b, start, lbo, sbo, width, b.zext(r, I64), b.zext(k, I64), size)
     # swizzle: chunk bits 4.. ^= bits 7..; the mask is width / 16 - 1 (0 without swizzle)
     mask = b.select(b.icmp_unsigned("==", mode, _c(0, I64)), _c(0, I64),
                     b.sub(b.udiv(width, _c(16, I64)), _c(1, I64)))
     return b.xor(off, b.shl(b.and_(b.lshr(off, _c(7, I64)), mask), _c(4, I64)))
+
+
+def _k_major_offset(b, start, lbo, sbo, width, r, k, size):
+    """Element (r, k), k contiguous: 8-row groups sbo apart, rows `width` bytes apart inside
+    one (16 without swizzle), and along K `width`-byte spans lbo apart."""
+    kb = b.mul(k, _c(size, I64))
+    off = b.add(start, b.mul(b.udiv(r, _c(8, I64)), sbo))
+    off = b.add(off, b.mul(b.urem(r, _c(8, I64)), width))
+    return b.add(off, b.add(b.mul(b.udiv(kb, width), lbo), b.urem(kb, width)))
+
+
+def _mn_major_offset(b, start, lbo, sbo, mode, width, n, k, size):
+    """Element (n, k), n contiguous (CUTLASS's canonical MN-major layouts): swizzled, rows of
+    K `width` bytes apart in groups of 8 sbo apart, `width`-byte spans along N lbo apart;
+    without swizzle 16-byte spans along N sbo apart, k % 8 16 bytes apart, groups of 8 k lbo
+    apart (the two offsets trade places)."""
+    nb = b.mul(n, _c(size, I64))
+    plain = b.icmp_unsigned("==", mode, _c(0, I64))
+    n_step, k_group = b.select(plain, sbo, lbo), b.select(plain, lbo, sbo)
+    off = b.add(start, b.add(b.urem(nb, width), b.mul(b.udiv(nb, width), n_step)))
+    off = b.add(off, b.mul(b.urem(k, _c(8, I64)), width))
+    return b.add(off, b.mul(b.udiv(k, _c(8, I64)), k_group))
 
 
 class _Operands:
@@ -93,9 +120,9 @@ class _Operands:
             words = [b.zext(b.load(b.gep(a.ir, [_c(j)])), I64) for j in range(4)]
             self.slots, self.half, _ = self.target.exchange_words(fl.ctx, words, site)
 
-    def _shared(self, desc, r, k, kind):
+    def _shared(self, desc, r, k, kind, mn_major=False):
         b, size = self.b, self.spec.elem_bytes
-        off = _desc_offset(b, desc, r, k, size)
+        off = _desc_offset(b, desc, r, k, size, mn_major)
         ok = b.icmp_unsigned("<=", b.add(off, _c(size, I64)), self.limit)
         with b.if_then(b.not_(ok), likely=False):
             self.target.fail(self.fl.ctx, 1, self.site, off)
@@ -128,7 +155,7 @@ class _Operands:
         return out
 
     def b_elem(self, col, k):
-        return self._shared(self.b_desc, col, k, self.spec.b_kind)
+        return self._shared(self.b_desc, col, k, self.spec.b_kind, self.spec.trans_b)
 
 
 def wgmma(fl, node, spec, acc, a, b_desc, scale):

@@ -31,9 +31,10 @@ def _element_ptrs(fl, acc):
 
 
 def wgmma(fl, node, spec, acc, a, b_desc, scale):
-    """`{ setp.ne.b32 p, scale, 0; wgmma... {d..}, a, b, p[, 1, 1[, 0, 0]]; }`: imm-scale-a/b
-    (f16, bf16, fp8) are 1 and imm-trans-a/b (f16, bf16) 0 (K-major operands). Mixed integer
-    operands (s8.u8) need PTX ISA 8.4."""
+    """`{ setp.ne.b32 p, scale, 0; wgmma... {d..}, a, b, p[, 1, 1[, 0, tb]]; }`: imm-scale-a/b
+    (f16, bf16, fp8) are 1, imm-trans-a (f16, bf16) 0 (a K-major A), imm-trans-b tb =
+    spec.trans_b (0: B K-major, 1: N-major). Mixed integer operands (s8.u8) need PTX ISA
+    8.4."""
     needs_ptx(fl, 84 if spec.family == "int8" and spec.a_kind != spec.b_kind else 80)
     b = fl.b
     count = acc.ty.count
@@ -60,8 +61,9 @@ def wgmma(fl, node, spec, acc, a, b_desc, scale):
     args += [b_desc.ir, b.zext(scale.ir, I32)]
     cons += ["l", "r"]
     tail = ""
-    if spec.family in ("f16", "bf16"):
-        tail = ", 1, 1, 0" if from_registers else ", 1, 1, 0, 0"
+    if spec.family in ("f16", "bf16"):      # imm-trans-b: 1 for an N-major B
+        trans_b = int(spec.trans_b)
+        tail = f", 1, 1, {trans_b}" if from_registers else f", 1, 1, 0, {trans_b}"
     elif spec.family == "fp8":
         tail = ", 1, 1"
     text = (f"{{ .reg .pred p; setp.ne.b32 p, ${pos + 1}, 0; {spec.ptx} {{{outs}}}, "

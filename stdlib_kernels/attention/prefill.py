@@ -6,7 +6,9 @@ K/V caches (n_kv_head, max_len, D) f16 or f32 holding positions 0 .. start + tok
 a preallocated out (tokens, n_head, D) f32.
 Output: the attention result written into `out`.
 
-Paths: "mma" (prefill_flash.prefill_flash: tensor cores, f16 cache, sm_80+) and "simt" (the
+Paths: "mma" (prefill_flash.prefill_flash: tensor cores, f16 cache, sm_80+), "wgmma"
+(prefill_wgmma: FlashAttention-3's structure on Hopper's wgmma, f16 cache, head_dim 64 / 128,
+sm_90; an option, not the default) and "simt" (the
 decode kernel with one query row per token, kv_len = start + row + 1: any arch, f32 or f16
 cache, f32 arithmetic; it is also the reference-accurate path for f32 caches, since the mma
 path rounds Q, K, V and P to f16).
@@ -19,9 +21,10 @@ import pykernel as pk
 
 from .._launch import zero_i32
 from .decode import HEAD_DIMS, KeyRange, check_sinks, launch_decode
-from .decode_plan import cuda_sm
 from .decode_kernels import LOG2E
+from .decode_plan import cuda_sm
 from .prefill_flash import prefill_flash
+from .prefill_wgmma import launch_prefill_wgmma
 
 MMA_WARPS = 4
 MMA_STAGES = 3
@@ -76,11 +79,12 @@ def default_block_keys(head_dim: int) -> int:
 
 def launch_prefill(q, k_cache, v_cache, out, start: int, scale: float, *, window=None,
                    softcap=None, path: str | None = None, stream=None, block_keys=None,
-                   warps: int = MMA_WARPS, stages: int = MMA_STAGES, m_tiles: int = 1,
+                   warps: int = MMA_WARPS, stages: int | None = None, m_tiles: int = 1,
                    n_head: int | None = None, start_dev=None, sinks=None):
     """Causal attention of q (positions start..) against cache rows 0 .. start + tokens - 1.
     The mma path's tiling: block_keys keys per tile (default_block_keys), warps per block,
-    stages of the cp.async ring (2..8), m_tiles 16-row query tiles per warp (1 or 2).
+    stages of the cp.async ring (2..8, default MMA_STAGES), m_tiles 16-row query tiles per
+    warp (1 or 2); the wgmma path's: block_keys and stages (prefill_wgmma.default_tiling).
     n_head (mma path): q is (tokens, W), its heads the first n_head * head_dim columns.
     start_dev: a device int32 added to `start` by the kernels (the runner's prefill graphs
     pass start 0 and the position buffer they replay with); the caller then guarantees
@@ -101,11 +105,17 @@ def launch_prefill(q, k_cache, v_cache, out, start: int, scale: float, *, window
         keys = KeyRange(start_at, add=start + 1, step=1, stride=0, window=window)
         return launch_decode(q, k_cache, v_cache, keys, out, scale, softcap=softcap,
                              stream=stream, share_cache=True, sinks=sinks)
+    if path == "wgmma":
+        return launch_prefill_wgmma(q, k_cache, v_cache, out, start, scale, window=window,
+                                    softcap=softcap, n_head=n_head if q.ndim == 2 else None,
+                                    start_dev=start_dev, sinks=sinks, stream=stream,
+                                    block_keys=block_keys, stages=stages)
     if path != "mma" or k_cache.dtype != np.float16:
-        raise ValueError(f"attention.prefill: path {path!r} needs 'simt', or 'mma' with an f16 "
-                         f"cache (cache is {k_cache.dtype})")
+        raise ValueError(f"attention.prefill: path {path!r} needs 'simt', or 'mma' / 'wgmma' "
+                         f"with an f16 cache (cache is {k_cache.dtype})")
     _launch_flash(q, k_cache, v_cache, out, tokens, q_row, start, start_at, n_head, scale,
-                  window, softcap, stream, block_keys, warps, stages, m_tiles, sinks=sinks)
+                  window, softcap, stream, block_keys, warps, stages or MMA_STAGES, m_tiles,
+                  sinks=sinks)
     return out
 
 

@@ -129,3 +129,79 @@ def test_wgmma_matches_numpy(device, rng, kind, n, kbytes, swizzle, a_regs):
         # the tensor cores sum in another order (and truncate): |error| <= K ulp(sum |a b|)
         np.testing.assert_allclose(got, want, rtol=0, atol=float(np.abs(want).max()) * 2e-5
                                    * kbytes)
+
+
+@pk.func
+def n_major_offset(n: i32, k: i32, swizzle: Const[int], rows: Const[int],
+                   K: Const[int]) -> i32:
+    """Byte offset of B's element (n, k) (2 bytes) stored N-major for trans_b: swizzled, spans
+    of `swizzle` bytes along N, each holding all K rows (lbo = K * swizzle apart); plain, 8 x
+    16-byte core matrices, N-spans 128 bytes apart (sbo), 8-k groups 16 * rows apart (lbo)."""
+    nb = 2 * n
+    if swizzle == 0:
+        return (nb // 16) * 128 + nb % 16 + (k // 8) * (16 * rows) + (k % 8) * 16
+    off = (nb // swizzle) * (K * swizzle) + nb % swizzle + k * swizzle
+    return off ^ (((off >> 7) & (swizzle // 16 - 1)) << 4)
+
+
+@pk.kernel
+def wgmma_gemm_nmajor(a: Ptr[u8], b: Ptr[u8], c: Ptr[f32], n: Const[int], K: Const[int],
+                      swizzle: Const[int], kind: Const[str], a_regs: Const[bool]):
+    """C (64 x n) = A (64 x K) . B (n x K)^T with B N-major in shared memory (trans_b); A
+    K-major without swizzle, or from registers."""
+    sa = pk.shared_array(u8, 8192)
+    sb = pk.shared_array(u8, 32768)
+    t = pk.thread_idx.x
+    kbytes = 2 * K
+    for idx in range(t, 64 * kbytes, 128):
+        sa[tile_offset(idx // kbytes, idx % kbytes, 0, kbytes)] = a[idx]
+    for idx in range(t, n * kbytes, 128):
+        e = idx // 2
+        sb[n_major_offset(e // K, e % K, swizzle, n, K) + idx % 2] = b[idx]
+    pk.fence_proxy_async()
+    pk.syncthreads()
+    acc = pk.local_array(f32, n // 2)
+    lbo = 16 * n if swizzle == 0 else K * swizzle
+    sbo = 128 if swizzle == 0 else 8 * swizzle
+    frag = pk.local_array(u32, 4)
+    w, g, q = (t // 32) % 4, (t % 32) // 4, t % 4
+    for s in pk.static_range(K // 16):
+        db = pk.wgmma_desc(sb, 2 * lbo * s if swizzle == 0 else 16 * swizzle * s, lbo, sbo,
+                           swizzle)
+        pk.wgmma_fence()
+        if a_regs:
+            for j in pk.static_range(4):
+                row = 16 * w + g + 8 * (j % 2)
+                kb = s * STEP_BYTES + 4 * q + 16 * (j // 2)
+                word = u32(0)
+                for byte in pk.static_range(4):
+                    word = word | (u32(a[row * kbytes + kb + byte]) << (8 * byte))
+                frag[j] = word
+            pk.wgmma(acc, frag, db, kind, s > 0, trans_b=True)
+        else:
+            da = pk.wgmma_desc(sa, s * 2 * 128, 128, kbytes // 16 * 128, 0)
+            pk.wgmma(acc, da, db, kind, s > 0, trans_b=True)
+        pk.wgmma_commit_group()
+        pk.wgmma_wait_group(0, acc)
+    for i in pk.static_range(n // 2):
+        row = 16 * w + g + 8 * ((i // 2) % 2)
+        c[row * n + 8 * (i // 4) + 2 * q + i % 2] = acc[i]
+
+
+@pytest.mark.parametrize("kind,n,k,swizzle,a_regs", [
+    ("f16", 128, 32, 128, True), ("f16", 64, 16, 128, False), ("bf16", 64, 48, 64, True),
+    ("f16", 48, 32, 32, False), ("f16", 24, 32, 0, True), ("bf16", 16, 16, 0, False)])
+def test_wgmma_trans_b_matches_numpy(device, rng, kind, n, k, swizzle, a_regs):
+    """trans_b: B read N-major (CUTLASS's canonical MN-major layouts), every swizzle mode;
+    N spans more than one swizzle width where n * 2 > swizzle (lbo used)."""
+    a_raw, av = _operands(rng, kind, 64, k)
+    b_raw, bv = _operands(rng, kind, n, k)
+    c = pk.full((64 * n,), np.nan, np.float32)
+    wgmma_gemm_nmajor[1, 128](pk.to_device(np.ascontiguousarray(a_raw).reshape(-1)),
+                              pk.to_device(np.ascontiguousarray(b_raw).reshape(-1)), c, n, k,
+                              swizzle, kind, a_regs)
+    got, want = c.numpy().reshape(64, n), _reference(av, bv, kind)
+    if device.kind == "cpu":
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=0, atol=float(np.abs(want).max()) * 4e-5 * k)

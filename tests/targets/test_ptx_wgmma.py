@@ -87,3 +87,40 @@ def k(x: pk.Ptr[f32]):
     with pytest.raises(pk.KernelSourceError, match=match) as err:
         mod.k.ptx("sm_90a")
     assert "bad_wgmma.py:11:" in str(err.value) and "compiler" not in str(err.value)
+
+
+@pytest.mark.parametrize("a_regs,swizzle", [(True, 128), (False, 0)])
+def test_wgmma_trans_b_assembles(a_regs, swizzle, assemble):
+    """trans_b sets imm-trans-b (the last immediate) to 1: after the scales with A from
+    registers, after imm-trans-a 0 with A from a descriptor."""
+    from tests.kernels.test_wgmma import wgmma_gemm_nmajor
+    ptx = wgmma_gemm_nmajor.ptx("sm_90a", n=64, K=32, swizzle=swizzle, kind="f16",
+                                a_regs=a_regs)
+    tail = ", 1, 1, 1;" if a_regs else ", 1, 1, 0, 1;"
+    assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16" in ptx
+    assert all(line.rstrip().endswith(tail + " }") for line in ptx.splitlines()
+               if "wgmma.mma_async" in line), tail
+    assemble(ptx, "sm_90a")
+
+
+def test_wgmma_trans_b_needs_16_bit_operands(tmp_path):
+    src = '''import pykernel as pk
+from pykernel import i32, u8
+
+
+@pk.kernel
+def k(x: pk.Ptr[i32]):
+    sm = pk.shared_array(u8, 1024)
+    acc = pk.local_array(i32, 4)
+    d = pk.wgmma_desc(sm, 0, 16, 16, 0)
+    pk.wgmma(acc, d, d, 's8', trans_b=True)
+'''
+    path = tmp_path / "bad_trans.py"
+    path.write_text(src)
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bad_trans", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with pytest.raises(pk.KernelSourceError, match="f16 and bf16 only") as err:
+        mod.k.ptx("sm_90a")
+    assert "bad_trans.py:10:" in str(err.value)
