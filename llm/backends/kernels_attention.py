@@ -17,13 +17,12 @@ import dataclasses
 
 import numpy as np
 
-import pykernel as pk
 from llm.backends import kernels_extra as X
 from llm.backends import kernels_moe as M
 from llm.backends import kernels_weights as W
 from llm.backends.kernels_lazy import Cols, HeadNormed, Quantized, Roped
+from llm.backends.attention_args import rope_norms, rope_spec, rope_style, store_rows
 from llm.backends.kernels_memory import KernelsKVCache
-from llm.config import RopeParams
 from llm.step import Step
 from stdlib_kernels import rope as rope_rows
 from stdlib_kernels import rope_kv_cache
@@ -35,7 +34,7 @@ from stdlib_kernels.attention.kv_q8 import Q8Cache
 from stdlib_kernels.attention.prefill import (launch_prefill, launch_prefill_seqs,
                                               mma_available)
 from stdlib_kernels.attention.prefill_wgmma import wgmma_prefill_applies
-from stdlib_kernels.rotary import HeadNorms, RopeSpec, rope_kv_cache_cols
+from stdlib_kernels.rotary import rope_kv_cache_cols
 
 # options.early_kv (launch_decode(early_kv=) in the decode graphs) was off for a while: ptxas
 # had scheduled the attention kernel's Q loads (ld.global.nc) above its late PDL wait, so
@@ -97,10 +96,10 @@ class KernelsAttention:
         if fused:
             p = q.params
             rope_kv_cache(ka.reshape(n, -1, d), va.reshape(n, -1, d), k_cache, v_cache,
-                          positions, _rope_spec(p, q.freq_factors), q=q3,
-                          norms=_rope_norms(norms))
+                          positions, rope_spec(p, q.freq_factors), q=q3,
+                          norms=rope_norms(norms))
         else:
-            _store_rows(ka, va, cache, layer, start_dev)
+            store_rows(ka, va, cache, layer, start_dev)
         if cache.q8 and n > 1:     # prefill reads the rows as f16 (decode reads Q8_0 itself)
             k_cache, v_cache = self._dequantized(cache, layer, start + n)
         out = b.arena.take((n, qa.shape[1]), np.float32)
@@ -150,7 +149,7 @@ class KernelsAttention:
         for i, cache in enumerate(caches):
             k_cache, v_cache = cache.k[layer], cache.v[layer]
             pos_dev = positions_dev[i:i + 1]
-            _store_rows(ka[i:i + 1], va[i:i + 1], cache, layer, pos_dev)
+            store_rows(ka[i:i + 1], va[i:i + 1], cache, layer, pos_dev)
             if d in HEAD_DIMS:
                 self._stdlib_attention(q3[i:i + 1], k_cache, v_cache, int(positions[i]),
                                        pos_dev, out3[i:i + 1], scale, window, cache,
@@ -182,8 +181,8 @@ class KernelsAttention:
             slots, slots_dev, seqs, seqs_dev = step.tables
             out = b.arena.take((qkv.shape[0], q_src.width), np.float32)
             rope_kv_cache_cols(qkv, q_src.width // d, k_src.width // d, d, pool.k[layer],
-                               pool.v[layer], positions_dev, _rope_spec(p, q.freq_factors),
-                               slots=slots, slots_dev=slots_dev, norms=_rope_norms(norms))
+                               pool.v[layer], positions_dev, rope_spec(p, q.freq_factors),
+                               slots=slots, slots_dev=slots_dev, norms=rope_norms(norms))
             launch_prefill_seqs(qkv, pool.k[layer], pool.v[layer],
                                 out.reshape(qkv.shape[0], -1, d), seqs, scale,
                                 seqs_dev=seqs_dev, window=window or None,
@@ -201,7 +200,7 @@ class KernelsAttention:
         out = b.arena.take((qa.shape[0], qa.shape[1]), np.float32)
         for cache, start, n, end in zip(caches, starts, counts, ends):
             rows, start_dev = slice(end - n, end), positions_dev[end - n:end - n + 1]
-            _store_rows(ka[rows], va[rows], cache, layer, start_dev)
+            store_rows(ka[rows], va[rows], cache, layer, start_dev)
             k_cache, v_cache = cache.k[layer], cache.v[layer]
             if cache.q8 and n > 1:
                 k_cache, v_cache = self._dequantized(cache, layer, int(start) + n)
@@ -227,8 +226,8 @@ class KernelsAttention:
         qkv, p = q_src.src, q.params
         qa = b.arena.take((qkv.shape[0], q_src.width), np.float32)
         rope_kv_cache_cols(qkv, q_src.width // d, k_src.width // d, d, k_all, v_all,
-                           positions_dev, _rope_spec(p, q.freq_factors), q_out=qa,
-                           norms=_rope_norms(norms))
+                           positions_dev, rope_spec(p, q.freq_factors), q_out=qa,
+                           norms=rope_norms(norms))
         return qa
 
     def batch_splits(self, caches, positions, window, n_head: int, forced=None) -> int:
@@ -269,7 +268,7 @@ class KernelsAttention:
         k_cache, v_cache = cache.k[layer], cache.v[layer]
         d, n, p = cache.head_dim, rows.shape[0], q.params
         rope_kv_cache_cols(rows, q_src.width // d, k_src.width // d, d, k_cache, v_cache,
-                           positions, _rope_spec(p, q.freq_factors), norms=_rope_norms(norms))
+                           positions, rope_spec(p, q.freq_factors), norms=rope_norms(norms))
         if cache.q8:
             k_cache, v_cache = self._dequantized(cache, layer, start + n)
         first, first_dev = self._prefill_start(start, positions[0:1])
@@ -366,32 +365,6 @@ class KernelsAttention:
                 and mma_available(b.device))
 
 
-def prompt_tables(caches, step: Step) -> tuple | None:
-    """A prompts step's tables over one KVPool, made once per forward (on the device for
-    every layer): a slot per token (host, device) and a row per prompt (first row, tokens,
-    start, slot; host, device); None where the caches are not of one f16/f32 pool."""
-    pool = caches[0].pool
-    if pool.q8 or not all(c.pool is pool for c in caches):
-        return None
-    counts = np.asarray(step.counts)
-    slot_of = np.array([c.slot for c in caches], np.int32)
-    slots = np.repeat(slot_of, counts)
-    first = np.cumsum(counts) - counts
-    seqs = np.stack([first, counts, np.asarray(step.starts), slot_of],
-                    axis=1).astype(np.int32)
-    return slots, pk.to_device(slots), seqs, pk.to_device(seqs)
-
-
-def _store_rows(k, v, cache: KernelsKVCache, layer: int, start_dev) -> None:
-    """k, v rows into the layer's cache from position start_dev[0] on (Q8_0 or f16/f32)."""
-    store = kv_q8.store_rows if cache.q8 else X.store_kv
-    store(k, v, cache.k[layer], cache.v[layer], start_dev)
-
-
-def rope_style(p: RopeParams) -> str:
-    return "neox" if p.neox else "normal"
-
-
 def _head_norms(q, k, head_dim: int):
     """(q weight, k weight, eps) when both q and k are deferred per-head RMSNorms of head_dim
     with one eps (qwen3 / gemma3's q_norm / k_norm), which the RoPE launch can apply; else
@@ -400,15 +373,6 @@ def _head_norms(q, k, head_dim: int):
             q.group == k.group == head_dim:
         return q.weight, k.weight, q.eps
     return None
-
-
-def _rope_spec(p: RopeParams, freq_factors) -> RopeSpec:
-    return RopeSpec(p.base, rope_style(p), p.n_rot, freq_factors, mscale=M.rope_mscale(p))
-
-
-def _rope_norms(norms) -> HeadNorms | None:
-    """_head_norms' (q weight, k weight, eps) as the RoPE launch's HeadNorms."""
-    return None if norms is None else HeadNorms(*norms)
 
 
 def _rope_sources(q, k, head_dim: int) -> tuple:

@@ -25,9 +25,11 @@ from llm.backends import kernels_extra as X
 from llm.backends import kernels_moe as M
 from llm.backends import kernels_weights as W
 from llm.backends.base import Backend
-from llm.backends.kernels_attention import KernelsAttention, prompt_tables
+from llm.backends.attention_args import prompt_tables
+from llm.backends.kernels_attention import KernelsAttention
 from llm.backends.kernels_lazy import (Cols, GluHalf, HeadNormed, Normed, PendingGlu,
                                        PendingMatmul, Quantized, Roped)
+from llm.backends.kernels_readback_ops import ReadbackOps
 from llm.backends.kernels_memory import (Arena, DeviceMemory, KernelsKVCache, KVPool,
                                          cache_dtype)
 from llm.backends.logits_readback import LogitsReadback
@@ -46,7 +48,7 @@ from stdlib_kernels.quant.gemm_q8_k import split_workspace_bytes
 from stdlib_kernels.quant.rmsnorm_q8_1 import rmsnorm_q8_1_into
 
 
-class KernelsBackend(Backend):
+class KernelsBackend(ReadbackOps, Backend):
     name = "kernels"
     logits_on_device = True
     # qwen3moe / gpt-oss (kernels_moe.py: experts, router, sinks, YaRN)
@@ -131,7 +133,7 @@ class KernelsBackend(Backend):
     def begin_forward(self, step: Step, caches) -> Step:
         """The step as the ops read it: host ids and positions uploaded together (one copy), or
         a graph's step as it is (its inputs are slices of the graph's device buffer); a prompts
-        step also carries its slot tables (kernels_attention.prompt_tables). Picks the pass's
+        step also carries its slot tables (attention_args.prompt_tables). Picks the pass's
         arena: a graph's steps each keep their own, so a replay finds its activations where the
         capture left them."""
         self.arena = self._arena_for(step)
@@ -347,36 +349,6 @@ class KernelsBackend(Backend):
     def gelu(self, x):
         x = self.materialize(x)
         return activation_rows(x, "gelu_tanh", out=self.arena.take(x.shape, np.float32))
-
-    def rows(self, x, indices):
-        """x's rows `indices` gathered (host ints, or a device array: a prefill graph's index
-        of the prompt's last row)."""
-        x = self.materialize(x)
-        index = self.device_ints(indices)
-        return embedding_rows(x, index, out=self.arena.take((index.shape[0], x.shape[1]),
-                                                            np.float32))
-
-    def argmax_rows(self, x):
-        return self.readback.argmax_rows(self.materialize(x))
-
-    def top_candidates(self, x, k):
-        return self.readback.top_candidates(self.materialize(x), k)
-
-    def sample_rows(self, x, samplers, histories):
-        return self.readback.sample_rows(self.materialize(x), samplers, histories)
-
-    def logits_rows(self, x, indices):
-        return self.readback.pick(self.materialize(x), indices)
-
-    def last_row(self, x):
-        x = self.materialize(x)
-        return x[x.shape[0] - 1:]
-
-    def to_host(self, x):
-        return self.materialize(x).numpy()
-
-    def to_host_reused(self, x):
-        return self.readback.rows(self.materialize(x))
 
     def synchronize(self) -> None:
         pk.synchronize(self.device)
