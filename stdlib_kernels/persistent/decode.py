@@ -12,10 +12,11 @@ counters back at zero.
 
 Per item (a block of WARPS warps):
 - EMBED: its rows of x = token_embd[token] (dequantize_one per value).
-- GEMV: rows lo..hi of y (+)= W @ in, a warp per row; in = rmsnorm(x, norm weights) when the
-  stage has a norm (every block recomputes the RMS of x in the decode graph's order), and for
-  quantized rows the input quantized to Q8_1 into shared memory first (decode_rows.py); y +=
-  for the residual.
+- QUANT: Q8_1 blocks lo..hi of the next matrix's input (normed: every item recomputes the
+  RMS of x in the decode graph's order) into the xq buffer, a warp per block.
+- GEMV: rows lo..hi of y (+)= W @ in, a warp per row; quantized rows dot the Q8_1 input its
+  QUANT stage wrote (decode_rows.py), F32 rows x itself, normed (the item's own RMS of x)
+  when the stage has a norm; y += for the residual.
 - GLU: rows lo..hi of silu(Wg @ h) * (Wu @ h), h the normed x.
 - ROPE_KV: one KV head: its k rotated into the cache row pos (rounded to C), its v copied
   there, the q heads of its group rotated into qrot (stdlib rotary's rope_head).
@@ -38,9 +39,10 @@ from pykernel import Const, Ptr, f32, i32, i64, u8, u16, u32, u64
 
 from .._device import NEG_INF, block_max, block_sum, warp_sum
 from ..quant.formats import F32
+from ..quant.q8_1 import store_q8_1_block
 from ..rotary_kernels import rope_head
 from .chain import exit_block, publish
-from .decode_rows import NAN, embed_value, graph_rstd, quantize_input, row_dot
+from .decode_rows import NAN, embed_value, graph_rstd, input_value, row_dot
 from .decode_schedule import (
     ATTN,
     EMBED,
@@ -53,6 +55,7 @@ from .decode_schedule import (
     N_IN,
     N_OUT,
     NORM,
+    QUANT,
     RESIDUAL,
     ROPE_KV,
     ROW_BYTES,
@@ -61,6 +64,7 @@ from .decode_schedule import (
     STAGE_COLS,
     W2,
     W_B,
+    XQ,
     W,
     X,
     Y,
@@ -75,20 +79,20 @@ V_ROWS = 8           # cache rows the output loop loads at once per output dimen
 
 @pk.func
 def run_rows(w16: Ptr[u16, "ro"], w32: Ptr[u32, "ro"], wf: Ptr[f32, "ro"], acts: Ptr[f32],
-             st: Ptr[i64, "ro"], kind: i32, lo: i32, hi: i32, eps: f32, scratch, xs,
+             xq: Ptr[u32], st: Ptr[i64, "ro"], kind: i32, lo: i32, hi: i32, eps: f32, scratch,
              prof: Ptr[u64], item: i32, PROFILE: Const[bool]):
-    """GEMV and GLU items: rows lo..hi, a warp per row, the input normed (graph_rstd) and, for
-    a matrix with a quantized group, quantized to Q8_1 into xs first."""
+    """GEMV and GLU items: rows lo..hi, a warp per row; quantized rows read the Q8_1 input at
+    st[XQ] (its QUANT stage's), F32 rows x, normed here (graph_rstd) when the stage has a
+    norm."""
     n_in = i32(st[N_IN])
     x_off = i32(st[X])
     y_off = i32(st[Y])
     norm = st[NORM]
     rstd = f32(1.0)
-    if norm >= 0:
+    if norm >= 0 and (st[FMT] == F32 or st[FMT_B] == F32):
         rstd = graph_rstd(acts, x_off, n_in, eps, scratch)
-    if st[FMT] != F32 or st[FMT_B] != F32:
-        quantize_input(acts, x_off, n_in, wf, norm, rstd, xs)
     stamp(prof, item, PREPPED, PROFILE)
+    xin = xq + i32(max(st[XQ], i64(0)))
     lane = pk.thread_idx.x % 32
     row = lo + pk.thread_idx.x // 32
     residual = st[RESIDUAL] != 0
@@ -97,17 +101,37 @@ def run_rows(w16: Ptr[u16, "ro"], w32: Ptr[u32, "ro"], wf: Ptr[f32, "ro"], acts:
         if residual and lane == 0:   # loaded before the dot: its latency overlaps the row's
             old = acts[y_off + row]
         fmt, off = row_place(st, row)
-        acc = row_dot(fmt, w16, w32, wf, off, acts, x_off, n_in, norm, rstd, xs, lane)
+        acc = row_dot(fmt, w16, w32, wf, off, acts, x_off, n_in, norm, rstd, xin, lane)
         if kind == GLU:
             fmt2, off2 = row_place(st, row + i32(st[N_OUT]))
-            up = row_dot(fmt2, w16, w32, wf, off2, acts, x_off, n_in, norm, rstd, xs, lane)
+            up = row_dot(fmt2, w16, w32, wf, off2, acts, x_off, n_in, norm, rstd, xin, lane)
             acc = acc / (f32(1.0) + pk.exp(-acc)) * up
         if lane == 0:
             if residual:
                 acc = acc + old
             acts[y_off + row] = acc
         row += pk.block_dim.x // 32
-    pk.syncthreads()                 # xs and the scratch are reused by the block's next item
+
+
+@pk.func
+def run_quant(acts: Ptr[f32], wf: Ptr[f32, "ro"], xq: Ptr[u32], st: Ptr[i64, "ro"], lo: i32,
+              hi: i32, eps: f32, scratch):
+    """QUANT items: Q8_1 blocks lo..hi of the input (x, or x * rstd * norm weights) into xq at
+    st[XQ], warp w taking blocks lo + w, lo + w + 8, ...: the bits rmsnorm_q8_1 / quantize_q8_1
+    write in the decode graph (the same input_value and store_q8_1_block)."""
+    n = i32(st[N_IN])
+    x_off = i32(st[X])
+    norm = st[NORM]
+    rstd = f32(1.0)
+    if norm >= 0:
+        rstd = graph_rstd(acts, x_off, n, eps, scratch)
+    lane = pk.thread_idx.x % 32
+    out = xq + i32(st[XQ])
+    blk = lo + pk.thread_idx.x // 32
+    while blk < hi:                  # warp-uniform
+        store_q8_1_block(input_value(acts, x_off, blk * 32 + lane, wf, norm, rstd), lane, out,
+                         blk)
+        blk += pk.block_dim.x // 32
 
 
 @pk.func
@@ -254,19 +278,18 @@ def run_heads(acts: Ptr[f32], cache_k, cache_v, st: Ptr[i64, "ro"], wf: Ptr[f32,
 
 @pk.kernel(max_threads=WARPS * 32, min_blocks=3)   # <= 85 registers: 3 blocks an SM
 def decode_kernel(w8: Ptr[u8, "ro"], w16: Ptr[u16, "ro"], w32: Ptr[u32, "ro"],
-                  wf: Ptr[f32, "ro"], acts: Ptr[f32], cache_k: Ptr["C"], cache_v: Ptr["C"],
-                  io: Ptr[i32], items: Ptr[i32, "ro"], stages: Ptr[i64, "ro"],
+                  wf: Ptr[f32, "ro"], acts: Ptr[f32], xq: Ptr[u32], cache_k: Ptr["C"],
+                  cache_v: Ptr["C"], io: Ptr[i32], items: Ptr[i32, "ro"], stages: Ptr[i64, "ro"],
                   counters: Ptr[u32], prof: Ptr[u64], n_items: i32, n_stages: i32,
                   n_vocab: i32, n_head: i32, n_head_kv: i32, head_dim: i32, n_ctx: i32,
                   kv_base: i64, kv_layer: i64, rot_dim: i32, log2_base: f32, eps: f32,
-                  scale: f32, NEOX: Const[bool], C: Const[pk.dtype], XQ_WORDS: Const[int],
-                  PREFETCH: Const[bool], PROFILE: Const[bool]):
+                  scale: f32, NEOX: Const[bool], C: Const[pk.dtype], PREFETCH: Const[bool],
+                  PROFILE: Const[bool]):
     # io is a plain pointer: in a decode graph the argmax before this launch writes it, and
     # an "ro" (ld.global.nc) load may be hoisted above the PDL wait (docs/language.md)
     t = pk.thread_idx.x
     taken = pk.shared_array(i32, 1)
     scratch = pk.shared_array(f32, 32)
-    xs = pk.shared_array(u32, XQ_WORDS)      # the item's input as Q8_1
     token = io[0]
     pos = io[1]
     while True:
@@ -281,8 +304,10 @@ def decode_kernel(w8: Ptr[u8, "ro"], w16: Ptr[u16, "ro"], w32: Ptr[u32, "ro"],
         if kind == EMBED:
             run_embed(w8, wf, acts, st, token, n_vocab, lo, hi)
         elif kind == GEMV or kind == GLU:
-            run_rows(w16, w32, wf, acts, st, kind, lo, hi, eps, scratch, xs, prof, item,
+            run_rows(w16, w32, wf, acts, xq, st, kind, lo, hi, eps, scratch, prof, item,
                      PROFILE)
+        elif kind == QUANT:
+            run_quant(acts, wf, xq, st, lo, hi, eps, scratch)
         else:
             run_heads(acts, cache_k, cache_v, st, wf, kind, lo, hi, pos, n_head, n_head_kv,
                       head_dim, n_ctx, kv_base, kv_layer, rot_dim, log2_base, scale, scratch,

@@ -5,12 +5,15 @@ then runner.profile()) summed per item kind.
     rows, totals = profile_summary(runner.sched, runner.profile())
     print(format_profile(rows, totals))
 
-Per kind (embed, qkv, rope_kv, attn, o, gate_up, down, lm_head):
+Per stage name (decode_schedule's stage_names, in order of first appearance: embed, qkv_in,
+qkv, rope_kv, attn, o_in, o, gate_up_in, gate_up, down_in, down, lm_head_in, lm_head; the
+*_in stages are the QUANT items writing the next matrix's Q8_1 input, which exist only for
+quantized matrices):
 - critical: the launch's wall time attributed to the kind's stages: a stage's share is from
   the last item of the stage before finishing to its own last item finishing, so the shares
   add up to the launch (first ticket to last item done). This is the column to read first.
 - item: mean READY -> DONE of one item (its work once its dependency is met), and within it
-  prep: READY -> PREPPED (GEMV / GLU: the RMS of x and the Q8_1 input; 0 for other kinds).
+  prep: READY -> PREPPED (GEMV / GLU of F32 rows: the RMS of x; 0 otherwise).
 - wait: mean TAKEN -> READY (a block holding a ticket whose stage before is not done yet).
 - lag: mean READY minus the later of its TAKEN and the stage before's last DONE: how long
   after its item could start a block noticed (the acquire poll and its nanosleep backoff); a
@@ -23,23 +26,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .decode_schedule import ATTN, EMBED, GEMV, GLU, KIND, ROPE_KV
 from .decode_take import DONE, PREPPED, PROF_COLS, READY, TAKEN
 
-LAYER_STAGES = ("qkv", "rope_kv", "attn", "o", "gate_up", "down")
-LAYER_KINDS = (GEMV, ROPE_KV, ATTN, GEMV, GLU, GEMV)
-KINDS = ("embed",) + LAYER_STAGES + ("lm_head",)
 
-
-def stage_names(sched) -> list[str]:
-    """The item-kind name of every stage, in decode_schedule's order (checked against its
-    kinds)."""
-    kinds = sched.stages[:, KIND].tolist()
-    names = ["embed"] + list(LAYER_STAGES) * sched.shape.n_layer + ["lm_head"]
-    want = [EMBED] + list(LAYER_KINDS) * sched.shape.n_layer + [GEMV]
-    if kinds != want:
-        raise ValueError("decode_profile: the schedule's stages are not decode_schedule's order")
-    return names
+def stage_kinds(sched) -> list[str]:
+    """The profile's rows: the schedule's stage names, each once, in order."""
+    return list(dict.fromkeys(sched.stage_names))
 
 
 def profile_summary(sched, stamps: np.ndarray) -> tuple[dict, dict]:
@@ -51,11 +43,11 @@ def profile_summary(sched, stamps: np.ndarray) -> tuple[dict, dict]:
                          f"profiled launch, got {stamps.shape}")
     t = stamps.astype(np.int64) - int(stamps[:, TAKEN].min())    # ns from the first ticket
     stage = sched.items[:, 0]
-    names = stage_names(sched)
+    names = sched.stage_names
     last_done = np.array([t[stage == s, DONE].max() for s in range(sched.n_stages)])
     before = np.concatenate([[0], last_done[:-1]])               # the stage before's end
     rows = {k: {"items": 0, "critical_us": 0.0, "item_us": 0.0, "prep_us": 0.0,
-                "wait_us": 0.0, "lag_us": 0.0} for k in KINDS}
+                "wait_us": 0.0, "lag_us": 0.0} for k in stage_kinds(sched)}
     for s, name in enumerate(names):
         mine = t[stage == s]
         row = rows[name]
@@ -79,7 +71,7 @@ def profile_summary(sched, stamps: np.ndarray) -> tuple[dict, dict]:
 
 def format_profile(rows: dict, totals: dict) -> str:
     """A markdown table of profile_summary's rows and a line of its totals."""
-    out = ["| item kind | items | critical us (share) | item us | of it norm+Q8_1 us | "
+    out = ["| stage | items | critical us (share) | item us | of it F32 norm us | "
            "wait us | lag us |", "|---|---|---|---|---|---|---|"]
     launch = max(totals["launch_us"], 1e-9)
     for name, r in rows.items():

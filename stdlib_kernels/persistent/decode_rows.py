@@ -1,13 +1,15 @@
-"""Device functions of the persistent decode step's row items (decode.py): the RMS of x, the
-item's input (normed, as f32 or quantized to Q8_1 in shared memory), one weight row of any
-format the step reads dotted with it, and one embedding value.
+"""Device functions of the persistent decode step's row items (decode.py): the RMS of x, one
+value of an item's input (x, or normed), one weight row of any format the step reads dotted
+with the input (F32 rows: x itself; quantized rows: its Q8_1 copy, which a QUANT item wrote
+into the xq buffer), and one embedding value.
 
 The quantized rows reuse stdlib quant's DP4A item dots (gemv_kernels.item_dot_q8, the register
 GEMV's) on Q8_1 activations; a warp per row, lane l taking items l, l + 32, ... and the warp's
 sum last: the GEMV's per-row order with one warp per row and one item per visit (KW = 1,
 WIDEN = 1, the formats' base variants). The Q8_1 input is what the decode graph's kernels write:
-rmsnorm_q8_1's sum of squares (its 16-warp order, replayed by 8 warps), then x * rstd * w
-rounded by store_q8_1_block, whose bits q8_1.quantize_q8_1 also gives for unnormed inputs.
+rmsnorm_q8_1's sum of squares (its 16-warp order, replayed by 8 warps: graph_rstd), then x *
+rstd * w (input_value) rounded by store_q8_1_block, whose bits q8_1.quantize_q8_1 also gives
+for unnormed inputs.
 
 Weights come as one byte buffer seen through four pointers (u8, u16, u32, f32 words) and row
 byte offsets (int64: an 8B model's buffer passes 2^31 u16 words); a row's format is a runtime
@@ -22,7 +24,6 @@ from .._device import warp_sum
 from ..quant.dequant_kernels import dequantize_one
 from ..quant.formats import F32, Q4_1, Q4_K, Q6_K, Q8_0
 from ..quant.gemv_kernels import item_dot_q8
-from ..quant.q8_1 import store_q8_1_block
 
 NAN = float("nan")
 GRAPH_WARPS = 16       # rmsnorm_q8_1.WARPS: the sum order the Q8_1 inputs replay
@@ -73,28 +74,6 @@ def input_value(acts: Ptr[f32], x_off: i32, c: i32, wf: Ptr[f32, "ro"], norm: i6
 
 
 @pk.func
-def quantize_input(acts: Ptr[f32], x_off: i32, n: i32, wf: Ptr[f32, "ro"], norm: i64,
-                   rstd: f32, xs):
-    """Q8_1 of the item's input into shared xs (n / 32 blocks of 9 words): x, or x * rstd *
-    norm weights; warp w quantizes blocks w, w + 8, ... (a warp per block, a lane a value),
-    two blocks a visit with both blocks' values loaded first (one memory round trip for two)."""
-    lane = pk.thread_idx.x % 32
-    warps = pk.block_dim.x // 32
-    blk = pk.thread_idx.x // 32
-    while blk < n // 32:
-        v = input_value(acts, x_off, blk * 32 + lane, wf, norm, rstd)
-        second = blk + warps < n // 32         # warp-uniform
-        v2 = f32(0.0)
-        if second:
-            v2 = input_value(acts, x_off, (blk + warps) * 32 + lane, wf, norm, rstd)
-        store_q8_1_block(v, lane, xs, blk)
-        if second:
-            store_q8_1_block(v2, lane, xs, blk + warps)
-        blk += 2 * warps
-    pk.syncthreads()
-
-
-@pk.func
 def f32_row_dot(wf: Ptr[f32, "ro"], off: i64, acts: Ptr[f32], x_off: i32, n_in: i32,
                 norm: i64, rstd: f32, lane: i32) -> f32:
     """One warp: an F32 row (byte offset off) . the input, acts[x_off:] or its RMS norm."""
@@ -117,44 +96,45 @@ ROW_UNROLL = 4       # a lane's items per straight-line visit: their weight load
 
 
 @pk.func
-def q8_items(FMT: Const[int], w, nitems: i32, ITEMS: Const[int], xs, acc, lane: i32):
-    """acc[0] += lane's items (lane, lane + 32, ...) of the row at w against xs, in that
+def q8_items(FMT: Const[int], w, nitems: i32, ITEMS: Const[int], xq, acc, lane: i32):
+    """acc[0] += lane's items (lane, lane + 32, ...) of the row at w against xq, in that
     order; ROW_UNROLL of them a visit while that many remain (a long row, e.g. 14336 values
     of Q4_K: 14 items a lane, waited one memory round trip per item in a plain loop)."""
     it = lane
     while it + 32 * (ROW_UNROLL - 1) < nitems:
         for k in pk.static_range(ROW_UNROLL):
             item = it + 32 * k
-            item_dot_q8(FMT, w, 0, item // ITEMS, item % ITEMS, xs, 0, acc, 0, 1)
+            item_dot_q8(FMT, w, 0, item // ITEMS, item % ITEMS, xq, 0, acc, 0, 1)
         it += 32 * ROW_UNROLL
     while it < nitems:
-        item_dot_q8(FMT, w, 0, it // ITEMS, it % ITEMS, xs, 0, acc, 0, 1)
+        item_dot_q8(FMT, w, 0, it // ITEMS, it % ITEMS, xq, 0, acc, 0, 1)
         it += 32
 
 
 @pk.func
-def q8_row_dot(fmt: i32, w16: Ptr[u16, "ro"], w32: Ptr[u32, "ro"], off: i64, n_in: i32, xs,
+def q8_row_dot(fmt: i32, w16: Ptr[u16, "ro"], w32: Ptr[u32, "ro"], off: i64, n_in: i32, xq,
                lane: i32) -> f32:
-    """One warp: a quantized row (format fmt, byte offset off) . the Q8_1 input xs."""
+    """One warp: a quantized row (format fmt, byte offset off) . the Q8_1 input xq (global:
+    a plain pointer, coherent loads, since a QUANT item wrote it in this launch)."""
     acc = pk.local_array(f32, 1)
     acc[0] = 0.0
     if fmt == Q8_0:           # 34-byte blocks: u16 words
-        q8_items(Q8_0, w16 + (off >> i64(1)), n_in // 32, 1, xs, acc, lane)
+        q8_items(Q8_0, w16 + (off >> i64(1)), n_in // 32, 1, xq, acc, lane)
     elif fmt == Q4_1:
-        q8_items(Q4_1, w32 + (off >> i64(2)), n_in // 32, 1, xs, acc, lane)
+        q8_items(Q4_1, w32 + (off >> i64(2)), n_in // 32, 1, xq, acc, lane)
     elif fmt == Q4_K:         # 8 items of 32 values per 256-value block
-        q8_items(Q4_K, w32 + (off >> i64(2)), n_in // 256 * 8, 8, xs, acc, lane)
+        q8_items(Q4_K, w32 + (off >> i64(2)), n_in // 256 * 8, 8, xq, acc, lane)
     elif fmt == Q6_K:         # 210-byte blocks: u16 words
-        q8_items(Q6_K, w16 + (off >> i64(1)), n_in // 256 * 8, 8, xs, acc, lane)
+        q8_items(Q6_K, w16 + (off >> i64(1)), n_in // 256 * 8, 8, xq, acc, lane)
     return warp_sum(acc[0])
 
 
 @pk.func
 def row_dot(fmt: i32, w16: Ptr[u16, "ro"], w32: Ptr[u32, "ro"], wf: Ptr[f32, "ro"], off: i64,
-            acts: Ptr[f32], x_off: i32, n_in: i32, norm: i64, rstd: f32, xs, lane: i32) -> f32:
+            acts: Ptr[f32], x_off: i32, n_in: i32, norm: i64, rstd: f32, xq, lane: i32) -> f32:
     if fmt == F32:
         return f32_row_dot(wf, off, acts, x_off, n_in, norm, rstd, lane)
-    return q8_row_dot(fmt, w16, w32, off, n_in, xs, lane)
+    return q8_row_dot(fmt, w16, w32, off, n_in, xq, lane)
 
 
 @pk.func

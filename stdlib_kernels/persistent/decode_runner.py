@@ -7,9 +7,9 @@
     runner.bind_cache(k_all, v_all, kv_base, kv_layer)   # or: another KV cache (the runner's)
     runner.launch(io, stream)                # graph-capturable: io stays on the device
 
-weights: decode_weights' buffer (numpy or device uint8, sched.weight_bytes). The kernel's
-specialisation: the cache type C, NeoX RoPE, XQ_WORDS (the largest Q8_1 input in u32 words,
-the item's shared-memory copy), PREFETCH (the L2 prefetch of an item's weights before its
+weights: decode_weights' buffer (numpy or device uint8, sched.weight_bytes); the xq buffer
+(sched.xq_words u32, the QUANT items' Q8_1 inputs) is the runner's. The kernel's
+specialisation: the cache type C, NeoX RoPE, PREFETCH (the L2 prefetch of an item's weights before its
 wait: sm_90+ GPUs and the CPU target) and PROFILE (profile=True: per-item globaltimer stamps,
 read with `profile()`; decode_profile.py).
 """
@@ -27,6 +27,7 @@ from .decode_schedule import DecodeSchedule, validate_decode
 from .decode_take import PROF_COLS
 
 CACHE_TYPES = (np.dtype(np.float16), np.dtype(np.float32))
+XQ_POISON = 0xFFFFFFFF     # a Q8_1 block nobody wrote has NaN scales: its dots show it
 
 
 def bulk_prefetch_available() -> bool:
@@ -62,6 +63,7 @@ class DecodeRunner:
         w8 = pk.to_device(weights) if isinstance(weights, np.ndarray) else weights
         self.weights = (w8, w8.view(np.uint16), w8.view(np.uint32), w8.view(np.float32))
         self.acts = pk.full(sched.act_elems, np.nan, np.float32)   # unwritten values show
+        self.xq = pk.full(sched.xq_words, XQ_POISON, np.uint32)      # d, s = f16 NaN
         cache = (s.n_layer, s.n_head_kv, s.n_ctx, s.head_dim)   # own_cache=False: bind one
         self.cache_k = pk.zeros(cache, self.cache_dtype) if own_cache else None
         self.cache_v = pk.zeros(cache, self.cache_dtype) if own_cache else None
@@ -75,8 +77,8 @@ class DecodeRunner:
                                 **self._consts())
 
     def _consts(self) -> dict:
-        return {"NEOX": self.neox, "C": self.cache_dtype, "XQ_WORDS": self.sched.xq_words,
-                "PREFETCH": bulk_prefetch_available(), "PROFILE": self.profiling}
+        return {"NEOX": self.neox, "C": self.cache_dtype, "PREFETCH": bulk_prefetch_available(),
+                "PROFILE": self.profiling}
 
     def bind_cache(self, k, v, kv_base: int, kv_layer: int) -> None:
         """Read and write another KV cache: K and V arrays of this runner's cache type where
@@ -127,11 +129,12 @@ class DecodeRunner:
         if self.cache_k is None:
             raise ValueError("DecodeRunner.launch: no KV cache (own_cache=False: bind_cache)")
         decode_kernel[self.grid, self.block, stream](
-            *self.weights, self.acts, self.cache_k, self.cache_v, self.io if io is None else io,
+            *self.weights, self.acts, self.xq, self.cache_k, self.cache_v,
+            self.io if io is None else io,
             self.items, self.stages, self.counters, self.prof, self.sched.n_items,
             self.sched.n_stages, s.n_vocab, s.n_head, s.n_head_kv, s.head_dim, s.n_ctx,
             self.kv_base, self.kv_layer, *self.rope[:2], *self.rope[2:], c["NEOX"], c["C"],
-            c["XQ_WORDS"], c["PREFETCH"], c["PROFILE"])
+            c["PREFETCH"], c["PROFILE"])
 
     def profile(self) -> np.ndarray:
         """The last launch's item stamps, (n_items, PROF_COLS) uint64 globaltimer ns

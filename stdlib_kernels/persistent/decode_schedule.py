@@ -11,20 +11,32 @@ tile of the stage before it: the chain of schedule.py, checked by its validate_c
 
     EMBED      x = token_embd[token]                            row tiles of n_embd
     per layer:
-      GEMV     qkv = Wqkv @ rmsnorm(x, attn_norm)               row tiles of q+k+v rows
+      QUANT    xq_x = Q8_1(rmsnorm(x, attn_norm))               tiles of QUANT_TILE blocks
+      GEMV     qkv = Wqkv @ xq_x                                row tiles of q+k+v rows
       ROPE_KV  k head: RoPE -> cache_k[pos]; v head -> cache_v[pos];
                its group's q heads: RoPE -> qrot                one item per KV head
       ATTN     attn[h] = softmax(q_h K^T * scale) V             one item per query head
-      GEMV     x += Wo @ attn                                   row tiles of n_embd (residual)
-      GLU      act = silu(Wg @ h) * (Wu @ h), h = rmsnorm(x, ffn_norm)   row tiles of n_ff
-      GEMV     x += Wdown @ act                                 row tiles of n_embd (residual)
-    GEMV       logits = Wout @ rmsnorm(x, output_norm)          row tiles of n_vocab
+      QUANT    xq_attn = Q8_1(attn)
+      GEMV     x += Wo @ xq_attn                                row tiles of n_embd (residual)
+      QUANT    xq_x = Q8_1(rmsnorm(x, ffn_norm))
+      GLU      act = silu(Wg @ xq_x) * (Wu @ xq_x)              row tiles of n_ff
+      QUANT    xq_ffn = Q8_1(act)
+      GEMV     x += Wdown @ xq_ffn                              row tiles of n_embd (residual)
+    QUANT      xq_x = Q8_1(rmsnorm(x, output_norm))
+    GEMV       logits = Wout @ xq_x                             row tiles of n_vocab
 
-The norms, and the Q8_1 quantization of a quantized matrix's input, are fused into the GEMV /
-GLU items that read them (every such item recomputes the RMS of x and quantizes its input into
-shared memory: a norm or quantize item would serialise the grid twice more a layer).
+A QUANT stage stands before a GEMV / GLU stage whose matrix has a quantized row group: its
+items write the matrix's input once, normed where the matrix has a norm and rounded to Q8_1,
+into the xq buffer (u32 words, XQ), and the matrix's row items start with their dot products
+(before, every row item recomputed the norm and the Q8_1 input, 2.4-4 us of a 4-6 us item on
+an H200, RESULTS.md). It costs one short link per such matrix: a QUANT item is the RMS of x
+(each item reads all of x, in the decode graph's order, so every item gets the same rstd) and
+one Q8_1 block per warp. A matrix of F32 rows only has no QUANT stage: its items norm x
+themselves (the F32 dot reads x * rstd * w per value). Stage names (`stage_names`: qkv_in,
+qkv, ..., lm_head) label the profile (decode_profile.py).
 x is updated in place by the residual tiles: row r is read and written by the one warp that
-owns it, and every other reader of x (the normed stages) finished before (the chain).
+owns it, and every other reader of x (the normed stages) finished before (the chain). The xq
+regions are reused by every layer: the chain orders each write after the last read before it.
 
 Weights: every matrix is one or two row groups of GGUF types (the runner's DeviceMatrix: q|k
 Q4_K and v Q6_K in one qkv matrix); a group's rows lie back to back in the buffer, each group
@@ -34,9 +46,11 @@ row r is matrix row n_ff + r. Norm vectors are F32.
 
 Tables: items int32 (n_items, ITEM_COLS) exactly as schedule.py's; stages int64 (n_stages,
 STAGE_COLS): kind | w | w2 | x | y | n_in | n_out | norm | residual | layer | fmt | row_bytes |
-split | fmt_b | w_b | row_bytes_b. w, w_b, norm: byte offsets into the weight buffer (-1 none);
-x, y: float offsets into the activation buffer (multiples of 4 floats: 16-byte vector loads);
-ATTN keeps its scores at w2 (floats, activation buffer); fmt: a ggml type id (formats.py).
+split | fmt_b | w_b | row_bytes_b | xq. w, w_b, norm: byte offsets into the weight buffer (-1
+none); x, y: float offsets into the activation buffer (multiples of 4 floats: 16-byte vector
+loads); ATTN keeps its scores at w2 (floats, activation buffer); fmt: a ggml type id
+(formats.py); xq: word offset into the xq buffer (u32, XQ_ALIGN-word aligned) of a GEMV / GLU
+stage's Q8_1 input or of the Q8_1 a QUANT stage writes (-1 none; QUANT's y is the same).
 """
 from __future__ import annotations
 
@@ -48,11 +62,15 @@ from ..quant.formats import F32, get_format
 from .schedule import ALIGN, FIRST_STAGE_COUNTER, ITEM_COLS, NO_WAIT, ItemTables, validate_chain
 
 # item kinds (the kernel's dispatch table switches on these)
-EMBED, GEMV, GLU, ROPE_KV, ATTN = 0, 1, 2, 3, 4
-KIND_NAMES = {EMBED: "embed", GEMV: "gemv", GLU: "glu", ROPE_KV: "rope_kv", ATTN: "attn"}
-STAGE_COLS = 16
+EMBED, GEMV, GLU, ROPE_KV, ATTN, QUANT = 0, 1, 2, 3, 4, 5
+KIND_NAMES = {EMBED: "embed", GEMV: "gemv", GLU: "glu", ROPE_KV: "rope_kv", ATTN: "attn",
+              QUANT: "quant"}
+STAGE_COLS = 17
 (KIND, W, W2, X, Y, N_IN, N_OUT, NORM, RESIDUAL, LAYER, FMT, ROW_BYTES, SPLIT, FMT_B, W_B,
- ROW_BYTES_B) = range(STAGE_COLS)
+ ROW_BYTES_B, XQ) = range(STAGE_COLS)
+QUANT_TILE = 8           # Q8_1 blocks a QUANT item writes: one per warp of decode.WARPS
+Q8_1_WORDS = 9           # u32 words of one Q8_1 block (32 values): d, s as f16x2, 32 int8
+XQ_ALIGN = 32            # xq regions start on 128-byte lines
 NO_NORM = -1
 BYTE_ALIGN = 16
 # the formats the step's items read (decode_rows.py's dispatch): F32, and the DP4A dots' types
@@ -124,13 +142,8 @@ class DecodeSchedule(ItemTables):
     acts: dict[str, tuple[int, int]]        # name -> (offset, floats) in the activations
     weight_bytes: int
     act_elems: int
-
-    @property
-    def xq_words(self) -> int:
-        """u32 words of the largest Q8_1 input a GEMV / GLU item quantizes (at least 9)."""
-        q8 = [int(st[N_IN]) for st in self.stages if st[KIND] in (GEMV, GLU) and
-              (int(st[FMT]) != F32 or int(st[FMT_B]) != F32)]
-        return max([n // 32 * 9 for n in q8] + [9])
+    xq_words: int                           # u32 words of the xq buffer (the Q8_1 inputs)
+    stage_names: tuple                      # per stage: embed, qkv_in, qkv, ..., lm_head
 
 
 def _round_up(n: int, m: int = ALIGN) -> int:
@@ -180,6 +193,19 @@ def _act_layout(s: DecodeShape) -> tuple[dict, int]:
     return out, off
 
 
+def _xq_layout(s: DecodeShape) -> tuple[dict, int]:
+    """Word offsets of the Q8_1 inputs (x normed: qkv, gate_up, lm_head; attn; ffn)."""
+    out, off = {}, 0
+    for name, size in (("x", s.n_embd), ("attn", s.q_rows), ("ffn", s.n_ff)):
+        out[name] = off
+        off += _round_up(size // 32 * Q8_1_WORDS, XQ_ALIGN)
+    return out, max(off, XQ_ALIGN)
+
+
+def _quantized(place: WeightPlace) -> bool:
+    return any(type_name != "F32" for type_name, *_ in place.groups)
+
+
 def _matrix_cols(place: WeightPlace) -> dict:
     """The stage columns of a matrix: its groups A and B (B = A when there is one)."""
     (ta, ra, wa, ba), *rest = place.groups
@@ -198,43 +224,58 @@ def decode_schedule(shape: DecodeShape, tile_rows: int = 16,
     s = shape
     places, weight_bytes = _weight_layout(s, formats or {})
     a_off, act_elems = _act_layout(s)
-    stages = []
+    xq_off, xq_words = _xq_layout(s)
+    stages, names = [], []
 
-    def stage(kind, n_out, w=-1, w2=-1, x=-1, y=-1, n_in=0, norm=NO_NORM, residual=0,
-              layer=0, fmt=F32, row_bytes=0, split=0, fmt_b=F32, w_b=-1, row_bytes_b=0):
+    def stage(name, kind, n_out, w=-1, w2=-1, x=-1, y=-1, n_in=0, norm=NO_NORM, residual=0,
+              layer=0, fmt=F32, row_bytes=0, split=0, fmt_b=F32, w_b=-1, row_bytes_b=0, xq=-1):
+        names.append(name)
         stages.append((kind, w, w2, x, y, n_in, n_out, norm, residual, layer, fmt, row_bytes,
-                       split, fmt_b, w_b, row_bytes_b))
+                       split, fmt_b, w_b, row_bytes_b, xq))
 
-    def matrix(kind, name, n_out, x, y, n_in, norm=None, residual=0):
-        stage(kind, n_out, x=a_off[x], y=a_off[y], n_in=n_in, residual=residual,
-              norm=NO_NORM if norm is None else places[norm].offset, **_matrix_cols(places[name]))
+    def matrix(label, kind, name, n_out, x, y, n_in, norm=None, residual=0):
+        norm = NO_NORM if norm is None else places[norm].offset
+        xq = -1
+        if _quantized(places[name]):             # its input as Q8_1, written once
+            if n_in % 32:
+                raise ValueError(f"decode_schedule: {name} is quantized; its input needs "
+                                 f"whole Q8_1 blocks (32 values), got {n_in}")
+            xq = xq_off[x]
+            stage(label + "_in", QUANT, n_in // 32, x=a_off[x], y=xq, n_in=n_in, norm=norm,
+                  xq=xq)
+        stage(label, kind, n_out, x=a_off[x], y=a_off[y], n_in=n_in, residual=residual,
+              norm=norm, xq=xq, **_matrix_cols(places[name]))
 
     e = s.n_embd
-    stage(EMBED, e, y=a_off["x"], n_in=e, **_matrix_cols(places["token_embd"]))
+    stage("embed", EMBED, e, y=a_off["x"], n_in=e, **_matrix_cols(places["token_embd"]))
     for il in range(s.n_layer):
         blk = f"blk.{il}."
-        matrix(GEMV, blk + "qkv", s.q_rows + 2 * s.kv_rows, "x", "qkv", e, blk + "attn_norm")
-        stage(ROPE_KV, s.n_head_kv, x=a_off["qkv"], y=a_off["qrot"], layer=il)
-        stage(ATTN, s.n_head, w2=a_off["scores"], x=a_off["qrot"], y=a_off["attn"], layer=il)
-        matrix(GEMV, blk + "attn_out", e, "attn", "x", s.q_rows, residual=1)
-        matrix(GLU, blk + "gate_up", s.n_ff, "x", "ffn", e, blk + "ffn_norm")
-        matrix(GEMV, blk + "down", e, "ffn", "x", s.n_ff, residual=1)
-    matrix(GEMV, "output", s.n_vocab, "x", "logits", e, "output_norm")
+        matrix("qkv", GEMV, blk + "qkv", s.q_rows + 2 * s.kv_rows, "x", "qkv", e,
+               blk + "attn_norm")
+        stage("rope_kv", ROPE_KV, s.n_head_kv, x=a_off["qkv"], y=a_off["qrot"], layer=il)
+        stage("attn", ATTN, s.n_head, w2=a_off["scores"], x=a_off["qrot"], y=a_off["attn"],
+              layer=il)
+        matrix("o", GEMV, blk + "attn_out", e, "attn", "x", s.q_rows, residual=1)
+        matrix("gate_up", GLU, blk + "gate_up", s.n_ff, "x", "ffn", e, blk + "ffn_norm")
+        matrix("down", GEMV, blk + "down", e, "ffn", "x", s.n_ff, residual=1)
+    matrix("lm_head", GEMV, "output", s.n_vocab, "x", "logits", e, "output_norm")
     items = _items(stages, tile_rows)
     table = np.array(stages, np.int64).reshape(-1, STAGE_COLS)
     acts = {"x": (a_off["x"], e), "logits": (a_off["logits"], s.n_vocab)}
-    sched = DecodeSchedule(s, items, table, places, acts, weight_bytes, act_elems)
+    sched = DecodeSchedule(s, items, table, places, acts, weight_bytes, act_elems, xq_words,
+                           tuple(names))
     validate_decode(sched)
     return sched
 
 
 def _items(stages: list, tile_rows: int) -> np.ndarray:
-    """Row tiles (GEMV, GLU, EMBED) or one item per head (ROPE_KV, ATTN), stage by stage,
+    """Row tiles (GEMV, GLU, EMBED), Q8_1 block tiles (QUANT) or one item per head (ROPE_KV,
+    ATTN), stage by stage,
     each waiting for all the items of the stage before."""
     items, prev_items = [], 0
     for index, st in enumerate(stages):
         kind, n_out = st[KIND], st[N_OUT]
-        step = 1 if kind in (ROPE_KV, ATTN) else tile_rows
+        step = 1 if kind in (ROPE_KV, ATTN) else QUANT_TILE if kind == QUANT else tile_rows
         wait = (NO_WAIT, 0) if index == 0 else (FIRST_STAGE_COUNTER + index - 1, prev_items)
         tiles = [(lo, min(lo + step, n_out)) for lo in range(0, n_out, step)]
         items += [(index, lo, hi, *wait, FIRST_STAGE_COUNTER + index) for lo, hi in tiles]
@@ -247,6 +288,9 @@ def validate_decode(sched: DecodeSchedule) -> None:
     inside the weight buffer, and a Q8_1 input (a quantized group) of whole Q8_1 blocks."""
     validate_chain(sched.items, sched.stages[:, N_OUT].tolist(), sched.counters)
     for index, st in enumerate(sched.stages.tolist()):
+        if st[KIND] == QUANT and (st[XQ] < 0 or st[XQ] + st[N_OUT] * Q8_1_WORDS >
+                                  sched.xq_words or st[N_OUT] * 32 != st[N_IN]):
+            raise ValueError(f"decode stage {index}: Q8_1 blocks outside the xq buffer")
         if st[KIND] not in (GEMV, GLU, EMBED):
             continue
         rows = st[N_OUT] * (2 if st[KIND] == GLU else 1)
@@ -255,6 +299,8 @@ def validate_decode(sched: DecodeSchedule) -> None:
         if min(st[W], st[W_B]) < 0 or max(ends) > sched.weight_bytes:
             raise ValueError(f"decode stage {index}: matrix outside the weight buffer")
         quantized = st[FMT] != F32 or st[FMT_B] != F32
-        if st[KIND] != EMBED and quantized and st[N_IN] % 32:
-            raise ValueError(f"decode stage {index}: a quantized matrix needs inputs of whole "
-                             f"Q8_1 blocks (32 values), got {st[N_IN]}")
+        if st[KIND] != EMBED and quantized and (st[XQ] < 0 or sched.stages[index - 1][KIND]
+                                                != QUANT or sched.stages[index - 1][XQ] !=
+                                                st[XQ]):
+            raise ValueError(f"decode stage {index}: a quantized matrix reads the Q8_1 input "
+                             f"its QUANT stage (the one before) writes")

@@ -174,16 +174,15 @@ def test_bad_arguments_are_named(rng):
 @pytest.mark.parametrize("cache,profile", [(np.float16, False), (np.float32, False),
                                            (np.float16, True)])
 def test_decode_kernel_ptx_sm90(assemble, cache, profile):
-    ptx = decode_kernel.ptx("sm_90", NEOX=False, C=cache, XQ_WORDS=4032, PREFETCH=True,
-                            PROFILE=profile)
+    ptx = decode_kernel.ptx("sm_90", NEOX=False, C=cache, PREFETCH=True, PROFILE=profile)
     assert "ld.acquire.gpu" in ptx and "atom.release.gpu" in ptx and "nanosleep" in ptx
     assert "dp4a" in ptx          # the quantized rows' DP4A dots
     assert "cp.async.bulk.prefetch.L2.global" in ptx      # weights into L2 before the wait
     assert ("%globaltimer" in ptx) == profile             # the default build has no stamps
     assert ".maxntid 256" in ptx and ".minnctapersm 3" in ptx
     assemble(ptx, "sm_90")
-    no_prefetch = decode_kernel.ptx("sm_80", NEOX=False, C=cache, XQ_WORDS=4032,
-                                    PREFETCH=False, PROFILE=profile)
+    no_prefetch = decode_kernel.ptx("sm_80", NEOX=False, C=cache, PREFETCH=False,
+                                    PROFILE=profile)
     assert "cp.async.bulk" not in no_prefetch
     assemble(no_prefetch, "sm_80")
 
@@ -239,7 +238,10 @@ def test_quantized_step_tracks_its_dequantized_weights(rng, seed, n_ff):
     quant = DecodeRunner(sched, pack_decode_weights(sched, groups), **args)
     ref_sched = decode_schedule(s, 16)
     ref = DecodeRunner(ref_sched, pack_decode_weights(ref_sched, dense), **args)
-    assert quant.sched.xq_words == s.n_ff // 32 * 9
+    names = sched.stage_names
+    assert names[1:5] == ("qkv_in", "qkv", "rope_kv", "attn") and names[-2:] == \
+        ("lm_head_in", "lm_head") and names.count("down_in") == s.n_layer
+    assert "_in" not in "".join(ref_sched.stage_names)     # F32 rows: no QUANT stages
     prefix = int(rng.integers(0, 6))
     kv = rng.standard_normal((s.n_layer, s.n_head_kv, prefix, s.head_dim))
     for runner in (quant, ref):
@@ -262,7 +264,11 @@ def test_profiled_launch_stamps_every_item(rng, seed):
     """The profiling build (PROFILE) computes the same logits bit for bit as the default one,
     and stamps every item in order (taken <= ready <= prepped <= done); the per-kind summary
     counts every item once and its critical shares add up to the launch."""
-    from stdlib_kernels.persistent.decode_profile import KINDS, format_profile, profile_summary
+    from stdlib_kernels.persistent.decode_profile import (
+        format_profile,
+        profile_summary,
+        stage_kinds,
+    )
     s = DecodeShape(2, 36, 6, 2, 6, 50, 37, n_ctx=8)
     sched = decode_schedule(s, 7)
     flat = pack_decode_weights(sched, _weights(rng, s))
@@ -278,7 +284,8 @@ def test_profiled_launch_stamps_every_item(rng, seed):
     stamps = profiled.profile().astype(np.int64)
     assert (stamps > 0).all() and (np.diff(stamps, axis=1) >= 0).all(), f"seed {seed}"
     rows, totals = profile_summary(sched, profiled.profile())
-    assert list(rows) == list(KINDS)
+    assert list(rows) == stage_kinds(sched) == ["embed", "qkv", "rope_kv", "attn", "o",
+                                                "gate_up", "down", "lm_head"]
     assert sum(r["items"] for r in rows.values()) == sched.n_items
     assert rows["attn"]["items"] == s.n_layer * s.n_head
     critical = sum(r["critical_us"] for r in rows.values())
