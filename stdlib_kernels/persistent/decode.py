@@ -18,30 +18,31 @@ Per item (a block of WARPS warps):
   QUANT stage wrote (decode_rows.py), F32 rows x itself, normed (the item's own RMS of x)
   when the stage has a norm; y += for the residual.
 - GLU: rows lo..hi of silu(Wg @ h) * (Wu @ h), h the normed x.
-- ROPE_KV: one KV head: its k rotated into the cache row pos (rounded to C), its v copied
-  there, the q heads of its group rotated into qrot (stdlib rotary's rope_head).
-- ATTN: one query head against cache rows 0..pos: scores (a warp per row) into the scores
-  scratch, softmax (block max, block sum), then a thread per output dimension sums the V rows.
+- ATTN: one split of one query head's cache rows (flash-decoding, decode_attn.py), the RoPE
+  of q and of this token's k and the cache write of its K/V row fused in; the last split of
+  a head to finish merges the head and writes its output as Q8_1 for the O-projection.
 The dependency protocol (acquire waits, release publishes, the last block's reset) is chain.py's;
+the attention's per-head arrival counters (counters[FIRST_STAGE_COUNTER + n_stages + h]) are
+reset by the merging block.
 a block takes its items through decode_take.take_item, which prefetches a GEMV / GLU item's
 weight rows into L2 before waiting (PREFETCH) and, in the profiling build (PROFILE), stamps
 each item's times into prof (a 1-element dummy otherwise).
 
-Latency, not bandwidth, bounds most links of this chain (~6 stages a layer, each waiting for
+Latency, not bandwidth, bounds most links of this chain (~8 stages a layer, each waiting for
 the one before), so loads are issued together where the order of the sums allows: the
-attention's score rows SCORE_ROWS per warp, its V rows V_ROWS at a time per dimension, the
-residual before the row's dot, ROW_UNROLL items a lane of a long row (decode_rows.py).
+attention's score rows SCORE_ROWS per warp, its V rows V_ROWS at a time per dimension
+(decode_attn.py), the residual before the row's dot, ROW_UNROLL items a lane of a long row
+(decode_rows.py).
 """
 from __future__ import annotations
 
 import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, i64, u8, u16, u32, u64
 
-from .._device import NEG_INF, block_max, block_sum, warp_sum
 from ..quant.formats import F32
 from ..quant.q8_1 import store_q8_1_block
-from ..rotary_kernels import rope_head
 from .chain import exit_block, publish
+from .decode_attn import run_attention_item
 from .decode_rows import NAN, embed_value, graph_rstd, input_value, row_dot
 from .decode_schedule import (
     ATTN,
@@ -51,18 +52,17 @@ from .decode_schedule import (
     GEMV,
     GLU,
     KIND,
-    LAYER,
+    MAX_HEAD_DIM,
+    MAX_SPLITS,
     N_IN,
     N_OUT,
     NORM,
     QUANT,
     RESIDUAL,
-    ROPE_KV,
     ROW_BYTES,
     ROW_BYTES_B,
     SPLIT,
     STAGE_COLS,
-    W2,
     W_B,
     XQ,
     W,
@@ -70,11 +70,9 @@ from .decode_schedule import (
     Y,
 )
 from .decode_take import DONE, PREPPED, stamp, take_item
-from .schedule import ITEM_COLS
+from .schedule import FIRST_STAGE_COUNTER, ITEM_COLS
 
 WARPS = 8
-SCORE_ROWS = 4       # cache rows a warp's score loop loads at once (their loads overlap)
-V_ROWS = 8           # cache rows the output loop loads at once per output dimension
 
 
 @pk.func
@@ -146,101 +144,6 @@ def row_place(st: Ptr[i64, "ro"], r: i32):
 
 
 @pk.func
-def run_rope_kv(acts: Ptr[f32], cache_k, cache_v, st: Ptr[i64, "ro"], ff: Ptr[f32, "ro"],
-                kvh: i32, pos: i32, n_head: i32, n_head_kv: i32, head_dim: i32, n_ctx: i32,
-                kv_base: i64, kv_layer: i64, rot_dim: i32, log2_base: f32, NEOX: Const[bool],
-                C: Const[pk.dtype]):
-    x_off = i32(st[X])
-    k_src = x_off + (n_head + kvh) * head_dim
-    v_src = x_off + (n_head + n_head_kv + kvh) * head_dim
-    row = kv_base + st[LAYER] * kv_layer + (i64(kvh) * i64(n_ctx) + i64(pos)) * i64(head_dim)
-    rope_head(acts + k_src, cache_k + row, pos, head_dim, rot_dim, log2_base, ff, False, NEOX,
-              C, f32(1.0), ff, False, f32(1.0))
-    for d in range(pk.thread_idx.x, head_dim, pk.block_dim.x):
-        cache_v[row + i64(d)] = C(acts[v_src + d])
-    group = n_head // n_head_kv
-    for h in range(kvh * group, (kvh + 1) * group):
-        rope_head(acts + x_off + h * head_dim, acts + i32(st[Y]) + h * head_dim, pos, head_dim,
-                  rot_dim, log2_base, ff, False, NEOX, f32, f32(1.0), ff, False, f32(1.0))
-
-
-@pk.func
-def attention_scores(acts: Ptr[f32], cache_k, q: i32, sc: i32, base: i64, rows: i32,
-                     head_dim: i32, scale: f32):
-    """acts[sc + r] = q . K row r * scale for r < rows: a warp per row (lanes over the head's
-    dims, then warp_sum), SCORE_ROWS rows per warp visit so their loads are in flight together
-    (a row's sum is the same, in the same order, whichever warp takes it)."""
-    lane = pk.thread_idx.x % 32
-    acc = pk.local_array(f32, SCORE_ROWS)
-    r = pk.thread_idx.x // 32 * SCORE_ROWS
-    while r < rows:
-        for k in pk.static_range(SCORE_ROWS):
-            acc[k] = 0.0
-        for d in range(lane, head_dim, 32):
-            qd = acts[q + d]
-            for k in pk.static_range(SCORE_ROWS):
-                kr = min(r + k, rows - 1)    # rows past the last: a valid row, result unused
-                acc[k] += qd * f32(cache_k[base + i64(kr) * i64(head_dim) + i64(d)])
-        for k in pk.static_range(SCORE_ROWS):
-            total = warp_sum(acc[k])
-            if lane == 0 and r + k < rows:
-                acts[sc + r + k] = total * scale
-        r += pk.block_dim.x // 32 * SCORE_ROWS
-    pk.syncthreads()
-
-
-@pk.func
-def attention_values(acts: Ptr[f32], cache_v, sc: i32, out: i32, base: i64, rows: i32,
-                     head_dim: i32, total: f32):
-    """acts[out + d] = sum_r p_r V[r, d] / total: a thread per dimension summing rows 0, 1,
-    ... in order, V_ROWS rows' loads issued before their adds (a loop of one load pair per
-    row waited a memory round trip per cache row)."""
-    pv = pk.local_array(f32, V_ROWS)
-    vv = pk.local_array(f32, V_ROWS)
-    for d in range(pk.thread_idx.x, head_dim, pk.block_dim.x):
-        o = f32(0.0)
-        r = 0
-        while r + V_ROWS <= rows:
-            for k in pk.static_range(V_ROWS):
-                pv[k] = acts[sc + r + k]
-                vv[k] = f32(cache_v[base + i64(r + k) * i64(head_dim) + i64(d)])
-            for k in pk.static_range(V_ROWS):
-                o += pv[k] * vv[k]
-            r += V_ROWS
-        while r < rows:
-            o += acts[sc + r] * f32(cache_v[base + i64(r) * i64(head_dim) + i64(d)])
-            r += 1
-        acts[out + d] = o / total
-
-
-@pk.func
-def run_attention(acts: Ptr[f32], cache_k, cache_v, st: Ptr[i64, "ro"], h: i32, pos: i32,
-                  n_head: i32, n_head_kv: i32, head_dim: i32, n_ctx: i32, kv_base: i64,
-                  kv_layer: i64, scale: f32, scratch):
-    """Query head h against cache rows 0..pos of its KV head (scores at st[W2] + h n_ctx)."""
-    t = pk.thread_idx.x
-    sc = i32(st[W2]) + h * n_ctx
-    base = kv_base + st[LAYER] * kv_layer + \
-        i64(h // (n_head // n_head_kv)) * i64(n_ctx) * i64(head_dim)
-    rows = pos + 1
-    attention_scores(acts, cache_k, i32(st[X]) + h * head_dim, sc, base, rows, head_dim,
-                     scale)
-    m = f32(NEG_INF)
-    for r2 in range(t, rows, pk.block_dim.x):
-        if acts[sc + r2] > m:
-            m = acts[sc + r2]
-    m = block_max(m, scratch)
-    total = f32(0.0)
-    for r3 in range(t, rows, pk.block_dim.x):
-        e = pk.exp(acts[sc + r3] - m)
-        acts[sc + r3] = e
-        total += e
-    total = block_sum(total, scratch)     # its barriers order the exp stores before the reads
-    attention_values(acts, cache_v, sc, i32(st[Y]) + h * head_dim, base, rows, head_dim,
-                     total)
-
-
-@pk.func
 def run_embed(w8: Ptr[u8, "ro"], wf: Ptr[f32, "ro"], acts: Ptr[f32], st: Ptr[i64, "ro"],
               token: i32, n_vocab: i32, lo: i32, hi: i32):
     """Rows lo..hi of x = token_embd[token]; a token outside [0, n_vocab) gives NaN (a
@@ -252,28 +155,6 @@ def run_embed(w8: Ptr[u8, "ro"], wf: Ptr[f32, "ro"], acts: Ptr[f32], st: Ptr[i64
         if valid:
             v = embed_value(i32(st[FMT]), w8, wf, row, c)
         acts[i32(st[Y]) + c] = v
-
-
-@pk.func
-def run_heads(acts: Ptr[f32], cache_k, cache_v, st: Ptr[i64, "ro"], wf: Ptr[f32, "ro"],
-              kind: i32, lo: i32, hi: i32, pos: i32, n_head: i32, n_head_kv: i32,
-              head_dim: i32, n_ctx: i32, kv_base: i64, kv_layer: i64, rot_dim: i32,
-              log2_base: f32, scale: f32, scratch, NEOX: Const[bool], C: Const[pk.dtype]):
-    """ROPE_KV and ATTN items (heads lo..hi). A position outside the cache writes nothing to
-    it and makes the attention output NaN, so the logits show it."""
-    if pos < 0 or pos >= n_ctx:
-        if kind == ATTN:
-            for d in range(lo * head_dim + pk.thread_idx.x, hi * head_dim, pk.block_dim.x):
-                acts[i32(st[Y]) + d] = f32(NAN)
-    elif kind == ROPE_KV:
-        for kvh in range(lo, hi):
-            run_rope_kv(acts, cache_k, cache_v, st, wf, kvh, pos, n_head, n_head_kv, head_dim,
-                        n_ctx, kv_base, kv_layer, rot_dim, log2_base, NEOX, C)
-    else:
-        for h in range(lo, hi):
-            run_attention(acts, cache_k, cache_v, st, h, pos, n_head, n_head_kv, head_dim,
-                          n_ctx, kv_base, kv_layer, scale, scratch)
-            pk.syncthreads()         # the next head reuses the scratch
 
 
 @pk.kernel(max_threads=WARPS * 32, min_blocks=3)   # <= 85 registers: 3 blocks an SM
@@ -289,7 +170,12 @@ def decode_kernel(w8: Ptr[u8, "ro"], w16: Ptr[u16, "ro"], w32: Ptr[u32, "ro"],
     # an "ro" (ld.global.nc) load may be hoisted above the PDL wait (docs/language.md)
     t = pk.thread_idx.x
     taken = pk.shared_array(i32, 1)
+    flag = pk.shared_array(i32, 1)
     scratch = pk.shared_array(f32, 32)
+    qs = pk.shared_array(f32, MAX_HEAD_DIM)          # an ATTN item's rotated q
+    ks = pk.shared_array(C, MAX_HEAD_DIM)            # ... and this token's K / V row
+    vs = pk.shared_array(C, MAX_HEAD_DIM)
+    ml = pk.shared_array(f32, 2 * MAX_SPLITS)        # the merge's split weights and sums
     token = io[0]
     pos = io[1]
     while True:
@@ -308,10 +194,11 @@ def decode_kernel(w8: Ptr[u8, "ro"], w16: Ptr[u16, "ro"], w32: Ptr[u32, "ro"],
                      PROFILE)
         elif kind == QUANT:
             run_quant(acts, wf, xq, st, lo, hi, eps, scratch)
-        else:
-            run_heads(acts, cache_k, cache_v, st, wf, kind, lo, hi, pos, n_head, n_head_kv,
-                      head_dim, n_ctx, kv_base, kv_layer, rot_dim, log2_base, scale, scratch,
-                      NEOX, C)
+        elif kind == ATTN:
+            run_attention_item(acts, xq, cache_k, cache_v, counters, st, wf, lo,
+                               FIRST_STAGE_COUNTER + n_stages, pos, n_head, n_head_kv,
+                               head_dim, n_ctx, kv_base, kv_layer, rot_dim, log2_base, scale,
+                               scratch, qs, ks, vs, ml, flag, NEOX, C)
         publish(counters, items[item * ITEM_COLS + 5], t)
         stamp(prof, item, DONE, PROFILE)
     exit_block(counters, n_stages, t)

@@ -6,9 +6,10 @@ then runner.profile()) summed per item kind.
     print(format_profile(rows, totals))
 
 Per stage name (decode_schedule's stage_names, in order of first appearance: embed, qkv_in,
-qkv, rope_kv, attn, o_in, o, gate_up_in, gate_up, down_in, down, lm_head_in, lm_head; the
-*_in stages are the QUANT items writing the next matrix's Q8_1 input, which exist only for
-quantized matrices):
+qkv, attn, o_in, o, gate_up_in, gate_up, down_in, down, lm_head_in, lm_head; the *_in stages
+are the QUANT items writing the next matrix's Q8_1 input, which exist only for quantized
+matrices, o_in only where the attention's merge cannot write it; attn is the split attention
+with the RoPE and the cache write fused in):
 - critical: the launch's wall time attributed to the kind's stages: a stage's share is from
   the last item of the stage before finishing to its own last item finishing, so the shares
   add up to the launch (first ticket to last item done). This is the column to read first.

@@ -13,10 +13,9 @@ tile of the stage before it: the chain of schedule.py, checked by its validate_c
     per layer:
       QUANT    xq_x = Q8_1(rmsnorm(x, attn_norm))               tiles of QUANT_TILE blocks
       GEMV     qkv = Wqkv @ xq_x                                row tiles of q+k+v rows
-      ROPE_KV  k head: RoPE -> cache_k[pos]; v head -> cache_v[pos];
-               its group's q heads: RoPE -> qrot                one item per KV head
-      ATTN     attn[h] = softmax(q_h K^T * scale) V             one item per query head
-      QUANT    xq_attn = Q8_1(attn)
+      ATTN     attn[h] = softmax(rope(q_h) K^T * scale) V,      attn_splits items per query
+               K/V row pos = rope(k), v of this token;          head (flash-decoding splits,
+               xq_attn = Q8_1(attn) by each head's merge        decode_attn.py)
       GEMV     x += Wo @ xq_attn                                row tiles of n_embd (residual)
       QUANT    xq_x = Q8_1(rmsnorm(x, ffn_norm))
       GLU      act = silu(Wg @ xq_x) * (Wu @ xq_x)              row tiles of n_ff
@@ -31,9 +30,11 @@ into the xq buffer (u32 words, XQ), and the matrix's row items start with their 
 (before, every row item recomputed the norm and the Q8_1 input, 2.4-4 us of a 4-6 us item on
 an H200, RESULTS.md). It costs one short link per such matrix: a QUANT item is the RMS of x
 (each item reads all of x, in the decode graph's order, so every item gets the same rstd) and
-one Q8_1 block per warp. A matrix of F32 rows only has no QUANT stage: its items norm x
-themselves (the F32 dot reads x * rstd * w per value). Stage names (`stage_names`: qkv_in,
-qkv, ..., lm_head) label the profile (decode_profile.py).
+one Q8_1 block per warp. The O-projection's input needs none when head_dim is a multiple of
+32: the attention's merge writes each head's Q8_1 blocks. A matrix of F32 rows only has no
+QUANT stage: its items norm x themselves (the F32 dot reads x * rstd * w per value). Stage
+names (`stage_names`: embed, qkv_in, qkv, attn, [o_in,] o, ..., lm_head) label the profile
+(decode_profile.py).
 x is updated in place by the residual tiles: row r is read and written by the one warp that
 owns it, and every other reader of x (the normed stages) finished before (the chain). The xq
 regions are reused by every layer: the chain orders each write after the last read before it.
@@ -62,12 +63,13 @@ from ..quant.formats import F32, get_format
 from .schedule import ALIGN, FIRST_STAGE_COUNTER, ITEM_COLS, NO_WAIT, ItemTables, validate_chain
 
 # item kinds (the kernel's dispatch table switches on these)
-EMBED, GEMV, GLU, ROPE_KV, ATTN, QUANT = 0, 1, 2, 3, 4, 5
-KIND_NAMES = {EMBED: "embed", GEMV: "gemv", GLU: "glu", ROPE_KV: "rope_kv", ATTN: "attn",
-              QUANT: "quant"}
-STAGE_COLS = 17
+EMBED, GEMV, GLU, ATTN, QUANT = 0, 1, 2, 3, 4
+KIND_NAMES = {EMBED: "embed", GEMV: "gemv", GLU: "glu", ATTN: "attn", QUANT: "quant"}
+STAGE_COLS = 20
 (KIND, W, W2, X, Y, N_IN, N_OUT, NORM, RESIDUAL, LAYER, FMT, ROW_BYTES, SPLIT, FMT_B, W_B,
- ROW_BYTES_B, XQ) = range(STAGE_COLS)
+ ROW_BYTES_B, XQ, PART, N_SPLIT, SPLIT_ROWS) = range(STAGE_COLS)
+MAX_HEAD_DIM = 256       # an ATTN item's q, k and v rows in shared memory
+MAX_SPLITS = 32          # attention splits per head (the merge's shared weights)
 QUANT_TILE = 8           # Q8_1 blocks a QUANT item writes: one per warp of decode.WARPS
 Q8_1_WORDS = 9           # u32 words of one Q8_1 block (32 values): d, s as f16x2, 32 int8
 XQ_ALIGN = 32            # xq regions start on 128-byte lines
@@ -144,6 +146,13 @@ class DecodeSchedule(ItemTables):
     act_elems: int
     xq_words: int                           # u32 words of the xq buffer (the Q8_1 inputs)
     stage_names: tuple                      # per stage: embed, qkv_in, qkv, ..., lm_head
+    attn_splits: int                        # ATTN items per query head
+    split_rows: int                         # their granule (decode_attn.split_len)
+
+    @property
+    def counters(self) -> int:
+        """The chain's counters, then one arrival counter per query head (the ATTN merge)."""
+        return FIRST_STAGE_COUNTER + self.n_stages + self.shape.n_head
 
 
 def _round_up(n: int, m: int = ALIGN) -> int:
@@ -183,9 +192,11 @@ def _weight_layout(shape: DecodeShape, formats: dict) -> tuple[dict, int]:
     return places, off
 
 
-def _act_layout(s: DecodeShape) -> tuple[dict, int]:
-    sizes = {"x": s.n_embd, "qkv": s.q_rows + 2 * s.kv_rows, "qrot": s.q_rows,
-             "attn": s.q_rows, "ffn": s.n_ff, "logits": s.n_vocab, "scores": s.n_head * s.n_ctx}
+def _act_layout(s: DecodeShape, splits: int) -> tuple[dict, int]:
+    sizes = {"x": s.n_embd, "qkv": s.q_rows + 2 * s.kv_rows, "attn": s.q_rows, "ffn": s.n_ff,
+             "logits": s.n_vocab, "scores": s.n_head * s.n_ctx,
+             "parts": s.n_head * splits * (s.head_dim + 2)}     # per split: m, l, o
+
     out, off = {}, 0
     for name, size in sizes.items():
         out[name] = off
@@ -215,34 +226,38 @@ def _matrix_cols(place: WeightPlace) -> dict:
             "row_bytes_b": bb}
 
 
-def decode_schedule(shape: DecodeShape, tile_rows: int = 16,
-                    formats: dict | None = None) -> DecodeSchedule:
+def decode_schedule(shape: DecodeShape, tile_rows: int = 16, formats: dict | None = None,
+                    attn_splits: int = 8, split_rows: int = 16) -> DecodeSchedule:
     """The stages and items of one decode token (module docstring), tiles of tile_rows rows;
-    formats: matrix name -> ((type name, rows), ...) row groups (default: all F32)."""
-    if tile_rows < 1:
-        raise ValueError(f"decode_schedule: tile_rows must be positive, got {tile_rows}")
+    formats: matrix name -> ((type name, rows), ...) row groups (default: all F32);
+    attn_splits ATTN items per query head, each at least split_rows cache rows long."""
+    _check_sizes(shape, tile_rows, attn_splits, split_rows)
     s = shape
     places, weight_bytes = _weight_layout(s, formats or {})
-    a_off, act_elems = _act_layout(s)
+    a_off, act_elems = _act_layout(s, attn_splits)
     xq_off, xq_words = _xq_layout(s)
     stages, names = [], []
 
     def stage(name, kind, n_out, w=-1, w2=-1, x=-1, y=-1, n_in=0, norm=NO_NORM, residual=0,
-              layer=0, fmt=F32, row_bytes=0, split=0, fmt_b=F32, w_b=-1, row_bytes_b=0, xq=-1):
+              layer=0, fmt=F32, row_bytes=0, split=0, fmt_b=F32, w_b=-1, row_bytes_b=0, xq=-1,
+              part=-1, n_split=0, granule=0):
         names.append(name)
         stages.append((kind, w, w2, x, y, n_in, n_out, norm, residual, layer, fmt, row_bytes,
-                       split, fmt_b, w_b, row_bytes_b, xq))
+                       split, fmt_b, w_b, row_bytes_b, xq, part, n_split, granule))
 
-    def matrix(label, kind, name, n_out, x, y, n_in, norm=None, residual=0):
+    def matrix(label, kind, name, n_out, x, y, n_in, norm=None, residual=0, written=-1):
+        """A GEMV / GLU stage, after the QUANT stage of its Q8_1 input unless the stage before
+        wrote it (written: its xq offset)."""
         norm = NO_NORM if norm is None else places[norm].offset
         xq = -1
-        if _quantized(places[name]):             # its input as Q8_1, written once
+        if _quantized(places[name]):
             if n_in % 32:
                 raise ValueError(f"decode_schedule: {name} is quantized; its input needs "
                                  f"whole Q8_1 blocks (32 values), got {n_in}")
             xq = xq_off[x]
-            stage(label + "_in", QUANT, n_in // 32, x=a_off[x], y=xq, n_in=n_in, norm=norm,
-                  xq=xq)
+            if written < 0:
+                stage(label + "_in", QUANT, n_in // 32, x=a_off[x], y=xq, n_in=n_in, norm=norm,
+                      xq=xq)
         stage(label, kind, n_out, x=a_off[x], y=a_off[y], n_in=n_in, residual=residual,
               norm=norm, xq=xq, **_matrix_cols(places[name]))
 
@@ -252,30 +267,45 @@ def decode_schedule(shape: DecodeShape, tile_rows: int = 16,
         blk = f"blk.{il}."
         matrix("qkv", GEMV, blk + "qkv", s.q_rows + 2 * s.kv_rows, "x", "qkv", e,
                blk + "attn_norm")
-        stage("rope_kv", ROPE_KV, s.n_head_kv, x=a_off["qkv"], y=a_off["qrot"], layer=il)
-        stage("attn", ATTN, s.n_head, w2=a_off["scores"], x=a_off["qrot"], y=a_off["attn"],
-              layer=il)
-        matrix("o", GEMV, blk + "attn_out", e, "attn", "x", s.q_rows, residual=1)
+        # the merge writes the O-projection's Q8_1 input per head when heads are whole blocks
+        attn_xq = xq_off["attn"] if _quantized(places[blk + "attn_out"]) and \
+            s.head_dim % 32 == 0 else -1
+        stage("attn", ATTN, s.n_head * attn_splits, w2=a_off["scores"], x=a_off["qkv"],
+              y=a_off["attn"], layer=il, xq=attn_xq, part=a_off["parts"],
+              n_split=attn_splits, granule=split_rows)
+        matrix("o", GEMV, blk + "attn_out", e, "attn", "x", s.q_rows, residual=1,
+               written=attn_xq)
         matrix("gate_up", GLU, blk + "gate_up", s.n_ff, "x", "ffn", e, blk + "ffn_norm")
         matrix("down", GEMV, blk + "down", e, "ffn", "x", s.n_ff, residual=1)
     matrix("lm_head", GEMV, "output", s.n_vocab, "x", "logits", e, "output_norm")
-    items = _items(stages, tile_rows)
     table = np.array(stages, np.int64).reshape(-1, STAGE_COLS)
     acts = {"x": (a_off["x"], e), "logits": (a_off["logits"], s.n_vocab)}
-    sched = DecodeSchedule(s, items, table, places, acts, weight_bytes, act_elems, xq_words,
-                           tuple(names))
+    sched = DecodeSchedule(s, _items(stages, tile_rows), table, places, acts, weight_bytes,
+                           act_elems, xq_words, tuple(names), attn_splits, split_rows)
     validate_decode(sched)
     return sched
 
 
+def _check_sizes(shape: DecodeShape, tile_rows: int, attn_splits: int, split_rows: int):
+    if tile_rows < 1:
+        raise ValueError(f"decode_schedule: tile_rows must be positive, got {tile_rows}")
+    if not 1 <= attn_splits <= MAX_SPLITS:
+        raise ValueError(f"decode_schedule: attn_splits must be in 1..{MAX_SPLITS}, got "
+                         f"{attn_splits}")
+    if split_rows < 1:
+        raise ValueError(f"decode_schedule: split_rows must be positive, got {split_rows}")
+    if shape.head_dim > MAX_HEAD_DIM:
+        raise ValueError(f"decode_schedule: head_dim {shape.head_dim} is over the attention "
+                         f"items' {MAX_HEAD_DIM}")
+
+
 def _items(stages: list, tile_rows: int) -> np.ndarray:
-    """Row tiles (GEMV, GLU, EMBED), Q8_1 block tiles (QUANT) or one item per head (ROPE_KV,
-    ATTN), stage by stage,
-    each waiting for all the items of the stage before."""
+    """Row tiles (GEMV, GLU, EMBED), Q8_1 block tiles (QUANT) or one item per split of a head
+    (ATTN), stage by stage, each waiting for all the items of the stage before."""
     items, prev_items = [], 0
     for index, st in enumerate(stages):
         kind, n_out = st[KIND], st[N_OUT]
-        step = 1 if kind in (ROPE_KV, ATTN) else QUANT_TILE if kind == QUANT else tile_rows
+        step = 1 if kind == ATTN else QUANT_TILE if kind == QUANT else tile_rows
         wait = (NO_WAIT, 0) if index == 0 else (FIRST_STAGE_COUNTER + index - 1, prev_items)
         tiles = [(lo, min(lo + step, n_out)) for lo in range(0, n_out, step)]
         items += [(index, lo, hi, *wait, FIRST_STAGE_COUNTER + index) for lo, hi in tiles]
@@ -299,8 +329,8 @@ def validate_decode(sched: DecodeSchedule) -> None:
         if min(st[W], st[W_B]) < 0 or max(ends) > sched.weight_bytes:
             raise ValueError(f"decode stage {index}: matrix outside the weight buffer")
         quantized = st[FMT] != F32 or st[FMT_B] != F32
-        if st[KIND] != EMBED and quantized and (st[XQ] < 0 or sched.stages[index - 1][KIND]
-                                                != QUANT or sched.stages[index - 1][XQ] !=
-                                                st[XQ]):
+        before = sched.stages[index - 1]
+        if st[KIND] != EMBED and quantized and (st[XQ] < 0 or before[KIND] not in
+                                                (QUANT, ATTN) or before[XQ] != st[XQ]):
             raise ValueError(f"decode stage {index}: a quantized matrix reads the Q8_1 input "
-                             f"its QUANT stage (the one before) writes")
+                             f"the stage before (QUANT, or ATTN's merge) writes")

@@ -13,7 +13,6 @@ from stdlib_kernels.persistent.decode_schedule import (
     GEMV,
     GLU,
     KIND,
-    ROPE_KV,
     DecodeShape,
     decode_schedule,
 )
@@ -79,22 +78,25 @@ def _reference_step(t, s: DecodeShape, cache_k, cache_v, token, pos, rot_dim, ne
     return t["output"] @ norm(x, t["output_norm"])
 
 
-@pytest.mark.parametrize("dims,rot_dim,neox,tile_rows,grid,cache", [
-    ((2, 36, 6, 2, 6, 50, 37), 6, False, 5, 3, np.float32),   # GQA 3:1, tiles dividing nothing
-    ((1, 32, 4, 4, 8, 24, 19), 4, True, 16, 1, np.float32),   # MHA, NeoX, half the head rotated
-    ((3, 40, 4, 1, 10, 33, 41), 10, True, 3, 64, np.float32),  # MQA, more blocks than items
-    ((2, 36, 6, 2, 6, 50, 37), 6, True, 7, 5, np.float16)])   # the runner's f16 cache
-def test_decode_steps_match_numpy(rng, dims, rot_dim, neox, tile_rows, grid, cache):
+# attention splits, granule: (8, 16) one split at these positions, (4, 2) and (3, 1) several
+@pytest.mark.parametrize("dims,rot_dim,neox,tile_rows,grid,cache,splits", [
+    ((2, 36, 6, 2, 6, 50, 37), 6, False, 5, 3, np.float32, (4, 2)),   # GQA 3:1, odd tiles
+    ((1, 32, 4, 4, 8, 24, 19), 4, True, 16, 1, np.float32, (8, 16)),  # MHA, NeoX, half rotated
+    ((3, 40, 4, 1, 10, 33, 41), 10, True, 3, 64, np.float32, (3, 1)),  # MQA, blocks > items
+    ((2, 36, 6, 2, 6, 50, 37), 6, True, 7, 5, np.float16, (32, 1))])   # the runner's f16 cache
+def test_decode_steps_match_numpy(rng, dims, rot_dim, neox, tile_rows, grid, cache, splits):
     """Random prefix in the cache, then 3 tokens: logits and the new K/V rows against float64.
     Bound: the f32 dots along a token's path (stage by stage, lengths summed) each off by at
     most ~n eps/2 relative to the O(1) activations (Higham's gamma_n), to first order adding
     up; x4 for the exp / rsqrt / sin / cos roundings the dots carry along. An f16 cache: the
     reference rounds its new K/V rows to f16 too, so they differ only where the kernel's f32
     value and the float64 one round to neighbouring halves (one f16 ulp, 2^-10 relative),
-    which reaches the logits through one attention per layer: that term is added per layer."""
+    which reaches the logits through one attention per layer: that term is added per layer.
+    Split attention adds the merge: exp(m_j - M) and the products and sums over the splits,
+    a few roundings per split (attn_splits added to the path)."""
     n_ctx, prefix, eps = 16, int(rng.integers(0, 8)), 1e-5
     s = DecodeShape(*dims, n_ctx=n_ctx)
-    sched = decode_schedule(s, tile_rows)
+    sched = decode_schedule(s, tile_rows, attn_splits=splits[0], split_rows=splits[1])
     tensors = _weights(rng, s)
     runner = DecodeRunner(sched, pack_decode_weights(sched, tensors), eps=eps,
                           scale=1 / np.sqrt(s.head_dim), rope_theta=THETA, rot_dim=rot_dim,
@@ -110,7 +112,8 @@ def test_decode_steps_match_numpy(rng, dims, rot_dim, neox, tile_rows, grid, cac
         got = runner.step(token, pos).astype(np.float64)
         want = _reference_step(tensors, s, cache_k, cache_v, token, pos, rot_dim, neox, eps,
                                cache)
-        path = s.n_layer * (3 * s.n_embd + s.head_dim + pos + 1 + s.q_rows + s.n_ff)
+        path = s.n_layer * (3 * s.n_embd + s.head_dim + pos + 1 + s.q_rows + s.n_ff +
+                            splits[0])
         f16_term = 0.0 if cache == np.float32 else 4 * s.n_layer * 2.0 ** -10
         bound = (4 * path * EPS32 + f16_term) * max(1.0, np.abs(want).max())
         assert np.abs(got - want).max() <= bound, (pos, np.abs(got - want).max(), bound)
@@ -124,16 +127,23 @@ def test_schedule_items_and_stages():
     s = DecodeShape(2, 36, 6, 2, 6, 50, 37, n_ctx=16)
     sched = decode_schedule(s, 5)
     kinds = sched.stages[:, KIND].tolist()
-    assert kinds[1:7] == [GEMV, ROPE_KV, ATTN, GEMV, GLU, GEMV] and len(kinds) == 2 + 6 * 2
+    assert kinds[1:6] == [GEMV, ATTN, GEMV, GLU, GEMV] and len(kinds) == 2 + 5 * 2
     per_stage = np.bincount(sched.items[:, 0])
-    # embed 36/5, qkv 60/5, kv heads, heads, o 36/5, ffn 50/5, down 36/5, then 37/5
-    assert per_stage.tolist() == [8] + [12, 2, 6, 8, 10, 8] * 2 + [8]
+    # embed 36/5, qkv 60/5, 8 splits of each head, o 36/5, ffn 50/5, down 36/5, then 37/5
+    assert per_stage.tolist() == [8] + [12, 6 * 8, 8, 10, 8] * 2 + [8]
+    assert sched.counters == 2 + len(kinds) + 6      # + a merge counter per query head
     with pytest.raises(ValueError, match="tile_rows must be positive"):
         decode_schedule(s, 0)
     with pytest.raises(ValueError, match="not a multiple of n_head_kv"):
         DecodeShape(1, 8, 3, 2, 4, 8, 8, 8)
     with pytest.raises(ValueError, match="n_ctx must be positive"):
         DecodeShape(1, 8, 2, 2, 4, 8, 8, 0)
+    with pytest.raises(ValueError, match="attn_splits must be in 1..32"):
+        decode_schedule(s, 5, attn_splits=33)
+    with pytest.raises(ValueError, match="split_rows must be positive"):
+        decode_schedule(s, 5, split_rows=0)
+    with pytest.raises(ValueError, match="head_dim 264"):
+        decode_schedule(DecodeShape(1, 8, 1, 1, 264, 8, 8, 8))
 
 
 def test_schedule_checks_reject_broken_waits():
@@ -239,8 +249,9 @@ def test_quantized_step_tracks_its_dequantized_weights(rng, seed, n_ff):
     ref_sched = decode_schedule(s, 16)
     ref = DecodeRunner(ref_sched, pack_decode_weights(ref_sched, dense), **args)
     names = sched.stage_names
-    assert names[1:5] == ("qkv_in", "qkv", "rope_kv", "attn") and names[-2:] == \
+    assert names[1:5] == ("qkv_in", "qkv", "attn", "o") and names[-2:] == \
         ("lm_head_in", "lm_head") and names.count("down_in") == s.n_layer
+    assert "o_in" not in names           # head_dim 64: the attention's merge writes it
     assert "_in" not in "".join(ref_sched.stage_names)     # F32 rows: no QUANT stages
     prefix = int(rng.integers(0, 6))
     kv = rng.standard_normal((s.n_layer, s.n_head_kv, prefix, s.head_dim))
@@ -284,10 +295,10 @@ def test_profiled_launch_stamps_every_item(rng, seed):
     stamps = profiled.profile().astype(np.int64)
     assert (stamps > 0).all() and (np.diff(stamps, axis=1) >= 0).all(), f"seed {seed}"
     rows, totals = profile_summary(sched, profiled.profile())
-    assert list(rows) == stage_kinds(sched) == ["embed", "qkv", "rope_kv", "attn", "o",
-                                                "gate_up", "down", "lm_head"]
+    assert list(rows) == stage_kinds(sched) == ["embed", "qkv", "attn", "o", "gate_up",
+                                                "down", "lm_head"]
     assert sum(r["items"] for r in rows.values()) == sched.n_items
-    assert rows["attn"]["items"] == s.n_layer * s.n_head
+    assert rows["attn"]["items"] == s.n_layer * s.n_head * sched.attn_splits
     critical = sum(r["critical_us"] for r in rows.values())
     assert critical == pytest.approx(totals["launch_us"], rel=1e-9, abs=1e-6)
     assert "| lm_head | 6 |" in format_profile(rows, totals)
