@@ -9,11 +9,16 @@ the same GraphRunner.greedy_tokens loop: a replayed graph per token, the argmax 
 whether the two paths pick the same tokens and how far their first-step logits are apart;
 then the persistent launch alone per tile size and grid from a captured graph replayed (CUDA
 events: GPU time), with the GB/s of weights it streams (the step's weight buffer: the GGUF
-bytes the graphs read too) and that as a fraction of --copy-gbs (the issue's roofline).
+bytes the graphs read too) and that as a fraction of --copy-gbs (the issue's roofline). Tile
+"plan" is the model's own choice (stdlib_kernels/persistent/decode_plan.py: rows per tile per
+stage, attention splits; the runner's default), 8 / 16 / 32 uniform tiles beside it (with the
+plan's attention splits).
 --profile adds, per tile size, the profiling build's launch (globaltimer stamps per item,
-stdlib_kernels/persistent/decode_profile.py) after a warm-up launch: the launch's time per item
-kind (embed, qkv, rope_kv, attn, o, gate_up, down, lm_head; the norm and Q8_1 input inside
-the GEMV items), the items' waits and how late a waiting block noticed its dependency.
+stdlib_kernels/persistent/decode_profile.py) after a warm-up launch: the launch's time per
+stage (embed; per layer qkv_in, qkv, attn, o, gate_up_in, gate_up, down_in, down; lm_head_in,
+lm_head: the *_in stages are the QUANT items writing a matrix's Q8_1 input once, attn the
+split attention with the RoPE, the KV write and the merge fused in), the items' waits and how
+late a waiting block noticed its dependency.
 
     python3 benchmarks/persistent_decode.py [--shape llama-8b] [--type Q4_K_M] [--prompt 64]
         [--tokens 128] [--copy-gbs 4300] [--profile]
@@ -42,7 +47,7 @@ from stdlib_kernels.persistent.decode_profile import (  # noqa: E402
 )
 from llm.options import RunnerOptions  # noqa: E402
 
-TILE_ROWS = (8, 16, 32)
+TILE_ROWS = (None, 8, 16, 32)     # None: the model's plan (decode_plan.plan_items)
 REPLAYS = 20
 
 
@@ -159,13 +164,14 @@ def main():
           "of copy |")
     print("|---|---|---|---|---|---|---|")
     print(f"| layer graphs | - | - | {g_tps:.1f} | - | - | - |")
-    print(f"| persistent (default tiles, grid) | 16 | - | {p_tps:.1f} | - | - | - |", flush=True)
+    print(f"| persistent (the runner's default) | plan | - | {p_tps:.1f} | - | - | - |",
+          flush=True)
     for tile, grid, us, gbs, frac in launch_rows(model, prompt, args.device, args.copy_gbs):
-        print(f"| persistent launch | {tile} | {grid} | - | {us:.1f} | {gbs:.0f} | "
+        print(f"| persistent launch | {tile or 'plan'} | {grid} | - | {us:.1f} | {gbs:.0f} | "
               f"{frac:.2f} |", flush=True)
     if args.profile:
         for tile, grid, table in profile_tables(model, prompt, args.device):
-            print(f"\nprofile, tile rows {tile}, grid {grid} (one launch, position "
+            print(f"\nprofile, tile rows {tile or 'plan'}, grid {grid} (one launch, position "
                   f"{args.prompt}):\n{table}", flush=True)
 
 

@@ -25,7 +25,8 @@ import warnings
 
 import numpy as np
 
-from stdlib_kernels.persistent.decode_runner import DecodeRunner
+from stdlib_kernels.persistent.decode_plan import plan_items
+from stdlib_kernels.persistent.decode_runner import DecodeRunner, decode_grid
 from stdlib_kernels.persistent.decode_schedule import (
     WEIGHT_FORMATS,
     DecodeShape,
@@ -103,7 +104,7 @@ class PersistentDecode:
         self.cache = None
 
     @classmethod
-    def from_model(cls, model, n_ctx: int | None = None, tile_rows: int = 16,
+    def from_model(cls, model, n_ctx: int | None = None, tile_rows: int | None = None,
                    grid: int | None = None, cache_dtype=np.float16) -> PersistentDecode:
         """From an llm.Model loaded on the kernels backend (its transformer, or a GraphRunner
         around one); n_ctx: the KV cache rows (default the model's context)."""
@@ -117,18 +118,23 @@ class PersistentDecode:
                               cache_dtype)
 
     @classmethod
-    def from_parts(cls, cfg, spec, weights, activations: str, n_ctx: int, tile_rows: int = 16,
-                   grid: int | None = None, cache_dtype=np.float16,
-                   weights_buffer=None, profile: bool = False) -> PersistentDecode:
+    def from_parts(cls, cfg, spec, weights, activations: str, n_ctx: int,
+                   tile_rows: int | None = None, grid: int | None = None,
+                   cache_dtype=np.float16, weights_buffer=None,
+                   profile: bool = False) -> PersistentDecode:
         """From a transformer's config, spec and device weights (GraphRunner's way in);
+        tile_rows: None (the model's plan, decode_plan.plan_items, for the launch's grid) or
+        rows per tile of every row stage (attention splits then as the plan has them);
         weights_buffer: the buffer of another step of the same model, reused (same layout);
         profile: the kernel's profiling build (DecodeRunner.profile, decode_profile.py)."""
         check_supported(cfg, spec, weights, activations)
         shape = DecodeShape(cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim,
                             cfg.n_ff, cfg.n_vocab, n_ctx)
         formats, sources = weight_sources(weights)
-        sched = decode_schedule(shape, tile_rows, formats)
         rope = cfg.rope
+        plan = plan_items(shape, grid or decode_grid(cache_dtype, rope.neox, profile))
+        sched = decode_schedule(shape, plan.tile_rows if tile_rows is None else tile_rows,
+                                formats, plan.attn_splits, plan.split_rows)
         buffer = weights_buffer if weights_buffer is not None else \
             upload_decode_weights(sched, sources)
         runner = DecodeRunner(sched, buffer, eps=cfg.eps,

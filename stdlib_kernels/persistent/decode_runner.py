@@ -38,6 +38,14 @@ def bulk_prefetch_available() -> bool:
     return arch == "cpu" or (arch.startswith("sm_") and int(digits or 0) >= 90)
 
 
+def decode_grid(cache_dtype, neox: bool, profile: bool = False) -> int:
+    """The co-resident grid of decode_kernel's build for this cache type (what DecodeRunner
+    launches by default; decode_plan.plan_items sizes the items for it)."""
+    return launch_grid("decode_grid", None, decode_kernel, WARPS * 32, NEOX=bool(neox),
+                       C=np.dtype(cache_dtype), PREFETCH=bulk_prefetch_available(),
+                       PROFILE=bool(profile))
+
+
 class DecodeRunner:
     """Device buffers for one model's decode schedule: weights, activations, a KV cache (its
     own, or one bound with bind_cache), io, tables, counters; `launch` runs one token in one

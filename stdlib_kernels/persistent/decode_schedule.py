@@ -226,11 +226,13 @@ def _matrix_cols(place: WeightPlace) -> dict:
             "row_bytes_b": bb}
 
 
-def decode_schedule(shape: DecodeShape, tile_rows: int = 16, formats: dict | None = None,
+def decode_schedule(shape: DecodeShape, tile_rows=16, formats: dict | None = None,
                     attn_splits: int = 8, split_rows: int = 16) -> DecodeSchedule:
-    """The stages and items of one decode token (module docstring), tiles of tile_rows rows;
-    formats: matrix name -> ((type name, rows), ...) row groups (default: all F32);
-    attn_splits ATTN items per query head, each at least split_rows cache rows long."""
+    """The stages and items of one decode token (module docstring), tiles of tile_rows rows
+    (an int, or a dict: stage name (embed, qkv, o, gate_up, down, lm_head) -> rows, as
+    decode_plan.plan_items gives); formats: matrix name -> ((type name, rows), ...) row groups
+    (default: all F32); attn_splits ATTN items per query head, each at least split_rows cache
+    rows long."""
     _check_sizes(shape, tile_rows, attn_splits, split_rows)
     s = shape
     places, weight_bytes = _weight_layout(s, formats or {})
@@ -280,15 +282,20 @@ def decode_schedule(shape: DecodeShape, tile_rows: int = 16, formats: dict | Non
     matrix("lm_head", GEMV, "output", s.n_vocab, "x", "logits", e, "output_norm")
     table = np.array(stages, np.int64).reshape(-1, STAGE_COLS)
     acts = {"x": (a_off["x"], e), "logits": (a_off["logits"], s.n_vocab)}
-    sched = DecodeSchedule(s, _items(stages, tile_rows), table, places, acts, weight_bytes,
+    sched = DecodeSchedule(s, _items(stages, names, tile_rows), table, places, acts, weight_bytes,
                            act_elems, xq_words, tuple(names), attn_splits, split_rows)
     validate_decode(sched)
     return sched
 
 
-def _check_sizes(shape: DecodeShape, tile_rows: int, attn_splits: int, split_rows: int):
-    if tile_rows < 1:
-        raise ValueError(f"decode_schedule: tile_rows must be positive, got {tile_rows}")
+ROW_STAGES = ("embed", "qkv", "o", "gate_up", "down", "lm_head")
+
+
+def _check_sizes(shape: DecodeShape, tile_rows, attn_splits: int, split_rows: int):
+    sizes = tile_rows if isinstance(tile_rows, dict) else dict.fromkeys(ROW_STAGES, tile_rows)
+    if set(sizes) != set(ROW_STAGES) or min(sizes.values()) < 1:
+        raise ValueError(f"decode_schedule: tile_rows must be positive, one int or one per "
+                         f"stage of {ROW_STAGES}, got {tile_rows}")
     if not 1 <= attn_splits <= MAX_SPLITS:
         raise ValueError(f"decode_schedule: attn_splits must be in 1..{MAX_SPLITS}, got "
                          f"{attn_splits}")
@@ -299,13 +306,19 @@ def _check_sizes(shape: DecodeShape, tile_rows: int, attn_splits: int, split_row
                          f"items' {MAX_HEAD_DIM}")
 
 
-def _items(stages: list, tile_rows: int) -> np.ndarray:
-    """Row tiles (GEMV, GLU, EMBED), Q8_1 block tiles (QUANT) or one item per split of a head
-    (ATTN), stage by stage, each waiting for all the items of the stage before."""
+def _items(stages: list, names: list, tile_rows) -> np.ndarray:
+    """Row tiles (GEMV, GLU, EMBED: tile_rows, or tile_rows[stage name]), Q8_1 block tiles
+    (QUANT) or one item per split of a head (ATTN), stage by stage, each waiting for all the
+    items of the stage before."""
     items, prev_items = [], 0
-    for index, st in enumerate(stages):
+    for index, (st, name) in enumerate(zip(stages, names)):
         kind, n_out = st[KIND], st[N_OUT]
-        step = 1 if kind == ATTN else QUANT_TILE if kind == QUANT else tile_rows
+        if kind == ATTN:
+            step = 1
+        elif kind == QUANT:
+            step = QUANT_TILE
+        else:
+            step = tile_rows[name] if isinstance(tile_rows, dict) else tile_rows
         wait = (NO_WAIT, 0) if index == 0 else (FIRST_STAGE_COUNTER + index - 1, prev_items)
         tiles = [(lo, min(lo + step, n_out)) for lo in range(0, n_out, step)]
         items += [(index, lo, hi, *wait, FIRST_STAGE_COUNTER + index) for lo, hi in tiles]

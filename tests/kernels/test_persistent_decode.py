@@ -146,6 +146,29 @@ def test_schedule_items_and_stages():
         decode_schedule(DecodeShape(1, 8, 1, 1, 264, 8, 8, 8))
 
 
+def test_item_plan_per_model():
+    """decode_plan's sizes for the two models the issue measures, on an H200's grid of 396:
+    no row stage needs more than one round of the grid, one row per warp where that fits
+    (SmolLM2), and attention splits that fill at most one round."""
+    from stdlib_kernels.persistent.decode import WARPS
+    from stdlib_kernels.persistent.decode_plan import plan_items
+    small = DecodeShape(30, 576, 9, 3, 64, 1536, 49152, n_ctx=200)
+    big = DecodeShape(32, 4096, 32, 8, 128, 14336, 128256, n_ctx=4352)
+    for shape, tiles, splits in ((small, (8, 8, 8, 8, 8, 128), 13),
+                                 (big, (16, 16, 16, 40, 16, 328), 12)):
+        plan = plan_items(shape, 396)
+        assert tuple(plan.tile_rows.values()) == tiles and plan.attn_splits == splits
+        sched = decode_schedule(shape, plan.tile_rows, None, plan.attn_splits,
+                                plan.split_rows)
+        per_stage = np.bincount(sched.items[:, 0])
+        assert per_stage.max() <= 396 and all(t % WARPS == 0 for t in tiles)
+    assert plan_items(DecodeShape(1, 8, 2, 1, 4, 8, 8, 8), 396).attn_splits == 1   # n_ctx 8
+    with pytest.raises(ValueError, match="grid must be positive"):
+        plan_items(small, 0)
+    with pytest.raises(ValueError, match="one per stage"):
+        decode_schedule(small, {"qkv": 8})
+
+
 def test_schedule_checks_reject_broken_waits():
     sched = decode_schedule(DecodeShape(1, 8, 2, 1, 4, 8, 8, 8), 4)
     rows = sched.stages[:, 6].tolist()
@@ -230,28 +253,31 @@ def _quantized(rng, shape, formats):
 
 
 # n_ff 4352: down rows of 136 Q8_0 / Q6_K items, so a lane's items take decode_rows'
-# unrolled visits (ROW_UNROLL) and then the remainder loop
-@pytest.mark.parametrize("n_ff", [512, 4352])
-def test_quantized_step_tracks_its_dequantized_weights(rng, seed, n_ff):
+# unrolled visits (ROW_UNROLL) and then the remainder loop; head_dim 48: heads are not whole
+# Q8_1 blocks, so the O-projection's input gets a QUANT stage (o_in) instead of the merge's
+# Q8_1, with attention in several splits
+@pytest.mark.parametrize("n_ff,head_dim,splits", [(512, 64, (8, 16)), (4352, 64, (8, 16)),
+                                                  (512, 48, (4, 2))])
+def test_quantized_step_tracks_its_dequantized_weights(rng, seed, n_ff, head_dim, splits):
     """Every format and a two-group matrix: the step on GGUF weights (Q8_1 inputs) against the
     same kernel on those weights dequantized to F32 (f32 inputs). They differ by the Q8_1
     rounding of each matmul input, at most half a step (amax / 254) a value plus its f16
     scale's 2^-11: for Gaussian-like blocks ~1% of the input's norm, which 4 matmuls a layer
     and 2 layers compound to well under 1e-1 in relative L2; a wrong block decode is O(1).
     Then the launch replayed on NaN-poisoned activations: bit-identical, counters zero."""
-    s = DecodeShape(2, 256, 4, 2, 64, n_ff, 77, n_ctx=16)
+    s = DecodeShape(2, 256, 4, 2, head_dim, n_ff, 77, n_ctx=16)
     formats = _quant_formats(s)
     groups, dense = _quantized(rng, s, formats)
-    args = {"eps": 1e-5, "scale": 0.125, "rope_theta": THETA, "rot_dim": 64, "neox": False,
-            "grid": 7, "cache_dtype": np.float16}
-    sched = decode_schedule(s, 16, formats)
+    args = {"eps": 1e-5, "scale": head_dim ** -0.5, "rope_theta": THETA, "rot_dim": head_dim,
+            "neox": False, "grid": 7, "cache_dtype": np.float16}
+    sched = decode_schedule(s, 16, formats, *splits)
     quant = DecodeRunner(sched, pack_decode_weights(sched, groups), **args)
-    ref_sched = decode_schedule(s, 16)
+    ref_sched = decode_schedule(s, 16, None, *splits)
     ref = DecodeRunner(ref_sched, pack_decode_weights(ref_sched, dense), **args)
     names = sched.stage_names
-    assert names[1:5] == ("qkv_in", "qkv", "attn", "o") and names[-2:] == \
-        ("lm_head_in", "lm_head") and names.count("down_in") == s.n_layer
-    assert "o_in" not in names           # head_dim 64: the attention's merge writes it
+    o_in = ("o_in",) if head_dim % 32 else ()      # else the attention's merge writes it
+    assert names[1:5 + len(o_in)] == ("qkv_in", "qkv", "attn", *o_in, "o") and \
+        names[-2:] == ("lm_head_in", "lm_head") and names.count("down_in") == s.n_layer
     assert "_in" not in "".join(ref_sched.stage_names)     # F32 rows: no QUANT stages
     prefix = int(rng.integers(0, 6))
     kv = rng.standard_normal((s.n_layer, s.n_head_kv, prefix, s.head_dim))
