@@ -90,7 +90,6 @@ def run_rows(w16: Ptr[u16, "ro"], w32: Ptr[u32, "ro"], wf: Ptr[f32, "ro"], acts:
     if norm >= 0 and (st[FMT] == F32 or st[FMT_B] == F32):
         rstd = graph_rstd(acts, x_off, n_in, eps, scratch)
     stamp(prof, item, PREPPED, PROFILE)
-    xin = xq + i32(max(st[XQ], i64(0)))
     lane = pk.thread_idx.x % 32
     row = lo + pk.thread_idx.x // 32
     residual = st[RESIDUAL] != 0
@@ -99,6 +98,7 @@ def run_rows(w16: Ptr[u16, "ro"], w32: Ptr[u32, "ro"], wf: Ptr[f32, "ro"], acts:
         if residual and lane == 0:   # loaded before the dot: its latency overlaps the row's
             old = acts[y_off + row]
         fmt, off = row_place(st, row)
+        xin = xq + i32(max(st[XQ], i64(0)))      # per row: not live across the loop
         acc = row_dot(fmt, w16, w32, wf, off, acts, x_off, n_in, norm, rstd, xin, lane)
         if kind == GLU:
             fmt2, off2 = row_place(st, row + i32(st[N_OUT]))
