@@ -34,7 +34,7 @@ from .._device import NEG_INF, block_max, block_sum, warp_sum
 from ..quant.q8_1 import store_q8_1_block
 from ..rotary_kernels import rope_head
 from .decode_rows import NAN
-from .decode_schedule import LAYER, N_SPLIT, PART, SPLIT_ROWS, W2, XQ, X, Y
+from .decode_schedule import LAYER, MAX_SPLITS, N_SPLIT, PART, SPLIT_ROWS, W2, XQ, X, Y
 
 SCORE_ROWS = 4       # cache rows a warp's score loop loads at once (their loads overlap)
 V_ROWS = 8           # cache rows the output loop loads at once per output dimension
@@ -180,13 +180,13 @@ def run_split(acts: Ptr[f32], cache_k, cache_v, st: Ptr[i64, "ro"], ff: Ptr[f32,
 @pk.func
 def merged_value(acts: Ptr[f32], first: i32, stride: i32, d: i32, n_used: i32, ml) -> f32:
     """sum_j w_j o_j[d] / sum_j w_j l_j over the used splits (weights w_j in ml[j], l_j in
-    ml[32 + j]); one split: o_0[d] / l_0, the unsplit arithmetic. MERGE_BATCH partials'
+    ml[MAX_SPLITS + j]); one split: o_0[d] / l_0, the unsplit arithmetic. MERGE_BATCH partials'
     loads are issued before their adds."""
     if n_used == 1:
-        return acts[first + 2 + d] / ml[32]
+        return acts[first + 2 + d] / ml[MAX_SPLITS]
     total = f32(0.0)
     for j in range(n_used):
-        total += ml[32 + j] * ml[j]
+        total += ml[MAX_SPLITS + j] * ml[j]
     o = f32(0.0)
     ov = pk.local_array(f32, MERGE_BATCH)
     j0 = 0
@@ -214,7 +214,7 @@ def merge_head(acts: Ptr[f32], xq: Ptr[u32], st: Ptr[i64, "ro"], h: i32, pos: i3
             split_len(pos, n_split, i32(st[SPLIT_ROWS]))
     if t < n_used:                    # m_j, l_j: one load round for all the splits
         ml[t] = acts[first + t * (head_dim + 2)]
-        ml[32 + t] = acts[first + t * (head_dim + 2) + 1]
+        ml[MAX_SPLITS + t] = acts[first + t * (head_dim + 2) + 1]
     pk.syncthreads()
     big = f32(NEG_INF)
     for j in range(n_used):
