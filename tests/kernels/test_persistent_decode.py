@@ -292,9 +292,18 @@ def test_quantized_step_tracks_its_dequantized_weights(rng, seed, n_ff, head_dim
     first = quant.logits()
     for _ in range(2):
         quant.acts.fill(np.nan)
+        quant.xq.fill(0xFFFFFFFF)
         quant.launch()
         np.testing.assert_array_equal(quant.logits(), first)
         assert not quant.counters.numpy().any()
+    # a position outside the cache (io written on the device, as a broken argmax could):
+    # NaN logits, no cache row written, every counter (the heads' merge counters too) zero
+    cache_before = quant.cache_k.numpy().copy()
+    quant.io.copy_from(np.array([token, s.n_ctx], np.int32))
+    quant.launch()
+    assert np.isnan(quant.logits()).all(), f"seed {seed}"
+    np.testing.assert_array_equal(quant.cache_k.numpy(), cache_before)
+    assert not quant.counters.numpy().any()
 
 
 def test_profiled_launch_stamps_every_item(rng, seed):
