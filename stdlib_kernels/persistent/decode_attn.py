@@ -37,7 +37,7 @@ from .decode_rows import NAN
 from .decode_schedule import LAYER, MAX_SPLITS, N_SPLIT, PART, SPLIT_ROWS, W2, XQ, X, Y
 
 SCORE_ROWS = 4       # cache rows a warp's score loop loads at once (their loads overlap)
-V_ROWS = 8           # cache rows the output loop loads at once per output dimension
+V_ROWS = 16          # cache rows the output loop loads at once per output dimension
 MERGE_BATCH = 8      # split partials the merge loads at once per output dimension
 
 
@@ -85,24 +85,25 @@ def split_scores(acts: Ptr[f32], cache_k, qs, ks, sc: i32, base: i64, r0: i32, n
 def split_values(acts: Ptr[f32], cache_v, vs, sc: i32, part: i32, base: i64, r0: i32,
                  n_cache: i32, has_pos: bool, head_dim: i32):
     """acts[part + d] = sum_r p_r V[r, d] over the split's rows in order (cache rows, then row
-    pos from vs): a thread per dimension, V_ROWS rows' loads issued before their adds."""
+    pos from vs): a thread per dimension, V_ROWS rows' loads issued before their adds (the
+    last batch's loads clamped to a valid row, their terms skipped)."""
     pv = pk.local_array(f32, V_ROWS)
     vv = pk.local_array(f32, V_ROWS)
+    end = r0 + n_cache
     for d in range(pk.thread_idx.x, head_dim, pk.block_dim.x):
         o = f32(0.0)
         r = r0
-        while r + V_ROWS <= r0 + n_cache:
+        while r < end:
             for k in pk.static_range(V_ROWS):
-                pv[k] = acts[sc + r + k]
-                vv[k] = f32(cache_v[base + i64(r + k) * i64(head_dim) + i64(d)])
+                rk = min(r + k, end - 1)
+                pv[k] = acts[sc + rk]
+                vv[k] = f32(cache_v[base + i64(rk) * i64(head_dim) + i64(d)])
             for k in pk.static_range(V_ROWS):
-                o += pv[k] * vv[k]
+                if r + k < end:
+                    o += pv[k] * vv[k]
             r += V_ROWS
-        while r < r0 + n_cache:
-            o += acts[sc + r] * f32(cache_v[base + i64(r) * i64(head_dim) + i64(d)])
-            r += 1
         if has_pos:
-            o += acts[sc + r0 + n_cache] * f32(vs[d])
+            o += acts[sc + end] * f32(vs[d])
         acts[part + d] = o
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from .decode import WARPS
 from .decode_schedule import MAX_SPLITS, ROW_STAGES, DecodeShape
 
-SPLIT_ROWS = 16      # cache rows per split at short positions (two V_ROWS batches)
+SPLIT_ROWS = 16      # cache rows per split at short positions (one V_ROWS batch)
 
 
 @dataclass(frozen=True)
