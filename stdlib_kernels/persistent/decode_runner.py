@@ -9,8 +9,8 @@
 
 weights: decode_weights' buffer (numpy or device uint8, sched.weight_bytes); the xq buffer
 (sched.xq_words u32, the QUANT items' Q8_1 inputs) is the runner's. The kernel's
-specialisation: the cache type C, NeoX RoPE, PREFETCH (the L2 prefetch of an item's weights before its
-wait: sm_90+ GPUs and the CPU target) and PROFILE (profile=True: per-item globaltimer stamps,
+specialisation: the cache type C, NeoX RoPE, PREFETCH (the L2 prefetch of an item's weights
+before its wait: sm_90+ GPUs and the CPU target) and PROFILE (profile=True: per-item globaltimer stamps,
 read with `profile()`; decode_profile.py).
 """
 from __future__ import annotations
