@@ -19,8 +19,9 @@ the granule use split 0 only). A split with rows:
 - scores its rows (decode graph order: a warp per row, lanes over the head's dims), softmax
   partials m = max, l = sum exp(s - m) (block reductions, thread t summing rows r0 + t, r0 + t
   + 256, ...), o[d] = sum_r exp(s_r - m) V[r, d] in row order; stores o, m, l.
-Every split (empty ones too) then counts itself on the head's arrival counter (acq_rel: it
-publishes its partials and, for the last one, acquires all the others'). The last merges:
+Every used split then counts itself on the head's arrival counter (acq_rel: it publishes its
+partials and, for the last one, acquires all the others'; the count of used splits follows
+from pos, so splits past the last row neither run nor count). The last merges:
 M = max m_j, w_j = exp(m_j - M), out[d] = sum_j w_j o_j[d] / sum_j w_j l_j; with one used split
 out = o_0[d] / l_0, exactly the unsplit item's arithmetic (so a step below the granule has the
 bits it had before the split), and resets the counter to zero for the next layer and launch.
@@ -202,17 +203,13 @@ def merged_value(acts: Ptr[f32], first: i32, stride: i32, d: i32, n_used: i32, m
 
 
 @pk.func
-def merge_head(acts: Ptr[f32], xq: Ptr[u32], st: Ptr[i64, "ro"], h: i32, pos: i32,
-               n_ctx: i32, head_dim: i32, ml):
-    """The last split of head h: its output (acts at st[Y] + h head_dim) and, when st[XQ] >= 0,
-    its Q8_1 blocks (head_dim a multiple of 32); NaN for a position outside the cache."""
+def merge_head(acts: Ptr[f32], xq: Ptr[u32], st: Ptr[i64, "ro"], h: i32, n_used: i32,
+               head_dim: i32, ml):
+    """The last split of head h to arrive: the output of its n_used splits (acts at st[Y] + h
+    head_dim) and, when st[XQ] >= 0, its Q8_1 blocks (head_dim a multiple of 32); n_used 0 (a
+    position outside the cache): NaN."""
     t = pk.thread_idx.x
-    n_split = i32(st[N_SPLIT])
-    first = i32(st[PART]) + h * n_split * (head_dim + 2)
-    n_used = 0
-    if pos >= 0 and pos < n_ctx:
-        n_used = (pos + split_len(pos, n_split, i32(st[SPLIT_ROWS]))) // \
-            split_len(pos, n_split, i32(st[SPLIT_ROWS]))
+    first = i32(st[PART]) + h * i32(st[N_SPLIT]) * (head_dim + 2)
     if t < n_used:                    # m_j, l_j: one load round for all the splits
         ml[t] = acts[first + t * (head_dim + 2)]
         ml[MAX_SPLITS + t] = acts[first + t * (head_dim + 2) + 1]
@@ -243,21 +240,29 @@ def run_attention_item(acts: Ptr[f32], xq: Ptr[u32], cache_k, cache_v, counters:
                        pos: i32, n_head: i32, n_head_kv: i32, head_dim: i32, n_ctx: i32,
                        kv_base: i64, kv_layer: i64, rot_dim: i32, log2_base: f32, scale: f32,
                        scratch, qs, ks, vs, ml, flag, NEOX: Const[bool], C: Const[pk.dtype]):
-    """ATTN item lo = h n_split + j: the split (a position outside the cache: none), its
-    arrival on head h's counter (counters[head_counter0 + h]), and the merge if it was the
-    head's last."""
+    """ATTN item lo = h n_split + j. A split with rows (j < n_used, known to every item from
+    pos) runs, counts itself on head h's counter (counters[head_counter0 + h]) and merges if
+    it was the last of the n_used; a split past the last row does nothing, so the merge never
+    waits for a block that had nothing to do. A position outside the cache: split 0 alone
+    arrives, and its merge writes NaN."""
     n_split = i32(st[N_SPLIT])
     h = lo // n_split
-    if pos >= 0 and pos < n_ctx:
-        run_split(acts, cache_k, cache_v, st, ff, h, lo % n_split, pos, n_head, n_head_kv,
-                  head_dim, n_ctx, kv_base, kv_layer, rot_dim, log2_base, scale, scratch, qs,
-                  ks, vs, NEOX, C)
-    pk.syncthreads()                 # the partials' stores before thread 0's release
-    if pk.thread_idx.x == 0:
-        old = pk.atomic_add(counters, head_counter0 + h, u32(1), order="acq_rel")
-        flag[0] = 1 if old == u32(n_split - 1) else 0
-    pk.syncthreads()                 # the acquire in it orders the merge's reads
-    if flag[0] != 0:
-        merge_head(acts, xq, st, h, pos, n_ctx, head_dim, ml)
-        if pk.thread_idx.x == 0:     # every split of this head has arrived: ready for reuse
-            pk.store_relaxed(counters, head_counter0 + h, u32(0))
+    valid = pos >= 0 and pos < n_ctx
+    n_used = 1
+    if valid:
+        per = split_len(pos, n_split, i32(st[SPLIT_ROWS]))
+        n_used = (pos + per) // per
+    if lo % n_split < n_used:                 # block-uniform
+        if valid:
+            run_split(acts, cache_k, cache_v, st, ff, h, lo % n_split, pos, n_head, n_head_kv,
+                      head_dim, n_ctx, kv_base, kv_layer, rot_dim, log2_base, scale, scratch,
+                      qs, ks, vs, NEOX, C)
+        pk.syncthreads()             # the partials' stores before thread 0's release
+        if pk.thread_idx.x == 0:
+            old = pk.atomic_add(counters, head_counter0 + h, u32(1), order="acq_rel")
+            flag[0] = 1 if old == u32(n_used - 1) else 0
+        pk.syncthreads()             # the acquire in it orders the merge's reads
+        if flag[0] != 0:
+            merge_head(acts, xq, st, h, n_used if valid else 0, head_dim, ml)
+            if pk.thread_idx.x == 0:     # every used split has arrived: ready for reuse
+                pk.store_relaxed(counters, head_counter0 + h, u32(0))
