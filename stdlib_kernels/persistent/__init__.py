@@ -1,7 +1,8 @@
 """Persistent kernels: a schedule of work items with fine-grained dependencies (schedule.py)
 and a kernel whose resident blocks run them, waiting on counters instead of kernel boundaries
-(chain.py: a chain of GEMV stages; decode.py: one llama decode token, its host side
-decode_runner.py, its weight buffer decode_weights.py). See docs/design.md, "Persistent decode
+(chain.py: a chain of GEMV stages; decode.py: one llama decode token, its attention items
+decode_attn.py, its item sizes per model decode_plan.py, its host side decode_runner.py, its
+weight buffer decode_weights.py). See docs/design.md, "Persistent decode
 (issue 44)"."""
 from .chain import ACTIVATIONS, ChainRunner, chain_kernel
 from .decode import decode_kernel
