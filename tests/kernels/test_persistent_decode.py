@@ -289,6 +289,14 @@ def test_quantized_step_tracks_its_dequantized_weights(rng, seed, n_ff, head_dim
         got, want = quant.step(token, pos), ref.step(token, pos)
         err = float(np.linalg.norm(got - want) / np.linalg.norm(want))
         assert err < 1e-1, f"seed {seed}: pos {pos}: rel L2 {err:.3g}"
+    # the LM head's QUANT items wrote Q8_1(rmsnorm(x, output_norm)) once: the decode graph's
+    # rmsnorm_q8_1 bytes, bit for bit
+    from stdlib_kernels.quant.rmsnorm_q8_1 import rmsnorm_q8_1
+    x_off, n = sched.acts["x"]
+    want_q, _ = rmsnorm_q8_1(quant.acts.numpy()[None, x_off:x_off + n],
+                             groups["output_norm"], args["eps"])
+    want_q = np.asarray(want_q).reshape(-1).view(np.uint32)
+    np.testing.assert_array_equal(quant.xq.numpy()[:want_q.size], want_q, err_msg=f"{seed}")
     first = quant.logits()
     for _ in range(2):
         quant.acts.fill(np.nan)
