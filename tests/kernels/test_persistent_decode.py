@@ -255,8 +255,8 @@ def _quantized(rng, shape, formats):
 # n_ff 4352: down rows of 136 Q8_0 / Q6_K items, so a lane's items take decode_rows'
 # unrolled visits (ROW_UNROLL) and then the remainder loop; head_dim 48: heads are not whole
 # Q8_1 blocks, so the O-projection's input gets a QUANT stage (o_in) instead of the merge's
-# Q8_1, with attention in several splits
-@pytest.mark.parametrize("n_ff,head_dim,splits", [(512, 64, (8, 16)), (4352, 64, (8, 16)),
+# Q8_1; splits (attn_splits, split_rows): (8, 16) one split here, (3, 2) / (4, 2) several
+@pytest.mark.parametrize("n_ff,head_dim,splits", [(512, 64, (8, 16)), (4352, 64, (3, 2)),
                                                   (512, 48, (4, 2))])
 def test_quantized_step_tracks_its_dequantized_weights(rng, seed, n_ff, head_dim, splits):
     """Every format and a two-group matrix: the step on GGUF weights (Q8_1 inputs) against the
