@@ -279,7 +279,7 @@ def test_quantized_step_tracks_its_dequantized_weights(rng, seed, n_ff, head_dim
     assert names[1:5 + len(o_in)] == ("qkv_in", "qkv", "attn", *o_in, "o") and \
         names[-2:] == ("lm_head_in", "lm_head") and names.count("down_in") == s.n_layer
     assert "_in" not in "".join(ref_sched.stage_names)     # F32 rows: no QUANT stages
-    prefix = int(rng.integers(0, 6))
+    prefix = int(rng.integers(3, 8))       # position >= 3: (3, 2) and (4, 2) use 2+ splits
     kv = rng.standard_normal((s.n_layer, s.n_head_kv, prefix, s.head_dim))
     for runner in (quant, ref):
         for il in range(s.n_layer):
