@@ -43,3 +43,31 @@ class ArchSpecificError(UnsupportedArchError):
     """An instruction that only an arch-specific target has (wgmma, setmaxnreg: sm_90a); the
     launcher catches it when compiling for the plain arch and compiles for `arch` instead."""
     arch = "sm_90a"
+
+
+class AnnotationError(KernelSourceError, TypeError):
+    """A malformed type annotation (`Ptr[f32, "rw"]`, `pk.Array[f32, 0]`): Python evaluates
+    annotations when it defines the function, before any decorator sees them, so the error is
+    located from the frame that evaluated it. A TypeError too, as Python's own are."""
+
+
+def annotation_error(message: str, hint: str | None = None) -> AnnotationError:
+    """An AnnotationError at the expression being evaluated in the nearest frame outside
+    pykernel/ (its exact column on Python 3.11+, from the code's position table)."""
+    import linecache
+    import os
+    import sys
+    package = os.path.dirname(os.path.abspath(__file__))
+    frame = sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame = frame.f_back
+    if frame is None:
+        return AnnotationError(message, hint=hint)
+    file, line, col, end_col = frame.f_code.co_filename, frame.f_lineno, 0, None
+    positions = getattr(frame.f_code, "co_positions", None)
+    if positions is not None:
+        at = list(positions())[frame.f_lasti // 2]
+        if at[0] is not None and at[2] is not None:
+            line, col = at[0], at[2]
+            end_col = at[3] if at[1] == at[0] else None
+    return AnnotationError(message, file, line, col, end_col, linecache.getline(file, line), hint)

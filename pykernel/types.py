@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 from llvmlite import ir
 
+from .errors import annotation_error
+
 
 @dataclass(frozen=True)
 class ScalarType:
@@ -172,7 +174,8 @@ class _PtrMarker:
             elem, *flags = item
             unknown = [f for f in flags if f != "ro"]
             if unknown:
-                raise TypeError(f"unknown Ptr flag {unknown[0]!r} (only \"ro\")")
+                raise annotation_error(f"unknown Ptr flag {unknown[0]!r} (only \"ro\")",
+                                       hint='Ptr[f32] is read-write; Ptr[f32, "ro"] read-only')
             return PtrAnnotation(elem, readonly="ro" in flags)
         return PtrAnnotation(item, readonly=False)
 
@@ -209,14 +212,15 @@ def array_annotation(item) -> ArrayAnnotation:
     """`pk.Array[...]`'s subscript: (element type, rank[, "ro"])."""
     items = item if isinstance(item, tuple) else (item,)
     if len(items) < 2:
-        raise TypeError("pk.Array[...] takes an element type and a rank, e.g. "
-                        "pk.Array[f32, 2]")
+        raise annotation_error("pk.Array[...] takes an element type and a rank, e.g. "
+                               "pk.Array[f32, 2]")
     elem, rank, *flags = items
     if not isinstance(rank, int) or isinstance(rank, bool) or not 1 <= rank <= MAX_ARRAY_RANK:
-        raise TypeError(f"pk.Array rank must be an int in 1..{MAX_ARRAY_RANK}, got {rank!r}")
+        raise annotation_error(f"pk.Array rank must be an int in 1..{MAX_ARRAY_RANK}, got "
+                               f"{rank!r}")
     unknown = [f for f in flags if f != "ro"]
     if unknown:
-        raise TypeError(f"unknown pk.Array flag {unknown[0]!r} (only \"ro\")")
+        raise annotation_error(f"unknown pk.Array flag {unknown[0]!r} (only \"ro\")")
     return ArrayAnnotation(elem, rank, "ro" in flags)
 
 
@@ -226,7 +230,7 @@ class _ReadOnlyMarker:
             return PtrAnnotation(item.elem, readonly=True)
         if isinstance(item, ArrayAnnotation):
             return ArrayAnnotation(item.elem, item.rank, readonly=True)
-        raise TypeError("ReadOnly[...] wraps a Ptr[...] or pk.Array[...] annotation")
+        raise annotation_error("ReadOnly[...] wraps a Ptr[...] or pk.Array[...] annotation")
 
 
 @dataclass(frozen=True)

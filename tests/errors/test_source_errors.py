@@ -204,3 +204,32 @@ def test_keyword_only_and_varargs_parameters_are_rejected():
     assert info.value.line == kw_only.__code__.co_firstlineno
     with pytest.raises(pk.KernelSourceError, match=r"\*args"):
         pk.kernel(var_args)
+
+
+@pytest.mark.parametrize("annotation, message, underlined", [
+    ('Ptr[f32, "rw"]', "unknown Ptr flag 'rw'", 'Ptr[f32, "rw"]'),
+    ("pk.Array[f32, 0]", "pk.Array rank must be an int in 1..8", "pk.Array[f32, 0]"),
+    ('pk.Array[f32, 2, "w"]', "unknown pk.Array flag 'w'", 'pk.Array[f32, 2, "w"]'),
+])
+def test_malformed_annotation_is_located_at_the_annotation(tmp_path, annotation, message,
+                                                           underlined):
+    """Python evaluates annotations before @pk.kernel runs, so the error is located from the
+    defining frame: file:line:col of the annotation, its line and a caret under it; still a
+    TypeError, as Python's own annotation errors are."""
+    path = tmp_path / "bad_annotation.py"
+    source = ("import pykernel as pk\nfrom pykernel import Ptr, f32\n\n\n@pk.kernel\n"
+              f"def k(x: Ptr[f32], y: {annotation}):\n    x[0] = 1.0\n")
+    path.write_text(source)
+    code = compile(source, str(path), "exec")
+    with pytest.raises(pk.KernelSourceError) as info:
+        exec(code, {"__name__": "bad_annotation"})
+    err = info.value
+    assert isinstance(err, TypeError)
+    col = source.splitlines()[5].index(annotation)
+    if not hasattr(code, "co_positions"):       # Python 3.10: the line only
+        col = 0
+    assert (err.file, err.line, err.col) == (str(path), 6, col)
+    text = str(err)
+    assert text.startswith(f"{path}:6:{col + 1}: error: {message}")
+    if hasattr(code, "co_positions"):
+        assert "    " + " " * col + "^" + "~" * (len(underlined) - 1) in text
