@@ -54,7 +54,10 @@ def run_case(path, name, text, consts) -> list[str]:
         module = load_module(path, name, text)
     except pk.KernelSourceError as err:
         return _check_located(err, path, "import")
-    except Exception:   # noqa: BLE001 - anything else is the finding
+    except Exception as exc:   # noqa: BLE001 - anything else is the finding...
+        if traceback.extract_tb(exc.__traceback__)[-1].filename == str(path):
+            return []          # ...unless Python raised it running the text itself (a
+            #                    NameError in an annotation): its own located error
         return [f"import: {traceback.format_exc()}"]
     if module is None:
         return []
