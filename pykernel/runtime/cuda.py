@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import os
 import sys
-import threading
 from collections import deque
 
 from cuda.bindings import driver as cu
@@ -32,6 +31,7 @@ from .cuda_cooperative import blocks_per_sm, launch_cooperative
 from .cuda_errors import DeviceOutOfMemory  # noqa: F401 (runtime.md names it here)
 from .cuda_errors import (KERNEL_FAULTS, LOST_CONTEXT, CudaError, check, error_text, fault_error,
                           jit_error_log)
+from .cuda_loaded import LoadedKernel, bad_geometry, function_of
 from .cuda_memory import CudaMemory
 from .cuda_param_layout import buffer_layout_ok
 from .cuda_memory import stream_handle as _stream_handle
@@ -48,53 +48,6 @@ _NON_PORTABLE_CLUSTER = \
     cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
 _launch_kernel = cu.cuLaunchKernel          # the driver calls of launches (module-level: tests
 _launch_kernel_ex = cu.cuLaunchKernelEx     # without a GPU replace them)
-
-
-class _LoadedKernel:
-    __slots__ = ("name", "func", "packer", "pack", "params_address", "kernel_params", "extra",
-                 "param_buffer", "lock", "dynamic_shared_limit", "static_shared", "code",
-                 "launch_config", "non_portable", "cooperative", "co_resident")
-
-    def __init__(self, name, func, packer, dynamic_shared_limit, static_shared, code,
-                 param_buffer: bool, pdl: bool = False):
-        self.name, self.func, self.packer, self.pack = name, func, packer, packer.pack
-        self.params_address = packer.params_address
-        # cuLaunchKernel takes either kernelParams (void*[] of field addresses) or `extra`
-        # (the whole buffer); at most one is non-NULL (both for a kernel without parameters)
-        self.param_buffer = param_buffer
-        self.kernel_params = 0 if param_buffer else packer.params_address
-        self.extra = packer.extra_address if param_buffer else 0
-        self.lock = threading.Lock()    # the shared buffer, from pack until the driver's copy
-        self.dynamic_shared_limit = dynamic_shared_limit
-        self.static_shared = static_shared
-        self.code = code  # the cuda.core ObjectCode: keeps the module loaded
-        # PDL-capable kernels (they wait for their predecessor in their own prologue) go
-        # through cuLaunchKernelEx with programmatic stream serialization when a capture
-        # asks for it (capture_graph(pdl=True))
-        self.launch_config = _pdl_config() if pdl else None
-        self.non_portable = False     # clusters of more than 8 blocks allowed (set on demand)
-        self.cooperative = False      # pk.grid_sync: launched cooperatively (set by load)
-        self.co_resident = {}         # (threads, shared bytes) -> blocks resident per SM
-
-
-def _bad_geometry(kernel, grid, block, shared_bytes, exc) -> LaunchError:
-    """The LaunchError for extents the launch call could not even convert: the limit broken
-    (runtime/limits.py), else what the conversion said."""
-    try:
-        check_geometry(kernel.name, grid, block, shared_bytes)
-    except LaunchError as err:
-        return err
-    return LaunchError(f"{kernel.name}[grid={tuple(grid)}, block={tuple(block)}, "
-                       f"shared={shared_bytes}]: invalid launch geometry ({exc})")
-
-
-def _pdl_config():
-    attribute = cu.CUlaunchAttribute()
-    attribute.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-    attribute.value.programmaticStreamSerializationAllowed = 1
-    config = cu.CUlaunchConfig()
-    config.attrs, config.numAttrs = [attribute], 1
-    return config
 
 
 def _launch_cluster(kernel, grid, block, shared_bytes, handle, cluster, pdl: bool):
@@ -125,13 +78,6 @@ def _launch_pdl(kernel, grid, block, shared_bytes, handle):
     return _launch_kernel_ex(config, kernel.func, kernel.kernel_params, kernel.extra)
 
 
-def _function_of(handle):
-    """cuda.core loads through the library API (CUkernel); attributes need a CUfunction."""
-    if isinstance(handle, cu.CUkernel):
-        return check(cu.cuKernelGetFunction(handle), "cuKernelGetFunction")
-    return handle
-
-
 class CudaDevice:
     """One GPU. `launch` is the hot path; everything else is setup or error reporting."""
     kind = "cuda"
@@ -153,7 +99,7 @@ class CudaDevice:
         self.max_grid = (props.max_grid_dim_x, props.max_grid_dim_y, props.max_grid_dim_z)
         self.memory = CudaMemory(self)
         self.sync_launches = os.environ.get("PYKERNEL_SYNC_LAUNCH", "") not in ("", "0")
-        self._kernels: dict[str, _LoadedKernel] = {}
+        self._kernels: dict[str, LoadedKernel] = {}
         self._recent: deque[str] = deque(maxlen=16)
         self._launch_handle = cu.CUstream(0)  # legacy default stream; a capture redirects it
         self._capture = None                  # the GraphCapture recording launches, if any
@@ -203,7 +149,7 @@ class CudaDevice:
                     err = self._driver_launch(kernel, grid, block, shared_bytes, handle,
                                               cluster)
             except (OverflowError, TypeError) as exc:
-                raise _bad_geometry(kernel, grid, block, shared_bytes, exc) from None
+                raise bad_geometry(kernel, grid, block, shared_bytes, exc) from None
         if err:
             self._launch_failed(err, kernel, grid, block, shared_bytes, cluster)
         if self._capture is not None:
@@ -267,7 +213,7 @@ class CudaDevice:
                     (err,) = _launch_kernel(func, g0, g1, g2, b0, b1, b2, shared_bytes,
                                             stream_handle, params, extra)
             except (OverflowError, TypeError) as exc:
-                raise _bad_geometry(kernel, grid, block, shared_bytes, exc) from None
+                raise bad_geometry(kernel, grid, block, shared_bytes, exc) from None
             if err:
                 self._launch_failed(err, kernel, grid, block, shared_bytes, cluster)
         launch.keepalive = (owner, args)
@@ -315,7 +261,7 @@ class CudaDevice:
                 "    return", "give(slot)"]
         return kernel.packer.fused("launch", guard, tail, scope, pooled=True)
 
-    def load(self, compiled) -> _LoadedKernel:
+    def load(self, compiled) -> LoadedKernel:
         """Load the kernel's PTX once per device (keyed by compiled.cache_key)."""
         target = getattr(compiled, "target", "nvptx")
         if target != "nvptx":
@@ -325,7 +271,7 @@ class CudaDevice:
         ptx = compiled.ptx.encode() if isinstance(compiled.ptx, str) else compiled.ptx
         try:
             code = ObjectCode.from_ptx(ptx, name=compiled.name)
-            func = _function_of(code.get_kernel(compiled.entry).handle)
+            func = function_of(code.get_kernel(compiled.entry).handle)
         except Exception as exc:
             log = jit_error_log(ptx)
             raise KernelRuntimeError(
@@ -336,7 +282,7 @@ class CudaDevice:
         packer = ArgPacker(compiled, "cuda", self.ordinal, device=self)
         # one buffer through `extra` only where the driver confirms the packer's layout
         param_buffer = self.param_buffer and buffer_layout_ok(func, packer)
-        kernel = _LoadedKernel(compiled.name, func, packer, limit,
+        kernel = LoadedKernel(compiled.name, func, packer, limit,
                                getattr(compiled, "shared_bytes", 0), code, param_buffer,
                                "pdl" in getattr(compiled, "uses", ()))
         kernel.cooperative = "grid_sync" in getattr(compiled, "uses", ())

@@ -1,7 +1,7 @@
 """Cooperative launches of the CUDA device (kernels calling pk.grid_sync) and the occupancy
 query they and runtime/occupancy.py rest on.
 
-Input: a loaded kernel (runtime/cuda.py's _LoadedKernel), launch geometry, a stream handle.
+Input: a loaded kernel (runtime/cuda_loaded.py's LoadedKernel), launch geometry, a stream handle.
 Output: the driver's result of cuLaunchKernelEx with the cooperative attribute, or a
 LaunchError when the grid cannot be resident at once; (blocks per SM, SMs).
 """

@@ -112,7 +112,7 @@ def mock_cuda_device(arch: str = "sm_90", param_buffer: bool = True, ordinal: in
 
     def load(compiled):
         packer = cuda_runtime.ArgPacker(compiled, "cuda", ordinal, device=device)
-        kernel = cuda_runtime._LoadedKernel(
+        kernel = cuda_runtime.LoadedKernel(
             compiled.name, cu.CUfunction(), packer, 48 * 1024, compiled.shared_bytes, None,
             param_buffer, "pdl" in getattr(compiled, "uses", ()))
         device._kernels[compiled.cache_key] = kernel
