@@ -4,7 +4,6 @@ without importing kernel.py, which imports the compiler."""
 from __future__ import annotations
 
 import functools
-import inspect
 
 
 class DeviceFunction:
@@ -25,7 +24,8 @@ class DeviceFunction:
 
     def annotations(self) -> dict:
         if self._annotations is None:
-            self._annotations = inspect.get_annotations(self.fn, eval_str=True)
+            from .signature import annotations
+            self._annotations = annotations(self.fn)     # a bad one: a located error
         return self._annotations
 
     def __call__(self, *args, **kwargs):

@@ -61,7 +61,9 @@ def annotation_error(message: str, hint: str | None = None) -> AnnotationError:
     frame = sys._getframe(1)
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
         frame = frame.f_back
-    if frame is None:
+    if frame is None or frame.f_code.co_filename.startswith("<"):
+        # a string annotation (`from __future__ import annotations`) evaluated by pykernel
+        # itself: no source position here; the evaluating code (signature.py) relocates it
         return AnnotationError(message, hint=hint)
     file, line, col, end_col = frame.f_code.co_filename, frame.f_lineno, 0, None
     positions = getattr(frame.f_code, "co_positions", None)

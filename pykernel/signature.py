@@ -7,6 +7,7 @@ import inspect
 import typing
 from dataclasses import dataclass
 
+from .errors import KernelSourceError
 from .types import (ArrayAnnotation, ArrayPtrType, ConstAnnotation, PtrAnnotation, PtrType,
                     ScalarType, TensorMapType, dtype as DTYPE, from_numpy, i64)
 
@@ -47,7 +48,7 @@ def signature_error(fn, param: str | None, message: str, hint: str | None = None
     return fast.error(node, message, hint)
 
 
-def _annotations(fn) -> dict:
+def annotations(fn) -> dict:
     """The parameter annotations, evaluated; a failing one is named with its location."""
     try:
         return inspect.get_annotations(fn, eval_str=True)
@@ -58,16 +59,18 @@ def _annotations(fn) -> dict:
         try:
             anns[name] = eval(ann, fn.__globals__) if isinstance(ann, str) else ann
         except Exception as exc:   # noqa: BLE001 - any failure is the user's annotation
+            detail = exc.message if isinstance(exc, KernelSourceError) else exc
+            hint = getattr(exc, "hint", None) or ("a type variable needs `T = typing.TypeVar"
+                                                  "('T')` in the module; a dtype is f32, "
+                                                  "Ptr[f32], ...")
             raise signature_error(fn, name, f"cannot evaluate the annotation {ann!r} of "
-                                  f"parameter '{name}': {exc}",
-                                  hint="a type variable needs `T = typing.TypeVar('T')` in "
-                                       "the module; a dtype is f32, Ptr[f32], ...") from None
+                                  f"parameter '{name}': {detail}", hint=hint) from None
     return anns
 
 
 def read_signature(fn) -> list[Param]:
     _reject_parameter_tricks(fn)
-    anns = _annotations(fn)
+    anns = annotations(fn)
     params = []
     for name in inspect.signature(fn).parameters:
         ann = anns.get(name)

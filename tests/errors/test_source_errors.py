@@ -233,3 +233,22 @@ def test_malformed_annotation_is_located_at_the_annotation(tmp_path, annotation,
     assert text.startswith(f"{path}:6:{col + 1}: error: {message}")
     if hasattr(code, "co_positions"):
         assert "    " + " " * col + "^" + "~" * (len(underlined) - 1) in text
+
+
+@pytest.mark.parametrize("decorator", ["pk.kernel", "pk.func"])
+def test_malformed_string_annotation_is_located_at_its_parameter(tmp_path, decorator):
+    """With `from __future__ import annotations` pykernel evaluates the annotation itself (at
+    compile time): the error names the parameter's file:line:col, not eval's '<string>'."""
+    path = tmp_path / "bad_string_annotation.py"
+    source = ("from __future__ import annotations\nimport pykernel as pk\n"
+              "from pykernel import Ptr, f32\n\n\n"
+              f"@{decorator}\ndef helper(v: f32, s: Ptr[f32, \"rw\"]) -> f32:\n    return v\n\n\n"
+              "@pk.kernel\ndef k(x: Ptr[f32]):\n    x[0] = helper(x[0], x)\n")
+    path.write_text(source)
+    module = {"__name__": "bad_string_annotation"}
+    with pytest.raises(pk.KernelSourceError) as info:     # a kernel's signature: at @pk.kernel
+        exec(compile(source, str(path), "exec"), module)
+        module["k"].compile("cpu")                        # a @pk.func's: when a kernel calls it
+    err = info.value
+    assert (err.file, err.line) == (str(path), 7), str(err)
+    assert "unknown Ptr flag 'rw'" in str(err) and "<string>" not in str(err)
