@@ -394,7 +394,8 @@ class KernelsBackend(ReadbackOps, Backend):
         return self.memory.report(self.weights.nbytes, sum(
             a.nbytes for a in (self.prefill_arena, self.decode_arena, self.graph_prefill_arena,
                                self.batch_arena)),
-            split_workspace_bytes(self.device))
+            split_workspace_bytes(self.device)
+            + (0 if self.weights16 is None else self.weights16.nbytes))
 
 
 def create(device: str = "cuda", **options) -> KernelsBackend:

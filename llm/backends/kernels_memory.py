@@ -81,7 +81,8 @@ class DeviceMemory:
                 "smaller quantization, or a device with more memory.")
 
     def report(self, weight_bytes: int, activation_bytes: int, scratch_bytes: int = 0) -> dict:
-        """scratch_bytes: kernels' own workspaces (the split-K GEMM's partials)."""
+        """scratch_bytes: kernels' own workspaces (the split-K GEMM's partials, the prompts'
+        f16 weight scratch once a prompt has used it)."""
         report = {"weights": weight_bytes, "kv_cache": self.kv_bytes,
                   "activations": activation_bytes, "scratch": scratch_bytes}
         report["total"] = sum(report.values())

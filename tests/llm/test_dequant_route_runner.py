@@ -88,6 +88,8 @@ def test_one_f16_scratch_sized_for_the_largest_layer_group(models):
     assert scratch.size == backend.weights.largest_layer_group == 2 * cfg.n_ff * cfg.n_embd
     route.logits(CASES[3]["tokens"])
     assert backend.weights16 is scratch, "allocated once per model"
+    without = models[0].backend.memory_report()["scratch"]      # the default route's model
+    assert backend.memory_report()["scratch"] == without + scratch.nbytes, "in the report"
 
 
 def test_the_variables_reach_the_runner(monkeypatch):
