@@ -7,7 +7,7 @@ from llvmlite import ir
 from ..types import ArrayType, PtrType, ScalarType, f16, f32, f64, i32, u32, u64
 from ..lower import ops
 from ..lower.memory import element_pointer
-from ..lower.resources import reserve_local
+from ..lower.resources import check_shared_array, reserve_local
 from ..lower.values import (ArrayValue, ConstValue, PtrValue, TupleValue, TypeValue, Value,
                             describe)
 from .base import args_of, intrinsic
@@ -56,6 +56,7 @@ def shared_array(fl, node):
         raise fl.error(node, "pk.shared_array: align must be a compile-time power of two "
                        f"in 16..1024 (bytes), got {describe(align)}")
     aty = ArrayType(elem, shape, "shared")
+    check_shared_array(fl, node, aty.count * elem.nbytes)
     ptr = fl.ctx.target.shared_array(fl.ctx, aty, align.value)
     return ArrayValue(aty, ptr, ("array", ptr, aty.count * elem.nbytes))
 

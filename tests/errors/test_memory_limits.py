@@ -26,6 +26,13 @@ def local_of(x: Ptr[f32], N: Const[int]):
     x[1] = a[0]
 
 
+@pk.kernel
+def shared_of(x: Ptr[f32], N: Const[int]):
+    s = pk.shared_array(f32, N)  # MARK-shared
+    s[pk.thread_idx.x] = x[0]
+    x[1] = s[0]
+
+
 @pk.func
 def scratch(v: f32) -> f32:
     b = pk.local_array(f64, 40000)  # MARK-func-local
@@ -73,3 +80,19 @@ def test_local_array_at_the_limit_runs_on_the_cpu():
     x = pk.to_device(np.array([3.0, 0.0], np.float32))
     local_of[1, 32](x, 131072)
     assert x.numpy()[1] == 3.0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("n", [58113, 2**40, 256**32])
+def test_shared_array_no_gpu_holds_is_a_source_error(arch, n):
+    """One static shared array over 227 KiB (found by the source fuzzer: `BLOCK ** 32`
+    elements made invalid LLVM IR)."""
+    with pytest.raises(pk.KernelSourceError, match=r"a block has at most 232448 bytes") as info:
+        shared_of.compile(arch, N=n)
+    located(info.value, "MARK-shared", "pk.shared_array(f32, N)")
+    assert f"pk.shared_array of {4 * n} bytes" in str(info.value)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_shared_array_at_the_limit_compiles(arch):
+    shared_of.compile(arch, N=58112)          # 232448 bytes: the most an sm_90 block has
