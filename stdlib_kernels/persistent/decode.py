@@ -17,18 +17,21 @@ Per item (a block of WARPS warps):
 - GEMV: rows lo..hi of y (+)= W @ in, a warp per row; quantized rows dot the Q8_1 input its
   QUANT stage wrote (decode_rows.py), F32 rows x itself, normed (the item's own RMS of x)
   when the stage has a norm; y += for the residual.
-- GLU: rows lo..hi of silu(Wg @ h) * (Wu @ h), h the normed x.
+- GLU: rows lo..hi of silu(Wg @ h) * (Wu @ h), h the normed x; when the down projection is
+  quantized (st[Q_OUT]), then the Q8_1 blocks of that output the item completes
+  (decode_rows.publish_q8_1_groups), so the down items wait on the GLU stage alone.
 - ATTN: one split of one query head's cache rows (flash-decoding, decode_attn.py), the RoPE
   of q and of this token's k and the cache write of its K/V row fused in; the last split of
   a head to finish merges the head and writes its output as Q8_1 for the O-projection.
 The dependency protocol (acquire waits, release publishes, the last block's reset) is chain.py's;
 the attention's per-head arrival counters (counters[FIRST_STAGE_COUNTER + n_stages + h]) are
-reset by the merging block.
-a block takes its items through decode_take.take_item, which prefetches a GEMV / GLU item's
+reset by the merging block, the GLU output's per-block ones (after the heads') by the item
+completing the block.
+A block takes its items through decode_take.take_item, which prefetches a GEMV / GLU item's
 weight rows into L2 before waiting (PREFETCH) and, in the profiling build (PROFILE), stamps
 each item's times into prof (a 1-element dummy otherwise).
 
-Latency, not bandwidth, bounds most links of this chain (~8 stages a layer, each waiting for
+Latency, not bandwidth, bounds most links of this chain (7 stages a layer, each waiting for
 the one before), so loads are issued together where the order of the sums allows: the
 attention's score rows SCORE_ROWS per warp, its V rows V_ROWS at a time per dimension
 (decode_attn.py), the residual before the row's dot, ROW_UNROLL items a lane of a long row
@@ -43,7 +46,14 @@ from ..quant.formats import F32
 from ..quant.q8_1 import store_q8_1_block
 from .chain import exit_block, publish
 from .decode_attn import run_attention_item
-from .decode_rows import NAN, embed_value, graph_rstd, input_value, row_dot
+from .decode_rows import (
+    NAN,
+    embed_value,
+    graph_rstd,
+    input_value,
+    publish_q8_1_groups,
+    row_dot,
+)
 from .decode_schedule import (
     ATTN,
     EMBED,
@@ -57,6 +67,7 @@ from .decode_schedule import (
     N_IN,
     N_OUT,
     NORM,
+    Q_OUT,
     QUANT,
     RESIDUAL,
     ROW_BYTES,
@@ -171,6 +182,7 @@ def decode_kernel(w8: Ptr[u8, "ro"], w16: Ptr[u16, "ro"], w32: Ptr[u32, "ro"],
     t = pk.thread_idx.x
     taken = pk.shared_array(i32, 1)
     flag = pk.shared_array(i32, 1)
+    edge = pk.shared_array(i32, 2)                   # a GLU item's shared Q8_1 blocks: mine?
     scratch = pk.shared_array(f32, 32)
     qs = pk.shared_array(f32, MAX_HEAD_DIM)          # an ATTN item's rotated q
     ks = pk.shared_array(C, MAX_HEAD_DIM)            # ... and this token's K / V row
@@ -192,6 +204,9 @@ def decode_kernel(w8: Ptr[u8, "ro"], w16: Ptr[u16, "ro"], w32: Ptr[u32, "ro"],
         elif kind == GEMV or kind == GLU:
             run_rows(w16, w32, wf, acts, xq, st, kind, lo, hi, eps, scratch, prof, item,
                      PROFILE)
+            if st[Q_OUT] >= 0:
+                publish_q8_1_groups(acts, xq, counters, st, lo, hi,
+                                    FIRST_STAGE_COUNTER + n_stages + n_head, edge)
         elif kind == QUANT:
             run_quant(acts, wf, xq, st, lo, hi, eps, scratch)
         elif kind == ATTN:

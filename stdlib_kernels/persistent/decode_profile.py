@@ -6,9 +6,10 @@ then runner.profile()) summed per item kind.
     print(format_profile(rows, totals))
 
 Per stage name (decode_schedule's stage_names, in order of first appearance: embed, qkv_in,
-qkv, attn, o_in, o, gate_up_in, gate_up, down_in, down, lm_head_in, lm_head; the *_in stages
-are the QUANT items writing the next matrix's Q8_1 input, which exist only for quantized
-matrices, o_in only where the attention's merge cannot write it; attn is the split attention
+qkv, attn, o_in, o, gate_up_in, gate_up, down, lm_head_in, lm_head; the *_in stages are the
+QUANT items writing the next matrix's normed Q8_1 input, which exist only for quantized
+matrices, o_in only where the attention's merge cannot write it (the GLU items write the down
+projection's, so there is no down_in); attn is the split attention
 with the RoPE and the cache write fused in):
 - critical: the launch's wall time attributed to the kind's stages: a stage's share is from
   the last item of the stage before finishing to its own last item finishing, so the shares

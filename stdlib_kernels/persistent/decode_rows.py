@@ -24,6 +24,8 @@ from .._device import warp_sum
 from ..quant.dequant_kernels import dequantize_one
 from ..quant.formats import F32, Q4_1, Q4_K, Q6_K, Q8_0
 from ..quant.gemv_kernels import item_dot_q8
+from ..quant.q8_1 import store_q8_1_block
+from .decode_schedule import N_OUT, Q_OUT, Y
 
 NAN = float("nan")
 GRAPH_WARPS = 16       # rmsnorm_q8_1.WARPS: the sum order the Q8_1 inputs replay
@@ -135,6 +137,56 @@ def row_dot(fmt: i32, w16: Ptr[u16, "ro"], w32: Ptr[u32, "ro"], wf: Ptr[f32, "ro
     if fmt == F32:
         return f32_row_dot(wf, off, acts, x_off, n_in, norm, rstd, lane)
     return q8_row_dot(fmt, w16, w32, off, n_in, xq, lane)
+
+
+@pk.func
+def arrive_on_group(counters: Ptr[u32], counter0: i32, g: i32, lo: i32, hi: i32,
+                    n: i32) -> i32:
+    """1 if this item (rows lo..hi) completes Q8_1 block g of an n-row output: it covers the
+    whole block, or its acq_rel add of the rows it covers brings the block's arrival counter
+    to the block's rows (then it resets the counter for the next layer and launch)."""
+    start = max(lo, 32 * g)
+    mine = min(hi, 32 * g + 32) - start
+    size = min(32, n - 32 * g)
+    last = 1
+    if mine < size:
+        old = pk.atomic_add(counters, counter0 + g, u32(mine), order="acq_rel")
+        last = 1 if old + u32(mine) == u32(size) else 0
+        if last != 0:
+            pk.store_relaxed(counters, counter0 + g, u32(0))
+    return last
+
+
+@pk.func
+def publish_q8_1_groups(acts: Ptr[f32], xq: Ptr[u32], counters: Ptr[u32], st: Ptr[i64, "ro"],
+                        lo: i32, hi: i32, counter0: i32, edge):
+    """After a GLU item's rows lo..hi: the Q8_1 blocks of the output (acts at st[Y]) that this
+    item completes, into xq at st[Q_OUT] (quantize_q8_1's bits: store_q8_1_block). Blocks
+    inside lo..hi are its own; the (at most two) blocks it shares with other items go to the
+    last of them to arrive on the block's counter (counters[counter0 + block]), as the
+    attention merge does per head: threads 0 and 1 arrive (release of the block's row stores,
+    ordered by the barrier; acquire of the other items'), the barrier shares the outcome.
+    Every block of the output is then written before its last item publishes, so the next
+    stage's wait on the GLU stage covers them: no QUANT stage between."""
+    t = pk.thread_idx.x
+    n = i32(st[N_OUT])
+    g0 = lo // 32
+    g1 = (hi - 1) // 32
+    pk.syncthreads()                 # the item's row stores before the arrivals' release
+    if t < 2:
+        last = 0
+        if t == 0 or g1 != g0:
+            last = arrive_on_group(counters, counter0, g0 + t * (g1 - g0), lo, hi, n)
+        edge[t] = last
+    pk.syncthreads()                 # the acquire in the arrival orders the blocks' reads
+    lane = t % 32
+    y_off = i32(st[Y])
+    out = xq + i32(st[Q_OUT])
+    g = g0 + t // 32
+    while g <= g1:                   # warp-uniform
+        if (g > g0 and g < g1) or (g == g0 and edge[0] != 0) or (g == g1 and edge[1] != 0):
+            store_q8_1_block(acts[y_off + 32 * g + lane], lane, out, g)
+        g += pk.block_dim.x // 32
 
 
 @pk.func

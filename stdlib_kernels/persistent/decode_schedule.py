@@ -18,8 +18,9 @@ tile of the stage before it: the chain of schedule.py, checked by its validate_c
                xq_attn = Q8_1(attn) by each head's merge        decode_attn.py)
       GEMV     x += Wo @ xq_attn                                row tiles of n_embd (residual)
       QUANT    xq_x = Q8_1(rmsnorm(x, ffn_norm))
-      GLU      act = silu(Wg @ xq_x) * (Wu @ xq_x)              row tiles of n_ff
-      QUANT    xq_ffn = Q8_1(act)
+      GLU      act = silu(Wg @ xq_x) * (Wu @ xq_x),             row tiles of n_ff
+               xq_ffn = Q8_1(act) per 32-row block by the item
+               completing it
       GEMV     x += Wdown @ xq_ffn                              row tiles of n_embd (residual)
     QUANT      xq_x = Q8_1(rmsnorm(x, output_norm))
     GEMV       logits = Wout @ xq_x                             row tiles of n_vocab
@@ -31,10 +32,14 @@ into the xq buffer (u32 words, XQ), and the matrix's row items start with their 
 an H200, RESULTS.md). It costs one short link per such matrix: a QUANT item is the RMS of x
 (each item reads all of x, in the decode graph's order, so every item gets the same rstd) and
 one Q8_1 block per warp. The O-projection's input needs none when head_dim is a multiple of
-32: the attention's merge writes each head's Q8_1 blocks. A matrix of F32 rows only has no
-QUANT stage: its items norm x themselves (the F32 dot reads x * rstd * w per value). Stage
-names (`stage_names`: embed, qkv_in, qkv, attn, [o_in,] o, ..., lm_head) label the profile
-(decode_profile.py).
+32: the attention's merge writes each head's Q8_1 blocks. Nor does the down projection's: its
+input (the GLU output, no norm) is written by the GLU items (Q_OUT), each writing the 32-row
+blocks inside its rows and, of a block shared with other items, the last to arrive on the
+block's counter (q8_groups counters after the heads'), before it publishes. Links per layer:
+qkv_in, qkv, attn, o, gate_up_in, gate_up, down = 7 (8 with down_in; o_in adds one when
+head_dim is not whole blocks). A matrix of F32 rows only has no QUANT stage: its items norm x
+themselves (the F32 dot reads x * rstd * w per value). Stage names (`stage_names`: embed,
+qkv_in, qkv, attn, [o_in,] o, ..., lm_head) label the profile (decode_profile.py).
 x is updated in place by the residual tiles: row r is read and written by the one warp that
 owns it, and every other reader of x (the normed stages) finished before (the chain). The xq
 regions are reused by every layer: the chain orders each write after the last read before it.
@@ -47,11 +52,12 @@ row r is matrix row n_ff + r. Norm vectors are F32.
 
 Tables: items int32 (n_items, ITEM_COLS) exactly as schedule.py's; stages int64 (n_stages,
 STAGE_COLS): kind | w | w2 | x | y | n_in | n_out | norm | residual | layer | fmt | row_bytes |
-split | fmt_b | w_b | row_bytes_b | xq. w, w_b, norm: byte offsets into the weight buffer (-1
-none); x, y: float offsets into the activation buffer (multiples of 4 floats: 16-byte vector
-loads); ATTN keeps its scores at w2 (floats, activation buffer); fmt: a ggml type id
-(formats.py); xq: word offset into the xq buffer (u32, XQ_ALIGN-word aligned) of a GEMV / GLU
-stage's Q8_1 input or of the Q8_1 a QUANT stage writes (-1 none; QUANT's y is the same).
+split | fmt_b | w_b | row_bytes_b | xq | part | n_split | split_rows | q_out. w, w_b, norm:
+byte offsets into the weight buffer (-1 none); x, y: float offsets into the activation buffer
+(multiples of 4 floats: 16-byte vector loads); ATTN keeps its scores at w2 (floats, activation
+buffer); fmt: a ggml type id (formats.py); xq: word offset into the xq buffer (u32, XQ_ALIGN-word aligned) of a GEMV / GLU
+stage's Q8_1 input or of the Q8_1 a QUANT stage writes (-1 none; QUANT's y is the same);
+q_out: word offset of the Q8_1 copy of a GLU stage's output its items write (-1 none).
 """
 from __future__ import annotations
 
@@ -65,9 +71,9 @@ from .schedule import ALIGN, FIRST_STAGE_COUNTER, ITEM_COLS, NO_WAIT, ItemTables
 # item kinds (the kernel's dispatch table switches on these)
 EMBED, GEMV, GLU, ATTN, QUANT = 0, 1, 2, 3, 4
 KIND_NAMES = {EMBED: "embed", GEMV: "gemv", GLU: "glu", ATTN: "attn", QUANT: "quant"}
-STAGE_COLS = 20
+STAGE_COLS = 21
 (KIND, W, W2, X, Y, N_IN, N_OUT, NORM, RESIDUAL, LAYER, FMT, ROW_BYTES, SPLIT, FMT_B, W_B,
- ROW_BYTES_B, XQ, PART, N_SPLIT, SPLIT_ROWS) = range(STAGE_COLS)
+ ROW_BYTES_B, XQ, PART, N_SPLIT, SPLIT_ROWS, Q_OUT) = range(STAGE_COLS)
 MAX_HEAD_DIM = 256       # an ATTN item's q, k and v rows in shared memory
 MAX_SPLITS = 32          # attention splits per head (the merge's shared weights)
 QUANT_TILE = 8           # Q8_1 blocks a QUANT item writes: one per warp of decode.WARPS
@@ -150,9 +156,16 @@ class DecodeSchedule(ItemTables):
     split_rows: int                         # their granule (decode_attn.split_len)
 
     @property
+    def q8_groups(self) -> int:
+        """Arrival counters of the Q8_1 blocks a GLU stage writes of its output (Q_OUT): one
+        per 32 rows of n_ff, shared by the layers; 0 when no stage writes one."""
+        return self.shape.n_ff // 32 if (self.stages[:, Q_OUT] >= 0).any() else 0
+
+    @property
     def counters(self) -> int:
-        """The chain's counters, then one arrival counter per query head (the ATTN merge)."""
-        return FIRST_STAGE_COUNTER + self.n_stages + self.shape.n_head
+        """The chain's counters, one arrival counter per query head (the ATTN merge), then
+        one per Q8_1 block of the GLU output (q8_groups)."""
+        return FIRST_STAGE_COUNTER + self.n_stages + self.shape.n_head + self.q8_groups
 
 
 def _round_up(n: int, m: int = ALIGN) -> int:
@@ -242,14 +255,16 @@ def decode_schedule(shape: DecodeShape, tile_rows=16, formats: dict | None = Non
 
     def stage(name, kind, n_out, w=-1, w2=-1, x=-1, y=-1, n_in=0, norm=NO_NORM, residual=0,
               layer=0, fmt=F32, row_bytes=0, split=0, fmt_b=F32, w_b=-1, row_bytes_b=0, xq=-1,
-              part=-1, n_split=0, granule=0):
+              part=-1, n_split=0, granule=0, q_out=-1):
         names.append(name)
         stages.append((kind, w, w2, x, y, n_in, n_out, norm, residual, layer, fmt, row_bytes,
-                       split, fmt_b, w_b, row_bytes_b, xq, part, n_split, granule))
+                       split, fmt_b, w_b, row_bytes_b, xq, part, n_split, granule, q_out))
 
-    def matrix(label, kind, name, n_out, x, y, n_in, norm=None, residual=0, written=-1):
+    def matrix(label, kind, name, n_out, x, y, n_in, norm=None, residual=0, written=-1,
+               q_out=-1):
         """A GEMV / GLU stage, after the QUANT stage of its Q8_1 input unless the stage before
-        wrote it (written: its xq offset)."""
+        wrote it (written: its xq offset); q_out: where its items write their output's Q8_1
+        blocks (-1: none)."""
         norm = NO_NORM if norm is None else places[norm].offset
         xq = -1
         if _quantized(places[name]):
@@ -261,7 +276,7 @@ def decode_schedule(shape: DecodeShape, tile_rows=16, formats: dict | None = Non
                 stage(label + "_in", QUANT, n_in // 32, x=a_off[x], y=xq, n_in=n_in, norm=norm,
                       xq=xq)
         stage(label, kind, n_out, x=a_off[x], y=a_off[y], n_in=n_in, residual=residual,
-              norm=norm, xq=xq, **_matrix_cols(places[name]))
+              norm=norm, xq=xq, q_out=q_out, **_matrix_cols(places[name]))
 
     e = s.n_embd
     stage("embed", EMBED, e, y=a_off["x"], n_in=e, **_matrix_cols(places["token_embd"]))
@@ -277,11 +292,15 @@ def decode_schedule(shape: DecodeShape, tile_rows=16, formats: dict | None = Non
               n_split=attn_splits, granule=split_rows)
         matrix("o", GEMV, blk + "attn_out", e, "attn", "x", s.q_rows, residual=1,
                written=attn_xq)
-        matrix("gate_up", GLU, blk + "gate_up", s.n_ff, "x", "ffn", e, blk + "ffn_norm")
-        matrix("down", GEMV, blk + "down", e, "ffn", "x", s.n_ff, residual=1)
+        # the GLU items write the down projection's Q8_1 input as its blocks complete
+        ffn_xq = xq_off["ffn"] if _quantized(places[blk + "down"]) and s.n_ff % 32 == 0 else -1
+        matrix("gate_up", GLU, blk + "gate_up", s.n_ff, "x", "ffn", e, blk + "ffn_norm",
+               q_out=ffn_xq)
+        matrix("down", GEMV, blk + "down", e, "ffn", "x", s.n_ff, residual=1, written=ffn_xq)
     matrix("lm_head", GEMV, "output", s.n_vocab, "x", "logits", e, "output_norm")
     table = np.array(stages, np.int64).reshape(-1, STAGE_COLS)
-    acts = {"x": (a_off["x"], e), "logits": (a_off["logits"], s.n_vocab)}
+    acts = {"x": (a_off["x"], e), "ffn": (a_off["ffn"], s.n_ff),
+            "logits": (a_off["logits"], s.n_vocab)}
     sched = DecodeSchedule(s, _items(stages, names, tile_rows), table, places, acts, weight_bytes,
                            act_elems, xq_words, tuple(names), attn_splits, split_rows)
     validate_decode(sched)
@@ -330,10 +349,15 @@ def validate_decode(sched: DecodeSchedule) -> None:
     """The chain's checks (schedule.validate_chain), plus: every GEMV / GLU stage's row groups
     inside the weight buffer, and a Q8_1 input (a quantized group) of whole Q8_1 blocks."""
     validate_chain(sched.items, sched.stages[:, N_OUT].tolist(), sched.counters)
+    s = sched.shape
     for index, st in enumerate(sched.stages.tolist()):
         if st[KIND] == QUANT and (st[XQ] < 0 or st[XQ] + st[N_OUT] * Q8_1_WORDS >
                                   sched.xq_words or st[N_OUT] * 32 != st[N_IN]):
             raise ValueError(f"decode stage {index}: Q8_1 blocks outside the xq buffer")
+        if st[Q_OUT] >= 0 and (st[KIND] != GLU or st[N_OUT] % 32 or st[N_OUT] != s.n_ff or
+                               st[Q_OUT] + st[N_OUT] // 32 * Q8_1_WORDS > sched.xq_words):
+            raise ValueError(f"decode stage {index}: only a GLU stage of n_ff rows (whole Q8_1 "
+                             f"blocks) writes its output's Q8_1, inside the xq buffer")
         if st[KIND] not in (GEMV, GLU, EMBED):
             continue
         rows = st[N_OUT] * (2 if st[KIND] == GLU else 1)
@@ -343,7 +367,8 @@ def validate_decode(sched: DecodeSchedule) -> None:
             raise ValueError(f"decode stage {index}: matrix outside the weight buffer")
         quantized = st[FMT] != F32 or st[FMT_B] != F32
         before = sched.stages[index - 1]
+        written = before[Q_OUT] if before[KIND] == GLU else before[XQ]
         if st[KIND] != EMBED and quantized and (st[XQ] < 0 or before[KIND] not in
-                                                (QUANT, ATTN) or before[XQ] != st[XQ]):
+                                                (QUANT, ATTN, GLU) or written != st[XQ]):
             raise ValueError(f"decode stage {index}: a quantized matrix reads the Q8_1 input "
-                             f"the stage before (QUANT, or ATTN's merge) writes")
+                             f"the stage before (QUANT, ATTN's merge, GLU's groups) writes")
