@@ -55,8 +55,9 @@ STAGE_COLS): kind | w | w2 | x | y | n_in | n_out | norm | residual | layer | fm
 split | fmt_b | w_b | row_bytes_b | xq | part | n_split | split_rows | q_out. w, w_b, norm:
 byte offsets into the weight buffer (-1 none); x, y: float offsets into the activation buffer
 (multiples of 4 floats: 16-byte vector loads); ATTN keeps its scores at w2 (floats, activation
-buffer); fmt: a ggml type id (formats.py); xq: word offset into the xq buffer (u32, XQ_ALIGN-word aligned) of a GEMV / GLU
-stage's Q8_1 input or of the Q8_1 a QUANT stage writes (-1 none; QUANT's y is the same);
+buffer); fmt: a ggml type id (formats.py); xq: word offset into the xq buffer (u32,
+XQ_ALIGN-word aligned) of a GEMV / GLU stage's Q8_1 input or of the Q8_1 a QUANT stage writes
+(-1 none; QUANT's y is the same);
 q_out: word offset of the Q8_1 copy of a GLU stage's output its items write (-1 none).
 """
 from __future__ import annotations
