@@ -48,6 +48,7 @@ from .chain import exit_block, publish
 from .decode_attn import run_attention_item
 from .decode_rows import (
     NAN,
+    arrive_and_quantize,
     embed_value,
     graph_rstd,
     input_value,
@@ -214,6 +215,10 @@ def decode_kernel(w8: Ptr[u8, "ro"], w16: Ptr[u16, "ro"], w32: Ptr[u32, "ro"],
                                FIRST_STAGE_COUNTER + n_stages, pos, n_head, n_head_kv,
                                head_dim, n_ctx, kv_base, kv_layer, rot_dim, log2_base, scale,
                                scratch, qs, ks, vs, ml, flag, NEOX, C)
-        publish(counters, items[item * ITEM_COLS + 5], t)
+        if st[Q_OUT] >= 0 and kind != GLU:
+            arrive_and_quantize(acts, wf, xq, counters, st, items[item * ITEM_COLS + 5], eps,
+                                scratch, flag)
+        else:
+            publish(counters, items[item * ITEM_COLS + 5], t)
         stamp(prof, item, DONE, PROFILE)
     exit_block(counters, n_stages, t)

@@ -25,7 +25,8 @@ from ..quant.dequant_kernels import dequantize_one
 from ..quant.formats import F32, Q4_1, Q4_K, Q6_K, Q8_0
 from ..quant.gemv_kernels import item_dot_q8
 from ..quant.q8_1 import store_q8_1_block
-from .decode_schedule import N_OUT, Q_OUT, Y
+from .chain import publish
+from .decode_schedule import N_ITEMS, N_OUT, Q_NORM, Q_OUT, Y
 
 NAN = float("nan")
 GRAPH_WARPS = 16       # rmsnorm_q8_1.WARPS: the sum order the Q8_1 inputs replay
@@ -187,6 +188,36 @@ def publish_q8_1_groups(acts: Ptr[f32], xq: Ptr[u32], counters: Ptr[u32], st: Pt
         if (g > g0 and g < g1) or (g == g0 and edge[0] != 0) or (g == g1 and edge[1] != 0):
             store_q8_1_block(acts[y_off + 32 * g + lane], lane, out, g)
         g += pk.block_dim.x // 32
+
+
+@pk.func
+def arrive_and_quantize(acts: Ptr[f32], wf: Ptr[f32, "ro"], xq: Ptr[u32], counters: Ptr[u32],
+                        st: Ptr[i64, "ro"], counter: i32, eps: f32, scratch, flag):
+    """An item of a stage writing x whose next matrix reads Q8_1(rmsnorm(x, st[Q_NORM])):
+    the item's arrival on its stage counter is its publish (acq_rel: release of its rows,
+    ordered by the barrier; acquire of the others'); the last of the stage's st[N_ITEMS] items
+    to arrive then writes the whole input as the QUANT items did (graph_rstd, input_value,
+    store_q8_1_block: rmsnorm_q8_1's bytes) and publishes once more, so the next stage waits
+    for N_ITEMS + 1 arrivals on the one counter: one link where there were two."""
+    t = pk.thread_idx.x
+    pk.syncthreads()                 # the item's stores before the arrival's release
+    if t == 0:
+        old = pk.atomic_add(counters, counter, u32(1), order="acq_rel")
+        flag[0] = 1 if old == u32(st[N_ITEMS] - i64(1)) else 0
+    pk.syncthreads()                 # the acquire in the arrival orders the block's reads
+    if flag[0] != 0:                 # block-uniform
+        x_off = i32(st[Y])
+        n = i32(st[N_OUT])
+        norm = st[Q_NORM]
+        rstd = graph_rstd(acts, x_off, n, eps, scratch)
+        lane = t % 32
+        out = xq + i32(st[Q_OUT])
+        blk = t // 32
+        while blk < n // 32:         # warp-uniform
+            store_q8_1_block(input_value(acts, x_off, blk * 32 + lane, wf, norm, rstd), lane,
+                             out, blk)
+            blk += pk.block_dim.x // 32
+        publish(counters, counter, t)
 
 
 @pk.func

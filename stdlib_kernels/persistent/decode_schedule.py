@@ -72,12 +72,13 @@ from .schedule import ALIGN, FIRST_STAGE_COUNTER, ITEM_COLS, NO_WAIT, ItemTables
 # item kinds (the kernel's dispatch table switches on these)
 EMBED, GEMV, GLU, ATTN, QUANT = 0, 1, 2, 3, 4
 KIND_NAMES = {EMBED: "embed", GEMV: "gemv", GLU: "glu", ATTN: "attn", QUANT: "quant"}
-STAGE_COLS = 21
+STAGE_COLS = 23
 (KIND, W, W2, X, Y, N_IN, N_OUT, NORM, RESIDUAL, LAYER, FMT, ROW_BYTES, SPLIT, FMT_B, W_B,
- ROW_BYTES_B, XQ, PART, N_SPLIT, SPLIT_ROWS, Q_OUT) = range(STAGE_COLS)
+ ROW_BYTES_B, XQ, PART, N_SPLIT, SPLIT_ROWS, Q_OUT, Q_NORM, N_ITEMS) = range(STAGE_COLS)
 MAX_HEAD_DIM = 256       # an ATTN item's q, k and v rows in shared memory
 MAX_SPLITS = 32          # attention splits per head (the merge's shared weights)
 QUANT_TILE = 8           # Q8_1 blocks a QUANT item writes: one per warp of decode.WARPS
+FOLD_NORM_BLOCKS = 32    # normed Q8_1 inputs of at most this many blocks (4 a warp) are folded
 Q8_1_WORDS = 9           # u32 words of one Q8_1 block (32 values): d, s as f16x2, 32 int8
 XQ_ALIGN = 32            # xq regions start on 128-byte lines
 NO_NORM = -1
@@ -241,12 +242,15 @@ def _matrix_cols(place: WeightPlace) -> dict:
 
 
 def decode_schedule(shape: DecodeShape, tile_rows=16, formats: dict | None = None,
-                    attn_splits: int = 8, split_rows: int = 16) -> DecodeSchedule:
+                    attn_splits: int = 8, split_rows: int = 16,
+                    fold_norm_blocks: int = FOLD_NORM_BLOCKS) -> DecodeSchedule:
     """The stages and items of one decode token (module docstring), tiles of tile_rows rows
     (an int, or a dict: stage name (embed, qkv, o, gate_up, down, lm_head) -> rows, as
     decode_plan.plan_items gives); formats: matrix name -> ((type name, rows), ...) row groups
     (default: all F32); attn_splits ATTN items per query head, each at least split_rows cache
-    rows long."""
+    rows long; fold_norm_blocks: a normed Q8_1 input of x of at most this many blocks is
+    written by the last item of the residual (or embed) stage before it, not a QUANT stage
+    (0: never)."""
     _check_sizes(shape, tile_rows, attn_splits, split_rows)
     s = shape
     places, weight_bytes = _weight_layout(s, formats or {})
@@ -258,8 +262,19 @@ def decode_schedule(shape: DecodeShape, tile_rows=16, formats: dict | None = Non
               layer=0, fmt=F32, row_bytes=0, split=0, fmt_b=F32, w_b=-1, row_bytes_b=0, xq=-1,
               part=-1, n_split=0, granule=0, q_out=-1):
         names.append(name)
-        stages.append((kind, w, w2, x, y, n_in, n_out, norm, residual, layer, fmt, row_bytes,
-                       split, fmt_b, w_b, row_bytes_b, xq, part, n_split, granule, q_out))
+        stages.append([kind, w, w2, x, y, n_in, n_out, norm, residual, layer, fmt, row_bytes,
+                       split, fmt_b, w_b, row_bytes_b, xq, part, n_split, granule, q_out,
+                       NO_NORM, 0])
+
+    def fold_into_last(x, n_in, norm, xq) -> bool:
+        """Whether the stage before (a residual GEMV or the embed, writing x) can write the
+        normed Q8_1 input itself (its last item to arrive); if so, mark it."""
+        last = stages[-1]
+        if last[KIND] not in (GEMV, EMBED) or last[Y] != a_off[x] or norm == NO_NORM or \
+                n_in // 32 > fold_norm_blocks:
+            return False
+        last[Q_OUT], last[Q_NORM] = xq, norm
+        return True
 
     def matrix(label, kind, name, n_out, x, y, n_in, norm=None, residual=0, written=-1,
                q_out=-1):
@@ -273,7 +288,7 @@ def decode_schedule(shape: DecodeShape, tile_rows=16, formats: dict | None = Non
                 raise ValueError(f"decode_schedule: {name} is quantized; its input needs "
                                  f"whole Q8_1 blocks (32 values), got {n_in}")
             xq = xq_off[x]
-            if written < 0:
+            if written < 0 and not fold_into_last(x, n_in, norm, xq):
                 stage(label + "_in", QUANT, n_in // 32, x=a_off[x], y=xq, n_in=n_in, norm=norm,
                       xq=xq)
         stage(label, kind, n_out, x=a_off[x], y=a_off[y], n_in=n_in, residual=residual,
@@ -299,11 +314,13 @@ def decode_schedule(shape: DecodeShape, tile_rows=16, formats: dict | None = Non
                q_out=ffn_xq)
         matrix("down", GEMV, blk + "down", e, "ffn", "x", s.n_ff, residual=1, written=ffn_xq)
     matrix("lm_head", GEMV, "output", s.n_vocab, "x", "logits", e, "output_norm")
+    items = _items(stages, names, tile_rows)
     table = np.array(stages, np.int64).reshape(-1, STAGE_COLS)
+    table[:, N_ITEMS] = np.bincount(items[:, 0], minlength=len(stages))
     acts = {"x": (a_off["x"], e), "ffn": (a_off["ffn"], s.n_ff),
             "logits": (a_off["logits"], s.n_vocab)}
-    sched = DecodeSchedule(s, _items(stages, names, tile_rows), table, places, acts, weight_bytes,
-                           act_elems, xq_words, tuple(names), attn_splits, split_rows)
+    sched = DecodeSchedule(s, items, table, places, acts, weight_bytes, act_elems, xq_words,
+                           tuple(names), attn_splits, split_rows)
     validate_decode(sched)
     return sched
 
@@ -329,7 +346,8 @@ def _check_sizes(shape: DecodeShape, tile_rows, attn_splits: int, split_rows: in
 def _items(stages: list, names: list, tile_rows) -> np.ndarray:
     """Row tiles (GEMV, GLU, EMBED: tile_rows, or tile_rows[stage name]), Q8_1 block tiles
     (QUANT) or one item per split of a head (ATTN), stage by stage, each waiting for all the
-    items of the stage before."""
+    items of the stage before (and for a stage whose last item writes the next input's Q8_1,
+    its extra arrival: extra_arrivals)."""
     items, prev_items = [], 0
     for index, (st, name) in enumerate(zip(stages, names)):
         kind, n_out = st[KIND], st[N_OUT]
@@ -342,23 +360,34 @@ def _items(stages: list, names: list, tile_rows) -> np.ndarray:
         wait = (NO_WAIT, 0) if index == 0 else (FIRST_STAGE_COUNTER + index - 1, prev_items)
         tiles = [(lo, min(lo + step, n_out)) for lo in range(0, n_out, step)]
         items += [(index, lo, hi, *wait, FIRST_STAGE_COUNTER + index) for lo, hi in tiles]
-        prev_items = len(tiles)
+        prev_items = len(tiles) + extra_arrivals(st)
     return np.array(items, np.int32).reshape(-1, ITEM_COLS)
+
+
+def extra_arrivals(st) -> int:
+    """1 for a GEMV / EMBED stage writing the next input's normed Q8_1 (its last item to arrive
+    publishes again when it is written), else 0 (a GLU stage's Q8_1 is written before its
+    items publish)."""
+    return 1 if st[Q_OUT] >= 0 and st[KIND] != GLU else 0
 
 
 def validate_decode(sched: DecodeSchedule) -> None:
     """The chain's checks (schedule.validate_chain), plus: every GEMV / GLU stage's row groups
     inside the weight buffer, and a Q8_1 input (a quantized group) of whole Q8_1 blocks."""
-    validate_chain(sched.items, sched.stages[:, N_OUT].tolist(), sched.counters)
+    extra = [extra_arrivals(st) for st in sched.stages.tolist()]
+    validate_chain(sched.items, sched.stages[:, N_OUT].tolist(), sched.counters, extra)
     s = sched.shape
     for index, st in enumerate(sched.stages.tolist()):
         if st[KIND] == QUANT and (st[XQ] < 0 or st[XQ] + st[N_OUT] * Q8_1_WORDS >
                                   sched.xq_words or st[N_OUT] * 32 != st[N_IN]):
             raise ValueError(f"decode stage {index}: Q8_1 blocks outside the xq buffer")
-        if st[Q_OUT] >= 0 and (st[KIND] != GLU or st[N_OUT] % 32 or st[N_OUT] != s.n_ff or
+        writer = (st[KIND] == GLU and st[N_OUT] == s.n_ff) or \
+            (st[KIND] in (GEMV, EMBED) and st[Q_NORM] >= 0 and st[N_OUT] == s.n_embd)
+        if st[Q_OUT] >= 0 and (not writer or st[N_OUT] % 32 or
                                st[Q_OUT] + st[N_OUT] // 32 * Q8_1_WORDS > sched.xq_words):
-            raise ValueError(f"decode stage {index}: only a GLU stage of n_ff rows (whole Q8_1 "
-                             f"blocks) writes its output's Q8_1, inside the xq buffer")
+            raise ValueError(f"decode stage {index}: only a GLU stage of n_ff rows or a normed "
+                             f"x writer writes its output's Q8_1 (whole blocks, in the xq "
+                             f"buffer)")
         if st[KIND] not in (GEMV, GLU, EMBED):
             continue
         rows = st[N_OUT] * (2 if st[KIND] == GLU else 1)
@@ -368,8 +397,10 @@ def validate_decode(sched: DecodeSchedule) -> None:
             raise ValueError(f"decode stage {index}: matrix outside the weight buffer")
         quantized = st[FMT] != F32 or st[FMT_B] != F32
         before = sched.stages[index - 1]
-        written = before[Q_OUT] if before[KIND] == GLU else before[XQ]
-        if st[KIND] != EMBED and quantized and (st[XQ] < 0 or before[KIND] not in
-                                                (QUANT, ATTN, GLU) or written != st[XQ]):
+        written = before[XQ] if before[KIND] in (QUANT, ATTN) else before[Q_OUT]
+        same_norm = before[KIND] in (QUANT, ATTN, GLU) or before[Q_NORM] == st[NORM]
+        if st[KIND] != EMBED and quantized and (st[XQ] < 0 or written != st[XQ] or
+                                                not same_norm):
             raise ValueError(f"decode stage {index}: a quantized matrix reads the Q8_1 input "
-                             f"the stage before (QUANT, ATTN's merge, GLU's groups) writes")
+                             f"the stage before (QUANT, ATTN's merge, GLU's groups, the last "
+                             f"item of a normed x writer) writes, with its norm")

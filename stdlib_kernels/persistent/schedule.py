@@ -103,21 +103,26 @@ def validate(sched: Schedule) -> None:
     validate_chain(sched.items, sched.stages[:, 4].tolist(), sched.counters)
 
 
-def validate_chain(items: np.ndarray, stage_rows, n_counters: int) -> None:
+def validate_chain(items: np.ndarray, stage_rows, n_counters: int, extra=None) -> None:
     """validate() for any chain of stages where each stage reads all of the previous one's
     output: items (n_items, ITEM_COLS) as in Schedule; stage_rows[l], how many rows (outputs,
-    heads, ...) the tiles of stage l must cover exactly once (the decode schedule uses it)."""
+    heads, ...) the tiles of stage l must cover exactly once (the decode schedule uses it);
+    extra[l] (default 0): arrivals on stage l's counter after its tiles' (the decode step's
+    last tile to arrive publishes once more when it has written the next input's Q8_1)."""
     n_stages = len(stage_rows)
     tiles = np.bincount(items[:, 0], minlength=n_stages)
+    needs = tiles + (np.zeros(n_stages, np.int64) if extra is None else np.asarray(extra))
+    last_of_stage = {int(np.flatnonzero(items[:, 0] == s)[-1]): s for s in range(n_stages)
+                     if tiles[s]}
     done = np.zeros(n_counters, np.int64)
     for k, (stage, lo, hi, wait_counter, wait_count, signal) in enumerate(items.tolist()):
         if stage > 0:
             producer = FIRST_STAGE_COUNTER + stage - 1
-            if wait_counter != producer or wait_count != tiles[stage - 1]:
+            if wait_counter != producer or wait_count != needs[stage - 1]:
                 raise ScheduleError(
                     f"item {k} (stage {stage}, rows {lo}:{hi}) waits for {wait_count} on "
                     f"counter {wait_counter}; it reads all of stage {stage - 1}'s output: needs "
-                    f"{tiles[stage - 1]} on counter {producer}")
+                    f"{needs[stage - 1]} on counter {producer}")
             if done[producer] < wait_count:
                 raise ScheduleError(
                     f"item {k} (stage {stage}) comes before {wait_count - done[producer]} of "
@@ -127,7 +132,7 @@ def validate_chain(items: np.ndarray, stage_rows, n_counters: int) -> None:
                                 f"reads only what the host wrote before the launch")
         if signal != FIRST_STAGE_COUNTER + stage:
             raise ScheduleError(f"item {k} signals counter {signal}, not stage {stage}'s")
-        done[signal] += 1
+        done[signal] += 1 + (needs[stage] - tiles[stage] if k in last_of_stage else 0)
     for stage in range(n_stages):
         rows = items[items[:, 0] == stage]
         covered = np.zeros(int(stage_rows[stage]), np.int64)

@@ -258,11 +258,13 @@ def _quantized(rng, shape, formats):
 # Q8_1 blocks, so the O-projection's input gets a QUANT stage (o_in) instead of the merge's
 # Q8_1; splits (attn_splits, split_rows): (8, 16) one split here, (3, 2) / (4, 2) several;
 # gate_up tiles (the GLU items writing the down projection's Q8_1 blocks): 16 rows, two items
-# a block; 24 and 40, items straddling two blocks shared with other items, and whole blocks
-@pytest.mark.parametrize("n_ff,head_dim,splits,glu_rows", [
-    (512, 64, (8, 16), 16), (4352, 64, (3, 2), 40), (512, 48, (4, 2), 24)])
+# a block; 24 and 40, items straddling two blocks shared with other items, and whole blocks;
+# fold: the normed inputs (8 blocks) written by the last item of the stage before (the
+# default), or by QUANT stages (fold_norm_blocks 0)
+@pytest.mark.parametrize("n_ff,head_dim,splits,glu_rows,fold", [
+    (512, 64, (8, 16), 16, True), (4352, 64, (3, 2), 40, True), (512, 48, (4, 2), 24, False)])
 def test_quantized_step_tracks_its_dequantized_weights(rng, seed, n_ff, head_dim, splits,
-                                                       glu_rows):
+                                                       glu_rows, fold):
     """Every format and a two-group matrix: the step on GGUF weights (Q8_1 inputs) against the
     same kernel on those weights dequantized to F32 (f32 inputs). They differ by the Q8_1
     rounding of each matmul input, at most half a step (amax / 254) a value plus its f16
@@ -275,14 +277,16 @@ def test_quantized_step_tracks_its_dequantized_weights(rng, seed, n_ff, head_dim
     args = {"eps": 1e-5, "scale": head_dim ** -0.5, "rope_theta": THETA, "rot_dim": head_dim,
             "neox": False, "grid": 7, "cache_dtype": np.float16}
     tiles = {"embed": 16, "qkv": 16, "o": 16, "gate_up": glu_rows, "down": 16, "lm_head": 16}
-    sched = decode_schedule(s, tiles, formats, *splits)
+    sched = decode_schedule(s, tiles, formats, *splits, fold_norm_blocks=32 if fold else 0)
     quant = DecodeRunner(sched, pack_decode_weights(sched, groups), **args)
     ref_sched = decode_schedule(s, 16, None, *splits)
     ref = DecodeRunner(ref_sched, pack_decode_weights(ref_sched, dense), **args)
     names = sched.stage_names
     o_in = ("o_in",) if head_dim % 32 else ()      # else the attention's merge writes it
-    assert names[1:5 + len(o_in)] == ("qkv_in", "qkv", "attn", *o_in, "o") and \
-        names[-2:] == ("lm_head_in", "lm_head") and "down_in" not in names
+    normed = () if fold else ("qkv_in",)
+    assert names[1:4 + len(normed + o_in)] == (*normed, "qkv", "attn", *o_in, "o") and \
+        names[-2:] == ("down" if fold else "lm_head_in", "lm_head") and "down_in" not in names
+    assert fold == ("gate_up_in" not in names)
     # the GLU output's Q8_1 blocks: an arrival counter each, after the heads'
     assert sched.counters == 2 + sched.n_stages + s.n_head + n_ff // 32
     assert "_in" not in "".join(ref_sched.stage_names)     # F32 rows: no QUANT stages
@@ -309,7 +313,8 @@ def test_quantized_step_tracks_its_dequantized_weights(rng, seed, n_ff, head_dim
     from stdlib_kernels.quant.q8_1 import quantize_q8_1
     f_off, n_ff_ = sched.acts["ffn"]
     want_f = quantize_q8_1(quant.acts.numpy()[f_off:f_off + n_ff_]).numpy().view(np.uint32)
-    xq_ffn = int(sched.stages[-3, XQ])                      # the last down stage's input
+    last_down = len(names) - 1 - names[::-1].index("down")
+    xq_ffn = int(sched.stages[last_down, XQ])
     np.testing.assert_array_equal(quant.xq.numpy()[xq_ffn:xq_ffn + want_f.size], want_f,
                                   err_msg=f"{seed}")
     first = quant.logits()
