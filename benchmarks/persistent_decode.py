@@ -16,8 +16,10 @@ plan's attention splits).
 --profile adds, per tile size, the profiling build's launch (globaltimer stamps per item,
 stdlib_kernels/persistent/decode_profile.py) after a warm-up launch: the launch's time per
 stage (embed; per layer qkv_in, qkv, attn, o, gate_up_in, gate_up, down; lm_head_in,
-lm_head: the *_in stages are the QUANT items writing a matrix's Q8_1 input once, gate_up's
-items also the down projection's as its blocks complete, attn the
+lm_head: the *_in stages are the QUANT items writing a matrix's Q8_1 input once, absent where
+the stage before writes it (gate_up's items the down projection's as its blocks complete; up
+to decode_schedule.FOLD_NORM_BLOCKS blocks, e.g. SmolLM2's, the last o / down / embed item
+the normed ones), attn the
 split attention with the RoPE, the KV write and the merge fused in), the items' waits and how
 late a waiting block noticed its dependency.
 

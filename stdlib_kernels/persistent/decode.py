@@ -23,6 +23,9 @@ Per item (a block of WARPS warps):
 - ATTN: one split of one query head's cache rows (flash-decoding, decode_attn.py), the RoPE
   of q and of this token's k and the cache write of its K/V row fused in; the last split of
   a head to finish merges the head and writes its output as Q8_1 for the O-projection.
+A GEMV / EMBED stage writing x whose next matrix reads its normed Q8_1 (st[Q_OUT], folded by
+decode_schedule's fold_norm_blocks) publishes through decode_rows.arrive_and_quantize: the last
+item to arrive writes that input and publishes again.
 The dependency protocol (acquire waits, release publishes, the last block's reset) is chain.py's;
 the attention's per-head arrival counters (counters[FIRST_STAGE_COUNTER + n_stages + h]) are
 reset by the merging block, the GLU output's per-block ones (after the heads') by the item
@@ -31,7 +34,7 @@ A block takes its items through decode_take.take_item, which prefetches a GEMV /
 weight rows into L2 before waiting (PREFETCH) and, in the profiling build (PROFILE), stamps
 each item's times into prof (a 1-element dummy otherwise).
 
-Latency, not bandwidth, bounds most links of this chain (7 stages a layer, each waiting for
+Latency, not bandwidth, bounds most links of this chain (5 to 8 stages a layer, each waiting for
 the one before), so loads are issued together where the order of the sums allows: the
 attention's score rows SCORE_ROWS per warp, its V rows V_ROWS at a time per dimension
 (decode_attn.py), the residual before the row's dot, ROW_UNROLL items a lane of a long row

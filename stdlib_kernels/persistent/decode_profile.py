@@ -9,7 +9,8 @@ Per stage name (decode_schedule's stage_names, in order of first appearance: emb
 qkv, attn, o_in, o, gate_up_in, gate_up, down, lm_head_in, lm_head; the *_in stages are the
 QUANT items writing the next matrix's normed Q8_1 input, which exist only for quantized
 matrices, o_in only where the attention's merge cannot write it (the GLU items write the down
-projection's, so there is no down_in); attn is the split attention
+projection's, so there is no down_in; with decode_schedule's fold_norm_blocks the normed ones
+are the last embed / o / down item's work, in those rows); attn is the split attention
 with the RoPE and the cache write fused in):
 - critical: the launch's wall time attributed to the kind's stages: a stage's share is from
   the last item of the stage before finishing to its own last item finishing, so the shares

@@ -35,11 +35,15 @@ one Q8_1 block per warp. The O-projection's input needs none when head_dim is a 
 32: the attention's merge writes each head's Q8_1 blocks. Nor does the down projection's: its
 input (the GLU output, no norm) is written by the GLU items (Q_OUT), each writing the 32-row
 blocks inside its rows and, of a block shared with other items, the last to arrive on the
-block's counter (q8_groups counters after the heads'), before it publishes. Links per layer:
-qkv_in, qkv, attn, o, gate_up_in, gate_up, down = 7 (8 with down_in; o_in adds one when
-head_dim is not whole blocks). A matrix of F32 rows only has no QUANT stage: its items norm x
-themselves (the F32 dot reads x * rstd * w per value). Stage names (`stage_names`: embed,
-qkv_in, qkv, attn, [o_in,] o, ..., lm_head) label the profile (decode_profile.py).
+block's counter (q8_groups counters after the heads'), before it publishes. And a normed input
+of x of at most fold_norm_blocks blocks (the default 32: SmolLM2-135M's 18) has none either:
+the stage writing x before it (embed, o, down) publishes through an acq_rel arrival, and its
+last item to arrive (N_ITEMS) writes the input and publishes again (the next stage waits for
+N_ITEMS + 1: extra_arrivals). Links per layer: 8 with every QUANT stage (qkv_in, qkv, attn, o,
+gate_up_in, gate_up, down_in, down), 7 with the GLU fold, 5 with both (qkv, attn, o, gate_up,
+down); o_in adds one when head_dim is not whole blocks. A matrix of F32 rows only has no QUANT
+stage: its items norm x themselves (the F32 dot reads x * rstd * w per value). Stage names
+(`stage_names`: embed, qkv_in, qkv, attn, [o_in,] o, ..., lm_head) label the profile.
 x is updated in place by the residual tiles: row r is read and written by the one warp that
 owns it, and every other reader of x (the normed stages) finished before (the chain). The xq
 regions are reused by every layer: the chain orders each write after the last read before it.
