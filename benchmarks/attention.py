@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pykernel as pk  # noqa: E402
 from benchmarks._timing import replay_seconds  # noqa: E402
+from benchmarks._report import print_report  # noqa: E402
 from stdlib_kernels.attention.decode import (DEFAULT_FUSED, DecodeWorkspace,  # noqa: E402
                                              combine_spec, decode_spec, combine_warps,
                                              decode_kernel, KeyRange, launch_decode,
@@ -444,11 +445,7 @@ def main():
         lines += decode_table(copy_bw, not args.no_sweep)
     if not args.decode_only:
         lines += [""] + prefill_table()
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    print_report(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pykernel as pk  # noqa: E402
 from benchmarks._timing import replay_seconds  # noqa: E402
+from benchmarks._report import print_report  # noqa: E402
 from stdlib_kernels.attention.prefill import launch_prefill  # noqa: E402
 from stdlib_kernels.attention.prefill_wgmma import default_tiling  # noqa: E402
 
@@ -108,11 +109,7 @@ def main():
     lines = [f"device: {device.name} ({device.arch}); {N_HEAD} q heads, {N_KV} KV heads, "
              f"head_dim {HEAD_DIM}, f16 cache", ""]
     lines += table(args.tokens, [int(d) for d in args.depths.split(",")], tilings, peak)
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    print_report(lines, args.out)
 
 
 if __name__ == "__main__":

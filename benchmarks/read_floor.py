@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import pykernel as pk  # noqa: E402
 from pykernel import Const, Ptr, f32, i32  # noqa: E402
 from benchmarks._timing import replay_seconds  # noqa: E402
+from benchmarks._report import print_report  # noqa: E402
 
 # (threads per block, blocks per SM, 16-byte loads in flight per thread)
 GEOMETRIES = [(256, 8, 4), (256, 8, 2), (512, 4, 4), (1024, 2, 4), (256, 4, 8), (128, 16, 2)]
@@ -235,11 +236,7 @@ def main():
         lines += floor_table([int(s) for s in args.sizes.split(",")], copy_bw)
     if args.decode:
         lines += [""] + decode_breakdown(copy_bw, [int(n) for n in args.lens.split(",")])
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    print_report(lines, args.out)
 
 
 if __name__ == "__main__":

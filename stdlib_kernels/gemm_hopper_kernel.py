@@ -37,6 +37,15 @@ EPI_BOX_ROWS, EPI_BOX_BYTES = 16, 2048   # a consumer warp's 16 rows x 128 bytes
 
 
 @pk.func
+def swizzle_base(smem) -> i32:
+    """The element offset in dynamic shared memory `smem` (2-byte elements) of its first
+    SWIZZLE_ALIGN-aligned address, where 128-byte-swizzled tiles must start: a wgmma
+    descriptor's start field is the shared address >> 4."""
+    addr = i32(pk.wgmma_desc(smem, 0, 16, 1024, 0) & u64(0x3FFF)) * 16
+    return ((SWIZZLE_ALIGN - addr % SWIZZLE_ALIGN) % SWIZZLE_ALIGN) // 2
+
+
+@pk.func
 def tile_origin(tile: i32, tiles_m: i32, tiles_n: i32, BN: Const[int], GROUP_M: Const[int]):
     """(m0, n0) of the block's tile number `tile`: row-major, or grouped by GROUP_M tile rows
     (column-major inside a group; the last group may have fewer rows)."""
@@ -183,10 +192,8 @@ def gemm_tn(ta: pk.TensorMap, tb: pk.TensorMap, tc: pk.TensorMap, c: Ptr["C"], M
     # full[s] = bars[s], empty[s] = bars[S + s]; PINGPONG: order[h] = bars[2 S + h]
     bars = pk.shared_array(u64, 2 * STAGES + 2)
     smem = pk.dynamic_shared(pk.u16)
-    # the tiles start at the first 1024-byte-aligned shared address (the swizzle's repeat):
-    # a descriptor's start field is that address >> 4
-    addr = i32(pk.wgmma_desc(smem, 0, 16, 1024, 0) & u64(0x3FFF)) * 16
-    base = ((SWIZZLE_ALIGN - addr % SWIZZLE_ALIGN) % SWIZZLE_ALIGN) // 2
+    # the tiles start at the first 1024-byte-aligned shared address (the swizzle's repeat)
+    base = swizzle_base(smem)
     t = pk.thread_idx.x
     if t == 0:
         for s in pk.static_range(STAGES):

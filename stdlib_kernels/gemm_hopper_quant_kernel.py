@@ -38,6 +38,7 @@ from stdlib_kernels.gemm_hopper_kernel import (
     mainloop,
     produce,
     store_rows,
+    swizzle_base,
     tile_origin,
 )
 from stdlib_kernels.gemm_hopper_quant_dequant import dequant_chunk
@@ -161,8 +162,7 @@ def gemm_q_tn(ta: pk.TensorMap, tw: pk.TensorMap, tc: pk.TensorMap, c: Ptr[pk.f3
     slots, BMQ: tile rows (128: gemm_hopper's consumers; 256: consume_wide). K % SLAB == 0."""
     bars = pk.shared_array(u64, 2 * STAGES + 2 + 2 * RAW)
     smem = pk.dynamic_shared(pk.u16)
-    addr = i32(pk.wgmma_desc(smem, 0, 16, 1024, 0) & u64(0x3FFF)) * 16
-    base = ((SWIZZLE_ALIGN - addr % SWIZZLE_ALIGN) % SWIZZLE_ALIGN) // 2
+    base = swizzle_base(smem)
     raw0 = base + STAGES * (BMQ + BN) * BK + CONSUMER_WARPS * EPI * EPI_BOX_BYTES // 2
     t = pk.thread_idx.x
     if t == 0:

@@ -22,7 +22,8 @@ import pykernel as pk
 from .._launch import zero_i32
 from .decode_kernels import LOG2E
 from .decode_plan import cuda_sm
-from .prefill_wgmma_kernel import BOX_DIMS, ROWS, SWIZZLE_ALIGN, THREADS, prefill_wgmma
+from ..gemm_hopper_kernel import SWIZZLE_ALIGN
+from .prefill_wgmma_kernel import BOX_DIMS, ROWS, THREADS, prefill_wgmma
 
 __all__ = [
     "WGMMA_HEAD_DIMS",

@@ -32,13 +32,13 @@ from __future__ import annotations
 import pykernel as pk
 from pykernel import Const, Ptr, f32, i32, i64, u32, u64
 
+from ..gemm_hopper_kernel import swizzle_base
 from .decode_combine import with_sink
 from .decode_kernels import NEG_INIT
 from .prefill_flash import finish_scores, load_q
 
 ROWS = 128                          # query rows of a block: 2 consumer warpgroups x 64
 THREADS = 384
-SWIZZLE_ALIGN = 1024
 BOX_DIMS = 64                       # head dims per TMA box: 128 bytes, the swizzle's width
 PRODUCER_REGS, CONSUMER_REGS = 40, 232   # 128 x 40 + 256 x 232 = 384 x 168, the block's
 #                                         registers (pk.entry_registers(384, 1))
@@ -214,8 +214,7 @@ def prefill_wgmma(tk: pk.TensorMap, tv: pk.TensorMap, q: Ptr[f32, "ro"], out: Pt
     bars = pk.shared_array(u64, 3 * STAGES)
     smem = pk.dynamic_shared(pk.u16)
     # the stages start at the first 1024-byte-aligned shared address (the swizzle's repeat)
-    addr = i32(pk.wgmma_desc(smem, 0, 16, 1024, 0) & u64(0x3FFF)) * 16
-    base = ((SWIZZLE_ALIGN - addr % SWIZZLE_ALIGN) % SWIZZLE_ALIGN) // 2
+    base = swizzle_base(smem)
     t = pk.thread_idx.x
     if t == 0:
         for s in pk.static_range(STAGES):

@@ -20,6 +20,20 @@ def tile_offset(r: i32, kb: i32, swizzle: Const[int], kbytes: Const[int]) -> i32
     return off ^ (((off >> 7) & (swizzle // 16 - 1)) << 4)
 
 
+@pk.func
+def a_fragment(a, frag, s: i32, t: i32, kbytes: i32):
+    """This thread's register A fragment of wgmma step s, read from A (64 x kbytes bytes, row
+    major): rows 16 w + g (+ 8), byte pairs 4 t.. (+ 16)."""
+    w, g, q = (t // 32) % 4, (t % 32) // 4, t % 4
+    for j in pk.static_range(4):
+        row = 16 * w + g + 8 * (j % 2)
+        kb = s * STEP_BYTES + 4 * q + 16 * (j // 2)
+        word = u32(0)
+        for byte in pk.static_range(4):
+            word = word | (u32(a[row * kbytes + kb + byte]) << (8 * byte))
+        frag[j] = word
+
+
 @pk.kernel
 def wgmma_gemm(a: Ptr[u8], b: Ptr[u8], c: Ptr[f32], ci: Ptr[i32], n: Const[int],
                kbytes: Const[int], swizzle: Const[int], kind: Const[str], float_acc: Const[bool],
@@ -42,15 +56,7 @@ def wgmma_gemm(a: Ptr[u8], b: Ptr[u8], c: Ptr[f32], ci: Ptr[i32], n: Const[int],
         start = s * 2 * 128 if swizzle == 0 else s * STEP_BYTES    # row 0, byte 32 s
         db = pk.wgmma_desc(sb, start, lbo, sbo, swizzle)
         if a_regs:
-            # this thread's A fragment: rows 16 w + g (+ 8), byte pairs 4 t.. (+ 16)
-            w, g, q = (t // 32) % 4, (t % 32) // 4, t % 4
-            for j in pk.static_range(4):
-                row = 16 * w + g + 8 * (j % 2)
-                kb = s * STEP_BYTES + 4 * q + 16 * (j // 2)
-                word = u32(0)
-                for byte in pk.static_range(4):
-                    word = word | (u32(a[row * kbytes + kb + byte]) << (8 * byte))
-                frag[j] = word
+            a_fragment(a, frag, s, t, kbytes)
             pk.wgmma_fence()
             pk.wgmma(acc, frag, db, kind, s > 0)
         else:
@@ -170,13 +176,7 @@ def wgmma_gemm_nmajor(a: Ptr[u8], b: Ptr[u8], c: Ptr[f32], n: Const[int], K: Con
                            swizzle)
         pk.wgmma_fence()
         if a_regs:
-            for j in pk.static_range(4):
-                row = 16 * w + g + 8 * (j % 2)
-                kb = s * STEP_BYTES + 4 * q + 16 * (j // 2)
-                word = u32(0)
-                for byte in pk.static_range(4):
-                    word = word | (u32(a[row * kbytes + kb + byte]) << (8 * byte))
-                frag[j] = word
+            a_fragment(a, frag, s, t, kbytes)
             pk.wgmma(acc, frag, db, kind, s > 0, trans_b=True)
         else:
             da = pk.wgmma_desc(sa, s * 2 * 128, 128, kbytes // 16 * 128, 0)
